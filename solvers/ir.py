@@ -1,0 +1,259 @@
+"""The computation/data graph (CD-graph) every memviz component speaks.
+
+A *compute node* is one operation (its time, transient workspace and the module/source line it came
+from); a *data node* is one tensor storage with its exact byte size.  Views and in-place results are
+merged into the data node of the storage they alias, so a tensor and its views live and die together
+(Rockmate, Sec. 3.2 and Appendix A).  The graph is immutable: solvers return schedules over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from enum import Enum
+from typing import Any
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+class DataKind(str, Enum):
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    INPUT = "input"
+    ACTIVATION = "activation"
+    SAVED = "saved"  # activation the backward pass reads (saved for backward)
+    GRADIENT = "gradient"
+    PARAMETER_GRADIENT = "parameter_gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    OUTPUT = "output"
+
+
+#: Kinds whose bytes are fixed for the whole run: a remat plan cannot touch them.
+PERSISTENT_KINDS = frozenset(
+    {DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPUT, DataKind.OPTIMIZER_STATE}
+)
+
+
+@dataclass(frozen=True)
+class ComputeNode:
+    id: int
+    name: str
+    op: str
+    phase: Phase
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    time: float = 0.0
+    temp_bytes: int = 0
+    module: str = ""
+    source: str = ""
+    block: int | None = None
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class DataNode:
+    id: int
+    name: str
+    bytes: int
+    kind: DataKind
+    producer: int | None = None
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    aliases: tuple[str, ...] = ()
+
+
+class GraphError(ValueError):
+    """The graph itself is malformed (dangling ids, cycles, double producers)."""
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A CD-graph: compute nodes in capture (eager) order and the data nodes they read and write.
+
+    `outputs` are the data nodes that must be alive when a schedule ends (loss, parameter gradients,
+    updated parameters, optimizer state, model outputs).  Data nodes without a producer (parameters,
+    buffers, inputs) are alive when the schedule starts.
+    """
+
+    computes: tuple[ComputeNode, ...]
+    datas: tuple[DataNode, ...]
+    outputs: tuple[int, ...]
+    name: str = "graph"
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    _consumers: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for i, c in enumerate(self.computes):
+            if c.id != i:
+                raise GraphError(f"compute node {c.name!r} has id {c.id}, expected {i}")
+        for i, d in enumerate(self.datas):
+            if d.id != i:
+                raise GraphError(f"data node {d.name!r} has id {d.id}, expected {i}")
+            if d.bytes < 0:
+                raise GraphError(f"data node {d.name!r} has negative size {d.bytes}")
+        consumers: list[list[int]] = [[] for _ in self.datas]
+        n_data = len(self.datas)
+        for c in self.computes:
+            for d in (*c.inputs, *c.outputs):
+                if not 0 <= d < n_data:
+                    raise GraphError(f"compute node {c.name!r} refers to unknown data id {d}")
+            for d in c.outputs:
+                if self.datas[d].producer != c.id:
+                    raise GraphError(
+                        f"data node {self.datas[d].name!r} is an output of {c.name!r} "
+                        f"but names producer {self.datas[d].producer}"
+                    )
+            for d in dict.fromkeys(c.inputs):
+                consumers[d].append(c.id)
+        for d in self.datas:
+            if d.producer is not None and d.id not in self.computes[d.producer].outputs:
+                raise GraphError(f"data node {d.name!r} names producer {d.producer} which does not output it")
+        for d in self.outputs:
+            if not 0 <= d < n_data:
+                raise GraphError(f"graph output refers to unknown data id {d}")
+        object.__setattr__(self, "_consumers", tuple(tuple(c) for c in consumers))
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        # Kahn's algorithm over compute nodes; data nodes have one producer so they add no cycles.
+        indeg = [len({self.datas[d].producer for d in c.inputs} - {None}) for c in self.computes]
+        ready = [c.id for c in self.computes if indeg[c.id] == 0]
+        seen = 0
+        while ready:
+            cid = ready.pop()
+            seen += 1
+            for succ in self.successors(cid):
+                indeg[succ] -= 1
+                if indeg[succ] == 0:
+                    ready.append(succ)
+        if seen != len(self.computes):
+            raise GraphError("the compute graph has a cycle")
+
+    # --- queries ---------------------------------------------------------------------------
+    def consumers(self, data_id: int) -> tuple[int, ...]:
+        return self._consumers[data_id]
+
+    def successors(self, compute_id: int) -> list[int]:
+        """Compute nodes reading any output of `compute_id` (deduplicated, ascending)."""
+        return sorted({u for d in self.computes[compute_id].outputs for u in self._consumers[d]})
+
+    def predecessors(self, compute_id: int) -> list[int]:
+        preds = {self.datas[d].producer for d in self.computes[compute_id].inputs}
+        return sorted(p for p in preds if p is not None)
+
+    def sources(self) -> list[int]:
+        """Data nodes alive at the start (no producer)."""
+        return [d.id for d in self.datas if d.producer is None]
+
+    def persistent_bytes(self) -> int:
+        return sum(d.bytes for d in self.datas if d.producer is None)
+
+    @cached_property
+    def required_computes(self) -> frozenset[int]:
+        """Compute nodes that some required output depends on (all of them, for captured graphs)."""
+        need: set[int] = set()
+        stack = [self.datas[d].producer for d in self.outputs]
+        while stack:
+            c = stack.pop()
+            if c is None or c in need:
+                continue
+            need.add(c)
+            stack.extend(self.datas[d].producer for d in self.computes[c].inputs)
+        return frozenset(need)
+
+    def is_topological(self, order: Sequence[int]) -> bool:
+        pos = {c: i for i, c in enumerate(order)}
+        if len(pos) != len(self.computes) or len(order) != len(self.computes):
+            return False
+        return all(pos[p] < pos[c.id] for c in self.computes for p in self.predecessors(c.id))
+
+    # --- serialisation (the plan JSON's "graph" member) -----------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "computes": [
+                {
+                    "id": c.id, "name": c.name, "op": c.op, "phase": c.phase.value,
+                    "inputs": list(c.inputs), "outputs": list(c.outputs), "time": c.time,
+                    "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
+                    "block": c.block, "flops": c.flops,
+                }
+                for c in self.computes
+            ],
+            "datas": [
+                {
+                    "id": d.id, "name": d.name, "bytes": d.bytes, "kind": d.kind.value,
+                    "producer": d.producer, "consumers": list(self.consumers(d.id)),
+                    "shape": list(d.shape), "dtype": d.dtype, "aliases": list(d.aliases),
+                }
+                for d in self.datas
+            ],
+            "outputs": list(self.outputs),
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> Graph:
+        computes = tuple(
+            ComputeNode(
+                id=c["id"], name=c["name"], op=c["op"], phase=Phase(c["phase"]),
+                inputs=tuple(c["inputs"]), outputs=tuple(c["outputs"]), time=float(c["time"]),
+                temp_bytes=int(c["temp_bytes"]), module=c.get("module", ""),
+                source=c.get("source", ""), block=c.get("block"), flops=float(c.get("flops", 0.0)),
+            )
+            for c in obj["computes"]
+        )
+        datas = tuple(
+            DataNode(
+                id=d["id"], name=d["name"], bytes=int(d["bytes"]), kind=DataKind(d["kind"]),
+                producer=d.get("producer"), shape=tuple(d.get("shape", ())),
+                dtype=d.get("dtype", ""), aliases=tuple(d.get("aliases", ())),
+            )
+            for d in obj["datas"]
+        )
+        return cls(computes, datas, tuple(obj["outputs"]), name=obj.get("name", "graph"),
+                   meta=dict(obj.get("meta", {})))
+
+
+class GraphBuilder:
+    """Incremental construction with automatic ids; used by capture and by tests."""
+
+    def __init__(self, name: str = "graph") -> None:
+        self.name = name
+        self._computes: list[dict[str, Any]] = []
+        self._datas: list[dict[str, Any]] = []
+        self.outputs: list[int] = []
+
+    def data(self, name: str, nbytes: int, kind: DataKind | str = DataKind.ACTIVATION, **kw: Any) -> int:
+        self._datas.append({"name": name, "bytes": int(nbytes), "kind": DataKind(kind), **kw})
+        return len(self._datas) - 1
+
+    def compute(
+        self, name: str, inputs: Iterable[int], outputs: Iterable[int], *, op: str | None = None,
+        phase: Phase | str = Phase.FORWARD, **kw: Any,
+    ) -> int:
+        cid = len(self._computes)
+        outs = tuple(outputs)
+        for d in outs:
+            if self._datas[d].get("producer") is not None:
+                raise GraphError(f"data node {self._datas[d]['name']!r} already has a producer")
+            self._datas[d]["producer"] = cid
+        self._computes.append(
+            {"name": name, "op": op or name, "phase": Phase(phase), "inputs": tuple(inputs),
+             "outputs": outs, **kw}
+        )
+        return cid
+
+    def build(self, **meta: Any) -> Graph:
+        return Graph(
+            tuple(ComputeNode(id=i, **c) for i, c in enumerate(self._computes)),
+            tuple(DataNode(id=i, **d) for i, d in enumerate(self._datas)),
+            tuple(self.outputs),
+            name=self.name,
+            meta=meta,
+        )

@@ -1,0 +1,71 @@
+"""Schedules: sequences of `compute(c)` and `free(d)` steps over a CD-graph.
+
+Recomputation is simply a second `compute` of the same node.  `eager_schedule` reproduces what
+PyTorch's eager mode does for a given operator order: every tensor produced during the run is freed
+right after its last reader, sources (parameters, buffers, inputs) stay alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from solvers.ir import Graph
+
+
+@dataclass(frozen=True)
+class Step:
+    op: Literal["compute", "free"]
+    node: int
+
+    def to_json(self) -> list[object]:
+        return [self.op, self.node]
+
+
+def compute(c: int) -> Step:
+    return Step("compute", c)
+
+
+def free(d: int) -> Step:
+    return Step("free", d)
+
+
+Schedule = tuple[Step, ...]
+
+
+def steps_from_json(obj: Iterable[Sequence[object]]) -> Schedule:
+    steps = []
+    for item in obj:
+        op, node = item
+        if op not in ("compute", "free") or not isinstance(node, int) or isinstance(node, bool):
+            raise ValueError(f"bad schedule step {item!r}: expected ['compute'|'free', int]")
+        steps.append(Step(op, node))  # type: ignore[arg-type]
+    return tuple(steps)
+
+
+def eager_schedule(graph: Graph, order: Sequence[int] | None = None) -> Schedule:
+    """Compute every node once in `order` (default: capture order), freeing tensors after last use."""
+    order = list(range(len(graph.computes))) if order is None else list(order)
+    if not graph.is_topological(order):
+        raise ValueError("order is not a topological order of every compute node")
+    pos = {c: i for i, c in enumerate(order)}
+    keep = set(graph.outputs)
+    last_use: dict[int, int] = {}
+    for d in graph.datas:
+        if d.producer is None or d.id in keep:
+            continue
+        readers = graph.consumers(d.id)
+        last_use[d.id] = max((pos[r] for r in readers), default=pos[d.producer])
+    frees_after: dict[int, list[int]] = {}
+    for d, p in last_use.items():
+        frees_after.setdefault(p, []).append(d)
+    steps: list[Step] = []
+    for i, c in enumerate(order):
+        steps.append(compute(c))
+        steps.extend(free(d) for d in sorted(frees_after.get(i, ())))
+    return tuple(steps)
+
+
+def compute_order(schedule: Iterable[Step]) -> list[int]:
+    return [s.node for s in schedule if s.op == "compute"]

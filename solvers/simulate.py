@@ -1,0 +1,193 @@
+"""The independent simulator: the single source of truth for memory over time, peak, time and validity.
+
+Every solver's schedule passes through `simulate` before memviz returns it.  Memory model (the one
+Checkmate and Rockmate use, Rockmate Appendix B.2): while compute node `c` runs, the live set, the
+outputs of `c` not already alive and `c`'s transient workspace are all resident; afterwards the
+outputs stay until an explicit `free`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from solvers.ir import DataKind, Graph
+from solvers.schedule import Step
+
+#: Breakdown categories shown by every view, in stacking order.
+CATEGORIES = (
+    "parameters", "buffers", "inputs", "optimizer_state", "parameter_gradients",
+    "gradients", "activations", "outputs", "workspace",
+)
+
+_CATEGORY_OF = {
+    DataKind.PARAMETER: "parameters",
+    DataKind.BUFFER: "buffers",
+    DataKind.INPUT: "inputs",
+    DataKind.OPTIMIZER_STATE: "optimizer_state",
+    DataKind.PARAMETER_GRADIENT: "parameter_gradients",
+    DataKind.GRADIENT: "gradients",
+    DataKind.ACTIVATION: "activations",
+    DataKind.SAVED: "activations",
+    DataKind.OUTPUT: "outputs",
+}
+
+
+def category(kind: DataKind) -> str:
+    return _CATEGORY_OF[kind]
+
+
+@dataclass(frozen=True)
+class ScheduleIssue:
+    step: int  # -1: at the end of the schedule
+    node: int
+    message: str
+
+    def __str__(self) -> str:
+        where = "at the end" if self.step < 0 else f"step {self.step}"
+        return f"{where}: {self.message}"
+
+
+class InvalidSchedule(ValueError):
+    def __init__(self, issues: Iterable[ScheduleIssue]) -> None:
+        self.issues = tuple(issues)
+        shown = "; ".join(map(str, self.issues[:5]))
+        more = f" (and {len(self.issues) - 5} more)" if len(self.issues) > 5 else ""
+        super().__init__(f"invalid schedule: {shown}{more}")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Memory after/while each step runs.  `step_bytes[i]` is resident memory during step i (for a
+    free: after it); `by_category[k][i]` splits it; `live_bytes[i]` is what stays after step i."""
+
+    steps: tuple[Step, ...]
+    step_bytes: tuple[int, ...]
+    live_bytes: tuple[int, ...]
+    by_category: dict[str, tuple[int, ...]]
+    initial_bytes: int
+    peak_bytes: int
+    peak_step: int
+    total_time: float
+    computes: int
+    recomputes: int
+    issues: tuple[ScheduleIssue, ...] = field(default=())
+
+    @property
+    def valid(self) -> bool:
+        return not self.issues
+
+    def check(self) -> Timeline:
+        if self.issues:
+            raise InvalidSchedule(self.issues)
+        return self
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "step_bytes": list(self.step_bytes),
+            "live_bytes": list(self.live_bytes),
+            "by_category": {k: list(v) for k, v in self.by_category.items()},
+            "initial_bytes": self.initial_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_step": self.peak_step,
+            "total_time": self.total_time,
+            "computes": self.computes,
+            "recomputes": self.recomputes,
+            "valid": self.valid,
+            "issues": [{"step": i.step, "node": i.node, "message": i.message} for i in self.issues],
+        }
+
+
+def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
+    """Replay `schedule` on `graph`; never raises on a bad schedule, reports issues instead."""
+    steps = tuple(schedule)
+    datas, computes = graph.datas, graph.computes
+    alive = [d.producer is None for d in datas]
+    freed_at: dict[int, int] = {}
+    per_cat = dict.fromkeys(CATEGORIES, 0)
+    for d in datas:
+        if alive[d.id]:
+            per_cat[category(d.kind)] += d.bytes
+    live = sum(per_cat.values())
+    initial = live
+    issues: list[ScheduleIssue] = []
+    step_bytes: list[int] = []
+    live_bytes: list[int] = []
+    series: dict[str, list[int]] = {k: [] for k in CATEGORIES}
+    done = [False] * len(computes)
+    total_time = 0.0
+    n_compute = n_recompute = 0
+
+    for i, step in enumerate(steps):
+        extra = dict.fromkeys(CATEGORIES, 0)
+        if step.op == "compute":
+            if not 0 <= step.node < len(computes):
+                issues.append(ScheduleIssue(i, step.node, f"unknown compute node id {step.node}"))
+            else:
+                c = computes[step.node]
+                for d in c.inputs:
+                    if not alive[d]:
+                        why = (f"freed at step {freed_at[d]}" if d in freed_at else "never computed")
+                        issues.append(ScheduleIssue(
+                            i, c.id, f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})"))
+                if done[c.id]:
+                    n_recompute += 1
+                else:
+                    n_compute += 1
+                    done[c.id] = True
+                total_time += c.time
+                for d in c.outputs:
+                    if not alive[d]:
+                        extra[category(datas[d].kind)] += datas[d].bytes
+                        alive[d] = True
+                        freed_at.pop(d, None)
+                extra["workspace"] = c.temp_bytes
+        elif step.op == "free":
+            if not 0 <= step.node < len(datas):
+                issues.append(ScheduleIssue(i, step.node, f"unknown data node id {step.node}"))
+            elif not alive[step.node]:
+                issues.append(ScheduleIssue(
+                    i, step.node, f"free of {datas[step.node].name!r}, which is not alive"))
+            else:
+                d = datas[step.node]
+                alive[d.id] = False
+                freed_at[d.id] = i
+                per_cat[category(d.kind)] -= d.bytes
+                live -= d.bytes
+        else:
+            issues.append(ScheduleIssue(i, step.node, f"unknown step kind {step.op!r}"))
+        during = 0
+        for k in CATEGORIES:
+            v = per_cat[k] + extra[k]
+            series[k].append(v)
+            during += v
+        step_bytes.append(during)
+        # outputs just computed stay; workspace goes
+        for k in CATEGORIES:
+            if k != "workspace":
+                per_cat[k] += extra[k]
+                live += extra[k]
+        live_bytes.append(live)
+
+    for d in graph.outputs:
+        if not alive[d]:
+            issues.append(ScheduleIssue(-1, d, f"required output {datas[d].name!r} is not alive"))
+    missing = [computes[c].name for c in sorted(graph.required_computes) if not done[c]]
+    if missing:
+        issues.append(ScheduleIssue(-1, -1, f"compute nodes never run: {', '.join(missing[:5])}"))
+    peak_step = max(range(len(step_bytes)), key=step_bytes.__getitem__, default=-1)
+    peak = max(initial, step_bytes[peak_step]) if step_bytes else initial
+    return Timeline(
+        steps=steps,
+        step_bytes=tuple(step_bytes),
+        live_bytes=tuple(live_bytes),
+        by_category={k: tuple(v) for k, v in series.items()},
+        initial_bytes=initial,
+        peak_bytes=peak,
+        peak_step=peak_step if step_bytes and step_bytes[peak_step] >= initial else -1,
+        total_time=total_time,
+        computes=n_compute,
+        recomputes=n_recompute,
+        issues=tuple(issues),
+    )
+

@@ -1,0 +1,204 @@
+"""Property tests for the simulator: the single source of truth for memory and validity."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solvers import DataKind, GraphBuilder, GraphError, Phase, compute, eager_schedule, free, simulate
+from solvers.ir import ComputeNode, DataNode, Graph
+from solvers.schedule import Step, steps_from_json
+
+
+def random_dag(seed: int, n: int) -> Graph:
+    """A random CD-graph: a few parameters, then n ops each reading 1-3 earlier tensors and writing
+    1-2 new ones; the last op's outputs are required."""
+    rng = random.Random(seed)
+    b = GraphBuilder(f"dag{seed}")
+    tensors = [b.data(f"p{i}", rng.randint(1, 64), DataKind.PARAMETER) for i in range(rng.randint(1, 3))]
+    tensors.append(b.data("x", rng.randint(1, 64), DataKind.INPUT))
+    for i in range(n):
+        ins = rng.sample(tensors, k=min(len(tensors), rng.randint(1, 3)))
+        outs = [b.data(f"t{i}_{j}", rng.randint(0, 256)) for j in range(rng.randint(1, 2))]
+        b.compute(f"op{i}", ins, outs, time=rng.uniform(0.1, 2.0), temp_bytes=rng.choice([0, 0, 8, 32]))
+        tensors.extend(outs)
+    b.outputs = list(b._computes[-1]["outputs"])
+    return b.build()
+
+
+def random_topological_order(graph: Graph, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    indeg = {c.id: len(graph.predecessors(c.id)) for c in graph.computes}
+    ready = [c for c, k in indeg.items() if k == 0]
+    order = []
+    while ready:
+        c = ready.pop(rng.randrange(len(ready)))
+        order.append(c)
+        for s in graph.successors(c):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    return order
+
+
+def recount_peak(graph: Graph, schedule: tuple[Step, ...]) -> int:
+    """An independent recount: rebuild the live set from scratch at every step."""
+    alive = {d.id for d in graph.datas if d.producer is None}
+    peak = sum(graph.datas[d].bytes for d in alive)
+    for s in schedule:
+        if s.op == "compute":
+            c = graph.computes[s.node]
+            alive |= set(c.outputs)
+            peak = max(peak, sum(graph.datas[d].bytes for d in alive) + c.temp_bytes)
+        else:
+            alive.discard(s.node)
+            peak = max(peak, sum(graph.datas[d].bytes for d in alive))
+    return peak
+
+
+dag_params = st.tuples(st.integers(0, 10_000), st.integers(1, 25))
+
+
+@settings(max_examples=60, deadline=None)
+@given(dag_params, st.integers(0, 1000))
+def test_every_topological_eager_schedule_is_valid(params, order_seed):
+    graph = random_dag(*params)
+    order = random_topological_order(graph, order_seed)
+    tl = simulate(graph, eager_schedule(graph, order))
+    assert tl.valid, tl.issues
+    assert tl.computes == len(graph.computes) and tl.recomputes == 0
+    assert tl.total_time == pytest.approx(sum(c.time for c in graph.computes))
+
+
+@settings(max_examples=60, deadline=None)
+@given(dag_params, st.integers(0, 1000))
+def test_peak_equals_independent_recount(params, order_seed):
+    graph = random_dag(*params)
+    sched = eager_schedule(graph, random_topological_order(graph, order_seed))
+    tl = simulate(graph, sched)
+    assert tl.peak_bytes == recount_peak(graph, sched)
+    for i, total in enumerate(tl.step_bytes):
+        assert total == sum(tl.by_category[k][i] for k in tl.by_category)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dag_params, st.data())
+def test_dropping_a_needed_tensor_is_caught(params, data):
+    graph = random_dag(*params)
+    sched = list(eager_schedule(graph))
+    # free some produced tensor right after it is computed, while a later step still reads it
+    candidates = [
+        (i, d)
+        for i, s in enumerate(sched)
+        if s.op == "compute"
+        for d in graph.computes[s.node].outputs
+        if graph.consumers(d) or d in graph.outputs
+    ]
+    if not candidates:
+        return
+    i, d = data.draw(st.sampled_from(candidates))
+    sched = [s for s in sched if s != free(d)]
+    sched.insert(i + 1, free(d))
+    tl = simulate(graph, sched)
+    assert not tl.valid
+    assert any(graph.datas[d].name in issue.message for issue in tl.issues)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dag_params, st.data())
+def test_recomputation_is_accepted_and_costed(params, data):
+    graph = random_dag(*params)
+    sched = list(eager_schedule(graph))
+    # free a consumed tensor after its first reader, then recompute its producer before the next reader
+    options = []
+    for d in graph.datas:
+        readers = graph.consumers(d.id)
+        if d.producer is not None and len(readers) >= 2 and d.id not in graph.outputs:
+            options.append(d.id)
+    if not options:
+        return
+    d = data.draw(st.sampled_from(options))
+    producer = graph.datas[d].producer
+    first_reader = min(graph.consumers(d))
+    pos = sched.index(compute(first_reader))
+    inputs_alive_later = all(graph.datas[x].producer is None for x in graph.computes[producer].inputs)
+    sched.insert(pos + 1, free(d))
+    second = sorted(graph.consumers(d))[1]
+    sched.insert(sched.index(compute(second)), compute(producer))
+    tl = simulate(graph, sched)
+    if inputs_alive_later:
+        assert tl.valid, tl.issues
+        assert tl.recomputes == 1
+        assert tl.total_time == pytest.approx(
+            sum(c.time for c in graph.computes) + graph.computes[producer].time)
+        assert tl.peak_bytes == recount_peak(graph, tuple(sched))
+
+
+def test_issue_messages_name_step_and_tensor():
+    b = GraphBuilder()
+    x = b.data("x", 4, "input")
+    h = b.data("h", 8)
+    y = b.data("y", 8, "output")
+    b.compute("lin", [x], [h], time=1.0)
+    b.compute("relu", [h], [y], time=1.0)
+    b.outputs = [y]
+    g = b.build()
+    tl = simulate(g, [compute(0), free(h), compute(1)])
+    assert [str(i) for i in tl.issues] == [
+        "step 2: compute 'relu' reads 'h', which is not alive (freed at step 1)"]
+    tl = simulate(g, [compute(1)])
+    assert "never computed" in str(tl.issues[0])
+    assert any("never run: lin" in str(i) for i in tl.issues)
+    tl = simulate(g, [compute(0), compute(1), free(y)])
+    assert [str(i) for i in tl.issues] == ["at the end: required output 'y' is not alive"]
+    tl = simulate(g, [compute(0), compute(1), free(h), free(h)])
+    assert str(tl.issues[0]) == "step 3: free of 'h', which is not alive"
+
+
+def test_memory_model_counts_outputs_and_workspace_while_running():
+    b = GraphBuilder()
+    p = b.data("w", 100, "parameter")
+    a = b.data("a", 10)
+    o = b.data("o", 1, "output")
+    b.compute("f", [p], [a], time=1.0, temp_bytes=50)
+    b.compute("g", [a, p], [o], time=2.0, phase=Phase.BACKWARD)
+    b.outputs = [o]
+    g = b.build()
+    tl = simulate(g, eager_schedule(g))
+    assert tl.initial_bytes == 100
+    assert tl.step_bytes == (160, 111, 101)
+    assert tl.by_category["workspace"] == (50, 0, 0)
+    assert tl.peak_bytes == 160 and tl.peak_step == 0
+    assert tl.live_bytes == (110, 111, 101)
+
+
+def test_graph_rejects_malformed_input():
+    b = GraphBuilder()
+    x = b.data("x", 4, "input")
+    y = b.data("y", 1)
+    b.compute("f", [x], [y])
+    with pytest.raises(GraphError, match="already has a producer"):
+        b.compute("g", [x], [y])
+    with pytest.raises(GraphError, match="unknown data id 5"):
+        Graph((ComputeNode(0, "h", "h", Phase.FORWARD, (5,), ()),), (), ())
+    with pytest.raises(GraphError, match="cycle"):
+        Graph(
+            (ComputeNode(0, "a", "a", Phase.FORWARD, (1,), (0,)), ComputeNode(1, "b", "b", Phase.FORWARD, (0,), (1,))),
+            (DataNode(0, "d0", 1, DataKind.ACTIVATION, 0), DataNode(1, "d1", 1, DataKind.ACTIVATION, 1)),
+            (),
+        )
+
+
+def test_graph_round_trips_through_dict():
+    g = random_dag(7, 12)
+    assert Graph.from_dict(g.to_dict()) == g
+
+
+def test_steps_from_json_rejects_garbage():
+    assert steps_from_json([["compute", 1], ["free", 2]]) == (compute(1), free(2))
+    for bad in ([["run", 1]], [["compute", "1"]], [["free", True]], [[1]]):
+        with pytest.raises(ValueError):
+            steps_from_json(bad)

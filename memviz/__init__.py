@@ -1,0 +1,33 @@
+"""memviz: see where a PyTorch model's memory goes, plan it under a budget, export the plan.
+
+`profile`, `export`, `backend` and `Planner` import torch and JupyterLab machinery, so they load on
+first use; `plan`, `load_plan` and `Plan` are torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from memviz.planning import Plan, load_plan, plan
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "profile": ("memviz.profile", "profile"),
+    "Profile": ("memviz.profile", "Profile"),
+    "export": ("memviz.export", "export"),
+    "backend": ("memviz.export", "backend"),
+    "Planner": ("memviz.widget", "Planner"),
+}
+
+__all__ = ["Plan", "Planner", "Profile", "backend", "export", "load_plan", "plan", "profile"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'memviz' has no attribute {name!r}")

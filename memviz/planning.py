@@ -1,0 +1,351 @@
+"""`memviz.plan`: pick a strategy, solve, check every schedule with `solvers.simulate`, package a Plan.
+
+The algorithms live in the torch-free `solvers` package; this module only parses budgets, dispatches,
+refuses anything the simulator rejects, and builds the budget frontier the UI slider walks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memviz.budget import format_bytes, parse_budget
+from memviz.planfile import MIME_TYPE, read_document, validate_document, write_document
+from solvers import Graph, Phase, Timeline, eager_schedule, simulate
+from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.schedule import Schedule, steps_from_json
+
+#: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=...) -> SolveResult`.
+REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
+    "checkmate": ("solvers.checkmate", "solve"),
+    "checkmate-lp": ("solvers.checkmate", "solve_lp"),
+    "rotor": ("solvers.rotor", "solve"),
+    "rockmate": ("solvers.rockmate", "solve"),
+    "sqrt": ("solvers.sqrt", "solve"),
+}
+STRATEGIES = ("auto", "none", *REMAT_STRATEGIES, "olla", "autochunk")
+#: Exact Checkmate proves optimality up to a few dozen nodes here (TOOLCHAIN.md); beyond, decompose.
+CHECKMATE_MAX_NODES = 60
+FRONTIER_POINTS = 20
+
+
+class PlanningError(ValueError):
+    """A plan request memviz cannot satisfy; the message says what to do."""
+
+
+@dataclass
+class Plan:
+    """A solved memory plan.  Everything but `profile` round-trips through the plan JSON."""
+
+    graph: Graph
+    schedule: Schedule
+    timeline: Timeline
+    baseline_schedule: Schedule
+    baseline: Timeline
+    strategy: str
+    budget_bytes: int | None
+    solver_stats: SolverStats
+    model: dict[str, Any]
+    device: dict[str, Any]
+    packing: dict[str, Any] | None = None
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    frontier: list[dict[str, Any]] = field(default_factory=list)
+    profile: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.timeline.peak_bytes
+
+    @property
+    def time_overhead(self) -> float:
+        """Planned total compute time over the baseline's (1.0 = no slowdown)."""
+        base = self.baseline.total_time
+        return self.timeline.total_time / base if base > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        from memviz import __version__
+
+        return {
+            "schema": "memviz.plan/1",
+            "memviz_version": __version__,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "model": self.model,
+            "device": self.device,
+            "strategy": self.strategy,
+            "budget_bytes": self.budget_bytes,
+            "graph": {**self.graph.to_dict(), "meta": _json_meta(self.graph.meta)},
+            "baseline": _run_dict(self.baseline_schedule, self.baseline),
+            "planned": _run_dict(self.schedule, self.timeline),
+            "solver_stats": self.solver_stats.to_dict(),
+            "packing": self.packing,
+            "chunks": self.chunks,
+            "frontier": self.frontier,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Plan:
+        doc = validate_document(doc)
+        graph = Graph.from_dict(doc["graph"])
+        schedule = steps_from_json(doc["planned"]["schedule"])
+        base_schedule = steps_from_json(doc["baseline"]["schedule"])
+        return cls(
+            graph=graph, schedule=schedule, timeline=simulate(graph, schedule),
+            baseline_schedule=base_schedule, baseline=simulate(graph, base_schedule),
+            strategy=doc["strategy"], budget_bytes=doc["budget_bytes"],
+            solver_stats=SolverStats(**doc["solver_stats"]), model=doc["model"], device=doc["device"],
+            packing=doc["packing"], chunks=doc["chunks"], frontier=doc["frontier"],
+        )
+
+    def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the plan JSON; an existing file is kept unless `overwrite=True`."""
+        return write_document(self.to_dict(), path, overwrite=overwrite)
+
+    def summary(self) -> str:
+        budget = "no budget" if self.budget_bytes is None else f"budget {format_bytes(self.budget_bytes)}"
+        gap = "" if self.solver_stats.gap is None else f", gap {self.solver_stats.gap:.1%}"
+        return (
+            f"memviz plan [{self.strategy}, {self.solver_stats.status}{gap}] {self.model.get('name', '')}: "
+            f"peak {format_bytes(self.peak_bytes)} (baseline {format_bytes(self.baseline.peak_bytes)}), "
+            f"{budget}, time x{self.time_overhead:.3f}, {self.timeline.recomputes} recomputations"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.summary()}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {MIME_TYPE: self.to_dict(), "text/plain": self.summary()}
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load and validate a plan file (schema + re-simulation).  `memviz.export` needs the model too:
+    `memviz.export(plan, model=model)`."""
+    return Plan.from_dict(read_document(path))
+
+
+def _run_dict(schedule: Schedule, timeline: Timeline) -> dict[str, Any]:
+    return {"schedule": [s.to_json() for s in schedule], "timeline": timeline.to_dict()}
+
+
+def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """Graph metadata that is plain JSON (capture may keep richer objects there)."""
+    return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))}
+
+
+# --- solving -------------------------------------------------------------------------------------
+def _solver(strategy: str) -> Callable[..., SolveResult]:
+    module, func = REMAT_STRATEGIES[strategy]
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise PlanningError(f"strategy {strategy!r} is not available in this build ({exc})") from None
+
+
+def _eager(graph: Graph, budget: int, time_limit: float) -> SolveResult:
+    start = time.perf_counter()
+    schedule = eager_schedule(graph)
+    peak = simulate(graph, schedule).peak_bytes
+    if peak > budget:
+        raise InfeasibleBudget(budget, peak, "none", proven=True)
+    return SolveResult(schedule, SolverStats("none", "heuristic", time.perf_counter() - start))
+
+
+def _reorder(graph: Graph, budget: int, time_limit: float) -> SolveResult:
+    from solvers.olla import reorder
+
+    result = reorder(graph, time_limit=time_limit)
+    peak = simulate(graph, result.schedule).peak_bytes
+    if peak > budget:
+        raise InfeasibleBudget(budget, peak, "olla", proven=result.stats.status == "optimal")
+    return result
+
+
+def is_training(graph: Graph) -> bool:
+    return any(c.phase is Phase.BACKWARD for c in graph.computes)
+
+
+def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
+    """'auto', in the order tried: no change when the eager order fits; for training graphs exact
+    Checkmate when small (it proves optimality there), then the Rockmate hierarchy, then Rotor; for
+    inference graphs operator reordering (activation chunking needs the model: memviz.chunking)."""
+    if baseline_peak <= budget:
+        return ["none"]
+    if not is_training(graph):
+        return ["olla"]
+    small = len(graph.computes) <= CHECKMATE_MAX_NODES
+    return [*(["checkmate"] if small else []), "rockmate", "rotor"]
+
+
+def solve_checked(graph: Graph, strategy: str, budget: int, time_limit: float) -> tuple[SolveResult, Timeline]:
+    """Run one strategy and insist the simulator agrees: valid, and within the budget."""
+    if strategy == "none":
+        result = _eager(graph, budget, time_limit)
+    elif strategy == "olla":
+        result = _reorder(graph, budget, time_limit)
+    elif strategy in REMAT_STRATEGIES:
+        result = _solver(strategy)(graph, budget, time_limit=time_limit)
+    elif strategy == "autochunk":
+        raise PlanningError(
+            "strategy 'autochunk' rewrites the model itself: use memviz.chunking.plan_chunks(model, args, budget)"
+        )
+    else:
+        raise PlanningError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    timeline = simulate(graph, result.schedule).check()
+    if timeline.peak_bytes > budget:
+        raise PlanningError(
+            f"internal error: {strategy} returned a schedule whose simulated peak "
+            f"{format_bytes(timeline.peak_bytes)} exceeds the budget {format_bytes(budget)}"
+        )
+    return result, timeline
+
+
+def plan(
+    prof: Any,
+    budget: int | float | str | None = None,
+    strategy: str = "auto",
+    time_limit: float = 60.0,
+    *,
+    frontier: bool = True,
+    packing: bool = True,
+) -> Plan:
+    """Solve a memory plan for a profile (from `memviz.profile`) or a bare `solvers.Graph`.
+
+    `budget`: total device bytes as an int, "1.5GiB", "50%", or a float in (0, 1] (fraction of the
+    baseline peak); None plans the eager order.  Raises `solvers.result.InfeasibleBudget` naming the
+    smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
+    """
+    graph, base_schedule, baseline = _baseline_of(prof)
+    budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
+    effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
+    candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
+    result, timeline, name = _solve_first(graph, candidates, effective, time_limit)
+    if timeline.total_time > baseline.total_time and baseline.peak_bytes <= effective:
+        # never worse than PyTorch's own order when that order already fits
+        result = SolveResult(base_schedule, SolverStats("none", "heuristic", result.stats.seconds))
+        timeline, name = baseline, "none"
+    the_plan = Plan(
+        graph=graph, schedule=result.schedule, timeline=timeline, baseline_schedule=base_schedule,
+        baseline=baseline, strategy=name, budget_bytes=budget_bytes, solver_stats=result.stats,
+        model=_model_info(prof, graph), device=_device_info(prof), profile=prof if graph is not prof else None,
+    )
+    if packing:
+        the_plan.packing = packing_of(graph, result.schedule, time_limit=min(10.0, time_limit))
+    if frontier and is_training(graph):
+        the_plan.frontier = budget_frontier(graph, baseline, time_limit=min(30.0, time_limit))
+    return the_plan
+
+
+def _solve_first(
+    graph: Graph, candidates: list[str], budget: int, time_limit: float
+) -> tuple[SolveResult, Timeline, str]:
+    """The first candidate that returns a plan; if none does, the most informative error."""
+    errors: list[Exception] = []
+    for name in candidates:
+        try:
+            result, timeline = solve_checked(graph, name, budget, time_limit)
+            return result, timeline, name
+        except (PlanningError, InfeasibleBudget) as exc:
+            if len(candidates) == 1:
+                raise
+            errors.append(exc)
+    infeasible = [e for e in errors if isinstance(e, InfeasibleBudget) and e.minimum_bytes is not None]
+    if infeasible:
+        raise min(infeasible, key=lambda e: e.minimum_bytes)
+    raise errors[-1]
+
+
+def minimum_budget(graph: Graph, strategy: str, time_limit: float = 10.0) -> int:
+    """The smallest budget a strategy reports feasible (asks it for 1 byte and reads its answer)."""
+    try:
+        solve_checked(graph, strategy, graph.persistent_bytes() or 1, time_limit)
+    except InfeasibleBudget as exc:
+        if exc.minimum_bytes is None:
+            raise PlanningError(f"{strategy} cannot tell its minimum budget") from None
+        return exc.minimum_bytes
+    return graph.persistent_bytes()
+
+
+def budget_frontier(
+    graph: Graph, baseline: Timeline, *, strategy: str = "rotor", points: int = FRONTIER_POINTS,
+    time_limit: float = 30.0,
+) -> list[dict[str, Any]]:
+    """`points` budgets from the strategy's minimum to the baseline peak -> (peak, time overhead).
+
+    Monotone by construction: a plan that fits a smaller budget fits every larger one, so each point
+    keeps the cheapest plan found at or below its budget.
+    """
+    deadline = time.perf_counter() + time_limit
+    try:
+        low = minimum_budget(graph, strategy, time_limit)
+    except PlanningError:
+        return []
+    high = baseline.peak_bytes
+    if low >= high:
+        return [{"budget_bytes": high, "peak_bytes": high, "time_overhead": 1.0, "strategy": "none"}]
+    rows: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    for i in range(points):
+        budget = low + (high - low) * i // (points - 1)
+        row = None
+        if time.perf_counter() < deadline:
+            try:
+                _, tl = solve_checked(graph, strategy, budget, max(1.0, deadline - time.perf_counter()))
+                overhead = tl.total_time / baseline.total_time if baseline.total_time > 0 else 1.0
+                row = {"peak_bytes": tl.peak_bytes, "time_overhead": overhead, "strategy": strategy}
+            except InfeasibleBudget:
+                row = None
+        if i == points - 1:
+            row = {"peak_bytes": high, "time_overhead": 1.0, "strategy": "none"}
+        if row is not None and (best is None or row["time_overhead"] < best["time_overhead"]):
+            best = row
+        if best is not None:
+            rows.append({"budget_bytes": budget, **best})
+    return rows
+
+
+def packing_of(graph: Graph, schedule: Schedule, *, time_limit: float = 10.0) -> dict[str, Any] | None:
+    """Address packing of the schedule plus PyTorch's caching allocator on the same schedule."""
+    try:
+        from solvers.allocator import simulate_caching_allocator
+        from solvers.olla import pack_schedule
+    except ImportError:
+        return None
+    packed = pack_schedule(graph, schedule, time_limit=time_limit)
+    alloc = simulate_caching_allocator(graph, schedule)
+    return {**packed.to_dict(), "allocator": alloc.to_dict()}
+
+
+def _baseline_of(prof: Any) -> tuple[Graph, Schedule, Timeline]:
+    if isinstance(prof, Graph):
+        schedule = eager_schedule(prof)
+        return prof, schedule, simulate(prof, schedule).check()
+    if isinstance(prof, Plan):
+        return prof.graph, prof.baseline_schedule, prof.baseline
+    try:
+        return prof.graph, prof.baseline_schedule, prof.baseline
+    except AttributeError:
+        raise TypeError(
+            f"memviz.plan needs a profile from memviz.profile(model, args) or a solvers.Graph, "
+            f"not {type(prof).__name__}"
+        ) from None
+
+
+def _model_info(prof: Any, graph: Graph) -> dict[str, Any]:
+    if isinstance(prof, Graph):
+        return {"name": graph.name, "mode": "train" if is_training(graph) else "inference", "fingerprint": ""}
+    return {"name": prof.model_name, "mode": prof.mode, "fingerprint": prof.fingerprint}
+
+
+def _device_info(prof: Any) -> dict[str, Any]:
+    dev = getattr(prof, "device", None)
+    if dev is None:
+        return {"name": "unspecified", "estimated": True, "capacity_bytes": None}
+    return {
+        "name": str(getattr(dev, "name", dev)),
+        "estimated": bool(getattr(dev, "estimated", False)),
+        "capacity_bytes": getattr(dev, "capacity_bytes", None),
+    }

@@ -5,9 +5,16 @@ from __future__ import annotations
 import re
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*|%)\s*$", re.IGNORECASE)
 
@@ -16,7 +23,9 @@ def parse_budget(budget: int | float | str, reference_bytes: int) -> int:
     """Total device bytes from an int (bytes), a float in (0, 1] (fraction of `reference_bytes`, the
     baseline peak), "1.5GiB" / "800MB" / "123456", or "50%"."""
     if isinstance(budget, bool):
-        raise TypeError("budget must be bytes (int), a fraction in (0, 1], or a string like '1.5GiB' or '50%'")
+        raise TypeError(
+            "budget must be bytes (int), a fraction in (0, 1], or a string like '1.5GiB' or '50%'"
+        )
     if isinstance(budget, int):
         value = budget
     elif isinstance(budget, float):
@@ -38,7 +47,9 @@ def parse_budget(budget: int | float | str, reference_bytes: int) -> int:
         elif unit in _UNITS:
             value = int(number * _UNITS[unit])
         else:
-            raise ValueError(f"unknown unit {m.group(2)!r} in budget {budget!r}: use B, KB, MB, GB, KiB, MiB, GiB or %")
+            raise ValueError(
+                f"unknown unit {m.group(2)!r} in budget {budget!r}: use B, KB, MB, GB, KiB, MiB, GiB or %"
+            )
     else:
         raise TypeError(f"budget must be int, float or str, not {type(budget).__name__}")
     if value <= 0:

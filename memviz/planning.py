@@ -94,11 +94,19 @@ class Plan:
         schedule = steps_from_json(doc["planned"]["schedule"])
         base_schedule = steps_from_json(doc["baseline"]["schedule"])
         return cls(
-            graph=graph, schedule=schedule, timeline=simulate(graph, schedule),
-            baseline_schedule=base_schedule, baseline=simulate(graph, base_schedule),
-            strategy=doc["strategy"], budget_bytes=doc["budget_bytes"],
-            solver_stats=SolverStats(**doc["solver_stats"]), model=doc["model"], device=doc["device"],
-            packing=doc["packing"], chunks=doc["chunks"], frontier=doc["frontier"],
+            graph=graph,
+            schedule=schedule,
+            timeline=simulate(graph, schedule),
+            baseline_schedule=base_schedule,
+            baseline=simulate(graph, base_schedule),
+            strategy=doc["strategy"],
+            budget_bytes=doc["budget_bytes"],
+            solver_stats=SolverStats(**doc["solver_stats"]),
+            model=doc["model"],
+            device=doc["device"],
+            packing=doc["packing"],
+            chunks=doc["chunks"],
+            frontier=doc["frontier"],
         )
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -180,7 +188,9 @@ def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
     return [*(["checkmate"] if small else []), "rockmate", "rotor"]
 
 
-def solve_checked(graph: Graph, strategy: str, budget: int, time_limit: float) -> tuple[SolveResult, Timeline]:
+def solve_checked(
+    graph: Graph, strategy: str, budget: int, time_limit: float
+) -> tuple[SolveResult, Timeline]:
     """Run one strategy and insist the simulator agrees: valid, and within the budget."""
     if strategy == "none":
         result = _eager(graph, budget, time_limit)
@@ -190,7 +200,8 @@ def solve_checked(graph: Graph, strategy: str, budget: int, time_limit: float) -
         result = _solver(strategy)(graph, budget, time_limit=time_limit)
     elif strategy == "autochunk":
         raise PlanningError(
-            "strategy 'autochunk' rewrites the model itself: use memviz.chunking.plan_chunks(model, args, budget)"
+            "strategy 'autochunk' rewrites the model itself: "
+            "use memviz.chunking.plan_chunks(model, args, budget)"
         )
     else:
         raise PlanningError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -228,9 +239,17 @@ def plan(
         result = SolveResult(base_schedule, SolverStats("none", "heuristic", result.stats.seconds))
         timeline, name = baseline, "none"
     the_plan = Plan(
-        graph=graph, schedule=result.schedule, timeline=timeline, baseline_schedule=base_schedule,
-        baseline=baseline, strategy=name, budget_bytes=budget_bytes, solver_stats=result.stats,
-        model=_model_info(prof, graph), device=_device_info(prof), profile=prof if graph is not prof else None,
+        graph=graph,
+        schedule=result.schedule,
+        timeline=timeline,
+        baseline_schedule=base_schedule,
+        baseline=baseline,
+        strategy=name,
+        budget_bytes=budget_bytes,
+        solver_stats=result.stats,
+        model=_model_info(prof, graph),
+        device=_device_info(prof),
+        profile=prof if graph is not prof else None,
     )
     if packing:
         the_plan.packing = packing_of(graph, result.schedule, time_limit=min(10.0, time_limit))
@@ -270,7 +289,11 @@ def minimum_budget(graph: Graph, strategy: str, time_limit: float = 10.0) -> int
 
 
 def budget_frontier(
-    graph: Graph, baseline: Timeline, *, strategy: str = "rotor", points: int = FRONTIER_POINTS,
+    graph: Graph,
+    baseline: Timeline,
+    *,
+    strategy: str = "rotor",
+    points: int = FRONTIER_POINTS,
     time_limit: float = 30.0,
 ) -> list[dict[str, Any]]:
     """`points` budgets from the strategy's minimum to the baseline peak -> (peak, time overhead).

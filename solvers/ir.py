@@ -34,9 +34,7 @@ class DataKind(str, Enum):
 
 
 #: Kinds whose bytes are fixed for the whole run: a remat plan cannot touch them.
-PERSISTENT_KINDS = frozenset(
-    {DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPUT, DataKind.OPTIMIZER_STATE}
-)
+PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPUT, DataKind.OPTIMIZER_STATE})
 
 
 @dataclass(frozen=True)
@@ -178,18 +176,32 @@ class Graph:
             "name": self.name,
             "computes": [
                 {
-                    "id": c.id, "name": c.name, "op": c.op, "phase": c.phase.value,
-                    "inputs": list(c.inputs), "outputs": list(c.outputs), "time": c.time,
-                    "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
-                    "block": c.block, "flops": c.flops,
+                    "id": c.id,
+                    "name": c.name,
+                    "op": c.op,
+                    "phase": c.phase.value,
+                    "inputs": list(c.inputs),
+                    "outputs": list(c.outputs),
+                    "time": c.time,
+                    "temp_bytes": c.temp_bytes,
+                    "module": c.module,
+                    "source": c.source,
+                    "block": c.block,
+                    "flops": c.flops,
                 }
                 for c in self.computes
             ],
             "datas": [
                 {
-                    "id": d.id, "name": d.name, "bytes": d.bytes, "kind": d.kind.value,
-                    "producer": d.producer, "consumers": list(self.consumers(d.id)),
-                    "shape": list(d.shape), "dtype": d.dtype, "aliases": list(d.aliases),
+                    "id": d.id,
+                    "name": d.name,
+                    "bytes": d.bytes,
+                    "kind": d.kind.value,
+                    "producer": d.producer,
+                    "consumers": list(self.consumers(d.id)),
+                    "shape": list(d.shape),
+                    "dtype": d.dtype,
+                    "aliases": list(d.aliases),
                 }
                 for d in self.datas
             ],
@@ -201,23 +213,41 @@ class Graph:
     def from_dict(cls, obj: dict[str, Any]) -> Graph:
         computes = tuple(
             ComputeNode(
-                id=c["id"], name=c["name"], op=c["op"], phase=Phase(c["phase"]),
-                inputs=tuple(c["inputs"]), outputs=tuple(c["outputs"]), time=float(c["time"]),
-                temp_bytes=int(c["temp_bytes"]), module=c.get("module", ""),
-                source=c.get("source", ""), block=c.get("block"), flops=float(c.get("flops", 0.0)),
+                id=c["id"],
+                name=c["name"],
+                op=c["op"],
+                phase=Phase(c["phase"]),
+                inputs=tuple(c["inputs"]),
+                outputs=tuple(c["outputs"]),
+                time=float(c["time"]),
+                temp_bytes=int(c["temp_bytes"]),
+                module=c.get("module", ""),
+                source=c.get("source", ""),
+                block=c.get("block"),
+                flops=float(c.get("flops", 0.0)),
             )
             for c in obj["computes"]
         )
         datas = tuple(
             DataNode(
-                id=d["id"], name=d["name"], bytes=int(d["bytes"]), kind=DataKind(d["kind"]),
-                producer=d.get("producer"), shape=tuple(d.get("shape", ())),
-                dtype=d.get("dtype", ""), aliases=tuple(d.get("aliases", ())),
+                id=d["id"],
+                name=d["name"],
+                bytes=int(d["bytes"]),
+                kind=DataKind(d["kind"]),
+                producer=d.get("producer"),
+                shape=tuple(d.get("shape", ())),
+                dtype=d.get("dtype", ""),
+                aliases=tuple(d.get("aliases", ())),
             )
             for d in obj["datas"]
         )
-        return cls(computes, datas, tuple(obj["outputs"]), name=obj.get("name", "graph"),
-                   meta=dict(obj.get("meta", {})))
+        return cls(
+            computes,
+            datas,
+            tuple(obj["outputs"]),
+            name=obj.get("name", "graph"),
+            meta=dict(obj.get("meta", {})),
+        )
 
 
 class GraphBuilder:
@@ -234,8 +264,14 @@ class GraphBuilder:
         return len(self._datas) - 1
 
     def compute(
-        self, name: str, inputs: Iterable[int], outputs: Iterable[int], *, op: str | None = None,
-        phase: Phase | str = Phase.FORWARD, **kw: Any,
+        self,
+        name: str,
+        inputs: Iterable[int],
+        outputs: Iterable[int],
+        *,
+        op: str | None = None,
+        phase: Phase | str = Phase.FORWARD,
+        **kw: Any,
     ) -> int:
         cid = len(self._computes)
         outs = tuple(outputs)
@@ -244,8 +280,14 @@ class GraphBuilder:
                 raise GraphError(f"data node {self._datas[d]['name']!r} already has a producer")
             self._datas[d]["producer"] = cid
         self._computes.append(
-            {"name": name, "op": op or name, "phase": Phase(phase), "inputs": tuple(inputs),
-             "outputs": outs, **kw}
+            {
+                "name": name,
+                "op": op or name,
+                "phase": Phase(phase),
+                "inputs": tuple(inputs),
+                "outputs": outs,
+                **kw,
+            }
         )
         return cid
 

@@ -16,8 +16,15 @@ from solvers.schedule import Step
 
 #: Breakdown categories shown by every view, in stacking order.
 CATEGORIES = (
-    "parameters", "buffers", "inputs", "optimizer_state", "parameter_gradients",
-    "gradients", "activations", "outputs", "workspace",
+    "parameters",
+    "buffers",
+    "inputs",
+    "optimizer_state",
+    "parameter_gradients",
+    "gradients",
+    "activations",
+    "outputs",
+    "workspace",
 )
 
 _CATEGORY_OF = {
@@ -127,9 +134,14 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                 c = computes[step.node]
                 for d in c.inputs:
                     if not alive[d]:
-                        why = (f"freed at step {freed_at[d]}" if d in freed_at else "never computed")
-                        issues.append(ScheduleIssue(
-                            i, c.id, f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})"))
+                        why = f"freed at step {freed_at[d]}" if d in freed_at else "never computed"
+                        issues.append(
+                            ScheduleIssue(
+                                i,
+                                c.id,
+                                f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})",
+                            )
+                        )
                 if done[c.id]:
                     n_recompute += 1
                 else:
@@ -146,8 +158,9 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
             if not 0 <= step.node < len(datas):
                 issues.append(ScheduleIssue(i, step.node, f"unknown data node id {step.node}"))
             elif not alive[step.node]:
-                issues.append(ScheduleIssue(
-                    i, step.node, f"free of {datas[step.node].name!r}, which is not alive"))
+                issues.append(
+                    ScheduleIssue(i, step.node, f"free of {datas[step.node].name!r}, which is not alive")
+                )
             else:
                 d = datas[step.node]
                 alive[d.id] = False
@@ -190,4 +203,3 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
         recomputes=n_recompute,
         issues=tuple(issues),
     )
-

@@ -133,7 +133,8 @@ def test_recomputation_is_accepted_and_costed(params, data):
         assert tl.valid, tl.issues
         assert tl.recomputes == 1
         assert tl.total_time == pytest.approx(
-            sum(c.time for c in graph.computes) + graph.computes[producer].time)
+            sum(c.time for c in graph.computes) + graph.computes[producer].time
+        )
         assert tl.peak_bytes == recount_peak(graph, tuple(sched))
 
 
@@ -148,7 +149,8 @@ def test_issue_messages_name_step_and_tensor():
     g = b.build()
     tl = simulate(g, [compute(0), free(h), compute(1)])
     assert [str(i) for i in tl.issues] == [
-        "step 2: compute 'relu' reads 'h', which is not alive (freed at step 1)"]
+        "step 2: compute 'relu' reads 'h', which is not alive (freed at step 1)"
+    ]
     tl = simulate(g, [compute(1)])
     assert "never computed" in str(tl.issues[0])
     assert any("never run: lin" in str(i) for i in tl.issues)
@@ -186,7 +188,10 @@ def test_graph_rejects_malformed_input():
         Graph((ComputeNode(0, "h", "h", Phase.FORWARD, (5,), ()),), (), ())
     with pytest.raises(GraphError, match="cycle"):
         Graph(
-            (ComputeNode(0, "a", "a", Phase.FORWARD, (1,), (0,)), ComputeNode(1, "b", "b", Phase.FORWARD, (0,), (1,))),
+            (
+                ComputeNode(0, "a", "a", Phase.FORWARD, (1,), (0,)),
+                ComputeNode(1, "b", "b", Phase.FORWARD, (0,), (1,)),
+            ),
             (DataNode(0, "d0", 1, DataKind.ACTIVATION, 0), DataNode(1, "d1", 1, DataKind.ACTIVATION, 1)),
             (),
         )

@@ -101,6 +101,12 @@ def write_document(doc: dict[str, Any], path: str | os.PathLike[str], *, overwri
     return write_text_safely(target, text, overwrite=overwrite)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text_safely(target: Path, text: str, *, overwrite: bool = False) -> Path:
     """Write through a temporary file in the same folder; link it into place so that, unless asked
     to overwrite, an existing user file can never be clobbered (even by a concurrent writer)."""
@@ -111,6 +117,7 @@ def write_text_safely(target: Path, text: str, *, overwrite: bool = False) -> Pa
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the user's usual mode
         if overwrite:
             os.replace(tmp, target)
         else:

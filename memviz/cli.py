@@ -1,0 +1,168 @@
+"""Command line: `memviz demo` and `memviz plan MODULE.py:FACTORY ...` (DESIGN.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from memviz.budget import format_bytes
+from memviz.planning import STRATEGIES
+
+
+class CliError(Exception):
+    pass
+
+
+@contextmanager
+def stage(name: str) -> Iterator[None]:
+    """One progress line per long step, with its wall time (long steps: capture, solve, export)."""
+    print(f"[memviz] {name} ...", end="", flush=True, file=sys.stderr)
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        print(" failed", file=sys.stderr)
+        raise
+    print(f" done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    """`path/to/file.py:function` -> the function (which returns (model, args) or (model, args, kwargs))."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise CliError(f"expected MODULE.py:FACTORY, got {spec!r}")
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"no such file: {file}")
+    module_spec = importlib.util.spec_from_file_location(file.stem, file)
+    if module_spec is None or module_spec.loader is None:
+        raise CliError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(file.parent.resolve()))
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise CliError(f"{file} has no callable {name!r}")
+    return factory
+
+
+def run_plan(
+    model: Any,
+    args: tuple,
+    kwargs: dict | None,
+    *,
+    mode: str,
+    budget: str | None,
+    strategy: str,
+    device: str | None,
+    time_limit: float,
+    report: Path | None,
+    export: Path | None,
+    plan_out: Path | None,
+    overwrite: bool,
+) -> Any:
+    import memviz
+
+    for target in (report, export, plan_out):
+        if target is not None and target.exists() and not overwrite:
+            raise CliError(f"{target} exists; pass --overwrite to replace it")
+    with stage(f"capturing and profiling ({mode})"):
+        prof = memviz.profile(model, args, kwargs, mode=mode, device=device)
+    print(
+        f"[memviz] baseline peak {format_bytes(prof.baseline.peak_bytes)} "
+        f"({len(prof.graph.computes)} ops, {len(prof.graph.datas)} tensors)",
+        file=sys.stderr,
+    )
+    with stage(f"planning ({strategy}, budget {budget or 'none'})"):
+        plan = memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit)
+    print(plan.summary())
+    if plan_out is not None:
+        plan.save(plan_out, overwrite=overwrite)
+        print(f"plan: {plan_out}")
+    if report is not None:
+        from memviz.report import write_report
+
+        with stage("writing the offline report"):
+            write_report(plan, report, overwrite=overwrite)
+        print(f"report: {report}")
+    if export is not None:
+        with stage("exporting"):
+            memviz.export(plan, path=export, overwrite=overwrite)
+        print(f"exported module: {export}")
+    return plan
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="memviz", description="Plan a PyTorch model's memory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="profile, plan and report a small built-in GPT")
+    demo.add_argument("--output", type=Path, default=Path("memviz-demo.html"))
+    demo.add_argument("--budget", default="60%")
+    demo.add_argument("--overwrite", action="store_true")
+    p = sub.add_parser("plan", help="plan MODULE.py:FACTORY under a budget")
+    p.add_argument("factory", help="MODULE.py:FACTORY returning (model, args[, kwargs])")
+    p.add_argument("--mode", choices=("train", "inference"), default="train")
+    p.add_argument("--budget", default=None, help="bytes, '1.5GiB', '800MB' or '50%%' of the baseline peak")
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    p.add_argument("--device", default=None, help="cpu, cuda, neuron or fake:<target> (estimated)")
+    p.add_argument("--time-limit", type=float, default=60.0)
+    p.add_argument("--report", type=Path)
+    p.add_argument("--export", type=Path, help="write the optimized module's source (plan JSON beside it)")
+    p.add_argument("--plan-out", type=Path, help="write the plan JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "demo":
+            from memviz.demo import demo_model
+
+            model, args = demo_model()
+            run_plan(
+                model,
+                args,
+                None,
+                mode="train",
+                budget=ns.budget,
+                strategy="auto",
+                device="cpu",
+                time_limit=30.0,
+                report=ns.output,
+                export=None,
+                plan_out=None,
+                overwrite=ns.overwrite,
+            )
+            return 0
+        made = load_factory(ns.factory)()
+        if not isinstance(made, tuple) or len(made) not in (2, 3):
+            raise CliError(f"{ns.factory} must return (model, args) or (model, args, kwargs)")
+        model, args, kwargs = (*made, None) if len(made) == 2 else made
+        run_plan(
+            model,
+            tuple(args),
+            kwargs,
+            mode=ns.mode,
+            budget=ns.budget,
+            strategy=ns.strategy,
+            device=ns.device,
+            time_limit=ns.time_limit,
+            report=ns.report,
+            export=ns.export,
+            plan_out=ns.plan_out,
+            overwrite=ns.overwrite,
+        )
+        return 0
+    except (CliError, FileExistsError, ValueError, TypeError) as exc:
+        print(f"memviz: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

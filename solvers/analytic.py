@@ -1,0 +1,380 @@
+"""Closed-form activation and device memory of a GPT-style transformer: the "what-if" estimator.
+
+Implements Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*
+(MLSys 2023), Sec. 4 (as restated in AWS Neuron's "Activation Memory Reduction" page, the table in
+DESIGN.md): with ``s`` sequence length, ``b`` micro-batch, ``h`` hidden size, ``a`` heads, ``t``
+tensor-parallel degree, 16-bit activations and 1-byte dropout masks, one transformer layer stores
+
+=====================================  ==============================
+no parallelism                          ``sbh(34 + 5as/h)``
+tensor parallel                         ``sbh(10 + 24/t + 5as/(ht))``
+tensor + sequence parallel              ``sbh/t (34 + 5as/h)``
+tensor parallel + selective recompute   ``sbh(10 + 24/t)``
+tensor + sequence + selective           ``34sbh/t``
+full recompute                          ``2sbh`` (``2sbh/t`` with sequence parallel)
+=====================================  ==============================
+
+The constants are not hard-coded: they are the sum of a per-tensor breakdown (Sec. 4.1,
+`layer_activation_tensors`) parameterised by the activation dtype size ``d`` and the dropout-mask
+size ``m``.  Summed, one layer holds ``sbh(16d + 2m) + as^2b(2d + m)`` bytes:
+
+* attention ``sbh(5d + m) + as^2b(2d + m)``: QKV input ``d``, Q and K ``2d``, softmax output
+  ``d as^2b``, its dropout mask ``m as^2b`` and output ``d as^2b``, V ``d``, output-projection input
+  ``d``, its dropout mask ``m``;
+* MLP ``sbh(9d + m)`` with a ``4h`` inner size: first linear input ``d``, GELU input ``4d``,
+  second linear input ``4d``, dropout mask ``m``;
+* two LayerNorm inputs ``2d``.
+
+With ``d = 2, m = 1`` this is the paper's ``34sbh + 5as^2b``.  With ``d = 2, m = 2`` -- PyTorch on
+CPU, whose dropout multiplies by a noise tensor of the input's dtype and saves that bf16 tensor as
+the mask -- it is ``36sbh + 6as^2b``: the three masks add ``sbh + sbh + as^2b``.  Without dropout the
+masks vanish and the attention-over-V matmul reads the softmax output itself, so the layer holds
+``sbh(16d) + as^2b d`` (``32sbh + 2as^2b`` in 16-bit).
+
+Tensor parallelism splits the tensors between the column- and row-parallel linears by ``t``
+(``24sbh`` + the ``as^2b`` terms in 16-bit); the LayerNorm inputs, the inputs of the QKV and first MLP
+linears and the two sbh dropout masks stay replicated (``4d + 2m = 10``) unless sequence parallelism
+splits them along ``s``.  Selective recompute (Sec. 5) recomputes QK^T, softmax, dropout and
+attention over V, dropping every ``as^2b`` term; full recompute keeps only the layer input.
+
+Everything here is pure arithmetic over ints (exact bytes; no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from math import ceil
+from typing import Any, Literal
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """One GPT-style model and its micro-batch.
+
+    ``batch`` is the micro-batch size ``b`` (activations scale with it); ``ffn_mult`` the MLP's inner
+    size over ``hidden``; ``dtype_bytes`` the activation dtype (2 for bf16/fp16);
+    ``dropout_mask_bytes`` what one dropout-mask element costs (1 in Megatron, 2 for PyTorch's bf16
+    dropout on CPU); ``dropout=False`` models dropout-free layers (no masks stored);
+    ``logits_bytes`` the dtype of the cross-entropy logits (fp32 in the paper); ``vocab`` enables
+    the embedding and output-layer terms.
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    batch: int
+    vocab: int | None = None
+    ffn_mult: int = 4
+    dtype_bytes: int = 2
+    dropout_mask_bytes: int = 1
+    dropout: bool = True
+    logits_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes"):
+            _check_positive_int(name, getattr(self, name))
+        _check_int("dropout_mask_bytes", self.dropout_mask_bytes)
+        if self.dropout_mask_bytes < 0:
+            raise ValueError(f"dropout_mask_bytes must be >= 0, got {self.dropout_mask_bytes}")
+        if self.vocab is not None:
+            _check_positive_int("vocab", self.vocab)
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads}): each head gets "
+                "hidden/heads channels"
+            )
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn_mult * self.hidden
+
+
+@dataclass(frozen=True)
+class ActivationTensor:
+    """One tensor a transformer layer keeps for its backward pass (Korthikanti Sec. 4.1).
+
+    ``tensor_parallel``: it lives between the column- and row-parallel linears, so tensor
+    parallelism splits it by ``t``; otherwise it is replicated and only sequence parallelism splits
+    it.  ``attention_core``: QK^T/softmax/dropout/attention-over-V state that selective recompute
+    regenerates in the backward pass instead of storing.
+    """
+
+    name: str
+    block: Literal["attention", "mlp", "layernorm"]
+    elements: int
+    element_bytes: int
+    tensor_parallel: bool
+    attention_core: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.element_bytes
+
+
+def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, ...]:
+    """The per-tensor breakdown of one layer's stored activations without parallelism or recompute.
+
+    Korthikanti et al. Sec. 4.1 (attention, MLP, LayerNorm paragraphs); sizes in elements with the
+    dtype each one is stored in.  Summing ``.bytes`` gives ``sbh(16d + 2m) + as^2b(2d + m)``.
+    """
+    s, b, h, a = cfg.seq, cfg.batch, cfg.hidden, cfg.heads
+    sbh, scores, ffn = s * b * h, a * s * s * b, s * b * cfg.ffn_hidden
+    d, m = cfg.dtype_bytes, cfg.dropout_mask_bytes
+    T = ActivationTensor
+    tensors = [
+        T("ln1.input", "layernorm", sbh, d, False),
+        T("qkv.input", "attention", sbh, d, False),
+        T("attention.q", "attention", sbh, d, True),
+        T("attention.k", "attention", sbh, d, True),
+        T("attention.softmax_output", "attention", scores, d, True, attention_core=True),
+    ]
+    if cfg.dropout:
+        # With dropout, attention over V reads the dropout output, a second as^2b tensor; without it,
+        # it reads the softmax output already counted above.
+        tensors += [
+            T("attention.dropout_mask", "attention", scores, m, True, attention_core=True),
+            T("attention.dropout_output", "attention", scores, d, True, attention_core=True),
+        ]
+    tensors += [
+        T("attention.v", "attention", sbh, d, True),
+        T("proj.input", "attention", sbh, d, True),
+    ]
+    if cfg.dropout:
+        tensors.append(T("proj.dropout_mask", "attention", sbh, m, False))
+    tensors += [
+        T("ln2.input", "layernorm", sbh, d, False),
+        T("fc1.input", "mlp", sbh, d, False),
+        T("gelu.input", "mlp", ffn, d, True),
+        T("fc2.input", "mlp", ffn, d, True),
+    ]
+    if cfg.dropout:
+        tensors.append(T("mlp.dropout_mask", "mlp", sbh, m, False))
+    return tuple(tensors)
+
+
+def layer_activation_breakdown(
+    cfg: TransformerConfig, tp: int = 1, sp: bool = False, recompute: Recompute = "none"
+) -> dict[str, int]:
+    """Bytes one device stores per layer, by tensor name (the terms `activation_bytes_per_layer` sums).
+
+    Full recompute (Korthikanti Sec. 5, "full activation recomputation") keeps only the layer input:
+    ``d sbh``, split by ``t`` only under sequence parallelism.
+    """
+    _check_parallel(cfg, tp, sp)
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    tensors = layer_activation_tensors(cfg)
+    if recompute == "full":
+        tensors = tuple(t for t in tensors if t.name == "ln1.input")
+    elif recompute == "selective":
+        tensors = tuple(t for t in tensors if not t.attention_core)
+    return {t.name: _shard(t.bytes, tp if (t.tensor_parallel or sp) else 1, t.name) for t in tensors}
+
+
+def activation_bytes_per_layer(
+    cfg: TransformerConfig, tp: int = 1, sp: bool = False, recompute: Recompute = "none"
+) -> int:
+    """Activation bytes one transformer layer keeps on one device (Korthikanti Sec. 4.1, 4.2.1-4.2.2, 5).
+
+    ``tp`` is the tensor-parallel degree ``t``; ``sp`` turns on sequence parallelism (requires
+    ``seq % tp == 0``); ``recompute`` is "none", "selective" or "full".
+    """
+    return sum(layer_activation_breakdown(cfg, tp, sp, recompute).values())
+
+
+def in_flight_layers(layers: int, pp: int, interleave: int = 1) -> Fraction:
+    """Layers' worth of activations the first pipeline stage holds at its peak (Korthikanti Sec. 4.2.3).
+
+    With the 1F1B schedule the first of ``pp`` stages owns ``L/pp`` layers and keeps ``pp``
+    micro-batches in flight: ``L`` layers' worth, independent of ``pp``.  The interleaved schedule
+    with ``interleave`` model chunks per device needs ``L (1 + (pp - 1)/(pp * interleave))``.
+    """
+    _check_positive_int("pp", pp)
+    _check_positive_int("interleave", interleave)
+    if layers % pp:
+        raise ValueError(f"layers ({layers}) must be divisible by the pipeline degree pp ({pp})")
+    if interleave > 1 and (layers // pp) % interleave:
+        raise ValueError(
+            f"with interleave={interleave} each stage's {layers // pp} layers must split into "
+            f"{interleave} equal chunks"
+        )
+    extra = Fraction(pp - 1, pp * interleave) if interleave > 1 else Fraction(0)
+    return layers * (1 + extra)
+
+
+def embedding_activation_bytes(cfg: TransformerConfig, tp: int = 1, sp: bool = False, pp: int = 1) -> int:
+    """The input-embedding dropout mask on the first stage, ``p`` micro-batches of it (Sec. 4.3).
+
+    ``sbhp/t`` with sequence parallelism; replicated (``sbhp``) without.
+    """
+    _check_parallel(cfg, tp, sp)
+    if not cfg.dropout:
+        return 0
+    mask = cfg.seq * cfg.batch * cfg.hidden * cfg.dropout_mask_bytes * pp
+    return _shard(mask, tp if sp else 1, "embedding.dropout_mask")
+
+
+def output_activation_bytes(cfg: TransformerConfig, tp: int = 1, sp: bool = False) -> dict[str, int]:
+    """Final LayerNorm input, output-projection input and fp32 logits (Korthikanti Sec. 4.3).
+
+    ``2sbh/t + 2sbh/t + 4sbv/t`` = ``4sbh/t (1 + v/h)`` with sequence parallelism; the logits are
+    always vocabulary-parallel (split by ``t``).  Empty when ``cfg.vocab`` is None.
+    """
+    _check_parallel(cfg, tp, sp)
+    if cfg.vocab is None:
+        return {}
+    if cfg.vocab % tp:
+        raise ValueError(f"vocab ({cfg.vocab}) must be divisible by tp ({tp}) for vocabulary-parallel logits")
+    sbh = cfg.seq * cfg.batch * cfg.hidden * cfg.dtype_bytes
+    logits = cfg.seq * cfg.batch * cfg.vocab * cfg.logits_bytes
+    split = tp if sp else 1
+    return {
+        "final_ln.input": _shard(sbh, split, "final_ln.input"),
+        "output_proj.input": _shard(sbh, split, "output_proj.input"),
+        "logits": logits // tp,
+    }
+
+
+def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1) -> int:
+    """Parameters held by one device of the first pipeline stage (Megatron's split).
+
+    Per layer ``4h^2 + 2hf + 3h + f`` parameters are tensor-parallel (QKV weight and bias, output
+    projection weight, both MLP weights, first MLP bias) and ``6h`` replicated (two LayerNorms, the
+    two row-parallel biases): ``12h^2 + 13h`` in total for ``f = 4h``.  The first stage also holds the
+    vocabulary-parallel word embedding ``vh/t`` and learned positions ``sh``; with ``pp == 1`` it is
+    also the last stage and holds the final LayerNorm (the output layer is tied to the embedding).
+    """
+    _check_parallel(cfg, tp, False)
+    in_flight_layers(cfg.layers, pp)  # validates pp
+    h, f = cfg.hidden, cfg.ffn_hidden
+    # h and f are multiples of tp (checked), so the sharded count divides exactly.
+    sharded, replicated = 4 * h * h + 2 * h * f + 3 * h + f, 6 * h
+    per_layer = sharded // tp + replicated
+    count = (cfg.layers // pp) * per_layer
+    if cfg.vocab is not None:
+        if cfg.vocab % tp:
+            raise ValueError(
+                f"vocab ({cfg.vocab}) must be divisible by tp ({tp}) for the vocabulary-parallel embedding"
+            )
+        count += cfg.vocab * h // tp + cfg.seq * h
+        if pp == 1:
+            count += 2 * h
+    return count
+
+
+def estimate_memory(
+    cfg: TransformerConfig,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: Recompute = "none",
+    pp: int = 1,
+    device_capacity_bytes: int | None = None,
+    *,
+    interleave: int = 1,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+    optimizer_bytes: int = 12,
+) -> dict[str, Any]:
+    """Per-device memory of the first pipeline stage of a mixed-precision training run (the what-if panel).
+
+    Activations follow Korthikanti et al. Sec. 4-5 (`activation_bytes_per_layer` times
+    `in_flight_layers`, plus the Sec. 4.3 embedding term and, when ``pp == 1``, the output-layer
+    terms).  Static memory is ``param_bytes + grad_bytes + optimizer_bytes`` per parameter --
+    2 + 2 + 12 = 16 for mixed-precision Adam (bf16 weights and gradients; fp32 master weights, first
+    and second moments) -- over `parameter_count_per_device`.  Everything is estimated.
+
+    Returns a dict of ints (bytes unless named otherwise):
+    ``activations_per_layer``, ``layer_breakdown`` (tensor -> bytes per layer), ``layers_per_stage``,
+    ``in_flight_layers`` (float), ``layer_activations``, ``embedding_activations``,
+    ``output_activations``, ``activations`` (their sum), ``parameter_count``, ``parameters``,
+    ``gradients``, ``optimizer``, ``total``, ``capacity`` (None when not given), ``fits``
+    (None when no capacity), ``headroom`` (capacity - total, or None) and the echoed settings.
+    """
+    per_param = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
+    for name, value in per_param.items():
+        _check_int(name, value)
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    breakdown = layer_activation_breakdown(cfg, tp, sp, recompute)
+    per_layer = sum(breakdown.values())
+    layers_held = in_flight_layers(cfg.layers, pp, interleave)
+    layer_acts = ceil(per_layer * layers_held)
+    embed = embedding_activation_bytes(cfg, tp, sp, pp)
+    # The output layer lives on the last stage; the first stage (reported here) holds it only when pp == 1.
+    output = sum(output_activation_bytes(cfg, tp, sp).values()) if pp == 1 else 0
+    n_params = parameter_count_per_device(cfg, tp, pp)
+    parameters, gradients = n_params * param_bytes, n_params * grad_bytes
+    optimizer = n_params * optimizer_bytes
+    activations = layer_acts + embed + output
+    total = activations + parameters + gradients + optimizer
+    if device_capacity_bytes is not None:
+        _check_positive_int("device_capacity_bytes", device_capacity_bytes)
+    return {
+        "estimated": True,
+        "tp": tp, "sp": sp, "recompute": recompute, "pp": pp, "interleave": interleave,
+        "activations_per_layer": per_layer,
+        "layer_breakdown": breakdown,
+        "layers_per_stage": cfg.layers // pp,
+        "in_flight_layers": float(layers_held),
+        "layer_activations": layer_acts,
+        "embedding_activations": embed,
+        "output_activations": output,
+        "activations": activations,
+        "parameter_count": n_params,
+        "parameters": parameters,
+        "gradients": gradients,
+        "optimizer": optimizer,
+        "total": total,
+        "capacity": device_capacity_bytes,
+        "fits": None if device_capacity_bytes is None else total <= device_capacity_bytes,
+        "headroom": None if device_capacity_bytes is None else device_capacity_bytes - total,
+    }
+
+
+def fits(
+    cfg: TransformerConfig,
+    device_capacity_bytes: int,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: Recompute = "none",
+    pp: int = 1,
+    **kw: Any,
+) -> bool:
+    """Whether `estimate_memory`'s total for the first pipeline stage fits in ``device_capacity_bytes``."""
+    return bool(estimate_memory(cfg, tp, sp, recompute, pp, device_capacity_bytes, **kw)["fits"])
+
+
+# --- validation helpers ----------------------------------------------------------------------------
+def _check_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    _check_int(name, value)
+    if value <= 0:  # type: ignore[operator]
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+def _check_parallel(cfg: TransformerConfig, tp: int, sp: bool) -> None:
+    _check_positive_int("tp", tp)
+    if not isinstance(sp, bool):
+        raise TypeError(f"sp must be a bool, got {sp!r}")
+    if cfg.heads % tp:
+        raise ValueError(f"heads ({cfg.heads}) must be divisible by the tensor-parallel degree tp ({tp})")
+    if cfg.ffn_hidden % tp:
+        raise ValueError(f"the MLP inner size ({cfg.ffn_hidden}) must be divisible by tp ({tp})")
+    if sp and cfg.seq % tp:
+        raise ValueError(f"sequence parallelism splits seq ({cfg.seq}) over tp ({tp}): it must divide evenly")
+
+
+def _shard(nbytes: int, parts: int, name: str) -> int:
+    # Callers validated the dims, so a remainder here means an inconsistent config, never rounding.
+    if nbytes % parts:
+        raise ValueError(f"{name}: {nbytes} bytes do not split evenly over {parts} devices")
+    return nbytes // parts

@@ -275,3 +275,63 @@ def test_gpt_layer_saves_exactly_the_formula(s, b, h, a, dtype, p):
     assert measured in (sorted(rest + qkv), sorted([*rest, sum(qkv)]))
     out.sum().backward()  # the saved set is really what backward consumes
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+def joint_graph_saved_storages(layer, x):
+    """Bytes of the forward storages the backward half of the AOT joint graph reads (torch.export ->
+    aot_export_joint_with_descriptors, the capture path of TOOLCHAIN.md), without parameters and
+    LayerNorm statistics.  View ops and split outputs are followed to the storage they alias."""
+    import contextlib
+    import operator
+
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    aten = torch.ops.aten
+    views = {aten.view.default, aten.t.default, aten.transpose.int, aten.expand.default,
+             aten._unsafe_view.default, aten.detach.default, aten.permute.default, aten.alias.default}
+    splits = {aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int}
+    with contextlib.ExitStack() as stack:
+        joint = aot_export_joint_with_descriptors(stack, torch.export.export(layer, (x,)).module(), (x,))
+    nodes = list(joint.graph_module.graph.nodes)
+    backward: set = set()
+    for n in nodes:  # a node is backward when it depends on a tangent (the incoming gradient)
+        if n.op == "output":
+            continue
+        if n.name.startswith("tangents") or any(i in backward for i in n.all_input_nodes):
+            backward.add(n)
+
+    def storage(n):
+        while n.op == "call_function":
+            if n.target in views:
+                n = n.args[0]
+            elif n.target is operator.getitem and getattr(n.args[0], "target", None) in splits:
+                n = n.args[0].args[0]
+            else:
+                break
+        return n
+
+    primals = [n for n in nodes if n.op == "placeholder" and n.name.startswith("primals")]
+    params = set(primals[: len(list(layer.parameters()))])  # AOT orders parameters before user inputs
+    ln_stats = {n for n in nodes if n.target is operator.getitem and n.args[1] in (1, 2)
+                and n.args[0].target is aten.native_layer_norm.default}
+    saved = {}
+    for n in nodes:
+        if n.op != "output" and n not in backward and any(u in backward for u in n.users):
+            root = storage(n)
+            if root not in params and root not in ln_stats:
+                saved[root] = root.meta["val"].numel() * root.meta["val"].element_size()
+    return sorted(saved.values())
+
+
+@pytest.mark.parametrize(("s", "b", "h", "a"), [(8, 2, 16, 4), (16, 3, 48, 3)])
+def test_gpt_layer_joint_graph_is_megatron_exact(s, b, h, a):
+    """Under torch.export + AOT autograd, dropout is aten.native_dropout, whose mask is a bool tensor
+    (1 byte): the captured graph saves exactly the paper's 34sbh + 5as^2b, tensor by tensor -- while
+    eager autograd on CPU (test above) saves 2-byte bf16 masks, 36sbh + 6as^2b."""
+    torch.manual_seed(0)
+    layer = MegatronLayer(h, a, 0.1).to(torch.bfloat16)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    measured = joint_graph_saved_storages(layer, x)
+    cfg = TransformerConfig(layers=1, hidden=h, heads=a, seq=s, batch=b)  # bf16, 1-byte masks
+    assert sum(measured) == activation_bytes_per_layer(cfg) == 34 * s * b * h + 5 * a * s * s * b
+    assert measured == sorted(t.bytes for t in layer_activation_tensors(cfg))

@@ -42,7 +42,7 @@ Everything here is pure arithmetic over ints (exact bytes; no torch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from math import ceil
 from typing import Any, Literal
@@ -292,8 +292,9 @@ def estimate_memory(
     ``activations_per_layer``, ``layer_breakdown`` (tensor -> bytes per layer), ``layers_per_stage``,
     ``in_flight_layers`` (float), ``layer_activations``, ``embedding_activations``,
     ``output_activations``, ``activations`` (their sum), ``parameter_count``, ``parameters``,
-    ``gradients``, ``optimizer``, ``total``, ``capacity`` (None when not given), ``fits``
-    (None when no capacity), ``headroom`` (capacity - total, or None) and the echoed settings.
+    ``gradients``, ``optimizer``, ``total``, ``by_category`` (the same split under the timeline
+    category names of `solvers.CATEGORIES`), ``capacity`` (None when not given), ``fits`` (None when
+    no capacity), ``headroom`` (capacity - total, or None) and the echoed settings.
     """
     per_param = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
     for name, value in per_param.items():
@@ -330,6 +331,10 @@ def estimate_memory(
         "gradients": gradients,
         "optimizer": optimizer,
         "total": total,
+        "by_category": {
+            "parameters": parameters, "parameter_gradients": gradients, "optimizer_state": optimizer,
+            "activations": activations,
+        },
         "capacity": device_capacity_bytes,
         "fits": None if device_capacity_bytes is None else total <= device_capacity_bytes,
         "headroom": None if device_capacity_bytes is None else device_capacity_bytes - total,
@@ -347,6 +352,35 @@ def fits(
 ) -> bool:
     """Whether `estimate_memory`'s total for the first pipeline stage fits in ``device_capacity_bytes``."""
     return bool(estimate_memory(cfg, tp, sp, recompute, pp, device_capacity_bytes, **kw)["fits"])
+
+
+def max_micro_batch(
+    cfg: TransformerConfig,
+    device_capacity_bytes: int,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: Recompute = "none",
+    pp: int = 1,
+    **kw: Any,
+) -> int:
+    """Largest micro-batch ``b`` whose `estimate_memory` fits in ``device_capacity_bytes`` (0: none does).
+
+    The total grows strictly with ``b`` (activations are proportional to it, the rest is fixed), so a
+    doubling search followed by bisection finds the boundary exactly.
+    """
+
+    def fits_b(b: int) -> bool:
+        return fits(replace(cfg, batch=b), device_capacity_bytes, tp, sp, recompute, pp, **kw)
+
+    if not fits_b(1):
+        return 0
+    lo, hi = 1, 2
+    while fits_b(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # invariant: lo fits, hi does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_b(mid) else (lo, mid)
+    return lo
 
 
 # --- validation helpers ----------------------------------------------------------------------------

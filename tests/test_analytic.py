@@ -1,12 +1,15 @@
 """The transformer what-if estimator (solvers.analytic) against hand-computed values and a real layer.
 
-Part 1 checks the closed forms of Korthikanti et al. (Table 2 / Sec. 4-5, restated by the Neuron
-"Activation Memory Reduction" page) on GPT-3 175B's shapes, computed by hand below.  Part 2 builds a
-Megatron-style GPT layer in PyTorch and checks that what autograd saves for backward is exactly the
-formula (36sbh + 6as^2b in bf16 on CPU).
+Part 1 checks the closed forms of Korthikanti et al. (the per-layer table of Sec. 4-5, restated by
+the Neuron "Activation Memory Reduction" page) on GPT-3 175B's shapes, computed by hand below.
+Part 2 builds a Megatron-style GPT layer in PyTorch and checks that what autograd saves for backward
+is exactly the formula: 36sbh + 6as^2b in eager bf16 on CPU (2-byte masks), 34sbh + 5as^2b in the
+captured AOT joint graph (bool masks).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -21,11 +24,12 @@ from solvers.analytic import (
     in_flight_layers,
     layer_activation_breakdown,
     layer_activation_tensors,
+    max_micro_batch,
     output_activation_bytes,
     parameter_count_per_device,
 )
 
-# GPT-3 175B (Korthikanti Table 3): a=96, h=12288, L=96, s=2048, v=51200, t=8, p=8, micro-batch 1.
+# GPT-3 175B as configured in Korthikanti et al.: a=96, h=12288, L=96, s=2048, v=51200, t=8, p=8, b=1.
 GPT3 = TransformerConfig(layers=96, hidden=12288, heads=96, seq=2048, batch=1, vocab=51200)
 SBH = 2048 * 1 * 12288  # = 25_165_824 ; as/h = 96 * 2048 / 12288 = 16, so 5as/h = 80
 
@@ -154,6 +158,27 @@ def test_fits_boundary():
     assert fits(cfg, total)
     assert not fits(cfg, total - 1)
     assert fits(cfg, total - 1, recompute="full")
+
+
+def test_max_micro_batch_is_the_boundary():
+    cfg = TransformerConfig(layers=4, hidden=64, heads=4, seq=128, batch=1, vocab=256)
+    fixed = estimate_memory(cfg)["total"] - estimate_memory(cfg)["activations"]
+    per_sample = estimate_memory(cfg)["activations"]  # every activation term is proportional to b
+    for capacity in (fixed + per_sample - 1, fixed + per_sample, fixed + 37 * per_sample + 5):
+        b = max_micro_batch(cfg, capacity)
+        assert b == (capacity - fixed) // per_sample
+        if b:
+            assert estimate_memory(replace(cfg, batch=b), device_capacity_bytes=capacity)["fits"]
+        assert not estimate_memory(replace(cfg, batch=b + 1), device_capacity_bytes=capacity)["fits"]
+    assert max_micro_batch(cfg, fixed + 37 * per_sample, recompute="full") > 37
+
+
+def test_by_category_uses_timeline_names():
+    from solvers.simulate import CATEGORIES
+
+    est = estimate_memory(GPT3, tp=8, sp=True, recompute="selective", pp=8)
+    assert set(est["by_category"]) <= set(CATEGORIES)
+    assert sum(est["by_category"].values()) == est["total"]
 
 
 def test_bad_input_errors():

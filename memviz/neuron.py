@@ -238,14 +238,22 @@ def load_monitor_report(path: str | os.PathLike[str]) -> MonitorReport:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"neuron-monitor report {path} does not exist")
+    text = path.read_text(encoding="utf-8")
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = _decode(text)
     except json.JSONDecodeError as e:
         raise NeuronFormatError(
             f"{path} is not one JSON document ({e.msg} at line {e.lineno}); for a captured stream with one "
             "report per line use read_monitor_stream"
         ) from None
     return parse_monitor_report(obj)
+
+
+def _decode(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:  # hostile nesting: no real report is more than a few levels deep
+        raise NeuronFormatError("neuron-monitor report nests too deeply to be a real report") from None
 
 
 def read_monitor_stream(source: str | os.PathLike[str] | Iterable[str]) -> list[MonitorReport]:
@@ -264,7 +272,7 @@ def read_monitor_stream(source: str | os.PathLike[str] | Iterable[str]) -> list[
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = _decode(line)
         except json.JSONDecodeError as e:
             raise NeuronFormatError(
                 f"neuron-monitor output line {n} is not JSON ({e.msg} at column {e.colno}); the tool writes "

@@ -112,6 +112,12 @@ def test_monitor_truncated_and_missing(tmp_path):
         read_monitor_stream(["", "  "])
     with pytest.raises(FileNotFoundError, match="neuron-monitor > file"):
         read_monitor_stream(tmp_path / "absent.jsonl")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(NeuronFormatError, match="nests too deeply"):
+        load_monitor_report(deep)
+    with pytest.raises(NeuronFormatError, match="not a neuron-monitor report"):
+        read_monitor_stream(["[1, 2]"])
 
 
 # --- sysfs --------------------------------------------------------------------------------------------

@@ -1,0 +1,569 @@
+"""Activation chunking for long-sequence inference: the torch side of ``solvers.autochunk``.
+
+``plan_chunks(model, args, budget=...)`` captures the inference graph with ``torch.export`` (high-level
+ATen ops kept: linear, scaled_dot_product_attention, layer_norm, gelu ...), translates it into the
+torch-free op graph, calibrates the speed model by timing the device, and selects chunk regions
+(AutoChunk, Zhao et al. 2024, Sec. 3).  ``ChunkPlan.module()`` generates a ``torch.fx.GraphModule``
+whose code runs each region as a readable ``for`` loop over chunks (Sec. 3.2 code generation);
+``ChunkPlan.with_chunks`` validates regions a user edited.  ``measure_activation_bytes`` measures the
+peak of live storages a call allocates (CPU: a dispatch mode with weak references on storages).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.graph import CodeGen, PythonCode, _format_target
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from solvers import autochunk as ac
+
+__all__ = ["ChunkPlan", "calibrate", "capture", "measure_activation_bytes", "plan_chunks"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Capture: torch.export -> solvers.autochunk.OpGraph
+# --------------------------------------------------------------------------------------------------
+def capture(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
+            ) -> tuple[torch.fx.GraphModule, ac.OpGraph]:
+    """Export the inference graph (no decompositions, so high-level ops stay) and translate it.
+    The model runs as given: call ``model.eval()`` first for inference semantics."""
+    with torch.no_grad():
+        ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
+    gm = ep.module()
+    return gm, translate(gm.graph)
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name.split("::")[-1]
+    if target is operator.getitem:
+        return "getitem"
+    return getattr(target, "__name__", str(target))
+
+
+def _ref_args(a: Any) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return "%" + a.name
+    if isinstance(a, list | tuple):
+        return tuple(_ref_args(x) for x in a)
+    if isinstance(a, bool | int | float | str) or a is None:
+        return a
+    return str(a)  # dtypes, devices, layouts: only for display; rules never need them
+
+
+def _meta(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+    if isinstance(v, list | tuple):
+        return type(v)(_meta(x) for x in v)
+    return v
+
+
+def _root(t: torch.Tensor) -> torch.Tensor:
+    return t._base if t._base is not None else t
+
+
+def _aliases(node: torch.fx.Node, metas: dict[str, Any]) -> tuple[str | None, Any]:
+    """Run the op on meta tensors with the captured strides: an output that is a view of (or is) an
+    input owns no storage.  Views are single-input ops, so the first tensor input is the base."""
+    tensor_inputs = [a for a in node.all_input_nodes if isinstance(metas.get(a.name), torch.Tensor | list | tuple)]
+    margs = torch.fx.node.map_arg(node.args, lambda n: metas.get(n.name))
+    mkwargs = torch.fx.node.map_arg(node.kwargs, lambda n: metas.get(n.name))
+    try:
+        out = node.target(*margs, **mkwargs)
+    except Exception:  # an op without a meta kernel: assume it allocates (the safe side)
+        return None, _meta(node.meta.get("val"))
+    outs = out if isinstance(out, list | tuple) else [out]
+    ins = [metas[a.name] for a in tensor_inputs if isinstance(metas[a.name], torch.Tensor)]
+    roots = [_root(i) for i in ins]
+    is_alias = bool(outs) and all(
+        isinstance(o, torch.Tensor) and any(_root(o) is r for r in roots) for o in outs)
+    if node.target is operator.getitem:
+        # an item of a multi-output op: its bytes are counted on the op (or the op is itself a view)
+        return node.args[0].name, out
+    return (tensor_inputs[0].name if is_alias and tensor_inputs else None), out
+
+
+def translate(graph: torch.fx.Graph) -> ac.OpGraph:
+    """FX graph (from torch.export) -> OpGraph: shapes from the fake-tensor metadata, aliases from a
+    meta-device replay, tensor operands in argument order."""
+    nodes: list[ac.OpNode] = []
+    metas: dict[str, Any] = {}
+    outputs: tuple[str, ...] = ()
+    for n in graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "output":
+            outputs = tuple(x.name for x in tree_flatten(n.args)[0] if isinstance(x, torch.fx.Node))
+            continue
+        vals = val if isinstance(val, list | tuple) else [val]
+        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+        shapes = tuple(tuple(int(s) for s in v.shape) for v in tensors)
+        itemsize = tensors[0].dtype.itemsize if tensors else 0
+        if n.op in ("placeholder", "get_attr"):
+            metas[n.name] = _meta(val)
+            nodes.append(ac.OpNode(n.name, "input", shapes=shapes, itemsize=itemsize))
+            continue
+        inputs = tuple(dict.fromkeys(a.name for a in n.all_input_nodes))
+        if n.op != "call_function":
+            metas[n.name] = _meta(val)
+            nodes.append(ac.OpNode(n.name, f"{n.op}:{n.target}", inputs, shapes=shapes, itemsize=itemsize))
+            continue
+        alias, out = _aliases(n, metas)
+        metas[n.name] = out if out is not None else _meta(val)
+        nodes.append(ac.OpNode(
+            n.name, _op_name(n.target), inputs, _ref_args(n.args),
+            {k: _ref_args(v) for k, v in n.kwargs.items()}, shapes, itemsize, alias,
+            multi=isinstance(val, list | tuple)))
+    return ac.OpGraph(tuple(nodes), outputs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Speed model calibration (Sec. 3.4): measured on the device, not assumed
+# --------------------------------------------------------------------------------------------------
+def _best_time(fn: Callable[[], Any], min_seconds: float = 0.02) -> float:
+    """Best per-call time over 5 runs of at least `min_seconds` each (the machine may be shared)."""
+    fn()
+    reps, t = 1, 0.0
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        t = time.perf_counter() - t0
+        if t >= min_seconds:
+            break
+        reps *= 4
+    best = t / reps
+    for _ in range(4):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+@lru_cache(maxsize=4)
+def calibrate(device: str = "cpu") -> ac.SpeedModel:
+    """Time a tiny op (launch overhead), a 256x256 matmul at 1..4096 rows (FLOP/s versus rows: the
+    density term) and a 64 MiB copy (bandwidth: the stride term).  About a second on a CPU.  The rate
+    is made non-decreasing in rows: fewer rows never run denser, and noise must not say otherwise."""
+    with torch.no_grad():
+        a = torch.ones(8, device=device)
+        overhead = _best_time(lambda: torch.add(a, a))
+        w = torch.randn(256, 256, device=device)
+        rates: list[tuple[int, float]] = []
+        for rows in (1, 16, 128, 1024, 4096):
+            x = torch.randn(rows, 256, device=device)
+            rate = 2.0 * rows * 256 * 256 / _best_time(lambda x=x: x @ w)
+            rates.append((rows, max(rate, rates[-1][1] if rates else 0.0)))
+        big = torch.empty(16 * 2**20, device=device)
+        dst = torch.empty_like(big)
+        bw = 2 * big.nbytes / _best_time(lambda: dst.copy_(big))
+    return ac.SpeedModel(overhead, tuple(rates), bw)
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory measurement: live storages allocated during a call (CPU and any device)
+# --------------------------------------------------------------------------------------------------
+class _StorageTracker(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        # an output sharing an operand's storage is a view or in-place result, not an allocation
+        # (operands made before the call, like parameters, are never counted)
+        operands = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                    if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                key = s.data_ptr()
+                if key and key not in self._seen and key not in operands:
+                    self._seen.add(key)
+                    self.live += s.nbytes()
+                    weakref.finalize(s, self._free, key, s.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self._seen.discard(key)
+        self.live -= nbytes
+
+
+def measure_activation_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[int, Any]:
+    """(peak bytes of storages allocated by `fn` and alive at once, fn's result).  Inputs and
+    parameters exist before the call and are not counted; outputs are."""
+    with torch.no_grad():
+        tracker = _StorageTracker()
+        with tracker:
+            out = fn(*args, **kwargs)
+    return tracker.peak, out
+
+
+# --------------------------------------------------------------------------------------------------
+# Code generation: each region becomes a for-loop over chunks
+# --------------------------------------------------------------------------------------------------
+_SIZE_ARG_OPS = {"view", "reshape", "_unsafe_view", "expand"}
+
+
+class _Raw(str):
+    """A pre-formatted expression inside an argument list (the chunk length variable)."""
+
+
+class ChunkCodeGen(CodeGen):
+    """Python code for an exported graph with chunk regions as loops.  Values die after their last
+    use (like FX's own code); inside a loop, chunk locals are deleted as soon as they are read for
+    the last time so one iteration's chunk does not outlive the next one's."""
+
+    def __init__(self, regions: Sequence[ac.ChunkRegion], out_spec: Any, opgraph: ac.OpGraph) -> None:
+        super().__init__()
+        self.regions = list(regions)
+        self.out_spec = out_spec
+        self.opgraph = opgraph
+
+    def _gen_python_code(self, nodes: Any, root_module: str, namespace: Any, **_: Any) -> PythonCode:
+        return _Emitter(list(nodes), self.regions, self.out_spec, self.opgraph).python_code()
+
+
+class _Emitter:
+    def __init__(self, nodes: list[torch.fx.Node], regions: list[ac.ChunkRegion], out_spec: Any,
+                 opgraph: ac.OpGraph) -> None:
+        self.opgraph = opgraph
+        self.nodes = nodes
+        self.by_name = {n.name: n for n in nodes}
+        self.regions = regions
+        self.out_spec = out_spec
+        self.globals: dict[str, Any] = {"torch": torch, "operator": operator}
+        self.lines: list[str] = []
+        self.region_of: dict[str, int] = {}
+        for i, r in enumerate(regions):
+            s = next(k for k, n in enumerate(nodes) if n.name == r.flow.start)
+            e = next(k for k, n in enumerate(nodes) if n.name == r.flow.end)
+            for n in nodes[s:e + 1]:
+                if n.op == "call_function":
+                    self.region_of[n.name] = i
+
+    # -- formatting --------------------------------------------------------------------------
+    def fmt(self, a: Any, env: dict[str, str]) -> str:
+        if isinstance(a, _Raw):
+            return str(a)
+        if isinstance(a, torch.fx.Node):
+            return env.get(a.name, a.name)
+        if isinstance(a, tuple):
+            inner = ", ".join(self.fmt(x, env) for x in a)
+            return f"({inner},)" if len(a) == 1 else f"({inner})"
+        if isinstance(a, list):
+            return "[" + ", ".join(self.fmt(x, env) for x in a) + "]"
+        if isinstance(a, float) and not math.isfinite(a):
+            return f"float({str(a)!r})"
+        if isinstance(a, bool | int | float | str) or a is None:
+            return repr(a)
+        if isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format):
+            return "torch." + str(a).split(".")[-1] if not isinstance(a, torch.device) \
+                else f"torch.device({str(a)!r})"
+        return self.add_global(a)
+
+    def add_global(self, obj: Any) -> str:
+        base = "_g_" + "".join(c if c.isalnum() else "_" for c in getattr(obj, "__name__", type(obj).__name__))
+        name, k = base, 0
+        while name in self.globals and self.globals[name] is not obj:
+            k += 1
+            name = f"{base}_{k}"
+        self.globals[name] = obj
+        return name
+
+    def call(self, n: torch.fx.Node, env: dict[str, str], args: Any = None) -> str:
+        args = n.args if args is None else args
+        if n.op == "get_attr":
+            return _format_target("self", n.target)
+        if n.target is operator.getitem:
+            return f"{self.fmt(args[0], env)}[{self.fmt(args[1], env)}]"
+        parts = [self.fmt(a, env) for a in args] + [f"{k}={self.fmt(v, env)}" for k, v in n.kwargs.items()]
+        if n.op == "call_method":
+            return f"{parts[0]}.{n.target}({', '.join(parts[1:])})"
+        if n.op == "call_module":
+            return f"{_format_target('self', n.target)}({', '.join(parts)})"
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload):
+            fn = f"torch.ops.{t.namespace}.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+        else:
+            fn = self.add_global(t)
+        return f"{fn}({', '.join(parts)})"
+
+    # -- program -----------------------------------------------------------------------------
+    def python_code(self) -> PythonCode:
+        placeholders = [n.name for n in self.nodes if n.op == "placeholder"]
+        # items: plain nodes, or a whole region at the position of its first node
+        items: list[Any] = []
+        for n in self.nodes:
+            if n.op in ("placeholder", "output"):
+                continue
+            r = self.region_of.get(n.name)
+            if r is None:
+                items.append(n)
+            elif not items or items[-1] != ("region", r):
+                items.append(("region", r))
+        last: dict[str, int] = {}
+        for i, it in enumerate(items):
+            readers = [it] if isinstance(it, torch.fx.Node) else [
+                self.by_name[x] for x in ac.region_nodes(self.opgraph, *self._span(it[1]))]
+            for rn in readers:
+                for a in rn.all_input_nodes:
+                    last[a.name] = i
+        out_node = next(n for n in self.nodes if n.op == "output")
+        keep = {a.name for a in out_node.all_input_nodes}
+        # loop locals never exist outside their loop
+        keep |= {x for r in self.regions for x in r.flow.dims if x not in r.flow.outputs}
+        body: list[str] = []
+        for i, it in enumerate(items):
+            if isinstance(it, torch.fx.Node):
+                body.append(f"{it.name} = {self.call(it, {})}")
+            else:
+                body.extend(self.region(it[1]))
+            dead = sorted(k for k, v in last.items() if v == i and k not in keep)
+            if dead:
+                body.append("; ".join(f"{k} = None" for k in dead))
+        outs = tree_flatten(out_node.args[0])[0]
+        flat = "[" + ", ".join(self.fmt(o, {}) for o in outs) + "]"
+        if self.out_spec is not None:
+            self.globals["_tree_unflatten"] = tree_unflatten
+            self.globals["_out_spec"] = self.out_spec
+            body.append(f"return _tree_unflatten({flat}, _out_spec)")
+        else:
+            body.append(f"return {self.fmt(out_node.args[0], {})}")
+        src = f"\n\ndef forward(self, {', '.join(placeholders)}):\n" + "".join(f"    {ln}\n" for ln in body)
+        return PythonCode(src, self.globals, _lineno_map=None)
+
+    def _span(self, ri: int) -> tuple[str, str]:
+        return self.regions[ri].flow.start, self.regions[ri].flow.end
+
+    def region(self, ri: int) -> list[str]:
+        r = self.regions[ri]
+        f = r.flow
+        names = ac.region_nodes(self.opgraph, f.start, f.end)
+        lo, size = f"_lo{ri}", f"_n{ri}"
+        out = [f"# chunk region {ri}: {f.start} .. {f.end}, {r.chunks} chunks of {r.step} along a loop of {f.extent}"]
+        for h in f.hoisted:
+            out.append(f"{h} = {self.call(self.by_name[h], {})}")
+        for o, d in f.outputs.items():
+            val = self.by_name[o].meta["val"]
+            dev = self._device_expr(f)
+            out.append(f"{o} = torch.empty({list(val.shape)}, dtype={self.fmt(val.dtype, {})}, device={dev})")
+        out.append(f"for {lo} in range(0, {f.extent}, {r.step}):")
+        loop: list[str] = [f"{size} = min({r.step}, {f.extent} - {lo})"]
+        env: dict[str, str] = {}
+        narrowed: dict[tuple[str, int], str] = {}
+        for v, ds in f.narrow.items():
+            for d in ds:
+                narrowed[(v, d)] = f"{v}_{d}c"
+        body = [x for x in names if x in f.dims]
+        # last reader of each loop local, so it can be deleted right after
+        locals_last: dict[str, int] = {}
+        for i, x in enumerate(body):
+            for dm in ac.demands_of(self._opnode(x), f.dims[x], self.opgraph):
+                if dm.dim is not None and dm.input not in f.dims:
+                    locals_last[narrowed[(dm.input, dm.dim)]] = i
+                elif dm.input in f.dims:
+                    locals_last[f"{dm.input}_c"] = i
+        emitted: set[str] = set()
+        for i, x in enumerate(body):
+            n = self.by_name[x]
+            env_x: dict[str, str] = {}
+            for dm in ac.demands_of(self._opnode(x), f.dims[x], self.opgraph):
+                if dm.input in f.dims:
+                    env_x[dm.input] = f"{dm.input}_c"
+                elif dm.dim is not None:
+                    nv = narrowed[(dm.input, dm.dim)]
+                    if nv not in emitted:
+                        loop.append(f"{nv} = {dm.input}.narrow({dm.dim}, {lo}, {size})")
+                        emitted.add(nv)
+                    env_x[dm.input] = nv
+            args = self._resize_args(n, f.dims[x], f.extent, size)
+            loop.append(f"{x}_c = {self.call(n, {**env, **env_x}, args)}")
+            if x in f.outputs:
+                d = f.outputs[x]
+                loop.append(f"{x}.narrow({d}, {lo}, {size}).copy_({x}_c)")
+            dead = [k for k, v in locals_last.items() if v == i]
+            if x in f.outputs and locals_last.get(f"{x}_c") is None:
+                dead.append(f"{x}_c")
+            if dead:
+                loop.append("del " + ", ".join(sorted(set(dead))))
+        out.extend("    " + ln for ln in loop)
+        return out
+
+    def _device_expr(self, f: ac.Flow) -> str:
+        v = next(iter(f.narrow))
+        return f"{v}.device"
+
+    def _resize_args(self, n: torch.fx.Node, d: int, extent: int, size: str) -> Any:
+        """View/reshape/expand carry the output shape: its chunk dim becomes the chunk length."""
+        if _op_name(n.target) not in _SIZE_ARG_OPS:
+            return n.args
+        shape = list(n.args[1])
+        if d < len(shape) and shape[d] == extent:
+            shape[d] = _Raw(size)
+        return (n.args[0], shape, *n.args[2:])
+
+    def _opnode(self, name: str) -> ac.OpNode:
+        return self.opgraph[name]
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class ChunkPlan:
+    """Chosen chunk regions with their estimates.  `chunks` is the editable data view; `module()` the
+    chunked GraphModule.  Serialisable with `to_dict`/`from_dict` (the graph module is not: rebuild
+    it with `plan_chunks(model, args).with_chunks(plan.chunks)`)."""
+
+    graph: ac.OpGraph
+    regions: list[ac.ChunkRegion]
+    speed: ac.SpeedModel
+    budget_bytes: int | None
+    baseline_peak_bytes: int
+    peak_bytes: int
+    gm: torch.fx.GraphModule | None = field(default=None, repr=False)
+
+    @property
+    def met(self) -> bool:
+        return self.budget_bytes is None or self.peak_bytes <= self.budget_bytes
+
+    @property
+    def slowdown(self) -> float:
+        total = ac.graph_time(self.graph, self.speed)
+        return sum(ac.region_slowdown(self.graph, r, self.speed) for r in self.regions) / max(total, 1e-12)
+
+    @property
+    def chunks(self) -> list[dict[str, Any]]:
+        est = ac.estimate_memory(self.graph, tuple(self.regions))
+        total = max(ac.graph_time(self.graph, self.speed), 1e-12)
+        out = []
+        for r in self.regions:
+            f = r.flow
+            inside = set(ac.region_nodes(self.graph, f.start, f.end))
+            out.append({
+                "start": f.start, "end": f.end, "chunks": r.chunks, "chunk_size": r.step, "extent": f.extent,
+                "outputs": dict(f.outputs), "dims": dict(f.dims),
+                "inputs": {v: list(ds) for v, ds in f.narrow.items()}, "hoisted": list(f.hoisted),
+                "memory_bytes": max((b for n, b in est.curve if n in inside), default=0),
+                "slowdown": ac.region_slowdown(self.graph, r, self.speed) / total,
+            })
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "baseline_peak_bytes": self.baseline_peak_bytes,
+                "peak_bytes": self.peak_bytes, "met": self.met, "slowdown": self.slowdown,
+                "regions": len(self.regions)}
+
+    def with_chunks(self, regions: Sequence[dict[str, Any]]) -> ChunkPlan:
+        """A plan with these regions (dicts like `chunks`: start, end, chunks and the output dims in
+        `outputs`, or in `dims`).  Illegal regions raise ValueError naming the op breaking the flow."""
+        rs = [_region_from_dict(self.graph, d) for d in regions]
+        spans = sorted((self.graph.pos(r.flow.start), self.graph.pos(r.flow.end), r.flow.start) for r in rs)
+        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+            if s1 <= e0:
+                raise ValueError(f"regions starting at {n0!r} and {n1!r} overlap; nested chunking is not "
+                                 "supported: shorten one of them")
+        est = ac.estimate_memory(self.graph, tuple(rs))
+        return ChunkPlan(self.graph, rs, self.speed, self.budget_bytes, self.baseline_peak_bytes,
+                         est.peak_bytes, self.gm)
+
+    def module(self) -> torch.fx.GraphModule:
+        """The chunked GraphModule: same flat positional inputs and output structure as the model."""
+        if self.gm is None:
+            raise ValueError("this plan was loaded without its model: rebuild it with "
+                             "plan_chunks(model, args).with_chunks(plan.chunks)")
+        src = self.gm
+        graph = torch.fx.Graph()
+        val_map: dict[torch.fx.Node, torch.fx.Node] = {}
+        out = graph.graph_copy(src.graph, val_map)
+        graph.output(out)
+        renamed = {a.name: b.name for a, b in val_map.items() if a.name != b.name}
+        if renamed:
+            raise RuntimeError(f"graph copy renamed nodes {renamed}; cannot place regions")
+        spec = getattr(getattr(src.graph._codegen, "pytree_info", None), "out_spec", None)
+        graph.set_codegen(ChunkCodeGen(self.regions, spec, self.graph))
+        return torch.fx.GraphModule(src, graph, class_name="ChunkedModule")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graph": self.graph.to_dict(), "speed": self.speed.to_dict(), "budget_bytes": self.budget_bytes,
+                "baseline_peak_bytes": self.baseline_peak_bytes, "peak_bytes": self.peak_bytes,
+                "chunks": self.chunks}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], gm: torch.fx.GraphModule | None = None) -> ChunkPlan:
+        g = ac.OpGraph.from_dict(d["graph"])
+        base = cls(g, [], ac.SpeedModel.from_dict(d["speed"]), d["budget_bytes"], d["baseline_peak_bytes"],
+                   d["baseline_peak_bytes"], gm)
+        return base.with_chunks(d["chunks"])
+
+
+def _region_from_dict(g: ac.OpGraph, d: dict[str, Any]) -> ac.ChunkRegion:
+    for key in ("start", "end", "chunks"):
+        if key not in d:
+            raise ValueError(f"chunk region {d!r} lacks {key!r}; give start, end, chunks and the output dims")
+    for key in ("start", "end"):
+        if d[key] not in g.index:  # type: ignore[attr-defined]
+            raise ValueError(f"chunk region: no node named {d[key]!r}")
+    nodes = ac.region_nodes(g, d["start"], d["end"])
+    outs = ac.region_outputs(g, nodes)
+    given = dict(d.get("dims", {}))
+    out_dims = dict(d.get("outputs") or {o: given[o] for o in outs if o in given})
+    if not out_dims:
+        raise ValueError(f"chunk region {d['start']}..{d['end']}: give the chunk dim of its outputs "
+                         f"{outs} in 'outputs' (or 'dims')")
+    try:
+        flow = ac.flow_region(g, d["start"], d["end"], {k: int(v) for k, v in out_dims.items()})
+    except ac.IllegalRegion as e:
+        raise ValueError(f"illegal chunk region {d['start']}..{d['end']}: {e}") from e
+    for name, dim in given.items():
+        if name in flow.dims and flow.dims[name] != dim:
+            op = g[name].op
+            raise ValueError(f"illegal chunk region {d['start']}..{d['end']}: {op} {name!r} was given dim {dim} "
+                             f"but the chunk flow from the outputs reaches it on dim {flow.dims[name]}")
+    try:
+        return ac.with_count(ac.ChunkRegion(flow, 1), int(d["chunks"]))
+    except ValueError as e:
+        raise ValueError(f"illegal chunk region: {e}") from e
+
+
+def plan_chunks(model: torch.nn.Module, args: Sequence[Any], budget: int | float | None = None, *,
+                kwargs: dict[str, Any] | None = None, speed: ac.SpeedModel | None = None,
+                beam: int = 4, window: int = 24) -> ChunkPlan:
+    """Capture `model(*args)` for inference and choose chunk regions so the estimated activation peak
+    fits `budget` (bytes, or a fraction in (0, 1] of the unchunked activation peak) with the least
+    estimated slowdown.  `plan.met` says whether the budget was reached; `plan.peak_bytes` what was."""
+    gm, g = capture(model, args, kwargs)
+    base = ac.estimate_memory(g)
+    if budget is None:
+        budget_bytes = base.peak_bytes
+    elif isinstance(budget, float) and 0 < budget <= 1:
+        budget_bytes = int(budget * base.peak_bytes)
+    elif isinstance(budget, int) and budget > 0:
+        budget_bytes = budget
+    else:
+        raise ValueError(f"budget {budget!r}: give bytes (int > 0) or a fraction of the activation peak in (0, 1]")
+    speed = speed or calibrate(_device_of(model, args))
+    sel = ac.select_chunks(g, budget_bytes, speed, beam=beam, window=window)
+    return ChunkPlan(g, list(sel.regions), speed, budget_bytes, base.peak_bytes, sel.peak_bytes, gm)
+
+
+def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:
+    for t in (*model.parameters(), *[a for a in args if isinstance(a, torch.Tensor)]):
+        return t.device.type
+    return "cpu"

@@ -1,0 +1,972 @@
+"""Activation chunking for long-sequence inference (AutoChunk, Zhao et al. 2024).
+
+Torch-free.  The input is an *op graph*: the inference graph as a list of `OpNode` (one per ATen call,
+in execution order) with output shapes, element sizes, storage aliasing and the literal arguments the
+dimension rules need.  ``memviz.chunking`` builds it from ``torch.export`` and turns a `ChunkRegion`
+back into a loop.
+
+* Chunk flow (Sec. 3.3): `flow_region` traces a chunk dimension from the outputs of a node range back
+  to its inputs with per-op rules (`RULES`).  A node whose rule cannot carry the dimension (softmax
+  over it, a reshape that splits it, an op without a rule) breaks the flow and the region is illegal;
+  the error names that op.  Nodes that some consumer needs whole, and everything they depend on, are
+  *hoisted*: computed once before the loop and narrowed where a chunked consumer reads them (the
+  paper's "move irrelevant flows out", Sec. 3.3 Graph Optimization).
+* The four rules (Sec. 3.3, Eq. 5-7): (1) every region output is chunked or hoisted and the chunked
+  part reads at least one narrowed input, (2) outputs are reassembled in place so they equal the
+  unchunked ones, (3) every chunked node traces back to a narrowed input without a break, (4) every
+  node has exactly one chunk dimension and the loop one extent.
+* Memory (Sec. 3.4 Memory Estimation): `estimate_memory` replays the graph with free-after-last-use
+  and loops (Eq. 2: inputs and outputs whole, the region's intermediates divided by the chunk count).
+* Speed (Sec. 3.4, Eq. 8-10): `SpeedModel` is measured on the device.  The macro term is the number
+  of launches (nodes x chunks, times the measured per-op overhead) plus the region's FLOPs; the micro
+  term is the measured loss of matmul efficiency at small row counts (computation density) and the
+  copy cost of non-contiguous chunk dimensions (stride).
+* Selection (Sec. 3.4): beam search over regions around the current peak, repeated until the budget
+  is met (Eq. 11), each region with the fewest chunks that reach the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FULL = None  # demand marker: the consumer reads the whole tensor
+MEMORY_WEIGHT = 10.0  # selection: relative excess over the budget versus relative slowdown
+
+
+# --------------------------------------------------------------------------------------------------
+# The op graph
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpNode:
+    """One ATen call.  `op` is the overload packet name ("linear", "softmax", "getitem"); "input" marks
+    placeholders, parameters and buffers (alive before the run, never counted as activations).
+    `args`/`kwargs` are the call's literal arguments with tensor operands written as "%name".
+    `shapes` has one entry per output (several for split/unbind); `alias` names the input whose
+    storage the output views (no new bytes)."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...] = ()
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    shapes: tuple[tuple[int, ...], ...] = ()
+    itemsize: int = 4
+    alias: str | None = None
+    multi: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.shapes[0] if self.shapes else ()
+
+    @property
+    def nbytes(self) -> int:
+        if self.alias is not None or self.op == "input":
+            return 0
+        return sum(math.prod(s) for s in self.shapes) * self.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "op": self.op, "inputs": list(self.inputs), "args": _jsonable(self.args),
+                "kwargs": _jsonable(self.kwargs), "shapes": [list(s) for s in self.shapes],
+                "itemsize": self.itemsize, "alias": self.alias, "multi": self.multi}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OpNode:
+        return cls(d["name"], d["op"], tuple(d["inputs"]), _tupled(d["args"]), dict(d["kwargs"]),
+                   tuple(tuple(s) for s in d["shapes"]), d["itemsize"], d["alias"], d["multi"])
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, tuple | list):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    return x
+
+
+def _tupled(x: Any) -> Any:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    nodes: tuple[OpNode, ...]
+    outputs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        index = {n.name: i for i, n in enumerate(self.nodes)}
+        users: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v not in index:
+                    raise ValueError(f"op graph: node {n.name!r} reads unknown node {v!r}")
+                if index[v] >= index[n.name]:
+                    raise ValueError(f"op graph: node {n.name!r} reads {v!r} before it is computed")
+                if n.name not in users[v]:
+                    users[v].append(n.name)
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "users", users)
+
+    def __getitem__(self, name: str) -> OpNode:
+        return self.nodes[self.index[name]]  # type: ignore[attr-defined]
+
+    def pos(self, name: str) -> int:
+        return self.index[name]  # type: ignore[attr-defined]
+
+    def users_of(self, name: str) -> list[str]:
+        return self.users[name]  # type: ignore[attr-defined]
+
+    def root(self, name: str) -> str:
+        """The node owning the storage `name` lives in (follows view aliases)."""
+        while self[name].alias is not None:
+            name = self[name].alias  # type: ignore[assignment]
+        return name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": [n.to_dict() for n in self.nodes], "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OpGraph:
+        return cls(tuple(OpNode.from_dict(n) for n in d["nodes"]), tuple(d["outputs"]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Dimension-flow rules (Sec. 3.3 "Chunk Flow"): output chunk dim -> demand on each tensor operand
+# --------------------------------------------------------------------------------------------------
+class FlowBreak(Exception):
+    """The chunk dimension cannot pass this node."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    input: str
+    dim: int | None  # None: the operand is read whole
+    larger_ok: bool = False  # slice from 0: the operand may be longer than the loop extent
+
+
+Rule = Callable[[OpNode, int, OpGraph], list[Demand]]
+RULES: dict[str, Rule] = {}
+
+
+def _rule(*ops: str) -> Callable[[Rule], Rule]:
+    def deco(f: Rule) -> Rule:
+        for op in ops:
+            RULES[op] = f
+        return f
+    return deco
+
+
+def _shape_of(g: OpGraph, ref: Any) -> tuple[int, ...]:
+    node = g[ref[1:]]
+    return node.shape
+
+
+def _is_ref(a: Any) -> bool:
+    return isinstance(a, str) and a.startswith("%")
+
+
+def _arg(n: OpNode, i: int, key: str, default: Any = None) -> Any:
+    if len(n.args) > i:
+        return n.args[i]
+    return n.kwargs.get(key, default)
+
+
+def _norm(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _bcast_dim(out: Sequence[int], inp: Sequence[int], d: int) -> int | None:
+    """Operand dim aligned with output dim `d` under right-aligned broadcasting (None: broadcast)."""
+    k = d - (len(out) - len(inp))
+    if k < 0 or (inp[k] == 1 and out[d] != 1):
+        return None
+    return k
+
+
+def _bcast_demand(g: OpGraph, ref: Any, out: Sequence[int], d: int) -> Demand | None:
+    if not _is_ref(ref):
+        return None
+    return Demand(ref[1:], _bcast_dim(out, _shape_of(g, ref), d))
+
+
+ELEMENTWISE = (
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
+    "sigmoid", "relu", "relu6", "gelu", "silu", "mish", "elu", "leaky_relu", "hardtanh", "hardswish",
+    "hardsigmoid", "softplus", "erf", "reciprocal", "sign", "floor", "ceil", "round", "square", "logical_not",
+    "bitwise_not", "isnan", "isinf", "nan_to_num", "clamp", "clamp_min", "clamp_max", "add", "sub", "mul",
+    "div", "pow", "maximum", "minimum", "fmod", "remainder", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "bitwise_and", "bitwise_or", "where", "masked_fill", "lerp", "addcmul",
+    "addcdiv", "rsub", "true_divide", "floor_divide", "sigmoid_backward", "copy", "fill", "zeros_like",
+    "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "glu_never",
+)
+IDENTITY = ("dropout", "contiguous", "clone", "alias", "detach", "_to_copy", "to", "lift_fresh_copy",
+            "feature_dropout", "alpha_dropout")
+RESHAPES = ("view", "reshape", "_unsafe_view", "unflatten", "flatten", "squeeze", "unsqueeze", "view_as",
+            "reshape_as")
+
+
+@_rule(*ELEMENTWISE)
+def _elementwise(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    refs = [a for a in (*n.args, *n.kwargs.values()) if _is_ref(a)]
+    return [dm for a in refs if (dm := _bcast_demand(g, a, n.shape, d)) is not None]
+
+
+@_rule(*IDENTITY)
+def _identity(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    return [Demand(n.inputs[0], d)] + [Demand(v, None) for v in n.inputs[1:]]
+
+
+@_rule("type_as")
+def _type_as(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    return [Demand(n.inputs[0], d), Demand(n.inputs[1], None)]
+
+
+@_rule("expand", "expand_as", "broadcast_to")
+def _expand(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    k = _bcast_dim(n.shape, g[n.inputs[0]].shape, d)
+    return [Demand(n.inputs[0], k)] + [Demand(v, None) for v in n.inputs[1:]]
+
+
+def reshape_dim(inp: Sequence[int], out: Sequence[int], d: int) -> int | None:
+    """Input dim that output dim `d` of a contiguous reshape is exactly, or None when the reshape
+    merges or splits it: the elements before and at the dim must be grouped identically."""
+    pre = math.prod(out[:d])
+    for k in range(len(inp)):
+        if inp[k] == out[d] and math.prod(inp[:k]) == pre:
+            return k
+    return None
+
+
+@_rule(*RESHAPES)
+def _reshape(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    k = reshape_dim(g[n.inputs[0]].shape, n.shape, d)
+    if k is None:
+        raise FlowBreak(f"{n.op} merges or splits dim {d}")
+    return [Demand(n.inputs[0], k)] + [Demand(v, None) for v in n.inputs[1:]]
+
+
+@_rule("permute")
+def _permute(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    dims = [_norm(x, len(n.shape)) for x in n.args[1]]
+    return [Demand(n.inputs[0], dims[d])]
+
+
+@_rule("transpose", "t", "swapaxes")
+def _transpose(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    r = len(n.shape)
+    a, b = (0, 1) if n.op == "t" else (_norm(n.args[1], r), _norm(n.args[2], r))
+    return [Demand(n.inputs[0], b if d == a else a if d == b else d)]
+
+
+@_rule("select")
+def _select(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    sd = _norm(n.args[1], len(n.shape) + 1)
+    return [Demand(n.inputs[0], d if d < sd else d + 1)]
+
+
+@_rule("slice")
+def _slice(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    r = len(n.shape)
+    sd = _norm(_arg(n, 1, "dim", 0), r)
+    if d != sd:
+        return [Demand(n.inputs[0], d)]
+    start, step = _arg(n, 2, "start", None), _arg(n, 4, "step", 1)
+    if start in (None, 0) and step == 1:
+        return [Demand(n.inputs[0], d, larger_ok=True)]
+    raise FlowBreak(f"slice along dim {d} does not start at 0 with step 1")
+
+
+@_rule("split", "split_with_sizes", "chunk", "tensor_split")
+def _split(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    r = len(n.shape)
+    sd = _norm(_arg(n, 2, "dim", 0), r)
+    if d == sd:
+        raise FlowBreak(f"{n.op} splits along dim {d}")
+    return [Demand(n.inputs[0], d)]
+
+
+@_rule("unbind")
+def _unbind(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    ud = _norm(_arg(n, 1, "dim", 0), len(n.shape) + 1)
+    return [Demand(n.inputs[0], d if d < ud else d + 1)]
+
+
+@_rule("getitem")
+def _getitem(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    if not g[n.inputs[0]].multi:
+        raise FlowBreak("getitem of a non-tuple value")
+    return [Demand(n.inputs[0], d)]
+
+
+@_rule("cat", "concat", "concatenate")
+def _cat(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    cd = _norm(_arg(n, 1, "dim", 0), len(n.shape))
+    if d == cd:
+        raise FlowBreak(f"cat joins along dim {d}")
+    # cat skips legacy empty 1-D operands; every other operand has the output's rank
+    return [Demand(v, d if len(g[v].shape) == len(n.shape) else None) for v in n.inputs]
+
+
+@_rule("stack")
+def _stack(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    sd = _norm(_arg(n, 1, "dim", 0), len(n.shape))
+    if d == sd:
+        raise FlowBreak(f"stack joins along dim {d}")
+    return [Demand(v, d if d < sd else d - 1) for v in n.inputs]
+
+
+@_rule("linear")
+def _linear(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    x, w, b = n.args[0][1:], n.args[1][1:], _arg(n, 2, "bias")
+    bias = [Demand(b[1:], 0 if d == len(n.shape) - 1 else None)] if _is_ref(b) else []
+    if d == len(n.shape) - 1:  # output features: slice the weight rows
+        return [Demand(x, None), Demand(w, 0), *bias]
+    return [Demand(x, d), Demand(w, None), *bias]
+
+
+def _matmul_demands(a: str, b: str, out: Sequence[int], d: int, g: OpGraph) -> list[Demand]:
+    sa, sb, r = g[a].shape, g[b].shape, len(out)
+    if len(sa) < 2 or len(sb) < 2:
+        raise FlowBreak("matmul with a 1-D operand")
+    if d == r - 2:
+        return [Demand(a, len(sa) - 2), Demand(b, None)]
+    if d == r - 1:
+        return [Demand(a, None), Demand(b, len(sb) - 1)]
+    return [Demand(a, _bcast_dim(out[:-2], sa[:-2], d)), Demand(b, _bcast_dim(out[:-2], sb[:-2], d))]
+
+
+@_rule("matmul", "bmm", "mm")
+def _matmul(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    return _matmul_demands(n.args[0][1:], n.args[1][1:], n.shape, d, g)
+
+
+@_rule("addmm", "baddbmm", "addbmm_never")
+def _addmm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    bias = _bcast_demand(g, n.args[0], n.shape, d)
+    return [*([bias] if bias else []), *_matmul_demands(n.args[1][1:], n.args[2][1:], n.shape, d, g)]
+
+
+@_rule("softmax", "log_softmax", "_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp")
+def _softmax(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    if _norm(n.args[1], len(n.shape)) == d:
+        raise FlowBreak(f"{n.op} normalises over dim {d}")
+    return [Demand(n.inputs[0], d)]
+
+
+@_rule("layer_norm", "rms_norm")
+def _layer_norm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    if d >= len(n.shape) - len(n.args[1]):
+        raise FlowBreak(f"{n.op} normalises over dim {d}")
+    return [Demand(n.inputs[0], d)] + [Demand(v, None) for v in n.inputs[1:]]
+
+
+@_rule("group_norm", "instance_norm")
+def _group_norm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    if d != 0:
+        raise FlowBreak(f"{n.op} normalises over dim {d}")
+    return [Demand(n.inputs[0], 0)] + [Demand(v, None) for v in n.inputs[1:]]
+
+
+@_rule("batch_norm", "_native_batch_norm_legit_no_training")
+def _batch_norm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    if n.op == "batch_norm" and _arg(n, 5, "training", False):
+        raise FlowBreak("batch_norm in training mode normalises over the batch")
+    per_channel = 0 if d == 1 else None
+    return [Demand(n.inputs[0], d)] + [Demand(v, per_channel) for v in n.inputs[1:]]
+
+
+@_rule("scaled_dot_product_attention")
+def _sdpa(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    q, k, v = (a[1:] for a in n.args[:3])
+    mask = _arg(n, 3, "attn_mask")
+    r = len(n.shape)
+    if d == r - 2:
+        if _arg(n, 5, "is_causal", False):
+            raise FlowBreak("scaled_dot_product_attention with is_causal=True ties query and key positions")
+        out = [Demand(q, len(g[q].shape) - 2), Demand(k, None), Demand(v, None)]
+    elif d == r - 1:
+        out = [Demand(q, None), Demand(k, None), Demand(v, len(g[v].shape) - 1)]
+    else:
+        out = [Demand(x, _bcast_dim(n.shape, g[x].shape, d)) for x in (q, k, v)]
+    if _is_ref(mask):
+        ms = _shape_of(g, mask)
+        out.append(Demand(mask[1:], None if d == r - 1 else _bcast_dim(n.shape[:-1] + (ms[-1],), ms, d)))
+    return out
+
+
+@_rule("embedding")
+def _embedding(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    w, idx = n.args[0][1:], n.args[1][1:]
+    if d == len(n.shape) - 1:
+        return [Demand(w, 1), Demand(idx, None)]
+    return [Demand(w, None), Demand(idx, d)]
+
+
+@_rule("conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d", "conv_transpose2d")
+def _conv(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    x, w = n.args[0][1:], n.args[1][1:]
+    b = _arg(n, 2, "bias")
+    extra = [b[1:]] if _is_ref(b) else []
+    if d == 0:
+        return [Demand(x, 0), Demand(w, None)] + [Demand(v, None) for v in extra]
+    groups = n.args[8] if n.op == "convolution" and len(n.args) > 8 else _arg(n, 6, "groups", 1)
+    transposed = n.op.startswith("conv_transpose") or (n.op == "convolution" and bool(_arg(n, 6, "transposed")))
+    if d == 1 and groups == 1 and not transposed:
+        return [Demand(x, None), Demand(w, 0)] + [Demand(v, 0) for v in extra]
+    raise FlowBreak(f"{n.op} mixes neighbouring positions along dim {d}")
+
+
+@_rule("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+       "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool2d",
+       "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d",
+       "upsample_linear1d", "upsample_bicubic2d", "upsample_trilinear3d", "pixel_shuffle_never")
+def _pool(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    spatial = int(next(c for c in reversed(n.op) if c.isdigit()))
+    if d >= len(n.shape) - spatial:
+        raise FlowBreak(f"{n.op} mixes neighbouring positions along dim {d}")
+    return [Demand(n.inputs[0], d)]
+
+
+@_rule("sum", "mean", "amax", "amin", "var", "std", "prod", "logsumexp", "norm_never", "any", "all")
+def _reduce(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    inp = g[n.inputs[0]].shape
+    dims = _arg(n, 1, "dim")
+    if dims is None or dims == []:
+        raise FlowBreak(f"{n.op} reduces every dim")
+    dims = {_norm(x, len(inp)) for x in (dims if isinstance(dims, tuple | list) else [dims])}
+    keepdim = _arg(n, 2, "keepdim", False) if n.op not in ("var", "std") else n.kwargs.get("keepdim", False)
+    kept = list(range(len(inp))) if keepdim else [k for k in range(len(inp)) if k not in dims]
+    if kept[d] in dims:
+        raise FlowBreak(f"{n.op} reduces dim {d}")
+    return [Demand(n.inputs[0], kept[d])]
+
+
+def demands_of(node: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    """Demands of `node` chunked along output dim `d`; FlowBreak when the dim cannot pass."""
+    rule = RULES.get(node.op)
+    if rule is None:
+        raise FlowBreak(f"no dimension rule for {node.op}")
+    try:
+        return rule(node, d, g)
+    except (IndexError, TypeError, KeyError, StopIteration) as e:  # unexpected argument layout
+        raise FlowBreak(f"{node.op}: unsupported arguments ({type(e).__name__})") from e
+
+
+# --------------------------------------------------------------------------------------------------
+# Regions and their flow (Sec. 3.3, Algorithm 1)
+# --------------------------------------------------------------------------------------------------
+class IllegalRegion(ValueError):
+    """The region breaks one of the four chunk rules; `node`/`op` name where the flow breaks."""
+
+    def __init__(self, msg: str, node: str | None = None, op: str | None = None) -> None:
+        super().__init__(msg)
+        self.node, self.op = node, op
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A legal chunk flow over nodes [start, end]: `dims` for chunked nodes, `hoisted` nodes computed
+    whole before the loop, `narrow` = {(value, dim)} read in chunks inside the loop, `outputs` the
+    chunked region outputs with their dims, `extent` the loop length."""
+
+    start: str
+    end: str
+    dims: dict[str, int]
+    hoisted: tuple[str, ...]
+    narrow: dict[str, list[int]]
+    outputs: dict[str, int]
+    extent: int
+
+
+def region_nodes(g: OpGraph, start: str, end: str) -> list[str]:
+    s, e = g.pos(start), g.pos(end)
+    if s > e:
+        raise IllegalRegion(f"region start {start!r} comes after its end {end!r}")
+    return [n.name for n in g.nodes[s:e + 1] if n.op not in ("input", "output")]
+
+
+def region_outputs(g: OpGraph, nodes: Sequence[str]) -> list[str]:
+    inside = set(nodes)
+    return [n for n in nodes if n in g.outputs or any(u not in inside for u in g.users_of(n))]
+
+
+def flow_region(g: OpGraph, start: str, end: str, out_dims: dict[str, int]) -> Flow:
+    """Trace the chunk flow bottom-up from the region outputs (Algorithm 1).  `out_dims` gives the
+    chunk dim of region outputs; an output not listed must end up hoisted.  Raises IllegalRegion."""
+    force: frozenset[str] = frozenset()
+    while True:
+        flow = _flow(g, start, end, out_dims, force)
+        # an item of a hoisted multi-output op (q of a fused qkv split) is hoisted too: a tuple
+        # cannot be narrowed, its items can
+        more = {x for x, d in flow.dims.items() if g[x].op == "getitem" and g[x].inputs[0] in flow.hoisted}
+        if not more:
+            return flow
+        force |= more
+
+
+def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: frozenset[str]) -> Flow:
+    nodes = region_nodes(g, start, end)
+    inside = set(nodes)
+    outs = region_outputs(g, nodes)
+    for o in out_dims:
+        if o not in outs:
+            raise IllegalRegion(f"{o!r} is not an output of the region {start}..{end}", o, None)
+    demand: dict[str, list[int | None]] = {n: [] for n in nodes}
+    dims: dict[str, int] = {}
+    hoisted: list[str] = []
+    narrow: dict[str, list[int]] = {}
+    extent: int | None = None
+    for o, d in out_dims.items():
+        rank = len(g[o].shape)
+        if not 0 <= d < rank:
+            raise IllegalRegion(f"{o!r} has no dim {d} (rank {rank})", o, g[o].op)
+    constant: set[str] = set()
+    for name in nodes:
+        if all(v in constant for v in g[name].inputs):
+            constant.add(name)
+    for name in reversed(nodes):
+        node = g[name]
+        wanted = demand[name] + ([out_dims[name]] if name in out_dims else [])
+        if name in outs and name not in out_dims:
+            wanted.append(FULL)
+        # built from creation ops only (a causal mask from ones/tril): hoisted, read in chunks
+        creation = name in constant
+        if name in force and name not in out_dims:
+            wanted.append(FULL)
+        if creation or not wanted or FULL in wanted or len(set(wanted)) > 1:
+            # Rule 4 allows one setting per node: a node read whole, or along two dims, is hoisted.
+            if name in out_dims:
+                raise IllegalRegion(
+                    f"{node.op} {name!r} is a region output read whole inside the region; it cannot be "
+                    f"chunked along dim {out_dims[name]}", name, node.op)
+            hoisted.append(name)
+            for v in node.inputs:
+                if v in inside:
+                    demand[v].append(FULL)
+            continue
+        d = wanted[0]
+        L = node.shape[d] if d < len(node.shape) else -1
+        if extent is None:
+            extent = L
+        if L != extent:
+            raise IllegalRegion(f"{node.op} {name!r} has extent {L} along chunk dim {d}, the loop runs "
+                                f"over {extent}", name, node.op)
+        try:
+            ds = demands_of(node, d, g)
+        except FlowBreak as e:
+            raise IllegalRegion(f"the chunk flow breaks at {node.op} {name!r}: {e}", name, node.op) from e
+        dims[name] = d
+        for dm in ds:
+            if dm.input in inside:
+                demand[dm.input].append(dm.dim)
+            elif dm.dim is not None:
+                L_in = g[dm.input].shape[dm.dim]
+                if L_in != extent and not (dm.larger_ok and L_in >= extent):
+                    raise IllegalRegion(f"{node.op} {name!r} reads {dm.input!r} along dim {dm.dim} with extent "
+                                        f"{L_in}, the loop runs over {extent}", name, node.op)
+                narrow.setdefault(dm.input, [])
+                if dm.dim not in narrow[dm.input]:
+                    narrow[dm.input].append(dm.dim)
+    # hoisted nodes read by chunked nodes along a dim are narrowed like region inputs
+    for name in nodes:
+        if name in dims:
+            for dm in demands_of(g[name], dims[name], g):
+                if dm.input in inside and dm.input not in dims and dm.dim is not None:
+                    if g[dm.input].shape[dm.dim] < (extent or 0):
+                        raise IllegalRegion(f"{g[name].op} {name!r} reads hoisted {dm.input!r} along dim "
+                                            f"{dm.dim}, shorter than the loop", name, g[name].op)
+                    narrow.setdefault(dm.input, [])
+                    if dm.dim not in narrow[dm.input]:
+                        narrow[dm.input].append(dm.dim)
+    if not dims:
+        raise IllegalRegion(f"nothing in {start}..{end} can be chunked along the requested dims")
+    if not narrow:  # Rule 3: the flow must trace back to a chunked input
+        raise IllegalRegion(f"the chunk flow of {start}..{end} reaches no input")
+    chunked_outs = {o: dims[o] for o in outs if o in dims}
+    if not chunked_outs:
+        raise IllegalRegion(f"no output of {start}..{end} is chunked")
+    return Flow(start, end, dims, tuple(reversed(hoisted)), narrow, chunked_outs, int(extent or 0))
+
+
+def candidate_flows(g: OpGraph, start: str, end: str, max_outputs: int = 3) -> list[Flow]:
+    """Every legal flow of [start, end] (Algorithm 1's loop over output dims).  The first region output
+    picks the dim; the others take every dim with the same extent."""
+    nodes = region_nodes(g, start, end)
+    outs = [o for o in region_outputs(g, nodes) if g[o].inputs]
+    if not outs or len(outs) > max_outputs:
+        return []
+    found: list[Flow] = []
+    seen: set[tuple] = set()
+
+    def assign(i: int, acc: dict[str, int], extent: int | None) -> None:
+        if i == len(outs):
+            try:
+                f = flow_region(g, start, end, dict(acc))
+            except IllegalRegion:
+                return
+            key = tuple(sorted(f.dims.items()))
+            if key not in seen:
+                seen.add(key)
+                found.append(f)
+            return
+        shape = g[outs[i]].shape
+        for d, L in enumerate(shape):
+            if L > 1 and (extent is None or L == extent):
+                assign(i + 1, {**acc, outs[i]: d}, L)
+    assign(0, {}, None)
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory estimation (Sec. 3.4, Eq. 2)
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChunkRegion:
+    flow: Flow
+    chunks: int
+
+    @property
+    def step(self) -> int:
+        return -(-self.flow.extent // self.chunks)
+
+
+def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
+    return sum(math.prod(size if i == d else s for i, s in enumerate(shape)) for shape in node.shapes) \
+        * node.itemsize if node.alias is None else 0
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    peak_bytes: int
+    peak_node: str
+    curve: tuple[tuple[str, int], ...]  # (node, resident bytes while it runs)
+
+
+def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
+                    temp: Callable[[OpNode], int] | None = None) -> MemoryEstimate:
+    """Activation bytes while each node runs: new storages of the run (outputs included, inputs and
+    parameters not), freed after their last reader.  A region runs its hoisted nodes, allocates its
+    outputs whole, then one chunk of its chunked nodes at a time (Eq. 2)."""
+    temp = temp or (lambda n: 0)
+    pos_of_region: dict[str, int] = {}
+    for ri, r in enumerate(regions):
+        for name in region_nodes(g, r.flow.start, r.flow.end):
+            pos_of_region[name] = ri
+    # a storage dies after the last item (node or whole region) reading any alias of it
+    item_of = {n.name: ("r", pos_of_region[n.name]) if n.name in pos_of_region else ("n", i)
+               for i, n in enumerate(g.nodes)}
+    item_pos: dict[tuple, int] = {}
+    for n in g.nodes:
+        item_pos.setdefault(item_of[n.name], len(item_pos))
+    # a chunked region output is reassembled in a buffer of its own, even where it was a view
+    buffers = {o for r in regions for o in r.flow.outputs}
+
+    def root(v: str) -> str:
+        while v not in buffers and g[v].alias is not None:
+            v = g[v].alias  # type: ignore[assignment]
+        return v
+
+    def own(v: str) -> int:
+        return _full_bytes(g[v]) if v in buffers else g[v].nbytes
+
+    last: dict[str, int] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            r = root(v)
+            last[r] = max(last.get(r, -1), item_pos[item_of[n.name]])
+    for o in g.outputs:
+        last[root(o)] = 1 << 60
+    live, cur, peak, peak_node = set(), 0, 0, ""
+    curve: list[tuple[str, int]] = []
+
+    def free_dead(p: int) -> int:
+        nonlocal cur
+        for s in [s for s in live if last.get(s, -1) <= p]:
+            live.discard(s)
+            cur -= own(s)
+        return cur
+
+    def run(name: str, extra: int = 0, nbytes: int | None = None) -> None:
+        nonlocal cur, peak, peak_node
+        node = g[name]
+        b = node.nbytes if nbytes is None else nbytes
+        resident = cur + extra + b + temp(node)
+        curve.append((name, resident))
+        if resident > peak:
+            peak, peak_node = resident, name
+        if nbytes is None:
+            cur += b
+            live.add(name) if b else None
+
+    done_regions: set[int] = set()
+    for n in g.nodes:
+        key = item_of[n.name]
+        p = item_pos[key]
+        if n.op in ("input", "output"):
+            continue
+        if key[0] == "n":
+            run(n.name)
+            free_dead(p)
+            continue
+        ri = key[1]
+        if ri in done_regions:
+            continue
+        done_regions.add(ri)
+        r = regions[ri]
+        f = r.flow
+        for h in f.hoisted:
+            run(h)
+        for o in f.outputs:  # output buffers, filled chunk by chunk
+            cur += own(o)
+            live.add(o)
+        # one chunk: chunked nodes at chunk size, freed after their last reader inside the chunk
+        body = [x for x in region_nodes(g, f.start, f.end) if x in f.dims]
+        body_set = set(body)
+        blast: dict[str, int] = {}
+        for i, x in enumerate(body):
+            for v in g[x].inputs:
+                rv = g.root(v)
+                if rv in body_set:
+                    blast[rv] = i
+        for i, x in enumerate(body):  # a chunk result lives until it is copied into its buffer
+            if x in f.outputs:
+                blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
+        chunk_live: dict[str, int] = {}
+        for i, x in enumerate(body):
+            b = _chunk_bytes(g[x], f.dims[x], r.step)
+            run(x, extra=sum(chunk_live.values()), nbytes=b)
+            if b:
+                chunk_live[x] = b
+            for s in [s for s in chunk_live if blast.get(s, -1) <= i]:
+                del chunk_live[s]
+        free_dead(p)
+    return MemoryEstimate(peak, peak_node, tuple(curve))
+
+
+# --------------------------------------------------------------------------------------------------
+# Speed model (Sec. 3.4, Eq. 8-10), calibrated by measurement on the device
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpeedModel:
+    """`overhead_s`: measured cost of one extra op launch (macro term, alpha * N_node).
+    `matmul_rate`: measured (rows, FLOP/s) pairs of a matmul at different row counts: small chunks run
+    at lower density (micro term, gamma * N_density).  `bandwidth`: measured bytes/s of a copy: the
+    price of non-contiguous chunk dims (micro term, lambda * N_stride) and of memory-bound ops."""
+
+    overhead_s: float = 5e-6
+    matmul_rate: tuple[tuple[int, float], ...] = ((1, 1e9), (64, 2e10), (4096, 5e10))
+    bandwidth: float = 5e9
+
+    def rate(self, rows: float) -> float:
+        pts = sorted(self.matmul_rate)
+        if rows <= pts[0][0]:
+            return pts[0][1]
+        for (r0, f0), (r1, f1) in zip(pts, pts[1:]):
+            if rows <= r1:  # interpolate in log(rows)
+                t = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+                return f0 + t * (f1 - f0)
+        return pts[-1][1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"overhead_s": self.overhead_s, "matmul_rate": [list(p) for p in self.matmul_rate],
+                "bandwidth": self.bandwidth}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpeedModel:
+        return cls(d["overhead_s"], tuple((int(a), float(b)) for a, b in d["matmul_rate"]), d["bandwidth"])
+
+
+def node_flops(g: OpGraph, n: OpNode) -> float:
+    """Multiply-add FLOPs of the compute-bound ops (0 for memory-bound ones)."""
+    if not n.shapes or n.alias is not None:
+        return 0.0
+    out = math.prod(n.shape)
+    if n.op in ("linear",):
+        return 2.0 * out * g[n.inputs[1]].shape[-1]
+    if n.op in ("matmul", "bmm", "mm", "addmm", "baddbmm"):
+        a = g[n.args[1 if n.op in ("addmm", "baddbmm") else 0][1:]].shape
+        return 2.0 * out * a[-1]
+    if n.op == "scaled_dot_product_attention":
+        q, k = g[n.args[0][1:]].shape, g[n.args[1][1:]].shape
+        return 4.0 * math.prod(q[:-1]) * k[-2] * q[-1]
+    if n.op.startswith("conv"):
+        w = g[n.args[1][1:]].shape
+        return 2.0 * out * math.prod(w[1:])
+    return 0.0
+
+
+def node_time(g: OpGraph, n: OpNode, m: SpeedModel, fraction: float = 1.0, dim: int | None = None) -> float:
+    """Estimated seconds for `n` computing `fraction` of its output (one chunk along `dim`)."""
+    if n.op in ("input", "output") or n.alias is not None:
+        return m.overhead_s * 0.2 if n.op not in ("input", "output") else 0.0
+    fl = node_flops(g, n) * fraction
+    if fl:
+        rows = max(1.0, math.prod(n.shape[:-1]) * fraction)
+        if n.op == "scaled_dot_product_attention":
+            rows = max(1.0, math.prod(n.shape[:-1]) * fraction / max(1, math.prod(n.shape[:-2])))
+        return m.overhead_s + fl / m.rate(rows)
+    moved = (n.nbytes + sum(g[v].nbytes or _full_bytes(g[v]) for v in n.inputs)) * fraction
+    return m.overhead_s + moved / m.bandwidth
+
+
+def _full_bytes(n: OpNode) -> int:
+    return sum(math.prod(s) for s in n.shapes) * n.itemsize
+
+
+def graph_time(g: OpGraph, m: SpeedModel) -> float:
+    return sum(node_time(g, n, m) for n in g.nodes)
+
+
+def region_slowdown(g: OpGraph, r: ChunkRegion, m: SpeedModel) -> float:
+    """Extra seconds of running `r` chunked: per chunk every chunked node launches again (macro) at
+    lower density (micro), non-contiguous narrowed inputs and output chunks are copied (stride)."""
+    f = r.flow
+    n = r.chunks
+    base = sum(node_time(g, g[x], m) for x in f.dims)
+    chunked = 0.0
+    for x, d in f.dims.items():
+        node = g[x]
+        full = node.shape[d]
+        sizes = [min(r.step, full - i * r.step) for i in range(n) if i * r.step < full]
+        chunked += sum(node_time(g, node, m, s / full, d) for s in sizes)
+    copies = 0.0
+    for v, ds in f.narrow.items():
+        for d in ds:
+            if any(s != 1 for s in g[v].shape[:d]):  # a chunk along an inner dim is strided
+                copies += _full_bytes(g[v]) / m.bandwidth + n * m.overhead_s
+    for o, d in f.outputs.items():
+        copies += _full_bytes(g[o]) / m.bandwidth + n * m.overhead_s
+    return max(0.0, chunked + copies - base)
+
+
+# --------------------------------------------------------------------------------------------------
+# Selection (Sec. 3.4): beam search over candidate regions around the peak until the budget is met
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Selection:
+    regions: tuple[ChunkRegion, ...]
+    peak_bytes: int
+    baseline_peak_bytes: int
+    budget_bytes: int
+    slowdown: float  # estimated relative time increase of the whole graph
+    met: bool
+
+
+def _chunk_counts(extent: int) -> list[int]:
+    out, n = [], 2
+    while n < extent:
+        out.append(n)
+        n *= 2
+    out.append(extent)
+    return out
+
+
+def candidates_around(g: OpGraph, peak: str, taken: Sequence[ChunkRegion], window: int) -> list[Flow]:
+    """Regions [s, e] containing the peak node within `window` nodes, disjoint from chosen ones
+    (Algorithm 1, restricted to a local window as in Sec. 3.3 Complexity Optimization)."""
+    p = g.pos(peak)
+    blocked = {x for r in taken for x in region_nodes(g, r.flow.start, r.flow.end)}
+    if peak in blocked:
+        return []
+    ops = [i for i, n in enumerate(g.nodes) if n.op not in ("input", "output")]
+    lo = [i for i in ops if p - window <= i <= p]
+    hi = [i for i in ops if p <= i <= p + window]
+    flows: list[Flow] = []
+    for s in lo:
+        if any(g.nodes[k].name in blocked for k in range(s, p + 1)):
+            continue
+        # Sec. 3.3 two-stage filter: a region starting at a node no chunked flow can enter is skipped
+        for e in hi:
+            if any(g.nodes[k].name in blocked for k in range(p, e + 1)):
+                break
+            flows.extend(candidate_flows(g, g.nodes[s].name, g.nodes[e].name))
+    return flows
+
+
+def select_chunks(g: OpGraph, budget_bytes: int, model: SpeedModel, *, beam: int = 4, window: int = 24,
+                  max_regions: int = 16, temp: Callable[[OpNode], int] | None = None) -> Selection:
+    """Pick regions and chunk counts whose estimated peak fits `budget_bytes` with the least estimated
+    slowdown (Eq. 11).  Each round finds the current peak node, tries every legal region around it
+    with the fewest chunks that fit the budget (or the most useful count), and keeps the `beam` best
+    partial plans ranked by slowdown plus their remaining excess over the budget."""
+    base = estimate_memory(g, temp=temp)
+    total = max(graph_time(g, model), 1e-12)
+    if base.peak_bytes <= budget_bytes:
+        return Selection((), base.peak_bytes, base.peak_bytes, budget_bytes, 0.0, True)
+
+    states: list[tuple[tuple[ChunkRegion, ...], MemoryEstimate, float, int]] = [((), base, 0.0, base.peak_bytes)]
+    finished = list(states)
+    cache: dict[tuple, list[Flow]] = {}
+    for _ in range(max_regions):
+        nxt: list[tuple[tuple[ChunkRegion, ...], MemoryEstimate, float, int]] = []
+        for regions, est, cost, _ in states:
+            if est.peak_bytes <= budget_bytes:
+                nxt.append((regions, est, cost, 0))
+                continue
+            key = (est.peak_node, tuple((r.flow.start, r.flow.end) for r in regions))
+            if key not in cache:
+                cache[key] = candidates_around(g, est.peak_node, regions, window)
+            for f in cache[key]:
+                trial = _best_count(g, regions, f, budget_bytes, model, temp)
+                if trial is not None and trial[1].peak_bytes <= est.peak_bytes and _moved(trial[1], est):
+                    nxt.append((regions + (trial[0],), trial[1], cost + trial[2], trial[3]))
+        if not nxt:
+            break
+        # memory first (the paper's primary rule): the excess left at the region just added weighs
+        # ten times its relative slowdown
+        nxt.sort(key=lambda s: (s[2] / total + MEMORY_WEIGHT * max(0, s[3] - budget_bytes) / budget_bytes,
+                                len(s[0])))
+        uniq, seen = [], set()
+        for s in nxt:
+            k = tuple(sorted((r.flow.start, r.flow.end, r.chunks) for r in s[0]))
+            if k not in seen:
+                seen.add(k)
+                uniq.append(s)
+        states = uniq[:beam]
+        finished.extend(states)
+        if all(s[1].peak_bytes <= budget_bytes for s in states):
+            break
+    fitting = [s for s in finished if s[1].peak_bytes <= budget_bytes]
+    best = min(fitting, key=lambda s: (s[2], len(s[0]))) if fitting else \
+        min(finished, key=lambda s: (s[1].peak_bytes, s[2]))
+    regions, est, cost, _ = best
+    return Selection(regions, est.peak_bytes, base.peak_bytes, budget_bytes, cost / total,
+                     est.peak_bytes <= budget_bytes)
+
+
+def _moved(new: MemoryEstimate, old: MemoryEstimate) -> bool:
+    """Progress: the peak fell, or it stayed but now sits at another node (another block's twin)."""
+    return new.peak_bytes < old.peak_bytes or new.peak_node != old.peak_node
+
+
+def _best_count(g: OpGraph, regions: tuple[ChunkRegion, ...], f: Flow, budget: int, model: SpeedModel,
+                temp: Callable[[OpNode], int] | None) -> tuple[ChunkRegion, MemoryEstimate, float, int] | None:
+    """The fewest chunks that bring the region's own peak under the budget; if none does, the count
+    after which more chunks lower it by under 2% (more chunks then only cost time).  The region's
+    own peak, not the graph's: other peaks are the next rounds' work."""
+    inside = set(region_nodes(g, f.start, f.end))
+    best: tuple[ChunkRegion, MemoryEstimate, float, int] | None = None
+    for n in _chunk_counts(f.extent):
+        r = ChunkRegion(f, n)
+        est = estimate_memory(g, (*regions, r), temp=temp)
+        local = max(b for x, b in est.curve if x in inside)
+        trial = (r, est, region_slowdown(g, r, model), local)
+        if local <= budget:
+            return trial
+        if best is not None and local > 0.98 * best[3]:
+            return best
+        best = trial
+    return best
+
+
+def regions_memory(g: OpGraph, regions: Iterable[ChunkRegion],
+                   temp: Callable[[OpNode], int] | None = None) -> MemoryEstimate:
+    return estimate_memory(g, tuple(regions), temp=temp)
+
+
+def with_count(r: ChunkRegion, chunks: int) -> ChunkRegion:
+    if not 1 <= chunks <= r.flow.extent:
+        raise ValueError(f"chunk count {chunks} outside 1..{r.flow.extent} for region {r.flow.start}..{r.flow.end}")
+    return replace(r, chunks=chunks)

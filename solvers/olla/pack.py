@@ -1,0 +1,523 @@
+"""Tensor address packing (OLLA Sec. 3.3 and 4.2; the static allocation problem of MiniMalloc).
+
+A buffer is ``(start, end, size)``: it is alive during the half-open step range ``[start, end)``
+(alive at ``start``, no longer alive at ``end``; MiniMalloc's ``lower``/``upper``) and needs
+``size`` contiguous bytes.  A packing gives every buffer an integer offset so that two buffers whose
+lifetimes intersect never share an address; its peak is ``max(offset + size)``.  No packing beats the
+*max-live lower bound* (the largest total size alive at one step), and fragmentation is
+``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
+
+Method: greedy best fit (TFLite's GreedyBySize, and the same placement rule in lifetime and area
+order) gives an incumbent; when it does not meet the lower bound, CP-SAT solves the exact model
+(NoOverlap2D over fixed time intervals and variable address intervals), warm-started from the
+greedy offsets.  Two exact reductions shrink the model: buffers alive over the whole horizon go to
+the bottom (removing such a buffer's address range from any packing and stacking it below keeps the
+packing valid with the same peak), and the rest splits at steps no buffer crosses into independent
+segments.  Offsets are integer solver values, never floats (OLLA's tool truncated floats and
+produced overlapping plans); `validate_packing` checks every result independently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from solvers.ir import Graph
+from solvers.schedule import Step
+from solvers.simulate import simulate
+
+Buffer = tuple[int, int, int]  # (start, end, size): alive during [start, end)
+GreedyOrder = Literal["size", "lifetime", "area"]
+GREEDY_ORDERS: tuple[GreedyOrder, ...] = ("size", "lifetime", "area")
+
+
+class PackingError(ValueError):
+    """The buffers do not fit the capacity (or the input is malformed)."""
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Offsets for `buffers` (same order) and how good they are.
+
+    `status`: "optimal" when the peak meets the max-live lower bound or CP-SAT proved it minimal;
+    "feasible" otherwise (`gap` = (peak - bound) / peak).  With a capacity, the search stops at the
+    first placement that fits (the decision problem MiniMalloc solves).  `labels` name the buffers
+    (data node ids for `pack_schedule`).
+    """
+
+    buffers: tuple[Buffer, ...]
+    offsets: tuple[int, ...]
+    peak_bytes: int
+    lower_bound: int
+    status: Literal["optimal", "feasible"]
+    gap: float
+    seconds: float
+    greedy_peak: int
+    capacity: int | None = None
+    labels: tuple[int, ...] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fragmentation(self) -> float:
+        """(peak - max-live lower bound) / peak, a fraction in [0, 1)."""
+        return (self.peak_bytes - self.lower_bound) / self.peak_bytes if self.peak_bytes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan JSON's "packing" member (ARCHITECTURE.md)."""
+        labels = self.labels if self.labels is not None else tuple(range(len(self.buffers)))
+        return {
+            "buffers": [
+                {"data": label, "start": s, "end": e, "offset": o, "size": z}
+                for label, (s, e, z), o in zip(labels, self.buffers, self.offsets, strict=True)
+            ],
+            "peak_bytes": self.peak_bytes,
+            "lower_bound": self.lower_bound,
+            "fragmentation": self.fragmentation,
+            "status": self.status,
+            "gap": self.gap,
+            "seconds": self.seconds,
+            "greedy_peak_bytes": self.greedy_peak,
+        }
+
+
+def _check_buffers(buffers: Sequence[Sequence[int]]) -> tuple[Buffer, ...]:
+    out = []
+    for i, b in enumerate(buffers):
+        if len(b) != 3:
+            raise PackingError(f"buffer {i} is {b!r}: expected (start, end, size)")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in b):
+            raise PackingError(f"buffer {i} is {b!r}: start, end and size must be integers")
+        s, e, z = b
+        if not 0 <= s < e or z < 0:
+            raise PackingError(f"buffer {i} is {b!r}: need 0 <= start < end (lifetime [start, end)) and size >= 0")
+        out.append((s, e, z))
+    return tuple(out)
+
+
+def max_live(buffers: Sequence[Buffer]) -> int:
+    """The largest total size alive at one step: no packing has a smaller peak."""
+    events: dict[int, int] = {}
+    for s, e, z in buffers:
+        events[s] = events.get(s, 0) + z
+        events[e] = events.get(e, 0) - z
+    live = best = 0
+    for t in sorted(events):
+        live += events[t]
+        best = max(best, live)
+    return best
+
+
+def validate_packing(
+    buffers: Sequence[Sequence[int]], offsets: Sequence[int], capacity: int | None = None
+) -> list[str]:
+    """Every problem with `offsets` for `buffers` (empty when valid): non-integer or negative offsets,
+    beyond `capacity`, or two buffers alive at the same step whose address ranges intersect.
+    Independent of the packer: a sweep over start times with the set of buffers still alive."""
+    problems: list[str] = []
+    if len(buffers) != len(offsets):
+        return [f"{len(buffers)} buffers but {len(offsets)} offsets"]
+    for i, ((_, _, z), o) in enumerate(zip(buffers, offsets, strict=True)):
+        if not isinstance(o, int) or isinstance(o, bool) or o < 0:
+            problems.append(f"buffer {i}: offset {o!r} is not a non-negative integer")
+        elif capacity is not None and o + z > capacity:
+            problems.append(f"buffer {i}: [{o}, {o + z}) exceeds capacity {capacity}")
+    if problems:
+        return problems
+    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
+    alive: list[int] = []
+    for i in order:
+        s, e, z = buffers[i]
+        alive = [j for j in alive if buffers[j][1] > s]
+        for j in alive:
+            zj = buffers[j][2]
+            if z and zj and offsets[i] < offsets[j] + zj and offsets[j] < offsets[i] + z:
+                problems.append(
+                    f"buffers {j} {tuple(buffers[j])} at {offsets[j]} and {i} {tuple(buffers[i])} at "
+                    f"{offsets[i]} are alive together and overlap in memory"
+                )
+        alive.append(i)
+    return problems
+
+
+def greedy_pack(buffers: Sequence[Buffer], order: GreedyOrder = "size") -> tuple[list[int], int]:
+    """Best-fit placement in a fixed order (TFLite GreedyBySize for ``"size"``): each buffer goes into
+    the smallest gap between already placed, lifetime-overlapping buffers that holds it, else on top
+    of them.  Returns (offsets, peak)."""
+    keys = {
+        "size": lambda i: (-buffers[i][2], buffers[i][0], i),
+        "lifetime": lambda i: (-(buffers[i][1] - buffers[i][0]), -buffers[i][2], i),
+        "area": lambda i: (-(buffers[i][1] - buffers[i][0]) * buffers[i][2], i),
+    }
+    offsets = [0] * len(buffers)
+    placed: list[int] = []
+    peak = 0
+    for i in sorted(range(len(buffers)), key=keys[order]):
+        s, e, z = buffers[i]
+        if z == 0:
+            continue
+        clash = sorted(
+            (offsets[j], offsets[j] + buffers[j][2]) for j in placed if buffers[j][0] < e and s < buffers[j][1]
+        )
+        best, best_gap, top = None, None, 0
+        for lo, hi in clash:
+            gap = lo - top
+            if gap >= z and (best_gap is None or gap < best_gap):
+                best, best_gap = top, gap
+            top = max(top, hi)
+        offsets[i] = top if best is None else best
+        peak = max(peak, offsets[i] + z)
+        placed.append(i)
+    return offsets, peak
+
+
+def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
+    """Split `ids` where no buffer's lifetime crosses a step boundary: segments pack independently."""
+    groups: list[list[int]] = []
+    reach = -1
+    for i in sorted(ids, key=lambda i: buffers[i][0]):
+        s, e, _ = buffers[i]
+        if s >= reach:
+            groups.append([])
+        groups[-1].append(i)
+        reach = max(reach, e)
+    return groups
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Aborted(Exception):
+    pass
+
+
+#: Static preorders tried round-robin by the canonical search (MiniMalloc's defaults WAT, TAW, TWA):
+#: descending by W = lifetime width, A = area, T = largest total size alive in its sections.
+_PREORDERS = ("WAT", "TAW", "TWA")
+
+
+def _canonical_search(
+    buffers: Sequence[Buffer], capacity: int, deadline: float
+) -> tuple[list[int] | None, bool]:
+    """MiniMalloc's search for a placement with peak <= `capacity` (Moffitt, ASPLOS 2023, Sec. 4).
+
+    Only *canonical* solutions are enumerated: buffers are placed at their lowest feasible offset in
+    non-decreasing offset order (ties in preorder), which loses no solution.  Pruning: a buffer is
+    never placed at or above the lowest top any unplaced buffer could reach (dominance); every
+    section (a step range between lifetime end points) must still hold its unplaced buffers above
+    its floor, the floor being raised to the lowest offset any of them can take (section
+    inference); when a failed placement pushed no other buffer up, no alternative is tried (hatless
+    pruning); once no unplaced buffer crosses a section boundary the two sides are solved
+    independently (dynamic decomposition).  Preorders are tried round-robin with a doubling node
+    limit.  Vectorised with numpy over sections x buffers.  Returns (offsets or None, proved
+    infeasible)."""
+    import numpy as np
+
+    n = len(buffers)
+    points = sorted({t for s, e, _ in buffers for t in (s, e)})
+    index = {t: i for i, t in enumerate(points)}
+    lo = np.array([index[s] for s, _, _ in buffers], dtype=np.int64)
+    hi = np.array([index[e] for _, e, _ in buffers], dtype=np.int64)
+    size = np.array([z for _, _, z in buffers], dtype=np.int64)
+    n_sec = len(points) - 1
+    cover = np.zeros((n_sec, n), dtype=bool)  # cover[k, b]: buffer b is alive in section k
+    for b in range(n):
+        cover[lo[b]:hi[b], b] = True
+    overlap = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
+    np.fill_diagonal(overlap, False)
+    total0 = cover.astype(np.int64) @ size
+    if (size > capacity).any() or (total0 > capacity).any():
+        return None, True
+    most = np.array([total0[lo[b]:hi[b]].max() for b in range(n)], dtype=np.int64)
+    width = np.array([e - s for s, e, _ in buffers], dtype=np.int64)
+    area = size * width
+    big = np.iinfo(np.int64).max // 4
+
+    def attempt(rank: np.ndarray, node_limit: int) -> np.ndarray | None:
+        budget = [node_limit]
+
+        def place(st: tuple, b: int, off: int) -> tuple:
+            offset, min_off, floor, total = (a.copy() for a in st)
+            offset[b] = off
+            top = off + size[b]
+            raise_ = overlap[b] & (offset < 0) & (min_off < top)
+            min_off[raise_] = top
+            floor[lo[b]:hi[b]] = top
+            total[lo[b]:hi[b]] -= size[b]
+            return (offset, min_off, floor, total), bool(raise_.any())
+
+        def search(st: tuple, members: np.ndarray, s0: int, s1: int, last_off: int, last_rank: int):
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _Aborted
+            if time.perf_counter() > deadline:
+                raise _Timeout
+            offset, min_off = st[0], st[1]
+            todo = np.flatnonzero(members & (offset < 0))
+            if todo.size == 0:
+                return st
+            floor, total = st[2][s0:s1], st[3][s0:s1]
+            todo = todo[np.lexsort((rank[todo], min_off[todo]))]
+            offs = min_off[todo]
+            min_height = int((offs + size[todo]).min())
+            # canonical order and dominance, vectorised: offsets never go down, ties follow the preorder,
+            # and no buffer starts at or above the lowest top an unplaced buffer could reach
+            ok = ((offs > last_off) | ((offs == last_off) & (rank[todo] >= last_rank))) & (offs < min_height)
+            bad_at: dict[int, tuple[int, int] | None] = {}
+            for b in todo[ok].tolist():
+                off, r = int(min_off[b]), int(rank[b])
+                if off not in bad_at:
+                    # sections that would overflow whatever is placed at `off`, unless the placed buffer
+                    # covers them (then they hold off + the rest of their total)
+                    bad = np.flatnonzero(np.maximum(floor, off) + total > capacity)
+                    bad_at[off] = (int(bad[0]) + s0, int(bad[-1]) + s0) if bad.size else None
+                cover_need = bad_at[off]
+                if cover_need is not None and not (lo[b] <= cover_need[0] and hi[b] > cover_need[1]):
+                    continue
+                if off + int(st[3][lo[b]:hi[b]].max()) > capacity:
+                    continue
+                nxt, hat = place(st, b, off)
+                left = members & (nxt[0] < 0)
+                nfloor, ntotal = nxt[2], nxt[3]
+                lowest = np.where(cover[s0:s1] & left[None, :], nxt[1][None, :], big).min(axis=1)
+                nfloor[s0:s1] = np.maximum(nfloor[s0:s1], np.where(lowest < big, lowest, 0))
+                if not (np.maximum(nfloor[s0:s1], off) + ntotal[s0:s1] > capacity).any():
+                    found = decompose(nxt, left, s0, s1, off, r)
+                    if found is not None:
+                        return found
+                if not hat:
+                    # hatless pruning: b pushed no unplaced buffer up, so any completion could put b
+                    # here; this failed, so every alternative fails too
+                    break
+            return None
+
+        def decompose(st: tuple, left: np.ndarray, s0: int, s1: int, last_off: int, last_rank: int):
+            idx = np.flatnonzero(left)
+            if idx.size == 0:
+                return st
+            crossing = np.zeros(n_sec + 1, dtype=np.int64)
+            np.add.at(crossing, lo[idx] + 1, 1)
+            np.add.at(crossing, hi[idx], -1)
+            crossing = np.cumsum(crossing)
+            first, last = int(lo[idx].min()), int(hi[idx].max())
+            cuts = [k for k in np.flatnonzero(crossing[first + 1:last] == 0).tolist()]
+            if not cuts:
+                return search(st, left, s0, s1, last_off, last_rank)
+            bounds = [first, *(first + 1 + k for k in cuts), last]
+            for a, z in zip(bounds, bounds[1:], strict=False):
+                group = left & (lo >= a) & (hi <= z)
+                if group.any():
+                    st = search(st, group, a, z, 0, -1)
+                    if st is None:
+                        return None
+            return st
+
+        start = (np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                 np.zeros(n_sec, dtype=np.int64), total0.copy())
+        found = decompose(start, np.ones(n, dtype=bool), 0, n_sec, 0, -1)
+        return None if found is None else found[0]
+
+    ranks = []
+    for name in _PREORDERS:
+        keys = {"A": area, "T": most, "W": width}
+        order = np.lexsort((np.arange(n), *(-keys[c] for c in reversed(name))))
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n)
+        ranks.append(rank)
+    limit = max(n, 1)
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 8 * n + 1000))  # depth grows with the buffers placed
+    try:
+        while True:
+            limit *= 2
+            for rank in ranks:
+                try:
+                    found = attempt(rank, limit)
+                except _Aborted:
+                    continue
+                except _Timeout:
+                    return None, False
+                return ([int(o) for o in found], False) if found is not None else (None, True)
+    finally:
+        sys.setrecursionlimit(old_limit)
+
+
+def _cp_sat(
+    buffers: Sequence[Buffer], hint: Sequence[int], lower: int, upper: int, fit_only: bool,
+    seconds: float, workers: int,
+) -> tuple[list[int] | None, int]:
+    """Exact packing of one segment with peak <= `upper`: (offsets or None, proven bound on the peak).
+    `fit_only` stops at the first placement instead of minimising."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    peak = m.NewIntVar(lower, upper, "peak")
+    xs, times, spaces = [], [], []
+    for i, (s, e, z) in enumerate(buffers):
+        x = m.NewIntVar(0, max(0, upper - z), f"x{i}")
+        m.Add(x + z <= peak)
+        m.AddHint(x, hint[i])
+        xs.append(x)
+        times.append(m.NewFixedSizeIntervalVar(s, e - s, f"t{i}"))
+        spaces.append(m.NewFixedSizeIntervalVar(x, z, f"a{i}"))
+    m.AddNoOverlap2D(times, spaces)
+    if not fit_only:
+        m.Minimize(peak)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, seconds)
+    solver.parameters.num_workers = workers
+    status = solver.Solve(m)
+    if status == cp_model.INFEASIBLE:
+        return None, upper + 1
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, lower
+    offsets = [int(solver.Value(x)) for x in xs]
+    found = max(o + z for o, (_, _, z) in zip(offsets, buffers, strict=True))
+    if fit_only:
+        return offsets, lower
+    if status == cp_model.OPTIMAL:
+        return offsets, found
+    return offsets, max(lower, int(solver.BestObjectiveBound()))
+
+
+def _solve_segment(
+    sub: Sequence[Buffer], offsets: list[int], peak: int, lower: int, room: int | None, seconds: float,
+    workers: int,
+) -> tuple[list[int], int, int, str]:
+    """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
+
+    The canonical search first (at the capacity, or at the max-live bound to prove zero
+    fragmentation) with 60% of the time; CP-SAT then minimises (or fits) from the best placement."""
+    started = time.perf_counter()
+    target = lower if room is None else room
+    found, infeasible = _canonical_search(sub, target, started + 0.6 * seconds)
+    if found is not None:
+        return found, max(o + z for o, (_, _, z) in zip(found, sub, strict=True)), lower, "canonical"
+    if infeasible:
+        if room is not None:
+            return offsets, peak, room + 1, "canonical-infeasible"
+        lower += 1
+    left = seconds - (time.perf_counter() - started)
+    upper = peak if room is None else room
+    solved, bound = _cp_sat(sub, offsets, lower, upper, room is not None, left, workers)
+    if solved is None:
+        return offsets, peak, max(lower, bound), "unsolved"
+    return solved, max(o + z for o, (_, _, z) in zip(solved, sub, strict=True)), max(lower, bound), "cp-sat"
+
+
+def pack(
+    buffers: Sequence[Sequence[int]], capacity: int | None = None, *, time_limit: float = 10.0,
+    workers: int = 8,
+) -> Packing:
+    """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
+
+    Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
+    placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
+    smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
+    """
+    started = time.perf_counter()
+    bufs = _check_buffers(buffers)
+    if capacity is not None and (not isinstance(capacity, int) or capacity < 0):
+        raise PackingError(f"capacity must be a non-negative integer number of bytes, not {capacity!r}")
+    lower = max_live(bufs)
+    greedy = {order: greedy_pack(bufs, order) for order in GREEDY_ORDERS}
+    greedy_peak = min(p for _, p in greedy.values())
+    if capacity is not None and lower > capacity:
+        raise PackingError(
+            f"cannot fit in {capacity} bytes: {lower} bytes are alive at once (max-live lower bound)"
+        )
+
+    nonzero = [i for i, b in enumerate(bufs) if b[2] > 0]
+    t0 = min((bufs[i][0] for i in nonzero), default=0)
+    t1 = max((bufs[i][1] for i in nonzero), default=0)
+    spanning = [i for i in nonzero if bufs[i][0] <= t0 and bufs[i][1] >= t1]
+    offsets = [0] * len(bufs)
+    base = 0
+    for i in spanning:
+        offsets[i] = base
+        base += bufs[i][2]
+    in_base = set(spanning)
+    segment_bound = 0  # proven bound on the largest segment's peak
+    statuses = []
+    segments = _segments(bufs, [i for i in nonzero if i not in in_base])
+    room = None if capacity is None else capacity - base
+    for k, seg in enumerate(segments):
+        sub = [bufs[i] for i in seg]
+        seg_lower = max_live(sub)
+        seg_offsets, seg_peak = min((greedy_pack(sub, o) for o in GREEDY_ORDERS), key=lambda r: r[1])
+        # Search when greedy leaves a gap to the bound; with a capacity, only when greedy does not fit.
+        target = seg_lower if room is None else room
+        if seg_peak > target:
+            share = (time_limit - (time.perf_counter() - started)) / (len(segments) - k)
+            seg_offsets, seg_peak, seg_lower, how = _solve_segment(
+                sub, seg_offsets, seg_peak, seg_lower, room, share, workers
+            )
+            statuses.append(how)
+        for i, o in zip(seg, seg_offsets, strict=True):
+            offsets[i] = base + o
+        segment_bound = max(segment_bound, min(seg_lower, seg_peak))
+    peak = max((o + b[2] for o, b in zip(offsets, bufs, strict=True)), default=0)
+    problems = validate_packing(bufs, offsets)
+    if problems:  # a bug, never a user error: refuse to return an overlapping plan
+        raise AssertionError("packing produced overlapping buffers: " + "; ".join(problems[:3]))
+    if capacity is not None and peak > capacity:
+        raise PackingError(
+            f"no placement found within {time_limit:.1f} s that fits {capacity} bytes: best peak {peak} "
+            f"bytes, max-live lower bound {lower} bytes; raise the capacity or the time limit"
+        )
+    bound = min(peak, max(lower, base + segment_bound))
+    return Packing(
+        buffers=bufs,
+        offsets=tuple(offsets),
+        peak_bytes=peak,
+        lower_bound=lower,
+        status="optimal" if peak == bound else "feasible",
+        gap=(peak - bound) / peak if peak else 0.0,
+        seconds=time.perf_counter() - started,
+        greedy_peak=greedy_peak,
+        capacity=capacity,
+        extra={"bound": bound, "spanning_buffers": len(spanning), "cp_sat_segments": statuses},
+    )
+
+
+def schedule_buffers(graph: Graph, schedule: Sequence[Step]) -> tuple[list[Buffer], list[int]]:
+    """(buffers, data ids) of every materialisation of a data node under `schedule`, in step indices:
+    a source is alive from step 0, a computed tensor from its compute step; it ends at the step that
+    frees it (exclusive) or after the last step.  A recomputed tensor gets a new buffer each time."""
+    steps = tuple(schedule)
+    horizon = max(len(steps), 1)
+    born: dict[int, int] = {d.id: 0 for d in graph.datas if d.producer is None}
+    buffers: list[Buffer] = []
+    labels: list[int] = []
+
+    def close(d: int, end: int) -> None:
+        start = born.pop(d)
+        if graph.datas[d].bytes > 0:
+            buffers.append((start, max(end, start + 1), graph.datas[d].bytes))
+            labels.append(d)
+
+    for i, step in enumerate(steps):
+        if step.op == "compute":
+            for d in graph.computes[step.node].outputs:
+                born.setdefault(d, i)
+        else:
+            close(step.node, i)
+    for d in sorted(born):
+        close(d, horizon)
+    return buffers, labels
+
+
+def pack_schedule(graph: Graph, schedule: Sequence[Step], *, time_limit: float = 10.0) -> Packing:
+    """Address packing of the data nodes of a (valid) schedule: what every memviz plan carries.
+
+    Workspace is not a data node and is not placed here (it lives for one step; the timeline counts
+    it).  The packing's lower bound is the largest total of data bytes alive at one step.
+    """
+    simulate(graph, schedule).check()
+    buffers, labels = schedule_buffers(graph, schedule)
+    packing = pack(buffers, time_limit=time_limit)
+    return dataclasses.replace(packing, labels=tuple(labels))

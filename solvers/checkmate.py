@@ -1,0 +1,493 @@
+"""Checkmate: optimal rematerialization as a MILP over frontier-advancing stages (Jain et al., MLSys 2020).
+
+Stage t computes compute node t (capture order) for the first time and may recompute earlier nodes,
+in ascending order, each at most once (Checkmate Sec. 4.3: R and S are lower triangular).  The model
+works on the CD-graph (Rockmate Appendix B): a compute writes several data nodes, and each data node
+is kept or freed on its own.
+
+Variables, per stage t (positions in the capture order of the required compute nodes):
+  R[t,j]    node j computed in stage t (R[t,t] = 1);
+  S[t,d]    data d alive when stage t starts (kept from stage t-1);
+  L[t,d,e]  data d resident at step e of stage t, only at d's *events* e (its producer and its
+            readers up to t).  Between events d is resident iff it is resident at the next event, i.e.
+            it is freed right after its last use (Rockmate B.3's DELETE/create variables, folded into
+            "free as early as possible", which loses nothing and is what `with_early_frees` emits);
+  U[t,k]    bytes resident at step k of stage t (Checkmate's U, chained over the steps where some
+            data node's residency changes, so the memory rows stay sparse).
+Memory during step k: persistent sources + U[t,k] + workspace_k R[t,k] <= budget, with the outputs of
+node k counted once even when some of them are already alive (the simulator's rule).  The objective is
+the total compute time sum R[t,j] time_j.
+
+Every schedule returned passes `solvers.simulate` and fits the budget; a time limit returns the best
+schedule known (MILP incumbent, eager order, checkpointing heuristic or the caller's incumbent) with
+the MILP's gap.  `solve_lp` is Checkmate's two-phase LP rounding (Sec. 5): solve the LP relaxation at a
+scaled-down budget, round S, recompute the cheapest R for that S (the dependency closure), keep the
+best schedule that fits.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from solvers import milp
+from solvers.ir import Graph, Phase
+from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.schedule import Schedule, Step, compute, eager_schedule, free
+from solvers.simulate import Timeline, simulate
+
+
+# --- schedules from compute sequences -------------------------------------------------------------
+def with_early_frees(graph: Graph, sequence: Sequence[int]) -> Schedule:
+    """Turn a compute sequence (recomputes allowed) into a schedule that frees every produced tensor
+    right after its last read before it is produced again (never: required outputs' last instance,
+    sources).  Any valid placement of frees keeps a superset alive, so this is the lowest-memory one."""
+    prods: dict[int, list[int]] = {}
+    reads: dict[int, list[int]] = {}
+    for q, c in enumerate(sequence):
+        for d in graph.computes[c].outputs:
+            prods.setdefault(d, []).append(q)
+        for d in dict.fromkeys(graph.computes[c].inputs):
+            if graph.datas[d].producer is not None:
+                reads.setdefault(d, []).append(q)
+    keep = set(graph.outputs)
+    frees_after: dict[int, list[int]] = {}
+    for d, ps in prods.items():
+        rs = reads.get(d, [])
+        ri = 0
+        for i, a in enumerate(ps):
+            b = ps[i + 1] if i + 1 < len(ps) else math.inf
+            last = a  # unread before its next production: free right after this one
+            while ri < len(rs) and rs[ri] < b:
+                last = max(last, rs[ri])
+                ri += 1
+            if b == math.inf and d in keep:
+                continue
+            frees_after.setdefault(last, []).append(d)
+    steps: list[Step] = []
+    for q, c in enumerate(sequence):
+        steps.append(compute(c))
+        steps.extend(free(d) for d in sorted(set(frees_after.get(q, ()))))
+    return tuple(steps)
+
+
+# --- the stage structure ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Stages:
+    order: tuple[int, ...]                 # required compute ids in capture order; stage t adds order[t]
+    pos: dict[int, int]
+    datas: tuple[int, ...]                 # data produced by required nodes
+    prod: dict[int, int]                   # data -> producer position
+    readers: dict[int, tuple[int, ...]]    # data -> ascending positions of its required readers
+    inputs: tuple[tuple[int, ...], ...]    # per position: produced data it reads
+    outputs: frozenset[int]                # produced data that are required graph outputs
+    base: int                              # persistent bytes (sources, always alive)
+
+    @property
+    def n(self) -> int:
+        return len(self.order)
+
+
+def _stages(graph: Graph) -> _Stages:
+    order = tuple(sorted(graph.required_computes))
+    pos = {c: i for i, c in enumerate(order)}
+    datas = tuple(d.id for d in graph.datas if d.producer is not None and d.producer in pos)
+    prod = {d: pos[graph.datas[d].producer] for d in datas}  # type: ignore[index]
+    readers = {d: tuple(sorted(pos[c] for c in graph.consumers(d) if c in pos)) for d in datas}
+    inputs = tuple(tuple(d for d in dict.fromkeys(graph.computes[c].inputs) if d in prod) for c in order)
+    return _Stages(order, pos, datas, prod, readers, inputs, frozenset(d for d in graph.outputs if d in prod),
+                   graph.persistent_bytes())
+
+
+def _stage_sets(st: _Stages, sequence: Sequence[int]) -> list[list[int]] | None:
+    """Positions computed in each stage, or None when `sequence` is outside Checkmate's class."""
+    stages: list[list[int]] = [[]]
+    t = 0
+    for c in sequence:
+        j = st.pos.get(c)
+        if j is None or j > t or t >= st.n:
+            return None
+        if stages[-1] and j <= stages[-1][-1]:
+            return None
+        stages[-1].append(j)
+        if j == t:
+            t += 1
+            stages.append([])
+    if t != st.n or stages[-1]:
+        return None
+    return stages[:-1]
+
+
+def _closure_sequence(st: _Stages, keep: Sequence[set[int]]) -> list[int]:
+    """Cheapest R for a given S (Checkmate Sec. 5.1): stage t runs node t, whatever the data kept into
+    stage t+1 needs that is not carried in (keep[t]), and, recursively, the producers of their inputs."""
+    seq: list[int] = []
+    for t in range(st.n):
+        nxt = keep[t + 1] if t + 1 < st.n else st.outputs
+        carried = keep[t]
+        run = {t}
+        stack = [d for d in (*st.inputs[t], *(nxt - carried)) if d not in carried]
+        while stack:
+            d = stack.pop()
+            j = st.prod[d]
+            if j not in run:
+                run.add(j)
+                stack.extend(x for x in st.inputs[j] if x not in carried)
+        seq.extend(st.order[j] for j in sorted(run))
+    return seq
+
+
+# --- the MILP --------------------------------------------------------------------------------------
+@dataclass
+class _Vars:
+    R: list[list[int]]
+    S: list[dict[int, int]]
+    L: list[dict[int, dict[int, int]]]
+    U: list[list[int]]
+    cap_row: list[list[int]]  # row index of each memory constraint (to tighten the budget)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _build(st: _Stages, graph: Graph, cap: float, relax: bool, deadline: float) -> tuple[milp.Model, _Vars]:
+    """The stage MILP with memory in units of `cap` (budget minus persistent bytes) and time in units of
+    one pass, so HiGHS's absolute tolerances mean the same on every graph."""
+    n = st.n
+    m = milp.Model()
+    tscale = sum(graph.computes[c].time for c in st.order) or 1.0
+    mem = {d: graph.datas[d].bytes / cap for d in st.datas}
+    useful = {d for d in st.datas if st.readers[d] or d in st.outputs}
+    V = _Vars([], [], [], [], [])
+    for t in range(n):
+        V.R.append([m.var(cost=graph.computes[st.order[j]].time / tscale, lb=1.0 if j == t else 0.0)
+                    for j in range(t + 1)])
+        V.S.append({d: m.var() for d in st.datas if st.prod[d] < t and d in useful})
+    for t in range(n):
+        if time.perf_counter() > deadline:
+            raise _Timeout
+        R, S = V.R[t], V.S[t]
+        Snext = V.S[t + 1] if t + 1 < n else {}
+        L: dict[int, dict[int, int]] = {}
+        # residency expression of d over the steps of stage t: (first step, last step, [(var, coef)], const)
+        segments: dict[int, list[tuple[int, int, list[tuple[int, float]], float]]] = {}
+        for d in st.datas:
+            p = st.prod[d]
+            if p > t:
+                continue
+            events = [p, *(c for c in st.readers[d] if c <= t)]
+            Ld = {e: m.var() for e in events}
+            L[d] = Ld
+            # created only by its producer: L[p] <= S + R[p]; the producer writes it: L[p] >= R[p]
+            m.row([(Ld[p], 1.0), (R[p], -1.0), *([(S[d], -1.0)] if d in S else [])], hi=0.0)
+            m.row([(Ld[p], 1.0), (R[p], -1.0)], lo=0.0)
+            for a, b in zip(events, events[1:], strict=False):
+                m.row([(Ld[b], 1.0), (Ld[a], -1.0)], hi=0.0)        # no re-creation between events
+            for c in events[1:]:
+                m.row([(R[c], 1.0), (Ld[c], -1.0)], hi=0.0)         # a reader needs it resident
+            last = events[-1]
+            if d in Snext:
+                m.row([(Snext[d], 1.0), (Ld[last], -1.0)], hi=0.0)  # kept only if resident at the end
+            if t == n - 1 and d in st.outputs:
+                m.row([(Ld[last], 1.0)], lo=1.0)
+            segs = []
+            if p > 0 and d in S:
+                segs.append((0, p - 1, [(S[d], 1.0)], 0.0))
+            prev = -1
+            for e in events:
+                segs.append((prev + 1 if prev >= 0 else p, e, [(Ld[e], 1.0)], 0.0))
+                prev = e
+            if last < t:
+                if d in Snext:
+                    segs.append((last + 1, t, [(Snext[d], 1.0)], 0.0))
+                elif t == n - 1 and d in st.outputs:
+                    segs.append((last + 1, t, [], 1.0))
+            segments[d] = segs
+        # U[t,k] = U[t,k-1] + sum of residency changes at k (each data changes only at segment starts)
+        delta: list[list[tuple[int, float]]] = [[] for _ in range(t + 1)]
+        const = [0.0] * (t + 1)
+        for d, segs in segments.items():
+            md = mem[d]
+            prev_terms: list[tuple[int, float]] = []
+            prev_const = 0.0
+            for lo, _hi, terms, c0 in segs:
+                delta[lo].extend((v, md * a) for v, a in terms)
+                delta[lo].extend((v, -md * a) for v, a in prev_terms)
+                const[lo] += md * (c0 - prev_const)
+                prev_terms, prev_const = terms, c0
+            end = segs[-1][1] + 1
+            if end <= t:  # resident until `end - 1`, gone afterwards
+                delta[end].extend((v, -md * a) for v, a in prev_terms)
+                const[end] -= md * prev_const
+        U = []
+        caps = []
+        for k in range(t + 1):
+            u = m.var(lb=0.0, ub=math.inf, integer=False)
+            back = [(U[-1], -1.0)] if U else []
+            m.row([(u, 1.0), *back, *((v, -a) for v, a in delta[k])], lo=const[k], hi=const[k])
+            U.append(u)
+            temp = graph.computes[st.order[k]].temp_bytes / cap
+            caps.append(m.num_rows)
+            m.row([(u, 1.0), (R[k], temp)], hi=1.0)
+        V.L.append(L)
+        V.U.append(U)
+        V.cap_row.append(caps)
+    return m, V
+
+
+def _start_values(st: _Stages, graph: Graph, m: milp.Model, V: _Vars, stages: list[list[int]],
+                  cap: float) -> list[float]:
+    """MILP values of a schedule in Checkmate's class with early frees (see `with_early_frees`)."""
+    x = [0.0] * m.num_vars
+    n = st.n
+    runs = [set(s) for s in stages]
+    for t in range(n):
+        for j in runs[t]:
+            x[V.R[t][j]] = 1.0
+    # global coordinates (t, k); a production or read happens at (t, j) when j runs in stage t
+    prods: dict[int, list[tuple[int, int]]] = {d: [] for d in st.datas}
+    reads: dict[int, list[tuple[int, int]]] = {d: [] for d in st.datas}
+    for t in range(n):
+        for j in sorted(runs[t]):
+            for d in graph.computes[st.order[j]].outputs:
+                if d in prods:
+                    prods[d].append((t, j))
+            for d in st.inputs[j]:
+                reads[d].append((t, j))
+
+    def alive(d: int, at: tuple[int, int], during: bool) -> bool:
+        ps = [p for p in prods[d] if (p <= at if during else p < at)]
+        if not ps:
+            return False
+        a = ps[-1]
+        if during and a == at:
+            return True
+        later = [p for p in prods[d] if p > a]
+        b = later[0] if later else None
+        if any(at <= r and (b is None or r < b) for r in reads[d]):
+            return True
+        return b is None and d in st.outputs
+
+    for t in range(n):
+        for d, v in V.S[t].items():
+            x[v] = float(alive(d, (t, 0), during=False))
+        for d, Ld in V.L[t].items():
+            for e, v in Ld.items():
+                x[v] = float(alive(d, (t, e), during=e in runs[t]))
+    # U from its defining rows (they come in stage order, each U after its predecessor)
+    for t in range(n):
+        for u in V.U[t]:
+            x[u] = 0.0
+    for r in range(m.num_rows):
+        lo, hi = m.row_lo[r], m.row_hi[r]
+        if lo != hi:
+            continue
+        ks = range(m.row_start[r], m.row_start[r + 1])
+        u = m.row_index[ks[0]]
+        x[u] = lo - sum(m.row_value[k] * x[m.row_index[k]] for k in ks[1:])
+    return x
+
+
+# --- heuristics and bounds ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    schedule: Schedule
+    timeline: Timeline
+    source: str
+
+    @property
+    def time(self) -> float:
+        return self.timeline.total_time
+
+    @property
+    def peak(self) -> int:
+        return self.timeline.peak_bytes
+
+
+def _plan(graph: Graph, schedule: Schedule, source: str) -> _Plan | None:
+    tl = simulate(graph, schedule)
+    return _Plan(schedule, tl, source) if tl.valid else None
+
+
+def _checkpoint_plans(graph: Graph, st: _Stages, deadline: float, grid: int = 16) -> list[_Plan]:
+    """A family of checkpointing schedules: forward activations cheapest to recompute per byte are
+    dropped first (recomputed by closure when needed), everything else is kept until its last use."""
+    fwd = [d for d in st.datas
+           if d not in st.outputs and graph.computes[st.order[st.prod[d]]].phase == Phase.FORWARD]
+    fwd.sort(key=lambda d: graph.computes[st.order[st.prod[d]]].time / max(graph.datas[d].bytes, 1))
+    counts = sorted({round(i * len(fwd) / (grid - 1)) for i in range(grid)})
+    plans = []
+    for k in counts:
+        if time.perf_counter() > deadline:
+            break
+        dropped = set(fwd[:k])
+        kept = [d for d in st.datas if d not in dropped]
+        keep = [{d for d in kept if st.prod[d] < t} for t in range(st.n)]
+        p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"checkpoint({k}/{len(fwd)})")
+        if p is not None:
+            plans.append(p)
+    return plans
+
+
+def _lower_bound_bytes(graph: Graph, st: _Stages) -> int:
+    """No schedule fits below this: some node must run with its inputs, outputs and workspace resident."""
+    best = st.base
+    for c in st.order:
+        node = graph.computes[c]
+        live = {d for d in (*node.inputs, *node.outputs) if graph.datas[d].producer is not None}
+        best = max(best, st.base + sum(graph.datas[d].bytes for d in live) + node.temp_bytes)
+    return best
+
+
+def _infeasible(budget: int, known: list[_Plan], solver: str) -> InfeasibleBudget:
+    return InfeasibleBudget(budget, min((p.peak for p in known), default=None), solver)
+
+
+# --- public entry points --------------------------------------------------------------------------
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False,
+          incumbent: Schedule | None = None) -> SolveResult:
+    """Minimum total compute time schedule within `budget_bytes` (Checkmate's MILP, Sec. 4).
+
+    `relax=True` runs the two-phase LP rounding instead (`solve_lp`).  `incumbent`: a schedule the
+    caller already has (e.g. from Rotor); it seeds the MILP when it is in Checkmate's class and is
+    returned if nothing better is found.  Raises `InfeasibleBudget` when no schedule is known to fit.
+    """
+    if relax:
+        return solve_lp(graph, budget_bytes, time_limit=time_limit)
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    st = _stages(graph)
+    known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
+    if incumbent is not None:
+        p = _plan(graph, tuple(incumbent), "incumbent")
+        if p is None:
+            why = simulate(graph, incumbent).issues[0]
+            raise ValueError(f"the incumbent schedule is invalid ({why}): pass one that simulates cleanly")
+        known.append(p)
+    fits = [p for p in known if p.peak <= budget_bytes]
+    if not fits:
+        known += _checkpoint_plans(graph, st, t0 + 0.2 * time_limit)
+        fits = [p for p in known if p.peak <= budget_bytes]
+    if budget_bytes < _lower_bound_bytes(graph, st):
+        raise _infeasible(budget_bytes, known, "checkmate")
+    best = min(fits, key=lambda p: p.time, default=None)
+    lb_time = sum(graph.computes[c].time for c in st.order)
+    extra: dict[str, object] = {"stages": st.n}
+
+    def incumbent_result(why: str, bound: float | None) -> SolveResult:
+        if best is None:
+            raise _infeasible(budget_bytes, known, "checkmate")
+        # a MILP bound above the incumbent comes from a caller's schedule outside Checkmate's class
+        bound = lb_time if bound is None or bound > best.time else max(bound, lb_time)
+        gap = max(0.0, best.time - bound) / best.time if best.time > 0 else 0.0
+        status = "optimal" if gap <= 1e-9 else "feasible"
+        extra.update(stopped=why, incumbent=best.source)
+        return SolveResult(best.schedule, SolverStats(
+            "checkmate", status, time.perf_counter() - t0, objective=best.time, bound=bound, gap=gap,
+            backend=extra.get("backend", ""), extra=extra))  # type: ignore[arg-type]
+
+    if best is not None and best.time <= lb_time * (1 + 1e-12):
+        return incumbent_result("incumbent computes every node once", None)
+    cap = budget_bytes - st.base
+    tscale = lb_time or 1.0
+    shrink = 0.0
+    for _attempt in range(3):
+        try:
+            model, V = _build(st, graph, cap - shrink, False, t0 + 0.5 * time_limit)
+        except _Timeout:
+            return incumbent_result("time limit while building the MILP", None)
+        extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
+                     build_seconds=round(time.perf_counter() - t0, 3))
+        start = None
+        if best is not None:
+            stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
+            if stages is not None:
+                start = _start_values(st, graph, model, V, stages, cap - shrink)
+                if model.num_vars < 50_000 and model.violation(start) > 1e-6:
+                    start = None  # a bug here must not poison the search; the MILP still runs
+        extra["warm_start"] = start is not None
+        sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), start=start)
+        extra["backend"] = sol.backend
+        bound = sol.bound * tscale if sol.bound is not None else None
+        if sol.status == "infeasible":
+            raise _infeasible(budget_bytes, known, "checkmate")
+        if sol.x is None:
+            return incumbent_result("time limit before the MILP found a solution", bound)
+        seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
+        plan = _plan(graph, with_early_frees(graph, seq), "milp")
+        if plan is None:
+            raise AssertionError("checkmate produced an invalid schedule: a model bug")
+        if plan.peak > budget_bytes:
+            # tolerance of the MIP solver on a budget-tight solution: solve again a few bytes lower
+            shrink += plan.peak - budget_bytes + 1
+            continue
+        if best is not None and best.time < plan.time - 1e-12:
+            return incumbent_result(f"MILP ({sol.status}) no better than the incumbent", bound)
+        if sol.status == "optimal":
+            status, gap = "optimal", 0.0
+            bound = plan.time
+        else:
+            status = "feasible"
+            gap = max(0.0, plan.time - bound) / plan.time if bound is not None and plan.time > 0 else None
+        extra.update(incumbent=None if best is None else best.source, recomputes=plan.timeline.recomputes)
+        return SolveResult(plan.schedule, SolverStats(
+            "checkmate", status, time.perf_counter() - t0, objective=plan.time, bound=bound, gap=gap,
+            backend=sol.backend, extra=extra))
+    return incumbent_result("MILP solutions exceeded the budget by solver tolerance", None)
+
+
+def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
+             scales: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3),
+             samples: int = 8, seed: int = 0) -> SolveResult:
+    """Two-phase LP rounding (Checkmate Sec. 5): for each budget scale, solve the LP relaxation, round
+    S (threshold 0.5 and `samples` Bernoulli draws), take the closure R for that S, simulate, and keep
+    the cheapest schedule that fits.  Rounding at the full budget rarely fits, hence the scales."""
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit
+    st = _stages(graph)
+    rng = random.Random(seed)
+    known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
+    best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
+    lb_time = sum(graph.computes[c].time for c in st.order)
+    if budget_bytes < _lower_bound_bytes(graph, st):
+        raise _infeasible(budget_bytes, known + _checkpoint_plans(graph, st, deadline), "checkmate-lp")
+    bound = None
+    tried = 0
+    backend = ""
+    for scale in scales if best is None or best.time > lb_time else ():
+        if time.perf_counter() > deadline:
+            break
+        try:
+            model, V = _build(st, graph, (budget_bytes - st.base) * scale, True, deadline)
+        except _Timeout:
+            break
+        sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), relax=True)
+        backend = sol.backend
+        if sol.x is None:
+            continue
+        if scale == 1.0 and sol.status == "optimal":
+            bound = sol.objective * (lb_time or 1.0)  # LP optimum at the real budget: a lower bound
+        draws = [lambda v: v >= 0.5] + [lambda v: rng.random() < v for _ in range(samples)]
+        for rule in draws:
+            keep = [{d for d, v in V.S[t].items() if rule(sol.x[v])} for t in range(st.n)]
+            p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"lp-rounding@{scale}")
+            tried += 1
+            if p is not None:
+                known.append(p)
+                if p.peak <= budget_bytes and (best is None or p.time < best.time):
+                    best = p
+        if best is not None and scale < 1.0:
+            break  # a smaller scale only rounds towards more recomputation
+    if best is None:
+        known += _checkpoint_plans(graph, st, deadline + 0.2 * time_limit)
+        best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
+    if best is None:
+        raise _infeasible(budget_bytes, known, "checkmate-lp")
+    gap = max(0.0, best.time - bound) / best.time if bound is not None and best.time > 0 else None
+    return SolveResult(best.schedule, SolverStats(
+        "checkmate-lp", "heuristic", time.perf_counter() - t0, objective=best.time, bound=bound, gap=gap,
+        backend=backend, extra={"source": best.source, "roundings": tried, "stages": st.n}))

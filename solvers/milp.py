@@ -1,0 +1,196 @@
+"""A small MILP layer: one sparse row model, solved by HiGHS (highspy) or by PuLP's bundled CBC.
+
+Why not PuLP for HiGHS too: PuLP 3.3's HiGHS API neither passes a MIP start nor exposes the dual
+bound, and it reports "Optimal" when the time limit stops it with a solution (TOOLCHAIN.md).  Here
+HiGHS is driven directly: the incumbent goes in with `setSolution`, the bound and the status come
+from `getInfo()` / `getModelStatus()`.  CBC (the fallback when highspy is missing) goes through
+`pulp.PULP_CBC_CMD`, whose `sol_status` tells a proven optimum from a solution cut short by the limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Backend = Literal["highs", "cbc"]
+MilpStatus = Literal["optimal", "feasible", "infeasible", "no_solution"]
+
+
+@dataclass
+class Model:
+    """Minimise `cost . x` subject to `lo <= A x <= hi` and bounds; rows are stored sparse."""
+
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    row_lo: list[float] = field(default_factory=list)
+    row_hi: list[float] = field(default_factory=list)
+    row_start: list[int] = field(default_factory=lambda: [0])
+    row_index: list[int] = field(default_factory=list)
+    row_value: list[float] = field(default_factory=list)
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.cost)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lo)
+
+    def var(self, lb: float = 0.0, ub: float = 1.0, cost: float = 0.0, integer: bool = True) -> int:
+        self.lower.append(lb)
+        self.upper.append(ub)
+        self.cost.append(cost)
+        self.integer.append(integer)
+        return len(self.cost) - 1
+
+    def row(self, terms: Iterable[tuple[int, float]], lo: float = -math.inf, hi: float = math.inf) -> None:
+        merged: dict[int, float] = {}
+        for j, a in terms:
+            merged[j] = merged.get(j, 0.0) + a
+        for j, a in merged.items():
+            if a != 0.0:
+                self.row_index.append(j)
+                self.row_value.append(a)
+        self.row_start.append(len(self.row_index))
+        self.row_lo.append(lo)
+        self.row_hi.append(hi)
+
+    def violation(self, x: Sequence[float]) -> float:
+        """Largest bound or row violation of `x` (used to check a MIP start before handing it over)."""
+        worst = 0.0
+        for j, v in enumerate(x):
+            worst = max(worst, self.lower[j] - v, v - self.upper[j])
+        for r in range(self.num_rows):
+            s = sum(self.row_value[k] * x[self.row_index[k]]
+                    for k in range(self.row_start[r], self.row_start[r + 1]))
+            worst = max(worst, self.row_lo[r] - s, s - self.row_hi[r])
+        return worst
+
+
+@dataclass(frozen=True)
+class MilpSolution:
+    status: MilpStatus
+    x: tuple[float, ...] | None
+    objective: float | None
+    bound: float | None
+    backend: Backend
+    seconds: float
+
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None or self.bound is None:
+            return None
+        if self.status == "optimal":
+            return 0.0
+        return max(0.0, self.objective - self.bound) / max(abs(self.objective), 1e-12)
+
+
+def default_backend() -> Backend:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return "cbc"
+    return "highs"
+
+
+def solve(
+    model: Model, *, time_limit: float, backend: Backend | None = None, relax: bool = False,
+    start: Sequence[float] | None = None,
+) -> MilpSolution:
+    """Solve `model` (its LP relaxation when `relax`) within `time_limit` seconds, from MIP start `start`."""
+    backend = backend or default_backend()
+    t0 = time.perf_counter()
+    if backend == "highs":
+        status, x, obj, bound = _solve_highs(model, max(time_limit, 0.01), relax, start)
+    else:
+        status, x, obj, bound = _solve_cbc(model, max(time_limit, 0.01), relax, start)
+    return MilpSolution(status, x, obj, bound, backend, time.perf_counter() - t0)
+
+
+def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None):
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("random_seed", 0)
+    # Brute-force comparisons need true optima, not HiGHS's default 1e-4 relative gap.
+    h.setOptionValue("mip_rel_gap", 1e-7)
+    h.setOptionValue("mip_feasibility_tolerance", 1e-9)
+    n = model.num_vars
+    inf = highspy.kHighsInf
+    h.addVars(n, np.array(model.lower, dtype=np.float64), np.array(model.upper, dtype=np.float64))
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(model.cost, dtype=np.float64))
+    if model.num_rows:
+        lo = np.array([-inf if v == -math.inf else v for v in model.row_lo], dtype=np.float64)
+        hi = np.array([inf if v == math.inf else v for v in model.row_hi], dtype=np.float64)
+        starts = np.array(model.row_start[:-1], dtype=np.int32)
+        index = np.array(model.row_index, dtype=np.int32)
+        values = np.array(model.row_value, dtype=np.float64)
+        h.addRows(model.num_rows, lo, hi, len(index), starts, index, values)
+    ints = np.array([j for j in range(n) if model.integer[j]], dtype=np.int32)
+    if not relax and len(ints):
+        h.changeColsIntegrality(len(ints), ints, np.ones(len(ints), dtype=np.uint8))
+        if start is not None:
+            h.setSolution(n, np.arange(n, dtype=np.int32), np.array(start, dtype=np.float64))
+    h.run()
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if ms == highspy.HighsModelStatus.kInfeasible:
+        return "infeasible", None, None, None
+    if not has_x:
+        bound = info.mip_dual_bound if not relax and math.isfinite(info.mip_dual_bound) else None
+        return "no_solution", None, None, bound
+    x = tuple(h.getSolution().col_value)
+    obj = info.objective_function_value
+    if ms == highspy.HighsModelStatus.kOptimal:
+        return "optimal", x, obj, obj if relax else info.mip_dual_bound
+    bound = info.mip_dual_bound if not relax and math.isfinite(info.mip_dual_bound) else None
+    return "feasible", x, obj, bound
+
+
+def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None):
+    import pulp
+
+    prob = pulp.LpProblem("milp", pulp.LpMinimize)
+    xs = [
+        pulp.LpVariable(f"x{j}", model.lower[j], model.upper[j],
+                        cat=pulp.LpInteger if model.integer[j] and not relax else pulp.LpContinuous)
+        for j in range(model.num_vars)
+    ]
+    prob += pulp.lpSum(c * xs[j] for j, c in enumerate(model.cost) if c)
+    for r in range(model.num_rows):
+        ks = range(model.row_start[r], model.row_start[r + 1])
+        expr = pulp.lpSum(model.row_value[k] * xs[model.row_index[k]] for k in ks)
+        lo, hi = model.row_lo[r], model.row_hi[r]
+        if lo == hi:
+            prob += expr == lo
+        else:
+            if lo != -math.inf:
+                prob += expr >= lo
+            if hi != math.inf:
+                prob += expr <= hi
+    if start is not None:
+        for v, s in zip(xs, start, strict=True):
+            v.setInitialValue(s)
+    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=start is not None and not relax,
+                               gapRel=1e-7)
+    prob.solve(solver)
+    if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
+        return "infeasible", None, None, None
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return "no_solution", None, None, None
+    x = tuple(float(v.varValue or 0.0) for v in xs)
+    obj = float(sum(c * x[j] for j, c in enumerate(model.cost)))
+    if prob.sol_status == pulp.LpSolutionOptimal:
+        return "optimal", x, obj, obj
+    # CBC through PuLP reports no dual bound: the gap stays unknown rather than invented.
+    return "feasible", x, obj, None

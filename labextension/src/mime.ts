@@ -1,0 +1,73 @@
+/**
+ * MIME renderer for `application/vnd.memviz.plan+json`: a notebook output (or a saved notebook, without
+ * a kernel) holding a memviz plan document renders as the memory-over-time chart.
+ */
+import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { PlanChart } from './chart';
+import { parsePlan } from './transforms';
+
+export const MIME_TYPE = 'application/vnd.memviz.plan+json';
+
+export class PlanRenderer extends Widget implements IRenderMime.IRenderer {
+  private readonly _mimeType: string;
+  private readonly _chart = new PlanChart();
+
+  constructor(options: IRenderMime.IRendererOptions) {
+    super();
+    this._mimeType = options.mimeType;
+    this.addClass('jp-memviz-plan');
+  }
+
+  async renderModel(model: IRenderMime.IMimeModel): Promise<void> {
+    let doc;
+    try {
+      doc = parsePlan(model.data[this._mimeType]);
+    } catch (err) {
+      const error = document.createElement('pre');
+      error.className = 'jp-memviz-error';
+      error.textContent = `memviz: cannot render this plan: ${(err as Error).message}`;
+      this.node.replaceChildren(error);
+      return;
+    }
+    if (!this._chart.node.isConnected) {
+      this.node.replaceChildren(this._chart.node);
+    }
+    await this._chart.draw(doc);
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._chart.resize();
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._chart.resize();
+  }
+
+  dispose(): void {
+    if (!this.isDisposed) {
+      this._chart.dispose();
+    }
+    super.dispose();
+  }
+}
+
+export const rendererFactory: IRenderMime.IRendererFactory = {
+  safe: true,
+  mimeTypes: [MIME_TYPE],
+  createRenderer: options => new PlanRenderer(options)
+};
+
+const extension: IRenderMime.IExtension = {
+  id: 'jupyterlab-memviz:plan-renderer',
+  description: 'Renders memviz plan documents as memory-over-time charts.',
+  rendererFactory,
+  rank: 0,
+  dataType: 'json'
+};
+
+export default extension;

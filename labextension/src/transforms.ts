@@ -1,0 +1,386 @@
+/**
+ * Pure data transforms from a `memviz.plan/1` document (ARCHITECTURE.md, "Plan JSON") to plotly traces
+ * and header readouts.  No DOM and no plotly import here, so the module runs under node's test runner.
+ *
+ * Every op, module, tensor and model name in a plan is untrusted text (a saved notebook can carry any
+ * plan): whatever ends up in plotly hover text, which plotly parses as pseudo-HTML, goes through
+ * `escapeHtml` first.
+ */
+
+/** The breakdown categories in stacking order; mirrors `solvers.CATEGORIES` (checked by a test). */
+export const CATEGORIES: readonly string[] = [
+  'parameters',
+  'buffers',
+  'inputs',
+  'optimizer_state',
+  'parameter_gradients',
+  'gradients',
+  'activations',
+  'outputs',
+  'workspace'
+];
+
+/** One color per category, readable on both the light and the dark JupyterLab theme. */
+export const CATEGORY_COLORS: Readonly<Record<string, string>> = {
+  parameters: '#4c78a8',
+  buffers: '#72b7b2',
+  inputs: '#9d755d',
+  optimizer_state: '#b279a2',
+  parameter_gradients: '#f58518',
+  gradients: '#eeca3b',
+  activations: '#54a24b',
+  outputs: '#ff9da6',
+  workspace: '#bab0ac'
+};
+const FALLBACK_COLOR = '#888888';
+
+export interface TimelineDoc {
+  step_bytes: number[];
+  by_category: Record<string, number[]>;
+  peak_bytes: number;
+  peak_step: number;
+  total_time: number;
+  recomputes?: number;
+  valid?: boolean;
+}
+
+export interface ComputeDoc {
+  id: number;
+  name: string;
+  op: string;
+  phase?: string;
+  module?: string;
+  source?: string;
+}
+
+export interface DataDoc {
+  id: number;
+  name: string;
+  bytes: number;
+  kind: string;
+}
+
+export type StepDoc = [string, number];
+
+export interface ScheduledTimeline {
+  schedule: StepDoc[];
+  timeline: TimelineDoc;
+}
+
+export interface PlanDoc {
+  schema: string;
+  strategy: string;
+  budget_bytes: number | null;
+  model?: { name?: string; mode?: string };
+  device?: { name?: string; estimated?: boolean; capacity_bytes?: number | null };
+  graph: { computes: ComputeDoc[]; datas: DataDoc[] };
+  baseline?: ScheduledTimeline | null;
+  planned: ScheduledTimeline;
+  solver_stats?: { solver?: string; status?: string; gap?: number | null; seconds?: number } | null;
+}
+
+/** Escape text for plotly's pseudo-HTML (and for HTML in general). */
+export function escapeHtml(text: unknown): string {
+  return String(text)
+    .replace(/&/g, '&amp;')
+    .replace(/</g, '&lt;')
+    .replace(/>/g, '&gt;')
+    .replace(/"/g, '&quot;')
+    .replace(/'/g, '&#39;');
+}
+
+const UNITS: ReadonlyArray<[string, number]> = [
+  ['GiB', 2 ** 30],
+  ['MiB', 2 ** 20],
+  ['KiB', 2 ** 10]
+];
+
+/** The largest binary unit in which `maxBytes` is at least 1 (bytes for tiny graphs). */
+export function chooseUnit(maxBytes: number): { name: string; scale: number } {
+  for (const [name, scale] of UNITS) {
+    if (Math.abs(maxBytes) >= scale) {
+      return { name, scale };
+    }
+  }
+  return { name: 'B', scale: 1 };
+}
+
+export function formatBytes(bytes: number): string {
+  const { name, scale } = chooseUnit(bytes);
+  return scale === 1 ? `${bytes} B` : `${(bytes / scale).toFixed(2)} ${name}`;
+}
+
+function fail(what: string): never {
+  throw new Error(`not a memviz plan document: ${what}`);
+}
+
+function isNumberArray(value: unknown): value is number[] {
+  return Array.isArray(value) && value.every(v => typeof v === 'number' && Number.isFinite(v));
+}
+
+function checkTimeline(obj: unknown, where: string): ScheduledTimeline {
+  if (typeof obj !== 'object' || obj === null) {
+    fail(`"${where}" must be an object`);
+  }
+  const st = obj as Partial<ScheduledTimeline>;
+  if (!Array.isArray(st.schedule)) {
+    fail(`"${where}.schedule" must be a list of steps`);
+  }
+  const tl = st.timeline as Partial<TimelineDoc> | undefined;
+  if (typeof tl !== 'object' || tl === null || !isNumberArray(tl.step_bytes)) {
+    fail(`"${where}.timeline.step_bytes" must be a list of numbers`);
+  }
+  const n = tl.step_bytes.length;
+  if (st.schedule.length !== n) {
+    fail(`"${where}" has ${st.schedule.length} schedule steps but ${n} timeline entries`);
+  }
+  if (typeof tl.by_category !== 'object' || tl.by_category === null) {
+    fail(`"${where}.timeline.by_category" must be an object`);
+  }
+  for (const [cat, series] of Object.entries(tl.by_category)) {
+    if (!isNumberArray(series) || series.length !== n) {
+      fail(`"${where}.timeline.by_category.${cat}" must be ${n} numbers`);
+    }
+  }
+  if (typeof tl.peak_bytes !== 'number' || typeof tl.peak_step !== 'number') {
+    fail(`"${where}.timeline" needs numeric peak_bytes and peak_step`);
+  }
+  return st as ScheduledTimeline;
+}
+
+/**
+ * Check the parts of a plan the renderer reads and return it typed; throws an Error that says what is
+ * wrong (the full JSON Schema check happens in Python when a plan file is loaded).
+ */
+export function parsePlan(data: unknown): PlanDoc {
+  if (typeof data !== 'object' || data === null || Array.isArray(data)) {
+    fail('expected a JSON object');
+  }
+  const doc = data as Partial<PlanDoc>;
+  if (typeof doc.schema !== 'string' || !doc.schema.startsWith('memviz.plan/')) {
+    fail('"schema" must be "memviz.plan/1"');
+  }
+  if (doc.schema !== 'memviz.plan/1') {
+    fail(`schema ${JSON.stringify(doc.schema)} is not supported by this extension (expected memviz.plan/1)`);
+  }
+  const graph = doc.graph;
+  if (
+    typeof graph !== 'object' ||
+    graph === null ||
+    !Array.isArray(graph.computes) ||
+    !Array.isArray(graph.datas)
+  ) {
+    fail('"graph" must hold "computes" and "datas" lists');
+  }
+  checkTimeline(doc.planned, 'planned');
+  if (doc.baseline !== undefined && doc.baseline !== null) {
+    checkTimeline(doc.baseline, 'baseline');
+  }
+  if (doc.budget_bytes !== undefined && doc.budget_bytes !== null && typeof doc.budget_bytes !== 'number') {
+    fail('"budget_bytes" must be a number or null');
+  }
+  return doc as PlanDoc;
+}
+
+/** What a schedule step does, as escaped hover HTML: step index, op, module path and source line. */
+export function stepHover(doc: PlanDoc, step: StepDoc | undefined, index: number): string {
+  const head = `step ${index}`;
+  if (!step) {
+    return head;
+  }
+  const [kind, id] = step;
+  if (kind === 'compute') {
+    const c = doc.graph.computes[id];
+    if (!c) {
+      return `${head}: compute #${escapeHtml(id)}`;
+    }
+    const lines = [`${head}: <b>${escapeHtml(c.name)}</b> (${escapeHtml(c.op)})`];
+    if (c.module) {
+      lines.push(`module: ${escapeHtml(c.module)}`);
+    }
+    if (c.source) {
+      lines.push(`source: ${escapeHtml(c.source)}`);
+    }
+    return lines.join('<br>');
+  }
+  if (kind === 'free') {
+    const d = doc.graph.datas[id];
+    return d
+      ? `${head}: free <b>${escapeHtml(d.name)}</b> (${escapeHtml(d.kind)}, ${formatBytes(d.bytes)})`
+      : `${head}: free #${escapeHtml(id)}`;
+  }
+  return `${head}: ${escapeHtml(kind)} #${escapeHtml(id)}`;
+}
+
+/** Categories present in a timeline, in `CATEGORIES` order, unknown future ones after them. */
+export function categoryOrder(byCategory: Record<string, number[]>): string[] {
+  const present = Object.keys(byCategory);
+  const known = CATEGORIES.filter(c => present.includes(c));
+  return known.concat(present.filter(c => !CATEGORIES.includes(c)));
+}
+
+/** A plotly trace as plain data (the subset of plotly's attributes used here). */
+export interface Trace {
+  type: 'scatter';
+  name: string;
+  x: number[];
+  y: number[];
+  mode: 'lines' | 'markers' | 'lines+markers' | 'markers+text';
+  hovertext?: string[];
+  hoverinfo?: 'text' | 'skip';
+  stackgroup?: string;
+  fillcolor?: string;
+  line?: { color?: string; width?: number; dash?: string; shape?: 'hv' | 'linear' };
+  marker?: { color?: string; size?: number; symbol?: string };
+  text?: string[];
+  textposition?: string;
+  legendgroup?: string;
+  showlegend?: boolean;
+}
+
+export interface Figure {
+  traces: Trace[];
+  unit: { name: string; scale: number };
+  steps: number;
+}
+
+function range(n: number): number[] {
+  return Array.from({ length: n }, (_, i) => i);
+}
+
+/**
+ * Plan -> traces: the planned timeline as stacked areas by category (all-zero categories dropped),
+ * the baseline as a dotted line, the budget as a dashed line and a marker on the planned peak.
+ * Values are scaled to one binary unit chosen from the largest value shown.
+ */
+export function planFigure(doc: PlanDoc, colors: { baseline: string; budget: string; peak: string }): Figure {
+  const planned = doc.planned;
+  const baseline = doc.baseline ?? null;
+  const n = planned.timeline.step_bytes.length;
+  const m = baseline ? baseline.timeline.step_bytes.length : 0;
+  const maxBytes = Math.max(
+    planned.timeline.peak_bytes,
+    baseline ? baseline.timeline.peak_bytes : 0,
+    doc.budget_bytes ?? 0
+  );
+  const unit = chooseUnit(maxBytes);
+  const plannedSteps = planned.schedule.map((s, i) => stepHover(doc, s, i));
+  const traces: Trace[] = [];
+
+  for (const cat of categoryOrder(planned.timeline.by_category)) {
+    const series = planned.timeline.by_category[cat];
+    if (!series.some(v => v !== 0)) {
+      continue;
+    }
+    const label = cat.replace(/_/g, ' ');
+    const color = CATEGORY_COLORS[cat] ?? FALLBACK_COLOR;
+    traces.push({
+      type: 'scatter',
+      name: escapeHtml(label),
+      x: range(n),
+      y: series.map(v => v / unit.scale),
+      mode: 'lines',
+      stackgroup: 'planned',
+      fillcolor: color,
+      line: { color, width: 0.5, shape: 'hv' },
+      hoverinfo: 'text',
+      hovertext: series.map(
+        (v, i) =>
+          `${plannedSteps[i]}<br>${escapeHtml(label)}: ${formatBytes(v)}` +
+          `<br>planned total: ${formatBytes(planned.timeline.step_bytes[i])}`
+      )
+    });
+  }
+
+  if (baseline) {
+    traces.push({
+      type: 'scatter',
+      name: 'baseline (eager)',
+      x: range(m),
+      y: baseline.timeline.step_bytes.map(v => v / unit.scale),
+      mode: 'lines',
+      line: { color: colors.baseline, width: 1.5, dash: 'dot', shape: 'hv' },
+      hoverinfo: 'text',
+      hovertext: baseline.schedule.map(
+        (s, i) => `baseline ${stepHover(doc, s, i)}<br>total: ${formatBytes(baseline.timeline.step_bytes[i])}`
+      )
+    });
+  }
+
+  if (typeof doc.budget_bytes === 'number') {
+    const last = Math.max(n, m, 1) - 1;
+    traces.push({
+      type: 'scatter',
+      name: 'budget',
+      x: [0, last],
+      y: [doc.budget_bytes / unit.scale, doc.budget_bytes / unit.scale],
+      mode: 'lines',
+      line: { color: colors.budget, width: 1.5, dash: 'dash' },
+      hoverinfo: 'text',
+      hovertext: [`budget ${formatBytes(doc.budget_bytes)}`, `budget ${formatBytes(doc.budget_bytes)}`]
+    });
+  }
+
+  const peakStep = Math.max(planned.timeline.peak_step, 0);
+  if (n > 0) {
+    const peak = planned.timeline.peak_bytes;
+    traces.push({
+      type: 'scatter',
+      name: 'peak',
+      x: [peakStep],
+      y: [peak / unit.scale],
+      mode: 'markers+text',
+      marker: { color: colors.peak, size: 10, symbol: 'triangle-down' },
+      text: [`peak ${formatBytes(peak)}`],
+      textposition: 'top center',
+      hoverinfo: 'text',
+      hovertext: [`<b>peak ${formatBytes(peak)}</b><br>${plannedSteps[peakStep] ?? ''}`]
+    });
+  }
+  return { traces, unit, steps: Math.max(n, m) };
+}
+
+/** One header readout: a label and its value, both plain text (set with textContent). */
+export interface Readout {
+  label: string;
+  value: string;
+}
+
+function percent(x: number): string {
+  return `${x >= 0 ? '+' : ''}${(100 * x).toFixed(1)}%`;
+}
+
+/** Header readouts: strategy, planned peak (vs baseline), time overhead, budget, solver status. */
+export function planReadouts(doc: PlanDoc): Readout[] {
+  const planned = doc.planned.timeline;
+  const baseline = doc.baseline?.timeline;
+  const out: Readout[] = [{ label: 'strategy', value: String(doc.strategy) }];
+  let peak = formatBytes(planned.peak_bytes);
+  if (baseline && baseline.peak_bytes > 0) {
+    peak += ` (${percent(planned.peak_bytes / baseline.peak_bytes - 1)} vs eager ${formatBytes(baseline.peak_bytes)})`;
+  }
+  out.push({ label: 'peak', value: peak });
+  if (baseline && baseline.total_time > 0) {
+    out.push({ label: 'overhead', value: percent(planned.total_time / baseline.total_time - 1) });
+  }
+  if (typeof planned.recomputes === 'number') {
+    out.push({ label: 'recomputes', value: String(planned.recomputes) });
+  }
+  if (typeof doc.budget_bytes === 'number') {
+    out.push({ label: 'budget', value: formatBytes(doc.budget_bytes) });
+  }
+  const stats = doc.solver_stats;
+  if (stats && stats.status) {
+    const gap = typeof stats.gap === 'number' ? `, gap ${(100 * stats.gap).toFixed(1)}%` : '';
+    out.push({ label: 'solver', value: `${stats.solver ?? ''} ${stats.status}${gap}`.trim() });
+  }
+  return out;
+}
+
+/** Chart title: model name and mode, as escaped pseudo-HTML for plotly. */
+export function planTitle(doc: PlanDoc): string {
+  const name = doc.model?.name ?? 'model';
+  const mode = doc.model?.mode ? ` (${doc.model.mode})` : '';
+  const device = doc.device?.name ? ` on ${doc.device.name}${doc.device.estimated ? ', estimated' : ''}` : '';
+  return escapeHtml(`${name}${mode}${device}`);
+}

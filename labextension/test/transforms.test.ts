@@ -1,0 +1,178 @@
+import { strict as assert } from 'node:assert';
+import { execFileSync } from 'node:child_process';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+
+import {
+  CATEGORIES,
+  PlanDoc,
+  categoryOrder,
+  chooseUnit,
+  escapeHtml,
+  formatBytes,
+  parsePlan,
+  planFigure,
+  planReadouts,
+  planTitle,
+  stepHover
+} from '../src/transforms';
+
+// Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
+const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
+const PYTHON = process.env.PYTHON ?? 'python3';
+const MiB = 2 ** 20;
+const HOSTILE = '<img src=x onerror=alert(1)>';
+const COLORS = { baseline: '#666', budget: '#f00', peak: '#000' };
+
+function python(args: string[]): string {
+  return execFileSync(PYTHON, args, {
+    cwd: ROOT,
+    env: { ...process.env, PYTHONPATH: ROOT },
+    encoding: 'utf8'
+  });
+}
+
+// A real document built by solvers (GraphBuilder + eager_schedule + simulate), not a hand-made one.
+const SAMPLE: PlanDoc = parsePlan(JSON.parse(python([path.join('labextension', 'test', 'sample_plan.py')])));
+
+function clone(): Record<string, unknown> {
+  return JSON.parse(JSON.stringify(SAMPLE));
+}
+
+describe('escapeHtml', () => {
+  it('neutralises markup', () => {
+    assert.equal(escapeHtml(HOSTILE), '&lt;img src=x onerror=alert(1)&gt;');
+    assert.equal(escapeHtml(`a&b "c" 'd'`), 'a&amp;b &quot;c&quot; &#39;d&#39;');
+    assert.equal(escapeHtml(42), '42');
+  });
+});
+
+describe('units', () => {
+  it('picks the largest binary unit', () => {
+    assert.deepEqual(chooseUnit(512), { name: 'B', scale: 1 });
+    assert.deepEqual(chooseUnit(3 * 1024), { name: 'KiB', scale: 1024 });
+    assert.deepEqual(chooseUnit(5 * MiB), { name: 'MiB', scale: MiB });
+    assert.deepEqual(chooseUnit(2 ** 31), { name: 'GiB', scale: 2 ** 30 });
+    assert.equal(formatBytes(1.5 * MiB), '1.50 MiB');
+    assert.equal(formatBytes(12), '12 B');
+  });
+});
+
+describe('parsePlan', () => {
+  it('accepts a solvers-built document', () => {
+    assert.equal(SAMPLE.schema, 'memviz.plan/1');
+  });
+
+  it('rejects malformed documents with a reason', () => {
+    assert.throws(() => parsePlan(null), /expected a JSON object/);
+    assert.throws(() => parsePlan([]), /expected a JSON object/);
+    assert.throws(() => parsePlan({ ...clone(), schema: 'memviz.plan/2' }), /not supported/);
+    assert.throws(() => parsePlan({ ...clone(), graph: {} }), /"graph"/);
+    const truncated = clone();
+    (truncated.planned as { schedule: unknown[] }).schedule.pop();
+    assert.throws(() => parsePlan(truncated), /schedule steps but/);
+    const badSeries = clone();
+    (
+      badSeries.baseline as { timeline: { by_category: Record<string, unknown> } }
+    ).timeline.by_category.activations = ['x'];
+    assert.throws(() => parsePlan(badSeries), /by_category.activations/);
+    assert.throws(() => parsePlan({ ...clone(), budget_bytes: '1GiB' }), /budget_bytes/);
+  });
+});
+
+describe('categories', () => {
+  it('match solvers.CATEGORIES', () => {
+    const fromPython = JSON.parse(
+      python(['-c', 'import json, solvers; print(json.dumps(solvers.CATEGORIES))'])
+    );
+    assert.deepEqual([...CATEGORIES], fromPython);
+  });
+
+  it('keep the stacking order and append unknown categories', () => {
+    assert.deepEqual(categoryOrder({ workspace: [], future: [], parameters: [] }), [
+      'parameters',
+      'workspace',
+      'future'
+    ]);
+  });
+});
+
+describe('stepHover', () => {
+  it('names op, module and source of a compute step, escaped', () => {
+    const relu = stepHover(SAMPLE, ['compute', 1], 1);
+    assert.equal(
+      relu,
+      'step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>source: model.py:11'
+    );
+    const hostile = stepHover(SAMPLE, ['compute', 6], 12);
+    assert.ok(hostile.startsWith('step 12: <b>&lt;img src=x onerror=alert(1)&gt;</b> (aten.mul)'));
+  });
+
+  it('describes frees with the tensor and its size', () => {
+    assert.equal(stepHover(SAMPLE, ['free', 2], 2), 'step 2: free <b>a1</b> (saved, 8.00 MiB)');
+  });
+});
+
+describe('planFigure', () => {
+  const fig = planFigure(SAMPLE, COLORS);
+  const planned = SAMPLE.planned.timeline;
+  const stacked = fig.traces.filter(t => t.stackgroup === 'planned');
+
+  it('stacks the non-zero categories in order and sums to the planned curve', () => {
+    assert.deepEqual(
+      stacked.map(t => t.name),
+      ['parameters', 'inputs', 'parameter gradients', 'gradients', 'activations', 'outputs', 'workspace']
+    );
+    assert.equal(fig.unit.name, 'MiB');
+    planned.step_bytes.forEach((bytes, i) => {
+      const sum = stacked.reduce((acc, t) => acc + t.y[i], 0);
+      assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != ${bytes}`);
+    });
+  });
+
+  it('overlays the baseline, the budget and the peak', () => {
+    const baseline = fig.traces.find(t => t.name === 'baseline (eager)');
+    assert.ok(baseline);
+    assert.deepEqual(
+      baseline.y,
+      SAMPLE.baseline!.timeline.step_bytes.map(b => b / MiB)
+    );
+    const budget = fig.traces.find(t => t.name === 'budget');
+    assert.deepEqual(budget?.y, [32, 32]);
+    const peak = fig.traces.find(t => t.name === 'peak');
+    assert.deepEqual(peak?.x, [planned.peak_step]);
+    assert.deepEqual(peak?.y, [planned.peak_bytes / MiB]);
+    assert.equal(planned.peak_bytes < SAMPLE.baseline!.timeline.peak_bytes, true);
+  });
+
+  it('never lets markup from the plan reach hover text unescaped', () => {
+    for (const t of fig.traces) {
+      for (const text of [...(t.hovertext ?? []), ...(t.text ?? []), t.name]) {
+        assert.ok(!text.includes('<img'), `unescaped markup in ${t.name}: ${text}`);
+      }
+    }
+    const relu = stacked[0].hovertext![1];
+    assert.ok(relu.includes('&lt;img src=x onerror=alert(1)&gt;'));
+    assert.ok(relu.includes('step 1: <b>relu</b>'));
+    assert.equal(planTitle(SAMPLE), 'tiny &lt;img src=x onerror=alert(1)&gt; (train) on cpu');
+  });
+
+  it('draws a plan without baseline or budget', () => {
+    const doc = parsePlan({ ...clone(), baseline: null, budget_bytes: null });
+    const names = planFigure(doc, COLORS).traces.map(t => t.name);
+    assert.ok(!names.includes('budget') && !names.includes('baseline (eager)'));
+    assert.ok(names.includes('peak'));
+  });
+});
+
+describe('planReadouts', () => {
+  it('reports strategy, peak vs eager, overhead, recomputes and budget', () => {
+    const r = Object.fromEntries(planReadouts(SAMPLE).map(x => [x.label, x.value]));
+    assert.equal(r.strategy, 'checkmate');
+    assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
+    assert.equal(r.overhead, '+12.5%');
+    assert.equal(r.recomputes, '1');
+    assert.equal(r.budget, '32.00 MiB');
+    assert.equal(r.solver, 'hand heuristic');
+  });
+});

@@ -1,0 +1,630 @@
+"""Capture an nn.Module as a CD-graph: torch.export -> AOT joint graph -> `solvers.Graph`.
+
+The joint graph (forward + backward, functionalized: in-place ops rewritten out of place, BatchNorm
+running-stat updates turned into extra outputs) is split into the two kinds of CD-graph nodes of
+Rockmate (Sec. 3.2, Appendix A) and Checkmate (Sec. 4.1):
+
+* one *compute node* per FX operator node that creates a new storage;
+* one *data node* per storage.  View/alias nodes (view, permute, t, expand, unbind, detach,
+  ``_unsafe_view`` ...) create no storage: they are merged into the data node of the storage they alias
+  and replayed on demand by the executor (`run_compute`), which is cheap and allocates nothing.
+
+Aliasing is read from the fake tensors in ``node.meta["val"]`` (views share their base's fake
+storage), so every view op is recognised, including ones no list names.  Byte sizes are the storage's
+exact ``nbytes``.
+
+The user's loss is not traced into the joint graph: the exported module must give the gradients of
+whatever loss the user computes.  The graph instead carries two synthetic compute nodes, ``loss``
+(forward) and ``loss_backward`` (backward) that consume the model outputs and produce the output
+gradients (``tangents``), with the byte sizes the profiled ``loss_fn`` really produces (``sum`` gives
+an expanded scalar: a few bytes, as in eager PyTorch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from solvers import DataKind, Graph, GraphBuilder, Phase
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+class CaptureError(RuntimeError):
+    """torch.export or the AOT joint trace could not capture the model.
+
+    `module` and `source` name the module path and source line where tracing stopped, when known."""
+
+    def __init__(self, message: str, module: str = "", source: str = "") -> None:
+        self.module = module
+        self.source = source
+        where = ""
+        if module or source:
+            where = f" (in module {module or '?'} at {source or '?'})"
+        super().__init__(f"{message}{where}")
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The loss memviz differentiates when none is given: the sum of every floating tensor in the
+    output (tuples, lists and dicts included), each summed in its own dtype except float16/bfloat16,
+    which are summed in float32 so the reduction cannot overflow.  Its backward is an expanded scalar
+    per output, like ``out.sum().backward()`` in eager PyTorch."""
+    total: torch.Tensor | None = None
+    for leaf in pytree.tree_leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.requires_grad:
+            s = leaf.float().sum() if leaf.dtype in (torch.float16, torch.bfloat16) else leaf.sum()
+            total = s if total is None else total + s
+    if total is None:
+        raise CaptureError("the model output has no floating-point tensor that requires grad: "
+                           "pass loss_fn= or profile with mode='inference'")
+    return total
+
+
+# --- what the exporter and the profiler need to replay the graph ---------------------------------
+@dataclass
+class Captured:
+    """The captured joint graph and how its FX nodes map to the CD-graph.
+
+    ``placeholders[i]`` says what the i-th FX placeholder is: ``("param", fqn)``, ``("buffer", fqn)``,
+    ``("input", flat_index)`` or ``("tangent", flat_output_index)``.  ``outputs[i]`` says what the i-th
+    FX output is: ``("user", flat_index)``, ``("grad", fqn)``, ``("buffer", fqn)`` (new value of a
+    mutated buffer, copied back once per step) or ``None``.
+    """
+
+    gm: torch.fx.GraphModule
+    mode: str
+    placeholders: list[tuple[str, Any]]
+    outputs: list[tuple[str, Any] | None]
+    compute_fx: list[str | None]  # compute id -> FX node it runs (None: synthetic loss nodes)
+    data_fx: list[str | None]  # data id -> FX node whose value is (a tensor on) that storage
+    data_of_fx: dict[str, int]  # FX node (tensor-valued) -> data id of its storage
+    out_spec: pytree.TreeSpec  # structure of the model's output
+    in_spec: pytree.TreeSpec  # structure of (args, kwargs)
+    input_meta: list[tuple[tuple[int, ...], torch.dtype] | None]  # flat user inputs (None: not a tensor)
+    tangent_data: dict[int, int] = field(default_factory=dict)  # flat output index -> data id
+    loss_compute: int | None = None
+    loss_backward_compute: int | None = None
+    param_names: dict[str, str] = field(default_factory=dict)  # alias fqn -> canonical fqn (tied)
+    elem_fx: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # multi-output op -> getitems
+    grad_data: dict[str, int] = field(default_factory=dict)  # canonical parameter fqn -> its gradient
+
+    @property
+    def nodes(self) -> dict[str, torch.fx.Node]:
+        return {n.name: n for n in self.gm.graph.nodes}
+
+    @property
+    def compute_fx_set(self) -> frozenset[str]:
+        return frozenset(c for c in self.compute_fx if c is not None)
+
+    def placeholder_values(self, model: nn.Module, flat_inputs: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """FX placeholder name -> the model's own parameter/buffer or the user's input (no tangents)."""
+        params = dict(model.named_parameters(remove_duplicate=False))
+        buffers = dict(model.named_buffers(remove_duplicate=False))
+        values: dict[str, torch.Tensor] = {}
+        placeholders = self.gm.graph.find_nodes(op="placeholder")
+        for n, (kind, key) in zip(placeholders, self.placeholders, strict=True):
+            if kind == "param":
+                values[n.name] = params[key]
+            elif kind == "buffer":
+                values[n.name] = buffers[key]
+            elif kind == "input":
+                values[n.name] = flat_inputs[key]
+        return values
+
+
+def _tensor_leaves(val: Any) -> list[torch.Tensor | None]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (tuple, list)):
+        return [v if isinstance(v, torch.Tensor) else None for v in val]
+    return []
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def storage_nbytes(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().nbytes())
+
+
+def _module_of(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return str(path)
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
+
+
+def source_of(node: torch.fx.Node) -> str:
+    """``file:line in fn: code`` of the innermost user frame of the node's stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = list(_FRAME.finditer(trace))
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f['file']}:{f['line']} in {f['fn']}: {f['code'].strip()}"
+
+
+def _phase_of(node: torch.fx.Node) -> Phase:
+    if node.meta.get("partitioner_tag") == "is_backward" or node.meta.get("autograd_backward"):
+        return Phase.BACKWARD
+    return Phase.FORWARD
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t._schema.name.replace('::', '.')}.{t._overloadname}"
+    return getattr(t, "__name__", str(t))
+
+
+def _describe_trace_error(err: BaseException, model: nn.Module) -> CaptureError:
+    """Turn a torch.export failure into a CaptureError naming the user's module and line."""
+    msg = str(err)
+    # torch.export reports the user frame as 'File "x.py", line N, in fn' in its message
+    frames = [f for f in _FRAME.finditer(msg) if "site-packages/torch" not in f["file"]]
+    source = f"{frames[-1]['file']}:{frames[-1]['line']}" if frames else ""
+    if not source:
+        m = re.search(r"([\w/\\.-]+\.py):(\d+)", msg)
+        source = f"{m.group(1)}:{m.group(2)}" if m else ""
+    module = ""
+    if source:
+        file, line = source.rsplit(":", 1)
+        module = _module_defined_at(model, file, int(line))
+    first = msg.strip().splitlines()[0] if msg.strip() else type(err).__name__
+    return CaptureError(f"could not trace {type(model).__name__}: {type(err).__name__}: {first}",
+                        module, source)
+
+
+def _module_defined_at(model: nn.Module, file: str, line: int) -> str:
+    """The path of the first submodule whose forward is defined in `file` around `line`."""
+    import inspect
+
+    best = ""
+    for name, mod in model.named_modules():
+        fwd = type(mod).forward
+        try:
+            src_file = inspect.getsourcefile(fwd) or ""
+            lines, start = inspect.getsourcelines(fwd)
+        except (OSError, TypeError):
+            continue
+        if src_file.endswith(file.split("/")[-1]) and start <= line < start + len(lines):
+            return name or type(model).__name__
+    return best
+
+
+def fingerprint(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None, mode: str) -> str:
+    """Hash of parameter/buffer names, shapes and dtypes, input shapes/dtypes and mode (stale-plan check)."""
+    h = hashlib.sha256(mode.encode())
+    for name, p in (*model.named_parameters(), *model.named_buffers()):
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+    for leaf in pytree.tree_leaves((tuple(args), kwargs or {})):
+        if isinstance(leaf, torch.Tensor):
+            h.update(f"T{tuple(leaf.shape)}:{leaf.dtype};".encode())
+        else:
+            h.update(f"V{leaf!r};".encode())
+    return h.hexdigest()[:16]
+
+
+@torch.library.custom_op("memviz::cpu_dropout", mutates_args=())
+def cpu_dropout(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's CPU ``dropout`` (``_dropout_impl`` in ATen/native/Dropout.cpp), kept as one opaque op.
+
+    Eager CPU draws a float noise tensor of the input's size (``bernoulli_(1 - p)`` then ``div_``) and
+    multiplies it in; torch's default decomposition uses ``native_dropout`` (a bool mask: what CUDA runs)
+    and functionalization would turn the in-place steps into extra allocations.  Keeping the eager
+    kernel sequence inside one op gives the same random stream, the same bits and the same memory
+    (output + float noise saved for backward) as eager mode."""
+    noise = torch.empty_like(input).bernoulli_(1 - p)
+    noise.div_(1 - p)
+    return input * noise, noise
+
+
+@cpu_dropout.register_fake
+def _(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(input), torch.empty_like(input)
+
+
+def _cpu_dropout_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    ctx.save_for_backward(output[1])
+
+
+def _cpu_dropout_backward(ctx: Any, grad: torch.Tensor, grad_noise: torch.Tensor | None) -> tuple[Any, None]:
+    (noise,) = ctx.saved_tensors
+    return grad * noise, None  # MulBackward0 of eager's ``input * noise``
+
+
+cpu_dropout.register_autograd(_cpu_dropout_backward, setup_context=_cpu_dropout_setup)
+
+
+def _eager_cpu_dropout(input: torch.Tensor, p: float, train: bool | None) -> torch.Tensor:
+    if not train or p == 0 or input.numel() == 0:
+        return input
+    if p == 1:
+        return input * torch.zeros((), dtype=input.dtype, device=input.device)
+    return torch.ops.memviz.cpu_dropout(input, p)[0]
+
+
+def use_eager_kernels(gm: torch.fx.GraphModule, args: Sequence[Any], model: nn.Module) -> None:
+    """Rewrite the exported graph so the joint trace runs the kernels eager mode runs on this device
+    (``aten.dropout`` is composite: it is rewritten before AOTAutograd decomposes it)."""
+    leaves = (*pytree.tree_leaves(tuple(args)), *model.parameters())
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    if not all(t.device.type in ("cpu", "meta") for t in tensors):
+        return
+    for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.dropout.default):
+        n.target = _eager_cpu_dropout
+    gm.recompile()
+
+
+# --- tracing ---------------------------------------------------------------------------------------
+def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                mode: str) -> tuple[torch.fx.GraphModule, pytree.TreeSpec]:
+    """torch.export (non-strict) then AOTAutograd's joint trace (TOOLCHAIN.md recipe).
+
+    Training: forward + backward against one tangent per differentiable model output.  Inference:
+    the forward under ``no_grad``.  The model is never modified: export traces with fake tensors.
+    """
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    grad_ctx = contextlib.nullcontext() if mode == "train" else torch.no_grad()
+    with grad_ctx:
+        try:
+            ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+        except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError
+            raise _describe_trace_error(err, model) from err
+        gm_ep = ep.module()
+        use_eager_kernels(gm_ep, args, model)
+        try:
+            with contextlib.ExitStack() as stack:
+                joint = aot_export_joint_with_descriptors(
+                    stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)
+        except Exception as err:  # noqa: BLE001
+            raise _describe_trace_error(err, model) from err
+    return joint.graph_module, ep.call_spec.out_spec
+
+
+def _classify_placeholders(gm: torch.fx.GraphModule) -> list[tuple[str, Any]]:
+    from torch._functorch._aot_autograd import descriptors as D
+
+    kinds: list[tuple[str, Any]] = []
+    for n in gm.graph.find_nodes(op="placeholder"):
+        desc = n.meta.get("desc")
+        if isinstance(desc, D.ParamAOTInput):
+            kinds.append(("param", desc.target))
+        elif isinstance(desc, D.BufferAOTInput):
+            kinds.append(("buffer", desc.target))
+        elif isinstance(desc, D.PlainAOTInput):
+            kinds.append(("input", desc.idx))
+        elif isinstance(desc, D.TangentAOTInput) and isinstance(desc.output, D.PlainAOTOutput):
+            kinds.append(("tangent", desc.output.idx))
+        else:
+            raise CaptureError(f"unsupported graph input {desc!r} (tensor subclasses, RNG functionalization "
+                               "and mutated views of inputs are not supported)")
+    return kinds
+
+
+def _classify_outputs(gm: torch.fx.GraphModule) -> tuple[list[Any], list[tuple[str, Any] | None]]:
+    from torch._functorch._aot_autograd import descriptors as D
+
+    out_node = gm.graph.output_node()
+    args = list(pytree.tree_leaves(out_node.args[0], is_leaf=lambda x: x is None))
+    descs = out_node.meta.get("desc") or [None] * len(args)
+    kinds: list[tuple[str, Any] | None] = []
+    for a, desc in zip(args, descs, strict=False):
+        if a is None:
+            kinds.append(None)
+        elif isinstance(desc, D.PlainAOTOutput):
+            kinds.append(("user", desc.idx))
+        elif isinstance(desc, D.GradAOTOutput) and isinstance(desc.grad_of, D.ParamAOTInput):
+            kinds.append(("grad", desc.grad_of.target))
+        elif isinstance(desc, D.InputMutationAOTOutput) and isinstance(desc.mutated_input, D.BufferAOTInput):
+            kinds.append(("buffer", desc.mutated_input.target))
+        elif isinstance(desc, D.GradAOTOutput):
+            kinds.append(None)  # gradient of a user input: not needed by memviz (inputs need no grad)
+        else:
+            raise CaptureError(f"unsupported graph output {desc!r}: the model mutates an input or returns an "
+                               "alias memviz cannot replay; clone it inside forward()")
+    return args, kinds
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _loss_sizes(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Tensor],
+                out_spec: pytree.TreeSpec, n_out: int, loss_fn: LossFn | None) -> tuple[int, dict[int, int]]:
+    """Bytes of the loss and of the gradient `loss_fn` hands each differentiable output, measured by
+    running `loss_fn` and its backward on fake tensors (``sum`` gives expanded scalars: a few bytes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    loss_fn = loss_fn or default_loss
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        flat = []
+        for i in range(n_out):
+            v = out_vals.get(i)
+            if v is None:
+                flat.append(None)
+                continue
+            t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
+            flat.append(t.requires_grad_(i in tangents))
+        loss = loss_fn(pytree.tree_unflatten(flat, out_spec))
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
+        diff = [flat[i] for i in sorted(tangents)]
+        grads = torch.autograd.grad(loss, diff, allow_unused=True)
+        sizes = {i: (storage_nbytes(g) if g is not None else 0)
+                 for i, g in zip(sorted(tangents), grads, strict=True)}
+        return storage_nbytes(loss), sizes
+
+
+class _Builder:
+    """Walks the joint FX graph once, creating compute nodes, data nodes and the FX <-> data maps."""
+
+    def __init__(self, name: str) -> None:
+        self.b = GraphBuilder(name)
+        self.data_of_storage: dict[int, int] = {}
+        self.data_of_fx: dict[str, int] = {}
+        self.data_fx: list[str | None] = []
+        self.aliases: list[list[str]] = []
+        self.elem_data: dict[tuple[str, int], int] = {}
+        self.compute_fx: list[str | None] = []
+        self.elem_fx: dict[str, list[tuple[int, str]]] = {}
+
+    def data(self, name: str, nbytes: int, kind: DataKind, fx_name: str | None, shape: tuple[int, ...],
+             dtype: str) -> int:
+        d = self.b.data(name, nbytes, kind, shape=shape, dtype=dtype)
+        self.data_fx.append(fx_name)
+        self.aliases.append([])
+        return d
+
+    def tensor_data(self, name: str, t: torch.Tensor, kind: DataKind, fx_name: str | None) -> int:
+        d = self.data(name, storage_nbytes(t), kind, fx_name, tuple(t.shape), _dtype_name(t))
+        self.data_of_storage[_storage_key(t)] = d
+        return d
+
+    def inputs_of(self, node: torch.fx.Node) -> list[int]:
+        """Data nodes a node reads, looking through nodes that own no storage (shape queries ...)."""
+        found: set[int] = set()
+        stack = list(node.all_input_nodes)
+        while stack:
+            a = stack.pop()
+            if a.name in self.data_of_fx:
+                found.add(self.data_of_fx[a.name])
+            elif a.op == "call_function":
+                stack.extend(a.all_input_nodes)
+        return sorted(found)
+
+    def op_node(self, n: torch.fx.Node, phase: Phase) -> None:
+        val = n.meta.get("val")
+        if n.target is operator.getitem and (n.args[0].name, n.args[1]) in self.elem_data:
+            d = self.elem_data[(n.args[0].name, n.args[1])]
+            self.data_of_fx[n.name] = d
+            if self.data_fx[d] is None:
+                self.data_fx[d] = n.name
+                self.elem_fx.setdefault(n.args[0].name, []).append((n.args[1], n.name))
+            else:
+                self.aliases[d].append(n.name)
+            return
+        leaves = _tensor_leaves(val)
+        tensors = [t for t in leaves if t is not None]
+        if not tensors:
+            return  # no tensor result (asserts, shape queries): replayed on demand, costs nothing
+        fresh = [t for t in tensors if _storage_key(t) not in self.data_of_storage]
+        if not fresh:  # a view of (or in-place result on) an existing storage: merged into it
+            d = self.data_of_storage[_storage_key(tensors[0])]
+            self.data_of_fx[n.name] = d
+            self.aliases[d].append(n.name)
+            return
+        is_tuple = isinstance(val, (tuple, list))
+        kind = DataKind.ACTIVATION if phase is Phase.FORWARD else DataKind.GRADIENT
+        outs = []
+        for i, t in enumerate(leaves):
+            if t is None or _storage_key(t) in self.data_of_storage:
+                continue
+            name = f"{n.name}[{i}]" if is_tuple else n.name
+            d = self.tensor_data(name, t, kind, None if is_tuple else n.name)
+            if is_tuple:
+                self.elem_data[(n.name, i)] = d
+            else:
+                self.data_of_fx[n.name] = d
+            outs.append(d)
+        self.b.compute(n.name, self.inputs_of(n), outs, op=_op_name(n), phase=phase, module=_module_of(n),
+                       source=source_of(n))
+        self.compute_fx.append(n.name)
+
+
+def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
+            mode: str = "train", loss_fn: LossFn | None = None) -> tuple[Graph, Captured]:
+    """Trace `model` and build its CD-graph (compute/data nodes, kinds, exact bytes, aliases).
+
+    Training graphs hold forward, the synthetic ``loss``/``loss_backward`` pair, and backward;
+    inference graphs the forward only.  Kinds: parameters (tied ones: one node), buffers, inputs,
+    activations (``saved`` when a backward node reads them), gradients, parameter gradients, outputs
+    (model outputs, the loss, the new values of mutated buffers).
+    """
+    if mode not in ("train", "inference"):
+        raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
+    args = tuple(args)
+    flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
+    gm, out_spec = trace_joint(model, args, kwargs, mode)
+    ph_kinds = _classify_placeholders(gm)
+    out_args, out_kinds = _classify_outputs(gm)
+
+    canonical: dict[int, str] = {}
+    param_names = {name: canonical.setdefault(id(p), name)
+                   for name, p in model.named_parameters(remove_duplicate=False)}
+    bld = _Builder(type(model).__name__)
+
+    # sources: parameters (tied ones share one data node), buffers, inputs; tangents come later
+    param_data: dict[str, int] = {}
+    tangents: dict[int, torch.fx.Node] = {}
+    for n, (kind, key) in zip(gm.graph.find_nodes(op="placeholder"), ph_kinds, strict=False):
+        val = n.meta["val"]
+        if kind == "tangent":
+            tangents[key] = n
+            continue
+        if kind == "param" and param_names.get(key, key) in param_data:
+            d = param_data[param_names[key]]
+            bld.aliases[d].append(key)
+            bld.data_of_storage[_storage_key(val)] = d
+        elif kind == "param":
+            d = param_data[param_names.get(key, key)] = bld.tensor_data(
+                param_names.get(key, key), val, DataKind.PARAMETER, n.name)
+        elif kind == "buffer":
+            d = bld.tensor_data(key, val, DataKind.BUFFER, n.name)
+        else:
+            d = bld.tensor_data(f"input{key}", val, DataKind.INPUT, n.name)
+        bld.data_of_fx[n.name] = d
+
+    n_out = 1 + max((k[1] for k in out_kinds if k and k[0] == "user"), default=-1)
+    out_vals = {k[1]: a.meta["val"] for a, k in zip(out_args, out_kinds, strict=True) if k and k[0] == "user"}
+    loss_bytes, tangent_bytes = (_loss_sizes(tangents, out_vals, out_spec, n_out, loss_fn)
+                                 if tangents else (0, {}))
+    captured = Captured(
+        gm=gm, mode=mode, placeholders=ph_kinds, outputs=out_kinds, compute_fx=bld.compute_fx,
+        data_fx=bld.data_fx, data_of_fx=bld.data_of_fx, out_spec=out_spec, in_spec=in_spec,
+        input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
+        param_names=param_names, elem_fx=bld.elem_fx)
+
+    def add_loss_nodes() -> None:
+        outs = sorted({bld.data_of_fx[a.name] for a, k in zip(out_args, out_kinds, strict=False)
+                       if k and k[0] == "user" and k[1] in tangents})
+        dl = bld.data("loss", loss_bytes, DataKind.OUTPUT, None, (), "float32")
+        captured.loss_compute = bld.b.compute("loss", outs, [dl], op="loss_fn", phase=Phase.FORWARD,
+                                              source="loss_fn")
+        bld.compute_fx.append(None)
+        tds = []
+        for idx in sorted(tangents):
+            v = tangents[idx].meta["val"]
+            td = bld.data(f"grad_output{idx}", tangent_bytes[idx], DataKind.GRADIENT, tangents[idx].name,
+                          tuple(v.shape), _dtype_name(v))
+            bld.data_of_fx[tangents[idx].name] = td
+            bld.data_of_storage[_storage_key(v)] = td
+            captured.tangent_data[idx] = td
+            tds.append(td)
+        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl], tds, op="loss_fn.backward",
+                                                       phase=Phase.BACKWARD, source="loss_fn")
+        bld.compute_fx.append(None)
+        bld.b.outputs.append(dl)
+
+    pending_loss = bool(tangents)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            raise CaptureError(f"unsupported constant {n.target!r} in the captured graph")
+        if n.op != "call_function":
+            continue
+        phase = _phase_of(n)
+        if phase is Phase.BACKWARD and pending_loss:
+            add_loss_nodes()
+            pending_loss = False
+        bld.op_node(n, phase)
+    if pending_loss:
+        add_loss_nodes()
+    captured.grad_data = {param_names.get(k[1], k[1]): bld.data_of_fx[a.name]
+                          for a, k in zip(out_args, out_kinds, strict=True)
+                          if k and k[0] == "grad" and a.name in bld.data_of_fx}
+    return _finish(bld, out_args, out_kinds, type(model).__name__, mode), captured
+
+
+def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] | None], name: str,
+            mode: str) -> Graph:
+    """Set the kinds that depend on consumers and graph outputs; list the required outputs."""
+    graph = bld.b.build()
+    kinds: dict[int, DataKind] = {}
+    for d in graph.datas:
+        if d.kind is DataKind.ACTIVATION and any(
+                graph.computes[c].phase is Phase.BACKWARD for c in graph.consumers(d.id)):
+            kinds[d.id] = DataKind.SAVED
+    required = list(bld.b.outputs)
+    for a, k in zip(out_args, out_kinds, strict=False):
+        if k is None or a.name not in bld.data_of_fx:
+            continue
+        d = bld.data_of_fx[a.name]
+        produced = graph.datas[d].producer is not None
+        if k[0] == "user" and produced:
+            kinds[d] = DataKind.OUTPUT
+        elif k[0] == "grad":
+            kinds[d] = DataKind.PARAMETER_GRADIENT
+        elif k[0] == "buffer" and produced:
+            kinds[d] = DataKind.BUFFER
+        required.append(d)
+    datas = tuple(
+        type(d)(id=d.id, name=d.name, bytes=d.bytes, kind=kinds.get(d.id, d.kind), producer=d.producer,
+                shape=d.shape, dtype=d.dtype, aliases=tuple(bld.aliases[d.id]))
+        for d in graph.datas
+    )
+    return Graph(graph.computes, datas, tuple(dict.fromkeys(required)), name=name, meta={"mode": mode})
+
+
+# --- replaying the graph ------------------------------------------------------------------------------
+class NotAlive(RuntimeError):
+    """A compute step read a tensor the schedule had freed (or never computed)."""
+
+
+class Runner:
+    """Executes compute/free steps of a CD-graph over the captured FX graph, one FX node per compute.
+
+    ``env`` holds one tensor per live storage (per data node); views and shape queries are replayed on
+    demand from it, so they cost no memory, and ``free(d)`` drops the only reference memviz holds.
+    Used by the profiler (timing each op) and by the exported module (executing a plan).
+    """
+
+    def __init__(self, captured: Captured, placeholders: dict[str, torch.Tensor]) -> None:
+        self.cap = captured
+        self.nodes = captured.nodes
+        self.owners = captured.compute_fx_set
+        self.env: dict[str, Any] = dict(placeholders)
+
+    def value(self, node: torch.fx.Node) -> Any:
+        if node.name in self.env:
+            return self.env[node.name]
+        if node.op != "call_function" or node.name in self.owners:
+            raise NotAlive(f"{node.name} is not alive: the schedule freed it or never computed it")
+        args, kwargs = self.resolve(node)
+        return node.target(*args, **kwargs)
+
+    def resolve(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        args = torch.fx.node.map_arg(node.args, self.value)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self.value)
+        return args, kwargs
+
+    def call(self, cid: int) -> Callable[[], Any]:
+        """A closure running compute node `cid`'s operator on its (already resolved) inputs."""
+        node = self.nodes[self.cap.compute_fx[cid]]
+        args, kwargs = self.resolve(node)
+        return lambda: node.target(*args, **kwargs)
+
+    def store(self, cid: int, out: Any) -> None:
+        name = self.cap.compute_fx[cid]
+        elems = self.cap.elem_fx.get(name)
+        if elems is None:
+            self.env[name] = out
+        else:
+            for i, getitem in elems:
+                self.env[getitem] = out[i]
+
+    def compute(self, cid: int) -> None:
+        self.store(cid, self.call(cid)())
+
+    def free(self, d: int) -> None:
+        name = self.cap.data_fx[d]
+        if name is not None:
+            self.env.pop(name, None)
+
+    def data_value(self, d: int) -> Any:
+        name = self.cap.data_fx[d]
+        return None if name is None else self.env.get(name)

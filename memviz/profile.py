@@ -1,0 +1,467 @@
+"""`memviz.profile`: capture a model, cost every operator on a device, simulate PyTorch's eager order.
+
+Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its memory):
+
+* real device: the captured joint graph is replayed node by node in capture order; each operator runs
+  ``warmup`` times, then ``repeats`` times timed (``perf_counter`` on CPU, CUDA events on GPU) and the
+  median is kept.  On CUDA the transient workspace is the allocator's peak during the op minus what the
+  op returns; on CPU it is not observable and recorded as 0.
+* ``device="fake:<target>"``: FLOPs from ``FlopCounterMode`` on fake tensors and bytes read+written,
+  through the target's roofline (`memviz.devices`).  Nothing runs and no real memory is allocated.
+
+The baseline is the eager schedule (capture order, free after last use) through `solvers.simulate`;
+on a real device `measured_peak_bytes` is what the original model really holds while running the same
+step eagerly (live-storage tracker on CPU, allocator statistics on CUDA), without changing the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, default_loss, fingerprint
+from memviz.devices import DeviceInfo, count_flops, resolve_device
+from memviz.tracker import StorageTracker, measure_peak, tensors_of
+from solvers import ComputeNode, DataKind, Graph, GraphBuilder, Phase, Timeline, eager_schedule, simulate
+from solvers.schedule import Schedule
+
+__all__ = ["CaptureError", "Profile", "profile"]
+
+
+@dataclass
+class Profile:
+    """A profiled model: its CD-graph with costs and the baseline (eager) timeline.
+
+    `captured` is what `memviz.export` replays (None for a hook-based fallback profile, which cannot
+    be exported).  `model` is a reference to the user's model, never modified."""
+
+    graph: Graph
+    baseline: Timeline
+    baseline_schedule: Schedule
+    measured_peak_bytes: int | None
+    device: DeviceInfo
+    mode: str
+    model_name: str
+    fingerprint: str
+    captured: Captured | None
+    model: nn.Module = field(repr=False)
+    loss_fn: LossFn | None = field(default=None, repr=False)
+    optimizer: Any = field(default=None, repr=False)
+    fallback: bool = False
+    input_spec: list[tuple[tuple[int, ...], torch.dtype] | None] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.baseline.peak_bytes
+
+
+def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *, mode: str = "train",
+            loss_fn: LossFn | None = None, optimizer: Any = None, device: str | torch.device | None = None,
+            fallback: bool = True, repeats: int = 3, warmup: int = 1, measure: bool = True) -> Profile:
+    """Capture `model` on `args`/`kwargs` and profile it (DESIGN.md public API).
+
+    mode: ``"train"`` (forward, loss, backward, and the optimizer step when `optimizer` is given) or
+    ``"inference"`` (forward under ``no_grad``; the model's own train/eval state is kept).
+    loss_fn: ``loss_fn(output) -> scalar``; default `memviz.capture.default_loss` (the sum of every
+    floating output tensor, like ``out.sum()``).
+    optimizer: a ``torch.optim.Optimizer`` class or instance; its state and step are added per parameter
+    from the state layout the optimizer really creates (measured on a tiny tensor), not traced.
+    device: ``None`` (where the model lives), ``"cpu"``, ``"cuda"``, ``"neuron"`` or ``"fake:<target>"``.
+    fallback: when the model cannot be traced, warn and return a coarse module-level profile built from
+    forward/backward hooks (``Profile.fallback`` is True; it cannot be exported).  With ``False`` the
+    `CaptureError` (naming the module and source line) is raised.
+    """
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
+    args = tuple(args)
+    if mode not in ("train", "inference"):
+        raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
+    if mode == "inference" and optimizer is not None:
+        raise ValueError("an optimizer only makes sense with mode='train'")
+    info = resolve_device(device, model, args)
+    if not info.estimated:
+        _check_on_device(model, args, kwargs, info.torch_device)
+    try:
+        graph, cap = capture(model, args, kwargs, mode=mode, loss_fn=loss_fn)
+    except CaptureError as err:
+        if not fallback or info.estimated:
+            raise
+        warnings.warn(f"{err}; returning a module-level profile from forward/backward hooks instead "
+                      "(coarser, and it cannot be exported)", stacklevel=2)
+        return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
+    if info.estimated:
+        graph = _estimate_costs(graph, cap, info)
+    else:
+        graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
+    if optimizer is not None:
+        graph = add_optimizer(graph, cap.grad_data, optimizer, info)
+    graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
+                  meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
+    schedule = eager_schedule(graph)
+    baseline = simulate(graph, schedule).check()
+    measured = None
+    if measure and not info.estimated:
+        measured = measure_eager_peak(model, args, kwargs, mode=mode, loss_fn=loss_fn,
+                                      device=info.torch_device)
+    return Profile(graph=graph, baseline=baseline, baseline_schedule=schedule, measured_peak_bytes=measured,
+                   device=info, mode=mode, model_name=type(model).__name__,
+                   fingerprint=fingerprint(model, args, kwargs, mode), captured=cap, model=model,
+                   loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+
+
+def _check_on_device(model: nn.Module, args: Any, kwargs: Any, dev: torch.device) -> None:
+    for t in (*model.parameters(), *model.buffers(), *pytree.tree_leaves((args, kwargs))):
+        if isinstance(t, torch.Tensor) and t.device.type != dev.type:
+            raise ValueError(f"the model and its inputs must live on {dev} to be profiled there (found a "
+                             f"tensor on {t.device}); move them first, or use device='fake:<target>'")
+
+
+def _with_costs(graph: Graph, times: dict[int, float], temps: dict[int, int],
+                flops: dict[int, float] | None = None) -> Graph:
+    computes = tuple(
+        ComputeNode(c.id, c.name, c.op, c.phase, c.inputs, c.outputs, time=times.get(c.id, c.time),
+                    temp_bytes=temps.get(c.id, c.temp_bytes), module=c.module, source=c.source, block=c.block,
+                    flops=(flops or {}).get(c.id, c.flops))
+        for c in graph.computes
+    )
+    return Graph(computes, graph.datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
+
+
+# --- measured costs -------------------------------------------------------------------------------
+class _Timer:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], Any], repeats: int, warmup: int) -> tuple[float, Any]:
+        for _ in range(warmup):
+            fn()
+        samples = []
+        out = None
+        for _ in range(max(1, repeats)):
+            out = None  # drop the previous result before the next run, like the real schedule
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn()
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                out = fn()
+                samples.append(time.perf_counter() - t0)
+        return statistics.median(samples), out
+
+
+def _cuda_workspace(fn: Callable[[], Any], device: torch.device) -> int:
+    """Allocator peak during `fn` beyond what was allocated before and what it returns."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    kept = torch.cuda.memory_allocated(device) - before
+    del out
+    return max(0, peak - before - kept)
+
+
+def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
+                   kwargs: dict[str, Any] | None, loss_fn: LossFn | None, info: DeviceInfo, repeats: int,
+                   warmup: int) -> Graph:
+    """Replay the graph in capture order on the real device, timing every operator."""
+    flat_in = pytree.tree_leaves((args, kwargs or {}))
+    timer = _Timer(info.torch_device)
+    times: dict[int, float] = {}
+    temps: dict[int, int] = {}
+    devices = [info.torch_device.index or 0] if info.torch_device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        runner = Runner(cap, {k: v.detach() for k, v in cap.placeholder_values(model, flat_in).items()})
+        loss_state: dict[str, Any] = {}
+        for step in eager_schedule(graph):
+            if step.op == "free":
+                runner.free(step.node)
+                continue
+            c = step.node
+            if c == cap.loss_compute:
+                times[c] = _run_loss(runner, cap, graph, loss_fn, loss_state, timer, repeats, warmup)
+            elif c == cap.loss_backward_compute:
+                times[c] = _run_loss_backward(runner, cap, loss_state, timer, repeats, warmup)
+            else:
+                fn = runner.call(c)
+                times[c], out = timer(fn, repeats, warmup)
+                if info.torch_device.type == "cuda":
+                    temps[c] = _cuda_workspace(fn, info.torch_device)
+                runner.store(c, out)
+    return _with_costs(graph, times, temps)
+
+
+def _user_outputs(runner: Runner, cap: Captured) -> list[Any]:
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    flat: dict[int, Any] = {}
+    for node, kind in zip(outs, cap.outputs, strict=False):
+        if kind is not None and kind[0] == "user":
+            flat[kind[1]] = runner.value(node)
+    return [flat.get(i) for i in range(cap.out_spec.num_leaves)]
+
+
+def _run_loss(runner: Runner, cap: Captured, graph: Graph, loss_fn: LossFn | None, state: dict[str, Any],
+              timer: _Timer, repeats: int, warmup: int) -> float:
+    flat = _user_outputs(runner, cap)
+    leaves = [t.detach().requires_grad_(i in cap.tangent_data) if isinstance(t, torch.Tensor) else t
+              for i, t in enumerate(flat)]
+    fn = loss_fn or default_loss
+    with torch.enable_grad():
+        seconds, loss = timer(lambda: fn(pytree.tree_unflatten(leaves, cap.out_spec)), repeats, warmup)
+    state["loss"], state["leaves"] = loss, leaves
+    return seconds
+
+
+def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], timer: _Timer, repeats: int,
+                       warmup: int) -> float:
+    idx = sorted(cap.tangent_data)
+    diff = [state["leaves"][i] for i in idx]
+    with torch.enable_grad():
+        seconds, grads = timer(lambda: torch.autograd.grad(state["loss"], diff, retain_graph=True,
+                                                           allow_unused=True), repeats, warmup)
+    for i, g in zip(idx, grads, strict=False):
+        if g is None:  # the loss ignores this output: its gradient is zero
+            g = torch.zeros_like(state["leaves"][i])
+        runner.env[cap.data_fx[cap.tangent_data[i]]] = g
+    state.clear()
+    return seconds
+
+
+# --- estimated costs --------------------------------------------------------------------------------
+def _estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
+    """FLOPs on fake tensors and bytes moved, through the target's roofline."""
+    assert info.target is not None
+    nodes = cap.nodes
+    times: dict[int, float] = {}
+    flops: dict[int, float] = {}
+    for c in graph.computes:
+        fx = cap.compute_fx[c.id]
+        moved = sum(graph.datas[d].bytes for d in (*c.inputs, *c.outputs))
+        dtype = graph.datas[c.outputs[0]].dtype if c.outputs else "float32"
+        f = 0.0
+        if fx is not None:
+            n = nodes[fx]
+            vals = [a.meta.get("val") for a in n.all_input_nodes]
+            mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+            fargs = torch.fx.node.map_arg(n.args, lambda a: a.meta.get("val"))
+            fkwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta.get("val"))
+            with mode if mode is not None else torch._subclasses.FakeTensorMode():
+                f, _ = count_flops(functools.partial(n.target, *fargs, **fkwargs))
+        flops[c.id] = f
+        times[c.id] = info.target.op_time(f, moved, dtype)
+    return _with_costs(graph, times, {}, flops)
+
+
+# --- the eager reference ------------------------------------------------------------------------------
+def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
+                       mode: str = "train", loss_fn: LossFn | None = None,
+                       device: torch.device | str = "cpu") -> int:
+    """Peak bytes the original model holds running one step eagerly, without changing the model:
+    parameters are differentiated with ``torch.autograd.grad`` (no ``.grad`` written), buffers are
+    replaced by copies (BatchNorm statistics untouched), the RNG state is restored afterwards."""
+    params = dict(model.named_parameters())
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    fn = loss_fn or default_loss
+    trainable = [p for p in params.values() if p.requires_grad]
+
+    def step() -> Any:
+        out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs or {}, tie_weights=True)
+        if mode == "inference":
+            return out
+        loss = fn(out)
+        return out, loss, torch.autograd.grad(loss, trainable, allow_unused=True)
+
+    devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
+    existing = tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
+    with torch.random.fork_rng(devices=devices):
+        if mode == "inference":
+            with torch.no_grad():
+                peak, result = measure_peak(step, existing, device)
+        else:
+            peak, result = measure_peak(step, existing, device)
+    del result
+    return peak
+
+
+# --- optimizer ----------------------------------------------------------------------------------------
+def optimizer_layout(optimizer: Any) -> tuple[type, dict[str, Any], float, float]:
+    """(class, hyper-parameters, state bytes per parameter byte, transient bytes per parameter byte).
+
+    Measured, not assumed: one real step on a small float32 tensor shows which per-parameter state the
+    optimizer keeps (Adam: exp_avg and exp_avg_sq, SGD with momentum: momentum_buffer) and, with the
+    storage tracker, the temporaries its update allocates (steady state: the second step)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        cls = type(optimizer)
+        group = optimizer.param_groups[0]
+        hyper = {k: v for k, v in group.items() if k != "params"}
+    elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        cls, hyper = optimizer, {}
+    else:
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+    n = 4096
+    p = torch.zeros(n, requires_grad=True)
+    p.grad = torch.ones(n)
+    hyper_ok = {k: v for k, v in hyper.items() if k not in ("initial_lr",)}
+    for k in ("foreach", "fused", "capturable", "differentiable"):
+        hyper_ok.pop(k, None)
+    opt = cls([p], **hyper_ok, foreach=False) if "foreach" in cls.__init__.__code__.co_varnames else cls(
+        [p], **hyper_ok)
+    opt.step()
+    per_param = sum(int(v.untyped_storage().nbytes()) for v in opt.state[p].values()
+                    if isinstance(v, torch.Tensor) and v.numel() == n)
+    tracker = StorageTracker(tensors_of([p, p.grad], opt))
+    with tracker:
+        opt.step()
+    transient = tracker.peak_bytes - tracker.start_bytes
+    return cls, hyper, per_param / (4 * n), transient / (4 * n)
+
+
+def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo) -> Graph:
+    """Append the optimizer step: one compute node per parameter (phase optimizer) reading the
+    parameter, its gradient and its state (optimizer_state data nodes, alive from the start, as in
+    every step after the first).  Updates are in place: no new storage, only the measured transient."""
+    cls, _, state_ratio, temp_ratio = optimizer_layout(optimizer)
+    b = GraphBuilder(graph.name)
+    b._datas = [{"name": d.name, "bytes": d.bytes, "kind": d.kind, "producer": d.producer, "shape": d.shape,
+                 "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
+    b._computes = [{"name": c.name, "op": c.op, "phase": c.phase, "inputs": c.inputs, "outputs": c.outputs,
+                    "time": c.time, "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
+                    "block": c.block, "flops": c.flops} for c in graph.computes]
+    b.outputs = list(graph.outputs)
+    params = [d for d in graph.datas if d.kind is DataKind.PARAMETER]
+    missing = [p.name for p in params if p.name not in grad_data]
+    if missing:
+        raise CaptureError(f"parameters without a gradient ({', '.join(missing[:3])}): the optimizer step "
+                           "can only be modelled when every parameter receives one (set requires_grad=False)")
+    timer = _Timer(info.torch_device)
+    for p in params:
+        g = grad_data[p.name]
+        states = []
+        if state_ratio:
+            states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)),
+                                 DataKind.OPTIMIZER_STATE, shape=p.shape, dtype=p.dtype))
+        seconds = _time_update(cls, p, timer) if not info.estimated else (
+            info.target.op_time(0.0, p.bytes * (3 + 2 * state_ratio), p.dtype) if info.target else 0.0)
+        b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *states], [], op=f"{cls.__name__}.step",
+                  phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)),
+                  module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")
+    return b.build(**graph.meta, optimizer=cls.__name__)
+
+
+def _time_update(cls: type, p: Any, timer: _Timer) -> float:
+    """Median time of one real update of a tensor shaped like parameter `p` (on a copy)."""
+    dtype = getattr(torch, p.dtype, torch.float32)
+    dev = timer.cuda and torch.device("cuda") or torch.device("cpu")
+    w = torch.zeros(p.shape, dtype=dtype, device=dev, requires_grad=True)
+    w.grad = torch.ones_like(w)
+    opt = cls([w])
+    opt.step()
+    seconds, _ = timer(opt.step, repeats=3, warmup=1)
+    return seconds
+
+
+# --- fallback: module-level profile from hooks ----------------------------------------------------------
+def _hooks_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
+                   loss_fn: LossFn | None, info: DeviceInfo) -> Profile:
+    """Coarse CD-graph of an untraceable model: one forward and one backward compute node per leaf-module
+    call, recorded with hooks on a copy of the model (the user's model is not touched).  Data nodes are
+    the module outputs (saved for backward in training), their gradients and the parameter gradients;
+    times are the wall-clock time between pre-hook and hook."""
+    work = copy.deepcopy(model)
+    b = GraphBuilder(type(model).__name__)
+    data_of: dict[int, int] = {}
+    param_data: dict[int, int] = {}
+    for name, p in work.named_parameters():
+        param_data[id(p)] = data_of[p.untyped_storage()._cdata] = b.data(
+            name, p.untyped_storage().nbytes(), DataKind.PARAMETER, shape=tuple(p.shape),
+            dtype=str(p.dtype).replace("torch.", ""))
+    for name, buf in work.named_buffers():
+        data_of[buf.untyped_storage()._cdata] = b.data(name, buf.untyped_storage().nbytes(), DataKind.BUFFER)
+    for i, t in enumerate(pytree.tree_leaves((args, kwargs or {}))):
+        if isinstance(t, torch.Tensor):
+            nbytes = t.untyped_storage().nbytes()
+            data_of[t.untyped_storage()._cdata] = b.data(f"input{i}", nbytes, DataKind.INPUT)
+    calls: list[dict[str, Any]] = []
+    starts: dict[int, float] = {}
+    keep: list[Any] = []  # storages stay alive while recording so their keys stay unique
+
+    def pre(mod: nn.Module, inp: Any) -> None:
+        starts[id(mod)] = time.perf_counter()
+
+    def post(mod: nn.Module, inp: Any, out: Any) -> None:
+        seconds = time.perf_counter() - starts.pop(id(mod), time.perf_counter())
+        ins = [data_of[t.untyped_storage()._cdata] for t in pytree.tree_leaves(inp)
+               if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in data_of]
+        ins += [param_data[id(p)] for p in mod.parameters(recurse=False)]
+        outs = []
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in data_of:
+                keep.append(t)
+                d = b.data(f"{names[id(mod)]}.out{len(outs)}", t.untyped_storage().nbytes(),
+                           DataKind.ACTIVATION,
+                           shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""))
+                data_of[t.untyped_storage()._cdata] = d
+                outs.append(d)
+        calls.append({"module": names[id(mod)], "ins": ins, "outs": outs, "time": seconds,
+                      "params": [param_data[id(p)] for p in mod.parameters(recurse=False)]})
+
+    names = {id(m): n for n, m in work.named_modules()}
+    handles = []
+    for m in work.modules():
+        if not list(m.children()):
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    try:
+        with torch.random.fork_rng(), (torch.no_grad() if mode == "inference" else torch.enable_grad()):
+            out = work(*args, **(kwargs or {}))
+            if mode == "train":
+                t0 = time.perf_counter()
+                (loss_fn or default_loss)(out).backward()
+                backward_seconds = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+    fwd_ids = []
+    for call in calls:
+        if not call["outs"]:
+            continue
+        fwd_ids.append(b.compute(f"{call['module']}.forward", sorted(set(call["ins"])), call["outs"],
+                                 op=call["module"], phase=Phase.FORWARD, time=call["time"],
+                                 module=call["module"]))
+    final = [d for call in calls for d in call["outs"]][-1:] if calls else []
+    if mode == "train" and calls:
+        share = backward_seconds / max(1, len(fwd_ids))
+        grad_in: int | None = None
+        for call in reversed([c for c in calls if c["outs"]]):
+            outs = [call["outs"][0]]
+            in_bytes = b._datas[call["ins"][0]]["bytes"] if call["ins"] else 0
+            gout = b.data(f"{call['module']}.grad_input", in_bytes, DataKind.GRADIENT)
+            pgrads = [b.data(f"{b._datas[p]['name']}.grad", b._datas[p]["bytes"], DataKind.PARAMETER_GRADIENT)
+                      for p in call["params"]]
+            ins = [*outs, *call["ins"], *([grad_in] if grad_in is not None else [])]
+            b.compute(f"{call['module']}.backward", sorted(set(ins)), [gout, *pgrads], op=call["module"],
+                      phase=Phase.BACKWARD, time=share, module=call["module"])
+            b.outputs.extend(pgrads)
+            grad_in = gout
+        b.outputs.append(grad_in)
+    b.outputs.extend(final)
+    graph = b.build(mode=mode, estimated=False, device=info.name, fallback="hooks")
+    schedule = eager_schedule(graph)
+    return Profile(graph=graph, baseline=simulate(graph, schedule).check(), baseline_schedule=schedule,
+                   measured_peak_bytes=None, device=info, mode=mode, model_name=type(model).__name__,
+                   fingerprint=fingerprint(model, args, kwargs, mode), captured=None, model=model,
+                   loss_fn=loss_fn, fallback=True)

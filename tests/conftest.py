@@ -1,0 +1,35 @@
+"""Shared fixtures: the example models at test sizes, in float32 and float64."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `examples` is a plain directory at the repo root
+    sys.path.insert(0, str(ROOT))
+
+from examples.models import EXAMPLES  # noqa: E402
+
+EXAMPLE_NAMES = sorted(EXAMPLES)
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@pytest.fixture(params=EXAMPLE_NAMES)
+def example_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(params=sorted(DTYPES))
+def example_dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    return DTYPES[request.param]
+
+
+@pytest.fixture
+def example(example_name: str, example_dtype: torch.dtype) -> tuple[str, torch.nn.Module, tuple]:
+    """(name, model, args) for every example model at test size, in float32 and float64."""
+    model, args = EXAMPLES[example_name](dtype=example_dtype)
+    return example_name, model, args

@@ -1,0 +1,172 @@
+"""Capture: the joint graph becomes a CD-graph with exact bytes, kinds, aliases and source locations,
+and replaying it reproduces eager PyTorch bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from examples.models import gpt, mlp, resnet
+from memviz.capture import CaptureError, Runner, capture, default_loss
+from memviz.profile import profile
+from solvers import DataKind, Phase, eager_schedule, simulate
+
+
+def _by_name(graph):
+    return {d.name: d for d in graph.datas}
+
+
+def test_mlp_graph_shape_and_bytes():
+    model, (x,) = mlp(batch=8, d_in=32, hidden=64, d_out=10, layers=3)
+    graph, cap = capture(model, (x,))
+    datas = _by_name(graph)
+    # parameters: exact bytes from shapes, one data node each
+    for name, p in model.named_parameters():
+        assert datas[name].bytes == p.numel() * 4 and datas[name].kind is DataKind.PARAMETER
+    assert datas["input0"].kind is DataKind.INPUT and datas["input0"].bytes == 8 * 32 * 4
+    kinds = {d.kind for d in graph.datas}
+    assert {DataKind.SAVED, DataKind.GRADIENT, DataKind.PARAMETER_GRADIENT, DataKind.OUTPUT} <= kinds
+    # every parameter gradient is a required output with the parameter's size
+    grads = [graph.datas[d] for d in graph.outputs if graph.datas[d].kind is DataKind.PARAMETER_GRADIENT]
+    assert sorted(g.bytes for g in grads) == sorted(p.numel() * 4 for p in model.parameters())
+    # views (t, view) are merged: no compute node is a view op
+    assert not any(c.op.split(".")[1] in ("t", "view", "permute", "expand", "detach") for c in graph.computes
+                   if c.op.startswith("aten."))
+    assert any(d.aliases for d in graph.datas)
+    phases = [c.phase for c in graph.computes]
+    assert phases.index(Phase.BACKWARD) > phases.index(Phase.FORWARD)
+    assert simulate(graph, eager_schedule(graph)).valid
+
+
+def test_module_paths_and_source_lines():
+    model, args = gpt()
+    graph, _ = capture(model, args)
+    fwd = [c for c in graph.computes if c.phase is Phase.FORWARD and c.name != "loss"]
+    assert all(c.source for c in fwd)
+    qkv = [c for c in fwd if c.module == "blocks.0.attn.qkv"]
+    assert qkv and "linear.py" in qkv[0].source
+    attn = [c for c in fwd if c.module == "blocks.0.attn"]
+    assert any("models.py" in c.source and "q @ k.transpose" in c.source for c in attn)
+    # backward nodes carry the module of the forward op they differentiate
+    assert any(c.module == "blocks.1.fc" for c in graph.computes if c.phase is Phase.BACKWARD)
+
+
+def test_tied_weights_share_one_data_node():
+    model, args = gpt()
+    graph, cap = capture(model, args)
+    params = [d for d in graph.datas if d.kind is DataKind.PARAMETER]
+    assert len(params) == len(list(model.parameters()))  # deduplicated like model.parameters()
+    wte = _by_name(graph)["wte.weight"]
+    assert "lm_head.weight" in wte.aliases
+    assert set(cap.grad_data) == {n for n, _ in model.named_parameters()}
+
+
+def test_multi_output_ops_and_dropout_noise():
+    model, args = gpt()
+    graph, _ = capture(model, args)
+    ln = next(c for c in graph.computes if c.op == "aten.native_layer_norm.default")
+    assert len(ln.outputs) == 3  # output, mean, rstd
+    drop = next(c for c in graph.computes if c.op == "memviz.cpu_dropout.default")
+    out, noise = (graph.datas[d] for d in drop.outputs)
+    assert noise.bytes == out.bytes  # eager CPU dropout keeps a float noise tensor, not a bool mask
+    assert noise.kind is DataKind.SAVED
+
+
+def test_batchnorm_buffers_are_updated_outputs():
+    model, args = resnet()
+    graph, cap = capture(model, args)
+    updates = [k for k in cap.outputs if k and k[0] == "buffer"]
+    assert {k[1] for k in updates} == {n for n, _ in model.named_buffers()}
+    assert all(graph.datas[d].kind in (DataKind.BUFFER, DataKind.OUTPUT) for d in graph.outputs
+               if graph.datas[d].producer is not None and graph.datas[d].name.startswith("add"))
+
+
+def test_capture_does_not_modify_the_model():
+    model, args = resnet()
+    before = copy.deepcopy(model.state_dict())
+    profile(model, args)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def _replay_eager(graph, cap, model, args):
+    """Run the eager schedule through the Runner with the default loss's output gradients."""
+    flat = pytree.tree_leaves((args, {}))
+    runner = Runner(cap, cap.placeholder_values(model, flat))
+    for step in eager_schedule(graph):
+        if step.op == "free":
+            runner.free(step.node)
+        elif step.node == cap.loss_backward_compute:
+            for d in cap.tangent_data.values():
+                dtype = getattr(torch, graph.datas[d].dtype)
+                runner.env[cap.data_fx[d]] = torch.ones((), dtype=dtype).expand(graph.datas[d].shape)
+        elif step.node != cap.loss_compute:
+            runner.compute(step.node)
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    return {k: runner.value(n) for n, k in zip(outs, cap.outputs, strict=False) if k is not None}
+
+
+def test_replay_is_bitwise_eager(example):
+    name, model, args = example
+    graph, cap = capture(model, args)
+    ref = copy.deepcopy(model)
+    torch.manual_seed(7)
+    out = ref(*args)
+    default_loss(out).backward()
+    torch.manual_seed(7)
+    got = _replay_eager(graph, cap, copy.deepcopy(model), args)
+    assert torch.equal(got[("user", 0)], out)
+    params = dict(ref.named_parameters())
+    for key, value in got.items():
+        if key[0] == "grad":
+            assert torch.equal(value, params[cap.param_names[key[1]]].grad), key
+        elif key[0] == "buffer":
+            assert torch.equal(value, dict(ref.named_buffers())[key[1]]), key
+
+
+class _Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if y.sum() > 0:  # data-dependent control flow: untraceable
+            return y * 2
+        return y
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(8, 8)
+        self.gate = _Gate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(torch.relu(self.pre(x)))
+
+
+def test_untraceable_model_error_names_module_and_line():
+    with pytest.raises(CaptureError) as info:
+        profile(_Outer(), (torch.randn(4, 8),), fallback=False)
+    assert info.value.module == "gate"
+    assert info.value.source.endswith(f"test_capture.py:{_Gate.forward.__code__.co_firstlineno + 2}")
+
+
+def test_untraceable_model_falls_back_to_hooks():
+    model = _Outer()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prof = profile(model, (torch.randn(4, 8),))
+    assert any("module-level profile" in str(w.message) for w in caught)
+    assert prof.fallback and prof.captured is None
+    names = [c.name for c in prof.graph.computes]
+    assert names == ["pre.forward", "gate.lin.forward", "gate.lin.backward", "pre.backward"]
+    assert prof.baseline.valid and prof.baseline.peak_bytes > prof.graph.persistent_bytes()
+    assert all(p.grad is None for p in model.parameters())

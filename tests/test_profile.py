@@ -1,0 +1,107 @@
+"""Profile: measured and estimated costs, and the baseline peak against what eager PyTorch really holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from examples.models import gpt, mlp, vit
+from memviz.devices import TARGETS, DeviceUnavailable, resolve_device
+from memviz.profile import measure_eager_peak, optimizer_layout, profile
+from solvers import DataKind, Phase
+
+
+def test_baseline_peak_matches_eager_training(example):
+    """Issue 3 item 4: predicted eager peak within 5% of the live-storage tracker's measurement."""
+    name, model, args = example
+    prof = profile(model, args, repeats=1, warmup=0)
+    measured = prof.measured_peak_bytes
+    assert measured is not None
+    predicted = prof.baseline.peak_bytes
+    assert abs(predicted - measured) <= 0.05 * measured, (name, predicted, measured)
+
+
+def test_profile_fields_and_measured_times():
+    model, args = mlp()
+    prof = profile(model, args)
+    assert prof.mode == "train" and prof.model_name == "MLP" and prof.model is model
+    assert not prof.device.estimated and prof.device.name == "cpu"
+    assert prof.graph.meta["estimated"] is False
+    assert all(c.time > 0 for c in prof.graph.computes)
+    assert prof.baseline.total_time == pytest.approx(sum(c.time for c in prof.graph.computes))
+    assert prof.baseline_schedule and prof.baseline.valid
+
+
+def test_fingerprint_tracks_shapes_and_mode():
+    model, args = mlp()
+    a = profile(model, args, measure=False, repeats=1, warmup=0)
+    b = profile(model, (torch.randn(4, 32),), measure=False, repeats=1, warmup=0)
+    c = profile(model, args, mode="inference", measure=False, repeats=1, warmup=0)
+    assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3
+
+
+def test_fake_mode_estimates_from_flops():
+    model, (x,) = mlp(batch=8, d_in=32, hidden=64, d_out=10, layers=3)
+    prof = profile(model, (x,), device="fake:h100")
+    assert prof.device.estimated and prof.graph.meta["estimated"] is True
+    assert prof.measured_peak_bytes is None
+    assert prof.device.capacity_bytes == TARGETS["h100"].capacity_bytes
+    fwd_mm = [c for c in prof.graph.computes if c.op == "aten.addmm.default"]
+    # first layer: 2 * batch * d_in * hidden FLOPs
+    assert fwd_mm[0].flops == 2 * 8 * 32 * 64
+    target = TARGETS["h100"]
+    c = fwd_mm[0]
+    moved = sum(prof.graph.datas[d].bytes for d in (*c.inputs, *c.outputs))
+    assert c.time == pytest.approx(max(c.flops / target.peak_flops["float32"], moved / target.bandwidth))
+
+
+def test_fake_mode_counts_cpu_attention_flops():
+    model, args = vit()
+    prof = profile(model, args, device="fake:a100")
+    attn = [c for c in prof.graph.computes if "scaled_dot_product" in c.op]
+    assert attn and all(c.flops > 0 for c in attn)
+
+
+def test_fake_mode_on_a_meta_model():
+    """A model too big for the machine: build it on the meta device and profile it for a target."""
+    with torch.device("meta"):
+        model, args = gpt(batch=2, seq=64, d=256, heads=4, layers=2, vocab=512)
+    prof = profile(model, args, device="fake:trn1")
+    assert prof.device.estimated and prof.baseline.peak_bytes > prof.graph.persistent_bytes()
+
+
+def test_optimizer_state_and_step():
+    model, args = mlp()
+    prof = profile(model, args, optimizer=torch.optim.Adam, repeats=1, warmup=0)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    state = sum(d.bytes for d in prof.graph.datas if d.kind is DataKind.OPTIMIZER_STATE)
+    assert state == 2 * params  # exp_avg and exp_avg_sq
+    steps = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
+    assert len(steps) == len(list(model.parameters()))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert optimizer_layout(sgd)[2] == 1.0  # one momentum buffer per parameter
+    assert optimizer_layout(torch.optim.SGD(model.parameters(), lr=0.1))[2] == 0.0
+
+
+def test_device_resolution_errors():
+    model, args = mlp()
+    with pytest.raises(DeviceUnavailable, match="known targets"):
+        resolve_device("fake:nope", model, args)
+    with pytest.raises(DeviceUnavailable, match="torch_neuronx"):
+        resolve_device("neuron", model, args)
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceUnavailable, match="CUDA is not available"):
+            resolve_device("cuda", model, args)
+    assert resolve_device(None, model, args).name == "cpu"
+    for name in ("cpu", "a100-40gb", "a100-80gb", "h100", "h200", "v100-16gb", "trn1", "trn2", "inf2"):
+        assert name in TARGETS
+
+
+def test_measure_eager_peak_leaves_model_untouched():
+    model, args = gpt()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    assert measure_eager_peak(model, args) > 0
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())

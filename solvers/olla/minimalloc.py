@@ -27,7 +27,9 @@ def read_csv(path: str | Path) -> tuple[list[str], list[Buffer]]:
         reader = csv.DictReader(f)
         missing = {"id", "lower", "upper", "size"} - set(reader.fieldnames or ())
         if missing:
-            raise PackingError(f"{path}: missing column(s) {', '.join(sorted(missing))}; need id,lower,upper,size")
+            raise PackingError(
+                f"{path}: missing column(s) {', '.join(sorted(missing))}; need id,lower,upper,size"
+            )
         for line, row in enumerate(reader, start=2):
             try:
                 buffers.append((int(row["lower"]), int(row["upper"]), int(row["size"])))
@@ -46,7 +48,9 @@ def write_csv(path: str | Path, ids: Sequence[str], packing: Packing) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m solvers.olla.minimalloc", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m solvers.olla.minimalloc", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("input", type=Path, help="CSV with columns id,lower,upper,size")
     ap.add_argument("--capacity", type=int, default=None, help="memory size to fit (bytes)")
     ap.add_argument("--out", type=Path, default=None, help="write id,lower,upper,size,offset here")
@@ -64,8 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: internal packing check failed", file=sys.stderr)
         return 2
     fits = "yes" if args.capacity is None or packing.peak_bytes <= args.capacity else "no"
-    print(f"buffers {len(buffers)}  fits {fits}  peak {packing.peak_bytes}  lower bound {packing.lower_bound}  "
-          f"status {packing.status}  greedy peak {packing.greedy_peak}  time {seconds:.3f} s")
+    print(
+        f"buffers {len(buffers)}  fits {fits}  peak {packing.peak_bytes}  lower bound "
+        f"{packing.lower_bound}  status {packing.status}  greedy peak {packing.greedy_peak}  "
+        f"time {seconds:.3f} s"
+    )
     if args.out is not None:
         write_csv(args.out, ids, packing)
     return 0

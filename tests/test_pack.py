@@ -1,0 +1,170 @@
+"""Address packing: exactness on tiny instances, the validator, capacities, the MiniMalloc command."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from solvers import DataKind, GraphBuilder, eager_schedule, simulate
+from solvers.olla import PackingError, max_live, pack, pack_schedule, validate_packing
+from solvers.olla.minimalloc import main as minimalloc_main
+from solvers.olla.pack import greedy_pack
+
+MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "minimalloc"
+
+
+def brute_force_peak(buffers: list[tuple[int, int, int]]) -> int:
+    """Optimal peak: some order, each buffer dropped onto the highest placed buffer it overlaps in
+    time, reaches every optimum (process an optimal packing in offset order: nothing rises)."""
+    best = None
+    for order in itertools.permutations(range(len(buffers))):
+        tops: dict[int, int] = {}
+        for i in order:
+            s, e, z = buffers[i]
+            off = max((tops[j] for j in tops if buffers[j][0] < e and s < buffers[j][1]), default=0)
+            tops[i] = off + z
+        peak = max(tops.values(), default=0)
+        best = peak if best is None else min(best, peak)
+    return best or 0
+
+
+def random_buffers(seed: int, n: int) -> list[tuple[int, int, int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        s = rng.randint(0, 8)
+        out.append((s, s + rng.randint(1, 5), rng.randint(1, 6)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_pack_is_optimal_on_tiny_instances(seed: int) -> None:
+    buffers = random_buffers(seed, 3 + seed % 4)
+    p = pack(buffers, time_limit=5.0)
+    assert validate_packing(buffers, p.offsets) == []
+    assert all(type(o) is int for o in p.offsets)
+    assert p.peak_bytes == brute_force_peak(buffers)
+    assert p.status == "optimal" and p.gap == 0.0
+    assert p.lower_bound == max_live(buffers) <= p.peak_bytes <= p.greedy_peak
+    assert p.fragmentation == pytest.approx((p.peak_bytes - p.lower_bound) / p.peak_bytes)
+
+
+def test_pack_with_capacity_fits_when_greedy_does_not() -> None:
+    # Greedy by size stacks 4 and 3 and then cannot reuse the hole for the long 2: peak 9 > 7 = optimum.
+    buffers = [(0, 2, 4), (2, 4, 3), (0, 4, 2), (1, 3, 1), (3, 4, 2)]
+    assert greedy_pack(buffers, "size")[1] >= brute_force_peak(buffers)
+    opt = brute_force_peak(buffers)
+    p = pack(buffers, opt, time_limit=5.0)
+    assert p.peak_bytes <= opt and validate_packing(buffers, p.offsets, opt) == []
+
+
+def test_capacity_below_the_lower_bound_is_a_clear_error() -> None:
+    with pytest.raises(PackingError, match=r"cannot fit in 5 bytes: 6 bytes are alive at once"):
+        pack([(0, 2, 3), (1, 3, 3)], 5)
+
+
+def test_capacity_between_bound_and_optimum_is_proved_impossible() -> None:
+    # Found by random search: max-live 12, but no placement beats 13 (the size-8 buffer needs 8
+    # contiguous bytes beside the unit buffer, which the tight stack before step 7 pins in the middle).
+    buffers = [
+        (1, 4, 3), (0, 5, 3), (8, 13, 8), (5, 7, 5), (3, 7, 5), (0, 6, 1), (0, 1, 5), (0, 3, 3), (4, 10, 1),
+    ]
+    assert max_live(buffers) == 12
+    p = pack(buffers, time_limit=5.0)
+    assert p.peak_bytes == 13 and p.status == "optimal" and p.fragmentation == pytest.approx(1 / 13)
+    with pytest.raises(PackingError, match=r"no placement fits 12 bytes \(proved impossible"):
+        pack(buffers, 12, time_limit=5.0)
+    assert pack(buffers, 13).peak_bytes <= 13
+
+
+@pytest.mark.parametrize(
+    "bad", [[(0, 0, 1)], [(3, 1, 1)], [(0, 1, -1)], [(0, 1.5, 1)], [(0, 1)], [(True, 2, 1)]]
+)
+def test_malformed_buffers_are_rejected(bad: list) -> None:
+    with pytest.raises(PackingError, match="buffer 0"):
+        pack(bad)
+
+
+def test_validator_finds_overlaps_and_accepts_touching() -> None:
+    buffers = [(0, 2, 4), (1, 3, 4), (2, 4, 4)]
+    assert validate_packing(buffers, [0, 4, 0]) == []  # 0 and 2 never live together
+    assert "overlap in memory" in validate_packing(buffers, [0, 3, 8])[0]
+    assert validate_packing(buffers, [0, 4.0, 0])  # float offsets are refused (OLLA truncation bug)
+    assert validate_packing(buffers, [0, 4, 0], capacity=7)  # exceeds capacity
+    assert validate_packing(buffers, [0, 4]) == ["3 buffers but 2 offsets"]
+
+
+def test_pack_schedule_lifetimes_match_the_simulator() -> None:
+    b = GraphBuilder("g")
+    w = b.data("w", 16, DataKind.PARAMETER)
+    x = b.data("x", 8, DataKind.INPUT)
+    h = [b.data(f"h{i}", 10 * (i + 1)) for i in range(4)]
+    b.compute("a", [x, w], [h[0]], temp_bytes=5)
+    b.compute("b", [h[0]], [h[1]])
+    b.compute("c", [h[0], w], [h[2]])
+    b.compute("d", [h[1], h[2]], [h[3]])
+    b.outputs = [h[3]]
+    g = b.build()
+    sched = eager_schedule(g)
+    p = pack_schedule(g, sched, time_limit=5.0)
+    tl = simulate(g, sched)
+    data_bytes = [s - ws for s, ws in zip(tl.step_bytes, tl.by_category["workspace"], strict=True)]
+    assert p.lower_bound == max(tl.initial_bytes, *data_bytes)
+    assert p.peak_bytes == p.lower_bound and p.status == "optimal"
+    assert validate_packing(p.buffers, p.offsets) == []
+    d = p.to_dict()
+    assert {e["data"] for e in d["buffers"]} == {w, x, *h}
+    assert d["fragmentation"] == 0.0
+    by = {e["data"]: e for e in d["buffers"]}
+    assert (by[w]["start"], by[w]["end"]) == (0, len(sched))  # sources: the whole schedule
+    assert by[h[0]]["start"] == 0 and by[h[3]]["end"] == len(sched)
+
+
+def test_recomputed_data_gets_one_buffer_per_materialisation() -> None:
+    from solvers import compute, free
+
+    b = GraphBuilder("r")
+    x = b.data("x", 4, DataKind.INPUT)
+    a = b.data("a", 8)
+    y = b.data("y", 2)
+    z = b.data("z", 2)
+    b.compute("f", [x], [a])
+    b.compute("g", [a], [y])
+    b.compute("h", [a, y], [z])
+    b.outputs = [z]
+    g = b.build()
+    sched = [compute(0), compute(1), free(a), compute(0), compute(2), free(a), free(y)]
+    p = pack_schedule(g, sched)
+    spans = sorted((s, e) for (s, e, _), d in zip(p.buffers, p.labels, strict=True) if d == a)
+    assert spans == [(0, 2), (3, 5)]
+
+
+def test_minimalloc_command_tiny_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.csv"
+    assert minimalloc_main([str(MINIMALLOC / "input.12.csv"), "--capacity", "12", "--out", str(out)]) == 0
+    assert "fits yes  peak 12" in capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    assert [r["id"] for r in rows] == ["b1", "b2", "b3", "b4", "b5"]
+    buffers = [(int(r["lower"]), int(r["upper"]), int(r["size"])) for r in rows]
+    assert validate_packing(buffers, [int(r["offset"]) for r in rows], capacity=12) == []
+
+
+def test_minimalloc_command_reports_what_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert minimalloc_main([str(MINIMALLOC / "input.12.csv"), "--capacity", "11"]) == 1
+    assert "cannot fit in 11 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["A", "C", "D"])
+def test_minimalloc_benchmark_instances_fit(name: str) -> None:
+    from solvers.olla.minimalloc import read_csv
+
+    _, buffers = read_csv(MINIMALLOC / f"{name}.1048576.csv")
+    assert greedy_pack(buffers, "size")[1] > 1048576  # greedy alone does not fit
+    p = pack(buffers, 1048576, time_limit=30.0)
+    assert p.peak_bytes <= 1048576
+    assert validate_packing(buffers, p.offsets, capacity=1048576) == []

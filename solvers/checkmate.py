@@ -313,24 +313,37 @@ def _plan(graph: Graph, schedule: Schedule, source: str) -> _Plan | None:
     return _Plan(schedule, tl, source) if tl.valid else None
 
 
-def _checkpoint_plans(graph: Graph, st: _Stages, deadline: float, grid: int = 16) -> list[_Plan]:
-    """A family of checkpointing schedules: forward activations cheapest to recompute per byte are
-    dropped first (recomputed by closure when needed), everything else is kept until its last use."""
+def _checkpoint_plans(graph: Graph, st: _Stages, budget: int, deadline: float) -> list[_Plan]:
+    """Checkpointing schedules: the k forward activations cheapest to recompute per byte are dropped
+    (recomputed by closure when needed), everything else is kept until its last use.  Binary search
+    for the fewest drops that fit `budget` (peak falls, roughly, as k grows): O(log n) simulations."""
     fwd = [d for d in st.datas
            if d not in st.outputs and graph.computes[st.order[st.prod[d]]].phase == Phase.FORWARD]
     fwd.sort(key=lambda d: graph.computes[st.order[st.prod[d]]].time / max(graph.datas[d].bytes, 1))
-    counts = sorted({round(i * len(fwd) / (grid - 1)) for i in range(grid)})
-    plans = []
-    for k in counts:
-        if time.perf_counter() > deadline:
-            break
-        dropped = set(fwd[:k])
-        kept = [d for d in st.datas if d not in dropped]
-        keep = [{d for d in kept if st.prod[d] < t} for t in range(st.n)]
-        p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"checkpoint({k}/{len(fwd)})")
-        if p is not None:
-            plans.append(p)
-    return plans
+    plans: dict[int, _Plan] = {}
+
+    def evaluate(k: int) -> _Plan | None:
+        if k not in plans:
+            dropped = set(fwd[:k])
+            kept = [d for d in st.datas if d not in dropped]
+            keep = [{d for d in kept if st.prod[d] < t} for t in range(st.n)]
+            seq = _closure_sequence(st, keep)
+            p = _plan(graph, with_early_frees(graph, seq), f"checkpoint({k}/{len(fwd)})")
+            if p is not None:
+                plans[k] = p
+        return plans.get(k)
+
+    top = evaluate(len(fwd))
+    if top is not None and top.peak <= budget:
+        lo, hi = 0, len(fwd)  # invariant: hi fits
+        while hi - lo > 1 and time.perf_counter() < deadline:
+            mid = (lo + hi) // 2
+            p = evaluate(mid)
+            if p is not None and p.peak <= budget:
+                hi = mid
+            else:
+                lo = mid
+    return list(plans.values())
 
 
 def _lower_bound_bytes(graph: Graph, st: _Stages) -> int:
@@ -349,12 +362,13 @@ def _infeasible(budget: int, known: list[_Plan], solver: str) -> InfeasibleBudge
 
 # --- public entry points --------------------------------------------------------------------------
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False,
-          incumbent: Schedule | None = None) -> SolveResult:
+          incumbent: Schedule | None = None, backend: milp.Backend | None = None) -> SolveResult:
     """Minimum total compute time schedule within `budget_bytes` (Checkmate's MILP, Sec. 4).
 
     `relax=True` runs the two-phase LP rounding instead (`solve_lp`).  `incumbent`: a schedule the
     caller already has (e.g. from Rotor); it seeds the MILP when it is in Checkmate's class and is
-    returned if nothing better is found.  Raises `InfeasibleBudget` when no schedule is known to fit.
+    returned if nothing better is found.  `backend`: "highs" (default when highspy imports) or "cbc".
+    Raises `InfeasibleBudget` when no schedule is known to fit.
     """
     if relax:
         return solve_lp(graph, budget_bytes, time_limit=time_limit)
@@ -370,7 +384,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         known.append(p)
     fits = [p for p in known if p.peak <= budget_bytes]
     if not fits:
-        known += _checkpoint_plans(graph, st, t0 + 0.2 * time_limit)
+        known += _checkpoint_plans(graph, st, budget_bytes, t0 + 0.3 * time_limit)
         fits = [p for p in known if p.peak <= budget_bytes]
     if budget_bytes < _lower_bound_bytes(graph, st):
         raise _infeasible(budget_bytes, known, "checkmate")
@@ -407,10 +421,11 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
             if stages is not None:
                 start = _start_values(st, graph, model, V, stages, cap - shrink)
-                if model.num_vars < 50_000 and model.violation(start) > 1e-6:
+                if model.num_vars < 5_000 and model.violation(start) > 1e-6:
                     start = None  # a bug here must not poison the search; the MILP still runs
         extra["warm_start"] = start is not None
-        sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), start=start)
+        sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), start=start,
+                         backend=backend)
         extra["backend"] = sol.backend
         bound = sol.bound * tscale if sol.bound is not None else None
         if sol.status == "infeasible":
@@ -432,7 +447,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             bound = plan.time
         else:
             status = "feasible"
-            gap = max(0.0, plan.time - bound) / plan.time if bound is not None and plan.time > 0 else None
+            bound = lb_time if bound is None else max(bound, lb_time)
+            gap = max(0.0, plan.time - bound) / plan.time if plan.time > 0 else 0.0
         extra.update(incumbent=None if best is None else best.source, recomputes=plan.timeline.recomputes)
         return SolveResult(plan.schedule, SolverStats(
             "checkmate", status, time.perf_counter() - t0, objective=plan.time, bound=bound, gap=gap,
@@ -454,7 +470,8 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
     lb_time = sum(graph.computes[c].time for c in st.order)
     if budget_bytes < _lower_bound_bytes(graph, st):
-        raise _infeasible(budget_bytes, known + _checkpoint_plans(graph, st, deadline), "checkmate-lp")
+        known += _checkpoint_plans(graph, st, budget_bytes, deadline)
+        raise _infeasible(budget_bytes, known, "checkmate-lp")
     bound = None
     tried = 0
     backend = ""
@@ -471,7 +488,9 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
             continue
         if scale == 1.0 and sol.status == "optimal":
             bound = sol.objective * (lb_time or 1.0)  # LP optimum at the real budget: a lower bound
-        draws = [lambda v: v >= 0.5] + [lambda v: rng.random() < v for _ in range(samples)]
+        # thresholds above 0.5 keep less (less memory, more recomputation); draws explore around them
+        draws = [lambda v, th=th: v >= th for th in (0.5, 0.75, 0.9, 0.99)]
+        draws += [lambda v: rng.random() < v for _ in range(samples)]
         for rule in draws:
             keep = [{d for d, v in V.S[t].items() if rule(sol.x[v])} for t in range(st.n)]
             p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"lp-rounding@{scale}")
@@ -483,7 +502,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         if best is not None and scale < 1.0:
             break  # a smaller scale only rounds towards more recomputation
     if best is None:
-        known += _checkpoint_plans(graph, st, deadline + 0.2 * time_limit)
+        known += _checkpoint_plans(graph, st, budget_bytes, deadline + 0.2 * time_limit)
         best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
     if best is None:
         raise _infeasible(budget_bytes, known, "checkmate-lp")

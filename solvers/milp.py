@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -161,9 +162,12 @@ def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[flo
     import pulp
 
     prob = pulp.LpProblem("milp", pulp.LpMinimize)
+    def bound(v: float) -> float | None:
+        return None if math.isinf(v) else v
+
     xs = [
-        pulp.LpVariable(f"x{j}", model.lower[j], model.upper[j],
-                        cat=pulp.LpInteger if model.integer[j] and not relax else pulp.LpContinuous)
+        prob.add_variable(f"x{j}", bound(model.lower[j]), bound(model.upper[j]),
+                          cat=pulp.LpInteger if model.integer[j] and not relax else pulp.LpContinuous)
         for j in range(model.num_vars)
     ]
     prob += pulp.lpSum(c * xs[j] for j, c in enumerate(model.cost) if c)
@@ -181,8 +185,11 @@ def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[flo
     if start is not None:
         for v, s in zip(xs, start, strict=True):
             v.setInitialValue(s)
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=start is not None and not relax,
-                               gapRel=1e-7)
+    with warnings.catch_warnings():
+        # pulp 3.3 flags its bundled CBC as deprecated for 4.0, which needs Python >= 3.12 (TOOLCHAIN.md)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=start is not None and not relax,
+                                   gapRel=1e-7)
     prob.solve(solver)
     if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
         return "infeasible", None, None, None

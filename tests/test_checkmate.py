@@ -1,0 +1,183 @@
+"""Checkmate MILP and LP rounding against the exhaustive search in tests/bruteforce.py."""
+
+from __future__ import annotations
+
+import random
+
+import bruteforce
+import pytest
+from graphs import chain_of_blocks, random_training_dag, training_chain, transformer_blocks
+
+from solvers import checkmate, eager_schedule, milp, simulate
+from solvers.checkmate import _build, _stage_sets, _stages, _start_values, with_early_frees
+from solvers.result import InfeasibleBudget
+
+
+def small_graphs():
+    """Seeded random training DAGs with at most 7 compute nodes, plus a training chain."""
+    out = [training_chain(3, sizes=[10, 20, 30], times=[1.0, 2.0, 3.0])]
+    seed = 0
+    while len(out) < 10:
+        rng = random.Random(seed)
+        g = random_training_dag(rng, rng.randint(2, 3))
+        seed += 1
+        if len(g.computes) <= 7:
+            out.append(g)
+    return out
+
+
+def budgets(graph):
+    """The minimum feasible budget of Checkmate's class, the eager peak, and points in between."""
+    lo = bruteforce.min_budget(graph, frontier=True)
+    hi = simulate(graph, eager_schedule(graph)).peak_bytes
+    return sorted({lo, lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3, hi})
+
+
+def check(graph, result, budget):
+    tl = simulate(graph, result.schedule)
+    assert tl.valid, tl.issues
+    assert tl.peak_bytes <= budget
+    assert result.stats.objective == pytest.approx(tl.total_time, rel=1e-12)
+    return tl
+
+
+@pytest.mark.parametrize("graph", small_graphs(), ids=lambda g: g.name)
+def test_milp_equals_bruteforce(graph):
+    for b in budgets(graph):
+        frontier = bruteforce.optimum(graph, b, frontier=True)
+        anyorder = bruteforce.optimum(graph, b)
+        r = checkmate.solve(graph, b, time_limit=30)
+        check(graph, r, b)
+        assert r.stats.status == "optimal" and r.stats.gap == 0.0
+        assert r.stats.objective == pytest.approx(frontier.time, rel=1e-9)
+        # the capture order is Checkmate's premise: any order can only be as good or better
+        assert anyorder.time <= r.stats.objective + 1e-9
+
+
+def test_infeasible_budget_reports_a_feasible_minimum():
+    for g in small_graphs()[:5]:
+        true_min = bruteforce.min_budget(g, frontier=True)
+        with pytest.raises(InfeasibleBudget) as info:
+            checkmate.solve(g, true_min - 1, time_limit=30)
+        minimum = info.value.minimum_bytes
+        assert minimum is not None and minimum >= true_min
+        check(g, checkmate.solve(g, minimum, time_limit=30), minimum)
+
+
+def test_below_persistent_memory_is_infeasible():
+    g = training_chain(2)
+    with pytest.raises(InfeasibleBudget, match="raise the budget"):
+        checkmate.solve(g, g.persistent_bytes() - 1)
+
+
+def test_lp_rounding_valid_and_not_below_optimum():
+    """Two-phase rounding is a heuristic: when it returns, the plan is valid, fits and costs at least
+    the optimum; when it gives up (tight budgets), the minimum it names is feasible.  It must succeed
+    on most budgets and always when the eager order fits."""
+    solved = tried = 0
+    for g in small_graphs():
+        bs = budgets(g)
+        for b in bs:
+            tried += 1
+            try:
+                r = checkmate.solve_lp(g, b, time_limit=10)
+            except InfeasibleBudget as e:
+                assert b != bs[-1]
+                assert e.minimum_bytes > b
+                check(g, checkmate.solve(g, e.minimum_bytes, time_limit=30), e.minimum_bytes)
+                continue
+            solved += 1
+            check(g, r, b)
+            assert r.stats.objective >= bruteforce.optimum(g, b).time - 1e-9
+            assert r.stats.status == "heuristic"
+    assert solved >= 0.8 * tried
+    assert checkmate.solve(g, bs[-1], relax=True).stats.solver == "checkmate-lp"
+
+
+@pytest.mark.parametrize("graph", small_graphs()[:6], ids=lambda g: g.name)
+def test_milp_accounting_equals_simulator(graph):
+    """For schedules in Checkmate's class, the model's values (from `_start_values`) satisfy every row
+    and the memory the MILP accounts (max U + workspace) is exactly the simulated peak."""
+    st = _stages(graph)
+    rng = random.Random(1)
+    for _ in range(5):
+        keep = [{d for d in st.datas if st.prod[d] < t and rng.random() < 0.5} for t in range(st.n)]
+        seq = checkmate._closure_sequence(st, keep)
+        tl = simulate(graph, with_early_frees(graph, seq))
+        assert tl.valid, tl.issues
+        cap = tl.peak_bytes - st.base
+        model, V = _build(st, graph, cap, False, float("inf"))
+        x = _start_values(st, graph, model, V, _stage_sets(st, seq), cap)
+        assert model.violation(x) < 1e-9
+        used = max(x[u] + graph.computes[st.order[k]].temp_bytes / cap * x[V.R[t][k]]
+                   for t in range(st.n) for k, u in enumerate(V.U[t]))
+        assert used == pytest.approx(1.0, abs=1e-9)
+
+
+def test_early_frees_with_recomputation():
+    g = training_chain(3)
+    seq = [0, 1, 2, 3, 4, 0, 1, 5, 0, 6]  # recompute f0 (twice) and f1 for the backward
+    sched = with_early_frees(g, seq)
+    tl = simulate(g, sched)
+    assert tl.valid and tl.recomputes == 3
+    # nothing but the sources and the required outputs stays alive at the end
+    assert tl.live_bytes[-1] == g.persistent_bytes() + sum(g.datas[d].bytes for d in g.outputs)
+
+
+def test_incumbent_is_kept_and_never_beaten_by_worse():
+    g = small_graphs()[1]
+    b = budgets(g)[1]
+    best = bruteforce.optimum(g, b)
+    r = checkmate.solve(g, b, time_limit=30, incumbent=best.schedule)
+    check(g, r, b)
+    assert r.stats.objective <= best.time + 1e-9
+
+
+def test_cbc_backend_agrees():
+    g = small_graphs()[2]
+    for b in budgets(g)[:2]:
+        r = checkmate.solve(g, b, time_limit=30, backend="cbc")
+        check(g, r, b)
+        assert r.stats.objective == pytest.approx(bruteforce.optimum(g, b, frontier=True).time, rel=1e-6)
+        assert r.stats.backend in ("cbc", "")
+
+
+def test_milp_time_limit_reports_feasible():
+    m = milp.Model()
+    xs = [m.var(cost=-(i % 7 + 1)) for i in range(30)]
+    m.row([(x, float(i % 5 + 2)) for i, x in enumerate(xs)], hi=20.5)
+    for backend in ("highs", "cbc"):
+        sol = milp.solve(m, time_limit=5, backend=backend)
+        assert sol.status == "optimal" and sol.gap == 0.0 and m.violation(sol.x) < 1e-6
+
+
+def test_time_limit_on_150_nodes_returns_feasible():
+    g = chain_of_blocks(18, 3)
+    assert len(g.computes) >= 140
+    eager = simulate(g, eager_schedule(g))
+    b = g.persistent_bytes() + int(0.7 * (eager.peak_bytes - g.persistent_bytes()))
+    r = checkmate.solve(g, b, time_limit=1.0)
+    check(g, r, b)
+    assert r.stats.status in ("feasible", "optimal") and r.stats.gap is not None
+    assert r.stats.seconds < 10
+
+
+def test_bruteforce_schedules_are_what_they_claim():
+    for g in small_graphs()[:4]:
+        for b in budgets(g):
+            for frontier in (False, True):
+                o = bruteforce.optimum(g, b, frontier=frontier)
+                tl = simulate(g, o.schedule)
+                assert tl.valid and tl.peak_bytes == o.peak_bytes <= b
+                assert tl.total_time == pytest.approx(o.time)
+
+
+@pytest.mark.slow
+def test_medium_graphs_optimal_or_gap():
+    """Solve times reported in the checkmate notes: a 41-node chain and a 2-block transformer."""
+    for g, limit in ((training_chain(20), 120), (transformer_blocks(2), 120)):
+        eager = simulate(g, eager_schedule(g))
+        b = g.persistent_bytes() + (eager.peak_bytes - g.persistent_bytes()) // 2
+        r = checkmate.solve(g, b, time_limit=limit)
+        check(g, r, b)
+        assert r.stats.gap is not None and r.stats.gap < 0.05

@@ -191,6 +191,11 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
     return groups
 
 
+#: The canonical search keeps dense sections x buffers and buffers x buffers boolean matrices; above
+#: this many buffers in one segment (~100 MB) only CP-SAT improves the greedy placement.
+CANONICAL_MAX_BUFFERS = 4000
+
+
 class _Timeout(Exception):
     pass
 
@@ -287,7 +292,8 @@ def _canonical_search(
                 nxt, hat = place(st, b, off)
                 left = members & (nxt[0] < 0)
                 nfloor, ntotal = nxt[2], nxt[3]
-                lowest = np.where(cover[s0:s1] & left[None, :], nxt[1][None, :], big).min(axis=1)
+                rest = np.flatnonzero(left)
+                lowest = np.where(cover[s0:s1, rest], nxt[1][rest][None, :], big).min(axis=1, initial=big)
                 nfloor[s0:s1] = np.maximum(nfloor[s0:s1], np.where(lowest < big, lowest, 0))
                 if not (np.maximum(nfloor[s0:s1], off) + ntotal[s0:s1] > capacity).any():
                     found = decompose(nxt, left, s0, s1, off, r)
@@ -303,10 +309,9 @@ def _canonical_search(
             idx = np.flatnonzero(left)
             if idx.size == 0:
                 return st
-            crossing = np.zeros(n_sec + 1, dtype=np.int64)
-            np.add.at(crossing, lo[idx] + 1, 1)
-            np.add.at(crossing, hi[idx], -1)
-            crossing = np.cumsum(crossing)
+            crossing = np.cumsum(
+                np.bincount(lo[idx] + 1, minlength=n_sec + 1) - np.bincount(hi[idx], minlength=n_sec + 1)
+            )
             first, last = int(lo[idx].min()), int(hi[idx].max())
             cuts = [k for k in np.flatnonzero(crossing[first + 1:last] == 0).tolist()]
             if not cuts:
@@ -398,7 +403,9 @@ def _solve_segment(
     fragmentation) with 85% of the time; CP-SAT then minimises (or fits) from the best placement."""
     started = time.perf_counter()
     target = lower if room is None else room
-    found, infeasible = _canonical_search(sub, target, started + 0.85 * seconds)
+    found, infeasible = None, False
+    if len(sub) <= CANONICAL_MAX_BUFFERS:
+        found, infeasible = _canonical_search(sub, target, started + 0.85 * seconds)
     if found is not None:
         return found, max(o + z for o, (_, _, z) in zip(found, sub, strict=True)), lower, "canonical"
     if infeasible:

@@ -1,0 +1,197 @@
+"""OLLA benchmarks: address packing of the MiniMalloc instances and reordering of a training graph.
+
+Run: ``python benchmarks/bench_olla.py`` (about a minute).  Prints a table and writes
+``benchmarks/results/olla.json``.
+
+1. MiniMalloc instances A-D (github.com/google/minimalloc, Apache-2.0) packed into capacity 1048576
+   by `solvers.olla.pack`, with the time per instance, against greedy-by-size best fit (TFLite):
+   the extra capacity greedy needs, in % of 1048576.
+2. `solvers.olla.reorder` on a synthetic ~400-node transformer training graph (forward, loss,
+   autograd-style backward with gradient accumulation, SGD updates): solve time and peak vs eager;
+   then `pack_schedule` of the result (fragmentation) against the caching-allocator model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from solvers import DataKind, Graph, GraphBuilder, Phase, eager_schedule, simulate  # noqa: E402
+from solvers.allocator import simulate_caching_allocator  # noqa: E402
+from solvers.olla import PackingError, max_live, pack, pack_schedule, reorder  # noqa: E402
+from solvers.olla.minimalloc import read_csv  # noqa: E402
+from solvers.olla.pack import greedy_pack  # noqa: E402
+
+MINIMALLOC = ROOT.parent / "shared" / "benchmarks" / "minimalloc"
+CAPACITY = 1048576
+MiB = 2**20
+
+
+def training_graph(layers: int = 12, *, seed: int = 0) -> Graph:
+    """A synthetic transformer training graph (33 compute nodes per layer, 3 more for the loss).
+
+    Forward per layer: layer norm, q/k/v projections (three branches), attention with workspace,
+    output projection, residual add, MLP up, GELU, MLP down, residual add; then a loss.  Backward is
+    generated autograd-style: one backward node per forward node that reads the output gradient, the
+    saved inputs and its weights and writes the input and weight gradients, and an accumulation node
+    where a tensor has several readers.  In-place SGD updates every parameter after its gradient
+    (an 8-byte token is the required output), captured after the whole backward as PyTorch runs
+    it.  Sizes vary by seed around 1 MiB activations and 4 MiB MLP and
+    attention-score tensors; weights are 4 MiB each.
+    """
+    rng = random.Random(seed)
+    b = GraphBuilder(f"train{layers}")
+
+    def jitter(nbytes: int) -> int:
+        return int(nbytes * rng.uniform(0.75, 1.25)) // 64 * 64
+
+    act, wide, weight = MiB, 4 * MiB, 4 * MiB
+    fwd: list[tuple[str, list[int], int, list[int]]] = []  # (name, tensor inputs, output, params)
+    params: list[int] = []
+
+    def param(name: str) -> int:
+        params.append(b.data(name, jitter(weight), DataKind.PARAMETER))
+        return params[-1]
+
+    def op(name: str, ins: list[int], nbytes: int, ps: tuple[int, ...] = (), temp: int = 0) -> int:
+        out = b.data(name, jitter(nbytes))
+        b.compute(name, [*ins, *ps], [out], phase=Phase.FORWARD, temp_bytes=temp, time=1e-3)
+        fwd.append((name, ins, out, list(ps)))
+        return out
+
+    h = b.data("x", act, DataKind.INPUT)
+    for i in range(layers):
+        n = op(f"l{i}.ln1", [h], act)
+        q, k, v = (op(f"l{i}.{w}", [n], act, (param(f"l{i}.W{w}"),)) for w in "qkv")
+        a = op(f"l{i}.attn", [q, k, v], act, temp=jitter(wide))
+        o = op(f"l{i}.proj", [a], act, (param(f"l{i}.Wo"),))
+        h = op(f"l{i}.add1", [h, o], act)
+        u = op(f"l{i}.up", [op(f"l{i}.ln2", [h], act)], wide, (param(f"l{i}.W1"),))
+        y = op(f"l{i}.down", [op(f"l{i}.gelu", [u], wide)], act, (param(f"l{i}.W2"),))
+        h = op(f"l{i}.add2", [h, y], act)
+    loss = op("loss", [h], 64)
+
+    grads: dict[int, list[int]] = {loss: []}
+    seed_grad = b.data("loss.grad", 64, DataKind.GRADIENT)
+    b.compute("loss.grad", [loss], [seed_grad], phase=Phase.BACKWARD)
+    grads[loss] = [seed_grad]
+    pgrads: dict[int, int] = {}
+
+    def total_grad(t: int) -> int:
+        parts = grads.pop(t)
+        if len(parts) == 1:
+            return parts[0]
+        g = b.data(f"{b._datas[t]['name']}.grad", b._datas[t]["bytes"], DataKind.GRADIENT)
+        b.compute(f"{b._datas[t]['name']}.grad_acc", parts, [g], phase=Phase.BACKWARD)
+        return g
+
+    for name, ins, out, ps in reversed(fwd):
+        g_out = total_grad(out)
+        g_ins = [
+            b.data(f"{name}.igrad{j}", b._datas[t]["bytes"], DataKind.GRADIENT) for j, t in enumerate(ins)
+        ]
+        g_ps = [b.data(f"{name}.pgrad", b._datas[p]["bytes"], DataKind.PARAMETER_GRADIENT) for p in ps]
+        b.compute(f"{name}.bwd", [g_out, *ins, *ps], [*g_ins, *g_ps], phase=Phase.BACKWARD)
+        pgrads.update(zip(ps, g_ps, strict=True))
+        for t, g in zip(ins, g_ins, strict=True):
+            grads.setdefault(t, []).append(g)
+    outputs = [loss]
+    for p in params:
+        # in-place update: the parameter's storage is reused; a tiny token marks the step done
+        done = b.data(f"{b._datas[p]['name']}.updated", 8, DataKind.OUTPUT)
+        b.compute(f"{b._datas[p]['name']}.sgd_", [p, pgrads[p]], [done], phase=Phase.OPTIMIZER)
+        outputs.append(done)
+    b.outputs = outputs
+    return b.build()
+
+
+def bench_minimalloc(time_limit: float) -> list[dict]:
+    rows = []
+    for name in "ABCD":
+        path = MINIMALLOC / f"{name}.{CAPACITY}.csv"
+        _, buffers = read_csv(path)
+        greedy = min(greedy_pack(buffers, order)[1] for order in ("size", "lifetime", "area"))
+        by_size = greedy_pack(buffers, "size")[1]
+        start = time.perf_counter()
+        try:
+            packing = pack(buffers, CAPACITY, time_limit=time_limit)
+            peak, status = packing.peak_bytes, packing.status
+        except PackingError as exc:
+            peak, status = None, f"no fit: {exc}"
+        seconds = time.perf_counter() - start
+        rows.append({
+            "instance": name, "buffers": len(buffers), "capacity": CAPACITY,
+            "fits": peak is not None, "peak_bytes": peak,
+            "lower_bound": max_live(buffers), "seconds": round(seconds, 3),
+            "status": status, "greedy_by_size_peak": by_size,
+            "greedy_by_size_extra_pct": round(100 * (by_size - CAPACITY) / CAPACITY, 2),
+            "best_greedy_peak": greedy,
+        })
+    return rows
+
+
+def bench_reorder(layers: int, time_limit: float) -> dict:
+    graph = training_graph(layers)
+    eager = simulate(graph, eager_schedule(graph)).peak_bytes
+    start = time.perf_counter()
+    result = reorder(graph, time_limit=time_limit)
+    seconds = time.perf_counter() - start
+    peak = simulate(graph, result.schedule).check().peak_bytes
+    start = time.perf_counter()
+    packing = pack_schedule(graph, result.schedule, time_limit=10.0)
+    pack_seconds = time.perf_counter() - start
+    torch_like = simulate_caching_allocator(graph, result.schedule)
+    return {
+        "graph": graph.name, "compute_nodes": len(graph.computes), "data_nodes": len(graph.datas),
+        "seconds": round(seconds, 3), "eager_peak": eager, "peak": peak,
+        "reduction_pct": round(100 * (eager - peak) / eager, 2), "status": result.stats.status,
+        "bound": int(result.stats.bound or 0), "gap_pct": round(100 * (result.stats.gap or 0.0), 2),
+        "chosen": result.stats.extra["chosen"],
+        "packing": {"buffers": len(packing.buffers), "peak": packing.peak_bytes,
+                    "lower_bound": packing.lower_bound,
+                    "fragmentation_pct": round(100 * packing.fragmentation, 3),
+                    "seconds": round(pack_seconds, 3), "status": packing.status},
+        "caching_allocator": {"reserved": torch_like.peak_reserved, "allocated": torch_like.peak_allocated,
+                              "fragmentation_pct": round(100 * torch_like.fragmentation, 2)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pack-time-limit", type=float, default=60.0)
+    ap.add_argument("--reorder-time-limit", type=float, default=5.0)
+    ap.add_argument("--layers", type=int, default=12, help="training graph layers (12 -> ~400 nodes)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "olla.json")
+    args = ap.parse_args(argv)
+
+    packing = bench_minimalloc(args.pack_time_limit)
+    print(f"{'inst':4} {'bufs':>4} {'fits':>5} {'peak':>8} {'lower':>8} {'time s':>7} {'greedy':>8} "
+          f"{'+%':>6}")
+    for r in packing:
+        peak = r["peak_bytes"] or "-"
+        print(f"{r['instance']:4} {r['buffers']:4} {r['fits']!s:>5} {peak:>8} {r['lower_bound']:8} "
+              f"{r['seconds']:7.2f} {r['greedy_by_size_peak']:8} {r['greedy_by_size_extra_pct']:6.1f}")
+    order = bench_reorder(args.layers, args.reorder_time_limit)
+    print(f"\nreorder {order['graph']}: {order['compute_nodes']} ops, {order['seconds']:.2f} s, "
+          f"peak {order['peak'] / MiB:.1f} MiB vs eager {order['eager_peak'] / MiB:.1f} MiB "
+          f"(-{order['reduction_pct']:.1f}%), {order['status']}, gap {order['gap_pct']:.1f}%")
+    pk, ca = order["packing"], order["caching_allocator"]
+    print(f"packing of that schedule: {pk['buffers']} buffers, fragmentation {pk['fragmentation_pct']:.2f}% "
+          f"({pk['status']}, {pk['seconds']:.2f} s); PyTorch caching allocator model: reserved "
+          f"{ca['reserved'] / MiB:.1f} MiB, fragmentation {ca['fragmentation_pct']:.1f}%")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"minimalloc": packing, "reorder": order}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -360,3 +360,36 @@ def test_gpt_layer_joint_graph_is_megatron_exact(s, b, h, a):
     cfg = TransformerConfig(layers=1, hidden=h, heads=a, seq=s, batch=b)  # bf16, 1-byte masks
     assert sum(measured) == activation_bytes_per_layer(cfg) == 34 * s * b * h + 5 * a * s * s * b
     assert measured == sorted(t.bytes for t in layer_activation_tensors(cfg))
+
+
+@pytest.mark.parametrize("device", [None, "fake:trn1"])
+def test_gpt_layer_profile_graph_matches_cpu_formula(device):
+    """The same check through memviz.profile's CD-graph.  Its capture runs CPU's eager dropout kernel
+    (a noise tensor of the input's dtype), so on CPU the masks are 2 bytes: 36sbh + 6as^2b.
+
+    Conventions, as in the paper: the layer's own input counts (LayerNorm 1 saves it; in the graph it
+    is an "input" node read by the backward pass, not a "saved" one), LayerNorm's per-token mean and
+    rstd are left out, views are merged into their storage by the capture itself."""
+    from memviz import profile
+    from solvers import DataKind, Phase
+
+    s, b, h, a = 16, 2, 32, 4
+    torch.manual_seed(0)
+    layer = MegatronLayer(h, a, 0.1).to(torch.bfloat16)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    g = profile(layer, (x,), mode="train", device=device).graph
+
+    def read_by_backward(d):
+        return any(g.computes[c].phase is Phase.BACKWARD for c in g.consumers(d.id))
+
+    def layernorm_stat(d):
+        return "native_layer_norm" in g.computes[d.producer].op and d.shape[-1:] == (1,)
+
+    saved = [d for d in g.datas if d.kind is DataKind.SAVED]
+    stats = [d for d in saved if layernorm_stat(d)]
+    assert len(stats) == 4 and all(read_by_backward(d) for d in saved)
+    inputs = [d for d in g.datas if d.kind is DataKind.INPUT and read_by_backward(d)]
+    measured = sorted(d.bytes for d in [*saved, *inputs] if d not in stats)
+    cfg = TransformerConfig(layers=1, hidden=h, heads=a, seq=s, batch=b, dropout_mask_bytes=2)
+    assert sum(measured) == 36 * s * b * h + 6 * a * s * s * b == activation_bytes_per_layer(cfg)
+    assert measured == sorted(t.bytes for t in layer_activation_tensors(cfg))

@@ -416,6 +416,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             return incumbent_result("time limit while building the MILP", None)
         extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
                      build_seconds=round(time.perf_counter() - t0, 3))
+        if deadline - time.perf_counter() < 0.3 * time_limit:
+            return incumbent_result("time limit: too little left after building the MILP", None)
         start = None
         if best is not None:
             stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
@@ -499,8 +501,6 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
                 known.append(p)
                 if p.peak <= budget_bytes and (best is None or p.time < best.time):
                     best = p
-        if best is not None and scale < 1.0:
-            break  # a smaller scale only rounds towards more recomputation
     if best is None:
         known += _checkpoint_plans(graph, st, budget_bytes, deadline + 0.2 * time_limit)
         best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)

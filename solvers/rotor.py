@@ -1,0 +1,347 @@
+"""Rotor: the optimal checkpointing dynamic program for heterogeneous chains (Beaumont, Herrmann,
+Pallez, Shilova 2019, "Optimal checkpointing for heterogeneous chains"), in the multi-option form of
+Rockmate's rk-Rotor (Rockmate Sec. 3.4, Appendix C).
+
+`C(s, t, m)` is the least time to run the forward and backward of blocks s..t when the input a_{s-1}
+and the incoming gradient are alive and `m` memory slots are free.  Either block s runs once, with
+one of its saving options o (case 1, Appendix C eq. 1), or blocks s..s'-1 run forward keeping only
+their outputs, a_{s'-1} is checkpointed, s'..t is solved, and s..s'-1 is solved again (case 2,
+eq. 2).  Memory is discretised into slots (every size rounded up, so the plan is conservative); the
+slot size depends only on the graph, which makes the cost monotone in the budget.  The block-level
+plan is expanded into compute steps over the original graph, frees are placed at each tensor's last
+use, and the result is checked by `solvers.simulate`.
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.chain import (
+    BlockOption, Chain, NoSave, decompose, grad_bytes, nosave, replay, schedule_with_frees, store_all,
+)
+from solvers.ir import Graph
+from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.simulate import simulate
+
+#: default number of memory slots spanning the store-everything requirement
+SLOTS = 4000
+
+Op = tuple  # ("F0", k, drop_input) | ("F", k, o) | ("B", k, o) | ("free", k)
+
+
+@dataclass(frozen=True)
+class ChainModel:
+    """Block-level numbers, in bytes (unit 1) or slots.  Index k is block k; `out[k]` the size of its
+    output cut, `gin[k]` of the gradients it receives, `long[k]` of its long-lived backward products;
+    `opts[k]` = (fwd time, bwd time, kept, fwd peak, bwd peak) per saving option."""
+
+    unit: int
+    out: tuple[int, ...]
+    gin: tuple[int, ...]
+    long: tuple[int, ...]
+    f0_time: tuple[float, ...]
+    f0_keep: tuple[int, ...]
+    f0_drop: tuple[int, ...]
+    opts: tuple[tuple[tuple[float, float, int, int, int], ...], ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.out)
+
+    def gout(self, k: int) -> int:
+        return self.gin[k - 1] if k > 0 else 0
+
+    def e(self, s: int, t: int) -> int:
+        """Net memory left by solving s..t: outgoing gradient + long-lived data - incoming gradient."""
+        if s > t:
+            return 0
+        return self.gout(s) + sum(self.long[s:t + 1]) - self.gin[t]
+
+
+def build_model(chain: Chain, menus: Sequence[Sequence[BlockOption]], ns: Sequence[NoSave]) -> ChainModel:
+    blocks = chain.blocks
+    size = lambda d: chain.graph.datas[d].bytes  # noqa: E731
+    return ChainModel(
+        unit=1,
+        out=tuple(size(b.output) if b.output is not None else 0 for b in blocks),
+        gin=tuple(grad_bytes(chain, b.grad_in) for b in blocks),
+        long=tuple(grad_bytes(chain, b.long_lived) for b in blocks),
+        f0_time=tuple(x.time for x in ns),
+        f0_keep=tuple(x.peak_keep_input for x in ns),
+        f0_drop=tuple(x.peak_drop_input for x in ns),
+        opts=tuple(tuple((o.fwd_time, o.bwd_time, o.keep, o.fwd_peak, o.bwd_peak) for o in menu)
+                   for menu in menus),
+    )
+
+
+def quantize(model: ChainModel, unit: int) -> ChainModel:
+    q = lambda x: -((-x) // unit)  # noqa: E731  (ceil, also for negative values)
+    return ChainModel(
+        unit=unit, out=tuple(map(q, model.out)), gin=tuple(map(q, model.gin)),
+        long=tuple(map(q, model.long)), f0_time=model.f0_time, f0_keep=tuple(map(q, model.f0_keep)),
+        f0_drop=tuple(map(q, model.f0_drop)),
+        opts=tuple(tuple((uf, ub, q(x), q(pf), q(pb)) for uf, ub, x, pf, pb in menu) for menu in model.opts),
+    )
+
+
+def evaluate(model: ChainModel, ops: Sequence[Op]) -> tuple[int, float]:
+    """Peak memory (model units, above the resident data) and time of a block-level sequence."""
+    usage = peak = 0
+    t = 0.0
+    kept: dict[int, int] = {}
+    for op in ops:
+        k = op[1]
+        if op[0] == "F0":
+            if op[2]:
+                peak = max(peak, usage + model.f0_drop[k])
+                usage += model.out[k] - model.out[k - 1]
+            else:
+                peak = max(peak, usage + model.f0_keep[k])
+                usage += model.out[k]
+            t += model.f0_time[k]
+        elif op[0] == "F":
+            uf, _, x, pf, _ = model.opts[k][op[2]]
+            peak = max(peak, usage + pf)
+            usage += x
+            kept[k] = x
+            t += uf
+        elif op[0] == "B":
+            _, ub, x, _, pb = model.opts[k][op[2]]
+            peak = max(peak, usage + pb)
+            usage += model.gout(k) + model.long[k] - kept.pop(k) - model.gin[k]
+            t += ub
+        elif op[0] == "free":
+            usage -= model.out[k]
+        else:
+            raise ValueError(f"unknown block-level operation {op!r}")
+    return peak, t
+
+
+def _shift(arr: np.ndarray, d: int) -> np.ndarray:
+    """out[m] = arr[m - d]; below 0 infeasible, above the table its last (largest-memory) value."""
+    n = len(arr)
+    out = np.empty_like(arr)
+    if d >= 0:
+        out[:min(d, n)] = np.inf
+        if d < n:
+            out[d:] = arr[:n - d]
+    else:
+        d = -d
+        if d < n:
+            out[:n - d] = arr[d:]
+            out[n - d:] = arr[-1]
+        else:
+            out[:] = arr[-1]
+    return out
+
+
+@dataclass
+class Tables:
+    cost: dict[tuple[int, int], np.ndarray]
+    choice: dict[tuple[int, int], np.ndarray]
+    size: int
+
+
+def dp(model: ChainModel, size: int, deadline: float | None = None) -> Tables:
+    """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3)."""
+    n = model.n
+    m = np.arange(size)
+    cost: dict[tuple[int, int], np.ndarray] = {}
+    choice: dict[tuple[int, int], np.ndarray] = {}
+    for length in range(n):
+        if deadline is not None and _time.monotonic() > deadline:
+            raise TimeoutError("rotor dynamic program ran out of time")
+        for s in range(n - length):
+            t = s + length
+            best = np.full(size, np.inf)
+            arg = np.full(size, -1, dtype=np.int32)
+            rest_e = model.e(s + 1, t)
+            for o, (uf, ub, x, pf, pb) in enumerate(model.opts[s]):
+                ok = (m >= pf) & (m >= x + rest_e + pb)
+                if s == t:
+                    val = np.where(ok, uf + ub, np.inf)
+                else:
+                    val = np.where(ok, uf + ub + _shift(cost[(s + 1, t)], x), np.inf)
+                better = val < best
+                best = np.where(better, val, best)
+                arg = np.where(better, o, arg)
+            sweep_peak = model.f0_keep[s]
+            sweep_time = 0.0
+            for s2 in range(s + 1, t + 1):
+                k = s2 - 1
+                sweep_time += model.f0_time[k]
+                if k > s:
+                    sweep_peak = max(sweep_peak, model.out[k - 1] + model.f0_drop[k])
+                val = (sweep_time + _shift(cost[(s2, t)], model.out[k])
+                       + _shift(cost[(s, k)], model.e(s2, t)))
+                val = np.where(m >= sweep_peak, val, np.inf)
+                better = val < best
+                best = np.where(better, val, best)
+                arg = np.where(better, -2 - s2, arg)
+            cost[(s, t)] = best
+            choice[(s, t)] = arg
+    return Tables(cost, choice, size)
+
+
+def reconstruct(model: ChainModel, tables: Tables, s: int, t: int, mem: int) -> list[Op]:
+    ops: list[Op] = []
+
+    def rec(s: int, t: int, mem: int) -> None:
+        mem = min(mem, tables.size - 1)
+        code = int(tables.choice[(s, t)][mem])
+        if code == -1:
+            raise AssertionError("reconstructing an infeasible subproblem")
+        if code >= 0:
+            x = model.opts[s][code][2]
+            ops.append(("F", s, code))
+            if s < t:
+                rec(s + 1, t, mem - x)
+            ops.append(("B", s, code))
+            return
+        s2 = -2 - code
+        ops.append(("F0", s, False))
+        ops.extend(("F0", k, True) for k in range(s + 1, s2))
+        rec(s2, t, mem - model.out[s2 - 1])
+        ops.append(("free", s2 - 1))
+        rec(s, s2 - 1, mem - model.e(s2, t))
+
+    rec(s, t, mem)
+    return ops
+
+
+def expand(chain: Chain, menus: Sequence[Sequence[BlockOption]], ops: Sequence[Op]) -> list[int]:
+    """Block-level operations -> compute sequence over the original graph (then the tail)."""
+    seq: list[int] = []
+    for op in ops:
+        b = chain.blocks[op[1]]
+        if op[0] == "F0":
+            seq.extend(b.forward)
+        elif op[0] == "F":
+            seq.extend(menus[op[1]][op[2]].forward)
+        elif op[0] == "B":
+            seq.extend(menus[op[1]][op[2]].backward)
+    seq.extend(chain.tail)
+    return seq
+
+
+def store_all_ops(n: int) -> list[Op]:
+    return [("F", k, 0) for k in range(n)] + [("B", k, 0) for k in reversed(range(n))]
+
+
+def tail_requirement(chain: Chain) -> int:
+    """Bytes needed while the tail (optimizer) runs, counting every long-lived product as alive."""
+    g = chain.graph
+    longs = {d for b in chain.blocks for d in (*b.long_lived, *b.grad_out)}
+    counted = longs | {d for c in chain.tail for d in g.computes[c].outputs}
+    peak, _, _ = replay(g, chain.tail, counted - set(chain.resident), longs, g.outputs)
+    return chain.resident_bytes() + grad_bytes(chain, longs) + max(peak, 0)
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    ops: tuple[Op, ...]
+    model_peak_bytes: int  # resident + model peak (an upper bound on the simulated peak)
+    time: float
+
+
+class ChainSolver:
+    """Quantised model + DP tables for one chain and one option menu per block."""
+
+    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS,
+                 deadline: float | None = None) -> None:
+        self.chain = chain
+        self.menus = menus
+        ns = [nosave(chain, b) for b in chain.blocks]
+        exact = build_model(chain, [[store_all(chain, b)] for b in chain.blocks], ns)
+        ref, _ = evaluate(exact, store_all_ops(exact.n))
+        # the slot size depends on the store-all requirement only, not on the menus or the budget
+        self.unit = max(1, math.ceil(max(ref, 1) / slots))
+        self.model = quantize(build_model(chain, menus, ns), self.unit)
+        full, _ = evaluate(self.model, self._all_ops())
+        self.size = max(full, 0) + sum(max(g, 0) for g in self.model.gin) + 2
+        self.tables = dp(self.model, self.size, deadline)
+        self.base = chain.resident_bytes()
+        self.tail = tail_requirement(chain)
+
+    def _all_ops(self) -> list[Op]:
+        ops: list[Op] = []
+        for k, menu in enumerate(self.model.opts):
+            ops.append(("F", k, min(range(len(menu)), key=lambda o: menu[o][0] + menu[o][1])))
+        return ops + [("B", k, o) for _, k, o in reversed(ops)]
+
+    def min_budget(self) -> int:
+        top = self.tables.cost[(0, self.model.n - 1)]
+        finite = np.flatnonzero(np.isfinite(top))
+        if not len(finite):
+            raise AssertionError("store-all must be feasible in the table")
+        return max(self.base + int(finite[0]) * self.unit, self.tail)
+
+    def plan(self, budget: int) -> ChainPlan | None:
+        if budget < self.tail:
+            return None
+        mem = (budget - self.base) // self.unit
+        if mem < 0:
+            return None
+        mem = min(mem, self.size - 1)
+        n = self.model.n
+        if not np.isfinite(self.tables.cost[(0, n - 1)][mem]):
+            return None
+        ops = reconstruct(self.model, self.tables, 0, n - 1, mem)
+        peak, t = evaluate(self.model, ops)
+        return ChainPlan(tuple(ops), self.base + peak * self.unit, t)
+
+    def frontier_cost(self, budget: int) -> float:
+        mem = (budget - self.base) // self.unit
+        if mem < 0 or budget < self.tail:
+            return math.inf
+        return float(self.tables.cost[(0, self.model.n - 1)][min(mem, self.size - 1)])
+
+
+def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: ChainPlan, budget: int,
+                   solver: str, started: float, extra: dict) -> SolveResult:
+    """Expand, simulate, and refuse to return anything the simulator does not accept."""
+    g = chain.graph
+    schedule = schedule_with_frees(g, expand(chain, menus, plan.ops))
+    tl = simulate(g, schedule)
+    if not tl.valid:
+        raise AssertionError(f"{solver} produced an invalid schedule: {tl.issues[:3]}")
+    if tl.peak_bytes > budget or tl.peak_bytes > max(plan.model_peak_bytes, tail_requirement(chain)):
+        raise AssertionError(
+            f"{solver}: simulated peak {tl.peak_bytes} exceeds the budget {budget} or the model's "
+            f"bound {plan.model_peak_bytes}")
+    return SolveResult(schedule, SolverStats(
+        solver=solver, status="heuristic",
+        seconds=_time.monotonic() - started, objective=tl.total_time, backend="dp",
+        extra={"blocks": len(chain.blocks), "peak_bytes": tl.peak_bytes, "recomputes": tl.recomputes,
+               "block_ops": len(plan.ops), **extra}))
+
+
+def inference_result(graph: Graph, budget: int, solver: str, started: float) -> SolveResult:
+    """Forward-only graphs: nothing is saved for a backward, so the eager order with frees at last
+    use is already the least memory a chain order can reach and needs no recomputation."""
+    schedule = schedule_with_frees(graph, list(range(len(graph.computes))))
+    tl = simulate(graph, schedule).check()
+    if tl.peak_bytes > budget:
+        raise InfeasibleBudget(budget, tl.peak_bytes, solver)
+    return SolveResult(schedule, SolverStats(solver, "heuristic", _time.monotonic() - started,
+                                             objective=tl.total_time, backend="eager"))
+
+
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
+    """Rotor over the graph's block chain: per block "store everything" or "keep only the output"."""
+    started = _time.monotonic()
+    chain = decompose(graph)
+    if not chain.training:
+        return inference_result(graph, budget_bytes, "rotor", started)
+    menus = [[store_all(chain, b)] for b in chain.blocks]
+    solver = ChainSolver(chain, menus, deadline=started + time_limit)
+    plan = solver.plan(budget_bytes)
+    if plan is None:
+        raise InfeasibleBudget(budget_bytes, solver.min_budget(), "rotor", proven=False)
+    return checked_result(chain, menus, plan, budget_bytes, "rotor", started,
+                          {"slot_bytes": solver.unit, "model_time": plan.time})

@@ -500,9 +500,14 @@ def flow_region(g: OpGraph, start: str, end: str, out_dims: dict[str, int]) -> F
         flow = _flow(g, start, end, out_dims, force)
         # an item of a hoisted multi-output op (q of a fused qkv split) is hoisted too: a tuple
         # cannot be narrowed, its items can
-        more = {x for x, d in flow.dims.items() if g[x].op == "getitem" and g[x].inputs[0] in flow.hoisted}
+        more = {x for x in flow.dims if g[x].op == "getitem" and g[g[x].inputs[0]].multi
+                and g[x].inputs[0] not in flow.dims}
         if not more:
             return flow
+        if more <= force:  # a region output that is such an item cannot be hoisted
+            x = sorted(more)[0]
+            raise IllegalRegion(f"getitem {x!r} reads a tuple that is not chunked; start the region after "
+                                f"{g[x].inputs[0]!r}", x, "getitem")
         force |= more
 
 
@@ -826,11 +831,12 @@ def region_slowdown(g: OpGraph, r: ChunkRegion, m: SpeedModel) -> float:
     n = r.chunks
     base = sum(node_time(g, g[x], m) for x in f.dims)
     chunked = 0.0
+    whole, rest = divmod(f.extent, r.step)  # `whole` chunks of `step`, maybe one shorter chunk
     for x, d in f.dims.items():
         node = g[x]
-        full = node.shape[d]
-        sizes = [min(r.step, full - i * r.step) for i in range(n) if i * r.step < full]
-        chunked += sum(node_time(g, node, m, s / full, d) for s in sizes)
+        chunked += whole * node_time(g, node, m, r.step / f.extent, d)
+        if rest:
+            chunked += node_time(g, node, m, rest / f.extent, d)
     copies = 0.0
     for v, ds in f.narrow.items():
         for d in ds:
@@ -873,7 +879,7 @@ def candidates_around(g: OpGraph, peak: str, taken: Sequence[ChunkRegion], windo
     ops = [i for i, n in enumerate(g.nodes) if n.op not in ("input", "output")]
     lo = [i for i in ops if p - window <= i <= p]
     hi = [i for i in ops if p <= i <= p + window]
-    flows: list[Flow] = []
+    flows: dict[tuple, Flow] = {}
     for s in lo:
         if any(g.nodes[k].name in blocked for k in range(s, p + 1)):
             continue
@@ -881,8 +887,12 @@ def candidates_around(g: OpGraph, peak: str, taken: Sequence[ChunkRegion], windo
         for e in hi:
             if any(g.nodes[k].name in blocked for k in range(p, e + 1)):
                 break
-            flows.extend(candidate_flows(g, g.nodes[s].name, g.nodes[e].name))
-    return flows
+            for f in candidate_flows(g, g.nodes[s].name, g.nodes[e].name):
+                # regions differing only in what they hoist run the same loop: keep the tightest
+                key = (tuple(sorted(f.dims.items())), f.extent)
+                if key not in flows or len(f.hoisted) < len(flows[key].hoisted):
+                    flows[key] = f
+    return list(flows.values())
 
 
 def select_chunks(g: OpGraph, budget_bytes: int, model: SpeedModel, *, beam: int = 4, window: int = 24,
@@ -952,13 +962,16 @@ def _best_count(g: OpGraph, regions: tuple[ChunkRegion, ...], f: Flow, budget: i
         r = ChunkRegion(f, n)
         est = estimate_memory(g, (*regions, r), temp=temp)
         local = max(b for x, b in est.curve if x in inside)
-        trial = (r, est, region_slowdown(g, r, model), local)
+        trial = (r, est, 0.0, local)
         if local <= budget:
-            return trial
+            best = trial
+            break
         if best is not None and local > 0.98 * best[3]:
-            return best
+            break
         best = trial
-    return best
+    if best is None:
+        return None
+    return best[0], best[1], region_slowdown(g, best[0], model), best[3]
 
 
 def regions_memory(g: OpGraph, regions: Iterable[ChunkRegion],

@@ -1,0 +1,129 @@
+"""solvers.autochunk without torch: dimension rules, chunk flows, memory estimate, selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from solvers import autochunk as ac
+
+
+def _attention_graph(T: int = 64, H: int = 2, D: int = 8) -> ac.OpGraph:
+    """x -> linear(qkv) -> split -> q,k,v views -> q@kT -> softmax -> @v -> out (explicit attention)."""
+    C = H * D
+    n = ac.OpNode
+    nodes = [
+        n("x", "input", shapes=((1, T, C),)),
+        n("w", "input", shapes=((3 * C, C),)),
+        n("qkv", "linear", ("x", "w"), ("%x", "%w"), shapes=((1, T, 3 * C),)),
+        n("split", "split", ("qkv",), ("%qkv", C, 2), shapes=((1, T, C),) * 3, alias="qkv", multi=True),
+        n("q0", "getitem", ("split",), ("%split", 0), shapes=((1, T, C),), alias="split"),
+        n("k0", "getitem", ("split",), ("%split", 1), shapes=((1, T, C),), alias="split"),
+        n("v0", "getitem", ("split",), ("%split", 2), shapes=((1, T, C),), alias="split"),
+        n("q1", "view", ("q0",), ("%q0", (1, T, H, D)), shapes=((1, T, H, D),), alias="q0"),
+        n("q", "transpose", ("q1",), ("%q1", 1, 2), shapes=((1, H, T, D),), alias="q1"),
+        n("k1", "view", ("k0",), ("%k0", (1, T, H, D)), shapes=((1, T, H, D),), alias="k0"),
+        n("k", "permute", ("k1",), ("%k1", (0, 2, 3, 1)), shapes=((1, H, D, T),), alias="k1"),
+        n("v1", "view", ("v0",), ("%v0", (1, T, H, D)), shapes=((1, T, H, D),), alias="v0"),
+        n("v", "transpose", ("v1",), ("%v1", 1, 2), shapes=((1, H, T, D),), alias="v1"),
+        n("s", "matmul", ("q", "k"), ("%q", "%k"), shapes=((1, H, T, T),)),
+        n("p", "softmax", ("s",), ("%s", -1), shapes=((1, H, T, T),)),
+        n("o", "matmul", ("p", "v"), ("%p", "%v"), shapes=((1, H, T, D),)),
+        n("y", "add", ("o",), ("%o", 1.0), shapes=((1, H, T, D),)),
+    ]
+    return ac.OpGraph(tuple(nodes), ("y",))
+
+
+def test_reshape_rule_keeps_whole_dims_and_breaks_on_merges():
+    assert ac.reshape_dim((2, 16, 64), (2, 16, 4, 16), 1) == 1
+    assert ac.reshape_dim((2, 16, 4, 16), (2, 16, 64), 1) == 1
+    assert ac.reshape_dim((2, 16, 64), (32, 64), 0) is None  # batch and sequence merged
+    assert ac.reshape_dim((1, 512), (512,), 0) == 1  # squeeze
+
+
+def test_query_flow_through_fused_qkv_is_legal_and_hoists_keys():
+    g = _attention_graph()
+    f = ac.flow_region(g, "q0", "o", {"o": 2})
+    assert f.dims["s"] == 2 and f.dims["p"] == 2 and f.dims["o"] == 2
+    # k and v are read whole: hoisted, never chunked; the tuple of the split is never narrowed
+    assert {"k", "v", "k1", "v1"} <= set(f.hoisted)
+    assert "split" not in f.narrow and f.extent == 64
+
+
+def test_flow_over_the_softmax_dim_is_rejected_naming_softmax():
+    g = _attention_graph()
+    with pytest.raises(ac.IllegalRegion) as e:
+        ac.flow_region(g, "s", "p", {"p": 3})
+    assert e.value.op == "softmax" and "softmax" in str(e.value)
+
+
+def test_split_tuple_is_hoisted_when_its_items_disagree():
+    g = _attention_graph()
+    f = ac.flow_region(g, "qkv", "o", {"o": 2})
+    # the qkv linear is needed whole by k and v: the whole prefix is hoisted, q is narrowed instead
+    assert "qkv" in f.hoisted and "split" in f.hoisted and "q0" in f.hoisted
+    assert set(f.dims) == {"q1", "q", "s", "p", "o"}
+
+
+def test_unknown_op_ends_regions_without_crashing():
+    g = _attention_graph()
+    nodes = list(g.nodes)
+    i = next(k for k, n in enumerate(nodes) if n.name == "p")
+    nodes[i] = ac.OpNode("p", "weird_custom_op", ("s",), ("%s",), shapes=((1, 2, 64, 64),))
+    g2 = ac.OpGraph(tuple(nodes), g.outputs)
+    with pytest.raises(ac.IllegalRegion) as e:
+        ac.flow_region(g2, "s", "o", {"o": 2})
+    assert e.value.op == "weird_custom_op"
+    for f in ac.candidates_around(g2, "s", (), window=20):
+        assert "p" not in f.dims  # the unknown op can be hoisted only if nothing chunked feeds it
+    est = ac.estimate_memory(g2)
+    assert est.peak_bytes > 0
+
+
+def test_memory_estimate_follows_eq2():
+    g = _attention_graph(T=64, H=2, D=8)
+    base = ac.estimate_memory(g)
+    TT = 2 * 64 * 64 * 4
+    qkv = 64 * 48 * 4
+    # while p is computed: qkv (keys, values), s and p (both 2x64x64 floats)
+    assert dict(base.curve)["p"] == qkv + 2 * TT
+    f = ac.flow_region(g, "s", "o", {"o": 2})
+    for n in (2, 8, 64):
+        est = ac.estimate_memory(g, (ac.ChunkRegion(f, n),))
+        out = 2 * 64 * 8 * 4
+        assert dict(est.curve)["p"] == qkv + out + 2 * TT // n  # Eq. 2: inputs, outputs, A / n
+    assert ac.estimate_memory(g, (ac.ChunkRegion(f, 8),)).peak_bytes < base.peak_bytes
+
+
+def test_more_chunks_cost_more_time():
+    g = _attention_graph(T=256)
+    f = ac.flow_region(g, "s", "o", {"o": 2})
+    m = ac.SpeedModel()
+    costs = [ac.region_slowdown(g, ac.ChunkRegion(f, n), m) for n in (2, 8, 32, 256)]
+    assert costs == sorted(costs) and costs[-1] > costs[0]
+
+
+def test_selection_meets_budget_with_fewest_chunks():
+    g = _attention_graph(T=256)
+    base = ac.estimate_memory(g).peak_bytes
+    sel = ac.select_chunks(g, base // 3, ac.SpeedModel())
+    assert sel.met and sel.peak_bytes <= base // 3 and sel.regions
+    # one chunk fewer (half as many) would not fit: the count is the smallest power of two that fits
+    r = sel.regions[0]
+    if r.chunks > 2:
+        fewer = ac.ChunkRegion(r.flow, r.chunks // 2)
+        local = max(b for x, b in ac.estimate_memory(g, (fewer,)).curve
+                    if x in ac.region_nodes(g, r.flow.start, r.flow.end))
+        assert local > base // 3
+    # an impossible budget is reported as not met, never as met
+    tiny = ac.select_chunks(g, 1024, ac.SpeedModel())
+    assert not tiny.met and tiny.peak_bytes > 1024
+
+
+def test_op_graph_round_trips_through_json():
+    g = _attention_graph()
+    g2 = ac.OpGraph.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert g2 == g
+    m = ac.SpeedModel(2e-6, ((1, 1e9), (64, 1e10)), 1e10)
+    assert ac.SpeedModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m

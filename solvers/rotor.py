@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.chain import (
-    BlockOption, Chain, NoSave, decompose, grad_bytes, nosave, replay, schedule_with_frees, store_all,
+    BlockOption,
+    Chain,
+    NoSave,
+    decompose,
+    grad_bytes,
+    nosave,
+    replay,
+    schedule_with_frees,
+    store_all,
 )
 from solvers.ir import Graph
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
@@ -242,6 +250,15 @@ def tail_requirement(chain: Chain) -> int:
     return chain.resident_bytes() + grad_bytes(chain, longs) + max(peak, 0)
 
 
+def quantized_model(chain: Chain, menus: Sequence[Sequence[BlockOption]], slots: int = SLOTS) -> ChainModel:
+    """The chain model in slots; the slot size depends only on the store-all requirement (not on the
+    menus or the budget), so rotor, rockmate and sqrt share it and costs are monotone in the budget."""
+    ns = [nosave(chain, b) for b in chain.blocks]
+    exact = build_model(chain, [[store_all(chain, b)] for b in chain.blocks], ns)
+    ref, _ = evaluate(exact, store_all_ops(exact.n))
+    return quantize(build_model(chain, menus, ns), max(1, math.ceil(max(ref, 1) / slots)))
+
+
 @dataclass(frozen=True)
 class ChainPlan:
     ops: tuple[Op, ...]
@@ -256,12 +273,8 @@ class ChainSolver:
                  deadline: float | None = None) -> None:
         self.chain = chain
         self.menus = menus
-        ns = [nosave(chain, b) for b in chain.blocks]
-        exact = build_model(chain, [[store_all(chain, b)] for b in chain.blocks], ns)
-        ref, _ = evaluate(exact, store_all_ops(exact.n))
-        # the slot size depends on the store-all requirement only, not on the menus or the budget
-        self.unit = max(1, math.ceil(max(ref, 1) / slots))
-        self.model = quantize(build_model(chain, menus, ns), self.unit)
+        self.model = quantized_model(chain, menus, slots)
+        self.unit = self.model.unit
         full, _ = evaluate(self.model, self._all_ops())
         self.size = max(full, 0) + sum(max(g, 0) for g in self.model.gin) + 2
         self.tables = dp(self.model, self.size, deadline)

@@ -1,0 +1,79 @@
+"""Chen et al. 2016, "Training deep nets with sublinear memory cost": split the block chain into
+~sqrt(n) segments, keep only each segment's input during the forward, and recompute one segment at a
+time (storing everything inside it) during the backward.
+
+The segment plan is written as block-level operations of the Rotor model (`solvers.rotor`), so it is
+costed with exactly the same memory model and slot size: Rotor's optimum can never be worse.
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+
+from solvers.chain import Chain, decompose, store_all
+from solvers.ir import Graph
+from solvers.result import InfeasibleBudget, SolveResult
+from solvers.rotor import (
+    ChainModel,
+    ChainPlan,
+    Op,
+    checked_result,
+    evaluate,
+    inference_result,
+    quantized_model,
+    tail_requirement,
+)
+
+
+def segments(n: int, count: int) -> list[tuple[int, int]]:
+    """`count` contiguous, nearly equal segments of blocks 0..n-1 as (first, last) pairs."""
+    count = max(1, min(n, count))
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(count)]
+
+
+def segment_ops(segs: list[tuple[int, int]]) -> list[Op]:
+    """Forward: every segment but the last runs keeping only its output; the last stores everything.
+    Backward: the last segment first; each earlier one is recomputed with everything stored."""
+    def run(i: int) -> list[Op]:
+        first, last = segs[i]
+        store = [("F", k, 0) for k in range(first, last + 1)] + [("B", k, 0) for k in range(last, first - 1, -1)]
+        if i == len(segs) - 1:
+            return store
+        sweep: list[Op] = [("F0", first, False)] + [("F0", k, True) for k in range(first + 1, last + 1)]
+        return sweep + run(i + 1) + [("free", last)] + store
+
+    return run(0)
+
+
+def candidates(n: int) -> list[int]:
+    """sqrt(n) first, then the other segment counts, closest to sqrt(n) first."""
+    root = max(1, round(math.sqrt(n)))
+    return sorted(range(1, n + 1), key=lambda c: (abs(c - root), c))
+
+
+def plan_for(chain: Chain, model: ChainModel, count: int) -> ChainPlan:
+    ops = segment_ops(segments(len(chain.blocks), count))
+    peak, t = evaluate(model, ops)
+    return ChainPlan(tuple(ops), chain.resident_bytes() + peak * model.unit, t)
+
+
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
+    """sqrt(n) segments when they fit; otherwise the cheapest equal segmenting that fits."""
+    started = _time.monotonic()
+    chain = decompose(graph)
+    if not chain.training:
+        return inference_result(graph, budget_bytes, "sqrt", started)
+    menus = [[store_all(chain, b)] for b in chain.blocks]
+    model = quantized_model(chain, menus)
+    tail = tail_requirement(chain)
+    order = candidates(len(chain.blocks))
+    plans = {c: plan_for(chain, model, c) for c in order}
+    fits = [c for c in order if max(plans[c].model_peak_bytes, tail) <= budget_bytes]
+    if not fits:
+        best = min(max(p.model_peak_bytes, tail) for p in plans.values())
+        raise InfeasibleBudget(budget_bytes, best, "sqrt", proven=False)
+    count = order[0] if order[0] in fits else min(fits, key=lambda c: (plans[c].time, c))
+    return checked_result(chain, menus, plans[count], budget_bytes, "sqrt", started,
+                          {"segments": count, "slot_bytes": model.unit, "model_time": plans[count].time})

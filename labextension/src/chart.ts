@@ -72,17 +72,23 @@ export class PlanChart {
       })
     );
     const colors = themeColors(this.node);
-    const figure = planFigure(doc, { baseline: colors.muted, budget: colors.budget, peak: colors.peak });
+    const figure = planFigure(doc, {
+      planned: colors.font,
+      baseline: colors.muted,
+      budget: colors.budget,
+      peak: colors.peak
+    });
     const axis = { color: colors.font, gridcolor: colors.grid, zerolinecolor: colors.grid };
     const layout = {
       title: { text: planTitle(doc), font: { size: 13 } },
-      height: 380,
-      margin: { l: 60, r: 20, t: 40, b: 45 },
+      height: 420,
+      margin: { l: 60, r: 20, t: 40, b: 40 },
       paper_bgcolor: 'rgba(0,0,0,0)',
       plot_bgcolor: 'rgba(0,0,0,0)',
       font: { color: colors.font, family: colors.family },
-      hovermode: 'closest',
-      legend: { orientation: 'h', y: -0.18 },
+      // One box per x: the planned step (op, module, source), its breakdown and the baseline's step.
+      hovermode: 'x unified',
+      legend: { orientation: 'h', y: -0.25, yanchor: 'top', traceorder: 'normal' },
       xaxis: { ...axis, title: { text: 'schedule step' } },
       yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' }
     };

@@ -249,11 +249,14 @@ function range(n: number): number[] {
 }
 
 /**
- * Plan -> traces: the planned timeline as stacked areas by category (all-zero categories dropped),
- * the baseline as a dotted line, the budget as a dashed line and a marker on the planned peak.
+ * Plan -> traces: the planned timeline as stacked areas by category (all-zero categories dropped) under
+ * a line of its total that carries the hover text of each step, the baseline as a dotted line, the budget as a dashed line and a marker on the planned peak.
  * Values are scaled to one binary unit chosen from the largest value shown.
  */
-export function planFigure(doc: PlanDoc, colors: { baseline: string; budget: string; peak: string }): Figure {
+export function planFigure(
+  doc: PlanDoc,
+  colors: { planned: string; baseline: string; budget: string; peak: string }
+): Figure {
   const planned = doc.planned;
   const baseline = doc.baseline ?? null;
   const n = planned.timeline.step_bytes.length;
@@ -284,13 +287,23 @@ export function planFigure(doc: PlanDoc, colors: { baseline: string; budget: str
       fillcolor: color,
       line: { color, width: 0.5, shape: 'hv' },
       hoverinfo: 'text',
-      hovertext: series.map(
-        (v, i) =>
-          `${plannedSteps[i]}<br>${escapeHtml(label)}: ${formatBytes(v)}` +
-          `<br>planned total: ${formatBytes(planned.timeline.step_bytes[i])}`
-      )
+      hovertext: series.map(v => `${escapeHtml(label)}: ${formatBytes(v)}`)
     });
   }
+
+  // The planned total carries the step's op, module and source line (one entry in the unified hover).
+  traces.push({
+    type: 'scatter',
+    name: 'planned total',
+    x: range(n),
+    y: planned.timeline.step_bytes.map(v => v / unit.scale),
+    mode: 'lines',
+    line: { color: colors.planned, width: 1, shape: 'hv' },
+    hoverinfo: 'text',
+    hovertext: planned.timeline.step_bytes.map(
+      (v, i) => `planned ${plannedSteps[i]}<br>total: ${formatBytes(v)}`
+    )
+  });
 
   if (baseline) {
     traces.push({

@@ -22,7 +22,7 @@ const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
 const PYTHON = process.env.PYTHON ?? 'python3';
 const MiB = 2 ** 20;
 const HOSTILE = '<img src=x onerror=alert(1)>';
-const COLORS = { baseline: '#666', budget: '#f00', peak: '#000' };
+const COLORS = { planned: '#333', baseline: '#666', budget: '#f00', peak: '#000' };
 
 function python(args: string[]): string {
   return execFileSync(PYTHON, args, {
@@ -124,6 +124,11 @@ describe('planFigure', () => {
       ['parameters', 'inputs', 'parameter gradients', 'gradients', 'activations', 'outputs', 'workspace']
     );
     assert.equal(fig.unit.name, 'MiB');
+    const total = fig.traces.find(t => t.name === 'planned total');
+    assert.deepEqual(
+      total?.y,
+      planned.step_bytes.map(b => b / MiB)
+    );
     planned.step_bytes.forEach((bytes, i) => {
       const sum = stacked.reduce((acc, t) => acc + t.y[i], 0);
       assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != ${bytes}`);
@@ -151,9 +156,15 @@ describe('planFigure', () => {
         assert.ok(!text.includes('<img'), `unescaped markup in ${t.name}: ${text}`);
       }
     }
-    const relu = stacked[0].hovertext![1];
-    assert.ok(relu.includes('&lt;img src=x onerror=alert(1)&gt;'));
-    assert.ok(relu.includes('step 1: <b>relu</b>'));
+    const total = fig.traces.find(t => t.name === 'planned total');
+    assert.ok(total);
+    assert.equal(total.hovertext!.length, planned.step_bytes.length);
+    assert.equal(
+      total.hovertext![1],
+      'planned step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>' +
+        'source: model.py:11<br>total: 23.00 MiB'
+    );
+    assert.deepEqual(stacked[0].hovertext![1], 'parameters: 4.00 MiB');
     assert.equal(planTitle(SAMPLE), 'tiny &lt;img src=x onerror=alert(1)&gt; (train) on cpu');
   });
 

@@ -26,7 +26,9 @@ async function openAndRunAll(page: IJupyterLabPageFixture, notebookPath: string)
       await page.notebook.openByPath(notebookPath);
       await page.notebook.activate(NOTEBOOK);
       await expect(page.locator('#jp-main-statusbar').getByText('Idle')).toBeVisible({ timeout: 60000 });
-      await page.reload();
+      // The restored layout shows the notebook, not the launcher galata's reload waits for by default.
+      await page.reload({ waitForIsReady: false });
+      await page.locator('#jupyterlab-splash').waitFor({ state: 'detached' });
       await page.notebook.activate(NOTEBOOK);
       await expect(page.locator('#jp-main-statusbar').getByText('Idle')).toBeVisible({ timeout: 60000 });
       await page.notebook.run();
@@ -35,7 +37,8 @@ async function openAndRunAll(page: IJupyterLabPageFixture, notebookPath: string)
       if (attempt >= 1) {
         throw err;
       }
-      await page.reload();
+      await page.reload({ waitForIsReady: false });
+      await page.locator('#jupyterlab-splash').waitFor({ state: 'detached' });
     }
   }
 }
@@ -51,12 +54,15 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });
 
   // The stacked areas (7 non-zero categories) plus the baseline and budget lines are drawn as SVG paths.
+  // (A flat line has an empty bounding box, which playwright calls hidden: check the filled areas' visibility.)
+  const fills = view.locator('.scatterlayer .trace path.js-fill');
+  await expect(fills.first()).toBeVisible();
+  expect(await fills.count()).toBe(7);
   const lines = view.locator('.scatterlayer .trace path.js-line');
-  await expect(lines.first()).toBeVisible();
   expect(await lines.count()).toBeGreaterThanOrEqual(9);
-  const d = await lines.first().getAttribute('d');
-  expect(d && d.length).toBeGreaterThan(20);
-  expect(await view.locator('.scatterlayer .trace path.js-fill').count()).toBeGreaterThanOrEqual(7);
+  // The activations area follows the schedule: a step curve with one vertex pair per schedule step.
+  const d = (await fills.nth(4).getAttribute('d')) ?? '';
+  expect(d.split(/[HV]/).length).toBeGreaterThan(16);
 
   await expect(view.locator('.jp-memviz-readout[data-readout="peak"] .jp-memviz-readout-value')).toHaveText(
     '29.00 MiB (-21.6% vs eager 37.00 MiB)'
@@ -65,13 +71,27 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
     view.locator('.jp-memviz-readout[data-readout="strategy"] .jp-memviz-readout-value')
   ).toHaveText('checkmate');
 
-  // Hovering the peak marker names the step and its op; the hostile op name stays text.
-  await view.locator('.scatterlayer .trace:last-child .points path').first().hover();
-  const hover = page.locator('.hoverlayer .hovertext');
-  await expect(hover.first()).toContainText('peak 29.00 MiB');
-  await expect(hover.first()).toContainText('step');
+  // Hovering the peak marker names the step and its op; the hostile names stay text.
+  // (plotly's drag layer sits on top of the traces, so move the mouse to the marker's position.)
+  await view.screenshot({ path: test.info().outputPath('plan-chart.png') });
+  const box = await view.locator('.scatterlayer .trace:last-child .points path').first().boundingBox();
+  expect(box).not.toBeNull();
+  await page.mouse.move(box!.x + box!.width / 2, box!.y + box!.height / 2);
+  // The unified hover box at the peak's step: the peak, the planned step's op and the baseline's step.
+  const hover = view.locator('.hoverlayer');
+  await expect(hover).toContainText('peak 29.00 MiB');
+  await expect(hover).toContainText('planned step 5: tanh_backward (aten.tanh_backward)');
+  await expect(hover).toContainText('baseline step 5:');
   expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
   expect(await view.locator('.gtitle').textContent()).toContain('<img src=x onerror=alert(1)>');
 
-  await view.screenshot({ path: test.info().outputPath('plan-chart.png') });
+  await view.screenshot({ path: test.info().outputPath('plan-chart-hover.png') });
+
+  // Switching to the dark theme re-colors the chart from JupyterLab's CSS variables.
+  const tick = view.locator('.xtick text').first();
+  const lightFill = await tick.evaluate(el => getComputedStyle(el).fill);
+  await page.theme.setDarkTheme();
+  await expect.poll(() => tick.evaluate(el => getComputedStyle(el).fill)).not.toBe(lightFill);
+  await page.mouse.move(0, 0);
+  await view.screenshot({ path: test.info().outputPath('plan-chart-dark.png') });
 });

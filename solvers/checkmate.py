@@ -154,12 +154,15 @@ class _Timeout(Exception):
     pass
 
 
-def _build(st: _Stages, graph: Graph, cap: float, relax: bool, deadline: float) -> tuple[milp.Model, _Vars]:
+def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
+           minimize_peak: bool = False) -> tuple[milp.Model, _Vars]:
     """The stage MILP with memory in units of `cap` (budget minus persistent bytes) and time in units of
-    one pass, so HiGHS's absolute tolerances mean the same on every graph."""
+    one pass, so HiGHS's absolute tolerances mean the same on every graph.  `minimize_peak`: `cap` is
+    only the unit; the objective is the peak (variable Z >= every step's memory) alone."""
     n = st.n
     m = milp.Model()
-    tscale = sum(graph.computes[c].time for c in st.order) or 1.0
+    tscale = (sum(graph.computes[c].time for c in st.order) or 1.0) if not minimize_peak else math.inf
+    Z = m.var(lb=0.0, ub=math.inf, cost=1.0, integer=False) if minimize_peak else None
     mem = {d: graph.datas[d].bytes / cap for d in st.datas}
     useful = {d for d in st.datas if st.readers[d] or d in st.outputs}
     V = _Vars([], [], [], [], [])
@@ -232,7 +235,10 @@ def _build(st: _Stages, graph: Graph, cap: float, relax: bool, deadline: float) 
             U.append(u)
             temp = graph.computes[st.order[k]].temp_bytes / cap
             caps.append(m.num_rows)
-            m.row([(u, 1.0), (R[k], temp)], hi=1.0)
+            if Z is None:
+                m.row([(u, 1.0), (R[k], temp)], hi=1.0)
+            else:
+                m.row([(u, 1.0), (R[k], temp), (Z, -1.0)], hi=0.0)
         V.L.append(L)
         V.U.append(U)
         V.cap_row.append(caps)
@@ -356,8 +362,76 @@ def _lower_bound_bytes(graph: Graph, st: _Stages) -> int:
     return best
 
 
-def _infeasible(budget: int, known: list[_Plan], solver: str) -> InfeasibleBudget:
-    return InfeasibleBudget(budget, min((p.peak for p in known), default=None), solver)
+def _min_peak_plan(graph: Graph, budget: int, known: list[_Plan], seconds: float) -> _Plan | None:
+    """Last resort before giving up: the min-peak MILP's schedule (added to `known`), if it fits."""
+    if seconds <= 0:
+        return None
+    m = minimum_budget(graph, time_limit=seconds)
+    p = _plan(graph, m.schedule, "milp-min-peak")
+    if p is None:
+        return None
+    known.append(p)
+    return p if p.peak <= budget else None
+
+
+def _spare(deadline: float, time_limit: float) -> float:
+    """Time to spend tightening the minimum budget of an infeasible answer: a quarter of the limit."""
+    return min(max(deadline - time.perf_counter(), 0.0), 0.25 * time_limit)
+
+
+def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph | None = None,
+                time_limit: float = 0.0) -> InfeasibleBudget:
+    """The error with the smallest feasible budget known; with `graph`, first spend up to `time_limit`
+    on the min-peak MILP (`minimum_budget`) to make that number tight."""
+    peaks = [p.peak for p in known]
+    if graph is not None and time_limit > 0:
+        peaks.append(minimum_budget(graph, time_limit=time_limit).peak_bytes)
+    return InfeasibleBudget(budget, min(peaks, default=None), solver)
+
+
+@dataclass(frozen=True)
+class MinimumBudget:
+    """The smallest budget found feasible: `schedule` simulates to `peak_bytes`.  `optimal`: proven the
+    minimum over Checkmate's schedule class (capture order of first computations); a schedule in
+    another order can still need less."""
+
+    peak_bytes: int
+    schedule: Schedule
+    optimal: bool
+    seconds: float
+
+
+def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
+                   backend: milp.Backend | None = None) -> MinimumBudget:
+    """The stage MILP with the peak as objective (Checkmate Sec. 4 with the budget made a variable),
+    seeded with the lowest-peak heuristic schedule; always returns a feasible schedule."""
+    t0 = time.perf_counter()
+    st = _stages(graph)
+    known = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
+    known += _checkpoint_plans(graph, st, -1, t0 + 0.2 * time_limit)  # budget -1: only the extremes
+    best = min(known, key=lambda p: p.peak)
+    optimal = False
+    unit = max(best.peak - st.base, 1)
+    try:
+        model, V = _build(st, graph, unit, t0 + 0.5 * time_limit, minimize_peak=True)
+    except _Timeout:
+        return MinimumBudget(best.peak, best.schedule, False, time.perf_counter() - t0)
+    start = None
+    stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
+    if stages is not None:
+        start = _start_values(st, graph, model, V, stages, unit)
+        start[0] = max(start[u] + graph.computes[st.order[k]].temp_bytes / unit * start[V.R[t][k]]
+                       for t in range(st.n) for k, u in enumerate(V.U[t]))  # Z is variable 0
+    sol = milp.solve(model, time_limit=max(time_limit - (time.perf_counter() - t0), 0.05), start=start,
+                     backend=backend)
+    if sol.x is not None:
+        seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
+        plan = _plan(graph, with_early_frees(graph, seq), "milp-min-peak")
+        if plan is not None and plan.peak <= best.peak:
+            best = plan
+            # the simulated peak of the rounded solution, not the solver's float, is what we report
+            optimal = sol.status == "optimal" and plan.peak <= math.ceil(st.base + sol.objective * unit) + 1
+    return MinimumBudget(best.peak, best.schedule, optimal, time.perf_counter() - t0)
 
 
 # --- public entry points --------------------------------------------------------------------------
@@ -387,12 +461,15 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         known += _checkpoint_plans(graph, st, budget_bytes, t0 + 0.3 * time_limit)
         fits = [p for p in known if p.peak <= budget_bytes]
     if budget_bytes < _lower_bound_bytes(graph, st):
-        raise _infeasible(budget_bytes, known, "checkmate")
+        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
     best = min(fits, key=lambda p: p.time, default=None)
     lb_time = sum(graph.computes[c].time for c in st.order)
     extra: dict[str, object] = {"stages": st.n}
 
     def incumbent_result(why: str, bound: float | None) -> SolveResult:
+        nonlocal best
+        if best is None:
+            best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
         if best is None:
             raise _infeasible(budget_bytes, known, "checkmate")
         # a MILP bound above the incumbent comes from a caller's schedule outside Checkmate's class
@@ -411,7 +488,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     shrink = 0.0
     for _attempt in range(3):
         try:
-            model, V = _build(st, graph, cap - shrink, False, t0 + 0.5 * time_limit)
+            model, V = _build(st, graph, cap - shrink, t0 + 0.5 * time_limit)
         except _Timeout:
             return incumbent_result("time limit while building the MILP", None)
         extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
@@ -431,7 +508,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         extra["backend"] = sol.backend
         bound = sol.bound * tscale if sol.bound is not None else None
         if sol.status == "infeasible":
-            raise _infeasible(budget_bytes, known, "checkmate")
+            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
         if sol.x is None:
             return incumbent_result("time limit before the MILP found a solution", bound)
         seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
@@ -473,7 +550,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     lb_time = sum(graph.computes[c].time for c in st.order)
     if budget_bytes < _lower_bound_bytes(graph, st):
         known += _checkpoint_plans(graph, st, budget_bytes, deadline)
-        raise _infeasible(budget_bytes, known, "checkmate-lp")
+        raise _infeasible(budget_bytes, known, "checkmate-lp", graph, _spare(deadline, time_limit))
     bound = None
     tried = 0
     backend = ""
@@ -481,7 +558,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         if time.perf_counter() > deadline:
             break
         try:
-            model, V = _build(st, graph, (budget_bytes - st.base) * scale, True, deadline)
+            model, V = _build(st, graph, (budget_bytes - st.base) * scale, deadline)
         except _Timeout:
             break
         sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), relax=True)
@@ -504,6 +581,8 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     if best is None:
         known += _checkpoint_plans(graph, st, budget_bytes, deadline + 0.2 * time_limit)
         best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
+    if best is None:
+        best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
     if best is None:
         raise _infeasible(budget_bytes, known, "checkmate-lp")
     gap = max(0.0, best.time - bound) / best.time if bound is not None and best.time > 0 else None

@@ -415,18 +415,21 @@ def compiled_with_o1(flags: str) -> bool:
     return level == "1"  # the last setting wins, as on a command line
 
 
-def warn_neuron_checkpointing(device: object, env: Mapping[str, str] | None = None) -> bool:
+def warn_neuron_checkpointing(
+    device: object, env: Mapping[str, str] | None = None, *, stacklevel: int = 2
+) -> bool:
     """Emit `NEURON_CHECKPOINT_WARNING` (a visible `NeuronCheckpointWarning`) for a Neuron target.
 
     Silent for other devices and when ``NEURON_CC_FLAGS`` already selects ``-O1``.  Returns whether it
-    warned.  Call it wherever a plan with recomputation is made or exported for ``device``.
+    warned.  `memviz.plan` calls it for every plan that recomputes; ``stacklevel`` as in
+    `warnings.warn` (2: the line that called this function).
     """
     if not is_neuron_target(device):
         return False
     flags = (os.environ if env is None else env).get("NEURON_CC_FLAGS", "")
     if compiled_with_o1(flags):
         return False
-    warnings.warn(NEURON_CHECKPOINT_WARNING, NeuronCheckpointWarning, stacklevel=2)
+    warnings.warn(NEURON_CHECKPOINT_WARNING, NeuronCheckpointWarning, stacklevel=stacklevel)
     return True
 
 

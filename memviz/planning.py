@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes, parse_budget
+from memviz.neuron import warn_neuron_checkpointing
 from memviz.planfile import MIME_TYPE, read_document, validate_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
@@ -251,6 +252,9 @@ def plan(
         device=_device_info(prof),
         profile=prof if graph is not prof else None,
     )
+    if timeline.recomputes:
+        # Neuron's compiler can fold recomputation away unless compiled with -O1: say so on Neuron targets.
+        warn_neuron_checkpointing(the_plan.device["name"], stacklevel=3)
     if packing:
         the_plan.packing = packing_of(graph, result.schedule, time_limit=min(10.0, time_limit))
     if frontier and is_training(graph):

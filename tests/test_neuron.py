@@ -236,3 +236,24 @@ def test_o1_silences_the_warning(monkeypatch):
         warn_neuron_checkpointing("neuron")
     assert str(record[0].message) == NEURON_CHECKPOINT_WARNING
     assert record[0].filename == __file__  # points at the caller, so the user sees where it came from
+
+
+@pytest.mark.slow
+def test_plan_with_recomputation_warns_on_neuron_targets(monkeypatch):
+    """memviz.plan warns when its schedule recomputes and the profile's device is a Neuron target."""
+    import torch
+
+    import memviz
+
+    monkeypatch.delenv("NEURON_CC_FLAGS", raising=False)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh()) for _ in range(6)]
+    model = torch.nn.Sequential(*blocks)
+    x = torch.randn(64, 32)
+    kw = {"strategy": "checkmate", "time_limit": 5.0, "frontier": False, "packing": False}
+    with pytest.warns(NeuronCheckpointWarning) as record:
+        plan = memviz.plan(memviz.profile(model, (x,), device="fake:trn1"), 0.9, **kw)
+    assert plan.timeline.recomputes > 0
+    assert record[0].filename == __file__  # points at the user's memviz.plan call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NeuronCheckpointWarning)
+        memviz.plan(memviz.profile(model, (x,), device="fake:h100"), 0.9, **kw)

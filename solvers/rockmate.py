@@ -95,7 +95,7 @@ def menus_for(chain: Chain, *, grid: int = GRID, deadline: float | None = None) 
         _, kept_local = by_class[b.klass]
         mine = local_data(b, g)
         menus.append([block_option(chain, b, [mine[i] for i in k]) for k in kept_local])
-    for b, menu in zip(chain.blocks, menus):  # index 0 is rotor's store-all option on every block
+    for b, menu in zip(chain.blocks, menus, strict=True):  # index 0 is rotor's store-all option on every block
         assert menu[0].kept == store_all(chain, b).kept
     return menus
 

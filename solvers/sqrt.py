@@ -38,7 +38,8 @@ def segment_ops(segs: list[tuple[int, int]]) -> list[Op]:
     Backward: the last segment first; each earlier one is recomputed with everything stored."""
     def run(i: int) -> list[Op]:
         first, last = segs[i]
-        store = [("F", k, 0) for k in range(first, last + 1)] + [("B", k, 0) for k in range(last, first - 1, -1)]
+        store: list[Op] = [("F", k, 0) for k in range(first, last + 1)]
+        store += [("B", k, 0) for k in range(last, first - 1, -1)]
         if i == len(segs) - 1:
             return store
         sweep: list[Op] = [("F0", first, False)] + [("F0", k, True) for k in range(first + 1, last + 1)]

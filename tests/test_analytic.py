@@ -52,6 +52,20 @@ def test_korthikanti_table_gpt3(tp, sp, recompute, expected):
     assert activation_bytes_per_layer(GPT3, tp=tp, sp=sp, recompute=recompute) == expected
 
 
+@pytest.mark.parametrize(
+    ("hidden", "heads", "tp_only"),  # Korthikanti et al.'s 22B, 175B, 530B and 1T models, s = 2048, t = 8
+    [(6144, 64, 10 + 3 + 5 * 64 * 2048 / 6144 / 8), (12288, 96, 23), (20480, 128, 21), (25600, 160, 21)],
+)
+def test_about_5x_less_than_tensor_parallelism_alone(hidden, heads, tp_only):
+    # The abstract's "reduces activation memory by 5x": tensor parallelism alone keeps
+    # sbh(10 + 24/8 + 5as/(8h)); with sequence parallelism and selective recompute 34sbh/8 = 4.25 sbh.
+    cfg = TransformerConfig(layers=8, hidden=hidden, heads=heads, seq=2048, batch=1)
+    sbh = 2048 * hidden
+    assert activation_bytes_per_layer(cfg, tp=8) == pytest.approx(tp_only * sbh, rel=1e-12)
+    assert activation_bytes_per_layer(cfg, tp=8, sp=True, recompute="selective") == 4.25 * sbh
+    assert 4.9 < tp_only / 4.25 < 6.3
+
+
 def test_small_config_by_hand():
     # s=4, b=3, h=8, a=2: sbh = 96, as^2b = 96.  34*96 + 5*96 = 3744 ; tp=2: 10*96 + 12*96 + 2.5*96 = 2352.
     cfg = TransformerConfig(layers=2, hidden=8, heads=2, seq=4, batch=3)

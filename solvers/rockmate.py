@@ -68,8 +68,8 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
         for pb in levels(peaks):
             fit = [i for i, o in enumerate(options) if o.keep <= kb and _peak(o) <= pb]
             if fit:
-                best = min(fit, key=lambda i: (options[i].fwd_time + options[i].bwd_time, options[i].keep,
-                                               _peak(options[i]), i))
+                best = min(fit, key=lambda i: (options[i].fwd_time + options[i].bwd_time,
+                                               options[i].keep, _peak(options[i]), i))
                 if best not in chosen:
                     chosen.append(best)
     return chosen
@@ -95,13 +95,14 @@ def menus_for(chain: Chain, *, grid: int = GRID, deadline: float | None = None) 
         _, kept_local = by_class[b.klass]
         mine = local_data(b, g)
         menus.append([block_option(chain, b, [mine[i] for i in k]) for k in kept_local])
-    for b, menu in zip(chain.blocks, menus, strict=True):  # index 0 is rotor's store-all option on every block
-        assert menu[0].kept == store_all(chain, b).kept
+    for b, menu in zip(chain.blocks, menus, strict=True):  # index 0: rotor's store-all, on every block
+        if menu[0].kept != store_all(chain, b).kept:
+            raise AssertionError(f"block {b.index}: the menu lost the store-all option")
     return menus
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
-    """Rockmate: block menus + rk-Rotor; raises InfeasibleBudget with the smallest budget it reaches."""
+    """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches."""
     started = _time.monotonic()
     chain = decompose(graph)
     if not chain.training:

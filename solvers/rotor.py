@@ -244,7 +244,7 @@ def store_all_ops(n: int) -> list[Op]:
 def tail_requirement(chain: Chain) -> int:
     """Bytes needed while the tail (optimizer) runs, counting every long-lived product as alive."""
     g = chain.graph
-    longs = {d for b in chain.blocks for d in (*b.long_lived, *b.grad_out)}
+    longs = {d for b in chain.blocks for d in b.long_lived} | set(chain.blocks[0].grad_out)
     counted = longs | {d for c in chain.tail for d in g.computes[c].outputs}
     peak, _, _ = replay(g, chain.tail, counted - set(chain.resident), longs, g.outputs)
     return chain.resident_bytes() + grad_bytes(chain, longs) + max(peak, 0)

@@ -38,19 +38,19 @@ def gpt_graph(layers: int = 12, *, batch: int = 2, seq: int = 128, hidden: int =
     h = data("emb", act)
     op("embedding", [idx], [wte], [h], [idx], act * sec)
     for k in range(layers):
-        def lin(x: int, d_in: int, d_out: int, name: str) -> int:
+        def lin(x: int, d_in: int, d_out: int, name: str, k: int = k) -> int:
             w, bias = param(f"{k}.{name}.w", d_in * d_out * elem), param(f"{k}.{name}.b", d_out * elem)
             y = data(f"{k}.{name}", act * d_out // hidden)
             op("linear", [x], [w, bias], [y], [x], 2 * batch * seq * d_in * d_out * sec)
             return y
 
-        def ln(x: int, name: str) -> int:
+        def ln(x: int, name: str, k: int = k) -> int:
             g, bb = param(f"{k}.{name}.g", hidden * elem), param(f"{k}.{name}.b", hidden * elem)
             y, stats = data(f"{k}.{name}", act), data(f"{k}.{name}.stats", batch * seq * 8)
             op("layer_norm", [x], [g, bb], [y, stats], [x, stats], 5 * act * sec)
             return y
 
-        def dropout(x: int, size: int, msize: int, name: str) -> int:
+        def dropout(x: int, size: int, msize: int, name: str, k: int = k) -> int:
             y, m = data(f"{k}.{name}", size), data(f"{k}.{name}.mask", msize)
             op("dropout", [x], [], [y, m], [m], size * sec)
             return y
@@ -120,7 +120,8 @@ def gpt_graph(layers: int = 12, *, batch: int = 2, seq: int = 128, hidden: int =
                       phase=Phase.BACKWARD, time=t)
             grads.setdefault(x, []).append(gx)
         for w in params:
-            gw = data(f"d{b._datas[w]['name']}@{len(size)}", b._datas[w]["bytes"], DataKind.PARAMETER_GRADIENT)
+            gw = data(f"d{b._datas[w]['name']}@{len(size)}", b._datas[w]["bytes"],
+                      DataKind.PARAMETER_GRADIENT)
             size[gw] = 1
             b.compute(f"{name}_weight_backward", [g, *saved], [gw], op=f"{name}_weight_backward",
                       phase=Phase.BACKWARD, time=t)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from graphs import chain_of_blocks, training_chain, transformer_blocks
 from gpt_chain import gpt_graph
+from graphs import chain_of_blocks, training_chain, transformer_blocks
 
 from solvers import DataKind, GraphBuilder, Phase, eager_schedule, simulate
 from solvers.chain import decompose, schedule_with_frees, store_all

@@ -6,8 +6,8 @@ import random
 import time
 
 import pytest
-from graphs import chain_of_blocks, random_training_dag, transformer_blocks
 from gpt_chain import gpt_graph
+from graphs import chain_of_blocks, random_training_dag, transformer_blocks
 
 from solvers import DataKind, eager_schedule, rockmate, rotor, simulate, sqrt
 from solvers.result import InfeasibleBudget

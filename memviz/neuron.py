@@ -92,6 +92,23 @@ class NeuronHardware:
 
 
 @dataclass(frozen=True)
+class LoadedModel:
+    """One compiled model (NEFF) of ``memory_used.loaded_models``, its subgraphs summed.
+
+    ``device_breakdown`` is what the runtime allocated for it at load time (constants, model_code,
+    runtime_memory, tensors); ``cores`` the NeuronCores its subgraphs are loaded on.
+    """
+
+    name: str
+    model_id: int
+    is_running: bool
+    host_bytes: int
+    device_bytes: int
+    device_breakdown: dict[str, int]
+    cores: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class RuntimeMemory:
     """``memory_used`` of one Neuron application (one entry of ``neuron_runtime_data``)."""
 
@@ -102,6 +119,7 @@ class RuntimeMemory:
     host_breakdown: dict[str, int]
     cores: tuple[CoreMemory, ...]
     error: str = ""
+    models: tuple[LoadedModel, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,6 +207,7 @@ def parse_monitor_report(report: Mapping[str, Any]) -> MonitorReport:
 
 def _parse_runtime(entry: Mapping[str, Any], memory: Mapping[str, Any], tag: str, error: str,
                    where: str) -> RuntimeMemory:
+    models = _parse_models(memory.get("loaded_models", []), f"{where}.report.memory_used")
     where = f"{where}.report.memory_used.neuron_runtime_used_bytes"
     used = _mapping(memory.get("neuron_runtime_used_bytes"), where)
     breakdown = _mapping(used.get("usage_breakdown", {}), f"{where}.usage_breakdown")
@@ -209,7 +228,42 @@ def _parse_runtime(entry: Mapping[str, Any], memory: Mapping[str, Any], tag: str
         host_breakdown=host,
         cores=tuple(sorted(cores, key=lambda c: c.core)),
         error=error,
+        models=tuple(models),
     )
+
+
+def _parse_models(models: Any, where: str) -> list[LoadedModel]:
+    if not isinstance(models, list):
+        raise NeuronFormatError(f"neuron-monitor report: {where}.loaded_models must be a list")
+    out = []
+    for i, m in enumerate(models):
+        w = f"{where}.loaded_models[{i}]"
+        m = _mapping(m, w)
+        host = device = 0
+        breakdown: dict[str, int] = {}
+        cores = set()
+        for name, sg in _mapping(m.get("subgraphs", {}), f"{w}.subgraphs").items():
+            sw = f"{w}.subgraphs.{name}"
+            sg = _mapping(sg, sw)
+            used = _mapping(sg.get("memory_used_bytes"), f"{sw}.memory_used_bytes")
+            host += _int(used.get("host"), f"{sw}.memory_used_bytes.host")
+            device += _int(used.get("neuron_device"), f"{sw}.memory_used_bytes.neuron_device")
+            parts = _mapping(used.get("usage_breakdown", {}), f"{sw}.memory_used_bytes.usage_breakdown")
+            dev_parts = _int_map(parts.get("neuron_device", {}), f"{sw}.usage_breakdown.neuron_device")
+            for cat, v in dev_parts.items():
+                breakdown[cat] = breakdown.get(cat, 0) + v
+            if "neuroncore_index" in sg:
+                cores.add(_int(sg["neuroncore_index"], f"{sw}.neuroncore_index"))
+        out.append(LoadedModel(
+            name=str(m.get("name", "")),
+            model_id=_int(m.get("model_id", 0), f"{w}.model_id"),
+            is_running=bool(m.get("is_running", False)),
+            host_bytes=host,
+            device_bytes=device,
+            device_breakdown=breakdown,
+            cores=tuple(sorted(cores)),
+        ))
+    return out
 
 
 def _parse_hardware(info: Any) -> NeuronHardware | None:

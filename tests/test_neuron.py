@@ -45,6 +45,12 @@ def test_monitor_report_memory_used():
     assert rt.cores[0].breakdown["tensors"] == 20971520 and rt.cores[0].used_bytes == CORE_BYTES
     assert rep.core_bytes() == {0: CORE_BYTES, 1: CORE_BYTES}
     assert rep.device_bytes == 2 * CORE_BYTES == sum(rep.core_bytes().values())
+    (model,) = rt.models
+    assert (model.name, model.model_id, model.is_running, model.cores) == ("neff", 10005, False, (0,))
+    assert (model.host_bytes, model.device_bytes) == (20480, 21001024)
+    assert model.device_breakdown == {
+        "constants": 20971520, "model_code": 29504, "runtime_memory": 0, "tensors": 0
+    }
     # The second application could not be read: reported, not silently dropped.
     assert rep.errors == ("5678: failed to connect to the Neuron application",)
 
@@ -87,6 +93,9 @@ def test_monitor_hardware_error_and_disabled_group():
         (lambda o: _used(o)["usage_breakdown"]["neuroncore_memory_usage"]["0"].update(tensors=-1),
          r"\[0\]\.tensors must be a non-negative"),
         (lambda o: o["neuron_hardware_info"].update(neuron_device_count=True), "neuron_device_count"),
+        (lambda o: _memory(o).update(loaded_models={}), "loaded_models must be a list"),
+        (lambda o: _memory(o)["loaded_models"][0]["subgraphs"]["sg_00"]["memory_used_bytes"].update(
+            neuron_device=1.5), r"sg_00\.memory_used_bytes\.neuron_device"),
     ],
 )
 def test_monitor_bad_input(mutate, message):
@@ -96,8 +105,12 @@ def test_monitor_bad_input(mutate, message):
         parse_monitor_report(obj)
 
 
+def _memory(obj):
+    return obj["neuron_runtime_data"][0]["report"]["memory_used"]
+
+
 def _used(obj):
-    return obj["neuron_runtime_data"][0]["report"]["memory_used"]["neuron_runtime_used_bytes"]
+    return _memory(obj)["neuron_runtime_used_bytes"]
 
 
 def test_monitor_truncated_and_missing(tmp_path):

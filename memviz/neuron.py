@@ -6,7 +6,8 @@ Two public sources of device memory on a Neuron machine:
   "neuron_hardware_info"): per application, ``report.memory_used.neuron_runtime_used_bytes`` holds
   ``host`` and ``neuron_device`` totals and a ``usage_breakdown`` with ``host`` categories and
   ``neuroncore_memory_usage`` per NeuronCore (constants, model_code, model_shared_scratchpad,
-  runtime_memory, tensors).  The tool streams one complete JSON report per line.
+  runtime_memory, tensors); ``memory_used.loaded_models`` what each compiled model (NEFF) took at
+  load time.  The tool streams one complete JSON report per line.
 * the driver's sysfs counters (Neuron Sysfs User Guide):
   ``/sys/devices/virtual/neuron_device/neuron<D>/neuron_core<C>/stats/memory_usage/device_mem/``
   holds ``total`` / ``present`` / ``peak`` files and one directory per category with the same three

@@ -147,7 +147,6 @@ class _Vars:
     S: list[dict[int, int]]
     L: list[dict[int, dict[int, int]]]
     U: list[list[int]]
-    cap_row: list[list[int]]  # row index of each memory constraint (to tighten the budget)
 
 
 class _Timeout(Exception):
@@ -165,7 +164,7 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
     Z = m.var(lb=0.0, ub=math.inf, cost=1.0, integer=False) if minimize_peak else None
     mem = {d: graph.datas[d].bytes / cap for d in st.datas}
     useful = {d for d in st.datas if st.readers[d] or d in st.outputs}
-    V = _Vars([], [], [], [], [])
+    V = _Vars([], [], [], [])
     for t in range(n):
         V.R.append([m.var(cost=graph.computes[st.order[j]].time / tscale, lb=1.0 if j == t else 0.0)
                     for j in range(t + 1)])
@@ -227,26 +226,22 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
                 delta[end].extend((v, -md * a) for v, a in prev_terms)
                 const[end] -= md * prev_const
         U = []
-        caps = []
         for k in range(t + 1):
             u = m.var(lb=0.0, ub=math.inf, integer=False)
             back = [(U[-1], -1.0)] if U else []
             m.row([(u, 1.0), *back, *((v, -a) for v, a in delta[k])], lo=const[k], hi=const[k])
             U.append(u)
             temp = graph.computes[st.order[k]].temp_bytes / cap
-            caps.append(m.num_rows)
             if Z is None:
                 m.row([(u, 1.0), (R[k], temp)], hi=1.0)
             else:
                 m.row([(u, 1.0), (R[k], temp), (Z, -1.0)], hi=0.0)
         V.L.append(L)
         V.U.append(U)
-        V.cap_row.append(caps)
     return m, V
 
 
-def _start_values(st: _Stages, graph: Graph, m: milp.Model, V: _Vars, stages: list[list[int]],
-                  cap: float) -> list[float]:
+def _start_values(st: _Stages, graph: Graph, m: milp.Model, V: _Vars, stages: list[list[int]]) -> list[float]:
     """MILP values of a schedule in Checkmate's class with early frees (see `with_early_frees`)."""
     x = [0.0] * m.num_vars
     n = st.n
@@ -284,10 +279,7 @@ def _start_values(st: _Stages, graph: Graph, m: milp.Model, V: _Vars, stages: li
         for d, Ld in V.L[t].items():
             for e, v in Ld.items():
                 x[v] = float(alive(d, (t, e), during=e in runs[t]))
-    # U from its defining rows (they come in stage order, each U after its predecessor)
-    for t in range(n):
-        for u in V.U[t]:
-            x[u] = 0.0
+    # U from its defining equality rows (in stage order, each U after its predecessor; U comes first)
     for r in range(m.num_rows):
         lo, hi = m.row_lo[r], m.row_hi[r]
         if lo != hi:
@@ -419,7 +411,7 @@ def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
     start = None
     stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
     if stages is not None:
-        start = _start_values(st, graph, model, V, stages, unit)
+        start = _start_values(st, graph, model, V, stages)
         start[0] = max(start[u] + graph.computes[st.order[k]].temp_bytes / unit * start[V.R[t][k]]
                        for t in range(st.n) for k, u in enumerate(V.U[t]))  # Z is variable 0
     sol = milp.solve(model, time_limit=max(time_limit - (time.perf_counter() - t0), 0.05), start=start,
@@ -488,7 +480,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     shrink = 0.0
     for _attempt in range(3):
         try:
-            model, V = _build(st, graph, cap - shrink, t0 + 0.5 * time_limit)
+            model, V = _build(st, graph, max(cap - shrink, 0.5), t0 + 0.5 * time_limit)
         except _Timeout:
             return incumbent_result("time limit while building the MILP", None)
         extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
@@ -499,7 +491,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         if best is not None:
             stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
             if stages is not None:
-                start = _start_values(st, graph, model, V, stages, cap - shrink)
+                start = _start_values(st, graph, model, V, stages)
                 if model.num_vars < 5_000 and model.violation(start) > 1e-6:
                     start = None  # a bug here must not poison the search; the MILP still runs
         extra["warm_start"] = start is not None
@@ -558,7 +550,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         if time.perf_counter() > deadline:
             break
         try:
-            model, V = _build(st, graph, (budget_bytes - st.base) * scale, deadline)
+            model, V = _build(st, graph, max((budget_bytes - st.base) * scale, 0.5), deadline)
         except _Timeout:
             break
         sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), relax=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 from solvers import DataKind, Graph, GraphBuilder, eager_schedule, simulate
 from solvers.olla import lower_bound, order_peak, reorder
+
+R = sys.modules["solvers.olla.reorder"]  # the module (the package exports the function `reorder`)
 
 
 def load_training_graph():
@@ -117,3 +120,26 @@ def test_400_node_training_graph_within_5_seconds() -> None:
     peak = simulate(g, r.schedule).check().peak_bytes
     assert seconds <= 5.5  # the limit, plus slack for a 2-core machine shared with other test runs
     assert peak < simulate(g, eager_schedule(g)).peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_window_model_over_everything_is_exact(seed: int) -> None:
+    g = random_dag(seed, 4 + seed % 4)
+    best = min(simulate(g, eager_schedule(g, o)).peak_bytes for o in all_topological_orders(g))
+    lt = R._lifetimes(g)
+    n = len(g.computes)
+    masks = R._ancestor_masks(g)
+    assert order_peak(g, R._improve_window(g, lt, list(range(n)), 0, n, 5.0, 2, masks), lt) == best
+    inner = R._improve_window(g, lt, list(range(n)), 1, n - 1, 5.0, 2, masks)
+    assert g.is_topological(inner) and inner[0] == 0 and inner[-1] == n - 1
+
+
+def test_large_graph_uses_windows_within_the_limit() -> None:
+    g = random_dag(5, R.EXACT_MAX_NODES + 100)
+    start = time.perf_counter()
+    r = reorder(g, time_limit=3.0)
+    assert time.perf_counter() - start <= 4.5
+    peak = simulate(g, r.schedule).check().peak_bytes
+    assert peak <= simulate(g, eager_schedule(g)).peak_bytes
+    assert r.stats.extra["cp_sat_status"] == "windows"
+    assert r.stats.status == "feasible" and 0 < r.stats.gap < 1

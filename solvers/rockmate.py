@@ -107,9 +107,9 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> Solve
     chain = decompose(graph)
     if not chain.training:
         return inference_result(graph, budget_bytes, "rockmate", started)
-    deadline = started + time_limit
+    # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
     menus = menus_for(chain, deadline=started + time_limit / 2)
-    solver = ChainSolver(chain, menus, deadline=deadline)
+    solver = ChainSolver(chain, menus)
     plan = solver.plan(budget_bytes)
     if plan is None:
         raise InfeasibleBudget(budget_bytes, solver.min_budget(), "rockmate", proven=False)

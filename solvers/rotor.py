@@ -155,15 +155,13 @@ class Tables:
     size: int
 
 
-def dp(model: ChainModel, size: int, deadline: float | None = None) -> Tables:
+def dp(model: ChainModel, size: int) -> Tables:
     """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3)."""
     n = model.n
     m = np.arange(size)
     cost: dict[tuple[int, int], np.ndarray] = {}
     choice: dict[tuple[int, int], np.ndarray] = {}
     for length in range(n):
-        if deadline is not None and _time.monotonic() > deadline:
-            raise TimeoutError("rotor dynamic program ran out of time")
         for s in range(n - length):
             t = s + length
             best = np.full(size, np.inf)
@@ -269,15 +267,14 @@ class ChainPlan:
 class ChainSolver:
     """Quantised model + DP tables for one chain and one option menu per block."""
 
-    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS,
-                 deadline: float | None = None) -> None:
+    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS) -> None:
         self.chain = chain
         self.menus = menus
         self.model = quantized_model(chain, menus, slots)
         self.unit = self.model.unit
         full, _ = evaluate(self.model, self._all_ops())
         self.size = max(full, 0) + sum(max(g, 0) for g in self.model.gin) + 2
-        self.tables = dp(self.model, self.size, deadline)
+        self.tables = dp(self.model, self.size)
         self.base = chain.resident_bytes()
         self.tail = tail_requirement(chain)
 
@@ -346,13 +343,15 @@ def inference_result(graph: Graph, budget: int, solver: str, started: float) -> 
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
-    """Rotor over the graph's block chain: per block "store everything" or "keep only the output"."""
+    """Rotor over the graph's block chain: per block "store everything" or "keep only the output".
+    The DP is polynomial (blocks^3 x slots) and runs to completion; `time_limit` is accepted for the
+    common solver signature."""
     started = _time.monotonic()
     chain = decompose(graph)
     if not chain.training:
         return inference_result(graph, budget_bytes, "rotor", started)
     menus = [[store_all(chain, b)] for b in chain.blocks]
-    solver = ChainSolver(chain, menus, deadline=started + time_limit)
+    solver = ChainSolver(chain, menus)
     plan = solver.plan(budget_bytes)
     if plan is None:
         raise InfeasibleBudget(budget_bytes, solver.min_budget(), "rotor", proven=False)

@@ -86,3 +86,65 @@ def test_plans_fit_and_cost_is_monotone(g):
         assert tl.peak_bytes <= budget
         assert tl.total_time <= prev + 1e-12
         prev = tl.total_time
+
+
+def _with_optimizer_and_running_stats(n: int = 5):
+    """A chain whose blocks also write a running statistic (a forward output kept to the end) and
+    whose parameter gradients feed an optimizer phase producing updated parameters."""
+    from solvers import DataKind, GraphBuilder, Phase
+
+    b = GraphBuilder("opt_chain")
+    x = b.data("x", 16, DataKind.INPUT)
+    ws = [b.data(f"w{i}", 8, DataKind.PARAMETER) for i in range(n)]
+    acts, prev = [], x
+    stats = []
+    for i in range(n):
+        a = b.data(f"a{i}", 16 + 8 * (i % 3))
+        st = b.data(f"stat{i}", 2, DataKind.BUFFER)
+        b.compute(f"f{i}", [prev, ws[i]], [a, st], time=1.0 + i % 2)
+        acts.append(a)
+        stats.append(st)
+        prev = a
+    loss = b.data("loss", 4, DataKind.OUTPUT)
+    b.compute("loss", [prev], [loss], time=0.1)
+    g_prev = None
+    grads = []
+    for i in reversed(range(n)):
+        ins = [acts[i], acts[i - 1] if i else x, ws[i]] + ([g_prev] if g_prev is not None else [loss])
+        outs = []
+        gw = b.data(f"dw{i}", 8, DataKind.PARAMETER_GRADIENT)
+        outs.append(gw)
+        grads.append(gw)
+        if i:
+            g_prev = b.data(f"da{i - 1}", 16 + 8 * ((i - 1) % 3), DataKind.GRADIENT)
+            outs.append(g_prev)
+        b.compute(f"b{i}", ins, outs, phase=Phase.BACKWARD, time=2.0)
+    new = []
+    for i, gw in enumerate(reversed(grads)):
+        w2 = b.data(f"w{i}'", 8, DataKind.OUTPUT)
+        b.compute(f"sgd{i}", [ws[i], gw], [w2], phase=Phase.OPTIMIZER, time=0.1, temp_bytes=4)
+        new.append(w2)
+    b.outputs = [loss, *stats, *new]
+    return b.build()
+
+
+def test_optimizer_phase_and_forward_outputs():
+    from solvers import rockmate, sqrt
+
+    g = _with_optimizer_and_running_stats()
+    for mod in (rotor, rockmate, sqrt):
+        with pytest.raises(InfeasibleBudget) as info:
+            mod.solve(g, 0)
+        low = info.value.minimum_bytes
+        tl = simulate(g, mod.solve(g, low).schedule).check()
+        assert tl.peak_bytes <= low
+        assert tl.computes == len(g.computes)
+    assert rotor.solve(g, 10**9).stats.extra["blocks"] == 6  # f0..f4 and the loss
+
+
+def test_tiny_time_limit_still_plans():
+    from solvers import rockmate
+
+    g = transformer_blocks(2)
+    res = rockmate.solve(g, 10**12, time_limit=1e-9)
+    assert simulate(g, res.schedule).check().recomputes == 0

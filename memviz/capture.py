@@ -28,6 +28,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -148,13 +149,17 @@ def _module_of(node: torch.fx.Node) -> str:
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
 
 
+_TORCH_DIR = str(Path(torch.__file__).parent)
+
+
 def source_of(node: torch.fx.Node) -> str:
-    """``file:line in fn: code`` of the innermost user frame of the node's stack trace."""
+    """``file:line in fn: code`` of the innermost frame outside torch itself (the user's line)."""
     trace = node.meta.get("stack_trace") or ""
     frames = list(_FRAME.finditer(trace))
     if not frames:
         return ""
-    f = frames[-1]
+    user = [f for f in frames if not f["file"].startswith(_TORCH_DIR)]
+    f = (user or frames)[-1]
     return f"{f['file']}:{f['line']} in {f['fn']}: {f['code'].strip()}"
 
 

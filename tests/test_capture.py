@@ -49,7 +49,7 @@ def test_module_paths_and_source_lines():
     fwd = [c for c in graph.computes if c.phase is Phase.FORWARD and c.name != "loss"]
     assert all(c.source for c in fwd)
     qkv = [c for c in fwd if c.module == "blocks.0.attn.qkv"]
-    assert qkv and "linear.py" in qkv[0].source
+    assert qkv and "models.py" in qkv[0].source and "self.qkv(x)" in qkv[0].source
     attn = [c for c in fwd if c.module == "blocks.0.attn"]
     assert any("models.py" in c.source and "q @ k.transpose" in c.source for c in attn)
     # backward nodes carry the module of the forward op they differentiate

@@ -1,0 +1,521 @@
+"""`memviz.export`: run a plan's schedule -- recomputations and frees included -- as an nn.Module.
+
+Mechanism (ARCHITECTURE.md, "export"): the exported module calls one ``torch.autograd.Function``
+over the captured, functional joint graph (`memviz.capture`).  Its ``forward`` executes the schedule's
+steps up to the first backward step (the synthetic ``loss_backward`` node, where the output gradients
+enter) and keeps exactly the tensors the schedule keeps alive across that boundary; its ``backward``
+binds the incoming output gradients and executes the remaining steps, recomputations included, then
+returns every parameter's gradient.  A ``compute`` step runs one FX operator (views it reads are
+replayed from their base, allocating nothing); a ``free`` step drops memviz's only reference, so the
+storage is released exactly where `solvers.simulate` releases it (Checkmate Sec. 4.1's execution
+model; Rockmate Sec. 4 executes its schedules the same way).
+
+* Random operators: the global RNG state is saved before an operator's first execution in a step
+  and restored (in a forked RNG) for its recomputations: fresh masks every step, identical masks on
+  recompute, and the global stream advances exactly as in eager mode.
+* Mutated buffers (BatchNorm running statistics): the functional graph returns their new values; they
+  are copied into the module's buffers once per step, at the end of the forward part, never again
+  when a recomputation produces them a second time.
+* The exported module holds the original model as ``_orig_mod`` (like ``torch.compile``): it shares
+  its parameters and buffers (an optimizer on either trains both), ``train()``/``eval()`` switch both,
+  and in eval mode the original forward runs.  Nothing else about the model is changed.
+* The optimizer phase (modelled analytically by the profiler) is not executed: call your optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import operator
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from memviz.capture import Captured, Runner, capture, fingerprint
+from solvers import Graph, simulate
+from solvers.schedule import Schedule, Step
+
+
+class StalePlanError(ValueError):
+    """The plan does not belong to this model or these inputs (changed since profiling)."""
+
+
+def _is_random(node: torch.fx.Node) -> bool:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in t.tags or t._schema.name == "memviz::cpu_dropout"
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A plan compiled for execution: its steps split at the forward/backward boundary."""
+
+    captured: Captured
+    graph: Graph
+    forward_steps: tuple[Step, ...]
+    backward_steps: tuple[Step, ...]
+    random: frozenset[int]
+    params: tuple[str, ...]  # canonical parameter names, the Function's leading inputs
+    fingerprint: str
+    mode: str
+
+
+def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: str) -> Program:
+    """Check `schedule` with the simulator and split it where the output gradients enter."""
+    timeline = simulate(graph, schedule)
+    if not timeline.valid:
+        raise ValueError(f"the plan's schedule is not valid for its graph: {timeline.issues[0]}")
+    n_fx = len(captured.compute_fx)
+    for c in graph.computes[:n_fx]:
+        fx = captured.compute_fx[c.id]
+        if (fx or c.name) != c.name:
+            raise StalePlanError(f"compute node {c.id} is {c.name!r} in the plan but {fx!r} in the capture: "
+                                 "the plan's graph was transformed or captured from another model")
+    steps = tuple(schedule)
+    boundary = len(steps)
+    if captured.loss_backward_compute is not None:
+        boundary = next(i for i, s in enumerate(steps)
+                        if s.op == "compute" and s.node == captured.loss_backward_compute)
+    nodes = captured.nodes
+    random = frozenset(c for c, fx in enumerate(captured.compute_fx)
+                       if fx is not None and _is_random(nodes[fx]))
+    params = tuple(dict.fromkeys(captured.param_names.values()))
+    return Program(captured, graph, steps[:boundary], steps[boundary:], random, params, fp, captured.mode)
+
+
+class _StepState:
+    """What one training step carries from forward to backward."""
+
+    def __init__(self, program: Program, runner: Runner, buffers: dict[str, torch.Tensor],
+                 generated: Any = None) -> None:
+        self.program = program
+        self.generated = generated
+        self.runner = runner
+        self.buffers = buffers
+        self.rng: dict[int, Any] = {}
+        self.done: set[int] = set()
+        self.grad_outputs: dict[int, torch.Tensor] = {}
+
+    def forward(self) -> None:
+        if self.generated is not None:
+            self.generated.forward_steps(self.runner.env, _SourceRng(self))
+        else:
+            self.run(self.program.forward_steps)
+
+    def backward(self) -> None:
+        if self.generated is not None:
+            self.generated.backward_steps(self.runner.env, _SourceRng(self), self.grad_outputs)
+        else:
+            self.run(self.program.backward_steps)
+
+    def run(self, steps: Sequence[Step]) -> None:
+        cap = self.program.captured
+        n_fx = len(cap.compute_fx)
+        for step in steps:
+            if step.op == "free":
+                self.runner.free(step.node)
+                continue
+            c = step.node
+            if c == cap.loss_backward_compute:
+                for idx, d in cap.tangent_data.items():
+                    self.runner.env[cap.data_fx[d]] = self.grad_outputs[idx]
+            elif c < n_fx and cap.compute_fx[c] is not None:
+                self._compute(c)
+
+    def _compute(self, c: int) -> None:
+        if c not in self.program.random:
+            self.runner.compute(c)
+        elif c in self.rng:  # recomputation: replay the same random stream, leave the global one alone
+            with torch.random.fork_rng(devices=self._cuda_devices()):
+                _set_rng_state(self.rng[c])
+                self.runner.compute(c)
+        else:
+            self.rng[c] = _get_rng_state(self._cuda_devices())
+            self.runner.compute(c)
+        self.done.add(c)
+
+    def _cuda_devices(self) -> list[int]:
+        return [t.device.index or 0 for t in self.buffers.values() if t.is_cuda][:1]
+
+    def copy_buffer_updates(self) -> None:
+        """Write the new values of mutated buffers (BatchNorm statistics) back, once per step."""
+        cap = self.program.captured
+        outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+        with torch.no_grad():
+            for node, kind in zip(outs, cap.outputs, strict=True):
+                if kind is not None and kind[0] == "buffer":
+                    self.buffers[kind[1]].copy_(self.runner.value(node))
+
+    def user_outputs(self) -> list[Any]:
+        cap = self.program.captured
+        outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+        flat: dict[int, Any] = {}
+        for node, kind in zip(outs, cap.outputs, strict=True):
+            if kind is not None and kind[0] == "user":
+                flat[kind[1]] = self.runner.value(node)
+        return [flat.get(i) for i in range(cap.out_spec.num_leaves)]
+
+    def param_grads(self) -> list[torch.Tensor | None]:
+        cap = self.program.captured
+        grads = []
+        for name in self.program.params:
+            d = cap.grad_data.get(name)
+            grads.append(None if d is None else self.runner.data_value(d))
+        return grads
+
+
+def _get_rng_state(cuda: list[int]) -> Any:
+    return (torch.get_rng_state(), [torch.cuda.get_rng_state(i) for i in cuda], cuda)
+
+
+def _set_rng_state(state: Any) -> None:
+    cpu, cuda_states, devices = state
+    torch.set_rng_state(cpu)
+    for i, s in zip(devices, cuda_states, strict=True):
+        torch.cuda.set_rng_state(s, i)
+
+
+class _PlannedStep(torch.autograd.Function):
+    """forward: the schedule up to the output gradients; backward: the rest, recomputations included.
+
+    The tensors it receives (parameters, then inputs) are only there so autograd routes parameter
+    gradients back; the step state already holds them."""
+
+    @staticmethod
+    def forward(ctx: Any, holder: list[_StepState], n_inputs: int, *tensors: torch.Tensor) -> Any:
+        state = holder[0]
+        state.forward()
+        state.copy_buffer_updates()
+        outs = state.user_outputs()
+        ctx.state, ctx.n_inputs = state, n_inputs
+        ctx.diff = sorted(state.program.captured.tangent_data)
+        ctx.mark_non_differentiable(*(o for i, o in enumerate(outs)
+                                      if isinstance(o, torch.Tensor) and i not in ctx.diff))
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor | None) -> Any:
+        state: _StepState = ctx.state
+        ctx.state = None  # everything the step held goes with it once backward returns
+        for i in ctx.diff:
+            g = grad_outputs[i]
+            state.grad_outputs[i] = g if g is not None else torch.zeros_like(state.user_outputs()[i])
+        state.backward()
+        grads = state.param_grads()
+        state.runner.env.clear()
+        state.grad_outputs.clear()
+        return (None, None, *grads, *([None] * ctx.n_inputs))
+
+
+class PlannedModule(nn.Module):
+    """The original model executed by a memory plan; same call signature, outputs and gradients."""
+
+    def __init__(self, model: nn.Module, program: Program) -> None:
+        super().__init__()
+        self._orig_mod = model
+        self._program = program
+        self._param_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self._generated: Any = None  # a module written by write_source, when loaded by load_source
+
+    @property
+    def program(self) -> Program:
+        return self._program
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.training and self._program.mode == "train":
+            return self._orig_mod(*args, **kwargs)
+        flat = self._check(args, kwargs)
+        cap = self._program.captured
+        params = dict(self._orig_mod.named_parameters(remove_duplicate=False))
+        buffers = dict(self._orig_mod.named_buffers(remove_duplicate=False))
+        runner = Runner(cap, cap.placeholder_values(self._orig_mod, flat))
+        state = _StepState(self._program, runner, buffers, self._generated)
+        inputs = [t for t in flat if isinstance(t, torch.Tensor)]
+        if self._program.mode == "inference" or not torch.is_grad_enabled():
+            with torch.no_grad():
+                if self._program.mode == "train":
+                    raise RuntimeError("this plan is a training plan: call it with gradients enabled, or "
+                                       "switch to eval() to run the original forward")
+                state.forward()
+                state.copy_buffer_updates()
+                outs = state.user_outputs()
+                runner.env.clear()
+            return pytree.tree_unflatten(outs, cap.out_spec)
+        outs = _PlannedStep.apply([state], len(inputs), *(params[n] for n in self._program.params), *inputs)
+        return pytree.tree_unflatten(list(outs), cap.out_spec)
+
+    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        flat, spec = pytree.tree_flatten((tuple(args), kwargs))
+        cap = self._program.captured
+        if spec != cap.in_spec:
+            raise StalePlanError(f"the plan was profiled with inputs structured as {cap.in_spec}, got "
+                                 f"{spec}; profile and plan again for this call signature")
+        for i, (x, meta) in enumerate(zip(flat, cap.input_meta, strict=True)):
+            if meta is None:
+                continue
+            if not isinstance(x, torch.Tensor) or (tuple(x.shape), x.dtype) != meta:
+                got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise StalePlanError(f"input {i} is {got}, but the plan was made for {meta}: memory plans "
+                                     "are shape-specific; profile and plan again for these shapes")
+        shapes = {n: tuple(p.shape) for n, p in self._orig_mod.named_parameters()}
+        if shapes != self._param_shapes:
+            raise StalePlanError("the model's parameters changed since export: profile and plan again")
+        return flat
+
+
+# --- entry points -----------------------------------------------------------------------------------
+def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None = None,
+           overwrite: bool = False) -> PlannedModule:
+    """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
+
+    plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).
+    path: also write readable Python source of the scheduled steps there, and the plan JSON beside it
+    (``<path>.plan.json``); existing files are never overwritten unless ``overwrite=True``.
+    model: the model to run (default: the profiled one).  A model whose parameters, or a plan whose
+    inputs, differ from what was profiled raises `StalePlanError`.
+    """
+    prof = getattr(plan, "profile", None)
+    graph: Graph = plan.graph
+    if prof is not None and prof.captured is None:
+        raise ValueError("this plan comes from a hook-based fallback profile (the model could not be "
+                         "traced): it cannot be exported")
+    target = model if model is not None else getattr(prof, "model", None)
+    if target is None:
+        raise ValueError("the plan carries no model (loaded from JSON?): pass model=")
+    info = getattr(plan, "model", None)
+    expected = info.get("fingerprint") if isinstance(info, dict) else None
+    expected = expected or (prof.fingerprint if prof is not None else None)
+    if prof is not None and (model is None or model is prof.model):
+        captured, fp = prof.captured, prof.fingerprint
+    else:
+        args = _example_inputs(graph, prof)
+        mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
+        fp = fingerprint(target, args, None, mode)
+        if expected and fp != expected:
+            raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
+                                 "shapes or dtypes, or input shapes changed): profile and plan again")
+        _, captured = capture(target, args, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+    if expected and fp != expected:
+        raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
+    program = compile_program(graph, captured, tuple(plan.schedule), fp)
+    module = PlannedModule(target, program)
+    if path is not None:
+        write_source(plan, program, Path(path), overwrite=overwrite)
+    return module
+
+
+def _example_inputs(graph: Graph, prof: Any) -> tuple[torch.Tensor, ...]:
+    """Positional example inputs rebuilt from the graph's input nodes (a trace needs shapes and dtypes)."""
+    if prof is not None and getattr(prof, "captured", None) is not None:
+        metas = [m for m in prof.captured.input_meta if m is not None]
+        return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in metas)
+    inputs = sorted((d for d in graph.datas if d.kind.value == "input"), key=lambda d: int(d.name[5:]))
+    return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype)) for d in inputs)
+
+
+# --- readable source ----------------------------------------------------------------------------------
+class _Codegen:
+    """Straight-line Python for a Program: one statement per step, views replayed inline."""
+
+    def __init__(self, program: Program) -> None:
+        self.p = program
+        self.cap = program.captured
+        self.nodes = self.cap.nodes
+        self.owners = self.cap.compute_fx_set
+        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")}
+
+    def expr(self, node: Any) -> str:
+        if isinstance(node, torch.fx.Node):
+            if node.name in self.placeholders or node.name in self.owners or self._is_elem(node):
+                return f"v[{node.name!r}]"
+            args = self._args(node)
+            return f"{_target(node.target)}({args})"
+        if isinstance(node, (list, tuple)):
+            inner = ", ".join(self.expr(a) for a in node)
+            return f"[{inner}]" if isinstance(node, list) else f"({inner}{',' if len(node) == 1 else ''})"
+        if isinstance(node, dict):
+            return "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in node.items()) + "}"
+        return _literal(node)
+
+    def _is_elem(self, node: torch.fx.Node) -> bool:
+        return any(node.name == g for elems in self.cap.elem_fx.values() for _, g in elems)
+
+    def _args(self, node: torch.fx.Node) -> str:
+        parts = [self.expr(a) for a in node.args]
+        parts += [f"{k}={self.expr(v)}" for k, v in node.kwargs.items()]
+        return ", ".join(parts)
+
+    def compute(self, c: int, indent: str) -> list[str]:
+        cap = self.cap
+        gc = self.p.graph.computes[c]
+        where = f"  # {gc.module or '-'} | {gc.source}" if gc.source else ""
+        if c == cap.loss_backward_compute:
+            return [f"{indent}# compute loss_backward: the output gradients arrive from autograd"] + [
+                f"{indent}v[{cap.data_fx[d]!r}] = grad_outputs[{i}]"
+                for i, d in sorted(cap.tangent_data.items())]
+        if c >= len(cap.compute_fx) or cap.compute_fx[c] is None:
+            return [f"{indent}# compute {gc.name}: runs outside the module ({gc.op})"]
+        node = self.nodes[cap.compute_fx[c]]
+        call = f"{_target(node.target)}({self._args(node)})"
+        lines = [f"{indent}# compute {gc.name}{where}"]
+        random = c in self.p.random
+        if random:
+            lines.append(f"{indent}with rng.replay({c}):")
+            indent += "    "
+        elems = cap.elem_fx.get(node.name)
+        if elems is None:
+            lines.append(f"{indent}v[{node.name!r}] = {call}")
+        else:
+            lines.append(f"{indent}_out = {call}")
+            lines += [f"{indent}v[{g!r}] = _out[{i}]" for i, g in elems]
+            lines.append(f"{indent}del _out")
+        return lines
+
+    def free(self, d: int, indent: str) -> list[str]:
+        name = self.cap.data_fx[d]
+        label = self.p.graph.datas[d].name
+        if name is None:
+            return [f"{indent}# free {label} (not held)"]
+        return [f"{indent}v.pop({name!r}, None)  # free {label}"]
+
+    def function(self, name: str, steps: Sequence[Step], doc: str) -> list[str]:
+        lines = [f"def {name}(v, rng, grad_outputs=None):", f'    """{doc}"""']
+        for step in steps:
+            lines += self.compute(step.node, "    ") if step.op == "compute" else self.free(step.node, "    ")
+        lines.append("")
+        return lines
+
+
+def _target(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        ns, op = target._schema.name.split("::")
+        return f"torch.ops.{ns}.{op}.{target._overloadname}"
+    if target is operator.getitem:
+        return "operator.getitem"
+    raise ValueError(f"cannot write source for FX target {target!r}")
+
+
+def _literal(x: Any) -> str:
+    if isinstance(x, torch.dtype):
+        return str(x)
+    if isinstance(x, torch.device):
+        return f"torch.device({str(x)!r})"
+    if isinstance(x, torch.layout):
+        return str(x)
+    if isinstance(x, torch.memory_format):
+        return str(x)
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return f"float({str(x)!r})"
+    return repr(x)
+
+
+def _placeholder_table(cap: Captured) -> list[tuple[str, tuple[str, Any]]]:
+    nodes = cap.gm.graph.find_nodes(op="placeholder")
+    return [(n.name, k) for n, k in zip(nodes, cap.placeholders, strict=True)]
+
+
+def program_source(program: Program, plan: Any) -> str:
+    """Readable source: the scheduled steps as straight-line code over torch.ops.*, plus metadata."""
+    gen = _Codegen(program)
+    cap = program.captured
+    header = [
+        '"""Generated by memviz.export: a memory plan as straight-line PyTorch code.',
+        "",
+        f"model {plan.graph.name}, mode {program.mode}, strategy {getattr(plan, 'strategy', '?')}, "
+        f"planned peak {plan.peak_bytes} bytes, budget {getattr(plan, 'budget_bytes', None)} bytes.",
+        "Each step is one operator of the captured joint graph; `v` holds the live tensors; a `pop` is a",
+        "free; `rng.replay(c)` restores the random state of operator c on recomputation.",
+        "Load it with memviz.export.load_source(path, model).",
+        '"""',
+        "",
+        "import operator",
+        "",
+        "import torch",
+        "",
+        "import memviz.capture  # noqa: F401  (registers torch.ops.memviz.*)",
+        "",
+        f"FINGERPRINT = {program.fingerprint!r}",
+        f"MODE = {program.mode!r}",
+        f"PLACEHOLDERS = {_placeholder_table(cap)!r}",
+        f"PARAMS = {list(program.params)!r}",
+        f"GRADS = {[(n, cap.data_fx[d]) for n, d in cap.grad_data.items()]!r}",
+        f"INPUTS = {[(list(m[0]), str(m[1])) if m else None for m in cap.input_meta]!r}",
+        "",
+        "",
+    ]
+    body = gen.function("forward_steps", program.forward_steps,
+                        "Forward part: everything before the output gradients arrive.")
+    body += ["", *gen.function("backward_steps", program.backward_steps,
+                               "Backward part: recomputations, gradients, frees.")]
+    return "\n".join(header + body)
+
+
+def write_source(plan: Any, program: Program, path: Path, *, overwrite: bool = False) -> tuple[Path, Path]:
+    """Write the program's source to `path` and the plan JSON beside it; never clobber unless asked."""
+    plan_path = path.with_suffix(".plan.json")
+    for p in (path, plan_path):
+        if p.exists() and not overwrite:
+            raise FileExistsError(f"{p} exists; pass overwrite=True to replace it")
+    source = program_source(program, plan)
+    compile(source, str(path), "exec")  # never write code that does not parse
+    path.write_text(source)
+    if hasattr(plan, "save"):
+        plan.save(plan_path, overwrite=overwrite)
+    return path, plan_path
+
+
+# --- runtime for generated source ------------------------------------------------------------------------
+class _SourceRng:
+    def __init__(self, state: _StepState) -> None:
+        self.state = state
+
+    def replay(self, c: int) -> Any:
+        import contextlib
+
+        state = self.state
+
+        @contextlib.contextmanager
+        def ctx() -> Any:
+            if c in state.rng:
+                with torch.random.fork_rng(devices=state._cuda_devices()):
+                    _set_rng_state(state.rng[c])
+                    yield
+            else:
+                state.rng[c] = _get_rng_state(state._cuda_devices())
+                yield
+
+        return ctx()
+
+
+def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> PlannedModule:
+    """Rebuild the exported module from source written by ``export(plan, path=...)`` and the original model.
+
+    The generated functions replace the in-memory step interpreter; the model's state (parameters,
+    buffers) is the one passed in.  `plan` defaults to the plan JSON written beside the source."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"memviz_generated_{abs(hash(str(path)))}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    if plan is None:
+        from memviz.planning import load_plan
+
+        plan = load_plan(path.with_suffix(".plan.json"))
+    exported = export(plan, model=model)
+    if mod.FINGERPRINT != exported.program.fingerprint:
+        raise StalePlanError("the generated source belongs to another model or plan (fingerprint differs)")
+    exported._generated = mod
+    return exported
+
+
+
+
+__all__ = ["PlannedModule", "StalePlanError", "export", "load_source", "program_source", "write_source"]

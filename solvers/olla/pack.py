@@ -191,9 +191,10 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
     return groups
 
 
-#: The canonical search keeps dense sections x buffers and buffers x buffers boolean matrices; above
-#: this many buffers in one segment (~100 MB) only CP-SAT improves the greedy placement.
-CANONICAL_MAX_BUFFERS = 4000
+#: Numpy work per search node grows with sections x buffers: at ~1700 buffers one dive (a node per
+#: buffer) took longer than 10 s, so above this many buffers in one segment the greedy placement is
+#: kept (CP-SAT's NoOverlap2D found nothing better there within 10 s either).
+CANONICAL_MAX_BUFFERS = 800
 
 
 class _Timeout(Exception):
@@ -400,25 +401,47 @@ def _solve_segment(
 ) -> tuple[list[int], int, int, str]:
     """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
 
-    The canonical search first (at the capacity, or at the max-live bound to prove zero
-    fragmentation) with 85% of the time; CP-SAT then minimises (or fits) from the best placement."""
+    With a capacity: the canonical search for a fit, then CP-SAT.  Without: the canonical search at
+    the max-live bound (a fit proves zero fragmentation), and when that runs out of time, at targets
+    halfway between the bound and the best peak so far; CP-SAT then minimises from the best placement
+    (segments up to `CANONICAL_MAX_BUFFERS`)."""
     started = time.perf_counter()
-    target = lower if room is None else room
-    found, infeasible = None, False
-    if len(sub) <= CANONICAL_MAX_BUFFERS:
-        found, infeasible = _canonical_search(sub, target, started + 0.85 * seconds)
-    if found is not None:
-        return found, max(o + z for o, (_, _, z) in zip(found, sub, strict=True)), lower, "canonical"
-    if infeasible:
-        if room is not None:
+    deadline = started + seconds
+    how = "greedy"
+    small = len(sub) <= CANONICAL_MAX_BUFFERS
+
+    def peak_of(offs: list[int]) -> int:
+        return max(o + z for o, (_, _, z) in zip(offs, sub, strict=True))
+
+    if room is not None:
+        found, infeasible = _canonical_search(sub, room, started + 0.85 * seconds) if small else (None, False)
+        if found is not None:
+            return found, peak_of(found), lower, "canonical"
+        if infeasible:
             return offsets, peak, room + 1, "canonical-infeasible"
-        lower += 1
-    left = seconds - (time.perf_counter() - started)
+    elif small:
+        target = lower
+        while lower <= target < peak and time.perf_counter() < deadline - 0.05:
+            left = deadline - time.perf_counter()
+            found, infeasible = _canonical_search(sub, target, time.perf_counter() + 0.5 * left)
+            if found is not None:  # fits: aim lower
+                offsets, peak, how = found, peak_of(found), "canonical"
+                target = (lower + peak) // 2
+            elif infeasible:  # proved: the bound rises
+                lower = target + 1
+                target = (lower + peak) // 2
+            else:  # out of time at this target: aim at an easier one
+                target = (target + peak + 1) // 2
+        if peak == lower:
+            return offsets, peak, lower, how
+    left = deadline - time.perf_counter()
+    if not small or left < 0.1:
+        return offsets, peak, lower, how
     upper = peak if room is None else room
     solved, bound = _cp_sat(sub, offsets, lower, upper, room is not None, left, workers)
     if solved is None:
-        return offsets, peak, max(lower, bound), "unsolved"
-    return solved, max(o + z for o, (_, _, z) in zip(solved, sub, strict=True)), max(lower, bound), "cp-sat"
+        return offsets, peak, max(lower, bound), how
+    return solved, peak_of(solved), max(lower, bound), "cp-sat"
 
 
 def pack(

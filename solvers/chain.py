@@ -464,14 +464,19 @@ def backward_sequence(chain: Chain, block: Block, kept: Iterable[int]) -> tuple[
         avail.add(block.output)
     seq: list[int] = []
 
-    def need(d: int) -> None:
-        if d not in own or d in avail:
-            return
-        p = g.datas[d].producer
-        for x in g.computes[p].inputs:
-            need(x)
-        seq.append(p)
-        avail.update(g.computes[p].outputs)
+    def need(target: int) -> None:  # depth-first, iterative: long blocks would overflow recursion
+        stack = [(target, False)]
+        while stack:
+            d, ready = stack.pop()
+            if d not in own or d in avail:
+                continue
+            p = g.datas[d].producer
+            if ready:
+                seq.append(p)
+                avail.update(g.computes[p].outputs)
+                continue
+            stack.append((d, True))
+            stack.extend((x, False) for x in reversed(g.computes[p].inputs))
 
     for b in block.backward:
         for d in g.computes[b].inputs:

@@ -6,9 +6,9 @@ Block options.  An option keeps a subset K of the data the block's backward read
 always kept); the backward regenerates the dropped data by recomputing the forward nodes that produce
 them, right before the first backward node that needs them, and every tensor is freed at its last
 use.  For blocks with at most `EXACT_SUBSETS` such data every subset is measured (exact enumeration
-over kept sets); larger blocks get nested greedy families (drop the largest data first, and drop the
-data cheapest to recompute per byte first).  Non-dominated options are then picked over a grid of
-(kept bytes, block peak) budget pairs as in Sec. 3.3.  Options are searched once per class and
+over kept sets); larger blocks get nested greedy families of up to `GREEDY_STEPS` sets each (drop
+the largest data first, and drop the data cheapest to recompute per byte first).  Options are then
+picked over a grid of (kept bytes, block peak) budget pairs as in Sec. 3.3: per pair, the fastest.  Options are searched once per class and
 measured on every member block.  Rotor's store-everything option is always on the menu, so at equal
 budget rockmate is never worse than rotor.  Not implemented: the per-block MILP (rk-Checkmate) and
 recomputation inside a block's forward.
@@ -21,10 +21,11 @@ import time as _time
 
 from solvers.chain import Block, BlockOption, Chain, block_option, decompose, local_data, store_all
 from solvers.ir import Graph
-from solvers.result import InfeasibleBudget, SolveResult
-from solvers.rotor import ChainSolver, checked_result, inference_result
+from solvers.result import SolveResult
+from solvers.rotor import ChainSolver, checked_result, infeasible, no_recompute_result
 
 EXACT_SUBSETS = 10
+GREEDY_STEPS = 32
 GRID = 20
 
 
@@ -41,8 +42,9 @@ def _kept_sets(chain: Chain, block: Block) -> list[frozenset[int]]:
     redo = {d: max(g.computes[g.datas[d].producer].time, 1e-12) for d in cand}
     orders = [sorted(cand, key=lambda d: -size[d]), sorted(cand, key=lambda d: -size[d] / redo[d])]
     sets = {frozenset(cand)}
+    steps = sorted({max(1, round(len(cand) * i / GREEDY_STEPS)) for i in range(1, GREEDY_STEPS + 1)})
     for order in orders:
-        for j in range(1, len(order) + 1):
+        for j in steps:  # drop the first j of the order
             sets.add(frozenset(order[j:]))
     return sorted(sets, key=lambda s: (len(s), sorted(s)))
 
@@ -104,15 +106,18 @@ def menus_for(chain: Chain, *, grid: int = GRID, deadline: float | None = None) 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches."""
     started = _time.monotonic()
+    quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
+    if quick is not None:
+        return quick
     chain = decompose(graph)
     if not chain.training:
-        return inference_result(graph, budget_bytes, "rockmate", started)
+        raise infeasible(graph, budget_bytes, None, "rockmate")
     # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
     menus = menus_for(chain, deadline=started + time_limit / 2)
     solver = ChainSolver(chain, menus)
     plan = solver.plan(budget_bytes)
     if plan is None:
-        raise InfeasibleBudget(budget_bytes, solver.min_budget(), "rockmate", proven=False)
+        raise infeasible(graph, budget_bytes, solver.min_budget(), "rockmate")
     return checked_result(chain, menus, plan, budget_bytes, "rockmate", started,
                           {"slot_bytes": solver.unit, "model_time": plan.time,
                            "classes": len({b.klass for b in chain.blocks}),

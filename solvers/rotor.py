@@ -34,7 +34,8 @@ from solvers.chain import (
 )
 from solvers.ir import Graph
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
-from solvers.simulate import simulate
+from solvers.schedule import Schedule
+from solvers.simulate import Timeline, simulate
 
 #: default number of memory slots spanning the store-everything requirement
 SLOTS = 4000
@@ -331,15 +332,27 @@ def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: C
                "block_ops": len(plan.ops), **extra}))
 
 
-def inference_result(graph: Graph, budget: int, solver: str, started: float) -> SolveResult:
-    """Forward-only graphs: nothing is saved for a backward, so the eager order with frees at last
-    use is already the least memory a chain order can reach and needs no recomputation."""
+def no_recompute(graph: Graph) -> tuple[Schedule, Timeline]:
+    """The capture order with frees at last use: no recomputation, so the least time of any plan."""
     schedule = schedule_with_frees(graph, list(range(len(graph.computes))))
-    tl = simulate(graph, schedule).check()
+    return schedule, simulate(graph, schedule).check()
+
+
+def no_recompute_result(graph: Graph, budget: int, solver: str, started: float) -> SolveResult | None:
+    """The no-recomputation schedule when it fits: optimal in time, and the chain model (rounded to
+    slots, long-lived data kept to the end) can be more pessimistic than the real order.  For
+    forward-only graphs nothing is saved for a backward, so it is also the chain's least memory."""
+    schedule, tl = no_recompute(graph)
     if tl.peak_bytes > budget:
-        raise InfeasibleBudget(budget, tl.peak_bytes, solver)
+        return None
     return SolveResult(schedule, SolverStats(solver, "heuristic", _time.monotonic() - started,
-                                             objective=tl.total_time, backend="eager"))
+                                             objective=tl.total_time, backend="no-recompute",
+                                             extra={"peak_bytes": tl.peak_bytes, "recomputes": 0}))
+
+
+def infeasible(graph: Graph, budget: int, chain_minimum: int | None, solver: str) -> InfeasibleBudget:
+    floor = no_recompute(graph)[1].peak_bytes
+    return InfeasibleBudget(budget, floor if chain_minimum is None else min(floor, chain_minimum), solver)
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
@@ -347,13 +360,16 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> Solve
     The DP is polynomial (blocks^3 x slots) and runs to completion; `time_limit` is accepted for the
     common solver signature."""
     started = _time.monotonic()
+    quick = no_recompute_result(graph, budget_bytes, "rotor", started)
+    if quick is not None:
+        return quick
     chain = decompose(graph)
     if not chain.training:
-        return inference_result(graph, budget_bytes, "rotor", started)
+        raise infeasible(graph, budget_bytes, None, "rotor")
     menus = [[store_all(chain, b)] for b in chain.blocks]
     solver = ChainSolver(chain, menus)
     plan = solver.plan(budget_bytes)
     if plan is None:
-        raise InfeasibleBudget(budget_bytes, solver.min_budget(), "rotor", proven=False)
+        raise infeasible(graph, budget_bytes, solver.min_budget(), "rotor")
     return checked_result(chain, menus, plan, budget_bytes, "rotor", started,
                           {"slot_bytes": solver.unit, "model_time": plan.time})

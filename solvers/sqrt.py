@@ -13,14 +13,15 @@ import time as _time
 
 from solvers.chain import Chain, decompose, store_all
 from solvers.ir import Graph
-from solvers.result import InfeasibleBudget, SolveResult
+from solvers.result import SolveResult
 from solvers.rotor import (
     ChainModel,
     ChainPlan,
     Op,
     checked_result,
     evaluate,
-    inference_result,
+    infeasible,
+    no_recompute_result,
     quantized_model,
     tail_requirement,
 )
@@ -61,11 +62,15 @@ def plan_for(chain: Chain, model: ChainModel, count: int) -> ChainPlan:
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
-    """sqrt(n) segments when they fit; otherwise the cheapest equal segmenting that fits."""
+    """No recomputation when that fits; else sqrt(n) segments when they fit; otherwise the cheapest
+    equal segmenting that fits."""
     started = _time.monotonic()
+    quick = no_recompute_result(graph, budget_bytes, "sqrt", started)
+    if quick is not None:
+        return quick
     chain = decompose(graph)
     if not chain.training:
-        return inference_result(graph, budget_bytes, "sqrt", started)
+        raise infeasible(graph, budget_bytes, None, "sqrt")
     menus = [[store_all(chain, b)] for b in chain.blocks]
     model = quantized_model(chain, menus)
     tail = tail_requirement(chain)
@@ -73,8 +78,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> Solve
     plans = {c: plan_for(chain, model, c) for c in order}
     fits = [c for c in order if max(plans[c].model_peak_bytes, tail) <= budget_bytes]
     if not fits:
-        best = min(max(p.model_peak_bytes, tail) for p in plans.values())
-        raise InfeasibleBudget(budget_bytes, best, "sqrt", proven=False)
+        least = min(max(p.model_peak_bytes, tail) for p in plans.values())
+        raise infeasible(graph, budget_bytes, least, "sqrt")
     count = order[0] if order[0] in fits else min(fits, key=lambda c: (plans[c].time, c))
     return checked_result(chain, menus, plans[count], budget_bytes, "sqrt", started,
                           {"segments": count, "slot_bytes": model.unit, "model_time": plans[count].time})

@@ -40,7 +40,10 @@ def rotor_min(g):
 
 
 def test_sqrt_recomputes_with_checkpoints():
-    g = training_chain(9)
-    res = sqrt.solve(g, 10**9)
+    g = training_chain(9, sizes=[64] * 9)
+    full = simulate(g, sqrt.solve(g, 10**9).schedule).check()
+    assert full.recomputes == 0  # no recomputation when everything fits
+    res = sqrt.solve(g, full.peak_bytes - 1)
     assert res.stats.extra["segments"] == 3
-    assert simulate(g, res.schedule).check().recomputes > 0
+    tl = simulate(g, res.schedule).check()
+    assert tl.recomputes > 0 and tl.peak_bytes < full.peak_bytes

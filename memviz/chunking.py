@@ -95,6 +95,50 @@ def _aliases(node: torch.fx.Node, metas: dict[str, Any]) -> tuple[str | None, An
     return (tensor_inputs[0].name if is_alias and tensor_inputs else None), out
 
 
+class _AllocCounter(TorchDispatchMode):
+    """Bytes of the non-view tensors ops allocate (meta tensors: no memory is touched)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        # _unsafe_view and friends share their operand's storage without being views
+        ins = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and not t._is_view() and t.untyped_storage()._cdata not in ins:
+                self.bytes += t.numel() * t.element_size()
+        return out
+
+
+def _allocated(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None) -> int:
+    def get(n: torch.fx.Node) -> Any:
+        v = metas.get(n.name)
+        if n.name == swap and isinstance(v, torch.Tensor):
+            return torch.empty(v.shape, dtype=v.dtype, device="meta")
+        return v
+    args, kwargs = torch.fx.node.map_arg(node.args, get), torch.fx.node.map_arg(node.kwargs, get)
+    counter = _AllocCounter()
+    with counter:
+        node.target(*args, **kwargs)
+    return counter.bytes
+
+
+def _temps(node: torch.fx.Node, metas: dict[str, Any], inputs: tuple[str, ...], out_bytes: int) -> tuple[int, ...]:
+    """Workspace an op allocates besides its outputs, per operand: the copies it makes of a
+    non-contiguous operand (matmul of a transposed key ...) are found by re-running it with that
+    operand contiguous.  The last entry is the part no operand explains."""
+    try:
+        total = _allocated(node, metas) - out_bytes
+        if total <= 0:
+            return ()
+        per = [max(0, total - (_allocated(node, metas, v) - out_bytes)) for v in inputs]
+    except Exception:  # no meta kernel: no workspace known
+        return ()
+    return (*per, max(0, total - sum(per)))
+
+
 def translate(graph: torch.fx.Graph) -> ac.OpGraph:
     """FX graph (from torch.export) -> OpGraph: shapes from the fake-tensor metadata, aliases from a
     meta-device replay, tensor operands in argument order."""
@@ -120,11 +164,15 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
             nodes.append(ac.OpNode(n.name, f"{n.op}:{n.target}", inputs, shapes=shapes, itemsize=itemsize))
             continue
         alias, out = _aliases(n, metas)
+        out_bytes = 0 if alias else sum(math.prod(sh) for sh in shapes) * itemsize
+        # fused attention runs a flash kernel on the device; its meta kernel is the math path
+        fused = n.target is operator.getitem or _op_name(n.target) == "scaled_dot_product_attention"
+        temps = () if fused else _temps(n, metas, inputs, out_bytes)
         metas[n.name] = out if out is not None else _meta(val)
         nodes.append(ac.OpNode(
             n.name, _op_name(n.target), inputs, _ref_args(n.args),
             {k: _ref_args(v) for k, v in n.kwargs.items()}, shapes, itemsize, alias,
-            multi=isinstance(val, list | tuple)))
+            multi=isinstance(val, list | tuple), temps=temps))
     return ac.OpGraph(tuple(nodes), outputs)
 
 

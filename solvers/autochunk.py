@@ -56,6 +56,7 @@ class OpNode:
     itemsize: int = 4
     alias: str | None = None
     multi: bool = False
+    temps: tuple[int, ...] = ()  # workspace bytes per operand (copies of it), then the unexplained rest
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -70,12 +71,13 @@ class OpNode:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "op": self.op, "inputs": list(self.inputs), "args": _jsonable(self.args),
                 "kwargs": _jsonable(self.kwargs), "shapes": [list(s) for s in self.shapes],
-                "itemsize": self.itemsize, "alias": self.alias, "multi": self.multi}
+                "itemsize": self.itemsize, "alias": self.alias, "multi": self.multi, "temps": list(self.temps)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpNode:
         return cls(d["name"], d["op"], tuple(d["inputs"]), _tupled(d["args"]), dict(d["kwargs"]),
-                   tuple(tuple(s) for s in d["shapes"]), d["itemsize"], d["alias"], d["multi"])
+                   tuple(tuple(s) for s in d["shapes"]), d["itemsize"], d["alias"], d["multi"],
+                   tuple(d.get("temps", ())))
 
 
 def _jsonable(x: Any) -> Any:
@@ -654,7 +656,7 @@ def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
     """Activation bytes while each node runs: new storages of the run (outputs included, inputs and
     parameters not), freed after their last reader.  A region runs its hoisted nodes, allocates its
     outputs whole, then one chunk of its chunked nodes at a time (Eq. 2)."""
-    temp = temp or (lambda n: 0)
+    temp = temp or (lambda n: sum(n.temps))
     pos_of_region: dict[str, int] = {}
     for ri, r in enumerate(regions):
         for name in region_nodes(g, r.flow.start, r.flow.end):
@@ -739,9 +741,15 @@ def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
             if x in f.outputs:
                 blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
         chunk_live: dict[str, int] = {}
+        frac = r.step / f.extent
         for i, x in enumerate(body):
             b = _chunk_bytes(g[x], f.dims[x], r.step)
-            run(x, extra=sum(chunk_live.values()), nbytes=b)
+            node = g[x]
+            # copies of chunked operands shrink with the chunk, copies of whole ones do not
+            chunked_in = {dm.input for dm in demands_of(node, f.dims[x], g) if dm.dim is not None}
+            ws = sum(t * (frac if v in chunked_in else 1.0) for v, t in zip(node.inputs, node.temps)) + \
+                (node.temps[-1] * frac if len(node.temps) > len(node.inputs) else 0)
+            run(x, extra=sum(chunk_live.values()) + int(ws) - temp(node), nbytes=b)
             if b:
                 chunk_live[x] = b
             for s in [s for s in chunk_live if blast.get(s, -1) <= i]:

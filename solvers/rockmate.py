@@ -10,7 +10,8 @@ over kept sets); larger blocks get nested greedy families of up to `GREEDY_STEPS
 the largest data first, and drop the data cheapest to recompute per byte first).  Options are then
 picked over a grid of (kept bytes, block peak) budget pairs as in Sec. 3.3: per pair, the fastest.
 Options are searched once per class and measured on every member block.  Rotor's store-everything
-option is always on the menu, so at equal budget rockmate is never worse than rotor.  Not implemented: the per-block MILP (rk-Checkmate) and
+option is always on the menu, so at equal budget rockmate is never worse than rotor.
+Not implemented: the per-block MILP (rk-Checkmate) and
 recomputation inside a block's forward.
 """
 

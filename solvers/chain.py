@@ -384,7 +384,7 @@ def _crossing_lp(graph: Graph, bwd: list[int], free_nodes: list[int], lo: dict[i
         c[i] = v
     # ties: run a free node as early as possible (higher block), the same way in identical blocks;
     # the total tie-break weight stays below one byte so it never overrides a real difference
-    c[:nv] -= 0.5 / (nv * (graph_max(hi) + 1))
+    c[:nv] -= 0.5 / (nv * (_max_block(hi) + 1))
     from scipy.sparse import coo_matrix
     ri, ci, vals, rhs = [], [], [], []
     for r, (coef, b) in enumerate(rows):
@@ -394,14 +394,14 @@ def _crossing_lp(graph: Graph, bwd: list[int], free_nodes: list[int], lo: dict[i
             vals.append(v)
         rhs.append(b)
     a = coo_matrix((vals, (ri, ci)), shape=(len(rows), nz)).tocsr() if rows else None
-    bounds = [(lo[b], hi[b]) for b in free_nodes] + [(0, graph_max(hi))] * zs
+    bounds = [(lo[b], hi[b]) for b in free_nodes] + [(0, _max_block(hi))] * zs
     res = linprog(c, A_ub=a, b_ub=np.array(rhs) if rows else None, bounds=bounds, method="highs-ds")
     if res.status != 0:
         return {b: lo[b] for b in free_nodes}
     return {b: int(round(res.x[var[b]])) for b in free_nodes}
 
 
-def graph_max(hi: dict[int, int]) -> int:
+def _max_block(hi: dict[int, int]) -> int:
     return max(hi.values(), default=0)
 
 

@@ -306,11 +306,6 @@ class ChainSolver:
         peak, t = evaluate(self.model, ops)
         return ChainPlan(tuple(ops), self.base + peak * self.unit, t)
 
-    def frontier_cost(self, budget: int) -> float:
-        mem = (budget - self.base) // self.unit
-        if mem < 0 or budget < self.tail:
-            return math.inf
-        return float(self.tables.cost[(0, self.model.n - 1)][min(mem, self.size - 1)])
 
 
 def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: ChainPlan, budget: int,

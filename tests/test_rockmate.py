@@ -64,3 +64,21 @@ def test_gpt12_plans_fast():
     assert res.stats.extra["classes"] <= 8
     tl = simulate(g, res.schedule).check()
     assert tl.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_never_below_the_exhaustive_optimum(seed):
+    """On graphs small enough for exhaustive search, no chain plan beats the true optimum (a plan
+    that did would expose a simulator or expansion bug) and each minimum budget is at least the true
+    one."""
+    from bruteforce import min_budget, optimum
+
+    g = random_training_dag(random.Random(100 + seed), 3)
+    true_min = min_budget(g)
+    for mod in (rockmate, rotor, sqrt):
+        low = _min(mod, g)
+        assert low >= true_min
+        for budget in (low, (low + simulate(g, eager_schedule(g)).peak_bytes) // 2):
+            best = optimum(g, budget)
+            assert best is not None
+            assert _cost(mod, g, budget) >= best.time - 1e-9

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -188,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
           f"({pk['status']}, {pk['seconds']:.2f} s); PyTorch caching allocator model: reserved "
           f"{ca['reserved'] / MiB:.1f} MiB, fragmentation {ca['fragmentation_pct']:.1f}%")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"minimalloc": packing, "reorder": order}, indent=2) + "\n")
+    machine = {"cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)}
+    print(f"machine: {machine['cpus']} CPUs, load average {machine['load_average_1min']} "
+          "(timings scale with it)")
+    result = {"machine": machine, "minimalloc": packing, "reorder": order}
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

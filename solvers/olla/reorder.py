@@ -165,24 +165,44 @@ def _ancestor_masks(graph: Graph) -> tuple[list[int], list[int]]:
 
 
 def lower_bound(graph: Graph) -> int:
-    """A peak no order can beat: every op needs its inputs, outputs and workspace at once; the last op
-    is some sink and runs with every required output already alive."""
+    """A peak no order can beat.  While op ``c`` runs, every tensor produced by ``c`` or one of its
+    ancestors and read by ``c`` or one of its descendants (or kept to the end) is necessarily alive,
+    plus ``c``'s workspace; and the last op is a sink that runs with every required output alive."""
     persistent = graph.persistent_bytes()
-    keep = set(graph.outputs)
-
-    def touched(c: int, skip: set[int]) -> int:
-        comp = graph.computes[c]
-        ds = {d for d in (*comp.inputs, *comp.outputs) if graph.datas[d].producer is not None} - skip
-        return sum(graph.datas[d].bytes for d in ds) + comp.temp_bytes
-
     n = len(graph.computes)
     if n == 0:
         return persistent
-    local = max(touched(c, set()) for c in range(n))
+    anc, desc = _ancestor_masks(graph)
+    keep = set(graph.outputs)
+    forced = [graph.computes[c].temp_bytes for c in range(n)]
+    for d in graph.datas:
+        if d.producer is None or d.bytes == 0:
+            continue
+        readers = graph.consumers(d.id)
+        after = desc[d.producer] | (1 << d.producer)
+        if d.id in keep:
+            during = after
+        elif readers:
+            before = 0
+            for r in readers:
+                before |= anc[r] | (1 << r)
+            during = after & before
+        else:
+            during = 1 << d.producer
+        while during:
+            low = during & -during
+            forced[low.bit_length() - 1] += d.bytes
+            during ^= low
     kept = {d for d in keep if graph.datas[d].producer is not None}
-    sinks = [c for c in range(n) if not graph.successors(c)]
-    end = sum(graph.datas[d].bytes for d in kept) + min(touched(c, kept) for c in sinks)
-    return persistent + max(local, end)
+    kept_bytes = sum(graph.datas[d].bytes for d in kept)
+
+    def last_op(c: int) -> int:
+        comp = graph.computes[c]
+        ds = {d for d in (*comp.inputs, *comp.outputs) if graph.datas[d].producer is not None} - kept
+        return kept_bytes + sum(graph.datas[d].bytes for d in ds) + comp.temp_bytes
+
+    end = min(last_op(c) for c in range(n) if not graph.successors(c))
+    return persistent + max(max(forced), end)
 
 
 def _cp_sat(

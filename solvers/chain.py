@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-from solvers.ir import Graph, Phase
+from solvers.ir import Graph, GraphError, Phase
 from solvers.schedule import Schedule, Step, compute, free
 
 
@@ -156,14 +156,15 @@ def replay(graph: Graph, seq: Sequence[int], counted: set[int], alive: Iterable[
 
 
 # --- decomposition ---------------------------------------------------------------------------------
-def _topo(graph: Graph, ids: list[int]) -> list[int]:
-    return sorted(ids)  # ids follow capture order, which Graph requires to be a valid eager order
 
 
 def decompose(graph: Graph, *, max_blocks: int = 64) -> Chain:
     """Cut `graph` at the 1-separators of its forward part (Rockmate Appendix A.4) and assign the
     backward computes to blocks; cuts that the backward cannot respect are merged away."""
     comps = graph.computes
+    if not graph.is_topological(range(len(comps))):
+        raise GraphError("compute ids are not in a valid execution (capture) order: renumber the graph "
+                         "in topological order before chain decomposition")
     fwd = [c.id for c in comps if c.phase == Phase.FORWARD]
     bwd = [c.id for c in comps if c.phase == Phase.BACKWARD]
     tail = tuple(c.id for c in comps if c.phase not in (Phase.FORWARD, Phase.BACKWARD))
@@ -315,7 +316,7 @@ def _assign_backward(graph: Graph, bwd: list[int], cuts: list[int], fblock: dict
                 lo[b], hi[b] = max(lo[b], j), min(hi[b], j + 1)
             else:
                 lo[b], hi[b] = max(lo[b], j), min(hi[b], j)
-    order = _topo(graph, bwd)
+    order = bwd  # ids ascending: capture order, checked topological in `decompose`
     for b in order:  # a backward node runs no earlier (higher block) than its producers
         for p in graph.predecessors(b):
             if p in bset:

@@ -83,3 +83,18 @@ def test_store_all_measures_saved_data():
     opt = store_all(ch, ch.blocks[1])
     assert opt.keep == 20  # a1 is both the saved data and the output cut
     assert opt.fwd_peak == 20
+
+
+def test_non_topological_ids_are_refused():
+    import pytest
+
+    from solvers import GraphError
+
+    b = GraphBuilder("bad")
+    x = b.data("x", 4, DataKind.INPUT)
+    y, z = b.data("y", 4), b.data("z", 4)
+    b.compute("second", [y], [z])
+    b.compute("first", [x], [y])
+    b.outputs = [z]
+    with pytest.raises(GraphError, match="topological"):
+        decompose(b.build())

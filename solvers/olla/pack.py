@@ -446,7 +446,7 @@ def _solve_segment(
 
 def pack(
     buffers: Sequence[Sequence[int]], capacity: int | None = None, *, time_limit: float = 10.0,
-    workers: int = 8,
+    workers: int = 4,
 ) -> Packing:
     """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
 
@@ -520,7 +520,8 @@ def pack(
         seconds=time.perf_counter() - started,
         greedy_peak=greedy_peak,
         capacity=capacity,
-        extra={"bound": bound, "spanning_buffers": len(spanning), "cp_sat_segments": statuses},
+        # how each searched segment ended: canonical, canonical-infeasible, cp-sat or greedy
+        extra={"bound": bound, "spanning_buffers": len(spanning), "segments": statuses},
     )
 
 

@@ -307,7 +307,6 @@ class ChainSolver:
         return ChainPlan(tuple(ops), self.base + peak * self.unit, t)
 
 
-
 def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: ChainPlan, budget: int,
                    solver: str, started: float, extra: dict) -> SolveResult:
     """Expand, simulate, and refuse to return anything the simulator does not accept."""

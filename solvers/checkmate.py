@@ -22,7 +22,13 @@ Every schedule returned passes `solvers.simulate` and fits the budget; a time li
 schedule known (MILP incumbent, eager order, checkpointing heuristic or the caller's incumbent) with
 the MILP's gap.  `solve_lp` is Checkmate's two-phase LP rounding (Sec. 5): solve the LP relaxation at a
 scaled-down budget, round S, recompute the cheapest R for that S (the dependency closure), keep the
-best schedule that fits.
+best schedule that fits.  `minimum_budget` solves the same model with the peak as objective; its answer
+makes `InfeasibleBudget.minimum_bytes` tight and is the last resort before giving up.
+
+Known limit: the stage class fixes the order of first computations (capture order) and recomputes in
+ascending order inside a stage, so a schedule in another order can beat this "optimum" (tests/
+bruteforce.py finds such cases even on 3-layer training chains); `status="optimal"` is optimal within
+the class.
 """
 
 from __future__ import annotations

@@ -462,7 +462,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
     best = min(fits, key=lambda p: p.time, default=None)
     lb_time = sum(graph.computes[c].time for c in st.order)
-    extra: dict[str, object] = {"stages": st.n}
+    extra: dict[str, object] = {"stages": st.n, "optimal_within": "first computations in capture order"}
 
     def incumbent_result(why: str, bound: float | None) -> SolveResult:
         nonlocal best

@@ -235,12 +235,12 @@ def _canonical_search(
     hi = np.array([index[e] for _, e, _ in buffers], dtype=np.int64)
     size = np.array([z for _, _, z in buffers], dtype=np.int64)
     n_sec = len(points) - 1
-    cover = np.zeros((n_sec, n), dtype=bool)  # cover[k, b]: buffer b is alive in section k
+    cover_t = np.zeros((n, n_sec), dtype=bool)  # cover_t[b, k]: buffer b is alive in section k
     for b in range(n):
-        cover[lo[b]:hi[b], b] = True
+        cover_t[b, lo[b]:hi[b]] = True
     overlap = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
     np.fill_diagonal(overlap, False)
-    total0 = cover.astype(np.int64) @ size
+    total0 = size @ cover_t.astype(np.int64)
     if (size > capacity).any() or (total0 > capacity).any():
         return None, True
     most = np.array([total0[lo[b]:hi[b]].max() for b in range(n)], dtype=np.int64)
@@ -267,12 +267,12 @@ def _canonical_search(
                 raise _Aborted
             if time.perf_counter() > deadline:
                 raise _Timeout
-            offset, min_off = st[0], st[1]
-            todo = np.flatnonzero(members & (offset < 0))
+            min_off = st[1]
+            todo = np.flatnonzero(members)  # every member is unplaced (decompose passes those)
             if todo.size == 0:
                 return st
             floor, total = st[2][s0:s1], st[3][s0:s1]
-            todo = todo[np.lexsort((rank[todo], min_off[todo]))]
+            todo = todo[np.argsort(min_off[todo] * n + rank[todo], kind="stable")]
             offs = min_off[todo]
             min_height = int((offs + size[todo]).min())
             # canonical order and dominance, vectorised: offsets never go down, ties follow the preorder,
@@ -295,7 +295,7 @@ def _canonical_search(
                 left = members & (nxt[0] < 0)
                 nfloor, ntotal = nxt[2], nxt[3]
                 rest = np.flatnonzero(left)
-                lowest = np.where(cover[s0:s1, rest], nxt[1][rest][None, :], big).min(axis=1, initial=big)
+                lowest = np.where(cover_t[rest, s0:s1], nxt[1][rest][:, None], big).min(axis=0, initial=big)
                 nfloor[s0:s1] = np.maximum(nfloor[s0:s1], np.where(lowest < big, lowest, 0))
                 if not (np.maximum(nfloor[s0:s1], off) + ntotal[s0:s1] > capacity).any():
                     found = decompose(nxt, left, s0, s1, off, r)

@@ -64,6 +64,7 @@ class Program:
     params: tuple[str, ...]  # canonical parameter names, the Function's leading inputs
     fingerprint: str
     mode: str
+    buffer_updates: dict[int, tuple[tuple[str, str], ...]]  # compute -> (FX value, buffer fqn)
 
 
 def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: str) -> Program:
@@ -86,7 +87,14 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
     random = frozenset(c for c, fx in enumerate(captured.compute_fx)
                        if fx is not None and _is_random(nodes[fx]))
     params = tuple(dict.fromkeys(captured.param_names.values()))
-    return Program(captured, graph, steps[:boundary], steps[boundary:], random, params, fp, captured.mode)
+    updates: dict[int, list[tuple[str, str]]] = {}
+    outs = pytree.tree_leaves(captured.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    for node, kind in zip(outs, captured.outputs, strict=True):
+        if kind is not None and kind[0] == "buffer":
+            d = captured.data_of_fx[node.name]
+            updates.setdefault(graph.datas[d].producer, []).append((captured.data_fx[d], kind[1]))
+    return Program(captured, graph, steps[:boundary], steps[boundary:], random, params, fp, captured.mode,
+                   {c: tuple(u) for c, u in updates.items()})
 
 
 class _StepState:
@@ -104,13 +112,13 @@ class _StepState:
 
     def forward(self) -> None:
         if self.generated is not None:
-            self.generated.forward_steps(self.runner.env, _SourceRng(self))
+            self.generated.forward_steps(self.runner.env, _SourceRng(self), self.buffers)
         else:
             self.run(self.program.forward_steps)
 
     def backward(self) -> None:
         if self.generated is not None:
-            self.generated.backward_steps(self.runner.env, _SourceRng(self), self.grad_outputs)
+            self.generated.backward_steps(self.runner.env, _SourceRng(self), self.buffers, self.grad_outputs)
         else:
             self.run(self.program.backward_steps)
 
@@ -138,19 +146,19 @@ class _StepState:
         else:
             self.rng[c] = _get_rng_state(self._cuda_devices())
             self.runner.compute(c)
-        self.done.add(c)
+        if c not in self.done:
+            self.done.add(c)
+            self.copy_buffer_updates(c)
 
     def _cuda_devices(self) -> list[int]:
         return [t.device.index or 0 for t in self.buffers.values() if t.is_cuda][:1]
 
-    def copy_buffer_updates(self) -> None:
-        """Write the new values of mutated buffers (BatchNorm statistics) back, once per step."""
-        cap = self.program.captured
-        outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    def copy_buffer_updates(self, c: int) -> None:
+        """Write the new values of buffers `c` mutates (BatchNorm statistics) back: called after the
+        first computation of `c` in a step only, so a recomputation never updates them twice."""
         with torch.no_grad():
-            for node, kind in zip(outs, cap.outputs, strict=True):
-                if kind is not None and kind[0] == "buffer":
-                    self.buffers[kind[1]].copy_(self.runner.value(node))
+            for fx, fqn in self.program.buffer_updates.get(c, ()):
+                self.buffers[fqn].copy_(self.runner.env[fx])
 
     def user_outputs(self) -> list[Any]:
         cap = self.program.captured
@@ -191,7 +199,6 @@ class _PlannedStep(torch.autograd.Function):
     def forward(ctx: Any, holder: list[_StepState], n_inputs: int, *tensors: torch.Tensor) -> Any:
         state = holder[0]
         state.forward()
-        state.copy_buffer_updates()
         outs = state.user_outputs()
         ctx.state, ctx.n_inputs = state, n_inputs
         ctx.diff = sorted(state.program.captured.tangent_data)
@@ -243,7 +250,6 @@ class PlannedModule(nn.Module):
                     raise RuntimeError("this plan is a training plan: call it with gradients enabled, or "
                                        "switch to eval() to run the original forward")
                 state.forward()
-                state.copy_buffer_updates()
                 outs = state.user_outputs()
                 runner.env.clear()
             return pytree.tree_unflatten(outs, cap.out_spec)
@@ -329,6 +335,7 @@ class _Codegen:
         self.nodes = self.cap.nodes
         self.owners = self.cap.compute_fx_set
         self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")}
+        self.seen: set[int] = set()
 
     def expr(self, node: Any) -> str:
         if isinstance(node, torch.fx.Node):
@@ -385,9 +392,16 @@ class _Codegen:
         return [f"{indent}v.pop({name!r}, None)  # free {label}"]
 
     def function(self, name: str, steps: Sequence[Step], doc: str) -> list[str]:
-        lines = [f"def {name}(v, rng, grad_outputs=None):", f'    """{doc}"""']
+        lines = [f"def {name}(v, rng, buffers, grad_outputs=None):", f'    """{doc}"""']
         for step in steps:
-            lines += self.compute(step.node, "    ") if step.op == "compute" else self.free(step.node, "    ")
+            if step.op == "free":
+                lines += self.free(step.node, "    ")
+                continue
+            lines += self.compute(step.node, "    ")
+            if step.node not in self.seen:  # first computation: write mutated buffers back, once
+                self.seen.add(step.node)
+                lines += [f"    buffers[{fqn!r}].copy_(v[{fx!r}])"
+                          for fx, fqn in self.p.buffer_updates.get(step.node, ())]
         lines.append("")
         return lines
 

@@ -259,3 +259,56 @@ def test_source_export_round_trip(tmp_path):
         for pa, pb in zip(original.parameters(), loaded.parameters(), strict=True):
             _assert_same(pa.grad, pb.grad, "grad")
             pa.grad = pb.grad = None
+
+
+def _plan_at_minimum(prof: Profile, strategy: str) -> Any:
+    """memviz.plan at the smallest budget the solver reports feasible."""
+    import memviz
+    from solvers.result import InfeasibleBudget
+
+    try:
+        return memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy=strategy, time_limit=10)
+    except InfeasibleBudget as err:
+        assert err.minimum_bytes is not None
+        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=10)
+
+
+@pytest.mark.parametrize(("name", "budget"), [("gpt", 0.9), ("gpt", 0.75), ("gpt", "min"), ("resnet", "min")])
+def test_solver_plans_export_exactly(name, budget):
+    """Plans from memviz.plan (Rockmate) at several budgets, the minimum feasible one included."""
+    import memviz
+
+    model, args, prof = _profiled(name, torch.float64)
+    plan = (_plan_at_minimum(prof, "rockmate") if budget == "min"
+            else memviz.plan(prof, budget, strategy="rockmate", time_limit=10))
+    assert plan.timeline.recomputes > 0
+    exported = export(plan, model=copy.deepcopy(model))
+    original = copy.deepcopy(model)
+    for step in range(3):
+        out_a = _train_step(original, args, step)
+        run = functools.partial(_train_step, exported, args, step)
+        peak, out_b = measure_peak(run, tensors_of(exported, args))
+        assert torch.equal(out_a, out_b)
+        for pa, pb in zip(original.parameters(), exported.parameters(), strict=True):
+            assert torch.equal(pa.grad, pb.grad)
+            pa.grad = pb.grad = None
+        assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (peak, plan.peak_bytes)
+        assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+
+
+def test_saved_plan_exports_with_the_model(tmp_path):
+    """A plan loaded from JSON has no profile: export re-captures the given model and checks it."""
+    import memviz
+
+    model, args, prof = _profiled("resnet", torch.float64)
+    plan = memviz.plan(prof, 0.9, strategy="rockmate", time_limit=10)
+    plan.save(tmp_path / "plan.json")
+    loaded = memviz.load_plan(tmp_path / "plan.json")
+    exported = export(loaded, model=copy.deepcopy(model))
+    original = copy.deepcopy(model)
+    assert torch.equal(_train_step(original, args, 0), _train_step(exported, args, 0))
+    for pa, pb in zip(original.parameters(), exported.parameters(), strict=True):
+        assert torch.equal(pa.grad, pb.grad)
+    other, _ = resnet(widths=(8, 24), dtype=torch.float64)
+    with pytest.raises(StalePlanError):
+        export(loaded, model=other)

@@ -77,7 +77,29 @@ export interface PlanDoc {
   baseline?: ScheduledTimeline | null;
   planned: ScheduledTimeline;
   solver_stats?: { solver?: string; status?: string; gap?: number | null; seconds?: number } | null;
+  frontier?: FrontierEntry[];
 }
+
+/** One point of the budget frontier (`time_overhead` is a ratio: 1.0 = no slowdown). */
+export interface FrontierEntry {
+  budget_bytes: number;
+  peak_bytes: number;
+  time_overhead: number;
+  strategy: string;
+}
+
+/** Strategies `memviz.plan` accepts (DESIGN.md, public API), for the planner's selector. */
+export const STRATEGIES: readonly string[] = [
+  'auto',
+  'checkmate',
+  'checkmate-lp',
+  'rotor',
+  'rockmate',
+  'sqrt',
+  'olla',
+  'autochunk',
+  'none'
+];
 
 /** Escape text for plotly's pseudo-HTML (and for HTML in general). */
 export function escapeHtml(text: unknown): string {
@@ -396,4 +418,42 @@ export function planTitle(doc: PlanDoc): string {
   const mode = doc.model?.mode ? ` (${doc.model.mode})` : '';
   const device = doc.device?.name ? ` on ${doc.device.name}${doc.device.estimated ? ', estimated' : ''}` : '';
   return escapeHtml(`${name}${mode}${device}`);
+}
+
+/** Slider label for a frontier point, plain text. */
+export function frontierLabel(entry: FrontierEntry): string {
+  return (
+    `${formatBytes(entry.budget_bytes)}: peak ${formatBytes(entry.peak_bytes)}, ` +
+    `time x${entry.time_overhead.toFixed(3)} (${entry.strategy})`
+  );
+}
+
+/**
+ * The frontier point a plan's budget corresponds to: the smallest frontier budget at or above it, or the
+ * largest frontier budget when the plan's budget exceeds them all or the plan has none; -1 if no frontier.
+ */
+export function nearestFrontierIndex(frontier: readonly FrontierEntry[], budget: number | null): number {
+  if (frontier.length === 0) {
+    return -1;
+  }
+  let best = -1;
+  frontier.forEach((entry, i) => {
+    if (
+      budget !== null &&
+      entry.budget_bytes >= budget &&
+      (best < 0 || entry.budget_bytes < frontier[best].budget_bytes)
+    ) {
+      best = i;
+    }
+  });
+  if (best >= 0) {
+    return best;
+  }
+  let largest = 0;
+  frontier.forEach((entry, i) => {
+    if (entry.budget_bytes > frontier[largest].budget_bytes) {
+      largest = i;
+    }
+  });
+  return largest;
 }

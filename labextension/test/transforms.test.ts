@@ -1,21 +1,27 @@
 import { strict as assert } from 'node:assert';
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 
 import {
   CATEGORIES,
+  FrontierEntry,
   PlanDoc,
+  STRATEGIES,
   categoryOrder,
   chooseUnit,
   escapeHtml,
   formatBytes,
+  frontierLabel,
+  nearestFrontierIndex,
   parsePlan,
   planFigure,
   planReadouts,
   planTitle,
   stepHover
 } from '../src/transforms';
+import { MODULE_NAME, MODULE_VERSION } from '../src/version';
 
 // Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
 const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
@@ -185,5 +191,48 @@ describe('planReadouts', () => {
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic');
+  });
+});
+
+describe('frontier', () => {
+  const frontier: FrontierEntry[] = [
+    { budget_bytes: 40 * MiB, peak_bytes: 37 * MiB, time_overhead: 1, strategy: 'none' },
+    { budget_bytes: 24 * MiB, peak_bytes: 23 * MiB, time_overhead: 1.25, strategy: 'checkmate' },
+    { budget_bytes: 32 * MiB, peak_bytes: 29 * MiB, time_overhead: 1.125, strategy: 'checkmate' }
+  ];
+
+  it('labels a frontier point', () => {
+    assert.equal(frontierLabel(frontier[2]), '32.00 MiB: peak 29.00 MiB, time x1.125 (checkmate)');
+  });
+
+  it('finds the smallest frontier budget covering the plan budget', () => {
+    assert.equal(nearestFrontierIndex(frontier, 30 * MiB), 2);
+    assert.equal(nearestFrontierIndex(frontier, 24 * MiB), 1);
+    assert.equal(nearestFrontierIndex(frontier, 10 * MiB), 1);
+    assert.equal(nearestFrontierIndex(frontier, 50 * MiB), 0);
+    assert.equal(nearestFrontierIndex(frontier, null), 0);
+    assert.equal(nearestFrontierIndex([], 10), -1);
+  });
+
+  it('offers every strategy memviz.plan accepts', () => {
+    assert.deepEqual([...STRATEGIES].sort(), [
+      'auto',
+      'autochunk',
+      'checkmate',
+      'checkmate-lp',
+      'none',
+      'olla',
+      'rockmate',
+      'rotor',
+      'sqrt'
+    ]);
+  });
+});
+
+describe('version', () => {
+  it('matches package.json', () => {
+    const pkg = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8'));
+    assert.equal(MODULE_VERSION, pkg.version);
+    assert.equal(MODULE_NAME, pkg.name);
   });
 });

@@ -1,54 +1,11 @@
-import { IJupyterLabPageFixture, expect, galata, test } from '@jupyterlab/galata';
-import * as path from 'path';
+import { expect, test } from '@jupyterlab/galata';
 
-const NOTEBOOK = 'plan.ipynb';
+import { SETTINGS, openAndRunAll } from './helpers';
 
-// Opening a notebook on a fresh JupyterLab 4.6 server races with the kernel dialog and the news toast
-// (TOOLCHAIN.md pitfall 5): start the kernel automatically and never fetch news.
-test.use({
-  mockSettings: {
-    ...galata.DEFAULT_SETTINGS,
-    '@jupyterlab/notebook-extension:tracker': {
-      ...galata.DEFAULT_SETTINGS['@jupyterlab/notebook-extension:tracker'],
-      autoStartDefaultKernel: true
-    },
-    '@jupyterlab/apputils-extension:notification': {
-      ...galata.DEFAULT_SETTINGS['@jupyterlab/apputils-extension:notification'],
-      fetchNews: 'false'
-    }
-  }
-});
-
-/** Open the notebook, wait for its kernel, reload (the first websocket may fail), then run all cells. */
-async function openAndRunAll(page: IJupyterLabPageFixture, notebookPath: string): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      await page.notebook.openByPath(notebookPath);
-      await page.notebook.activate(NOTEBOOK);
-      await expect(page.locator('#jp-main-statusbar').getByText('Idle')).toBeVisible({ timeout: 60000 });
-      // The restored layout shows the notebook, not the launcher galata's reload waits for by default.
-      await page.reload({ waitForIsReady: false });
-      await page.locator('#jupyterlab-splash').waitFor({ state: 'detached' });
-      await page.notebook.activate(NOTEBOOK);
-      await expect(page.locator('#jp-main-statusbar').getByText('Idle')).toBeVisible({ timeout: 60000 });
-      await page.notebook.run();
-      return;
-    } catch (err) {
-      if (attempt >= 1) {
-        throw err;
-      }
-      await page.reload({ waitForIsReady: false });
-      await page.locator('#jupyterlab-splash').waitFor({ state: 'detached' });
-    }
-  }
-}
+test.use({ mockSettings: SETTINGS });
 
 test('a plan document renders as a memory-over-time chart', async ({ page, tmpPath }) => {
-  await page.contents.uploadFile(
-    path.resolve(__dirname, '..', 'notebooks', NOTEBOOK),
-    `${tmpPath}/${NOTEBOOK}`
-  );
-  await openAndRunAll(page, `${tmpPath}/${NOTEBOOK}`);
+  await openAndRunAll(page, tmpPath, 'plan.ipynb');
 
   const view = page.locator('.jp-memviz-plan');
   await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });

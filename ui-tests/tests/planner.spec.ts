@@ -1,0 +1,58 @@
+import { expect, test } from '@jupyterlab/galata';
+
+import { SETTINGS, openAndRunAll } from './helpers';
+
+test.use({ mockSettings: SETTINGS });
+
+// planner.ipynb answers the view's traits from two precomputed plans (frontier index 0: eager, 40 MiB
+// budget; index 1: one recomputation, 32 MiB), so this checks the view's side of the widget contract.
+test('the planner widget sends slider, strategy and export requests and redraws', async ({
+  page,
+  tmpPath
+}) => {
+  await openAndRunAll(page, tmpPath, 'planner.ipynb');
+
+  const view = page.locator('.jp-memviz-planner');
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });
+  const peak = view.locator('.jp-memviz-readout[data-readout="peak"] .jp-memviz-readout-value');
+  const strategy = view.locator('.jp-memviz-readout[data-readout="strategy"] .jp-memviz-readout-value');
+  const status = view.locator('.jp-memviz-status');
+  await expect(peak).toHaveText('29.00 MiB (-21.6% vs eager 37.00 MiB)');
+  // budget_index is -1 (the plan as made): the slider sits on the frontier point covering its budget.
+  await expect(view.locator('.jp-memviz-budget-label')).toHaveText(
+    '32.00 MiB: peak 29.00 MiB, time x1.125 (checkmate)'
+  );
+  await view.screenshot({ path: test.info().outputPath('planner.png') });
+
+  // Drag the slider from its right end to its left end (frontier index 0): the kernel answers with the
+  // eager plan.
+  const box = await view.locator('.jp-memviz-budget-slider').boundingBox();
+  expect(box).not.toBeNull();
+  const y = box!.y + box!.height / 2;
+  await page.mouse.move(box!.x + box!.width - 4, y);
+  await page.mouse.down();
+  await page.mouse.move(box!.x + 2, y, { steps: 8 });
+  await page.mouse.up();
+  await expect(status).toHaveText('kernel: budget_index=0 strategy=checkmate');
+  await expect(view.locator('.jp-memviz-budget-label')).toHaveText(
+    '40.00 MiB: peak 37.00 MiB, time x1.000 (none)'
+  );
+  await expect(peak).toHaveText('37.00 MiB (+0.0% vs eager 37.00 MiB)');
+  await expect(strategy).toHaveText('none');
+  expect(await view.locator('.scatterlayer .trace path.js-fill').count()).toBeGreaterThanOrEqual(6);
+
+  await view.locator('.jp-memviz-strategy-select').selectOption('rotor');
+  await expect(status).toHaveText('kernel: budget_index=0 strategy=rotor');
+
+  // Export never overwrites silently: the kernel reports the existing file, a second click confirms.
+  const result = view.locator('.jp-memviz-export-result');
+  const overwrite = view.locator('.jp-memviz-overwrite');
+  await expect(overwrite).toBeHidden();
+  await view.locator('.jp-memviz-export').click();
+  await expect(result).toHaveText('memviz_export/model_opt.py already exists');
+  await expect(overwrite).toBeVisible();
+  await overwrite.click();
+  await expect(result).toHaveText('exported: memviz_export/model_opt.py');
+  await expect(overwrite).toBeHidden();
+  await view.screenshot({ path: test.info().outputPath('planner-after.png') });
+});

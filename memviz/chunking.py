@@ -34,8 +34,9 @@ __all__ = ["ChunkPlan", "calibrate", "capture", "measure_activation_bytes", "pla
 # --------------------------------------------------------------------------------------------------
 # Capture: torch.export -> solvers.autochunk.OpGraph
 # --------------------------------------------------------------------------------------------------
-def capture(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
-            ) -> tuple[torch.fx.GraphModule, ac.OpGraph]:
+def capture(
+    model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
+) -> tuple[torch.fx.GraphModule, ac.OpGraph]:
     """Export the inference graph (no decompositions, so high-level ops stay) and translate it.
     The model runs as given: call ``model.eval()`` first for inference semantics."""
     with torch.no_grad():
@@ -77,7 +78,9 @@ def _root(t: torch.Tensor) -> torch.Tensor:
 def _aliases(node: torch.fx.Node, metas: dict[str, Any]) -> tuple[str | None, Any]:
     """Run the op on meta tensors with the captured strides: an output that is a view of (or is) an
     input owns no storage.  Views are single-input ops, so the first tensor input is the base."""
-    tensor_inputs = [a for a in node.all_input_nodes if isinstance(metas.get(a.name), torch.Tensor | list | tuple)]
+    tensor_inputs = [
+        a for a in node.all_input_nodes if isinstance(metas.get(a.name), torch.Tensor | list | tuple)
+    ]
     margs = torch.fx.node.map_arg(node.args, lambda n: metas.get(n.name))
     mkwargs = torch.fx.node.map_arg(node.kwargs, lambda n: metas.get(n.name))
     try:
@@ -88,7 +91,8 @@ def _aliases(node: torch.fx.Node, metas: dict[str, Any]) -> tuple[str | None, An
     ins = [metas[a.name] for a in tensor_inputs if isinstance(metas[a.name], torch.Tensor)]
     roots = [_root(i) for i in ins]
     is_alias = bool(outs) and all(
-        isinstance(o, torch.Tensor) and any(_root(o) is r for r in roots) for o in outs)
+        isinstance(o, torch.Tensor) and any(_root(o) is r for r in roots) for o in outs
+    )
     if node.target is operator.getitem:
         # an item of a multi-output op: its bytes are counted on the op (or the op is itself a view)
         return node.args[0].name, out
@@ -105,7 +109,9 @@ class _AllocCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         # _unsafe_view and friends share their operand's storage without being views
-        ins = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        ins = {
+            t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and not t._is_view() and t.untyped_storage()._cdata not in ins:
                 self.bytes += t.numel() * t.element_size()
@@ -118,6 +124,7 @@ def _allocated(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = No
         if n.name == swap and isinstance(v, torch.Tensor):
             return torch.empty(v.shape, dtype=v.dtype, device="meta")
         return v
+
     args, kwargs = torch.fx.node.map_arg(node.args, get), torch.fx.node.map_arg(node.kwargs, get)
     counter = _AllocCounter()
     with counter:
@@ -125,7 +132,9 @@ def _allocated(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = No
     return counter.bytes
 
 
-def _temps(node: torch.fx.Node, metas: dict[str, Any], inputs: tuple[str, ...], out_bytes: int) -> tuple[int, ...]:
+def _temps(
+    node: torch.fx.Node, metas: dict[str, Any], inputs: tuple[str, ...], out_bytes: int
+) -> tuple[int, ...]:
     """Workspace an op allocates besides its outputs, per operand: the copies it makes of a
     non-contiguous operand (matmul of a transposed key ...) are found by re-running it with that
     operand contiguous.  The last entry is the part no operand explains."""
@@ -169,10 +178,20 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
         fused = n.target is operator.getitem or _op_name(n.target) == "scaled_dot_product_attention"
         temps = () if fused else _temps(n, metas, inputs, out_bytes)
         metas[n.name] = out if out is not None else _meta(val)
-        nodes.append(ac.OpNode(
-            n.name, _op_name(n.target), inputs, _ref_args(n.args),
-            {k: _ref_args(v) for k, v in n.kwargs.items()}, shapes, itemsize, alias,
-            multi=isinstance(val, list | tuple), temps=temps))
+        nodes.append(
+            ac.OpNode(
+                n.name,
+                _op_name(n.target),
+                inputs,
+                _ref_args(n.args),
+                {k: _ref_args(v) for k, v in n.kwargs.items()},
+                shapes,
+                itemsize,
+                alias,
+                multi=isinstance(val, list | tuple),
+                temps=temps,
+            )
+        )
     return ac.OpGraph(tuple(nodes), outputs)
 
 
@@ -234,8 +253,11 @@ class _StorageTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # an output sharing an operand's storage is a view or in-place result, not an allocation
         # (operands made before the call, like parameters, are never counted)
-        operands = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                    if isinstance(t, torch.Tensor)}
+        operands = {
+            t.untyped_storage().data_ptr()
+            for t in tree_flatten((args, kwargs))[0]
+            if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
@@ -288,8 +310,9 @@ class ChunkCodeGen(CodeGen):
 
 
 class _Emitter:
-    def __init__(self, nodes: list[torch.fx.Node], regions: list[ac.ChunkRegion], out_spec: Any,
-                 opgraph: ac.OpGraph) -> None:
+    def __init__(
+        self, nodes: list[torch.fx.Node], regions: list[ac.ChunkRegion], out_spec: Any, opgraph: ac.OpGraph
+    ) -> None:
         self.opgraph = opgraph
         self.nodes = nodes
         self.by_name = {n.name: n for n in nodes}
@@ -301,7 +324,7 @@ class _Emitter:
         for i, r in enumerate(regions):
             s = next(k for k, n in enumerate(nodes) if n.name == r.flow.start)
             e = next(k for k, n in enumerate(nodes) if n.name == r.flow.end)
-            for n in nodes[s:e + 1]:
+            for n in nodes[s : e + 1]:
                 if n.op == "call_function":
                     self.region_of[n.name] = i
 
@@ -321,12 +344,17 @@ class _Emitter:
         if isinstance(a, bool | int | float | str) or a is None:
             return repr(a)
         if isinstance(a, torch.dtype | torch.device | torch.layout | torch.memory_format):
-            return "torch." + str(a).split(".")[-1] if not isinstance(a, torch.device) \
+            return (
+                "torch." + str(a).split(".")[-1]
+                if not isinstance(a, torch.device)
                 else f"torch.device({str(a)!r})"
+            )
         return self.add_global(a)
 
     def add_global(self, obj: Any) -> str:
-        base = "_g_" + "".join(c if c.isalnum() else "_" for c in getattr(obj, "__name__", type(obj).__name__))
+        base = "_g_" + "".join(
+            c if c.isalnum() else "_" for c in getattr(obj, "__name__", type(obj).__name__)
+        )
         name, k = base, 0
         while name in self.globals and self.globals[name] is not obj:
             k += 1
@@ -367,8 +395,11 @@ class _Emitter:
                 items.append(("region", r))
         last: dict[str, int] = {}
         for i, it in enumerate(items):
-            readers = [it] if isinstance(it, torch.fx.Node) else [
-                self.by_name[x] for x in ac.region_nodes(self.opgraph, *self._span(it[1]))]
+            readers = (
+                [it]
+                if isinstance(it, torch.fx.Node)
+                else [self.by_name[x] for x in ac.region_nodes(self.opgraph, *self._span(it[1]))]
+            )
             for rn in readers:
                 for a in rn.all_input_nodes:
                     last[a.name] = i
@@ -404,10 +435,16 @@ class _Emitter:
         f = r.flow
         names = ac.region_nodes(self.opgraph, f.start, f.end)
         lo, size = f"_lo{ri}", f"_n{ri}"
-        out = [f"# chunk region {ri}: {f.start} .. {f.end}, {r.chunks} chunks of {r.step} along a loop of {f.extent}"]
+        out = [
+            f"# chunk region {ri}: {f.start} .. {f.end}, {r.chunks} chunks of {r.step} "
+            f"along a loop of {f.extent}"
+        ]
         for h in f.hoisted:
             out.append(f"{h} = {self.call(self.by_name[h], {})}")
-        for o, d in f.outputs.items():
+        dead = ac.hoisted_only(self.opgraph, f)
+        if dead:
+            out.append("; ".join(f"{h} = None" for h in dead))
+        for o in f.outputs:
             val = self.by_name[o].meta["val"]
             dev = self._device_expr(f)
             out.append(f"{o} = torch.empty({list(val.shape)}, dtype={self.fmt(val.dtype, {})}, device={dev})")
@@ -504,38 +541,56 @@ class ChunkPlan:
         for r in self.regions:
             f = r.flow
             inside = set(ac.region_nodes(self.graph, f.start, f.end))
-            out.append({
-                "start": f.start, "end": f.end, "chunks": r.chunks, "chunk_size": r.step, "extent": f.extent,
-                "outputs": dict(f.outputs), "dims": dict(f.dims),
-                "inputs": {v: list(ds) for v, ds in f.narrow.items()}, "hoisted": list(f.hoisted),
-                "memory_bytes": max((b for n, b in est.curve if n in inside), default=0),
-                "slowdown": ac.region_slowdown(self.graph, r, self.speed) / total,
-            })
+            out.append(
+                {
+                    "start": f.start,
+                    "end": f.end,
+                    "chunks": r.chunks,
+                    "chunk_size": r.step,
+                    "extent": f.extent,
+                    "outputs": dict(f.outputs),
+                    "dims": dict(f.dims),
+                    "inputs": {v: list(ds) for v, ds in f.narrow.items()},
+                    "hoisted": list(f.hoisted),
+                    "memory_bytes": max((b for n, b in est.curve if n in inside), default=0),
+                    "slowdown": ac.region_slowdown(self.graph, r, self.speed) / total,
+                }
+            )
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {"budget_bytes": self.budget_bytes, "baseline_peak_bytes": self.baseline_peak_bytes,
-                "peak_bytes": self.peak_bytes, "met": self.met, "slowdown": self.slowdown,
-                "regions": len(self.regions)}
+        return {
+            "budget_bytes": self.budget_bytes,
+            "baseline_peak_bytes": self.baseline_peak_bytes,
+            "peak_bytes": self.peak_bytes,
+            "met": self.met,
+            "slowdown": self.slowdown,
+            "regions": len(self.regions),
+        }
 
     def with_chunks(self, regions: Sequence[dict[str, Any]]) -> ChunkPlan:
         """A plan with these regions (dicts like `chunks`: start, end, chunks and the output dims in
         `outputs`, or in `dims`).  Illegal regions raise ValueError naming the op breaking the flow."""
         rs = [_region_from_dict(self.graph, d) for d in regions]
         spans = sorted((self.graph.pos(r.flow.start), self.graph.pos(r.flow.end), r.flow.start) for r in rs)
-        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+        for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:], strict=False):
             if s1 <= e0:
-                raise ValueError(f"regions starting at {n0!r} and {n1!r} overlap; nested chunking is not "
-                                 "supported: shorten one of them")
+                raise ValueError(
+                    f"regions starting at {n0!r} and {n1!r} overlap; nested chunking is not "
+                    "supported: shorten one of them"
+                )
         est = ac.estimate_memory(self.graph, tuple(rs))
-        return ChunkPlan(self.graph, rs, self.speed, self.budget_bytes, self.baseline_peak_bytes,
-                         est.peak_bytes, self.gm)
+        return ChunkPlan(
+            self.graph, rs, self.speed, self.budget_bytes, self.baseline_peak_bytes, est.peak_bytes, self.gm
+        )
 
     def module(self) -> torch.fx.GraphModule:
         """The chunked GraphModule: same flat positional inputs and output structure as the model."""
         if self.gm is None:
-            raise ValueError("this plan was loaded without its model: rebuild it with "
-                             "plan_chunks(model, args).with_chunks(plan.chunks)")
+            raise ValueError(
+                "this plan was loaded without its model: rebuild it with "
+                "plan_chunks(model, args).with_chunks(plan.chunks)"
+            )
         src = self.gm
         graph = torch.fx.Graph()
         val_map: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -549,15 +604,27 @@ class ChunkPlan:
         return torch.fx.GraphModule(src, graph, class_name="ChunkedModule")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"graph": self.graph.to_dict(), "speed": self.speed.to_dict(), "budget_bytes": self.budget_bytes,
-                "baseline_peak_bytes": self.baseline_peak_bytes, "peak_bytes": self.peak_bytes,
-                "chunks": self.chunks}
+        return {
+            "graph": self.graph.to_dict(),
+            "speed": self.speed.to_dict(),
+            "budget_bytes": self.budget_bytes,
+            "baseline_peak_bytes": self.baseline_peak_bytes,
+            "peak_bytes": self.peak_bytes,
+            "chunks": self.chunks,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], gm: torch.fx.GraphModule | None = None) -> ChunkPlan:
         g = ac.OpGraph.from_dict(d["graph"])
-        base = cls(g, [], ac.SpeedModel.from_dict(d["speed"]), d["budget_bytes"], d["baseline_peak_bytes"],
-                   d["baseline_peak_bytes"], gm)
+        base = cls(
+            g,
+            [],
+            ac.SpeedModel.from_dict(d["speed"]),
+            d["budget_bytes"],
+            d["baseline_peak_bytes"],
+            d["baseline_peak_bytes"],
+            gm,
+        )
         return base.with_chunks(d["chunks"])
 
 
@@ -573,8 +640,10 @@ def _region_from_dict(g: ac.OpGraph, d: dict[str, Any]) -> ac.ChunkRegion:
     given = dict(d.get("dims", {}))
     out_dims = dict(d.get("outputs") or {o: given[o] for o in outs if o in given})
     if not out_dims:
-        raise ValueError(f"chunk region {d['start']}..{d['end']}: give the chunk dim of its outputs "
-                         f"{outs} in 'outputs' (or 'dims')")
+        raise ValueError(
+            f"chunk region {d['start']}..{d['end']}: give the chunk dim of its outputs "
+            f"{outs} in 'outputs' (or 'dims')"
+        )
     try:
         flow = ac.flow_region(g, d["start"], d["end"], {k: int(v) for k, v in out_dims.items()})
     except ac.IllegalRegion as e:
@@ -582,17 +651,26 @@ def _region_from_dict(g: ac.OpGraph, d: dict[str, Any]) -> ac.ChunkRegion:
     for name, dim in given.items():
         if name in flow.dims and flow.dims[name] != dim:
             op = g[name].op
-            raise ValueError(f"illegal chunk region {d['start']}..{d['end']}: {op} {name!r} was given dim {dim} "
-                             f"but the chunk flow from the outputs reaches it on dim {flow.dims[name]}")
+            raise ValueError(
+                f"illegal chunk region {d['start']}..{d['end']}: {op} {name!r} was given dim {dim} "
+                f"but the chunk flow from the outputs reaches it on dim {flow.dims[name]}"
+            )
     try:
         return ac.with_count(ac.ChunkRegion(flow, 1), int(d["chunks"]))
     except ValueError as e:
         raise ValueError(f"illegal chunk region: {e}") from e
 
 
-def plan_chunks(model: torch.nn.Module, args: Sequence[Any], budget: int | float | None = None, *,
-                kwargs: dict[str, Any] | None = None, speed: ac.SpeedModel | None = None,
-                beam: int = 4, window: int = 24) -> ChunkPlan:
+def plan_chunks(
+    model: torch.nn.Module,
+    args: Sequence[Any],
+    budget: int | float | None = None,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    speed: ac.SpeedModel | None = None,
+    beam: int = 4,
+    window: int = 24,
+) -> ChunkPlan:
     """Capture `model(*args)` for inference and choose chunk regions so the estimated activation peak
     fits `budget` (bytes, or a fraction in (0, 1] of the unchunked activation peak) with the least
     estimated slowdown.  `plan.met` says whether the budget was reached; `plan.peak_bytes` what was."""
@@ -605,7 +683,9 @@ def plan_chunks(model: torch.nn.Module, args: Sequence[Any], budget: int | float
     elif isinstance(budget, int) and budget > 0:
         budget_bytes = budget
     else:
-        raise ValueError(f"budget {budget!r}: give bytes (int > 0) or a fraction of the activation peak in (0, 1]")
+        raise ValueError(
+            f"budget {budget!r}: give bytes (int > 0) or a fraction of the activation peak in (0, 1]"
+        )
     speed = speed or calibrate(_device_of(model, args))
     sel = ac.select_chunks(g, budget_bytes, speed, beam=beam, window=window)
     return ChunkPlan(g, list(sel.regions), speed, budget_bytes, base.peak_bytes, sel.peak_bytes, gm)

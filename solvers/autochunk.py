@@ -69,15 +69,33 @@ class OpNode:
         return sum(math.prod(s) for s in self.shapes) * self.itemsize
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "op": self.op, "inputs": list(self.inputs), "args": _jsonable(self.args),
-                "kwargs": _jsonable(self.kwargs), "shapes": [list(s) for s in self.shapes],
-                "itemsize": self.itemsize, "alias": self.alias, "multi": self.multi, "temps": list(self.temps)}
+        return {
+            "name": self.name,
+            "op": self.op,
+            "inputs": list(self.inputs),
+            "args": _jsonable(self.args),
+            "kwargs": _jsonable(self.kwargs),
+            "shapes": [list(s) for s in self.shapes],
+            "itemsize": self.itemsize,
+            "alias": self.alias,
+            "multi": self.multi,
+            "temps": list(self.temps),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OpNode:
-        return cls(d["name"], d["op"], tuple(d["inputs"]), _tupled(d["args"]), dict(d["kwargs"]),
-                   tuple(tuple(s) for s in d["shapes"]), d["itemsize"], d["alias"], d["multi"],
-                   tuple(d.get("temps", ())))
+        return cls(
+            d["name"],
+            d["op"],
+            tuple(d["inputs"]),
+            _tupled(d["args"]),
+            dict(d["kwargs"]),
+            tuple(tuple(s) for s in d["shapes"]),
+            d["itemsize"],
+            d["alias"],
+            d["multi"],
+            tuple(d.get("temps", ())),
+        )
 
 
 def _jsonable(x: Any) -> Any:
@@ -157,6 +175,7 @@ def _rule(*ops: str) -> Callable[[Rule], Rule]:
         for op in ops:
             RULES[op] = f
         return f
+
     return deco
 
 
@@ -194,19 +213,107 @@ def _bcast_demand(g: OpGraph, ref: Any, out: Sequence[int], d: int) -> Demand | 
 
 
 ELEMENTWISE = (
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
-    "sigmoid", "relu", "relu6", "gelu", "silu", "mish", "elu", "leaky_relu", "hardtanh", "hardswish",
-    "hardsigmoid", "softplus", "erf", "reciprocal", "sign", "floor", "ceil", "round", "square", "logical_not",
-    "bitwise_not", "isnan", "isinf", "nan_to_num", "clamp", "clamp_min", "clamp_max", "add", "sub", "mul",
-    "div", "pow", "maximum", "minimum", "fmod", "remainder", "eq", "ne", "lt", "le", "gt", "ge",
-    "logical_and", "logical_or", "bitwise_and", "bitwise_or", "where", "masked_fill", "lerp", "addcmul",
-    "addcdiv", "rsub", "true_divide", "floor_divide", "sigmoid_backward", "copy", "fill", "zeros_like",
-    "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "glu_never",
+    "abs",
+    "neg",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "sqrt",
+    "rsqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "relu6",
+    "gelu",
+    "silu",
+    "mish",
+    "elu",
+    "leaky_relu",
+    "hardtanh",
+    "hardswish",
+    "hardsigmoid",
+    "softplus",
+    "erf",
+    "reciprocal",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "square",
+    "logical_not",
+    "bitwise_not",
+    "isnan",
+    "isinf",
+    "nan_to_num",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "fmod",
+    "remainder",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "bitwise_and",
+    "bitwise_or",
+    "where",
+    "masked_fill",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "rsub",
+    "true_divide",
+    "floor_divide",
+    "sigmoid_backward",
+    "copy",
+    "fill",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "rand_like",
+    "randn_like",
+    "glu_never",
 )
-IDENTITY = ("dropout", "contiguous", "clone", "alias", "detach", "_to_copy", "to", "lift_fresh_copy",
-            "feature_dropout", "alpha_dropout")
-RESHAPES = ("view", "reshape", "_unsafe_view", "unflatten", "flatten", "squeeze", "unsqueeze", "view_as",
-            "reshape_as")
+IDENTITY = (
+    "dropout",
+    "contiguous",
+    "clone",
+    "alias",
+    "detach",
+    "_to_copy",
+    "to",
+    "lift_fresh_copy",
+    "feature_dropout",
+    "alpha_dropout",
+)
+RESHAPES = (
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "unflatten",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "view_as",
+    "reshape_as",
+)
 
 
 @_rule(*ELEMENTWISE)
@@ -414,16 +521,34 @@ def _conv(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     if d == 0:
         return [Demand(x, 0), Demand(w, None)] + [Demand(v, None) for v in extra]
     groups = n.args[8] if n.op == "convolution" and len(n.args) > 8 else _arg(n, 6, "groups", 1)
-    transposed = n.op.startswith("conv_transpose") or (n.op == "convolution" and bool(_arg(n, 6, "transposed")))
+    transposed = n.op.startswith("conv_transpose") or (
+        n.op == "convolution" and bool(_arg(n, 6, "transposed"))
+    )
     if d == 1 and groups == 1 and not transposed:
         return [Demand(x, None), Demand(w, 0)] + [Demand(v, 0) for v in extra]
     raise FlowBreak(f"{n.op} mixes neighbouring positions along dim {d}")
 
 
-@_rule("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
-       "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool2d",
-       "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d",
-       "upsample_linear1d", "upsample_bicubic2d", "upsample_trilinear3d", "pixel_shuffle_never")
+@_rule(
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool2d",
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    "upsample_bilinear2d",
+    "upsample_linear1d",
+    "upsample_bicubic2d",
+    "upsample_trilinear3d",
+    "pixel_shuffle_never",
+)
 def _pool(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     spatial = int(next(c for c in reversed(n.op) if c.isdigit()))
     if d >= len(n.shape) - spatial:
@@ -486,7 +611,7 @@ def region_nodes(g: OpGraph, start: str, end: str) -> list[str]:
     s, e = g.pos(start), g.pos(end)
     if s > e:
         raise IllegalRegion(f"region start {start!r} comes after its end {end!r}")
-    return [n.name for n in g.nodes[s:e + 1] if n.op not in ("input", "output")]
+    return [n.name for n in g.nodes[s : e + 1] if n.op not in ("input", "output")]
 
 
 def region_outputs(g: OpGraph, nodes: Sequence[str]) -> list[str]:
@@ -502,14 +627,20 @@ def flow_region(g: OpGraph, start: str, end: str, out_dims: dict[str, int]) -> F
         flow = _flow(g, start, end, out_dims, force)
         # an item of a hoisted multi-output op (q of a fused qkv split) is hoisted too: a tuple
         # cannot be narrowed, its items can
-        more = {x for x in flow.dims if g[x].op == "getitem" and g[g[x].inputs[0]].multi
-                and g[x].inputs[0] not in flow.dims}
+        more = {
+            x
+            for x in flow.dims
+            if g[x].op == "getitem" and g[g[x].inputs[0]].multi and g[x].inputs[0] not in flow.dims
+        }
         if not more:
             return flow
         if more <= force:  # a region output that is such an item cannot be hoisted
             x = sorted(more)[0]
-            raise IllegalRegion(f"getitem {x!r} reads a tuple that is not chunked; start the region after "
-                                f"{g[x].inputs[0]!r}", x, "getitem")
+            raise IllegalRegion(
+                f"getitem {x!r} reads a tuple that is not chunked; start the region after {g[x].inputs[0]!r}",
+                x,
+                "getitem",
+            )
         force |= more
 
 
@@ -547,7 +678,10 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
             if name in out_dims:
                 raise IllegalRegion(
                     f"{node.op} {name!r} is a region output read whole inside the region; it cannot be "
-                    f"chunked along dim {out_dims[name]}", name, node.op)
+                    f"chunked along dim {out_dims[name]}",
+                    name,
+                    node.op,
+                )
             hoisted.append(name)
             for v in node.inputs:
                 if v in inside:
@@ -558,8 +692,11 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
         if extent is None:
             extent = L
         if L != extent:
-            raise IllegalRegion(f"{node.op} {name!r} has extent {L} along chunk dim {d}, the loop runs "
-                                f"over {extent}", name, node.op)
+            raise IllegalRegion(
+                f"{node.op} {name!r} has extent {L} along chunk dim {d}, the loop runs over {extent}",
+                name,
+                node.op,
+            )
         try:
             ds = demands_of(node, d, g)
         except FlowBreak as e:
@@ -571,8 +708,12 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
             elif dm.dim is not None:
                 L_in = g[dm.input].shape[dm.dim]
                 if L_in != extent and not (dm.larger_ok and L_in >= extent):
-                    raise IllegalRegion(f"{node.op} {name!r} reads {dm.input!r} along dim {dm.dim} with extent "
-                                        f"{L_in}, the loop runs over {extent}", name, node.op)
+                    raise IllegalRegion(
+                        f"{node.op} {name!r} reads {dm.input!r} along dim {dm.dim} with extent "
+                        f"{L_in}, the loop runs over {extent}",
+                        name,
+                        node.op,
+                    )
                 narrow.setdefault(dm.input, [])
                 if dm.dim not in narrow[dm.input]:
                     narrow[dm.input].append(dm.dim)
@@ -582,8 +723,12 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
             for dm in demands_of(g[name], dims[name], g):
                 if dm.input in inside and dm.input not in dims and dm.dim is not None:
                     if g[dm.input].shape[dm.dim] < (extent or 0):
-                        raise IllegalRegion(f"{g[name].op} {name!r} reads hoisted {dm.input!r} along dim "
-                                            f"{dm.dim}, shorter than the loop", name, g[name].op)
+                        raise IllegalRegion(
+                            f"{g[name].op} {name!r} reads hoisted {dm.input!r} along dim "
+                            f"{dm.dim}, shorter than the loop",
+                            name,
+                            g[name].op,
+                        )
                     narrow.setdefault(dm.input, [])
                     if dm.dim not in narrow[dm.input]:
                         narrow[dm.input].append(dm.dim)
@@ -622,6 +767,7 @@ def candidate_flows(g: OpGraph, start: str, end: str, max_outputs: int = 3) -> l
         for d, L in enumerate(shape):
             if L > 1 and (extent is None or L == extent):
                 assign(i + 1, {**acc, outs[i]: d}, L)
+
     assign(0, {}, None)
     return found
 
@@ -640,8 +786,27 @@ class ChunkRegion:
 
 
 def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
-    return sum(math.prod(size if i == d else s for i, s in enumerate(shape)) for shape in node.shapes) \
-        * node.itemsize if node.alias is None else 0
+    return (
+        sum(math.prod(size if i == d else s for i, s in enumerate(shape)) for shape in node.shapes)
+        * node.itemsize
+        if node.alias is None
+        else 0
+    )
+
+
+def hoisted_only(g: OpGraph, f: Flow) -> list[str]:
+    """Hoisted values read by nothing but other hoisted nodes (views included): dead before the loop."""
+    hoisted = set(f.hoisted)
+    done: dict[str, bool] = {}
+
+    def only(h: str) -> bool:
+        if h not in done:
+            done[h] = h not in g.outputs and all(
+                u in hoisted and (g[u].alias != h or only(u)) for u in g.users_of(h)
+            )
+        return done[h]
+
+    return [h for h in f.hoisted if only(h)]
 
 
 @dataclass(frozen=True)
@@ -651,8 +816,9 @@ class MemoryEstimate:
     curve: tuple[tuple[str, int], ...]  # (node, resident bytes while it runs)
 
 
-def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
-                    temp: Callable[[OpNode], int] | None = None) -> MemoryEstimate:
+def estimate_memory(
+    g: OpGraph, regions: Sequence[ChunkRegion] = (), temp: Callable[[OpNode], int] | None = None
+) -> MemoryEstimate:
     """Activation bytes while each node runs: new storages of the run (outputs included, inputs and
     parameters not), freed after their last reader.  A region runs its hoisted nodes, allocates its
     outputs whole, then one chunk of its chunked nodes at a time (Eq. 2)."""
@@ -662,8 +828,10 @@ def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
         for name in region_nodes(g, r.flow.start, r.flow.end):
             pos_of_region[name] = ri
     # a storage dies after the last item (node or whole region) reading any alias of it
-    item_of = {n.name: ("r", pos_of_region[n.name]) if n.name in pos_of_region else ("n", i)
-               for i, n in enumerate(g.nodes)}
+    item_of = {
+        n.name: ("r", pos_of_region[n.name]) if n.name in pos_of_region else ("n", i)
+        for i, n in enumerate(g.nodes)
+    }
     item_pos: dict[tuple, int] = {}
     for n in g.nodes:
         item_pos.setdefault(item_of[n.name], len(item_pos))
@@ -725,6 +893,10 @@ def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
         f = r.flow
         for h in f.hoisted:
             run(h)
+        for h in hoisted_only(g, f):  # read only while hoisting (the ones/tril of a causal mask)
+            if h in live:
+                live.discard(h)
+                cur -= own(h)
         for o in f.outputs:  # output buffers, filled chunk by chunk
             cur += own(o)
             live.add(o)
@@ -747,8 +919,9 @@ def estimate_memory(g: OpGraph, regions: Sequence[ChunkRegion] = (),
             node = g[x]
             # copies of chunked operands shrink with the chunk, copies of whole ones do not
             chunked_in = {dm.input for dm in demands_of(node, f.dims[x], g) if dm.dim is not None}
-            ws = sum(t * (frac if v in chunked_in else 1.0) for v, t in zip(node.inputs, node.temps)) + \
-                (node.temps[-1] * frac if len(node.temps) > len(node.inputs) else 0)
+            ws = sum(
+                t * (frac if v in chunked_in else 1.0) for v, t in zip(node.inputs, node.temps, strict=False)
+            ) + (node.temps[-1] * frac if len(node.temps) > len(node.inputs) else 0)
             run(x, extra=sum(chunk_live.values()) + int(ws) - temp(node), nbytes=b)
             if b:
                 chunk_live[x] = b
@@ -776,15 +949,18 @@ class SpeedModel:
         pts = sorted(self.matmul_rate)
         if rows <= pts[0][0]:
             return pts[0][1]
-        for (r0, f0), (r1, f1) in zip(pts, pts[1:]):
+        for (r0, f0), (r1, f1) in zip(pts, pts[1:], strict=False):
             if rows <= r1:  # interpolate in log(rows)
                 t = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
                 return f0 + t * (f1 - f0)
         return pts[-1][1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overhead_s": self.overhead_s, "matmul_rate": [list(p) for p in self.matmul_rate],
-                "bandwidth": self.bandwidth}
+        return {
+            "overhead_s": self.overhead_s,
+            "matmul_rate": [list(p) for p in self.matmul_rate],
+            "bandwidth": self.bandwidth,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SpeedModel:
@@ -850,7 +1026,7 @@ def region_slowdown(g: OpGraph, r: ChunkRegion, m: SpeedModel) -> float:
         for d in ds:
             if any(s != 1 for s in g[v].shape[:d]):  # a chunk along an inner dim is strided
                 copies += _full_bytes(g[v]) / m.bandwidth + n * m.overhead_s
-    for o, d in f.outputs.items():
+    for o in f.outputs:
         copies += _full_bytes(g[o]) / m.bandwidth + n * m.overhead_s
     return max(0.0, chunked + copies - base)
 
@@ -903,8 +1079,16 @@ def candidates_around(g: OpGraph, peak: str, taken: Sequence[ChunkRegion], windo
     return list(flows.values())
 
 
-def select_chunks(g: OpGraph, budget_bytes: int, model: SpeedModel, *, beam: int = 4, window: int = 24,
-                  max_regions: int = 16, temp: Callable[[OpNode], int] | None = None) -> Selection:
+def select_chunks(
+    g: OpGraph,
+    budget_bytes: int,
+    model: SpeedModel,
+    *,
+    beam: int = 4,
+    window: int = 24,
+    max_regions: int = 16,
+    temp: Callable[[OpNode], int] | None = None,
+) -> Selection:
     """Pick regions and chunk counts whose estimated peak fits `budget_bytes` with the least estimated
     slowdown (Eq. 11).  Each round finds the current peak node, tries every legal region around it
     with the fewest chunks that fit the budget (or the most useful count), and keeps the `beam` best
@@ -914,7 +1098,9 @@ def select_chunks(g: OpGraph, budget_bytes: int, model: SpeedModel, *, beam: int
     if base.peak_bytes <= budget_bytes:
         return Selection((), base.peak_bytes, base.peak_bytes, budget_bytes, 0.0, True)
 
-    states: list[tuple[tuple[ChunkRegion, ...], MemoryEstimate, float, int]] = [((), base, 0.0, base.peak_bytes)]
+    states: list[tuple[tuple[ChunkRegion, ...], MemoryEstimate, float, int]] = [
+        ((), base, 0.0, base.peak_bytes)
+    ]
     finished = list(states)
     cache: dict[tuple, list[Flow]] = {}
     for _ in range(max_regions):
@@ -934,8 +1120,12 @@ def select_chunks(g: OpGraph, budget_bytes: int, model: SpeedModel, *, beam: int
             break
         # memory first (the paper's primary rule): the excess left at the region just added weighs
         # ten times its relative slowdown
-        nxt.sort(key=lambda s: (s[2] / total + MEMORY_WEIGHT * max(0, s[3] - budget_bytes) / budget_bytes,
-                                len(s[0])))
+        nxt.sort(
+            key=lambda s: (
+                s[2] / total + MEMORY_WEIGHT * max(0, s[3] - budget_bytes) / budget_bytes,
+                len(s[0]),
+            )
+        )
         uniq, seen = [], set()
         for s in nxt:
             k = tuple(sorted((r.flow.start, r.flow.end, r.chunks) for r in s[0]))
@@ -947,11 +1137,15 @@ def select_chunks(g: OpGraph, budget_bytes: int, model: SpeedModel, *, beam: int
         if all(s[1].peak_bytes <= budget_bytes for s in states):
             break
     fitting = [s for s in finished if s[1].peak_bytes <= budget_bytes]
-    best = min(fitting, key=lambda s: (s[2], len(s[0]))) if fitting else \
-        min(finished, key=lambda s: (s[1].peak_bytes, s[2]))
+    best = (
+        min(fitting, key=lambda s: (s[2], len(s[0])))
+        if fitting
+        else min(finished, key=lambda s: (s[1].peak_bytes, s[2]))
+    )
     regions, est, cost, _ = best
-    return Selection(regions, est.peak_bytes, base.peak_bytes, budget_bytes, cost / total,
-                     est.peak_bytes <= budget_bytes)
+    return Selection(
+        regions, est.peak_bytes, base.peak_bytes, budget_bytes, cost / total, est.peak_bytes <= budget_bytes
+    )
 
 
 def _moved(new: MemoryEstimate, old: MemoryEstimate) -> bool:
@@ -959,8 +1153,14 @@ def _moved(new: MemoryEstimate, old: MemoryEstimate) -> bool:
     return new.peak_bytes < old.peak_bytes or new.peak_node != old.peak_node
 
 
-def _best_count(g: OpGraph, regions: tuple[ChunkRegion, ...], f: Flow, budget: int, model: SpeedModel,
-                temp: Callable[[OpNode], int] | None) -> tuple[ChunkRegion, MemoryEstimate, float, int] | None:
+def _best_count(
+    g: OpGraph,
+    regions: tuple[ChunkRegion, ...],
+    f: Flow,
+    budget: int,
+    model: SpeedModel,
+    temp: Callable[[OpNode], int] | None,
+) -> tuple[ChunkRegion, MemoryEstimate, float, int] | None:
     """The fewest chunks that bring the region's own peak under the budget; if none does, the count
     after which more chunks lower it by under 2% (more chunks then only cost time).  The region's
     own peak, not the graph's: other peaks are the next rounds' work."""
@@ -982,12 +1182,15 @@ def _best_count(g: OpGraph, regions: tuple[ChunkRegion, ...], f: Flow, budget: i
     return best[0], best[1], region_slowdown(g, best[0], model), best[3]
 
 
-def regions_memory(g: OpGraph, regions: Iterable[ChunkRegion],
-                   temp: Callable[[OpNode], int] | None = None) -> MemoryEstimate:
+def regions_memory(
+    g: OpGraph, regions: Iterable[ChunkRegion], temp: Callable[[OpNode], int] | None = None
+) -> MemoryEstimate:
     return estimate_memory(g, tuple(regions), temp=temp)
 
 
 def with_count(r: ChunkRegion, chunks: int) -> ChunkRegion:
     if not 1 <= chunks <= r.flow.extent:
-        raise ValueError(f"chunk count {chunks} outside 1..{r.flow.extent} for region {r.flow.start}..{r.flow.end}")
+        raise ValueError(
+            f"chunk count {chunks} outside 1..{r.flow.extent} for region {r.flow.start}..{r.flow.end}"
+        )
     return replace(r, chunks=chunks)

@@ -113,8 +113,11 @@ def test_selection_meets_budget_with_fewest_chunks():
     r = sel.regions[0]
     if r.chunks > 2:
         fewer = ac.ChunkRegion(r.flow, r.chunks // 2)
-        local = max(b for x, b in ac.estimate_memory(g, (fewer,)).curve
-                    if x in ac.region_nodes(g, r.flow.start, r.flow.end))
+        local = max(
+            b
+            for x, b in ac.estimate_memory(g, (fewer,)).curve
+            if x in ac.region_nodes(g, r.flow.start, r.flow.end)
+        )
         assert local > base // 3
     # an impossible budget is reported as not met, never as met
     tiny = ac.select_chunks(g, 1024, ac.SpeedModel())

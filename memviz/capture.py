@@ -77,7 +77,8 @@ class Captured:
 
     ``placeholders[i]`` says what the i-th FX placeholder is: ``("param", fqn)``, ``("buffer", fqn)``,
     ``("input", flat_index)`` or ``("tangent", flat_output_index)``.  ``outputs[i]`` says what the i-th
-    FX output is: ``("user", flat_index)``, ``("grad", fqn)``, ``("buffer", fqn)`` (new value of a
+    FX output is: ``("user", flat_index)``, ``("grad", fqn)``, ``("input_grad", flat_index)``,
+    ``("buffer", fqn)`` (new value of a
     mutated buffer, copied back once per step) or ``None``.
     """
 
@@ -97,6 +98,7 @@ class Captured:
     param_names: dict[str, str] = field(default_factory=dict)  # alias fqn -> canonical fqn (tied)
     elem_fx: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # multi-output op -> getitems
     grad_data: dict[str, int] = field(default_factory=dict)  # canonical parameter fqn -> its gradient
+    input_grad_data: dict[int, int] = field(default_factory=dict)  # flat input index -> its gradient
 
     @property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -338,8 +340,8 @@ def _classify_outputs(gm: torch.fx.GraphModule) -> tuple[list[Any], list[tuple[s
             kinds.append(("grad", desc.grad_of.target))
         elif isinstance(desc, D.InputMutationAOTOutput) and isinstance(desc.mutated_input, D.BufferAOTInput):
             kinds.append(("buffer", desc.mutated_input.target))
-        elif isinstance(desc, D.GradAOTOutput):
-            kinds.append(None)  # gradient of a user input: not needed by memviz (inputs need no grad)
+        elif isinstance(desc, D.GradAOTOutput) and isinstance(desc.grad_of, D.PlainAOTInput):
+            kinds.append(("input_grad", desc.grad_of.idx))  # an input that requires grad
         else:
             raise CaptureError(f"unsupported graph output {desc!r}: the model mutates an input or returns an "
                                "alias memviz cannot replay; clone it inside forward()")
@@ -542,6 +544,8 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     captured.grad_data = {param_names.get(k[1], k[1]): bld.data_of_fx[a.name]
                           for a, k in zip(out_args, out_kinds, strict=True)
                           if k and k[0] == "grad" and a.name in bld.data_of_fx}
+    captured.input_grad_data = {k[1]: bld.data_of_fx[a.name] for a, k in zip(out_args, out_kinds, strict=True)
+                                if k and k[0] == "input_grad" and a.name in bld.data_of_fx}
     return _finish(bld, out_args, out_kinds, type(model).__name__, mode), captured
 
 

@@ -196,11 +196,12 @@ class _PlannedStep(torch.autograd.Function):
     gradients back; the step state already holds them."""
 
     @staticmethod
-    def forward(ctx: Any, holder: list[_StepState], n_inputs: int, *tensors: torch.Tensor) -> Any:
+    def forward(ctx: Any, holder: list[_StepState], input_slots: list[int], *tensors: torch.Tensor) -> Any:
+        """`input_slots[j]`: flat input index of the j-th tensor input (after the parameters)."""
         state = holder[0]
         state.forward()
         outs = state.user_outputs()
-        ctx.state, ctx.n_inputs = state, n_inputs
+        ctx.state, ctx.input_slots = state, input_slots
         ctx.diff = sorted(state.program.captured.tangent_data)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(outs)
                                       if isinstance(o, torch.Tensor) and i not in ctx.diff))
@@ -215,9 +216,12 @@ class _PlannedStep(torch.autograd.Function):
             state.grad_outputs[i] = g if g is not None else torch.zeros_like(state.user_outputs()[i])
         state.backward()
         grads = state.param_grads()
+        cap = state.program.captured
+        input_grads = [state.runner.data_value(cap.input_grad_data[i]) if i in cap.input_grad_data else None
+                       for i in ctx.input_slots]
         state.runner.env.clear()
         state.grad_outputs.clear()
-        return (None, None, *grads, *([None] * ctx.n_inputs))
+        return (None, None, *grads, *input_grads)
 
 
 class PlannedModule(nn.Module):
@@ -243,7 +247,7 @@ class PlannedModule(nn.Module):
         buffers = dict(self._orig_mod.named_buffers(remove_duplicate=False))
         runner = Runner(cap, cap.placeholder_values(self._orig_mod, flat))
         state = _StepState(self._program, runner, buffers, self._generated)
-        inputs = [t for t in flat if isinstance(t, torch.Tensor)]
+        slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         if self._program.mode == "inference" or not torch.is_grad_enabled():
             with torch.no_grad():
                 if self._program.mode == "train":
@@ -253,7 +257,8 @@ class PlannedModule(nn.Module):
                 outs = state.user_outputs()
                 runner.env.clear()
             return pytree.tree_unflatten(outs, cap.out_spec)
-        outs = _PlannedStep.apply([state], len(inputs), *(params[n] for n in self._program.params), *inputs)
+        outs = _PlannedStep.apply([state], slots, *(params[n] for n in self._program.params),
+                                  *(flat[i] for i in slots))
         return pytree.tree_unflatten(list(outs), cap.out_spec)
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -319,8 +324,9 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
 def _example_inputs(graph: Graph, prof: Any) -> tuple[torch.Tensor, ...]:
     """Positional example inputs rebuilt from the graph's input nodes (a trace needs shapes and dtypes)."""
     if prof is not None and getattr(prof, "captured", None) is not None:
-        metas = [m for m in prof.captured.input_meta if m is not None]
-        return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in metas)
+        cap = prof.captured
+        return tuple(torch.zeros(m[0], dtype=m[1]).requires_grad_(i in cap.input_grad_data)
+                     for i, m in enumerate(cap.input_meta) if m is not None)
     inputs = sorted((d for d in graph.datas if d.kind.value == "input"), key=lambda d: int(d.name[5:]))
     return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype)) for d in inputs)
 

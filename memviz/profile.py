@@ -277,7 +277,8 @@ def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
     params = dict(model.named_parameters())
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     fn = loss_fn or default_loss
-    trainable = [p for p in params.values() if p.requires_grad]
+    leaves = pytree.tree_leaves((args, kwargs or {}))
+    trainable = [p for p in (*params.values(), *leaves) if isinstance(p, torch.Tensor) and p.requires_grad]
 
     def step() -> Any:
         out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs or {}, tie_weights=True)

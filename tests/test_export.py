@@ -312,3 +312,16 @@ def test_saved_plan_exports_with_the_model(tmp_path):
     other, _ = resnet(widths=(8, 24), dtype=torch.float64)
     with pytest.raises(StalePlanError):
         export(loaded, model=other)
+
+
+def test_inputs_that_require_grad_get_their_gradient():
+    import memviz
+
+    model, (x,) = mlp(dtype=torch.float64)
+    prof = profile(model, (x.clone().requires_grad_(True),), repeats=1, warmup=0)
+    assert abs(prof.baseline.peak_bytes - prof.measured_peak_bytes) <= 0.05 * prof.measured_peak_bytes
+    exported = export(memviz.plan(prof, None, strategy="none"), model=copy.deepcopy(model))
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    default_loss(model(xa)).backward()
+    default_loss(exported(xb)).backward()
+    assert torch.equal(xa.grad, xb.grad)

@@ -353,6 +353,10 @@ def _reshape(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     k = reshape_dim(g[n.inputs[0]].shape, n.shape, d)
     if k is None:
         raise FlowBreak(f"{n.op} merges or splits dim {d}")
+    if n.op == "unflatten":  # its sizes would need the chunk length: only dims outside them pass
+        ud = _norm(n.args[1], len(g[n.inputs[0]].shape))
+        if ud <= d < ud + len(n.args[2]):
+            raise FlowBreak(f"unflatten produces dim {d}")
     return [Demand(n.inputs[0], k)] + [Demand(v, None) for v in n.inputs[1:]]
 
 

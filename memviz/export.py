@@ -538,4 +538,33 @@ def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> Planned
 
 
 
-__all__ = ["PlannedModule", "StalePlanError", "export", "load_source", "program_source", "write_source"]
+__all__ = ["PlannedModule", "StalePlanError", "backend", "export", "load_source", "program_source",
+           "write_source"]
+
+
+# --- torch.compile ---------------------------------------------------------------------------------------
+def backend(budget: int | float | str | None = None, *, strategy: str = "auto", time_limit: float = 60.0,
+            loss_fn: Any = None) -> Any:
+    """A ``torch.compile`` backend that plans each captured graph under `budget` and runs the plan:
+    ``torch.compile(model, backend=memviz.backend(budget="50%"), dynamic=False)``.
+
+    Each graph Dynamo hands over is profiled on its example inputs (parameters arrive as inputs that
+    require grad, whose gradients the planned module returns), planned with `memviz.plan` and exported.
+    Budgets as in `memviz.plan` (bytes, "1.5GiB", or a fraction of the graph's eager peak); a budget no
+    schedule fits raises the planner's error.  Shapes are specialised: use ``dynamic=False``."""
+    from memviz.planning import plan as make_plan
+    from memviz.profile import profile
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if any(isinstance(x, torch.SymInt) for x in example_inputs):
+            raise ValueError("memviz.backend plans fixed shapes: compile with dynamic=False")
+        train = torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in (*example_inputs, *gm.parameters()))
+        prof = profile(gm, tuple(example_inputs), mode="train" if train else "inference", loss_fn=loss_fn,
+                       measure=False, repeats=1, warmup=0, fallback=False)
+        planned = export(make_plan(prof, budget, strategy=strategy, time_limit=time_limit))
+        compile_graph.plans.append(planned)
+        return planned.forward
+
+    compile_graph.plans = []  # type: ignore[attr-defined]  # the exported modules, for inspection
+    return compile_graph

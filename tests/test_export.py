@@ -325,3 +325,20 @@ def test_inputs_that_require_grad_get_their_gradient():
     default_loss(model(xa)).backward()
     default_loss(exported(xb)).backward()
     assert torch.equal(xa.grad, xb.grad)
+
+
+def test_torch_compile_backend_runs_a_plan():
+    import memviz
+
+    model, args = gpt(dtype=torch.float64)
+    original = copy.deepcopy(model)
+    compile_fn = memviz.backend(budget=0.9, strategy="rockmate", time_limit=10)
+    compiled = torch.compile(copy.deepcopy(model), backend=compile_fn, dynamic=False)
+    for step in range(2):
+        assert torch.equal(_train_step(original, args, step), _train_step(compiled, args, step))
+        for pa, pb in zip(original.parameters(), compiled.parameters(), strict=True):
+            assert torch.equal(pa.grad, pb.grad)
+            pa.grad = pb.grad = None
+    (planned,) = compile_fn.plans
+    assert simulate(planned.program.graph, (*planned.program.forward_steps,
+                                            *planned.program.backward_steps)).recomputes > 0

@@ -6,14 +6,14 @@ PIP := $(PYTHON) -m pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test install install-test clean-build chromium lint test-ts test-py test-ui
+.PHONY: demo test install install-test clean-build chromium lint-py lint-ts test-ts test-py test-ui
 
 demo: install
 	memviz demo --output memviz-demo.html
 
 test: install-test
 	@# -k: run every check even when an earlier one fails, so one failure does not hide another.
-	$(MAKE) -k lint test-ts test-py test-ui
+	$(MAKE) -k lint-py lint-ts test-ts test-py test-ui
 
 # torch first, from the local CPU wheel: a bare `torch` requirement would fetch a multi-GB CUDA build.
 # The TypeScript is built exactly once, by the package's build hook (hatch-jupyter-builder).
@@ -36,8 +36,10 @@ chromium:
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y chromium; \
 	fi
 
-lint:
+lint-py:
 	ruff check .
+
+lint-ts:
 	jlpm lint:check
 
 test-ts:

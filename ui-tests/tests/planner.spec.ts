@@ -56,3 +56,31 @@ test('the planner widget sends slider, strategy and export requests and redraws'
   await expect(overwrite).toBeHidden();
   await view.screenshot({ path: test.info().outputPath('planner-after.png') });
 });
+
+// End to end with the real memviz.Planner on `memviz demo`'s model: dragging re-plans in the kernel.
+test('memviz.Planner re-plans when the budget slider is dragged', async ({ page, tmpPath }) => {
+  await openAndRunAll(page, tmpPath, 'planner_demo.ipynb');
+
+  const view = page.locator('.jp-memviz-planner');
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  const peak = view.locator('.jp-memviz-readout[data-readout="peak"] .jp-memviz-readout-value');
+  const status = view.locator('.jp-memviz-status');
+  const label = view.locator('.jp-memviz-budget-label');
+  await expect(status).toContainText('memviz plan');
+  await expect(label).toHaveText(/MiB: peak .* MiB, time x\d\.\d{3} \(.+\)/);
+  const before = { peak: await peak.textContent(), status: await status.textContent() };
+
+  // Drag to the right end: the frontier's largest budget, so no remat (strategy none, eager peak).
+  const box = await view.locator('.jp-memviz-budget-slider').boundingBox();
+  expect(box).not.toBeNull();
+  const y = box!.y + box!.height / 2;
+  await page.mouse.move(box!.x + 4, y);
+  await page.mouse.down();
+  await page.mouse.move(box!.x + box!.width - 2, y, { steps: 8 });
+  await page.mouse.up();
+  await expect(status).not.toHaveText(before.status ?? '', { timeout: 60000 });
+  await expect(peak).not.toHaveText(before.peak ?? '');
+  await expect(peak).toHaveText(/\(\+0\.0% vs eager/);
+  await expect(label).toContainText('time x1.000');
+  await view.screenshot({ path: test.info().outputPath('planner-demo.png') });
+});

@@ -59,6 +59,27 @@ class GPT(nn.Module):
         return self.head(self.ln(self.blocks(self.wte(idx)))[:, -1])  # prefill: next-token logits
 
 
+class ViT(nn.Module):
+    """ViT: patch-embedding conv, class token, nn.TransformerEncoderLayer stack, head."""
+
+    def __init__(self, C: int = 64, patch: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, C, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, C))
+        self.layers = nn.Sequential(
+            *(
+                nn.TransformerEncoderLayer(C, 2, 4 * C, batch_first=True, activation="gelu")
+                for _ in range(layers)
+            )
+        )
+        self.head = nn.Linear(C, 10)
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        x = self.embed(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.head(self.layers(x)[:, 0])
+
+
 def best_time(fn, x, reps: int) -> float:
     with torch.no_grad():
         fn(x)
@@ -70,8 +91,8 @@ def best_time(fn, x, reps: int) -> float:
     return min(ts)
 
 
-def run_length(model: nn.Module, T: int, budget: float, reps: int) -> dict:
-    x = torch.randint(0, 512, (1, T))
+def run_length(model: nn.Module, T: int, budget: float, reps: int, x: torch.Tensor | None = None) -> dict:
+    x = torch.randint(0, 512, (1, T)) if x is None else x
     t0 = time.perf_counter()
     plan = ch.plan_chunks(model, (x,), budget=budget)
     plan_s = time.perf_counter() - t0
@@ -162,6 +183,11 @@ def main() -> None:
     rows = [run_length(model, T, a.budget, a.reps) for T in a.seqs]
     lengths = [1024 * k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)]
     maxlen = max_length(model, int(a.max_len_budget_mib * 2**20), lengths)
+    vit = ViT().eval()
+    vit_rows = [
+        run_length(vit, (side // 4) ** 2 + 1, a.budget, a.reps, torch.randn(1, 3, side, side))
+        for side in (128, 256)
+    ]
     result = {
         "benchmark": "autochunk GPT prefill (2 layers, C=64, H=2, vocab 512), CPU",
         "machine": platform.processor() or platform.machine(),
@@ -170,6 +196,7 @@ def main() -> None:
         "speed_model": ch.calibrate("cpu").to_dict(),
         "lengths": rows,
         "max_length": maxlen,
+        "vit": {"model": "ViT (2 TransformerEncoderLayer, C=64, patch 4); seq = tokens", "rows": vit_rows},
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))

@@ -568,3 +568,15 @@ def backend(budget: int | float | str | None = None, *, strategy: str = "auto", 
 
     compile_graph.plans = []  # type: ignore[attr-defined]  # the exported modules, for inspection
     return compile_graph
+
+
+class _CallableModule(type(sys)):
+    """`memviz.export` is both this module and the function (DESIGN.md API): importing the submodule
+    first (``from memviz.export import ...``) makes the package attribute the module, so the module
+    forwards calls to `export`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> PlannedModule:
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

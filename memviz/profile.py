@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -466,3 +467,15 @@ def _hooks_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
                    measured_peak_bytes=None, device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fingerprint(model, args, kwargs, mode), captured=None, model=model,
                    loss_fn=loss_fn, fallback=True)
+
+
+class _CallableModule(type(sys)):
+    """`memviz.profile` is both this module and the function (DESIGN.md API): importing the submodule
+    first (``from memviz.profile import ...``) makes the package attribute the module, so the module
+    forwards calls to `profile`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Profile:
+        return profile(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

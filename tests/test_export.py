@@ -342,3 +342,14 @@ def test_torch_compile_backend_runs_a_plan():
     (planned,) = compile_fn.plans
     assert simulate(planned.program.graph, (*planned.program.forward_steps,
                                             *planned.program.backward_steps)).recomputes > 0
+
+
+def test_public_api_callable_after_submodule_imports():
+    """`memviz.profile(...)` and `memviz.export(...)` work even when the submodules were imported first."""
+    import memviz
+    import memviz.export
+    import memviz.profile
+
+    model, args = mlp()
+    prof = memviz.profile(model, args, repeats=1, warmup=0, measure=False)
+    assert isinstance(memviz.export(memviz.plan(prof, None, strategy="none")), torch.nn.Module)

@@ -16,6 +16,7 @@ step eagerly (live-storage tracker on CPU, allocator statistics on CUDA), withou
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import statistics
@@ -34,7 +35,7 @@ from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, defa
 from memviz.devices import DeviceInfo, count_flops, resolve_device
 from memviz.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import ComputeNode, DataKind, Graph, GraphBuilder, Phase, Timeline, eager_schedule, simulate
-from solvers.schedule import Schedule
+from solvers.schedule import Schedule, Step
 
 __all__ = ["CaptureError", "Profile", "profile"]
 
@@ -108,7 +109,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         graph = add_optimizer(graph, cap.grad_data, optimizer, info)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
-    schedule = eager_schedule(graph)
+    schedule = python_eager_schedule(graph, cap)
     baseline = simulate(graph, schedule).check()
     measured = None
     if measure and not info.estimated:
@@ -118,6 +119,106 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fingerprint(model, args, kwargs, mode), captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+
+
+# --- PyTorch's own eager order ------------------------------------------------------------------------
+def _bound_names(code: str) -> list[str]:
+    """Names a statement binds (``x = ...``, ``q, k, v = ...``); ``+name`` for ``name.append(...)``."""
+    try:
+        body = ast.parse(code.strip()).body
+    except SyntaxError:
+        return []
+    if not body:
+        return []
+    st = body[0]
+    call = st.value if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) else None
+    func = call.func if call is not None else None
+    if (isinstance(func, ast.Attribute) and func.attr in ("append", "extend", "insert")
+            and isinstance(func.value, ast.Name)):
+        return ["+" + func.value.id]
+    targets = (st.targets if isinstance(st, ast.Assign)
+               else [st.target] if isinstance(st, (ast.AnnAssign, ast.AugAssign)) else [])
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def python_local_holds(cap: Captured) -> dict[int, int]:
+    """data id -> compute id after which eager PyTorch still holds it through a Python local.
+
+    Eager mode frees a tensor when its last reference goes: temporaries inside a statement die at once,
+    but a value bound to a local (``identity = x``, ``q, k, v = qkv.unbind(0)``) lives until the name is
+    rebound or its function returns.  Each forward FX node's stack trace gives, per frame (module path,
+    file, function), the statement it belongs to; the statement's last node is its value, bound to the
+    names the statement assigns (parsed with ``ast``)."""
+    from memviz.capture import _FRAME
+
+    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
+    hold: dict[int, int] = {}
+    current: dict[tuple[Any, ...], tuple[int, str, int | None, int]] = {}  # line, code, value, end
+    binds: dict[tuple[Any, ...], dict[str, int | None]] = {}
+    last_pos: dict[tuple[Any, ...], int] = {}
+
+    def release(d: int | None, at: int) -> None:
+        if d is not None:
+            hold[d] = max(hold.get(d, -1), at)
+
+    def finish(key: tuple[Any, ...]) -> None:
+        _, code, value, end = current.pop(key)
+        names = binds.setdefault(key, {})
+        for name in _bound_names(code):
+            if name.startswith("+"):  # a container keeps everything put in it
+                names[f"{name}#{len(names)}"] = value
+                continue
+            old = names.get(name)
+            if old is not None and old != value:
+                release(old, end)
+            names[name] = value
+
+    pos = -1
+    for n in cap.gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.meta.get("partitioner_tag") == "is_backward" or n.meta.get("autograd_backward"):
+            break
+        pos = pos_of.get(n.name, pos)
+        d = cap.data_of_fx.get(n.name)
+        stack = list((n.meta.get("nn_module_stack") or {}).values())
+        depth = -1
+        for f in _FRAME.finditer(n.meta.get("stack_trace") or ""):
+            depth += f["fn"] == "forward"  # module forwards and nn_module_stack entries correspond
+            key = (stack[depth][0] if 0 <= depth < len(stack) else "", f["file"], f["fn"], depth)
+            line = int(f["line"])
+            if key in current and current[key][0] != line:
+                finish(key)
+            prev = current.get(key)
+            current[key] = (line, f["code"], d if d is not None else (prev[2] if prev else None), pos)
+            last_pos[key] = pos
+    for key in list(current):
+        finish(key)
+    for key, names in binds.items():
+        for d in names.values():
+            release(d, last_pos[key])
+    return hold
+
+
+def python_eager_schedule(graph: Graph, cap: Captured) -> Schedule:
+    """PyTorch's own eager order: `solvers.eager_schedule` (capture order, free after last use) with the
+    frees of tensors held by Python locals postponed to where eager mode releases them."""
+    schedule = eager_schedule(graph)
+    hold = python_local_holds(cap)
+    out: list[Step] = []
+    pending: dict[int, list[Step]] = {}
+    done = -1
+    for s in schedule:
+        if s.op == "free" and hold.get(s.node, -1) > done:
+            pending.setdefault(hold[s.node], []).append(s)
+            continue
+        out.append(s)
+        if s.op == "compute":
+            done = s.node
+            out.extend(pending.pop(done, []))
+    for rest in pending.values():
+        out.extend(rest)
+    return tuple(out)
 
 
 def _check_on_device(model: nn.Module, args: Any, kwargs: Any, dev: torch.device) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from examples.models import gpt, mlp, vit
+from examples.models import EXAMPLES, gpt, mlp, vit
 from memviz.devices import TARGETS, DeviceUnavailable, resolve_device
 from memviz.profile import measure_eager_peak, optimizer_layout, profile
 from solvers import DataKind, Phase
@@ -21,12 +21,12 @@ def test_baseline_peak_matches_eager_training(example):
     assert abs(predicted - measured) <= 0.05 * measured, (name, predicted, measured)
 
 
-def test_inference_profile_is_forward_only_and_matches_eager_mlp():
-    """Inference: forward graph only, no gradients.  The baseline frees each tensor after its last use;
-    eager keeps Python locals alive to the end of their statement scope (attention's q/k/v, ResNet's
-    `identity`), which this graph does not model yet, so only the MLP (no such locals) is held to 5%;
-    the others are reported in the notes."""
-    model, args = mlp()
+@pytest.mark.parametrize("name", ["mlp", "gpt", "resnet", "vit"])
+def test_inference_baseline_matches_eager(name):
+    """Inference: forward graph only; the baseline models Python locals (a value bound to a name lives
+    until the name is rebound or its function returns), which eager inference memory is made of.
+    (UNet is still 13% under: not modelled yet, see the notes.)"""
+    model, args = EXAMPLES[name]()
     prof = profile(model, args, mode="inference", repeats=1, warmup=0)
     assert all(c.phase is Phase.FORWARD for c in prof.graph.computes)
     assert not any(d.kind in (DataKind.GRADIENT, DataKind.PARAMETER_GRADIENT) for d in prof.graph.datas)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from test_planfile import tiny_training_graph
+
 from memviz.planning import plan
 from memviz.widget import Planner
-from test_planfile import tiny_training_graph
 
 
 def test_planner_from_plan_renders_and_exports(tmp_path):

@@ -24,6 +24,12 @@ _LAZY = {
 __all__ = ["Plan", "Planner", "Profile", "backend", "export", "load_plan", "plan", "profile"]
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the prebuilt extension in a development (editable) install; a wheel
+    installs it under share/jupyter/labextensions instead."""
+    return [{"src": "labextension", "dest": "jupyterlab-memviz"}]
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module, attr = _LAZY[name]

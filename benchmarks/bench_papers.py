@@ -160,8 +160,27 @@ def bench_checkmate(quick: bool) -> tuple[list[dict], list[str]]:
     notes = [
         f"VGG19 eager peak at batches {[b for b, _ in lin]}: "
         f"{[round(n / MiB) for _, n in lin]} MiB; a line through the two larger predicts the smallest "
-        f"within {100 * linear_err:.2f}% (activations are linear in the batch)."
+        f"within {100 * linear_err:.2f}% (activations are linear in the batch).",
+        "Checkmate setup differs: the paper measures TensorFlow 2.0 graphs on a real V100 whose usable "
+        "memory is below 16 GiB (CUDA context, cuDNN workspaces, allocator slack); ours is the captured "
+        "PyTorch joint graph (in-place ReLU, fp32, sum loss) simulated against the preset's full capacity, "
+        "so every batch comes out higher; compare the ratios to the no-remat batch (paper 1.18x sqrt, "
+        "1.73x optimal).",
     ]
+    if not quick:
+        best = rows[-1]["ours"]
+        proof = checkmate_solver.minimum_budget(_vgg_graph(best, image), time_limit=60.0)
+        rows[-1]["proven_optimal"] = proof.optimal
+        notes.append(
+            f"Checkmate's minimum-peak MILP at batch {best}: {proof.peak_bytes / GiB:.2f} GiB, "
+            + (
+                "proven optimal over its schedule class"
+                if proof.optimal
+                else "not proven optimal (time limit)"
+            )
+            + f"; ratios to no remat: sqrt {rows[1]['ours'] / rows[0]['ours']:.2f}x, rotor "
+            f"{rows[2]['ours'] / rows[0]['ours']:.2f}x, checkmate {best / rows[0]['ours']:.2f}x."
+        )
     return rows, notes
 
 
@@ -249,7 +268,11 @@ def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
     notes = [
         f"GPT2 graph: {len(g.computes)} compute nodes, fake profile {profile_s:.1f} s; parameters "
         f"{params / GiB:.2f} GiB, fixed (parameters + their gradients + inputs) {fixed / GiB:.2f} GiB. "
-        "Times are roofline estimates (V100), so overheads are relative to an estimated step."
+        "Times are roofline estimates (V100), so overheads are relative to an estimated step.",
+        "Rockmate setup differs: the paper runs HuggingFace GPT2-large (cross-entropy loss) on a GPU and "
+        "measures time; ours is the examples GPT (nanoGPT-style, tied embeddings, sum of logits as loss) "
+        "with roofline times, where recomputing element-wise ops is cheaper relative to matmuls than "
+        "measured.",
     ]
     return rows, notes
 
@@ -343,7 +366,10 @@ def bench_olla(quick: bool) -> tuple[list[dict], list[str]]:
             f"pack {c['pack_fragmentation_pct']:.2f}% vs allocator {c['allocator_fragmentation_pct']:.1f}%"
             for b, cases in per_batch.items()
             for c in cases
-        )
+        ),
+        "OLLA setup differs: the paper reorders real torchvision/HuggingFace models captured with their own "
+        "tracer against its own eager order; ours reorders the small example models against PyTorch's "
+        "order as memviz captures it (already frees after last use), leaving less to gain.",
     ]
     return rows, notes
 

@@ -189,6 +189,31 @@ def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
     return [*(["checkmate"] if small else []), "rockmate", "rotor"]
 
 
+def keep_outputs_alive(graph: Graph, schedule: Schedule) -> Schedule:
+    """The schedule without frees of the graph's outputs, and without the recomputations that only
+    rebuilt them.  The simulator accepts freeing a model output and recomputing it before the end, but
+    the exported module hands the forward outputs to the caller when the backward starts, so they
+    must stay alive once computed (Checkmate's LP rounding, for one, frees them)."""
+    outputs = set(graph.outputs)
+    alive = [d.producer is None for d in graph.datas]
+    pinned: set[int] = set()  # outputs whose free was dropped
+    kept = []
+    for step in schedule:
+        if step.op == "free":
+            if step.node in outputs:
+                pinned.add(step.node)
+                continue
+            alive[step.node] = False
+        else:
+            produced = graph.computes[step.node].outputs
+            if produced and all(alive[d] for d in produced) and pinned.intersection(produced):
+                continue  # it only rebuilt outputs that were kept alive above
+            for d in produced:
+                alive[d] = True
+        kept.append(step)
+    return schedule if len(kept) == len(schedule) else type(schedule)(kept)
+
+
 def solve_checked(
     graph: Graph, strategy: str, budget: int, time_limit: float
 ) -> tuple[SolveResult, Timeline]:
@@ -206,12 +231,11 @@ def solve_checked(
         )
     else:
         raise PlanningError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    result = SolveResult(keep_outputs_alive(graph, result.schedule), result.stats)
     timeline = simulate(graph, result.schedule).check()
     if timeline.peak_bytes > budget:
-        raise PlanningError(
-            f"internal error: {strategy} returned a schedule whose simulated peak "
-            f"{format_bytes(timeline.peak_bytes)} exceeds the budget {format_bytes(budget)}"
-        )
+        # only keeping the model outputs alive can push a solver's schedule over (it fitted before)
+        raise InfeasibleBudget(budget, timeline.peak_bytes, strategy, proven=False)
     return result, timeline
 
 

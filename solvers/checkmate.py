@@ -49,8 +49,9 @@ from solvers.simulate import Timeline, simulate
 # --- schedules from compute sequences -------------------------------------------------------------
 def with_early_frees(graph: Graph, sequence: Sequence[int]) -> Schedule:
     """Turn a compute sequence (recomputes allowed) into a schedule that frees every produced tensor
-    right after its last read before it is produced again (never: required outputs' last instance,
-    sources).  Any valid placement of frees keeps a superset alive, so this is the lowest-memory one."""
+    right after its last read before it is produced again (never: required outputs, which the caller
+    holds, and sources).  Any valid placement of frees keeps a superset alive, so this is the
+    lowest-memory one."""
     prods: dict[int, list[int]] = {}
     reads: dict[int, list[int]] = {}
     for q, c in enumerate(sequence):
@@ -70,7 +71,7 @@ def with_early_frees(graph: Graph, sequence: Sequence[int]) -> Schedule:
             while ri < len(rs) and rs[ri] < b:
                 last = max(last, rs[ri])
                 ri += 1
-            if b == math.inf and d in keep:
+            if d in keep:  # required outputs stay once produced: the caller holds them
                 continue
             frees_after.setdefault(last, []).append(d)
     steps: list[Step] = []
@@ -132,8 +133,9 @@ def _closure_sequence(st: _Stages, keep: Sequence[set[int]]) -> list[int]:
     stage t+1 needs that is not carried in (keep[t]), and, recursively, the producers of their inputs."""
     seq: list[int] = []
     for t in range(st.n):
-        nxt = keep[t + 1] if t + 1 < st.n else st.outputs
-        carried = keep[t]
+        # required outputs are carried from their production on (S[t, d] = 1 in the MILP)
+        nxt = (keep[t + 1] | {d for d in st.outputs if st.prod[d] <= t}) if t + 1 < st.n else st.outputs
+        carried = keep[t] | {d for d in st.outputs if st.prod[d] < t}
         run = {t}
         stack = [d for d in (*st.inputs[t], *(nxt - carried)) if d not in carried]
         while stack:
@@ -174,7 +176,10 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
     for t in range(n):
         V.R.append([m.var(cost=graph.computes[st.order[j]].time / tscale, lb=1.0 if j == t else 0.0)
                     for j in range(t + 1)])
-        V.S.append({d: m.var() for d in st.datas if st.prod[d] < t and d in useful})
+        # required outputs stay resident once produced: the caller holds them (the exported module
+        # returns the forward outputs when the backward starts), so freeing them saves nothing real
+        V.S.append({d: m.var(lb=1.0 if d in st.outputs else 0.0)
+                    for d in st.datas if st.prod[d] < t and d in useful})
     for t in range(n):
         if time.perf_counter() > deadline:
             raise _Timeout
@@ -277,7 +282,7 @@ def _start_values(st: _Stages, graph: Graph, m: milp.Model, V: _Vars, stages: li
         b = later[0] if later else None
         if any(at <= r and (b is None or r < b) for r in reads[d]):
             return True
-        return b is None and d in st.outputs
+        return d in st.outputs  # required outputs stay once produced
 
     for t in range(n):
         for d, v in V.S[t].items():

@@ -2,7 +2,8 @@
 
 States are sets of alive produced tensors (sources are always alive and never freed, as in every remat
 solver here).  A move computes a node whose inputs are alive (if the resident set, its new outputs and
-its workspace fit the budget) or frees an alive tensor; Dijkstra on total compute time finds the
+its workspace fit the budget) or frees an alive tensor that is not a required output (the caller
+holds those); Dijkstra on total compute time finds the
 cheapest schedule that leaves every graph output alive, recomputation allowed.  Reaching the outputs
 implies every required node ran (each was needed to produce them).
 
@@ -118,7 +119,7 @@ def _search(graph: Graph, budget: int | None, frontier: bool, minimax: bool) -> 
             if budget is not None and during > budget:
                 continue
             succ.append(((mask | outs[c], *nxt[1:]), cost + time[c], max(peak, during), compute(c)))
-        rest = mask
+        rest = mask & ~target  # required outputs are never freed once produced
         while rest:
             low = rest & -rest
             d = produced[low.bit_length() - 1]

@@ -45,3 +45,30 @@ def test_strategies_ordered_on_example_models(name):
             exact, gap = _overhead(prof, "checkmate", budget, 8.0)
             assert exact < float("inf")
             assert exact * (1 - gap) <= rockmate + 1e-9, (name, fraction, exact, gap, rockmate)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["checkmate-lp", "checkmate", "rockmate", "rotor", "sqrt"])
+def test_plans_keep_model_outputs_and_export_runs(strategy):
+    """The exported module returns the forward outputs when the backward starts and the caller keeps
+    them: no plan may free a required output (Checkmate's LP rounding used to, and export failed)."""
+    import copy
+
+    import torch
+
+    model, args = models.gpt(layers=2)[:2]
+    prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+    low, high = minimum_budget(prof.graph, "rotor"), prof.baseline.peak_bytes
+    outputs = set(prof.graph.outputs)
+    for fraction in (0.5, 0.25):
+        try:
+            plan = memviz.plan(prof, low + int(fraction * (high - low)), strategy=strategy, time_limit=10,
+                               frontier=False, packing=False)
+        except InfeasibleBudget:
+            continue
+        assert not [s for s in plan.schedule if s.op == "free" and s.node in outputs]
+        exported = memviz.export(plan, model=copy.deepcopy(model))
+        torch.manual_seed(0)
+        expected = model(*args)
+        torch.manual_seed(0)
+        torch.testing.assert_close(exported(*args), expected)

@@ -10,10 +10,10 @@ paper-sized models run on a 2-core CPU.  Each row gives the paper's number, ours
    heuristic (Chen et al. 2016) and with Checkmate's MILP (here its minimum-peak form).
 2. Rockmate (Zhao et al., ICML 2023, Sec. 4 and Appendix E): GPT2-large on input (2, 512): the
    baseline peak, time overhead at 0.85 / 2.8 GiB activation budgets, minimum budget.
-3. OLLA (Steiner et al., 2022, Sec. 6): node reordering's peak reduction over PyTorch's order on
+3. OLLA (Steiner et al., 2022, Sec. 5.3-5.6): node reordering's peak reduction over PyTorch's order on
    the example models in training at batch 1 and 32, solve times, fragmentation of the address plan
    vs the caching-allocator simulation.
-4. AutoChunk (Zhao et al., ICLR 2024): summarized from ``benchmarks/results/autochunk.json``.
+4. AutoChunk (Zhao et al., ICLR 2024, Sec. 4.1-4.2): summarized from ``benchmarks/results/autochunk.json``.
 5. Megatron (Korthikanti et al., MLSys 2023, Sec. 4.1): one GPT layer profiled in bf16 against
    ``solvers.analytic``.
 """
@@ -111,6 +111,8 @@ def _vgg_graph(batch: int, image: int) -> Graph:
 
 
 def bench_checkmate(quick: bool) -> tuple[list[dict], list[str]]:
+    """Checkmate (slides, "How much can we increase batch size?"): the largest VGG19 batch on a
+    16 GB V100 per strategy (`max_batch`)."""
     image = 64 if quick else 224
     capacity = TARGETS[TARGET].capacity_bytes
     probes = (256, 512) if quick else (128, 256)
@@ -194,6 +196,7 @@ def fixed_bytes(graph: Graph) -> int:
 
 
 def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
+    """Rockmate Appendix E, GPT2-large on (2, 512): baseline peak, overheads, minimum budgets."""
     layers = 2 if quick else 36
     with torch.device("meta"):
         model, _ = models.gpt(batch=2, seq=512, d=1280, heads=20, layers=layers, vocab=50257, dropout=0.1)
@@ -290,6 +293,7 @@ OLLA_SIZES: dict[str, dict[str, Any]] = {
 
 
 def bench_olla(quick: bool) -> tuple[list[dict], list[str]]:
+    """OLLA Sec. 5.3-5.6: reordering (peak, solve time) and address packing vs the caching allocator."""
     names = ("mlp", "gpt") if quick else tuple(models.EXAMPLES)
     sizes = {} if quick else OLLA_SIZES
     limit = 2.0 if quick else 10.0
@@ -376,6 +380,7 @@ def bench_olla(quick: bool) -> tuple[list[dict], list[str]]:
 
 # --- 4. AutoChunk ---------------------------------------------------------------------------------
 def bench_autochunk() -> tuple[list[dict], list[str]]:
+    """AutoChunk Sec. 4.1-4.2: memory cut, slowdown, max length, read from bench_autochunk's JSON."""
     path = ROOT / "benchmarks" / "results" / "autochunk.json"
     if not path.exists():
         return [], [
@@ -441,6 +446,7 @@ def layer_saved_bytes(graph: Graph) -> int:
 
 
 def bench_megatron(quick: bool) -> tuple[list[dict], list[str]]:
+    """Korthikanti Sec. 4.1: one profiled bf16 GPT layer against sbh(34 + 5as/h) and its CPU form."""
     s, b, h, a = (64, 2, 128, 4) if quick else (512, 2, 1280, 20)
     with torch.device("meta"):
         layer = MegatronLayer(h, a).to(torch.bfloat16)

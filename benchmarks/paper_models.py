@@ -2,7 +2,7 @@
 
 * `VGG19`: Simonyan & Zisserman, ICLR 2015, configuration "E" (16 conv 3x3 layers in five stages of
   2, 2, 4, 4, 4 with 64..512 channels, 2x2 max pooling, three fully connected layers 4096-4096-1000),
-  the network of Checkmate's batch-size table (Jain et al., MLSys 2020, Sec. 6.3) at 224x224.  As in
+  the network of Checkmate's batch-size evaluation (Jain et al., MLSys 2020) at 224x224.  As in
   torchvision: ReLU in place, dropout 0.5 between the classifier layers, adaptive 7x7 average pool.
 * `MegatronLayer`: the pre-LN GPT layer of Korthikanti et al. (MLSys 2023) Fig. 2, with explicit
   softmax attention and three dropouts, whose stored activations Sec. 4.1 counts.

@@ -4,8 +4,9 @@ Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its mem
 
 * real device: the captured joint graph is replayed node by node in capture order; each operator runs
   ``warmup`` times, then ``repeats`` times timed (``perf_counter`` on CPU, CUDA events on GPU) and the
-  median is kept.  On CUDA the transient workspace is the allocator's peak during the op minus what the
-  op returns; on CPU it is not observable and recorded as 0.
+  median is kept, within a time budget per operator (`_Timer`); operators identical in op, shapes,
+  strides and dtypes share one measurement (`op_key`).  On CUDA the transient workspace is the
+  allocator's peak during the op minus what the op returns; on CPU it is not observable and recorded as 0.
 * ``device="fake:<target>"``: FLOPs from ``FlopCounterMode`` on fake tensors and bytes read+written,
   through the target's roofline (`memviz.devices`).  Nothing runs and no real memory is allocated.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import linecache
 import statistics
 import sys
 import time
@@ -141,6 +143,27 @@ def _bound_names(code: str) -> list[str]:
     return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
 
 
+def _name_alias(code: str, names: dict[str, int | None]) -> tuple[str, int | None] | None:
+    """(statement, value) for a statement that only binds or stores an existing name's value
+    (``y = x``, ``xs.append(x)``); None for anything else."""
+    try:
+        body = ast.parse(code.strip()).body
+    except SyntaxError:
+        return None
+    if len(body) != 1:
+        return None
+    st = body[0]
+    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name):
+        src = st.value.id
+    elif (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and len(st.value.args) == 1
+          and isinstance(st.value.args[0], ast.Name) and isinstance(st.value.func, ast.Attribute)
+          and st.value.func.attr == "append"):
+        src = st.value.args[0].id
+    else:
+        return None
+    return (code, names[src]) if names.get(src) is not None else None
+
+
 def python_local_holds(cap: Captured) -> dict[int, int]:
     """data id -> compute id after which eager PyTorch still holds it through a Python local.
 
@@ -161,8 +184,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         if d is not None:
             hold[d] = max(hold.get(d, -1), at)
 
-    def finish(key: tuple[Any, ...]) -> None:
-        _, code, value, end = current.pop(key)
+    def bind(key: tuple[Any, ...], code: str, value: int | None, end: int) -> None:
         names = binds.setdefault(key, {})
         for name in _bound_names(code):
             if name.startswith("+"):  # a container keeps everything put in it
@@ -172,6 +194,16 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
             if old is not None and old != value:
                 release(old, end)
             names[name] = value
+
+    def finish(key: tuple[Any, ...], next_line: int | None = None) -> None:
+        line, code, value, end = current.pop(key)
+        bind(key, code, value, end)
+        # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
+        # straight-line source between this statement and the next traced one of the same frame ran too
+        for gap in range(line + 1, next_line or line):
+            alias = _name_alias(linecache.getline(key[1], gap), binds.get(key, {}))
+            if alias is not None:
+                bind(key, *alias, end)
 
     pos = -1
     for n in cap.gm.graph.nodes:
@@ -188,7 +220,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
             key = (stack[depth][0] if 0 <= depth < len(stack) else "", f["file"], f["fn"], depth)
             line = int(f["line"])
             if key in current and current[key][0] != line:
-                finish(key)
+                finish(key, line)
             prev = current.get(key)
             current[key] = (line, f["code"], d if d is not None else (prev[2] if prev else None), pos)
             last_pos[key] = pos
@@ -200,11 +232,52 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
     return hold
 
 
+def module_argument_holds(cap: Captured) -> dict[int, int]:
+    """data id -> compute id after which eager PyTorch still holds it as a module call's argument.
+
+    ``conv(torch.cat([a, b]))``: the temporary passed to a module lives until the call returns, held by
+    ``Module.__call__``'s ``*args`` (``Sequential`` rebinds its own ``input`` but its caller does not).
+    A module call is a maximal run of forward FX nodes sharing the same ``nn_module_stack`` entry; a
+    value produced outside it and read inside it is held until the call's last operator."""
+    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
+    hold: dict[int, int] = {}
+    open_calls: list[tuple[str, set[int], set[int]]] = []  # (stack key, produced inside, read from outside)
+    pos = -1
+
+    def close(depth: int) -> None:
+        while len(open_calls) > depth:
+            _, _, read = open_calls.pop()
+            for d in read:
+                hold[d] = max(hold.get(d, -1), pos)
+
+    for n in cap.gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.meta.get("partitioner_tag") == "is_backward" or n.meta.get("autograd_backward"):
+            break
+        keys = list(n.meta.get("nn_module_stack") or {})
+        depth = next((i for i, (k, c) in enumerate(zip(keys, open_calls, strict=False)) if k != c[0]),
+                     min(len(keys), len(open_calls)))
+        close(depth)
+        open_calls.extend((k, set(), set()) for k in keys[depth:])
+        ins = {cap.data_of_fx[a.name] for a in n.all_input_nodes if a.name in cap.data_of_fx}
+        out = cap.data_of_fx.get(n.name)
+        for _, produced, read in open_calls:
+            read.update(ins - produced)
+            if out is not None:
+                produced.add(out)
+        pos = pos_of.get(n.name, pos)
+    close(0)
+    return hold
+
+
 def python_eager_schedule(graph: Graph, cap: Captured) -> Schedule:
     """PyTorch's own eager order: `solvers.eager_schedule` (capture order, free after last use) with the
     frees of tensors held by Python locals postponed to where eager mode releases them."""
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
+    for d, at in module_argument_holds(cap).items():
+        hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []
     pending: dict[int, list[Step]] = {}
     done = -1
@@ -241,28 +314,60 @@ def _with_costs(graph: Graph, times: dict[int, float], temps: dict[int, int],
 
 # --- measured costs -------------------------------------------------------------------------------
 class _Timer:
-    def __init__(self, device: torch.device) -> None:
+    """Median wall time of an operator: ``warmup`` untimed runs then ``repeats`` timed ones, bounded by
+    a time budget per operator so big models stay fast to profile.
+
+    Runs stop once ``budget_s`` seconds were spent on the operator (at least one run): a kernel that
+    alone takes longer than the budget is measured by that single run, where warm-up effects (first-touch
+    allocation, cache misses) are small next to its own time; short kernels get their full warm-up and
+    median (Checkmate Sec. 4.4 profiles each op; the median resists scheduler noise on a busy machine)."""
+
+    def __init__(self, device: torch.device, budget_s: float = 0.05) -> None:
         self.cuda = device.type == "cuda"
+        self.budget_s = budget_s
+
+    def _once(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3, out
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
 
     def __call__(self, fn: Callable[[], Any], repeats: int, warmup: int) -> tuple[float, Any]:
-        for _ in range(warmup):
-            fn()
-        samples = []
+        samples: list[float] = []
+        spent = 0.0
         out = None
-        for _ in range(max(1, repeats)):
+        seconds = 0.0
+        for i in range(max(0, warmup) + max(1, repeats)):
             out = None  # drop the previous result before the next run, like the real schedule
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = fn()
-                end.record()
-                torch.cuda.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                out = fn()
-                samples.append(time.perf_counter() - t0)
-        return statistics.median(samples), out
+            seconds, out = self._once(fn)
+            spent += seconds
+            if i >= warmup:
+                samples.append(seconds)
+            if spent >= self.budget_s:
+                break
+        return statistics.median(samples or [seconds]), out
+
+
+def op_key(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
+    """What an operator's cost depends on: the op and every argument's shape, stride, dtype and device
+    (other arguments by value).  Identical keys share one measurement (the 12 blocks of a GPT run the
+    same kernels on the same shapes).  None when an argument has no stable description."""
+    parts: list[Any] = [target]
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device.type))
+        elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device,
+                                               torch.layout, torch.memory_format)):
+            parts.append(leaf)
+        else:
+            return None
+    return tuple(parts)
 
 
 def _cuda_workspace(fn: Callable[[], Any], device: torch.device) -> int:
@@ -281,7 +386,9 @@ def _cuda_workspace(fn: Callable[[], Any], device: torch.device) -> int:
 def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None, loss_fn: LossFn | None, info: DeviceInfo, repeats: int,
                    warmup: int) -> Graph:
-    """Replay the graph in capture order on the real device, timing every operator."""
+    """Replay the graph in capture order on the real device, timing every operator (`_Timer`); operators
+    with equal `op_key` (same op, shapes, strides, dtypes) are timed once and run once more each."""
+    seen: dict[tuple[Any, ...], tuple[float, int]] = {}
     flat_in = pytree.tree_leaves((args, kwargs or {}))
     timer = _Timer(info.torch_device)
     times: dict[int, float] = {}
@@ -300,10 +407,19 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
             elif c == cap.loss_backward_compute:
                 times[c] = _run_loss_backward(runner, cap, loss_state, timer, repeats, warmup)
             else:
-                fn = runner.call(c)
+                node = runner.nodes[cap.compute_fx[c]]
+                a, kw = runner.resolve(node)
+                key = op_key(node.target, a, kw)
+                if key is not None and key in seen:  # same op on the same shapes: reuse, run once
+                    times[c], temps[c] = seen[key]
+                    runner.store(c, node.target(*a, **kw))
+                    continue
+                fn = functools.partial(node.target, *a, **kw)
                 times[c], out = timer(fn, repeats, warmup)
                 if info.torch_device.type == "cuda":
                     temps[c] = _cuda_workspace(fn, info.torch_device)
+                if key is not None:
+                    seen[key] = (times[c], temps.get(c, 0))
                 runner.store(c, out)
     return _with_costs(graph, times, temps)
 

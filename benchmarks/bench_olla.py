@@ -165,6 +165,27 @@ def bench_reorder(layers: int, time_limit: float) -> dict:
     }
 
 
+def markdown(result: dict) -> str:
+    """The RESULTS.md section (benchmarks/run.py)."""
+    out = ["## Address packing and reordering (OLLA, MiniMalloc instances)", "",
+           f"Capacity {CAPACITY} bytes. Greedy = TFLite's greedy-by-size best fit.", "",
+           "| instance | buffers | fits | peak | lower bound | time s | status | greedy-by-size needs |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in result["minimalloc"]:
+        out.append(f"| {r['instance']} | {r['buffers']} | {r['fits']} | {r['peak_bytes'] or '-'} | "
+                   f"{r['lower_bound']} | {r['seconds']} | {r['status'][:40]} | "
+                   f"+{r['greedy_by_size_extra_pct']}% |")
+    o = result["reorder"]
+    pk, ca = o["packing"], o["caching_allocator"]
+    out += ["", "| reordering | ours | baseline | ratio |", "|---|---|---|---|",
+            f"| peak of {o['graph']} ({o['compute_nodes']} ops), solved in {o['seconds']} s ({o['status']}, "
+            f"gap {o['gap_pct']}%) | {o['peak'] / MiB:.1f} MiB | eager {o['eager_peak'] / MiB:.1f} MiB | "
+            f"{o['peak'] / o['eager_peak']:.3f} |",
+            f"| fragmentation of its packing ({pk['seconds']} s) | {pk['fragmentation_pct']}% | "
+            f"PyTorch caching allocator model {ca['fragmentation_pct']}% | |", ""]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pack-time-limit", type=float, default=120.0)

@@ -134,11 +134,12 @@ def run(quick: bool = False) -> dict[str, Any]:
     examples = _spawn("examples")["rows"]
     gpt2_s = statistics.median(r["seconds"] for r in gpt2_runs)
     rows: list[dict[str, Any]] = [
-        {"what": "GPT-2-small capture+profile, CPU (s, median of %d)" % len(gpt2_runs), "ours": gpt2_s,
+        {"what": f"{'small GPT (quick)' if quick else 'GPT-2-small'} capture+profile, CPU "
+                 f"(s, median of {len(gpt2_runs)})", "ours": gpt2_s,
          "target": TARGETS["gpt2_small_s"], "before": None if quick else BEFORE["gpt2_small_s"]},
-        {"what": f"{fake['params'] / 1e9:.2f}B GPT fake mode (s)", "ours": fake["seconds"],
+        {"what": f"{_params(fake)} GPT fake mode (s)", "ours": fake["seconds"],
          "target": TARGETS["fake_1p5b_s"], "before": None if quick else BEFORE["fake_1p5b_s"]},
-        {"what": f"{fake['params'] / 1e9:.2f}B GPT fake mode peak RSS (GiB)",
+        {"what": f"{_params(fake)} GPT fake mode peak RSS (GiB)",
          "ours": fake["rss_peak"] / 2**30,
          "target": TARGETS["fake_1p5b_rss_gib"], "before": None if quick else BEFORE["fake_1p5b_rss_gib"]},
     ]
@@ -151,7 +152,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     first = gpt2_runs[0]
     runs = ", ".join(f"{r['seconds']:.1f} s (load {r['load_before']:.1f})" for r in gpt2_runs)
     notes = [
-        f"GPT-2 small runs: {runs}; {first['computes']} compute nodes, {first['params'] / 1e6:.0f}M "
+        f"GPT-2 small runs: {runs}; {first['computes']} compute nodes, {_params(first)} "
         f"parameters, {first['threads']} torch threads.",
         "GPT-2 small stages (first run): " + ", ".join(f"{k} {v:.1f} s" for k, v in first["stages"].items()),
         f"fake mode: {fake['computes']} compute nodes, stages "
@@ -165,6 +166,11 @@ def run(quick: bool = False) -> dict[str, Any]:
               "quick": quick, "rows": rows, "notes": notes, "gpt2_runs": gpt2_runs, "fake": fake}
     result["markdown"] = markdown(result)
     return result
+
+
+def _params(r: dict[str, Any]) -> str:
+    n = r["params"]
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
 def _fmt(v: Any) -> str:

@@ -3,19 +3,26 @@
  * in this extension (no CDN, so saved notebooks render offline).  Names from the plan only ever reach
  * the DOM through textContent, or through plotly after `escapeHtml` (see transforms.ts).
  */
-import { PlanDoc, planFigure, planReadouts, planTitle } from './transforms';
+import { escapeHtml, PlanDoc, planFigure, planReadouts, planTitle } from './transforms';
+
+/** A shaded x range (schedule steps) of the memory chart, e.g. a chunked region. */
+export interface Region {
+  x0: number;
+  x1: number;
+  label: string;
+}
 
 type PlotlyModule = typeof import('plotly.js-dist-min').default;
 
 // Loaded on first use: the plotly chunk is ~4.7 MB and most notebooks never show a plan.
 let plotlyPromise: Promise<PlotlyModule> | null = null;
-function loadPlotly(): Promise<PlotlyModule> {
+export function loadPlotly(): Promise<PlotlyModule> {
   plotlyPromise ??= import('plotly.js-dist-min').then(m => m.default);
   return plotlyPromise;
 }
 
 /** Theme colors read from JupyterLab's CSS variables (plotly cannot resolve var(...) itself). */
-function themeColors(node: HTMLElement): Record<string, string> {
+export function themeColors(node: HTMLElement): Record<string, string> {
   const style = getComputedStyle(node);
   const read = (name: string, fallback: string): string => style.getPropertyValue(name).trim() || fallback;
   return {
@@ -24,7 +31,9 @@ function themeColors(node: HTMLElement): Record<string, string> {
     grid: read('--jp-border-color2', '#dddddd'),
     family: read('--jp-ui-font-family', 'sans-serif'),
     budget: read('--jp-error-color1', '#d32f2f'),
-    peak: read('--jp-ui-font-color0', '#000000')
+    peak: read('--jp-ui-font-color0', '#000000'),
+    region: read('--jp-brand-color2', '#90caf9'),
+    marker: read('--jp-warn-color1', '#f57c00')
   };
 }
 
@@ -35,6 +44,8 @@ export class PlanChart {
   private readonly _themeObserver: MutationObserver;
   private _doc: PlanDoc | null = null;
   private _disposed = false;
+  private _marked: number | null = null;
+  private _regions: Region[] = [];
 
   constructor() {
     this.node = document.createElement('div');
@@ -51,6 +62,68 @@ export class PlanChart {
       }
     });
     this._themeObserver.observe(document.body, { attributes: true, attributeFilter: ['data-jp-theme-name'] });
+  }
+
+  /** Draw a vertical marker at planned step `step` (null removes it), e.g. for a clicked graph node. */
+  markStep(step: number | null): void {
+    this._marked = step;
+    this._redraw();
+  }
+
+  /** Shade the given x ranges (schedule steps), each labelled at its top. */
+  setRegions(regions: Region[]): void {
+    this._regions = regions.map(r => ({ ...r }));
+    this._redraw();
+  }
+
+  get markedStep(): number | null {
+    return this._marked;
+  }
+
+  private _redraw(): void {
+    if (this._doc) {
+      void this.draw(this._doc);
+    }
+  }
+
+  /** Plotly shapes and annotations for the step marker and the shaded regions (labels escaped). */
+  private _overlays(colors: Record<string, string>): { shapes: unknown[]; annotations: unknown[] } {
+    const shapes: unknown[] = this._regions.map(r => ({
+      type: 'rect',
+      xref: 'x',
+      yref: 'paper',
+      x0: r.x0,
+      x1: r.x1,
+      y0: 0,
+      y1: 1,
+      fillcolor: colors.region,
+      opacity: 0.18,
+      line: { width: 0 },
+      layer: 'below'
+    }));
+    const annotations: unknown[] = this._regions.map(r => ({
+      xref: 'x',
+      yref: 'paper',
+      x: (r.x0 + r.x1) / 2,
+      y: 1,
+      yanchor: 'bottom',
+      showarrow: false,
+      text: escapeHtml(r.label),
+      font: { size: 10, color: colors.muted }
+    }));
+    if (this._marked !== null) {
+      shapes.push({
+        type: 'line',
+        xref: 'x',
+        yref: 'paper',
+        x0: this._marked,
+        x1: this._marked,
+        y0: 0,
+        y1: 1,
+        line: { color: colors.marker, width: 2 }
+      });
+    }
+    return { shapes, annotations };
   }
 
   /** Render `doc` (header and chart); resolves once plotly has drawn. */
@@ -90,7 +163,8 @@ export class PlanChart {
       hovermode: 'x unified',
       legend: { orientation: 'h', y: -0.25, yanchor: 'top', traceorder: 'normal' },
       xaxis: { ...axis, title: { text: 'schedule step' } },
-      yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' }
+      yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' },
+      ...this._overlays(colors)
     };
     const Plotly = await loadPlotly();
     if (this._disposed) {

@@ -6,14 +6,14 @@ import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { PlanChart } from './chart';
+import { PlanTabs } from './views';
 import { parsePlan } from './transforms';
 
 export const MIME_TYPE = 'application/vnd.memviz.plan+json';
 
 export class PlanRenderer extends Widget implements IRenderMime.IRenderer {
   private readonly _mimeType: string;
-  private readonly _chart = new PlanChart();
+  private readonly _tabs = new PlanTabs();
 
   constructor(options: IRenderMime.IRendererOptions) {
     super();
@@ -32,25 +32,25 @@ export class PlanRenderer extends Widget implements IRenderMime.IRenderer {
       this.node.replaceChildren(error);
       return;
     }
-    if (!this._chart.node.isConnected) {
-      this.node.replaceChildren(this._chart.node);
+    if (!this._tabs.node.isConnected) {
+      this.node.replaceChildren(this._tabs.node);
     }
-    await this._chart.draw(doc);
+    await this._tabs.update(doc);
   }
 
   protected onAfterAttach(msg: Message): void {
     super.onAfterAttach(msg);
-    this._chart.resize();
+    this._tabs.resize();
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {
     super.onResize(msg);
-    this._chart.resize();
+    this._tabs.resize();
   }
 
   dispose(): void {
     if (!this.isDisposed) {
-      this._chart.dispose();
+      this._tabs.dispose();
     }
     super.dispose();
   }

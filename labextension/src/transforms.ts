@@ -58,6 +58,26 @@ export interface DataDoc {
   name: string;
   bytes: number;
   kind: string;
+  shape?: number[] | null;
+  dtype?: string | null;
+}
+
+/** One placed tensor: live over schedule steps [start, end], at [offset, offset + size). */
+export interface PlacementDoc {
+  data: number;
+  start: number;
+  end: number;
+  offset: number;
+  size: number;
+}
+
+/** The planned packing and the caching-allocator simulation (ARCHITECTURE.md, "Plan JSON"). */
+export interface PackingDoc {
+  buffers: PlacementDoc[];
+  peak_bytes: number;
+  lower_bound?: number;
+  fragmentation: number;
+  allocator?: { reserved_bytes: number; fragmentation: number; blocks: PlacementDoc[] } | null;
 }
 
 export type StepDoc = [string, number];
@@ -78,6 +98,7 @@ export interface PlanDoc {
   planned: ScheduledTimeline;
   solver_stats?: { solver?: string; status?: string; gap?: number | null; seconds?: number } | null;
   frontier?: FrontierEntry[];
+  packing?: PackingDoc | null;
 }
 
 /** One point of the budget frontier (`time_overhead` is a ratio: 1.0 = no slowdown). */
@@ -201,7 +222,33 @@ export function parsePlan(data: unknown): PlanDoc {
   if (doc.budget_bytes !== undefined && doc.budget_bytes !== null && typeof doc.budget_bytes !== 'number') {
     fail('"budget_bytes" must be a number or null');
   }
+  if (doc.packing !== undefined && doc.packing !== null) {
+    checkPacking(doc.packing);
+  }
   return doc as PlanDoc;
+}
+
+function checkPlacements(value: unknown, where: string): void {
+  const ok =
+    Array.isArray(value) &&
+    value.every(
+      p =>
+        typeof p === 'object' &&
+        p !== null &&
+        ['data', 'start', 'end', 'offset', 'size'].every(k =>
+          Number.isFinite((p as Record<string, unknown>)[k])
+        )
+    );
+  if (!ok) {
+    fail(`"${where}" must be a list of {data, start, end, offset, size} numbers`);
+  }
+}
+
+function checkPacking(packing: PackingDoc): void {
+  checkPlacements(packing.buffers, 'packing.buffers');
+  if (packing.allocator !== undefined && packing.allocator !== null) {
+    checkPlacements(packing.allocator.blocks, 'packing.allocator.blocks');
+  }
 }
 
 /** What a schedule step does, as escaped hover HTML: step index, op, module path and source line. */
@@ -456,4 +503,156 @@ export function nearestFrontierIndex(frontier: readonly FrontierEntry[], budget:
     }
   });
   return largest;
+}
+
+/** The planned schedule step that first runs compute node `computeId`, or null if it never runs. */
+export function computeStep(doc: PlanDoc, computeId: number): number | null {
+  const index = doc.planned.schedule.findIndex(([kind, id]) => kind === 'compute' && id === computeId);
+  return index >= 0 ? index : null;
+}
+
+/** Plotly category (solvers.simulate's _CATEGORY_OF) of a data node kind. */
+export function kindCategory(kind: string): string {
+  const table: Record<string, string> = {
+    parameter: 'parameters',
+    buffer: 'buffers',
+    input: 'inputs',
+    optimizer_state: 'optimizer_state',
+    parameter_gradient: 'parameter_gradients',
+    gradient: 'gradients',
+    activation: 'activations',
+    saved: 'activations',
+    output: 'outputs'
+  };
+  return table[kind] ?? kind;
+}
+
+/** A scattergl trace (filled polygons or hover points) as plain data. */
+export interface GlTrace {
+  type: 'scattergl';
+  name: string;
+  x: (number | null)[];
+  y: (number | null)[];
+  mode: 'lines' | 'markers';
+  fill?: 'toself';
+  fillcolor?: string;
+  line?: { color?: string; width?: number };
+  marker?: { color?: string; size?: number; opacity?: number };
+  hoverinfo: 'text' | 'skip';
+  hovertext?: string[];
+  legendgroup?: string;
+  showlegend?: boolean;
+  xaxis?: string;
+  yaxis?: string;
+}
+
+/**
+ * Placements -> rectangles (x = lifetime in steps, y = address), one filled scattergl polygon trace per
+ * category (x0,x1,x1,x0,x0 then a null gap), plus one marker trace at the rectangle centres carrying the
+ * escaped tensor hover text: a fixed handful of WebGL traces however many tensors there are, instead of
+ * one plotly shape each (which takes seconds at 10k tensors).  OLLA (Steiner et al. 2022), section 4.2:
+ * the address plan is the (time, address) rectangle packing.
+ */
+export function packingTraces(
+  doc: PlanDoc,
+  placements: readonly PlacementDoc[],
+  scale: number,
+  axes: { xaxis: string; yaxis: string; showlegend: boolean }
+): GlTrace[] {
+  const datas = new Map(doc.graph.datas.map(d => [d.id, d]));
+  const groups = new Map<string, { x: (number | null)[]; y: (number | null)[] }>();
+  const cx: number[] = [];
+  const cy: number[] = [];
+  const text: string[] = [];
+  for (const p of placements) {
+    const d = datas.get(p.data);
+    const cat = kindCategory(d?.kind ?? 'unknown');
+    let g = groups.get(cat);
+    if (!g) {
+      g = { x: [], y: [] };
+      groups.set(cat, g);
+    }
+    // A tensor live over steps [start, end] occupies the x range [start, end + 1).
+    const x0 = p.start;
+    const x1 = p.end + 1;
+    const y0 = p.offset / scale;
+    const y1 = (p.offset + p.size) / scale;
+    g.x.push(x0, x1, x1, x0, x0, null);
+    g.y.push(y0, y0, y1, y1, y0, null);
+    cx.push((x0 + x1) / 2);
+    cy.push((y0 + y1) / 2);
+    const shape = d?.shape ? ` [${d.shape.join(', ')}]` : '';
+    text.push(
+      `${escapeHtml(d?.name ?? `data ${p.data}`)}${escapeHtml(shape)}<br>` +
+        `${escapeHtml(d?.kind ?? 'unknown')}, ${formatBytes(p.size)}<br>` +
+        `steps ${p.start}–${p.end}, offset ${formatBytes(p.offset)}`
+    );
+  }
+  const traces: GlTrace[] = [];
+  for (const cat of categoryOrder(Object.fromEntries([...groups.keys()].map(k => [k, []])))) {
+    const g = groups.get(cat)!;
+    const color = CATEGORY_COLORS[cat] ?? FALLBACK_COLOR;
+    traces.push({
+      type: 'scattergl',
+      name: escapeHtml(cat.replace(/_/g, ' ')),
+      x: g.x,
+      y: g.y,
+      mode: 'lines',
+      fill: 'toself',
+      fillcolor: color,
+      line: { color, width: 0.5 },
+      hoverinfo: 'skip',
+      legendgroup: cat,
+      showlegend: axes.showlegend,
+      xaxis: axes.xaxis,
+      yaxis: axes.yaxis
+    });
+  }
+  traces.push({
+    type: 'scattergl',
+    name: 'tensors',
+    x: cx,
+    y: cy,
+    mode: 'markers',
+    marker: { size: 4, opacity: 0 },
+    hoverinfo: 'text',
+    hovertext: text,
+    showlegend: false,
+    xaxis: axes.xaxis,
+    yaxis: axes.yaxis
+  });
+  return traces;
+}
+
+/** Both packings side by side: planned on axes x/y, the allocator simulation on x2/y2. */
+export function packingFigure(doc: PlanDoc): {
+  traces: GlTrace[];
+  unit: { name: string; scale: number };
+  titles: string[];
+} {
+  const packing = doc.packing;
+  if (!packing) {
+    return { traces: [], unit: chooseUnit(0), titles: [] };
+  }
+  const allocator = packing.allocator ?? null;
+  const top = (ps: readonly PlacementDoc[]): number => ps.reduce((m, p) => Math.max(m, p.offset + p.size), 0);
+  const unit = chooseUnit(Math.max(top(packing.buffers), allocator ? top(allocator.blocks) : 0));
+  const traces = packingTraces(doc, packing.buffers, unit.scale, {
+    xaxis: 'x',
+    yaxis: 'y',
+    showlegend: true
+  });
+  const titles = [
+    `planned packing: ${formatBytes(packing.peak_bytes)}, fragmentation ${(100 * packing.fragmentation).toFixed(1)}%`
+  ];
+  if (allocator) {
+    traces.push(
+      ...packingTraces(doc, allocator.blocks, unit.scale, { xaxis: 'x2', yaxis: 'y2', showlegend: false })
+    );
+    titles.push(
+      `PyTorch caching allocator (simulated): ${formatBytes(allocator.reserved_bytes)}, ` +
+        `fragmentation ${(100 * allocator.fragmentation).toFixed(1)}%`
+    );
+  }
+  return { traces, unit, titles };
 }

@@ -11,9 +11,9 @@
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
-import { PlanChart } from './chart';
 import { frontierLabel, nearestFrontierIndex, parsePlan, PlanDoc, STRATEGIES } from './transforms';
 import { MODULE_NAME, MODULE_VERSION } from './version';
+import { PlanTabs } from './views';
 
 export class PlannerModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
@@ -60,7 +60,7 @@ function element<K extends keyof HTMLElementTagNameMap>(
 }
 
 export class PlannerView extends DOMWidgetView {
-  private _chart: PlanChart | null = null;
+  private _chart: PlanTabs | null = null;
   private _doc: PlanDoc | null = null;
   private readonly _slider = element('input', 'jp-memviz-budget-slider');
   private readonly _sliderLabel = element('span', 'jp-memviz-budget-label');
@@ -106,7 +106,7 @@ export class PlannerView extends DOMWidgetView {
 
     const controls = element('div', 'jp-memviz-controls');
     controls.append(budget, strategy, exporter);
-    this._chart = new PlanChart();
+    this._chart = new PlanTabs();
     this.el.append(controls, this._status, this._exportResult, this._chart.node);
 
     this.listenTo(this.model, 'change:plan_json', this._planChanged);
@@ -151,7 +151,7 @@ export class PlannerView extends DOMWidgetView {
     this._slider.disabled = frontier.length < 2;
     this._budgetChanged();
     if (this._doc) {
-      void this._chart?.draw(this._doc);
+      void this._chart?.update(this._doc);
     }
   }
 

@@ -7,6 +7,8 @@ import json
 import sys
 
 from solvers import GraphBuilder, compute, eager_schedule, free, simulate
+from solvers.allocator import simulate_caching_allocator
+from solvers.olla import pack_schedule
 
 MiB = 2**20
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -50,7 +52,9 @@ def sample_plan() -> dict[str, object]:
         "planned": {"schedule": [s.to_json() for s in planned], "timeline": plan_tl.to_dict()},
         "solver_stats": {"solver": "hand", "status": "heuristic", "seconds": 0.0, "objective": None,
                          "bound": None, "gap": None, "backend": "", "extra": {}},
-        "packing": None,
+        # The planned address packing and PyTorch's caching allocator on the planned schedule.
+        "packing": {**pack_schedule(graph, planned, time_limit=5.0).to_dict(),
+                    "allocator": simulate_caching_allocator(graph, planned).to_dict()},
         "chunks": [],
         "frontier": [],
     }

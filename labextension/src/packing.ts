@@ -1,0 +1,96 @@
+/**
+ * The packing view: where every tensor lives in memory over time, for the planned packing (OLLA's
+ * address plan) and for PyTorch's caching allocator (simulated by solvers.allocator) side by side.
+ * Rectangles are drawn as a few WebGL polygon traces (transforms.ts `packingFigure`), so 10k tensors
+ * stay interactive.
+ */
+import { loadPlotly, themeColors } from './chart';
+import { PlanDoc, packingFigure } from './transforms';
+import type { PlanView } from './views';
+
+export class PackingView implements PlanView {
+  readonly node: HTMLDivElement;
+  private readonly _plot: HTMLDivElement;
+  private readonly _message: HTMLDivElement;
+  private _disposed = false;
+  private _drawn = false;
+
+  constructor() {
+    this.node = document.createElement('div');
+    this.node.className = 'jp-memviz-packing';
+    this._message = document.createElement('div');
+    this._message.className = 'jp-memviz-packing-message';
+    this._plot = document.createElement('div');
+    this._plot.className = 'jp-memviz-plot';
+    this.node.append(this._message, this._plot);
+  }
+
+  update(doc: PlanDoc): Promise<void> {
+    return this.draw(doc);
+  }
+
+  /** Render the packing of `doc`; resolves once plotly has drawn. */
+  async draw(doc: PlanDoc): Promise<void> {
+    const figure = packingFigure(doc);
+    if (figure.traces.length === 0) {
+      this._message.textContent = 'This plan has no packing (plan with a strategy that packs, e.g. "olla").';
+      this._plot.hidden = true;
+      return;
+    }
+    this._message.textContent = '';
+    this._plot.hidden = false;
+    const colors = themeColors(this.node);
+    const axis = { color: colors.font, gridcolor: colors.grid, zerolinecolor: colors.grid };
+    const two = figure.titles.length > 1;
+    const yTitle = { text: `address (${figure.unit.name})` };
+    const layout: Record<string, unknown> = {
+      height: 460,
+      margin: { l: 60, r: 20, t: 40, b: 40 },
+      paper_bgcolor: 'rgba(0,0,0,0)',
+      plot_bgcolor: 'rgba(0,0,0,0)',
+      font: { color: colors.font, family: colors.family },
+      hovermode: 'closest',
+      legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
+      xaxis: { ...axis, domain: two ? [0, 0.48] : [0, 1], title: { text: 'schedule step' } },
+      yaxis: { ...axis, title: yTitle, rangemode: 'tozero' },
+      annotations: figure.titles.map((text, i) => ({
+        xref: 'paper',
+        yref: 'paper',
+        x: i === 0 ? (two ? 0.24 : 0.5) : 0.76,
+        y: 1.02,
+        yanchor: 'bottom',
+        showarrow: false,
+        // Built from numbers and fixed words only (transforms.ts), nothing from the plan's names.
+        text,
+        font: { size: 12, color: colors.font }
+      }))
+    };
+    if (two) {
+      layout.xaxis2 = { ...axis, domain: [0.52, 1], anchor: 'y2', title: { text: 'schedule step' } };
+      // Same address scale on both sides so the allocator's extra reserved memory is visible.
+      layout.yaxis2 = { ...axis, anchor: 'x2', matches: 'y', showticklabels: false };
+    }
+    const Plotly = await loadPlotly();
+    if (this._disposed) {
+      return;
+    }
+    await Plotly.react(this._plot, figure.traces as unknown as Record<string, unknown>[], layout, {
+      displaylogo: false,
+      responsive: true
+    });
+    this._drawn = true;
+  }
+
+  resize(): void {
+    if (this._drawn && this._plot.isConnected) {
+      void loadPlotly().then(Plotly => Plotly.Plots.resize(this._plot));
+    }
+  }
+
+  dispose(): void {
+    this._disposed = true;
+    if (this._drawn) {
+      void loadPlotly().then(Plotly => Plotly.purge(this._plot));
+    }
+  }
+}

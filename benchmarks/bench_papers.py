@@ -169,10 +169,30 @@ def bench_checkmate(quick: bool) -> tuple[list[dict], list[str]]:
         "so every batch comes out higher; compare the ratios to the no-remat batch (paper 1.18x sqrt, "
         "1.73x optimal).",
     ]
+    # Rotor's DP bounds memory conservatively: compare its reported minimum with what its schedule at
+    # that budget really peaks at in the simulator
+    g = _vgg_graph(rows[2]["ours"], image)
+    rotor_min = minimum_budget(g, "rotor", 60.0)
+    _, rotor_run = solve_checked(g, "rotor", rotor_min, 60.0)
+    notes.append(
+        f"Rotor at batch {rows[2]['ours']}: reported minimum budget {rotor_min / GiB:.2f} GiB, its schedule "
+        f"there simulates to {rotor_run.peak_bytes / GiB:.2f} GiB (Checkmate needs "
+        f"{checkmate_solver.minimum_budget(g, time_limit=60.0).peak_bytes / GiB:.2f} GiB)."
+        if not quick
+        else f"Rotor at batch {rows[2]['ours']}: reported minimum budget {rotor_min / GiB:.2f} GiB, its "
+        f"schedule there simulates to {rotor_run.peak_bytes / GiB:.2f} GiB."
+    )
     if not quick:
         best = rows[-1]["ours"]
-        proof = checkmate_solver.minimum_budget(_vgg_graph(best, image), time_limit=60.0)
-        rows[-1]["proven_optimal"] = proof.optimal
+        prof = memviz.profile(*vgg19(best, image), device=f"fake:{TARGET}")
+        proof = checkmate_solver.minimum_budget(prof.graph, time_limit=60.0)
+        # the minimum-peak MILP proves the batch fits but ignores time; Checkmate's own objective is the
+        # cheapest schedule within the budget, solved here at the device capacity
+        _, fast = solve_checked(prof.graph, "checkmate", capacity, 60.0)
+        overhead = fast.total_time / prof.baseline.total_time
+        rows[-1].update(
+            proven_optimal=proof.optimal, recomputes=fast.recomputes, time_overhead=round(overhead, 3)
+        )
         notes.append(
             f"Checkmate's minimum-peak MILP at batch {best}: {proof.peak_bytes / GiB:.2f} GiB, "
             + (
@@ -180,8 +200,11 @@ def bench_checkmate(quick: bool) -> tuple[list[dict], list[str]]:
                 if proof.optimal
                 else "not proven optimal (time limit)"
             )
-            + f"; ratios to no remat: sqrt {rows[1]['ours'] / rows[0]['ours']:.2f}x, rotor "
-            f"{rows[2]['ours'] / rows[0]['ours']:.2f}x, checkmate {best / rows[0]['ours']:.2f}x."
+            + f"; Checkmate's time-minimizing MILP at {capacity / GiB:.0f} GiB (60 s limit): "
+            f"{fast.recomputes} "
+            f"recomputations, {overhead:.2f}x the eager step time; ratios to no remat: sqrt "
+            f"{rows[1]['ours'] / rows[0]['ours']:.2f}x, rotor {rows[2]['ours'] / rows[0]['ours']:.2f}x, "
+            f"checkmate {best / rows[0]['ours']:.2f}x."
         )
     return rows, notes
 

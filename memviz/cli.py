@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes
-from memviz.planning import STRATEGIES
+from memviz.planning import STRATEGIES, budget_frontier, is_training
 
 
 class CliError(Exception):
@@ -83,7 +83,11 @@ def run_plan(
         file=sys.stderr,
     )
     with stage(f"planning ({strategy}, budget {budget or 'none'})"):
-        plan = memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit)
+        plan = memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
+    if is_training(plan.graph):
+        # the frontier re-solves at several budgets: its own progress line so a slow one is visible
+        with stage("budget frontier (peak vs time overhead)"):
+            plan.frontier = budget_frontier(plan.graph, plan.baseline, time_limit=min(30.0, time_limit))
     print(plan.summary())
     if plan_out is not None:
         plan.save(plan_out, overwrite=overwrite)

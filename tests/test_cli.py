@@ -1,0 +1,139 @@
+"""The command line (issue 8 item 9): `memviz demo` and `memviz plan MODULE.py:FACTORY ...`.
+
+One case runs the real console entry point in a subprocess; the rest call `main(argv)` in-process to
+stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memviz.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FACTORY = f'''
+import importlib.util
+
+_spec = importlib.util.spec_from_file_location("example_models", {str(ROOT / "examples" / "models.py")!r})
+_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_models)
+
+
+def make():
+    return _models.gpt(batch=4, seq=64, layers=2)
+
+
+def not_a_pair():
+    return 42
+'''
+
+
+@pytest.fixture
+def factory(tmp_path: Path) -> Path:
+    path = tmp_path / "my_model.py"
+    path.write_text(FACTORY)
+    return path
+
+
+def test_plan_subprocess_writes_report_export_and_plan(factory: Path, tmp_path: Path) -> None:
+    report, export, plan_out = tmp_path / "r.html", tmp_path / "opt.py", tmp_path / "p.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "memviz.cli", "plan", f"{factory}:make", "--mode", "train",
+         "--budget", "50%", "--strategy", "rotor", "--report", str(report), "--export", str(export),
+         "--plan-out", str(plan_out)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # one progress line per long step, each closed with its wall time
+    for step in ("capturing and profiling (train)", "planning (rotor, budget 50%)", "budget frontier",
+                 "writing the offline report", "exporting"):
+        assert re.search(rf"\[memviz\] {re.escape(step)}.* done in \d+\.\d s", proc.stderr), proc.stderr
+    assert "memviz plan [rotor" in proc.stdout
+    doc = json.loads(plan_out.read_text())
+    assert doc["schema"] == "memviz.plan/1" and doc["strategy"] == "rotor"
+    planned, baseline = doc["planned"]["timeline"]["peak_bytes"], doc["baseline"]["timeline"]["peak_bytes"]
+    assert planned <= doc["budget_bytes"] < baseline
+    assert doc["frontier"], "training plans carry the budget frontier"
+    source = export.read_text()
+    assert "def forward_steps" in source and "def backward_steps" in source
+    assert export.with_suffix(".plan.json").is_file()  # the plan JSON beside the exported source
+    html = report.read_text()
+    assert not re.search(r"<script[^>]+src=[\"']?https?:", html)
+    assert re.search(r'figs = \[\{"data":\[\{"type":"scatter"', html), "the memory curve's data is inline"
+
+
+def test_demo_writes_offline_report_and_refuses_overwrite(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "demo.html"
+    assert main(["demo", "--output", str(out)]) == 0
+    html = out.read_text()
+    assert not re.search(r"<script[^>]+src=[\"']?https?:", html), "the report must open without network"
+    assert not re.search(r"<link[^>]+href=[\"']?https?:", html)
+    assert re.search(r'figs = \[\{"data":\[\{"type":"scatter"', html), "the memory curve's data is inline"
+    assert '"name":"activations"' in html
+    capsys.readouterr()
+    before = out.read_bytes()
+    assert main(["demo", "--output", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(["demo", "--output", str(out), "--overwrite"]) == 0
+
+
+def _err(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code != 0, err
+    assert "memviz: error:" in err
+    return err
+
+
+def test_missing_file(tmp_path: Path, capsys) -> None:
+    err = _err(capsys, ["plan", f"{tmp_path / 'absent.py'}:make"])
+    assert "no such file" in err and "absent.py" in err
+
+
+def test_missing_factory(factory: Path, capsys) -> None:
+    err = _err(capsys, ["plan", f"{factory}:nope"])
+    assert "'nope'" in err
+
+
+def test_spec_without_factory_name(factory: Path, capsys) -> None:
+    assert "MODULE.py:FACTORY" in _err(capsys, ["plan", str(factory)])
+
+
+def test_factory_returning_wrong_shape(factory: Path, capsys) -> None:
+    assert "(model, args)" in _err(capsys, ["plan", f"{factory}:not_a_pair"])
+
+
+def test_infeasible_budget_states_minimum(factory: Path, tmp_path: Path, capsys) -> None:
+    report = tmp_path / "r.html"
+    err = _err(capsys, ["plan", f"{factory}:make", "--budget", "1000", "--strategy", "rotor",
+                        "--report", str(report)])
+    match = re.search(r"smallest feasible budget (?:is|found is) (\d+) bytes", err)
+    assert match, err
+    assert int(match.group(1)) > 1000
+    assert not report.exists()
+
+
+def test_unknown_strategy(factory: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", f"{factory}:make", "--strategy", "bogus"])
+    assert exc.value.code != 0
+    err = capsys.readouterr().err
+    assert "bogus" in err and "rotor" in err  # names the choices
+
+
+def test_existing_output_is_untouched_without_overwrite(factory: Path, tmp_path: Path, capsys) -> None:
+    existing = tmp_path / "opt.py"
+    existing.write_text("# mine\n")
+    err = _err(capsys, ["plan", f"{factory}:make", "--budget", "50%", "--export", str(existing)])
+    assert "--overwrite" in err and str(existing) in err
+    assert existing.read_text() == "# mine\n"

@@ -1,0 +1,155 @@
+"""`memviz.ChunkEditor`: the chunk-region editor (issue 8 item 5) over `memviz.chunking.ChunkPlan`.
+
+Python owns every estimate: the view shows the inference activation curve (AutoChunk Sec. 3.1's
+estimate, `solvers.autochunk.estimate_memory`) with the regions shaded, and sends back the regions the
+user edited (`regions_json`).  The kernel validates them with `ChunkPlan.with_chunks` (the dimension
+flow of AutoChunk Sec. 3.2) and replies with the new document or an error naming the op that breaks
+the flow; the last valid plan stays displayed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import traitlets
+
+from memviz.chunking import ChunkPlan, plan_chunks
+from memviz.widget import MODULE_NAME, MODULE_VERSION
+from solvers import autochunk as ac
+
+
+def editor_document(p: ChunkPlan) -> dict[str, Any]:
+    """The view's data: per-node curve (op name, bytes), regions with their estimates, and totals."""
+    est = ac.estimate_memory(p.graph, tuple(p.regions))
+    base = ac.estimate_memory(p.graph)
+    ops = {n.name: n.op for n in p.graph.nodes}
+    index = {name: i for i, (name, _) in enumerate(base.curve)}
+    regions = [
+        {
+            "start": c["start"],
+            "end": c["end"],
+            "x0": index.get(c["start"], 0),
+            "x1": index.get(c["end"], 0),
+            "chunks": c["chunks"],
+            "extent": c["extent"],
+            "outputs": c["outputs"],
+            "dims": c["dims"],
+            "memory_bytes": c["memory_bytes"],
+            "slowdown": c["slowdown"],
+        }
+        for c in p.chunks
+    ]
+    return {
+        "nodes": [{"name": n, "op": ops[n]} for n, _ in base.curve],
+        "baseline": [b for _, b in base.curve],
+        "chunked": [b for _, b in est.curve],
+        "regions": regions,
+        "estimate": {
+            "budget_bytes": p.budget_bytes,
+            "requested_bytes": p.budget_bytes,
+            "baseline_peak_bytes": p.baseline_peak_bytes,
+            "achieved_bytes": p.peak_bytes,
+            "met": p.met,
+            "slowdown": p.slowdown,
+        },
+    }
+
+
+def _plan_of(source: Any, args: tuple | None, budget: Any) -> ChunkPlan:
+    if isinstance(source, ChunkPlan):
+        return source
+    model = getattr(source, "model", None) if hasattr(source, "graph") else source
+    if args is None and hasattr(source, "graph"):
+        args = getattr(source, "args", None)
+    if model is None or args is None:
+        raise TypeError(
+            "ChunkEditor(model, args): pass an nn.Module and its example inputs, a ChunkPlan from "
+            "memviz.chunking.plan_chunks, or an inference profile that kept its model and args"
+        )
+    return plan_chunks(model, tuple(args), budget)
+
+
+class ChunkEditor(widgets.DOMWidget):
+    """Chunk-region editor: `ChunkEditor(model, args, budget=0.5)` or `ChunkEditor(chunk_plan)`.
+
+    Every edit of `regions_json` (from the view, or assigned here) is re-estimated with
+    `ChunkPlan.with_chunks`; an illegal edit sets `error` and keeps the last valid plan.  Export writes
+    the chunked module's source next to the notebook, never overwriting without `export_overwrite`."""
+
+    _model_name = traitlets.Unicode("ChunkEditorModel").tag(sync=True)
+    _view_name = traitlets.Unicode("ChunkEditorView").tag(sync=True)
+    _model_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
+    _view_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
+    _model_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
+    _view_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
+
+    doc_json = traitlets.Unicode("").tag(sync=True)
+    regions_json = traitlets.Unicode("[]").tag(sync=True)
+    error = traitlets.Unicode("").tag(sync=True)
+    export_path = traitlets.Unicode("memviz_export/model_chunked.py").tag(sync=True)
+    export_overwrite = traitlets.Bool(False).tag(sync=True)
+    export_request = traitlets.Int(0).tag(sync=True)
+    export_result = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, source: Any, args: tuple | None = None, *, budget: Any = 0.5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = _plan_of(source, args, budget)
+        self._show(self.plan)
+
+    def _show(self, p: ChunkPlan) -> None:
+        self.plan = p
+        doc = editor_document(p)
+        self.doc_json = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+        # Echo the accepted regions so the view's edit state restarts from what the kernel holds.
+        self.regions_json = json.dumps(
+            [{k: r[k] for k in ("start", "end", "chunks", "outputs")} for r in doc["regions"]]
+        )
+
+    def edit(self, regions: list[dict[str, Any]]) -> ChunkPlan:
+        """Apply user-edited regions (dicts with start, end, chunks, outputs/dims); raises ValueError
+        naming the op that breaks the dimension flow when a region is illegal."""
+        p = self.plan.with_chunks(regions)
+        self.error = ""
+        self._show(p)
+        return p
+
+    @traitlets.observe("regions_json")
+    def _on_regions(self, change: dict[str, Any]) -> None:
+        try:
+            regions = json.loads(change["new"])
+            if not isinstance(regions, list):
+                raise ValueError("regions must be a JSON list of {start, end, chunks, outputs}")
+            current = [{k: c[k] for k in ("start", "end", "chunks", "outputs")} for c in self.plan.chunks]
+            if regions != current:
+                self.edit(regions)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.error = str(exc)
+
+    @traitlets.observe("export_request")
+    def _on_export(self, change: dict[str, Any]) -> None:
+        self.export_result = json.dumps(self.export(self.export_path, overwrite=self.export_overwrite))
+
+    def export(self, path: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+        """Write the chunked module's readable source (`GraphModule.code`) and the chunk plan JSON."""
+        target = Path(path)
+        plan_path = target.with_suffix(".chunks.json")
+        clashes = [str(p) for p in (target, plan_path) if p.exists()]
+        if clashes and not overwrite:
+            return {
+                "ok": False,
+                "exists": clashes,
+                "message": f"{', '.join(clashes)} already exist: confirm to overwrite",
+            }
+        try:
+            code = self.plan.module().code
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(
+                "# Chunked forward written by memviz.ChunkEditor (torch.fx GraphModule.code).\n" + code
+            )
+            plan_path.write_text(json.dumps(self.plan.to_dict(), indent=1))
+        except Exception as exc:  # shown to the user in the view, not swallowed
+            return {"ok": False, "message": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "paths": [str(target), str(plan_path)]}

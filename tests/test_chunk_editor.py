@@ -1,0 +1,75 @@
+"""memviz.ChunkEditor: edits re-estimate through ChunkPlan.with_chunks, illegal edits name the op, export
+never clobbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from examples.models import GPT
+from memviz.chunk_editor import ChunkEditor
+from memviz.chunking import plan_chunks
+from solvers import autochunk as ac
+
+
+@pytest.fixture(scope="module")
+def chunk_plan():
+    torch.manual_seed(0)
+    model = GPT(vocab=64, seq=128, d=64, heads=4, layers=1, dropout=0.0).eval()
+    x = torch.randint(0, 64, (1, 128))
+    return plan_chunks(model, (x,), 0.4, speed=ac.SpeedModel())
+
+
+def test_document_shows_curve_and_regions(chunk_plan):
+    ed = ChunkEditor(chunk_plan)
+    doc = json.loads(ed.doc_json)
+    assert len(doc["nodes"]) == len(doc["baseline"]) == len(doc["chunked"])
+    assert doc["regions"], "the 40% budget needs at least one region"
+    assert max(doc["chunked"]) == doc["estimate"]["achieved_bytes"] < doc["estimate"]["baseline_peak_bytes"]
+    for r in doc["regions"]:
+        assert 0 <= r["x0"] <= r["x1"] < len(doc["nodes"])
+        assert doc["nodes"][r["x0"]]["name"] == r["start"]
+
+
+def test_editing_chunk_count_changes_estimate(chunk_plan):
+    ed = ChunkEditor(chunk_plan)
+    before = json.loads(ed.doc_json)["estimate"]
+    regions = json.loads(ed.regions_json)
+    ed.regions_json = json.dumps([dict(r, chunks=2) for r in regions])  # what the view sends
+    after = json.loads(ed.doc_json)
+    assert ed.error == ""
+    assert [r["chunks"] for r in after["regions"]] == [2] * len(regions)
+    assert after["estimate"]["achieved_bytes"] > before["achieved_bytes"]
+    assert after["estimate"]["achieved_bytes"] == ed.plan.peak_bytes
+
+
+def test_illegal_edit_names_the_op_and_keeps_the_plan(chunk_plan):
+    ed = ChunkEditor(chunk_plan)
+    doc_before = ed.doc_json
+    region = next(c for c in chunk_plan.chunks if any(chunk_plan.graph[n].op == "softmax" for n in c["dims"]))
+    softmax = next(n for n in region["dims"] if chunk_plan.graph[n].op == "softmax")
+    edited = dict(region, dims={**region["dims"], softmax: 3})
+    with pytest.raises(ValueError, match="softmax"):
+        ed.edit([edited])
+    ed.regions_json = json.dumps([{**{k: region[k] for k in ("start", "end", "chunks")},
+                                   "outputs": {o: 99 for o in region["outputs"]}}])
+    assert ed.error and "chunk" in ed.error
+    assert ed.doc_json == doc_before
+
+
+def test_export_never_clobbers(chunk_plan, tmp_path):
+    ed = ChunkEditor(chunk_plan)
+    target = tmp_path / "chunked.py"
+    first = ed.export(target)
+    assert first["ok"], first
+    text = target.read_text()
+    assert "for " in text  # the chunk loops are readable code
+    target.write_text("# mine")
+    second = ed.export(target)
+    assert not second["ok"] and str(target) in second["exists"]
+    assert target.read_text() == "# mine"
+    ed.export_path, ed.export_overwrite = str(target), True
+    ed.export_request += 1
+    assert json.loads(ed.export_result)["ok"] and target.read_text() != "# mine"

@@ -19,9 +19,14 @@ _LAZY = {
     "export": ("memviz.export", "export"),
     "backend": ("memviz.export", "backend"),
     "Planner": ("memviz.widget", "Planner"),
+    "ChunkEditor": ("memviz.chunk_editor", "ChunkEditor"),
+    "WhatIf": ("memviz.whatif", "WhatIf"),
 }
 
-__all__ = ["Plan", "Planner", "Profile", "backend", "export", "load_plan", "plan", "profile"]
+__all__ = [
+    "ChunkEditor", "Plan", "Planner", "Profile", "WhatIf",
+    "backend", "export", "load_plan", "plan", "profile",
+]
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

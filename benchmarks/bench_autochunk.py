@@ -191,30 +191,27 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seqs", type=int, nargs="+", default=[2048, 4096, 8192])
-    ap.add_argument("--budget", type=float, default=0.2)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-len-budget-mib", type=float, default=64.0)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "autochunk.json"))
-    ap.add_argument("--quick", action="store_true", help="lengths only: no max-length search, no ViT")
-    a = ap.parse_args()
+def run(quick: bool = False, *, seqs: list[int] | None = None, budget: float = 0.2, reps: int | None = None,
+        threads: int = 1, max_len_budget_mib: float = 64.0) -> dict:
+    """GPT prefill lengths (+ max-length search and ViT unless `quick`: one 512-token length, one rep)."""
+    seqs = seqs or ([512] if quick else [2048, 4096, 8192])
+    reps = reps or (1 if quick else 3)
     torch.manual_seed(0)
     # one thread: on a shared machine, idle-spinning OpenMP workers make every small op (many in
     # a chunk loop) pay for other processes' load, which would say more about the load than the plan
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(threads)
     model = GPT().eval()
-    rows = [run_length(model, T, a.budget, a.reps) for T in a.seqs]
+    rows = [run_length(model, T, budget, reps) for T in seqs]
     lengths = [1024 * k for k in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)]
-    maxlen = None if a.quick else max_length(model, int(a.max_len_budget_mib * 2**20), lengths)
+    maxlen = None if quick else max_length(model, int(max_len_budget_mib * 2**20), lengths)
     vit = ViT().eval()
-    vit_rows = [] if a.quick else [
-        run_length(vit, (side // 4) ** 2 + 1, a.budget, a.reps, torch.randn(1, 3, side, side))
+    vit_rows = [] if quick else [
+        run_length(vit, (side // 4) ** 2 + 1, budget, reps, torch.randn(1, 3, side, side))
         for side in (128, 256)
     ]
     result = {
+        "name": "autochunk",
+        "title": "Activation chunking",
         "benchmark": "autochunk GPT prefill (2 layers, C=64, H=2, vocab 512), CPU",
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
@@ -224,8 +221,25 @@ def main() -> None:
         "max_length": maxlen,
         "vit": {"model": "ViT (2 TransformerEncoderLayer, C=64, patch 4); seq = tokens", "rows": vit_rows},
     }
+    result["markdown"] = markdown(result)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", type=int, nargs="+", default=None, help="default 2048 4096 8192 (512 quick)")
+    ap.add_argument("--budget", type=float, default=0.2)
+    ap.add_argument("--reps", type=int, default=None, help="default 3 (1 quick)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-len-budget-mib", type=float, default=64.0)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "autochunk.json"))
+    ap.add_argument("--quick", action="store_true", help="lengths only: no max-length search, no ViT")
+    a = ap.parse_args()
+    result = run(a.quick, seqs=a.seqs, budget=a.budget, reps=a.reps, threads=a.threads,
+                 max_len_budget_mib=a.max_len_budget_mib)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
+    print(result["markdown"])
     print("wrote", a.out)
 
 

@@ -186,35 +186,32 @@ def markdown(result: dict) -> str:
     return "\n".join(out)
 
 
+def run(quick: bool = False, *, pack_time_limit: float | None = None, reorder_time_limit: float = 5.0,
+        layers: int | None = None) -> dict:
+    """MiniMalloc packing + OLLA reordering of the training graph; `quick`: 2 layers, 5 s packing limit."""
+    pack_limit = pack_time_limit if pack_time_limit is not None else (5.0 if quick else 120.0)
+    packing = bench_minimalloc(pack_limit)
+    order = bench_reorder(layers if layers is not None else (2 if quick else 12), reorder_time_limit)
+    machine = {"cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)}
+    result = {"name": "olla", "title": "Address packing and reordering", "machine": machine,
+              "minimalloc": packing, "reorder": order}
+    result["markdown"] = markdown(result)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pack-time-limit", type=float, default=120.0)
+    ap.add_argument("--quick", action="store_true", help="2 layers, 5 s packing limit")
+    ap.add_argument("--pack-time-limit", type=float, default=None, help="default 120 s (5 s with --quick)")
     ap.add_argument("--reorder-time-limit", type=float, default=5.0)
-    ap.add_argument("--layers", type=int, default=12, help="training graph layers (12 -> ~400 nodes)")
+    ap.add_argument("--layers", type=int, default=None, help="training graph layers (12 -> ~400 nodes)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "olla.json")
     args = ap.parse_args(argv)
-
-    packing = bench_minimalloc(args.pack_time_limit)
-    print(f"{'inst':4} {'bufs':>4} {'fits':>5} {'peak':>8} {'lower':>8} {'time s':>7} {'greedy':>8} "
-          f"{'+%':>6}")
-    for r in packing:
-        peak = r["peak_bytes"] or "-"
-        print(f"{r['instance']:4} {r['buffers']:4} {r['fits']!s:>5} {peak:>8} {r['lower_bound']:8} "
-              f"{r['seconds']:7.2f} {r['greedy_by_size_peak']:8} {r['greedy_by_size_extra_pct']:6.1f}")
-    order = bench_reorder(args.layers, args.reorder_time_limit)
-    print(f"\nreorder {order['graph']}: {order['compute_nodes']} ops, {order['seconds']:.2f} s, "
-          f"peak {order['peak'] / MiB:.1f} MiB vs eager {order['eager_peak'] / MiB:.1f} MiB "
-          f"(-{order['reduction_pct']:.1f}%), {order['status']}, gap {order['gap_pct']:.1f}%")
-    pk, ca = order["packing"], order["caching_allocator"]
-    print(f"packing of that schedule: {pk['buffers']} buffers, fragmentation {pk['fragmentation_pct']:.2f}% "
-          f"({pk['status']}, {pk['seconds']:.2f} s); PyTorch caching allocator model: reserved "
-          f"{ca['reserved'] / MiB:.1f} MiB, fragmentation {ca['fragmentation_pct']:.1f}%")
+    result = run(args.quick, pack_time_limit=args.pack_time_limit, reorder_time_limit=args.reorder_time_limit,
+                 layers=args.layers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    machine = {"cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)}
-    print(f"machine: {machine['cpus']} CPUs, load average {machine['load_average_1min']} "
-          "(timings scale with it)")
-    result = {"machine": machine, "minimalloc": packing, "reorder": order}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(result["markdown"])
     print(f"wrote {args.out}")
     return 0
 

@@ -1,8 +1,11 @@
 """Run every benchmark and regenerate benchmarks/RESULTS.md plus benchmarks/results/*.json.
 
-Run: ``python benchmarks/run.py [--quick] [--only NAME ...] [--out DIR]``.  Each benchmark runs as
-its own process (``bench_<name>.py --out DIR/<name>.json``, plus ``--quick``), so one benchmark's
-memory and threads never colour another's; its module's ``markdown(result)`` renders its section.
+Run: ``python benchmarks/run.py [--quick] [--only NAME ...] [--out DIR]``.  Every ``bench_<name>.py``
+beside this file is a benchmark.  Each runs as its own process (``bench_<name>.py --out
+DIR/results/<name>.json``, plus ``--quick``) under a wall-time budget, so one benchmark's memory and
+threads never colour another's and a hung solver cannot eat the whole run; its section is the
+result's ``"markdown"`` or, for older modules, ``markdown(result)``.  RESULTS.md is rewritten after
+every benchmark, so an interrupted run still leaves the finished sections.
 Timings on these shared 2-core machines are noisy: the load average before and after is recorded and
 the sections quote medians and ratios measured in the same run.
 """
@@ -21,13 +24,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-#: name -> (extra arguments for a full run, extra arguments for --quick)
-BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
-    "capture": ([], ["--quick"]),
-    "remat": ([], ["--quick"]),
-    "olla": (["--pack-time-limit", "60"], ["--pack-time-limit", "5", "--layers", "2"]),
-    "autochunk": ([], ["--seqs", "512", "--reps", "1", "--quick"]),
+#: name -> (extra arguments for a full run, extra arguments for --quick); default ([], ["--quick"])
+ARGS: dict[str, tuple[list[str], list[str]]] = {
+    "olla": (["--pack-time-limit", "30"], ["--quick"]),
+    "autochunk": (["--seqs", "2048", "4096", "--reps", "2"], ["--quick"]),
 }
+#: wall-time budget of a full run, seconds; the sum stays under the 30-minute target
+BUDGET_S: dict[str, float] = {"remat": 720, "capture": 240, "olla": 240, "autochunk": 240, "papers": 240}
+QUICK_BUDGET_S = 300.0
+#: every bench_*.py here; remat first: the longest, and the one the headline leads with
+BENCHMARKS = sorted((p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")),
+                    key=lambda n: (n != "remat", n))
 
 
 def machine_info() -> dict:
@@ -44,29 +51,82 @@ def machine_info() -> dict:
 
 
 def run_one(name: str, out_dir: Path, quick: bool) -> tuple[dict | None, float, str]:
-    full, fast = BENCHMARKS[name]
+    full, fast = ARGS.get(name, ([], ["--quick"]))
     out = out_dir / "results" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(HERE / f"bench_{name}.py"), "--out", str(out), *(fast if quick else full)]
+    budget = QUICK_BUDGET_S if quick else BUDGET_S.get(name, 300.0)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget)
+    except subprocess.TimeoutExpired:
+        return None, time.perf_counter() - start, f"did not finish within its {budget:.0f} s budget"
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         return None, seconds, proc.stderr[-2000:]
     return json.loads(out.read_text()), seconds, ""
 
 
+def _r(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def headline(name: str, result: dict) -> list[tuple[str, str, str, str]]:
+    """(metric, ours, baseline or target, ratio) rows for the README's table, from one result."""
+    if "headline" in result:  # a benchmark that states its own headline
+        return [tuple(map(str, (h["metric"], h["ours"], h["baseline"], h["ratio"])))
+                for h in result["headline"]]
+    rows: list[tuple[str, str, str, str]] = []
+    if name == "olla":
+        r = result["reorder"]
+        rows.append((f"OLLA reordering, {r['compute_nodes']}-op training graph: peak vs eager order",
+                     f"-{r['reduction_pct']:.1f}% ({r['seconds']:.2f} s)", "paper -22.5% / -10.1%",
+                     _r((r["peak"]) / r["eager_peak"])))
+        rows.append(("address packing fragmentation", f"{r['packing']['fragmentation_pct']:.2f}%",
+                     f"caching allocator model {r['caching_allocator']['fragmentation_pct']:.1f}%", ""))
+    elif name == "autochunk" and result.get("max_length"):
+        m = result["max_length"]
+        rows.append((f"AutoChunk max sequence length at {m['budget_bytes'] / 2**20:.0f} MiB",
+                     str(m["max_seq_chunked"]), f"unchunked {m['max_seq_unchunked']} (paper 3.2x-11.7x)",
+                     _r(m["ratio"])))
+    elif name == "papers":
+        for r in result["rows"]:
+            if r.get("ratio") is not None:
+                rows.append((f"{r['table']}: {r['quantity']}", f"{r['ours']} {r.get('unit', '')}".strip(),
+                             f"paper {r['paper']}", _r(r["ratio"])))
+    return rows
+
+
+def render(info: dict, quick: bool, loads: tuple, total: float, done: dict, sections: list[str]) -> str:
+    head = [
+        "# memviz benchmarks", "",
+        f"Generated by `python benchmarks/run.py{' --quick' if quick else ''}` on {info['date']}: "
+        f"{info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM, Python {info['python']}, "
+        f"torch {info['torch']}. Load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in loads[0])}, "
+        f"after {'/'.join(f'{x:.2f}' for x in loads[1])}; total wall time {total / 60:.1f} min. "
+        "No GPU on this machine: every figure is CPU-measured or estimated (fake devices). Other jobs "
+        "shared the machine, so absolute times are pessimistic; ratios are measured in the same run.", "",
+        "## Headline", "", "| metric | ours | baseline / paper / target | ratio |", "|---|---|---|---|",
+    ]
+    for name, result in done.items():
+        head += [f"| {' | '.join(row)} |" for row in headline(name, result)]
+    return "\n".join(head + [""] + sections)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, about a minute per benchmark")
-    ap.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=sorted(BENCHMARKS))
+    ap.add_argument("--only", nargs="+", choices=BENCHMARKS, default=BENCHMARKS)
     ap.add_argument("--out", type=Path, default=HERE, help="directory for RESULTS.md and results/")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
+    a.out.mkdir(parents=True, exist_ok=True)
     info = machine_info()
     load_before = os.getloadavg()
     start = time.perf_counter()
-    sections, failures = [], []
+    sections: list[str] = []
+    done: dict[str, dict] = {}
+    failures = []
     for name in a.only:
         print(f"[bench] {name} ...", flush=True)
         result, seconds, err = run_one(name, a.out, a.quick)
@@ -74,23 +134,15 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(name)
             sections.append(f"## {name}\n\nFAILED after {seconds:.0f} s:\n\n```\n{err}\n```\n")
             print(f"[bench] {name} FAILED\n{err}", flush=True)
-            continue
-        module = importlib.import_module(f"bench_{name}")
-        sections.append(module.markdown(result) + f"\n_{name}: {seconds:.0f} s wall._\n")
-        print(f"[bench] {name} done in {seconds:.0f} s", flush=True)
-    total = time.perf_counter() - start
-    load_after = os.getloadavg()
-    head = [
-        "# memviz benchmarks", "",
-        f"Generated by `python benchmarks/run.py{' --quick' if a.quick else ''}` on {info['date']}: "
-        f"{info['cpu']}, {info['cores']} cores, {info['ram_gib']} GiB RAM, Python {info['python']}, "
-        f"torch {info['torch']}. Load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/"
-        f"{load_before[2]:.2f}, after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}; "
-        f"total wall time {total / 60:.1f} min. No GPU on this machine: every figure is CPU or estimated.",
-        "",
-    ]
-    (a.out / "RESULTS.md").write_text("\n".join(head + sections))
-    print(f"[bench] wrote {a.out / 'RESULTS.md'} in {total:.0f} s", flush=True)
+        else:
+            done[name] = result
+            section = result.get("markdown") or importlib.import_module(f"bench_{name}").markdown(result)
+            sections.append(section.rstrip() + f"\n\n_{name}: {seconds:.0f} s wall._\n")
+            print(f"[bench] {name} done in {seconds:.0f} s", flush=True)
+        total = time.perf_counter() - start
+        text = render(info, a.quick, (load_before, os.getloadavg()), total, done, sections)
+        (a.out / "RESULTS.md").write_text(text)
+    print(f"[bench] wrote {a.out / 'RESULTS.md'} in {time.perf_counter() - start:.0f} s", flush=True)
     return 1 if failures else 0
 
 

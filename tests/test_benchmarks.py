@@ -19,6 +19,18 @@ def test_runner_quick_writes_results(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = (tmp_path / "RESULTS.md").read_text()
     assert "FAILED" not in text
+    assert text.index("## Headline") < text.index("## Address packing and reordering")
+    assert "| OLLA reordering" in text  # the headline row read from olla's result
+    assert "Load average (1/5/15 min) before" in text
     assert "## Address packing and reordering" in text and "## Activation chunking" in text
     assert "| A | 154 |" in text  # MiniMalloc instance A was read and packed
     assert all((tmp_path / "results" / f"{name}.json").exists() for name in ("olla", "autochunk"))
+
+
+def test_runner_lists_every_bench_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run
+
+    on_disk = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
+    assert sorted(run.BENCHMARKS) == on_disk and "remat" in on_disk
+    assert sum(run.BUDGET_S.get(n, 300.0) for n in on_disk) <= 30 * 60  # the full run's 30-minute target

@@ -62,9 +62,14 @@ export interface DataDoc {
   dtype?: string | null;
 }
 
-/** One placed tensor: live over schedule steps [start, end], at [offset, offset + size). */
+/**
+ * One placed tensor: live over schedule steps [start, end) (end exclusive, as solvers.olla and
+ * solvers.allocator write it), at addresses [offset, offset + size).  An allocator block with a null
+ * `data` is the workspace of compute node `compute`.
+ */
 export interface PlacementDoc {
-  data: number;
+  data: number | null;
+  compute?: number | null;
   start: number;
   end: number;
   offset: number;
@@ -228,18 +233,18 @@ export function parsePlan(data: unknown): PlanDoc {
   return doc as PlanDoc;
 }
 
+function isPlacement(p: unknown): boolean {
+  if (typeof p !== 'object' || p === null) {
+    return false;
+  }
+  const r = p as Record<string, unknown>;
+  const finite = (k: string): boolean => typeof r[k] === 'number' && Number.isFinite(r[k]);
+  // A null data is an allocator block holding a compute step's workspace.
+  return ['start', 'end', 'offset', 'size'].every(finite) && (r.data === null || finite('data'));
+}
+
 function checkPlacements(value: unknown, where: string): void {
-  const ok =
-    Array.isArray(value) &&
-    value.every(
-      p =>
-        typeof p === 'object' &&
-        p !== null &&
-        ['data', 'start', 'end', 'offset', 'size'].every(k =>
-          Number.isFinite((p as Record<string, unknown>)[k])
-        )
-    );
-  if (!ok) {
+  if (!Array.isArray(value) || !value.every(isPlacement)) {
     fail(`"${where}" must be a list of {data, start, end, offset, size} numbers`);
   }
 }
@@ -565,27 +570,30 @@ export function packingTraces(
   const cy: number[] = [];
   const text: string[] = [];
   for (const p of placements) {
-    const d = datas.get(p.data);
-    const cat = kindCategory(d?.kind ?? 'unknown');
+    const d = p.data === null ? undefined : datas.get(p.data);
+    const workspace = p.data === null;
+    const cat = workspace ? 'workspace' : kindCategory(d?.kind ?? 'unknown');
     let g = groups.get(cat);
     if (!g) {
       g = { x: [], y: [] };
       groups.set(cat, g);
     }
-    // A tensor live over steps [start, end] occupies the x range [start, end + 1).
     const x0 = p.start;
-    const x1 = p.end + 1;
+    const x1 = Math.max(p.end, p.start + 1);
     const y0 = p.offset / scale;
     const y1 = (p.offset + p.size) / scale;
     g.x.push(x0, x1, x1, x0, x0, null);
     g.y.push(y0, y0, y1, y1, y0, null);
     cx.push((x0 + x1) / 2);
     cy.push((y0 + y1) / 2);
+    const name = workspace
+      ? `workspace of ${doc.graph.computes[p.compute ?? -1]?.name ?? 'a compute step'}`
+      : (d?.name ?? `data ${p.data}`);
     const shape = d?.shape ? ` [${d.shape.join(', ')}]` : '';
     text.push(
-      `${escapeHtml(d?.name ?? `data ${p.data}`)}${escapeHtml(shape)}<br>` +
-        `${escapeHtml(d?.kind ?? 'unknown')}, ${formatBytes(p.size)}<br>` +
-        `steps ${p.start}–${p.end}, offset ${formatBytes(p.offset)}`
+      `${escapeHtml(name)}${escapeHtml(shape)}<br>` +
+        `${escapeHtml(workspace ? 'workspace' : (d?.kind ?? 'unknown'))}, ${formatBytes(p.size)}<br>` +
+        `steps ${p.start}–${x1 - 1}, offset ${formatBytes(p.offset)}`
     );
   }
   const traces: GlTrace[] = [];

@@ -267,18 +267,20 @@ describe('packingFigure', () => {
       );
       const hover = traces.find(t => t.mode === 'markers')!;
       assert.equal(hover.hovertext!.length, placements.length);
-      const kinds = new Set(placements.map(p => kindCategory(SAMPLE.graph.datas[p.data].kind)));
+      const kinds = new Set(
+        placements.map(p => (p.data === null ? 'workspace' : kindCategory(SAMPLE.graph.datas[p.data].kind)))
+      );
       assert.equal(polygons.length, kinds.size);
     }
-    // A rectangle spans its lifetime [start, end + 1) and its address range, in the chosen unit.
+    // A rectangle spans its lifetime [start, end) and its address range, in the chosen unit.
     const first = packing.buffers[0];
-    const cat = kindCategory(SAMPLE.graph.datas[first.data].kind);
+    const cat = kindCategory(SAMPLE.graph.datas[first.data!].kind);
     const trace = planned.find(t => t.legendgroup === cat)!;
     const s = figure.unit.scale;
     assert.deepEqual(trace.x.slice(0, 6), [
       first.start,
-      first.end + 1,
-      first.end + 1,
+      first.end,
+      first.end,
       first.start,
       first.start,
       null
@@ -298,7 +300,7 @@ describe('packingFigure', () => {
   it('escapes tensor names in hover text', () => {
     const doc = clone() as unknown as PlanDoc;
     const placed = doc.packing!.buffers[0].data;
-    doc.graph.datas[placed].name = HOSTILE;
+    doc.graph.datas[placed!].name = HOSTILE;
     const hover = packingFigure(doc).traces.find(t => t.mode === 'markers')!.hovertext!;
     assert.ok(hover.some(h => h.includes('&lt;img src=x')));
     assert.ok(hover.every(h => !h.includes('<img')));
@@ -323,7 +325,7 @@ describe('packingFigure', () => {
   it('is empty without a packing and rejects malformed placements', () => {
     assert.equal(packingFigure({ ...SAMPLE, packing: null }).traces.length, 0);
     const bad = clone();
-    (bad.packing as { buffers: unknown[] }).buffers = [{ data: 1 }];
+    (bad.packing as { buffers: unknown[] }).buffers = [{ data: 1, start: 0 }];
     assert.throws(() => parsePlan(bad), /packing.buffers/);
   });
 });

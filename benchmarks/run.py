@@ -97,6 +97,11 @@ def headline(name: str, result: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def section_of(name: str, result: dict) -> str:
+    """A result's RESULTS.md section: its "markdown", or its module's ``markdown(result)``."""
+    return (result.get("markdown") or importlib.import_module(f"bench_{name}").markdown(result)).rstrip()
+
+
 def render(info: dict, quick: bool, loads: tuple, total: float, done: dict, sections: list[str]) -> str:
     head = [
         "# memviz benchmarks", "",
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes, about a minute per benchmark")
     ap.add_argument("--only", nargs="+", choices=BENCHMARKS, default=BENCHMARKS)
     ap.add_argument("--out", type=Path, default=HERE, help="directory for RESULTS.md and results/")
+    ap.add_argument("--keep", action="store_true",
+                    help="also show the saved results/<name>.json of benchmarks not re-run (marked as such)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE))
     a.out.mkdir(parents=True, exist_ok=True)
@@ -135,12 +142,22 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(f"## {name}\n\nFAILED after {seconds:.0f} s:\n\n```\n{err}\n```\n")
             print(f"[bench] {name} FAILED\n{err}", flush=True)
         else:
+            result.update(wall_s=round(seconds, 1), run_date=info["date"])
+            (a.out / "results" / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
             done[name] = result
-            section = result.get("markdown") or importlib.import_module(f"bench_{name}").markdown(result)
-            sections.append(section.rstrip() + f"\n\n_{name}: {seconds:.0f} s wall._\n")
+            sections.append(section_of(name, result) + f"\n\n_{name}: {seconds:.0f} s wall._\n")
             print(f"[bench] {name} done in {seconds:.0f} s", flush=True)
         total = time.perf_counter() - start
-        text = render(info, a.quick, (load_before, os.getloadavg()), total, done, sections)
+        kept, kept_sections = {}, []
+        for name in (n for n in BENCHMARKS if a.keep and n not in a.only):
+            saved = a.out / "results" / f"{name}.json"
+            if saved.exists():
+                kept[name] = json.loads(saved.read_text())
+                when, wall = kept[name].get("run_date", "an earlier run"), kept[name].get("wall_s", "?")
+                kept_sections.append(section_of(name, kept[name]) + f"\n\n_{name}: not re-run; kept from "
+                                     f"results/{name}.json ({when}, {wall} s wall)._\n")
+        text = render(info, a.quick, (load_before, os.getloadavg()), total, {**kept, **done},
+                      kept_sections + sections)
         (a.out / "RESULTS.md").write_text(text)
     print(f"[bench] wrote {a.out / 'RESULTS.md'} in {time.perf_counter() - start:.0f} s", flush=True)
     return 1 if failures else 0

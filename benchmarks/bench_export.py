@@ -1,0 +1,110 @@
+"""The exported module against its plan (issue 5 item 5).
+
+Run: ``python benchmarks/bench_export.py [--quick] [--out FILE]``; prints a markdown section and writes
+``benchmarks/results/export.json``.
+
+For every example model (examples/models.py, default sizes) in training mode, at budgets of 80 % and
+60 % of the eager peak (plus 40 % in a full run), ``memviz.plan(strategy="auto")`` then
+``memviz.export``: the measured CPU step time of the exported module over the eager model's (median of
+N forward + loss + backward steps) against the plan's predicted time overhead (the cost model), and the
+measured peak (live-storage tracker, DESIGN.md "Correctness means") against ``plan.peak_bytes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:  # run as a script from anywhere
+        sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+from bench_remat import measure  # noqa: E402
+
+import memviz  # noqa: E402
+from examples.models import EXAMPLES  # noqa: E402
+from solvers.result import InfeasibleBudget  # noqa: E402
+
+MiB = 2**20
+
+
+def bench_model(name: str, fractions: tuple[float, ...], steps: int, time_limit: float) -> list[dict]:
+    model, args = EXAMPLES[name]()
+    prof = memviz.profile(model, args, mode="train")
+    eager_s, eager_peak = measure(copy.deepcopy(model), args, steps)
+    rows = []
+    for fraction in fractions:
+        row = {"model": name, "fraction": fraction, "eager_peak_measured": eager_peak,
+               "eager_step_s": eager_s, "eager_peak_predicted": prof.baseline.peak_bytes}
+        try:
+            plan = memviz.plan(prof, fraction, strategy="auto", time_limit=time_limit, frontier=False)
+        except InfeasibleBudget as exc:
+            row.update(status="infeasible", minimum=exc.minimum_bytes)
+            rows.append(row)
+            continue
+        plan_s, plan_peak = measure(memviz.export(plan, model=copy.deepcopy(model)), args, steps)
+        row.update(status="ok", strategy=plan.strategy, budget=plan.budget_bytes, peak=plan.peak_bytes,
+                   predicted_overhead=plan.time_overhead, measured_overhead=plan_s / eager_s,
+                   measured_peak=plan_peak, peak_error=(plan_peak - plan.peak_bytes) / plan.peak_bytes)
+        rows.append(row)
+    return rows
+
+
+def markdown(result: dict) -> str:
+    out = ["## Exported module vs its plan (CPU, training step)", "",
+           "Predicted = the plan (cost model, simulator); measured = the exported module's median step over "
+           "the eager model's, and its peak from the live-storage tracker. Target: peak within 5% of the "
+           "plan and under the budget.", "",
+           "| model | budget | strategy | plan peak MiB | measured peak MiB | peak error | "
+           "eager measured MiB | predicted overhead | measured overhead |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        head = f"| {r['model']} | {int(r['fraction'] * 100)}% "
+        if r["status"] != "ok":
+            out.append(head + f"| infeasible (min {r['minimum'] / MiB:.2f} MiB) | | | | | | |")
+            continue
+        out.append(head + f"({r['budget'] / MiB:.2f} MiB) | {r['strategy']} | {r['peak'] / MiB:.3f} | "
+                   f"{r['measured_peak'] / MiB:.3f} | {100 * r['peak_error']:+.1f}% | "
+                   f"{r['eager_peak_measured'] / MiB:.3f} | {r['predicted_overhead']:.3f} | "
+                   f"{r['measured_overhead']:.3f} |")
+    ok = [r for r in result["rows"] if r["status"] == "ok"]
+    within = sum(abs(r["peak_error"]) <= 0.05 for r in ok)
+    out += ["", f"{within} of {len(ok)} exported plans measured within 5% of the predicted peak; "
+            f"{sum(r['measured_peak'] <= r['budget'] for r in ok)} of {len(ok)} at or under the budget.", ""]
+    return "\n".join(out)
+
+
+def run(quick: bool = False) -> dict:
+    torch.manual_seed(0)
+    names = ("mlp", "gpt") if quick else tuple(EXAMPLES)
+    fractions = (0.8, 0.6) if quick else (0.8, 0.6, 0.4)
+    rows = [r for name in names for r in bench_model(name, fractions, 3 if quick else 5, 10.0)]
+    ok = [r for r in rows if r["status"] == "ok"]
+    result = {"name": "export", "title": "Exported module vs its plan", "rows": rows, "notes": [],
+              "headline": [{"metric": "exported plans with measured peak within 5% of predicted "
+                                      "(examples x 80/60/40%)",
+                            "ours": f"{sum(abs(r['peak_error']) <= 0.05 for r in ok)} of {len(ok)}",
+                            "baseline": "target: all", "ratio": ""}]}
+    result["markdown"] = markdown(result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="mlp and gpt at 80/60% only")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "export.json")
+    a = ap.parse_args(argv)
+    result = run(a.quick)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(result["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

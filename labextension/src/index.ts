@@ -1,5 +1,6 @@
 /**
- * The JupyterLab plugin: registers the planner widget (PlannerModel / PlannerView) with ipywidgets.
+ * The JupyterLab plugin: registers the memviz widgets with ipywidgets: the planner (PlannerModel /
+ * PlannerView), the chunk-region editor (ChunkEditorModel / View) and the what-if panel (WhatIfModel / View).
  * The MIME renderer for plan documents is the separate mimeExtension in mime.ts.
  */
 import { IJupyterWidgetRegistry } from '@jupyter-widgets/base';
@@ -17,7 +18,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
       name: MODULE_NAME,
       version: MODULE_VERSION,
       // Loaded on first use, with the plotly chunk behind it.
-      exports: async () => import('./widget')
+      exports: async () => ({
+        ...(await import('./widget')),
+        ...(await import('./chunkeditor')),
+        ...(await import('./whatif'))
+      })
     });
   }
 };

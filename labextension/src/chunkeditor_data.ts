@@ -1,0 +1,181 @@
+/**
+ * Pure data transforms of the chunk-region editor (memviz/chunk_editor.py computes every number):
+ * parse the kernel's document, build the plotly figure (curves + shaded, draggable regions), turn a
+ * user's edit into the region list sent back.  Node and op names are untrusted: escaped for plotly.
+ */
+import { escapeHtml, formatBytes } from './transforms';
+
+export interface EditorRegion {
+  start: string;
+  end: string;
+  x0: number;
+  x1: number;
+  chunks: number;
+  extent: number;
+  outputs: Record<string, number>;
+  dims: Record<string, number>;
+  memory_bytes: number;
+  slowdown: number;
+}
+
+export interface EditorDoc {
+  nodes: { name: string; op: string }[];
+  baseline: number[];
+  chunked: number[];
+  regions: EditorRegion[];
+  estimate: {
+    requested_bytes: number | null;
+    baseline_peak_bytes: number;
+    achieved_bytes: number;
+    met: boolean;
+    slowdown: number;
+  };
+}
+
+/** What the kernel accepts in `regions_json`. */
+export interface RegionEdit {
+  start: string;
+  end: string;
+  chunks: number;
+  outputs: Record<string, number>;
+}
+
+export function parseEditorDoc(data: unknown): EditorDoc {
+  const d = data as Partial<EditorDoc>;
+  if (!d || !Array.isArray(d.nodes) || !Array.isArray(d.baseline) || !Array.isArray(d.chunked)) {
+    throw new Error('not a memviz chunk-editor document: nodes, baseline and chunked curves missing');
+  }
+  if (d.baseline.length !== d.nodes.length || d.chunked.length !== d.nodes.length) {
+    throw new Error('not a memviz chunk-editor document: curves and nodes differ in length');
+  }
+  if (!Array.isArray(d.regions) || typeof d.estimate !== 'object' || d.estimate === null) {
+    throw new Error('not a memviz chunk-editor document: regions or estimate missing');
+  }
+  return d as EditorDoc;
+}
+
+/** The edit list for the kernel, from the document's regions. */
+export function regionEdits(doc: EditorDoc): RegionEdit[] {
+  return doc.regions.map(r => ({ start: r.start, end: r.end, chunks: r.chunks, outputs: { ...r.outputs } }));
+}
+
+export type RegionField = 'x0' | 'x1' | 'chunks' | 'dim';
+
+/**
+ * Apply one user edit to region `index`: an edge moved to node position `value` (rounded and clamped
+ * to the graph), a new chunk count, or a new chunk dim for every output of the region.  `base` is
+ * the edit list to start from (the document's regions by default); it is not modified.
+ */
+export function applyEdit(
+  doc: EditorDoc,
+  index: number,
+  field: RegionField,
+  value: number,
+  base: readonly RegionEdit[] = regionEdits(doc)
+): RegionEdit[] {
+  const edits = base.map(e => ({ ...e, outputs: { ...e.outputs } }));
+  const edit = edits[index];
+  if (!edit) {
+    throw new Error(`no chunk region ${index}`);
+  }
+  const last = doc.nodes.length - 1;
+  const pos = Math.min(Math.max(Math.round(value), 0), last);
+  if (field === 'x0') {
+    edit.start = doc.nodes[pos].name;
+  } else if (field === 'x1') {
+    edit.end = doc.nodes[pos].name;
+  } else if (field === 'chunks') {
+    edit.chunks = Math.max(1, Math.round(value));
+  } else {
+    edit.outputs = Object.fromEntries(Object.keys(edit.outputs).map(k => [k, Math.round(value)]));
+  }
+  return edits;
+}
+
+/**
+ * Region edges moved by dragging a shape: plotly's relayout event has keys like "shapes[1].x0".
+ * Returns [region index, field, value] for each edge moved.
+ */
+export function draggedEdges(event: Record<string, unknown>): [number, 'x0' | 'x1', number][] {
+  const out: [number, 'x0' | 'x1', number][] = [];
+  for (const [key, value] of Object.entries(event)) {
+    const m = /^shapes\[(\d+)\]\.(x0|x1)$/.exec(key);
+    if (m && typeof value === 'number') {
+      out.push([Number(m[1]), m[2] as 'x0' | 'x1', value]);
+    }
+  }
+  return out;
+}
+
+/** The estimate readout lines: achieved vs requested, baseline peak, slowdown. */
+export function estimateLines(doc: EditorDoc): string[] {
+  const e = doc.estimate;
+  const requested = e.requested_bytes === null ? 'none' : formatBytes(e.requested_bytes);
+  return [
+    `achieved ${formatBytes(e.achieved_bytes)} vs requested ${requested}${e.met ? '' : ' (not met)'}`,
+    `unchunked peak ${formatBytes(e.baseline_peak_bytes)}`,
+    `estimated slowdown ${(100 * e.slowdown).toFixed(1)}%`,
+    `${doc.regions.length} region${doc.regions.length === 1 ? '' : 's'}`
+  ];
+}
+
+/** Plotly traces and layout: unchunked and chunked activation curves, regions as draggable rectangles. */
+export function editorFigure(
+  doc: EditorDoc,
+  colors: { font: string; muted: string; region: string }
+): { data: unknown[]; layout: Record<string, unknown> } {
+  const x = doc.nodes.map((_, i) => i);
+  const hover = doc.nodes.map(n => `${escapeHtml(n.op)} ${escapeHtml(n.name)}`);
+  const peak = Math.max(1, ...doc.baseline, ...doc.chunked);
+  const unit = peak >= 2 ** 20 ? 2 ** 20 : 2 ** 10;
+  const unitName = unit === 2 ** 20 ? 'MiB' : 'KiB';
+  const trace = (name: string, ys: number[], color: string, dash: string): unknown => ({
+    type: 'scatter',
+    mode: 'lines',
+    name,
+    x,
+    y: ys.map(b => b / unit),
+    text: hover,
+    hovertemplate: `%{text}<br>%{y:.2f} ${unitName}<extra>${name}</extra>`,
+    line: { color, dash, shape: 'hv' }
+  });
+  const shapes = doc.regions.map(r => ({
+    type: 'rect',
+    xref: 'x',
+    yref: 'paper',
+    x0: r.x0,
+    x1: r.x1,
+    y0: 0,
+    y1: 1,
+    fillcolor: colors.region,
+    opacity: 0.2,
+    line: { width: 1, color: colors.region }
+  }));
+  const annotations = doc.regions.map((r, i) => ({
+    xref: 'x',
+    yref: 'paper',
+    x: (r.x0 + r.x1) / 2,
+    y: 1,
+    yanchor: 'bottom',
+    showarrow: false,
+    text: `region ${i + 1}: ${r.chunks} chunks`,
+    font: { color: colors.font }
+  }));
+  return {
+    data: [
+      trace('unchunked', doc.baseline, colors.muted, 'dot'),
+      trace('chunked', doc.chunked, colors.font, 'solid')
+    ],
+    layout: {
+      shapes,
+      annotations,
+      xaxis: { title: { text: 'op index' }, color: colors.font },
+      yaxis: { title: { text: `activations (${unitName})` }, color: colors.font, rangemode: 'tozero' },
+      paper_bgcolor: 'rgba(0,0,0,0)',
+      plot_bgcolor: 'rgba(0,0,0,0)',
+      font: { color: colors.font },
+      margin: { t: 30, r: 10, b: 40, l: 60 },
+      legend: { orientation: 'h' }
+    }
+  };
+}

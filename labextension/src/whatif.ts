@@ -1,0 +1,168 @@
+/**
+ * The transformer what-if widget (Python side memviz/whatif.py).  Controls write tp, sp, recompute,
+ * pp, micro_batch and device; the kernel answers with `result_json` (bytes per category from
+ * solvers.analytic, capacity, verdict) and this view draws it as a stacked bar against the capacity.
+ */
+import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
+
+import { MODULE_NAME, MODULE_VERSION } from './version';
+import { parseWhatIf, whatIfFigure } from './whatif_data';
+
+type PlotlyModule = typeof import('plotly.js-dist-min').default;
+let plotlyPromise: Promise<PlotlyModule> | null = null;
+function loadPlotly(): Promise<PlotlyModule> {
+  plotlyPromise ??= import('plotly.js-dist-min').then(m => m.default);
+  return plotlyPromise;
+}
+
+export class WhatIfModel extends DOMWidgetModel {
+  defaults(): Backbone.ObjectHash {
+    return {
+      ...super.defaults(),
+      _model_name: WhatIfModel.model_name,
+      _model_module: WhatIfModel.model_module,
+      _model_module_version: WhatIfModel.model_module_version,
+      _view_name: WhatIfModel.view_name,
+      _view_module: WhatIfModel.view_module,
+      _view_module_version: WhatIfModel.view_module_version,
+      config_json: '',
+      devices_json: '',
+      tp: 1,
+      sp: false,
+      recompute: 'none',
+      pp: 1,
+      micro_batch: 1,
+      device: 'h100',
+      result_json: '',
+      error: ''
+    };
+  }
+
+  static serializers: ISerializers = { ...DOMWidgetModel.serializers };
+  static model_name = 'WhatIfModel';
+  static model_module = MODULE_NAME;
+  static model_module_version = MODULE_VERSION;
+  static view_name = 'WhatIfView';
+  static view_module = MODULE_NAME;
+  static view_module_version = MODULE_VERSION;
+}
+
+function element<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className: string,
+  text?: string
+): HTMLElementTagNameMap[K] {
+  const el = document.createElement(tag);
+  el.className = className;
+  if (text !== undefined) {
+    el.textContent = text;
+  }
+  return el;
+}
+
+function options(select: HTMLSelectElement, values: string[]): void {
+  select.replaceChildren(...values.map(v => Object.assign(element('option', '', v), { value: v })));
+}
+
+export class WhatIfView extends DOMWidgetView {
+  private readonly _tp = element('select', 'jp-memviz-whatif-tp');
+  private readonly _sp = element('input', 'jp-memviz-whatif-sp');
+  private readonly _recompute = element('select', 'jp-memviz-whatif-recompute');
+  private readonly _pp = element('input', 'jp-memviz-whatif-pp');
+  private readonly _micro = element('input', 'jp-memviz-whatif-micro');
+  private readonly _device = element('select', 'jp-memviz-whatif-device');
+  private readonly _config = element('div', 'jp-memviz-whatif-config');
+  private readonly _verdict = element('div', 'jp-memviz-whatif-verdict');
+  private readonly _error = element('div', 'jp-memviz-whatif-error');
+  private readonly _plot = element('div', 'jp-memviz-whatif-plot');
+
+  render(): void {
+    this.el.classList.add('jp-memviz-whatif');
+    options(this._tp, ['1', '2', '4', '8', '16', '32']);
+    options(this._recompute, ['none', 'selective', 'full']);
+    this._sp.type = 'checkbox';
+    for (const input of [this._pp, this._micro]) {
+      input.type = 'number';
+      input.min = '1';
+    }
+    const label = (text: string, control: HTMLElement): HTMLElement => {
+      const l = element('label', 'jp-memviz-whatif-field', `${text} `);
+      l.append(control);
+      return l;
+    };
+    const controls = element('div', 'jp-memviz-controls');
+    controls.append(
+      label('tensor parallel', this._tp),
+      label('sequence parallel', this._sp),
+      label('recompute', this._recompute),
+      label('pipeline stages', this._pp),
+      label('micro-batch', this._micro),
+      label('device', this._device)
+    );
+    this._tp.addEventListener('change', () => this._send({ tp: Number(this._tp.value) }));
+    this._sp.addEventListener('change', () => this._send({ sp: this._sp.checked }));
+    this._recompute.addEventListener('change', () => this._send({ recompute: this._recompute.value }));
+    this._pp.addEventListener('change', () => this._send({ pp: Number(this._pp.value) }));
+    this._micro.addEventListener('change', () => this._send({ micro_batch: Number(this._micro.value) }));
+    this._device.addEventListener('change', () => this._send({ device: this._device.value }));
+    this.el.append(this._config, controls, this._verdict, this._error, this._plot);
+
+    this.listenTo(this.model, 'change', this._settingsChanged);
+    this.listenTo(this.model, 'change:result_json', this._resultChanged);
+    this._settingsChanged();
+    this._resultChanged();
+  }
+
+  private _send(values: Record<string, unknown>): void {
+    this.model.set(values);
+    this.touch();
+  }
+
+  private _settingsChanged(): void {
+    const devices = this.model.get('devices_json') as string;
+    options(this._device, devices ? Object.keys(JSON.parse(devices) as object) : []);
+    const tp = String(this.model.get('tp'));
+    if (!Array.from(this._tp.options).some(o => o.value === tp)) {
+      this._tp.append(Object.assign(element('option', '', tp), { value: tp }));
+    }
+    this._tp.value = tp;
+    this._sp.checked = Boolean(this.model.get('sp'));
+    this._recompute.value = this.model.get('recompute');
+    this._pp.value = String(this.model.get('pp'));
+    this._micro.value = String(this.model.get('micro_batch'));
+    this._device.value = this.model.get('device');
+    this._error.textContent = this.model.get('error');
+    const config = this.model.get('config_json') as string;
+    if (config) {
+      const c = JSON.parse(config) as Record<string, unknown>;
+      this._config.textContent = ['layers', 'hidden', 'heads', 'seq', 'vocab']
+        .map(k => `${k} ${String(c[k])}`)
+        .join(' · ');
+    }
+  }
+
+  private async _resultChanged(): Promise<void> {
+    const text: string = this.model.get('result_json');
+    if (!text) {
+      return;
+    }
+    const result = parseWhatIf(JSON.parse(text));
+    this._verdict.textContent = result.verdict;
+    this._verdict.dataset.fits = String(result.fits);
+    const style = getComputedStyle(this.el);
+    const fig = whatIfFigure(result, {
+      font: style.getPropertyValue('--jp-ui-font-color1').trim() || '#333333',
+      capacity: style.getPropertyValue('--jp-error-color1').trim() || '#d32f2f'
+    });
+    const Plotly = await loadPlotly();
+    await Plotly.react(
+      this._plot,
+      fig.data as never,
+      fig.layout as never,
+      {
+        responsive: true,
+        displaylogo: false
+      } as never
+    );
+  }
+}

@@ -1,0 +1,87 @@
+import { strict as assert } from 'node:assert';
+import { describe, it } from 'node:test';
+
+import {
+  applyEdit,
+  draggedEdges,
+  EditorDoc,
+  editorFigure,
+  estimateLines,
+  parseEditorDoc,
+  regionEdits
+} from '../src/chunkeditor_data';
+
+function doc(): EditorDoc {
+  return parseEditorDoc({
+    nodes: [
+      { name: 'x', op: 'input' },
+      { name: 'mm', op: 'linear' },
+      { name: '<img src=x onerror=alert(1)>', op: 'softmax' },
+      { name: 'out', op: 'linear' }
+    ],
+    baseline: [0, 4096, 8192, 4096],
+    chunked: [0, 1024, 2048, 4096],
+    regions: [
+      {
+        start: 'mm',
+        end: '<img src=x onerror=alert(1)>',
+        x0: 1,
+        x1: 2,
+        chunks: 4,
+        extent: 128,
+        outputs: { '<img src=x onerror=alert(1)>': 1 },
+        dims: {},
+        memory_bytes: 2048,
+        slowdown: 0.05
+      }
+    ],
+    estimate: {
+      requested_bytes: 3000,
+      baseline_peak_bytes: 8192,
+      achieved_bytes: 4096,
+      met: false,
+      slowdown: 0.05
+    }
+  });
+}
+
+describe('chunk editor transforms', () => {
+  it('rejects documents that are not chunk-editor documents', () => {
+    assert.throws(() => parseEditorDoc({ nodes: [] }), /chunk-editor/);
+    assert.throws(
+      () => parseEditorDoc({ nodes: [{ name: 'a', op: 'b' }], baseline: [], chunked: [1] }),
+      /length/
+    );
+  });
+
+  it('edits a region: edges snap to node names, chunk count and dim change, the input is kept', () => {
+    const d = doc();
+    assert.deepEqual(applyEdit(d, 0, 'chunks', 8)[0].chunks, 8);
+    assert.equal(applyEdit(d, 0, 'x1', 2.6)[0].end, 'out');
+    assert.equal(applyEdit(d, 0, 'x0', -5)[0].start, 'x');
+    assert.deepEqual(applyEdit(d, 0, 'dim', 2)[0].outputs, { '<img src=x onerror=alert(1)>': 2 });
+    assert.equal(d.regions[0].chunks, 4);
+    const two = applyEdit(d, 0, 'x0', 0, applyEdit(d, 0, 'chunks', 2));
+    assert.deepEqual(two, [{ start: 'x', end: d.regions[0].end, chunks: 2, outputs: d.regions[0].outputs }]);
+    assert.throws(() => applyEdit(d, 3, 'chunks', 2), /no chunk region 3/);
+    assert.deepEqual(regionEdits(d)[0].chunks, 4);
+  });
+
+  it('reads dragged shape edges from a plotly relayout event', () => {
+    assert.deepEqual(draggedEdges({ 'shapes[0].x0': 1.2, 'shapes[0].x1': 3, 'xaxis.range[0]': 0 }), [
+      [0, 'x0', 1.2],
+      [0, 'x1', 3]
+    ]);
+    assert.deepEqual(draggedEdges({ autosize: true }), []);
+  });
+
+  it('states achieved vs requested memory and escapes names in the figure', () => {
+    const d = doc();
+    assert.match(estimateLines(d)[0], /achieved 4.00 KiB vs requested 2.93 KiB \(not met\)/);
+    const fig = editorFigure(d, { font: '#000', muted: '#888', region: '#00f' });
+    const text = JSON.stringify(fig);
+    assert.ok(!text.includes('<img'), 'untrusted names must be escaped');
+    assert.ok(text.includes('&lt;img'));
+    assert.equal((fig.layout.shapes as unknown[]).length, 1);
+  });
+});

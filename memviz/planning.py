@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes, parse_budget
+from memviz.cdgraph import cdgraph_dict
 from memviz.neuron import warn_neuron_checkpointing
 from memviz.planfile import MIME_TYPE, read_document, validate_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
@@ -86,6 +87,7 @@ class Plan:
             "packing": self.packing,
             "chunks": self.chunks,
             "frontier": self.frontier,
+            "cdgraph": cdgraph_dict(self),
         }
 
     @classmethod

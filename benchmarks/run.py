@@ -118,10 +118,27 @@ def render(info: dict, quick: bool, loads: tuple, total: float, done: dict, sect
     return "\n".join(head + [""] + sections)
 
 
+def write_results(a: argparse.Namespace, info: dict, load_before: tuple, total: float, done: dict,
+                  sections: list[str]) -> None:
+    """RESULTS.md from this run's sections, after those kept (``--keep``) from saved results."""
+    kept, kept_sections = {}, []
+    for name in (n for n in BENCHMARKS if a.keep and n not in a.only):
+        saved = a.out / "results" / f"{name}.json"
+        if saved.exists():
+            kept[name] = json.loads(saved.read_text())
+            when, wall = kept[name].get("run_date", "an earlier run"), kept[name].get("wall_s", "?")
+            kept_sections.append(section_of(name, kept[name]) + f"\n\n_{name}: not re-run; kept from "
+                                 f"results/{name}.json ({when}, {wall} s wall)._\n")
+    text = render(info, a.quick, (load_before, os.getloadavg()), total, {**kept, **done},
+                  kept_sections + sections)
+    (a.out / "RESULTS.md").write_text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, about a minute per benchmark")
-    ap.add_argument("--only", nargs="+", choices=BENCHMARKS, default=BENCHMARKS)
+    ap.add_argument("--only", nargs="*", choices=BENCHMARKS, default=BENCHMARKS,
+                    help="run only these (none, with --keep: rebuild RESULTS.md from the saved results)")
     ap.add_argument("--out", type=Path, default=HERE, help="directory for RESULTS.md and results/")
     ap.add_argument("--keep", action="store_true",
                     help="also show the saved results/<name>.json of benchmarks not re-run (marked as such)")
@@ -147,18 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             done[name] = result
             sections.append(section_of(name, result) + f"\n\n_{name}: {seconds:.0f} s wall._\n")
             print(f"[bench] {name} done in {seconds:.0f} s", flush=True)
-        total = time.perf_counter() - start
-        kept, kept_sections = {}, []
-        for name in (n for n in BENCHMARKS if a.keep and n not in a.only):
-            saved = a.out / "results" / f"{name}.json"
-            if saved.exists():
-                kept[name] = json.loads(saved.read_text())
-                when, wall = kept[name].get("run_date", "an earlier run"), kept[name].get("wall_s", "?")
-                kept_sections.append(section_of(name, kept[name]) + f"\n\n_{name}: not re-run; kept from "
-                                     f"results/{name}.json ({when}, {wall} s wall)._\n")
-        text = render(info, a.quick, (load_before, os.getloadavg()), total, {**kept, **done},
-                      kept_sections + sections)
-        (a.out / "RESULTS.md").write_text(text)
+        write_results(a, info, load_before, time.perf_counter() - start, done, sections)
+    write_results(a, info, load_before, time.perf_counter() - start, done, sections)
     print(f"[bench] wrote {a.out / 'RESULTS.md'} in {time.perf_counter() - start:.0f} s", flush=True)
     return 1 if failures else 0
 

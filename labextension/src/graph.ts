@@ -8,7 +8,7 @@
  */
 import { LEGEND, cdgraphOf, chooseDot, CdGraphDoc, parseNodeId, startCollapsed, zoomAt } from './graph_data';
 import { PlanDoc } from './transforms';
-import { PlanView } from './views';
+import { PlanView, registerPlanView } from './views';
 
 type Graphviz = { dot(source: string): string };
 let graphvizPromise: Promise<Graphviz> | null = null;
@@ -174,3 +174,6 @@ export class GraphView implements PlanView {
     }
   };
 }
+
+/** The "Graph" tab of every plan shell; clicking a compute node marks its step on the memory chart. */
+registerPlanView({ label: 'Graph', create: host => new GraphView(id => host.selectCompute(id)) });

@@ -6,6 +6,7 @@ import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import './graph'; // registers the CD-graph tab
 import { PlanTabs } from './views';
 import { parsePlan } from './transforms';
 

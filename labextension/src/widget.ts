@@ -13,6 +13,7 @@ import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/ba
 
 import { frontierLabel, nearestFrontierIndex, parsePlan, PlanDoc, STRATEGIES } from './transforms';
 import { MODULE_NAME, MODULE_VERSION } from './version';
+import './graph'; // registers the CD-graph tab
 import { PlanTabs } from './views';
 
 export class PlannerModel extends DOMWidgetModel {

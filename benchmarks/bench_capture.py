@@ -159,7 +159,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         + ", ".join(f"{k} {v:.1f} s" for k, v in fake["stages"].items())
         + f"; RSS {fake['rss_after_imports'] / 2**30:.2f} GiB after imports, "
         f"{fake['rss_peak'] / 2**30:.2f} GiB peak.",
-        "Before = the same measurement before this work (previous session, same machine).",
+        "Before = the same measurement before this work (previous session, same machine, load not "
+        "recorded); times scale with the load average of this shared 2-core machine (given per run).",
         "Error = (predicted - measured) / measured; the measured peak is the CPU live-storage tracker.",
     ]
     result = {"name": "capture", "title": "Capture and profile: speed and predicted-vs-measured peak",

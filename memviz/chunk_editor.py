@@ -111,10 +111,25 @@ class ChunkEditor(widgets.DOMWidget):
     def edit(self, regions: list[dict[str, Any]]) -> ChunkPlan:
         """Apply user-edited regions (dicts with start, end, chunks, outputs/dims); raises ValueError
         naming the op that breaks the dimension flow when a region is illegal."""
-        p = self.plan.with_chunks(regions)
+        p = self.plan.with_chunks([self._retarget(r) for r in regions])
         self.error = ""
         self._show(p)
         return p
+
+    def _retarget(self, region: dict[str, Any]) -> dict[str, Any]:
+        """A moved end edge changes the region's outputs: give the new outputs the dim the user chose for
+        the old ones (one dim per region in the view), so the flow check runs on the new span."""
+        outputs = region.get("outputs")
+        g = self.plan.graph
+        if not outputs or len(set(outputs.values())) != 1 or not all(
+            region.get(k) in g.index for k in ("start", "end")  # type: ignore[attr-defined]
+        ):
+            return region
+        new = ac.region_outputs(g, ac.region_nodes(g, region["start"], region["end"]))
+        if set(new) == set(outputs):
+            return region
+        dim = next(iter(outputs.values()))
+        return {**region, "outputs": {o: dim for o in new}}
 
     @traitlets.observe("regions_json")
     def _on_regions(self, change: dict[str, Any]) -> None:
@@ -125,6 +140,8 @@ class ChunkEditor(widgets.DOMWidget):
             current = [{k: c[k] for k in ("start", "end", "chunks", "outputs")} for c in self.plan.chunks]
             if regions != current:
                 self.edit(regions)
+            else:
+                self.error = ""
         except (ValueError, KeyError, TypeError) as exc:
             self.error = str(exc)
 

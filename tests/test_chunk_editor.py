@@ -73,3 +73,24 @@ def test_export_never_clobbers(chunk_plan, tmp_path):
     ed.export_path, ed.export_overwrite = str(target), True
     ed.export_request += 1
     assert json.loads(ed.export_result)["ok"] and target.read_text() != "# mine"
+
+
+def test_moving_an_edge_revalidates_the_region(chunk_plan):
+    ed = ChunkEditor(chunk_plan)
+    doc = json.loads(ed.doc_json)
+    regions = json.loads(ed.regions_json)
+    first = doc["regions"][0]
+    # start edge dragged back over the attention: somewhere the flow breaks, and the kernel names the op
+    errors = []
+    for pos in range(first["x0"]):
+        ed.regions_json = json.dumps([dict(regions[0], start=doc["nodes"][pos]["name"]), *regions[1:]])
+        errors.append(ed.error)
+    broken = [e for e in errors if e]
+    assert broken, "dragging the start over the whole graph must hit an illegal region"
+    named = {f"{n['op']} '{n['name']}'" for n in doc["nodes"]}
+    assert all(any(op in e for op in named) for e in broken), broken
+    # end edge moved one node later: the new region's outputs take the chosen dim
+    later = doc["nodes"][first["x1"] + 1]["name"]
+    ed.regions_json = json.dumps([dict(regions[0], end=later, chunks=2), *regions[1:]])
+    assert ed.error == "", ed.error
+    assert json.loads(ed.doc_json)["regions"][0]["end"] == later

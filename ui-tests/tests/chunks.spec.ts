@@ -1,0 +1,52 @@
+import { expect, test } from '@jupyterlab/galata';
+
+import { SETTINGS, openAndRunAll } from './helpers';
+
+test.use({ mockSettings: SETTINGS });
+
+// chunks.ipynb: a memviz.ChunkEditor on a 2-layer GPT (seq 256) chunked to 40% of its activation peak,
+// and a memviz.WhatIf on a 24-layer GPT on an A100 40 GB.  Every estimate comes from the kernel.
+test('chunk editor re-estimates edits and explains illegal ones; what-if follows the TP degree', async ({
+  page,
+  tmpPath
+}) => {
+  await openAndRunAll(page, tmpPath, 'chunks.ipynb');
+
+  const editor = page.locator('.jp-memviz-chunk-editor');
+  await expect(editor.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  await expect(editor.locator('.jp-memviz-chunk-region')).toHaveCount(2);
+  const estimate = editor.locator('.jp-memviz-chunk-estimate .jp-memviz-readout').first();
+  await expect(estimate).toContainText('vs requested');
+  const before = await estimate.textContent();
+  // the regions are shaded on the curve
+  expect(await editor.locator('.shapelayer path').count()).toBeGreaterThanOrEqual(2);
+  await editor.screenshot({ path: test.info().outputPath('chunks-editor.png') });
+
+  // fewer chunks: more memory, the kernel answers with a new estimate
+  const first = editor.locator('.jp-memviz-chunk-region[data-region="0"]');
+  await first.locator('.jp-memviz-chunk-chunks').fill('2');
+  await first.locator('.jp-memviz-chunk-chunks').press('Enter');
+  await expect(estimate).not.toHaveText(before ?? '');
+  await expect(editor.locator('.jp-memviz-chunk-error')).toHaveText('');
+  await expect(first.locator('.jp-memviz-chunk-chunks')).toHaveValue('2');
+  await editor.screenshot({ path: test.info().outputPath('chunks-edited.png') });
+
+  // drag the start edge back to the first LayerNorm (op index 5): the flow breaks at a view
+  await first.locator('.jp-memviz-chunk-x0').fill('5');
+  await first.locator('.jp-memviz-chunk-x0').press('Enter');
+  await expect(editor.locator('.jp-memviz-chunk-error')).toContainText('breaks at view', { timeout: 30000 });
+  await editor.screenshot({ path: test.info().outputPath('chunks-illegal.png') });
+
+  const whatif = page.locator('.jp-memviz-whatif');
+  await expect(whatif.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });
+  const verdict = whatif.locator('.jp-memviz-whatif-verdict');
+  await expect(verdict).toContainText('does not fit');
+  const tops = async (): Promise<string> =>
+    (await whatif.locator('.barlayer path').evaluateAll(ps => ps.map(p => p.getAttribute('d')))).join('|');
+  const barsBefore = await tops();
+  await whatif.screenshot({ path: test.info().outputPath('whatif.png') });
+  await whatif.locator('.jp-memviz-whatif-tp').selectOption('4');
+  await expect(verdict).toContainText('fits:');
+  expect(await tops()).not.toEqual(barsBefore);
+  await whatif.screenshot({ path: test.info().outputPath('whatif-tp4.png') });
+});

@@ -14,6 +14,8 @@ export class PackingView implements PlanView {
   private readonly _message: HTMLDivElement;
   private _disposed = false;
   private _drawn = false;
+  private _doc: PlanDoc | null = null;
+  private readonly _themeObserver: MutationObserver;
 
   constructor() {
     this.node = document.createElement('div');
@@ -23,6 +25,13 @@ export class PackingView implements PlanView {
     this._plot = document.createElement('div');
     this._plot.className = 'jp-memviz-plot';
     this.node.append(this._message, this._plot);
+    // Re-color when the user switches between the light and the dark theme.
+    this._themeObserver = new MutationObserver(() => {
+      if (this._doc) {
+        void this.draw(this._doc);
+      }
+    });
+    this._themeObserver.observe(document.body, { attributes: true, attributeFilter: ['data-jp-theme-name'] });
   }
 
   update(doc: PlanDoc): Promise<void> {
@@ -31,6 +40,7 @@ export class PackingView implements PlanView {
 
   /** Render the packing of `doc`; resolves once plotly has drawn. */
   async draw(doc: PlanDoc): Promise<void> {
+    this._doc = doc;
     const figure = packingFigure(doc);
     if (figure.traces.length === 0) {
       this._message.textContent = 'This plan has no packing (plan with a strategy that packs, e.g. "olla").';
@@ -45,7 +55,7 @@ export class PackingView implements PlanView {
     const yTitle = { text: `address (${figure.unit.name})` };
     const layout: Record<string, unknown> = {
       height: 460,
-      margin: { l: 60, r: 20, t: 40, b: 40 },
+      margin: { l: 60, r: 20, t: 56, b: 40 },
       paper_bgcolor: 'rgba(0,0,0,0)',
       plot_bgcolor: 'rgba(0,0,0,0)',
       font: { color: colors.font, family: colors.family },
@@ -89,6 +99,7 @@ export class PackingView implements PlanView {
 
   dispose(): void {
     this._disposed = true;
+    this._themeObserver.disconnect();
     if (this._drawn) {
       void loadPlotly().then(Plotly => Plotly.purge(this._plot));
     }

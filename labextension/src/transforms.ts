@@ -532,9 +532,9 @@ export function kindCategory(kind: string): string {
   return table[kind] ?? kind;
 }
 
-/** A scattergl trace (filled polygons or hover points) as plain data. */
+/** A packing trace (SVG filled polygons or WebGL hover points) as plain data. */
 export interface GlTrace {
-  type: 'scattergl';
+  type: 'scattergl' | 'scatter';
   name: string;
   x: (number | null)[];
   y: (number | null)[];
@@ -552,10 +552,10 @@ export interface GlTrace {
 }
 
 /**
- * Placements -> rectangles (x = lifetime in steps, y = address), one filled scattergl polygon trace per
- * category (x0,x1,x1,x0,x0 then a null gap), plus one marker trace at the rectangle centres carrying the
- * escaped tensor hover text: a fixed handful of WebGL traces however many tensors there are, instead of
- * one plotly shape each (which takes seconds at 10k tensors).  OLLA (Steiner et al. 2022), section 4.2:
+ * Placements -> rectangles (x = lifetime in steps, y = address), one filled polygon trace per category
+ * (x0,x1,x1,x0,x0 then a null gap), plus one WebGL marker trace at the rectangle centres carrying the
+ * escaped tensor hover text: a fixed handful of traces however many tensors there are, instead of one
+ * plotly shape each (which takes seconds at 10k tensors).  OLLA (Steiner et al. 2022), section 4.2:
  * the address plan is the (time, address) rectangle packing.
  */
 export function packingTraces(
@@ -600,8 +600,10 @@ export function packingTraces(
   for (const cat of categoryOrder(Object.fromEntries([...groups.keys()].map(k => [k, []])))) {
     const g = groups.get(cat)!;
     const color = CATEGORY_COLORS[cat] ?? FALLBACK_COLOR;
+    // One SVG path per category: plotly's WebGL fill triangulates every polygon on the CPU (20 s for
+    // 10k rectangles in headless Chromium), while an SVG path of 10k closed subpaths draws at once.
     traces.push({
-      type: 'scattergl',
+      type: 'scatter',
       name: escapeHtml(cat.replace(/_/g, ' ')),
       x: g.x,
       y: g.y,
@@ -651,14 +653,14 @@ export function packingFigure(doc: PlanDoc): {
     showlegend: true
   });
   const titles = [
-    `planned packing: ${formatBytes(packing.peak_bytes)}, fragmentation ${(100 * packing.fragmentation).toFixed(1)}%`
+    `planned packing<br>${formatBytes(packing.peak_bytes)}, fragmentation ${(100 * packing.fragmentation).toFixed(1)}%`
   ];
   if (allocator) {
     traces.push(
       ...packingTraces(doc, allocator.blocks, unit.scale, { xaxis: 'x2', yaxis: 'y2', showlegend: false })
     );
     titles.push(
-      `PyTorch caching allocator (simulated): ${formatBytes(allocator.reserved_bytes)}, ` +
+      `PyTorch caching allocator (simulated)<br>${formatBytes(allocator.reserved_bytes)}, ` +
         `fragmentation ${(100 * allocator.fragmentation).toFixed(1)}%`
     );
   }

@@ -14,6 +14,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from memviz.planfile import MIME_TYPE
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -24,6 +26,14 @@ NOTEBOOKS = {
     "packing.ipynb": "PACKING OK",
     "long_sequence_chunking.ipynb": "CHUNKING OK",
     "neuron_whatif.ipynb": "NEURON OK",
+}
+#: notebook -> rich outputs it must display: the plan MIME bundle and/or a widget view
+DISPLAYS = {
+    "quickstart.ipynb": {MIME_TYPE, "application/vnd.jupyter.widget-view+json"},
+    "gpt2_training_budget.ipynb": {MIME_TYPE},
+    "packing.ipynb": {MIME_TYPE},
+    "long_sequence_chunking.ipynb": {"application/vnd.jupyter.widget-view+json"},
+    "neuron_whatif.ipynb": {"application/vnd.jupyter.widget-view+json"},
 }
 TIMEOUT_S = 180  # per cell; each notebook takes <= 60 s unloaded
 
@@ -56,3 +66,5 @@ def test_notebook_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     errors = [o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
     assert NOTEBOOKS[name] in _stdout(book.cells[-1]), _stdout(book.cells[-1])
+    shown = {mime for c in book.cells for o in c.get("outputs", []) for mime in o.get("data", {})}
+    assert DISPLAYS[name] <= shown, DISPLAYS[name] - shown

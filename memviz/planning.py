@@ -261,6 +261,14 @@ def plan(
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
     result, timeline, name = _solve_first(graph, candidates, effective, time_limit)
+    if strategy == "auto" and name == "checkmate" and result.stats.status != "optimal":
+        # a time-limited MILP incumbent can be worse than the hierarchy's plan: keep the cheaper
+        try:
+            other, other_tl = solve_checked(graph, "rockmate", effective, time_limit)
+            if other_tl.total_time < timeline.total_time:
+                result, timeline, name = other, other_tl, "rockmate"
+        except (PlanningError, InfeasibleBudget):
+            pass
     if timeline.total_time > baseline.total_time and baseline.peak_bytes <= effective:
         # never worse than PyTorch's own order when that order already fits
         result = SolveResult(base_schedule, SolverStats("none", "heuristic", result.stats.seconds))

@@ -72,3 +72,27 @@ def test_plans_keep_model_outputs_and_export_runs(strategy):
         expected = model(*args)
         torch.manual_seed(0)
         torch.testing.assert_close(exported(*args), expected)
+
+
+def test_auto_keeps_rockmate_when_a_time_limited_checkmate_incumbent_is_worse(monkeypatch):
+    from graphs import transformer_blocks
+
+    from memviz import planning
+    from solvers import sqrt
+    from solvers.result import SolveResult, SolverStats
+
+    graph = transformer_blocks(2)
+    assert len(graph.computes) <= planning.CHECKMATE_MAX_NODES
+    budget = minimum_budget(graph, "rotor") * 21 // 20
+
+    def poor_incumbent(g, b, *, time_limit=60.0):  # a valid but costly plan, as a MILP cut short gives
+        return SolveResult(sqrt.solve(g, b, time_limit=time_limit).schedule,
+                           SolverStats("checkmate", "feasible", 0.0, gap=0.5))
+
+    real_solver = planning._solver
+    monkeypatch.setattr(planning, "_solver", lambda s: poor_incumbent if s == "checkmate" else real_solver(s))
+    chosen = planning.plan(graph, budget, frontier=False, packing=False)
+    rock = planning.plan(graph, budget, strategy="rockmate", frontier=False, packing=False)
+    poor = planning.plan(graph, budget, strategy="checkmate", frontier=False, packing=False)
+    assert poor.time_overhead > rock.time_overhead  # the scenario under test
+    assert chosen.strategy == "rockmate" and chosen.time_overhead == rock.time_overhead

@@ -64,9 +64,11 @@ export class PackingView implements PlanView {
       xaxis: { ...axis, domain: two ? [0, 0.48] : [0, 1], title: { text: 'schedule step' } },
       yaxis: { ...axis, title: yTitle, rangemode: 'tozero' },
       annotations: figure.titles.map((text, i) => ({
-        xref: 'paper',
+        // Centred over its own subplot (plotly's "x domain" reference), whatever the figure width.
+        xref: i === 0 ? 'x domain' : 'x2 domain',
         yref: 'paper',
-        x: i === 0 ? (two ? 0.24 : 0.5) : 0.76,
+        x: 0.5,
+        xanchor: 'center',
         y: 1.02,
         yanchor: 'bottom',
         showarrow: false,

@@ -10,6 +10,7 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   page,
   tmpPath
 }) => {
+  test.setTimeout(420000); // capture + chunk search in the kernel on a loaded 2-core machine
   await openAndRunAll(page, tmpPath, 'chunks.ipynb');
 
   const editor = page.locator('.jp-memviz-chunk-editor');

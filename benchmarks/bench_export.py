@@ -14,9 +14,7 @@ measured peak (live-storage tracker, DESIGN.md "Correctness means") against ``pl
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 
@@ -100,15 +98,9 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="mlp and gpt at 75/50% only")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "export.json")
-    a = ap.parse_args(argv)
-    result = run(a.quick)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(result["markdown"])
-    return 0
+    from run import bench_main
+
+    return bench_main(run, "export", __doc__, argv, "mlp and gpt at 75 and 50 percent only")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ Run: ``python benchmarks/bench_remat.py [--quick] [--out FILE]``; prints a markd
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -208,15 +206,9 @@ def headline(result: dict) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "remat.json")
-    a = ap.parse_args(argv)
-    result = run(a.quick)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(result["markdown"])
-    return 0
+    from run import bench_main
+
+    return bench_main(run, "remat", __doc__, argv)
 
 
 if __name__ == "__main__":

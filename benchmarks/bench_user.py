@@ -13,8 +13,6 @@ minimum budget to the eager peak (strategy "auto", with the budget frontier the 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -91,15 +89,9 @@ def run(quick: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="mlp and gpt only")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "user.json")
-    a = ap.parse_args(argv)
-    result = run(a.quick)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(result["markdown"])
-    return 0
+    from run import bench_main
+
+    return bench_main(run, "user", __doc__, argv, "mlp and gpt only")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,6 +37,20 @@ QUICK_BUDGET_S = 300.0
 #: every bench_*.py here; remat first: the longest, and the one the headline leads with
 BENCHMARKS = sorted((p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")),
                     key=lambda n: (n != "remat", n))
+
+
+def bench_main(run: Callable[[bool], dict], name: str, doc: str, argv: list[str] | None = None,
+               quick_help: str = "small sizes") -> int:
+    """The command line every bench_*.py shares: `[--quick] [--out FILE]`, JSON written, markdown printed."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / f"{name}.json")
+    a = ap.parse_args(argv)
+    result = run(a.quick)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(result["markdown"])
+    return 0
 
 
 def machine_info() -> dict:

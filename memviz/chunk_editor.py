@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import ipywidgets as widgets
 import traitlets
 
 from memviz.chunking import ChunkPlan, plan_chunks
-from memviz.widget import MODULE_NAME, MODULE_VERSION
+from memviz.widget import MemvizWidget
 from solvers import autochunk as ac
 
 
@@ -72,7 +71,7 @@ def _plan_of(source: Any, args: tuple | None, budget: Any) -> ChunkPlan:
     return plan_chunks(model, tuple(args), budget)
 
 
-class ChunkEditor(widgets.DOMWidget):
+class ChunkEditor(MemvizWidget):
     """Chunk-region editor: `ChunkEditor(model, args, budget=0.5)` or `ChunkEditor(chunk_plan)`.
 
     Every edit of `regions_json` (from the view, or assigned here) is re-estimated with
@@ -81,10 +80,6 @@ class ChunkEditor(widgets.DOMWidget):
 
     _model_name = traitlets.Unicode("ChunkEditorModel").tag(sync=True)
     _view_name = traitlets.Unicode("ChunkEditorView").tag(sync=True)
-    _model_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
-    _view_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
-    _model_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
-    _view_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
 
     doc_json = traitlets.Unicode("").tag(sync=True)
     regions_json = traitlets.Unicode("[]").tag(sync=True)

@@ -12,10 +12,9 @@ import dataclasses
 import json
 from typing import Any
 
-import ipywidgets as widgets
 import traitlets
 
-from memviz.widget import MODULE_NAME, MODULE_VERSION
+from memviz.widget import MemvizWidget
 from solvers import analytic
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
@@ -110,16 +109,12 @@ def whatif_estimate(
             "verdict": verdict, "estimate": est}
 
 
-class WhatIf(widgets.DOMWidget):
+class WhatIf(MemvizWidget):
     """`WhatIf(config_or_gpt, device="h100")`: memory per device of a GPT-like training run under
     tensor parallel degree, sequence parallel, recompute mode, pipeline stages and micro-batch."""
 
     _model_name = traitlets.Unicode("WhatIfModel").tag(sync=True)
     _view_name = traitlets.Unicode("WhatIfView").tag(sync=True)
-    _model_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
-    _view_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
-    _model_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
-    _view_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
 
     config_json = traitlets.Unicode("").tag(sync=True)
     devices_json = traitlets.Unicode("").tag(sync=True)

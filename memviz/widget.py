@@ -22,17 +22,22 @@ MODULE_NAME = "jupyterlab-memviz"
 MODULE_VERSION = "^0.1.0"
 
 
-class Planner(widgets.DOMWidget):
+class MemvizWidget(widgets.DOMWidget):
+    """A DOMWidget whose model and view live in this package's labextension; subclasses name them."""
+
+    _model_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
+    _view_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
+    _model_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
+    _view_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
+
+
+class Planner(MemvizWidget):
     """Interactive memory planner: `Planner(model, args, mode="train")`, `Planner(profile)` or
     `Planner(plan)`.  Dragging the budget slider re-plans; Export writes the module source and the
     plan JSON next to the notebook (never overwriting without `export_overwrite`)."""
 
     _model_name = traitlets.Unicode("PlannerModel").tag(sync=True)
     _view_name = traitlets.Unicode("PlannerView").tag(sync=True)
-    _model_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
-    _view_module = traitlets.Unicode(MODULE_NAME).tag(sync=True)
-    _model_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
-    _view_module_version = traitlets.Unicode(MODULE_VERSION).tag(sync=True)
 
     plan_json = traitlets.Unicode("").tag(sync=True)
     budget_index = traitlets.Int(-1).tag(sync=True)

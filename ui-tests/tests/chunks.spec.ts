@@ -26,15 +26,15 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   // fewer chunks: more memory, the kernel answers with a new estimate
   const first = editor.locator('.jp-memviz-chunk-region[data-region="0"]');
   await first.locator('.jp-memviz-chunk-chunks').fill('2');
-  await first.locator('.jp-memviz-chunk-chunks').press('Enter');
-  await expect(estimate).not.toHaveText(before ?? '');
+  await first.locator('.jp-memviz-chunk-chunks').press('Tab');
+  await expect(estimate).not.toHaveText(before ?? '', { timeout: 30000 });
   await expect(editor.locator('.jp-memviz-chunk-error')).toHaveText('');
   await expect(first.locator('.jp-memviz-chunk-chunks')).toHaveValue('2');
   await editor.screenshot({ path: test.info().outputPath('chunks-edited.png') });
 
   // drag the start edge back to the first LayerNorm (op index 5): the flow breaks at a view
   await first.locator('.jp-memviz-chunk-x0').fill('5');
-  await first.locator('.jp-memviz-chunk-x0').press('Enter');
+  await first.locator('.jp-memviz-chunk-x0').press('Tab');
   await expect(editor.locator('.jp-memviz-chunk-error')).toContainText('breaks at view', { timeout: 30000 });
   await editor.screenshot({ path: test.info().outputPath('chunks-illegal.png') });
 

@@ -16,7 +16,7 @@ from typing import Any
 import traitlets
 
 from memviz.chunking import ChunkPlan, plan_chunks
-from memviz.widget import MemvizWidget
+from memviz.widget import MemvizWidget, refuse_clobber
 from solvers import autochunk as ac
 
 
@@ -148,13 +148,9 @@ class ChunkEditor(MemvizWidget):
         """Write the chunked module's readable source (`GraphModule.code`) and the chunk plan JSON."""
         target = Path(path)
         plan_path = target.with_suffix(".chunks.json")
-        clashes = [str(p) for p in (target, plan_path) if p.exists()]
-        if clashes and not overwrite:
-            return {
-                "ok": False,
-                "exists": clashes,
-                "message": f"{', '.join(clashes)} already exist: confirm to overwrite",
-            }
+        refusal = refuse_clobber((target, plan_path), overwrite)
+        if refusal:
+            return refusal
         try:
             code = self.plan.module().code
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,15 @@ MODULE_NAME = "jupyterlab-memviz"
 MODULE_VERSION = "^0.1.0"
 
 
+def refuse_clobber(paths: tuple[Path, ...], overwrite: bool) -> dict[str, Any] | None:
+    """The export reply when some of `paths` exist and the user has not confirmed overwriting them."""
+    clashes = [str(p) for p in paths if p.exists()]
+    if not clashes or overwrite:
+        return None
+    message = f"{', '.join(clashes)} already exist: confirm to overwrite"
+    return {"ok": False, "exists": clashes, "message": message}
+
+
 class MemvizWidget(widgets.DOMWidget):
     """A DOMWidget whose model and view live in this package's labextension; subclasses name them."""
 
@@ -122,13 +131,9 @@ class Planner(MemvizWidget):
         """Write the optimized module source, the plan JSON and the offline report beside it."""
         target = Path(path)
         plan_path, report_path = target.with_suffix(".plan.json"), target.with_suffix(".html")
-        clashes = [str(p) for p in (target, plan_path, report_path) if p.exists()]
-        if clashes and not overwrite:
-            return {
-                "ok": False,
-                "exists": clashes,
-                "message": f"{', '.join(clashes)} already exist: confirm to overwrite",
-            }
+        refusal = refuse_clobber((target, plan_path, report_path), overwrite)
+        if refusal:
+            return refusal
         try:
             if self.profile is not None:
                 from memviz.export import export

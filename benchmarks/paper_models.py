@@ -4,15 +4,14 @@
   2, 2, 4, 4, 4 with 64..512 channels, 2x2 max pooling, three fully connected layers 4096-4096-1000),
   the network of Checkmate's batch-size evaluation (Jain et al., MLSys 2020) at 224x224.  As in
   torchvision: ReLU in place, dropout 0.5 between the classifier layers, adaptive 7x7 average pool.
-* `MegatronLayer`: the pre-LN GPT layer of Korthikanti et al. (MLSys 2023) Fig. 2, with explicit
-  softmax attention and three dropouts, whose stored activations Sec. 4.1 counts.
+* `MegatronLayer` (defined in examples/models.py, where the analytic tests use it too): the pre-LN
+  GPT layer of Korthikanti et al. (MLSys 2023) Fig. 2, whose stored activations Sec. 4.1 counts.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 #: VGG19's conv channels per stage ("E" in Table 1 of the VGG paper); "M" is a 2x2 max pool.
 VGG19_CFG: tuple[int | str, ...] = (
@@ -73,26 +72,3 @@ def vgg19(batch: int, image: int = 224, device: str = "meta") -> tuple[nn.Module
     with torch.device(device):
         model = VGG19()
         return model, (torch.randn(batch, 3, image, image),)
-
-
-class MegatronLayer(nn.Module):
-    """Pre-LN GPT layer as in Korthikanti Fig. 2: LN, QKV, explicit softmax attention with dropout,
-    output projection + dropout + residual, LN, 4h MLP with GELU + dropout + residual."""
-
-    def __init__(self, hidden: int, heads: int, p: float = 0.1) -> None:
-        super().__init__()
-        self.heads, self.p = heads, p
-        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        a, dh = self.heads, h // self.heads
-        q, k, v = (t.view(b, s, a, dh).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
-        scores = torch.matmul(q, k.transpose(-2, -1)) * dh**-0.5
-        probs = F.dropout(torch.softmax(scores, dim=-1), self.p, True)
-        context = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, h)
-        x = x + F.dropout(self.proj(context), self.p, True)
-        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, True)

@@ -248,3 +248,27 @@ def vit(batch: int = 2, image: int = 16, patch: int = 4, d: int = 32, heads: int
 
 #: name -> factory, used by tests and benchmarks.
 EXAMPLES = {"mlp": mlp, "gpt": gpt, "resnet": resnet, "unet": unet, "vit": vit}
+
+
+# --- Megatron GPT layer (Korthikanti et al., MLSys 2023, Fig. 2) ---------------------------------
+class MegatronLayer(nn.Module):
+    """Pre-LN GPT layer as in Korthikanti Fig. 2: LN, QKV, explicit softmax attention with dropout,
+    output projection + dropout + residual, LN, 4h MLP with GELU + dropout + residual."""
+
+    def __init__(self, hidden: int, heads: int, p: float = 0.1) -> None:
+        super().__init__()
+        self.heads, self.p = heads, p
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        a, dh = self.heads, h // self.heads
+        q, k, v = (t.view(b, s, a, dh).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
+        scores = torch.matmul(q, k.transpose(-2, -1)) * dh**-0.5
+        probs = F.dropout(torch.softmax(scores, dim=-1), self.p, True)
+        context = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, h)
+        x = x + F.dropout(self.proj(context), self.p, True)
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, True)

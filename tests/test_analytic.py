@@ -222,30 +222,7 @@ def test_breakdown_names_every_term():
 
 # --- Part 2: a real GPT layer's saved-for-backward tensors ------------------------------------------
 torch = pytest.importorskip("torch")
-nn, F = torch.nn, torch.nn.functional
-
-
-class MegatronLayer(nn.Module):
-    """Pre-LN GPT layer as in Korthikanti Fig. 2: LN, QKV, explicit softmax attention with dropout,
-    output projection + dropout + residual, LN, 4h MLP with GELU + dropout + residual."""
-
-    def __init__(self, hidden: int, heads: int, p: float) -> None:
-        super().__init__()
-        self.heads, self.p = heads, p
-        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        a, dh = self.heads, h // self.heads
-        q, k, v = (t.view(b, s, a, dh).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
-        scores = torch.matmul(q, k.transpose(-2, -1)) * dh**-0.5
-        probs = F.dropout(torch.softmax(scores, dim=-1), self.p, True)
-        context = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, h)
-        x = x + F.dropout(self.proj(context), self.p, True)
-        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, True)
+from examples.models import MegatronLayer  # noqa: E402  (after the torch importorskip)
 
 
 def saved_activation_storages(layer, x):

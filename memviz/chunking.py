@@ -148,11 +148,27 @@ def _temps(
     return (*per, max(0, total - sum(per)))
 
 
+def _source_kind(n: torch.fx.Node, seen: dict[int, str]) -> tuple[str, str | None]:
+    """("input" | "parameter" | "buffer", the earlier node holding the same tensor).  Tied weights are
+    two attributes naming one Parameter: the second aliases the first, so it is counted once."""
+    if n.op == "placeholder":
+        return "input", None
+    owner = n.graph.owning_module
+    obj = operator.attrgetter(n.target)(owner) if owner is not None else None
+    buffer = isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter)
+    kind = "buffer" if buffer else "parameter"
+    if obj is None:
+        return kind, None
+    first = seen.setdefault(id(obj), n.name)
+    return kind, (first if first != n.name else None)
+
+
 def translate(graph: torch.fx.Graph) -> ac.OpGraph:
     """FX graph (from torch.export) -> OpGraph: shapes from the fake-tensor metadata, aliases from a
     meta-device replay, tensor operands in argument order."""
     nodes: list[ac.OpNode] = []
     metas: dict[str, Any] = {}
+    sources: dict[int, str] = {}
     outputs: tuple[str, ...] = ()
     for n in graph.nodes:
         val = n.meta.get("val")
@@ -165,7 +181,13 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
         itemsize = tensors[0].dtype.itemsize if tensors else 0
         if n.op in ("placeholder", "get_attr"):
             metas[n.name] = _meta(val)
-            nodes.append(ac.OpNode(n.name, "input", shapes=shapes, itemsize=itemsize))
+            kind, alias = _source_kind(n, sources)
+            dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
+            nodes.append(
+                ac.OpNode(
+                    n.name, "input", shapes=shapes, itemsize=itemsize, alias=alias, kind=kind, dtype=dtype
+                )
+            )
             continue
         inputs = tuple(dict.fromkeys(a.name for a in n.all_input_nodes))
         if n.op != "call_function":

@@ -32,6 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from solvers.ir import DataKind, Graph, GraphBuilder
+from solvers.schedule import Schedule, Step
+
 FULL = None  # demand marker: the consumer reads the whole tensor
 MEMORY_WEIGHT = 10.0  # selection: relative excess over the budget versus relative slowdown
 
@@ -57,6 +60,8 @@ class OpNode:
     alias: str | None = None
     multi: bool = False
     temps: tuple[int, ...] = ()  # workspace bytes per operand (copies of it), then the unexplained rest
+    kind: str = ""  # inputs: "parameter", "buffer" or "input" (the user's), for the memory breakdown
+    dtype: str = ""  # element type name ("float32", "int64"): inputs are rebuilt from shape and dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -80,6 +85,8 @@ class OpNode:
             "alias": self.alias,
             "multi": self.multi,
             "temps": list(self.temps),
+            "kind": self.kind,
+            "dtype": self.dtype,
         }
 
     @classmethod
@@ -95,6 +102,8 @@ class OpNode:
             d["alias"],
             d["multi"],
             tuple(d.get("temps", ())),
+            d.get("kind", ""),
+            d.get("dtype", ""),
         )
 
 
@@ -789,13 +798,16 @@ class ChunkRegion:
         return -(-self.flow.extent // self.chunks)
 
 
-def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
+def _slice_bytes(node: OpNode, d: int, size: int) -> int:
+    """Bytes of `size` entries of the node's outputs along dim `d` (views included)."""
     return (
         sum(math.prod(size if i == d else s for i, s in enumerate(shape)) for shape in node.shapes)
         * node.itemsize
-        if node.alias is None
-        else 0
     )
+
+
+def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
+    return _slice_bytes(node, d, size) if node.alias is None else 0
 
 
 def hoisted_only(g: OpGraph, f: Flow) -> list[str]:
@@ -1198,3 +1210,208 @@ def with_count(r: ChunkRegion, chunks: int) -> ChunkRegion:
             f"chunk count {chunks} outside 1..{r.flow.extent} for region {r.flow.start}..{r.flow.end}"
         )
     return replace(r, chunks=chunks)
+
+
+# --------------------------------------------------------------------------------------------------
+# The chunked run as a CD-graph + schedule, so `solvers.simulate` checks and measures it
+# --------------------------------------------------------------------------------------------------
+_SOURCE_KINDS = {"parameter": DataKind.PARAMETER, "buffer": DataKind.BUFFER}
+
+
+@dataclass(frozen=True)
+class ChunkedRun:
+    """The inference run with `regions` as loops: a CD-graph with one compute node per op outside the
+    regions, an ``empty`` per region output buffer and one compute node per chunked op *per chunk*,
+    and the schedule the generated code executes (frees where its references die).  `spans[i]` is
+    the [first, last] schedule step of region i."""
+
+    graph: Graph
+    schedule: Schedule
+    spans: tuple[tuple[int, int], ...]
+
+
+class _RunBuilder:
+    """Emits compute and free steps while tracking which storages are alive (Sec. 3.4, Eq. 2 made
+    explicit: the same accounting as `estimate_memory`, step by step)."""
+
+    def __init__(self, g: OpGraph, speed: SpeedModel, name: str) -> None:
+        self.g, self.speed = g, speed
+        self.b = GraphBuilder(name)
+        self.steps: list[Step] = []
+        self.data: dict[str, int] = {}  # storage (root node or region buffer) -> data id
+        self.live: set[str] = set()
+        self.outputs: set[str] = set()
+
+    def compute(
+        self,
+        name: str,
+        op: str,
+        ins: Iterable[int],
+        out: tuple[str, int, DataKind] | None,
+        time: float,
+        temp: int,
+    ) -> int | None:
+        d = None
+        outs: tuple[int, ...] = ()
+        if out is not None and out[1] > 0:
+            d = self.b.data(out[0], out[1], out[2])
+            outs = (d,)
+        c = self.b.compute(name, tuple(dict.fromkeys(ins)), outs, op=op, time=time, temp_bytes=int(temp))
+        self.steps.append(Step("compute", c))
+        return d
+
+    def free(self, d: int) -> None:
+        self.steps.append(Step("free", d))
+
+
+def chunked_run(
+    g: OpGraph, regions: Sequence[ChunkRegion] = (), speed: SpeedModel | None = None, name: str = "inference"
+) -> ChunkedRun:
+    """The CD-graph and schedule of running `g` with `regions` chunked (none: the unchunked run).
+
+    Sources (parameters, buffers, user inputs; tied weights once) are alive throughout; every other
+    storage is freed after the last op or region reading it, region intermediates after their last
+    reader inside the chunk; a chunked region output is an ``empty`` buffer each chunk writes into.
+    Times come from the speed model (Eq. 8-10): chunk `k` of an op costs `node_time` at its fraction,
+    and each chunk's output copy and strided input copies are charged to the op doing them.
+    """
+    speed = speed or SpeedModel()
+    rb = _RunBuilder(g, speed, name)
+    buffers = {o for r in regions for o in r.flow.outputs}
+
+    def store(v: str) -> str:
+        while v not in buffers and g[v].alias is not None:
+            v = g[v].alias  # type: ignore[assignment]
+        return v
+
+    region_of: dict[str, int] = {}
+    for ri, r in enumerate(regions):
+        for x in region_nodes(g, r.flow.start, r.flow.end):
+            region_of[x] = ri
+    item = {n.name: ("r", region_of[n.name]) if n.name in region_of else ("n", n.name) for n in g.nodes}
+    order: dict[tuple, int] = {}
+    for n in g.nodes:
+        order.setdefault(item[n.name], len(order))
+    last: dict[str, int] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            last[store(v)] = max(last.get(store(v), -1), order[item[n.name]])
+    finals = {store(o) for o in g.outputs}
+
+    def kind(v: str) -> DataKind:
+        return DataKind.OUTPUT if v in finals else DataKind.ACTIVATION
+
+    def free_dead(p: int) -> None:
+        for s in sorted(s for s in rb.live if s not in finals and last.get(s, -1) <= p):
+            rb.live.discard(s)
+            rb.free(rb.data[s])
+
+    def whole(n: OpNode) -> None:
+        ins = [rb.data[store(v)] for v in n.inputs if store(v) in rb.data]
+        d = rb.compute(
+            n.name, n.op, ins, (n.name, n.nbytes, kind(n.name)), node_time(g, n, speed), sum(n.temps)
+        )
+        if d is not None:
+            rb.data[n.name] = d
+            rb.live.add(n.name)
+
+    for n in g.nodes:
+        if n.op == "input" and n.alias is None:
+            rb.data[n.name] = rb.b.data(
+                n.name,
+                _full_bytes(n),
+                _SOURCE_KINDS.get(n.kind, DataKind.INPUT),
+                shape=n.shape,
+                dtype=n.dtype,
+            )
+    spans: list[tuple[int, int]] = []
+    done: set[int] = set()
+    for n in g.nodes:
+        if n.op in ("input", "output"):
+            continue
+        key = item[n.name]
+        if key[0] == "n":
+            whole(n)
+            free_dead(order[key])
+            continue
+        if key[1] in done:
+            continue
+        done.add(key[1])
+        first = len(rb.steps)
+        _emit_region(g, regions[key[1]], rb, store, whole, kind)
+        free_dead(order[key])
+        spans.append((first, len(rb.steps) - 1))
+    rb.b.outputs = sorted({rb.data[v] for v in finals if v in rb.data})
+    return ChunkedRun(rb.b.build(), tuple(rb.steps), tuple(spans))
+
+
+def _emit_region(
+    g: OpGraph,
+    r: ChunkRegion,
+    rb: _RunBuilder,
+    store: Callable[[str], str],
+    whole: Callable[[OpNode], None],
+    kind: Callable[[str], DataKind],
+) -> None:
+    """Hoisted ops whole, output buffers, then every chunk's ops in turn (the generated loop)."""
+    f, speed = r.flow, rb.speed
+    for h in f.hoisted:
+        whole(g[h])
+    for h in hoisted_only(g, f):  # read only while hoisting (the ones/tril of a causal mask)
+        if h in rb.live:
+            rb.live.discard(h)
+            rb.free(rb.data[h])
+    for o in f.outputs:
+        # time 0: the copies into the buffer are charged to the chunks, as in region_slowdown
+        buf = rb.compute(f"{o}.buffer", "empty", (), (o, _full_bytes(g[o]), kind(o)), 0.0, 0)
+        if buf is not None:
+            rb.data[o] = buf
+            rb.live.add(o)
+    body = [x for x in region_nodes(g, f.start, f.end) if x in f.dims]
+    inside = set(body)
+    blast: dict[str, int] = {}  # chunk storage -> index of its last reader in the body
+    for i, x in enumerate(body):
+        for v in g[x].inputs:
+            if g.root(v) in inside:
+                blast[g.root(v)] = i
+        if x in f.outputs:  # a chunk result lives until it is copied into its buffer
+            blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
+    # a narrowed input chunked along an inner dim is copied by its first reader (the stride term)
+    strided = {v for v, ds in f.narrow.items() for d in ds if any(s != 1 for s in g[v].shape[:d])}
+    copier = {
+        v: next(x for x in body if v in g[x].inputs) for v in strided if any(v in g[x].inputs for x in body)
+    }
+    for lo in range(0, f.extent, r.step):
+        size = min(r.step, f.extent - lo)
+        frac = size / f.extent
+        chunk: dict[str, int] = {}  # chunk storage (root node in the body) -> data id
+
+        def operand(v: str, chunk: dict[str, int] = chunk) -> int | None:
+            return chunk.get(g.root(v)) if g.root(v) in inside else rb.data.get(store(v))
+
+        for i, x in enumerate(body):
+            node, d = g[x], f.dims[x]
+            ins = [a for a in map(operand, node.inputs) if a is not None]
+            t = node_time(g, node, speed, frac, d)
+            t += sum(
+                _full_bytes(g[v]) * frac / speed.bandwidth + speed.overhead_s
+                for v in strided
+                if copier.get(v) == x
+            )
+            if x in f.outputs:  # written into its buffer
+                ins.append(rb.data[x])
+                t += _slice_bytes(node, d, size) / speed.bandwidth + speed.overhead_s
+            chunked_in = {dm.input for dm in demands_of(node, d, g) if dm.dim is not None}
+            ws = sum(
+                w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False)
+            )
+            if len(node.temps) > len(node.inputs):
+                ws += node.temps[-1] * frac
+            label = f"{x}[{lo}:{lo + size}]"
+            out = rb.compute(
+                label, node.op, ins, (label, _chunk_bytes(node, d, size), DataKind.ACTIVATION), t, int(ws)
+            )
+            if out is not None:
+                chunk[x] = out
+            for s in [s for s in chunk if blast.get(s, -1) <= i]:
+                rb.free(chunk.pop(s))

@@ -41,6 +41,86 @@ def random_buffers(seed: int, n: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def reference_greedy(buffers: list[tuple[int, int, int]], order: str) -> tuple[list[int], int]:
+    """The plain definition of best fit (TFLite GreedyBySize): scan every placed buffer that overlaps in
+    time, in address order, and take the smallest gap that holds the new one, else the top."""
+    keys = {
+        "size": lambda i: (-buffers[i][2], buffers[i][0], i),
+        "lifetime": lambda i: (-(buffers[i][1] - buffers[i][0]), -buffers[i][2], i),
+        "area": lambda i: (-(buffers[i][1] - buffers[i][0]) * buffers[i][2], i),
+    }
+    offsets, placed, peak = [0] * len(buffers), [], 0
+    for i in sorted(range(len(buffers)), key=keys[order]):
+        s, e, z = buffers[i]
+        if z == 0:
+            continue
+        clash = sorted(
+            (offsets[j], offsets[j] + buffers[j][2])
+            for j in placed
+            if buffers[j][0] < e and s < buffers[j][1]
+        )
+        best, best_gap, top = None, None, 0
+        for lo, hi in clash:
+            if lo - top >= z and (best_gap is None or lo - top < best_gap):
+                best, best_gap = top, lo - top
+            top = max(top, hi)
+        offsets[i] = top if best is None else best
+        peak = max(peak, offsets[i] + z)
+        placed.append(i)
+    return offsets, peak
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_greedy_is_best_fit(seed: int) -> None:
+    rng = random.Random(seed)
+    buffers = []
+    for _ in range(rng.randint(1, 60)):
+        s = rng.randint(0, 20)
+        buffers.append((s, s + rng.randint(1, 8), rng.randint(0, 6)))
+    for order in ("size", "lifetime", "area"):
+        assert greedy_pack(buffers, order) == reference_greedy(buffers, order)
+
+
+def many_buffers(n: int, seed: int = 0) -> list[tuple[int, int, int]]:
+    """Training-like lifetimes: half short (temporaries), half living from forward into backward."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        s = rng.randint(0, n)
+        e = rng.randint(s + 1, 2 * n) if i % 2 else s + rng.randint(1, 20)
+        out.append((s, e, rng.randint(1, 1 << 20)))
+    return out
+
+
+@pytest.mark.slow
+def test_time_limit_holds_on_10k_buffers() -> None:
+    import time
+
+    buffers = many_buffers(10_000)
+    start = time.perf_counter()
+    p = pack(buffers, time_limit=2.0)
+    seconds = time.perf_counter() - start
+    assert seconds < 8.0, f"pack took {seconds:.1f} s for a 2 s limit"
+    assert validate_packing(buffers, p.offsets) == []
+    assert p.lower_bound <= p.peak_bytes <= p.greedy_peak
+    assert p.status == "feasible" and p.gap == pytest.approx((p.peak_bytes - p.extra["bound"]) / p.peak_bytes)
+
+
+def test_no_time_left_keeps_the_greedy_placement_with_its_gap() -> None:
+    # 1000 buffers in one segment with a gap to the bound: a tiny limit leaves no time to search
+    buffers = many_buffers(1000, seed=3)
+    p = pack(buffers, time_limit=0.01)
+    assert validate_packing(buffers, p.offsets) == []
+    assert p.peak_bytes == p.greedy_peak > p.lower_bound
+    assert p.status == "feasible" and p.gap > 0
+    assert p.extra["segments"] == ["out-of-time"]
+
+
+def test_time_limit_must_be_positive() -> None:
+    with pytest.raises(PackingError, match="time_limit must be a positive"):
+        pack([(0, 1, 1)], time_limit=0)
+
+
 @pytest.mark.parametrize("seed", range(25))
 def test_pack_is_optimal_on_tiny_instances(seed: int) -> None:
     buffers = random_buffers(seed, 3 + seed % 4)
@@ -71,7 +151,15 @@ def test_capacity_between_bound_and_optimum_is_proved_impossible() -> None:
     # Found by random search: max-live 12, but no placement beats 13 (the size-8 buffer needs 8
     # contiguous bytes beside the unit buffer, which the tight stack before step 7 pins in the middle).
     buffers = [
-        (1, 4, 3), (0, 5, 3), (8, 13, 8), (5, 7, 5), (3, 7, 5), (0, 6, 1), (0, 1, 5), (0, 3, 3), (4, 10, 1),
+        (1, 4, 3),
+        (0, 5, 3),
+        (8, 13, 8),
+        (5, 7, 5),
+        (3, 7, 5),
+        (0, 6, 1),
+        (0, 1, 5),
+        (0, 3, 3),
+        (4, 10, 1),
     ]
     assert max_live(buffers) == 12
     p = pack(buffers, time_limit=5.0)

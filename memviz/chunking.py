@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +29,16 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from solvers import autochunk as ac
 
-__all__ = ["ChunkPlan", "calibrate", "capture", "measure_activation_bytes", "plan_chunks"]
+__all__ = [
+    "ChunkPlan",
+    "ChunkedModule",
+    "calibrate",
+    "capture",
+    "export_chunks",
+    "measure_activation_bytes",
+    "plan_chunks",
+    "unchunked_plan",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -606,6 +616,20 @@ class ChunkPlan:
             self.graph, rs, self.speed, self.budget_bytes, self.baseline_peak_bytes, est.peak_bytes, self.gm
         )
 
+    def select(self, budget_bytes: int, *, beam: int = 4, window: int = 24) -> ChunkPlan:
+        """Regions chosen afresh for an activation budget on the same capture and speed model
+        (Sec. 3.4 selection: beam search around the peak until the budget is met)."""
+        sel = ac.select_chunks(self.graph, budget_bytes, self.speed, beam=beam, window=window)
+        return ChunkPlan(
+            self.graph,
+            list(sel.regions),
+            self.speed,
+            budget_bytes,
+            self.baseline_peak_bytes,
+            sel.peak_bytes,
+            self.gm,
+        )
+
     def module(self) -> torch.fx.GraphModule:
         """The chunked GraphModule: same flat positional inputs and output structure as the model."""
         if self.gm is None:
@@ -709,11 +733,133 @@ def plan_chunks(
             f"budget {budget!r}: give bytes (int > 0) or a fraction of the activation peak in (0, 1]"
         )
     speed = speed or calibrate(_device_of(model, args))
-    sel = ac.select_chunks(g, budget_bytes, speed, beam=beam, window=window)
-    return ChunkPlan(g, list(sel.regions), speed, budget_bytes, base.peak_bytes, sel.peak_bytes, gm)
+    unchunked = ChunkPlan(g, [], speed, budget_bytes, base.peak_bytes, base.peak_bytes, gm)
+    return unchunked.select(budget_bytes, beam=beam, window=window)
 
 
 def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:
     for t in (*model.parameters(), *[a for a in args if isinstance(a, torch.Tensor)]):
         return t.device.type
     return "cpu"
+
+
+# --------------------------------------------------------------------------------------------------
+# memviz.plan(strategy="autochunk") and memviz.export of its plans
+# --------------------------------------------------------------------------------------------------
+def unchunked_plan(prof: Any) -> ChunkPlan:
+    """The profile's model captured for chunking (no regions yet), on inputs rebuilt from the profiled
+    shapes and dtypes (the capture is shape-specialised; values do not matter), with the speed model
+    calibrated on the profile's device."""
+    if getattr(prof, "captured", None) is None:
+        raise ValueError(
+            "this profile was built from module hooks (the model could not be traced): chunking "
+            "needs a torch.export capture of the model"
+        )
+    if getattr(prof.device, "estimated", False):
+        raise ValueError(
+            f"autochunk calibrates its speed model by timing the device; {prof.device.name} is an "
+            "estimate: profile on the real device (device=None, 'cpu' or 'cuda')"
+        )
+    args = _profiled_args(prof.captured)
+    gm, g = capture(prof.model, args)
+    base = ac.estimate_memory(g).peak_bytes
+    return ChunkPlan(g, [], calibrate(_device_of(prof.model, args)), base, base, base, gm)
+
+
+def _profiled_args(cap: Any) -> tuple[torch.Tensor, ...]:
+    flat = []
+    for i, meta in enumerate(cap.input_meta):
+        if meta is None:
+            raise ValueError(
+                f"input {i} of the profiled call is not a tensor: autochunk captures the model on "
+                "positional tensor inputs only"
+            )
+        flat.append(torch.zeros(meta[0], dtype=meta[1]))
+    args, kwargs = tree_unflatten(flat, cap.in_spec)
+    if kwargs:
+        raise ValueError(
+            f"the profiled call passed keyword inputs {sorted(kwargs)}: autochunk captures the model "
+            "on positional tensor inputs only; profile it as model(*args)"
+        )
+    return tuple(args)
+
+
+def _graph_args(g: ac.OpGraph) -> tuple[torch.Tensor, ...]:
+    """The user inputs of a captured op graph as zero tensors of their shapes and dtypes."""
+    return tuple(
+        torch.zeros(n.shape, dtype=getattr(torch, n.dtype))
+        for n in g.nodes
+        if n.op == "input" and n.kind == "input"
+    )
+
+
+class ChunkedModule(torch.nn.Module):
+    """A chunk plan's GraphModule (`chunked`, readable loops in ``chunked.code``) behind the model's call
+    signature.  Runs without autograd (chunk plans are inference plans) and refuses inputs of other
+    shapes: the loops are specialised to the planned lengths."""
+
+    def __init__(self, model: torch.nn.Module, chunked: torch.fx.GraphModule, g: ac.OpGraph) -> None:
+        super().__init__()
+        self._orig_mod = model
+        self.chunked = chunked
+        self._inputs = [(n.name, n.shape, n.dtype) for n in g.nodes if n.op == "input" and n.kind == "input"]
+
+    def forward(self, *args: Any) -> Any:
+        from memviz.export import StalePlanError
+
+        if len(args) != len(self._inputs):
+            raise StalePlanError(
+                f"the chunk plan was made for {len(self._inputs)} positional inputs "
+                f"({', '.join(n for n, _, _ in self._inputs)}), got {len(args)}"
+            )
+        for a, (name, shape, dtype) in zip(args, self._inputs, strict=True):
+            if not isinstance(a, torch.Tensor) or tuple(a.shape) != shape or str(a.dtype) != f"torch.{dtype}":
+                got = (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+                raise StalePlanError(
+                    f"input {name!r} is {got}, but the chunk plan was made for {shape} {dtype}: chunk loops "
+                    "are shape-specific; profile and plan again for these shapes"
+                )
+        with torch.no_grad():
+            return self.chunked(*args)
+
+
+def export_chunks(
+    plan: Any, path: Any = None, *, model: torch.nn.Module | None = None, overwrite: bool = False
+) -> ChunkedModule:
+    """`memviz.export` of an autochunk plan: the model with the plan's regions as loops.  A plan from
+    `memviz.plan` reuses its capture; a loaded plan (or another model) is captured again on the
+    planned input shapes, checked against the plan's fingerprint, and its regions re-validated."""
+    from memviz.capture import fingerprint
+    from memviz.export import StalePlanError
+    from memviz.planfile import write_text_safely
+
+    prof = getattr(plan, "profile", None)
+    target = model if model is not None else getattr(prof, "model", None)
+    if target is None:
+        raise ValueError("the plan carries no model (loaded from JSON?): pass model=")
+    cp = plan.chunk_plan()
+    if cp.gm is None or prof is None or target is not prof.model:
+        args = _graph_args(cp.graph)
+        expected = plan.model.get("fingerprint")
+        if expected and fingerprint(target, args, None, "inference") != expected:
+            raise StalePlanError(
+                "the model differs from the one this plan was made for (parameter names, shapes or "
+                "dtypes, or input shapes changed): profile and plan again"
+            )
+        gm, g = capture(target, args)
+        cp = ChunkPlan(g, [], cp.speed, cp.budget_bytes, cp.baseline_peak_bytes, cp.peak_bytes, gm)
+        cp = cp.with_chunks(plan.chunks)
+    module = ChunkedModule(target, cp.module(), cp.graph)
+    if path is not None:
+        source, plan_path = Path(path), Path(path).with_suffix(".plan.json")
+        for p in (source, plan_path):
+            if p.exists() and not overwrite:
+                raise FileExistsError(f"{p} exists; pass overwrite=True to replace it")
+        header = (
+            f"# Generated by memviz.export from an autochunk plan ({len(cp.regions)} regions, planned peak "
+            f"{plan.peak_bytes} bytes).\n# The forward of ChunkedModule.chunked, for reading: it runs inside "
+            "memviz (its globals come from the GraphModule); the plan JSON is beside it.\n"
+        )
+        write_text_safely(source, header + module.chunked.code, overwrite=overwrite)
+        plan.save(plan_path, overwrite=overwrite)
+    return module

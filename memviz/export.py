@@ -282,15 +282,21 @@ class PlannedModule(nn.Module):
 
 # --- entry points -----------------------------------------------------------------------------------
 def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None = None,
-           overwrite: bool = False) -> PlannedModule:
+           overwrite: bool = False) -> nn.Module:
     """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
 
-    plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).
+    plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).  An
+    autochunk plan gives a `memviz.chunking.ChunkedModule` (regions as loops; ``path`` gets their code).
     path: also write readable Python source of the scheduled steps there, and the plan JSON beside it
     (``<path>.plan.json``); existing files are never overwritten unless ``overwrite=True``.
     model: the model to run (default: the profiled one).  A model whose parameters, or a plan whose
     inputs, differ from what was profiled raises `StalePlanError`.
     """
+    if getattr(plan, "strategy", None) == "autochunk":
+        # a chunk plan rewrites the model into loops instead of scheduling the captured graph
+        from memviz.chunking import export_chunks
+
+        return export_chunks(plan, path, model=model, overwrite=overwrite)
     prof = getattr(plan, "profile", None)
     graph: Graph = plan.graph
     if prof is not None and prof.captured is None:

@@ -68,7 +68,9 @@ def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]
         for run in ("baseline", "planned"):
             steps = steps_from_json(doc[run]["schedule"])
             recorded = doc[run]["timeline"]
-            fresh = simulate(graph, steps)
+            # an autochunk plan's baseline runs on the unchunked graph, stored with the run
+            run_graph = Graph.from_dict(doc[run]["graph"]) if "graph" in doc[run] else graph
+            fresh = simulate(run_graph, steps)
             if fresh.peak_bytes != recorded["peak_bytes"] or list(fresh.step_bytes) != recorded["step_bytes"]:
                 raise PlanFileError(
                     f"{source}: the {run} timeline does not match a simulation of its schedule "

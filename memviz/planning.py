@@ -58,6 +58,10 @@ class Plan:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     frontier: list[dict[str, Any]] = field(default_factory=list)
     profile: Any = field(default=None, repr=False, compare=False)
+    #: the graph the baseline schedule runs on, when the plan rewrote the model (autochunk); else `graph`
+    baseline_graph: Graph | None = None
+    #: autochunk: the `memviz.chunking.ChunkPlan` (or its JSON, after loading) regions are checked on
+    chunking: Any = field(default=None, repr=False, compare=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -81,13 +85,17 @@ class Plan:
             "strategy": self.strategy,
             "budget_bytes": self.budget_bytes,
             "graph": {**self.graph.to_dict(), "meta": _json_meta(self.graph.meta)},
-            "baseline": _run_dict(self.baseline_schedule, self.baseline),
+            "baseline": {
+                **_run_dict(self.baseline_schedule, self.baseline),
+                **({} if self.baseline_graph is None else {"graph": self.baseline_graph.to_dict()}),
+            },
             "planned": _run_dict(self.schedule, self.timeline),
             "solver_stats": self.solver_stats.to_dict(),
             "packing": self.packing,
             "chunks": self.chunks,
             "frontier": self.frontier,
             "cdgraph": cdgraph_dict(self),
+            **({} if self.chunking is None else {"chunking": _chunking_dict(self.chunking)}),
         }
 
     @classmethod
@@ -96,12 +104,15 @@ class Plan:
         graph = Graph.from_dict(doc["graph"])
         schedule = steps_from_json(doc["planned"]["schedule"])
         base_schedule = steps_from_json(doc["baseline"]["schedule"])
+        base_graph = Graph.from_dict(doc["baseline"]["graph"]) if "graph" in doc["baseline"] else None
         return cls(
             graph=graph,
             schedule=schedule,
             timeline=simulate(graph, schedule),
             baseline_schedule=base_schedule,
-            baseline=simulate(graph, base_schedule),
+            baseline=simulate(base_graph or graph, base_schedule),
+            baseline_graph=base_graph,
+            chunking=doc.get("chunking"),
             strategy=doc["strategy"],
             budget_bytes=doc["budget_bytes"],
             solver_stats=SolverStats(**doc["solver_stats"]),
@@ -110,6 +121,30 @@ class Plan:
             packing=doc["packing"],
             chunks=doc["chunks"],
             frontier=doc["frontier"],
+        )
+
+    def chunk_plan(self) -> Any:
+        """The `memviz.chunking.ChunkPlan` of an autochunk plan (rebuilt from the JSON after loading,
+        without its GraphModule: export then captures the model again)."""
+        if self.strategy != "autochunk" or self.chunking is None:
+            raise PlanningError(
+                f"this is a {self.strategy!r} plan; chunk regions belong to plans made with "
+                "memviz.plan(profile, budget, strategy='autochunk') on an inference profile"
+            )
+        if isinstance(self.chunking, dict):
+            from memviz.chunking import ChunkPlan
+
+            self.chunking = ChunkPlan.from_dict({**self.chunking, "chunks": self.chunks})
+        return self.chunking
+
+    def with_chunks(self, regions: list[dict[str, Any]]) -> Plan:
+        """This autochunk plan with user-edited regions (dicts like `chunks`: start, end, chunks and the
+        outputs' dims), re-validated (AutoChunk Sec. 3.3: an illegal region raises ValueError naming
+        the op that breaks the dimension flow) and re-estimated through `solvers.simulate`.  The
+        budget is not enforced on edits: compare `peak_bytes` with `budget_bytes`."""
+        cp = self.chunk_plan().with_chunks(regions)
+        return chunked_plan(
+            cp, self.budget_bytes, self.model, self.device, self.profile, packing=self.packing is not None
         )
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> Path:
@@ -136,6 +171,12 @@ def load_plan(path: str | Path) -> Plan:
     """Load and validate a plan file (schema + re-simulation).  `memviz.export` needs the model too:
     `memviz.export(plan, model=model)`."""
     return Plan.from_dict(read_document(path))
+
+
+def _chunking_dict(chunking: Any) -> dict[str, Any]:
+    """What re-validating regions needs: the captured op graph and the calibrated speed model."""
+    d = chunking if isinstance(chunking, dict) else chunking.to_dict()
+    return {k: d[k] for k in ("graph", "speed", "budget_bytes", "baseline_peak_bytes", "peak_bytes")}
 
 
 def _run_dict(schedule: Schedule, timeline: Timeline) -> dict[str, Any]:
@@ -182,7 +223,9 @@ def is_training(graph: Graph) -> bool:
 def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
     """'auto', in the order tried: no change when the eager order fits; for training graphs exact
     Checkmate when small (it proves optimality there), then the Rockmate hierarchy, then Rotor; for
-    inference graphs operator reordering (activation chunking needs the model: memviz.chunking)."""
+    inference graphs operator reordering (free of slowdown).  When reordering cannot fit an inference
+    profile, `plan` falls back to activation chunking (it rewrites the model, so it needs the profile's
+    model, not only its graph: see `can_chunk`)."""
     if baseline_peak <= budget:
         return ["none"]
     if not is_training(graph):
@@ -228,8 +271,8 @@ def solve_checked(
         result = _solver(strategy)(graph, budget, time_limit=time_limit)
     elif strategy == "autochunk":
         raise PlanningError(
-            "strategy 'autochunk' rewrites the model itself: "
-            "use memviz.chunking.plan_chunks(model, args, budget)"
+            "strategy 'autochunk' rewrites the model, not a schedule of this graph: call "
+            "memviz.plan(profile, budget, strategy='autochunk') with an inference profile"
         )
     else:
         raise PlanningError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -256,11 +299,22 @@ def plan(
     baseline peak); None plans the eager order.  Raises `solvers.result.InfeasibleBudget` naming the
     smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
     """
+    if strategy == "autochunk":
+        return plan_autochunk(prof, budget, packing=packing)
     graph, base_schedule, baseline = _baseline_of(prof)
     budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
-    result, timeline, name = _solve_first(graph, candidates, effective, time_limit)
+    try:
+        result, timeline, name = _solve_first(graph, candidates, effective, time_limit)
+    except InfeasibleBudget as exc:
+        if strategy != "auto" or not can_chunk(prof):
+            raise
+        # inference that reordering cannot fit: chunk the activations instead (costs time, so second)
+        try:
+            return plan_autochunk(prof, effective, packing=packing)
+        except InfeasibleBudget as chunk_exc:
+            raise min((exc, chunk_exc), key=lambda e: e.minimum_bytes or 1 << 62) from None
     if strategy == "auto" and name == "checkmate" and result.stats.status != "optimal":
         # a time-limited MILP incumbent can be worse than the hierarchy's plan: keep the cheaper
         try:
@@ -410,3 +464,105 @@ def _device_info(prof: Any) -> dict[str, Any]:
         "estimated": bool(getattr(dev, "estimated", False)),
         "capacity_bytes": getattr(dev, "capacity_bytes", None),
     }
+
+
+# --- autochunk: activation chunking for inference (AutoChunk, Zhao et al. 2024) ---------------------
+def can_chunk(prof: Any) -> bool:
+    """An inference profile that still holds its traced model (chunking rewrites the model)."""
+    return getattr(prof, "mode", None) == "inference" and getattr(prof, "captured", None) is not None
+
+
+def plan_autochunk(prof: Any, budget: int | float | str | None, *, packing: bool = True) -> Plan:
+    """`memviz.plan(prof, budget, strategy="autochunk")`: chunk regions chosen so the chunked inference
+    run fits `budget` (total device bytes, like every plan: parameters and inputs included; a fraction
+    is of the unchunked run's peak) with the least estimated slowdown (AutoChunk Sec. 3.4)."""
+    if isinstance(prof, Graph | Plan) or not hasattr(prof, "model"):
+        raise PlanningError(
+            "strategy 'autochunk' rewrites the model: pass the profile from "
+            "memviz.profile(model, args, mode='inference'), not a bare graph or a plan"
+        )
+    if prof.mode != "inference":
+        raise PlanningError(
+            "activation chunking is for inference (it splits the forward pass and keeps no activations "
+            "for a backward); profile with mode='inference' to chunk, or fit training with "
+            "rematerialization: strategy 'auto', 'rockmate', 'checkmate' or 'rotor'"
+        )
+    from memviz.chunking import unchunked_plan
+    from solvers.autochunk import chunked_run
+
+    start = time.perf_counter()
+    try:
+        unchunked = unchunked_plan(prof)
+    except ValueError as exc:
+        raise PlanningError(str(exc)) from None
+    base = chunked_run(unchunked.graph, (), unchunked.speed)
+    persistent = base.graph.persistent_bytes()
+    base_peak = simulate(base.graph, base.schedule).check().peak_bytes
+    budget_bytes = None if budget is None else parse_budget(budget, base_peak)
+    # the regions are chosen on activation bytes: parameters and inputs stay whole
+    cp = unchunked if budget_bytes is None else unchunked.select(max(1, budget_bytes - persistent))
+    the_plan = chunked_plan(
+        cp,
+        budget_bytes,
+        _model_info(prof, prof.graph),
+        _device_info(prof),
+        prof,
+        packing=packing,
+        start=start,
+    )
+    if budget_bytes is not None and the_plan.peak_bytes > budget_bytes:
+        raise InfeasibleBudget(budget_bytes, the_plan.peak_bytes, "autochunk", proven=False)
+    return the_plan
+
+
+def chunked_plan(
+    cp: Any,
+    budget_bytes: int | None,
+    model: dict[str, Any],
+    device: dict[str, Any],
+    prof: Any,
+    *,
+    packing: bool = True,
+    start: float | None = None,
+) -> Plan:
+    """A Plan of a `ChunkPlan`: the planned run is the chunked CD-graph (one compute node per op per
+    chunk, `solvers.autochunk.chunked_run`), the baseline the unchunked one, both checked and measured
+    by `solvers.simulate`; `chunks[i]["memory_bytes"]` is the simulated peak while region i runs."""
+    from solvers.autochunk import chunked_run
+
+    start = time.perf_counter() if start is None else start
+    name = model.get("name") or "inference"
+    base = chunked_run(cp.graph, (), cp.speed, name)
+    run = chunked_run(cp.graph, tuple(cp.regions), cp.speed, name)
+    baseline = simulate(base.graph, base.schedule).check()
+    timeline = simulate(run.graph, run.schedule).check()
+    chunks = [
+        {**c, "memory_bytes": max(timeline.step_bytes[a : b + 1])}
+        for c, (a, b) in zip(cp.chunks, run.spans, strict=True)
+    ]
+    stats = SolverStats(
+        "autochunk",
+        "heuristic",
+        time.perf_counter() - start,
+        objective=timeline.total_time,
+        extra={"regions": len(cp.regions), "activation_budget_bytes": cp.budget_bytes},
+    )
+    the_plan = Plan(
+        graph=run.graph,
+        schedule=run.schedule,
+        timeline=timeline,
+        baseline_schedule=base.schedule,
+        baseline=baseline,
+        strategy="autochunk",
+        budget_bytes=budget_bytes,
+        solver_stats=stats,
+        model=model,
+        device=device,
+        chunks=chunks,
+        profile=prof,
+        baseline_graph=base.graph,
+        chunking=cp,
+    )
+    if packing:
+        the_plan.packing = packing_of(run.graph, run.schedule)
+    return the_plan

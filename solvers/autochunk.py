@@ -96,7 +96,7 @@ class OpNode:
             d["op"],
             tuple(d["inputs"]),
             _tupled(d["args"]),
-            dict(d["kwargs"]),
+            _tupled(d["kwargs"]),
             tuple(tuple(s) for s in d["shapes"]),
             d["itemsize"],
             d["alias"],
@@ -108,14 +108,21 @@ class OpNode:
 
 
 def _jsonable(x: Any) -> Any:
+    """Strict JSON: lists for tuples, and non-finite floats (a -inf mask fill) as {"float": "-inf"}."""
     if isinstance(x, tuple | list):
         return [_jsonable(v) for v in x]
     if isinstance(x, dict):
         return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, float) and not math.isfinite(x):
+        return {"float": repr(x)}
     return x
 
 
 def _tupled(x: Any) -> Any:
+    if isinstance(x, dict) and set(x) == {"float"}:
+        return float(x["float"])
+    if isinstance(x, dict):
+        return {k: _tupled(v) for k, v in x.items()}
     return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
 
 

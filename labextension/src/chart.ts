@@ -1,9 +1,24 @@
 /**
- * The plan view: a readout header and the memory-over-time chart, drawn with the plotly.js bundled
- * in this extension (no CDN, so saved notebooks render offline).  Names from the plan only ever reach
- * the DOM through textContent, or through plotly after `escapeHtml` (see transforms.ts).
+ * The plan view: a readout header, the memory-over-time chart (drawn with the plotly.js bundled in this
+ * extension: no CDN, so saved notebooks render offline), an x-axis switch (schedule step or estimated
+ * time) and the step inspector: clicking the chart lists the largest tensors resident at that step.
+ * Names from the plan only ever reach the DOM through textContent, or through plotly after
+ * `escapeHtml` (see transforms.ts).
  */
-import { escapeHtml, PlanDoc, planFigure, planReadouts, planTitle } from './transforms';
+import { inspectStep, StepInspection } from './inspect_data';
+import {
+  escapeHtml,
+  formatBytes,
+  hasStepTimes,
+  PlanDoc,
+  planFigure,
+  planReadouts,
+  planTitle,
+  stepEdges,
+  XAxis
+} from './transforms';
+import { ThemeColors, themedAxis, themedLayout } from './theme';
+import { element, loadedPlotly, loadPlotly, observeTheme, themeColors } from './ui';
 
 /** A shaded x range (schedule steps) of the memory chart, e.g. a chunked region. */
 export interface Region {
@@ -12,56 +27,95 @@ export interface Region {
   label: string;
 }
 
-type PlotlyModule = typeof import('plotly.js-dist-min').default;
+/** How many tensors the step inspector lists. */
+const INSPECT_LIMIT = 10;
 
-// Loaded on first use: the plotly chunk is ~4.7 MB and most notebooks never show a plan.
-let plotlyPromise: Promise<PlotlyModule> | null = null;
-export function loadPlotly(): Promise<PlotlyModule> {
-  plotlyPromise ??= import('plotly.js-dist-min').then(m => m.default);
-  return plotlyPromise;
+/** Readouts as labelled spans of class `className` (the chart header's, the slider's). */
+export function readoutSpans(
+  readouts: readonly { label: string; value: string }[],
+  className = 'jp-memviz-readout'
+): HTMLElement[] {
+  return readouts.map(r => {
+    const item = element('span', className);
+    item.dataset.readout = r.label;
+    item.append(
+      element('span', 'jp-memviz-readout-label', `${r.label}: `),
+      element('span', 'jp-memviz-readout-value', r.value)
+    );
+    return item;
+  });
 }
 
-/** Theme colors read from JupyterLab's CSS variables (plotly cannot resolve var(...) itself). */
-export function themeColors(node: HTMLElement): Record<string, string> {
-  const style = getComputedStyle(node);
-  const read = (name: string, fallback: string): string => style.getPropertyValue(name).trim() || fallback;
-  return {
-    font: read('--jp-ui-font-color1', '#333333'),
-    muted: read('--jp-ui-font-color2', '#666666'),
-    grid: read('--jp-border-color2', '#dddddd'),
-    family: read('--jp-ui-font-family', 'sans-serif'),
-    budget: read('--jp-error-color1', '#d32f2f'),
-    peak: read('--jp-ui-font-color0', '#000000'),
-    region: read('--jp-brand-color2', '#90caf9'),
-    marker: read('--jp-warn-color1', '#f57c00')
-  };
+/** The inspector table of one step: plain text cells. */
+function inspectionTable(inspection: StepInspection): HTMLElement[] {
+  const caption = element(
+    'div',
+    'jp-memviz-inspect-caption',
+    `step ${inspection.step}: ${inspection.action} — ${inspection.count} tensors resident, ` +
+      `${formatBytes(inspection.totalBytes)}; the ${inspection.largest.length} largest:`
+  );
+  const table = element('table', 'jp-memviz-inspect-table');
+  const head = element('tr', '');
+  for (const title of ['tensor', 'kind', 'bytes', 'producer op', 'module']) {
+    head.append(element('th', '', title));
+  }
+  table.append(head);
+  for (const row of inspection.largest) {
+    const tr = element('tr', 'jp-memviz-inspect-row');
+    tr.append(
+      element('td', '', row.name),
+      element('td', '', row.kind),
+      element('td', 'jp-memviz-inspect-bytes', formatBytes(row.bytes)),
+      element('td', '', row.producer || '—'),
+      element('td', '', row.module || '—')
+    );
+    table.append(tr);
+  }
+  return [caption, table];
 }
+
+type ClickablePlot = HTMLElement & {
+  on?: (
+    event: string,
+    handler: (data: { points?: { curveNumber: number; pointNumber: number }[] }) => void
+  ) => void;
+};
 
 export class PlanChart {
   readonly node: HTMLDivElement;
-  private readonly _header: HTMLDivElement;
-  private readonly _plot: HTMLDivElement;
-  private readonly _themeObserver: MutationObserver;
+  private readonly _header = element('div', 'jp-memviz-readouts');
+  private readonly _toolbar = element('div', 'jp-memviz-chart-toolbar');
+  private readonly _axisButtons: Record<XAxis, HTMLButtonElement> = {
+    step: element('button', 'jp-memviz-xaxis jp-mod-styled', 'x: schedule step'),
+    time: element('button', 'jp-memviz-xaxis jp-mod-styled', 'x: estimated time')
+  };
+  private readonly _plot = element('div', 'jp-memviz-plot');
+  private readonly _inspector = element('div', 'jp-memviz-inspect');
+  private readonly _stopTheme: () => void;
   private _doc: PlanDoc | null = null;
   private _disposed = false;
   private _marked: number | null = null;
   private _regions: Region[] = [];
+  private _axis: XAxis = 'step';
+  /** trace indices drawn from the planned schedule (point number = planned step) */
+  private _plannedTraces = new Set<number>();
+  private _listening = false;
 
   constructor() {
-    this.node = document.createElement('div');
-    this.node.className = 'jp-memviz-chart';
-    this._header = document.createElement('div');
-    this._header.className = 'jp-memviz-readouts';
-    this._plot = document.createElement('div');
-    this._plot.className = 'jp-memviz-plot';
-    this.node.append(this._header, this._plot);
-    // Re-color when the user switches between the light and the dark theme.
-    this._themeObserver = new MutationObserver(() => {
-      if (this._doc) {
-        void this.draw(this._doc);
-      }
-    });
-    this._themeObserver.observe(document.body, { attributes: true, attributeFilter: ['data-jp-theme-name'] });
+    this.node = element('div', 'jp-memviz-chart');
+    for (const axis of ['step', 'time'] as const) {
+      const button = this._axisButtons[axis];
+      button.dataset.axis = axis;
+      button.addEventListener('click', () => this.setAxis(axis));
+    }
+    const hint = element(
+      'span',
+      'jp-memviz-chart-hint',
+      'click the chart to list the tensors live at a step'
+    );
+    this._toolbar.append(this._axisButtons.step, this._axisButtons.time, hint);
+    this.node.append(this._header, this._toolbar, this._plot, this._inspector);
+    this._stopTheme = observeTheme(() => this._redraw());
   }
 
   /** Draw a vertical marker at planned step `step` (null removes it), e.g. for a clicked graph node. */
@@ -76,8 +130,24 @@ export class PlanChart {
     this._redraw();
   }
 
+  /** Plot against schedule steps or against estimated time. */
+  setAxis(axis: XAxis): void {
+    this._axis = axis;
+    this._redraw();
+  }
+
   get markedStep(): number | null {
     return this._marked;
+  }
+
+  /** Mark planned step `step` and list the largest tensors resident while it runs. */
+  inspect(step: number): void {
+    if (!this._doc) {
+      return;
+    }
+    this._inspector.replaceChildren(...inspectionTable(inspectStep(this._doc, step, INSPECT_LIMIT)));
+    this._inspector.dataset.step = String(step);
+    this.markStep(step);
   }
 
   private _redraw(): void {
@@ -87,13 +157,16 @@ export class PlanChart {
   }
 
   /** Plotly shapes and annotations for the step marker and the shaded regions (labels escaped). */
-  private _overlays(colors: Record<string, string>): { shapes: unknown[]; annotations: unknown[] } {
+  private _overlays(
+    colors: ThemeColors,
+    x: (step: number) => number
+  ): { shapes: unknown[]; annotations: unknown[] } {
     const shapes: unknown[] = this._regions.map(r => ({
       type: 'rect',
       xref: 'x',
       yref: 'paper',
-      x0: r.x0,
-      x1: r.x1,
+      x0: x(r.x0),
+      x1: x(r.x1),
       y0: 0,
       y1: 1,
       fillcolor: colors.region,
@@ -104,7 +177,7 @@ export class PlanChart {
     const annotations: unknown[] = this._regions.map(r => ({
       xref: 'x',
       yref: 'paper',
-      x: (r.x0 + r.x1) / 2,
+      x: (x(r.x0) + x(r.x1)) / 2,
       y: 1,
       yanchor: 'bottom',
       showarrow: false,
@@ -116,8 +189,8 @@ export class PlanChart {
         type: 'line',
         xref: 'x',
         yref: 'paper',
-        x0: this._marked,
-        x1: this._marked,
+        x0: x(this._marked),
+        x1: x(this._marked),
         y0: 0,
         y1: 1,
         line: { color: colors.marker, width: 2 }
@@ -126,45 +199,54 @@ export class PlanChart {
     return { shapes, annotations };
   }
 
+  private _drawToolbar(doc: PlanDoc): void {
+    const timed = hasStepTimes(doc);
+    if (!timed && this._axis === 'time') {
+      this._axis = 'step';
+    }
+    const time = this._axisButtons.time;
+    time.disabled = !timed;
+    time.title = timed ? 'x = summed per-op compute time of the schedule' : 'this plan has no per-op times';
+    for (const [axis, button] of Object.entries(this._axisButtons)) {
+      button.classList.toggle('jp-mod-current', axis === this._axis);
+      button.setAttribute('aria-pressed', String(axis === this._axis));
+    }
+  }
+
   /** Render `doc` (header and chart); resolves once plotly has drawn. */
   async draw(doc: PlanDoc): Promise<void> {
+    if (doc !== this._doc) {
+      // A new plan: the old inspection names tensors of another schedule.
+      this._inspector.replaceChildren();
+      delete this._inspector.dataset.step;
+    }
     this._doc = doc;
-    this._header.replaceChildren(
-      ...planReadouts(doc).map(r => {
-        const item = document.createElement('span');
-        item.className = 'jp-memviz-readout';
-        item.dataset.readout = r.label;
-        const label = document.createElement('span');
-        label.className = 'jp-memviz-readout-label';
-        label.textContent = `${r.label}: `;
-        const value = document.createElement('span');
-        value.className = 'jp-memviz-readout-value';
-        value.textContent = r.value;
-        item.append(label, value);
-        return item;
-      })
-    );
+    this._header.replaceChildren(...readoutSpans(planReadouts(doc)));
+    this._drawToolbar(doc);
     const colors = themeColors(this.node);
-    const figure = planFigure(doc, {
-      planned: colors.font,
-      baseline: colors.muted,
-      budget: colors.budget,
-      peak: colors.peak
-    });
-    const axis = { color: colors.font, gridcolor: colors.grid, zerolinecolor: colors.grid };
+    const figure = planFigure(
+      doc,
+      { planned: colors.font, baseline: colors.muted, budget: colors.error, peak: colors.peak },
+      this._axis
+    );
+    this._plannedTraces = new Set(
+      figure.traces.flatMap((t, i) => (t.stackgroup === 'planned' || t.name === 'planned total' ? [i] : []))
+    );
+    const edges = stepEdges(doc, doc.planned.schedule, this._axis);
+    const x = (step: number): number =>
+      (edges[Math.min(Math.max(step, 0), edges.length - 1)] ?? 0) / figure.xscale;
+    const axis = themedAxis(colors);
     const layout = {
+      ...themedLayout(colors),
       title: { text: planTitle(doc), font: { size: 13 } },
       height: 420,
       margin: { l: 60, r: 20, t: 40, b: 40 },
-      paper_bgcolor: 'rgba(0,0,0,0)',
-      plot_bgcolor: 'rgba(0,0,0,0)',
-      font: { color: colors.font, family: colors.family },
       // One box per x: the planned step (op, module, source), its breakdown and the baseline's step.
       hovermode: 'x unified',
       legend: { orientation: 'h', y: -0.25, yanchor: 'top', traceorder: 'normal' },
-      xaxis: { ...axis, title: { text: 'schedule step' } },
+      xaxis: { ...axis, title: { text: figure.xTitle } },
       yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' },
-      ...this._overlays(colors)
+      ...this._overlays(colors, x)
     };
     const Plotly = await loadPlotly();
     if (this._disposed) {
@@ -174,19 +256,34 @@ export class PlanChart {
       displaylogo: false,
       responsive: true
     });
+    this._listenForClicks();
+  }
+
+  /** Once per plot div (plotly keeps handlers across `react`): a click inspects the planned step. */
+  private _listenForClicks(): void {
+    const plot = this._plot as ClickablePlot;
+    if (this._listening || !plot.on) {
+      return;
+    }
+    this._listening = true;
+    plot.on('plotly_click', data => {
+      const point = data.points?.find(p => this._plannedTraces.has(p.curveNumber));
+      if (point) {
+        this.inspect(point.pointNumber);
+      }
+    });
   }
 
   resize(): void {
-    if (this._doc && plotlyPromise && this._plot.isConnected) {
-      void plotlyPromise.then(Plotly => Plotly.Plots.resize(this._plot));
+    const plotly = loadedPlotly();
+    if (this._doc && plotly && this._plot.isConnected) {
+      void plotly.then(Plotly => Plotly.Plots.resize(this._plot));
     }
   }
 
   dispose(): void {
     this._disposed = true;
-    this._themeObserver.disconnect();
-    if (plotlyPromise) {
-      void plotlyPromise.then(Plotly => Plotly.purge(this._plot));
-    }
+    this._stopTheme();
+    void loadedPlotly()?.then(Plotly => Plotly.purge(this._plot));
   }
 }

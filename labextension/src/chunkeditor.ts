@@ -18,59 +18,29 @@ import {
   RegionField,
   regionEdits
 } from './chunkeditor_data';
-import { MODULE_NAME, MODULE_VERSION } from './version';
-
-type PlotlyModule = typeof import('plotly.js-dist-min').default;
-let plotlyPromise: Promise<PlotlyModule> | null = null;
-function loadPlotly(): Promise<PlotlyModule> {
-  plotlyPromise ??= import('plotly.js-dist-min').then(m => m.default);
-  return plotlyPromise;
-}
+import {
+  element,
+  EXPORT_DEFAULTS,
+  Exporter,
+  loadPlotly,
+  observeTheme,
+  themeColors,
+  widgetDefaults
+} from './ui';
 
 export class ChunkEditorModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
     return {
       ...super.defaults(),
-      _model_name: ChunkEditorModel.model_name,
-      _model_module: ChunkEditorModel.model_module,
-      _model_module_version: ChunkEditorModel.model_module_version,
-      _view_name: ChunkEditorModel.view_name,
-      _view_module: ChunkEditorModel.view_module,
-      _view_module_version: ChunkEditorModel.view_module_version,
+      ...widgetDefaults('ChunkEditorModel', 'ChunkEditorView'),
+      ...EXPORT_DEFAULTS,
       doc_json: '',
       regions_json: '[]',
-      error: '',
-      export_path: '',
-      export_overwrite: false,
-      export_request: 0,
-      export_result: ''
+      error: ''
     };
   }
 
   static serializers: ISerializers = { ...DOMWidgetModel.serializers };
-  static model_name = 'ChunkEditorModel';
-  static model_module = MODULE_NAME;
-  static model_module_version = MODULE_VERSION;
-  static view_name = 'ChunkEditorView';
-  static view_module = MODULE_NAME;
-  static view_module_version = MODULE_VERSION;
-}
-
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const el = document.createElement(tag);
-  el.className = className;
-  if (text !== undefined) {
-    el.textContent = text;
-  }
-  return el;
-}
-
-function themeColor(node: HTMLElement, name: string, fallback: string): string {
-  return getComputedStyle(node).getPropertyValue(name).trim() || fallback;
 }
 
 export class ChunkEditorView extends DOMWidgetView {
@@ -79,34 +49,40 @@ export class ChunkEditorView extends DOMWidgetView {
   private readonly _estimate = element('div', 'jp-memviz-chunk-estimate');
   private readonly _error = element('div', 'jp-memviz-chunk-error');
   private readonly _table = element('div', 'jp-memviz-chunk-regions');
-  private readonly _exportPath = element('input', 'jp-memviz-export-path');
-  private readonly _exportButton = element('button', 'jp-memviz-export jp-mod-styled', 'Export');
-  private readonly _overwriteButton = element(
-    'button',
-    'jp-memviz-overwrite jp-mod-styled jp-mod-warn',
-    'Overwrite'
-  );
-  private readonly _exportResult = element('div', 'jp-memviz-export-result');
+  private readonly _exporter = new Exporter({
+    get: name => this.model.get(name),
+    send: values => this._send(values)
+  });
+  private _stopTheme: (() => void) | null = null;
 
   render(): void {
     this.el.classList.add('jp-memviz-chunk-editor');
-    this._exportPath.type = 'text';
-    this._exportPath.spellcheck = false;
-    this._exportPath.addEventListener('change', () => this._send({ export_path: this._exportPath.value }));
-    this._exportButton.addEventListener('click', () => this._requestExport(false));
-    this._overwriteButton.hidden = true;
-    this._overwriteButton.addEventListener('click', () => this._requestExport(true));
-    const exporter = element('div', 'jp-memviz-exporter');
-    exporter.append(this._exportPath, this._exportButton, this._overwriteButton);
-    this.el.append(this._estimate, this._error, this._table, this._plot, exporter, this._exportResult);
+    this.el.append(
+      this._estimate,
+      this._error,
+      this._table,
+      this._plot,
+      this._exporter.row,
+      this._exporter.result
+    );
 
     this.listenTo(this.model, 'change:doc_json', this._docChanged);
     this.listenTo(this.model, 'change:error', this._errorChanged);
-    this.listenTo(this.model, 'change:export_path', this._exportPathChanged);
-    this.listenTo(this.model, 'change:export_result', this._exportResultChanged);
-    this._exportPathChanged();
+    this.listenTo(this.model, 'change:export_path', () => this._exporter.pathChanged());
+    this.listenTo(this.model, 'change:export_result', () => this._exporter.resultChanged());
+    this._stopTheme = observeTheme(() => {
+      if (this._doc) {
+        void this._draw(this._doc);
+      }
+    });
+    this._exporter.pathChanged();
     this._errorChanged();
     this._docChanged();
+  }
+
+  remove(): void {
+    this._stopTheme?.();
+    super.remove();
   }
 
   private _send(values: Record<string, unknown>): void {
@@ -187,11 +163,7 @@ export class ChunkEditorView extends DOMWidgetView {
 
   private async _draw(doc: EditorDoc): Promise<void> {
     const Plotly = await loadPlotly();
-    const fig = editorFigure(doc, {
-      font: themeColor(this.el, '--jp-ui-font-color1', '#333333'),
-      muted: themeColor(this.el, '--jp-ui-font-color2', '#888888'),
-      region: themeColor(this.el, '--jp-brand-color1', '#1976d2')
-    });
+    const fig = editorFigure(doc, themeColors(this.el));
     // Shapes are draggable: moving a region's edge sends the new start/end node to the kernel.
     await Plotly.react(
       this._plot,
@@ -225,38 +197,5 @@ export class ChunkEditorView extends DOMWidgetView {
 
   private _errorChanged(): void {
     this._error.textContent = this.model.get('error');
-  }
-
-  private _requestExport(overwrite: boolean): void {
-    this._overwriteButton.hidden = true;
-    this._exportResult.textContent = 'exporting…';
-    this._send({
-      export_path: this._exportPath.value,
-      export_overwrite: overwrite,
-      export_request: (this.model.get('export_request') as number) + 1
-    });
-  }
-
-  private _exportPathChanged(): void {
-    this._exportPath.value = this.model.get('export_path');
-  }
-
-  private _exportResultChanged(): void {
-    const text: string = this.model.get('export_result');
-    let result: { ok?: boolean; paths?: string[]; exists?: string[]; message?: string };
-    try {
-      result = text ? JSON.parse(text) : {};
-    } catch {
-      this._exportResult.textContent = text;
-      return;
-    }
-    if (!text) {
-      this._exportResult.textContent = '';
-    } else if (result.ok) {
-      this._exportResult.textContent = `exported: ${(result.paths ?? []).join(', ')}`;
-    } else {
-      this._exportResult.textContent = result.message ?? 'export failed';
-      this._overwriteButton.hidden = !(result.exists && result.exists.length > 0);
-    }
   }
 }

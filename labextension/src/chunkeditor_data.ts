@@ -3,6 +3,7 @@
  * parse the kernel's document, build the plotly figure (curves + shaded, draggable regions), turn a
  * user's edit into the region list sent back.  Node and op names are untrusted: escaped for plotly.
  */
+import { ThemeColors, themedAxis, themedLayout } from './theme';
 import { escapeHtml, formatBytes } from './transforms';
 
 export interface EditorRegion {
@@ -122,7 +123,7 @@ export function estimateLines(doc: EditorDoc): string[] {
 /** Plotly traces and layout: unchunked and chunked activation curves, regions as draggable rectangles. */
 export function editorFigure(
   doc: EditorDoc,
-  colors: { font: string; muted: string; region: string }
+  colors: ThemeColors
 ): { data: unknown[]; layout: Record<string, unknown> } {
   const x = doc.nodes.map((_, i) => i);
   const hover = doc.nodes.map(n => `${escapeHtml(n.op)} ${escapeHtml(n.name)}`);
@@ -167,13 +168,11 @@ export function editorFigure(
       trace('chunked', doc.chunked, colors.font, 'solid')
     ],
     layout: {
+      ...themedLayout(colors),
       shapes,
       annotations,
-      xaxis: { title: { text: 'op index' }, color: colors.font },
-      yaxis: { title: { text: `activations (${unitName})` }, color: colors.font, rangemode: 'tozero' },
-      paper_bgcolor: 'rgba(0,0,0,0)',
-      plot_bgcolor: 'rgba(0,0,0,0)',
-      font: { color: colors.font },
+      xaxis: { ...themedAxis(colors), title: { text: 'op index' } },
+      yaxis: { ...themedAxis(colors), title: { text: `activations (${unitName})` }, rangemode: 'tozero' },
       margin: { t: 30, r: 10, b: 40, l: 60 },
       legend: { orientation: 'h' }
     }

@@ -4,34 +4,27 @@
  * Rectangles are drawn as a few WebGL polygon traces (transforms.ts `packingFigure`), so 10k tensors
  * stay interactive.
  */
-import { loadPlotly, themeColors } from './chart';
 import { PlanDoc, packingFigure } from './transforms';
+import { themedAxis, themedLayout } from './theme';
+import { element, loadedPlotly, loadPlotly, observeTheme, themeColors } from './ui';
 import type { PlanView } from './views';
 
 export class PackingView implements PlanView {
-  readonly node: HTMLDivElement;
-  private readonly _plot: HTMLDivElement;
-  private readonly _message: HTMLDivElement;
+  readonly node = element('div', 'jp-memviz-packing');
+  private readonly _plot = element('div', 'jp-memviz-plot');
+  private readonly _message = element('div', 'jp-memviz-packing-message');
+  private readonly _stopTheme: () => void;
   private _disposed = false;
   private _drawn = false;
   private _doc: PlanDoc | null = null;
-  private readonly _themeObserver: MutationObserver;
 
   constructor() {
-    this.node = document.createElement('div');
-    this.node.className = 'jp-memviz-packing';
-    this._message = document.createElement('div');
-    this._message.className = 'jp-memviz-packing-message';
-    this._plot = document.createElement('div');
-    this._plot.className = 'jp-memviz-plot';
     this.node.append(this._message, this._plot);
-    // Re-color when the user switches between the light and the dark theme.
-    this._themeObserver = new MutationObserver(() => {
+    this._stopTheme = observeTheme(() => {
       if (this._doc) {
         void this.draw(this._doc);
       }
     });
-    this._themeObserver.observe(document.body, { attributes: true, attributeFilter: ['data-jp-theme-name'] });
   }
 
   update(doc: PlanDoc): Promise<void> {
@@ -50,15 +43,13 @@ export class PackingView implements PlanView {
     this._message.textContent = '';
     this._plot.hidden = false;
     const colors = themeColors(this.node);
-    const axis = { color: colors.font, gridcolor: colors.grid, zerolinecolor: colors.grid };
+    const axis = themedAxis(colors);
     const two = figure.titles.length > 1;
     const yTitle = { text: `address (${figure.unit.name})` };
     const layout: Record<string, unknown> = {
+      ...themedLayout(colors),
       height: 460,
       margin: { l: 60, r: 20, t: 56, b: 40 },
-      paper_bgcolor: 'rgba(0,0,0,0)',
-      plot_bgcolor: 'rgba(0,0,0,0)',
-      font: { color: colors.font, family: colors.family },
       hovermode: 'closest',
       legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
       xaxis: { ...axis, domain: two ? [0, 0.48] : [0, 1], title: { text: 'schedule step' } },
@@ -95,15 +86,15 @@ export class PackingView implements PlanView {
 
   resize(): void {
     if (this._drawn && this._plot.isConnected) {
-      void loadPlotly().then(Plotly => Plotly.Plots.resize(this._plot));
+      void loadedPlotly()?.then(Plotly => Plotly.Plots.resize(this._plot));
     }
   }
 
   dispose(): void {
     this._disposed = true;
-    this._themeObserver.disconnect();
+    this._stopTheme();
     if (this._drawn) {
-      void loadPlotly().then(Plotly => Plotly.purge(this._plot));
+      void loadedPlotly()?.then(Plotly => Plotly.purge(this._plot));
     }
   }
 }

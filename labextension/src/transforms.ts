@@ -51,6 +51,11 @@ export interface ComputeDoc {
   phase?: string;
   module?: string;
   source?: string;
+  inputs?: number[];
+  outputs?: number[];
+  /** seconds, measured or estimated by memviz.profile */
+  time?: number;
+  temp_bytes?: number;
 }
 
 export interface DataDoc {
@@ -60,6 +65,8 @@ export interface DataDoc {
   kind: string;
   shape?: number[] | null;
   dtype?: string | null;
+  /** the compute node writing it; null for parameters, buffers, inputs and optimizer state */
+  producer?: number | null;
 }
 
 /**
@@ -82,7 +89,19 @@ export interface PackingDoc {
   peak_bytes: number;
   lower_bound?: number;
   fragmentation: number;
-  allocator?: { reserved_bytes: number; fragmentation: number; blocks: PlacementDoc[] } | null;
+  allocator?: AllocatorDoc | null;
+}
+
+/**
+ * solvers.allocator's caching-allocator simulation of the planned schedule; `reserved[i]` and
+ * `allocated[i]` are the bytes reserved from the device and held by blocks during step i.
+ */
+export interface AllocatorDoc {
+  reserved_bytes: number;
+  fragmentation: number;
+  blocks: PlacementDoc[];
+  reserved?: number[];
+  allocated?: number[];
 }
 
 export type StepDoc = [string, number];
@@ -316,45 +335,121 @@ export interface Figure {
   traces: Trace[];
   unit: { name: string; scale: number };
   steps: number;
+  /** x axis title, and the seconds per x unit on the time axis (1 on the step axis) */
+  xTitle: string;
+  xscale: number;
 }
 
 function range(n: number): number[] {
   return Array.from({ length: n }, (_, i) => i);
 }
 
+/** What the memory chart's x axis counts: schedule steps, or estimated seconds of compute. */
+export type XAxis = 'step' | 'time';
+
 /**
- * Plan -> traces: the planned timeline as stacked areas by category (all-zero categories dropped) under
- * a line of its total that carries the hover text of each step, the baseline as a dotted line, the budget as a dashed line and a marker on the planned peak.
- * Values are scaled to one binary unit chosen from the largest value shown.
+ * The x coordinate where each step of `schedule` starts, plus where the last one ends (n + 1 values):
+ * the step index, or the summed time of the compute steps before it (graph per-op times; a
+ * recomputation counts again, frees take no time), so the time axis shows where the schedule spends
+ * its time.
+ */
+export function stepEdges(doc: PlanDoc, schedule: readonly StepDoc[], axis: XAxis): number[] {
+  if (axis === 'step') {
+    return range(schedule.length + 1);
+  }
+  const edges = [0];
+  let t = 0;
+  for (const [kind, id] of schedule) {
+    if (kind === 'compute') {
+      t += doc.graph.computes[id]?.time ?? 0;
+    }
+    edges.push(t);
+  }
+  return edges;
+}
+
+/** True when the plan's per-op times give a time axis (a graph without times has none). */
+export function hasStepTimes(doc: PlanDoc): boolean {
+  const edges = stepEdges(doc, doc.planned.schedule, 'time');
+  return edges[edges.length - 1] > 0;
+}
+
+const TIME_UNITS: ReadonlyArray<[string, number]> = [
+  ['s', 1],
+  ['ms', 1e-3],
+  ['µs', 1e-6]
+];
+
+/** The largest time unit in which `seconds` is at least 1 (nanoseconds below a microsecond). */
+export function timeUnit(seconds: number): { name: string; scale: number } {
+  for (const [name, scale] of TIME_UNITS) {
+    if (Math.abs(seconds) >= scale) {
+      return { name, scale };
+    }
+  }
+  return { name: 'ns', scale: 1e-9 };
+}
+
+/**
+ * Bytes PyTorch's caching allocator (solvers.allocator, simulated on the planned schedule) reserves
+ * beyond what the plan has live during each planned step: the fragmentation layer of the memory chart.
+ * Null when the plan carries no per-step allocator series for this schedule.
+ */
+export function fragmentationSeries(doc: PlanDoc): number[] | null {
+  const reserved = doc.packing?.allocator?.reserved;
+  const live = doc.planned.timeline.step_bytes;
+  if (!isNumberArray(reserved) || reserved.length !== live.length || live.length === 0) {
+    return null;
+  }
+  return reserved.map((r, i) => Math.max(r - live[i], 0));
+}
+
+/** Legend name of the fragmentation layer. */
+export const FRAGMENTATION = 'fragmentation (allocator)';
+const FRAGMENTATION_COLOR = '#9e9e9e';
+
+/**
+ * Plan -> traces: the planned timeline as stacked areas by category (all-zero categories dropped), the
+ * simulated allocator's fragmentation stacked on top when the plan has it, under a line of the planned
+ * total that carries the hover text of each step, the baseline as a dotted line, the budget as a dashed
+ * line and a marker on the planned peak.  Bytes are scaled to one binary unit chosen from the largest
+ * value shown; x is the step index or the estimated time (`axis`), then in `xunit`.
  */
 export function planFigure(
   doc: PlanDoc,
-  colors: { planned: string; baseline: string; budget: string; peak: string }
+  colors: { planned: string; baseline: string; budget: string; peak: string },
+  axis: XAxis = 'step'
 ): Figure {
   const planned = doc.planned;
   const baseline = doc.baseline ?? null;
   const n = planned.timeline.step_bytes.length;
   const m = baseline ? baseline.timeline.step_bytes.length : 0;
+  const fragmentation = fragmentationSeries(doc);
+  // reduce, not Math.max(...): spreading a 100k-step series overflows the call stack
+  const reserved = fragmentation
+    ? planned.timeline.step_bytes.reduce((top, v, i) => Math.max(top, v + fragmentation[i]), 0)
+    : 0;
   const maxBytes = Math.max(
     planned.timeline.peak_bytes,
     baseline ? baseline.timeline.peak_bytes : 0,
-    doc.budget_bytes ?? 0
+    doc.budget_bytes ?? 0,
+    reserved
   );
   const unit = chooseUnit(maxBytes);
+  const plannedEdges = stepEdges(doc, planned.schedule, axis);
+  const baselineEdges = baseline ? stepEdges(doc, baseline.schedule, axis) : [0];
+  // Edges only grow: the last one is the schedule's total time.
+  const end = Math.max(plannedEdges[plannedEdges.length - 1], baselineEdges[baselineEdges.length - 1]);
+  const xunit = axis === 'time' ? timeUnit(end) : { name: '', scale: 1 };
+  const px = plannedEdges.slice(0, n).map(x => x / xunit.scale);
   const plannedSteps = planned.schedule.map((s, i) => stepHover(doc, s, i));
   const traces: Trace[] = [];
 
-  for (const cat of categoryOrder(planned.timeline.by_category)) {
-    const series = planned.timeline.by_category[cat];
-    if (!series.some(v => v !== 0)) {
-      continue;
-    }
-    const label = cat.replace(/_/g, ' ');
-    const color = CATEGORY_COLORS[cat] ?? FALLBACK_COLOR;
+  const area = (name: string, series: number[], color: string, label: string): void => {
     traces.push({
       type: 'scatter',
-      name: escapeHtml(label),
-      x: range(n),
+      name: escapeHtml(name),
+      x: px,
       y: series.map(v => v / unit.scale),
       mode: 'lines',
       stackgroup: 'planned',
@@ -363,13 +458,23 @@ export function planFigure(
       hoverinfo: 'text',
       hovertext: series.map(v => `${escapeHtml(label)}: ${formatBytes(v)}`)
     });
+  };
+  for (const cat of categoryOrder(planned.timeline.by_category)) {
+    const series = planned.timeline.by_category[cat];
+    if (series.some(v => v !== 0)) {
+      const label = cat.replace(/_/g, ' ');
+      area(label, series, CATEGORY_COLORS[cat] ?? FALLBACK_COLOR, label);
+    }
+  }
+  if (fragmentation) {
+    area(FRAGMENTATION, fragmentation, FRAGMENTATION_COLOR, 'fragmentation');
   }
 
   // The planned total carries the step's op, module and source line (one entry in the unified hover).
   traces.push({
     type: 'scatter',
     name: 'planned total',
-    x: range(n),
+    x: px,
     y: planned.timeline.step_bytes.map(v => v / unit.scale),
     mode: 'lines',
     line: { color: colors.planned, width: 1, shape: 'hv' },
@@ -383,7 +488,7 @@ export function planFigure(
     traces.push({
       type: 'scatter',
       name: 'baseline (eager)',
-      x: range(m),
+      x: baselineEdges.slice(0, m).map(x => x / xunit.scale),
       y: baseline.timeline.step_bytes.map(v => v / unit.scale),
       mode: 'lines',
       line: { color: colors.baseline, width: 1.5, dash: 'dot', shape: 'hv' },
@@ -395,7 +500,7 @@ export function planFigure(
   }
 
   if (typeof doc.budget_bytes === 'number') {
-    const last = Math.max(n, m, 1) - 1;
+    const last = axis === 'step' ? Math.max(n, m, 1) - 1 : end / xunit.scale;
     traces.push({
       type: 'scatter',
       name: 'budget',
@@ -414,7 +519,7 @@ export function planFigure(
     traces.push({
       type: 'scatter',
       name: 'peak',
-      x: [peakStep],
+      x: [px[peakStep] ?? 0],
       y: [peak / unit.scale],
       mode: 'markers+text',
       marker: { color: colors.peak, size: 10, symbol: 'triangle-down' },
@@ -424,7 +529,8 @@ export function planFigure(
       hovertext: [`<b>peak ${formatBytes(peak)}</b><br>${plannedSteps[peakStep] ?? ''}`]
     });
   }
-  return { traces, unit, steps: Math.max(n, m) };
+  const xTitle = axis === 'time' ? `estimated time (${xunit.name}, summed per-op times)` : 'schedule step';
+  return { traces, unit, steps: Math.max(n, m), xTitle, xscale: xunit.scale };
 }
 
 /** One header readout: a label and its value, both plain text (set with textContent). */
@@ -456,12 +562,29 @@ export function planReadouts(doc: PlanDoc): Readout[] {
   if (typeof doc.budget_bytes === 'number') {
     out.push({ label: 'budget', value: formatBytes(doc.budget_bytes) });
   }
-  const stats = doc.solver_stats;
-  if (stats && stats.status) {
-    const gap = typeof stats.gap === 'number' ? `, gap ${(100 * stats.gap).toFixed(1)}%` : '';
-    out.push({ label: 'solver', value: `${stats.solver ?? ''} ${stats.status}${gap}`.trim() });
+  if (doc.solver_stats?.status) {
+    out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
   }
   return out;
+}
+
+/**
+ * The solver's result in a few words: status and proven gap (exact solvers), or that a heuristic
+ * proves no bound; the solve time when known.
+ */
+export function solverSummary(stats: PlanDoc['solver_stats']): string {
+  if (!stats || !stats.status) {
+    return 'no solver statistics';
+  }
+  const head = `${stats.solver ?? ''} ${stats.status}`.trim();
+  let gap = '';
+  if (typeof stats.gap === 'number') {
+    gap = `, gap ${(100 * stats.gap).toFixed(1)}%`;
+  } else if (stats.status === 'heuristic') {
+    gap = ', no optimality bound';
+  }
+  const seconds = typeof stats.seconds === 'number' ? ` in ${stats.seconds.toFixed(2)} s` : '';
+  return `${head}${gap}${seconds}`;
 }
 
 /** Chart title: model name and mode, as escaped pseudo-HTML for plotly. */

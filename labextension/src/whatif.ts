@@ -5,26 +5,14 @@
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
-import { MODULE_NAME, MODULE_VERSION } from './version';
+import { element, loadPlotly, observeTheme, themeColors, widgetDefaults } from './ui';
 import { parseWhatIf, whatIfFigure } from './whatif_data';
-
-type PlotlyModule = typeof import('plotly.js-dist-min').default;
-let plotlyPromise: Promise<PlotlyModule> | null = null;
-function loadPlotly(): Promise<PlotlyModule> {
-  plotlyPromise ??= import('plotly.js-dist-min').then(m => m.default);
-  return plotlyPromise;
-}
 
 export class WhatIfModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
     return {
       ...super.defaults(),
-      _model_name: WhatIfModel.model_name,
-      _model_module: WhatIfModel.model_module,
-      _model_module_version: WhatIfModel.model_module_version,
-      _view_name: WhatIfModel.view_name,
-      _view_module: WhatIfModel.view_module,
-      _view_module_version: WhatIfModel.view_module_version,
+      ...widgetDefaults('WhatIfModel', 'WhatIfView'),
       config_json: '',
       devices_json: '',
       tp: 1,
@@ -39,25 +27,6 @@ export class WhatIfModel extends DOMWidgetModel {
   }
 
   static serializers: ISerializers = { ...DOMWidgetModel.serializers };
-  static model_name = 'WhatIfModel';
-  static model_module = MODULE_NAME;
-  static model_module_version = MODULE_VERSION;
-  static view_name = 'WhatIfView';
-  static view_module = MODULE_NAME;
-  static view_module_version = MODULE_VERSION;
-}
-
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const el = document.createElement(tag);
-  el.className = className;
-  if (text !== undefined) {
-    el.textContent = text;
-  }
-  return el;
 }
 
 function options(select: HTMLSelectElement, values: string[]): void {
@@ -75,6 +44,7 @@ export class WhatIfView extends DOMWidgetView {
   private readonly _verdict = element('div', 'jp-memviz-whatif-verdict');
   private readonly _error = element('div', 'jp-memviz-whatif-error');
   private readonly _plot = element('div', 'jp-memviz-whatif-plot');
+  private _stopTheme: (() => void) | null = null;
 
   render(): void {
     this.el.classList.add('jp-memviz-whatif');
@@ -109,8 +79,14 @@ export class WhatIfView extends DOMWidgetView {
 
     this.listenTo(this.model, 'change', this._settingsChanged);
     this.listenTo(this.model, 'change:result_json', this._resultChanged);
+    this._stopTheme = observeTheme(() => void this._resultChanged());
     this._settingsChanged();
     this._resultChanged();
+  }
+
+  remove(): void {
+    this._stopTheme?.();
+    super.remove();
   }
 
   private _send(values: Record<string, unknown>): void {
@@ -149,11 +125,7 @@ export class WhatIfView extends DOMWidgetView {
     const result = parseWhatIf(JSON.parse(text));
     this._verdict.textContent = result.verdict;
     this._verdict.dataset.fits = String(result.fits);
-    const style = getComputedStyle(this.el);
-    const fig = whatIfFigure(result, {
-      font: style.getPropertyValue('--jp-ui-font-color1').trim() || '#333333',
-      capacity: style.getPropertyValue('--jp-error-color1').trim() || '#d32f2f'
-    });
+    const fig = whatIfFigure(result, themeColors(this.el));
     const Plotly = await loadPlotly();
     await Plotly.react(
       this._plot,

@@ -2,6 +2,7 @@
  * Pure data transforms of the transformer what-if panel.  Every byte count comes from the kernel
  * (memviz/whatif.py over solvers.analytic); nothing here computes memory, it only lays out the bars.
  */
+import { ThemeColors, themedAxis, themedLayout } from './theme';
 import { escapeHtml } from './transforms';
 
 export interface WhatIfResult {
@@ -26,7 +27,7 @@ const GIB = 2 ** 30;
 /** One stacked bar per device (label "per device") against the capacity line of the preset. */
 export function whatIfFigure(
   r: WhatIfResult,
-  colors: { font: string; capacity: string }
+  colors: ThemeColors
 ): { data: unknown[]; layout: Record<string, unknown> } {
   const device = escapeHtml(r.device);
   const data = r.bars.map(b => ({
@@ -47,7 +48,7 @@ export function whatIfFigure(
             x1: 1,
             y0: r.capacity / GIB,
             y1: r.capacity / GIB,
-            line: { color: colors.capacity, width: 2, dash: 'dash' }
+            line: { color: colors.error, width: 2, dash: 'dash' }
           }
         ];
   const top = Math.max(r.total, r.capacity ?? 0) / GIB;
@@ -68,14 +69,12 @@ export function whatIfFigure(
                 yanchor: 'bottom',
                 showarrow: false,
                 text: `capacity ${(r.capacity / GIB).toFixed(1)} GiB`,
-                font: { color: colors.capacity }
+                font: { color: colors.error }
               }
             ],
-      yaxis: { title: { text: 'GiB per device' }, range: [0, top * 1.1], color: colors.font },
-      xaxis: { color: colors.font },
-      paper_bgcolor: 'rgba(0,0,0,0)',
-      plot_bgcolor: 'rgba(0,0,0,0)',
-      font: { color: colors.font },
+      ...themedLayout(colors),
+      yaxis: { ...themedAxis(colors), title: { text: 'GiB per device' }, range: [0, top * 1.1] },
+      xaxis: themedAxis(colors),
       margin: { t: 20, r: 10, b: 30, l: 60 }
     }
   };

@@ -11,8 +11,10 @@
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
+import { readoutSpans } from './chart';
+import { sliderReadouts } from './inspect_data';
 import { frontierLabel, nearestFrontierIndex, parsePlan, PlanDoc, STRATEGIES } from './transforms';
-import { MODULE_NAME, MODULE_VERSION } from './version';
+import { element, EXPORT_DEFAULTS, Exporter, widgetDefaults } from './ui';
 import './graph'; // registers the CD-graph tab
 import { PlanTabs } from './views';
 
@@ -20,44 +22,17 @@ export class PlannerModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
     return {
       ...super.defaults(),
-      _model_name: PlannerModel.model_name,
-      _model_module: PlannerModel.model_module,
-      _model_module_version: PlannerModel.model_module_version,
-      _view_name: PlannerModel.view_name,
-      _view_module: PlannerModel.view_module,
-      _view_module_version: PlannerModel.view_module_version,
+      ...widgetDefaults('PlannerModel', 'PlannerView'),
+      ...EXPORT_DEFAULTS,
       plan_json: '',
       budget_index: -1,
       strategy: 'auto',
       strategies: [],
-      status: '',
-      export_path: '',
-      export_overwrite: false,
-      export_request: 0,
-      export_result: ''
+      status: ''
     };
   }
 
   static serializers: ISerializers = { ...DOMWidgetModel.serializers };
-  static model_name = 'PlannerModel';
-  static model_module = MODULE_NAME;
-  static model_module_version = MODULE_VERSION;
-  static view_name = 'PlannerView';
-  static view_module = MODULE_NAME;
-  static view_module_version = MODULE_VERSION;
-}
-
-function element<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  className: string,
-  text?: string
-): HTMLElementTagNameMap[K] {
-  const el = document.createElement(tag);
-  el.className = className;
-  if (text !== undefined) {
-    el.textContent = text;
-  }
-  return el;
 }
 
 export class PlannerView extends DOMWidgetView {
@@ -65,16 +40,13 @@ export class PlannerView extends DOMWidgetView {
   private _doc: PlanDoc | null = null;
   private readonly _slider = element('input', 'jp-memviz-budget-slider');
   private readonly _sliderLabel = element('span', 'jp-memviz-budget-label');
+  private readonly _readouts = element('span', 'jp-memviz-slider-readouts');
   private readonly _select = element('select', 'jp-memviz-strategy-select');
   private readonly _status = element('div', 'jp-memviz-status');
-  private readonly _exportPath = element('input', 'jp-memviz-export-path');
-  private readonly _exportButton = element('button', 'jp-memviz-export jp-mod-styled', 'Export');
-  private readonly _overwriteButton = element(
-    'button',
-    'jp-memviz-overwrite jp-mod-styled jp-mod-warn',
-    'Overwrite'
-  );
-  private readonly _exportResult = element('div', 'jp-memviz-export-result');
+  private readonly _exporter = new Exporter({
+    get: name => this.model.get(name),
+    send: values => this._send(values)
+  });
 
   render(): void {
     this.el.classList.add('jp-memviz-planner');
@@ -84,10 +56,14 @@ export class PlannerView extends DOMWidgetView {
     this._slider.step = '1';
     const budget = element('label', 'jp-memviz-budget', 'budget ');
     budget.append(this._slider, this._sliderLabel);
+    // Peak, time overhead and solver status of the plan shown, beside the slider that picks it.
+    this._readouts.setAttribute('aria-live', 'polite');
     // Every index is sent while dragging: frontier plans are cached by the kernel, so it answers fast.
     this._slider.addEventListener('input', () => {
       const index = Number(this._slider.value);
       this._showBudget(index);
+      // Until the kernel answers, the readouts describe the previous plan: say so.
+      this._readouts.classList.add('jp-mod-pending');
       this._send({ budget_index: index });
     });
 
@@ -95,46 +71,26 @@ export class PlannerView extends DOMWidgetView {
     strategy.append(this._select);
     this._select.addEventListener('change', () => this._send({ strategy: this._select.value }));
 
-    this._exportPath.type = 'text';
-    this._exportPath.spellcheck = false;
-    this._exportPath.addEventListener('change', () => this._send({ export_path: this._exportPath.value }));
-    this._exportButton.addEventListener('click', () => this._requestExport(false));
-    // Shown only after the kernel reported existing files: overwriting is always an explicit second click.
-    this._overwriteButton.hidden = true;
-    this._overwriteButton.addEventListener('click', () => this._requestExport(true));
-    const exporter = element('span', 'jp-memviz-exporter');
-    exporter.append(this._exportPath, this._exportButton, this._overwriteButton);
-
     const controls = element('div', 'jp-memviz-controls');
-    controls.append(budget, strategy, exporter);
+    controls.append(budget, this._readouts, strategy, this._exporter.row);
     this._chart = new PlanTabs();
-    this.el.append(controls, this._status, this._exportResult, this._chart.node);
+    this.el.append(controls, this._status, this._exporter.result, this._chart.node);
 
     this.listenTo(this.model, 'change:plan_json', this._planChanged);
     this.listenTo(this.model, 'change:budget_index', this._budgetChanged);
     this.listenTo(this.model, 'change:strategy change:strategies', this._strategiesChanged);
     this.listenTo(this.model, 'change:status', this._statusChanged);
-    this.listenTo(this.model, 'change:export_path', this._exportPathChanged);
-    this.listenTo(this.model, 'change:export_result', this._exportResultChanged);
+    this.listenTo(this.model, 'change:export_path', () => this._exporter.pathChanged());
+    this.listenTo(this.model, 'change:export_result', () => this._exporter.resultChanged());
     this._strategiesChanged();
     this._statusChanged();
-    this._exportPathChanged();
+    this._exporter.pathChanged();
     this._planChanged();
   }
 
   private _send(values: Record<string, unknown>): void {
     this.model.set(values);
     this.touch();
-  }
-
-  private _requestExport(overwrite: boolean): void {
-    this._overwriteButton.hidden = true;
-    this._exportResult.textContent = 'exporting…';
-    this._send({
-      export_path: this._exportPath.value,
-      export_overwrite: overwrite,
-      export_request: (this.model.get('export_request') as number) + 1
-    });
   }
 
   private _planChanged(): void {
@@ -147,6 +103,10 @@ export class PlannerView extends DOMWidgetView {
         this._status.textContent = `memviz: cannot render this plan: ${(err as Error).message}`;
       }
     }
+    this._readouts.classList.remove('jp-mod-pending');
+    this._readouts.replaceChildren(
+      ...(this._doc ? readoutSpans(sliderReadouts(this._doc), 'jp-memviz-slider-readout') : [])
+    );
     const frontier = this._doc?.frontier ?? [];
     this._slider.max = String(Math.max(frontier.length - 1, 0));
     this._slider.disabled = frontier.length < 2;
@@ -186,31 +146,6 @@ export class PlannerView extends DOMWidgetView {
 
   private _statusChanged(): void {
     this._status.textContent = this.model.get('status');
-  }
-
-  private _exportPathChanged(): void {
-    this._exportPath.value = this.model.get('export_path');
-  }
-
-  private _exportResultChanged(): void {
-    const text: string = this.model.get('export_result');
-    if (!text) {
-      this._exportResult.textContent = '';
-      return;
-    }
-    let result: { ok?: boolean; paths?: string[]; exists?: string[]; message?: string };
-    try {
-      result = JSON.parse(text);
-    } catch {
-      this._exportResult.textContent = text;
-      return;
-    }
-    if (result.ok) {
-      this._exportResult.textContent = `exported: ${(result.paths ?? []).join(', ')}`;
-    } else {
-      this._exportResult.textContent = result.message ?? 'export failed';
-      this._overwriteButton.hidden = !(result.exists && result.exists.length > 0);
-    }
   }
 
   processLuminoMessage(msg: Parameters<DOMWidgetView['processLuminoMessage']>[0]): void {

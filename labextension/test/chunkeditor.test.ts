@@ -10,6 +10,7 @@ import {
   parseEditorDoc,
   regionEdits
 } from '../src/chunkeditor_data';
+import { TEST_COLORS } from './colors';
 
 function doc(): EditorDoc {
   return parseEditorDoc({
@@ -78,7 +79,7 @@ describe('chunk editor transforms', () => {
   it('states achieved vs requested memory and escapes names in the figure', () => {
     const d = doc();
     assert.match(estimateLines(d)[0], /achieved 4.00 KiB vs requested 2.93 KiB \(not met\)/);
-    const fig = editorFigure(d, { font: '#000', muted: '#888', region: '#00f' });
+    const fig = editorFigure(d, TEST_COLORS);
     const text = JSON.stringify(fig);
     assert.ok(!text.includes('<img'), 'untrusted names must be escaped');
     assert.ok(text.includes('&lt;img'));

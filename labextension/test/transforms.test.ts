@@ -14,7 +14,10 @@ import {
   computeStep,
   escapeHtml,
   formatBytes,
+  FRAGMENTATION,
+  fragmentationSeries,
   frontierLabel,
+  hasStepTimes,
   kindCategory,
   nearestFrontierIndex,
   packingFigure,
@@ -22,7 +25,10 @@ import {
   planFigure,
   planReadouts,
   planTitle,
-  stepHover
+  solverSummary,
+  stepEdges,
+  stepHover,
+  timeUnit
 } from '../src/transforms';
 import { MODULE_NAME, MODULE_VERSION } from '../src/version';
 
@@ -125,12 +131,22 @@ describe('stepHover', () => {
 describe('planFigure', () => {
   const fig = planFigure(SAMPLE, COLORS);
   const planned = SAMPLE.planned.timeline;
-  const stacked = fig.traces.filter(t => t.stackgroup === 'planned');
+  const layers = fig.traces.filter(t => t.stackgroup === 'planned');
+  const stacked = layers.filter(t => t.name !== FRAGMENTATION);
 
   it('stacks the non-zero categories in order and sums to the planned curve', () => {
     assert.deepEqual(
-      stacked.map(t => t.name),
-      ['parameters', 'inputs', 'parameter gradients', 'gradients', 'activations', 'outputs', 'workspace']
+      layers.map(t => t.name),
+      [
+        'parameters',
+        'inputs',
+        'parameter gradients',
+        'gradients',
+        'activations',
+        'outputs',
+        'workspace',
+        FRAGMENTATION
+      ]
     );
     assert.equal(fig.unit.name, 'MiB');
     const total = fig.traces.find(t => t.name === 'planned total');
@@ -177,6 +193,53 @@ describe('planFigure', () => {
     assert.equal(planTitle(SAMPLE), 'tiny &lt;img src=x onerror=alert(1)&gt; (train) on cpu');
   });
 
+  it('stacks the allocator fragmentation on top: the stack reaches what the allocator reserves', () => {
+    const reserved = SAMPLE.packing!.allocator!.reserved!;
+    assert.equal(reserved.length, planned.step_bytes.length);
+    reserved.forEach((bytes, i) => {
+      const sum = layers.reduce((acc, t) => acc + t.y[i], 0);
+      assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != reserved ${bytes}`);
+    });
+    // the simulated allocator keeps its 20 MiB segments cached: fragmentation is not zero here
+    assert.ok(fragmentationSeries(SAMPLE)!.some(v => v > 0));
+  });
+
+  it('has no fragmentation layer without a per-step allocator series for this schedule', () => {
+    const doc = clone() as unknown as PlanDoc;
+    doc.packing!.allocator!.reserved = [1, 2];
+    assert.equal(fragmentationSeries(doc), null);
+    assert.equal(fragmentationSeries({ ...SAMPLE, packing: null }), null);
+    assert.ok(!planFigure(doc, COLORS).traces.some(t => t.name === FRAGMENTATION));
+  });
+
+  it('puts steps at their estimated start time on the time axis', () => {
+    // every op of the sample takes 1 s: x is the number of computes before the step
+    const edges = stepEdges(SAMPLE, SAMPLE.planned.schedule, 'time');
+    assert.deepEqual(edges, [0, 1, 2, 2, 3, 4, 5, 5, 6, 6, 6, 7, 8, 8, 8, 9, 9]);
+    // the summed per-op times are the simulated total time (recomputation counted again)
+    assert.equal(edges[edges.length - 1], SAMPLE.planned.timeline.total_time);
+    assert.deepEqual(stepEdges(SAMPLE, SAMPLE.planned.schedule, 'step'), [...Array(17).keys()]);
+    const timed = planFigure(SAMPLE, COLORS, 'time');
+    assert.deepEqual(timed.traces.find(t => t.name === 'planned total')!.x, edges.slice(0, 16));
+    assert.match(timed.xTitle, /estimated time \(s/);
+    assert.equal(fig.xTitle, 'schedule step');
+    const peak = timed.traces.find(t => t.name === 'peak')!;
+    assert.deepEqual(peak.x, [edges[planned.peak_step]]);
+    const budget = timed.traces.find(t => t.name === 'budget')!;
+    assert.deepEqual(budget.x, [0, 9]);
+    assert.ok(hasStepTimes(SAMPLE));
+    const untimed = clone() as unknown as PlanDoc;
+    untimed.graph.computes.forEach(c => (c.time = 0));
+    assert.ok(!hasStepTimes(untimed));
+  });
+
+  it('picks a readable time unit', () => {
+    assert.deepEqual(timeUnit(2.5), { name: 's', scale: 1 });
+    assert.deepEqual(timeUnit(0.004), { name: 'ms', scale: 1e-3 });
+    assert.deepEqual(timeUnit(3e-5), { name: 'µs', scale: 1e-6 });
+    assert.deepEqual(timeUnit(0), { name: 'ns', scale: 1e-9 });
+  });
+
   it('draws a plan without baseline or budget', () => {
     const doc = parsePlan({ ...clone(), baseline: null, budget_bytes: null });
     const names = planFigure(doc, COLORS).traces.map(t => t.name);
@@ -193,7 +256,25 @@ describe('planReadouts', () => {
     assert.equal(r.overhead, '+12.5%');
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
-    assert.equal(r.solver, 'hand heuristic');
+    assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');
+  });
+});
+
+describe('solverSummary', () => {
+  it('states status, the proven gap or its absence, and the solve time', () => {
+    assert.equal(
+      solverSummary({ solver: 'checkmate', status: 'optimal', gap: 0, seconds: 1.234 }),
+      'checkmate optimal, gap 0.0% in 1.23 s'
+    );
+    assert.equal(
+      solverSummary({ solver: 'checkmate', status: 'feasible', gap: 0.042 }),
+      'checkmate feasible, gap 4.2%'
+    );
+    assert.equal(
+      solverSummary({ solver: 'rotor', status: 'heuristic', gap: null }),
+      'rotor heuristic, no optimality bound'
+    );
+    assert.equal(solverSummary(null), 'no solver statistics');
   });
 });
 

@@ -4,6 +4,8 @@ import { SETTINGS, openAndRunAll } from './helpers';
 
 test.use({ mockSettings: SETTINGS });
 
+const HOSTILE = '<img src=x onerror=alert(1)>';
+
 test('a plan document renders as a memory-over-time chart', async ({ page, tmpPath }) => {
   await openAndRunAll(page, tmpPath, 'plan.ipynb');
 
@@ -43,6 +45,32 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   expect(await view.locator('.gtitle').textContent()).toContain('<img src=x onerror=alert(1)>');
 
   await view.screenshot({ path: test.info().outputPath('plan-chart-hover.png') });
+
+  // Clicking the peak's step lists the largest tensors resident there; the hostile module path is text.
+  await page.mouse.click(box!.x + box!.width / 2, box!.y + box!.height / 2);
+  const inspector = view.locator('.jp-memviz-inspect');
+  await expect(inspector.locator('.jp-memviz-inspect-caption')).toContainText(
+    'step 5: compute tanh_backward (aten.tanh_backward) — 6 tensors resident, 29.00 MiB'
+  );
+  const rows = inspector.locator('.jp-memviz-inspect-row');
+  await expect(rows).toHaveCount(6);
+  await expect(rows.first().locator('td')).toHaveText(['a2', 'saved', '8.00 MiB', 'aten.relu', HOSTILE]);
+  await expect(rows.last().locator('td')).toHaveText(['loss', 'output', '4 B', 'aten.sum', '—']);
+  expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
+  // the clicked step is marked on the chart
+  await expect(view.locator('.shapelayer path')).toHaveCount(1);
+  await page.mouse.move(0, 0);
+  await view.screenshot({ path: test.info().outputPath('plan-chart-inspect.png') });
+  await inspector.scrollIntoViewIfNeeded();
+  await inspector.screenshot({ path: test.info().outputPath('plan-inspector.png') });
+
+  // The x axis switches to the estimated time of the schedule (every op of this plan takes 1 s).
+  await view.locator('.jp-memviz-xaxis[data-axis="time"]').click();
+  await expect(view.locator('.g-xtitle')).toContainText('estimated time (s');
+  await expect(rows).toHaveCount(6);
+  await view.screenshot({ path: test.info().outputPath('plan-chart-time.png') });
+  await view.locator('.jp-memviz-xaxis[data-axis="step"]').click();
+  await expect(view.locator('.g-xtitle')).toHaveText('schedule step');
 
   // Switching to the dark theme re-colors the chart from JupyterLab's CSS variables.
   const tick = view.locator('.xtick text').first();

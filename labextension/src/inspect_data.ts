@@ -1,0 +1,115 @@
+/**
+ * Pure transforms behind the memory chart's step inspector and the planner's slider readouts: which
+ * tensors are resident while a planned step runs, and the plan's peak, time overhead and solver status.  Rows hold plain text (the view sets it with textContent); nothing here is HTML.
+ */
+import { formatBytes, PlanDoc, Readout, solverSummary } from './transforms';
+
+/** One tensor resident during a step: a data node, or the workspace of the running compute. */
+export interface LiveTensor {
+  name: string;
+  kind: string;
+  bytes: number;
+  /** op of the compute node that produced it ('' for parameters, inputs, ...) */
+  producer: string;
+  /** module path of that compute node */
+  module: string;
+}
+
+/** What the inspector shows for one planned step. */
+export interface StepInspection {
+  step: number;
+  /** the step itself, e.g. "compute relu (aten.relu)" or "free a1" */
+  action: string;
+  /** resident bytes during the step, summed over every live tensor (equals timeline.step_bytes) */
+  totalBytes: number;
+  /** how many tensors are resident, the workspace included */
+  count: number;
+  /** the `limit` largest, largest first */
+  largest: LiveTensor[];
+}
+
+/**
+ * The tensors resident while planned step `step` runs, replaying the planned schedule the way
+ * solvers.simulate counts memory: tensors without a producer are live from the start, a compute adds
+ * its outputs that are not live yet plus its workspace, a free removes its tensor.  Throws a RangeError
+ * for a step outside the schedule.
+ */
+export function inspectStep(doc: PlanDoc, step: number, limit = 10): StepInspection {
+  const schedule = doc.planned.schedule;
+  if (!Number.isInteger(step) || step < 0 || step >= schedule.length) {
+    throw new RangeError(`step ${step} is outside the planned schedule (0..${schedule.length - 1})`);
+  }
+  const { computes, datas } = doc.graph;
+  const live = new Set<number>(
+    datas.filter(d => d.producer === null || d.producer === undefined).map(d => d.id)
+  );
+  for (let i = 0; i < step; i++) {
+    const [kind, id] = schedule[i];
+    if (kind === 'compute') {
+      computes[id]?.outputs?.forEach(d => live.add(d));
+    } else if (kind === 'free') {
+      live.delete(id);
+    }
+  }
+  const [kind, id] = schedule[step];
+  const rows: LiveTensor[] = [];
+  let action = `${kind} #${id}`;
+  if (kind === 'compute') {
+    const c = computes[id];
+    c?.outputs?.forEach(d => live.add(d));
+    action = c ? `compute ${c.name} (${c.op})` : action;
+    if (c && (c.temp_bytes ?? 0) > 0) {
+      rows.push({
+        name: `workspace of ${c.name}`,
+        kind: 'workspace',
+        bytes: c.temp_bytes!,
+        producer: c.op,
+        module: c.module ?? ''
+      });
+    }
+  } else if (kind === 'free') {
+    live.delete(id);
+    action = datas[id] ? `free ${datas[id].name}` : action;
+  }
+  for (const d of live) {
+    const data = datas[d];
+    if (!data) {
+      continue;
+    }
+    const producer =
+      data.producer === null || data.producer === undefined ? undefined : computes[data.producer];
+    rows.push({
+      name: data.name,
+      kind: data.kind,
+      bytes: data.bytes,
+      producer: producer?.op ?? '',
+      module: producer?.module ?? ''
+    });
+  }
+  // Largest first; ties by name so the table does not reorder between redraws.
+  rows.sort((a, b) => b.bytes - a.bytes || a.name.localeCompare(b.name));
+  return {
+    step,
+    action,
+    totalBytes: rows.reduce((sum, r) => sum + r.bytes, 0),
+    count: rows.length,
+    largest: rows.slice(0, limit)
+  };
+}
+
+/** Readouts next to the budget slider: the shown plan's peak, time overhead and solver status. */
+export function sliderReadouts(doc: PlanDoc): Readout[] {
+  const planned = doc.planned.timeline;
+  const baseline = doc.baseline?.timeline;
+  const out: Readout[] = [{ label: 'peak', value: formatBytes(planned.peak_bytes) }];
+  if (!baseline) {
+    out.push({ label: 'time overhead', value: 'unknown (no eager baseline)' });
+  } else if (baseline.total_time > 0) {
+    const overhead = planned.total_time / baseline.total_time - 1;
+    out.push({ label: 'time overhead', value: `${overhead >= 0 ? '+' : ''}${(100 * overhead).toFixed(1)}%` });
+  } else {
+    out.push({ label: 'time overhead', value: 'unknown (no per-op times)' });
+  }
+  out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
+  return out;
+}

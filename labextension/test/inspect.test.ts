@@ -1,0 +1,76 @@
+import { strict as assert } from 'node:assert';
+import { execFileSync } from 'node:child_process';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+
+import { inspectStep, sliderReadouts } from '../src/inspect_data';
+import { parsePlan, PlanDoc } from '../src/transforms';
+
+// Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
+const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
+const MiB = 2 ** 20;
+const HOSTILE = '<img src=x onerror=alert(1)>';
+
+// The same solvers-built document as transforms.test.ts: its timelines come from solvers.simulate.
+const SAMPLE: PlanDoc = parsePlan(
+  JSON.parse(
+    execFileSync(process.env.PYTHON ?? 'python3', [path.join('labextension', 'test', 'sample_plan.py')], {
+      cwd: ROOT,
+      env: { ...process.env, PYTHONPATH: ROOT },
+      encoding: 'utf8'
+    })
+  )
+);
+
+describe('inspectStep', () => {
+  it('finds exactly the bytes solvers.simulate counts at every planned step', () => {
+    SAMPLE.planned.timeline.step_bytes.forEach((bytes, step) => {
+      const inspection = inspectStep(SAMPLE, step, 1000);
+      assert.equal(inspection.totalBytes, bytes, `step ${step}`);
+      assert.equal(inspection.largest.length, inspection.count);
+    });
+  });
+
+  it('lists the largest tensors first with kind, producer op and module, as plain text', () => {
+    // step 1 runs relu (module named with markup) with a 2 MiB workspace; a1 is live, a2 is being written
+    const step = inspectStep(SAMPLE, 1, 3);
+    assert.equal(step.action, 'compute relu (aten.relu)');
+    assert.equal(step.count, 5); // w, x, a1, a2 and the workspace
+    assert.deepEqual(step.largest, [
+      { name: 'a1', kind: 'saved', bytes: 8 * MiB, producer: 'aten.mm', module: 'net.fc1' },
+      { name: 'a2', kind: 'saved', bytes: 8 * MiB, producer: 'aten.relu', module: HOSTILE },
+      { name: 'w', kind: 'parameter', bytes: 4 * MiB, producer: '', module: '' }
+    ]);
+    const workspace = inspectStep(SAMPLE, 1).largest.find(r => r.kind === 'workspace');
+    assert.deepEqual(workspace, {
+      name: 'workspace of relu',
+      kind: 'workspace',
+      bytes: 2 * MiB,
+      producer: 'aten.relu',
+      module: HOSTILE
+    });
+  });
+
+  it('drops a freed tensor at its free step and brings a recomputed one back', () => {
+    const names = (step: number): string[] => inspectStep(SAMPLE, step, 100).largest.map(r => r.name);
+    assert.equal(inspectStep(SAMPLE, 2).action, 'free a1');
+    assert.ok(!names(2).includes('a1'));
+    assert.ok(names(10).includes('a1')); // step 10 recomputes linear
+    assert.throws(() => inspectStep(SAMPLE, 16), /outside the planned schedule \(0\.\.15\)/);
+    assert.throws(() => inspectStep(SAMPLE, -1), RangeError);
+  });
+});
+
+describe('sliderReadouts', () => {
+  it('gives the peak, the time overhead and the solver status of the plan shown', () => {
+    assert.deepEqual(sliderReadouts(SAMPLE), [
+      { label: 'peak', value: '29.00 MiB' },
+      { label: 'time overhead', value: '+12.5%' },
+      { label: 'solver', value: 'hand heuristic, no optimality bound in 0.00 s' }
+    ]);
+    assert.equal(sliderReadouts({ ...SAMPLE, baseline: null })[1].value, 'unknown (no eager baseline)');
+    const untimed = JSON.parse(JSON.stringify(SAMPLE)) as PlanDoc;
+    untimed.baseline!.timeline.total_time = 0;
+    assert.equal(sliderReadouts(untimed)[1].value, 'unknown (no per-op times)');
+  });
+});

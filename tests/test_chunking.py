@@ -241,3 +241,116 @@ def test_calibrated_speed_model_is_measured():
     assert 0 < m.overhead_s < 1e-3 and m.bandwidth > 1e8
     rates = [r for _, r in m.matmul_rate]
     assert rates == sorted(rates) and rates[0] > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# memviz.plan(profile, budget, strategy="autochunk"): the chunked run as a memviz Plan
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpt_inference():
+    """The GPT example in inference at a long sequence (512 tokens: the causal scores dominate)."""
+    import memviz
+    from examples.models import gpt
+
+    model, args = gpt(batch=1, seq=512, d=64, heads=4, layers=2, vocab=128, dropout=0.0)
+    model.eval()
+    prof = memviz.profile(model, args, mode="inference")
+    return model, args, prof, memviz.plan(prof, 0.4, strategy="autochunk")
+
+
+def _persistent(plan) -> int:
+    return plan.baseline_graph.persistent_bytes()
+
+
+def test_plan_autochunk_fits_budget_and_export_equals_eager(gpt_inference):
+    import memviz
+    from solvers import simulate
+
+    model, args, prof, plan = gpt_inference
+    assert plan.strategy == "autochunk" and plan.chunks
+    assert plan.peak_bytes <= plan.budget_bytes < plan.baseline.peak_bytes
+    assert plan.budget_bytes == int(0.4 * plan.baseline.peak_bytes)
+    # both runs are checked by the simulator: valid, and the recorded timelines are its output
+    assert simulate(plan.graph, plan.schedule).check().step_bytes == plan.timeline.step_bytes
+    base = simulate(plan.baseline_graph, plan.baseline_schedule).check()
+    assert base.peak_bytes == plan.baseline.peak_bytes
+    # the simulated run agrees with the chunk estimator (activations) plus parameters and inputs
+    assert plan.peak_bytes == plan.chunk_plan().peak_bytes + _persistent(plan)
+    for c in plan.chunks:
+        assert {"start", "end", "dims", "chunks", "memory_bytes", "slowdown"} <= set(c)
+        assert c["chunks"] >= 2 and 0 < c["memory_bytes"] <= plan.peak_bytes and c["slowdown"] >= 0
+    assert plan.time_overhead >= 1.0 and plan.packing is not None
+    opt = memviz.export(plan)
+    assert "for _lo0 in range(" in opt.chunked.code
+    with torch.no_grad():
+        ref = model(*args)
+    peak, out = measure(opt, *args)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the plan's activation bytes are what the exported module really holds (live-storage tracker)
+    predicted = plan.peak_bytes - _persistent(plan)
+    assert abs(peak - predicted) <= 0.05 * peak, (peak, predicted)
+    eager_peak, _ = measure(model, *args)
+    assert peak < 0.6 * eager_peak
+
+
+def test_plan_with_chunks_revalidates_and_names_the_breaking_op(gpt_inference):
+    from solvers import simulate
+
+    _, _, _, plan = gpt_inference
+    fewer = plan.with_chunks([dict(c, chunks=2) for c in plan.chunks])
+    assert [c["chunks"] for c in fewer.chunks] == [2] * len(plan.chunks)
+    assert fewer.peak_bytes > plan.peak_bytes and fewer.baseline.peak_bytes == plan.baseline.peak_bytes
+    simulate(fewer.graph, fewer.schedule).check()
+    g = plan.chunk_plan().graph
+    region = next(c for c in plan.chunks if any(g[n].op == "softmax" for n in c["dims"]))
+    softmax = next(n for n in region["dims"] if g[n].op == "softmax")
+    with pytest.raises(ValueError, match="softmax"):  # chunking over the normalised dim
+        plan.with_chunks([{"start": region["start"], "end": softmax, "chunks": 4, "outputs": {softmax: 3}}])
+
+
+def test_plan_autochunk_save_load_export(gpt_inference, tmp_path):
+    import memviz
+    from examples.models import gpt
+    from memviz.export import StalePlanError
+
+    model, args, _, plan = gpt_inference
+    path = plan.save(tmp_path / "chunked.json")
+    loaded = memviz.load_plan(path)
+    assert loaded.strategy == "autochunk" and loaded.chunks == plan.chunks
+    assert loaded.timeline.step_bytes == plan.timeline.step_bytes
+    assert loaded.baseline.step_bytes == plan.baseline.step_bytes
+    with pytest.raises(ValueError, match="model="):
+        memviz.export(loaded)
+    opt = memviz.export(loaded, model=model, path=tmp_path / "chunked.py")
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*args), model(*args), rtol=1e-5, atol=1e-5)
+    assert "for _lo0 in range(" in (tmp_path / "chunked.py").read_text()
+    # edits after loading need no model: the op graph and speed model travel in the JSON
+    assert loaded.with_chunks([dict(c, chunks=2) for c in loaded.chunks]).peak_bytes > loaded.peak_bytes
+    other, _ = gpt(batch=1, seq=512, d=32, heads=4, layers=2, vocab=128, dropout=0.0)
+    with pytest.raises(StalePlanError):
+        memviz.export(loaded, model=other.eval())
+    with pytest.raises(StalePlanError, match="shape"):
+        opt(torch.zeros(1, 256, dtype=torch.long))
+
+
+def test_plan_autochunk_refuses_training_profiles():
+    import memviz
+    from examples.models import gpt
+    from memviz.planning import PlanningError
+
+    model, args = gpt(batch=1, seq=16, d=32, heads=4, layers=1, vocab=64, dropout=0.0)
+    prof = memviz.profile(model, args, mode="train", measure=False)
+    with pytest.raises(PlanningError, match="inference") as e:
+        memviz.plan(prof, 0.5, strategy="autochunk")
+    assert "rockmate" in str(e.value)
+    with pytest.raises(PlanningError, match="memviz.profile"):
+        memviz.plan(prof.graph, 0.5, strategy="autochunk")
+
+
+def test_auto_chunks_inference_that_reordering_cannot_fit(gpt_inference):
+    import memviz
+
+    _, _, prof, plan = gpt_inference
+    auto = memviz.plan(prof, plan.budget_bytes, time_limit=10.0)
+    assert auto.strategy == "autochunk" and auto.peak_bytes <= plan.budget_bytes

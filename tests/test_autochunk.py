@@ -130,3 +130,41 @@ def test_op_graph_round_trips_through_json():
     assert g2 == g
     m = ac.SpeedModel(2e-6, ((1, 1e9), (64, 1e10)), 1e10)
     assert ac.SpeedModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+
+
+def test_chunked_run_is_the_memory_estimate_step_by_step():
+    """The chunked run as a CD-graph: valid for the simulator, its peak the estimate plus the inputs,
+    its time the unchunked time plus the estimated region slowdown, one compute per op per chunk."""
+    from solvers import simulate
+
+    g = _attention_graph()
+    r = ac.ChunkRegion(ac.flow_region(g, "q0", "o", {"o": 2}), 4)
+    speed = ac.SpeedModel()
+    base = ac.chunked_run(g, (), speed)
+    run = ac.chunked_run(g, (r,), speed)
+    for regions, cd in (((), base), ((r,), run)):
+        tl = simulate(cd.graph, cd.schedule).check()
+        assert tl.peak_bytes == ac.estimate_memory(g, regions).peak_bytes + cd.graph.persistent_bytes()
+    assert simulate(run.graph, run.schedule).peak_bytes < simulate(base.graph, base.schedule).peak_bytes
+    assert sorted(c.name for c in run.graph.computes if c.name.startswith("p[")) == [
+        "p[0:16]",
+        "p[16:32]",
+        "p[32:48]",
+        "p[48:64]",
+    ]
+    assert [c.op for c in run.graph.computes if c.name == "o.buffer"] == ["empty"]
+    ((first, last),) = run.spans
+    assert run.schedule[first].op == "compute" and first < last < len(run.schedule)
+    slow = ac.region_slowdown(g, r, speed)
+    t_base = simulate(base.graph, base.schedule).total_time
+    assert simulate(run.graph, run.schedule).total_time == pytest.approx(t_base + slow, rel=1e-9)
+    assert t_base == pytest.approx(ac.graph_time(g, speed), rel=1e-9)
+
+
+def test_op_graph_json_keeps_non_finite_literals():
+    n = ac.OpNode("m", "masked_fill", ("x", "k"), ("%x", "%k", float("-inf")), shapes=((2, 2),))
+    g = ac.OpGraph(
+        (ac.OpNode("x", "input", shapes=((2, 2),)), ac.OpNode("k", "input", shapes=((2, 2),)), n), ("m",)
+    )
+    back = ac.OpGraph.from_dict(json.loads(json.dumps(g.to_dict(), allow_nan=False)))
+    assert back == g and back["m"].args[2] == float("-inf")

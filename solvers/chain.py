@@ -489,17 +489,29 @@ def backward_sequence(chain: Chain, block: Block, kept: Iterable[int]) -> tuple[
 
 def block_option(chain: Chain, block: Block, kept: Iterable[int]) -> BlockOption:
     """Measure running `block` keeping `kept` (a subset of its saved data) between its passes."""
+    return sequence_option(chain, block, block.forward, backward_sequence(chain, block, kept))
+
+
+def sequence_option(chain: Chain, block: Block, forward: Sequence[int],
+                    backward: Sequence[int]) -> BlockOption:
+    """Measure a block option given as two compute sequences (the backward may recompute forward
+    nodes, e.g. an rk-Checkmate solution): the kept data are the forward data the backward reads
+    before producing them again, and every tensor is freed at its last use."""
     g = chain.graph
-    kept_s = frozenset(kept)
     own = _fwd_data(chain, block)
-    keep_f = set(kept_s) | ({block.output} if block.output is not None else set())
-    fpeak, fdelta, ftime = replay(g, block.forward, own, (), keep_f)
-    bseq = backward_sequence(chain, block, kept_s)
+    produced: set[int] = set()
+    kept: set[int] = set()
+    for c in backward:
+        kept.update(d for d in g.computes[c].inputs if d in own and d not in produced)
+        produced.update(g.computes[c].outputs)
+    kept.discard(block.output)
+    keep_f = kept | ({block.output} if block.output is not None else set())
+    fpeak, fdelta, ftime = replay(g, forward, own, (), keep_f)
     bdata = {d for c in block.backward for d in g.computes[c].outputs}
     counted = own | bdata | set(block.grad_in)
     alive = keep_f | set(block.grad_in)
-    bpeak, _, btime = replay(g, bseq, counted, alive, set(block.grad_out) | set(block.long_lived))
-    return BlockOption(kept_s, block.forward, bseq, ftime, btime, fdelta, fpeak, bpeak)
+    bpeak, _, btime = replay(g, backward, counted, alive, set(block.grad_out) | set(block.long_lived))
+    return BlockOption(frozenset(kept), tuple(forward), tuple(backward), ftime, btime, fdelta, fpeak, bpeak)
 
 
 def store_all(chain: Chain, block: Block) -> BlockOption:

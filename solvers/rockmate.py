@@ -2,17 +2,23 @@
 a menu of block-level schedules per class of identical blocks (Sec. 3.3), and the rk-Rotor dynamic
 program over the menus (Sec. 3.4, Appendix C), expanded to a full schedule and simulated.
 
-Block options.  An option keeps a subset K of the data the block's backward reads (its output cut is
-always kept); the backward regenerates the dropped data by recomputing the forward nodes that produce
-them, right before the first backward node that needs them, and every tensor is freed at its last
-use.  For blocks with at most `EXACT_SUBSETS` such data every subset is measured (exact enumeration
-over kept sets); larger blocks get nested greedy families of up to `GREEDY_STEPS` sets each (drop
-the largest data first, and drop the data cheapest to recompute per byte first).  Options are then
-picked over a grid of (kept bytes, block peak) budget pairs as in Sec. 3.3: per pair, the fastest.
-Options are searched once per class and measured on every member block.  Rotor's store-everything
-option is always on the menu, so at equal budget rockmate is never worse than rotor.
-Not implemented: the per-block MILP (rk-Checkmate) and
-recomputation inside a block's forward.
+Block menus, searched once per class of identical blocks (Sec. 3.2) and translated position by
+position to every member block, where each option is measured again:
+- rk-Checkmate (`solvers.block_milp`, Sec. 3.3 and Appendix B): the Checkmate MILP restricted to the
+  block, solved over a grid of (kept bytes, block peak) budget pairs spanning the known options; its
+  options may recompute forward nodes several times inside the backward.  Each MILP is time-limited
+  and warm-started from the fastest known option meeting its pair; the classes share a total MILP
+  time (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes, and
+  a class past its share keeps the options below.
+- kept-subset options: the backward regenerates the dropped data by recomputing, right before the
+  first backward node that needs them, the forward nodes that produce them.  For blocks with at most
+  `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
+  to `GREEDY_STEPS` sets each (drop the largest data first, and drop the data cheapest to recompute
+  per byte first).  Per (kept bytes, peak) pair of a `GRID` x `GRID` grid the fastest is picked.
+The menu is the union, Pareto-pruned on (time, kept bytes, forward peak, backward peak), so it is
+never worse than the kept-subset menu alone.  Rotor's store-everything option is always first, so at
+equal budget rockmate is never worse than rotor.  Not implemented: recomputation inside a block's
+forward (rk-Rotor's case 2 recomputes whole forwards), and the restrictions of `solvers.block_milp`.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from __future__ import annotations
 import itertools
 import time as _time
 
-from solvers.chain import Block, BlockOption, Chain, block_option, decompose, local_data, store_all
+import numpy as np
+
+from solvers import block_milp
+from solvers.chain import Block, BlockOption, Chain, block_option, decompose, sequence_option, store_all
 from solvers.ir import Graph
 from solvers.result import SolveResult
 from solvers.rotor import ChainSolver, checked_result, infeasible, no_recompute_result
@@ -78,34 +87,97 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
     return chosen
 
 
-def menus_for(chain: Chain, *, grid: int = GRID, deadline: float | None = None) -> list[list[BlockOption]]:
-    """Option menus for every block, searched once per class of identical blocks."""
-    g = chain.graph
-    by_class: dict[int, tuple[Block, list[list[int]]]] = {}
-    for b in chain.blocks:
-        if b.klass in by_class:
-            continue
-        local = {d: i for i, d in enumerate(local_data(b, g))}
-        kept_sets = _kept_sets(chain, b)
-        if deadline is not None and _time.monotonic() > deadline:
-            kept_sets = [frozenset(_candidates(chain, b))]
-        opts = [block_option(chain, b, b.saved)]
-        opts += [block_option(chain, b, k) for k in kept_sets]
-        picked = _menu(opts, grid)
-        by_class[b.klass] = (b, [sorted(local[d] for d in opts[i].kept) for i in picked])
-    menus = []
-    for b in chain.blocks:
-        _, kept_local = by_class[b.klass]
-        mine = local_data(b, g)
-        menus.append([block_option(chain, b, [mine[i] for i in k]) for k in kept_local])
-    for b, menu in zip(chain.blocks, menus, strict=True):  # index 0: rotor's store-all, on every block
-        if menu[0].kept != store_all(chain, b).kept:
-            raise AssertionError(f"block {b.index}: the menu lost the store-all option")
-    return menus
+#: total seconds for the block MILPs of one `solve` (capped at a quarter of its time limit)
+MILP_SECONDS = 4.0
+#: kept-byte and peak levels of the rk-Checkmate budget-pair grid
+MILP_LEVELS = 5
+
+Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as positions in its block
 
 
-def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
-    """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches."""
+def _cost(o: BlockOption) -> tuple[float, int, int, int]:
+    return (o.fwd_time + o.bwd_time, o.keep, o.fwd_peak, o.bwd_peak)
+
+
+def pareto(options: list[BlockOption]) -> list[BlockOption]:
+    """The first option (store-all) and every other one that no option dominates on (time, kept bytes,
+    forward peak, backward peak): the DP is monotone in each, so dropping a dominated option loses
+    nothing.  Of identical cost vectors the first is kept."""
+    costs = np.array([_cost(o) for o in options], dtype=float)
+    kept = [options[0]]
+    for i in range(1, len(options)):
+        le = (costs <= costs[i]).all(axis=1)
+        lt = (costs < costs[i]).any(axis=1)
+        le[i] = False
+        if not (le & (lt | (np.arange(len(options)) < i))).any():
+            kept.append(options[i])
+    return kept
+
+
+def _positions(block: Block, o: BlockOption) -> Positions:
+    index = {c: i for i, c in enumerate((*block.forward, *block.backward))}
+    return tuple(index[c] for c in o.forward), tuple(index[c] for c in o.backward)
+
+
+def _enumerated(chain: Chain, b: Block, grid: int, deadline: float | None
+                ) -> tuple[list[BlockOption], list[BlockOption]]:
+    """(every measured kept-subset option, store-all first; the ones picked over the grid)."""
+    kept_sets = _kept_sets(chain, b)
+    if deadline is not None and _time.monotonic() > deadline:
+        kept_sets = [frozenset(_candidates(chain, b))]
+    opts = [store_all(chain, b), *(block_option(chain, b, k) for k in kept_sets)]
+    return opts, [opts[i] for i in _menu(opts, grid)]
+
+
+def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None, milp_seconds: float = 0.0,
+                milp_levels: int = MILP_LEVELS) -> tuple[dict[int, list[Positions]], dict[str, float]]:
+    """Per class: the menu of its first block as positions (store-all first), and statistics."""
+    firsts: dict[int, Block] = {}
+    for b in chain.blocks:
+        firsts.setdefault(b.klass, b)
+    enumerated = {k: _enumerated(chain, b, grid, deadline) for k, b in firsts.items()}
+    menus = {k: picked for k, (_, picked) in enumerated.items()}
+    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0}
+    if milp_seconds > 0:
+        started = _time.perf_counter()
+        models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
+        weight = {k: bm.model.num_vars for k, bm in models.items() if bm.model.num_vars}
+        total = sum(weight.values())
+        for k in weight:  # in chain order; time a class leaves unused passes on to the next ones
+            left = started + milp_seconds - _time.perf_counter()
+            share = left * weight[k] / total
+            total -= weight[k]
+            if share <= 0:
+                break
+            found = block_milp.options(chain, models[k], enumerated[k][0], levels=milp_levels,
+                                       deadline=_time.perf_counter() + share)
+            menus[k] = pareto([*menus[k], *found])
+            stats["milp_options"] += sum(any(o is f for f in found) for o in menus[k])
+            stats["milp_classes"] += 1
+        stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
+    return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
+
+
+def menus_for(chain: Chain, *, grid: int = GRID, deadline: float | None = None, milp_seconds: float = 0.0
+              ) -> list[list[BlockOption]]:
+    """Option menus for every block: the class menus measured on each member block."""
+    by_class, _ = class_menus(chain, grid=grid, deadline=deadline, milp_seconds=milp_seconds)
+    return [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]
+
+
+def _measure(chain: Chain, b: Block, menu: list[Positions]) -> list[BlockOption]:
+    nodes = (*b.forward, *b.backward)
+    opts = [sequence_option(chain, b, [nodes[i] for i in f], [nodes[i] for i in bw]) for f, bw in menu]
+    if opts[0].kept != store_all(chain, b).kept:  # index 0: rotor's store-all, on every block
+        raise AssertionError(f"block {b.index}: the menu lost the store-all option")
+    return opts
+
+
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
+          milp_seconds: float | None = None) -> SolveResult:
+    """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
+    `milp_seconds`: total time for the block MILPs (default `MILP_SECONDS`, at most a quarter of
+    `time_limit`; 0 leaves the menus to the kept-subset options)."""
     started = _time.monotonic()
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
     if quick is not None:
@@ -113,13 +185,15 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> Solve
     chain = decompose(graph)
     if not chain.training:
         raise infeasible(graph, budget_bytes, None, "rockmate")
+    if milp_seconds is None:
+        milp_seconds = min(MILP_SECONDS, time_limit / 4)
     # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
-    menus = menus_for(chain, deadline=started + time_limit / 2)
+    by_class, stats = class_menus(chain, deadline=started + time_limit / 2, milp_seconds=milp_seconds)
+    menus = [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]
     solver = ChainSolver(chain, menus)
     plan = solver.plan(budget_bytes)
     if plan is None:
         raise infeasible(graph, budget_bytes, solver.min_budget(), "rockmate")
     return checked_result(chain, menus, plan, budget_bytes, "rockmate", started,
                           {"slot_bytes": solver.unit, "model_time": plan.time,
-                           "classes": len({b.klass for b in chain.blocks}),
-                           "options": sum(len(m) for m in menus)})
+                           "classes": len(by_class), "options": sum(len(m) for m in menus), **stats})

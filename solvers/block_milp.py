@@ -1,0 +1,379 @@
+"""rk-Checkmate: the Checkmate MILP restricted to one block of the chain, solved over a grid of budget
+pairs to give rk-Rotor a menu of block options (Rockmate Sec. 3.3 and Appendix B).
+
+One block = its forward computes F_0..F_{m-1} and backward computes B_0..B_{p-1} (capture order),
+its input cut (alive throughout, not counted), its output cut (kept from the forward to the end of
+its backward reads: the next block holds it), the incoming gradients (alive when the backward
+starts, freed after their last read).  Budget pair (Rockmate Sec. 3.3): `M_save` bounds the bytes
+kept between the forward and the backward (output cut included: `BlockOption.keep`); `M_peak` bounds
+the block's own peak, max(forward peak, kept + backward peak) in `BlockOption` terms.
+
+Stages as in Checkmate (Jain et al. 2020, Sec. 4.3; Rockmate B.1): backward stage t runs B_t, first
+(re)computing, in ascending order, any forward nodes it chooses; the forward data are kept or freed
+on their own (CD-graph, Rockmate B.1/B.3), through the residency variables of `solvers.checkmate`
+(residency at each data node's events; between events a datum is resident iff it is at the next
+event, i.e. freed right after its last use).  Variables:
+  K[d]      saved datum d kept from the forward to the backward (the S of the first backward stage);
+  R[t,j]    forward node j recomputed in backward stage t (only ancestors of the saved data);
+  S[t,d]    forward datum d alive when backward stage t starts;
+  L[t,d,e]  d resident at its event e (its producer or one of its readers) in stage t.
+Memory rows (Rockmate B.3): while step s of a stage runs, the resident forward data + its workspace +
+the backward data and gradients alive then (a constant: backward nodes run once, in capture order)
+<= M_peak (+ the incoming gradients, which `BlockOption.bwd_peak` does not count).  The forward runs
+once in capture order with frees at last use, so its memory at step k is a constant plus the kept
+data whose last forward use is before k; each forward step gets the same M_peak row.  Objective: the
+recomputation time sum R[t,j] time_j (forward and backward run once besides).
+
+Restrictions (why: the block MILPs must solve in well under a second each): no recomputation inside
+the forward and no recomputation of backward nodes; the producer of the output cut is never
+recomputed (as in `solvers.chain.backward_sequence`).  Within those, any early-free schedule in
+Checkmate's stage class is a feasible point of the MILP with exactly its replayed memory, so the
+optimum at a pair is no slower than any such schedule meeting the pair.  Each solution is measured by
+`solvers.chain.sequence_option` (the replay rockmate expands and `solvers.simulate` checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time as _time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from solvers import milp
+from solvers.chain import Block, BlockOption, Chain, liveness_frees, sequence_option
+from solvers.ir import Graph
+
+#: per-MILP time limit in seconds (a block model has a few thousand binaries)
+SOLVE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Variables of backward stage t: R[j] forward position j recomputed, S_in[d] datum d alive when
+    the stage starts, L[d][e] d resident at its event e (position m = the backward node itself)."""
+
+    R: dict[int, int]
+    S_in: dict[int, int]
+    L: dict[int, dict[int, int]]
+
+
+@dataclass(frozen=True)
+class BlockMilp:
+    """The rk-Checkmate model of one block: built once, solved for many budget pairs by changing the
+    right-hand sides of `save_row` and of the memory rows.  Memory is in units of `unit` bytes."""
+
+    block: Block
+    model: milp.Model
+    K: dict[int, int]
+    stages: tuple[Stage, ...]
+    save_row: int
+    save_const: int                         # bytes always kept: the output cut
+    peak_rows: tuple[tuple[int, int], ...]  # (row, constant bytes of that step, less the gradients in)
+    unit: float
+    tscale: float
+
+
+def peak(o: BlockOption) -> int:
+    """The block's own peak of an option (Rockmate Sec. 3.3's M_peak): forward or kept + backward."""
+    return max(o.fwd_peak, o.keep + o.bwd_peak)
+
+
+def _own_forward_data(chain: Chain, block: Block) -> set[int]:
+    g = chain.graph
+    return {d for c in block.forward for d in g.computes[c].outputs} - chain.resident
+
+
+def _recomputable(g: Graph, block: Block, own: set[int], pos: dict[int, int]) -> list[int]:
+    """Forward positions that regenerating the saved data can need: their producers' ancestors."""
+    out_producer = g.datas[block.output].producer if block.output is not None else None
+    rel: set[int] = set()
+    stack = [d for d in block.saved if d != block.output]
+    while stack:
+        p = g.datas[stack.pop()].producer
+        if p is None or p == out_producer or pos[p] in rel:
+            continue
+        rel.add(pos[p])
+        stack.extend(x for x in g.computes[p].inputs if x in own)
+    return sorted(rel)
+
+
+def _needed_by(g: Graph, b: int, own: set[int], pos: dict[int, int], rel: set[int]) -> list[int]:
+    """Forward positions worth (re)computing in the stage of backward node `b`: the recomputable
+    ancestors of the forward data `b` reads.  Computing a node in an earlier stage only to carry its
+    outputs here is left out of the model (it keeps the MILP small; the schedules of
+    `solvers.chain.backward_sequence`, which recompute right before the first need, all stay in)."""
+    found: set[int] = set()
+    stack = [d for d in g.computes[b].inputs if d in own]
+    while stack:
+        p = g.datas[stack.pop()].producer
+        if p is None or pos[p] not in rel or pos[p] in found:
+            continue
+        found.add(pos[p])
+        stack.extend(x for x in g.computes[p].inputs if x in own)
+    return sorted(found)
+
+
+def _backward_profile(chain: Chain, block: Block) -> list[tuple[int, int]]:
+    """Per backward node: (bytes of backward data, incoming gradients and output cut alive before it
+    starts, the same plus its new outputs and workspace while it runs).  Fixed, because backward
+    nodes run once in capture order and recomputed forward nodes never touch those data."""
+    g = chain.graph
+    seq = block.backward
+    out = {block.output} if block.output is not None else set()
+    counted = {d for c in seq for d in g.computes[c].outputs} | set(block.grad_in) | out
+    touched = {d for c in seq for d in (*g.computes[c].inputs, *g.computes[c].outputs)}
+    alive = set(block.grad_in) | out
+    keep = set(block.grad_out) | set(block.long_lived)
+    start, after = liveness_frees(g, seq, alive, keep, touched - counted)
+    alive -= set(start)
+    size = [d.bytes for d in g.datas]
+    live = sum(size[d] for d in alive)
+    profile = []
+    for i, c in enumerate(seq):
+        node = g.computes[c]
+        new = [d for d in dict.fromkeys(node.outputs) if d in counted and d not in alive]
+        profile.append((live, live + sum(size[d] for d in new) + node.temp_bytes))
+        alive.update(new)
+        live += sum(size[d] for d in new)
+        for d in after[i]:
+            alive.discard(d)
+            live -= size[d]
+    return profile
+
+
+def build(chain: Chain, block: Block) -> BlockMilp:
+    """The rk-Checkmate MILP of `block` (Rockmate Appendix B.2-B.3, restricted as in the module doc)."""
+    g = chain.graph
+    fwd, bwd = block.forward, block.backward
+    m, n_b = len(fwd), len(bwd)
+    pos = {c: i for i, c in enumerate(fwd)}
+    own = _own_forward_data(chain, block)
+    out = block.output
+    size = {d: g.datas[d].bytes for d in own}
+    rel = _recomputable(g, block, own, pos)
+    saved = [d for d in block.saved if d != out]
+    # the data a backward stage may hold: saved data, and what recomputing their producers reads or writes
+    data = sorted((set(saved) | {d for j in rel for c in [g.computes[fwd[j]]] for d in (*c.inputs, *c.outputs)
+                                 if d in own}) - {out})
+    prod = {d: pos[g.datas[d].producer] for d in own}
+    reads_f: dict[int, list[int]] = {d: [] for d in own}
+    for j, c in enumerate(fwd):
+        for d in dict.fromkeys(g.computes[c].inputs):
+            if d in own:
+                reads_f[d].append(j)
+    rel_set = set(rel)
+    gin = sum(g.datas[d].bytes for d in block.grad_in)
+    unit = float(max(sum(size.values()) + sum(g.datas[d].bytes for c in bwd for d in g.computes[c].outputs)
+                     + sum(g.datas[d].bytes for d in block.grad_in), 1))
+    tscale = sum(g.computes[c].time for c in (*fwd, *bwd)) or 1.0
+    mdl = milp.Model()
+    K = {d: mdl.var() for d in saved}
+    save_row = mdl.num_rows
+    mdl.row(((K[d], size[d] / unit) for d in saved), hi=0.0)
+    out_bytes = g.datas[out].bytes if out is not None else 0
+    peak_rows: list[tuple[int, int]] = []
+    # forward: runs once in capture order; d is resident from its producer to its last forward read,
+    # and after that iff kept (the output cut always is)
+    last_f = {d: max([prod[d], *reads_f[d]]) for d in own}
+    for k, c in enumerate(fwd):
+        const = g.computes[c].temp_bytes
+        terms = []
+        for d in own:
+            if prod[d] > k:
+                continue
+            if k <= last_f[d] or d == out:
+                const += size[d]
+            elif d in K:
+                terms.append((K[d], size[d] / unit))
+        peak_rows.append((mdl.num_rows, const))
+        mdl.row(terms, hi=0.0)
+    profile = _backward_profile(chain, block)
+    needed = [_needed_by(g, b, own, pos, rel_set) for b in bwd]
+    events = [{d: sorted({*([prod[d]] if prod[d] in need else []), *(j for j in reads_f[d] if j in need),
+                          *([m] if d in g.computes[b].inputs else [])}) for d in data}
+              for b, need in zip(bwd, needed, strict=True)]
+    # a datum is worth carrying into stage t only if some stage >= t has an event of it
+    last_use = {d: max((t for t in range(n_b) if events[t][d]), default=-1) for d in data}
+    stages: list[Stage] = []
+    s_in: dict[int, int] = dict(K)
+    for t in range(n_b):
+        R = {j: mdl.var(cost=g.computes[fwd[j]].time / tscale) for j in needed[t]}
+        s_out = {d: mdl.var() for d in data if last_use[d] > t}
+        L = {d: {e: mdl.var(lb=1.0 if e == m else 0.0) for e in ev} for d, ev in events[t].items() if ev}
+        pieces = {d: _residency(mdl, m, prod[d], R, L.get(d, {}), s_in.get(d), s_out.get(d)) for d in data}
+        for step in [*R, m]:
+            pre, during = profile[t]
+            terms = [(R[step], g.computes[fwd[step]].temp_bytes / unit)] if step != m else []
+            for d, ps in pieces.items():
+                vs = next((vs for last, vs in ps if step <= last), [])
+                terms.extend((v, size[d] / unit) for v in vs)
+            peak_rows.append((mdl.num_rows, (during if step == m else pre) - gin))
+            mdl.row(terms, hi=0.0)
+        stages.append(Stage(R, s_in, L))
+        s_in = s_out
+    return BlockMilp(block, mdl, K, tuple(stages), save_row, out_bytes, tuple(peak_rows), unit, tscale)
+
+
+def _residency(mdl: milp.Model, m: int, produced_at: int, R: dict[int, int], L: dict[int, int],
+               s_in: int | None, s_out: int | None) -> list[tuple[int, list[int]]]:
+    """Rows tying one datum's residency in one stage together (Checkmate's validity constraints on
+    the CD-graph, Rockmate B.2-B.3) and its residency as pieces (last step, variables): resident
+    before its first event iff carried in (or resident at that event when it is a read), between
+    events iff resident at the next one, after the last iff carried out.  Absent variables are 0."""
+    carried = [(s_in, -1.0)] if s_in is not None else []
+    events = sorted(L)
+    if not events:
+        if s_out is None:
+            return []
+        mdl.row([(s_out, 1.0), *carried], hi=0.0)  # carried through a stage that never touches it
+        return [(m, [s_out])]
+    first = events[0]
+    pieces: list[tuple[int, list[int]]] = []
+    if first == produced_at:  # created by its producer or carried in; the producer writes it
+        mdl.row([(L[first], 1.0), (R[first], -1.0), *carried], hi=0.0)
+        mdl.row([(L[first], 1.0), (R[first], -1.0)], lo=0.0)
+        pieces.append((first - 1, [s_in] if s_in is not None else []))
+    else:
+        mdl.row([(L[first], 1.0), *carried], hi=0.0)
+    for a, e in zip(events, events[1:], strict=False):
+        mdl.row([(L[e], 1.0), (L[a], -1.0)], hi=0.0)  # no re-creation between events
+    for e in events:
+        if e != m and e != produced_at:
+            mdl.row([(R[e], 1.0), (L[e], -1.0)], hi=0.0)  # a recomputed reader needs it resident
+        pieces.append((e, [L[e]]))
+    if s_out is not None:
+        mdl.row([(s_out, 1.0), (L[events[-1]], -1.0)], hi=0.0)  # carried out only if resident at the end
+        pieces.append((m, [s_out]))
+    return pieces
+
+
+def start_values(chain: Chain, bm: BlockMilp, option: BlockOption) -> list[float] | None:
+    """MILP values of a known option (a MIP start): its recomputations per stage and the residency
+    of the early-free replay.  None when the option lies outside the model's class."""
+    g = chain.graph
+    block = bm.block
+    pos = {c: j for j, c in enumerate(block.forward)}
+    m = len(block.forward)
+    x = [0.0] * bm.model.num_vars
+    steps: list[tuple[int, int]] = []  # (stage, position) of every executed backward-phase step
+    t = 0
+    for c in option.backward:
+        if t < len(block.backward) and c == block.backward[t]:
+            steps.append((t, m))
+            t += 1
+        elif c in pos and t < len(bm.stages) and pos[c] in bm.stages[t].R:
+            if steps and steps[-1][0] == t and steps[-1][1] >= pos[c]:
+                return None  # not ascending within the stage
+            steps.append((t, pos[c]))
+            x[bm.stages[t].R[pos[c]]] = 1.0
+        else:
+            return None
+    if t != len(block.backward) or tuple(option.forward) != tuple(block.forward):
+        return None
+    counted = {d for st in bm.stages for d in (*st.S_in, *st.L)} | set(bm.K)
+    seq = list(option.backward)
+    touched = {d for c in seq for d in (*g.computes[c].inputs, *g.computes[c].outputs)}
+    alive = set(option.kept) & counted
+    start, after = liveness_frees(g, seq, alive, (), touched - counted)
+    alive -= set(start)
+    for d, v in bm.K.items():
+        x[v] = float(d in option.kept)
+    before: list[set[int]] = []
+    during: list[set[int]] = []
+    for i, c in enumerate(seq):
+        before.append(set(alive))
+        alive |= set(g.computes[c].outputs) & counted
+        during.append(set(alive))
+        alive -= set(after[i])
+    for t, st in enumerate(bm.stages):
+        mine = [i for i, (s, _) in enumerate(steps) if s == t]
+        for d, v in st.S_in.items():
+            x[v] = float(d in before[mine[0]])
+        for d, ev in st.L.items():
+            for e, v in ev.items():
+                i = next(i for i in mine if steps[i][1] >= e)
+                x[v] = float(d in (during[i] if steps[i][1] == e else before[i]))
+    return x
+
+
+@dataclass(frozen=True)
+class PairResult:
+    option: BlockOption | None
+    status: milp.MilpStatus
+    seconds: float
+    warm_start: bool
+
+
+def solve_pair(chain: Chain, bm: BlockMilp, m_save: int, m_peak: int, *, time_limit: float = SOLVE_SECONDS,
+               start: BlockOption | None = None) -> PairResult:
+    """The fastest block option with keep <= m_save and block peak <= m_peak (within the model's
+    class), measured by replay; `option` None when the pair is infeasible or no solution was found.
+    `start`, a known option meeting the pair, is handed to the solver as its first incumbent."""
+    t0 = _time.perf_counter()
+    hi = list(bm.model.row_hi)
+    hi[bm.save_row] = (m_save - bm.save_const) / bm.unit
+    for r, const in bm.peak_rows:
+        hi[r] = (m_peak - const) / bm.unit
+    model = dataclasses.replace(bm.model, row_hi=hi)
+    x0 = start_values(chain, bm, start) if start is not None else None
+    if x0 is not None and model.violation(x0) > 1e-9:
+        x0 = None  # outside the model (it over-counts some schedule): solve without it
+    sol = milp.solve(model, time_limit=time_limit, start=x0)
+    if sol.x is None:
+        return PairResult(None, sol.status, _time.perf_counter() - t0, x0 is not None)
+    block = bm.block
+    bseq: list[int] = []
+    for st, b in zip(bm.stages, block.backward, strict=True):
+        bseq.extend(block.forward[j] for j, v in sorted(st.R.items()) if sol.x[v] > 0.5)
+        bseq.append(b)
+    option = sequence_option(chain, block, block.forward, bseq)
+    return PairResult(option, sol.status, _time.perf_counter() - t0, x0 is not None)
+
+
+def budget_pairs(options: Sequence[BlockOption], levels: int) -> list[tuple[int, int]]:
+    """Rockmate Sec. 3.3's grid: `levels` kept-byte budgets evenly spaced between the least and the
+    most any known option keeps; per kept budget, `levels` peak budgets evenly spaced between the
+    least known peak and the store-everything peak.  Largest pairs first (see `options`)."""
+    keeps = [o.keep for o in options]
+    peaks = [peak(o) for o in options]
+
+    def spaced(lo: int, hi: int) -> list[int]:
+        return sorted({lo + (hi - lo) * i // max(levels - 1, 1) for i in range(levels)}, reverse=True)
+
+    return [(s, p) for s in spaced(min(keeps), max(keeps)) for p in spaced(min(peaks), max(peaks))]
+
+
+def _fastest(options: Sequence[BlockOption], m_save: int, m_peak: int) -> BlockOption | None:
+    fit = [o for o in options if o.keep <= m_save and peak(o) <= m_peak]
+    return min(fit, key=lambda o: o.fwd_time + o.bwd_time, default=None)
+
+
+def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels: int, deadline: float
+            ) -> list[BlockOption]:
+    """rk-Checkmate options of `bm`'s block over the budget-pair grid spanned by the `known` options,
+    until `deadline` (time.perf_counter()).  Each MILP starts from the fastest option known to meet its
+    pair.  Pairs are visited from the largest down: an optimum found at a larger pair that meets a
+    smaller pair is optimal there too (the smaller pair's feasible set is a subset), and a pair proven
+    infeasible rules out every smaller pair, so neither is solved again."""
+    if not bm.model.num_vars:
+        return []  # nothing to choose: the block saves nothing but its output
+    proven: list[tuple[tuple[int, int], BlockOption]] = []
+    infeasible: list[tuple[int, int]] = []
+    result: list[BlockOption] = []
+    for s, p in budget_pairs(known, levels):
+        left = deadline - _time.perf_counter()
+        if left <= 0:
+            break
+        if any(s <= s2 and p <= p2 for s2, p2 in infeasible):
+            continue
+        if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in proven):
+            continue
+        res = solve_pair(chain, bm, s, p, time_limit=min(SOLVE_SECONDS, left),
+                         start=_fastest([*known, *result], s, p))
+        if res.status == "infeasible":
+            infeasible.append((s, p))
+        elif res.option is not None:
+            result.append(res.option)
+            if res.status == "optimal":
+                proven.append(((s, p), res.option))
+    return result

@@ -144,12 +144,18 @@ export class ChunkEditorView extends DOMWidgetView {
     };
     const dims = Object.values(r.outputs);
     const name = (pos: number): string => `${doc.nodes[pos]?.op ?? '?'} ${doc.nodes[pos]?.name ?? ''}`;
+    // An edge's field and the node it names wrap together, never apart.
+    const edge = (field: 'x0' | 'x1', label: string, pos: number): HTMLElement => {
+      const group = element('span', 'jp-memviz-chunk-edge');
+      const node = element('span', 'jp-memviz-chunk-node', name(pos));
+      node.title = name(pos);
+      group.append(number(field, label, pos, '0', last), node);
+      return group;
+    };
     row.append(
       element('span', 'jp-memviz-chunk-title', `region ${index + 1}`),
-      number('x0', 'start', r.x0, '0', last),
-      element('span', 'jp-memviz-chunk-node', name(r.x0)),
-      number('x1', 'end', r.x1, '0', last),
-      element('span', 'jp-memviz-chunk-node', name(r.x1)),
+      edge('x0', 'start', r.x0),
+      edge('x1', 'end', r.x1),
       number('dim', 'dim', dims[0] ?? 0, '0'),
       number('chunks', 'chunks', r.chunks, '1'),
       element(

@@ -45,6 +45,7 @@ export class WhatIfView extends DOMWidgetView {
   private readonly _error = element('div', 'jp-memviz-whatif-error');
   private readonly _plot = element('div', 'jp-memviz-whatif-plot');
   private _stopTheme: (() => void) | null = null;
+  private _generation = 0;
 
   render(): void {
     this.el.classList.add('jp-memviz-whatif');
@@ -107,7 +108,12 @@ export class WhatIfView extends DOMWidgetView {
     this._pp.value = String(this.model.get('pp'));
     this._micro.value = String(this.model.get('micro_batch'));
     this._device.value = this.model.get('device');
-    this._error.textContent = this.model.get('error');
+    const error = String(this.model.get('error') ?? '');
+    this._error.textContent = error;
+    // A rejected setting leaves the last valid estimate in place: say it no longer matches the controls.
+    this._verdict.hidden = error !== '';
+    this._plot.classList.toggle('jp-mod-stale', error !== '');
+    this._plot.title = error ? 'estimate for the last valid settings' : '';
     const config = this.model.get('config_json') as string;
     if (config) {
       const c = JSON.parse(config) as Record<string, unknown>;
@@ -122,11 +128,22 @@ export class WhatIfView extends DOMWidgetView {
     if (!text) {
       return;
     }
-    const result = parseWhatIf(JSON.parse(text));
+    let result;
+    try {
+      result = parseWhatIf(JSON.parse(text));
+    } catch (err) {
+      this._error.textContent = `memviz: cannot draw this estimate: ${(err as Error).message}`;
+      return;
+    }
     this._verdict.textContent = result.verdict;
     this._verdict.dataset.fits = String(result.fits);
     const fig = whatIfFigure(result, themeColors(this.el));
+    // Answers can arrive while plotly is still loading: only the latest one draws.
+    const generation = ++this._generation;
     const Plotly = await loadPlotly();
+    if (generation !== this._generation) {
+      return;
+    }
     await Plotly.react(
       this._plot,
       fig.data as never,

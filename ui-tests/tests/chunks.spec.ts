@@ -50,4 +50,27 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   await expect(verdict).toContainText('fits:');
   expect(await tops()).not.toEqual(barsBefore);
   await whatif.screenshot({ path: test.info().outputPath('whatif-tp4.png') });
+
+  // The bars follow every TP change, quick successive ones included; a degree the kernel rejects (16
+  // heads over 32 ranks) shows its error and dims the last valid bars instead of passing them off as current.
+  const error = whatif.locator('.jp-memviz-whatif-error');
+  const tp = whatif.locator('.jp-memviz-whatif-tp');
+  await tp.selectOption('8');
+  await tp.selectOption('2');
+  await expect(verdict).toContainText('fits: 6.07 GiB free');
+  await expect(whatif.locator('.barlayer path')).toHaveCount(4);
+  await tp.selectOption('32');
+  await expect(error).toHaveText('heads (16) must be divisible by the tensor-parallel degree tp (32)');
+  await expect(verdict).toBeHidden();
+  await expect(whatif.locator('.jp-memviz-whatif-plot')).toHaveClass(/jp-mod-stale/);
+  await expect(whatif.locator('.barlayer path')).toHaveCount(4);
+  await whatif.screenshot({ path: test.info().outputPath('whatif-tp32-rejected.png') });
+  await tp.selectOption('1');
+  await expect(verdict).toContainText('does not fit');
+  await expect(error).toHaveText('');
+  await expect(whatif.locator('.jp-memviz-whatif-plot')).not.toHaveClass(/jp-mod-stale/);
+  await expect(whatif.locator('.barlayer path')).toHaveCount(4);
+  // back at TP 1: the bars of the start (their heights: the width follows the panel's layout)
+  const heights = (d: string): string[] => d.match(/V[\d.]+/g) ?? [];
+  await expect.poll(async () => heights(await tops())).toEqual(heights(barsBefore));
 });

@@ -171,6 +171,169 @@ def max_length(model: nn.Module, budget_bytes: int, lengths: list[int]) -> dict:
     return row
 
 
+# --------------------------------------------------------------------------------------------------
+# torch.compile's own chunker (torch/_inductor/fx_passes/auto_chunker), where it applies
+# --------------------------------------------------------------------------------------------------
+class LinearCE(nn.Module):
+    """The pattern inductor's auto_chunker targets (its own test model, LinearAndCEL): a projection to
+    a large vocabulary followed by cross-entropy, trained."""
+
+    def __init__(self, C: int, V: int) -> None:
+        super().__init__()
+        self.linear, self.V = nn.Linear(C, V), V
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.linear(x).view(-1, self.V), y.view(-1))
+
+
+def allocator_peak(fn) -> int:
+    """Peak bytes the CPU allocator held above its level when `fn()` started, from torch.profiler's
+    memory events: they see the buffers inside inductor's compiled code, which a dispatch-mode
+    tracker cannot (the generated wrapper allocates without dispatching)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    if not events:
+        return 0
+    events.sort(key=lambda e: e["ts"])
+    start = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in events) - start
+
+
+def _compiled(model: nn.Module, chunker: bool | None):
+    """(callable, count of graphs the auto_chunker rewrote so far): eager for None, else inductor with
+    the chunker off/on.  The FX and autograd caches are off so the pass really runs and is counted."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor import metrics
+
+    if chunker is None:
+        return model, lambda: 0
+    torch._dynamo.reset()
+    metrics.reset()
+    inductor_config.fx_graph_cache = False
+    functorch_config.enable_autograd_cache = False
+    return torch.compile(model, options={"auto_chunker.enable": chunker}), lambda: metrics.num_auto_chunking
+
+
+def _median_time(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
+
+
+def inductor_training(BT: int, C: int, V: int, reps: int) -> dict:
+    """Linear + cross-entropy training step: eager, inductor, inductor + auto_chunker.  Peak bytes of
+    one forward+backward (gradients included), median time, and gradients against eager."""
+    torch.manual_seed(0)
+    model = LinearCE(C, V)
+    x, y = torch.randn(BT, C, requires_grad=True), torch.randint(0, V, (BT,))
+    rows, ref = [], None
+    for name, chunker in (("eager", None), ("inductor", False), ("inductor + auto_chunker", True)):
+        fn, rewritten = _compiled(model, chunker)
+
+        def step(fn=fn) -> torch.Tensor:
+            x.grad = None
+            model.zero_grad(set_to_none=True)
+            loss = fn(x, y)
+            loss.backward()
+            return loss
+
+        t0 = time.perf_counter()
+        step()  # compiles
+        compile_s = time.perf_counter() - t0
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        peak = allocator_peak(lambda fn=fn: fn(x, y).backward())
+        t = _median_time(step, reps)
+        grads = (x.grad.clone(), model.linear.weight.grad.clone())
+        ref = ref or grads
+        rows.append(
+            {
+                "config": name,
+                "chunked_graphs": rewritten(),
+                "peak_bytes": peak,
+                "median_s": t,
+                "compile_s": round(compile_s, 1),
+                "max_grad_diff": max((a - b).abs().max().item() for a, b in zip(grads, ref, strict=True)),
+            }
+        )
+        print(f"Linear+CE train {name}: peak {peak / 2**20:.1f} MiB, {t:.3f} s", flush=True)
+    return {"model": f"Linear({C}, {V}) + cross_entropy, {BT} tokens, training step", "rows": rows}
+
+
+def inductor_inference(model: nn.Module, T: int, budget: float, reps: int) -> dict:
+    """The GPT prefill (inference): eager, inductor + auto_chunker, memviz chunks, all measured with
+    the same allocator counter.  The chunker needs a backward: an inference graph has no tangents
+    and `auto_chunker.chunk` returns it unchanged (torch/_inductor/fx_passes/auto_chunker/__init__.py)."""
+    x = torch.randint(0, 512, (1, T))
+    plan = ch.plan_chunks(model, (x,), budget=budget)
+    chunked = plan.module()
+    rows = []
+    with torch.no_grad():
+        ref = model(x)
+        for name, chunker in (("eager", None), ("inductor + auto_chunker", True), ("memviz autochunk", None)):
+            memviz = name.startswith("memviz")
+            fn, rewritten = (chunked, lambda: 0) if memviz else _compiled(model, chunker)
+            fn(x)  # compiles
+            peak = allocator_peak(lambda fn=fn: fn(x))
+            t = _median_time(lambda fn=fn: fn(x), reps)
+            torch.testing.assert_close(fn(x), ref, rtol=1e-4, atol=1e-4)
+            rows.append(
+                {
+                    "config": name,
+                    "chunked_graphs": rewritten(),
+                    "regions": len(plan.regions) if memviz else 0,
+                    "peak_bytes": peak,
+                    "median_s": t,
+                }
+            )
+            print(f"GPT prefill T={T} {name}: peak {peak / 2**20:.1f} MiB, {t:.3f} s", flush=True)
+    return {"model": f"GPT prefill (bench model), {T} tokens, inference", "rows": rows}
+
+
+def inductor_markdown(ind: dict) -> list[str]:
+    out = [
+        "",
+        "### torch.compile's auto_chunker (`torch._inductor.config.auto_chunker.enable`)",
+        "",
+        "Inductor's pass chunks one amplifying `mm`/`addmm` (output > 1 MiB and > 8x its inputs) and the "
+        "ops after it along the batch dim, forward and backward, in *training* graphs only (it needs "
+        "tangents). Peak = CPU allocator bytes above the start (torch.profiler memory events), median "
+        "wall time; 'graphs' = graphs the pass rewrote (memviz: chunk regions in brackets).",
+        "",
+        "| workload | config | graphs | peak MiB | median s | vs first row |",
+        "|---|---|---|---|---|---|",
+    ]
+    for part in ("training", "inference"):
+        rows = ind[part]["rows"]
+        for r in rows:
+            regions = f" ({r['regions']})" if r.get("regions") else ""
+            out.append(
+                f"| {ind[part]['model']} | {r['config']} | {r['chunked_graphs']}{regions} | "
+                f"{r['peak_bytes'] / 2**20:.1f} | {r['median_s']:.3f} | "
+                f"{r['peak_bytes'] / max(rows[0]['peak_bytes'], 1):.2f}x memory, "
+                f"{r['median_s'] / rows[0]['median_s']:.2f}x time |"
+            )
+    out += [
+        "",
+        "memviz autochunk plans inference only (a training profile gets an error pointing to "
+        "rematerialization), so it has no row on the training workload; the auto_chunker does not "
+        "touch the inference one (0 graphs rewritten).",
+    ]
+    return out
+
+
 def markdown(result: dict) -> str:
     """The RESULTS.md section (benchmarks/run.py): measured activation memory and time, chunked vs not."""
     out = ["## Activation chunking (AutoChunk) for long-sequence inference", "",
@@ -188,6 +351,8 @@ def markdown(result: dict) -> str:
         out += ["", f"Maximum sequence length under a {m['budget_bytes'] / 2**20:.0f} MiB activation budget: "
                 f"{m['max_seq_unchunked']} unchunked, {m['max_seq_chunked']} chunked ({m['ratio']}x; "
                 "paper 3.2x-11.7x; the search stops at the longest length tried)."]
+    if result.get("inductor"):
+        out += inductor_markdown(result["inductor"])
     return "\n".join(out) + "\n"
 
 
@@ -209,6 +374,10 @@ def run(quick: bool = False, *, seqs: list[int] | None = None, budget: float = 0
         run_length(vit, (side // 4) ** 2 + 1, budget, reps, torch.randn(1, 3, side, side))
         for side in (128, 256)
     ]
+    inductor = None if quick else {
+        "training": inductor_training(4096, 64, 8192, max(reps, 3)),
+        "inference": inductor_inference(model, seqs[0], budget, max(reps, 3)),
+    }
     result = {
         "name": "autochunk",
         "title": "Activation chunking",
@@ -220,6 +389,7 @@ def run(quick: bool = False, *, seqs: list[int] | None = None, budget: float = 0
         "lengths": rows,
         "max_length": maxlen,
         "vit": {"model": "ViT (2 TransformerEncoderLayer, C=64, patch 4); seq = tokens", "rows": vit_rows},
+        "inductor": inductor,
     }
     result["markdown"] = markdown(result)
     return result

@@ -44,7 +44,7 @@ from solvers.chain import Block, BlockOption, Chain, liveness_frees, sequence_op
 from solvers.ir import Graph
 
 #: per-MILP time limit in seconds (a block model has a few thousand binaries)
-SOLVE_SECONDS = 1.0
+SOLVE_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -330,17 +330,21 @@ def solve_pair(chain: Chain, bm: BlockMilp, m_save: int, m_peak: int, *, time_li
     return PairResult(option, sol.status, _time.perf_counter() - t0, x0 is not None)
 
 
-def budget_pairs(options: Sequence[BlockOption], levels: int) -> list[tuple[int, int]]:
-    """Rockmate Sec. 3.3's grid: `levels` kept-byte budgets evenly spaced between the least and the
-    most any known option keeps; per kept budget, `levels` peak budgets evenly spaced between the
-    least known peak and the store-everything peak.  Largest pairs first (see `options`)."""
-    keeps = [o.keep for o in options]
-    peaks = [peak(o) for o in options]
+def budget_pairs(bm: BlockMilp, known: Sequence[BlockOption], levels: int) -> list[tuple[int, int]]:
+    """Rockmate Sec. 3.3's grid: `levels` kept-byte budgets evenly spaced from the output cut alone to
+    the most any known option keeps, times `levels` peak budgets evenly spaced from the model's floor
+    (the largest constant part of a memory row) to the largest known peak.  Pairs that no known
+    option meets come first (they can only widen the menu), then the others; largest first in each
+    (see `options`)."""
+    top_keep = max(o.keep for o in known)
+    top_peak = max(peak(o) for o in known)
+    floor = min(max(c for _, c in bm.peak_rows), top_peak)
 
     def spaced(lo: int, hi: int) -> list[int]:
         return sorted({lo + (hi - lo) * i // max(levels - 1, 1) for i in range(levels)}, reverse=True)
 
-    return [(s, p) for s in spaced(min(keeps), max(keeps)) for p in spaced(min(peaks), max(peaks))]
+    pairs = [(s, p) for s in spaced(min(bm.save_const, top_keep), top_keep) for p in spaced(floor, top_peak)]
+    return sorted(pairs, key=lambda sp: _fastest(known, *sp) is not None)
 
 
 def _fastest(options: Sequence[BlockOption], m_save: int, m_peak: int) -> BlockOption | None:
@@ -351,16 +355,18 @@ def _fastest(options: Sequence[BlockOption], m_save: int, m_peak: int) -> BlockO
 def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels: int, deadline: float
             ) -> list[BlockOption]:
     """rk-Checkmate options of `bm`'s block over the budget-pair grid spanned by the `known` options,
-    until `deadline` (time.perf_counter()).  Each MILP starts from the fastest option known to meet its
-    pair.  Pairs are visited from the largest down: an optimum found at a larger pair that meets a
-    smaller pair is optimal there too (the smaller pair's feasible set is a subset), and a pair proven
-    infeasible rules out every smaller pair, so neither is solved again."""
+    until `deadline` (time.perf_counter()).  Each MILP starts from the fastest known option meeting its
+    pair that lies in the model's class.  Pairs are visited from the largest down (after the pairs no
+    known option meets): an optimum found at a larger pair that meets a smaller pair is optimal there
+    too (the smaller pair's feasible set is a subset), and a pair proven infeasible rules out every
+    smaller pair, so neither is solved again."""
     if not bm.model.num_vars:
         return []  # nothing to choose: the block saves nothing but its output
+    starts = [o for o in known if start_values(chain, bm, o) is not None]  # those the model can take
     proven: list[tuple[tuple[int, int], BlockOption]] = []
     infeasible: list[tuple[int, int]] = []
     result: list[BlockOption] = []
-    for s, p in budget_pairs(known, levels):
+    for s, p in budget_pairs(bm, known, levels):
         left = deadline - _time.perf_counter()
         if left <= 0:
             break
@@ -369,7 +375,7 @@ def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels
         if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in proven):
             continue
         res = solve_pair(chain, bm, s, p, time_limit=min(SOLVE_SECONDS, left),
-                         start=_fastest([*known, *result], s, p))
+                         start=_fastest([*starts, *result], s, p))
         if res.status == "infeasible":
             infeasible.append((s, p))
         elif res.option is not None:

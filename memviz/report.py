@@ -32,7 +32,8 @@ COLORS = {
 
 def step_labels(doc: dict[str, Any], run: str) -> list[str]:
     """Hover text per step: what runs (op, module path, source line) or what is freed; escaped."""
-    computes, datas = doc["graph"]["computes"], doc["graph"]["datas"]
+    graph = doc[run].get("graph") or doc["graph"]  # an autochunk baseline runs on its own graph
+    computes, datas = graph["computes"], graph["datas"]
     labels = []
     for i, (op, node) in enumerate(doc[run]["schedule"]):
         if op == "compute":

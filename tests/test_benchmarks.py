@@ -3,12 +3,14 @@ benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,3 +44,56 @@ def test_runner_lists_every_bench_module():
     on_disk = sorted(p.stem.removeprefix("bench_") for p in (ROOT / "benchmarks").glob("bench_*.py"))
     assert sorted(run.BENCHMARKS) == on_disk and "remat" in on_disk
     assert sum(run.BUDGET_S.get(n, 300.0) for n in on_disk) <= 30 * 60  # the full run's 30-minute target
+
+
+def _bench_remat():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_remat
+
+    return bench_remat
+
+
+def test_torch_min_cut_baseline_really_trades_memory():
+    """The min-cut baseline must change what is measured (a torch.compile'd model under the dispatch
+    mode tracker silently ran eager) and still compute eager's gradients."""
+    bench = _bench_remat()
+    from examples import models
+
+    model, args = models.gpt(layers=2, dropout=0.0)[:2]
+    eager = copy.deepcopy(model)
+    peaks = {}
+    for budget in (1.0, 0.0):
+        candidate = bench.TorchMinCut(copy.deepcopy(model), args, budget)
+        assert bench.gradient_error(eager, candidate, args) <= bench.GRAD_TOLERANCE
+        peaks[budget] = bench.measured_peak(candidate, args)
+    assert peaks[0.0] < 0.9 * peaks[1.0], peaks
+
+
+def test_torch_min_cut_keeps_batchnorm_statistics():
+    """Buffers mutated in forward (BatchNorm running stats) are updated as in eager, also when the
+    partitioner recomputes BatchNorm in backward (budget < 1)."""
+    bench = _bench_remat()
+    from examples import models
+
+    model, args = models.resnet()[:2]
+    eager = copy.deepcopy(model)
+    candidate = bench.TorchMinCut(copy.deepcopy(model), args, 0.0)  # one step while tracing
+    bench._step(eager, args, 0)
+    assert bench.gradient_error(eager, candidate, args) <= bench.GRAD_TOLERANCE  # a second step each
+    for (name, a), b in zip(eager.named_buffers(), candidate.module.buffers(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), name
+
+
+def test_equal_memory_picks_our_fastest_plan_within_torch_peak():
+    bench = _bench_remat()
+    def row(strategy: str, peak: int, overhead: float, grad_error: float = 0.0) -> dict:
+        return {"strategy": strategy, "fraction": 0.5, "measured_peak": peak, "measured_overhead": overhead,
+                "grad_error": grad_error}
+
+    ours = [row("rotor", 90, 1.3), row("rockmate", 95, 1.1), row("sqrt", 99, 1.0, grad_error=1.0),
+            {"strategy": "checkmate", "fraction": 0.75, "not_run": "predicted overhead above 4x"}]
+    torch_points = [{"activation_memory_budget": 0.5, "measured_peak": 100, "measured_overhead": 1.2},
+                    {"activation_memory_budget": 0.0, "measured_peak": 80, "measured_overhead": 2.0}]
+    first, second = bench.at_equal_memory(ours, torch_points)
+    assert first["ours"]["strategy"] == "rockmate"  # sqrt is faster but its gradients are wrong
+    assert second["ours"] is None

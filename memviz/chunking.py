@@ -747,7 +747,8 @@ def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:
 # memviz.plan(strategy="autochunk") and memviz.export of its plans
 # --------------------------------------------------------------------------------------------------
 def unchunked_plan(prof: Any) -> ChunkPlan:
-    """The profile's model captured for chunking (no regions yet), on inputs rebuilt from the profiled
+    """The profile's model captured for chunking (no regions yet; AutoChunk Sec. 3.1 works on the
+    high-level op graph), on inputs rebuilt from the profiled
     shapes and dtypes (the capture is shape-specialised; values do not matter), with the speed model
     calibrated on the profile's device."""
     if getattr(prof, "captured", None) is None:
@@ -826,7 +827,8 @@ class ChunkedModule(torch.nn.Module):
 def export_chunks(
     plan: Any, path: Any = None, *, model: torch.nn.Module | None = None, overwrite: bool = False
 ) -> ChunkedModule:
-    """`memviz.export` of an autochunk plan: the model with the plan's regions as loops.  A plan from
+    """`memviz.export` of an autochunk plan: the model with the plan's regions as loops (AutoChunk
+    Sec. 3.2 code generation, `ChunkCodeGen`).  A plan from
     `memviz.plan` reuses its capture; a loaded plan (or another model) is captured again on the
     planned input shapes, checked against the plan's fingerprint, and its regions re-validated."""
     from memviz.capture import fingerprint

@@ -526,8 +526,9 @@ def chunked_plan(
     start: float | None = None,
 ) -> Plan:
     """A Plan of a `ChunkPlan`: the planned run is the chunked CD-graph (one compute node per op per
-    chunk, `solvers.autochunk.chunked_run`), the baseline the unchunked one, both checked and measured
-    by `solvers.simulate`; `chunks[i]["memory_bytes"]` is the simulated peak while region i runs."""
+    chunk, `solvers.autochunk.chunked_run`: AutoChunk Sec. 3.4's Eq. 2 memory and Eq. 8-10 time made
+    explicit), the baseline the unchunked one, both checked and measured by `solvers.simulate`;
+    `chunks[i]["memory_bytes"]` is the simulated peak while region i runs."""
     from solvers.autochunk import chunked_run
 
     start = time.perf_counter() if start is None else start

@@ -130,6 +130,58 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
     raise DeviceUnavailable(f"unsupported device {device!r}: use 'cpu', 'cuda', 'neuron' or 'fake:<target>'")
 
 
+# --- free memory and the roofline of a real device ----------------------------------------------------
+def _meminfo_available(path: str = "/proc/meminfo") -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (what the kernel can give without swapping)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def available_memory(info: DeviceInfo) -> int | None:
+    """Bytes a profile could still allocate on `info`'s device; None when unknown (or estimated).
+
+    CPU: ``MemAvailable`` (Linux), else free physical pages.  CUDA: the driver's free memory plus what
+    PyTorch's caching allocator holds reserved but unused (it reuses those blocks first)."""
+    if info.estimated:
+        return None
+    dev = info.torch_device
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    if dev.type == "cpu":
+        found = _meminfo_available()
+        if found is not None:
+            return found
+        try:
+            import os
+
+            return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def estimated_on(info: DeviceInfo) -> DeviceInfo:
+    """`info` turned into an estimate for the same device: its name and capacity, the roofline of the
+    matching named target (CPU: ``cpu``; a CUDA GPU: the target whose name its product name contains,
+    A100s told apart by memory, else the A100 80 GB as a stated stand-in)."""
+    if info.torch_device.type == "cuda":
+        product = info.name.lower()
+        candidates = [t for key, t in TARGETS.items() if key.split("-")[0] in product and key != "cpu"]
+        if len(candidates) > 1 and info.capacity_bytes:
+            candidates.sort(key=lambda t: abs(t.capacity_bytes - info.capacity_bytes))
+        target = candidates[0] if candidates else TARGETS["a100-80gb"]
+    else:
+        target = TARGETS["cpu"]
+    return DeviceInfo(info.name, True, info.capacity_bytes, info.torch_device, target)
+
+
 # --- FLOP counting ----------------------------------------------------------------------------------
 def _register_cpu_sdpa_flops() -> None:
     """FlopCounterMode counts 0 for CPU attention kernels (TOOLCHAIN.md): give them the GPU formulas."""

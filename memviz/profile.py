@@ -33,13 +33,14 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from memviz import devices
 from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, default_loss, fingerprint
-from memviz.devices import DeviceInfo, count_flops, resolve_device
+from memviz.devices import DeviceInfo, GiB, count_flops, resolve_device
 from memviz.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import ComputeNode, DataKind, Graph, GraphBuilder, Phase, Timeline, eager_schedule, simulate
 from solvers.schedule import Schedule, Step
 
-__all__ = ["CaptureError", "Profile", "profile"]
+__all__ = ["CaptureError", "Profile", "ProfileWarning", "profile"]
 
 
 @dataclass
@@ -95,6 +96,13 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     info = resolve_device(device, model, args)
     if not info.estimated:
         _check_on_device(model, args, kwargs, info.torch_device)
+    codegen = custom_codegen(model)
+    if codegen:
+        warnings.warn(ProfileWarning(
+            f"{codegen} generates its own code: torch.export captures the module's graph (gm.graph), not "
+            "the code it runs (gm.code), so this profile's graph, predicted peak and plans describe the "
+            "plain graph run op by op; measured_peak_bytes (on a real device) is what the generated code "
+            "really holds.  Profile the original model instead to plan for it"), stacklevel=2)
     try:
         graph, cap = capture(model, args, kwargs, mode=mode, loss_fn=loss_fn)
     except CaptureError as err:
@@ -103,6 +111,10 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         warnings.warn(f"{err}; returning a module-level profile from forward/backward hooks instead "
                       "(coarser, and it cannot be exported)", stacklevel=2)
         return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
+    # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
+    step_peak = simulate(graph, python_eager_schedule(graph, cap)).peak_bytes
+    if not info.estimated:
+        info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
     if info.estimated:
         graph = _estimate_costs(graph, cap, info)
     else:
@@ -117,10 +129,74 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     if measure and not info.estimated:
         measured = measure_eager_peak(model, args, kwargs, mode=mode, loss_fn=loss_fn,
                                       device=info.torch_device)
+        _check_measured(step_peak, measured, bool(codegen))
     return Profile(graph=graph, baseline=baseline, baseline_schedule=schedule, measured_peak_bytes=measured,
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fingerprint(model, args, kwargs, mode), captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+
+
+class ProfileWarning(UserWarning):
+    """The profile may not describe what the model really does on the device (the message says why
+    and what the figures mean)."""
+
+
+#: Predicted and measured eager peaks further apart than this (relative to the measurement) are
+#: reported: the capture is exact to within a few percent on every example model (DESIGN.md).
+MISMATCH_TOLERANCE = 0.05
+#: Run on the device only when the step's activations fit this fraction of the available memory
+#: (the replay and the eager measurement each hold about one step's activations, one after the other).
+MEMORY_HEADROOM = 0.9
+
+
+def custom_codegen(model: nn.Module) -> str:
+    """The first (sub)module that is a GraphModule whose graph emits code through a non-default
+    ``CodeGen`` (memviz.chunking's loops, ...), named with its codegen class; "" when none."""
+    from torch.fx.graph import CodeGen, _PyTreeCodeGen
+
+    default = (CodeGen, _PyTreeCodeGen)
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.fx.GraphModule) and type(mod.graph._codegen) not in default:
+            where = f"submodule {name!r}" if name else "the model"
+            return f"{where} ({type(mod).__name__} with {type(mod.graph._codegen).__name__})"
+    return ""
+
+
+def _check_measured(predicted: int, measured: int, codegen: bool) -> None:
+    """Warn when the predicted eager peak is more than `MISMATCH_TOLERANCE` off the measured one."""
+    if not measured or abs(predicted - measured) <= MISMATCH_TOLERANCE * measured:
+        return
+    why = ("the module generates its own code (see the warning above)" if codegen else
+           "the model does something its traced graph does not show (Python-side caches, hooks that "
+           "keep tensors, custom autograd code run differently in eager mode)")
+    warnings.warn(ProfileWarning(
+        f"predicted eager peak {predicted} bytes differs from the measured {measured} bytes by "
+        f"{100 * (predicted - measured) / measured:+.1f}% (more than {100 * MISMATCH_TOLERANCE:.0f}%): "
+        f"probably {why}.  Plans and budgets use the predicted graph; measured_peak_bytes is what "
+        "the original model really held in one eager step"), stacklevel=3)
+
+
+def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceInfo:
+    """`info`, or an estimate for the same device (`memviz.devices.estimated_on`) when one step's
+    activations (`peak`, the eager peak predicted from the fake-tensor capture, less the `resident`
+    parameters, buffers and inputs already allocated) would not fit `MEMORY_HEADROOM` of the memory
+    still available there: running it to time the ops would exhaust the machine."""
+    available = devices.available_memory(info)
+    if available is None:
+        return info
+    need = peak - resident
+    if need <= MEMORY_HEADROOM * available:
+        return info
+    est = devices.estimated_on(info)
+    assert est.target is not None
+    warnings.warn(ProfileWarning(
+        f"one step needs about {need / GiB:.2f} GiB beyond the parameters and inputs (predicted eager "
+        f"peak {peak / GiB:.2f} GiB) but only {available / GiB:.2f} GiB is available on {info.name}: "
+        f"nothing is run; times are estimated from FLOPs and bytes (roofline of target "
+        f"'{est.target.name}') and the profile is labelled estimated (device.estimated, no "
+        "measured_peak_bytes).  Free memory, or pass device='fake:<target>' to choose the target"),
+        stacklevel=3)
+    return est
 
 
 # --- PyTorch's own eager order ------------------------------------------------------------------------

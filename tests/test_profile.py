@@ -149,3 +149,103 @@ def test_identical_ops_share_one_measurement():
     per_block = sum(c.module.startswith("blocks.0.") for c in mm)
     assert per_block and len(mm) == 3 * per_block
     assert len({c.time for c in mm}) <= per_block  # blocks 1 and 2 reuse block 0's measurements
+
+
+# --- profiles that may not describe what runs (issue 3) ---------------------------------------------------
+def test_chunked_graph_module_is_reported_not_silently_captured():
+    """torch.export reads gm.graph, not the loops ChunkCodeGen emits: the profile says so, and the
+    measured peak (what the loops really hold) disagrees with the predicted one."""
+    from memviz import chunking as ch
+    from memviz.profile import ProfileWarning
+    from solvers import autochunk as ac
+
+    model, args = gpt(batch=1, seq=256, d=64, heads=4, layers=1, vocab=128, dropout=0.0)
+    model.eval()
+    chunked = ch.plan_chunks(model, args, budget=0.3, speed=ac.SpeedModel()).module()
+    with pytest.warns(ProfileWarning) as record:
+        prof = profile(chunked, args, mode="inference", repeats=1, warmup=0)
+    messages = [str(w.message) for w in record]
+    assert any("ChunkCodeGen" in m and "gm.graph" in m for m in messages), messages
+    assert any("differs from the measured" in m for m in messages), messages
+    assert prof.measured_peak_bytes < 0.95 * prof.baseline.peak_bytes
+
+
+def test_plain_model_gives_no_profile_warning():
+    import warnings
+
+    from memviz.profile import ProfileWarning
+
+    model, args = gpt()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
+        prof = profile(model, args, repeats=1, warmup=0)
+    assert prof.measured_peak_bytes is not None
+
+
+def test_predicted_vs_measured_disagreement_warns(monkeypatch):
+    import memviz.profile as P
+
+    model, args = mlp()
+    true_peak = measure_eager_peak(model, args)
+    monkeypatch.setattr(P, "measure_eager_peak", lambda *a, **k: int(true_peak * 1.2))
+    with pytest.warns(P.ProfileWarning, match=r"differs from the measured .* by -16\.\d%"):
+        profile(model, args, repeats=1, warmup=0)
+    monkeypatch.setattr(P, "measure_eager_peak", lambda *a, **k: int(true_peak * 1.02))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", P.ProfileWarning)
+        profile(model, args, repeats=1, warmup=0)  # within 5%: silent
+
+
+def test_model_too_big_for_the_device_is_estimated_not_run(monkeypatch):
+    import memviz.devices as D
+    import memviz.profile as P
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the model was run although it does not fit")
+
+    model, args = mlp(batch=8, d_in=32, hidden=64, d_out=10, layers=3)
+    monkeypatch.setattr(D, "available_memory", lambda info: 1000)  # bytes: far below one step
+    monkeypatch.setattr(P, "_measure_costs", must_not_run)
+    monkeypatch.setattr(P, "measure_eager_peak", must_not_run)
+    with pytest.warns(P.ProfileWarning, match=r"only 0\.00 GiB is available on cpu: nothing is run"):
+        prof = profile(model, args)
+    assert prof.device.estimated and prof.device.name == "cpu" and prof.graph.meta["estimated"] is True
+    assert prof.device.to_dict()["estimated"] is True
+    assert prof.measured_peak_bytes is None
+    target = TARGETS["cpu"]
+    c = next(c for c in prof.graph.computes if c.op == "aten.addmm.default")
+    moved = sum(prof.graph.datas[d].bytes for d in (*c.inputs, *c.outputs))
+    assert c.flops == 2 * 8 * 32 * 64
+    assert c.time == pytest.approx(max(c.flops / target.peak_flops["float32"], moved / target.bandwidth))
+
+
+def test_model_that_fits_is_measured(monkeypatch):
+    import memviz.devices as D
+
+    model, args = mlp()
+    monkeypatch.setattr(D, "available_memory", lambda info: 1 << 40)
+    prof = profile(model, args, repeats=1, warmup=0)
+    assert not prof.device.estimated and prof.measured_peak_bytes is not None
+
+
+def test_available_memory_and_estimate_targets(tmp_path):
+    from memviz.devices import DeviceInfo, GiB, _meminfo_available, available_memory, estimated_on
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    1234 kB\n")
+    assert _meminfo_available(str(meminfo)) == 1234 * 1024
+    assert _meminfo_available(str(tmp_path / "missing")) is None
+    cpu = resolve_device("cpu", *mlp())
+    assert available_memory(cpu) > 0
+    assert available_memory(resolve_device("fake:h100", *mlp())) is None
+    assert estimated_on(cpu).target is TARGETS["cpu"] and estimated_on(cpu).estimated
+    cuda = torch.device("cuda", 0)
+    gpus = (("NVIDIA H100 80GB HBM3", 80, "h100"), ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"),
+            ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"), ("Tesla V100-SXM2-16GB", 16, "v100-16gb"),
+            ("NVIDIA H200", 141, "h200"), ("NVIDIA L4", 24, "a100-80gb"))  # unknown: the stated stand-in
+    for name, gib, want in gpus:
+        est = estimated_on(DeviceInfo(f"cuda:0 ({name})", False, gib * GiB, cuda))
+        assert est.target is TARGETS[want] and est.estimated
+        assert est.name == f"cuda:0 ({name})" and est.capacity_bytes == gib * GiB

@@ -390,17 +390,20 @@ def _with_costs(graph: Graph, times: dict[int, float], temps: dict[int, int],
 
 # --- measured costs -------------------------------------------------------------------------------
 class _Timer:
-    """Median wall time of an operator: ``warmup`` untimed runs then ``repeats`` timed ones, bounded by
-    a time budget per operator so big models stay fast to profile.
+    """Median wall time of an operator: ``warmup`` untimed runs then up to ``repeats`` timed ones,
+    stopping early once the samples agree or the operator's time budget is spent.
 
-    Runs stop once ``budget_s`` seconds were spent on the operator (at least one run): a kernel that
-    alone takes longer than the budget is measured by that single run, where warm-up effects (first-touch
-    allocation, cache misses) are small next to its own time; short kernels get their full warm-up and
-    median (Checkmate Sec. 4.4 profiles each op; the median resists scheduler noise on a busy machine)."""
+    Checkmate (Sec. 4.4) profiles each op; here each run after the warm-up is a sample and the median
+    resists scheduler noise on a busy machine.  Runs stop (at least one run) once ``budget_s`` seconds
+    were spent on the operator: a kernel that alone takes longer than the budget is measured by that
+    single run, where warm-up effects (first-touch allocation, cache misses) are small next to its own
+    time.  They also stop once two or more samples lie within ``spread`` of each other (max/min - 1):
+    more runs would not move the median."""
 
-    def __init__(self, device: torch.device, budget_s: float = 0.05) -> None:
+    def __init__(self, device: torch.device, budget_s: float = 0.05, spread: float = 0.05) -> None:
         self.cuda = device.type == "cuda"
         self.budget_s = budget_s
+        self.spread = spread
 
     def _once(self, fn: Callable[[], Any]) -> tuple[float, Any]:
         if self.cuda:
@@ -425,9 +428,12 @@ class _Timer:
             spent += seconds
             if i >= warmup:
                 samples.append(seconds)
-            if spent >= self.budget_s:
+            if spent >= self.budget_s or self._settled(samples):
                 break
         return statistics.median(samples or [seconds]), out
+
+    def _settled(self, samples: list[float]) -> bool:
+        return len(samples) >= 2 and max(samples) <= (1 + self.spread) * min(samples)
 
 
 def op_key(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:

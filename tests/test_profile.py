@@ -130,9 +130,24 @@ def test_timer_budget_bounds_repeats():
     seconds, out = timer(lambda: calls.append(1) or __import__("time").sleep(0.02) or 7, repeats=5, warmup=2)
     assert len(calls) == 1 and seconds >= 0.02 and out == 7
     calls.clear()
-    timer = _Timer(torch.device("cpu"), budget_s=10.0)
-    timer(lambda: calls.append(1), repeats=5, warmup=2)
-    assert len(calls) == 7
+    timer = _Timer(torch.device("cpu"), budget_s=10.0, spread=0.0)
+    timer(lambda: calls.append(1) or __import__("time").sleep(0.001 * len(calls)), repeats=5, warmup=2)
+    assert len(calls) == 7  # every sample differs: all repeats run
+
+
+def test_timer_stops_when_samples_agree():
+    """Two samples within the spread settle the median: no further repeats."""
+    from memviz.profile import _Timer
+
+    durations = iter([0.02, 0.01, 0.01, 0.1, 0.1])  # warm-up, then two agreeing samples
+    calls = []
+
+    def fn():
+        calls.append(1)
+        __import__("time").sleep(next(durations))
+
+    seconds, _ = _Timer(torch.device("cpu"), budget_s=10.0, spread=2.0)(fn, repeats=4, warmup=1)
+    assert len(calls) == 3 and 0.01 <= seconds < 0.1
 
 
 def test_identical_ops_share_one_measurement():

@@ -1,22 +1,54 @@
 /**
  * The packing view: where every tensor lives in memory over time, for the planned packing (OLLA's
  * address plan) and for PyTorch's caching allocator (simulated by solvers.allocator) side by side.
- * Rectangles are drawn as a few WebGL polygon traces (transforms.ts `packingFigure`), so 10k tensors
- * stay interactive.
+ * The rectangles are painted into one canvas image per panel, placed on the plot's data axes and
+ * repainted for the visible window after every zoom, pan or resize; hover comes from one invisible
+ * WebGL marker trace per panel (packing_data.ts).  So 10k tensors draw in a fraction of a second.
  */
-import { PlanDoc, packingFigure } from './transforms';
+import { PackingPanel, packingFigure, packingTraces, pixelRects, Window } from './packing_data';
 import { themedAxis, themedLayout } from './theme';
-import { element, loadedPlotly, loadPlotly, observeTheme, themeColors } from './ui';
+import { PlanDoc } from './transforms';
+import { element, loadedPlotly, loadPlotly, observeTheme, PlotlyModule, themeColors } from './ui';
 import type { PlanView } from './views';
+
+/** The parts of plotly's internal full layout the repaint reads: each axis's range and pixel length. */
+type FullAxis = { range: [number, number]; _length: number };
+type PlotDiv = HTMLDivElement & {
+  _fullLayout?: Record<string, FullAxis | undefined>;
+  on?: (event: string, handler: (update: Record<string, unknown>) => void) => void;
+};
+
+/** Paint one panel's rectangles, as seen through `win`, into a PNG data URL of the given pixel size. */
+function paint(panel: PackingPanel, win: Window, width: number, height: number): string {
+  const canvas = document.createElement('canvas');
+  canvas.width = Math.max(1, Math.round(width));
+  canvas.height = Math.max(1, Math.round(height));
+  const g = canvas.getContext('2d');
+  if (!g) {
+    throw new Error('memviz: this browser gives no 2D canvas to draw the packing on');
+  }
+  for (const layer of panel.layers) {
+    const px = pixelRects(layer.rects, win, canvas.width, canvas.height);
+    g.fillStyle = layer.color;
+    g.beginPath();
+    for (let i = 0; i < px.length; i += 4) {
+      g.rect(px[i], px[i + 1], px[i + 2], px[i + 3]);
+    }
+    g.fill();
+  }
+  return canvas.toDataURL('image/png');
+}
 
 export class PackingView implements PlanView {
   readonly node = element('div', 'jp-memviz-packing');
-  private readonly _plot = element('div', 'jp-memviz-plot');
+  private readonly _plot: PlotDiv = element('div', 'jp-memviz-plot');
   private readonly _message = element('div', 'jp-memviz-packing-message');
   private readonly _stopTheme: () => void;
   private _disposed = false;
   private _drawn = false;
+  private _listening = false;
   private _doc: PlanDoc | null = null;
+  private _panels: PackingPanel[] = [];
 
   constructor() {
     this.node.append(this._message, this._plot);
@@ -31,11 +63,12 @@ export class PackingView implements PlanView {
     return this.draw(doc);
   }
 
-  /** Render the packing of `doc`; resolves once plotly has drawn. */
+  /** Render the packing of `doc`; resolves once plotly has drawn the axes and the rectangles. */
   async draw(doc: PlanDoc): Promise<void> {
     this._doc = doc;
     const figure = packingFigure(doc);
-    if (figure.traces.length === 0) {
+    this._panels = figure.panels;
+    if (figure.panels.length === 0) {
       this._message.textContent = 'This plan has no packing (plan with a strategy that packs, e.g. "olla").';
       this._plot.hidden = true;
       return;
@@ -44,16 +77,22 @@ export class PackingView implements PlanView {
     this._plot.hidden = false;
     const colors = themeColors(this.node);
     const axis = themedAxis(colors);
-    const two = figure.titles.length > 1;
-    const yTitle = { text: `address (${figure.unit.name})` };
+    const two = figure.panels.length > 1;
+    const ymax = Math.max(...figure.panels.map(p => p.ymax), 1e-9);
     const layout: Record<string, unknown> = {
       ...themedLayout(colors),
       height: 460,
       margin: { l: 60, r: 20, t: 56, b: 40 },
       hovermode: 'closest',
       legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
-      xaxis: { ...axis, domain: two ? [0, 0.48] : [0, 1], title: { text: 'schedule step' } },
-      yaxis: { ...axis, title: yTitle, rangemode: 'tozero' },
+      // Explicit ranges: the image is not data plotly autoranges over, and double-click returns here.
+      xaxis: {
+        ...axis,
+        domain: two ? [0, 0.48] : [0, 1],
+        range: [0, figure.panels[0].xmax],
+        title: { text: 'schedule step' }
+      },
+      yaxis: { ...axis, title: { text: `address (${figure.unit.name})` }, range: [0, ymax] },
       annotations: figure.titles.map((text, i) => ({
         // Centred over its own subplot (plotly's "x domain" reference), whatever the figure width.
         xref: i === 0 ? 'x domain' : 'x2 domain',
@@ -63,13 +102,19 @@ export class PackingView implements PlanView {
         y: 1.02,
         yanchor: 'bottom',
         showarrow: false,
-        // Built from numbers and fixed words only (transforms.ts), nothing from the plan's names.
+        // Built from numbers and fixed words only (packing_data.ts), nothing from the plan's names.
         text,
         font: { size: 12, color: colors.font }
       }))
     };
     if (two) {
-      layout.xaxis2 = { ...axis, domain: [0.52, 1], anchor: 'y2', title: { text: 'schedule step' } };
+      layout.xaxis2 = {
+        ...axis,
+        domain: [0.52, 1],
+        anchor: 'y2',
+        range: [0, figure.panels[1].xmax],
+        title: { text: 'schedule step' }
+      };
       // Same address scale on both sides so the allocator's extra reserved memory is visible.
       layout.yaxis2 = { ...axis, anchor: 'x2', matches: 'y', showticklabels: false };
     }
@@ -77,11 +122,70 @@ export class PackingView implements PlanView {
     if (this._disposed) {
       return;
     }
-    await Plotly.react(this._plot, figure.traces as unknown as Record<string, unknown>[], layout, {
-      displaylogo: false,
-      responsive: true
-    });
+    await Plotly.react(
+      this._plot,
+      packingTraces(figure.panels) as unknown as Record<string, unknown>[],
+      layout,
+      {
+        displaylogo: false,
+        responsive: true
+      }
+    );
     this._drawn = true;
+    this._listen(Plotly);
+    await this._repaint(Plotly);
+  }
+
+  /** Repaint the rectangles for the axes' current ranges and pixel sizes. */
+  private async _repaint(Plotly: PlotlyModule): Promise<void> {
+    const full = this._plot._fullLayout;
+    if (!full || this._disposed) {
+      return;
+    }
+    const images = this._panels.flatMap((panel, i) => {
+      const xname = i === 0 ? 'xaxis' : `xaxis${i + 1}`;
+      const yname = i === 0 ? 'yaxis' : `yaxis${i + 1}`;
+      const xa = full[xname];
+      const ya = full[yname];
+      if (!xa || !ya || xa._length <= 0 || ya._length <= 0) {
+        return [];
+      }
+      const win = { x0: xa.range[0], x1: xa.range[1], y0: ya.range[0], y1: ya.range[1] };
+      // Device pixels, so the image is as sharp as the screen.
+      const ratio = window.devicePixelRatio || 1;
+      return [
+        {
+          source: paint(panel, win, xa._length * ratio, ya._length * ratio),
+          xref: xname.replace('axis', ''),
+          yref: yname.replace('axis', ''),
+          x: win.x0,
+          y: win.y1,
+          sizex: win.x1 - win.x0,
+          sizey: win.y1 - win.y0,
+          xanchor: 'left',
+          yanchor: 'top',
+          sizing: 'stretch',
+          // over the grid lines, as the rectangles of a trace would be
+          layer: 'above'
+        }
+      ];
+    });
+    await Plotly.relayout(this._plot, { images });
+  }
+
+  /** Once per plot div (plotly keeps handlers across `react`): repaint after zoom, pan and resize. */
+  private _listen(Plotly: PlotlyModule): void {
+    if (this._listening || !this._plot.on) {
+      return;
+    }
+    this._listening = true;
+    this._plot.on('plotly_relayout', update => {
+      // Our own image update comes back through this event: repainting on it would never stop.
+      if (Object.keys(update).every(key => key.startsWith('images'))) {
+        return;
+      }
+      void this._repaint(Plotly);
+    });
   }
 
   resize(): void {

@@ -18,9 +18,7 @@ import {
   fragmentationSeries,
   frontierLabel,
   hasStepTimes,
-  kindCategory,
   nearestFrontierIndex,
-  packingFigure,
   parsePlan,
   planFigure,
   planReadouts,
@@ -327,86 +325,5 @@ describe('computeStep', () => {
     assert.equal(computeStep(SAMPLE, 0), 0);
     assert.equal(computeStep(SAMPLE, 2), 3);
     assert.equal(computeStep(SAMPLE, 99), null);
-  });
-});
-
-describe('packingFigure', () => {
-  it('draws every placement as one polygon in a per-kind trace, both packings side by side', () => {
-    const figure = packingFigure(SAMPLE);
-    const packing = SAMPLE.packing!;
-    const planned = figure.traces.filter(t => t.xaxis === 'x');
-    const allocator = figure.traces.filter(t => t.xaxis === 'x2');
-    for (const [traces, placements] of [
-      [planned, packing.buffers],
-      [allocator, packing.allocator!.blocks]
-    ] as const) {
-      const polygons = traces.filter(t => t.fill === 'toself');
-      // Five corners and a null gap per rectangle.
-      assert.equal(
-        polygons.reduce((n, t) => n + t.x.length, 0),
-        placements.length * 6
-      );
-      const hover = traces.find(t => t.mode === 'markers')!;
-      assert.equal(hover.hovertext!.length, placements.length);
-      const kinds = new Set(
-        placements.map(p => (p.data === null ? 'workspace' : kindCategory(SAMPLE.graph.datas[p.data].kind)))
-      );
-      assert.equal(polygons.length, kinds.size);
-    }
-    // A rectangle spans its lifetime [start, end) and its address range, in the chosen unit.
-    const first = packing.buffers[0];
-    const cat = kindCategory(SAMPLE.graph.datas[first.data!].kind);
-    const trace = planned.find(t => t.legendgroup === cat)!;
-    const s = figure.unit.scale;
-    assert.deepEqual(trace.x.slice(0, 6), [
-      first.start,
-      first.end,
-      first.end,
-      first.start,
-      first.start,
-      null
-    ]);
-    assert.deepEqual(trace.y.slice(0, 6), [
-      first.offset / s,
-      first.offset / s,
-      (first.offset + first.size) / s,
-      (first.offset + first.size) / s,
-      first.offset / s,
-      null
-    ]);
-    assert.match(figure.titles[0], /fragmentation 0\.0%/);
-    assert.match(figure.titles[1], /caching allocator/);
-  });
-
-  it('escapes tensor names in hover text', () => {
-    const doc = clone() as unknown as PlanDoc;
-    const placed = doc.packing!.buffers[0].data;
-    doc.graph.datas[placed!].name = HOSTILE;
-    const hover = packingFigure(doc).traces.find(t => t.mode === 'markers')!.hovertext!;
-    assert.ok(hover.some(h => h.includes('&lt;img src=x')));
-    assert.ok(hover.every(h => !h.includes('<img')));
-  });
-
-  it('keeps 10k tensors in a handful of traces', () => {
-    const doc = clone() as unknown as PlanDoc;
-    const buffers = Array.from({ length: 10000 }, (_, i) => ({
-      data: i % doc.graph.datas.length,
-      start: i % 100,
-      end: (i % 100) + 5,
-      offset: (i % 997) * 1024,
-      size: 1024
-    }));
-    doc.packing = { ...doc.packing!, buffers };
-    const t0 = performance.now();
-    const figure = packingFigure(doc);
-    console.log(`packingFigure, 10k planned tensors + allocator: ${(performance.now() - t0).toFixed(1)} ms`);
-    assert.ok(figure.traces.length <= 2 * (CATEGORIES.length + 1));
-  });
-
-  it('is empty without a packing and rejects malformed placements', () => {
-    assert.equal(packingFigure({ ...SAMPLE, packing: null }).traces.length, 0);
-    const bad = clone();
-    (bad.packing as { buffers: unknown[] }).buffers = [{ data: 1, start: 0 }];
-    assert.throws(() => parsePlan(bad), /packing.buffers/);
   });
 });

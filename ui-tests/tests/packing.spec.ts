@@ -5,8 +5,8 @@ import { SETTINGS, openAndRunAll } from './helpers';
 test.use({ mockSettings: SETTINGS });
 
 // packing.ipynb shows a 10,000-tensor plan: the packing tab must stay interactive at that size (the
-// rectangles are a few WebGL polygon traces, not 10k plotly shapes).  The render time is a benchmark:
-// printed, not asserted tightly.
+// rectangles are one canvas image per panel, repainted on zoom, with WebGL hover points; not 10k plotly
+// shapes or SVG subpaths).  The render time is a benchmark: printed, not asserted tightly.
 test('the packing tab draws 10k tensors, planned and allocator side by side', async ({ page, tmpPath }) => {
   await openAndRunAll(page, tmpPath, 'packing.ipynb');
 
@@ -25,7 +25,11 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
     const t0 = performance.now();
     (root.querySelector('.jp-memviz-tab[data-tab="Packing"]') as HTMLElement).click();
     const panel = root.querySelector('.jp-memviz-tabpanel[data-tab="Packing"]')!;
-    while (!panel.querySelector('.xtick') || !panel.querySelector('canvas')) {
+    while (
+      !panel.querySelector('.xtick') ||
+      !panel.querySelector('canvas') ||
+      panel.querySelectorAll('image').length < 2
+    ) {
       await frame();
     }
     await frame();
@@ -40,6 +44,26 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
   await expect(view.locator('.jp-memviz-tabpanel[data-tab="Memory"]')).toBeHidden();
   expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
   await packing.screenshot({ path: test.info().outputPath('packing.png') });
+
+  const image = packing.locator('image').first();
+  const href = async (): Promise<string> => ((await image.getAttribute('href')) ?? '').slice(-64);
+  const before = await href();
+  const box = (await packing.locator('.nsewdrag').first().boundingBox())!;
+  // Drag-zoom into the first tenth of the planned panel: its image is repainted for the new window.
+  await page.mouse.move(box.x + 4, box.y + 10);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width / 10, box.y + box.height - 10, { steps: 5 });
+  await page.mouse.up();
+  await expect.poll(href).not.toEqual(before);
+  const range = await packing.evaluate(el => {
+    const gd = el.querySelector('.js-plotly-plot') as unknown as {
+      _fullLayout: { xaxis: { range: number[] } };
+    };
+    return gd._fullLayout.xaxis.range;
+  });
+  expect(range[1]).toBeLessThan(5000);
+  await page.mouse.move(box.x + 30, box.y + box.height / 2);
+  await packing.screenshot({ path: test.info().outputPath('packing-zoomed.png') });
 
   await page.theme.setDarkTheme();
   await view.locator('.jp-memviz-tab[data-tab="Memory"]').click();

@@ -22,6 +22,12 @@ test('the planner widget sends slider, strategy and export requests and redraws'
   await expect(view.locator('.jp-memviz-budget-label')).toHaveText(
     '32.00 MiB: peak 29.00 MiB, time x1.125 (checkmate)'
   );
+  // Beside the slider: the shown plan's peak, time overhead and solver status.
+  const readout = (label: string) =>
+    view.locator(`.jp-memviz-slider-readout[data-readout="${label}"] .jp-memviz-readout-value`);
+  await expect(readout('peak')).toHaveText('29.00 MiB');
+  await expect(readout('time overhead')).toHaveText('+12.5%');
+  await expect(readout('solver')).toHaveText('hand heuristic, no optimality bound in 0.00 s');
   await view.screenshot({ path: test.info().outputPath('planner.png') });
 
   // Drag the slider from its right end to its left end (frontier index 0): the kernel answers with the
@@ -39,6 +45,9 @@ test('the planner widget sends slider, strategy and export requests and redraws'
   );
   await expect(peak).toHaveText('37.00 MiB (+0.0% vs eager 37.00 MiB)');
   await expect(strategy).toHaveText('none');
+  await expect(readout('peak')).toHaveText('37.00 MiB');
+  await expect(readout('time overhead')).toHaveText('+0.0%');
+  await expect(view.locator('.jp-memviz-slider-readouts')).not.toHaveClass(/jp-mod-pending/);
   expect(await view.locator('.scatterlayer .trace path.js-fill').count()).toBeGreaterThanOrEqual(6);
 
   await view.locator('.jp-memviz-strategy-select').selectOption('rotor');
@@ -82,5 +91,10 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   await expect(peak).not.toHaveText(before.peak ?? '');
   await expect(peak).toHaveText(/\(\+0\.0% vs eager/);
   await expect(label).toContainText('time x1.000');
+  // the real plan's solver status beside the slider, and the allocator's fragmentation in the stack
+  await expect(
+    view.locator('.jp-memviz-slider-readout[data-readout="solver"] .jp-memviz-readout-value')
+  ).toHaveText(/(optimal|feasible|heuristic)/);
+  await expect(view.locator('.legendtext', { hasText: 'fragmentation (allocator)' })).toHaveCount(1);
   await view.screenshot({ path: test.info().outputPath('planner-demo.png') });
 });

@@ -1,0 +1,240 @@
+/**
+ * Pure transforms of the packing view: placements (OLLA's address plan, Steiner et al. 2022 Sec. 4.2,
+ * and the simulated caching allocator's blocks) -> rectangles in (step, address) space, their pixel
+ * rectangles in a raster of a given window, and the few plotly traces drawn over the raster (legend
+ * keys and one WebGL marker trace carrying the escaped hover text of every tensor).
+ *
+ * Why a raster: plotly draws 10k rectangles either as 10k shapes or as filled SVG subpaths, which took
+ * 1.5-2.3 s in headless Chromium; painting them into one canvas image takes milliseconds, and the view
+ * repaints it for the visible window after every zoom so it stays sharp.
+ */
+import {
+  CATEGORY_COLORS,
+  categoryOrder,
+  chooseUnit,
+  escapeHtml,
+  FALLBACK_COLOR,
+  formatBytes,
+  PlacementDoc,
+  PlanDoc
+} from './transforms';
+
+/** Plotly category (solvers.simulate's _CATEGORY_OF) of a data node kind. */
+export function kindCategory(kind: string): string {
+  const table: Record<string, string> = {
+    parameter: 'parameters',
+    buffer: 'buffers',
+    input: 'inputs',
+    optimizer_state: 'optimizer_state',
+    parameter_gradient: 'parameter_gradients',
+    gradient: 'gradients',
+    activation: 'activations',
+    saved: 'activations',
+    output: 'outputs'
+  };
+  return table[kind] ?? kind;
+}
+
+/** One category's rectangles, flattened [x0, y0, x1, y1, ...]: x in steps (end exclusive), y in the unit. */
+export interface RectLayer {
+  category: string;
+  color: string;
+  rects: number[];
+}
+
+/** One side of the packing chart. */
+export interface PackingPanel {
+  layers: RectLayer[];
+  /** rectangle centres and their escaped hover text */
+  hover: { x: number[]; y: number[]; text: string[] };
+  /** the data extent: steps [0, xmax), addresses [0, ymax) in the unit */
+  xmax: number;
+  ymax: number;
+}
+
+/** The visible (step, address) window of a panel. */
+export interface Window {
+  x0: number;
+  x1: number;
+  y0: number;
+  y1: number;
+}
+
+/**
+ * Escaped hover heads, one per data node: escaping is the costly part of the hover text, and the
+ * planned packing and the allocator name the same tensors.
+ */
+function hoverHeads(doc: PlanDoc): (placement: PlacementDoc) => string {
+  const cache = new Map<number, string>();
+  return p => {
+    if (p.data === null) {
+      const name = doc.graph.computes[p.compute ?? -1]?.name ?? 'a compute step';
+      return `${escapeHtml(`workspace of ${name}`)}<br>workspace`;
+    }
+    let head = cache.get(p.data);
+    if (head === undefined) {
+      const d = doc.graph.datas[p.data];
+      const shape = d?.shape ? ` [${d.shape.join(', ')}]` : '';
+      head = `${escapeHtml((d?.name ?? `data ${p.data}`) + shape)}<br>${escapeHtml(d?.kind ?? 'unknown')}`;
+      cache.set(p.data, head);
+    }
+    return head;
+  };
+}
+
+/** Placements -> one rectangle layer per category (in stacking order) plus the hover points. */
+export function packingPanel(
+  doc: PlanDoc,
+  placements: readonly PlacementDoc[],
+  scale: number,
+  head: (placement: PlacementDoc) => string = hoverHeads(doc)
+): PackingPanel {
+  const groups = new Map<string, number[]>();
+  const hover = { x: [] as number[], y: [] as number[], text: [] as string[] };
+  let xmax = 0;
+  let ymax = 0;
+  for (const p of placements) {
+    const cat = p.data === null ? 'workspace' : kindCategory(doc.graph.datas[p.data]?.kind ?? 'unknown');
+    let rects = groups.get(cat);
+    if (!rects) {
+      rects = [];
+      groups.set(cat, rects);
+    }
+    const x0 = p.start;
+    const x1 = Math.max(p.end, p.start + 1);
+    const y0 = p.offset / scale;
+    const y1 = (p.offset + p.size) / scale;
+    rects.push(x0, y0, x1, y1);
+    xmax = Math.max(xmax, x1);
+    ymax = Math.max(ymax, y1);
+    hover.x.push((x0 + x1) / 2);
+    hover.y.push((y0 + y1) / 2);
+    hover.text.push(
+      `${head(p)}, ${formatBytes(p.size)}<br>steps ${p.start}–${x1 - 1}, offset ${formatBytes(p.offset)}`
+    );
+  }
+  const order = categoryOrder(Object.fromEntries([...groups.keys()].map(k => [k, []])));
+  const layers = order.map(category => ({
+    category,
+    color: CATEGORY_COLORS[category] ?? FALLBACK_COLOR,
+    rects: groups.get(category)!
+  }));
+  return { layers, hover, xmax, ymax };
+}
+
+/** Both packings side by side: the planned one, then the allocator simulation when the plan has it. */
+export function packingFigure(doc: PlanDoc): {
+  panels: PackingPanel[];
+  unit: { name: string; scale: number };
+  titles: string[];
+} {
+  const packing = doc.packing;
+  if (!packing) {
+    return { panels: [], unit: chooseUnit(0), titles: [] };
+  }
+  const allocator = packing.allocator ?? null;
+  const top = (ps: readonly PlacementDoc[]): number => ps.reduce((m, p) => Math.max(m, p.offset + p.size), 0);
+  const unit = chooseUnit(Math.max(top(packing.buffers), allocator ? top(allocator.blocks) : 0));
+  const head = hoverHeads(doc);
+  const panels = [packingPanel(doc, packing.buffers, unit.scale, head)];
+  const titles = [
+    `planned packing<br>${formatBytes(packing.peak_bytes)}, fragmentation ${(100 * packing.fragmentation).toFixed(1)}%`
+  ];
+  if (allocator) {
+    panels.push(packingPanel(doc, allocator.blocks, unit.scale, head));
+    titles.push(
+      `PyTorch caching allocator (simulated)<br>${formatBytes(allocator.reserved_bytes)}, ` +
+        `fragmentation ${(100 * allocator.fragmentation).toFixed(1)}%`
+    );
+  }
+  return { panels, unit, titles };
+}
+
+/**
+ * Pixel rectangles [left, top, width, height, ...] of `rects` in a `width` x `height` raster showing
+ * `win` (addresses grow upwards).  Rectangles outside the window are dropped; a rectangle thinner
+ * than a pixel is drawn one pixel wide or tall, so a short-lived or small tensor stays visible.
+ */
+export function pixelRects(rects: readonly number[], win: Window, width: number, height: number): number[] {
+  const sx = width / (win.x1 - win.x0);
+  const sy = height / (win.y1 - win.y0);
+  const out: number[] = [];
+  for (let i = 0; i < rects.length; i += 4) {
+    const x0 = rects[i];
+    const y0 = rects[i + 1];
+    const x1 = rects[i + 2];
+    const y1 = rects[i + 3];
+    if (x1 <= win.x0 || x0 >= win.x1 || y1 <= win.y0 || y0 >= win.y1) {
+      continue;
+    }
+    const left = (Math.max(x0, win.x0) - win.x0) * sx;
+    const right = (Math.min(x1, win.x1) - win.x0) * sx;
+    const top = (win.y1 - Math.min(y1, win.y1)) * sy;
+    const bottom = (win.y1 - Math.max(y0, win.y0)) * sy;
+    out.push(left, top, Math.max(right - left, 1), Math.max(bottom - top, 1));
+  }
+  return out;
+}
+
+/** A plotly trace of the packing chart (legend key or WebGL hover points) as plain data. */
+export interface PackingTrace {
+  type: 'scatter' | 'scattergl';
+  name: string;
+  x: (number | null)[];
+  y: (number | null)[];
+  mode: 'markers';
+  marker: { color?: string; size: number; opacity?: number; symbol?: string };
+  hoverinfo: 'text' | 'skip';
+  hovertext?: string[];
+  legendgroup?: string;
+  showlegend: boolean;
+  xaxis: string;
+  yaxis: string;
+}
+
+/**
+ * The traces drawn over the rasters: one legend key per category (an empty trace: the rectangles
+ * themselves are the image) and, per panel, one invisible WebGL marker at every rectangle's centre
+ * carrying its hover text.  Panel i uses axes x/y, x2/y2, ...
+ */
+export function packingTraces(panels: readonly PackingPanel[]): PackingTrace[] {
+  const traces: PackingTrace[] = [];
+  const keyed = new Set<string>();
+  panels.forEach((panel, i) => {
+    const xaxis = i === 0 ? 'x' : `x${i + 1}`;
+    const yaxis = i === 0 ? 'y' : `y${i + 1}`;
+    for (const layer of panel.layers) {
+      if (keyed.has(layer.category)) {
+        continue;
+      }
+      keyed.add(layer.category);
+      traces.push({
+        type: 'scatter',
+        name: escapeHtml(layer.category.replace(/_/g, ' ')),
+        x: [null],
+        y: [null],
+        mode: 'markers',
+        marker: { color: layer.color, size: 10, symbol: 'square' },
+        hoverinfo: 'skip',
+        legendgroup: layer.category,
+        showlegend: true,
+        xaxis,
+        yaxis
+      });
+    }
+    traces.push({
+      type: 'scattergl',
+      name: 'tensors',
+      x: panel.hover.x,
+      y: panel.hover.y,
+      mode: 'markers',
+      marker: { size: 4, opacity: 0 },
+      hoverinfo: 'text',
+      hovertext: panel.hover.text,
+      showlegend: false,
+      xaxis,
+      yaxis
+    });
+  });
+  return traces;
+}

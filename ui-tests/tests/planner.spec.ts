@@ -32,6 +32,8 @@ test('the planner widget sends slider, strategy and export requests and redraws'
 
   // Drag the slider from its right end to its left end (frontier index 0): the kernel answers with the
   // eager plan.
+  // The widget is taller than the viewport: bring the slider back before measuring where to drag.
+  await view.locator('.jp-memviz-budget-slider').scrollIntoViewIfNeeded();
   const box = await view.locator('.jp-memviz-budget-slider').boundingBox();
   expect(box).not.toBeNull();
   const y = box!.y + box!.height / 2;
@@ -80,6 +82,8 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   const before = { peak: await peak.textContent(), status: await status.textContent() };
 
   // Drag to the right end: the frontier's largest budget, so no remat (strategy none, eager peak).
+  // The widget is taller than the viewport: bring the slider back before measuring where to drag.
+  await view.locator('.jp-memviz-budget-slider').scrollIntoViewIfNeeded();
   const box = await view.locator('.jp-memviz-budget-slider').boundingBox();
   expect(box).not.toBeNull();
   const y = box!.y + box!.height / 2;

@@ -43,8 +43,10 @@ from solvers import milp
 from solvers.chain import Block, BlockOption, Chain, liveness_frees, sequence_option
 from solvers.ir import Graph
 
-#: per-MILP time limit in seconds (a block model has a few thousand binaries)
+#: per-MILP time limit in seconds (a GPT attention block's model has under a thousand binaries)
 SOLVE_SECONDS = 0.5
+#: larger block models are not built: within `SOLVE_SECONDS` HiGHS would not get past the root
+MAX_VARS = 20_000
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,9 @@ def _backward_profile(chain: Chain, block: Block) -> list[tuple[int, int]]:
     return profile
 
 
-def build(chain: Chain, block: Block) -> BlockMilp:
-    """The rk-Checkmate MILP of `block` (Rockmate Appendix B.2-B.3, restricted as in the module doc)."""
+def build(chain: Chain, block: Block, *, max_vars: int = MAX_VARS) -> BlockMilp | None:
+    """The rk-Checkmate MILP of `block` (Rockmate Appendix B.2-B.3, restricted as in the module doc);
+    None when it would have more than `max_vars` variables."""
     g = chain.graph
     fwd, bwd = block.forward, block.backward
     m, n_b = len(fwd), len(bwd)
@@ -194,6 +197,9 @@ def build(chain: Chain, block: Block) -> BlockMilp:
               for b, need in zip(bwd, needed, strict=True)]
     # a datum is worth carrying into stage t only if some stage >= t has an event of it
     last_use = {d: max((t for t in range(n_b) if events[t][d]), default=-1) for d in data}
+    n_vars = len(saved) + sum(map(len, needed)) + sum(len(e) for ev in events for e in ev.values())
+    if n_vars + sum(max(last_use[d], 0) for d in data) > max_vars:  # the count of K, R, L and S
+        return None
     stages: list[Stage] = []
     s_in: dict[int, int] = dict(K)
     for t in range(n_b):
@@ -362,7 +368,17 @@ def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels
     smaller pair, so neither is solved again."""
     if not bm.model.num_vars:
         return []  # nothing to choose: the block saves nothing but its output
-    starts = [o for o in known if start_values(chain, bm, o) is not None]  # those the model can take
+    in_class: dict[int, bool] = {}  # id(option) -> the model can take it as a start
+
+    def start(s: int, p: int) -> BlockOption | None:
+        for o in sorted([*known, *result], key=lambda o: o.fwd_time + o.bwd_time):
+            if o.keep <= s and peak(o) <= p:
+                if id(o) not in in_class:
+                    in_class[id(o)] = start_values(chain, bm, o) is not None
+                if in_class[id(o)]:
+                    return o
+        return None
+
     proven: list[tuple[tuple[int, int], BlockOption]] = []
     infeasible: list[tuple[int, int]] = []
     result: list[BlockOption] = []
@@ -375,7 +391,7 @@ def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels
         if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in proven):
             continue
         res = solve_pair(chain, bm, s, p, time_limit=min(SOLVE_SECONDS, left),
-                         start=_fastest([*starts, *result], s, p))
+                         start=start(s, p))
         if res.status == "infeasible":
             infeasible.append((s, p))
         elif res.option is not None:

@@ -141,7 +141,7 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
     if milp_seconds > 0:
         started = _time.perf_counter()
         models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
-        weight = {k: bm.model.num_vars for k, bm in models.items() if bm.model.num_vars}
+        weight = {k: bm.model.num_vars for k, bm in models.items() if bm is not None and bm.model.num_vars}
         total = sum(weight.values())
         for k in weight:  # in chain order; time a class leaves unused passes on to the next ones
             left = started + milp_seconds - _time.perf_counter()

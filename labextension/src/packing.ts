@@ -2,17 +2,29 @@
  * The packing view: where every tensor lives in memory over time, for the planned packing (OLLA's
  * address plan) and for PyTorch's caching allocator (simulated by solvers.allocator) side by side.
  * The rectangles are painted into one canvas image per panel, placed on the plot's data axes and
- * repainted for the visible window after every zoom, pan or resize; hover comes from one invisible
- * WebGL marker trace per panel (packing_data.ts).  So 10k tensors draw in a fraction of a second.
+ * repainted for the visible window after every zoom, pan or resize; the hover is the view's own: a hit
+ * test of the rectangles under the cursor (packing_data.ts).  So 10k tensors draw in a fraction of a
+ * second.  Tensor names reach the tooltip through textContent only.
  */
-import { PackingPanel, packingFigure, packingTraces, pixelRects, Window } from './packing_data';
+import {
+  hitTest,
+  PackingPanel,
+  packingFigure,
+  packingTraces,
+  pixelRects,
+  placementLines,
+  Window
+} from './packing_data';
 import { themedAxis, themedLayout } from './theme';
 import { PlanDoc } from './transforms';
 import { element, loadedPlotly, loadPlotly, observeTheme, PlotlyModule, themeColors } from './ui';
 import type { PlanView } from './views';
 
-/** The parts of plotly's internal full layout the repaint reads: each axis's range and pixel length. */
-type FullAxis = { range: [number, number]; _length: number };
+/**
+ * The parts of plotly's internal full layout the repaint and the hover read: each axis's range, pixel
+ * offset and length in the plot div, and its pixel -> data conversion.
+ */
+type FullAxis = { range: [number, number]; _offset: number; _length: number; p2c(px: number): number };
 type PlotDiv = HTMLDivElement & {
   _fullLayout?: Record<string, FullAxis | undefined>;
   on?: (event: string, handler: (update: Record<string, unknown>) => void) => void;
@@ -43,6 +55,7 @@ export class PackingView implements PlanView {
   readonly node = element('div', 'jp-memviz-packing');
   private readonly _plot: PlotDiv = element('div', 'jp-memviz-plot');
   private readonly _message = element('div', 'jp-memviz-packing-message');
+  private readonly _tip = element('div', 'jp-memviz-packing-tip');
   private readonly _stopTheme: () => void;
   private _disposed = false;
   private _drawn = false;
@@ -51,7 +64,10 @@ export class PackingView implements PlanView {
   private _panels: PackingPanel[] = [];
 
   constructor() {
-    this.node.append(this._message, this._plot);
+    this._tip.hidden = true;
+    this.node.append(this._message, this._plot, this._tip);
+    this._plot.addEventListener('mousemove', event => this._hover(event));
+    this._plot.addEventListener('mouseleave', () => (this._tip.hidden = true));
     this._stopTheme = observeTheme(() => {
       if (this._doc) {
         void this.draw(this._doc);
@@ -83,7 +99,8 @@ export class PackingView implements PlanView {
       ...themedLayout(colors),
       height: 460,
       margin: { l: 60, r: 20, t: 56, b: 40 },
-      hovermode: 'closest',
+      // The view hovers itself (see _hover): plotly has no points to hover.
+      hovermode: false,
       legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
       // Explicit ranges: the image is not data plotly autoranges over, and double-click returns here.
       xaxis: {
@@ -171,6 +188,41 @@ export class PackingView implements PlanView {
       ];
     });
     await Plotly.relayout(this._plot, { images });
+  }
+
+  /** Show the tensor under the cursor, if any, in the tooltip. */
+  private _hover(event: MouseEvent): void {
+    const full = this._plot._fullLayout;
+    const doc = this._doc;
+    this._tip.hidden = true;
+    if (!full || !doc || event.buttons !== 0) {
+      return;
+    }
+    const bounds = this._plot.getBoundingClientRect();
+    const px = event.clientX - bounds.left;
+    const py = event.clientY - bounds.top;
+    this._panels.forEach((panel, i) => {
+      const xa = full[i === 0 ? 'xaxis' : `xaxis${i + 1}`];
+      const ya = full[i === 0 ? 'yaxis' : `yaxis${i + 1}`];
+      if (
+        !xa ||
+        !ya ||
+        px < xa._offset ||
+        px > xa._offset + xa._length ||
+        py < ya._offset ||
+        py > ya._offset + ya._length
+      ) {
+        return;
+      }
+      const hit = hitTest(panel, xa.p2c(px - xa._offset), ya.p2c(py - ya._offset));
+      if (!hit) {
+        return;
+      }
+      this._tip.replaceChildren(...placementLines(doc, hit).map(line => element('div', '', line)));
+      this._tip.style.left = `${px + 12}px`;
+      this._tip.style.top = `${py + this._plot.offsetTop + 12}px`;
+      this._tip.hidden = false;
+    });
   }
 
   /** Once per plot div (plotly keeps handlers across `react`): repaint after zoom, pan and resize. */

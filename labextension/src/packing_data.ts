@@ -1,12 +1,15 @@
 /**
  * Pure transforms of the packing view: placements (OLLA's address plan, Steiner et al. 2022 Sec. 4.2,
  * and the simulated caching allocator's blocks) -> rectangles in (step, address) space, their pixel
- * rectangles in a raster of a given window, and the few plotly traces drawn over the raster (legend
- * keys and one WebGL marker trace carrying the escaped hover text of every tensor).
+ * rectangles in a raster of a given window, the hit test and text of the view's own hover, and the
+ * few plotly traces drawn with the raster (legend keys and one empty anchor per subplot).
  *
  * Why a raster: plotly draws 10k rectangles either as 10k shapes or as filled SVG subpaths, which took
  * 1.5-2.3 s in headless Chromium; painting them into one canvas image takes milliseconds, and the view
- * repaints it for the visible window after every zoom so it stays sharp.
+ * repaints it for the visible window after every zoom so it stays sharp.  Why its own hover: plotly's
+ * hover needs a point trace of every tensor (a WebGL context and 20k prebuilt hover strings, about a
+ * third of the remaining draw time), while a linear hit test of the rectangles under the cursor takes
+ * well under a millisecond and builds one text.
  */
 import {
   CATEGORY_COLORS,
@@ -45,8 +48,9 @@ export interface RectLayer {
 /** One side of the packing chart. */
 export interface PackingPanel {
   layers: RectLayer[];
-  /** rectangle centres and their escaped hover text */
-  hover: { x: number[]; y: number[]; text: string[] };
+  /** the placements drawn, and their rectangles [x0, y0, x1, y1, ...] in the same order (hit test) */
+  placements: readonly PlacementDoc[];
+  boxes: number[];
   /** the data extent: steps [0, xmax), addresses [0, ymax) in the unit */
   xmax: number;
   ymax: number;
@@ -60,37 +64,10 @@ export interface Window {
   y1: number;
 }
 
-/**
- * Escaped hover heads, one per data node: escaping is the costly part of the hover text, and the
- * planned packing and the allocator name the same tensors.
- */
-function hoverHeads(doc: PlanDoc): (placement: PlacementDoc) => string {
-  const cache = new Map<number, string>();
-  return p => {
-    if (p.data === null) {
-      const name = doc.graph.computes[p.compute ?? -1]?.name ?? 'a compute step';
-      return `${escapeHtml(`workspace of ${name}`)}<br>workspace`;
-    }
-    let head = cache.get(p.data);
-    if (head === undefined) {
-      const d = doc.graph.datas[p.data];
-      const shape = d?.shape ? ` [${d.shape.join(', ')}]` : '';
-      head = `${escapeHtml((d?.name ?? `data ${p.data}`) + shape)}<br>${escapeHtml(d?.kind ?? 'unknown')}`;
-      cache.set(p.data, head);
-    }
-    return head;
-  };
-}
-
-/** Placements -> one rectangle layer per category (in stacking order) plus the hover points. */
-export function packingPanel(
-  doc: PlanDoc,
-  placements: readonly PlacementDoc[],
-  scale: number,
-  head: (placement: PlacementDoc) => string = hoverHeads(doc)
-): PackingPanel {
+/** Placements -> one rectangle layer per category (in stacking order), plus the rectangles in order. */
+export function packingPanel(doc: PlanDoc, placements: readonly PlacementDoc[], scale: number): PackingPanel {
   const groups = new Map<string, number[]>();
-  const hover = { x: [] as number[], y: [] as number[], text: [] as string[] };
+  const boxes: number[] = [];
   let xmax = 0;
   let ymax = 0;
   for (const p of placements) {
@@ -105,13 +82,9 @@ export function packingPanel(
     const y0 = p.offset / scale;
     const y1 = (p.offset + p.size) / scale;
     rects.push(x0, y0, x1, y1);
+    boxes.push(x0, y0, x1, y1);
     xmax = Math.max(xmax, x1);
     ymax = Math.max(ymax, y1);
-    hover.x.push((x0 + x1) / 2);
-    hover.y.push((y0 + y1) / 2);
-    hover.text.push(
-      `${head(p)}, ${formatBytes(p.size)}<br>steps ${p.start}–${x1 - 1}, offset ${formatBytes(p.offset)}`
-    );
   }
   const order = categoryOrder(Object.fromEntries([...groups.keys()].map(k => [k, []])));
   const layers = order.map(category => ({
@@ -119,7 +92,34 @@ export function packingPanel(
     color: CATEGORY_COLORS[category] ?? FALLBACK_COLOR,
     rects: groups.get(category)!
   }));
-  return { layers, hover, xmax, ymax };
+  return { layers, placements, boxes, xmax, ymax };
+}
+
+/** The placement whose rectangle holds (x, y) (step, address in the unit), or null. */
+export function hitTest(panel: PackingPanel, x: number, y: number): PlacementDoc | null {
+  const b = panel.boxes;
+  for (let i = 0; i < b.length; i += 4) {
+    if (x >= b[i] && x < b[i + 2] && y >= b[i + 1] && y < b[i + 3]) {
+      return panel.placements[i / 4];
+    }
+  }
+  return null;
+}
+
+/**
+ * What the hover says about one placement, as plain-text lines (the view sets them with textContent,
+ * so names need no escaping): name and shape, kind and size, lifetime and address.
+ */
+export function placementLines(doc: PlanDoc, p: PlacementDoc): string[] {
+  const last = Math.max(p.end, p.start + 1) - 1;
+  const where = `steps ${p.start}–${last}, offset ${formatBytes(p.offset)}`;
+  if (p.data === null) {
+    const name = doc.graph.computes[p.compute ?? -1]?.name ?? 'a compute step';
+    return [`workspace of ${name}`, `workspace, ${formatBytes(p.size)}`, where];
+  }
+  const d = doc.graph.datas[p.data];
+  const shape = d?.shape ? ` [${d.shape.join(', ')}]` : '';
+  return [`${d?.name ?? `data ${p.data}`}${shape}`, `${d?.kind ?? 'unknown'}, ${formatBytes(p.size)}`, where];
 }
 
 /** Both packings side by side: the planned one, then the allocator simulation when the plan has it. */
@@ -135,13 +135,12 @@ export function packingFigure(doc: PlanDoc): {
   const allocator = packing.allocator ?? null;
   const top = (ps: readonly PlacementDoc[]): number => ps.reduce((m, p) => Math.max(m, p.offset + p.size), 0);
   const unit = chooseUnit(Math.max(top(packing.buffers), allocator ? top(allocator.blocks) : 0));
-  const head = hoverHeads(doc);
-  const panels = [packingPanel(doc, packing.buffers, unit.scale, head)];
+  const panels = [packingPanel(doc, packing.buffers, unit.scale)];
   const titles = [
     `planned packing<br>${formatBytes(packing.peak_bytes)}, fragmentation ${(100 * packing.fragmentation).toFixed(1)}%`
   ];
   if (allocator) {
-    panels.push(packingPanel(doc, allocator.blocks, unit.scale, head));
+    panels.push(packingPanel(doc, allocator.blocks, unit.scale));
     titles.push(
       `PyTorch caching allocator (simulated)<br>${formatBytes(allocator.reserved_bytes)}, ` +
         `fragmentation ${(100 * allocator.fragmentation).toFixed(1)}%`
@@ -176,16 +175,15 @@ export function pixelRects(rects: readonly number[], win: Window, width: number,
   return out;
 }
 
-/** A plotly trace of the packing chart (legend key or WebGL hover points) as plain data. */
+/** A plotly trace of the packing chart (a legend key or a subplot's empty anchor) as plain data. */
 export interface PackingTrace {
-  type: 'scatter' | 'scattergl';
+  type: 'scatter';
   name: string;
-  x: (number | null)[];
-  y: (number | null)[];
+  x: readonly null[];
+  y: readonly null[];
   mode: 'markers';
-  marker: { color?: string; size: number; opacity?: number; symbol?: string };
-  hoverinfo: 'text' | 'skip';
-  hovertext?: string[];
+  marker?: { color: string; size: number; symbol: string };
+  hoverinfo: 'skip';
   legendgroup?: string;
   showlegend: boolean;
   xaxis: string;
@@ -193,48 +191,29 @@ export interface PackingTrace {
 }
 
 /**
- * The traces drawn over the rasters: one legend key per category (an empty trace: the rectangles
- * themselves are the image) and, per panel, one invisible WebGL marker at every rectangle's centre
- * carrying its hover text.  Panel i uses axes x/y, x2/y2, ...
+ * The traces drawn with the rasters, all empty (the rectangles are the images): one anchor per panel
+ * so plotly lays out its subplot, and one legend key per category.  Panel i uses axes x/y, x2/y2, ...
  */
 export function packingTraces(panels: readonly PackingPanel[]): PackingTrace[] {
   const traces: PackingTrace[] = [];
   const keyed = new Set<string>();
   panels.forEach((panel, i) => {
-    const xaxis = i === 0 ? 'x' : `x${i + 1}`;
-    const yaxis = i === 0 ? 'y' : `y${i + 1}`;
+    const axes = { xaxis: i === 0 ? 'x' : `x${i + 1}`, yaxis: i === 0 ? 'y' : `y${i + 1}` };
+    const empty = { type: 'scatter', x: [null], y: [null], mode: 'markers', hoverinfo: 'skip' } as const;
+    traces.push({ ...empty, name: '', showlegend: false, ...axes });
     for (const layer of panel.layers) {
-      if (keyed.has(layer.category)) {
-        continue;
+      if (!keyed.has(layer.category)) {
+        keyed.add(layer.category);
+        traces.push({
+          ...empty,
+          name: escapeHtml(layer.category.replace(/_/g, ' ')),
+          marker: { color: layer.color, size: 10, symbol: 'square' },
+          legendgroup: layer.category,
+          showlegend: true,
+          ...axes
+        });
       }
-      keyed.add(layer.category);
-      traces.push({
-        type: 'scatter',
-        name: escapeHtml(layer.category.replace(/_/g, ' ')),
-        x: [null],
-        y: [null],
-        mode: 'markers',
-        marker: { color: layer.color, size: 10, symbol: 'square' },
-        hoverinfo: 'skip',
-        legendgroup: layer.category,
-        showlegend: true,
-        xaxis,
-        yaxis
-      });
     }
-    traces.push({
-      type: 'scattergl',
-      name: 'tensors',
-      x: panel.hover.x,
-      y: panel.hover.y,
-      mode: 'markers',
-      marker: { size: 4, opacity: 0 },
-      hoverinfo: 'text',
-      hovertext: panel.hover.text,
-      showlegend: false,
-      xaxis,
-      yaxis
-    });
   });
   return traces;
 }

@@ -3,7 +3,14 @@ import { execFileSync } from 'node:child_process';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 
-import { kindCategory, packingFigure, packingTraces, pixelRects } from '../src/packing_data';
+import {
+  hitTest,
+  kindCategory,
+  packingFigure,
+  packingTraces,
+  pixelRects,
+  placementLines
+} from '../src/packing_data';
 import { CATEGORIES, parsePlan, PlanDoc } from '../src/transforms';
 
 // Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
@@ -34,12 +41,13 @@ describe('packingFigure', () => {
       [figure.panels[0], packing.buffers],
       [figure.panels[1], packing.allocator!.blocks]
     ] as const) {
-      // Four numbers per rectangle; one hover point per placement.
+      // Four numbers per rectangle, in the layers and in placement order for the hit test.
       assert.equal(
         panel.layers.reduce((n, l) => n + l.rects.length, 0),
         placements.length * 4
       );
-      assert.equal(panel.hover.text.length, placements.length);
+      assert.equal(panel.boxes.length, placements.length * 4);
+      assert.equal(panel.placements, placements);
       const kinds = new Set(
         placements.map(p => (p.data === null ? 'workspace' : kindCategory(SAMPLE.graph.datas[p.data].kind)))
       );
@@ -65,13 +73,30 @@ describe('packingFigure', () => {
     assert.match(figure.titles[1], /caching allocator/);
   });
 
-  it('escapes tensor names in hover text', () => {
+  it('finds the tensor under the cursor and describes it in plain text', () => {
+    const figure = packingFigure(SAMPLE);
+    const panel = figure.panels[0];
+    const s = figure.unit.scale;
+    for (const p of SAMPLE.packing!.buffers) {
+      // the centre of each rectangle hits its own placement (a valid packing has no overlaps)
+      const x = (p.start + Math.max(p.end, p.start + 1)) / 2;
+      assert.equal(hitTest(panel, x, (p.offset + p.size / 2) / s), p);
+    }
+    assert.equal(hitTest(panel, -1, 0), null);
+    assert.equal(hitTest(panel, 0, panel.ymax + 1), null);
     const doc = clone();
-    const placed = doc.packing!.buffers[0].data!;
-    doc.graph.datas[placed].name = HOSTILE;
-    const hover = packingFigure(doc).panels.flatMap(p => p.hover.text);
-    assert.ok(hover.some(h => h.startsWith('&lt;img src=x')));
-    assert.ok(hover.every(h => !h.includes('<img')));
+    const first = doc.packing!.buffers[0];
+    doc.graph.datas[first.data!].name = HOSTILE;
+    // textContent in the view: the name stays the raw string, never markup
+    assert.deepEqual(placementLines(doc, first), [
+      `${HOSTILE} [${doc.graph.datas[first.data!].shape!.join(', ')}]`,
+      `${doc.graph.datas[first.data!].kind}, 8.00 MiB`,
+      `steps ${first.start}–${first.end - 1}, offset 5.00 MiB`
+    ]);
+    assert.deepEqual(
+      placementLines(doc, { data: null, compute: 1, start: 1, end: 2, offset: 0, size: 2 * 2 ** 20 }),
+      ['workspace of relu', 'workspace, 2.00 MiB', 'steps 1–1, offset 0 B']
+    );
   });
 
   it('keeps 10k tensors in a handful of traces', () => {
@@ -102,24 +127,30 @@ describe('packingFigure', () => {
 });
 
 describe('packingTraces', () => {
-  it('keys each category once and gives each panel its hover points on its own axes', () => {
+  it('anchors each panel on its own axes and keys each category once, drawing nothing', () => {
     const figure = packingFigure(SAMPLE);
     const traces = packingTraces(figure.panels);
+    assert.ok(traces.every(t => t.x.length === 1 && t.x[0] === null && t.hoverinfo === 'skip'));
     const keys = traces.filter(t => t.showlegend);
     const categories = new Set(figure.panels.flatMap(p => p.layers.map(l => l.category)));
+    assert.deepEqual(new Set(keys.map(k => k.legendgroup)), categories);
     assert.equal(keys.length, categories.size);
-    assert.ok(
-      keys.every(k => k.x.length === 1 && k.x[0] === null),
-      'legend keys draw nothing'
-    );
-    const hover = traces.filter(t => t.type === 'scattergl');
+    const anchors = traces.filter(t => !t.showlegend);
     assert.deepEqual(
-      hover.map(t => [t.xaxis, t.yaxis, t.hovertext!.length]),
+      anchors.map(t => [t.xaxis, t.yaxis]),
       [
-        ['x', 'y', SAMPLE.packing!.buffers.length],
-        ['x2', 'y2', SAMPLE.packing!.allocator!.blocks.length]
+        ['x', 'y'],
+        ['x2', 'y2']
       ]
     );
+  });
+
+  it('escapes category names in the legend', () => {
+    const doc = clone();
+    doc.graph.datas[doc.packing!.buffers[0].data!].kind = HOSTILE;
+    const names = packingTraces(packingFigure(doc).panels).map(t => t.name);
+    assert.ok(names.some(n => n.includes('&lt;img')));
+    assert.ok(names.every(n => !n.includes('<img')));
   });
 });
 

@@ -5,8 +5,8 @@ import { SETTINGS, openAndRunAll } from './helpers';
 test.use({ mockSettings: SETTINGS });
 
 // packing.ipynb shows a 10,000-tensor plan: the packing tab must stay interactive at that size (the
-// rectangles are one canvas image per panel, repainted on zoom, with WebGL hover points; not 10k plotly
-// shapes or SVG subpaths).  The render time is a benchmark: printed, not asserted tightly.
+// rectangles are one canvas image per panel, repainted on zoom, with the view's own hover; not 10k
+// plotly shapes or SVG subpaths).  The render time is a benchmark: printed, not asserted tightly.
 test('the packing tab draws 10k tensors, planned and allocator side by side', async ({ page, tmpPath }) => {
   await openAndRunAll(page, tmpPath, 'packing.ipynb');
 
@@ -25,11 +25,7 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
     const t0 = performance.now();
     (root.querySelector('.jp-memviz-tab[data-tab="Packing"]') as HTMLElement).click();
     const panel = root.querySelector('.jp-memviz-tabpanel[data-tab="Packing"]')!;
-    while (
-      !panel.querySelector('.xtick') ||
-      !panel.querySelector('canvas') ||
-      panel.querySelectorAll('image').length < 2
-    ) {
+    while (!panel.querySelector('.xtick') || panel.querySelectorAll('image').length < 2) {
       await frame();
     }
     await frame();
@@ -49,6 +45,22 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
   const href = async (): Promise<string> => ((await image.getAttribute('href')) ?? '').slice(-64);
   const before = await href();
   const box = (await packing.locator('.nsewdrag').first().boundingBox())!;
+  // Hovering the input's band (the top 4 KiB of the planned packing, live throughout) names it.
+  const at = await packing.evaluate(el => {
+    type Axis = { _offset: number; c2p(v: number): number };
+    const gd = el.querySelector('.js-plotly-plot') as unknown as HTMLElement & {
+      _fullLayout: { xaxis: Axis; yaxis: Axis };
+    };
+    const { xaxis, yaxis } = gd._fullLayout;
+    const r = gd.getBoundingClientRect();
+    return { x: r.left + xaxis._offset + xaxis.c2p(10000), y: r.top + yaxis._offset + yaxis.c2p(74) };
+  });
+  await page.mouse.move(at.x, at.y);
+  const tip = packing.locator('.jp-memviz-packing-tip');
+  await expect(tip).toBeVisible();
+  await expect(tip).toContainText('input, 4.00 KiB');
+  await packing.screenshot({ path: test.info().outputPath('packing-hover.png') });
+
   // Drag-zoom into the first tenth of the planned panel: its image is repainted for the new window.
   await page.mouse.move(box.x + 4, box.y + 10);
   await page.mouse.down();

@@ -24,12 +24,18 @@ once in capture order with frees at last use, so its memory at step k is a const
 data whose last forward use is before k; each forward step gets the same M_peak row.  Objective: the
 recomputation time sum R[t,j] time_j (forward and backward run once besides).
 
-Restrictions (why: the block MILPs must solve in well under a second each): no recomputation inside
-the forward and no recomputation of backward nodes; the producer of the output cut is never
-recomputed (as in `solvers.chain.backward_sequence`).  Within those, any early-free schedule in
-Checkmate's stage class is a feasible point of the MILP with exactly its replayed memory, so the
-optimum at a pair is no slower than any such schedule meeting the pair.  Each solution is measured by
+Restrictions (why: each block MILP must solve in well under a second): no recomputation inside the
+forward and no recomputation of backward nodes; forward node j is recomputed only in the stage of a
+backward node that reads, directly or through other recomputed nodes, one of its products (computing
+it earlier only to carry its outputs is not modelled); the producer of the output cut is never
+recomputed (as in `solvers.chain.backward_sequence`).  Every early-free schedule of that class is a
+feasible point of the MILP with exactly its replayed memory (`start_values` builds it, and the tests
+check it against every kept-subset option of small blocks), so the optimum at a pair is no slower
+than any such schedule meeting the pair.  Each solution is measured by
 `solvers.chain.sequence_option` (the replay rockmate expands and `solvers.simulate` checks).
+Solved by HiGHS through `solvers.milp` (highspy directly: it takes the MIP start; CBC through PuLP
+when highspy is missing).  A time-limited solve returns its incumbent, never worse than its start;
+so under time limits the options found, and the plans, depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -65,12 +71,13 @@ class BlockMilp:
     right-hand sides of `save_row` and of the memory rows.  Memory is in units of `unit` bytes."""
 
     block: Block
-    model: milp.Model
+    model: milp.Model = dataclasses.field(repr=False)
     K: dict[int, int]
-    stages: tuple[Stage, ...]
+    stages: tuple[Stage, ...] = dataclasses.field(repr=False)
     save_row: int
     save_const: int                         # bytes always kept: the output cut
-    peak_rows: tuple[tuple[int, int], ...]  # (row, constant bytes of that step, less the gradients in)
+    # (row, constant bytes of the step; backward: less grad_in)
+    peak_rows: tuple[tuple[int, int], ...] = dataclasses.field(repr=False)
     unit: float
     tscale: float
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time as _time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -88,11 +89,16 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
 
 
 #: total seconds for the block MILPs of one `solve` (capped at a quarter of its time limit)
-MILP_SECONDS = 4.0
+MILP_SECONDS = 3.0
 #: kept-byte and peak levels of the rk-Checkmate budget-pair grid
 MILP_LEVELS = 5
 
 Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as positions in its block
+
+#: class menus of the last few graphs planned, per MILP time: one graph planned at several budgets
+#: gets one menu, so its plans stay monotone in the budget although the MILPs are time-limited
+CACHED_GRAPHS = 4
+_MENUS: OrderedDict[tuple[Graph, float], tuple[dict[int, list[Positions]], dict[str, float]]] = OrderedDict()
 
 
 def _cost(o: BlockOption) -> tuple[float, int, int, int]:
@@ -119,11 +125,15 @@ def _positions(block: Block, o: BlockOption) -> Positions:
     return tuple(index[c] for c in o.forward), tuple(index[c] for c in o.backward)
 
 
+def past(deadline: float | None) -> bool:
+    return deadline is not None and _time.monotonic() > deadline
+
+
 def _enumerated(chain: Chain, b: Block, grid: int, deadline: float | None
                 ) -> tuple[list[BlockOption], list[BlockOption]]:
     """(every measured kept-subset option, store-all first; the ones picked over the grid)."""
     kept_sets = _kept_sets(chain, b)
-    if deadline is not None and _time.monotonic() > deadline:
+    if past(deadline):
         kept_sets = [frozenset(_candidates(chain, b))]
     opts = [store_all(chain, b), *(block_option(chain, b, k) for k in kept_sets)]
     return opts, [opts[i] for i in _menu(opts, grid)]
@@ -137,7 +147,7 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
         firsts.setdefault(b.klass, b)
     enumerated = {k: _enumerated(chain, b, grid, deadline) for k, b in firsts.items()}
     menus = {k: picked for k, (_, picked) in enumerated.items()}
-    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0}
+    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "enumeration_cut": past(deadline)}
     if milp_seconds > 0:
         started = _time.perf_counter()
         models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
@@ -187,8 +197,19 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         raise infeasible(graph, budget_bytes, None, "rockmate")
     if milp_seconds is None:
         milp_seconds = min(MILP_SECONDS, time_limit / 4)
-    # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
-    by_class, stats = class_menus(chain, deadline=started + time_limit / 2, milp_seconds=milp_seconds)
+    key = (graph, milp_seconds)
+    cached = _MENUS.get(key)
+    if cached is None:
+        # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
+        by_class, stats = class_menus(chain, deadline=started + time_limit / 2, milp_seconds=milp_seconds)
+        if not stats["enumeration_cut"]:
+            _MENUS[key] = (by_class, stats)
+            while len(_MENUS) > CACHED_GRAPHS:
+                _MENUS.popitem(last=False)
+    else:
+        _MENUS.move_to_end(key)
+        by_class, stats = cached
+    stats = {**stats, "menus_cached": cached is not None}
     menus = [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]
     solver = ChainSolver(chain, menus)
     plan = solver.plan(budget_bytes)

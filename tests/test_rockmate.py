@@ -63,6 +63,7 @@ def test_gpt12_plans_fast():
     assert elapsed <= 10.0, elapsed
     assert res.stats.extra["classes"] <= 8
     assert res.stats.extra["milp_classes"] >= 1  # the block MILPs ran within the 10 s
+    assert not res.stats.extra["menus_cached"]
     tl = simulate(g, res.schedule).check()
     assert tl.peak_bytes <= budget
 

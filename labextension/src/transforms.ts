@@ -109,6 +109,8 @@ export type StepDoc = [string, number];
 export interface ScheduledTimeline {
   schedule: StepDoc[];
   timeline: TimelineDoc;
+  /** The graph this schedule runs on when it is not the plan's (an autochunk plan's unchunked baseline). */
+  graph?: PlanDoc['graph'];
 }
 
 export interface PlanDoc {
@@ -437,7 +439,9 @@ export function planFigure(
   );
   const unit = chooseUnit(maxBytes);
   const plannedEdges = stepEdges(doc, planned.schedule, axis);
-  const baselineEdges = baseline ? stepEdges(doc, baseline.schedule, axis) : [0];
+  // an autochunk plan's baseline runs on the unchunked graph it carries, not on the planned one
+  const baseDoc = baseline?.graph ? { ...doc, graph: baseline.graph } : doc;
+  const baselineEdges = baseline ? stepEdges(baseDoc, baseline.schedule, axis) : [0];
   // Edges only grow: the last one is the schedule's total time.
   const end = Math.max(plannedEdges[plannedEdges.length - 1], baselineEdges[baselineEdges.length - 1]);
   const xunit = axis === 'time' ? timeUnit(end) : { name: '', scale: 1 };
@@ -494,7 +498,8 @@ export function planFigure(
       line: { color: colors.baseline, width: 1.5, dash: 'dot', shape: 'hv' },
       hoverinfo: 'text',
       hovertext: baseline.schedule.map(
-        (s, i) => `baseline ${stepHover(doc, s, i)}<br>total: ${formatBytes(baseline.timeline.step_bytes[i])}`
+        (s, i) =>
+          `baseline ${stepHover(baseDoc, s, i)}<br>total: ${formatBytes(baseline.timeline.step_bytes[i])}`
       )
     });
   }

@@ -238,6 +238,24 @@ describe('planFigure', () => {
     assert.deepEqual(timeUnit(0), { name: 'ns', scale: 1e-9 });
   });
 
+  it('labels and times a baseline from the graph it carries (autochunk: the unchunked run)', () => {
+    const doc = clone() as unknown as PlanDoc;
+    const graph = JSON.parse(JSON.stringify(doc.graph)) as PlanDoc['graph'];
+    graph.computes.forEach(c => {
+      c.name = `unchunked_${c.name}`;
+      c.time = 2 * (c.time ?? 0);
+    });
+    const withGraph = parsePlan({ ...doc, baseline: { ...doc.baseline!, graph } });
+    const fig2 = planFigure(withGraph, COLORS, 'time');
+    const base = fig2.traces.find(t => t.name === 'baseline (eager)')!;
+    const first = doc.baseline!.schedule.findIndex(s => s[0] === 'compute');
+    assert.match(base.hovertext![first], /unchunked_/);
+    const planned = fig2.traces.find(t => t.name === 'planned total')!;
+    assert.ok(!planned.hovertext!.some(h => h.includes('unchunked_')));
+    const own = stepEdges({ ...withGraph, graph }, doc.baseline!.schedule, 'time');
+    assert.deepEqual(base.x, own.slice(0, base.x.length));
+  });
+
   it('draws a plan without baseline or budget', () => {
     const doc = parsePlan({ ...clone(), baseline: null, budget_bytes: null });
     const names = planFigure(doc, COLORS).traces.map(t => t.name);

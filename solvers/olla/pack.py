@@ -223,20 +223,25 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
 
 def _greedy_segments(
     buffers: Sequence[Buffer], ids: Sequence[int], segments: Sequence[Sequence[int]], deadline: float
-) -> list[tuple[list[int], int]]:
-    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`.
+) -> tuple[list[tuple[list[int], int]], float]:
+    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`,
+    and how long the first pass took.
 
     Segments share no step, so one greedy pass over all of `ids` places each segment exactly as a
     pass over that segment alone would: each order runs once, not once per segment.  The first order
     always completes (it is the incumbent a time limit falls back to); the others only run while
-    `deadline` has not passed."""
+    `deadline`, less the first pass's time (kept for the final `validate_packing`, which costs about
+    as much), has not passed."""
     sub = [buffers[i] for i in ids]
     pos = {i: k for k, i in enumerate(ids)}
     best: list[tuple[list[int], int]] | None = None
+    first = 0.0
     for n, order in enumerate(GREEDY_ORDERS):
-        placed = _greedy(sub, order, None if n == 0 else deadline)
+        started = time.perf_counter()
+        placed = _greedy(sub, order, None if n == 0 else deadline - first)
         if placed is None:
             break
+        first = first or time.perf_counter() - started
         found = []
         for seg in segments:
             offs = [placed[0][pos[i]] for i in seg]
@@ -246,7 +251,7 @@ def _greedy_segments(
             if best is None
             else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
         )
-    return best or []
+    return best or [], first
 
 
 #: Numpy work per search node grows with sections x buffers: at ~1700 buffers one dive (a node per
@@ -554,7 +559,8 @@ def pack(
     in_base = set(spanning)
     rest = [i for i in nonzero if i not in in_base]
     segments = _segments(bufs, rest)
-    seg_greedy = _greedy_segments(bufs, rest, segments, deadline)
+    seg_greedy, reserve = _greedy_segments(bufs, rest, segments, deadline)
+    deadline -= reserve  # the search leaves the validation its time
     greedy_peak = base + max((p for _, p in seg_greedy), default=0)
     segment_bound = 0  # proven bound on the largest segment's peak
     statuses = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -529,7 +530,7 @@ def chunked_plan(
     chunk, `solvers.autochunk.chunked_run`: AutoChunk Sec. 3.4's Eq. 2 memory and Eq. 8-10 time made
     explicit), the baseline the unchunked one, both checked and measured by `solvers.simulate`;
     `chunks[i]["memory_bytes"]` is the simulated peak while region i runs."""
-    from solvers.autochunk import chunked_run
+    from solvers.autochunk import chunked_run, random_chunked
 
     start = time.perf_counter() if start is None else start
     name = model.get("name") or "inference"
@@ -564,6 +565,14 @@ def chunked_plan(
         baseline_graph=base.graph,
         chunking=cp,
     )
+    random = random_chunked(cp.graph, cp.regions)
+    if random:
+        warnings.warn(
+            f"chunk regions contain random ops ({', '.join(random)}: dropout in training mode?); their "
+            "loops draw random numbers chunk by chunk, so outputs match eager in distribution, not bit "
+            "for bit: call model.eval() before profiling for deterministic inference",
+            stacklevel=3,
+        )
     if packing:
         the_plan.packing = packing_of(run.graph, run.schedule)
     return the_plan

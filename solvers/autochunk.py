@@ -1211,6 +1211,31 @@ def regions_memory(
     return estimate_memory(g, tuple(regions), temp=temp)
 
 
+#: ops drawing random numbers (dropouts only when their `train` argument is true)
+RANDOM = (
+    "rand_like",
+    "randn_like",
+    "bernoulli",
+    "dropout",
+    "feature_dropout",
+    "alpha_dropout",
+    "native_dropout",
+)
+
+
+def random_chunked(g: OpGraph, regions: Sequence[ChunkRegion]) -> list[str]:
+    """Chunked nodes that draw random numbers (a dropout in training mode, rand_like ...).  A loop draws
+    them chunk by chunk, in another order than the whole op does, so the chunked outputs equal the
+    unchunked ones in distribution only (Sec. 3.3 Rule 2 holds for deterministic ops)."""
+    out = []
+    for r in regions:
+        for x in r.flow.dims:
+            n = g[x]
+            if n.op in RANDOM and not (n.op.endswith("dropout") and _arg(n, 2, "train", True) is False):
+                out.append(x)
+    return out
+
+
 def with_count(r: ChunkRegion, chunks: int) -> ChunkRegion:
     if not 1 <= chunks <= r.flow.extent:
         raise ValueError(

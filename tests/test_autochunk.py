@@ -168,3 +168,19 @@ def test_op_graph_json_keeps_non_finite_literals():
     )
     back = ac.OpGraph.from_dict(json.loads(json.dumps(g.to_dict(), allow_nan=False)))
     assert back == g and back["m"].args[2] == float("-inf")
+
+
+def test_random_ops_in_regions_are_reported_unless_dropout_is_off():
+    def graph(train: bool, op: str = "dropout") -> ac.OpGraph:
+        n = ac.OpNode
+        nodes = (
+            n("x", "input", shapes=((1, 64, 8),)),
+            n("a", "relu", ("x",), ("%x",), shapes=((1, 64, 8),)),
+            n("d", op, ("a",), ("%a", 0.1, train) if op == "dropout" else ("%a",), shapes=((1, 64, 8),)),
+            n("y", "gelu", ("d",), ("%d",), shapes=((1, 64, 8),)),
+        )
+        return ac.OpGraph(nodes, ("y",))
+
+    for g, expected in ((graph(True), ["d"]), (graph(False), []), (graph(False, "rand_like"), ["d"])):
+        region = ac.ChunkRegion(ac.flow_region(g, "a", "y", {"y": 1}), 4)
+        assert ac.random_chunked(g, [region]) == expected

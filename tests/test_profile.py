@@ -264,3 +264,33 @@ def test_available_memory_and_estimate_targets(tmp_path):
         est = estimated_on(DeviceInfo(f"cuda:0 ({name})", False, gib * GiB, cuda))
         assert est.target is TARGETS[want] and est.estimated
         assert est.name == f"cuda:0 ({name})" and est.capacity_bytes == gib * GiB
+
+
+def test_repeated_ops_are_timed_once_and_not_rerun():
+    """The replay runs each distinct (op, shapes, strides, dtypes) once: later identical ops take the
+    first one's output as their value (only times are recorded), so 3 blocks cost about one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memviz.capture import capture
+    from memviz.profile import _measure_costs, op_key
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.mm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.mm += func is torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    model, args = gpt(layers=3)
+    graph, cap = capture(model, args)
+    nodes = [cap.nodes[name] for name in cap.compute_fx if name is not None]
+    mm = [n for n in nodes if n.target is torch.ops.aten.mm.default]
+    keys = {op_key(n.target, *torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])) for n in mm}
+    assert None not in keys and len(keys) < len(mm) / 2
+    counter = Count()
+    with counter:
+        timed = _measure_costs(graph, cap, model, args, None, None, resolve_device("cpu", model, args), 1, 0)
+    assert counter.mm == len(keys)
+    assert all(c.time > 0 for c in timed.computes if cap.compute_fx[c.id] is not None)

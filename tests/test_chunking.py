@@ -289,6 +289,7 @@ def test_plan_autochunk_fits_budget_and_export_equals_eager(gpt_inference):
     # the plan's activation bytes are what the exported module really holds (live-storage tracker)
     predicted = plan.peak_bytes - _persistent(plan)
     assert abs(peak - predicted) <= 0.05 * peak, (peak, predicted)
+    assert peak + _persistent(plan) <= plan.budget_bytes  # measured, parameters and inputs included
     eager_peak, _ = measure(model, *args)
     assert peak < 0.6 * eager_peak
 

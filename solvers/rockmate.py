@@ -15,10 +15,13 @@ position to every member block, where each option is measured again:
   `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
   to `GREEDY_STEPS` sets each (drop the largest data first, and drop the data cheapest to recompute
   per byte first).  Per (kept bytes, peak) pair of a `GRID` x `GRID` grid the fastest is picked.
-The menu is the union, Pareto-pruned on (time, kept bytes, forward peak, backward peak), so it is
-never worse than the kept-subset menu alone.  Rotor's store-everything option is always first, so at
-equal budget rockmate is never worse than rotor.  Not implemented: recomputation inside a block's
-forward (rk-Rotor's case 2 recomputes whole forwards), and the restrictions of `solvers.block_milp`.
+The menu is the union, Pareto-pruned on (time, kept bytes, forward peak, backward peak), so at
+equal budget it is never worse than the kept-subset menu alone.  Rotor's store-everything option is
+always first, so at equal budget rockmate is never worse than rotor.  Class menus are cached for the
+last `CACHED_GRAPHS` graphs (per MILP time), so the plans of one graph at several budgets come from
+one menu.  Not implemented: recomputation inside a block's forward (rk-Rotor's case 2 recomputes
+whole forwards), and what `solvers.block_milp` leaves out of its model.  Because the MILPs are
+time-limited, the options they find (and so the plans) can differ between a fast and a loaded machine.
 """
 
 from __future__ import annotations
@@ -60,15 +63,11 @@ def _kept_sets(chain: Chain, block: Block) -> list[frozenset[int]]:
     return sorted(sets, key=lambda s: (len(s), sorted(s)))
 
 
-def _peak(o: BlockOption) -> int:
-    return max(o.fwd_peak, o.keep + o.bwd_peak)
-
-
 def _menu(options: list[BlockOption], grid: int) -> list[int]:
     """Indices of the options chosen over a grid of (kept bytes, peak) budget pairs; store-all
     (index 0) first."""
     keeps = sorted({o.keep for o in options})
-    peaks = sorted({_peak(o) for o in options})
+    peaks = sorted({block_milp.peak(o) for o in options})
 
     def levels(vals: list[int]) -> list[int]:
         if len(vals) <= grid:
@@ -79,10 +78,10 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
     chosen = [0]
     for kb in levels(keeps):
         for pb in levels(peaks):
-            fit = [i for i, o in enumerate(options) if o.keep <= kb and _peak(o) <= pb]
+            fit = [i for i, o in enumerate(options) if o.keep <= kb and block_milp.peak(o) <= pb]
             if fit:
                 best = min(fit, key=lambda i: (options[i].fwd_time + options[i].bwd_time,
-                                               options[i].keep, _peak(options[i]), i))
+                                               options[i].keep, block_milp.peak(options[i]), i))
                 if best not in chosen:
                     chosen.append(best)
     return chosen
@@ -125,7 +124,7 @@ def _positions(block: Block, o: BlockOption) -> Positions:
     return tuple(index[c] for c in o.forward), tuple(index[c] for c in o.backward)
 
 
-def past(deadline: float | None) -> bool:
+def _past(deadline: float | None) -> bool:
     return deadline is not None and _time.monotonic() > deadline
 
 
@@ -133,7 +132,7 @@ def _enumerated(chain: Chain, b: Block, grid: int, deadline: float | None
                 ) -> tuple[list[BlockOption], list[BlockOption]]:
     """(every measured kept-subset option, store-all first; the ones picked over the grid)."""
     kept_sets = _kept_sets(chain, b)
-    if past(deadline):
+    if _past(deadline):
         kept_sets = [frozenset(_candidates(chain, b))]
     opts = [store_all(chain, b), *(block_option(chain, b, k) for k in kept_sets)]
     return opts, [opts[i] for i in _menu(opts, grid)]
@@ -147,7 +146,7 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
         firsts.setdefault(b.klass, b)
     enumerated = {k: _enumerated(chain, b, grid, deadline) for k, b in firsts.items()}
     menus = {k: picked for k, (_, picked) in enumerated.items()}
-    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "enumeration_cut": past(deadline)}
+    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "enumeration_cut": _past(deadline)}
     if milp_seconds > 0:
         started = _time.perf_counter()
         models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
@@ -166,13 +165,6 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
             stats["milp_classes"] += 1
         stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
     return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
-
-
-def menus_for(chain: Chain, *, grid: int = GRID, deadline: float | None = None, milp_seconds: float = 0.0
-              ) -> list[list[BlockOption]]:
-    """Option menus for every block: the class menus measured on each member block."""
-    by_class, _ = class_menus(chain, grid=grid, deadline=deadline, milp_seconds=milp_seconds)
-    return [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]
 
 
 def _measure(chain: Chain, b: Block, menu: list[Positions]) -> list[BlockOption]:

@@ -4,11 +4,14 @@ Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its mem
 
 * real device: the captured joint graph is replayed node by node in capture order; each operator runs
   ``warmup`` times, then ``repeats`` times timed (``perf_counter`` on CPU, CUDA events on GPU) and the
-  median is kept, within a time budget per operator (`_Timer`); operators identical in op, shapes,
-  strides and dtypes share one measurement (`op_key`).  On CUDA the transient workspace is the
-  allocator's peak during the op minus what the op returns; on CPU it is not observable and recorded as 0.
+  median is kept, stopping early within a time budget per operator or once samples agree (`_Timer`);
+  operators identical in op, shapes, strides and dtypes share one measurement (`op_key`) and are not
+  run again.  On CUDA the transient workspace is the allocator's peak during the op minus what the op
+  returns; on CPU it is not observable and recorded as 0.
 * ``device="fake:<target>"``: FLOPs from ``FlopCounterMode`` on fake tensors and bytes read+written,
   through the target's roofline (`memviz.devices`).  Nothing runs and no real memory is allocated.
+  A real device whose available memory cannot hold one step (predicted from the fake-tensor capture)
+  gets the same estimate for itself, with a `ProfileWarning`.
 
 The baseline is the eager schedule (capture order, free after last use) through `solvers.simulate`;
 on a real device `measured_peak_bytes` is what the original model really holds while running the same
@@ -85,6 +88,11 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     fallback: when the model cannot be traced, warn and return a coarse module-level profile built from
     forward/backward hooks (``Profile.fallback`` is True; it cannot be exported).  With ``False`` the
     `CaptureError` (naming the module and source line) is raised.
+
+    `ProfileWarning` says when the figures may not be what runs: the model is a GraphModule with its own
+    code generation (profiled as its plain graph), the predicted eager peak is more than 5% off the
+    measured one, or one step would not fit the device's available memory (then nothing is run: the
+    profile is estimated for that device, ``device.estimated`` is True, ``measured_peak_bytes`` None).
     """
     if not isinstance(args, (tuple, list)):
         args = (args,)

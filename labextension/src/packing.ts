@@ -25,13 +25,24 @@ import type { PlanView } from './views';
  * offset and length in the plot div, and its pixel -> data conversion.
  */
 type FullAxis = { range: [number, number]; _offset: number; _length: number; p2c(px: number): number };
+type LegendClick = { curveNumber: number; data: { legendgroup?: string }[] };
 type PlotDiv = HTMLDivElement & {
   _fullLayout?: Record<string, FullAxis | undefined>;
-  on?: (event: string, handler: (update: Record<string, unknown>) => void) => void;
+  on?(event: 'plotly_relayout', handler: (update: Record<string, unknown>) => void): void;
+  on?(
+    event: 'plotly_legendclick' | 'plotly_legenddoubleclick',
+    handler: (click: LegendClick) => boolean
+  ): void;
 };
 
 /** Paint one panel's rectangles, as seen through `win`, into a PNG data URL of the given pixel size. */
-function paint(panel: PackingPanel, win: Window, width: number, height: number): string {
+function paint(
+  panel: PackingPanel,
+  win: Window,
+  width: number,
+  height: number,
+  hidden: ReadonlySet<string>
+): string {
   const canvas = document.createElement('canvas');
   canvas.width = Math.max(1, Math.round(width));
   canvas.height = Math.max(1, Math.round(height));
@@ -39,7 +50,7 @@ function paint(panel: PackingPanel, win: Window, width: number, height: number):
   if (!g) {
     throw new Error('memviz: this browser gives no 2D canvas to draw the packing on');
   }
-  for (const layer of panel.layers) {
+  for (const layer of panel.layers.filter(l => !hidden.has(l.category))) {
     const px = pixelRects(layer.rects, win, canvas.width, canvas.height);
     g.fillStyle = layer.color;
     g.beginPath();
@@ -62,6 +73,8 @@ export class PackingView implements PlanView {
   private _listening = false;
   private _doc: PlanDoc | null = null;
   private _panels: PackingPanel[] = [];
+  /** categories switched off in the legend: neither painted nor hovered */
+  private readonly _hidden = new Set<string>();
 
   constructor() {
     this._tip.hidden = true;
@@ -82,6 +95,8 @@ export class PackingView implements PlanView {
   /** Render the packing of `doc`; resolves once plotly has drawn the axes and the rectangles. */
   async draw(doc: PlanDoc): Promise<void> {
     this._doc = doc;
+    // plotly.react shows every legend key again: so are the rectangles.
+    this._hidden.clear();
     const figure = packingFigure(doc);
     this._panels = figure.panels;
     if (figure.panels.length === 0) {
@@ -172,7 +187,7 @@ export class PackingView implements PlanView {
       const ratio = window.devicePixelRatio || 1;
       return [
         {
-          source: paint(panel, win, xa._length * ratio, ya._length * ratio),
+          source: paint(panel, win, xa._length * ratio, ya._length * ratio, this._hidden),
           xref: xname.replace('axis', ''),
           yref: yname.replace('axis', ''),
           x: win.x0,
@@ -214,7 +229,7 @@ export class PackingView implements PlanView {
       ) {
         return;
       }
-      const hit = hitTest(panel, xa.p2c(px - xa._offset), ya.p2c(py - ya._offset));
+      const hit = hitTest(panel, xa.p2c(px - xa._offset), ya.p2c(py - ya._offset), this._hidden);
       if (!hit) {
         return;
       }
@@ -225,7 +240,10 @@ export class PackingView implements PlanView {
     });
   }
 
-  /** Once per plot div (plotly keeps handlers across `react`): repaint after zoom, pan and resize. */
+  /**
+   * Once per plot div (plotly keeps handlers across `react`): repaint after zoom, pan and resize, and
+   * when a legend key switches a category (the keys are empty traces: the rectangles are the image).
+   */
   private _listen(Plotly: PlotlyModule): void {
     if (this._listening || !this._plot.on) {
       return;
@@ -238,6 +256,18 @@ export class PackingView implements PlanView {
       }
       void this._repaint(Plotly);
     });
+    this._plot.on('plotly_legendclick', click => {
+      const category = click.data[click.curveNumber]?.legendgroup;
+      if (category) {
+        if (!this._hidden.delete(category)) {
+          this._hidden.add(category);
+        }
+        void this._repaint(Plotly);
+      }
+      return true; // plotly greys the key out (or back in)
+    });
+    // Isolating one key would have to repaint by plotly's rules too: one click per category is enough.
+    this._plot.on('plotly_legenddoubleclick', () => false);
   }
 
   resize(): void {

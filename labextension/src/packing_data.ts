@@ -48,9 +48,10 @@ export interface RectLayer {
 /** One side of the packing chart. */
 export interface PackingPanel {
   layers: RectLayer[];
-  /** the placements drawn, and their rectangles [x0, y0, x1, y1, ...] in the same order (hit test) */
+  /** the placements drawn, their rectangles [x0, y0, x1, y1, ...] and categories in the same order */
   placements: readonly PlacementDoc[];
   boxes: number[];
+  categories: string[];
   /** the data extent: steps [0, xmax), addresses [0, ymax) in the unit */
   xmax: number;
   ymax: number;
@@ -68,6 +69,7 @@ export interface Window {
 export function packingPanel(doc: PlanDoc, placements: readonly PlacementDoc[], scale: number): PackingPanel {
   const groups = new Map<string, number[]>();
   const boxes: number[] = [];
+  const categories: string[] = [];
   let xmax = 0;
   let ymax = 0;
   for (const p of placements) {
@@ -83,6 +85,7 @@ export function packingPanel(doc: PlanDoc, placements: readonly PlacementDoc[], 
     const y1 = (p.offset + p.size) / scale;
     rects.push(x0, y0, x1, y1);
     boxes.push(x0, y0, x1, y1);
+    categories.push(cat);
     xmax = Math.max(xmax, x1);
     ymax = Math.max(ymax, y1);
   }
@@ -92,14 +95,20 @@ export function packingPanel(doc: PlanDoc, placements: readonly PlacementDoc[], 
     color: CATEGORY_COLORS[category] ?? FALLBACK_COLOR,
     rects: groups.get(category)!
   }));
-  return { layers, placements, boxes, xmax, ymax };
+  return { layers, placements, boxes, categories, xmax, ymax };
 }
 
-/** The placement whose rectangle holds (x, y) (step, address in the unit), or null. */
-export function hitTest(panel: PackingPanel, x: number, y: number): PlacementDoc | null {
+/** The placement whose rectangle holds (x, y) (step, address in the unit), or null; `hidden`
+ * categories (switched off in the legend) are not drawn, so they are not hit either. */
+export function hitTest(
+  panel: PackingPanel,
+  x: number,
+  y: number,
+  hidden: ReadonlySet<string> = new Set()
+): PlacementDoc | null {
   const b = panel.boxes;
   for (let i = 0; i < b.length; i += 4) {
-    if (x >= b[i] && x < b[i + 2] && y >= b[i + 1] && y < b[i + 3]) {
+    if (x >= b[i] && x < b[i + 2] && y >= b[i + 1] && y < b[i + 3] && !hidden.has(panel.categories[i / 4])) {
       return panel.placements[i / 4];
     }
   }

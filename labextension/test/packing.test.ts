@@ -83,6 +83,13 @@ describe('packingFigure', () => {
       assert.equal(hitTest(panel, x, (p.offset + p.size / 2) / s), p);
     }
     assert.equal(hitTest(panel, -1, 0), null);
+    // a category switched off in the legend is not hit
+    const p = SAMPLE.packing!.buffers[0];
+    const x = (p.start + p.end) / 2;
+    const y = (p.offset + p.size / 2) / s;
+    const category = kindCategory(SAMPLE.graph.datas[p.data!].kind);
+    assert.equal(hitTest(panel, x, y, new Set([category])), null);
+    assert.equal(hitTest(panel, x, y, new Set(['workspace'])), p);
     assert.equal(hitTest(panel, 0, panel.ymax + 1), null);
     const doc = clone();
     const first = doc.packing!.buffers[0];

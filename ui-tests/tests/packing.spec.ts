@@ -42,9 +42,11 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
   await packing.screenshot({ path: test.info().outputPath('packing.png') });
 
   const image = packing.locator('image').first();
-  const href = async (): Promise<string> => ((await image.getAttribute('href')) ?? '').slice(-64);
+  const href = async (): Promise<string> => {
+    const source = (await image.getAttribute('href')) ?? '';
+    return `${source.length}:${source.slice(-200)}`;
+  };
   const before = await href();
-  const box = (await packing.locator('.nsewdrag').first().boundingBox())!;
   // Hovering the input's band (the top 4 KiB of the planned packing, live throughout) names it.
   const at = await packing.evaluate(el => {
     type Axis = { _offset: number; c2p(v: number): number };
@@ -61,7 +63,19 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
   await expect(tip).toContainText('input, 4.00 KiB');
   await packing.screenshot({ path: test.info().outputPath('packing-hover.png') });
 
+  // Switching "inputs" off in the legend takes its band out of the image and out of the hover.
+  const shown = await href();
+  const inputsKey = packing.locator('.legend .traces', { hasText: 'inputs' }).locator('.legendtoggle');
+  await inputsKey.click();
+  await expect.poll(href).not.toEqual(shown);
+  await page.mouse.move(at.x + 5, at.y);
+  await expect(tip).toBeHidden();
+  await packing.screenshot({ path: test.info().outputPath('packing-inputs-off.png') });
+  await inputsKey.click();
+  await expect.poll(href).toEqual(shown);
+
   // Drag-zoom into the first tenth of the planned panel: its image is repainted for the new window.
+  const box = (await packing.locator('.nsewdrag').first().boundingBox())!;
   await page.mouse.move(box.x + 4, box.y + 10);
   await page.mouse.down();
   await page.mouse.move(box.x + box.width / 10, box.y + box.height - 10, { steps: 5 });

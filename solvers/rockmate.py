@@ -64,24 +64,26 @@ def _kept_sets(chain: Chain, block: Block) -> list[frozenset[int]]:
 
 
 def _menu(options: list[BlockOption], grid: int) -> list[int]:
-    """Indices of the options chosen over a grid of (kept bytes, peak) budget pairs; store-all
-    (index 0) first."""
-    keeps = sorted({o.keep for o in options})
-    peaks = sorted({block_milp.peak(o) for o in options})
+    """Indices of the options chosen over a grid of (kept bytes, peak) budget pairs: per pair the
+    fastest (then least kept, least peak, first) that meets it; store-all (index 0) first."""
+    keeps = np.array([o.keep for o in options])
+    peaks = np.array([block_milp.peak(o) for o in options])
+    times = np.array([o.fwd_time + o.bwd_time for o in options])
+    order = np.lexsort((np.arange(len(options)), peaks, keeps, times))  # last key sorts first
 
-    def levels(vals: list[int]) -> list[int]:
+    def levels(vals: np.ndarray) -> list[int]:
+        vals = np.unique(vals)
         if len(vals) <= grid:
-            return vals
-        lo, hi = vals[0], vals[-1]
+            return vals.tolist()
+        lo, hi = int(vals[0]), int(vals[-1])
         return sorted({lo + (hi - lo) * i // (grid - 1) for i in range(grid)} | {hi})
 
     chosen = [0]
     for kb in levels(keeps):
         for pb in levels(peaks):
-            fit = [i for i, o in enumerate(options) if o.keep <= kb and block_milp.peak(o) <= pb]
-            if fit:
-                best = min(fit, key=lambda i: (options[i].fwd_time + options[i].bwd_time,
-                                               options[i].keep, block_milp.peak(options[i]), i))
+            fit = (keeps[order] <= kb) & (peaks[order] <= pb)
+            if fit.any():
+                best = int(order[np.argmax(fit)])
                 if best not in chosen:
                     chosen.append(best)
     return chosen

@@ -46,6 +46,17 @@ def step_labels(doc: dict[str, Any], run: str) -> list[str]:
     return labels
 
 
+def fragmentation_series(doc: dict[str, Any]) -> list[int] | None:
+    """Bytes the simulated caching allocator reserves beyond the planned live bytes, per planned step
+    (the memory chart's fragmentation layer); None without a per-step allocator series for this
+    schedule.  The extension's `fragmentationSeries` (transforms.ts) draws the same layer."""
+    reserved = ((doc.get("packing") or {}).get("allocator") or {}).get("reserved")
+    live = doc["planned"]["timeline"]["step_bytes"]
+    if not reserved or len(reserved) != len(live):
+        return None
+    return [max(r - v, 0) for r, v in zip(reserved, live, strict=True)]
+
+
 def memory_figure(doc: dict[str, Any]) -> dict[str, Any]:
     tl, base = doc["planned"]["timeline"], doc["baseline"]["timeline"]
     labels = step_labels(doc, "planned")
@@ -66,6 +77,21 @@ def memory_figure(doc: dict[str, Any]) -> dict[str, Any]:
                 "line": {"width": 0.5, "color": COLORS[cat]},
                 "text": labels,
                 "hovertemplate": "%{text}<br>" + cat + ": %{y:.2f} MiB<extra></extra>",
+            }
+        )
+    fragmentation = fragmentation_series(doc)
+    if fragmentation:
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "stackgroup": "plan",
+                "name": "fragmentation (allocator)",
+                "x": x,
+                "y": [v / 2**20 for v in fragmentation],
+                "line": {"width": 0.5, "color": COLORS["fragmentation"]},
+                "text": labels,
+                "hovertemplate": "%{text}<br>fragmentation: %{y:.2f} MiB<extra></extra>",
             }
         )
     base_labels = step_labels(doc, "baseline")
@@ -142,7 +168,9 @@ def packing_figure(doc: dict[str, Any]) -> dict[str, Any] | None:
             texts += [label] * 5 + [None]
         traces.append(
             {
-                "type": "scattergl" if len(blocks) > 2000 else "scatter",
+                # SVG path: plotly's WebGL fill triangulates every polygon on the CPU (about 20 s for
+                # 10k rectangles in headless Chromium), an SVG path of 10k subpaths takes about 2 s.
+                "type": "scatter",
                 "mode": "lines",
                 "fill": "toself",
                 "name": name,

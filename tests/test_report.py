@@ -7,7 +7,7 @@ import re
 import pytest
 
 import memviz
-from memviz.report import render_html, write_report
+from memviz.report import fragmentation_series, memory_figure, packing_figure, render_html, write_report
 from solvers import GraphBuilder, Phase
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -46,3 +46,22 @@ def test_report_has_summary_and_breakdown_at_peak():
     text = render_html(plan.to_dict())
     assert "planned peak" in text and "at the planned peak" in text
     assert "parameters 1.00 MiB" in text
+
+
+def test_memory_figure_stacks_the_allocator_fragmentation_up_to_what_it_reserves():
+    doc = memviz.plan(hostile_graph(), frontier=False).to_dict()
+    reserved = doc["packing"]["allocator"]["reserved"]
+    layers = [t for t in memory_figure(doc)["data"] if t.get("stackgroup") == "plan"]
+    assert layers[-1]["name"] == "fragmentation (allocator)"
+    for i, top in enumerate(reserved):
+        assert sum(t["y"][i] for t in layers) == pytest.approx(top / 2**20)
+    # the simulated allocator rounds up to whole segments: it reserves more than is live here
+    assert any(fragmentation_series(doc))
+    assert all(t["type"] == "scatter" for t in packing_figure(doc)["data"])
+
+
+def test_memory_figure_has_no_fragmentation_layer_without_allocator_steps():
+    doc = memviz.plan(hostile_graph(), frontier=False, packing=False).to_dict()
+    assert fragmentation_series(doc) is None
+    names = [t["name"] for t in memory_figure(doc)["data"]]
+    assert "fragmentation (allocator)" not in names

@@ -234,7 +234,10 @@ export class PackingView implements PlanView {
         return;
       }
       this._tip.replaceChildren(...placementLines(doc, hit).map(line => element('div', '', line)));
-      this._tip.style.left = `${px + 12}px`;
+      // Right of the cursor on the left half, left of it on the right half: never past the plot's edge.
+      const right = px > bounds.width / 2;
+      this._tip.style.left = `${right ? px - 12 : px + 12}px`;
+      this._tip.style.transform = right ? 'translateX(-100%)' : '';
       this._tip.style.top = `${py + this._plot.offsetTop + 12}px`;
       this._tip.hidden = false;
     });

@@ -55,18 +55,20 @@ def _bench_remat():
 
 def test_torch_min_cut_baseline_really_trades_memory():
     """The min-cut baseline must change what is measured (a torch.compile'd model under the dispatch
-    mode tracker silently ran eager) and still compute eager's gradients."""
+    mode tracker silently ran eager) and still compute eager's gradients.  Budget 0.5, not 0.0: at
+    0.0 torch saves only the inputs and recomputes the whole forward inside backward, where all of
+    it is alive at once, so its peak equals the 1.0 peak."""
     bench = _bench_remat()
     from examples import models
 
     model, args = models.gpt(layers=2, dropout=0.0)[:2]
     eager = copy.deepcopy(model)
     peaks = {}
-    for budget in (1.0, 0.0):
+    for budget in (1.0, 0.5):
         candidate = bench.TorchMinCut(copy.deepcopy(model), args, budget)
         assert bench.gradient_error(eager, candidate, args) <= bench.GRAD_TOLERANCE
         peaks[budget] = bench.measured_peak(candidate, args)
-    assert peaks[0.0] < 0.9 * peaks[1.0], peaks
+    assert peaks[0.5] < 0.9 * peaks[1.0], peaks
 
 
 def test_torch_min_cut_keeps_batchnorm_statistics():

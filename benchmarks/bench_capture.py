@@ -62,9 +62,9 @@ def _timed_stages() -> dict[str, float]:
                        ("measure_eager_peak", "measured eager peak (tracker)")):
         setattr(P, attr, wrap(name, getattr(P, attr)))
     # inside capture: the two torch traces (trace_joint looks both up at call time)
-    torch.export.export = wrap("  of which torch.export", torch.export.export)
+    torch.export.export = wrap("torch.export (in capture)", torch.export.export)
     joint = aot.aot_export_joint_with_descriptors
-    aot.aot_export_joint_with_descriptors = wrap("  of which AOT joint trace", joint)
+    aot.aot_export_joint_with_descriptors = wrap("AOT joint trace (in capture)", joint)
     return stages
 
 
@@ -185,8 +185,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         + f" (load {fake['load_before']:.1f} -> {fake['load_after']:.1f})"
         + f"; RSS {fake['rss_after_imports'] / 2**30:.2f} GiB after imports, "
         f"{fake['rss_peak'] / 2**30:.2f} GiB peak.",
-        "Before = the same measurement before this work (previous session, same machine, load not "
-        "recorded); times scale with the load average of this shared 2-core machine (given per run).",
+        "Before = the previous recorded run of this benchmark (same machine, load not recorded), before "
+        "the profiling replay stopped re-running identical ops; wall times scale with the load average "
+        "of this shared 2-core machine (given per run), CPU seconds much less so.",
         "Error = (predicted - measured) / measured; the measured peak is the CPU live-storage tracker.",
     ]
     result = {"name": "capture", "title": "Capture and profile: speed and predicted-vs-measured peak",

@@ -256,3 +256,35 @@ def test_minimalloc_benchmark_instances_fit(name: str) -> None:
     p = pack(buffers, 1048576, time_limit=30.0)
     assert p.peak_bytes <= 1048576
     assert validate_packing(buffers, p.offsets, capacity=1048576) == []
+
+
+@pytest.mark.slow
+def test_pack_schedule_time_limit_holds_on_10k_tensors() -> None:
+    """Issue 6: the whole call (schedule check, lifetimes, packing, validation) within ~the limit on a
+    training-like graph of 10k tensors: a forward chain whose outputs are saved for a mirrored backward."""
+    import time
+
+    rng = random.Random(1)
+    b = GraphBuilder("chain")
+    n = 5000
+    x = b.data("x", 1024, DataKind.INPUT)
+    acts = [x]
+    for i in range(n):
+        acts.append(b.data(f"a{i}", rng.randint(1, 64) * 1024))
+        b.compute(f"f{i}", [acts[-2]], [acts[-1]])
+    grad = b.data("g", 1024)
+    b.compute("loss", [acts[-1]], [grad])
+    for i in reversed(range(n - 1)):
+        g = b.data(f"g{i}", rng.randint(1, 64) * 1024)
+        b.compute(f"b{i}", [grad, acts[i + 1]], [g])
+        grad = g
+    b.outputs = [grad]
+    graph = b.build()
+    sched = eager_schedule(graph)
+    start = time.perf_counter()
+    p = pack_schedule(graph, sched, time_limit=2.0)
+    seconds = time.perf_counter() - start
+    assert len(p.buffers) >= 9_999
+    assert seconds < 8.0, f"pack_schedule took {seconds:.1f} s for a 2 s limit"
+    assert validate_packing(p.buffers, p.offsets) == []
+    assert p.lower_bound <= p.peak_bytes <= p.greedy_peak

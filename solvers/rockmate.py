@@ -8,8 +8,9 @@ position to every member block, where each option is measured again:
   block, solved over a grid of (kept bytes, block peak) budget pairs spanning the known options; its
   options may recompute forward nodes several times inside the backward.  Each MILP is time-limited
   and warm-started from the fastest known option meeting its pair; the classes share a total MILP
-  time (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes, and
-  a class past its share keeps the options below.
+  time (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes,
+  smallest first so that time left unused goes to the larger ones, and a class past its share keeps
+  the options below.
 - kept-subset options: the backward regenerates the dropped data by recomputing, right before the
   first backward node that needs them, the forward nodes that produce them.  For blocks with at most
   `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
@@ -154,7 +155,8 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
         models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
         weight = {k: bm.model.num_vars for k, bm in models.items() if bm is not None and bm.model.num_vars}
         total = sum(weight.values())
-        for k in weight:  # in chain order; time a class leaves unused passes on to the next ones
+        # smallest models first: the time a class leaves unused passes on to the larger ones
+        for k in sorted(weight, key=lambda k: (weight[k], k)):
             left = started + milp_seconds - _time.perf_counter()
             share = left * weight[k] / total
             total -= weight[k]

@@ -375,6 +375,7 @@ def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels
     smaller pair, so neither is solved again."""
     if not bm.model.num_vars:
         return []  # nothing to choose: the block saves nothing but its output
+    result: list[BlockOption] = []
     in_class: dict[int, bool] = {}  # id(option) -> the model can take it as a start
 
     def start(s: int, p: int) -> BlockOption | None:
@@ -388,7 +389,6 @@ def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels
 
     proven: list[tuple[tuple[int, int], BlockOption]] = []
     infeasible: list[tuple[int, int]] = []
-    result: list[BlockOption] = []
     for s, p in budget_pairs(bm, known, levels):
         left = deadline - _time.perf_counter()
         if left <= 0:
@@ -397,8 +397,7 @@ def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels
             continue
         if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in proven):
             continue
-        res = solve_pair(chain, bm, s, p, time_limit=min(SOLVE_SECONDS, left),
-                         start=start(s, p))
+        res = solve_pair(chain, bm, s, p, time_limit=min(SOLVE_SECONDS, left), start=start(s, p))
         if res.status == "infeasible":
             infeasible.append((s, p))
         elif res.option is not None:

@@ -37,8 +37,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz import devices
+from memviz.budget import format_bytes
 from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, default_loss, fingerprint
-from memviz.devices import DeviceInfo, GiB, count_flops, resolve_device
+from memviz.devices import DeviceInfo, count_flops, resolve_device
 from memviz.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import ComputeNode, DataKind, Graph, GraphBuilder, Phase, Timeline, eager_schedule, simulate
 from solvers.schedule import Schedule, Step
@@ -198,8 +199,8 @@ def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceI
     est = devices.estimated_on(info)
     assert est.target is not None
     warnings.warn(ProfileWarning(
-        f"one step needs about {need / GiB:.2f} GiB beyond the parameters and inputs (predicted eager "
-        f"peak {peak / GiB:.2f} GiB) but only {available / GiB:.2f} GiB is available on {info.name}: "
+        f"one step needs about {format_bytes(need)} beyond the parameters and inputs (predicted eager "
+        f"peak {format_bytes(peak)}) but only {format_bytes(available)} is available on {info.name}: "
         f"nothing is run; times are estimated from FLOPs and bytes (roofline of target "
         f"'{est.target.name}') and the profile is labelled estimated (device.estimated, no "
         "measured_peak_bytes).  Free memory, or pass device='fake:<target>' to choose the target"),

@@ -224,7 +224,7 @@ def test_model_too_big_for_the_device_is_estimated_not_run(monkeypatch):
     monkeypatch.setattr(D, "available_memory", lambda info: 1000)  # bytes: far below one step
     monkeypatch.setattr(P, "_measure_costs", must_not_run)
     monkeypatch.setattr(P, "measure_eager_peak", must_not_run)
-    with pytest.warns(P.ProfileWarning, match=r"only 0\.00 GiB is available on cpu: nothing is run"):
+    with pytest.warns(P.ProfileWarning, match=r"only 1000 B is available on cpu: nothing is run"):
         prof = profile(model, args)
     assert prof.device.estimated and prof.device.name == "cpu" and prof.graph.meta["estimated"] is True
     assert prof.device.to_dict()["estimated"] is True

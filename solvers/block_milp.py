@@ -365,43 +365,56 @@ def _fastest(options: Sequence[BlockOption], m_save: int, m_peak: int) -> BlockO
     return min(fit, key=lambda o: o.fwd_time + o.bwd_time, default=None)
 
 
-def options(chain: Chain, bm: BlockMilp, known: Sequence[BlockOption], *, levels: int, deadline: float
-            ) -> list[BlockOption]:
-    """rk-Checkmate options of `bm`'s block over the budget-pair grid spanned by the `known` options,
-    until `deadline` (time.perf_counter()).  Each MILP starts from the fastest known option meeting its
-    pair that lies in the model's class.  Pairs are visited from the largest down (after the pairs no
-    known option meets): an optimum found at a larger pair that meets a smaller pair is optimal there
-    too (the smaller pair's feasible set is a subset), and a pair proven infeasible rules out every
-    smaller pair, so neither is solved again."""
-    if not bm.model.num_vars:
-        return []  # nothing to choose: the block saves nothing but its output
-    result: list[BlockOption] = []
-    in_class: dict[int, bool] = {}  # id(option) -> the model can take it as a start
+@dataclass
+class PairSearch:
+    """The rk-Checkmate options of one block model over ever finer budget-pair grids (Rockmate Sec.
+    3.3), resumable: each `run` visits the pairs of its grid not visited before.  Each MILP starts
+    from the fastest known option meeting its pair that lies in the model's class.  Pairs no known
+    option meets come first, then the others from the largest down: an optimum found at a larger pair
+    that meets a smaller pair is optimal there too (the smaller pair's feasible set is a subset), and
+    a pair proven infeasible rules out every smaller pair, so neither is solved."""
 
-    def start(s: int, p: int) -> BlockOption | None:
-        for o in sorted([*known, *result], key=lambda o: o.fwd_time + o.bwd_time):
+    chain: Chain
+    bm: BlockMilp
+    known: Sequence[BlockOption]
+    found: list[BlockOption] = dataclasses.field(default_factory=list)
+    solves: int = 0
+    _visited: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+    _proven: list[tuple[tuple[int, int], BlockOption]] = dataclasses.field(default_factory=list)
+    _infeasible: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    _in_class: dict[int, bool] = dataclasses.field(default_factory=dict)  # id(option) -> a valid start
+
+    def run(self, levels: int, deadline: float) -> bool:
+        """Visit the `levels` x `levels` grid until `deadline` (time.perf_counter()); True when done."""
+        if not self.bm.model.num_vars:
+            return True  # nothing to choose: the block saves nothing but its output
+        for s, p in budget_pairs(self.bm, self.known, levels):
+            left = deadline - _time.perf_counter()
+            if left <= 0:
+                return False
+            if (s, p) in self._visited:
+                continue
+            self._visited.add((s, p))
+            if any(s <= s2 and p <= p2 for s2, p2 in self._infeasible):
+                continue
+            if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in self._proven):
+                continue
+            res = solve_pair(self.chain, self.bm, s, p, time_limit=min(SOLVE_SECONDS, left),
+                             start=self._start(s, p))
+            self.solves += 1
+            if res.status == "infeasible":
+                self._infeasible.append((s, p))
+            elif res.option is not None:
+                self.found.append(res.option)
+                if res.status == "optimal":
+                    self._proven.append(((s, p), res.option))
+        return True
+
+    def _start(self, s: int, p: int) -> BlockOption | None:
+        for o in sorted([*self.known, *self.found], key=lambda o: o.fwd_time + o.bwd_time):
             if o.keep <= s and peak(o) <= p:
-                if id(o) not in in_class:
-                    in_class[id(o)] = start_values(chain, bm, o) is not None
-                if in_class[id(o)]:
+                if id(o) not in self._in_class:
+                    self._in_class[id(o)] = start_values(self.chain, self.bm, o) is not None
+                if self._in_class[id(o)]:
                     return o
         return None
-
-    proven: list[tuple[tuple[int, int], BlockOption]] = []
-    infeasible: list[tuple[int, int]] = []
-    for s, p in budget_pairs(bm, known, levels):
-        left = deadline - _time.perf_counter()
-        if left <= 0:
-            break
-        if any(s <= s2 and p <= p2 for s2, p2 in infeasible):
-            continue
-        if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in proven):
-            continue
-        res = solve_pair(chain, bm, s, p, time_limit=min(SOLVE_SECONDS, left), start=start(s, p))
-        if res.status == "infeasible":
-            infeasible.append((s, p))
-        elif res.option is not None:
-            result.append(res.option)
-            if res.status == "optimal":
-                proven.append(((s, p), res.option))
-    return result

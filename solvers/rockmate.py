@@ -5,12 +5,13 @@ program over the menus (Sec. 3.4, Appendix C), expanded to a full schedule and s
 Block menus, searched once per class of identical blocks (Sec. 3.2) and translated position by
 position to every member block, where each option is measured again:
 - rk-Checkmate (`solvers.block_milp`, Sec. 3.3 and Appendix B): the Checkmate MILP restricted to the
-  block, solved over a grid of (kept bytes, block peak) budget pairs spanning the known options; its
-  options may recompute forward nodes several times inside the backward.  Each MILP is time-limited
-  and warm-started from the fastest known option meeting its pair; the classes share a total MILP
-  time (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes,
-  smallest first so that time left unused goes to the larger ones, and a class past its share keeps
-  the options below.
+  block, solved over grids of (kept bytes, block peak) budget pairs spanning the known options,
+  `MILP_LEVELS` x `MILP_LEVELS` from coarse to fine; its options may recompute forward nodes several
+  times inside the backward.  Each MILP is time-limited and warm-started from the fastest known
+  option meeting its pair; per grid the classes share what is left of the total MILP time
+  (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes, smallest
+  first so that time left unused goes to the larger ones.  The search stops at the finest grid or
+  when the time is spent, whichever comes first.
 - kept-subset options: the backward regenerates the dropped data by recomputing, right before the
   first backward node that needs them, the forward nodes that produce them.  For blocks with at most
   `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
@@ -92,8 +93,9 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
 
 #: total seconds for the block MILPs of one `solve` (capped at a quarter of its time limit)
 MILP_SECONDS = 3.0
-#: kept-byte and peak levels of the rk-Checkmate budget-pair grid
-MILP_LEVELS = 5
+#: kept-byte and peak levels of the rk-Checkmate budget-pair grids, coarse to fine (each one nests
+#: the previous: levels 2^k + 1); the paper uses 20 x 20
+MILP_LEVELS = (5, 9, 17)
 
 Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as positions in its block
 
@@ -141,32 +143,36 @@ def _enumerated(chain: Chain, b: Block, grid: int, deadline: float | None
     return opts, [opts[i] for i in _menu(opts, grid)]
 
 
-def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None, milp_seconds: float = 0.0,
-                milp_levels: int = MILP_LEVELS) -> tuple[dict[int, list[Positions]], dict[str, float]]:
+def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None, milp_seconds: float = 0.0
+                ) -> tuple[dict[int, list[Positions]], dict[str, float]]:
     """Per class: the menu of its first block as positions (store-all first), and statistics."""
     firsts: dict[int, Block] = {}
     for b in chain.blocks:
         firsts.setdefault(b.klass, b)
     enumerated = {k: _enumerated(chain, b, grid, deadline) for k, b in firsts.items()}
     menus = {k: picked for k, (_, picked) in enumerated.items()}
-    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "enumeration_cut": _past(deadline)}
+    stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "milp_solves": 0,
+             "enumeration_cut": _past(deadline)}
     if milp_seconds > 0:
         started = _time.perf_counter()
         models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
-        weight = {k: bm.model.num_vars for k, bm in models.items() if bm is not None and bm.model.num_vars}
-        total = sum(weight.values())
-        # smallest models first: the time a class leaves unused passes on to the larger ones
-        for k in sorted(weight, key=lambda k: (weight[k], k)):
-            left = started + milp_seconds - _time.perf_counter()
-            share = left * weight[k] / total
-            total -= weight[k]
-            if share <= 0:
-                break
-            found = block_milp.options(chain, models[k], enumerated[k][0], levels=milp_levels,
-                                       deadline=_time.perf_counter() + share)
-            menus[k] = pareto([*menus[k], *found])
-            stats["milp_options"] += sum(any(o is f for f in found) for o in menus[k])
-            stats["milp_classes"] += 1
+        searches = {k: block_milp.PairSearch(chain, bm, enumerated[k][0])
+                    for k, bm in models.items() if bm is not None and bm.model.num_vars}
+        for levels in MILP_LEVELS:  # coarse grids for every class first, then finer ones
+            pending = sorted(searches, key=lambda k: (searches[k].bm.model.num_vars, k))
+            total = sum(searches[k].bm.model.num_vars for k in pending)
+            for k in pending:  # smallest models first: time a class leaves unused goes to larger ones
+                left = started + milp_seconds - _time.perf_counter()
+                weight = searches[k].bm.model.num_vars
+                share, total = left * weight / total, total - weight
+                if share <= 0:
+                    break
+                searches[k].run(levels, _time.perf_counter() + share)
+        for k, search in searches.items():
+            menus[k] = pareto([*menus[k], *search.found])
+            stats["milp_options"] += sum(any(o is f for f in search.found) for o in menus[k])
+        stats["milp_classes"] = sum(bool(s.solves) for s in searches.values())
+        stats["milp_solves"] = sum(s.solves for s in searches.values())
         stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
     return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
 

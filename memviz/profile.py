@@ -685,14 +685,19 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
         raise CaptureError(f"parameters without a gradient ({', '.join(missing[:3])}): the optimizer step "
                            "can only be modelled when every parameter receives one (set requires_grad=False)")
     timer = _Timer(info.torch_device)
+    timed: dict[tuple[Any, ...], float] = {}  # (shape, dtype) -> seconds: repeated blocks timed once
     for p in params:
         g = grad_data[p.name]
         states = []
         if state_ratio:
             states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)),
                                  DataKind.OPTIMIZER_STATE, shape=p.shape, dtype=p.dtype))
-        seconds = _time_update(cls, p, timer) if not info.estimated else (
-            info.target.op_time(0.0, p.bytes * (3 + 2 * state_ratio), p.dtype) if info.target else 0.0)
+        if info.estimated:  # an update reads parameter, gradient and state and writes parameter and state
+            moved = p.bytes * (3 + 2 * state_ratio)
+            seconds = info.target.op_time(0.0, moved, p.dtype) if info.target else 0.0
+        else:
+            key = (tuple(p.shape), p.dtype)
+            seconds = timed[key] if key in timed else timed.setdefault(key, _time_update(cls, p, timer))
         b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *states], [], op=f"{cls.__name__}.step",
                   phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)),
                   module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")

@@ -253,7 +253,8 @@ def test_minimalloc_benchmark_instances_fit(name: str) -> None:
 
     _, buffers = read_csv(MINIMALLOC / f"{name}.1048576.csv")
     assert greedy_pack(buffers, "size")[1] > 1048576  # greedy alone does not fit
-    p = pack(buffers, 1048576, time_limit=30.0)
+    # C needs 11 s of canonical search at load 5 on 2 cores and up to 34 s at load 9: 60 s of headroom
+    p = pack(buffers, 1048576, time_limit=60.0)
     assert p.peak_bytes <= 1048576
     assert validate_packing(buffers, p.offsets, capacity=1048576) == []
 

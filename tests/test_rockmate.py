@@ -200,13 +200,13 @@ def test_milp_menus_help_a_captured_gpt():
     model, args = gpt(layers=2, seq=64, d=64, heads=4, vocab=128)
     g = memviz.profile(model, args, mode="train", device="fake:h100").graph
     assert max(len(b.saved) for b in chain.decompose(g).blocks) > rockmate.EXACT_SUBSETS
-    lo_off, lo_on = _min_kw(g, milp_seconds=0), _min_kw(g, milp_seconds=20)
+    lo_off, lo_on = _min_kw(g, milp_seconds=0), _min_kw(g, milp_seconds=8)
     assert lo_on < lo_off
     top = simulate(g, eager_schedule(g)).peak_bytes
     better = 0
     for i in range(1, 5):
         budget = lo_off + (top - lo_off) * i // 6
-        on, off = _cost_kw(g, budget, milp_seconds=20), _cost_kw(g, budget, milp_seconds=0)
+        on, off = _cost_kw(g, budget, milp_seconds=8), _cost_kw(g, budget, milp_seconds=0)
         assert on <= off + 1e-12, (budget, on, off)
         better += on < off * (1 - 1e-3)
     assert better >= 2

@@ -160,8 +160,8 @@ class TorchMinCut(torch.nn.Module):
         return out
 
 
-def _plan_row(prof: Any, name: str, model: torch.nn.Module, args: tuple, eager: torch.nn.Module,
-              strategy: str, budget: int, *, time_limit: float, steps: int, runs: dict) -> dict:
+def _plan_row(prof: Any, name: str, args: tuple, eager: torch.nn.Module, strategy: str, budget: int, *,
+              time_limit: float, steps: int, runs: dict) -> dict:
     """Plan `strategy` at `budget`, check it with solvers.simulate (solve_checked), export it and run it
     against `eager`.  `runs` caches measurements by schedule: one schedule is one module."""
     graph, base = prof.graph, prof.baseline
@@ -185,7 +185,8 @@ def _plan_row(prof: Any, name: str, model: torch.nn.Module, args: tuple, eager: 
             budget_bytes=budget, solver_stats=result.stats,
             model={"name": name, "mode": "train", "fingerprint": prof.fingerprint},
             device={"name": "cpu", "estimated": False, "capacity_bytes": None}, profile=prof)
-        runs[key] = measure_vs(memviz.export(plan, model=copy.deepcopy(model)), eager, args, steps)
+        # the profiled model itself (its capture is reused: a fresh copy would be captured again, ~10 s)
+        runs[key] = measure_vs(memviz.export(plan), eager, args, steps)
     run = runs[key]
     return {**row, **run, "peak_error": (run["measured_peak"] - timeline.peak_bytes) / timeline.peak_bytes}
 
@@ -231,7 +232,7 @@ def bench_model(name: str, model: torch.nn.Module, args: tuple, *, time_limit: f
     for fraction in FRACTIONS:
         budget = low + int(fraction * (base.peak_bytes - low))
         for strategy in STRATEGIES:
-            rows.append({"fraction": fraction, **_plan_row(prof, name, model, args, eager, strategy, budget,
+            rows.append({"fraction": fraction, **_plan_row(prof, name, args, eager, strategy, budget,
                                                            time_limit=time_limit, steps=steps, runs=runs)})
             _log(f"{name} {fraction} {strategy}: {rows[-1]['status']}, solve {rows[-1]['solve_s']} s")
     torch_points = torch_rows(model, args, eager, steps)
@@ -271,7 +272,7 @@ def dropout_check() -> dict:
                        frontier=False, packing=False)
     random_runs = [s.node for s in plan.schedule if s.op == "compute"
                    and any(word in prof.graph.computes[s.node].op for word in ("dropout", "bernoulli"))]
-    ours = gradient_error(eager, memviz.export(plan, model=copy.deepcopy(model)), args)
+    ours = gradient_error(eager, memviz.export(plan), args)
     return {"ours_rockmate_min": ours, "ours_recomputed_random_ops": len(random_runs) - len(set(random_runs)),
             "torch": {str(b): gradient_error(eager, TorchMinCut(copy.deepcopy(model), args, b), args)
                       for b in (1.0, 0.5, 0.0)}}
@@ -287,11 +288,10 @@ def _plan_table(m: dict) -> list[str]:
             out.append(f"| {budget} | {r['strategy']} | infeasible | {r['solve_s']} | | | | |")
             continue
         gap = "" if not r.get("gap") else f" (gap {100 * r['gap']:.1f}%)"
-        measured = (f"not run ({r['not_run']}) | " if "not_run" in r
-                    else f"{r['measured_peak'] / MiB:.2f} | ")
+        peak, overhead = ((f"not run ({r['not_run']})", "") if "not_run" in r
+                          else (f"{r['measured_peak'] / MiB:.2f}", f"{r['measured_overhead']:.3f}"))
         out.append(f"| {budget} | {r['strategy']} | {r['status']}{gap} | {r['solve_s']} | "
-                   f"{r['peak'] / MiB:.2f} | {measured}{r['predicted_overhead']:.3f} | "
-                   f"{r.get('measured_overhead', float('nan')):.3f} |")
+                   f"{r['peak'] / MiB:.2f} | {peak} | {r['predicted_overhead']:.3f} | {overhead} |")
     errors = [r["grad_error"] for r in m["rows"] if "grad_error" in r]
     out += ["", f"Gradients of every plan run vs eager (same seed): largest relative error "
                 f"{max(errors, default=float('nan')):.1e} (tolerance {GRAD_TOLERANCE:.0e})."]
@@ -348,8 +348,11 @@ def _dropout_lines(d: dict) -> list[str]:
 
 def markdown(result: dict) -> str:
     out = ["## Rematerialization (CPU-profiled training graphs)", "",
-           "Overheads are step-time ratios against eager PyTorch (median of back-to-back step pairs); "
-           "peaks are live tensor bytes (parameters, gradients, inputs included) from the CPU tracker.", ""]
+           f"Overheads are step-time ratios against eager PyTorch (median of {result['steps']} back-to-back "
+           "step pairs, one intra-op thread); peaks are live tensor bytes (parameters, gradients, inputs "
+           "included) from the CPU tracker. Budgets are fractions of the range from rotor's minimum "
+           "feasible budget to the eager peak; checkmate has a time limit of "
+           f"{result['time_limit']} s per budget.", ""]
     for m in result["models"]:
         out += [f"### {m['model']} ({m['compute_nodes']} ops, profiled in {m['profile_s']} s)", "",
                 f"Eager peak predicted {m['eager_peak_predicted'] / MiB:.2f} MiB, measured "
@@ -363,11 +366,15 @@ def markdown(result: dict) -> str:
 
 
 def run(quick: bool = False) -> dict:
+    # one intra-op thread: on the shared 2-core machine two OpenMP threads contending with other jobs
+    # made every step 5-7x slower and far noisier; eager and every candidate run under the same setting
+    torch.set_num_threads(1)
     torch.manual_seed(0)
-    steps, limit = (3, 5.0) if quick else (3, 8.0)
+    steps, limit = (3, 5.0) if quick else (5, 8.0)
     results = [bench_model(name, m, a, time_limit=limit, steps=steps)
                for name, (m, a) in example_models(quick).items()]
     result = {"name": "remat", "title": "Rematerialization (CPU-profiled training graphs)",
+              "steps": steps, "time_limit": limit,
               "models": results, "synthetic": bench_synthetic(2 if quick else 12), "dropout": dropout_check()}
     result["headline"] = headline(result)
     result["markdown"] = markdown(result)

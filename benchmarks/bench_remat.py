@@ -6,8 +6,8 @@ Run: ``python benchmarks/bench_remat.py [--quick] [--out FILE]``; prints a markd
 1. Captured training graphs of a GPT-2-style model (12 layers) and a ResNet, profiled on this CPU:
    at 75 / 50 / 25 % of the activation range (between Rotor's minimum feasible budget and the eager
    peak) and at the minimum, each strategy's predicted time overhead (cost model), peak and solve
-   time; then the exported module run for a few training steps: measured CPU time overhead (median
-   step over the eager model's median step) and measured peak (live-storage tracker) vs the plan.
+   time; then the exported module run for a few training steps: measured CPU time overhead (see
+   below), gradient error and measured peak (live-storage tracker) vs the plan.
    PyTorch's own baseline beside them: the min-cut partitioner of AOTAutograd (what torch.compile
    uses) at several ``activation_memory_budget`` values, measured the same way, and compared with
    our plans at equal *measured* peak.

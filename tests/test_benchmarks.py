@@ -99,3 +99,17 @@ def test_equal_memory_picks_our_fastest_plan_within_torch_peak():
     first, second = bench.at_equal_memory(ours, torch_points)
     assert first["ours"]["strategy"] == "rockmate"  # sqrt is faster but its gradients are wrong
     assert second["ours"] is None
+
+
+@pytest.mark.slow
+def test_runner_quick_remat_section(tmp_path):
+    _run("--only", "remat", "--out", str(tmp_path))
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "FAILED" not in text and "## Rematerialization" in text
+    assert "PyTorch's min-cut partitioner" in text and "At equal measured memory" in text
+    result = json.loads((tmp_path / "results" / "remat.json").read_text())
+    for m in result["models"]:
+        assert [t["activation_memory_budget"] for t in m["torch"]] == [1.0, 0.75, 0.5, 0.25, 0.0]
+        run = [r for r in m["rows"] if "measured_peak" in r]
+        assert run and all(r["grad_error"] <= 1e-4 for r in run)
+        assert all(abs(r["peak_error"]) < 0.05 for r in run)  # the tracker agrees with the simulator

@@ -16,8 +16,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from solvers import Graph, GraphError, simulate
 from solvers.schedule import steps_from_json
 
@@ -58,6 +56,8 @@ def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]
             f"{source} is not a {SCHEMA_ID} document (schema: {found!r}); "
             "only plans written by memviz.Plan.save() can be loaded"
         )
+    import jsonschema  # here, not at the top: importing it takes ~2 s, a third of `import memviz`
+
     validator = jsonschema.Draft202012Validator(plan_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
     if error is not None:

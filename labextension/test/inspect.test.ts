@@ -1,26 +1,12 @@
 import { strict as assert } from 'node:assert';
-import { execFileSync } from 'node:child_process';
-import * as path from 'node:path';
 import { describe, it } from 'node:test';
 
 import { inspectStep, sliderReadouts } from '../src/inspect_data';
-import { parsePlan, PlanDoc } from '../src/transforms';
+import { PlanDoc } from '../src/transforms';
+import { HOSTILE, samplePlan } from './sample';
 
-// Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
-const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
 const MiB = 2 ** 20;
-const HOSTILE = '<img src=x onerror=alert(1)>';
-
-// The same solvers-built document as transforms.test.ts: its timelines come from solvers.simulate.
-const SAMPLE: PlanDoc = parsePlan(
-  JSON.parse(
-    execFileSync(process.env.PYTHON ?? 'python3', [path.join('labextension', 'test', 'sample_plan.py')], {
-      cwd: ROOT,
-      env: { ...process.env, PYTHONPATH: ROOT },
-      encoding: 'utf8'
-    })
-  )
-);
+const SAMPLE: PlanDoc = samplePlan();
 
 describe('inspectStep', () => {
   it('finds exactly the bytes solvers.simulate counts at every planned step', () => {

@@ -1,6 +1,4 @@
 import { strict as assert } from 'node:assert';
-import { execFileSync } from 'node:child_process';
-import * as path from 'node:path';
 import { describe, it } from 'node:test';
 
 import {
@@ -12,21 +10,10 @@ import {
   placementLines
 } from '../src/packing_data';
 import { CATEGORIES, parsePlan, PlanDoc } from '../src/transforms';
-
-// Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
-const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
-const HOSTILE = '<img src=x onerror=alert(1)>';
+import { HOSTILE, samplePlan } from './sample';
 
 // A solvers-built document: OLLA's packing and the caching-allocator simulation of its planned schedule.
-const SAMPLE: PlanDoc = parsePlan(
-  JSON.parse(
-    execFileSync(process.env.PYTHON ?? 'python3', [path.join('labextension', 'test', 'sample_plan.py')], {
-      cwd: ROOT,
-      env: { ...process.env, PYTHONPATH: ROOT },
-      encoding: 'utf8'
-    })
-  )
-);
+const SAMPLE: PlanDoc = samplePlan();
 
 function clone(): PlanDoc {
   return JSON.parse(JSON.stringify(SAMPLE)) as PlanDoc;

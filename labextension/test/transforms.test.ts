@@ -1,5 +1,4 @@
 import { strict as assert } from 'node:assert';
-import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
@@ -29,24 +28,12 @@ import {
   timeUnit
 } from '../src/transforms';
 import { MODULE_NAME, MODULE_VERSION } from '../src/version';
+import { HOSTILE, python, ROOT, samplePlan } from './sample';
 
-// Compiled to labextension/lib/test-cjs/test/: the repository root is four levels up.
-const ROOT = path.resolve(__dirname, '..', '..', '..', '..');
-const PYTHON = process.env.PYTHON ?? 'python3';
 const MiB = 2 ** 20;
-const HOSTILE = '<img src=x onerror=alert(1)>';
 const COLORS = { planned: '#333', baseline: '#666', budget: '#f00', peak: '#000' };
 
-function python(args: string[]): string {
-  return execFileSync(PYTHON, args, {
-    cwd: ROOT,
-    env: { ...process.env, PYTHONPATH: ROOT },
-    encoding: 'utf8'
-  });
-}
-
-// A real document built by solvers (GraphBuilder + eager_schedule + simulate), not a hand-made one.
-const SAMPLE: PlanDoc = parsePlan(JSON.parse(python([path.join('labextension', 'test', 'sample_plan.py')])));
+const SAMPLE: PlanDoc = samplePlan();
 
 function clone(): Record<string, unknown> {
   return JSON.parse(JSON.stringify(SAMPLE));

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 import operator
+import resource
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "capture",
     "export_chunks",
     "measure_activation_bytes",
+    "measure_times",
     "plan_chunks",
     "unchunked_plan",
 ]
@@ -230,45 +232,97 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
 # --------------------------------------------------------------------------------------------------
 # Speed model calibration (Sec. 3.4): measured on the device, not assumed
 # --------------------------------------------------------------------------------------------------
-def _best_time(fn: Callable[[], Any], min_seconds: float = 0.02) -> float:
-    """Best per-call time over 5 runs of at least `min_seconds` each (the machine may be shared)."""
+def _reps_for(fn: Callable[[], Any], min_seconds: float) -> int:
+    """Calls of `fn` that take at least `min_seconds` together (after one warm-up call)."""
     fn()
-    reps, t = 1, 0.0
+    reps = 1
     while True:
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
-        t = time.perf_counter() - t0
-        if t >= min_seconds:
-            break
+        if time.perf_counter() - t0 >= min_seconds:
+            return reps
         reps *= 4
-    best = t / reps
-    for _ in range(4):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
+
+
+def _best_times(fns: Sequence[Callable[[], Any]], rounds: int = 7, min_seconds: float = 0.02) -> list[float]:
+    """Best per-call time of each of `fns`, timed in interleaved rounds (every function once per
+    round): on a shared machine a burst of load then slows every probe alike instead of one of them,
+    and the best round of each is its unloaded time."""
+    reps = [_reps_for(f, min_seconds) for f in fns]
+    best = [math.inf] * len(fns)
+    for _ in range(rounds):
+        for i, (f, k) in enumerate(zip(fns, reps, strict=True)):
+            t0 = time.perf_counter()
+            for _ in range(k):
+                f()
+            best[i] = min(best[i], (time.perf_counter() - t0) / k)
     return best
 
 
 @lru_cache(maxsize=4)
 def calibrate(device: str = "cpu") -> ac.SpeedModel:
     """Time a tiny op (launch overhead), a 256x256 matmul at 1..4096 rows (FLOP/s versus rows: the
-    density term) and a 64 MiB copy (bandwidth: the stride term).  About a second on a CPU.  The rate
-    is made non-decreasing in rows: fewer rows never run denser, and noise must not say otherwise."""
+    density term), a 64 MiB copy (bandwidth: the stride term) and filling a freshly allocated 64 MiB
+    buffer versus a reused one (first-touch page faults), in interleaved rounds.  About two seconds
+    on a CPU.  The rate is made non-decreasing in rows: fewer rows never run denser, and noise must
+    not say otherwise."""
     with torch.no_grad():
         a = torch.ones(8, device=device)
-        overhead = _best_time(lambda: torch.add(a, a))
         w = torch.randn(256, 256, device=device)
-        rates: list[tuple[int, float]] = []
-        for rows in (1, 16, 128, 1024, 4096):
-            x = torch.randn(rows, 256, device=device)
-            rate = 2.0 * rows * 256 * 256 / _best_time(lambda x=x: x @ w)
-            rates.append((rows, max(rate, rates[-1][1] if rates else 0.0)))
+        row_counts = (1, 16, 128, 1024, 4096)
+        xs = [torch.randn(rows, 256, device=device) for rows in row_counts]
         big = torch.empty(16 * 2**20, device=device)
         dst = torch.empty_like(big)
-        bw = 2 * big.nbytes / _best_time(lambda: dst.copy_(big))
-    return ac.SpeedModel(overhead, tuple(rates), bw)
+        probes: list[Callable[[], Any]] = [
+            lambda: torch.add(a, a),
+            *[lambda x=x: x @ w for x in xs],
+            lambda: dst.copy_(big),
+            lambda: torch.empty(16 * 2**20, device=device).fill_(1.0),
+            lambda: dst.fill_(1.0),
+        ]
+        times = _best_times(probes)
+    overhead, mm, (copy, fresh, warm) = times[0], times[1:-3], times[-3:]
+    rates: list[tuple[int, float]] = []
+    for rows, t in zip(row_counts, mm, strict=True):
+        rates.append((rows, max(2.0 * rows * 256 * 256 / t, rates[-1][1] if rates else 0.0)))
+    page_s = max(0.0, fresh - warm) / big.nbytes
+    return ac.SpeedModel(overhead, tuple(rates), 2 * big.nbytes / copy, page_s)
+
+
+def measure_times(
+    gm: torch.fx.GraphModule, g: ac.OpGraph, args: Sequence[Any], rounds: int = 3
+) -> ac.OpGraph:
+    """`g` with every op's time measured on the device: the captured graph run `rounds` times node by
+    node (values freed after their last use, as eager does), the best time of each op and the bytes
+    of fresh pages it touched (minor page faults) in that run.  The speed model then scales measured
+    work instead of guessing it from FLOPs and bytes (AutoChunk Sec. 3.4: the cost terms are tuned
+    on the device).  CPU page faults are counted by the process; other devices report none."""
+    best: dict[str, tuple[float, int]] = {}
+    page = resource.getpagesize()
+
+    class _Timer(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            if n.op != "call_function":
+                return super().run_node(n)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.perf_counter()
+            out = super().run_node(n)
+            t = time.perf_counter() - t0
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+            if n.name not in best or t < best[n.name][0]:
+                best[n.name] = (t, faults * page)
+            return out
+
+    with torch.no_grad():
+        for _ in range(rounds):
+            _Timer(gm).run(*args)
+    return ac.OpGraph(
+        tuple(
+            replace(n, time=best[n.name][0], fresh=best[n.name][1]) if n.name in best else n for n in g.nodes
+        ),
+        g.outputs,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -719,7 +773,9 @@ def plan_chunks(
 ) -> ChunkPlan:
     """Capture `model(*args)` for inference and choose chunk regions so the estimated activation peak
     fits `budget` (bytes, or a fraction in (0, 1] of the unchunked activation peak) with the least
-    estimated slowdown.  `plan.met` says whether the budget was reached; `plan.peak_bytes` what was."""
+    estimated slowdown.  Without a `speed` model the device is calibrated and every op timed on it
+    (`calibrate`, `measure_times`: the model runs a few times).
+    `plan.met` says whether the budget was reached; `plan.peak_bytes` what was."""
     gm, g = capture(model, args, kwargs)
     base = ac.estimate_memory(g)
     if budget is None:
@@ -732,7 +788,9 @@ def plan_chunks(
         raise ValueError(
             f"budget {budget!r}: give bytes (int > 0) or a fraction of the activation peak in (0, 1]"
         )
-    speed = speed or calibrate(_device_of(model, args))
+    if speed is None:  # calibrated on the device, with every op of this graph timed there
+        speed = calibrate(_device_of(model, args))
+        g = measure_times(gm, g, args)
     unchunked = ChunkPlan(g, [], speed, budget_bytes, base.peak_bytes, base.peak_bytes, gm)
     return unchunked.select(budget_bytes, beam=beam, window=window)
 
@@ -764,7 +822,8 @@ def unchunked_plan(prof: Any) -> ChunkPlan:
     args = _profiled_args(prof.captured)
     gm, g = capture(prof.model, args)
     base = ac.estimate_memory(g).peak_bytes
-    return ChunkPlan(g, [], calibrate(_device_of(prof.model, args)), base, base, base, gm)
+    speed = calibrate(_device_of(prof.model, args))
+    return ChunkPlan(measure_times(gm, g, args), [], speed, base, base, base, gm)
 
 
 def _profiled_args(cap: Any) -> tuple[torch.Tensor, ...]:

@@ -62,6 +62,8 @@ class OpNode:
     temps: tuple[int, ...] = ()  # workspace bytes per operand (copies of it), then the unexplained rest
     kind: str = ""  # inputs: "parameter", "buffer" or "input" (the user's), for the memory breakdown
     dtype: str = ""  # element type name ("float32", "int64"): inputs are rebuilt from shape and dtype
+    time: float = 0.0  # seconds the whole op took on the device (0: not measured, estimated instead)
+    fresh: int = 0  # bytes of fresh pages the op touched in that run (first-touch page faults)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -87,6 +89,8 @@ class OpNode:
             "temps": list(self.temps),
             "kind": self.kind,
             "dtype": self.dtype,
+            "time": self.time,
+            "fresh": self.fresh,
         }
 
     @classmethod
@@ -104,6 +108,8 @@ class OpNode:
             tuple(d.get("temps", ())),
             d.get("kind", ""),
             d.get("dtype", ""),
+            float(d.get("time", 0.0)),
+            int(d.get("fresh", 0)),
         )
 
 
@@ -144,6 +150,10 @@ class OpGraph:
                     users[v].append(n.name)
         object.__setattr__(self, "index", index)
         object.__setattr__(self, "users", users)
+        # the smallest output that came from fresh pages in the measured run (most of its bytes
+        # faulted): the allocator hands out smaller buffers from memory it keeps
+        faulted = [n.nbytes for n in self.nodes if n.nbytes and n.fresh >= n.nbytes // 2]
+        object.__setattr__(self, "fresh_from", min(faulted, default=1 << 62))
 
     def __getitem__(self, name: str) -> OpNode:
         return self.nodes[self.index[name]]  # type: ignore[attr-defined]
@@ -962,11 +972,14 @@ class SpeedModel:
     """`overhead_s`: measured cost of one extra op launch (macro term, alpha * N_node).
     `matmul_rate`: measured (rows, FLOP/s) pairs of a matmul at different row counts: small chunks run
     at lower density (micro term, gamma * N_density).  `bandwidth`: measured bytes/s of a copy: the
-    price of non-contiguous chunk dims (micro term, lambda * N_stride) and of memory-bound ops."""
+    price of non-contiguous chunk dims (micro term, lambda * N_stride) and of memory-bound ops that
+    were not timed.  `page_s`: measured seconds per byte of memory touched for the first time (the
+    page faults of a large buffer the allocator maps afresh on every call; 0 where it caches them)."""
 
     overhead_s: float = 5e-6
     matmul_rate: tuple[tuple[int, float], ...] = ((1, 1e9), (64, 2e10), (4096, 5e10))
     bandwidth: float = 5e9
+    page_s: float = 0.0
 
     def rate(self, rows: float) -> float:
         pts = sorted(self.matmul_rate)
@@ -983,11 +996,17 @@ class SpeedModel:
             "overhead_s": self.overhead_s,
             "matmul_rate": [list(p) for p in self.matmul_rate],
             "bandwidth": self.bandwidth,
+            "page_s": self.page_s,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SpeedModel:
-        return cls(d["overhead_s"], tuple((int(a), float(b)) for a, b in d["matmul_rate"]), d["bandwidth"])
+        return cls(
+            d["overhead_s"],
+            tuple((int(a), float(b)) for a, b in d["matmul_rate"]),
+            d["bandwidth"],
+            float(d.get("page_s", 0.0)),
+        )
 
 
 def node_flops(g: OpGraph, n: OpNode) -> float:
@@ -1009,16 +1028,36 @@ def node_flops(g: OpGraph, n: OpNode) -> float:
     return 0.0
 
 
+def _rows(n: OpNode, fraction: float) -> float:
+    """Rows of the matrix product `n` runs at (per head for attention): its computation density."""
+    rows = math.prod(n.shape[:-1]) * fraction
+    if n.op == "scaled_dot_product_attention":
+        rows /= max(1, math.prod(n.shape[:-2]))
+    return max(1.0, rows)
+
+
 def node_time(g: OpGraph, n: OpNode, m: SpeedModel, fraction: float = 1.0, dim: int | None = None) -> float:
-    """Estimated seconds for `n` computing `fraction` of its output (one chunk along `dim`)."""
+    """Estimated seconds for `n` computing `fraction` of its output (one chunk along `dim`).
+
+    A node timed on the device (`n.time`) keeps its measured time whole; a chunk costs one more launch
+    (macro term) plus its share of the measured work, slowed by the lower density of a matrix product
+    over fewer rows (micro term), and pays first-touch page faults only when the chunk's output is as
+    large as the smallest output that faulted in the measured run.  Untimed nodes: FLOPs at the
+    calibrated matmul rate, other ops at the copy bandwidth."""
     if n.op in ("input", "output") or n.alias is not None:
         return m.overhead_s * 0.2 if n.op not in ("input", "output") else 0.0
-    fl = node_flops(g, n) * fraction
+    fl = node_flops(g, n)
+    if n.time > 0:
+        if fraction >= 1.0:
+            return n.time
+        faults = n.fresh * m.page_s
+        work = max(0.0, n.time - faults - m.overhead_s) * fraction
+        if fl:
+            work *= m.rate(_rows(n, 1.0)) / m.rate(_rows(n, fraction))
+        fresh = faults * fraction if n.nbytes * fraction >= g.fresh_from else 0.0  # type: ignore[attr-defined]
+        return m.overhead_s + work + fresh
     if fl:
-        rows = max(1.0, math.prod(n.shape[:-1]) * fraction)
-        if n.op == "scaled_dot_product_attention":
-            rows = max(1.0, math.prod(n.shape[:-1]) * fraction / max(1, math.prod(n.shape[:-2])))
-        return m.overhead_s + fl / m.rate(rows)
+        return m.overhead_s + fl * fraction / m.rate(_rows(n, fraction))
     moved = (n.nbytes + sum(g[v].nbytes or _full_bytes(g[v]) for v in n.inputs)) * fraction
     return m.overhead_s + moved / m.bandwidth
 
@@ -1033,7 +1072,8 @@ def graph_time(g: OpGraph, m: SpeedModel) -> float:
 
 def region_slowdown(g: OpGraph, r: ChunkRegion, m: SpeedModel) -> float:
     """Extra seconds of running `r` chunked: per chunk every chunked node launches again (macro) at
-    lower density (micro), non-contiguous narrowed inputs and output chunks are copied (stride)."""
+    lower density (micro), non-contiguous narrowed inputs and output chunks are copied (stride); page
+    faults the whole ops paid and the chunks do not are saved (see `node_time`)."""
     f = r.flow
     n = r.chunks
     base = sum(node_time(g, g[x], m) for x in f.dims)
@@ -1050,8 +1090,16 @@ def region_slowdown(g: OpGraph, r: ChunkRegion, m: SpeedModel) -> float:
             if any(s != 1 for s in g[v].shape[:d]):  # a chunk along an inner dim is strided
                 copies += _full_bytes(g[v]) / m.bandwidth + n * m.overhead_s
     for o in f.outputs:
-        copies += _full_bytes(g[o]) / m.bandwidth + n * m.overhead_s
-    return max(0.0, chunked + copies - base)
+        copies += _full_bytes(g[o]) / m.bandwidth + n * m.overhead_s + buffer_faults(g, o, m)
+    # negative when the chunks run faster (the unchunked ops paid page faults the chunks do not)
+    return chunked + copies - base
+
+
+def buffer_faults(g: OpGraph, o: str, m: SpeedModel) -> float:
+    """Seconds of first-touch page faults of the whole buffer a chunked output `o` is copied into: as
+    large as a buffer that faulted in the measured run, it comes from fresh pages too."""
+    b = _full_bytes(g[o])
+    return b * m.page_s if b >= g.fresh_from else 0.0  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1184,25 +1232,45 @@ def _best_count(
     model: SpeedModel,
     temp: Callable[[OpNode], int] | None,
 ) -> tuple[ChunkRegion, MemoryEstimate, float, int] | None:
-    """The fewest chunks that bring the region's own peak under the budget; if none does, the count
-    after which more chunks lower it by under 2% (more chunks then only cost time).  The region's
-    own peak, not the graph's: other peaks are the next rounds' work."""
+    """The chunk count with the least estimated slowdown among those that bring the region's own peak
+    under the budget: the fewest that do (found by doubling, then bisection), or up to two doublings
+    more where smaller chunks run faster (they avoid page faults); memory only falls with more chunks.
+    If no count fits, the count after which more chunks lower the peak by under 2% (more chunks then
+    only cost time).  The region's own peak, not the graph's: other peaks are the next rounds' work."""
     inside = set(region_nodes(g, f.start, f.end))
-    best: tuple[ChunkRegion, MemoryEstimate, float, int] | None = None
+
+    def local(n: int) -> tuple[MemoryEstimate, int]:
+        est = estimate_memory(g, (*regions, ChunkRegion(f, n)), temp=temp)
+        return est, max(b for x, b in est.curve if x in inside)
+
+    best: tuple[int, MemoryEstimate, int] | None = None
+    below = 1  # the largest count known not to fit
+    fits = False
     for n in _chunk_counts(f.extent):
-        r = ChunkRegion(f, n)
-        est = estimate_memory(g, (*regions, r), temp=temp)
-        local = max(b for x, b in est.curve if x in inside)
-        trial = (r, est, 0.0, local)
-        if local <= budget:
-            best = trial
+        est, peak = local(n)
+        if peak <= budget:
+            best, fits = (n, est, peak), True
             break
-        if best is not None and local > 0.98 * best[3]:
+        if best is not None and peak > 0.98 * best[2]:
             break
-        best = trial
+        best, below = (n, est, peak), n
     if best is None:
         return None
-    return best[0], best[1], region_slowdown(g, best[0], model), best[3]
+    if fits:
+        hi = best[0]
+        while hi - below > 1:  # the fewest chunks that fit
+            mid = (below + hi) // 2
+            est, peak = local(mid)
+            if peak <= budget:
+                hi, best = mid, (mid, est, peak)
+            else:
+                below = mid
+        options = [hi] + [c for c in _chunk_counts(f.extent) if c > hi][:2]
+        n = min(options, key=lambda c: (region_slowdown(g, ChunkRegion(f, c), model), c))
+        if n != best[0]:
+            best = (n, *local(n))
+    r = ChunkRegion(f, best[0])
+    return r, best[1], region_slowdown(g, r, model), best[2]
 
 
 def regions_memory(
@@ -1394,8 +1462,11 @@ def _emit_region(
             rb.live.discard(h)
             rb.free(rb.data[h])
     for o in f.outputs:
-        # time 0: the copies into the buffer are charged to the chunks, as in region_slowdown
-        buf = rb.compute(f"{o}.buffer", "empty", (), (o, _full_bytes(g[o]), kind(o)), 0.0, 0)
+        # its page faults only: the copies into the buffer are charged to the chunks, as in
+        # region_slowdown
+        buf = rb.compute(
+            f"{o}.buffer", "empty", (), (o, _full_bytes(g[o]), kind(o)), buffer_faults(g, o, speed), 0
+        )
         if buf is not None:
             rb.data[o] = buf
             rb.live.add(o)

@@ -109,10 +109,10 @@ def test_selection_meets_budget_with_fewest_chunks():
     base = ac.estimate_memory(g).peak_bytes
     sel = ac.select_chunks(g, base // 3, ac.SpeedModel())
     assert sel.met and sel.peak_bytes <= base // 3 and sel.regions
-    # one chunk fewer (half as many) would not fit: the count is the smallest power of two that fits
+    # one chunk fewer would not fit: the count is the smallest that fits (no page faults to save)
     r = sel.regions[0]
     if r.chunks > 2:
-        fewer = ac.ChunkRegion(r.flow, r.chunks // 2)
+        fewer = ac.ChunkRegion(r.flow, r.chunks - 1)
         local = max(
             b
             for x, b in ac.estimate_memory(g, (fewer,)).curve
@@ -184,3 +184,58 @@ def test_random_ops_in_regions_are_reported_unless_dropout_is_off():
     for g, expected in ((graph(True), ["d"]), (graph(False), []), (graph(False, "rand_like"), ["d"])):
         region = ac.ChunkRegion(ac.flow_region(g, "a", "y", {"y": 1}), 4)
         assert ac.random_chunked(g, [region]) == expected
+
+
+def _faulting_graph(fresh: bool = True) -> ac.OpGraph:
+    """x -> relu -> exp -> sum over the features: 1 MiB intermediates timed on the device, which
+    faulted in fresh pages (as a large buffer the allocator maps afresh does); a 256 KiB op faulted too."""
+    n = ac.OpNode
+    T, C = 1024, 256
+    big = T * C * 4
+    quarter = big // 4 if fresh else 0
+    nodes = (
+        n("x", "input", shapes=((1, T, C),)),
+        n("small", "relu", ("x",), ("%x",), shapes=((1, T // 4, C),), time=1e-4, fresh=quarter),
+        n("a", "relu", ("x",), ("%x",), shapes=((1, T, C),), time=2e-3, fresh=big if fresh else 0),
+        n("b", "exp", ("a",), ("%a",), shapes=((1, T, C),), time=3e-3, fresh=big if fresh else 0),
+        n("y", "sum", ("b",), ("%b", (2,)), shapes=((1, T),), time=1e-3),
+    )
+    return ac.OpGraph(nodes, ("y", "small"))
+
+
+def test_measured_node_times_scale_with_the_chunk_and_page_faults():
+    g = _faulting_graph()
+    m = ac.SpeedModel(overhead_s=1e-5, page_s=1e-9)
+    a = g["a"]
+    assert g.fresh_from == a.nbytes // 4  # the smallest output that faulted
+    assert ac.node_time(g, a, m) == a.time  # whole: as measured
+    work = a.time - a.fresh * m.page_s - m.overhead_s
+    # a half is still as large as a buffer that faulted: it pays its share of the faults
+    assert ac.node_time(g, a, m, 0.5, 1) == pytest.approx(m.overhead_s + work / 2 + a.fresh * m.page_s / 2)
+    # an eighth is smaller than anything that faulted: reused memory, no faults
+    assert ac.node_time(g, a, m, 1 / 8, 1) == pytest.approx(m.overhead_s + work / 8)
+    back = ac.OpGraph.from_dict(json.loads(json.dumps(g.to_dict())))
+    assert back == g and back["a"].time == a.time and back["a"].fresh == a.fresh
+
+
+def test_selection_takes_more_chunks_where_they_avoid_page_faults():
+    from solvers import simulate
+
+    budget = 3 * 2**20 // 2  # a and b (2 MiB) cannot both be whole
+    for fresh in (True, False):
+        g = _faulting_graph(fresh)
+        m = ac.SpeedModel(overhead_s=1e-5, page_s=1e-9)
+        sel = ac.select_chunks(g, budget, m)
+        assert sel.met and len(sel.regions) == 1
+        r = sel.regions[0]
+        if fresh:
+            # 2 chunks fit, but 512 KiB chunks still fault; 8 chunks of 128 KiB do not and run faster
+            assert r.chunks == 8 and sel.slowdown < 0
+            assert ac.region_slowdown(g, r, m) < ac.region_slowdown(g, ac.with_count(r, 2), m)
+        else:  # nothing to save: the fewest chunks that fit
+            assert r.chunks == 2 and sel.slowdown > 0
+        # the simulated chunked run agrees: its time is the unchunked time plus the estimate
+        base, run = ac.chunked_run(g, (), m), ac.chunked_run(g, sel.regions, m)
+        t0 = simulate(base.graph, base.schedule).check().total_time
+        t1 = simulate(run.graph, run.schedule).check().total_time
+        assert t1 == pytest.approx(t0 + ac.region_slowdown(g, r, m), rel=1e-9)

@@ -1213,10 +1213,44 @@ def select_chunks(
         if fitting
         else min(finished, key=lambda s: (s[1].peak_bytes, s[2]))
     )
-    regions, est, cost, _ = best
+    regions = _relax(g, best[0], max(budget_bytes, best[1].peak_bytes), model, temp)
+    est = estimate_memory(g, regions, temp=temp)
+    cost = sum(region_slowdown(g, r, model) for r in regions)
     return Selection(
         regions, est.peak_bytes, base.peak_bytes, budget_bytes, cost / total, est.peak_bytes <= budget_bytes
     )
+
+
+def _relax(
+    g: OpGraph,
+    regions: tuple[ChunkRegion, ...],
+    target: int,
+    model: SpeedModel,
+    temp: Callable[[OpNode], int] | None,
+) -> tuple[ChunkRegion, ...]:
+    """Each region's count lowered to the cheapest that keeps the whole graph's estimated peak at
+    `target` (the budget, or the lowest peak found where the budget is out of reach): a region chosen
+    for its own peak may be chunked finer than the graph's peak needs once the other regions are in
+    place, or not be needed at all (Eq. 11: least slowdown subject to the memory limit)."""
+    out = list(regions)
+    for i, r in enumerate(regions):
+        rest = out[:i] + out[i + 1 :]
+
+        def fits(n: int, i: int = i, r: ChunkRegion = r, rest: list[ChunkRegion] = rest) -> bool:
+            trial = (*rest[:i], ChunkRegion(r.flow, n), *rest[i:]) if n > 1 else tuple(rest)
+            return estimate_memory(g, trial, temp=temp).peak_bytes <= target
+
+        if fits(1):  # not needed
+            out = rest
+            continue
+        lo, hi = 1, r.chunks
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        options = [hi] + [c for c in _chunk_counts(r.flow.extent) if c > hi][:2]
+        n = min(options, key=lambda c: (region_slowdown(g, ChunkRegion(r.flow, c), model), c))
+        out[i] = ChunkRegion(r.flow, n)
+    return tuple(out)
 
 
 def _moved(new: MemoryEstimate, old: MemoryEstimate) -> bool:

@@ -239,3 +239,27 @@ def test_selection_takes_more_chunks_where_they_avoid_page_faults():
         t0 = simulate(base.graph, base.schedule).check().total_time
         t1 = simulate(run.graph, run.schedule).check().total_time
         assert t1 == pytest.approx(t0 + ac.region_slowdown(g, r, m), rel=1e-9)
+
+
+def test_unreachable_budget_chunks_only_as_finely_as_the_graph_peak_needs():
+    """An unknown op after the MLP keeps 2 MiB whole: the budget cannot be met, and the MLP region is
+    chunked just finely enough to stop being the peak, not as finely as its own peak allows."""
+    n = ac.OpNode
+    T, C = 1024, 256
+    nodes = (
+        n("x", "input", shapes=((1, T, C),)),
+        n("w1", "input", shapes=((4 * C, C),)),
+        n("w2", "input", shapes=((C, 4 * C),)),
+        n("a", "linear", ("x", "w1"), ("%x", "%w1"), shapes=((1, T, 4 * C),)),
+        n("b", "gelu", ("a",), ("%a",), shapes=((1, T, 4 * C),)),
+        n("y", "linear", ("b", "w2"), ("%b", "%w2"), shapes=((1, T, C),)),
+        n("u", "weird_custom_op", ("y",), ("%y",), shapes=((1, T, C),)),
+    )
+    g = ac.OpGraph(nodes, ("u",))
+    floor = 2 * T * C * 4  # y and u while u runs
+    sel = ac.select_chunks(g, floor // 4, ac.SpeedModel())
+    assert not sel.met and sel.peak_bytes == floor and len(sel.regions) == 1
+    (r,) = sel.regions
+    fewer = ac.with_count(r, r.chunks - 1)
+    assert ac.estimate_memory(g, (fewer,)).peak_bytes > floor  # one chunk fewer: the MLP is the peak
+    assert r.chunks < 16

@@ -177,6 +177,47 @@ def test_vit():
     _check(ViT(), (torch.randn(2, 3, 32, 32),), 0.5)
 
 
+def _example_vit(explicit: bool) -> tuple[nn.Module, torch.Tensor]:
+    """examples.models.vit (fused qkv, scaled_dot_product_attention), or the same weights with explicit
+    softmax(q k^T) v attention (the benchmark's ExplicitAttentionBlock)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_autochunk import ExplicitAttentionBlock
+
+    from examples.models import vit
+
+    model, (img,) = vit(batch=1, image=64, patch=4, d=64, heads=4, layers=2, dropout=0.0)
+    if explicit:
+        for blk in model.blocks:
+            blk.__class__ = ExplicitAttentionBlock
+    return model.eval(), img
+
+
+def test_example_vit_fused_attention_reaches_its_floor():
+    """Fused attention keeps the block input, the fused qkv output (3 T.C) and the attention output
+    whole: 5 of the MLP's 9 T.C.  Selection reaches that floor and chunks no finer than it needs."""
+    model, img = _example_vit(False)
+    plan = _check(model, (img,), 0.2)
+    assert not plan.met
+    tc = 257 * 64 * 4
+    assert plan.baseline_peak_bytes == pytest.approx(9 * tc, rel=0.02)
+    assert plan.peak_bytes == pytest.approx(5 * tc, rel=0.02)
+    chunks = plan.chunks
+    for i in range(len(chunks)):  # one chunk fewer and the MLP would be the peak again
+        fewer = plan.with_chunks([dict(d, chunks=d["chunks"] - (j == i)) for j, d in enumerate(chunks)])
+        assert fewer.peak_bytes > plan.peak_bytes
+
+
+def test_example_vit_explicit_attention_chunks_queries():
+    model, img = _example_vit(True)
+    plan = _check(model, (img,), 0.3)
+    assert plan.met
+    ops = {plan.graph[x].op for r in plan.regions for x in r.flow.dims}
+    assert "softmax" in ops  # the scores are chunked along the queries
+
+
 def test_convnet_batch_chunks():
     plan = _check(ConvNet(), (torch.randn(4, 3, 32, 32),), 0.6)
     dims = {d for r in plan.regions for d in r.flow.dims.values()}

@@ -452,12 +452,12 @@ def markdown(result: dict) -> str:
                    f"{r['chunked_fresh_bytes'] / 2**20:.0f} |")
     warm = result.get("warm_allocator") or []
     if warm:
-        out += ["", "Why the chunked runs are faster: PyTorch's CPU allocator is glibc malloc, which maps "
-                "every buffer above its mmap threshold (at most 32 MiB) afresh and unmaps it when freed, so "
-                "each unchunked call page-faults its large intermediates in again (the fresh-pages column); "
-                "chunks are small enough to be reused from the heap. The same modules with malloc told to "
-                "keep freed memory (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB: no page faults after "
-                "warm-up), the estimate re-timed under that allocator:", "",
+        out += ["", "Page faults: PyTorch's CPU allocator is glibc malloc, which maps every buffer above its "
+                "mmap threshold afresh and unmaps it when freed, so an unchunked call page-faults its large "
+                "intermediates in again every time (the fresh-pages column) while the chunks are reused from "
+                "the heap: where the chunked run is faster, this is most of why. The same modules with "
+                "malloc told to keep freed memory (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB: no page "
+                "faults after warm-up), the estimate re-timed under that allocator:", "",
                 "| model | tokens | unchunked s | chunked s | slowdown measured (range) | estimated | "
                 "fresh pages MiB/call |", "|---|---|---|---|---|---|---|"]
         for r in warm:

@@ -17,12 +17,17 @@ back into a loop.
   node has exactly one chunk dimension and the loop one extent.
 * Memory (Sec. 3.4 Memory Estimation): `estimate_memory` replays the graph with free-after-last-use
   and loops (Eq. 2: inputs and outputs whole, the region's intermediates divided by the chunk count).
-* Speed (Sec. 3.4, Eq. 8-10): `SpeedModel` is measured on the device.  The macro term is the number
-  of launches (nodes x chunks, times the measured per-op overhead) plus the region's FLOPs; the micro
-  term is the measured loss of matmul efficiency at small row counts (computation density) and the
-  copy cost of non-contiguous chunk dimensions (stride).
+* Speed (Sec. 3.4, Eq. 8-10): `SpeedModel` is measured on the device, and so is every op
+  (`OpNode.time`; the paper tunes its cost terms on the device too).  The macro term is the number
+  of launches (nodes x chunks, times the measured per-op overhead) plus each op's measured work; the
+  micro term is the measured loss of matmul efficiency at small row counts (computation density)
+  and the copy cost of non-contiguous chunk dimensions (stride).  One term the paper's GPU does not
+  need: on a CPU a large buffer is page-faulted in afresh on every call (`OpNode.fresh`, priced at
+  the measured `SpeedModel.page_s`), which chunks small enough to be reused do not pay.
 * Selection (Sec. 3.4): beam search over regions around the current peak, repeated until the budget
-  is met (Eq. 11), each region with the fewest chunks that reach the budget.
+  is met (Eq. 11), each region with the cheapest chunk count that reaches the budget; then every
+  region is relaxed to the cheapest count that keeps the graph's peak (the budget, or the lowest
+  peak found when the budget is out of reach).
 """
 
 from __future__ import annotations
@@ -1162,8 +1167,9 @@ def select_chunks(
 ) -> Selection:
     """Pick regions and chunk counts whose estimated peak fits `budget_bytes` with the least estimated
     slowdown (Eq. 11).  Each round finds the current peak node, tries every legal region around it
-    with the fewest chunks that fit the budget (or the most useful count), and keeps the `beam` best
-    partial plans ranked by slowdown plus their remaining excess over the budget."""
+    with the cheapest chunk count that fits the budget (or the most useful count), and keeps the
+    `beam` best partial plans ranked by slowdown plus their remaining excess over the budget; the
+    chosen plan's counts are then relaxed (`_relax`)."""
     base = estimate_memory(g, temp=temp)
     total = max(graph_time(g, model), 1e-12)
     if base.peak_bytes <= budget_bytes:

@@ -281,6 +281,8 @@ def calibrate(device: str = "cpu") -> ac.SpeedModel:
             lambda: torch.empty(16 * 2**20, device=device).fill_(1.0),
             lambda: dst.fill_(1.0),
         ]
+        if device.startswith("cuda"):  # asynchronous: time each probe to completion
+            probes = [lambda p=p: (p(), torch.cuda.synchronize()) for p in probes]
         times = _best_times(probes)
     overhead, mm, (copy, fresh, warm) = times[0], times[1:-3], times[-3:]
     rates: list[tuple[int, float]] = []
@@ -300,14 +302,21 @@ def measure_times(
     on the device).  CPU page faults are counted by the process; other devices report none."""
     best: dict[str, tuple[float, int]] = {}
     page = resource.getpagesize()
+    cuda = _device_of(gm, args) == "cuda"
+
+    def sync() -> None:  # device ops run asynchronously: time them to completion
+        if cuda:
+            torch.cuda.synchronize()
 
     class _Timer(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             if n.op != "call_function":
                 return super().run_node(n)
+            sync()
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             out = super().run_node(n)
+            sync()
             t = time.perf_counter() - t0
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             if n.name not in best or t < best[n.name][0]:

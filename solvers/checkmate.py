@@ -1,11 +1,12 @@
 """Checkmate: optimal rematerialization as a MILP over frontier-advancing stages (Jain et al., MLSys 2020).
 
-Stage t computes compute node t (capture order) for the first time and may recompute earlier nodes,
-in ascending order, each at most once (Checkmate Sec. 4.3: R and S are lower triangular).  The model
+Stage t computes compute node t of a fixed topological order for the first time and may recompute
+earlier nodes, in ascending order, each at most once (Checkmate Sec. 4.3: R and S are lower
+triangular).  The model
 works on the CD-graph (Rockmate Appendix B): a compute writes several data nodes, and each data node
 is kept or freed on its own.
 
-Variables, per stage t (positions in the capture order of the required compute nodes):
+Variables, per stage t (positions in that order of the required compute nodes):
   R[t,j]    node j computed in stage t (R[t,t] = 1);
   S[t,d]    data d alive when stage t starts (kept from stage t-1);
   L[t,d,e]  data d resident at step e of stage t, only at d's *events* e (its producer and its
@@ -18,17 +19,23 @@ Memory during step k: persistent sources + U[t,k] + workspace_k R[t,k] <= budget
 node k counted once even when some of them are already alive (the simulator's rule).  The objective is
 the total compute time sum R[t,j] time_j.
 
-Every schedule returned passes `solvers.simulate` and fits the budget; a time limit returns the best
-schedule known (MILP incumbent, eager order, checkpointing heuristic or the caller's incumbent) with
-the MILP's gap.  `solve_lp` is Checkmate's two-phase LP rounding (Sec. 5): solve the LP relaxation at a
-scaled-down budget, round S, recompute the cheapest R for that S (the dependency closure), keep the
-best schedule that fits.  `minimum_budget` solves the same model with the peak as objective; its answer
-makes `InfeasibleBudget.minimum_bytes` tight and is the last resort before giving up.
+Every schedule returned passes `solvers.simulate` and fits the budget.  `solve` seeds the MILP
+(a MIP start) with the fastest schedule it knows that fits: the eager order, the caller's incumbent,
+Rockmate's and Rotor's plans and the LP rounding's; a time limit returns the best schedule known with
+the gap against the MILP's bound, so it is never worse than any of them.  `solve_lp` is Checkmate's
+two-phase LP rounding (Sec. 5): solve the LP relaxation (at the budget, then scaled-down budgets),
+round S, recompute the cheapest R for that S (the dependency closure), keep the best schedule that
+fits, never worse than the checkpointing heuristic it computes first.  `minimum_budget` solves the
+same model with the peak as objective; its answer makes `InfeasibleBudget.minimum_bytes` tight and is
+the last resort before giving up.
 
-Known limit: the stage class fixes the order of first computations (capture order) and recomputes in
-ascending order inside a stage, so a schedule in another order can beat this "optimum" (tests/
-bruteforce.py finds such cases even on 3-layer training chains); `status="optimal"` is optimal within
-the class.
+Known limits: the stage class fixes the order of first computations (capture order, or the order of
+the MILP's start) and recomputes in ascending order inside a stage, so a schedule in another order
+can beat this "optimum" (tests/bruteforce.py finds such cases even on 3-layer training chains);
+`status="optimal"` is optimal within the class (`extra["optimal_within"]` names the order).  The model
+has O(n^2) variables: on captured graphs of a few hundred nodes (a 12-layer GPT: 591 nodes, 10^6
+variables) neither the MILP nor its LP relaxation is built and solved within seconds, and the answer
+is the best start with a gap against the no-recomputation bound.
 """
 
 from __future__ import annotations
@@ -36,11 +43,11 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from solvers import milp
-from solvers.ir import Graph, Phase
+from solvers.ir import Graph, GraphError, Phase
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
 from solvers.schedule import Schedule, Step, compute, eager_schedule, free
 from solvers.simulate import Timeline, simulate
@@ -98,8 +105,10 @@ class _Stages:
         return len(self.order)
 
 
-def _stages(graph: Graph) -> _Stages:
-    order = tuple(sorted(graph.required_computes))
+def _stages(graph: Graph, order: Sequence[int] | None = None) -> _Stages:
+    """The stage structure for `order`, a topological order of the required compute nodes (default:
+    capture order).  Checkmate fixes one topological order (Sec. 4.3); any valid one will do."""
+    order = tuple(sorted(graph.required_computes)) if order is None else tuple(order)
     pos = {c: i for i, c in enumerate(order)}
     datas = tuple(d.id for d in graph.datas if d.producer is not None and d.producer in pos)
     prod = {d: pos[graph.datas[d].producer] for d in datas}  # type: ignore[index]
@@ -107,6 +116,13 @@ def _stages(graph: Graph) -> _Stages:
     inputs = tuple(tuple(d for d in dict.fromkeys(graph.computes[c].inputs) if d in prod) for c in order)
     return _Stages(order, pos, datas, prod, readers, inputs, frozenset(d for d in graph.outputs if d in prod),
                    graph.persistent_bytes())
+
+
+def _first_order(graph: Graph, sequence: Sequence[int]) -> tuple[int, ...] | None:
+    """The required compute nodes in the order `sequence` first computes them (None if it misses one)."""
+    required = graph.required_computes
+    order = tuple(c for c in dict.fromkeys(sequence) if c in required)
+    return order if len(order) == len(required) else None
 
 
 def _stage_sets(st: _Stages, sequence: Sequence[int]) -> list[list[int]] | None:
@@ -322,29 +338,40 @@ def _plan(graph: Graph, schedule: Schedule, source: str) -> _Plan | None:
     return _Plan(schedule, tl, source) if tl.valid else None
 
 
-def _checkpoint_plans(graph: Graph, st: _Stages, budget: int, deadline: float) -> list[_Plan]:
-    """Checkpointing schedules: the k forward activations cheapest to recompute per byte are dropped
-    (recomputed by closure when needed), everything else is kept until its last use.  Binary search
-    for the fewest drops that fit `budget` (peak falls, roughly, as k grows): O(log n) simulations."""
-    fwd = [d for d in st.datas
-           if d not in st.outputs and graph.computes[st.order[st.prod[d]]].phase == Phase.FORWARD]
-    fwd.sort(key=lambda d: graph.computes[st.order[st.prod[d]]].time / max(graph.datas[d].bytes, 1))
+def _forward_data(graph: Graph, st: _Stages) -> list[int]:
+    """Data produced by forward nodes, other than required outputs: what checkpointing may drop."""
+    return [d for d in st.datas
+            if d not in st.outputs and graph.computes[st.order[st.prod[d]]].phase == Phase.FORWARD]
+
+
+def _drop_plans(graph: Graph, st: _Stages, keep: Sequence[set[int]], candidates: Sequence[int], budget: int,
+                deadline: float, source: str) -> list[_Plan]:
+    """Schedules from the keep sets `keep` (S per stage) with the first k of `candidates` dropped: a
+    dropped activation is held in no stage from its production up to its first non-forward reader, so
+    the closure (`_closure_sequence`) recomputes it there, once, and the backward holds it from then
+    on.  Binary search for the fewest drops that fit `budget` (peak falls, roughly, as k grows):
+    O(log n) simulations.  Dropping all of them is evaluated first; if that does not fit, only it."""
+    first_late: dict[int, int] = {}
+    for d in candidates:
+        late = [r for r in st.readers[d] if graph.computes[st.order[r]].phase != Phase.FORWARD]
+        first_late[d] = late[0] if late else (st.readers[d][-1] if st.readers[d] else st.prod[d])
     plans: dict[int, _Plan] = {}
 
     def evaluate(k: int) -> _Plan | None:
         if k not in plans:
-            dropped = set(fwd[:k])
-            kept = [d for d in st.datas if d not in dropped]
-            keep = [{d for d in kept if st.prod[d] < t} for t in range(st.n)]
-            seq = _closure_sequence(st, keep)
-            p = _plan(graph, with_early_frees(graph, seq), f"checkpoint({k}/{len(fwd)})")
+            sets = [set(s) for s in keep]
+            for d in candidates[:k]:
+                for t in range(st.prod[d] + 1, first_late[d] + 1):
+                    sets[t].discard(d)
+            seq = _closure_sequence(st, sets)
+            p = _plan(graph, with_early_frees(graph, seq), f"{source}({k}/{len(candidates)})")
             if p is not None:
                 plans[k] = p
         return plans.get(k)
 
-    top = evaluate(len(fwd))
+    top = evaluate(len(candidates))
     if top is not None and top.peak <= budget:
-        lo, hi = 0, len(fwd)  # invariant: hi fits
+        lo, hi = -1, len(candidates)  # invariant: hi fits
         while hi - lo > 1 and time.perf_counter() < deadline:
             mid = (lo + hi) // 2
             p = evaluate(mid)
@@ -353,6 +380,16 @@ def _checkpoint_plans(graph: Graph, st: _Stages, budget: int, deadline: float) -
             else:
                 lo = mid
     return list(plans.values())
+
+
+def _checkpoint_plans(graph: Graph, st: _Stages, budget: int, deadline: float) -> list[_Plan]:
+    """Checkpointing: everything is kept until its last use except the k forward activations cheapest
+    to recompute per byte, which are dropped after the forward and recomputed once for the backward
+    (`_drop_plans`); the fewest drops that fit `budget`."""
+    fwd = _forward_data(graph, st)
+    fwd.sort(key=lambda d: graph.computes[st.order[st.prod[d]]].time / max(graph.datas[d].bytes, 1))
+    keep = [{d for d in st.datas if st.prod[d] < t} for t in range(st.n)]
+    return _drop_plans(graph, st, keep, fwd, budget, deadline, "checkpoint")
 
 
 def _lower_bound_bytes(graph: Graph, st: _Stages) -> int:
@@ -383,10 +420,11 @@ def _spare(deadline: float, time_limit: float) -> float:
 
 
 def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph | None = None,
-                time_limit: float = 0.0) -> InfeasibleBudget:
-    """The error with the smallest feasible budget known; with `graph`, first spend up to `time_limit`
-    on the min-peak MILP (`minimum_budget`) to make that number tight."""
-    peaks = [p.peak for p in known]
+                time_limit: float = 0.0, floors: Sequence[int] = ()) -> InfeasibleBudget:
+    """The error with the smallest feasible budget known (the peaks of `known`, and `floors`: budgets
+    other solvers reported feasible); with `graph`, first spend up to `time_limit` on the min-peak
+    MILP (`minimum_budget`) to make that number tight."""
+    peaks = [p.peak for p in known] + list(floors)
     if graph is not None and time_limit > 0:
         peaks.append(minimum_budget(graph, time_limit=time_limit).peak_bytes)
     return InfeasibleBudget(budget, min(peaks, default=None), solver)
@@ -438,20 +476,66 @@ def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
 
 
 # --- public entry points --------------------------------------------------------------------------
+def _hierarchy_plans(graph: Graph, budget: int, time_limit: float) -> tuple[list[_Plan], list[int]]:
+    """Rockmate's and Rotor's schedules at `budget` (Rockmate Sec. 3-4), each also with its frees moved
+    as early as possible (`with_early_frees`: the form the MILP's start values describe), and the
+    smallest budgets they report where they cannot fit it.  Rockmate gets the caller's time limit, so
+    its block menus are the ones `rockmate.solve` caches for a plain rockmate plan at that limit."""
+    from solvers import rockmate, rotor  # rockmate -> block_milp -> milp: no cycle, but only used here
+
+    plans: list[_Plan] = []
+    minimums: list[int] = []
+    for name, solver in (("rockmate", rockmate.solve), ("rotor", rotor.solve)):
+        try:
+            result = solver(graph, budget, time_limit=time_limit)
+        except InfeasibleBudget as exc:
+            if exc.minimum_bytes is not None:
+                minimums.append(exc.minimum_bytes)
+            continue
+        except GraphError:  # not a chain of blocks: no hierarchy plans
+            break
+        seq = [s.node for s in result.schedule if s.op == "compute"]
+        plans += [p for p in (_plan(graph, with_early_frees(graph, seq), name),
+                              _plan(graph, result.schedule, name)) if p is not None]
+    return plans, minimums
+
+
+def _warm_start(graph: Graph, plans: Sequence[_Plan]) -> tuple[_Stages, _Plan | None, list[list[int]] | None]:
+    """The stage order of the MILP and its MIP start: the fastest of `plans` that lies in Checkmate's
+    class for the order of its own first computations (recomputations ascending, at most once per
+    stage), with that order; otherwise capture order and no start."""
+    for p in sorted(plans, key=lambda p: p.time):
+        seq = [s.node for s in p.schedule if s.op == "compute"]
+        order = _first_order(graph, seq)
+        if order is None:
+            continue
+        st = _stages(graph, order)
+        stages = _stage_sets(st, seq)
+        if stages is not None:
+            return st, p, stages
+    return _stages(graph), None, None
+
+
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False,
-          incumbent: Schedule | None = None, backend: milp.Backend | None = None) -> SolveResult:
+          incumbent: Schedule | None = None, backend: milp.Backend | None = None,
+          hierarchy: bool = True) -> SolveResult:
     """Minimum total compute time schedule within `budget_bytes` (Checkmate's MILP, Sec. 4).
 
-    `relax=True` runs the two-phase LP rounding instead (`solve_lp`).  `incumbent`: a schedule the
-    caller already has (e.g. from Rotor); it seeds the MILP when it is in Checkmate's class and is
-    returned if nothing better is found.  `backend`: "highs" (default when highspy imports) or "cbc".
-    Raises `InfeasibleBudget` when no schedule is known to fit.
+    The MILP is warm-started (MIP start) from the fastest schedule known that fits: the eager order,
+    `incumbent` (a schedule the caller already has), with `hierarchy` Rockmate's and Rotor's plans at
+    this budget, and the two-phase LP rounding's (`solve_lp`, given 60% of the time then left).  Its
+    stages follow the first-computation order of that start (Checkmate fixes one topological order,
+    Sec. 4.3), so the start lies in the MILP's class and the MILP's bound is a bound for it.  The
+    fastest known schedule is returned when the MILP does not beat it, with the gap against the
+    MILP's bound.  `relax=True` runs the two-phase LP rounding instead (`solve_lp`).  `backend`:
+    "highs" (default when highspy imports) or "cbc".  Raises `InfeasibleBudget` when no schedule is
+    known to fit.
     """
     if relax:
         return solve_lp(graph, budget_bytes, time_limit=time_limit)
     t0 = time.perf_counter()
     deadline = t0 + time_limit
-    st = _stages(graph)
+    lb_time = sum(graph.computes[c].time for c in graph.required_computes)
     known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
     if incumbent is not None:
         p = _plan(graph, tuple(incumbent), "incumbent")
@@ -459,23 +543,39 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             why = simulate(graph, incumbent).issues[0]
             raise ValueError(f"the incumbent schedule is invalid ({why}): pass one that simulates cleanly")
         known.append(p)
-    fits = [p for p in known if p.peak <= budget_bytes]
-    if not fits:
-        known += _checkpoint_plans(graph, st, budget_bytes, t0 + 0.3 * time_limit)
-        fits = [p for p in known if p.peak <= budget_bytes]
+    floors: list[int] = []
+
+    def fastest() -> _Plan | None:
+        return min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
+
+    best = fastest()
+    if hierarchy and (best is None or best.time > lb_time * (1 + 1e-12)):
+        plans, floors = _hierarchy_plans(graph, budget_bytes, time_limit)
+        known += plans
+        best = fastest()
+    if best is None or best.time > lb_time * (1 + 1e-12):
+        # the LP rounding (Sec. 5) and checkpointing plans: more starts, in 60% of the time left
+        try:
+            lp = solve_lp(graph, budget_bytes, time_limit=0.6 * (deadline - time.perf_counter()))
+            known += [p for p in (_plan(graph, lp.schedule, f"checkmate-lp {lp.stats.extra['source']}"),)
+                      if p is not None]
+        except InfeasibleBudget as exc:
+            floors += [exc.minimum_bytes] if exc.minimum_bytes is not None else []
+        best = fastest()
+    st, seed, seed_stages = _warm_start(graph, [p for p in known if p.peak <= budget_bytes])
     if budget_bytes < _lower_bound_bytes(graph, st):
-        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
-    best = min(fits, key=lambda p: p.time, default=None)
-    lb_time = sum(graph.computes[c].time for c in st.order)
-    extra: dict[str, object] = {"stages": st.n, "optimal_within": "first computations in capture order"}
+        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
+    extra: dict[str, object] = {
+        "stages": st.n, "warm_start_from": None if seed is None else seed.source,
+        "optimal_within": f"first computations in the order of {'capture' if seed is None else seed.source}"}
 
     def incumbent_result(why: str, bound: float | None) -> SolveResult:
         nonlocal best
         if best is None:
             best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
         if best is None:
-            raise _infeasible(budget_bytes, known, "checkmate")
-        # a MILP bound above the incumbent comes from a caller's schedule outside Checkmate's class
+            raise _infeasible(budget_bytes, known, "checkmate", floors=floors)
+        # a MILP bound above the fastest plan: that plan lies outside the MILP's stage class
         bound = lb_time if bound is None or bound > best.time else max(bound, lb_time)
         gap = max(0.0, best.time - bound) / best.time if best.time > 0 else 0.0
         status = "optimal" if gap <= 1e-9 else "feasible"
@@ -490,28 +590,29 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     tscale = lb_time or 1.0
     shrink = 0.0
     for _attempt in range(3):
+        now = time.perf_counter()
         try:
-            model, V = _build(st, graph, max(cap - shrink, 0.5), t0 + 0.5 * time_limit)
+            model, V = _build(st, graph, max(cap - shrink, 0.5), now + 0.6 * (deadline - now))
         except _Timeout:
             return incumbent_result("time limit while building the MILP", None)
         extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
-                     build_seconds=round(time.perf_counter() - t0, 3))
-        if deadline - time.perf_counter() < 0.3 * time_limit:
+                     build_seconds=round(time.perf_counter() - now, 3))
+        if deadline - time.perf_counter() < 0.1 * time_limit:
             return incumbent_result("time limit: too little left after building the MILP", None)
         start = None
-        if best is not None:
-            stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
-            if stages is not None:
-                start = _start_values(st, graph, model, V, stages)
-                if model.num_vars < 5_000 and model.violation(start) > 1e-6:
-                    start = None  # a bug here must not poison the search; the MILP still runs
+        if seed_stages is not None:
+            start = _start_values(st, graph, model, V, seed_stages)
+            if model.num_vars < 5_000 and model.violation(start) > 1e-6:
+                start = None  # a bug here must not poison the search; the MILP still runs
         extra["warm_start"] = start is not None
         sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), start=start,
                          backend=backend)
         extra["backend"] = sol.backend
         bound = sol.bound * tscale if sol.bound is not None else None
         if sol.status == "infeasible":
-            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
+            if best is not None:  # numerically infeasible at a budget some known schedule fits
+                return incumbent_result("MILP reported infeasible", None)
+            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
         if sol.x is None:
             return incumbent_result("time limit before the MILP found a solution", bound)
         seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
@@ -538,57 +639,114 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     return incumbent_result("MILP solutions exceeded the budget by solver tolerance", None)
 
 
+def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], budget: int, deadline: float,
+                   source: str, rng: random.Random, samples: int) -> list[_Plan]:
+    """Two-phase rounding of an LP solution `values` (S* per stage, Checkmate Sec. 5): round S, then the
+    cheapest R for that S (the dependency closure, `_closure_sequence`), frees as early as possible.
+
+    Deterministic rounding keeps d into stage t iff S*[t,d] >= theta, for the paper's theta = 0.5 and
+    higher thresholds up to 0.99 (keep less).  When the theta = 0.5 rounding does not fit, it is
+    repaired: forward activations it holds across the forward are dropped until their first backward
+    reader (as in checkpointing, `_drop_plans`), lowest LP value first, the fewest that fit.  Then up
+    to `samples` randomized roundings (keep with probability S*) while time is left."""
+    plans: list[_Plan] = []
+
+    def evaluate(keep: list[set[int]], label: str) -> _Plan | None:
+        p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"{source} {label}")
+        if p is not None:
+            plans.append(p)
+        return p
+
+    def rounded(rule: Callable[[float], bool]) -> list[set[int]]:
+        return [{d for d, v in values[t].items() if rule(v)} for t in range(st.n)]
+
+    half = rounded(lambda v: v >= 0.5)
+    p = evaluate(half, "theta=0.5")
+    if p is None or p.peak > budget:
+        score: dict[int, float] = {}
+        for d in _forward_data(graph, st):
+            held = [values[t].get(d, 0.0) for t in range(st.prod[d] + 1, st.n) if d in half[t]]
+            if held:
+                score[d] = sum(held) / len(held)
+        candidates = sorted(score, key=lambda d: (score[d], graph.computes[st.order[st.prod[d]]].time
+                                                  / max(graph.datas[d].bytes, 1)))
+        plans += _drop_plans(graph, st, half, candidates, budget, deadline, f"{source} theta=0.5 repaired")
+    for theta in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99):
+        if time.perf_counter() > deadline:
+            return plans
+        evaluate(rounded(lambda v, th=theta: v >= th), f"theta={theta}")
+    for _ in range(samples):
+        if time.perf_counter() > deadline:
+            break
+        evaluate(rounded(lambda v: rng.random() < v), "random")
+    return plans
+
+
 def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
              scales: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3),
              samples: int = 8, seed: int = 0) -> SolveResult:
-    """Two-phase LP rounding (Checkmate Sec. 5): for each budget scale, solve the LP relaxation, round
-    S (threshold 0.5 and `samples` Bernoulli draws), take the closure R for that S, simulate, and keep
-    the cheapest schedule that fits.  Rounding at the full budget rarely fits, hence the scales."""
+    """Two-phase LP rounding (Checkmate Sec. 5), returning within about `time_limit` seconds.
+
+    First the checkpointing heuristic (`_checkpoint_plans`, a binary search over how many forward
+    activations to drop), so the answer is never worse than it.  Then,
+    for each budget scale while time is left: solve the LP relaxation of the stage MILP at the scaled
+    budget and round it (`_rounded_plans`).  Rounding at the full budget may not fit, hence the scales.
+    The cheapest schedule that fits wins.  When the LP of a large graph cannot be built or solved in
+    the time left, the checkpointing plan is the answer (`extra["stopped"]` says so)."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit
     st = _stages(graph)
     rng = random.Random(seed)
     known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
-    best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
     lb_time = sum(graph.computes[c].time for c in st.order)
+    extra: dict[str, object] = {"stages": st.n, "lp_solves": 0}
+
+    def fastest() -> _Plan | None:
+        return min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
+
     if budget_bytes < _lower_bound_bytes(graph, st):
-        known += _checkpoint_plans(graph, st, budget_bytes, deadline)
+        known += _checkpoint_plans(graph, st, budget_bytes, t0 + 0.25 * time_limit)
         raise _infeasible(budget_bytes, known, "checkmate-lp", graph, _spare(deadline, time_limit))
     bound = None
-    tried = 0
     backend = ""
-    for scale in scales if best is None or best.time > lb_time else ():
-        if time.perf_counter() > deadline:
-            break
-        try:
-            model, V = _build(st, graph, max((budget_bytes - st.base) * scale, 0.5), deadline)
-        except _Timeout:
-            break
-        sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), relax=True)
-        backend = sol.backend
-        if sol.x is None:
-            continue
-        if scale == 1.0 and sol.status == "optimal":
-            bound = sol.objective * (lb_time or 1.0)  # LP optimum at the real budget: a lower bound
-        # thresholds above 0.5 keep less (less memory, more recomputation); draws explore around them
-        draws = [lambda v, th=th: v >= th for th in (0.5, 0.75, 0.9, 0.99)]
-        draws += [lambda v: rng.random() < v for _ in range(samples)]
-        for rule in draws:
-            keep = [{d for d, v in V.S[t].items() if rule(sol.x[v])} for t in range(st.n)]
-            p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"lp-rounding@{scale}")
-            tried += 1
-            if p is not None:
-                known.append(p)
-                if p.peak <= budget_bytes and (best is None or p.time < best.time):
-                    best = p
-    if best is None:
-        known += _checkpoint_plans(graph, st, budget_bytes, deadline + 0.2 * time_limit)
-        best = min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
+    best = fastest()
+    if best is None or best.time > lb_time * (1 + 1e-12):
+        # O(log n) simulations, never cut short before the deadline: the LP gets what is left
+        known += _checkpoint_plans(graph, st, budget_bytes, deadline)
+        extra["stopped"] = "all budget scales rounded"
+        for scale in scales:
+            now = time.perf_counter()
+            if deadline - now < 0.15 * time_limit:
+                extra["stopped"] = "time limit"
+                break
+            try:
+                model, V = _build(st, graph, max((budget_bytes - st.base) * scale, 0.5),
+                                  now + 0.4 * (deadline - now))
+            except _Timeout:
+                extra["stopped"] = "time limit while building the LP"
+                break
+            # keep a tenth of the limit for rounding this LP's solution
+            sol = milp.solve(model, time_limit=deadline - time.perf_counter() - 0.1 * time_limit, relax=True)
+            backend = sol.backend
+            if sol.x is None:
+                extra["stopped"] = "time limit while solving the LP" if sol.status != "infeasible" else \
+                    f"LP infeasible at budget scale {scale}"
+                break
+            extra["lp_solves"] = int(extra["lp_solves"]) + 1  # type: ignore[call-overload]
+            if scale == 1.0 and sol.status == "optimal":
+                bound = sol.objective * (lb_time or 1.0)  # LP optimum at the real budget: a lower bound
+            values = [{d: sol.x[v] for d, v in V.S[t].items()} for t in range(st.n)]
+            known += _rounded_plans(graph, st, values, budget_bytes, deadline, f"lp@{scale}", rng, samples)
+            best = fastest()
+            if best is not None and best.time <= lb_time * (1 + 1e-12):
+                break
+    best = fastest()
     if best is None:
         best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
     if best is None:
         raise _infeasible(budget_bytes, known, "checkmate-lp")
     gap = max(0.0, best.time - bound) / best.time if bound is not None and best.time > 0 else None
+    extra.update(source=best.source, roundings=sum(p.source.startswith("lp@") for p in known))
     return SolveResult(best.schedule, SolverStats(
         "checkmate-lp", "heuristic", time.perf_counter() - t0, objective=best.time, bound=bound, gap=gap,
-        backend=backend, extra={"source": best.source, "roundings": tried, "stages": st.n}))
+        backend=backend, extra=extra))

@@ -193,3 +193,82 @@ def test_medium_graphs_optimal_or_gap():
         r = checkmate.solve(g, b, time_limit=limit)
         check(g, r, b)
         assert r.stats.gap is not None and r.stats.gap < 0.05
+
+
+def _reverse_topological(graph):
+    """A topological order that takes the ready node with the largest id first: differs from capture
+    order wherever the graph has independent nodes (q/k/v projections, parallel branches)."""
+    import heapq
+
+    preds = {c.id: set(graph.predecessors(c.id)) for c in graph.computes}
+    ready = [-c for c, p in preds.items() if not p]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        c = -heapq.heappop(ready)
+        order.append(c)
+        for s, p in preds.items():
+            if c in p:
+                p.discard(c)
+                if not p:
+                    heapq.heappush(ready, -s)
+    return order
+
+
+def test_incumbent_in_another_order_warm_starts_and_is_never_beaten_by_worse():
+    """An incumbent whose first computations are not in capture order (as Rockmate's and Rotor's are
+    not on captured graphs) still seeds the MILP: the stages follow its order.  With too little time
+    to beat it, the incumbent itself comes back, with a gap against the MILP's bound."""
+    g = random_training_dag(random.Random(5), 6)
+    order = [c for c in _reverse_topological(g) if c in g.required_computes]
+    assert order != sorted(order)
+    eager = simulate(g, eager_schedule(g))
+    st = _stages(g, order)
+    fits = [p for p in checkmate._checkpoint_plans(g, st, eager.peak_bytes - 1, float("inf"))
+            if p.peak < eager.peak_bytes]
+    incumbent = min(fits, key=lambda p: p.time)
+    budget = incumbent.peak
+    sequence = [s.node for s in incumbent.schedule if s.op == "compute"]
+    assert checkmate._first_order(g, sequence) == tuple(order)
+    seeded, seed, stages = checkmate._warm_start(g, [incumbent])
+    assert seeded.order == tuple(order) and seed is incumbent and stages is not None
+    for limit in (0.5, 5.0):
+        r = checkmate.solve(g, budget, time_limit=limit, incumbent=incumbent.schedule, hierarchy=False)
+        check(g, r, budget)
+        assert r.stats.objective <= incumbent.time + 1e-12
+        assert r.stats.gap is not None and r.stats.bound <= r.stats.objective + 1e-12
+
+
+def test_never_worse_than_rockmate_or_rotor():
+    """The hierarchy's plans are MILP starts, so checkmate returns nothing slower even when stopped."""
+    from solvers import rockmate, rotor
+
+    g = chain_of_blocks(18, 3)
+    eager = simulate(g, eager_schedule(g))
+    for fraction in (0.4, 0.7):
+        b = g.persistent_bytes() + int(fraction * (eager.peak_bytes - g.persistent_bytes()))
+        r = checkmate.solve(g, b, time_limit=2.0)
+        check(g, r, b)
+        for other in (rockmate.solve(g, b, time_limit=2.0), rotor.solve(g, b)):
+            assert r.stats.objective <= simulate(g, other.schedule).total_time + 1e-12
+
+
+@pytest.mark.slow
+def test_lp_rounding_honours_its_time_limit_and_beats_checkpointing():
+    """On a graph whose LP cannot be solved within the limit, checkmate-lp still returns in about the
+    limit, with a plan no slower than the checkpointing fallback it computes first."""
+    import time
+
+    g = chain_of_blocks(30, 3)
+    eager = simulate(g, eager_schedule(g))
+    st = _stages(g)
+    for fraction in (0.3, 0.6):
+        b = g.persistent_bytes() + int(fraction * (eager.peak_bytes - g.persistent_bytes()))
+        ckpt = [p for p in checkmate._checkpoint_plans(g, st, b, float("inf")) if p.peak <= b]
+        for limit in (3.0, 8.0):
+            start = time.perf_counter()
+            r = checkmate.solve_lp(g, b, time_limit=limit)
+            assert time.perf_counter() - start <= 1.5 * limit + 1.0
+            check(g, r, b)
+            if ckpt:
+                assert r.stats.objective <= min(p.time for p in ckpt) + 1e-12

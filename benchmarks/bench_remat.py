@@ -172,7 +172,7 @@ def _plan_row(prof: Any, name: str, args: tuple, eager: torch.nn.Module, strateg
     except InfeasibleBudget as exc:
         return {**row, "status": "infeasible", "minimum": exc.minimum_bytes,
                 "solve_s": round(time.perf_counter() - start, 2)}
-    row.update(status=result.stats.status, gap=result.stats.gap,
+    row.update(status=result.stats.status, gap=result.stats.gap, source=_source(result.stats),
                solve_s=round(time.perf_counter() - start, 2), peak=timeline.peak_bytes,
                predicted_overhead=timeline.total_time / base.total_time)
     if row["predicted_overhead"] > MAX_RUN_OVERHEAD:
@@ -189,6 +189,17 @@ def _plan_row(prof: Any, name: str, args: tuple, eager: torch.nn.Module, strateg
         runs[key] = measure_vs(memviz.export(plan), eager, args, steps)
     run = runs[key]
     return {**row, **run, "peak_error": (run["measured_peak"] - timeline.peak_bytes) / timeline.peak_bytes}
+
+
+def _source(stats: Any) -> str | None:
+    """Where a checkmate answer came from: the MILP's own solution, or the start it could not beat
+    (rockmate, rotor, the LP rounding, checkpointing), and for checkmate-lp the rounding or fallback."""
+    if stats.solver == "checkmate":
+        stopped = stats.extra.get("stopped")
+        return f"{stats.extra.get('incumbent') or 'milp'}" + (f" ({stopped})" if stopped else "")
+    if stats.solver == "checkmate-lp":
+        return stats.extra.get("source")
+    return None
 
 
 def torch_rows(model: torch.nn.Module, args: tuple, eager: torch.nn.Module, steps: int) -> list[dict]:
@@ -294,6 +305,8 @@ def _plan_table(m: dict) -> list[str]:
             out.append(f"| {budget} | {r['strategy']} | infeasible | {r['solve_s']} | | | | |")
             continue
         gap = "" if not r.get("gap") else f" (gap {100 * r['gap']:.1f}%)"
+        if r.get("source"):
+            gap += f", from {r['source']}"
         peak, overhead = ((f"not run ({r['not_run']})", "") if "not_run" in r
                           else (f"{r['measured_peak'] / MiB:.2f}", f"{r['measured_overhead']:.3f}"))
         out.append(f"| {budget} | {r['strategy']} | {r['status']}{gap} | {r['solve_s']} | "
@@ -362,7 +375,13 @@ def markdown(result: dict) -> str:
            "step pairs, one intra-op thread); peaks are live tensor bytes (parameters, gradients, inputs "
            "included) from the CPU tracker. Budgets are fractions of the range from rotor's minimum "
            "feasible budget to the eager peak; checkmate has a time limit of "
-           f"{result['time_limit']} s per budget.", ""]
+           f"{result['time_limit']} s per budget. Checkmate's MILP starts from the fastest of rockmate's, "
+           "rotor's and the LP rounding's plans and returns that start when it finds nothing better "
+           "(\"from ...\", with why the MILP stopped), with the gap against the MILP's bound, or against the "
+           "no-recomputation time when the MILP was not solved; optimality is within first computations "
+           "in the start's order. checkmate-lp falls back on "
+           "checkpointing (forward activations dropped after the forward, recomputed once for the "
+           "backward) when its LP cannot be built and solved in the limit.", ""]
     for m in result["models"]:
         out += [f"### {m['model']} ({m['compute_nodes']} ops, profiled in {m['profile_s']} s)", "",
                 f"Eager peak predicted {m['eager_peak_predicted'] / MiB:.2f} MiB, measured "

@@ -553,6 +553,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         plans, floors = _hierarchy_plans(graph, budget_bytes, time_limit)
         known += plans
         best = fastest()
+    if budget_bytes < _lower_bound_bytes(graph, _stages(graph)):
+        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
     if best is None or best.time > lb_time * (1 + 1e-12):
         # the LP rounding (Sec. 5) and checkpointing plans: more starts, in 60% of the time left
         try:
@@ -563,8 +565,6 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             floors += [exc.minimum_bytes] if exc.minimum_bytes is not None else []
         best = fastest()
     st, seed, seed_stages = _warm_start(graph, [p for p in known if p.peak <= budget_bytes])
-    if budget_bytes < _lower_bound_bytes(graph, st):
-        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
     extra: dict[str, object] = {
         "stages": st.n, "warm_start_from": None if seed is None else seed.source,
         "optimal_within": f"first computations in the order of {'capture' if seed is None else seed.source}"}

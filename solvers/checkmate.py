@@ -523,7 +523,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
 
     The MILP is warm-started (MIP start) from the fastest schedule known that fits: the eager order,
     `incumbent` (a schedule the caller already has), with `hierarchy` Rockmate's and Rotor's plans at
-    this budget, and the two-phase LP rounding's (`solve_lp`, given 60% of the time then left).  Its
+    this budget, and the two-phase LP rounding's (`solve_lp`, given 70% of the time then left).  Its
     stages follow the first-computation order of that start (Checkmate fixes one topological order,
     Sec. 4.3), so the start lies in the MILP's class and the MILP's bound is a bound for it.  The
     fastest known schedule is returned when the MILP does not beat it, with the gap against the
@@ -556,9 +556,9 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     if budget_bytes < _lower_bound_bytes(graph, _stages(graph)):
         raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
     if best is None or best.time > lb_time * (1 + 1e-12):
-        # the LP rounding (Sec. 5) and checkpointing plans: more starts, in 60% of the time left
+        # the LP rounding (Sec. 5) and checkpointing plans: more starts, in 70% of the time left
         try:
-            lp = solve_lp(graph, budget_bytes, time_limit=0.6 * (deadline - time.perf_counter()))
+            lp = solve_lp(graph, budget_bytes, time_limit=0.7 * (deadline - time.perf_counter()))
             known += [p for p in (_plan(graph, lp.schedule, f"checkmate-lp {lp.stats.extra['source']}"),)
                       if p is not None]
         except InfeasibleBudget as exc:

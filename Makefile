@@ -29,7 +29,7 @@ install-test: clean-build chromium
 
 # `pip install` silently reuses an existing build (skip-if-exists): start from no build at all.
 clean-build:
-	rm -rf memviz/labextension labextension/lib
+	rm -rf memviz/labextension labextension/lib memviz/static
 
 chromium:
 	@if [ ! -x $(CHROMIUM) ]; then \

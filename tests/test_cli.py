@@ -68,7 +68,8 @@ def test_plan_subprocess_writes_report_export_and_plan(factory: Path, tmp_path: 
     assert export.with_suffix(".plan.json").is_file()  # the plan JSON beside the exported source
     html = report.read_text()
     assert not re.search(r"<script[^>]+src=[\"']?https?:", html)
-    assert re.search(r'figs = \[\{"data":\[\{"type":"scatter"', html), "the memory curve's data is inline"
+    # the plan it was written for ("created" is stamped each time a plan is serialized)
+    assert {**embedded_plan(html), "created": doc["created"]} == doc
 
 
 def test_demo_writes_offline_report_and_refuses_overwrite(tmp_path: Path, capsys) -> None:
@@ -77,14 +78,22 @@ def test_demo_writes_offline_report_and_refuses_overwrite(tmp_path: Path, capsys
     html = out.read_text()
     assert not re.search(r"<script[^>]+src=[\"']?https?:", html), "the report must open without network"
     assert not re.search(r"<link[^>]+href=[\"']?https?:", html)
-    assert re.search(r'figs = \[\{"data":\[\{"type":"scatter"', html), "the memory curve's data is inline"
-    assert '"name":"activations"' in html
+    embedded = embedded_plan(html)
+    assert embedded["schema"] == "memviz.plan/1"
+    assert any(embedded["planned"]["timeline"]["by_category"]["activations"])
     capsys.readouterr()
     before = out.read_bytes()
     assert main(["demo", "--output", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert out.read_bytes() == before
     assert main(["demo", "--output", str(out), "--overwrite"]) == 0
+
+
+def embedded_plan(html: str) -> dict:
+    """The plan document a report embeds for its views (memviz.report.render_html)."""
+    match = re.search(r'<script type="application/json" id="memviz-plan">(.*?)</script>', html, re.DOTALL)
+    assert match, "the report embeds its plan"
+    return json.loads(match.group(1))
 
 
 def _err(capsys, argv: list[str]) -> str:

@@ -1,67 +1,128 @@
-"""The offline report: self-contained (no network), all views present, untrusted names escaped."""
+"""The offline report: the bundled JupyterLab views inlined with the plan (no network), the plan embedded so
+it round-trips and no name can leave its script element, no report without the built views.  That the
+views draw from disk with the network blocked is ui-tests/tests/report.spec.ts."""
 
 from __future__ import annotations
 
+import json
 import re
+from html.parser import HTMLParser
 
 import pytest
 
 import memviz
-from memviz.report import fragmentation_series, memory_figure, packing_figure, render_html, write_report
+import memviz.report as report
+from memviz.report import ReportBundleMissing, render_html, write_report
 from solvers import GraphBuilder, Phase
 
 HOSTILE = "<img src=x onerror=alert(1)>"
+CLOSER = "</script><script>alert(2)</script>"
 
 
 def hostile_graph():
     b = GraphBuilder(HOSTILE)
     w = b.data(HOSTILE, 1 << 20, "parameter")
     x = b.data("x", 1 << 18, "input")
-    a = b.data("</script><script>alert(2)</script>", 1 << 21, "saved")
+    a = b.data(CLOSER, 1 << 21, "saved")
     loss = b.data("loss", 4, "output")
     gw = b.data("gw", 1 << 20, "parameter_gradient")
-    b.compute(HOSTILE, [x, w], [a], time=1.0, module=HOSTILE, source="evil.py:1")
+    b.compute(HOSTILE, [x, w], [a], time=1.0, module=CLOSER, source="evil.py:1")
     b.compute("loss", [a], [loss], time=0.1)
     b.compute("back", [a, loss, x], [gw], time=2.0, phase=Phase.BACKWARD)
     b.outputs = [loss, gw]
     return b.build()
 
 
-def test_report_escapes_untrusted_names_and_needs_no_network(tmp_path):
-    plan = memviz.plan(hostile_graph(), frontier=False, packing=False)
-    text = render_html(plan.to_dict())
-    assert HOSTILE not in text
-    assert "<script>alert(2)" not in text
-    assert "&lt;img src=x onerror=alert(1)&gt;" in text  # shown, as text
-    # no external resource of any kind: scripts, styles and images are all inline
-    assert not re.search(r"""<(script|link|img)[^>]+(src|href)\s*=\s*["']?https?:""", text)
-    assert text.count("Plotly.newPlot") >= 1
-    path = write_report(plan, tmp_path / "r.html")
+class Page(HTMLParser):
+    """The elements of a page as a browser's tokenizer sees them, with each script's text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.scripts: list[tuple[dict[str, str | None], str]] = []
+        self.title = ""
+        self._open: str | None = None
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._open = tag
+        if tag == "script":
+            self.scripts.append((dict(attrs), ""))
+
+    def handle_endtag(self, tag: str) -> None:
+        self._open = None
+
+    def handle_data(self, data: str) -> None:
+        if self._open == "script":
+            attrs, text = self.scripts[-1]
+            self.scripts[-1] = (attrs, text + data)
+        elif self._open == "title":
+            self.title += data
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    return memviz.plan(hostile_graph(), frontier=False).to_dict()
+
+
+@pytest.fixture(scope="module")
+def page(doc: dict) -> Page:
+    return Page(render_html(doc))
+
+
+def test_report_is_the_bundled_views_with_nothing_fetched(page: Page) -> None:
+    assert [tag for tag, _ in page.tags] == ["html", "head", "meta", "meta", "meta", "title", "body", "div",
+                                             "script", "script", "script"]
+    # every script is inline, no stylesheet, image or frame is linked: nothing to fetch
+    assert all("src" not in attrs and "href" not in attrs for _, attrs in page.tags)
+    bundle = page.scripts[1][1]
+    assert bundle == report.BUNDLE.read_text(encoding="utf-8").replace("</script", "<\\/script")
+    # the JupyterLab views, plotly and Graphviz, not a second implementation
+    for part in ("renderReportFrom", "jp-memviz-tabbar", "Collapse identical blocks", "Plotly"):
+        assert part in bundle, part
+    assert page.scripts[2][1] == 'memvizReport.renderReportFrom("memviz-report", "memviz-plan");'
+
+
+def test_embedded_plan_round_trips(doc: dict, page: Page) -> None:
+    attrs, text = page.scripts[0]
+    assert attrs == {"type": "application/json", "id": "memviz-plan"}
+    assert json.loads(text) == json.loads(json.dumps(doc))
+    assert json.loads(text)["cdgraph"]["dot"], "the Graph tab's DOT travels with the plan"
+
+
+def test_hostile_names_cannot_leave_the_plan_script(doc: dict, page: Page) -> None:
+    text = render_html(doc)
+    assert HOSTILE not in text and CLOSER not in text
+    # the tokenizer found exactly the page's own elements (above): no name opened an img or a script
+    assert not any(tag == "img" for tag, _ in page.tags)
+    assert len(re.findall(r"</script", text, re.IGNORECASE)) == 3
+    assert page.title == f"memviz report: {HOSTILE}"  # escaped in the source, shown as text
+
+
+def test_bundle_text_that_would_close_the_script_is_escaped(tmp_path, monkeypatch, doc: dict) -> None:
+    fake = tmp_path / "report.js"
+    fake.write_text('var memvizReport = {s: "</script><b>x</b>", t: "</SCRIPT>"};')
+    monkeypatch.setattr(report, "BUNDLE", fake)
+    scripts = Page(render_html(doc)).scripts
+    assert len(scripts) == 3
+    assert scripts[1][1] == 'var memvizReport = {s: "<\\/script><b>x</b>", t: "<\\/SCRIPT>"};'
+
+
+def test_missing_bundle_says_how_to_build_and_writes_nothing(tmp_path, monkeypatch, doc: dict) -> None:
+    monkeypatch.setattr(report, "BUNDLE", tmp_path / "static" / "report.js")
+    target = tmp_path / "r.html"
+    with pytest.raises(ReportBundleMissing, match=r"pip install -e \."):
+        write_report(doc, target)
+    assert not target.exists()
+
+
+def test_write_report_never_clobbers(tmp_path, doc: dict) -> None:
+    path = write_report(doc, tmp_path / "r.html")
+    before = path.read_bytes()
     with pytest.raises(FileExistsError):
-        write_report(plan, path)
-
-
-def test_report_has_summary_and_breakdown_at_peak():
-    plan = memviz.plan(hostile_graph(), frontier=False, packing=False)
-    text = render_html(plan.to_dict())
-    assert "planned peak" in text and "at the planned peak" in text
-    assert "parameters 1.00 MiB" in text
-
-
-def test_memory_figure_stacks_the_allocator_fragmentation_up_to_what_it_reserves():
-    doc = memviz.plan(hostile_graph(), frontier=False).to_dict()
-    reserved = doc["packing"]["allocator"]["reserved"]
-    layers = [t for t in memory_figure(doc)["data"] if t.get("stackgroup") == "plan"]
-    assert layers[-1]["name"] == "fragmentation (allocator)"
-    for i, top in enumerate(reserved):
-        assert sum(t["y"][i] for t in layers) == pytest.approx(top / 2**20)
-    # the simulated allocator rounds up to whole segments: it reserves more than is live here
-    assert any(fragmentation_series(doc))
-    assert all(t["type"] == "scatter" for t in packing_figure(doc)["data"])
-
-
-def test_memory_figure_has_no_fragmentation_layer_without_allocator_steps():
-    doc = memviz.plan(hostile_graph(), frontier=False, packing=False).to_dict()
-    assert fragmentation_series(doc) is None
-    names = [t["name"] for t in memory_figure(doc)["data"]]
-    assert "fragmentation (allocator)" not in names
+        write_report({**doc, "strategy": "other"}, path)
+    assert path.read_bytes() == before
+    write_report({**doc, "strategy": "other"}, path, overwrite=True)
+    assert '"strategy":"other"' in path.read_text()

@@ -75,6 +75,10 @@ def run_plan(
     for target in (report, export, plan_out):
         if target is not None and target.exists() and not overwrite:
             raise CliError(f"{target} exists; pass --overwrite to replace it")
+    if report is not None:
+        from memviz.report import require_bundle
+
+        require_bundle()  # an unbuilt checkout fails now, not after minutes of profiling
     with stage(f"capturing and profiling ({mode})"):
         prof = memviz.profile(model, args, kwargs, mode=mode, device=device)
     print(
@@ -163,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             overwrite=ns.overwrite,
         )
         return 0
-    except (CliError, FileExistsError, ValueError, TypeError) as exc:
+    except (CliError, FileExistsError, FileNotFoundError, ValueError, TypeError) as exc:
         print(f"memviz: error: {exc}", file=sys.stderr)
         return 2
 

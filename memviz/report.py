@@ -25,15 +25,19 @@ class ReportBundleMissing(FileNotFoundError):
     """The report's script was never built (a source checkout without `pip install -e .`)."""
 
 
-def bundle_script() -> str:
-    """The views' script, safe inside a `<script>` element."""
-    try:
-        script = BUNDLE.read_text(encoding="utf-8")
-    except FileNotFoundError:
+def require_bundle() -> Path:
+    """The built views' script; raises `ReportBundleMissing` saying how to build it."""
+    if not BUNDLE.is_file():
         raise ReportBundleMissing(
             f"the offline report's views are not built ({BUNDLE} is missing): run `pip install -e .` "
             "(or `jlpm install && jlpm build`) in the memviz checkout, then write the report again"
-        ) from None
+        )
+    return BUNDLE
+
+
+def bundle_script() -> str:
+    """The views' script, safe inside a `<script>` element."""
+    script = require_bundle().read_text(encoding="utf-8")
     # Only JS strings or regexes can hold `</script`; `<\/` reads the same there and ends no element.
     return script.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
 

@@ -89,6 +89,18 @@ def test_demo_writes_offline_report_and_refuses_overwrite(tmp_path: Path, capsys
     assert main(["demo", "--output", str(out), "--overwrite"]) == 0
 
 
+def test_report_without_built_views_fails_before_profiling(tmp_path: Path, monkeypatch, capsys) -> None:
+    import memviz.report
+
+    monkeypatch.setattr(memviz.report, "BUNDLE", tmp_path / "static" / "report.js")
+    out = tmp_path / "demo.html"
+    assert main(["demo", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "memviz: error:" in err and "pip install -e ." in err
+    assert "capturing" not in err, "it stops before profiling"
+    assert not out.exists()
+
+
 def embedded_plan(html: str) -> dict:
     """The plan document a report embeds for its views (memviz.report.render_html)."""
     match = re.search(r'<script type="application/json" id="memviz-plan">(.*?)</script>', html, re.DOTALL)

@@ -6,7 +6,7 @@ For each sequence length: plan chunks at `budget` x the unchunked activation pea
 calibrated and every op timed on this CPU), measure the peak of live storages (dispatch-mode tracker:
 storages allocated during the call and alive at once; inputs and parameters excluded, outputs
 included) and the wall time of the exported module and of the chunked one: medians of `--reps`
-interleaved A/B rounds after two warm-up calls each, with the fresh pages (minor page faults) per
+interleaved A/B rounds after a warm-up call each, with the fresh pages (minor page faults) per
 call.  ViT: the example ViT at ViT-S/16 width (fused scaled_dot_product_attention) and the same
 weights with explicit softmax attention.  Then the same modules with glibc's allocator told to keep
 freed memory (no page faults), the longest sequence that fits a fixed byte budget, unchunked vs
@@ -104,15 +104,19 @@ def _fresh_bytes() -> int:
 
 
 def ab_times(unchunked, chunked, x: torch.Tensor, rounds: int) -> dict:
-    """Interleaved A/B timing on the same input and thread count: two warm-up calls of each, then
-    `rounds` rounds calling both (the order flips every round, so neither always runs on the cache
-    the other left); median seconds, every round's chunked/unchunked ratio, and the median bytes of
-    fresh pages (minor page faults) each call touched."""
+    """Interleaved A/B timing on the same input and thread count: a warm-up call of each, then
+    `rounds` rounds calling both (3 when the warm-up took over 2 s; the order flips every round, so
+    neither always runs on the cache the other left); median seconds, every round's
+    chunked/unchunked ratio, and the median bytes of fresh pages (minor page faults) each call
+    touched."""
     runs: dict[str, list[tuple[float, int]]] = {"unchunked": [], "chunked": []}
     fns = {"unchunked": unchunked, "chunked": chunked}
     with torch.no_grad():
-        for name in ("unchunked", "chunked", "unchunked", "chunked"):
-            fns[name](x)
+        t0 = time.perf_counter()
+        unchunked(x)
+        chunked(x)
+        if time.perf_counter() - t0 > 2.0:
+            rounds = min(rounds, 3)
         for i in range(rounds):
             for name in ("unchunked", "chunked") if i % 2 == 0 else ("chunked", "unchunked"):
                 f0, t0 = _fresh_bytes(), time.perf_counter()
@@ -430,7 +434,7 @@ def markdown(result: dict) -> str:
            "Activations: peak bytes of the storages a call allocates that are alive at once (dispatch-mode "
            "tracker, the paper's activation memory); the inputs (token ids, image) and the parameters exist "
            "before the call and are not counted, the outputs are. Time: median of the interleaved A/B rounds "
-           "(two warm-up calls each, the order flipping every round, one thread); range: the lowest and "
+           "(a warm-up call each, the order flipping every round, one thread); range: the lowest and "
            "highest chunked/unchunked ratio of a round. Fresh pages: memory a call touched for the first "
            "time (minor page faults x page size, median per call). Estimated: the speed model (every op "
            "timed on this CPU, calibrated launch overhead, matmul density and page-fault cost). "
@@ -508,7 +512,7 @@ def run(quick: bool = False, *, seqs: list[int] | None = None, budget: float = 0
     steady = steady_allocator()
     model = GPT().eval()
     kept: list = []
-    rows = [run_length(model, T, budget, reps, keep=kept if T <= 4096 else None) for T in seqs]
+    rows = [run_length(model, T, budget, reps, keep=kept if T <= 2048 else None) for T in seqs]
 
     def vit_rows(images: list[int], explicit: bool) -> list[dict]:
         out = []

@@ -245,7 +245,7 @@ def _reps_for(fn: Callable[[], Any], min_seconds: float) -> int:
         reps *= 4
 
 
-def _best_times(fns: Sequence[Callable[[], Any]], rounds: int = 7, min_seconds: float = 0.02) -> list[float]:
+def _best_times(fns: Sequence[Callable[[], Any]], rounds: int = 5, min_seconds: float = 0.01) -> list[float]:
     """Best per-call time of each of `fns`, timed in interleaved rounds (every function once per
     round): on a shared machine a burst of load then slows every probe alike instead of one of them,
     and the best round of each is its unloaded time."""
@@ -263,43 +263,50 @@ def _best_times(fns: Sequence[Callable[[], Any]], rounds: int = 7, min_seconds: 
 @lru_cache(maxsize=4)
 def calibrate(device: str = "cpu") -> ac.SpeedModel:
     """Time a tiny op (launch overhead), a 256x256 matmul at 1..4096 rows (FLOP/s versus rows: the
-    density term), a 64 MiB copy (bandwidth: the stride term) and filling a freshly allocated 64 MiB
-    buffer versus a reused one (first-touch page faults), in interleaved rounds.  About two seconds
-    on a CPU.  The rate is made non-decreasing in rows: fewer rows never run denser, and noise must
-    not say otherwise."""
+    density term), a 64 MiB copy (bandwidth: the stride term) and filling freshly allocated buffers
+    of 4 to 64 MiB versus a reused one (first-touch page faults: their cost per byte, and the smallest
+    size the allocator maps afresh), in interleaved rounds.  About two seconds on a CPU.  The rate is
+    made non-decreasing in rows: fewer rows never run denser, and noise must not say otherwise."""
+    sizes = (2**20, 2 * 2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20)  # floats: 4 MiB .. 64 MiB
     with torch.no_grad():
         a = torch.ones(8, device=device)
         w = torch.randn(256, 256, device=device)
         row_counts = (1, 16, 128, 1024, 4096)
         xs = [torch.randn(rows, 256, device=device) for rows in row_counts]
-        big = torch.empty(16 * 2**20, device=device)
+        big = torch.empty(sizes[-1], device=device)
         dst = torch.empty_like(big)
         probes: list[Callable[[], Any]] = [
             lambda: torch.add(a, a),
             *[lambda x=x: x @ w for x in xs],
             lambda: dst.copy_(big),
-            lambda: torch.empty(16 * 2**20, device=device).fill_(1.0),
-            lambda: dst.fill_(1.0),
+            *[lambda n=n: torch.empty(n, device=device).fill_(1.0) for n in sizes],
+            *[lambda n=n: dst[:n].fill_(1.0) for n in sizes],
         ]
         if device.startswith("cuda"):  # asynchronous: time each probe to completion
             probes = [lambda p=p: (p(), torch.cuda.synchronize()) for p in probes]
         times = _best_times(probes)
-    overhead, mm, (copy, fresh, warm) = times[0], times[1:-3], times[-3:]
+    k = len(sizes)
+    overhead, mm, copy = times[0], times[1 : 1 + len(row_counts)], times[1 + len(row_counts)]
+    fresh, warm = times[-2 * k : -k], times[-k:]
     rates: list[tuple[int, float]] = []
     for rows, t in zip(row_counts, mm, strict=True):
         rates.append((rows, max(2.0 * rows * 256 * 256 / t, rates[-1][1] if rates else 0.0)))
-    page_s = max(0.0, fresh - warm) / big.nbytes
-    return ac.SpeedModel(overhead, tuple(rates), 2 * big.nbytes / copy, page_s)
+    per_byte = [max(0.0, f - w_) / (4 * n) for f, w_, n in zip(fresh, warm, sizes, strict=True)]
+    page_s = per_byte[-1]
+    # mapped afresh: at least a quarter of the largest buffer's cost per byte
+    mapped = [4 * n for n, c in zip(sizes, per_byte, strict=True) if page_s > 0 and c >= page_s / 4]
+    return ac.SpeedModel(overhead, tuple(rates), 2 * big.nbytes / copy, page_s, min(mapped, default=1 << 62))
 
 
 def measure_times(
     gm: torch.fx.GraphModule, g: ac.OpGraph, args: Sequence[Any], rounds: int = 3
 ) -> ac.OpGraph:
-    """`g` with every op's time measured on the device: the captured graph run `rounds` times node by
-    node (values freed after their last use, as eager does), the best time of each op and the bytes
-    of fresh pages it touched (minor page faults) in that run.  The speed model then scales measured
-    work instead of guessing it from FLOPs and bytes (AutoChunk Sec. 3.4: the cost terms are tuned
-    on the device).  CPU page faults are counted by the process; other devices report none."""
+    """`g` with every op's time measured on the device: the captured graph run `rounds` times (twice
+    when a run takes over two seconds) node by node, values freed after their last use as eager does;
+    the best time of each op and the bytes of fresh pages it touched (minor page faults) in that run.
+    The speed model then scales measured work instead of guessing it from FLOPs and bytes (AutoChunk
+    Sec. 3.4: the cost terms are tuned on the device).  CPU page faults are counted by the process;
+    other devices report none."""
     best: dict[str, tuple[float, int]] = {}
     page = resource.getpagesize()
     cuda = _device_of(gm, args) == "cuda"
@@ -324,8 +331,11 @@ def measure_times(
             return out
 
     with torch.no_grad():
-        for _ in range(rounds):
+        for i in range(rounds):
+            t0 = time.perf_counter()
             _Timer(gm).run(*args)
+            if i >= 1 and time.perf_counter() - t0 > 2.0:  # a slow run: two are enough for a best
+                break
     return ac.OpGraph(
         tuple(
             replace(n, time=best[n.name][0], fresh=best[n.name][1]) if n.name in best else n for n in g.nodes

@@ -979,12 +979,14 @@ class SpeedModel:
     at lower density (micro term, gamma * N_density).  `bandwidth`: measured bytes/s of a copy: the
     price of non-contiguous chunk dims (micro term, lambda * N_stride) and of memory-bound ops that
     were not timed.  `page_s`: measured seconds per byte of memory touched for the first time (the
-    page faults of a large buffer the allocator maps afresh on every call; 0 where it caches them)."""
+    page faults of a large buffer the allocator maps afresh on every call; 0 where it caches them);
+    `fresh_from`: the smallest buffer the allocator was measured to map afresh."""
 
     overhead_s: float = 5e-6
     matmul_rate: tuple[tuple[int, float], ...] = ((1, 1e9), (64, 2e10), (4096, 5e10))
     bandwidth: float = 5e9
     page_s: float = 0.0
+    fresh_from: int = 1 << 62
 
     def rate(self, rows: float) -> float:
         pts = sorted(self.matmul_rate)
@@ -1002,6 +1004,7 @@ class SpeedModel:
             "matmul_rate": [list(p) for p in self.matmul_rate],
             "bandwidth": self.bandwidth,
             "page_s": self.page_s,
+            "fresh_from": self.fresh_from,
         }
 
     @classmethod
@@ -1011,6 +1014,7 @@ class SpeedModel:
             tuple((int(a), float(b)) for a, b in d["matmul_rate"]),
             d["bandwidth"],
             float(d.get("page_s", 0.0)),
+            int(d.get("fresh_from", 1 << 62)),
         )
 
 
@@ -1047,7 +1051,7 @@ def node_time(g: OpGraph, n: OpNode, m: SpeedModel, fraction: float = 1.0, dim: 
     A node timed on the device (`n.time`) keeps its measured time whole; a chunk costs one more launch
     (macro term) plus its share of the measured work, slowed by the lower density of a matrix product
     over fewer rows (micro term), and pays first-touch page faults only when the chunk's output is as
-    large as the smallest output that faulted in the measured run.  Untimed nodes: FLOPs at the
+    large as a buffer that comes from fresh pages (`fresh_from`).  Untimed nodes: FLOPs at the
     calibrated matmul rate, other ops at the copy bandwidth."""
     if n.op in ("input", "output") or n.alias is not None:
         return m.overhead_s * 0.2 if n.op not in ("input", "output") else 0.0
@@ -1059,7 +1063,7 @@ def node_time(g: OpGraph, n: OpNode, m: SpeedModel, fraction: float = 1.0, dim: 
         work = max(0.0, n.time - faults - m.overhead_s) * fraction
         if fl:
             work *= m.rate(_rows(n, 1.0)) / m.rate(_rows(n, fraction))
-        fresh = faults * fraction if n.nbytes * fraction >= g.fresh_from else 0.0  # type: ignore[attr-defined]
+        fresh = faults * fraction if n.nbytes * fraction >= fresh_from(g, m) else 0.0
         return m.overhead_s + work + fresh
     if fl:
         return m.overhead_s + fl * fraction / m.rate(_rows(n, fraction))
@@ -1104,7 +1108,13 @@ def buffer_faults(g: OpGraph, o: str, m: SpeedModel) -> float:
     """Seconds of first-touch page faults of the whole buffer a chunked output `o` is copied into: as
     large as a buffer that faulted in the measured run, it comes from fresh pages too."""
     b = _full_bytes(g[o])
-    return b * m.page_s if b >= g.fresh_from else 0.0  # type: ignore[attr-defined]
+    return b * m.page_s if b >= fresh_from(g, m) else 0.0
+
+
+def fresh_from(g: OpGraph, m: SpeedModel) -> int:
+    """The smallest buffer taken to come from fresh pages: the smallest the allocator was measured to
+    map afresh, or the smallest output that faulted in the measured run if smaller."""
+    return min(m.fresh_from, g.fresh_from)  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -214,6 +214,10 @@ def test_measured_node_times_scale_with_the_chunk_and_page_faults():
     assert ac.node_time(g, a, m, 0.5, 1) == pytest.approx(m.overhead_s + work / 2 + a.fresh * m.page_s / 2)
     # an eighth is smaller than anything that faulted: reused memory, no faults
     assert ac.node_time(g, a, m, 1 / 8, 1) == pytest.approx(m.overhead_s + work / 8)
+    # unless the allocator was measured to map buffers that small afresh (calibration)
+    m2 = ac.SpeedModel(overhead_s=1e-5, page_s=1e-9, fresh_from=a.nbytes // 16)
+    assert ac.node_time(g, a, m2, 1 / 8, 1) == pytest.approx(m.overhead_s + work / 8 + a.fresh * m.page_s / 8)
+    assert ac.SpeedModel.from_dict(json.loads(json.dumps(m2.to_dict()))) == m2
     back = ac.OpGraph.from_dict(json.loads(json.dumps(g.to_dict())))
     assert back == g and back["a"].time == a.time and back["a"].fresh == a.fresh
 

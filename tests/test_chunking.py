@@ -282,7 +282,7 @@ def test_calibrated_speed_model_is_measured():
     assert 0 < m.overhead_s < 1e-3 and m.bandwidth > 1e8
     rates = [r for _, r in m.matmul_rate]
     assert rates == sorted(rates) and rates[0] > 0
-    assert m.page_s >= 0
+    assert m.page_s >= 0 and m.fresh_from > 0
 
 
 def test_every_op_is_timed_on_the_device():

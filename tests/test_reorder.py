@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from solvers import DataKind, Graph, GraphBuilder, eager_schedule, simulate
-from solvers.olla import lower_bound, order_peak, reorder
+from solvers import DataKind, Graph, GraphBuilder, Phase, eager_schedule, simulate
+from solvers.olla import free_updated_gradients, lower_bound, order_peak, reorder
 
 R = sys.modules["solvers.olla.reorder"]  # the module (the package exports the function `reorder`)
 
@@ -143,3 +143,57 @@ def test_large_graph_uses_windows_within_the_limit() -> None:
     assert peak <= simulate(g, eager_schedule(g)).peak_bytes
     assert r.stats.extra["cp_sat_status"] == "windows"
     assert r.stats.status == "feasible" and 0 < r.stats.gap < 1
+
+
+def training_with_updates(layers: int = 4) -> Graph:
+    """A chain MLP's training graph as memviz captures it with an optimizer: forward, backward
+    producing one parameter gradient per layer (kept as required outputs), then one in-place update
+    per parameter reading its gradient, all updates after the whole backward."""
+    b = GraphBuilder("mlp-train")
+    h = b.data("x", 8, DataKind.INPUT)
+    ws, acts = [], [h]
+    for i in range(layers):
+        ws.append(b.data(f"w{i}", 100, DataKind.PARAMETER))
+        acts.append(b.data(f"a{i}", 10))
+        b.compute(f"fwd{i}", [acts[-2], ws[-1]], [acts[-1]], phase=Phase.FORWARD)
+    g = b.data("loss.grad", 10, DataKind.GRADIENT)
+    b.compute("loss_backward", [acts[-1]], [g], phase=Phase.BACKWARD)
+    grads = {}
+    for i in reversed(range(layers)):
+        gi = b.data(f"a{i}.grad", 10, DataKind.GRADIENT)
+        gw = b.data(f"w{i}.grad", 100, DataKind.PARAMETER_GRADIENT)
+        b.compute(f"bwd{i}", [g, acts[i], ws[i]], [gi, gw], phase=Phase.BACKWARD)
+        grads[i], g = gw, gi
+    for i in range(layers):
+        b.compute(f"SGD.step[w{i}]", [ws[i], grads[i]], [], phase=Phase.OPTIMIZER)
+    b.outputs = [grads[i] for i in range(layers)]
+    return b.build()
+
+
+def test_free_updated_gradients_lets_reorder_interleave_the_updates() -> None:
+    g = training_with_updates(4)
+    plain = random_dag(1, 6)
+    assert free_updated_gradients(plain) is plain  # no optimizer nodes: unchanged
+    kept = reorder(g, time_limit=5.0)
+    assert simulate(g, kept.schedule).check().peak_bytes == simulate(g, eager_schedule(g)).peak_bytes
+    f = free_updated_gradients(g)
+    assert f.outputs == () and f.computes == g.computes and f.datas == g.datas
+    eager = simulate(f, eager_schedule(f)).peak_bytes
+    assert eager == simulate(g, eager_schedule(g)).peak_bytes  # all gradients alive after backward
+    r = reorder(f, time_limit=5.0)
+    tl = simulate(f, r.schedule).check()
+    # the updates run right after their gradients: at most two 100-byte gradients alive at once
+    assert tl.peak_bytes <= f.persistent_bytes() + 2 * 100 + 3 * 10 + 10 < eager
+    best = min(simulate(f, eager_schedule(f, o)).peak_bytes for o in all_topological_orders(f))
+    assert tl.peak_bytes == best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_relative_gap_is_honoured_and_reported(seed: int) -> None:
+    g = random_dag(300 + seed, 40)
+    r = reorder(g, time_limit=10.0, relative_gap=0.05)
+    peak = simulate(g, r.schedule).check().peak_bytes
+    assert r.stats.bound <= peak
+    if r.stats.extra["cp_sat_status"] in ("OPTIMAL", "skipped"):  # stopped by the gap, not the clock
+        assert r.stats.gap <= 0.05
+    assert (r.stats.status == "optimal") == (r.stats.bound == peak)

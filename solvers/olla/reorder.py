@@ -30,14 +30,40 @@ with the gap to `lower_bound`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from solvers.ir import Graph
+from solvers.ir import DataKind, Graph, Phase
 from solvers.result import SolveResult, SolverStats
 from solvers.schedule import eager_schedule
 from solvers.simulate import simulate
+
+
+def free_updated_gradients(graph: Graph) -> Graph:
+    """The same graph with every parameter gradient that a weight update reads no longer a required
+    output, so a schedule may free it right after its update (OLLA Sec. 4.3: "Running a weight update
+    operation enables the freeing of the corresponding gradient tensor").
+
+    memviz's captured training graphs keep parameter gradients alive to the end even when the
+    optimizer step is modelled, because `memviz.export` returns them to the user's own optimizer.  This
+    view is the graph OLLA optimises (its graphs contain the updates and free each gradient after it):
+    a plan over it is a what-if that `memviz.export` does not execute.  Gradients nothing updates stay
+    required; a graph without optimizer nodes is returned unchanged.
+    """
+    updated = {
+        d
+        for c in graph.computes
+        if c.phase is Phase.OPTIMIZER
+        for d in c.inputs
+        if graph.datas[d].kind is DataKind.PARAMETER_GRADIENT and graph.datas[d].producer is not None
+    }
+    if not updated:
+        return graph
+    outputs = tuple(d for d in graph.outputs if d not in updated)
+    return Graph(graph.computes, graph.datas, outputs, name=graph.name,
+                 meta={**graph.meta, "gradients_freed_after_update": len(updated)})
 
 
 @dataclass(frozen=True)
@@ -206,9 +232,11 @@ def lower_bound(graph: Graph) -> int:
 
 
 def _cp_sat(
-    graph: Graph, lt: _Lifetimes, hint: Sequence[int], upper: int, lower: int, seconds: float, workers: int
+    graph: Graph, lt: _Lifetimes, hint: Sequence[int], upper: int, lower: int, seconds: float, workers: int,
+    relative_gap: float = 0.0,
 ) -> tuple[list[int] | None, int, str]:
-    """Solve the exact one-step-per-op model; returns (order or None, proven bound, status name)."""
+    """Solve the exact one-step-per-op model; returns (order or None, proven bound, status name).
+    CP-SAT says OPTIMAL once within `relative_gap`: the bound returned is its proven bound either way."""
     from ortools.sat.python import cp_model
 
     n = lt.n
@@ -231,18 +259,20 @@ def _cp_sat(
     for k, (size, prod, readers, kept) in enumerate(lt.tensors):
         start = pos[prod]
         if kept:
-            end = n
+            end, hint_end = n, n
         elif not readers:
-            end = start + 1
+            end, hint_end = start + 1, hint_pos[prod] + 1
         elif len(readers) == 1:
-            end = pos[readers[0]] + 1
+            end, hint_end = pos[readers[0]] + 1, hint_pos[readers[0]] + 1
         else:
             lo = max(anc[r].bit_count() for r in readers)
             last = m.NewIntVar(lo, n - 1, f"last{k}")
             m.AddMaxEquality(last, [pos[r] for r in readers])
-            m.AddHint(last, max(hint_pos[r] for r in readers))
+            hint_end = max(hint_pos[r] for r in readers) + 1
+            m.AddHint(last, hint_end - 1)
             end = last + 1
         length = m.NewIntVar(1, n, f"len{k}")
+        m.AddHint(length, hint_end - hint_pos[prod])  # a complete hint is accepted as is
         intervals.append(m.NewIntervalVar(start, length, end, f"t{k}"))
         demands.append(size)
     for c in range(n):
@@ -257,17 +287,25 @@ def _cp_sat(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, seconds)
     solver.parameters.num_workers = workers
+    solver.parameters.relative_gap_limit = relative_gap
+    if n > PROBING_MAX_NODES:
+        solver.parameters.cp_model_probing_level = 0
     status = solver.Solve(m)
     name = solver.StatusName(status)
-    bound = int(round(solver.BestObjectiveBound())) + lt.persistent if status != cp_model.UNKNOWN else lower
+    bound = lower
+    if status != cp_model.UNKNOWN:
+        bound = math.ceil(solver.BestObjectiveBound() - 1e-6) + lt.persistent
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, max(bound, lower), name
     order = sorted(range(n), key=lambda c: solver.Value(pos[c]))
-    if status == cp_model.OPTIMAL:
-        bound = order_peak(graph, order, lt)
     return order, max(bound, lower), name
 
 
+#: Presolve probing (one Boolean per op and position it may take) is kept up to this many compute
+#: nodes: it proved a branchy 40-node DAG optimal that the search alone did not close in 10 s, but on
+#: the 120-290-op example training graphs it cost 3-5 s of a 10 s limit and made the hint infeasible;
+#: without it those graphs were proved optimal in 0.4-3 s (resnet, vit, gpt; see bench_papers.py).
+PROBING_MAX_NODES = 64
 #: Above this many compute nodes the one-shot model's loading alone overran a 5 s limit on 2 cores
 #: (992 nodes: ~9 s before the first branch); larger graphs are improved window by window.
 EXACT_MAX_NODES = 800
@@ -388,7 +426,9 @@ def _large_neighbourhood(
     return order
 
 
-def reorder(graph: Graph, *, time_limit: float = 10.0, workers: int = 4) -> SolveResult:
+def reorder(
+    graph: Graph, *, time_limit: float = 10.0, workers: int = 4, relative_gap: float = 1e-4
+) -> SolveResult:
     """A peak-minimising topological order, returned as its eager schedule (OLLA Sec. 3.1, exact).
 
     Never worse than the capture (eager) order: the eager order is a candidate and the solver is
@@ -396,6 +436,9 @@ def reorder(graph: Graph, *, time_limit: float = 10.0, workers: int = 4) -> Solv
     bound, else "feasible" with `gap` = (peak - bound) / peak; `stats.extra` holds the eager and
     heuristic peaks.  The returned schedule always passes `solvers.simulate`.  `workers`: CP-SAT
     search threads (4 proved a 400-node training graph optimal in ~2.5 s on 2 cores; 8 was slower).
+    `relative_gap`: the search stops once the peak is within this fraction of a proven bound (1e-4 is
+    Gurobi's default MIPGap, the solver and setting of OLLA Sec. 5.1; 0 asks for proven optimality);
+    the status stays "feasible" unless the gap is exactly 0.
     """
     started = time.perf_counter()
     n = len(graph.computes)
@@ -408,16 +451,20 @@ def reorder(graph: Graph, *, time_limit: float = 10.0, workers: int = 4) -> Solv
     best = candidates[best_name]
     bound = lower_bound(graph)
     cp_status = "skipped"
-    if n > EXACT_MAX_NODES and peaks[best_name] > bound:
+    if peaks[best_name] - bound <= relative_gap * peaks[best_name]:
+        pass  # the best candidate is already within the requested gap of the bound
+    elif n > EXACT_MAX_NODES:
         order = _large_neighbourhood(graph, lt, best, started + time_limit, workers)
         peaks["windows"] = order_peak(graph, order, lt)
         cp_status = "windows"
         if peaks["windows"] < peaks[best_name]:
             best_name, best = "windows", order
-    elif n > 1 and peaks[best_name] > bound:
+    elif n > 1:
         # keep a little of the limit for the eager schedule and the simulator check afterwards
         left = time_limit - (time.perf_counter() - started) - 0.2
-        order, cp_bound, cp_status = _cp_sat(graph, lt, best, peaks[best_name], bound, left, workers)
+        order, cp_bound, cp_status = _cp_sat(
+            graph, lt, best, peaks[best_name], bound, left, workers, relative_gap
+        )
         bound = max(bound, cp_bound)
         if order is not None and graph.is_topological(order):
             peaks["cp-sat"] = order_peak(graph, order, lt)

@@ -19,7 +19,13 @@ pruning).  Each tensor is an interval [pos(producer), last(d) + 1) with demand b
 workspace a unit interval; one cumulative constraint with a variable capacity bounds them all and the
 capacity is minimised.  The search is warm-started (AddHint) from the best of the eager order and
 memory-aware list schedules; its incumbent is never worse than the eager order, and the result says
-whether optimality was proved or gives the gap to the best lower bound known.
+whether optimality was proved or gives the gap to the best lower bound known.  The search stops within
+a relative gap of 1e-4 by default (Gurobi's default MIPGap, the solver of OLLA Sec. 5.1).
+
+Weight updates (Sec. 4.3): captured training graphs keep parameter gradients as required outputs;
+`free_updated_gradients` gives the paper's graph, where a gradient dies after its update, so the
+order can interleave the updates with the backward pass (a plan-only what-if: `memviz.export` leaves
+the step to the user's optimizer).
 
 Decomposition: above `EXACT_MAX_NODES` compute nodes the one-shot model does not even load within a
 few seconds, so the same model is solved on a window of consecutive positions of the incumbent

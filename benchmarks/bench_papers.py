@@ -42,7 +42,8 @@ import memviz  # noqa: E402
 from examples import models  # noqa: E402
 from memviz.devices import TARGETS  # noqa: E402
 from memviz.planning import minimum_budget, solve_checked  # noqa: E402
-from solvers import DataKind, Graph, Phase, eager_schedule, simulate  # noqa: E402
+from memviz.profile import add_optimizer, python_eager_schedule  # noqa: E402
+from solvers import DataKind, Graph, Phase, simulate  # noqa: E402
 from solvers import checkmate as checkmate_solver  # noqa: E402
 from solvers.allocator import simulate_caching_allocator  # noqa: E402
 from solvers.analytic import TransformerConfig, activation_bytes_per_layer  # noqa: E402
@@ -321,11 +322,12 @@ def bench_olla(quick: bool) -> tuple[list[dict], list[str]]:
     sizes = {} if quick else OLLA_SIZES
     limit = 2.0 if quick else 10.0
     rows, per_batch = [], {}
+    profiles: dict[tuple[int, str], memviz.Profile] = {}
     for batch, paper_red, paper_s, paper_frag in ((1, 22.5, 1.4, 7.9), (32, 10.1, 5.7, 26.1)):
         cases = []
         for name in names:
             model, args = models.EXAMPLES[name](batch=batch, **sizes.get(name, {}))[:2]
-            prof = memviz.profile(model, args, device=f"fake:{TARGET}")
+            prof = profiles[(batch, name)] = memviz.profile(model, args, device=f"fake:{TARGET}")
             g, eager = prof.graph, prof.baseline
             start = time.perf_counter()
             result = reorder(g, time_limit=limit)
@@ -386,7 +388,7 @@ def bench_olla(quick: bool) -> tuple[list[dict], list[str]]:
                 setup,
             ),
         ]
-    opt_rows, opt_notes = _bench_olla_with_updates(names, sizes, limit, quick)
+    opt_rows, opt_notes = _bench_olla_with_updates(profiles, limit, quick)
     rows += opt_rows
     notes = [
         "OLLA per model: "
@@ -411,9 +413,18 @@ def bench_olla(quick: bool) -> tuple[list[dict], list[str]]:
 OLLA_OPTIMIZERS = ("SGD", "Adam")
 
 
-def _reorder_case(name: str, graph: Graph, limit: float) -> dict[str, Any]:
-    """Reorder `graph` against its capture-order eager schedule; the peak is checked by simulate."""
-    eager = simulate(graph, eager_schedule(graph)).check().peak_bytes
+def _with_updates(prof: memviz.Profile, optimizer: str) -> tuple[Graph, int]:
+    """`prof`'s graph with the `optimizer` step added (as ``memviz.profile(..., optimizer=)`` adds it)
+    and each gradient freed after its update, and the peak of PyTorch's eager order over it."""
+    if prof.captured is None:
+        raise ValueError("a hooks (fallback) profile has no captured graph to add an optimizer to")
+    graph = add_optimizer(prof.graph, prof.captured.grad_data, getattr(torch.optim, optimizer), prof.device)
+    graph = free_updated_gradients(graph)
+    return graph, simulate(graph, python_eager_schedule(graph, prof.captured)).check().peak_bytes
+
+
+def _reorder_case(name: str, graph: Graph, eager: int, limit: float) -> dict[str, Any]:
+    """Reorder `graph` and compare with the `eager` peak; the plan's peak is checked by simulate."""
     start = time.perf_counter()
     result = reorder(graph, time_limit=limit)
     seconds = time.perf_counter() - start
@@ -431,26 +442,23 @@ def _reorder_case(name: str, graph: Graph, limit: float) -> dict[str, Any]:
 
 
 def _bench_olla_with_updates(
-    names: tuple[str, ...], sizes: dict[str, dict[str, Any]], limit: float, quick: bool
+    profiles: dict[tuple[int, str], memviz.Profile], limit: float, quick: bool
 ) -> tuple[list[dict], list[str]]:
     """OLLA Sec. 5.3 in the paper's setting: the weight updates are in the graph and each parameter
     gradient may be freed once its update has run (Sec. 4.3), so a reordered plan interleaves the
     updates with the backward pass.  Profiled with ``optimizer=`` (PyTorch's eager order: all of
-    backward, then ``optimizer.step()``), then `solvers.olla.free_updated_gradients`.  Plan-only:
+    backward, then ``optimizer.step()``; here added to the profiles of the rows above with the same
+    `add_optimizer`), then `solvers.olla.free_updated_gradients`.  Plan-only:
     `memviz.export` returns the gradients to the user's optimizer and runs no update itself."""
     rows: list[dict] = []
     per: dict[tuple[int, str], list[dict]] = {}
     image = 64 if quick else 224
     for batch, paper_red, paper_s in ((1, 22.5, 1.4), (32, 10.1, 5.7)):
+        names = tuple(name for b, name in profiles if b == batch)
+        vgg = memviz.profile(*vgg19(batch, image), device=f"fake:{TARGET}")
         for opt_name in OLLA_OPTIMIZERS:
-            opt = getattr(torch.optim, opt_name)
-            cases = []
-            for name in names:
-                model, args = models.EXAMPLES[name](batch=batch, **sizes.get(name, {}))[:2]
-                prof = memviz.profile(model, args, device=f"fake:{TARGET}", optimizer=opt)
-                cases.append(_reorder_case(name, free_updated_gradients(prof.graph), limit))
-            vgg = memviz.profile(*vgg19(batch, image), device=f"fake:{TARGET}", optimizer=opt)
-            vgg_case = _reorder_case(f"vgg19-{image}px", free_updated_gradients(vgg.graph), limit)
+            cases = [_reorder_case(n, *_with_updates(profiles[(batch, n)], opt_name), limit) for n in names]
+            vgg_case = _reorder_case(f"vgg19-{image}px", *_with_updates(vgg, opt_name), limit)
             per[(batch, opt_name)] = [*cases, vgg_case]
             setup = (
                 f"examples {', '.join(names)} (training + torch.optim.{opt_name} step in the graph, "
@@ -489,7 +497,7 @@ def _bench_olla_with_updates(
         "OLLA with the optimizer step in the graph, per model: "
         + "; ".join(
             f"b{b} {o} {c['model']}: -{c['reduction_pct']:.1f}% in {c['seconds']:.1f} s ({c['status']}"
-            + (f", gap {c['gap_pct']:.2f}%" if c["status"] != "optimal" else "")
+            + (f", gap {c['gap_pct']:.3f}%" if c["status"] != "optimal" else "")
             + ")"
             for (b, o), cases in per.items()
             for c in cases

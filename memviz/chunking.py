@@ -263,10 +263,12 @@ def _best_times(fns: Sequence[Callable[[], Any]], rounds: int = 5, min_seconds: 
 @lru_cache(maxsize=4)
 def calibrate(device: str = "cpu") -> ac.SpeedModel:
     """Time a tiny op (launch overhead), a 256x256 matmul at 1..4096 rows (FLOP/s versus rows: the
-    density term), a 64 MiB copy (bandwidth: the stride term) and filling freshly allocated buffers
-    of 4 to 64 MiB versus a reused one (first-touch page faults: their cost per byte, and the smallest
-    size the allocator maps afresh), in interleaved rounds.  About two seconds on a CPU.  The rate is
-    made non-decreasing in rows: fewer rows never run denser, and noise must not say otherwise."""
+    density term), a 64 MiB copy (bandwidth: the stride term) and filling three freshly allocated
+    buffers of 4 to 64 MiB, alive at once like a graph's large intermediates, versus reused memory
+    (first-touch page faults: their cost per byte, and the smallest size the allocator maps afresh,
+    where the fresh fills take over 1.25x the reused ones), in interleaved rounds.  About two seconds
+    on a CPU.  The rate is made non-decreasing in rows: fewer rows never run denser, and noise must
+    not say otherwise."""
     sizes = (2**20, 2 * 2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20)  # floats: 4 MiB .. 64 MiB
     with torch.no_grad():
         a = torch.ones(8, device=device)
@@ -274,27 +276,35 @@ def calibrate(device: str = "cpu") -> ac.SpeedModel:
         row_counts = (1, 16, 128, 1024, 4096)
         xs = [torch.randn(rows, 256, device=device) for rows in row_counts]
         big = torch.empty(sizes[-1], device=device)
-        dst = torch.empty_like(big)
+        dst = torch.empty(3 * sizes[-1], device=device)
+
+        def fresh(n: int) -> None:
+            live = [torch.empty(n, device=device) for _ in range(3)]
+            for t in live:
+                t.fill_(1.0)
+
+        def reused(n: int) -> None:
+            for k in range(3):
+                dst[k * n : (k + 1) * n].fill_(1.0)
+
         probes: list[Callable[[], Any]] = [
             lambda: torch.add(a, a),
             *[lambda x=x: x @ w for x in xs],
-            lambda: dst.copy_(big),
-            *[lambda n=n: torch.empty(n, device=device).fill_(1.0) for n in sizes],
-            *[lambda n=n: dst[:n].fill_(1.0) for n in sizes],
+            lambda: dst[: big.numel()].copy_(big),
+            *[lambda n=n: fresh(n) for n in sizes],
+            *[lambda n=n: reused(n) for n in sizes],
         ]
         if device.startswith("cuda"):  # asynchronous: time each probe to completion
             probes = [lambda p=p: (p(), torch.cuda.synchronize()) for p in probes]
         times = _best_times(probes)
     k = len(sizes)
     overhead, mm, copy = times[0], times[1 : 1 + len(row_counts)], times[1 + len(row_counts)]
-    fresh, warm = times[-2 * k : -k], times[-k:]
+    fresh_t, warm_t = times[-2 * k : -k], times[-k:]
     rates: list[tuple[int, float]] = []
     for rows, t in zip(row_counts, mm, strict=True):
         rates.append((rows, max(2.0 * rows * 256 * 256 / t, rates[-1][1] if rates else 0.0)))
-    per_byte = [max(0.0, f - w_) / (4 * n) for f, w_, n in zip(fresh, warm, sizes, strict=True)]
-    page_s = per_byte[-1]
-    # mapped afresh: at least a quarter of the largest buffer's cost per byte
-    mapped = [4 * n for n, c in zip(sizes, per_byte, strict=True) if page_s > 0 and c >= page_s / 4]
+    mapped = [4 * n for n, f, r in zip(sizes, fresh_t, warm_t, strict=True) if f > 1.25 * r]
+    page_s = max(max(0.0, f - r) / (3 * 4 * n) for n, f, r in zip(sizes, fresh_t, warm_t, strict=True))
     return ac.SpeedModel(overhead, tuple(rates), 2 * big.nbytes / copy, page_s, min(mapped, default=1 << 62))
 
 

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 #: name -> (extra arguments for a full run, extra arguments for --quick); default ([], ["--quick"])
 ARGS: dict[str, tuple[list[str], list[str]]] = {
     "olla": (["--pack-time-limit", "30"], ["--quick"]),
-    "autochunk": (["--seqs", "2048", "4096", "--reps", "2"], ["--quick"]),
+    "autochunk": (["--seqs", "2048", "4096", "8192", "--reps", "5"], ["--quick"]),
 }
 #: wall-time budget of a full run, seconds; the sum stays under the 30-minute target
 BUDGET_S: dict[str, float] = {"remat": 600, "capture": 240, "olla": 180, "autochunk": 240, "papers": 180,

@@ -28,6 +28,7 @@ from torch.fx.graph import CodeGen, PythonCode, _format_target
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from memviz import accelerator
 from solvers import autochunk as ac
 
 __all__ = [
@@ -294,8 +295,8 @@ def calibrate(device: str = "cpu") -> ac.SpeedModel:
             *[lambda n=n: fresh(n) for n in sizes],
             *[lambda n=n: reused(n) for n in sizes],
         ]
-        if device.startswith("cuda"):  # asynchronous: time each probe to completion
-            probes = [lambda p=p: (p(), torch.cuda.synchronize()) for p in probes]
+        if accelerator.is_accelerator(device):  # asynchronous: time each probe to completion
+            probes = [lambda p=p: (p(), accelerator.synchronize(device)) for p in probes]
         times = _best_times(probes)
     k = len(sizes)
     overhead, mm, copy = times[0], times[1 : 1 + len(row_counts)], times[1 + len(row_counts)]
@@ -319,11 +320,10 @@ def measure_times(
     other devices report none."""
     best: dict[str, tuple[float, int]] = {}
     page = resource.getpagesize()
-    cuda = _device_of(gm, args) == "cuda"
+    device = _device_of(gm, args)
 
     def sync() -> None:  # device ops run asynchronously: time them to completion
-        if cuda:
-            torch.cuda.synchronize()
+        accelerator.synchronize(device)
 
     class _Timer(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from memviz import accelerator
+
 GiB = 1024**3
 TFLOP = 1e12
 TBps = 1e12
@@ -109,13 +111,12 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
             raise DeviceUnavailable(f"unknown target {key!r}; known targets: {', '.join(sorted(TARGETS))}")
         t = TARGETS[key]
         return DeviceInfo(f"fake:{t.name}", True, t.capacity_bytes, torch.device("cpu"), t)
-    if isinstance(device, str) and device.split(":")[0] in ("neuron", "xla"):
-        if importlib.util.find_spec("torch_neuronx") is None:
-            raise DeviceUnavailable("device 'neuron' needs torch_neuronx (AWS Neuron SDK), which is not "
-                                    "installed here; profile with device='fake:trn1' / 'fake:trn2' / "
-                                    "'fake:inf2' for an estimate")
-        raise DeviceUnavailable("torch_neuronx is installed but memviz's Neuron backend is not implemented "
-                                "yet; use device='fake:trn1' (or trn2/inf2) for an estimate")
+    if isinstance(device, str) and device.split(":")[0] == "xla":
+        raise DeviceUnavailable("the legacy torch-xla Neuron device is not supported (it runs whole lazy "
+                                "graphs, not operators): use device='neuron' (TorchNeuron eager, "
+                                "torch_neuronx) or device='fake:trn1' / 'fake:trn2' / 'fake:inf2'")
+    if isinstance(device, str) and device.split(":")[0] == "neuron":
+        return _neuron_device(device)
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -125,9 +126,29 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
         dev = torch.device("cuda", idx)
         props = torch.cuda.get_device_properties(idx)
         return DeviceInfo(f"cuda:{idx} ({props.name})", False, int(props.total_memory), dev)
+    if dev.type == "neuron":  # a model already moved to the TorchNeuron device
+        return _neuron_device(str(dev))
     if dev.type == "cpu":
         return DeviceInfo("cpu", False, _cpu_capacity(), dev)
     raise DeviceUnavailable(f"unsupported device {device!r}: use 'cpu', 'cuda', 'neuron' or 'fake:<target>'")
+
+
+def _neuron_device(device: str) -> DeviceInfo:
+    """The eager TorchNeuron device: importing ``torch_neuronx`` registers ``neuron`` as PyTorch's
+    PrivateUse1 backend, measured like CUDA through ``torch.accelerator`` (`memviz.accelerator`)."""
+    if importlib.util.find_spec("torch_neuronx") is None:
+        raise DeviceUnavailable("device 'neuron' needs torch_neuronx (AWS Neuron SDK), which is not "
+                                "installed here; profile with device='fake:trn1' / 'fake:trn2' / "
+                                "'fake:inf2' for an estimate")
+    importlib.import_module("torch_neuronx")
+    current = torch.accelerator.current_accelerator()
+    if current is None or current.type != "neuron" or torch.accelerator.device_count() == 0:
+        raise DeviceUnavailable("torch_neuronx is installed but torch.accelerator sees no neuron device "
+                                f"(current accelerator: {current}); run on a Trainium instance or use "
+                                "device='fake:trn2' for an estimate")
+    dev = torch.device("neuron", accelerator.index(device))
+    _, total = accelerator.memory_info(dev)
+    return DeviceInfo(f"neuron:{dev.index}", False, total, dev)
 
 
 # --- free memory and the roofline of a real device ----------------------------------------------------
@@ -151,9 +172,8 @@ def available_memory(info: DeviceInfo) -> int | None:
     if info.estimated:
         return None
     dev = info.torch_device
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return int(free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    if accelerator.is_accelerator(dev):
+        return accelerator.available_bytes(dev)
     if dev.type == "cpu":
         found = _meminfo_available()
         if found is not None:
@@ -170,13 +190,15 @@ def available_memory(info: DeviceInfo) -> int | None:
 def estimated_on(info: DeviceInfo) -> DeviceInfo:
     """`info` turned into an estimate for the same device: its name and capacity, the roofline of the
     matching named target (CPU: ``cpu``; a CUDA GPU: the target whose name its product name contains,
-    A100s told apart by memory, else the A100 80 GB as a stated stand-in)."""
+    A100s told apart by memory, else the A100 80 GB as a stated stand-in; Neuron: the Trainium2 chip)."""
     if info.torch_device.type == "cuda":
         product = info.name.lower()
         candidates = [t for key, t in TARGETS.items() if key.split("-")[0] in product and key != "cpu"]
         if len(candidates) > 1 and info.capacity_bytes:
             candidates.sort(key=lambda t: abs(t.capacity_bytes - info.capacity_bytes))
         target = candidates[0] if candidates else TARGETS["a100-80gb"]
+    elif info.torch_device.type == "neuron":
+        target = TARGETS["trn2"]
     else:
         target = TARGETS["cpu"]
     return DeviceInfo(info.name, True, info.capacity_bytes, info.torch_device, target)

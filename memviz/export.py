@@ -36,6 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from memviz import accelerator
 from memviz.capture import Captured, Runner, capture, fingerprint
 from solvers import Graph, simulate
 from solvers.schedule import Schedule, Step
@@ -101,8 +102,10 @@ class _StepState:
     """What one training step carries from forward to backward."""
 
     def __init__(self, program: Program, runner: Runner, buffers: dict[str, torch.Tensor],
-                 generated: Any = None) -> None:
+                 devices: list[torch.device], generated: Any = None) -> None:
+        """`devices`: the accelerators the step runs on, whose generators random ops draw from."""
         self.program = program
+        self.devices = devices
         self.generated = generated
         self.runner = runner
         self.buffers = buffers
@@ -140,18 +143,15 @@ class _StepState:
         if c not in self.program.random:
             self.runner.compute(c)
         elif c in self.rng:  # recomputation: replay the same random stream, leave the global one alone
-            with torch.random.fork_rng(devices=self._cuda_devices()):
-                _set_rng_state(self.rng[c])
+            with accelerator.fork_rng(self.devices):
+                accelerator.set_rng_state(self.devices, self.rng[c])
                 self.runner.compute(c)
         else:
-            self.rng[c] = _get_rng_state(self._cuda_devices())
+            self.rng[c] = accelerator.get_rng_state(self.devices)
             self.runner.compute(c)
         if c not in self.done:
             self.done.add(c)
             self.copy_buffer_updates(c)
-
-    def _cuda_devices(self) -> list[int]:
-        return [t.device.index or 0 for t in self.buffers.values() if t.is_cuda][:1]
 
     def copy_buffer_updates(self, c: int) -> None:
         """Write the new values of buffers `c` mutates (BatchNorm statistics) back: called after the
@@ -176,17 +176,6 @@ class _StepState:
             d = cap.grad_data.get(name)
             grads.append(None if d is None else self.runner.data_value(d))
         return grads
-
-
-def _get_rng_state(cuda: list[int]) -> Any:
-    return (torch.get_rng_state(), [torch.cuda.get_rng_state(i) for i in cuda], cuda)
-
-
-def _set_rng_state(state: Any) -> None:
-    cpu, cuda_states, devices = state
-    torch.set_rng_state(cpu)
-    for i, s in zip(devices, cuda_states, strict=True):
-        torch.cuda.set_rng_state(s, i)
 
 
 class _PlannedStep(torch.autograd.Function):
@@ -246,7 +235,8 @@ class PlannedModule(nn.Module):
         params = dict(self._orig_mod.named_parameters(remove_duplicate=False))
         buffers = dict(self._orig_mod.named_buffers(remove_duplicate=False))
         runner = Runner(cap, cap.placeholder_values(self._orig_mod, flat))
-        state = _StepState(self._program, runner, buffers, self._generated)
+        devices = accelerator.devices_of([*params.values(), *buffers.values(), *flat])
+        state = _StepState(self._program, runner, buffers, devices, self._generated)
         slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         if self._program.mode == "inference" or not torch.is_grad_enabled():
             with torch.no_grad():
@@ -509,11 +499,11 @@ class _SourceRng:
         @contextlib.contextmanager
         def ctx() -> Any:
             if c in state.rng:
-                with torch.random.fork_rng(devices=state._cuda_devices()):
-                    _set_rng_state(state.rng[c])
+                with accelerator.fork_rng(state.devices):
+                    accelerator.set_rng_state(state.devices, state.rng[c])
                     yield
             else:
-                state.rng[c] = _get_rng_state(state._cuda_devices())
+                state.rng[c] = accelerator.get_rng_state(state.devices)
                 yield
 
         return ctx()

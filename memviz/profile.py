@@ -36,7 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memviz import devices
+from memviz import accelerator, devices
 from memviz.budget import format_bytes
 from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, default_loss, fingerprint
 from memviz.devices import DeviceInfo, count_flops, resolve_device
@@ -410,21 +410,12 @@ class _Timer:
     more runs would not move the median."""
 
     def __init__(self, device: torch.device, budget_s: float = 0.05, spread: float = 0.05) -> None:
-        self.cuda = device.type == "cuda"
+        self.device = device
         self.budget_s = budget_s
         self.spread = spread
 
     def _once(self, fn: Callable[[], Any]) -> tuple[float, Any]:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1e3, out
-        t0 = time.perf_counter()
-        out = fn()
-        return time.perf_counter() - t0, out
+        return accelerator.timed(fn, self.device)
 
     def __call__(self, fn: Callable[[], Any], repeats: int, warmup: int) -> tuple[float, Any]:
         samples: list[float] = []
@@ -463,19 +454,6 @@ def op_key(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
     return tuple(parts)
 
 
-def _cuda_workspace(fn: Callable[[], Any], device: torch.device) -> int:
-    """Allocator peak during `fn` beyond what was allocated before and what it returns."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    out = fn()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    kept = torch.cuda.memory_allocated(device) - before
-    del out
-    return max(0, peak - before - kept)
-
-
 def _reusable(node: torch.fx.Node, args: Any, kwargs: Any, out: Any) -> bool:
     """Whether `out` may stand in for a later run of an op with the same `op_key`: its shapes are static
     (a data-dependent shape, ``nonzero``, may differ next time) and it shares no storage with the inputs
@@ -503,8 +481,7 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
     timer = _Timer(info.torch_device)
     times: dict[int, float] = {}
     temps: dict[int, int] = {}
-    devices = [info.torch_device.index or 0] if info.torch_device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
+    with accelerator.fork_rng(accelerator.as_list(info.torch_device)), torch.no_grad():
         runner = Runner(cap, {k: v.detach() for k, v in cap.placeholder_values(model, flat_in).items()})
         loss_state: dict[str, Any] = {}
         for step in eager_schedule(graph):
@@ -526,8 +503,8 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
                     continue
                 fn = functools.partial(node.target, *a, **kw)
                 times[c], out = timer(fn, repeats, warmup)
-                if info.torch_device.type == "cuda":
-                    temps[c] = _cuda_workspace(fn, info.torch_device)
+                if accelerator.is_accelerator(info.torch_device):
+                    temps[c] = accelerator.workspace_bytes(fn, info.torch_device)
                 if key is not None:
                     seen[key] = (times[c], temps.get(c, 0), out if _reusable(node, a, kw, out) else None)
                 runner.store(c, out)
@@ -622,9 +599,8 @@ def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
         loss = fn(out)
         return out, loss, torch.autograd.grad(loss, trainable, allow_unused=True)
 
-    devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
     existing = tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
-    with torch.random.fork_rng(devices=devices):
+    with accelerator.fork_rng(accelerator.as_list(device)):
         if mode == "inference":
             with torch.no_grad():
                 peak, result = measure_peak(step, existing, device)
@@ -707,7 +683,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
 def _time_update(cls: type, p: Any, timer: _Timer) -> float:
     """Median time of one real update of a tensor shaped like parameter `p` (on a copy)."""
     dtype = getattr(torch, p.dtype, torch.float32)
-    dev = timer.cuda and torch.device("cuda") or torch.device("cpu")
+    dev = timer.device
     w = torch.zeros(p.shape, dtype=dtype, device=dev, requires_grad=True)
     w.grad = torch.ones_like(w)
     opt = cls([w])

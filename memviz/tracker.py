@@ -20,6 +20,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memviz import accelerator
+
 
 class StorageTracker(TorchDispatchMode):
     """Live bytes of tensor storages, and their peak, over the operators run inside the context."""
@@ -83,15 +85,12 @@ def measure_peak(fn: Callable[[], Any], preexisting: Iterable[torch.Tensor] = ()
                  device: torch.device | str = "cpu") -> tuple[int, Any]:
     """Run `fn()` and return (peak bytes held during it, its result).
 
-    CPU: `StorageTracker` with `preexisting` counted from the start.  CUDA: the caching allocator's
-    ``max_memory_allocated`` after a reset (it already counts everything allocated on the device)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        result = fn()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device)), result
+    CPU: `StorageTracker` with `preexisting` counted from the start.  An accelerator (CUDA, Neuron):
+    the caching allocator's ``max_memory_allocated`` after a reset (it already counts everything
+    allocated on the device)."""
+    if accelerator.is_accelerator(device):
+        _, peak, result = accelerator.peak_allocated(fn, device)
+        return peak, result
     tracker = StorageTracker(preexisting)
     with tracker:
         result = fn()

@@ -1,0 +1,122 @@
+"""Measurement on an accelerator through PyTorch's device-generic API (``torch.accelerator``).
+
+CUDA and the eager TorchNeuron device (``torch_neuronx`` registers ``neuron`` as PyTorch's PrivateUse1
+backend, so ``torch.accelerator`` reaches its caching allocator) expose the same calls: synchronize,
+``memory_allocated``, ``max_memory_allocated`` after ``reset_peak_memory_stats``, ``get_memory_info``
+and timing events.  Both allocators are asynchronous, so every read synchronizes first (the Neuron
+memory-profiling guide asks for ``torch.neuron.synchronize()`` before any memory statistic).
+
+The CPU has no such allocator statistics: its peaks come from `memviz.tracker.StorageTracker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+
+def is_accelerator(device: torch.device | str) -> bool:
+    """Whether `device` is measured through ``torch.accelerator`` (anything but the CPU and meta)."""
+    return torch.device(device).type not in ("cpu", "meta")
+
+
+def index(device: torch.device | str) -> int:
+    """The device's index (its current index when the device names none)."""
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.accelerator.current_device_index()
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for every kernel queued on `device` (a no-op on the CPU)."""
+    if is_accelerator(device):
+        torch.accelerator.synchronize(index(device))
+
+
+def peak_allocated(fn: Callable[[], Any], device: torch.device | str) -> tuple[int, int, Any]:
+    """Run `fn()` on an accelerator: (allocated bytes before, peak allocated bytes during it, result)."""
+    i = index(device)
+    torch.accelerator.synchronize(i)
+    before = torch.accelerator.memory_allocated(i)
+    torch.accelerator.reset_peak_memory_stats(i)
+    out = fn()
+    torch.accelerator.synchronize(i)
+    return int(before), int(torch.accelerator.max_memory_allocated(i)), out
+
+
+def workspace_bytes(fn: Callable[[], Any], device: torch.device | str) -> int:
+    """Transient bytes of `fn()`: the allocator's peak during it beyond what was allocated before and
+    what it returns (a kernel's scratch space, freed when it ends)."""
+    before, peak, out = peak_allocated(fn, device)
+    kept = torch.accelerator.memory_allocated(index(device)) - before
+    del out
+    return max(0, peak - before - kept)
+
+
+def timed(fn: Callable[[], Any], device: torch.device | str) -> tuple[float, Any]:
+    """Seconds `fn()` takes on `device` and its result: device events around the launch on an
+    accelerator (the kernels run asynchronously), the wall clock on the CPU."""
+    if not is_accelerator(device):
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+    dev = torch.device(torch.device(device).type, index(device))
+    start, end = torch.Event(dev, enable_timing=True), torch.Event(dev, enable_timing=True)
+    start.record()
+    out = fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3, out
+
+
+def memory_info(device: torch.device | str) -> tuple[int, int]:
+    """(free, total) device bytes as the driver / runtime reports them."""
+    free, total = torch.accelerator.get_memory_info(index(device))
+    return int(free), int(total)
+
+
+def available_bytes(device: torch.device | str) -> int:
+    """Bytes a step could still allocate: the device's free memory plus what the caching allocator
+    holds reserved but unused (it reuses those blocks first)."""
+    i = index(device)
+    free, _ = memory_info(device)
+    return int(free + torch.accelerator.memory_reserved(i) - torch.accelerator.memory_allocated(i))
+
+
+def as_list(device: torch.device | str) -> list[torch.device]:
+    """`device` as the accelerator list `fork_rng` and the RNG state functions take (empty for the CPU)."""
+    dev = torch.device(device)
+    return [torch.device(dev.type, index(dev))] if is_accelerator(dev) else []
+
+
+def devices_of(tensors: Iterable[Any]) -> list[torch.device]:
+    """The distinct accelerator devices `tensors` live on, in first-seen order."""
+    found: dict[torch.device, None] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and is_accelerator(t.device):
+            found.setdefault(torch.device(t.device.type, index(t.device)))
+    return list(found)
+
+
+def fork_rng(devices: list[torch.device]) -> contextlib.AbstractContextManager[Any]:
+    """``torch.random.fork_rng`` over the CPU generator and those of accelerator `devices`, so a
+    measuring run or a replay leaves the user's random streams where they were."""
+    if not devices:
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[index(d) for d in devices], device_type=devices[0].type)
+
+
+def get_rng_state(devices: list[torch.device]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The CPU generator state and those of accelerator `devices` (to replay a random op on recompute:
+    a dropout on the GPU draws from the GPU's generator)."""
+    return torch.get_rng_state(), [torch.get_device_module(d.type).get_rng_state(index(d)) for d in devices]
+
+
+def set_rng_state(devices: list[torch.device], state: tuple[torch.Tensor, list[torch.Tensor]]) -> None:
+    cpu, states = state
+    torch.set_rng_state(cpu)
+    for d, s in zip(devices, states, strict=True):
+        torch.get_device_module(d.type).set_rng_state(s, index(d))

@@ -1,0 +1,107 @@
+"""The accelerator path (CUDA, TorchNeuron) without hardware: `torch.accelerator` replaced by a fake
+caching allocator, and a fake ``torch_neuronx`` package for device resolution.  What runs on a real
+device is the same code; these tests pin the arithmetic and the dispatch."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memviz import accelerator
+from memviz.devices import DeviceInfo, DeviceUnavailable, available_memory, estimated_on, resolve_device
+from memviz.tracker import measure_peak
+
+
+class FakeAllocator:
+    """Allocated / peak / reserved counters of one device, as torch.accelerator reports them."""
+
+    def __init__(self) -> None:
+        self.allocated, self.peak, self.reserved, self.syncs = 100, 100, 1000, 0
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        acc = torch.accelerator
+        monkeypatch.setattr(acc, "current_device_index", lambda: 0)
+        monkeypatch.setattr(acc, "synchronize", lambda i=None: setattr(self, "syncs", self.syncs + 1))
+        monkeypatch.setattr(acc, "memory_allocated", lambda i=None: self.allocated)
+        monkeypatch.setattr(acc, "max_memory_allocated", lambda i=None: self.peak)
+        monkeypatch.setattr(acc, "memory_reserved", lambda i=None: self.reserved)
+        reset = lambda i=None: setattr(self, "peak", self.allocated)  # noqa: E731
+        monkeypatch.setattr(acc, "reset_peak_memory_stats", reset)
+        monkeypatch.setattr(acc, "get_memory_info", lambda i=None: (5000, 8000))
+
+
+def test_workspace_is_the_peak_beyond_what_stays_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+
+    def kernel() -> str:
+        fake.alloc(300)  # scratch space
+        fake.alloc(-300)
+        fake.alloc(50)  # the output, still held when the kernel returns
+        return "out"
+
+    assert accelerator.workspace_bytes(kernel, "cuda") == 250  # peak 400 - before 100 - kept 50
+    fake.allocated = 100
+    assert accelerator.workspace_bytes(lambda: fake.alloc(50) or "out", "cuda") == 0
+    assert fake.syncs >= 4  # every read waits for the queued kernels
+
+
+def test_measure_peak_reads_the_allocator_on_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+    fake.peak = 10**9  # an earlier peak must not count: reset before the step
+
+    def step() -> int:
+        fake.alloc(700)
+        fake.alloc(-700)
+        return 7
+
+    assert measure_peak(step, device="cuda:0") == (800, 7)
+
+
+def test_available_memory_counts_reserved_but_unused_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+    info = SimpleNamespace(estimated=False, torch_device=torch.device("cuda", 0))
+    assert available_memory(info) == 5000 + 1000 - 100
+
+
+def test_rng_devices_are_those_of_the_tensors() -> None:
+    assert accelerator.devices_of([torch.ones(1), torch.empty(2, device="meta"), None, 3]) == []
+    assert accelerator.as_list("cpu") == []
+    with accelerator.fork_rng([]):
+        torch.rand(3)  # the CPU stream moves inside only
+    before = torch.get_rng_state()
+    with accelerator.fork_rng([]):
+        torch.rand(3)
+    assert torch.equal(before, torch.get_rng_state())
+    state = accelerator.get_rng_state([])
+    a = torch.rand(4)
+    accelerator.set_rng_state([], state)
+    assert torch.equal(a, torch.rand(4))
+
+
+def test_neuron_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, args = torch.nn.Linear(2, 2), (torch.ones(1, 2),)
+    with pytest.raises(DeviceUnavailable, match="legacy torch-xla"):
+        resolve_device("xla", model, args)
+    # torch_neuronx importable but no Neuron device visible: a clear error, not a CPU profile.
+    monkeypatch.setitem(sys.modules, "torch_neuronx", SimpleNamespace(__spec__=object()))
+    found = lambda name, *a: object() if name == "torch_neuronx" else None  # noqa: E731
+    monkeypatch.setattr("importlib.util.find_spec", found)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a: None)
+    with pytest.raises(DeviceUnavailable, match="sees no neuron device"):
+        resolve_device("neuron", model, args)
+
+
+def test_a_neuron_profile_too_big_is_estimated_for_trainium2() -> None:
+    info = DeviceInfo("neuron:0", False, 96 << 30, SimpleNamespace(type="neuron"))  # no such device here
+    estimate = estimated_on(info)
+    assert estimate.estimated and estimate.target.name == "trn2" and estimate.capacity_bytes == 96 << 30

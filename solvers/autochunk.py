@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from solvers.ir import DataKind, Graph, GraphBuilder
@@ -74,7 +75,7 @@ class OpNode:
     def shape(self) -> tuple[int, ...]:
         return self.shapes[0] if self.shapes else ()
 
-    @property
+    @cached_property  # read for every node on every memory estimate the selection makes
     def nbytes(self) -> int:
         if self.alias is not None or self.op == "input":
             return 0
@@ -320,7 +321,6 @@ ELEMENTWISE = (
     "full_like",
     "rand_like",
     "randn_like",
-    "glu_never",
 )
 IDENTITY = (
     "dropout",
@@ -486,10 +486,54 @@ def _matmul(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     return _matmul_demands(n.args[0][1:], n.args[1][1:], n.shape, d, g)
 
 
-@_rule("addmm", "baddbmm", "addbmm_never")
+@_rule("addmm", "baddbmm")
 def _addmm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     bias = _bcast_demand(g, n.args[0], n.shape, d)
     return [*([bias] if bias else []), *_matmul_demands(n.args[1][1:], n.args[2][1:], n.shape, d, g)]
+
+
+def einsum_subscripts(eq: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """Per-operand subscripts and the output's of an einsum equation, one character per dim: an
+    ellipsis becomes placeholder characters right-aligned across operands (broadcasting), and an
+    implicit output is the ellipsis followed by the letters used once, sorted (torch.einsum's rule)."""
+    lhs, arrow, rhs = eq.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise FlowBreak(f"einsum equation {eq!r} names {len(terms)} operands, got {len(ranks)}")
+    widths = [r - len(t.replace("...", "")) for t, r in zip(terms, ranks, strict=True)]
+    width = max([w for t, w in zip(terms, widths, strict=True) if "..." in t], default=0)
+
+    def ell(w: int) -> str:
+        return "".join(chr(0x100 + k) for k in range(width - w, width))
+
+    subs = [t.replace("...", ell(w)) for t, w in zip(terms, widths, strict=True)]
+    if arrow:
+        return subs, rhs.replace("...", ell(width))
+    letters = "".join(subs)
+    once = sorted(c for c in set(letters) if c.isascii() and c.isalpha() and letters.count(c) == 1)
+    return subs, ell(width) + "".join(once)
+
+
+@_rule("einsum")
+def _einsum(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    refs = [a[1:] for a in n.args[1]]
+    subs, out = einsum_subscripts(n.args[0], [len(g[v].shape) for v in refs])
+    letter = out[d]
+    demands = []
+    for v, sub in zip(refs, subs, strict=True):
+        if sub.count(letter) > 1:
+            raise FlowBreak(f"einsum takes a diagonal along dim {d}")
+        k = sub.find(letter)
+        broadcast = k < 0 or (g[v].shape[k] == 1 and n.shape[d] != 1)
+        demands.append(Demand(v, None if broadcast else k))
+    return demands
+
+
+@_rule("glu")
+def _glu(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    if _norm(_arg(n, 1, "dim", -1), len(n.shape)) == d:
+        raise FlowBreak(f"glu halves dim {d}")
+    return [Demand(n.inputs[0], d)]
 
 
 @_rule("softmax", "log_softmax", "_softmax", "_log_softmax", "cumsum", "cumprod", "logcumsumexp")
@@ -582,7 +626,6 @@ def _conv(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     "upsample_linear1d",
     "upsample_bicubic2d",
     "upsample_trilinear3d",
-    "pixel_shuffle_never",
 )
 def _pool(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     spatial = int(next(c for c in reversed(n.op) if c.isdigit()))
@@ -591,7 +634,7 @@ def _pool(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     return [Demand(n.inputs[0], d)]
 
 
-@_rule("sum", "mean", "amax", "amin", "var", "std", "prod", "logsumexp", "norm_never", "any", "all")
+@_rule("sum", "mean", "amax", "amin", "var", "std", "prod", "logsumexp", "any", "all")
 def _reduce(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     inp = g[n.inputs[0]].shape
     dims = _arg(n, 1, "dim")
@@ -603,6 +646,11 @@ def _reduce(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
     if kept[d] in dims:
         raise FlowBreak(f"{n.op} reduces dim {d}")
     return [Demand(n.inputs[0], kept[d])]
+
+
+#: assertions torch.export inserts (a `.to(dtype)` checks its operand's dtype, device and layout): they
+#: produce nothing and hold for every chunk when they held at capture, so a region omits them
+CHECKS = ("_assert_tensor_metadata", "_assert_async", "_assert_scalar")
 
 
 def demands_of(node: OpNode, d: int, g: OpGraph) -> list[Demand]:
@@ -701,6 +749,8 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
             constant.add(name)
     for name in reversed(nodes):
         node = g[name]
+        if node.op in CHECKS:  # no output to chunk or hoist: the loop leaves it out
+            continue
         wanted = demand[name] + ([out_dims[name]] if name in out_dims else [])
         if name in outs and name not in out_dims:
             wanted.append(FULL)
@@ -1205,11 +1255,15 @@ def select_chunks(
                     nxt.append((regions + (trial[0],), trial[1], cost + trial[2], trial[3]))
         if not nxt:
             break
-        # memory first (the paper's primary rule): the excess left at the region just added weighs
-        # ten times its relative slowdown
+        # memory first (the paper's primary rule): the excess left at the region just added, and the
+        # excess left in the whole graph, weigh ten times the relative slowdown; without the second a
+        # region that only moves the peak to its neighbour (a fused qkv projection chunked, its
+        # contiguous copy not) ranks with one that lowers it, and the beam can fill with dead ends
         nxt.sort(
             key=lambda s: (
-                s[2] / total + MEMORY_WEIGHT * max(0, s[3] - budget_bytes) / budget_bytes,
+                s[2] / total
+                + MEMORY_WEIGHT * max(0, s[3] - budget_bytes) / budget_bytes
+                + MEMORY_WEIGHT * max(0, s[1].peak_bytes - budget_bytes) / budget_bytes,
                 len(s[0]),
             )
         )

@@ -28,10 +28,11 @@ from solvers.schedule import Schedule, Step, compute, free
 @dataclass(frozen=True)
 class Block:
     """Block k of the chain.  `input`/`output` are the cut data a_{k-1} / a_k (None at the ends);
-    `saved` the block's forward data its backward reads; `grad_in` the gradients produced by the next
-    block's backward and read here; `grad_out` the gradients this backward hands to the previous block;
-    `long_lived` backward data alive after this block that the previous block does not consume alone
-    (parameter gradients, partial gradients of tied weights)."""
+    `saved` the block's forward data its backward reads; `grad_in` the backward data alive when this
+    backward starts (produced by later blocks, read here or further down); `grad_out` those this
+    backward hands to the previous block (it produced them, or they pass through to a lower reader);
+    `long_lived` backward data alive to the end of the chain (parameter gradients, data read outside
+    the backward)."""
 
     index: int
     forward: tuple[int, ...]
@@ -202,11 +203,15 @@ def decompose(graph: Graph, *, max_blocks: int = 64) -> Chain:
         readers = graph.consumers(d.id)
         rb = {bblock[u] for u in readers if u in bset}
         other = any(u not in bset for u in readers)
-        if d.id in outputs or other or any(r < j - 1 for r in rb):
+        if d.id in outputs or other:
             long_lived[j].append(d.id)
-        elif j - 1 in rb:
-            grad_out[j].append(d.id)
-            grad_in[j - 1].append(d.id)
+        elif rb - {j}:
+            # a gradient read further down (past blocks with no backward reader of it, e.g. a
+            # ReLU's input gradient skipping its pooling block) is handed down block by block:
+            # alive only until its last reader, not to the end of the chain
+            for r in range(min(rb), j):
+                grad_out[r + 1].append(d.id)
+                grad_in[r].append(d.id)
     blocks = []
     for k in range(n):
         fw = set(blocks_fwd[k])

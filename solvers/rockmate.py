@@ -19,10 +19,12 @@ position to every member block, where each option is measured again:
   per byte first).  Per (kept bytes, peak) pair of a `GRID` x `GRID` grid the fastest is picked.
 The menu is the union, Pareto-pruned on (time, kept bytes, forward peak, backward peak), so at
 equal budget it is never worse than the kept-subset menu alone.  Rotor's store-everything option is
-always first, so at equal budget rockmate is never worse than rotor.  Class menus are cached for the
-last `CACHED_GRAPHS` graphs (per MILP time), so the plans of one graph at several budgets come from
-one menu.  Not implemented: recomputation inside a block's forward (rk-Rotor's case 2 recomputes
-whole forwards), and what `solvers.block_milp` leaves out of its model.  Because the MILPs are
+always first, and rotor's own DP over it runs beside rk-Rotor (the DP's proposals are re-costed in
+bytes, see `solvers.rotor.ChainSolver`), so at equal budget rockmate is never worse than rotor.
+Class menus are cached for the last `CACHED_GRAPHS` graphs (per MILP time), so the plans of one
+graph at several budgets come from one menu.  Not implemented: recomputation inside a block's
+forward (rk-Rotor's case 2 recomputes whole forwards), and what `solvers.block_milp` leaves out of
+its model.  Because the MILPs are
 time-limited, the options they find (and so the plans) can differ between a fast and a loaded machine.
 """
 
@@ -213,10 +215,15 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         by_class, stats = cached
     stats = {**stats, "menus_cached": cached is not None}
     menus = [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]
-    solver = ChainSolver(chain, menus)
-    plan = solver.plan(budget_bytes)
-    if plan is None:
-        raise infeasible(graph, budget_bytes, solver.min_budget(), "rockmate")
+    # The DP rounds sizes to slots and its proposals are re-costed in bytes (`ChainSolver`), so the
+    # larger menu's proposals need not include rotor's plan that fits: rotor's DP over the store-all
+    # options (index 0, the same in both) runs too and the faster plan is kept, so that at equal budget
+    # rockmate is never worse than rotor.
+    solvers = [ChainSolver(chain, menus), ChainSolver(chain, [menu[:1] for menu in menus])]
+    plans = [p for p in (s.plan(budget_bytes) for s in solvers) if p is not None]
+    if not plans:
+        raise infeasible(graph, budget_bytes, min(s.min_budget() for s in solvers), "rockmate")
+    plan = min(plans, key=lambda p: p.time)
     return checked_result(chain, menus, plan, budget_bytes, "rockmate", started,
-                          {"slot_bytes": solver.unit, "model_time": plan.time,
+                          {"slot_bytes": solvers[0].unit, "model_time": plan.time,
                            "classes": len(by_class), "options": sum(len(m) for m in menus), **stats})

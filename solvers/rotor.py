@@ -249,13 +249,18 @@ def tail_requirement(chain: Chain) -> int:
     return chain.resident_bytes() + grad_bytes(chain, longs) + max(peak, 0)
 
 
-def quantized_model(chain: Chain, menus: Sequence[Sequence[BlockOption]], slots: int = SLOTS) -> ChainModel:
-    """The chain model in slots; the slot size depends only on the store-all requirement (not on the
+def slot_bytes(chain: Chain, ns: Sequence[NoSave], slots: int = SLOTS) -> int:
+    """The slot size: the store-all requirement over `slots`.  It depends only on the graph (not on the
     menus or the budget), so rotor, rockmate and sqrt share it and costs are monotone in the budget."""
-    ns = [nosave(chain, b) for b in chain.blocks]
     exact = build_model(chain, [[store_all(chain, b)] for b in chain.blocks], ns)
     ref, _ = evaluate(exact, store_all_ops(exact.n))
-    return quantize(build_model(chain, menus, ns), max(1, math.ceil(max(ref, 1) / slots)))
+    return max(1, math.ceil(max(ref, 1) / slots))
+
+
+def quantized_model(chain: Chain, menus: Sequence[Sequence[BlockOption]], slots: int = SLOTS) -> ChainModel:
+    """The chain model in slots (`slot_bytes`)."""
+    ns = [nosave(chain, b) for b in chain.blocks]
+    return quantize(build_model(chain, menus, ns), slot_bytes(chain, ns, slots))
 
 
 @dataclass(frozen=True)
@@ -266,18 +271,38 @@ class ChainPlan:
 
 
 class ChainSolver:
-    """Quantised model + DP tables for one chain and one option menu per block."""
+    """Quantised model + DP tables for one chain and one option menu per block.
+
+    Every size is rounded up to whole slots, so each data alive at a moment can be overcounted by up
+    to one slot: on a long chain the DP's peak sits many slots above the plan's exact one.  The DP is
+    therefore used only to propose plans, one per level of its time table (the least memory for that
+    time); each is costed again in bytes (`evaluate` on the unrounded model) and the fastest whose
+    exact peak fits the budget is returned.  The exact peak is still the block-level model's, an upper
+    bound on `solvers.simulate`'s."""
 
     def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS) -> None:
         self.chain = chain
         self.menus = menus
-        self.model = quantized_model(chain, menus, slots)
+        ns = [nosave(chain, b) for b in chain.blocks]
+        self.exact = build_model(chain, menus, ns)
+        self.model = quantize(self.exact, slot_bytes(chain, ns, slots))
         self.unit = self.model.unit
         full, _ = evaluate(self.model, self._all_ops())
         self.size = max(full, 0) + sum(max(g, 0) for g in self.model.gin) + 2
         self.tables = dp(self.model, self.size)
         self.base = chain.resident_bytes()
         self.tail = tail_requirement(chain)
+        top = self.tables.cost[(0, self.model.n - 1)]
+        finite = np.isfinite(top)
+        # first slot count of each time level: the plans of least rounded memory for their time
+        self.levels = np.flatnonzero(finite & ~np.concatenate(([False], top[1:] >= top[:-1])))
+        if not len(self.levels):
+            raise AssertionError("store-all must be feasible in the table")
+        # rounding up overcounts each data alive at once by less than a slot: per block its kept data
+        # or its output checkpoint, and its long-lived data, plus one gradient and one transient, so a
+        # plan proposed at slot count m never peaks below m - slack slots in bytes
+        self.slack = 2 * self.model.n + 2
+        self._exact: dict[int, tuple[tuple[Op, ...], int, float]] = {}
 
     def _all_ops(self) -> list[Op]:
         ops: list[Op] = []
@@ -285,26 +310,32 @@ class ChainSolver:
             ops.append(("F", k, min(range(len(menu)), key=lambda o: menu[o][0] + menu[o][1])))
         return ops + [("B", k, o) for _, k, o in reversed(ops)]
 
+    def _proposal(self, m: int) -> tuple[tuple[Op, ...], int, float]:
+        """The DP's plan at slot count `m` with its exact peak (bytes, resident data included) and time."""
+        if m not in self._exact:
+            ops = tuple(reconstruct(self.model, self.tables, 0, self.model.n - 1, m))
+            peak, t = evaluate(self.exact, ops)
+            self._exact[m] = (ops, self.base + max(peak, 0), t)
+        return self._exact[m]
+
+    def _window(self, budget: int) -> np.ndarray:
+        """Time levels whose plans can fit `budget` exactly, fastest (most slots) first.  The window
+        depends on the budget only through its upper end, so a larger budget sees a superset."""
+        m = max((budget - self.base) // self.unit, int(self.levels[0]))
+        return self.levels[self.levels <= m + self.slack][::-1]
+
     def min_budget(self) -> int:
-        top = self.tables.cost[(0, self.model.n - 1)]
-        finite = np.flatnonzero(np.isfinite(top))
-        if not len(finite):
-            raise AssertionError("store-all must be feasible in the table")
-        return max(self.base + int(finite[0]) * self.unit, self.tail)
+        least = min(self._proposal(int(m))[1] for m in self._window(0))
+        return max(least, self.tail)
 
     def plan(self, budget: int) -> ChainPlan | None:
         if budget < self.tail:
             return None
-        mem = (budget - self.base) // self.unit
-        if mem < 0:
-            return None
-        mem = min(mem, self.size - 1)
-        n = self.model.n
-        if not np.isfinite(self.tables.cost[(0, n - 1)][mem]):
-            return None
-        ops = reconstruct(self.model, self.tables, 0, n - 1, mem)
-        peak, t = evaluate(self.model, ops)
-        return ChainPlan(tuple(ops), self.base + peak * self.unit, t)
+        for m in self._window(budget):
+            ops, peak, t = self._proposal(int(m))
+            if peak <= budget:
+                return ChainPlan(ops, peak, t)
+        return None
 
 
 def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: ChainPlan, budget: int,

@@ -8,7 +8,7 @@ import pytest
 from graphs import chain_of_blocks, random_training_dag, training_chain, transformer_blocks
 
 from solvers import rotor, simulate
-from solvers.chain import decompose
+from solvers.chain import decompose, store_all
 from solvers.result import InfeasibleBudget
 from solvers.rotor import ChainModel, dp, evaluate, reconstruct
 
@@ -149,3 +149,73 @@ def test_tiny_time_limit_still_plans():
     g = transformer_blocks(2)
     res = rockmate.solve(g, 10**12, time_limit=1e-9)
     assert simulate(g, res.schedule).check().recomputes == 0
+
+
+def _relu_pool_chain(big: int = 32):
+    """conv0 -> relu0 -> pool (+ indices) -> conv1 -> relu1 -> loss, backward by hand as PyTorch
+    captures it: relu1's backward reads only relu1's output, so it runs in the loss block and its
+    gradient skips relu1's block (which has no backward) on its way to conv1's backward."""
+    from solvers import DataKind, GraphBuilder, Phase
+
+    b = GraphBuilder("relu_pool")
+    x = b.data("x", 4, DataKind.INPUT)
+    w0, w1 = b.data("w0", 2, DataKind.PARAMETER), b.data("w1", 2, DataKind.PARAMETER)
+    c0, r0, p0, idx = b.data("c0", big), b.data("r0", big), b.data("p0", big // 4), b.data("idx", big // 2)
+    c1, r1 = b.data("c1", big // 2), b.data("r1", big // 2)
+    b.compute("conv0", [x, w0], [c0])
+    b.compute("relu0", [c0], [r0])
+    b.compute("pool", [r0], [p0, idx])
+    b.compute("conv1", [p0, w1], [c1])
+    b.compute("relu1", [c1], [r1])
+    loss, dr1 = b.data("loss", 4, DataKind.OUTPUT), b.data("dr1", big // 2, DataKind.GRADIENT)
+    b.compute("loss", [r1], [loss, dr1])
+    dc1, dp0 = b.data("dc1", big // 2, DataKind.GRADIENT), b.data("dp0", big // 4, DataKind.GRADIENT)
+    dr0, dc0 = b.data("dr0", big, DataKind.GRADIENT), b.data("dc0", big, DataKind.GRADIENT)
+    dw1, dw0 = b.data("dw1", 2, DataKind.PARAMETER_GRADIENT), b.data("dw0", 2, DataKind.PARAMETER_GRADIENT)
+    b.compute("relu1_bwd", [dr1, r1], [dc1], phase=Phase.BACKWARD)
+    b.compute("conv1_bwd", [dc1, p0, w1], [dp0, dw1], phase=Phase.BACKWARD)
+    b.compute("pool_bwd", [dp0, idx, r0], [dr0], phase=Phase.BACKWARD)
+    b.compute("relu0_bwd", [dr0, r0], [dc0], phase=Phase.BACKWARD)
+    b.compute("conv0_bwd", [dc0, x], [dw0], phase=Phase.BACKWARD)
+    b.outputs = [loss, dw0, dw1]
+    return b.build()
+
+
+def _minimum(g) -> int:
+    with pytest.raises(InfeasibleBudget) as info:
+        rotor.solve(g, 0)
+    return info.value.minimum_bytes
+
+
+def test_gradient_skipping_a_block_is_freed_at_its_reader():
+    """A gradient read two blocks down is handed through the block in between (grad_in/grad_out), not
+    kept to the end of the chain as a long-lived datum: rotor then reaches the exhaustive minimum."""
+    import bruteforce
+
+    g = _relu_pool_chain()
+    ch = decompose(g)
+    dc1 = next(d.id for d in g.datas if d.name == "dc1")
+    holders = [b.index for b in ch.blocks if dc1 in b.grad_in]
+    assert holders and not any(dc1 in b.long_lived for b in ch.blocks)
+    assert all(dc1 in ch.blocks[k + 1].grad_out for k in holders)
+    low = _minimum(g)
+    assert low == bruteforce.min_budget(g)
+    assert simulate(g, rotor.solve(g, low).schedule).check().peak_bytes == low
+
+
+def test_minimum_budget_is_exact_despite_slot_rounding():
+    """Activations of about a megabyte and 4-byte weight gradients: each gradient rounds up to a whole
+    slot, so the slot DP alone overstates the peak; the re-costed minimum equals the block-level
+    model's true minimum (every strategy, brute force) and the simulated peak of the plan."""
+    g = training_chain(6, sizes=[1000003, 2000017, 1500007, 3000001, 1200007, 900001], param_bytes=4)
+    ch = decompose(g)
+    solver = rotor.ChainSolver(ch, [[store_all(ch, b)] for b in ch.blocks])
+    assert solver.unit > 4
+    n = solver.exact.n
+    best = min(evaluate(solver.exact, ops)[0] for ops in _strategies(solver.exact, 0, n - 1))
+    low = _minimum(g)
+    assert low == solver.min_budget() == max(solver.base + best, solver.tail)
+    plan = solver.plan(low)
+    tl = simulate(g, rotor.solve(g, low).schedule).check()
+    assert plan.model_peak_bytes == tl.peak_bytes == low
+    assert solver.plan(low - 1) is None

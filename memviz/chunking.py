@@ -819,7 +819,7 @@ def plan_chunks(
         )
     if speed is None:  # calibrated on the device, with every op of this graph timed there
         speed = calibrate(_device_of(model, args))
-        g = measure_times(gm, g, args)
+        g = measure_times(gm, g, tree_flatten((tuple(args), kwargs or {}))[0])
     unchunked = ChunkPlan(g, [], speed, budget_bytes, base.peak_bytes, base.peak_bytes, gm)
     return unchunked.select(budget_bytes, beam=beam, window=window)
 
@@ -848,29 +848,34 @@ def unchunked_plan(prof: Any) -> ChunkPlan:
             f"autochunk calibrates its speed model by timing the device; {prof.device.name} is an "
             "estimate: profile on the real device (device=None, 'cpu' or 'cuda')"
         )
-    args = _profiled_args(prof.captured)
-    gm, g = capture(prof.model, args)
+    flat = _profiled_inputs(prof.captured)
+    args, kwargs = tree_unflatten(flat, prof.captured.in_spec)
+    gm, g = capture(prof.model, args, kwargs)
     base = ac.estimate_memory(g).peak_bytes
-    speed = calibrate(_device_of(prof.model, args))
-    return ChunkPlan(measure_times(gm, g, args), [], speed, base, base, base, gm)
+    speed = calibrate(_device_of(prof.model, flat))
+    return ChunkPlan(measure_times(gm, g, flat), [], speed, base, base, base, gm)
 
 
-def _profiled_args(cap: Any) -> tuple[torch.Tensor, ...]:
+def _profiled_inputs(cap: Any) -> list[torch.Tensor]:
+    """The profiled call's flat inputs (positional, then keyword) as zero tensors of their shapes."""
     flat = []
     for i, meta in enumerate(cap.input_meta):
         if meta is None:
             raise ValueError(
                 f"input {i} of the profiled call is not a tensor: autochunk captures the model on "
-                "positional tensor inputs only"
+                "tensor inputs only"
             )
         flat.append(torch.zeros(meta[0], dtype=meta[1]))
-    args, kwargs = tree_unflatten(flat, cap.in_spec)
-    if kwargs:
-        raise ValueError(
-            f"the profiled call passed keyword inputs {sorted(kwargs)}: autochunk captures the model "
-            "on positional tensor inputs only; profile it as model(*args)"
-        )
-    return tuple(args)
+    return flat
+
+
+def _kwarg_names(gm: torch.fx.GraphModule | None) -> tuple[str, ...]:
+    """Keyword inputs of the captured call, in the order of the graph's inputs (after the positional
+    ones)."""
+    spec = getattr(gm, "_in_spec", None)
+    if spec is None or spec.num_children != 2:
+        return ()
+    return tuple(spec.child(1).context or ())
 
 
 def _graph_args(g: ac.OpGraph) -> tuple[torch.Tensor, ...]:
@@ -887,15 +892,27 @@ class ChunkedModule(torch.nn.Module):
     signature.  Runs without autograd (chunk plans are inference plans) and refuses inputs of other
     shapes: the loops are specialised to the planned lengths."""
 
-    def __init__(self, model: torch.nn.Module, chunked: torch.fx.GraphModule, g: ac.OpGraph) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        chunked: torch.fx.GraphModule,
+        g: ac.OpGraph,
+        kwarg_names: Sequence[str] = (),
+    ) -> None:
         super().__init__()
         self._orig_mod = model
         self.chunked = chunked
         self._inputs = [(n.name, n.shape, n.dtype) for n in g.nodes if n.op == "input" and n.kind == "input"]
+        self._kwarg_names = tuple(kwarg_names)
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         from memviz.export import StalePlanError
 
+        if set(kwargs) != set(self._kwarg_names) and kwargs:
+            raise StalePlanError(
+                f"the chunk plan was made for keyword inputs {list(self._kwarg_names)}, got {sorted(kwargs)}"
+            )
+        args = (*args, *(kwargs[k] for k in self._kwarg_names if kwargs))
         if len(args) != len(self._inputs):
             raise StalePlanError(
                 f"the chunk plan was made for {len(self._inputs)} positional inputs "
@@ -939,7 +956,7 @@ def export_chunks(
         gm, g = capture(target, args)
         cp = ChunkPlan(g, [], cp.speed, cp.budget_bytes, cp.baseline_peak_bytes, cp.peak_bytes, gm)
         cp = cp.with_chunks(plan.chunks)
-    module = ChunkedModule(target, cp.module(), cp.graph)
+    module = ChunkedModule(target, cp.module(), cp.graph, _kwarg_names(cp.gm))
     if path is not None:
         source, plan_path = Path(path), Path(path).with_suffix(".plan.json")
         for p in (source, plan_path):

@@ -176,3 +176,24 @@ def test_glu_rule_breaks_on_the_halved_dim():
     assert [(d.input, d.dim) for d in ac.demands_of(g["y"], 2, g)] == [("x", 2)]
     with pytest.raises(ac.FlowBreak, match="glu"):
         ac.demands_of(g["y"], 1, g)
+
+
+def test_keyword_inputs_plan_time_and_export():
+    """An HF-style call with attention_mask=: plan_chunks timed the graph without the keyword inputs
+    (a crash), memviz.plan refused keyword inputs, and the exported module took positional ones only."""
+    import memviz
+
+    model, args, kwargs = zoo.llama_gqa_expand(T=128, layers=1)
+    with torch.no_grad():
+        ref = model(*args, **kwargs)
+    timed = ch.plan_chunks(model, args, budget=0.5, kwargs=kwargs)
+    assert all(n.time > 0 for n in timed.graph.nodes if n.op in ("matmul", "softmax"))
+    prof = memviz.profile(model, args, kwargs, mode="inference")
+    plan = memviz.plan(prof, 0.6, strategy="autochunk")
+    assert plan.chunks and plan.peak_bytes <= plan.budget_bytes
+    opt = memviz.export(plan)
+    peak, out = _measure(opt, *args, **kwargs)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert abs(peak - (plan.peak_bytes - plan.baseline_graph.persistent_bytes())) <= 0.05 * peak
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*args, *kwargs.values()), ref, rtol=1e-5, atol=1e-5)

@@ -288,7 +288,9 @@ class ChainSolver:
         self.model = quantize(self.exact, slot_bytes(chain, ns, slots))
         self.unit = self.model.unit
         full, _ = evaluate(self.model, self._all_ops())
-        self.size = max(full, 0) + sum(max(g, 0) for g in self.model.gin) + 2
+        # each gradient counted once: one handed down through several blocks is in each one's grad_in
+        grads = grad_bytes(chain, {d for b in chain.blocks for d in b.grad_in})
+        self.size = max(full, 0) + -(-grads // self.unit) + 2
         self.tables = dp(self.model, self.size)
         self.base = chain.resident_bytes()
         self.tail = tail_requirement(chain)

@@ -197,3 +197,12 @@ def test_keyword_inputs_plan_time_and_export():
     assert abs(peak - (plan.peak_bytes - plan.baseline_graph.persistent_bytes())) <= 0.05 * peak
     with torch.no_grad():
         torch.testing.assert_close(opt(*args, *kwargs.values()), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(zoo.ZOO))
+def test_zoo_at_full_length(name):
+    """Every zoo model at its full sequence length (two layers where it has layers): about 5 minutes."""
+    plan = _check(zoo.ZOO[name])
+    assert plan.regions and plan.peak_bytes <= 0.9 * plan.baseline_peak_bytes
+    assert _illegal_edit_names_the_op(plan)

@@ -6,6 +6,7 @@ refuses anything the simulator rejects, and builds the budget frontier the UI sl
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
 import time
@@ -63,6 +64,9 @@ class Plan:
     baseline_graph: Graph | None = None
     #: autochunk: the `memviz.chunking.ChunkPlan` (or its JSON, after loading) regions are checked on
     chunking: Any = field(default=None, repr=False, compare=False)
+    #: the solved run behind each `frontier` row, kept in the kernel only (never in the plan JSON) so
+    #: the Planner can show a frontier budget's plan without solving it again
+    frontier_points: list[FrontierPoint] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -166,6 +170,39 @@ class Plan:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {MIME_TYPE: self.to_dict(), "text/plain": self.summary()}
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """The run behind one frontier row: the cheapest schedule found at or below `budget_bytes`, with
+    the statistics of the solver that made it and its timeline from `solvers.simulate` (checked)."""
+
+    budget_bytes: int
+    strategy: str
+    result: SolveResult
+    timeline: Timeline
+
+
+def frontier_plan(base: Plan, point: FrontierPoint) -> Plan:
+    """`base` (same graph, baseline, model and frontier) with a frontier point's run as its plan, named
+    after the strategy that solved it.  No packing: that is solved on demand (`with_packing`)."""
+    return dataclasses.replace(
+        base,
+        schedule=point.result.schedule,
+        timeline=point.timeline,
+        strategy=point.strategy,
+        budget_bytes=point.budget_bytes,
+        solver_stats=point.result.stats,
+        packing=None,
+        chunks=[],
+        chunking=None,
+    )
+
+
+def with_packing(the_plan: Plan, *, time_limit: float = 10.0) -> Plan:
+    """A copy of `the_plan` with its address packing solved (the original is left as it is)."""
+    packing = packing_of(the_plan.graph, the_plan.schedule, time_limit=time_limit)
+    return dataclasses.replace(the_plan, packing=packing)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -347,7 +384,9 @@ def plan(
     if packing:
         the_plan.packing = packing_of(graph, result.schedule, time_limit=min(10.0, time_limit))
     if frontier and is_training(graph):
-        the_plan.frontier = budget_frontier(graph, baseline, time_limit=min(30.0, time_limit))
+        the_plan.frontier, the_plan.frontier_points = solve_frontier(
+            graph, baseline, baseline_schedule=base_schedule, time_limit=min(30.0, time_limit)
+        )
     return the_plan
 
 
@@ -389,38 +428,75 @@ def budget_frontier(
     points: int = FRONTIER_POINTS,
     time_limit: float = 30.0,
 ) -> list[dict[str, Any]]:
-    """`points` budgets from the strategy's minimum to the baseline peak -> (peak, time overhead).
+    """`points` budgets from the strategy's minimum to the baseline peak -> (peak, time overhead): the
+    rows of `solve_frontier`, without the runs behind them."""
+    rows, _ = solve_frontier(graph, baseline, strategy=strategy, points=points, time_limit=time_limit)
+    return rows
+
+
+def solve_frontier(
+    graph: Graph,
+    baseline: Timeline,
+    *,
+    baseline_schedule: Schedule | None = None,
+    strategy: str = "rotor",
+    points: int = FRONTIER_POINTS,
+    time_limit: float = 30.0,
+) -> tuple[list[dict[str, Any]], list[FrontierPoint]]:
+    """The frontier rows (`budget_bytes`, `peak_bytes`, `time_overhead`, `strategy`: what the plan JSON
+    holds) and, row for row, the checked run each row describes.
 
     Monotone by construction: a plan that fits a smaller budget fits every larger one, so each point
-    keeps the cheapest plan found at or below its budget.
+    keeps the cheapest plan found at or below its budget.  The largest budget is the baseline peak,
+    where the eager order (`baseline_schedule`, or `eager_schedule(graph)`) is the plan.
     """
     deadline = time.perf_counter() + time_limit
     try:
         low = minimum_budget(graph, strategy, time_limit)
     except PlanningError:
-        return []
+        return [], []
     high = baseline.peak_bytes
+    eager = _eager_point(graph, baseline_schedule, high)
     if low >= high:
-        return [{"budget_bytes": high, "peak_bytes": high, "time_overhead": 1.0, "strategy": "none"}]
+        return [_frontier_row(eager, baseline)], [eager]
     rows: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
+    runs: list[FrontierPoint] = []
+    best: FrontierPoint | None = None
     for i in range(points):
         budget = low + (high - low) * i // (points - 1)
-        row = None
-        if time.perf_counter() < deadline:
+        run = eager if i == points - 1 else None
+        if run is None and time.perf_counter() < deadline:
             try:
-                _, tl = solve_checked(graph, strategy, budget, max(1.0, deadline - time.perf_counter()))
-                overhead = tl.total_time / baseline.total_time if baseline.total_time > 0 else 1.0
-                row = {"peak_bytes": tl.peak_bytes, "time_overhead": overhead, "strategy": strategy}
+                result, tl = solve_checked(graph, strategy, budget, max(1.0, deadline - time.perf_counter()))
+                run = FrontierPoint(budget, strategy, result, tl)
             except InfeasibleBudget:
-                row = None
-        if i == points - 1:
-            row = {"peak_bytes": high, "time_overhead": 1.0, "strategy": "none"}
-        if row is not None and (best is None or row["time_overhead"] < best["time_overhead"]):
-            best = row
+                run = None
+        if run is not None and (best is None or run.timeline.total_time < best.timeline.total_time):
+            best = run
         if best is not None:
-            rows.append({"budget_bytes": budget, **best})
-    return rows
+            # the row is for this budget; its run may be a smaller budget's (it fits this one too)
+            kept = dataclasses.replace(best, budget_bytes=budget)
+            rows.append(_frontier_row(kept, baseline))
+            runs.append(kept)
+    return rows, runs
+
+
+def _eager_point(graph: Graph, schedule: Schedule | None, budget: int) -> FrontierPoint:
+    """The eager order as a frontier point, simulated and checked like every solver's schedule."""
+    schedule = eager_schedule(graph) if schedule is None else schedule
+    result = SolveResult(schedule, SolverStats("none", "heuristic", 0.0))
+    return FrontierPoint(budget, "none", result, simulate(graph, schedule).check())
+
+
+def _frontier_row(point: FrontierPoint, baseline: Timeline) -> dict[str, Any]:
+    base = baseline.total_time
+    overhead = point.timeline.total_time / base if base > 0 else 1.0
+    return {
+        "budget_bytes": point.budget_bytes,
+        "peak_bytes": point.timeline.peak_bytes,
+        "time_overhead": overhead,
+        "strategy": point.strategy,
+    }
 
 
 def packing_of(graph: Graph, schedule: Schedule, *, time_limit: float = 10.0) -> dict[str, Any] | None:

@@ -1,22 +1,28 @@
 """`memviz.Planner`: the JupyterLab widget.  Python owns every plan; the view only draws the plan
 document it is sent (`plan_json`) and reports what the user did (slider index, strategy, export).
 
-The slider walks the budget frontier.  Plans for frontier budgets are solved once and cached, so a
-drag that returns to a budget re-renders without solving.
+The slider walks the budget frontier.  The frontier was solved when the first plan was made, and its
+runs stay in the kernel (`Plan.frontier_points`), so moving the slider shows that budget's frontier
+plan at once, named after the strategy that solved it (rotor, or the eager order at the top).  When
+the selected strategy is another one, or the shown plan has no address packing yet, a background
+thread solves it and sends a second update; `refining` says what is being solved meanwhile.  Every
+plan shown has been checked by `solvers.simulate`, and is cached, so a revisit sends it again.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
 import traitlets
 
-from memviz.planning import Plan, plan
+from memviz.planning import Plan, frontier_plan, plan, with_packing
 from memviz.report import write_report
-from solvers.result import InfeasibleBudget
 
 MODULE_NAME = "jupyterlab-memviz"
 MODULE_VERSION = "^0.1.0"
@@ -52,10 +58,16 @@ class Planner(MemvizWidget):
     budget_index = traitlets.Int(-1).tag(sync=True)
     strategy = traitlets.Unicode("auto").tag(sync=True)
     status = traitlets.Unicode("").tag(sync=True)
+    #: what the kernel is solving for the shown budget ('' when the shown plan is final)
+    refining = traitlets.Unicode("").tag(sync=True)
     export_path = traitlets.Unicode("memviz_export/model_opt.py").tag(sync=True)
     export_overwrite = traitlets.Bool(False).tag(sync=True)
     export_request = traitlets.Int(0).tag(sync=True)
     export_result = traitlets.Unicode("").tag(sync=True)
+
+    #: seconds a refinement waits before it starts: a drag sends every index it crosses, and only the
+    #: one the slider stops at is worth a solve (the frontier's plan is on screen meanwhile)
+    settle_s = 0.25
 
     def __init__(
         self,
@@ -77,7 +89,16 @@ class Planner(MemvizWidget):
             else plan(self.profile, budget, strategy=strategy, time_limit=time_limit)
         )
         self._frontier = self.plan.frontier
+        self._first = self.plan  # the plan the frontier was solved with: frontier plans are built on it
+        self._points = self.plan.frontier_points
         self._cache: dict[tuple[str, int], Plan] = {}
+        self._frontier_plans: dict[int, Plan] = {}
+        # id(plan) -> (plan, its JSON): a revisit re-sends the document instead of re-encoding it
+        self._documents: dict[int, tuple[Plan, str]] = {}
+        # One worker: solves run one at a time, and a request superseded before it starts is skipped.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memviz-planner")
+        self._lock = threading.RLock()  # the worker and the kernel's thread both update the shown plan
+        self._request = 0
         self.strategy = strategy
         self._show(self.plan)
 
@@ -94,11 +115,16 @@ class Planner(MemvizWidget):
         return profile(source, args, mode=mode)
 
     def _show(self, p: Plan) -> None:
-        doc = p.to_dict()
-        doc["frontier"] = self._frontier
-        self.plan = p
-        self.plan_json = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-        self.status = p.summary()
+        with self._lock:
+            kept, text = self._documents.get(id(p), (None, ""))
+            if kept is not p:
+                doc = p.to_dict()
+                doc["frontier"] = self._frontier
+                text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+                self._documents[id(p)] = (p, text)
+            self.plan = p
+            self.plan_json = text
+            self.status = p.summary()
 
     def replan(self, budget: Any, strategy: str | None = None) -> Plan:
         source = self.profile if self.profile is not None else self.plan.graph
@@ -111,17 +137,65 @@ class Planner(MemvizWidget):
     def _on_change(self, change: dict[str, Any]) -> None:
         if not self._frontier or not 0 <= self.budget_index < len(self._frontier):
             return
-        budget = self._frontier[self.budget_index]["budget_bytes"]
-        key = (self.strategy, budget)
+        index, strategy = self.budget_index, self.strategy
+        key = (strategy, self._frontier[index]["budget_bytes"])
+        with self._lock:
+            self._request += 1
+            request = self._request
+            done = self._cache.get(key)
+            shown = done or self._frontier_plan(index)
+            if shown is not None:
+                # said before the plan arrives, so the view never draws it as final while it is not
+                self.refining = "" if done else self._refinement(shown, strategy)
+                self._show(shown)
+        if done is None:
+            if shown is None:
+                self.refining = f"solving with {strategy}"
+            self._worker.submit(self._refine, request, key, shown)
+
+    def _frontier_plan(self, index: int) -> Plan | None:
+        """The plan the frontier already solved for this index, built once (no solver runs here)."""
+        if index >= len(self._points):
+            return None  # a plan loaded from a file: its frontier rows have no runs behind them
+        if index not in self._frontier_plans:
+            self._frontier_plans[index] = frontier_plan(self._first, self._points[index])
+        return self._frontier_plans[index]
+
+    @staticmethod
+    def _refinement(shown: Plan, strategy: str) -> str:
+        if shown.strategy != strategy:
+            return f"showing the frontier's {shown.strategy} plan; solving with {strategy}"
+        return "packing addresses"
+
+    def _refine(self, request: int, key: tuple[str, int], shown: Plan | None) -> None:
+        """Worker thread: the selected strategy's plan for this budget (or the frontier plan with its
+        packing, when that strategy made it); shown if no newer request came meanwhile."""
+        time.sleep(self.settle_s)
+        if request != self._request:
+            return  # the slider moved on before this solve started
+        strategy, budget = key
         try:
-            if key not in self._cache:
+            if shown is not None and shown.strategy == strategy:
+                result = with_packing(shown, time_limit=min(10.0, self._time_limit))
+            else:
                 source = self.profile if self.profile is not None else self.plan.graph
-                self._cache[key] = plan(
-                    source, budget, strategy=self.strategy, time_limit=self._time_limit, frontier=False
-                )
-            self._show(self._cache[key])
-        except (InfeasibleBudget, ValueError) as exc:
-            self.status = f"error: {exc}"
+                result = plan(source, budget, strategy=strategy, time_limit=self._time_limit, frontier=False)
+        except Exception as exc:  # a worker thread would swallow it: report it in the view
+            with self._lock:
+                if request == self._request:
+                    self.refining = ""
+                    held = f" (showing the frontier's {shown.strategy} plan)" if shown is not None else ""
+                    self.status = f"error: {strategy}: {exc}{held}"
+            return
+        with self._lock:
+            self._cache[key] = result
+            if request == self._request:
+                self._show(result)
+                self.refining = ""
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every solve asked for so far has finished (tests, scripts)."""
+        self._worker.submit(lambda: None).result(timeout)
 
     @traitlets.observe("export_request")
     def _on_export(self, change: dict[str, Any]) -> None:

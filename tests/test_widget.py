@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
+import pytest
+from graphs import training_chain
 from test_planfile import tiny_training_graph
 
-from memviz.planning import plan
+import memviz.planning
+import memviz.widget
+from memviz.planning import Plan, budget_frontier, plan
 from memviz.widget import Planner
+from solvers import simulate
 
 
 def test_planner_from_plan_renders_and_exports(tmp_path):
@@ -32,3 +39,138 @@ def test_export_request_trait_reports_back(tmp_path):
     w.export_request += 1
     result = json.loads(w.export_result)
     assert result["ok"] and any(path.endswith("m.plan.json") for path in result["paths"])
+
+
+# --- the slider: frontier plans shown at once, refined in the background ---------------------------
+def chain_plan(strategy: str = "rotor"):
+    """A training chain whose rotor frontier has 20 distinct budgets (the tiny graph has one)."""
+    return plan(training_chain(16), 0.8, strategy=strategy, time_limit=5)
+
+
+class CountingPlan:
+    """Stands in for `memviz.widget.plan`: counts the solves and can hold them until released."""
+
+    def __init__(self) -> None:
+        self.budgets: list[int] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, source, budget, **kwargs):
+        self.budgets.append(budget)
+        assert self.release.wait(30)
+        return memviz.planning.plan(source, budget, **kwargs)
+
+
+@pytest.fixture
+def solves(monkeypatch):
+    counting = CountingPlan()
+    monkeypatch.setattr(memviz.widget, "plan", counting)
+    return counting
+
+
+def shown_plans(w: Planner) -> list[Plan]:
+    """Every plan document the view receives from now on, loaded back (schema + re-simulation)."""
+    docs: list[Plan] = []
+    w.observe(lambda change: docs.append(Plan.from_dict(json.loads(change["new"]))), "plan_json")
+    return docs
+
+
+def test_frontier_keeps_each_points_checked_run_out_of_the_json():
+    p = chain_plan()
+    assert len(p.frontier) == len(p.frontier_points) == 20
+    for row, point in zip(p.frontier, p.frontier_points, strict=True):
+        timeline = simulate(p.graph, point.result.schedule).check()
+        assert row["strategy"] == point.strategy == point.result.stats.solver
+        assert row["budget_bytes"] == point.budget_bytes
+        assert row["peak_bytes"] == timeline.peak_bytes == point.timeline.peak_bytes <= point.budget_bytes
+        assert row["time_overhead"] == pytest.approx(timeline.total_time / p.baseline.total_time)
+    assert p.frontier_points[-1].strategy == "none"
+    assert p.frontier_points[-1].result.schedule == p.baseline_schedule
+    doc = p.to_dict()
+    assert "frontier_points" not in doc and doc["frontier"] == p.frontier
+    assert budget_frontier(p.graph, p.baseline, time_limit=5) == p.frontier
+
+
+def test_slider_shows_the_frontier_plan_at_once_then_the_selected_strategys(solves):
+    w = Planner(chain_plan(), strategy="sqrt", time_limit=5)
+    docs = shown_plans(w)
+    point, frontier = w.plan.frontier_points[3], w.plan.frontier
+    solves.release.clear()  # hold the refinement: what is shown before it must be the frontier's
+    w.budget_index = 3
+    assert [d.strategy for d in docs] == ["rotor"]
+    assert docs[0].schedule == point.result.schedule and docs[0].solver_stats.solver == "rotor"
+    assert w.plan.strategy == "rotor" and "rotor" in w.status
+    assert w.refining == "showing the frontier's rotor plan; solving with sqrt"
+    solves.release.set()
+    w.wait(30)
+    assert solves.budgets == [point.budget_bytes]
+    assert [d.strategy for d in docs] == ["rotor", "sqrt"] and w.refining == ""
+    assert docs[1].peak_bytes <= point.budget_bytes and docs[1].packing is not None
+    assert "sqrt" in w.status
+
+    w.budget_index = 5
+    w.wait(30)
+    w.budget_index = 3  # a revisit: the refined plan again, at once, without solving
+    assert w.plan.schedule == docs[1].schedule and len(docs) == 5
+    assert w.plan.strategy == "sqrt" and w.refining == ""
+    w.wait(30)
+    assert solves.budgets == [point.budget_bytes, frontier[5]["budget_bytes"]]
+
+
+def test_the_frontiers_own_strategy_is_only_packed_not_solved_again(solves):
+    w = Planner(chain_plan(), strategy="rotor", time_limit=5)
+    docs = shown_plans(w)
+    w.budget_index = 7
+    w.wait(30)
+    assert solves.budgets == []
+    assert [d.strategy for d in docs] == ["rotor", "rotor"]
+    assert docs[0].packing is None and docs[1].packing is not None
+    assert docs[0].schedule == docs[1].schedule == w.plan.frontier_points[7].result.schedule
+    w.budget_index = 8
+    w.budget_index = 7
+    assert w.plan.packing is not None and w.refining == ""
+
+
+def test_a_drag_solves_only_where_the_slider_stops(solves):
+    w = Planner(chain_plan(), strategy="sqrt", time_limit=5)
+    frontier = w.plan.frontier
+    for index in (2, 4, 6):  # a drag: each index's frontier plan is shown, none is solved yet
+        w.budget_index = index
+        assert w.plan.strategy == "rotor" and w.plan.budget_bytes == frontier[index]["budget_bytes"]
+    w.wait(30)
+    assert solves.budgets == [frontier[6]["budget_bytes"]]
+    assert w.plan.strategy == "sqrt" and w.plan.budget_bytes == frontier[6]["budget_bytes"]
+
+
+def test_a_solve_already_started_finishes_into_the_cache_but_is_not_shown(solves):
+    w = Planner(chain_plan(), strategy="sqrt", time_limit=5)
+    w.settle_s = 0.0
+    frontier = w.plan.frontier
+    solves.release.clear()
+    w.budget_index = 2
+    while not solves.budgets:  # index 2's solve has started (and is held)
+        time.sleep(0.01)
+    w.budget_index = 4
+    w.budget_index = 6  # 4 is overtaken by 6 before its solve starts
+    solves.release.set()
+    w.wait(30)
+    assert solves.budgets == [frontier[2]["budget_bytes"], frontier[6]["budget_bytes"]]
+    assert w.plan.strategy == "sqrt" and w.plan.budget_bytes == frontier[6]["budget_bytes"]
+    w.budget_index = 2
+    assert w.plan.strategy == "sqrt" and w.refining == ""  # from the cache
+    w.wait(30)
+    assert len(solves.budgets) == 2
+
+
+def test_a_loaded_plan_without_frontier_runs_says_it_is_solving(solves, tmp_path):
+    p = chain_plan()
+    loaded = memviz.planning.load_plan(p.save(tmp_path / "p.plan.json"))
+    assert loaded.frontier == p.frontier and loaded.frontier_points == []
+    w = Planner(loaded, strategy="sqrt", time_limit=5)
+    before = w.plan_json
+    solves.release.clear()
+    w.budget_index = 4
+    assert w.plan_json == before and w.refining == "solving with sqrt"
+    solves.release.set()
+    w.wait(30)
+    assert w.plan.strategy == "sqrt" and w.refining == ""

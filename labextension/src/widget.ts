@@ -6,7 +6,9 @@
  * Synced traits: plan_json (str: a memviz.plan/1 document with its "frontier"), budget_index (int:
  * index into the frontier, -1 = the plan as first made), strategy (str), status (str: summary or error
  * from the kernel), export_path (str), export_overwrite (bool), export_request (int: incremented to ask
- * for an export), export_result (str: JSON {"ok", "paths" | "exists", "message"} from the kernel).
+ * for an export), export_result (str: JSON {"ok", "paths" | "exists", "message"} from the kernel),
+ * refining (str: what the kernel is still solving for the shown budget, e.g. the selected strategy while
+ * the frontier's own plan is shown; '' once the shown plan is final).
  * Optional: strategies (list of str) replaces the selector's default options.
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
@@ -28,7 +30,8 @@ export class PlannerModel extends DOMWidgetModel {
       budget_index: -1,
       strategy: 'auto',
       strategies: [],
-      status: ''
+      status: '',
+      refining: ''
     };
   }
 
@@ -41,6 +44,7 @@ export class PlannerView extends DOMWidgetView {
   private readonly _slider = element('input', 'jp-memviz-budget-slider');
   private readonly _sliderLabel = element('span', 'jp-memviz-budget-label');
   private readonly _readouts = element('span', 'jp-memviz-slider-readouts');
+  private readonly _refining = element('span', 'jp-memviz-refining');
   private readonly _select = element('select', 'jp-memviz-strategy-select');
   private readonly _status = element('div', 'jp-memviz-status');
   private readonly _exporter = new Exporter({
@@ -58,6 +62,7 @@ export class PlannerView extends DOMWidgetView {
     budget.append(this._slider, this._sliderLabel);
     // Peak, time overhead and solver status of the plan shown, beside the slider that picks it.
     this._readouts.setAttribute('aria-live', 'polite');
+    this._refining.setAttribute('aria-live', 'polite');
     // Every index is sent while dragging: frontier plans are cached by the kernel, so it answers fast.
     this._slider.addEventListener('input', () => {
       const index = Number(this._slider.value);
@@ -72,7 +77,7 @@ export class PlannerView extends DOMWidgetView {
     this._select.addEventListener('change', () => this._send({ strategy: this._select.value }));
 
     const controls = element('div', 'jp-memviz-controls');
-    controls.append(budget, this._readouts, strategy, this._exporter.row);
+    controls.append(budget, this._readouts, this._refining, strategy, this._exporter.row);
     this._chart = new PlanTabs();
     this.el.append(controls, this._status, this._exporter.result, this._chart.node);
 
@@ -80,10 +85,12 @@ export class PlannerView extends DOMWidgetView {
     this.listenTo(this.model, 'change:budget_index', this._budgetChanged);
     this.listenTo(this.model, 'change:strategy change:strategies', this._strategiesChanged);
     this.listenTo(this.model, 'change:status', this._statusChanged);
+    this.listenTo(this.model, 'change:refining', this._refiningChanged);
     this.listenTo(this.model, 'change:export_path', () => this._exporter.pathChanged());
     this.listenTo(this.model, 'change:export_result', () => this._exporter.resultChanged());
     this._strategiesChanged();
     this._statusChanged();
+    this._refiningChanged();
     this._exporter.pathChanged();
     this._planChanged();
   }
@@ -146,6 +153,12 @@ export class PlannerView extends DOMWidgetView {
 
   private _statusChanged(): void {
     this._status.textContent = this.model.get('status');
+  }
+
+  private _refiningChanged(): void {
+    // The kernel's own words: the plan drawn is not the selected strategy's yet, or lacks its packing.
+    const refining: string = this.model.get('refining') ?? '';
+    this._refining.textContent = refining ? `${refining}…` : '';
   }
 
   processLuminoMessage(msg: Parameters<DOMWidgetView['processLuminoMessage']>[0]): void {

@@ -27,7 +27,10 @@ two-phase LP rounding (Sec. 5): solve the LP relaxation (at the budget, then sca
 round S, recompute the cheapest R for that S (the dependency closure), keep the best schedule that
 fits, never worse than the checkpointing heuristic it computes first.  `minimum_budget` solves the
 same model with the peak as objective; its answer makes `InfeasibleBudget.minimum_bytes` tight and is
-the last resort before giving up.
+the last resort before giving up.  The lowest-peak schedule it found is remembered for the last
+`CACHED_GRAPHS` graphs and joins the known schedules of every later call on the same graph: a budget an
+`InfeasibleBudget` named stays feasible when the caller asks for it, however little time the MILP
+gets then (a time-limited MILP finds different schedules from call to call).
 
 Known limits: the stage class fixes the order of first computations (capture order, or the order of
 the MILP's start) and recomputes in ascending order inside a stage, so a schedule in another order
@@ -43,6 +46,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -433,15 +437,23 @@ def _spare(deadline: float, time_limit: float) -> float:
     return min(max(deadline - time.perf_counter(), 0.0), 0.25 * time_limit)
 
 
-def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph | None = None,
-                time_limit: float = 0.0, floors: Sequence[int] = ()) -> InfeasibleBudget:
-    """The error with the smallest feasible budget known (the peaks of `known`, and `floors`: budgets
-    other solvers reported feasible); with `graph`, first spend up to `time_limit` on the min-peak
-    MILP (`minimum_budget`) to make that number tight."""
-    peaks = [p.peak for p in known] + list(floors)
-    if graph is not None and time_limit > 0:
-        peaks.append(minimum_budget(graph, time_limit=time_limit).peak_bytes)
-    return InfeasibleBudget(budget, min(peaks, default=None), solver)
+def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph,
+                time_limit: float = 0.0) -> InfeasibleBudget:
+    """The error naming the smallest peak of a schedule known for `graph` (`known`, and what earlier
+    calls remembered); first spend up to `time_limit` on the min-peak MILP (`minimum_budget`) to make
+    that number tight.  That schedule is remembered, so the budget named stays feasible."""
+    if time_limit > 0:
+        minimum_budget(graph, time_limit=time_limit)
+    best = min([*known, *_remembered(graph)], key=lambda p: p.peak, default=None)
+    if best is None:
+        return InfeasibleBudget(budget, None, solver)
+    _remember(graph, MinimumBudget(best.peak, best.schedule, False, 0.0))
+    return InfeasibleBudget(budget, best.peak, solver)
+
+
+#: how many graphs' lowest-peak schedules `minimum_budget` remembers (most recently used last)
+CACHED_GRAPHS = 8
+_MIN_PEAK: OrderedDict[Graph, MinimumBudget] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -462,7 +474,7 @@ def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
     seeded with the lowest-peak heuristic schedule; always returns a feasible schedule."""
     t0 = time.perf_counter()
     st = _stages(graph)
-    known = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
+    known = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None] + _remembered(graph)
     known += _checkpoint_plans(graph, st, -1, t0 + 0.2 * time_limit)  # budget -1: only the extremes
     best = min(known, key=lambda p: p.peak)
     optimal = False
@@ -470,7 +482,7 @@ def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
     try:
         model, V = _build(st, graph, unit, t0 + 0.5 * time_limit, minimize_peak=True)
     except _Timeout:
-        return MinimumBudget(best.peak, best.schedule, False, time.perf_counter() - t0)
+        return _remember(graph, MinimumBudget(best.peak, best.schedule, False, time.perf_counter() - t0))
     start = None
     stages = _stage_sets(st, [s.node for s in best.schedule if s.op == "compute"])
     if stages is not None:
@@ -486,32 +498,53 @@ def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
             best = plan
             # the simulated peak of the rounded solution, not the solver's float, is what we report
             optimal = sol.status == "optimal" and plan.peak <= math.ceil(st.base + sol.objective * unit) + 1
-    return MinimumBudget(best.peak, best.schedule, optimal, time.perf_counter() - t0)
+    return _remember(graph, MinimumBudget(best.peak, best.schedule, optimal, time.perf_counter() - t0))
+
+
+def _remember(graph: Graph, found: MinimumBudget) -> MinimumBudget:
+    """`found`, remembered for `graph` unless an earlier call found a lower peak (then that one)."""
+    earlier = _MIN_PEAK.get(graph)
+    best = found if earlier is None or found.peak_bytes < earlier.peak_bytes else earlier
+    _MIN_PEAK[graph] = best
+    _MIN_PEAK.move_to_end(graph)
+    while len(_MIN_PEAK) > CACHED_GRAPHS:
+        _MIN_PEAK.popitem(last=False)
+    return best
+
+
+def _remembered(graph: Graph) -> list[_Plan]:
+    """The lowest-peak schedule an earlier `minimum_budget` call found for `graph` (none: empty)."""
+    earlier = _MIN_PEAK.get(graph)
+    plan = None if earlier is None else _plan(graph, earlier.schedule, "min-peak (earlier call)")
+    return [] if plan is None else [plan]
 
 
 # --- public entry points --------------------------------------------------------------------------
-def _hierarchy_plans(graph: Graph, budget: int, time_limit: float) -> tuple[list[_Plan], list[int]]:
+def _hierarchy_plans(graph: Graph, budget: int, time_limit: float) -> list[_Plan]:
     """Rockmate's and Rotor's schedules at `budget` (Rockmate Sec. 3-4), each also with its frees moved
-    as early as possible (`with_early_frees`: the form the MILP's start values describe), and the
-    smallest budgets they report where they cannot fit it.  Rockmate gets the caller's time limit, so
-    its block menus are the ones `rockmate.solve` caches for a plain rockmate plan at that limit."""
+    as early as possible (`with_early_frees`: the form the MILP's start values describe).  Where one
+    cannot fit `budget`, its schedule at the smallest budget it reports instead (a schedule behind the
+    minimum an `InfeasibleBudget` of ours may name).  Rockmate gets the caller's time limit, so its
+    block menus are the ones `rockmate.solve` caches for a plain rockmate plan at that limit."""
     from solvers import rockmate, rotor  # rockmate -> block_milp -> milp: no cycle, but only used here
 
     plans: list[_Plan] = []
-    minimums: list[int] = []
     for name, solver in (("rockmate", rockmate.solve), ("rotor", rotor.solve)):
         try:
-            result = solver(graph, budget, time_limit=time_limit)
-        except InfeasibleBudget as exc:
-            if exc.minimum_bytes is not None:
-                minimums.append(exc.minimum_bytes)
+            try:
+                result = solver(graph, budget, time_limit=time_limit)
+            except InfeasibleBudget as exc:
+                if exc.minimum_bytes is None:
+                    continue
+                result = solver(graph, exc.minimum_bytes, time_limit=time_limit)
+        except InfeasibleBudget:  # the solver could not reach its own minimum: nothing from it
             continue
         except GraphError:  # not a chain of blocks: no hierarchy plans
             break
         seq = [s.node for s in result.schedule if s.op == "compute"]
         plans += [p for p in (_plan(graph, with_early_frees(graph, seq), name),
                               _plan(graph, result.schedule, name)) if p is not None]
-    return plans, minimums
+    return plans
 
 
 def _warm_start(graph: Graph, plans: Sequence[_Plan]) -> tuple[_Stages, _Plan | None, list[list[int]] | None]:
@@ -551,32 +584,31 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     deadline = t0 + time_limit
     lb_time = sum(graph.computes[c].time for c in graph.required_computes)
     known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
+    known += _remembered(graph)
     if incumbent is not None:
         p = _plan(graph, tuple(incumbent), "incumbent")
         if p is None:
             why = simulate(graph, incumbent).issues[0]
             raise ValueError(f"the incumbent schedule is invalid ({why}): pass one that simulates cleanly")
         known.append(p)
-    floors: list[int] = []
 
     def fastest() -> _Plan | None:
         return min((p for p in known if p.peak <= budget_bytes), key=lambda p: p.time, default=None)
 
     best = fastest()
     if hierarchy and (best is None or best.time > lb_time * (1 + 1e-12)):
-        plans, floors = _hierarchy_plans(graph, budget_bytes, time_limit)
-        known += plans
+        known += _hierarchy_plans(graph, budget_bytes, time_limit)
         best = fastest()
     if budget_bytes < _lower_bound_bytes(graph, _stages(graph)):
-        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
+        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
     if best is None or best.time > lb_time * (1 + 1e-12):
         # the LP rounding (Sec. 5) and checkpointing plans: more starts, in 70% of the time left
         try:
             lp = solve_lp(graph, budget_bytes, time_limit=0.7 * (deadline - time.perf_counter()))
             known += [p for p in (_plan(graph, lp.schedule, f"checkmate-lp {lp.stats.extra['source']}"),)
                       if p is not None]
-        except InfeasibleBudget as exc:
-            floors += [exc.minimum_bytes] if exc.minimum_bytes is not None else []
+        except InfeasibleBudget:  # its smallest schedule is remembered for `_infeasible`
+            pass
         best = fastest()
     st, seed, seed_stages = _warm_start(graph, [p for p in known if p.peak <= budget_bytes])
     extra: dict[str, object] = {
@@ -588,7 +620,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         if best is None:
             best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
         if best is None:
-            raise _infeasible(budget_bytes, known, "checkmate", floors=floors)
+            raise _infeasible(budget_bytes, known, "checkmate", graph)
         # a MILP bound above the fastest plan: that plan lies outside the MILP's stage class
         bound = lb_time if bound is None or bound > best.time else max(bound, lb_time)
         gap = max(0.0, best.time - bound) / best.time if best.time > 0 else 0.0
@@ -626,7 +658,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
         if sol.status == "infeasible":
             if best is not None:  # numerically infeasible at a budget some known schedule fits
                 return incumbent_result("MILP reported infeasible", None)
-            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit), floors)
+            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
         if sol.x is None:
             return incumbent_result("time limit before the MILP found a solution", bound)
         seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
@@ -714,6 +746,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     st = _stages(graph)
     rng = random.Random(seed)
     known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
+    known += _remembered(graph)
     lb_time = sum(graph.computes[c].time for c in st.order)
     extra: dict[str, object] = {"stages": st.n, "lp_solves": 0}
 
@@ -762,7 +795,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     if best is None:
         best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
     if best is None:
-        raise _infeasible(budget_bytes, known, "checkmate-lp")
+        raise _infeasible(budget_bytes, known, "checkmate-lp", graph)
     gap = max(0.0, best.time - bound) / best.time if bound is not None and best.time > 0 else None
     extra.update(source=best.source, roundings=sum(p.source.startswith("lp@") for p in known))
     return SolveResult(best.schedule, SolverStats(

@@ -272,3 +272,17 @@ def test_lp_rounding_honours_its_time_limit_and_beats_checkpointing():
             check(g, r, b)
             if ckpt:
                 assert r.stats.objective <= min(p.time for p in ckpt) + 1e-12
+
+
+def test_stated_minimum_stays_feasible_with_less_time():
+    """The minimum an InfeasibleBudget names comes from a time-limited min-peak MILP; asked for that
+    budget with less time, solve and solve_lp used to miss that schedule and name a larger minimum
+    (fuzzing: plan at the stated minimum -> InfeasibleBudget).  The schedule is remembered per graph."""
+    g = random_training_dag(random.Random(1), 8)
+    with pytest.raises(InfeasibleBudget) as exc:
+        checkmate.solve(g, g.persistent_bytes(), time_limit=5.0)
+    minimum = exc.value.minimum_bytes
+    for solve in (checkmate.solve, checkmate.solve_lp):
+        result = solve(g, minimum, time_limit=0.05)
+        assert simulate(g, result.schedule).check().peak_bytes <= minimum
+    assert checkmate.minimum_budget(g, time_limit=0.01).peak_bytes <= minimum

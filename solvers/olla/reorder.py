@@ -32,12 +32,17 @@ few seconds, so the same model is solved on a window of consecutive positions of
 around its peak, everything outside fixed (a large-neighbourhood search), until the time is up or
 no window around the peak improves it.  Optimality is then not proved: the status is "feasible"
 with the gap to `lower_bound`.
+
+The best order found is remembered for the last `CACHED_GRAPHS` graphs and is a candidate of every
+later call on the same graph, so a time-limited search never answers worse than an earlier call did
+(the peak an `InfeasibleBudget` named stays reachable when the caller asks for it).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -432,6 +437,19 @@ def _large_neighbourhood(
     return order
 
 
+#: how many graphs' best orders `reorder` remembers (most recently used last)
+CACHED_GRAPHS = 8
+_BEST_ORDER: OrderedDict[Graph, list[int]] = OrderedDict()
+
+
+def _remember(graph: Graph, order: list[int]) -> None:
+    """Keep `order` as `graph`'s best (it is never worse than the remembered one: that was a candidate)."""
+    _BEST_ORDER[graph] = order
+    _BEST_ORDER.move_to_end(graph)
+    while len(_BEST_ORDER) > CACHED_GRAPHS:
+        _BEST_ORDER.popitem(last=False)
+
+
 def reorder(
     graph: Graph, *, time_limit: float = 10.0, workers: int = 4, relative_gap: float = 1e-4
 ) -> SolveResult:
@@ -452,6 +470,8 @@ def reorder(
     candidates: dict[str, list[int]] = {"eager": list(range(n))}
     for name, key in _HEURISTIC_KEYS.items():
         candidates[name] = list_schedule(graph, key)
+    if graph in _BEST_ORDER:
+        candidates["earlier"] = _BEST_ORDER[graph]
     peaks = {name: order_peak(graph, order, lt) for name, order in candidates.items()}
     best_name = min(peaks, key=peaks.__getitem__)  # dict order: eager wins ties
     best = candidates[best_name]
@@ -478,6 +498,7 @@ def reorder(
                 best_name, best = "cp-sat", order
     schedule = eager_schedule(graph, best)
     peak = simulate(graph, schedule).check().peak_bytes
+    _remember(graph, best)
     if peak != peaks[best_name]:
         raise AssertionError(f"olla: order evaluation {peaks[best_name]} disagrees with simulate {peak}")
     bound = min(bound, peak)

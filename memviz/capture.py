@@ -99,6 +99,10 @@ class Captured:
     elem_fx: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # multi-output op -> getitems
     grad_data: dict[str, int] = field(default_factory=dict)  # canonical parameter fqn -> its gradient
     input_grad_data: dict[int, int] = field(default_factory=dict)  # flat input index -> its gradient
+    # flat input index -> a non-tensor input's value: the trace specialised the graph on it
+    input_consts: dict[int, Any] = field(default_factory=dict)
+    tangent_fx: dict[int, str] = field(default_factory=dict)  # flat output index -> its gradient's FX input
+    held_fx: dict[int, tuple[str, ...]] = field(default_factory=dict)  # data id -> more FX values it holds
 
     @property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -277,6 +281,56 @@ def use_eager_kernels(gm: torch.fx.GraphModule, args: Sequence[Any], model: nn.M
     gm.recompile()
 
 
+_PY_DECOMP_KEYS = (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd)
+# their Python decompositions are what functionalizes the running-statistics updates their schemas do
+# not declare: tracing the kernel itself would drop those updates
+_UNDECLARED_MUTATION = frozenset({"aten::native_batch_norm", "aten::cudnn_batch_norm"})
+
+
+def _has_kernel(name: str) -> bool:
+    try:
+        return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in ("CPU", "CUDA"))
+    except RuntimeError:  # an overload the dispatcher does not know (Python-only)
+        return False
+
+
+def _traced_as_decomposition() -> list[tuple[torch._ops.OpOverload, torch._C.DispatchKey]]:
+    """(op, key) of the Python decompositions that would replace a kernel eager mode runs.
+
+    The AOT trace runs with the Python dispatcher, where `torch._decomp` registers decompositions for
+    some operators that have their own kernels (``upsample_bilinear2d`` into gathers and lerps,
+    ``upsample_nearest2d`` into index ops ...) and for the composite overloads that eager forwards to
+    those kernels (``upsample_bilinear2d.vec``).  The decomposition rounds differently and allocates
+    other intermediates, so the captured graph would neither give eager's bits nor its memory."""
+    found = []
+    for packet in list(vars(torch.ops.aten).values()):
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        default_kernel = "default" in packet.overloads() and _has_kernel(packet.default.name())
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            name = op._schema.name
+            if name in _UNDECLARED_MUTATION or op._schema.is_mutable:
+                continue
+            if _has_kernel(op.name()) or default_kernel:
+                found += [(op, k) for k in _PY_DECOMP_KEYS if k in op.py_kernels]
+    return found
+
+
+@contextlib.contextmanager
+def eager_kernels_in_trace() -> Any:
+    """Trace operators that have kernels as those kernels (see `_traced_as_decomposition`)."""
+    removed = [(op, key, op.py_kernels.pop(key)) for op, key in _traced_as_decomposition()]
+    for op, _, _ in removed:
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, key, fn in removed:
+            op.py_kernels[key] = fn
+            op._dispatch_cache.clear()
+
+
 # --- tracing ---------------------------------------------------------------------------------------
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                 mode: str) -> tuple[torch.fx.GraphModule, pytree.TreeSpec]:
@@ -297,6 +351,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         use_eager_kernels(gm_ep, args, model)
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(eager_kernels_in_trace())
                 joint = aot_export_joint_with_descriptors(
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)
         except Exception as err:  # noqa: BLE001
@@ -355,7 +410,10 @@ def _dtype_name(t: torch.Tensor) -> str:
 def _loss_sizes(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Tensor],
                 out_spec: pytree.TreeSpec, n_out: int, loss_fn: LossFn | None) -> tuple[int, dict[int, int]]:
     """Bytes of the loss and of the gradient `loss_fn` hands each differentiable output, measured by
-    running `loss_fn` and its backward on fake tensors (``sum`` gives expanded scalars: a few bytes)."""
+    running `loss_fn` and its backward on fake tensors.  ``loss.backward()`` holds the loss's own
+    gradient (ones) for the whole backward: `capture` gives it a data node of the loss's size, so an
+    output gradient on that storage (``sum`` gives an expanded view of it) or on one an earlier output
+    gradient already counts costs nothing more."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     loss_fn = loss_fn or default_loss
@@ -372,9 +430,16 @@ def _loss_sizes(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
         diff = [flat[i] for i in sorted(tangents)]
-        grads = torch.autograd.grad(loss, diff, allow_unused=True)
-        sizes = {i: (storage_nbytes(g) if g is not None else 0)
-                 for i, g in zip(sorted(tangents), grads, strict=True)}
+        root = torch.ones_like(loss)
+        grads = torch.autograd.grad(loss, diff, grad_outputs=root, allow_unused=True)
+        counted = {_storage_key(root)}
+        sizes = {}
+        for i, g in zip(sorted(tangents), grads, strict=True):
+            if g is None:  # unused output: `memviz.export` hands its backward one zero, expanded
+                sizes[i] = flat[i].element_size()
+                continue
+            sizes[i] = 0 if _storage_key(g) in counted else storage_nbytes(g)
+            counted.add(_storage_key(g))
         return storage_nbytes(loss), sizes
 
 
@@ -480,7 +545,9 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     param_data: dict[str, int] = {}
     tangents: dict[int, torch.fx.Node] = {}
     for n, (kind, key) in zip(gm.graph.find_nodes(op="placeholder"), ph_kinds, strict=False):
-        val = n.meta["val"]
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue  # a non-tensor input (int, float, None): specialised into the graph, no storage
         if kind == "tangent":
             tangents[key] = n
             continue
@@ -505,28 +572,40 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         gm=gm, mode=mode, placeholders=ph_kinds, outputs=out_kinds, compute_fx=bld.compute_fx,
         data_fx=bld.data_fx, data_of_fx=bld.data_of_fx, out_spec=out_spec, in_spec=in_spec,
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
-        param_names=param_names, elem_fx=bld.elem_fx)
+        param_names=param_names, elem_fx=bld.elem_fx,
+        input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)})
 
     def add_loss_nodes() -> None:
-        outs = sorted({bld.data_of_fx[a.name] for a, k in zip(out_args, out_kinds, strict=False)
+        # an output can be a view the graph only builds at its end: found through its storage
+        outs = sorted({bld.data_of_fx.get(a.name, bld.data_of_storage.get(_storage_key(a.meta["val"])))
+                       for a, k in zip(out_args, out_kinds, strict=False)
                        if k and k[0] == "user" and k[1] in tangents})
         dl = bld.data("loss", loss_bytes, DataKind.OUTPUT, None, (), "float32")
         captured.loss_compute = bld.b.compute("loss", outs, [dl], op="loss_fn", phase=Phase.FORWARD,
                                               source="loss_fn")
         bld.compute_fx.append(None)
-        tds = []
-        for idx in sorted(tangents):
-            v = tangents[idx].meta["val"]
-            td = bld.data(f"grad_output{idx}", tangent_bytes[idx], DataKind.GRADIENT, tangents[idx].name,
-                          tuple(v.shape), _dtype_name(v))
+        # autograd hands the exported module every output gradient in one call and holds them all
+        # until it returns: one data node for all of them, alive until the last one's last reader
+        order = sorted(tangents)
+        first = tangents[order[0]]
+        v = first.meta["val"]
+        name = f"grad_output{order[0]}" if len(order) == 1 else "grad_outputs"
+        td = bld.data(name, sum(tangent_bytes.values()), DataKind.GRADIENT, first.name, tuple(v.shape),
+                      _dtype_name(v))
+        for idx in order:
             bld.data_of_fx[tangents[idx].name] = td
-            bld.data_of_storage[_storage_key(v)] = td
+            bld.data_of_storage[_storage_key(tangents[idx].meta["val"])] = td
             captured.tangent_data[idx] = td
-            tds.append(td)
-        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl], tds, op="loss_fn.backward",
-                                                       phase=Phase.BACKWARD, source="loss_fn")
+            captured.tangent_fx[idx] = tangents[idx].name
+        captured.held_fx[td] = tuple(tangents[idx].name for idx in order[1:])
+        tds = [td]
+        # the loss's gradient, held by loss.backward() until the backward ends
+        root = bld.data("loss_grad", loss_bytes, DataKind.GRADIENT, None, (), "float32")
+        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl], [*tds, root],
+                                                       op="loss_fn.backward", phase=Phase.BACKWARD,
+                                                       source="loss_fn")
         bld.compute_fx.append(None)
-        bld.b.outputs.append(dl)
+        bld.b.outputs.extend([dl, root])
 
     pending_loss = bool(tangents)
     for n in gm.graph.nodes:
@@ -633,6 +712,8 @@ class Runner:
         name = self.cap.data_fx[d]
         if name is not None:
             self.env.pop(name, None)
+        for other in self.cap.held_fx.get(d, ()):
+            self.env.pop(other, None)
 
     def data_value(self, d: int) -> Any:
         name = self.cap.data_fx[d]

@@ -66,6 +66,10 @@ class Program:
     fingerprint: str
     mode: str
     buffer_updates: dict[int, tuple[tuple[str, str], ...]]  # compute -> (FX value, buffer fqn)
+    # backward steps run while autograd still holds the output gradients (up to their last free)
+    release: int = 0
+    # parameter fqn / flat input index -> the model outputs whose gradients its gradient depends on
+    grad_tangents: dict[Any, frozenset[int]] = dataclasses.field(default_factory=dict)
 
 
 def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: str) -> Program:
@@ -94,8 +98,39 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
         if kind is not None and kind[0] == "buffer":
             d = captured.data_of_fx[node.name]
             updates.setdefault(graph.datas[d].producer, []).append((captured.data_fx[d], kind[1]))
-    return Program(captured, graph, steps[:boundary], steps[boundary:], random, params, fp, captured.mode,
-                   {c: tuple(u) for c, u in updates.items()})
+    backward = steps[boundary:]
+    return Program(captured, graph, steps[:boundary], backward, random, params, fp, captured.mode,
+                   {c: tuple(u) for c, u in updates.items()}, _release_point(backward, captured),
+                   _grad_tangents(captured))
+
+
+def _release_point(backward: Sequence[Step], cap: Captured) -> int:
+    """How many backward steps run before autograd can drop the output gradients: it holds them until
+    the Function that received them returns, so that Function runs up to the last one's free."""
+    tangents = set(cap.tangent_data.values())
+    frees = [i for i, s in enumerate(backward) if s.op == "free" and s.node in tangents]
+    if len(frees) < len(tangents):
+        return len(backward)  # one is never freed: it stays referenced to the end anyway
+    return max(frees, default=-1) + 1
+
+
+def _grad_tangents(cap: Captured) -> dict[Any, frozenset[int]]:
+    """The model outputs each parameter (and input) gradient depends on: when none of them gets a
+    gradient (an output the loss does not use), eager autograd leaves that gradient None."""
+    deps: dict[str, frozenset[int]] = {}
+    placeholders = cap.gm.graph.find_nodes(op="placeholder")
+    for n, (kind, key) in zip(placeholders, cap.placeholders, strict=True):
+        deps[n.name] = frozenset([key]) if kind == "tangent" else frozenset()
+    for n in cap.gm.graph.nodes:
+        if n.op == "call_function":
+            deps[n.name] = frozenset().union(*(deps.get(a.name, frozenset()) for a in n.all_input_nodes))
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    found: dict[Any, frozenset[int]] = {}
+    for node, kind in zip(outs, cap.outputs, strict=True):
+        if kind is not None and kind[0] in ("grad", "input_grad") and isinstance(node, torch.fx.Node):
+            key = cap.param_names.get(kind[1], kind[1]) if kind[0] == "grad" else kind[1]
+            found[(kind[0], key)] = found.get((kind[0], key), frozenset()) | deps.get(node.name, frozenset())
+    return found
 
 
 class _StepState:
@@ -112,6 +147,7 @@ class _StepState:
         self.rng: dict[int, Any] = {}
         self.done: set[int] = set()
         self.grad_outputs: dict[int, torch.Tensor] = {}
+        self.missing: set[int] = set()  # outputs that got no gradient (unused by the loss)
 
     def forward(self) -> None:
         if self.generated is not None:
@@ -120,10 +156,19 @@ class _StepState:
             self.run(self.program.forward_steps)
 
     def backward(self) -> None:
+        """The backward steps that run while autograd holds the output gradients."""
         if self.generated is not None:
             self.generated.backward_steps(self.runner.env, _SourceRng(self), self.buffers, self.grad_outputs)
         else:
-            self.run(self.program.backward_steps)
+            self.run(self.program.backward_steps[:self.program.release])
+        self.grad_outputs.clear()
+
+    def backward_rest(self) -> None:
+        """The backward steps after the output gradients' last use (autograd has released them)."""
+        if self.generated is not None:
+            self.generated.backward_rest(self.runner.env, _SourceRng(self), self.buffers)
+        else:
+            self.run(self.program.backward_steps[self.program.release:])
 
     def run(self, steps: Sequence[Step]) -> None:
         cap = self.program.captured
@@ -134,8 +179,8 @@ class _StepState:
                 continue
             c = step.node
             if c == cap.loss_backward_compute:
-                for idx, d in cap.tangent_data.items():
-                    self.runner.env[cap.data_fx[d]] = self.grad_outputs[idx]
+                for idx, name in cap.tangent_fx.items():
+                    self.runner.env[name] = self.grad_outputs[idx]
             elif c < n_fx and cap.compute_fx[c] is not None:
                 self._compute(c)
 
@@ -171,27 +216,57 @@ class _StepState:
 
     def param_grads(self) -> list[torch.Tensor | None]:
         cap = self.program.captured
-        grads = []
-        for name in self.program.params:
-            d = cap.grad_data.get(name)
-            grads.append(None if d is None else self.runner.data_value(d))
-        return grads
+        return [self._grad(("grad", name), cap.grad_data.get(name)) for name in self.program.params]
+
+    def input_grads(self, slots: Sequence[int]) -> list[torch.Tensor | None]:
+        cap = self.program.captured
+        return [self._grad(("input_grad", i), cap.input_grad_data.get(i)) for i in slots]
+
+    def _grad(self, key: tuple[str, Any], d: int | None) -> torch.Tensor | None:
+        deps = self.program.grad_tangents.get(key, frozenset())
+        if d is None or (deps and deps <= self.missing):
+            return None  # only reached through outputs without a gradient: None, as in eager autograd
+        return self.runner.data_value(d)
 
 
-class _PlannedStep(torch.autograd.Function):
-    """forward: the schedule up to the output gradients; backward: the rest, recomputations included.
+class _Leaves(torch.autograd.Function):
+    """The link from the parameters and inputs to `_PlannedStep`.  Its backward runs the backward steps
+    after the output gradients' last use -- by then autograd has released them, having returned from
+    `_PlannedStep.backward` -- and returns the parameter and input gradients.
 
-    The tensors it receives (parameters, then inputs) are only there so autograd routes parameter
-    gradients back; the step state already holds them."""
+    The tensors it receives (parameters, then inputs) are only there so autograd routes their gradients
+    back; the step state already holds them."""
 
     @staticmethod
     def forward(ctx: Any, holder: list[_StepState], input_slots: list[int], *tensors: torch.Tensor) -> Any:
         """`input_slots[j]`: flat input index of the j-th tensor input (after the parameters)."""
+        ctx.holder, ctx.input_slots = holder, input_slots
+        # empty (no memory) and floating (an integer output could not carry a gradient)
+        return torch.empty(0, device=tensors[0].device if tensors else None)
+
+    @staticmethod
+    def backward(ctx: Any, _link: torch.Tensor | None) -> Any:
+        state = ctx.holder[0]
+        ctx.holder = None  # everything the step held goes with it once backward returns
+        state.backward_rest()
+        grads, input_grads = state.param_grads(), state.input_grads(ctx.input_slots)
+        state.runner.env.clear()
+        return (None, None, *grads, *input_grads)
+
+
+class _PlannedStep(torch.autograd.Function):
+    """forward: the schedule up to the output gradients; backward: the steps up to their last use."""
+
+    @staticmethod
+    def forward(ctx: Any, holder: list[_StepState], link: torch.Tensor) -> Any:
         state = holder[0]
         state.forward()
         outs = state.user_outputs()
-        ctx.state, ctx.input_slots = state, input_slots
+        ctx.state, ctx.link = state, (link.shape, link.dtype, link.device)
         ctx.diff = sorted(state.program.captured.tangent_data)
+        ctx.meta = {i: (outs[i].shape, outs[i].dtype, outs[i].device) for i in ctx.diff}
+        # an output the loss does not use gets None, not a materialised tensor of zeros (eager's memory)
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(o for i, o in enumerate(outs)
                                       if isinstance(o, torch.Tensor) and i not in ctx.diff))
         return tuple(outs)
@@ -199,18 +274,18 @@ class _PlannedStep(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor | None) -> Any:
         state: _StepState = ctx.state
-        ctx.state = None  # everything the step held goes with it once backward returns
+        ctx.state = None
         for i in ctx.diff:
             g = grad_outputs[i]
-            state.grad_outputs[i] = g if g is not None else torch.zeros_like(state.user_outputs()[i])
+            if g is None:
+                shape, dtype, device = ctx.meta[i]
+                g = torch.zeros((), dtype=dtype, device=device).expand(shape)  # one element, as planned
+                state.missing.add(i)
+            state.grad_outputs[i] = g
+        del grad_outputs
         state.backward()
-        grads = state.param_grads()
-        cap = state.program.captured
-        input_grads = [state.runner.data_value(cap.input_grad_data[i]) if i in cap.input_grad_data else None
-                       for i in ctx.input_slots]
-        state.runner.env.clear()
-        state.grad_outputs.clear()
-        return (None, None, *grads, *input_grads)
+        shape, dtype, device = ctx.link
+        return None, torch.empty(shape, dtype=dtype, device=device)
 
 
 class PlannedModule(nn.Module):
@@ -247,8 +322,10 @@ class PlannedModule(nn.Module):
                 outs = state.user_outputs()
                 runner.env.clear()
             return pytree.tree_unflatten(outs, cap.out_spec)
-        outs = _PlannedStep.apply([state], slots, *(params[n] for n in self._program.params),
-                                  *(flat[i] for i in slots))
+        holder = [state]
+        link = _Leaves.apply(holder, slots, *(params[n] for n in self._program.params),
+                             *(flat[i] for i in slots))
+        outs = _PlannedStep.apply(holder, link)
         return pytree.tree_unflatten(list(outs), cap.out_spec)
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -259,6 +336,7 @@ class PlannedModule(nn.Module):
                                  f"{spec}; profile and plan again for this call signature")
         for i, (x, meta) in enumerate(zip(flat, cap.input_meta, strict=True)):
             if meta is None:
+                _check_constant(i, x, cap.input_consts.get(i))
                 continue
             if not isinstance(x, torch.Tensor) or (tuple(x.shape), x.dtype) != meta:
                 got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -268,6 +346,18 @@ class PlannedModule(nn.Module):
         if shapes != self._param_shapes:
             raise StalePlanError("the model's parameters changed since export: profile and plan again")
         return flat
+
+
+def _check_constant(i: int, value: Any, traced: Any) -> None:
+    """A non-tensor input (flag, scale, None) was baked into the captured graph: another value would
+    silently run the traced one."""
+    try:
+        same = type(value) is type(traced) and bool(value == traced)
+    except Exception:  # noqa: BLE001 - values that cannot be compared are treated as different
+        same = False
+    if not same:
+        raise StalePlanError(f"input {i} is {value!r}, but the plan was traced with {traced!r}: non-tensor "
+                             "inputs are constants of the captured graph; profile and plan again for it")
 
 
 # --- entry points -----------------------------------------------------------------------------------
@@ -301,13 +391,13 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
-        args = _example_inputs(graph, prof)
+        args, kwargs = _example_inputs(graph, prof)
         mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
-        fp = fingerprint(target, args, None, mode)
+        fp = fingerprint(target, args, kwargs, mode)
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        _, captured = capture(target, args, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        _, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
     program = compile_program(graph, captured, tuple(plan.schedule), fp)
@@ -317,14 +407,18 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     return module
 
 
-def _example_inputs(graph: Graph, prof: Any) -> tuple[torch.Tensor, ...]:
-    """Positional example inputs rebuilt from the graph's input nodes (a trace needs shapes and dtypes)."""
+def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Example (args, kwargs) to trace again: the profiled call's structure, constants and tensor shapes
+    when the profile is at hand, else positional tensors rebuilt from the graph's input nodes."""
     if prof is not None and getattr(prof, "captured", None) is not None:
         cap = prof.captured
-        return tuple(torch.zeros(m[0], dtype=m[1]).requires_grad_(i in cap.input_grad_data)
-                     for i, m in enumerate(cap.input_meta) if m is not None)
+        flat = [cap.input_consts.get(i) if m is None
+                else torch.zeros(m[0], dtype=m[1]).requires_grad_(i in cap.input_grad_data)
+                for i, m in enumerate(cap.input_meta)]
+        args, kwargs = pytree.tree_unflatten(flat, cap.in_spec)
+        return tuple(args), dict(kwargs)
     inputs = sorted((d for d in graph.datas if d.kind.value == "input"), key=lambda d: int(d.name[5:]))
-    return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype)) for d in inputs)
+    return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype)) for d in inputs), {}
 
 
 # --- readable source ----------------------------------------------------------------------------------
@@ -366,8 +460,7 @@ class _Codegen:
         where = f"  # {gc.module or '-'} | {gc.source}" if gc.source else ""
         if c == cap.loss_backward_compute:
             return [f"{indent}# compute loss_backward: the output gradients arrive from autograd"] + [
-                f"{indent}v[{cap.data_fx[d]!r}] = grad_outputs[{i}]"
-                for i, d in sorted(cap.tangent_data.items())]
+                f"{indent}v[{name!r}] = grad_outputs[{i}]" for i, name in sorted(cap.tangent_fx.items())]
         if c >= len(cap.compute_fx) or cap.compute_fx[c] is None:
             return [f"{indent}# compute {gc.name}: runs outside the module ({gc.op})"]
         node = self.nodes[cap.compute_fx[c]]
@@ -391,7 +484,8 @@ class _Codegen:
         label = self.p.graph.datas[d].name
         if name is None:
             return [f"{indent}# free {label} (not held)"]
-        return [f"{indent}v.pop({name!r}, None)  # free {label}"]
+        held = [f"{indent}v.pop({other!r}, None)" for other in self.cap.held_fx.get(d, ())]
+        return [f"{indent}v.pop({name!r}, None)  # free {label}", *held]
 
     def function(self, name: str, steps: Sequence[Step], doc: str) -> list[str]:
         lines = [f"def {name}(v, rng, buffers, grad_outputs=None):", f'    """{doc}"""']
@@ -467,8 +561,10 @@ def program_source(program: Program, plan: Any) -> str:
     ]
     body = gen.function("forward_steps", program.forward_steps,
                         "Forward part: everything before the output gradients arrive.")
-    body += ["", *gen.function("backward_steps", program.backward_steps,
-                               "Backward part: recomputations, gradients, frees.")]
+    body += ["", *gen.function("backward_steps", program.backward_steps[:program.release],
+                               "Backward while autograd holds the output gradients (to their last use).")]
+    body += ["", *gen.function("backward_rest", program.backward_steps[program.release:],
+                               "Rest of the backward: recomputations, gradients, frees.")]
     return "\n".join(header + body)
 
 

@@ -482,7 +482,8 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
     times: dict[int, float] = {}
     temps: dict[int, int] = {}
     with accelerator.fork_rng(accelerator.as_list(info.torch_device)), torch.no_grad():
-        runner = Runner(cap, {k: v.detach() for k, v in cap.placeholder_values(model, flat_in).items()})
+        values = cap.placeholder_values(model, flat_in)  # non-tensor inputs stay as they are
+        runner = Runner(cap, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()})
         loss_state: dict[str, Any] = {}
         for step in eager_schedule(graph):
             if step.op == "free":
@@ -542,7 +543,7 @@ def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], tim
     for i, g in zip(idx, grads, strict=False):
         if g is None:  # the loss ignores this output: its gradient is zero
             g = torch.zeros_like(state["leaves"][i])
-        runner.env[cap.data_fx[cap.tangent_data[i]]] = g
+        runner.env[cap.tangent_fx[i]] = g
     state.clear()
     return seconds
 

@@ -1,0 +1,215 @@
+"""Models memviz was not written against (`tests/zoo_models.py`): profile, plan with every strategy at two
+budgets, export, and compare with eager PyTorch over 3 SGD steps (outputs, every gradient, buffers) and
+the measured peak with the plan's."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import memviz
+from memviz.capture import CaptureError
+from memviz.export import export
+from memviz.profile import Profile, profile
+from memviz.tracker import measure_peak, tensors_of
+from solvers.result import InfeasibleBudget
+from tests.zoo_models import ZOO, ZooCase, data_dependent
+
+STRATEGIES = ("auto", "rotor", "rockmate", "sqrt", "olla", "checkmate")
+
+
+@functools.cache
+def _profiled(name: str, dtype: torch.dtype, mode: str) -> tuple[ZooCase, Profile]:
+    case = ZOO[name](dtype=dtype)
+    prof = profile(case.model, case.args, case.kwargs, mode=mode, loss_fn=case.loss_fn, repeats=1, warmup=0)
+    return case, prof
+
+
+def plan_or_minimum(prof: Profile, fraction: float, strategy: str, time_limit: float = 5.0) -> Any:
+    """memviz.plan at `fraction` of the baseline peak, or at the minimum the refusal names."""
+    budget = int(prof.baseline.peak_bytes * fraction)
+    try:
+        return memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
+    except InfeasibleBudget as err:
+        assert err.minimum_bytes is not None and "smallest feasible budget" in str(err), str(err)
+        assert err.minimum_bytes > budget, (err.minimum_bytes, budget)
+        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=time_limit, frontier=False)
+
+
+def _fresh(tree: Any) -> Any:
+    """A copy of the inputs per run, so input gradients of two runs never accumulate into one tensor."""
+    return pytree.tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
+                           if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _assert_same(a: Any, b: Any, what: str) -> None:
+    if a is None or b is None:
+        assert a is None and b is None, what
+    elif a.dtype == torch.float64 or not a.is_floating_point():
+        assert torch.equal(a, b), what
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0, msg=what)
+
+
+def _assert_tree_same(a: Any, b: Any, what: str) -> None:
+    la, sa = pytree.tree_flatten(a)
+    lb, sb = pytree.tree_flatten(b)
+    assert sa == sb, f"{what}: structure {sa} vs {sb}"
+    for i, (x, y) in enumerate(zip(la, lb, strict=True)):
+        if isinstance(x, torch.Tensor):
+            _assert_same(x, y, f"{what}[{i}]")
+        else:
+            assert x == y, f"{what}[{i}]"
+
+
+def _train_step(module: torch.nn.Module, case: ZooCase, inputs: tuple[Any, dict], seed: int) -> Any:
+    torch.manual_seed(seed)
+    out = module(*inputs[0], **inputs[1])
+    case.loss_fn(out).backward()
+    return out
+
+
+def check_train(case: ZooCase, plan: Any, steps: int = 3) -> int:
+    """Outputs, every parameter and input gradient, buffers equal over `steps` SGD steps; the measured
+    peak within 5% of the plan's and under its budget.  Returns the last measured peak."""
+    original = copy.deepcopy(case.model)
+    exported = export(plan, model=copy.deepcopy(case.model))
+    opt_a = torch.optim.SGD(original.parameters(), lr=0.05)
+    opt_b = torch.optim.SGD(exported.parameters(), lr=0.05)
+    peak = 0
+    for step in range(steps):
+        in_a, in_b = _fresh((case.args, case.kwargs)), _fresh((case.args, case.kwargs))
+        out_a = _train_step(original, case, in_a, step)
+        run = functools.partial(_train_step, exported, case, in_b, step)
+        peak, out_b = measure_peak(run, tensors_of(exported, in_b))
+        _assert_tree_same(out_a, out_b, f"output, step {step}")
+        for (name, pa), pb in zip(original.named_parameters(), exported.parameters(), strict=True):
+            _assert_same(pa.grad, pb.grad, f"grad of {name}, step {step}")
+        for i, (xa, xb) in enumerate(zip(pytree.tree_leaves(in_a), pytree.tree_leaves(in_b), strict=True)):
+            if isinstance(xa, torch.Tensor) and xa.requires_grad:
+                _assert_same(xa.grad, xb.grad, f"grad of input {i}, step {step}")
+        for (name, ba), bb in zip(original.named_buffers(), exported.buffers(), strict=True):
+            _assert_same(ba, bb, f"buffer {name}, step {step}")
+        assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (step, peak, plan.peak_bytes)
+        assert plan.budget_bytes is None or peak <= plan.budget_bytes, (step, peak, plan.budget_bytes)
+        for opt in (opt_a, opt_b):
+            opt.step()
+            opt.zero_grad()
+    return peak
+
+
+def check_inference(case: ZooCase, plan: Any) -> int:
+    """Outputs equal under no_grad; measured peak within 5% of the plan's and under its budget."""
+    original = copy.deepcopy(case.model)
+    exported = export(plan, model=copy.deepcopy(case.model))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        out_a = original(*case.args, **case.kwargs)
+        torch.manual_seed(0)
+        peak, out_b = measure_peak(lambda: exported(*case.args, **case.kwargs),
+                                   tensors_of(exported, (case.args, case.kwargs)))
+    _assert_tree_same(out_a, out_b, "output")
+    for (name, ba), bb in zip(original.named_buffers(), exported.buffers(), strict=True):
+        _assert_same(ba, bb, f"buffer {name}")
+    assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (peak, plan.peak_bytes)
+    assert plan.budget_bytes is None or peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+    return peak
+
+
+def run_case(name: str, dtype: torch.dtype, mode: str, strategy: str, fraction: float) -> int:
+    case, prof = _profiled(name, dtype, mode)
+    plan = plan_or_minimum(prof, fraction, strategy)
+    return (check_train if mode == "train" else check_inference)(case, plan)
+
+
+F32, F64 = torch.float32, torch.float64
+# (model, dtype, strategy, budget fraction): every strategy, both budgets and every zoo model once; the
+# fraction is of the eager peak, raised to the strategy's stated minimum when that is infeasible
+FAST_TRAIN = [
+    ("encoder_batch_first", F32, "rockmate", 0.75), ("encoder_seq_first", F64, "auto", 0.4),
+    ("decoder_layer", F64, "rockmate", 0.4), ("mha_padding", F64, "sqrt", 0.75),
+    ("kwargs_dict", F64, "olla", 0.75), ("tied_lm", F64, "checkmate", 0.4),
+    ("conv_gn", F32, "rotor", 0.4), ("mixer", F32, "rockmate", 0.4),
+    ("inplace_views", F64, "checkmate", 0.75),
+    ("indexing", F64, "auto", 0.4), ("bags", F64, "rockmate", 0.75), ("running_mean", F64, "auto", 0.4),
+    ("bn_dropout", F32, "rockmate", 0.4), ("bn_dropout_p0", F64, "checkmate", 0.4),
+    ("bn_eval", F64, "rotor", 0.4), ("input_grad", F64, "sqrt", 0.4),
+    ("bf16", F32, "rockmate", 0.75),
+]
+FAST_INFERENCE = [("kwargs_dict", F64, "olla", 0.75), ("conv_gn", F64, "olla", 0.4),
+                  ("mha_padding", F32, "rockmate", 0.4)]
+
+
+@pytest.mark.parametrize(("name", "dtype", "strategy", "fraction"), FAST_TRAIN)
+def test_zoo_train(name: str, dtype: torch.dtype, strategy: str, fraction: float) -> None:
+    run_case(name, dtype, "train", strategy, fraction)
+
+
+@pytest.mark.parametrize(("name", "dtype", "strategy", "fraction"), FAST_INFERENCE)
+def test_zoo_inference(name: str, dtype: torch.dtype, strategy: str, fraction: float) -> None:
+    run_case(name, dtype, "inference", strategy, fraction)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.75, 0.4])
+@pytest.mark.parametrize("strategy", ["rotor", "rockmate", "sqrt", "olla"])
+@pytest.mark.parametrize("name", ["lstm_lm", "gru_lm", "encoder_seq_first", "bn_dropout", "kwargs_dict"])
+def test_zoo_every_strategy(name: str, strategy: str, fraction: float) -> None:
+    run_case(name, F64, "train", strategy, fraction)
+
+
+def test_upsampling_is_traced_as_eager_kernels() -> None:
+    """F.interpolate runs ATen's upsample kernels, not their Python decompositions (other rounding,
+    other intermediates): the predicted eager peak is the measured one."""
+    _, prof = _profiled("conv_gn", F64, "train")
+    ops = {c.op for c in prof.graph.computes}
+    assert {"aten.upsample_bilinear2d.default", "aten.upsample_nearest2d.default"} <= ops, ops
+    assert prof.baseline.peak_bytes == prof.measured_peak_bytes
+
+
+def test_loss_gradients_are_planned_as_autograd_holds_them() -> None:
+    """A loss other than a sum hands the model a full-size output gradient, which autograd holds until
+    the exported backward has used it; the unused output gets none (its parameters' gradients None)."""
+    case, prof = _profiled("kwargs_dict", F64, "train")
+    plan = memviz.plan(prof, None, strategy="none", frontier=False)
+    check_train(case, plan, steps=1)
+    exported = export(plan, model=copy.deepcopy(case.model))
+    case.loss_fn(exported(*case.args, **case.kwargs)).backward()
+    assert exported._orig_mod.aux.weight.grad is None and exported._orig_mod.b.weight.grad is not None
+
+
+def test_changed_constant_input_is_refused() -> None:
+    from memviz.export import StalePlanError
+
+    case, prof = _profiled("kwargs_dict", F64, "inference")
+    exported = export(memviz.plan(prof, None, strategy="none", frontier=False))
+    with pytest.raises(StalePlanError, match="scale|0.7"):
+        exported(*case.args, **{**case.kwargs, "scale": 0.7})
+
+
+def test_infeasible_budget_states_the_minimum() -> None:
+    _, prof = _profiled("bn_dropout_p0", F64, "train")
+    with pytest.raises(InfeasibleBudget, match="smallest feasible budget") as info:
+        memviz.plan(prof, 1024, strategy="rockmate", time_limit=5, frontier=False)
+    assert info.value.minimum_bytes > 1024
+
+
+def test_data_dependent_control_flow_names_module_and_line() -> None:
+    case = data_dependent()
+    lines, start = inspect.getsourcelines(type(case.model).forward)
+    line = start + next(i for i, text in enumerate(lines) if "data-dependent branch" in text)
+    with pytest.raises(CaptureError) as info:
+        profile(case.model, case.args, fallback=False, measure=False)
+    assert info.value.module == "DataDependent" and info.value.source.endswith(f"zoo_models.py:{line}")
+    assert f"zoo_models.py:{line}" in str(info.value)
+    with pytest.warns(UserWarning, match="module-level profile"):
+        prof = profile(case.model, case.args, measure=False)
+    assert prof.fallback and prof.captured is None
+    with pytest.raises(ValueError, match="cannot be exported"):
+        export(memviz.plan(prof, None, strategy="none", frontier=False))

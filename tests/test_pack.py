@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,37 @@ def test_pack_schedule_time_limit_holds_on_10k_tensors() -> None:
     assert seconds < 8.0, f"pack_schedule took {seconds:.1f} s for a 2 s limit"
     assert validate_packing(p.buffers, p.offsets) == []
     assert p.lower_bound <= p.peak_bytes <= p.greedy_peak
+
+
+def test_minimalloc_csv_odd_formatting_is_read(tmp_path: Path) -> None:
+    """Fuzzing: a BOM, spaces or capitals in the header, a headerless file, CRLF and blank lines were
+    refused ("missing column(s)") although the rows were fine."""
+    from solvers.olla.minimalloc import read_csv
+
+    want = (["a", "b"], [(0, 3, 10), (1, 4, 5)])
+    for text in (
+        "\ufeffid,lower,upper,size\na,0,3,10\nb,1,4,5\n",
+        " ID , Lower ,upper, SIZE \r\na, 0 , 3, 10\r\n\r\nb,1,4,5\r\n",
+        "a,0,3,10\n\nb,1,4,5\n",
+        "size,id,upper,lower,offset\n10,a,3,0,0\n5,b,4,1,10\n",
+    ):
+        path = tmp_path / "in.csv"
+        path.write_text(text, encoding="utf-8")
+        assert read_csv(path) == want, text
+
+
+@pytest.mark.parametrize(("text", "line", "what"), [
+    ("id,lower,upper,size\na,0,3,10\n\nb,1,x,5\n", 4, "integers"),  # blank lines used to shift the number
+    ("id,lower,upper,size\na,3,3,10\n", 2, "lower < upper"),  # was "buffer 0 is ..." without a line
+    ("id,lower,upper,size\na,0,3,-1\n", 2, "size >= 0"),
+    ("id,lower,upper,size\na,0,3,10\nb,0,2,4,9\n", 3, "5 field(s)"),  # used to be accepted
+    ("id,lower,upper,size\na,0,3,10\na,0,3,10\n", 3, "duplicate id"),
+    ("id,lower,size\na,0,3\n", 1, "lacks column(s) upper"),
+])
+def test_minimalloc_csv_bad_rows_name_the_line(tmp_path: Path, text: str, line: int, what: str) -> None:
+    from solvers.olla.minimalloc import read_csv
+
+    path = tmp_path / "in.csv"
+    path.write_text(text)
+    with pytest.raises(PackingError, match=rf"in\.csv:{line}: .*{re.escape(what)}"):
+        read_csv(path)

@@ -18,25 +18,78 @@ from pathlib import Path
 
 from solvers.olla.pack import Buffer, Packing, PackingError, pack, validate_packing
 
+COLUMNS = ("id", "lower", "upper", "size")
+
 
 def read_csv(path: str | Path) -> tuple[list[str], list[Buffer]]:
-    """(ids, buffers) from a MiniMalloc CSV; a clear error names the bad line."""
+    """(ids, buffers) from a MiniMalloc CSV; a clear error names the bad line.
+
+    Tolerated: a UTF-8 byte-order mark, spaces and any letter case in the header and around values,
+    columns in any order and extra named columns (MiniMalloc's output adds ``offset``), blank lines,
+    and no header at all when the first row is data (then the columns are ``id,lower,upper,size``).
+    """
     ids: list[str] = []
     buffers: list[Buffer] = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = {"id", "lower", "upper", "size"} - set(reader.fieldnames or ())
-        if missing:
-            raise PackingError(
-                f"{path}: missing column(s) {', '.join(sorted(missing))}; need id,lower,upper,size"
-            )
-        for line, row in enumerate(reader, start=2):
-            try:
-                buffers.append((int(row["lower"]), int(row["upper"]), int(row["size"])))
-            except (TypeError, ValueError):
-                raise PackingError(f"{path}:{line}: lower, upper and size must be integers: {row}") from None
-            ids.append(row["id"])
+    first_line: dict[str, int] = {}
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        columns: dict[str, int] | None = None
+        width = len(COLUMNS)  # fields per row: the header's count
+        for row in reader:
+            cells = [c.strip() for c in row]
+            if not any(cells):
+                continue  # blank line
+            where = f"{path}:{reader.line_num}"
+            if columns is None:
+                columns = _columns(cells, where)
+                if columns is not None:
+                    width = len(cells)
+                    continue  # a header
+                columns = {name: i for i, name in enumerate(COLUMNS)}
+            ident, buffer = _row(cells, columns, width, where)
+            if ident in first_line:
+                raise PackingError(f"{where}: duplicate id {ident!r} (first on line {first_line[ident]})")
+            first_line[ident] = reader.line_num
+            ids.append(ident)
+            buffers.append(buffer)
     return ids, buffers
+
+
+def _columns(cells: Sequence[str], where: str) -> dict[str, int] | None:
+    """The column positions a header row names; None when the row is data (a headerless file)."""
+    names = [c.lower() for c in cells]
+    if len(cells) == len(COLUMNS) and all(_is_int(c) for c in cells[1:]):
+        return None
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        raise PackingError(
+            f"{where}: header {','.join(cells)!r} lacks column(s) {', '.join(missing)}; "
+            "need id,lower,upper,size"
+        )
+    return {name: names.index(name) for name in COLUMNS}
+
+
+def _row(cells: Sequence[str], columns: dict[str, int], width: int, where: str) -> tuple[str, Buffer]:
+    """(id, (lower, upper, size)) of one data row of `width` fields, or an error naming its line."""
+    if len(cells) != width:
+        raise PackingError(f"{where}: {len(cells)} field(s), expected {width}")
+    lower, upper, size = (cells[columns[c]] for c in COLUMNS[1:])
+    if not all(_is_int(v) for v in (lower, upper, size)):
+        raise PackingError(
+            f"{where}: lower, upper and size must be integers, got {lower!r}, {upper!r}, {size!r}"
+        )
+    buffer = (int(lower), int(upper), int(size))
+    if not 0 <= buffer[0] < buffer[1] or buffer[2] < 0:
+        raise PackingError(f"{where}: need 0 <= lower < upper and size >= 0, got {buffer}")
+    return cells[columns["id"]], buffer
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 def write_csv(path: str | Path, ids: Sequence[str], packing: Packing) -> None:

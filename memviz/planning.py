@@ -353,6 +353,8 @@ def plan(
             return plan_autochunk(prof, effective, packing=packing)
         except InfeasibleBudget as chunk_exc:
             raise min((exc, chunk_exc), key=lambda e: e.minimum_bytes or 1 << 62) from None
+        except ValueError as cannot_chunk:  # e.g. a non-tensor input: the reordering minimum stands
+            raise exc from cannot_chunk
     if strategy == "auto" and name == "checkmate" and result.stats.status != "optimal":
         # a time-limited MILP incumbent can be worse than the hierarchy's plan: keep the cheaper
         try:

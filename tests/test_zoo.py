@@ -213,3 +213,12 @@ def test_data_dependent_control_flow_names_module_and_line() -> None:
     assert prof.fallback and prof.captured is None
     with pytest.raises(ValueError, match="cannot be exported"):
         export(memviz.plan(prof, None, strategy="none", frontier=False))
+
+
+def test_auto_inference_that_cannot_chunk_states_the_reordering_minimum():
+    """`auto` on inference tries chunking when reordering cannot fit; a model autochunk cannot capture
+    (a float keyword input) still gets the budget refusal with its minimum, not chunking's complaint."""
+    case, prof = _profiled("kwargs_dict", torch.float64, "inference")
+    with pytest.raises(InfeasibleBudget, match="smallest feasible budget") as err:
+        memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy="auto", time_limit=5, frontier=False)
+    assert isinstance(err.value.__cause__, ValueError) and "not a tensor" in str(err.value.__cause__)

@@ -345,8 +345,13 @@ class _Plan:
 
 
 def _plan(graph: Graph, schedule: Schedule, source: str) -> _Plan | None:
+    """`schedule` with its timeline, or None when it is invalid or frees a required output: the caller
+    holds outputs once computed (`with_early_frees`), so such a schedule's peak understates the run."""
     tl = simulate(graph, schedule)
-    return _Plan(schedule, tl, source) if tl.valid else None
+    outputs = set(graph.outputs)
+    if not tl.valid or any(s.op == "free" and s.node in outputs for s in schedule):
+        return None
+    return _Plan(schedule, tl, source)
 
 
 def _forward_data(graph: Graph, st: _Stages) -> list[int]:
@@ -588,7 +593,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     if incumbent is not None:
         p = _plan(graph, tuple(incumbent), "incumbent")
         if p is None:
-            why = simulate(graph, incumbent).issues[0]
+            why = next(iter(simulate(graph, incumbent).issues), "it frees a required output")
             raise ValueError(f"the incumbent schedule is invalid ({why}): pass one that simulates cleanly")
         known.append(p)
 

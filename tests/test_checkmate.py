@@ -286,3 +286,25 @@ def test_stated_minimum_stays_feasible_with_less_time():
         result = solve(g, minimum, time_limit=0.05)
         assert simulate(g, result.schedule).check().peak_bytes <= minimum
     assert checkmate.minimum_budget(g, time_limit=0.01).peak_bytes <= minimum
+
+
+def test_schedules_that_free_a_required_output_are_not_plans():
+    """Fuzzing: a Rotor schedule behind a stated minimum freed the loss and recomputed it (the
+    simulator allows that); memviz keeps outputs alive once computed, so the plan at that minimum came
+    out 4 bytes over.  Checkmate now refuses such schedules as plans (and as incumbents)."""
+    from solvers import DataKind, GraphBuilder
+    from solvers.schedule import compute, free
+
+    b = GraphBuilder("refree")
+    x = b.data("x", 8, DataKind.INPUT)
+    a, loss = b.data("a", 100), b.data("loss", 4, DataKind.OUTPUT)
+    b.compute("f", [x], [a, loss], time=1.0)
+    y = b.data("y", 8, DataKind.OUTPUT)
+    b.compute("g", [a], [y], time=1.0)
+    b.outputs = [loss, y]
+    g = b.build()
+    refree = (compute(0), free(loss), compute(0), compute(1), free(a))
+    assert simulate(g, refree).valid
+    assert checkmate._plan(g, refree, "x") is None
+    with pytest.raises(ValueError, match="frees a required output"):
+        checkmate.solve(g, 1000, incumbent=refree, time_limit=1.0)

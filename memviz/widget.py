@@ -101,6 +101,8 @@ class Planner(MemvizWidget):
         self._request = 0
         self.strategy = strategy
         self._show(self.plan)
+        for index in range(len(self._points)):
+            self._worker.submit(self._warm, index)
 
     @staticmethod
     def _profile_of(source: Any, args: tuple | None, mode: str) -> Any:
@@ -114,14 +116,27 @@ class Planner(MemvizWidget):
             raise TypeError("Planner(model, args): pass the model's example inputs")
         return profile(source, args, mode=mode)
 
+    def _document(self, p: Plan) -> str:
+        """The plan JSON the view draws, encoded once per plan (two threads may both encode a plan:
+        harmless, they produce the same document)."""
+        kept, text = self._documents.get(id(p), (None, ""))
+        if kept is not p:
+            doc = p.to_dict()
+            doc["frontier"] = self._frontier
+            text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+            self._documents[id(p)] = (p, text)
+        return text
+
+    def _warm(self, index: int) -> None:
+        """Worker thread: encode a frontier point's plan ahead of the slider, so that its first visit
+        only sends a ready document (the encoding is most of the kernel's share of the latency)."""
+        shown = self._frontier_plan(index)
+        if shown is not None:
+            self._document(shown)
+
     def _show(self, p: Plan) -> None:
+        text = self._document(p)
         with self._lock:
-            kept, text = self._documents.get(id(p), (None, ""))
-            if kept is not p:
-                doc = p.to_dict()
-                doc["frontier"] = self._frontier
-                text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-                self._documents[id(p)] = (p, text)
             self.plan = p
             self.plan_json = text
             self.status = p.summary()
@@ -157,9 +172,10 @@ class Planner(MemvizWidget):
         """The plan the frontier already solved for this index, built once (no solver runs here)."""
         if index >= len(self._points):
             return None  # a plan loaded from a file: its frontier rows have no runs behind them
-        if index not in self._frontier_plans:
-            self._frontier_plans[index] = frontier_plan(self._first, self._points[index])
-        return self._frontier_plans[index]
+        with self._lock:  # one Plan object per index, whichever thread asks first
+            if index not in self._frontier_plans:
+                self._frontier_plans[index] = frontier_plan(self._first, self._points[index])
+            return self._frontier_plans[index]
 
     @staticmethod
     def _refinement(shown: Plan, strategy: str) -> str:
@@ -187,6 +203,7 @@ class Planner(MemvizWidget):
                     held = f" (showing the frontier's {shown.strategy} plan)" if shown is not None else ""
                     self.status = f"error: {strategy}: {exc}{held}"
             return
+        self._document(result)  # encoded outside the lock: the kernel's thread may want it meanwhile
         with self._lock:
             self._cache[key] = result
             if request == self._request:

@@ -117,6 +117,20 @@ def test_slider_shows_the_frontier_plan_at_once_then_the_selected_strategys(solv
     assert solves.budgets == [point.budget_bytes, frontier[5]["budget_bytes"]]
 
 
+def test_frontier_documents_are_encoded_ahead_of_the_slider(solves, monkeypatch):
+    w = Planner(chain_plan(), strategy="sqrt", time_limit=5)
+    w.wait(30)  # the worker encodes every frontier point's plan after the widget is made
+    encoded: list[str] = []
+    real = Plan.to_dict
+    monkeypatch.setattr(Plan, "to_dict", lambda self: encoded.append(self.strategy) or real(self))
+    for index in range(len(w.plan.frontier)):
+        w.budget_index = index  # first visits: only ready documents are sent
+        assert w.plan.frontier_points[index].result.schedule == w.plan.schedule
+    assert encoded == []
+    w.wait(30)
+    assert encoded == ["sqrt"]  # the refined plan where the slider stopped
+
+
 def test_the_frontiers_own_strategy_is_only_packed_not_solved_again(solves):
     w = Planner(chain_plan(), strategy="rotor", time_limit=5)
     docs = shown_plans(w)

@@ -99,6 +99,7 @@ class Planner(MemvizWidget):
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memviz-planner")
         self._lock = threading.RLock()  # the worker and the kernel's thread both update the shown plan
         self._request = 0
+        self._closed = False
         self.strategy = strategy
         self._show(self.plan)
         for index in range(len(self._points)):
@@ -150,7 +151,7 @@ class Planner(MemvizWidget):
 
     @traitlets.observe("budget_index", "strategy")
     def _on_change(self, change: dict[str, Any]) -> None:
-        if not self._frontier or not 0 <= self.budget_index < len(self._frontier):
+        if self._closed or not self._frontier or not 0 <= self.budget_index < len(self._frontier):
             return
         index, strategy = self.budget_index, self.strategy
         key = (strategy, self._frontier[index]["budget_bytes"])
@@ -209,6 +210,14 @@ class Planner(MemvizWidget):
             if request == self._request:
                 self._show(result)
                 self.refining = ""
+
+    def close(self) -> None:
+        """Close the widget and stop its worker (a solve already running finishes, unseen)."""
+        self._closed = True
+        worker = getattr(self, "_worker", None)  # absent when __init__ failed (close runs from __del__)
+        if worker is not None:
+            worker.shutdown(wait=False, cancel_futures=True)
+        super().close()
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every solve asked for so far has finished (tests, scripts)."""

@@ -188,3 +188,10 @@ def test_a_loaded_plan_without_frontier_runs_says_it_is_solving(solves, tmp_path
     solves.release.set()
     w.wait(30)
     assert w.plan.strategy == "sqrt" and w.refining == ""
+
+
+def test_close_stops_the_worker(solves):
+    w = Planner(chain_plan(), strategy="sqrt", time_limit=5)
+    w.close()
+    w.budget_index = 3  # nothing listens any more: no solve, no error
+    assert solves.budgets == []

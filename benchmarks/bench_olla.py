@@ -31,7 +31,7 @@ from solvers.olla import PackingError, max_live, pack, pack_schedule, reorder  #
 from solvers.olla.minimalloc import read_csv  # noqa: E402
 from solvers.olla.pack import greedy_pack  # noqa: E402
 
-MINIMALLOC = ROOT.parent / "shared" / "benchmarks" / "minimalloc"
+MINIMALLOC = ROOT / "tests" / "fixtures" / "minimalloc"  # MiniMalloc instances (SOURCE.md there)
 CAPACITY = 1048576
 MiB = 2**20
 

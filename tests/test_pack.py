@@ -15,7 +15,7 @@ from solvers.olla import PackingError, max_live, pack, pack_schedule, validate_p
 from solvers.olla.minimalloc import main as minimalloc_main
 from solvers.olla.pack import greedy_pack
 
-MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "minimalloc"
+MINIMALLOC = Path(__file__).resolve().parent / "fixtures" / "minimalloc"  # MiniMalloc instances (SOURCE.md)
 
 
 def brute_force_peak(buffers: list[tuple[int, int, int]]) -> int:

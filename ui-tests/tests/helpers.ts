@@ -23,16 +23,17 @@ async function reloadRestored(page: IJupyterLabPageFixture): Promise<void> {
 }
 
 /**
- * Upload `notebooks/<name>`, open it, wait for its kernel, reload (the first websocket may fail), then
- * run all cells; one retry.
+ * Upload `notebooks/<name>` (or `<folder>/<name>` relative to the repository root), open it, wait for
+ * its kernel, reload (the first websocket may fail), then run all cells; one retry.
  */
 export async function openAndRunAll(
   page: IJupyterLabPageFixture,
   tmpPath: string,
-  name: string
+  name: string,
+  folder = 'ui-tests/notebooks'
 ): Promise<void> {
   const target = `${tmpPath}/${name}`;
-  await page.contents.uploadFile(path.resolve(__dirname, '..', 'notebooks', name), target);
+  await page.contents.uploadFile(path.resolve(__dirname, '..', '..', folder, name), target);
   const idle = page.locator('#jp-main-statusbar').getByText('Idle');
   for (let attempt = 0; ; attempt++) {
     try {

@@ -699,10 +699,14 @@ class ChunkPlan:
             self.graph, rs, self.speed, self.budget_bytes, self.baseline_peak_bytes, est.peak_bytes, self.gm
         )
 
-    def select(self, budget_bytes: int, *, beam: int = 4, window: int = 24) -> ChunkPlan:
+    def select(
+        self, budget_bytes: int, *, beam: int = 4, window: int = 24, time_limit: float | None = None
+    ) -> ChunkPlan:
         """Regions chosen afresh for an activation budget on the same capture and speed model
-        (Sec. 3.4 selection: beam search around the peak until the budget is met)."""
-        sel = ac.select_chunks(self.graph, budget_bytes, self.speed, beam=beam, window=window)
+        (Sec. 3.4 selection: beam search around the peak until the budget is met, or until
+        `time_limit` seconds, returning the best found)."""
+        sel = ac.select_chunks(self.graph, budget_bytes, self.speed, beam=beam, window=window,
+                               time_limit=time_limit)
         return ChunkPlan(
             self.graph,
             list(sel.regions),

@@ -338,7 +338,7 @@ def plan(
     smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
     """
     if strategy == "autochunk":
-        return plan_autochunk(prof, budget, packing=packing)
+        return plan_autochunk(prof, budget, packing=packing, time_limit=time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)
     budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
@@ -350,7 +350,7 @@ def plan(
             raise
         # inference that reordering cannot fit: chunk the activations instead (costs time, so second)
         try:
-            return plan_autochunk(prof, effective, packing=packing)
+            return plan_autochunk(prof, effective, packing=packing, time_limit=time_limit)
         except InfeasibleBudget as chunk_exc:
             raise min((exc, chunk_exc), key=lambda e: e.minimum_bytes or 1 << 62) from None
         except ValueError as cannot_chunk:  # e.g. a non-tensor input: the reordering minimum stands
@@ -551,10 +551,14 @@ def can_chunk(prof: Any) -> bool:
     return getattr(prof, "mode", None) == "inference" and getattr(prof, "captured", None) is not None
 
 
-def plan_autochunk(prof: Any, budget: int | float | str | None, *, packing: bool = True) -> Plan:
+def plan_autochunk(
+    prof: Any, budget: int | float | str | None, *, packing: bool = True, time_limit: float | None = None
+) -> Plan:
     """`memviz.plan(prof, budget, strategy="autochunk")`: chunk regions chosen so the chunked inference
     run fits `budget` (total device bytes, like every plan: parameters and inputs included; a fraction
-    is of the unchunked run's peak) with the least estimated slowdown (AutoChunk Sec. 3.4)."""
+    is of the unchunked run's peak) with the least estimated slowdown (AutoChunk Sec. 3.4).  The
+    selection stops after `time_limit` seconds with the best regions found (capturing and timing the
+    model come first and are not bounded by it)."""
     if isinstance(prof, Graph | Plan) or not hasattr(prof, "model"):
         raise PlanningError(
             "strategy 'autochunk' rewrites the model: pass the profile from "
@@ -579,7 +583,8 @@ def plan_autochunk(prof: Any, budget: int | float | str | None, *, packing: bool
     base_peak = simulate(base.graph, base.schedule).check().peak_bytes
     budget_bytes = None if budget is None else parse_budget(budget, base_peak)
     # the regions are chosen on activation bytes: parameters and inputs stay whole
-    cp = unchunked if budget_bytes is None else unchunked.select(max(1, budget_bytes - persistent))
+    cp = (unchunked if budget_bytes is None
+          else unchunked.select(max(1, budget_bytes - persistent), time_limit=time_limit))
     the_plan = chunked_plan(
         cp,
         budget_bytes,

@@ -33,6 +33,7 @@ back into a loop.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -1224,12 +1225,16 @@ def select_chunks(
     window: int = 24,
     max_regions: int = 16,
     temp: Callable[[OpNode], int] | None = None,
+    time_limit: float | None = None,
 ) -> Selection:
     """Pick regions and chunk counts whose estimated peak fits `budget_bytes` with the least estimated
     slowdown (Eq. 11).  Each round finds the current peak node, tries every legal region around it
     with the cheapest chunk count that fits the budget (or the most useful count), and keeps the
     `beam` best partial plans ranked by slowdown plus their remaining excess over the budget; the
-    chosen plan's counts are then relaxed (`_relax`)."""
+    chosen plan's counts are then relaxed (`_relax`).  After `time_limit` seconds no further
+    candidate is tried: the best plan found so far is relaxed and returned (``met`` says whether it
+    fits)."""
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     base = estimate_memory(g, temp=temp)
     total = max(graph_time(g, model), 1e-12)
     if base.peak_bytes <= budget_bytes:
@@ -1241,6 +1246,8 @@ def select_chunks(
     finished = list(states)
     cache: dict[tuple, list[Flow]] = {}
     for _ in range(max_regions):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         nxt: list[tuple[tuple[ChunkRegion, ...], MemoryEstimate, float, int]] = []
         for regions, est, cost, _ in states:
             if est.peak_bytes <= budget_bytes:
@@ -1250,6 +1257,8 @@ def select_chunks(
             if key not in cache:
                 cache[key] = candidates_around(g, est.peak_node, regions, window)
             for f in cache[key]:
+                if deadline is not None and time.perf_counter() > deadline and nxt:
+                    break  # out of time: rank what this round found
                 trial = _best_count(g, regions, f, budget_bytes, model, temp)
                 if trial is not None and trial[1].peak_bytes <= est.peak_bytes and _moved(trial[1], est):
                     nxt.append((regions + (trial[0],), trial[1], cost + trial[2], trial[3]))

@@ -124,6 +124,16 @@ def test_selection_meets_budget_with_fewest_chunks():
     assert not tiny.met and tiny.peak_bytes > 1024
 
 
+def test_selection_stops_at_its_time_limit_with_the_best_found():
+    """Out of time, the search returns what it has (no region yet: the unchunked graph, not met)
+    instead of running on; with time it meets the same budget."""
+    g = _attention_graph(T=256)
+    budget = ac.estimate_memory(g).peak_bytes // 3
+    out_of_time = ac.select_chunks(g, budget, ac.SpeedModel(), time_limit=0.0)
+    assert not out_of_time.met and out_of_time.regions == ()
+    assert ac.select_chunks(g, budget, ac.SpeedModel(), time_limit=60.0).met
+
+
 def test_op_graph_round_trips_through_json():
     g = _attention_graph()
     g2 = ac.OpGraph.from_dict(json.loads(json.dumps(g.to_dict())))

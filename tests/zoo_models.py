@@ -218,12 +218,16 @@ def mixer(dtype: torch.dtype = torch.float32) -> ZooCase:
 
 
 # --- in-place ops and indexing --------------------------------------------------------------------------
-class InplaceViews(nn.Module):
+class TwoLinear(nn.Module):
+    """Two d x d layers, `a` then `b`; subclasses say how `forward` threads them."""
+
     def __init__(self, d: int = 16) -> None:
         super().__init__()
         self.a = nn.Linear(d, d)
         self.b = nn.Linear(d, d)
 
+
+class InplaceViews(TwoLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
         h[:, :4].mul_(2)
@@ -354,12 +358,7 @@ def bf16(dtype: torch.dtype = torch.float32) -> ZooCase:
 
 
 # --- data-dependent control flow: cannot be traced ------------------------------------------------------
-class DataDependent(nn.Module):
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        self.a = nn.Linear(d, d)
-        self.b = nn.Linear(d, d)
-
+class DataDependent(TwoLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
         if h.sum() > 0:  # data-dependent branch

@@ -40,6 +40,7 @@ from memviz import accelerator, devices
 from memviz.budget import format_bytes
 from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, default_loss, fingerprint
 from memviz.devices import DeviceInfo, count_flops, resolve_device
+from memviz.saved import autograd_saved_holds
 from memviz.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import ComputeNode, DataKind, Graph, GraphBuilder, Phase, Timeline, eager_schedule, simulate
 from solvers.schedule import Schedule, Step
@@ -358,11 +359,13 @@ def module_argument_holds(cap: Captured) -> dict[int, int]:
 
 def python_eager_schedule(graph: Graph, cap: Captured) -> Schedule:
     """PyTorch's own eager order: `solvers.eager_schedule` (capture order, free after last use) with the
-    frees of tensors held by Python locals postponed to where eager mode releases them."""
+    frees of tensors held by Python locals, module arguments and autograd's saved variables postponed
+    to where eager mode releases them."""
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
-    for d, at in module_argument_holds(cap).items():
-        hold[d] = max(hold.get(d, -1), at)
+    for extra in (module_argument_holds(cap), autograd_saved_holds(cap)):
+        for d, at in extra.items():
+            hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []
     pending: dict[int, list[Step]] = {}
     done = -1

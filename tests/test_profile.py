@@ -294,3 +294,34 @@ def test_repeated_ops_are_timed_once_and_not_rerun():
         timed = _measure_costs(graph, cap, model, args, None, None, resolve_device("cpu", model, args), 1, 0)
     assert counter.mm == len(keys)
     assert all(c.time > 0 for c in timed.computes if cap.compute_fx[c.id] is not None)
+
+
+class _Lookup(torch.nn.Module):
+    """Indexing ops whose eager autograd saves other tensors than the traced backward reads: gather
+    keeps its whole input, index_select its index, masked_fill its mask, cumsum nothing."""
+
+    def __init__(self, d: int = 24) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.proj(x)).masked_fill(~keep.unsqueeze(-1), 0.0)
+        g = torch.gather(h, 1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        return torch.cumsum(torch.index_select(g, 2, torch.arange(0, h.shape[-1], 3)), dim=1)
+
+
+def test_baseline_holds_what_eager_autograd_saves():
+    """gather's autograd node keeps its input until gather's backward has run (the joint graph's
+    backward reads only the index): the predicted eager peak counts it, and matches the measurement."""
+    from memviz.saved import autograd_saved_holds
+
+    torch.manual_seed(0)
+    model = _Lookup().double()
+    args = (torch.randn(4, 9, 24, dtype=torch.float64), torch.randint(0, 9, (4, 6)), torch.rand(4, 9) > 0.2)
+    prof = profile(model, args, repeats=1, warmup=0)
+    holds = autograd_saved_holds(prof.captured)
+    by_name = {prof.graph.datas[d].name: prof.graph.computes[c].op for d, c in holds.items()}
+    # gather's input is held up to gather's backward
+    assert by_name.get("masked_fill") == "aten.scatter_add.default", by_name
+    measured = prof.measured_peak_bytes
+    assert abs(prof.baseline.peak_bytes - measured) <= 0.05 * measured, (prof.baseline.peak_bytes, measured)

@@ -1,0 +1,111 @@
+"""What eager autograd saves for backward, and until when: the tensors the joint graph does not show.
+
+The joint graph's backward reads what its decompositions need, which is not always what eager
+autograd keeps: ``gather`` saves its whole ``self`` (``gather_backward`` takes it), where the
+traced backward only reads the index and a shape.  Eager PyTorch holds every saved tensor in the
+op's autograd node until that node has run in the backward (the engine releases its variables right
+after it), so such a tensor stays alive far longer than its last reader in the graph says.
+
+Which tensors an op saves is read from autograd itself, not from a table: each forward operator is
+run once more on fake tensors (no memory, no compute) with its differentiable inputs requiring
+grad, inside ``saved_tensors_hooks`` that record what it packs.  The autograd node's backward in
+the joint graph is found through ``seq_nr``, which AOTAutograd copies from the forward op onto
+the backward ops its node produced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from memviz.capture import Captured
+from memviz.capture import _storage_key as storage_key
+
+
+def _is_backward(node: torch.fx.Node) -> bool:
+    return node.meta.get("partitioner_tag") == "is_backward" or bool(node.meta.get("autograd_backward"))
+
+
+def _source_grads(cap: Captured) -> set[str]:
+    """Placeholders that require grad: the parameters and inputs the joint graph returns a gradient for."""
+    params_with_grad = set(cap.grad_data)
+    found = set()
+    for n, (kind, key) in zip(cap.gm.graph.find_nodes(op="placeholder"), cap.placeholders, strict=True):
+        if ((kind == "param" and cap.param_names.get(key, key) in params_with_grad)
+                or (kind == "input" and key in cap.input_grad_data)):
+            found.add(n.name)
+    return found
+
+
+def _differentiable(val: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+               for t in pytree.tree_leaves(val))
+
+
+def saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
+    """Storage keys (of the input and output fake values in ``meta["val"]``) eager autograd saves
+    when it runs `node`'s operator with the inputs in `requires_grad` differentiable."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None or not callable(node.target):
+        return set()
+
+    def fake(a: torch.fx.Node) -> Any:
+        v = a.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            return v
+        t = v.detach()  # shares `v`'s fake storage, so saved tensors map back to the graph
+        return t.requires_grad_(True) if a.name in requires_grad and _differentiable(t) else t
+
+    packed: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        packed.append(t)
+        return t
+
+    with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        args = torch.fx.node.map_arg(node.args, fake)
+        kwargs = torch.fx.node.map_arg(node.kwargs, fake)
+        out = node.target(*args, **kwargs)
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    # a saved output is a fresh fake tensor: name it by the graph's own output value
+    out_keys = {storage_key(t): storage_key(v) for t, v in zip(outs, _tensor_vals(node), strict=False)}
+    return {out_keys.get(storage_key(t), storage_key(t)) for t in packed}
+
+
+def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
+
+
+def autograd_saved_holds(cap: Captured) -> dict[int, int]:
+    """data id -> compute id after which eager autograd releases it (the last backward op of the
+    autograd node that saved it), for every forward tensor some forward op saves for backward."""
+    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
+    storage_data: dict[int, int] = {}
+    for name, d in cap.data_of_fx.items():
+        val = cap.nodes[name].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            storage_data.setdefault(storage_key(val), d)
+    grads = _source_grads(cap)
+    saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
+    released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
+    pos = -1
+    for n in cap.gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        pos = pos_of.get(n.name, pos)
+        seq = n.meta.get("seq_nr")
+        if _is_backward(n):
+            # gradient accumulation (``is_gradient_acc``) is the engine's, not the node's: it may run later
+            if seq is not None and not n.meta.get("is_gradient_acc"):
+                released[seq] = pos
+            continue
+        if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
+            continue
+        grads.add(n.name)
+        if seq is not None:
+            keys = saved_storages(n, grads)
+            saved.setdefault(seq, set()).update(storage_data[k] for k in keys if k in storage_data)
+    return {d: released[seq] for seq, ds in saved.items() if seq in released for d in ds}

@@ -19,10 +19,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linprog
 
 from solvers.ir import Graph, GraphError, Phase
+from solvers.milp import Model
+from solvers.milp import solve as solve_milp
 from solvers.schedule import Schedule, Step, compute, free
+
+#: seconds for the backward-assignment LP (a few hundred variables: milliseconds in practice)
+LP_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -384,25 +388,19 @@ def _crossing_lp(graph: Graph, bwd: list[int], free_nodes: list[int], lo: dict[i
             if pv is not None:
                 coef[pv] = coef.get(pv, 0.0) - 1.0
             rows.append((coef, pc - bc))
-    nz = nv + zs
-    c = np.zeros(nz)
-    for i, v in cost.items():
-        c[i] = v
     # ties: run a free node as early as possible (higher block), the same way in identical blocks;
     # the total tie-break weight stays below one byte so it never overrides a real difference
-    c[:nv] -= 0.5 / (nv * (_max_block(hi) + 1))
-    from scipy.sparse import coo_matrix
-    ri, ci, vals, rhs = [], [], [], []
-    for r, (coef, b) in enumerate(rows):
-        for i, v in coef.items():
-            ri.append(r)
-            ci.append(i)
-            vals.append(v)
-        rhs.append(b)
-    a = coo_matrix((vals, (ri, ci)), shape=(len(rows), nz)).tocsr() if rows else None
-    bounds = [(lo[b], hi[b]) for b in free_nodes] + [(0, _max_block(hi))] * zs
-    res = linprog(c, A_ub=a, b_ub=np.array(rhs) if rows else None, bounds=bounds, method="highs-ds")
-    if res.status != 0:
+    tie = 0.5 / (nv * (_max_block(hi) + 1))
+    lp = Model()
+    for b in free_nodes:
+        lp.var(lo[b], hi[b], cost.get(var[b], 0.0) - tie, integer=False)
+    for j in range(nv, nv + zs):
+        lp.var(0, _max_block(hi), cost.get(j, 0.0), integer=False)
+    for coef, bound in rows:
+        lp.row(coef.items(), hi=bound)
+    # HiGHS's simplex returns a vertex (as scipy's highs-ds did before); rounding maps it to blocks
+    res = solve_milp(lp, time_limit=LP_SECONDS, relax=True)
+    if res.status != "optimal" or res.x is None:
         return {b: lo[b] for b in free_nodes}
     return {b: int(round(res.x[var[b]])) for b in free_nodes}
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -202,8 +203,6 @@ def _describe_trace_error(err: BaseException, model: nn.Module) -> CaptureError:
 
 def _module_defined_at(model: nn.Module, file: str, line: int) -> str:
     """The path of the first submodule whose forward is defined in `file` around `line`."""
-    import inspect
-
     best = ""
     for name, mod in model.named_modules():
         fwd = type(mod).forward
@@ -332,6 +331,29 @@ def eager_kernels_in_trace() -> Any:
 
 
 # --- tracing ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def library_frames_in_stack_traces() -> Any:
+    """Keep the frames of ``torch.nn.functional`` and ``torch.functional`` in the nodes' stack traces.
+
+    torch.export records only ``forward`` frames, so the statements of a functional such as
+    ``F.multi_head_attention_forward`` are invisible, yet its locals (``q``, ``attn_mask``) hold
+    tensors until it returns in eager mode: `memviz.profile.python_local_holds` reads them there."""
+    import torch.fx.proxy as fx_proxy
+    from torch import functional as torch_functional
+    from torch.nn import functional as nn_functional
+
+    anchors = fx_proxy._STACK_TRACE_ANCHORS
+    found = {(fn.__code__.co_filename, fn.__code__.co_name)
+             for mod in (nn_functional, torch_functional) for fn in vars(mod).values()
+             if inspect.isfunction(fn) and fn.__code__.co_filename == mod.__file__}
+    added = found - anchors
+    anchors |= added
+    try:
+        yield
+    finally:
+        anchors -= added
+
+
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                 mode: str) -> tuple[torch.fx.GraphModule, pytree.TreeSpec]:
     """torch.export (non-strict) then AOTAutograd's joint trace (TOOLCHAIN.md recipe).
@@ -342,7 +364,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     grad_ctx = contextlib.nullcontext() if mode == "train" else torch.no_grad()
-    with grad_ctx:
+    with grad_ctx, library_frames_in_stack_traces():
         try:
             ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
         except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError

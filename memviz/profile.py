@@ -21,6 +21,7 @@ step eagerly (live-storage tracker on CPU, allocator statistics on CUDA), withou
 from __future__ import annotations
 
 import ast
+import bisect
 import copy
 import functools
 import linecache
@@ -250,6 +251,54 @@ def _name_alias(code: str, names: dict[str, int | None]) -> tuple[str, int | Non
     return (code, names[src]) if names.get(src) is not None else None
 
 
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar,
+             ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Match)
+
+
+@functools.cache
+def _statement_spans(file: str) -> tuple[tuple[int, int], ...]:
+    """(first line, last line) of every simple statement of `file`, sorted (compound statements are
+    left out: their bodies are listed); () when the file cannot be read or parsed."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(sorted((n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+                        if isinstance(n, ast.stmt) and not isinstance(n, _COMPOUND)))
+
+
+def _statement_at(file: str, line: int) -> tuple[int, int]:
+    """(first, last line) of the statement `line` belongs to: a frame reports the line of the call
+    running, which in a statement spread over lines (``x = (a.view(...)\n .reshape(...))``) is not
+    the line that binds the name."""
+    spans = _statement_spans(file)
+    i = bisect.bisect_right(spans, (line, sys.maxsize)) - 1
+    return spans[i] if i >= 0 and spans[i][0] <= line <= spans[i][1] else (line, line)
+
+
+def _statements_between(file: str, after: int, before: int) -> list[tuple[int, int]]:
+    """The statements starting after line `after` and before line `before`, in order."""
+    spans = _statement_spans(file)
+    if not spans:
+        return [(line, line) for line in range(after + 1, before)]
+    return [s for s in spans if after < s[0] < before]
+
+
+def _source(file: str, span: tuple[int, int]) -> str:
+    return "".join(linecache.getlines(file)[span[0] - 1:span[1]])
+
+
+def _deleted_names(code: str) -> list[str]:
+    """Names a ``del`` statement unbinds (``del q_scaled, k``); [] for any other statement."""
+    try:
+        body = ast.parse(code.strip()).body
+    except SyntaxError:
+        return []
+    if len(body) != 1 or not isinstance(body[0], ast.Delete):
+        return []
+    return [t.id for t in body[0].targets if isinstance(t, ast.Name)]
+
+
 def python_local_holds(cap: Captured) -> dict[int, int]:
     """data id -> compute id after which eager PyTorch still holds it through a Python local.
 
@@ -262,7 +311,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
 
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     hold: dict[int, int] = {}
-    current: dict[tuple[Any, ...], tuple[int, str, int | None, int]] = {}  # line, code, value, end
+    current: dict[tuple[Any, ...], tuple[tuple[int, int], int | None, int]] = {}  # lines, value, end
     binds: dict[tuple[Any, ...], dict[str, int | None]] = {}
     last_pos: dict[tuple[Any, ...], int] = {}
 
@@ -282,14 +331,17 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
             names[name] = value
 
     def finish(key: tuple[Any, ...], next_line: int | None = None) -> None:
-        line, code, value, end = current.pop(key)
-        bind(key, code, value, end)
+        span, value, end = current.pop(key)
+        bind(key, _source(key[1], span), value, end)
         # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
         # straight-line source between this statement and the next traced one of the same frame ran too
-        for gap in range(line + 1, next_line or line):
-            alias = _name_alias(linecache.getline(key[1], gap), binds.get(key, {}))
+        for gap in _statements_between(key[1], span[1], next_line or span[1]):
+            code = _source(key[1], gap)
+            alias = _name_alias(code, binds.get(key, {}))
             if alias is not None:
                 bind(key, *alias, end)
+            for name in _deleted_names(code):  # ``del x`` drops the local's reference there
+                release(binds.get(key, {}).pop(name, None), end)
 
     pos = -1
     for n in cap.gm.graph.nodes:
@@ -301,14 +353,18 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         d = cap.data_of_fx.get(n.name)
         stack = list((n.meta.get("nn_module_stack") or {}).values())
         depth = -1
+        entered: dict[tuple[str, str], int] = {}
         for f in _FRAME.finditer(n.meta.get("stack_trace") or ""):
             depth += f["fn"] == "forward"  # module forwards and nn_module_stack entries correspond
-            key = (stack[depth][0] if 0 <= depth < len(stack) else "", f["file"], f["fn"], depth)
-            line = int(f["line"])
-            if key in current and current[key][0] != line:
-                finish(key, line)
+            # a function re-entered through ``handle_torch_function`` (torch.nn.functional under
+            # export's torch-function mode) is a frame per entry: the outer ones wait on one line
+            again = entered[f["file"], f["fn"]] = entered.get((f["file"], f["fn"]), -1) + 1
+            key = (stack[depth][0] if 0 <= depth < len(stack) else "", f["file"], f["fn"], depth, again)
+            span = _statement_at(f["file"], int(f["line"]))
+            if key in current and current[key][0] != span:
+                finish(key, span[0])
             prev = current.get(key)
-            current[key] = (line, f["code"], d if d is not None else (prev[2] if prev else None), pos)
+            current[key] = (span, d if d is not None else (prev[1] if prev else None), pos)
             last_pos[key] = pos
     for key in list(current):
         finish(key)

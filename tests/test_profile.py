@@ -325,3 +325,35 @@ def test_baseline_holds_what_eager_autograd_saves():
     assert by_name.get("masked_fill") == "aten.scatter_add.default", by_name
     measured = prof.measured_peak_bytes
     assert abs(prof.baseline.peak_bytes - measured) <= 0.05 * measured, (prof.baseline.peak_bytes, measured)
+
+
+class _PaddedAttention(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(d, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x, key_padding_mask=pad, need_weights=True)[0]
+
+
+def test_inference_baseline_sees_locals_inside_torch_functionals():
+    """F.multi_head_attention_forward keeps q/k/v and the merged mask in locals until it returns (the
+    mask built by a statement spread over lines, q_scaled dropped by ``del``): its frames are kept
+    in the stack traces, so the baseline holds what eager inference holds."""
+    torch.manual_seed(0)
+    pad = torch.zeros(4, 6, dtype=torch.bool)
+    pad[0, 4:] = True
+    model = _PaddedAttention(8).double()
+    prof = profile(model, (torch.randn(4, 6, 8, dtype=torch.float64), pad), mode="inference", repeats=1,
+                   warmup=0)
+    measured = prof.measured_peak_bytes
+    assert abs(prof.baseline.peak_bytes - measured) <= 0.05 * measured, (prof.baseline.peak_bytes, measured)
+
+
+def test_statement_at_spans_continuation_lines(tmp_path):
+    from memviz.profile import _statement_at
+
+    src = tmp_path / "m.py"
+    src.write_text("def f(a):\n    b = (a.view(2)\n         .reshape(1, 2))\n    del a\n    return b\n")
+    assert _statement_at(str(src), 3) == (2, 3)
+    assert _statement_at(str(src), 4) == (4, 4)

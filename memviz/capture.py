@@ -354,12 +354,56 @@ def library_frames_in_stack_traces() -> Any:
         anchors -= added
 
 
+def _scalar_loss(loss: Any) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
+    return loss
+
+
+def unused_outputs(gm: torch.fx.GraphModule, out_spec: pytree.TreeSpec, loss_fn: LossFn | None) -> set[int]:
+    """Flat indices of the floating outputs of `gm` that `loss_fn` gives no gradient (measured on
+    fake tensors shaped like the outputs' ``meta["val"]``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            for a in pytree.tree_leaves(gm.graph.output_node().args[0], is_leaf=lambda x: x is None)]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        flat = [torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
+                if isinstance(v, torch.Tensor) else v for v in vals]
+        diff = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not diff:
+            return set()
+        for i in diff:
+            flat[i].requires_grad_(True)
+        loss = _scalar_loss((loss_fn or default_loss)(pytree.tree_unflatten(flat, out_spec)))
+        grads = torch.autograd.grad(loss, [flat[i] for i in diff], allow_unused=True)
+    return {i for i, g in zip(diff, grads, strict=True) if g is None}
+
+
+def detach_outputs(gm: torch.fx.GraphModule, indices: set[int]) -> None:
+    """Detach the flat outputs of `gm` at `indices`, so the joint trace gives them no tangent.
+
+    Eager autograd never runs the backward of an output the loss does not use (no gradient reaches
+    its autograd node), and an output gradient it never receives is None: differentiating such an
+    output against a zero tangent would add backward ops (and their memory) eager mode never runs."""
+    if not indices:
+        return
+    out = gm.graph.output_node()
+    leaves, spec = pytree.tree_flatten(out.args[0], is_leaf=lambda x: x is None)
+    with gm.graph.inserting_before(out):
+        leaves = [gm.graph.call_function(torch.ops.aten.detach.default, (a,)) if i in indices else a
+                  for i, a in enumerate(leaves)]
+    out.args = (pytree.tree_unflatten(leaves, spec),)
+    gm.recompile()
+
+
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                mode: str) -> tuple[torch.fx.GraphModule, pytree.TreeSpec]:
+                mode: str, loss_fn: LossFn | None = None) -> tuple[torch.fx.GraphModule, pytree.TreeSpec]:
     """torch.export (non-strict) then AOTAutograd's joint trace (TOOLCHAIN.md recipe).
 
-    Training: forward + backward against one tangent per differentiable model output.  Inference:
-    the forward under ``no_grad``.  The model is never modified: export traces with fake tensors.
+    Training: forward + backward against one tangent per model output `loss_fn` differentiates
+    (the others are detached: `detach_outputs`).  Inference: the forward under ``no_grad``.  The
+    model is never modified: export traces with fake tensors.
     """
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
@@ -371,6 +415,8 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
             raise _describe_trace_error(err, model) from err
         gm_ep = ep.module()
         use_eager_kernels(gm_ep, args, model)
+        if mode == "train":
+            detach_outputs(gm_ep, unused_outputs(gm_ep, ep.call_spec.out_spec, loss_fn))
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(eager_kernels_in_trace())
@@ -448,9 +494,7 @@ def _loss_sizes(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
                 continue
             t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
             flat.append(t.requires_grad_(i in tangents))
-        loss = loss_fn(pytree.tree_unflatten(flat, out_spec))
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
+        loss = _scalar_loss(loss_fn(pytree.tree_unflatten(flat, out_spec)))
         diff = [flat[i] for i in sorted(tangents)]
         root = torch.ones_like(loss)
         grads = torch.autograd.grad(loss, diff, grad_outputs=root, allow_unused=True)
@@ -554,7 +598,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
     args = tuple(args)
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    gm, out_spec = trace_joint(model, args, kwargs, mode)
+    gm, out_spec = trace_joint(model, args, kwargs, mode, loss_fn)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
 
@@ -598,10 +642,11 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)})
 
     def add_loss_nodes() -> None:
-        # an output can be a view the graph only builds at its end: found through its storage
+        # an output can be a view the graph only builds at its end: found through its storage.  The loss
+        # reads every output, differentiated or not: the forward returns them all before it runs
         outs = sorted({bld.data_of_fx.get(a.name, bld.data_of_storage.get(_storage_key(a.meta["val"])))
                        for a, k in zip(out_args, out_kinds, strict=False)
-                       if k and k[0] == "user" and k[1] in tangents})
+                       if k and k[0] == "user" and isinstance(a.meta.get("val"), torch.Tensor)})
         dl = bld.data("loss", loss_bytes, DataKind.OUTPUT, None, (), "float32")
         captured.loss_compute = bld.b.compute("loss", outs, [dl], op="loss_fn", phase=Phase.FORWARD,
                                               source="loss_fn")

@@ -704,9 +704,10 @@ def optimizer_layout(optimizer: Any) -> tuple[type, dict[str, Any], float, float
 
 
 def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo) -> Graph:
-    """Append the optimizer step: one compute node per parameter (phase optimizer) reading the
-    parameter, its gradient and its state (optimizer_state data nodes, alive from the start, as in
-    every step after the first).  Updates are in place: no new storage, only the measured transient."""
+    """Append the optimizer step: one compute node per parameter with a gradient (phase optimizer)
+    reading the parameter, its gradient and its state (optimizer_state data nodes, alive from the
+    start, as in every step after the first).  Updates are in place: no new storage, only the
+    measured transient."""
     cls, _, state_ratio, temp_ratio = optimizer_layout(optimizer)
     b = GraphBuilder(graph.name)
     b._datas = [{"name": d.name, "bytes": d.bytes, "kind": d.kind, "producer": d.producer, "shape": d.shape,
@@ -715,11 +716,9 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
                     "time": c.time, "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
                     "block": c.block, "flops": c.flops} for c in graph.computes]
     b.outputs = list(graph.outputs)
-    params = [d for d in graph.datas if d.kind is DataKind.PARAMETER]
-    missing = [p.name for p in params if p.name not in grad_data]
-    if missing:
-        raise CaptureError(f"parameters without a gradient ({', '.join(missing[:3])}): the optimizer step "
-                           "can only be modelled when every parameter receives one (set requires_grad=False)")
+    # torch.optim skips a parameter whose gradient is None (frozen, or reached only through outputs the
+    # loss does not use): no update, no state
+    params = [d for d in graph.datas if d.kind is DataKind.PARAMETER and d.name in grad_data]
     timer = _Timer(info.torch_device)
     timed: dict[tuple[Any, ...], float] = {}  # (shape, dtype) -> seconds: repeated blocks timed once
     for p in params:

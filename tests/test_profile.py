@@ -357,3 +357,38 @@ def test_statement_at_spans_continuation_lines(tmp_path):
     src.write_text("def f(a):\n    b = (a.view(2)\n         .reshape(1, 2))\n    del a\n    return b\n")
     assert _statement_at(str(src), 3) == (2, 3)
     assert _statement_at(str(src), 4) == (4, 4)
+
+
+class _TwoHeads(torch.nn.Module):
+    """A dict output whose `aux` head and `hidden` state the loss does not use."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(d, d)
+        self.head = torch.nn.Linear(d, 3)
+        self.aux = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.tanh(self.body(x))
+        return {"logits": self.head(h), "aux": self.aux(h), "hidden": h}
+
+
+def test_outputs_the_loss_does_not_use_get_no_backward():
+    """Eager autograd never runs the backward of an output the loss does not use: the graph has no
+    backward op for it (no zero gradient materialised, no accumulation into `h`), the optimizer
+    leaves its head alone (its gradient is None), and the predicted eager peak is the measured one."""
+    torch.manual_seed(0)
+    model = _TwoHeads().double()
+    x = torch.randn(6, 5, 16, dtype=torch.float64)
+
+    def loss_fn(out: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(out["logits"].flatten(0, 1), torch.arange(30) % 3)
+
+    prof = profile(model, (x,), loss_fn=loss_fn, optimizer=torch.optim.SGD, repeats=1, warmup=0)
+    backward_modules = {c.module for c in prof.graph.computes if c.phase is Phase.BACKWARD}
+    assert "aux" not in backward_modules and "head" in backward_modules, backward_modules
+    updated = {c.name for c in prof.graph.computes if c.phase is Phase.OPTIMIZER}
+    assert updated == {f"SGD.step[{n}]" for n in ("body.weight", "body.bias", "head.weight", "head.bias")}
+    measured = prof.measured_peak_bytes
+    step_peak = profile(model, (x,), loss_fn=loss_fn, repeats=1, warmup=0).baseline.peak_bytes
+    assert abs(step_peak - measured) <= 0.05 * measured, (step_peak, measured)

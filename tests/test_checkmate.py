@@ -308,3 +308,64 @@ def test_schedules_that_free_a_required_output_are_not_plans():
     assert checkmate._plan(g, refree, "x") is None
     with pytest.raises(ValueError, match="frees a required output"):
         checkmate.solve(g, 1000, incumbent=refree, time_limit=1.0)
+
+
+def _redundant_recomputes(graph, schedule, budget):
+    """Recomputations whose removal alone (frees placed as early as possible) still fits `budget`."""
+    seq = [s.node for s in schedule if s.op == "compute"]
+    out = []
+    for q, c in enumerate(seq):
+        if c in seq[:q]:
+            tl = simulate(graph, with_early_frees(graph, seq[:q] + seq[q + 1:]))
+            if tl.valid and tl.peak_bytes <= budget:
+                out.append(q)
+    return out
+
+
+def test_minimum_budget_recomputes_only_what_its_peak_needs():
+    """The min-peak MILP has no time term: its schedules recomputed freely (a 6-layer chain: 38
+    recomputations, 37 of them removable at the same peak).  They are pruned now."""
+    for g in [*small_graphs(), training_chain(6)]:
+        m = checkmate.minimum_budget(g, time_limit=20)
+        tl = simulate(g, m.schedule)
+        assert tl.valid and tl.peak_bytes == m.peak_bytes
+        assert not _redundant_recomputes(g, m.schedule, m.peak_bytes)
+        if len(g.computes) <= 9:
+            assert tl.total_time <= 1.05 * bruteforce.optimum(g, m.peak_bytes, frontier=True).time
+
+
+def test_plan_at_stated_minimum_is_not_quadratic():
+    """Robustness sweep: below Rockmate's minimum the MILP of an unrolled graph is not built in time
+    and the answer was the min-peak search's schedule, every activation recomputed from the start for
+    each backward node (a 145-node chain of blocks: 4228 recomputations, 19.6x the compute time; an
+    LSTM LM: 16751, 41x).  Now the recomputations the budget does not need are pruned (about 1.7x
+    here; the bound leaves room for a loaded machine, where the pruning gets less time)."""
+    g = chain_of_blocks(18, 3)
+    with pytest.raises(InfeasibleBudget) as exc:
+        checkmate.solve(g, g.persistent_bytes() + 1, time_limit=2.0)
+    minimum = exc.value.minimum_bytes
+    r = checkmate.solve(g, minimum, time_limit=2.0)
+    tl = check(g, r, minimum)
+    assert tl.total_time <= 4 * sum(g.computes[c].time for c in g.required_computes)
+    assert checkmate.minimum_budget(g, time_limit=0.01).peak_bytes <= minimum
+
+
+def test_residency_model_equals_simulator():
+    """`_Residency` (the memory model of the pruning pass) reports for every compute step what
+    `simulate` does, also after removals, accepted or undone."""
+    rng = random.Random(0)
+    for g in [*small_graphs()[:6], training_chain(5)]:
+        low = min(checkmate._checkpoint_plans(g, _stages(g), -1, float("inf")), key=lambda p: p.peak)
+        seq = [s.node for s in low.schedule if s.op == "compute"]
+        res = checkmate._Residency(g, seq)
+        peak = low.peak
+        for q in rng.sample(range(len(seq)), len(seq)):
+            cap = low.peak + rng.choice([0, 20, 10**9])
+            accepted = res.removable(q) and res.remove(q, cap)
+            live = [c for i, c in enumerate(seq) if not res.dead[i]]
+            sched = with_early_frees(g, live)
+            tl = simulate(g, sched)
+            assert tl.valid and tl.peak_bytes <= (max(peak, cap) if accepted else peak)
+            peak = tl.peak_bytes
+            during = [b for s, b in zip(sched, tl.step_bytes, strict=True) if s.op == "compute"]
+            assert [int(m) for i, m in enumerate(res.mem) if not res.dead[i]] == during

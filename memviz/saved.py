@@ -65,10 +65,13 @@ def saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
         packed.append(t)
         return t
 
-    with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        args = torch.fx.node.map_arg(node.args, fake)
-        kwargs = torch.fx.node.map_arg(node.kwargs, fake)
-        out = node.target(*args, **kwargs)
+    try:
+        with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            args = torch.fx.node.map_arg(node.args, fake)
+            kwargs = torch.fx.node.map_arg(node.kwargs, fake)
+            out = node.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an op fake tensors cannot run: the graph's own reads stand for it
+        return set()
     outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     # a saved output is a fresh fake tensor: name it by the graph's own output value
     out_keys = {storage_key(t): storage_key(v) for t, v in zip(outs, _tensor_vals(node), strict=False)}

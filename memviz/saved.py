@@ -44,9 +44,61 @@ def _differentiable(val: Any) -> bool:
                for t in pytree.tree_leaves(val))
 
 
+#: signature of an op call -> the positions (("in", k): k-th input node, ("out", j): j-th output) of
+#: what autograd saves; the 48 identical layers of a GPT are then run on fake tensors once
+_SAVED_POSITIONS: dict[tuple[Any, ...], frozenset[tuple[str, int]]] = {}
+
+
+def _signature(node: torch.fx.Node, requires_grad: set[str]) -> tuple[Any, ...] | None:
+    """What decides which of `node`'s tensors autograd saves: the op, each argument's shape, stride,
+    dtype and whether it requires grad (other arguments by value); None when not hashable/static."""
+    parts: list[Any] = [node.target]
+    first = {a: k for k, a in enumerate(node.all_input_nodes)}
+    for leaf in pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(leaf, torch.fx.Node):
+            parts.append(first[leaf])  # which input node: an argument passed twice stays recognisable
+            v = leaf.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                dims = (*v.shape, *v.stride())
+                if any(isinstance(x, torch.SymInt) for x in dims):
+                    return None
+                parts.append((tuple(v.shape), v.stride(), v.dtype, leaf.name in requires_grad))
+            elif v is None or isinstance(v, (bool, int, float, str)):
+                parts.append(("node", v))
+            else:
+                return None
+        elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device,
+                                               torch.layout, torch.memory_format)):
+            parts.append(leaf)
+        else:
+            return None
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
 def saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
     """Storage keys (of the input and output fake values in ``meta["val"]``) eager autograd saves
     when it runs `node`'s operator with the inputs in `requires_grad` differentiable."""
+    inputs = [storage_key(v) if isinstance(v := a.meta.get("val"), torch.Tensor) else None
+              for a in node.all_input_nodes]
+    outputs = [storage_key(v) for v in _tensor_vals(node)]
+    sig = _signature(node, requires_grad)
+    if sig is None or sig not in _SAVED_POSITIONS:
+        keys = _run_saved_storages(node, requires_grad)
+        if sig is None:
+            return keys
+        _SAVED_POSITIONS[sig] = frozenset(
+            [("in", k) for k, key in enumerate(inputs) if key in keys]
+            + [("out", j) for j, key in enumerate(outputs) if key in keys])
+    table = {"in": inputs, "out": outputs}
+    return {table[kind][i] for kind, i in _SAVED_POSITIONS[sig]} - {None}
+
+
+def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
+    """`saved_storages` by running the operator on fake tensors under ``saved_tensors_hooks``."""
     vals = [a.meta.get("val") for a in node.all_input_nodes]
     mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     if mode is None or not callable(node.target):

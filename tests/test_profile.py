@@ -327,6 +327,27 @@ def test_baseline_holds_what_eager_autograd_saves():
     assert abs(prof.baseline.peak_bytes - measured) <= 0.05 * measured, (prof.baseline.peak_bytes, measured)
 
 
+def test_saved_tensors_of_identical_ops_are_looked_up_not_rerun(monkeypatch):
+    """The positions autograd saves are cached per op signature (the layers of a GPT run one fake
+    pass): the cached holds equal running every operator, and repeated layers run it once."""
+    from examples import models
+    from memviz import saved
+
+    model, args = models.gpt(layers=3)[:2]
+    cap = profile(model, args, repeats=1, warmup=0, measure=False).captured
+    saved._SAVED_POSITIONS.clear()
+    runs: list[str] = []
+    calls: list[str] = []
+    run, lookup = saved._run_saved_storages, saved.saved_storages
+    monkeypatch.setattr(saved, "_run_saved_storages", lambda n, g: runs.append(n.name) or run(n, g))
+    monkeypatch.setattr(saved, "saved_storages", lambda n, g: calls.append(n.name) or lookup(n, g))
+    cached = saved.autograd_saved_holds(cap)
+    monkeypatch.setattr(saved, "saved_storages", run)
+    assert cached and cached == saved.autograd_saved_holds(cap)
+    # three identical layers: the second and third are looked up
+    assert len(runs) < 0.6 * len(calls), (len(runs), len(calls))
+
+
 class _PaddedAttention(torch.nn.Module):
     def __init__(self, d: int) -> None:
         super().__init__()

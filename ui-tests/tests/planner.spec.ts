@@ -161,7 +161,8 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   // The frontier's own plan is shown at once; the selected strategy's (with its packing) follows.
   await expect(view.locator('.jp-memviz-refining')).toBeEmpty({ timeout: 60000 });
   await expect(peak).not.toHaveText(before.peak ?? '');
-  await expect(peak).toHaveText(/\(\+0\.0% vs eager/);
+  // the largest budget: no recomputation, the peak at eager's (a reordered plan may sit a hair below)
+  await expect(peak).toHaveText(/\([+-]0\.0% vs eager/);
   await expect(label).toContainText('time x1.000');
   // the real plan's solver status beside the slider, and the allocator's fragmentation in the stack
   await expect(

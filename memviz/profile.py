@@ -123,7 +123,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                       "(coarser, and it cannot be exported)", stacklevel=2)
         return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
-    step_peak = simulate(graph, python_eager_schedule(graph, cap)).peak_bytes
+    step_schedule = python_eager_schedule(graph, cap)
+    step_peak = simulate(graph, step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
     if info.estimated:
@@ -134,7 +135,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         graph = add_optimizer(graph, cap.grad_data, optimizer, info)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
-    schedule = python_eager_schedule(graph, cap)
+    # costs do not change the order: only the optimizer's nodes make the step's schedule another one
+    schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap)
     baseline = simulate(graph, schedule).check()
     measured = None
     if measure and not info.estimated:

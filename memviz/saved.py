@@ -139,8 +139,9 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     autograd node that saved it), for every forward tensor some forward op saves for backward."""
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     storage_data: dict[int, int] = {}
+    nodes = cap.nodes  # built per access: once here, not once per value
     for name, d in cap.data_of_fx.items():
-        val = cap.nodes[name].meta.get("val")
+        val = nodes[name].meta.get("val")
         if isinstance(val, torch.Tensor):
             storage_data.setdefault(storage_key(val), d)
     grads = _source_grads(cap)

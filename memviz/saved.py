@@ -44,14 +44,9 @@ def _differentiable(val: Any) -> bool:
                for t in pytree.tree_leaves(val))
 
 
-#: signature of an op call -> the positions (("in", k): k-th input node, ("out", j): j-th output) of
-#: what autograd saves; the 48 identical layers of a GPT are then run on fake tensors once
-_SAVED_POSITIONS: dict[tuple[Any, ...], frozenset[tuple[str, int]]] = {}
-
-
 def _signature(node: torch.fx.Node, requires_grad: set[str]) -> tuple[Any, ...] | None:
     """What decides which of `node`'s tensors autograd saves: the op, each argument's shape, stride,
-    dtype and whether it requires grad (other arguments by value); None when not hashable/static."""
+    dtype and whether it requires grad (other arguments by value); None when not static."""
     parts: list[Any] = [node.target]
     first = {a: k for k, a in enumerate(node.all_input_nodes)}
     for leaf in pytree.tree_leaves((node.args, node.kwargs)):
@@ -72,29 +67,31 @@ def _signature(node: torch.fx.Node, requires_grad: set[str]) -> tuple[Any, ...] 
             parts.append(leaf)
         else:
             return None
-    try:
-        hash(tuple(parts))
-    except TypeError:
-        return None
     return tuple(parts)
 
 
-def saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
+#: an op's `_signature` -> the positions (("in", k): k-th input node, ("out", j): j-th output) of what
+#: autograd saves for it
+Positions = dict[tuple[Any, ...], frozenset[tuple[str, int]]]
+
+
+def saved_storages(node: torch.fx.Node, requires_grad: set[str], positions: Positions) -> set[int]:
     """Storage keys (of the input and output fake values in ``meta["val"]``) eager autograd saves
-    when it runs `node`'s operator with the inputs in `requires_grad` differentiable."""
+    when it runs `node`'s operator with the inputs in `requires_grad` differentiable.  An op whose
+    signature is in `positions` is looked up, not run again (the identical layers of a GPT)."""
     inputs = [storage_key(v) if isinstance(v := a.meta.get("val"), torch.Tensor) else None
               for a in node.all_input_nodes]
     outputs = [storage_key(v) for v in _tensor_vals(node)]
     sig = _signature(node, requires_grad)
-    if sig is None or sig not in _SAVED_POSITIONS:
+    if sig is None or sig not in positions:
         keys = _run_saved_storages(node, requires_grad)
         if sig is None:
             return keys
-        _SAVED_POSITIONS[sig] = frozenset(
+        positions[sig] = frozenset(
             [("in", k) for k, key in enumerate(inputs) if key in keys]
             + [("out", j) for j, key in enumerate(outputs) if key in keys])
     table = {"in": inputs, "out": outputs}
-    return {table[kind][i] for kind, i in _SAVED_POSITIONS[sig]} - {None}
+    return {table[kind][i] for kind, i in positions[sig]} - {None}
 
 
 def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
@@ -146,6 +143,7 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
             storage_data.setdefault(storage_key(val), d)
     grads = _source_grads(cap)
     saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
+    positions: Positions = {}  # per graph: repeated layers run their ops on fake tensors once
     released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
     pos = -1
     for n in cap.gm.graph.nodes:
@@ -162,6 +160,6 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
             continue
         grads.add(n.name)
         if seq is not None:
-            keys = saved_storages(n, grads)
+            keys = saved_storages(n, grads, positions)
             saved.setdefault(seq, set()).update(storage_data[k] for k in keys if k in storage_data)
     return {d: released[seq] for seq, ds in saved.items() if seq in released for d in ds}

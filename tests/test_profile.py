@@ -335,14 +335,13 @@ def test_saved_tensors_of_identical_ops_are_looked_up_not_rerun(monkeypatch):
 
     model, args = models.gpt(layers=3)[:2]
     cap = profile(model, args, repeats=1, warmup=0, measure=False).captured
-    saved._SAVED_POSITIONS.clear()
     runs: list[str] = []
     calls: list[str] = []
     run, lookup = saved._run_saved_storages, saved.saved_storages
     monkeypatch.setattr(saved, "_run_saved_storages", lambda n, g: runs.append(n.name) or run(n, g))
-    monkeypatch.setattr(saved, "saved_storages", lambda n, g: calls.append(n.name) or lookup(n, g))
+    monkeypatch.setattr(saved, "saved_storages", lambda n, g, p: calls.append(n.name) or lookup(n, g, p))
     cached = saved.autograd_saved_holds(cap)
-    monkeypatch.setattr(saved, "saved_storages", run)
+    monkeypatch.setattr(saved, "saved_storages", lambda n, g, p: run(n, g))
     assert cached and cached == saved.autograd_saved_holds(cap)
     # three identical layers: the second and third are looked up
     assert len(runs) < 0.6 * len(calls), (len(runs), len(calls))

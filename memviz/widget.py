@@ -143,11 +143,13 @@ class Planner(MemvizWidget):
             self.status = p.summary()
 
     def replan(self, budget: Any, strategy: str | None = None) -> Plan:
-        source = self.profile if self.profile is not None else self.plan.graph
-        key_strategy = strategy or self.strategy
-        result = plan(source, budget, strategy=key_strategy, time_limit=self._time_limit, frontier=False)
+        result = self._solve(budget, strategy or self.strategy)
         self._show(result)
         return result
+
+    def _solve(self, budget: Any, strategy: str) -> Plan:
+        source = self.profile if self.profile is not None else self.plan.graph
+        return plan(source, budget, strategy=strategy, time_limit=self._time_limit, frontier=False)
 
     @traitlets.observe("budget_index", "strategy")
     def _on_change(self, change: dict[str, Any]) -> None:
@@ -195,8 +197,7 @@ class Planner(MemvizWidget):
             if shown is not None and shown.strategy == strategy:
                 result = with_packing(shown, time_limit=min(10.0, self._time_limit))
             else:
-                source = self.profile if self.profile is not None else self.plan.graph
-                result = plan(source, budget, strategy=strategy, time_limit=self._time_limit, frontier=False)
+                result = self._solve(budget, strategy)
         except Exception as exc:  # a worker thread would swallow it: report it in the view
             with self._lock:
                 if request == self._request:

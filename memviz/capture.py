@@ -585,6 +585,24 @@ class _Builder:
         self.compute_fx.append(n.name)
 
 
+def op_key(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
+    """What an operator's cost depends on: the op and every argument's shape, stride, dtype and device
+    (other arguments by value).  Identical keys share one measurement (the 12 blocks of a GPT run the
+    same kernels on the same shapes).  None when an argument has no stable description."""
+    parts: list[Any] = [target]
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            if any(isinstance(s, torch.SymInt) for s in (*leaf.shape, *leaf.stride())):
+                return None  # a symbolic size is not a stable description
+            parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device.type))
+        elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device,
+                                               torch.layout, torch.memory_format)):
+            parts.append(leaf)
+        else:
+            return None
+    return tuple(parts)
+
+
 def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
             mode: str = "train", loss_fn: LossFn | None = None) -> tuple[Graph, Captured]:
     """Trace `model` and build its CD-graph (compute/data nodes, kinds, exact bytes, aliases).

@@ -39,7 +39,16 @@ from torch import nn
 
 from memviz import accelerator, devices
 from memviz.budget import format_bytes
-from memviz.capture import Captured, CaptureError, LossFn, Runner, capture, default_loss, fingerprint
+from memviz.capture import (
+    Captured,
+    CaptureError,
+    LossFn,
+    Runner,
+    capture,
+    default_loss,
+    fingerprint,
+    op_key,
+)
 from memviz.devices import DeviceInfo, count_flops, resolve_device
 from memviz.saved import autograd_saved_holds
 from memviz.tracker import StorageTracker, measure_peak, tensors_of
@@ -495,24 +504,6 @@ class _Timer:
 
     def _settled(self, samples: list[float]) -> bool:
         return len(samples) >= 2 and max(samples) <= (1 + self.spread) * min(samples)
-
-
-def op_key(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
-    """What an operator's cost depends on: the op and every argument's shape, stride, dtype and device
-    (other arguments by value).  Identical keys share one measurement (the 12 blocks of a GPT run the
-    same kernels on the same shapes).  None when an argument has no stable description."""
-    parts: list[Any] = [target]
-    for leaf in pytree.tree_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor):
-            if any(isinstance(s, torch.SymInt) for s in (*leaf.shape, *leaf.stride())):
-                return None  # a symbolic size is not a stable description
-            parts.append((tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device.type))
-        elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device,
-                                               torch.layout, torch.memory_format)):
-            parts.append(leaf)
-        else:
-            return None
-    return tuple(parts)
 
 
 def _reusable(node: torch.fx.Node, args: Any, kwargs: Any, out: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from memviz.capture import Captured
+from memviz.capture import Captured, op_key
 from memviz.capture import _storage_key as storage_key
 
 
@@ -45,29 +45,17 @@ def _differentiable(val: Any) -> bool:
 
 
 def _signature(node: torch.fx.Node, requires_grad: set[str]) -> tuple[Any, ...] | None:
-    """What decides which of `node`'s tensors autograd saves: the op, each argument's shape, stride,
-    dtype and whether it requires grad (other arguments by value); None when not static."""
-    parts: list[Any] = [node.target]
-    first = {a: k for k, a in enumerate(node.all_input_nodes)}
-    for leaf in pytree.tree_leaves((node.args, node.kwargs)):
-        if isinstance(leaf, torch.fx.Node):
-            parts.append(first[leaf])  # which input node: an argument passed twice stays recognisable
-            v = leaf.meta.get("val")
-            if isinstance(v, torch.Tensor):
-                dims = (*v.shape, *v.stride())
-                if any(isinstance(x, torch.SymInt) for x in dims):
-                    return None
-                parts.append((tuple(v.shape), v.stride(), v.dtype, leaf.name in requires_grad))
-            elif v is None or isinstance(v, (bool, int, float, str)):
-                parts.append(("node", v))
-            else:
-                return None
-        elif leaf is None or isinstance(leaf, (bool, int, float, str, torch.dtype, torch.device,
-                                               torch.layout, torch.memory_format)):
-            parts.append(leaf)
-        else:
-            return None
-    return tuple(parts)
+    """What decides which of `node`'s tensors autograd saves: its `op_key` on the fake values, which
+    input nodes require grad, and which input node each argument is (one passed twice stays
+    recognisable); None when the call has no stable description."""
+    key = op_key(node.target, *torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val")))
+    if key is None:
+        return None
+    inputs = node.all_input_nodes
+    first = {a: k for k, a in enumerate(inputs)}
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    which = tuple(first[a] for a in leaves if isinstance(a, torch.fx.Node))
+    return key, tuple(a.name in requires_grad for a in inputs), which
 
 
 #: an op's `_signature` -> the positions (("in", k): k-th input node, ("out", j): j-th output) of what

@@ -52,7 +52,6 @@ import bisect
 import math
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -60,6 +59,7 @@ import numpy as np
 
 from solvers import milp
 from solvers.ir import Graph, GraphError, Phase
+from solvers.memo import RecentMemo
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
 from solvers.schedule import Schedule, Step, compute, eager_schedule, free
 from solvers.simulate import Timeline, simulate
@@ -641,7 +641,7 @@ def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph,
 
 #: how many graphs' lowest-peak schedules `minimum_budget` remembers (most recently used last)
 CACHED_GRAPHS = 8
-_MIN_PEAK: OrderedDict[Graph, MinimumBudget] = OrderedDict()
+_MIN_PEAK: RecentMemo[Graph, MinimumBudget] = RecentMemo(CACHED_GRAPHS)
 
 
 @dataclass(frozen=True)
@@ -701,10 +701,7 @@ def _remember(graph: Graph, found: MinimumBudget) -> MinimumBudget:
     """`found`, remembered for `graph` unless an earlier call found a lower peak (then that one)."""
     earlier = _MIN_PEAK.get(graph)
     best = found if earlier is None or found.peak_bytes < earlier.peak_bytes else earlier
-    _MIN_PEAK[graph] = best
-    _MIN_PEAK.move_to_end(graph)
-    while len(_MIN_PEAK) > CACHED_GRAPHS:
-        _MIN_PEAK.popitem(last=False)
+    _MIN_PEAK.put(graph, best)
     return best
 
 

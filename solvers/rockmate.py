@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import itertools
 import time as _time
-from collections import OrderedDict
 
 import numpy as np
 
 from solvers import block_milp
 from solvers.chain import Block, BlockOption, Chain, block_option, decompose, sequence_option, store_all
 from solvers.ir import Graph
+from solvers.memo import RecentMemo
 from solvers.result import SolveResult
 from solvers.rotor import ChainSolver, checked_result, infeasible, no_recompute_result
 
@@ -104,7 +104,8 @@ Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as 
 #: class menus of the last few graphs planned, per MILP time: one graph planned at several budgets
 #: gets one menu, so its plans stay monotone in the budget although the MILPs are time-limited
 CACHED_GRAPHS = 4
-_MENUS: OrderedDict[tuple[Graph, float], tuple[dict[int, list[Positions]], dict[str, float]]] = OrderedDict()
+Menus = tuple[dict[int, list[Positions]], dict[str, float]]  # options per block class, statistics
+_MENUS: RecentMemo[tuple[Graph, float], Menus] = RecentMemo(CACHED_GRAPHS)
 
 
 def _cost(o: BlockOption) -> tuple[float, int, int, int]:
@@ -207,11 +208,9 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
         by_class, stats = class_menus(chain, deadline=started + time_limit / 2, milp_seconds=milp_seconds)
         if not stats["enumeration_cut"]:
-            _MENUS[key] = (by_class, stats)
-            while len(_MENUS) > CACHED_GRAPHS:
-                _MENUS.popitem(last=False)
+            _MENUS.put(key, (by_class, stats))
     else:
-        _MENUS.move_to_end(key)
+        _MENUS.put(key, cached)  # used again: the most recent
         by_class, stats = cached
     stats = {**stats, "menus_cached": cached is not None}
     menus = [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]

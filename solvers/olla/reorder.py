@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from solvers.ir import DataKind, Graph, Phase
+from solvers.memo import RecentMemo
 from solvers.result import SolveResult, SolverStats
 from solvers.schedule import eager_schedule
 from solvers.simulate import simulate
@@ -439,15 +439,7 @@ def _large_neighbourhood(
 
 #: how many graphs' best orders `reorder` remembers (most recently used last)
 CACHED_GRAPHS = 8
-_BEST_ORDER: OrderedDict[Graph, list[int]] = OrderedDict()
-
-
-def _remember(graph: Graph, order: list[int]) -> None:
-    """Keep `order` as `graph`'s best (it is never worse than the remembered one: that was a candidate)."""
-    _BEST_ORDER[graph] = order
-    _BEST_ORDER.move_to_end(graph)
-    while len(_BEST_ORDER) > CACHED_GRAPHS:
-        _BEST_ORDER.popitem(last=False)
+_BEST_ORDER: RecentMemo[Graph, list[int]] = RecentMemo(CACHED_GRAPHS)
 
 
 def reorder(
@@ -470,8 +462,9 @@ def reorder(
     candidates: dict[str, list[int]] = {"eager": list(range(n))}
     for name, key in _HEURISTIC_KEYS.items():
         candidates[name] = list_schedule(graph, key)
-    if graph in _BEST_ORDER:
-        candidates["earlier"] = _BEST_ORDER[graph]
+    earlier = _BEST_ORDER.get(graph)
+    if earlier is not None:
+        candidates["earlier"] = earlier
     peaks = {name: order_peak(graph, order, lt) for name, order in candidates.items()}
     best_name = min(peaks, key=peaks.__getitem__)  # dict order: eager wins ties
     best = candidates[best_name]
@@ -498,7 +491,7 @@ def reorder(
                 best_name, best = "cp-sat", order
     schedule = eager_schedule(graph, best)
     peak = simulate(graph, schedule).check().peak_bytes
-    _remember(graph, best)
+    _BEST_ORDER.put(graph, best)  # never worse than the remembered order: that was a candidate
     if peak != peaks[best_name]:
         raise AssertionError(f"olla: order evaluation {peaks[best_name]} disagrees with simulate {peak}")
     bound = min(bound, peak)

@@ -222,12 +222,19 @@ def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceI
 
 
 # --- PyTorch's own eager order ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def _statements(code: str) -> tuple[ast.stmt, ...]:
+    """The statements of a source excerpt (none when it does not parse); cached: every layer of a
+    model runs the same source lines."""
+    try:
+        return tuple(ast.parse(code.strip()).body)
+    except SyntaxError:
+        return ()
+
+
 def _bound_names(code: str) -> list[str]:
     """Names a statement binds (``x = ...``, ``q, k, v = ...``); ``+name`` for ``name.append(...)``."""
-    try:
-        body = ast.parse(code.strip()).body
-    except SyntaxError:
-        return []
+    body = _statements(code)
     if not body:
         return []
     st = body[0]
@@ -244,10 +251,7 @@ def _bound_names(code: str) -> list[str]:
 def _name_alias(code: str, names: dict[str, int | None]) -> tuple[str, int | None] | None:
     """(statement, value) for a statement that only binds or stores an existing name's value
     (``y = x``, ``xs.append(x)``); None for anything else."""
-    try:
-        body = ast.parse(code.strip()).body
-    except SyntaxError:
-        return None
+    body = _statements(code)
     if len(body) != 1:
         return None
     st = body[0]
@@ -301,10 +305,7 @@ def _source(file: str, span: tuple[int, int]) -> str:
 
 def _deleted_names(code: str) -> list[str]:
     """Names a ``del`` statement unbinds (``del q_scaled, k``); [] for any other statement."""
-    try:
-        body = ast.parse(code.strip()).body
-    except SyntaxError:
-        return []
+    body = _statements(code)
     if len(body) != 1 or not isinstance(body[0], ast.Delete):
         return []
     return [t.id for t in body[0].targets if isinstance(t, ast.Name)]

@@ -20,8 +20,9 @@ import torch
 
 
 def is_accelerator(device: torch.device | str) -> bool:
-    """Whether `device` is measured through ``torch.accelerator`` (anything but the CPU and meta)."""
-    return torch.device(device).type not in ("cpu", "meta")
+    """Whether `device` is measured through ``torch.accelerator``: anything but the CPU, meta and XLA
+    (torch-xla runs whole graphs and has its own runtime statistics: `memviz.xla`)."""
+    return torch.device(device).type not in ("cpu", "meta", "xla")
 
 
 def index(device: torch.device | str) -> int:

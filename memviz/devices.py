@@ -70,16 +70,25 @@ class DeviceUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """The device a profile belongs to.  `estimated`: times (and peaks) come from the roofline model."""
+    """The device a profile belongs to.  `estimated`: times (and peaks) come from the roofline model.
+    `per_graph`: the device runs whole graphs (torch-xla, `memviz.xla`): the step's time and peak are
+    measured, each operator's time is its roofline share (`target`) of the measured step."""
 
     name: str
     estimated: bool
     capacity_bytes: int | None
     torch_device: torch.device
     target: Target | None = field(default=None, compare=False)
+    per_graph: bool = False
+
+    @property
+    def timing(self) -> str:
+        """How operator times were found: "estimated", "per-graph" or "per-op" (measured each)."""
+        return "estimated" if self.estimated else "per-graph" if self.per_graph else "per-op"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "estimated": self.estimated, "capacity_bytes": self.capacity_bytes}
+        return {"name": self.name, "estimated": self.estimated, "capacity_bytes": self.capacity_bytes,
+                "timing": self.timing}
 
 
 def _model_device(model: torch.nn.Module, args: Any) -> torch.device:
@@ -99,7 +108,8 @@ def _cpu_capacity() -> int | None:
 
 
 def resolve_device(device: str | torch.device | None, model: torch.nn.Module, args: Any) -> DeviceInfo:
-    """``None``: where the model lives; ``"cpu"``; ``"cuda[:N]"``; ``"neuron"``; ``"fake:<target>"``."""
+    """``None``: where the model lives; ``"cpu"``; ``"cuda[:N]"``; ``"neuron"``; ``"xla[:N]"`` (torch-xla,
+    measured per graph); ``"fake:<target>"``."""
     if device is None:
         device = _model_device(model, args)
         if device.type == "meta":
@@ -111,10 +121,10 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
             raise DeviceUnavailable(f"unknown target {key!r}; known targets: {', '.join(sorted(TARGETS))}")
         t = TARGETS[key]
         return DeviceInfo(f"fake:{t.name}", True, t.capacity_bytes, torch.device("cpu"), t)
-    if isinstance(device, str) and device.split(":")[0] == "xla":
-        raise DeviceUnavailable("the legacy torch-xla Neuron device is not supported (it runs whole lazy "
-                                "graphs, not operators): use device='neuron' (TorchNeuron eager, "
-                                "torch_neuronx) or device='fake:trn1' / 'fake:trn2' / 'fake:inf2'")
+    if str(device).split(":")[0] == "xla":  # also a model already moved to the XLA device
+        from memviz import xla
+
+        return xla.resolve(device)
     if isinstance(device, str) and device.split(":")[0] == "neuron":
         return _neuron_device(device)
     dev = torch.device(device)
@@ -172,6 +182,10 @@ def available_memory(info: DeviceInfo) -> int | None:
     if info.estimated:
         return None
     dev = info.torch_device
+    if dev.type == "xla":
+        from memviz import xla
+
+        return xla.available_bytes(dev)
     if accelerator.is_accelerator(dev):
         return accelerator.available_bytes(dev)
     if dev.type == "cpu":
@@ -190,8 +204,11 @@ def available_memory(info: DeviceInfo) -> int | None:
 def estimated_on(info: DeviceInfo) -> DeviceInfo:
     """`info` turned into an estimate for the same device: its name and capacity, the roofline of the
     matching named target (CPU: ``cpu``; a CUDA GPU: the target whose name its product name contains,
-    A100s told apart by memory, else the A100 80 GB as a stated stand-in; Neuron: the Trainium2 chip)."""
-    if info.torch_device.type == "cuda":
+    A100s told apart by memory, else the A100 80 GB as a stated stand-in; Neuron: the Trainium2 chip;
+    an XLA device: the target that shares its graph time)."""
+    if info.target is not None:
+        target = info.target
+    elif info.torch_device.type == "cuda":
         product = info.name.lower()
         candidates = [t for key, t in TARGETS.items() if key.split("-")[0] in product and key != "cpu"]
         if len(candidates) > 1 and info.capacity_bytes:

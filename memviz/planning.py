@@ -537,12 +537,14 @@ def _model_info(prof: Any, graph: Graph) -> dict[str, Any]:
 def _device_info(prof: Any) -> dict[str, Any]:
     dev = getattr(prof, "device", None)
     if dev is None:
-        return {"name": "unspecified", "estimated": True, "capacity_bytes": None}
-    return {
+        return {"name": "unspecified", "estimated": True, "capacity_bytes": None, "timing": "estimated"}
+    info = {
         "name": str(getattr(dev, "name", dev)),
         "estimated": bool(getattr(dev, "estimated", False)),
         "capacity_bytes": getattr(dev, "capacity_bytes", None),
     }
+    timing = getattr(dev, "timing", None)  # memviz.devices.DeviceInfo.timing
+    return info if timing is None else {**info, "timing": timing}
 
 
 # --- autochunk: activation chunking for inference (AutoChunk, Zhao et al. 2024) ---------------------

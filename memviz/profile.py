@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import contextlib
 import copy
 import functools
 import linecache
@@ -37,7 +38,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memviz import accelerator, devices
+from memviz import accelerator, devices, xla
 from memviz.budget import format_bytes
 from memviz.capture import (
     Captured,
@@ -96,7 +97,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     floating output tensor, like ``out.sum()``).
     optimizer: a ``torch.optim.Optimizer`` class or instance; its state and step are added per parameter
     from the state layout the optimizer really creates (measured on a tiny tensor), not traced.
-    device: ``None`` (where the model lives), ``"cpu"``, ``"cuda"``, ``"neuron"`` or ``"fake:<target>"``.
+    device: ``None`` (where the model lives), ``"cpu"``, ``"cuda"``, ``"neuron"``, ``"xla"`` (torch-xla: the
+    step is measured per graph, `memviz.xla`) or ``"fake:<target>"``.
     fallback: when the model cannot be traced, warn and return a coarse module-level profile built from
     forward/backward hooks (``Profile.fallback`` is True; it cannot be exported).  With ``False`` the
     `CaptureError` (naming the module and source line) is raised.
@@ -136,8 +138,12 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     step_peak = simulate(graph, step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
+    per_graph = None
     if info.estimated:
         graph = _estimate_costs(graph, cap, info)
+    elif info.per_graph:
+        graph, per_graph = _measure_graph_costs(graph, cap, model, args, kwargs, mode, loss_fn, info,
+                                                repeats, warmup)
     else:
         graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
     if optimizer is not None:
@@ -148,7 +154,10 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap)
     baseline = simulate(graph, schedule).check()
     measured = None
-    if measure and not info.estimated:
+    if per_graph is not None:
+        measured = per_graph.peak_bytes
+        _report_graph_measurement(per_graph, step_peak, info)
+    elif measure and not info.estimated:
         measured = measure_eager_peak(model, args, kwargs, mode=mode, loss_fn=loss_fn,
                                       device=info.torch_device)
         _check_measured(step_peak, measured, bool(codegen))
@@ -196,6 +205,28 @@ def _check_measured(predicted: int, measured: int, codegen: bool) -> None:
         f"{100 * (predicted - measured) / measured:+.1f}% (more than {100 * MISMATCH_TOLERANCE:.0f}%): "
         f"probably {why}.  Plans and budgets use the predicted graph; measured_peak_bytes is what "
         "the original model really held in one eager step"), stacklevel=3)
+
+
+def _report_graph_measurement(m: xla.GraphMeasurement, predicted: int, info: DeviceInfo) -> None:
+    """Say what a per-graph measurement could not: a peak it could not read, a graph that compiled
+    again on every run, a peak the XLA compiler's own buffer assignment put elsewhere."""
+    if m.peak_bytes is None:
+        warnings.warn(ProfileWarning(
+            f"{info.name}: {m.memory_source}, so measured_peak_bytes is None; the step's time was "
+            f"measured ({m.timer}, median {m.seconds * 1e3:.3f} ms) and shared out over the operators "
+            "by their roofline estimates"), stacklevel=3)
+    elif abs(predicted - m.peak_bytes) > MISMATCH_TOLERANCE * m.peak_bytes:
+        off = 100 * (predicted - m.peak_bytes) / m.peak_bytes
+        warnings.warn(ProfileWarning(
+            f"{info.name}: the measured peak {m.peak_bytes} bytes ({m.memory_source}) differs from the "
+            f"predicted eager peak {predicted} bytes by {off:+.1f}%: "
+            "XLA compiles the whole step and orders and fuses it itself (and this counter runs since the "
+            "runtime started).  Plans use the predicted graph"), stacklevel=3)
+    if m.recompiled:
+        warnings.warn(ProfileWarning(
+            f"{info.name}: the step's graph compiled again during the timed runs (its shapes or Python "
+            "control flow change from run to run), so the measured time may include compilation"),
+            stacklevel=3)
 
 
 def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceInfo:
@@ -634,12 +665,11 @@ def _estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
 
 
 # --- the eager reference ------------------------------------------------------------------------------
-def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
-                       mode: str = "train", loss_fn: LossFn | None = None,
-                       device: torch.device | str = "cpu") -> int:
-    """Peak bytes the original model holds running one step eagerly, without changing the model:
-    parameters are differentiated with ``torch.autograd.grad`` (no ``.grad`` written), buffers are
-    replaced by copies (BatchNorm statistics untouched), the RNG state is restored afterwards."""
+def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
+                loss_fn: LossFn | None) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+    """One eager step of the original model that changes nothing in it, and the tensors that exist
+    before it: parameters are differentiated with ``torch.autograd.grad`` (no ``.grad`` written),
+    buffers are replaced by copies (BatchNorm statistics untouched)."""
     params = dict(model.named_parameters())
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     fn = loss_fn or default_loss
@@ -653,15 +683,37 @@ def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
         loss = fn(out)
         return out, loss, torch.autograd.grad(loss, trainable, allow_unused=True)
 
-    existing = tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
-    with accelerator.fork_rng(accelerator.as_list(device)):
-        if mode == "inference":
-            with torch.no_grad():
-                peak, result = measure_peak(step, existing, device)
-        else:
-            peak, result = measure_peak(step, existing, device)
+    return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
+
+
+def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
+                       mode: str = "train", loss_fn: LossFn | None = None,
+                       device: torch.device | str = "cpu") -> int:
+    """Peak bytes the original model holds running one step eagerly (`_eager_step`: the model is not
+    changed), the RNG state restored afterwards."""
+    step, existing = _eager_step(model, args, kwargs, mode, loss_fn)
+    with accelerator.fork_rng(accelerator.as_list(device)), _grad_mode(mode):
+        peak, result = measure_peak(step, existing, device)
     del result
     return peak
+
+
+def _grad_mode(mode: str) -> contextlib.AbstractContextManager[Any]:
+    return torch.no_grad() if mode == "inference" else contextlib.nullcontext()
+
+
+def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
+                         kwargs: dict[str, Any] | None, mode: str, loss_fn: LossFn | None, info: DeviceInfo,
+                         repeats: int, warmup: int) -> tuple[Graph, xla.GraphMeasurement]:
+    """Costs on a device that runs whole graphs (torch-xla, `memviz.xla`): the eager step is run and
+    measured as the graphs it executes, and its time is shared out over the operators in proportion to
+    their roofline estimates on the device's target."""
+    estimated = _estimate_costs(graph, cap, info)
+    step, _ = _eager_step(model, args, kwargs, mode, loss_fn)
+    with torch.random.fork_rng(devices=[]), xla.fork_rng(info.torch_device), _grad_mode(mode):
+        measured = xla.measure_step(step, info.torch_device, repeats=repeats, warmup=warmup)
+    times = xla.share_time({c.id: c.time for c in estimated.computes}, measured.seconds)
+    return _with_costs(estimated, times, {}), measured
 
 
 # --- optimizer ----------------------------------------------------------------------------------------

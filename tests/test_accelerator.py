@@ -90,7 +90,7 @@ def test_rng_devices_are_those_of_the_tensors() -> None:
 
 def test_neuron_device_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     model, args = torch.nn.Linear(2, 2), (torch.ones(1, 2),)
-    with pytest.raises(DeviceUnavailable, match="legacy torch-xla"):
+    with pytest.raises(DeviceUnavailable, match="needs torch-xla"):
         resolve_device("xla", model, args)
     # torch_neuronx importable but no Neuron device visible: a clear error, not a CPU profile.
     monkeypatch.setitem(sys.modules, "torch_neuronx", SimpleNamespace(__spec__=object()))

@@ -1,6 +1,13 @@
 """`memviz.Planner`: the JupyterLab widget.  Python owns every plan; the view only draws the plan
 document it is sent (`plan_json`) and reports what the user did (slider index, strategy, export).
 
+What travels per plan is kept small, because the slider's latency is mostly the message: the members
+every plan of one Planner shares (`SHARED`: the graph, the eager baseline, the frontier, model and
+device) are sent once as `plan_base_json`, and `plan_json` holds the rest of the memviz.plan/1 document
+(a member that differs from the base, e.g. an autochunk plan's own graph, is sent and wins).  The
+CD-graph DOT (the largest member, drawn only by the Graph tab) is left out unless the view says, in
+`view_needs`, that its visible tab draws it.  The view draws `{...base, ...plan}`.
+
 The slider walks the budget frontier.  The frontier was solved when the first plan was made, and its
 runs stay in the kernel (`Plan.frontier_points`), so moving the slider shows that budget's frontier
 plan at once, named after the strategy that solved it (rotor, or the eager order at the top).  When
@@ -25,7 +32,31 @@ from memviz.planning import Plan, frontier_plan, plan, with_packing
 from memviz.report import write_report
 
 MODULE_NAME = "jupyterlab-memviz"
+
+#: plan document members sent once in `plan_base_json` (equal for every plan a Planner shows, unless a
+#: plan differs, e.g. an autochunk plan's own graph: then it is sent in `plan_json` and wins)
+SHARED = ("model", "device", "graph", "baseline", "frontier")
+#: optional members sent only while the view's visible tab draws them (`view_needs`)
+ON_DEMAND = ("cdgraph",)
 MODULE_VERSION = "^0.1.0"
+
+
+def encode(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def join_members(members: dict[str, str]) -> str:
+    """A JSON object from already encoded member values (no member is encoded twice)."""
+    return "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in members.items()) + "}"
+
+
+def split_document(members: dict[str, str], base: dict[str, str], needs: frozenset[str]) -> str:
+    """`plan_json` for a plan given as encoded members: the members not equal to `base`'s, without
+    the on-demand ones the view does not need now."""
+    return join_members({
+        k: v for k, v in members.items()
+        if base.get(k) != v and (k not in ON_DEMAND or k in needs)
+    })
 
 
 def refuse_clobber(paths: tuple[Path, ...], overwrite: bool) -> dict[str, Any] | None:
@@ -54,7 +85,13 @@ class Planner(MemvizWidget):
     _model_name = traitlets.Unicode("PlannerModel").tag(sync=True)
     _view_name = traitlets.Unicode("PlannerView").tag(sync=True)
 
+    #: the plan shown, as a memviz.plan/1 document less the members equal to `plan_base_json`'s and
+    #: less the `ON_DEMAND` ones the view does not need (see the module docstring)
     plan_json = traitlets.Unicode("").tag(sync=True)
+    #: the `SHARED` members of the first plan, a JSON object sent once
+    plan_base_json = traitlets.Unicode("").tag(sync=True)
+    #: the `ON_DEMAND` members the view's visible tab draws (the view writes it)
+    view_needs = traitlets.List(traitlets.Unicode()).tag(sync=True)
     budget_index = traitlets.Int(-1).tag(sync=True)
     strategy = traitlets.Unicode("auto").tag(sync=True)
     status = traitlets.Unicode("").tag(sync=True)
@@ -93,14 +130,18 @@ class Planner(MemvizWidget):
         self._points = self.plan.frontier_points
         self._cache: dict[tuple[str, int], Plan] = {}
         self._frontier_plans: dict[int, Plan] = {}
-        # id(plan) -> (plan, its JSON): a revisit re-sends the document instead of re-encoding it
-        self._documents: dict[int, tuple[Plan, str]] = {}
+        # id(plan) -> (plan, its encoded members): a revisit re-sends them instead of re-encoding
+        self._documents: dict[int, tuple[Plan, dict[str, str]]] = {}
+        self._base: dict[str, str] = {}
         # One worker: solves run one at a time, and a request superseded before it starts is skipped.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memviz-planner")
         self._lock = threading.RLock()  # the worker and the kernel's thread both update the shown plan
         self._request = 0
         self._closed = False
         self.strategy = strategy
+        members = self._members(self.plan)
+        self._base = {k: members[k] for k in SHARED if k in members}
+        self.plan_base_json = join_members(self._base)
         self._show(self.plan)
         for index in range(len(self._points)):
             self._worker.submit(self._warm, index)
@@ -117,30 +158,48 @@ class Planner(MemvizWidget):
             raise TypeError("Planner(model, args): pass the model's example inputs")
         return profile(source, args, mode=mode)
 
-    def _document(self, p: Plan) -> str:
-        """The plan JSON the view draws, encoded once per plan (two threads may both encode a plan:
-        harmless, they produce the same document)."""
-        kept, text = self._documents.get(id(p), (None, ""))
+    def _members(self, p: Plan) -> dict[str, str]:
+        """The plan's document members, each encoded once per plan (two threads may both encode a
+        plan: harmless, they produce the same text)."""
+        kept, members = self._documents.get(id(p), (None, {}))
         if kept is not p:
             doc = p.to_dict()
             doc["frontier"] = self._frontier
-            text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-            self._documents[id(p)] = (p, text)
-        return text
+            members = {k: encode(v) for k, v in doc.items()}
+            self._documents[id(p)] = (p, members)
+        return members
+
+    def _document(self, p: Plan) -> str:
+        """`plan_json` for plan `p`: what the view does not have yet, and needs."""
+        return split_document(self._members(p), self._base, frozenset(self.view_needs))
+
+    def document(self) -> dict[str, Any]:
+        """The plan document the view draws now: `plan_base_json` overlaid with `plan_json`."""
+        return {**json.loads(self.plan_base_json or "{}"), **json.loads(self.plan_json or "{}")}
 
     def _warm(self, index: int) -> None:
         """Worker thread: encode a frontier point's plan ahead of the slider, so that its first visit
         only sends a ready document (the encoding is most of the kernel's share of the latency)."""
         shown = self._frontier_plan(index)
         if shown is not None:
-            self._document(shown)
+            self._members(shown)
 
     def _show(self, p: Plan) -> None:
-        text = self._document(p)
-        with self._lock:
+        self._members(p)
+        # one message for the plan and its status (and the `refining` note of the callers, which
+        # hold the lock around this): the view redraws once per plan
+        with self._lock, self.hold_sync():
             self.plan = p
-            self.plan_json = text
+            self.plan_json = self._document(p)
             self.status = p.summary()
+
+    @traitlets.observe("view_needs")
+    def _on_needs(self, change: dict[str, Any]) -> None:
+        """The view switched tabs: send the shown plan again if its document now differs (the Graph
+        tab needs the CD-graph the memory chart does not)."""
+        with self._lock:
+            if self.plan_json and self._document(self.plan) != self.plan_json:
+                self._show(self.plan)
 
     def replan(self, budget: Any, strategy: str | None = None) -> Plan:
         result = self._solve(budget, strategy or self.strategy)
@@ -163,9 +222,10 @@ class Planner(MemvizWidget):
             done = self._cache.get(key)
             shown = done or self._frontier_plan(index)
             if shown is not None:
-                # said before the plan arrives, so the view never draws it as final while it is not
-                self.refining = "" if done else self._refinement(shown, strategy)
-                self._show(shown)
+                # in the same message as the plan, so the view never draws it as final while it is not
+                with self.hold_sync():
+                    self.refining = "" if done else self._refinement(shown, strategy)
+                    self._show(shown)
         if done is None:
             if shown is None:
                 self.refining = f"solving with {strategy}"
@@ -205,12 +265,13 @@ class Planner(MemvizWidget):
                     held = f" (showing the frontier's {shown.strategy} plan)" if shown is not None else ""
                     self.status = f"error: {strategy}: {exc}{held}"
             return
-        self._document(result)  # encoded outside the lock: the kernel's thread may want it meanwhile
+        self._members(result)  # encoded outside the lock: the kernel's thread may want it meanwhile
         with self._lock:
             self._cache[key] = result
             if request == self._request:
-                self._show(result)
-                self.refining = ""
+                with self.hold_sync():
+                    self._show(result)
+                    self.refining = ""
 
     def close(self) -> None:
         """Close the widget and stop its worker (a solve already running finishes, unseen)."""

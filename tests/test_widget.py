@@ -13,7 +13,7 @@ from test_planfile import tiny_training_graph
 import memviz.planning
 import memviz.widget
 from memviz.planning import Plan, budget_frontier, plan
-from memviz.widget import Planner
+from memviz.widget import SHARED, Planner, split_document
 from solvers import simulate
 
 
@@ -71,8 +71,53 @@ def solves(monkeypatch):
 def shown_plans(w: Planner) -> list[Plan]:
     """Every plan document the view receives from now on, loaded back (schema + re-simulation)."""
     docs: list[Plan] = []
-    w.observe(lambda change: docs.append(Plan.from_dict(json.loads(change["new"]))), "plan_json")
+    w.observe(lambda change: docs.append(Plan.from_dict(w.document())), "plan_json")
     return docs
+
+
+# --- what travels per plan: the shared members once, the CD-graph on demand, one message per move ----
+def test_plan_json_leaves_out_the_shared_members_and_the_cdgraph_until_the_view_needs_it(solves):
+    w = Planner(chain_plan(), strategy="rotor", time_limit=5)
+    base, first = json.loads(w.plan_base_json), json.loads(w.plan_json)
+    assert sorted(base) == sorted(SHARED) and not set(SHARED) & set(first)
+    assert "cdgraph" not in first and first["schema"] == "memviz.plan/1"
+    full = w.plan.to_dict()
+    full["frontier"] = w.plan.frontier
+    full.pop("cdgraph")
+    assert w.document() == json.loads(json.dumps(full))  # base + plan_json = the plan's document
+    w.budget_index = 0  # a frontier plan: its graph, baseline and frontier are the base's
+    moved = json.loads(w.plan_json)
+    assert not set(SHARED) & set(moved) and moved["planned"] != first["planned"]
+    assert len(w.plan_json) < len(w.plan_base_json) / 2  # the base is what made the message large
+
+    sent: list[str] = []
+    w.observe(lambda change: sent.append(change["new"]), "plan_json")
+    w.view_needs = ["cdgraph"]  # the Graph tab was shown: the same plan again, with its CD-graph
+    assert len(sent) == 1 and json.loads(sent[0])["cdgraph"] == w.plan.to_dict()["cdgraph"]
+    w.budget_index = 5
+    assert "cdgraph" in json.loads(w.plan_json)
+    w.view_needs = []
+    assert "cdgraph" not in json.loads(w.plan_json) and len(sent) == 3
+
+
+def test_a_member_unlike_the_base_is_sent():
+    base = {"graph": '{"computes":[]}', "frontier": "[]"}
+    members = {"schema": '"memviz.plan/1"', "graph": '{"computes":[1]}', "frontier": "[]",
+               "cdgraph": '{"dot":""}'}
+    assert json.loads(split_document(members, base, frozenset())) == {
+        "schema": "memviz.plan/1", "graph": {"computes": [1]}}
+    assert "cdgraph" in json.loads(split_document(members, base, frozenset({"cdgraph"})))
+
+
+def test_a_slider_move_is_one_message(solves):
+    w = Planner(chain_plan(), strategy="sqrt", time_limit=5)
+    w.settle_s = 60.0  # no refinement lands during the test
+    messages: list[dict] = []
+    w.send_state = lambda key=None: messages.append(w.get_state(key))  # what the comm would send
+    w.set_state({"budget_index": 3})  # as the view's message sets it
+    assert [sorted(m) for m in messages] == [["plan_json", "refining", "status"]]
+    assert messages[0]["refining"].startswith("showing the frontier's rotor plan")
+    w.close()
 
 
 def test_frontier_keeps_each_points_checked_run_out_of_the_json():

@@ -354,6 +354,74 @@ def library_frames_in_stack_traces() -> Any:
         anchors -= added
 
 
+def _user_frame() -> str:
+    """``file:line`` of the innermost caller outside torch and this module (where the user called)."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith(_TORCH_DIR) and file != __file__ and "contextlib" not in file:
+            return f"{file}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def _importable(cls: type) -> bool:
+    """Whether ``module.qualname`` imports back to `cls`: how the exported graph names a kept Function."""
+    import importlib
+
+    obj: Any = importlib.import_module(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+@contextlib.contextmanager
+def autograd_functions_in_graph() -> Any:
+    """Keep each custom ``torch.autograd.Function`` one call in the exported graph, so the joint trace
+    differentiates it with the backward the user wrote.
+
+    torch.export (non-strict) runs a Function's forward as plain operators and drops its ``backward``:
+    the joint graph would hold autograd's derivative of the forward (a straight-through estimator or a
+    scaled gradient silently lost).  Kept as a call, AOTAutograd runs the real Function on its tensors,
+    and autograd traces the user's backward.  The reentrant ``torch.utils.checkpoint`` Function is run
+    as its plain function with gradients on (its backward is by definition the gradient of that
+    function; exported as is, its forward runs under ``no_grad`` and the block's parameters get no
+    gradient).  A Function the graph cannot name (a class defined inside a function) or with arguments
+    it cannot hold raises a `CaptureError` naming it and the calling line."""
+    from torch._export.wrappers import allow_in_pre_dispatch_graph
+    from torch.utils.checkpoint import CheckpointFunction
+
+    original = torch.autograd.Function.__dict__["apply"]
+    kept = allow_in_pre_dispatch_graph(original.__func__)
+
+    def refuse(cls: type, why: str) -> CaptureError:
+        where = _user_frame()
+        return CaptureError(f"custom torch.autograd.Function {cls.__qualname__} called at {where}: {why}; "
+                            "memviz cannot trace its backward.  Define the Function at module level with "
+                            "tensor, number or None arguments (or profile with fallback=True)",
+                            source=where)
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_exporting():
+            return original.__func__(cls, *args, **kwargs)
+        if cls is CheckpointFunction:
+            run_function, _preserve_rng, *inputs = args
+            return run_function(*inputs)
+        if not _importable(cls):
+            raise refuse(cls, "it is not importable by its module and qualified name")
+        graphable = (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device)
+        odd = [type(x).__name__ for x in pytree.tree_leaves((args, kwargs)) if not isinstance(x, graphable)]
+        if odd:
+            raise refuse(cls, f"it takes arguments of type {', '.join(sorted(set(odd)))}")
+        return kept(cls, *args, **kwargs)
+
+    torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original  # type: ignore[method-assign]
+
+
 def _scalar_loss(loss: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise CaptureError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}")
@@ -365,7 +433,8 @@ def unused_outputs(gm: torch.fx.GraphModule, out_spec: pytree.TreeSpec, loss_fn:
     fake tensors shaped like the outputs' ``meta["val"]``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    # a constant output (an int, None) is handed to the loss as itself
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a
             for a in pytree.tree_leaves(gm.graph.output_node().args[0], is_leaf=lambda x: x is None)]
     with FakeTensorMode(allow_non_fake_inputs=True):
         flat = [torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
@@ -408,9 +477,12 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     grad_ctx = contextlib.nullcontext() if mode == "train" else torch.no_grad()
+    # inference runs no backward: a Function's forward as plain operators is exact there
+    functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     with grad_ctx, library_frames_in_stack_traces():
         try:
-            ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+            with functions:
+                ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
         except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError
             raise _describe_trace_error(err, model) from err
         gm_ep = ep.module()
@@ -424,7 +496,35 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)
         except Exception as err:  # noqa: BLE001
             raise _describe_trace_error(err, model) from err
+    if mode == "train":
+        _check_aliased_outputs(joint, gm_ep, model)
     return joint.graph_module, ep.call_spec.out_spec
+
+
+def _check_aliased_outputs(joint: Any, gm_ep: torch.fx.GraphModule, model: nn.Module) -> None:
+    """Refuse an output that requires grad but got no tangent in the joint graph.
+
+    AOTAutograd gives an output that is a view of another output, of an input or of a parameter
+    (``g[:, :3]`` next to ``g``, ``x[:1]``, ``self.w.t()``) no tangent of its own: its runtime wrapper
+    regenerates the view outside the graph so that autograd carries its gradient to the base.  memviz
+    runs the joint graph itself, so the gradient the loss sends through such an output would be lost
+    silently (different parameter gradients from eager)."""
+    from torch._functorch._aot_autograd import descriptors as D
+
+    infos = joint._aot_state.fw_metadata.output_info
+    tangents = {n.meta["desc"].output.idx for n in joint.graph_module.graph.find_nodes(op="placeholder")
+                if isinstance(n.meta.get("desc"), D.TangentAOTInput)
+                and isinstance(n.meta["desc"].output, D.PlainAOTOutput)}
+    lost = [i for i, info in enumerate(infos) if info.requires_grad and i not in tangents]
+    if not lost:
+        return
+    outs = pytree.tree_leaves(gm_ep.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    node = outs[lost[0]]
+    kind = infos[lost[0]].output_type.name
+    raise CaptureError(f"output {lost[0]} of {type(model).__name__} is a view ({kind}) of another output, an "
+                       "input or a parameter: memviz would drop the gradient the loss sends through it; "
+                       "return a .clone() of it, or leave it out of the loss",
+                       _module_of(node) or type(model).__name__, source_of(node))
 
 
 def _classify_placeholders(gm: torch.fx.GraphModule) -> list[tuple[str, Any]]:
@@ -489,8 +589,8 @@ def _loss_sizes(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
         flat = []
         for i in range(n_out):
             v = out_vals.get(i)
-            if v is None:
-                flat.append(None)
+            if not isinstance(v, torch.Tensor):  # a constant output (an int, None) is passed as itself
+                flat.append(v)
                 continue
             t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
             flat.append(t.requires_grad_(i in tangents))
@@ -649,7 +749,8 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         bld.data_of_fx[n.name] = d
 
     n_out = 1 + max((k[1] for k in out_kinds if k and k[0] == "user"), default=-1)
-    out_vals = {k[1]: a.meta["val"] for a, k in zip(out_args, out_kinds, strict=True) if k and k[0] == "user"}
+    out_vals = {k[1]: a.meta["val"] if isinstance(a, torch.fx.Node) else a
+                for a, k in zip(out_args, out_kinds, strict=True) if k and k[0] == "user"}
     loss_bytes, tangent_bytes = (_loss_sizes(tangents, out_vals, out_spec, n_out, loss_fn)
                                  if tangents else (0, {}))
     captured = Captured(
@@ -663,8 +764,8 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         # an output can be a view the graph only builds at its end: found through its storage.  The loss
         # reads every output, differentiated or not: the forward returns them all before it runs
         outs = sorted({bld.data_of_fx.get(a.name, bld.data_of_storage.get(_storage_key(a.meta["val"])))
-                       for a, k in zip(out_args, out_kinds, strict=False)
-                       if k and k[0] == "user" and isinstance(a.meta.get("val"), torch.Tensor)})
+                       for a, k in zip(out_args, out_kinds, strict=False) if k and k[0] == "user"
+                       and isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)})
         dl = bld.data("loss", loss_bytes, DataKind.OUTPUT, None, (), "float32")
         captured.loss_compute = bld.b.compute("loss", outs, [dl], op="loss_fn", phase=Phase.FORWARD,
                                               source="loss_fn")
@@ -724,7 +825,7 @@ def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] 
             kinds[d.id] = DataKind.SAVED
     required = list(bld.b.outputs)
     for a, k in zip(out_args, out_kinds, strict=False):
-        if k is None or a.name not in bld.data_of_fx:
+        if k is None or not isinstance(a, torch.fx.Node) or a.name not in bld.data_of_fx:
             continue
         d = bld.data_of_fx[a.name]
         produced = graph.datas[d].producer is not None
@@ -762,7 +863,9 @@ class Runner:
         self.owners = captured.compute_fx_set
         self.env: dict[str, Any] = dict(placeholders)
 
-    def value(self, node: torch.fx.Node) -> Any:
+    def value(self, node: Any) -> Any:
+        if not isinstance(node, torch.fx.Node):
+            return node  # a constant the graph returns (an int output): its own value
         if node.name in self.env:
             return self.env[node.name]
         if node.op != "call_function" or node.name in self.owners:

@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import copy
 import functools
+import inspect
 import linecache
 import statistics
 import sys
@@ -668,22 +669,34 @@ def _estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
 def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
                 loss_fn: LossFn | None) -> tuple[Callable[[], Any], list[torch.Tensor]]:
     """One eager step of the original model that changes nothing in it, and the tensors that exist
-    before it: parameters are differentiated with ``torch.autograd.grad`` (no ``.grad`` written),
-    buffers are replaced by copies (BatchNorm statistics untouched)."""
-    params = dict(model.named_parameters())
+    before it: parameters and inputs that require grad are replaced by detached aliases (same storage)
+    that ``loss.backward()`` writes its ``.grad`` on, buffers by copies (BatchNorm statistics
+    untouched).  Not ``torch.autograd.grad``: reentrant ``torch.utils.checkpoint`` refuses it."""
+    params = {k: _grad_alias(v) for k, v in model.named_parameters()}
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     fn = loss_fn or default_loss
-    leaves = pytree.tree_leaves((args, kwargs or {}))
+    args, kwargs = pytree.tree_map(_grad_alias, (tuple(args), kwargs or {}))
+    leaves = pytree.tree_leaves((args, kwargs))
     trainable = [p for p in (*params.values(), *leaves) if isinstance(p, torch.Tensor) and p.requires_grad]
 
     def step() -> Any:
-        out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs or {}, tie_weights=True)
+        for t in trainable:
+            t.grad = None
+        out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs, tie_weights=True)
         if mode == "inference":
             return out
         loss = fn(out)
-        return out, loss, torch.autograd.grad(loss, trainable, allow_unused=True)
+        loss.backward()
+        return out, loss, [t.grad for t in trainable]
 
     return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
+
+
+def _grad_alias(x: Any) -> Any:
+    """A tensor that requires grad as a new leaf on the same storage (its ``.grad`` is its own)."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        return x.detach().requires_grad_(True)
+    return x
 
 
 def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
@@ -717,12 +730,16 @@ def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tu
 
 
 # --- optimizer ----------------------------------------------------------------------------------------
-def optimizer_layout(optimizer: Any) -> tuple[type, dict[str, Any], float, float]:
-    """(class, hyper-parameters, state bytes per parameter byte, transient bytes per parameter byte).
+def optimizer_layout(optimizer: Any) -> tuple[type, dict[str, Any], float, float, float]:
+    """(class, hyper-parameters, state bytes per parameter byte, transient bytes per parameter byte,
+    bytes per parameter byte still held while the next parameter is updated).
 
     Measured, not assumed: one real step on a small float32 tensor shows which per-parameter state the
     optimizer keeps (Adam: exp_avg and exp_avg_sq, SGD with momentum: momentum_buffer) and, with the
-    storage tracker, the temporaries its update allocates (steady state: the second step)."""
+    storage tracker, the temporaries its update allocates (steady state: the second step).  A step over
+    two tensors shows what one update leaves behind for the next: the single-tensor Adam loop rebinds
+    its local ``denom`` only when the next parameter's is computed, so one parameter-sized temporary is
+    alive during the next update."""
     if isinstance(optimizer, torch.optim.Optimizer):
         cls = type(optimizer)
         group = optimizer.param_groups[0]
@@ -731,30 +748,43 @@ def optimizer_layout(optimizer: Any) -> tuple[type, dict[str, Any], float, float
         cls, hyper = optimizer, {}
     else:
         raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
-    n = 4096
-    p = torch.zeros(n, requires_grad=True)
-    p.grad = torch.ones(n)
-    hyper_ok = {k: v for k, v in hyper.items() if k not in ("initial_lr",)}
+    # a param group also holds entries its class's constructor does not take (AdamW's
+    # decoupled_weight_decay, a scheduler's initial_lr): only the accepted ones are passed back
+    accepted = inspect.signature(cls.__init__).parameters
+    hyper_ok = {k: v for k, v in hyper.items() if k in accepted}
     for k in ("foreach", "fused", "capturable", "differentiable"):
         hyper_ok.pop(k, None)
-    opt = cls([p], **hyper_ok, foreach=False) if "foreach" in cls.__init__.__code__.co_varnames else cls(
-        [p], **hyper_ok)
+    if "foreach" in accepted:
+        hyper_ok["foreach"] = False
+    n = 4096
+    one, state = _update_transient(cls, hyper_ok, n, 1)
+    two, _ = _update_transient(cls, hyper_ok, n, 2)
+    return cls, hyper, state / (4 * n), one / (4 * n), max(two - one, 0) / (4 * n)
+
+
+def _update_transient(cls: type, hyper: dict[str, Any], n: int, count: int) -> tuple[int, int]:
+    """(peak bytes above the step's start, state bytes of one tensor) of the second step of `cls` over
+    `count` float32 tensors of `n` elements."""
+    params = [torch.zeros(n, requires_grad=True) for _ in range(count)]
+    for p in params:
+        p.grad = torch.ones(n)
+    opt = cls(params, **hyper)
     opt.step()
-    per_param = sum(int(v.untyped_storage().nbytes()) for v in opt.state[p].values()
-                    if isinstance(v, torch.Tensor) and v.numel() == n)
-    tracker = StorageTracker(tensors_of([p, p.grad], opt))
+    state = sum(int(v.untyped_storage().nbytes()) for v in opt.state[params[0]].values()
+                if isinstance(v, torch.Tensor) and v.numel() == n)
+    tracker = StorageTracker(tensors_of([*params, *(p.grad for p in params)], opt))
     with tracker:
         opt.step()
-    transient = tracker.peak_bytes - tracker.start_bytes
-    return cls, hyper, per_param / (4 * n), transient / (4 * n)
+    return tracker.peak_bytes - tracker.start_bytes, state
 
 
 def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo) -> Graph:
     """Append the optimizer step: one compute node per parameter with a gradient (phase optimizer)
     reading the parameter, its gradient and its state (optimizer_state data nodes, alive from the
     start, as in every step after the first).  Updates are in place: no new storage, only the
-    measured transient."""
-    cls, _, state_ratio, temp_ratio = optimizer_layout(optimizer)
+    measured transient, plus what the previous update still holds (the user's optimizer runs in its
+    own parameter order whatever the plan's order of these nodes)."""
+    cls, _, state_ratio, temp_ratio, held_ratio = optimizer_layout(optimizer)
     b = GraphBuilder(graph.name)
     b._datas = [{"name": d.name, "bytes": d.bytes, "kind": d.kind, "producer": d.producer, "shape": d.shape,
                  "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
@@ -767,8 +797,9 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
     params = [d for d in graph.datas if d.kind is DataKind.PARAMETER and d.name in grad_data]
     timer = _Timer(info.torch_device)
     timed: dict[tuple[Any, ...], float] = {}  # (shape, dtype) -> seconds: repeated blocks timed once
-    for p in params:
+    for i, p in enumerate(params):
         g = grad_data[p.name]
+        held = int(round(params[i - 1].bytes * held_ratio)) if i else 0
         states = []
         if state_ratio:
             states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)),
@@ -780,7 +811,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
             key = (tuple(p.shape), p.dtype)
             seconds = timed[key] if key in timed else timed.setdefault(key, _time_update(cls, p, timer))
         b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *states], [], op=f"{cls.__name__}.step",
-                  phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)),
+                  phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)) + held,
                   module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")
     return b.build(**graph.meta, optimizer=cls.__name__)
 

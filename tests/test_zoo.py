@@ -141,9 +141,22 @@ FAST_TRAIN = [
     ("bn_dropout", F32, "rockmate", 0.4), ("bn_dropout_p0", F64, "checkmate", 0.4),
     ("bn_eval", F64, "rotor", 0.4), ("input_grad", F64, "sqrt", 0.4),
     ("bf16", F32, "rockmate", 0.75),
+    # second round: checkpointing, freezing, sharing, attention kernels, stop-gradient, autocast, layouts,
+    # odd outputs, sequence layers, raw parameters, a user-written backward
+    ("checkpointed", F64, "sqrt", 0.4), ("checkpointed_reentrant", F64, "rockmate", 0.75),
+    ("frozen_backbone", F32, "rotor", 0.4), ("shared_layers", F64, "rockmate", 0.4),
+    ("sdp_attention", F32, "auto", 0.4), ("sdp_attention", F64, "olla", 0.75),
+    ("stop_gradient", F64, "sqrt", 0.4), ("autocast", F32, "rockmate", 0.4),
+    ("channels_last", F32, "olla", 0.75), ("odd_outputs", F64, "auto", 0.75),
+    ("bilstm_masked", F64, "rotor", 0.75), ("conv1d_pool", F32, "checkmate", 0.4),
+    ("raw_params", F64, "olla", 0.4), ("custom_function", F32, "rockmate", 0.75),
+    ("custom_function", F64, "checkmate", 0.4),
 ]
 FAST_INFERENCE = [("kwargs_dict", F64, "olla", 0.75), ("conv_gn", F64, "olla", 0.4),
-                  ("mha_padding", F32, "rockmate", 0.4)]
+                  ("mha_padding", F32, "rockmate", 0.4), ("ranking", F32, "olla", 0.4),
+                  ("ranking", F64, "rockmate", 0.75), ("sdp_attention", F64, "rockmate", 0.4),
+                  ("channels_last", F32, "sqrt", 0.4), ("odd_outputs", F64, "checkmate", 0.4),
+                  ("shared_layers", F32, "rotor", 0.4)]
 
 
 @pytest.mark.parametrize(("name", "dtype", "strategy", "fraction"), FAST_TRAIN)
@@ -222,3 +235,106 @@ def test_auto_inference_that_cannot_chunk_states_the_reordering_minimum():
     with pytest.raises(InfeasibleBudget, match="smallest feasible budget") as err:
         memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy="auto", time_limit=5, frontier=False)
     assert isinstance(err.value.__cause__, ValueError) and "not a tensor" in str(err.value.__cause__)
+
+
+def test_user_autograd_function_backward_is_the_users():
+    """torch.export runs a custom Function's forward as plain operators and drops its backward; memviz
+    keeps the Function a call so the joint graph differentiates it with the user's backward (+0.5, a
+    straight-through term autograd's own tanh derivative has not)."""
+    _, prof = _profiled("custom_function", F64, "train")
+    backward_ops = {c.op for c in prof.graph.computes if c.phase.value == "backward"}
+    assert "aten.tanh_backward.default" not in backward_ops, backward_ops
+    assert "aten.add.Tensor" in backward_ops, backward_ops
+
+
+def test_autograd_function_memviz_cannot_name_is_refused_with_its_line():
+    """A Function defined inside a function cannot be re-imported by the exported graph: refused, naming
+    the Function and the line that applies it (or the documented hook fallback), never a silent
+    gradient of its forward."""
+
+    class Local(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clamp(-1, 1)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad  # straight through
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Local.apply(self.lin(x))  # the Function's call site
+
+    lines, start = inspect.getsourcelines(Model.forward)
+    line = start + next(i for i, text in enumerate(lines) if "call site" in text)
+    with pytest.raises(CaptureError, match="Local") as info:
+        profile(Model(), (torch.randn(2, 4),), fallback=False, measure=False)
+    assert info.value.source.endswith(f"test_zoo.py:{line}"), info.value.source
+    assert "module level" in str(info.value)
+    with pytest.warns(UserWarning, match="module-level profile"):
+        assert profile(Model(), (torch.randn(2, 4),), measure=False).fallback
+
+
+def test_output_that_views_another_output_is_refused_in_training():
+    """AOTAutograd gives an output that views another output no gradient of its own: executing the joint
+    graph would drop what the loss sends through it.  Training refuses it naming the line; inference
+    (no gradients) plans and exports it."""
+    from tests.zoo_models import OutputView
+
+    torch.manual_seed(0)
+    case = ZooCase(OutputView().double(), (torch.randn(4, 16, dtype=F64),))
+    lines, start = inspect.getsourcelines(OutputView.forward)
+    line = start + next(i for i, text in enumerate(lines) if "a view of output 0" in text)
+    with pytest.raises(CaptureError, match=r"output 1 of OutputView is a view.*clone\(\)") as info:
+        profile(case.model, case.args, fallback=False, measure=False)
+    assert info.value.module == "OutputView" and f"zoo_models.py:{line}" in info.value.source
+    prof = profile(case.model, case.args, mode="inference", repeats=1, warmup=0)
+    check_inference(case, memviz.plan(prof, None, strategy="none", frontier=False))
+
+
+def test_reentrant_checkpoint_trains_the_block():
+    """Reentrant torch.utils.checkpoint runs its block under no_grad inside an autograd.Function: traced
+    as is, the block's parameters got no gradient.  memviz traces the block itself (the checkpointing is
+    what the plan replaces), and the eager reference step runs (it refuses torch.autograd.grad)."""
+    case, prof = _profiled("checkpointed_reentrant", F64, "train")
+    assert {"block.up.weight", "block.down.weight"} <= set(prof.captured.grad_data)
+    assert prof.measured_peak_bytes is not None
+    check_train(case, memviz.plan(prof, None, strategy="none", frontier=False), steps=1)
+
+
+def test_adamw_weight_decay_step_is_planned_as_measured():
+    """`optimizer=` an AdamW instance with weight decay on raw nn.Parameters: the planned step (its state
+    and update) is the measured eager step, and the exported module trained by AdamW follows eager."""
+    case = ZOO["raw_params"](dtype=F64)
+
+    def make(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+
+    prof = profile(case.model, case.args, optimizer=make(case.model.parameters()), repeats=1, warmup=0)
+    plan = plan_or_minimum(prof, 0.75, "rockmate")
+    original = copy.deepcopy(case.model)
+    exported = export(plan, model=copy.deepcopy(case.model))
+    opt_a, opt_b = make(original.parameters()), make(exported.parameters())
+
+    def step(module: torch.nn.Module, opt: torch.optim.Optimizer, inputs: Any, seed: int) -> Any:
+        out = _train_step(module, case, inputs, seed)
+        opt.step()
+        opt.zero_grad()
+        return out
+
+    for i in range(3):
+        in_a, in_b = _fresh((case.args, case.kwargs)), _fresh((case.args, case.kwargs))
+        eager, out_a = measure_peak(functools.partial(step, original, opt_a, in_a, i),
+                                    tensors_of(original, opt_a, in_a))
+        peak, out_b = measure_peak(functools.partial(step, exported, opt_b, in_b, i),
+                                   tensors_of(exported, opt_b, in_b))
+        _assert_same(out_a, out_b, f"output, step {i}")
+        for (name, pa), pb in zip(original.named_parameters(), exported.parameters(), strict=True):
+            _assert_same(pa, pb, f"{name} after step {i}")
+        if i:  # AdamW creates its state in the first step; the graph holds it from the start
+            assert eager == prof.baseline.peak_bytes, (i, eager, prof.baseline.peak_bytes)
+            assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (i, peak, plan.peak_bytes)

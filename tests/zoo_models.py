@@ -371,11 +371,323 @@ def data_dependent(dtype: torch.dtype = torch.float32) -> ZooCase:
     return ZooCase(DataDependent().to(dtype), (torch.randn(4, 16, dtype=dtype),))
 
 
+
+# --- second round: constructs users write around their layers -------------------------------------------
+class _FFN(nn.Module):
+    """Pre-norm residual feed-forward block: the unit the models below reuse, checkpoint or freeze."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class Checkpointed(nn.Module):
+    """The user's own activation checkpointing: torch.utils.checkpoint on the middle block, non-reentrant
+    (saved-tensor hooks) or reentrant (an autograd.Function whose forward runs under no_grad)."""
+
+    def __init__(self, reentrant: bool, d: int = 16) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp = nn.Linear(d, d)
+        self.block = _FFN(d)
+        self.out = nn.Linear(d, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x))
+        h = torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=self.reentrant)
+        return self.out(h)
+
+
+def checkpointed(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(Checkpointed(False).to(dtype), (torch.randn(4, 6, 16, dtype=dtype),))
+
+
+def checkpointed_reentrant(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(Checkpointed(True).to(dtype), (torch.randn(4, 6, 16, dtype=dtype),))
+
+
+class FrozenBackbone(nn.Module):
+    """Partial fine-tuning: a frozen embedding + two frozen blocks (no parameter gradient, no backward
+    through them at all) under a trainable head."""
+
+    def __init__(self, vocab: int = 30, d: int = 16) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Embedding(vocab, d), _FFN(d), _FFN(d))
+        self.backbone.requires_grad_(False)
+        self.head = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, 3))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(tokens).mean(1))
+
+
+def frozen_backbone(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(FrozenBackbone().to(dtype), (torch.randint(0, 30, (4, 7)),))
+
+
+class SharedLayers(nn.Module):
+    """ALBERT-style weight sharing: one block applied `depth` times (its gradients accumulate over uses)."""
+
+    def __init__(self, d: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.depth = depth
+        self.block = _FFN(d)
+        self.head = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.depth):
+            x = self.block(x)
+        return self.head(x)
+
+
+def shared_layers(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(SharedLayers().to(dtype), (torch.randn(3, 5, 16, dtype=dtype),))
+
+
+class SDPAttention(nn.Module):
+    """F.scaled_dot_product_attention causal (is_causal=True) and with a float attn_mask, then an einsum
+    attention with a boolean mask: three attention kernels on the same projections."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(3 * d, d)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        biased = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / (d // self.heads) ** 0.5
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+        mixed = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+        heads = torch.cat([causal, biased, mixed], dim=-1)
+        return self.proj(heads.transpose(1, 2).reshape(b, t, 3 * d))
+
+
+def sdp_attention(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    keep[1, 3:] = False
+    return ZooCase(SDPAttention().to(dtype),
+                   (torch.randn(2, 5, 16, dtype=dtype), torch.randn(2, 2, 5, 5, dtype=dtype), keep))
+
+
+class StopGradient(nn.Module):
+    """A target network evaluated under torch.no_grad() and a .detach() in the middle of the student:
+    gradients stop there (BYOL/DQN-style targets)."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.student = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, d))
+        self.target = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, d))
+        self.probe = nn.Linear(d, 2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.student(x)
+        with torch.no_grad():
+            t = self.target(x)
+        return (s - t).pow(2).mean(-1), self.probe(s.detach() * 2)
+
+
+def stop_gradient(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(StopGradient().to(dtype), (torch.randn(6, 16, dtype=dtype),))
+
+
+class Autocast(nn.Module):
+    """torch.autocast(cpu, bfloat16) around part of forward: float32 parameters, bfloat16 matmuls."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, 2 * d)
+        self.b = nn.Linear(2 * d, d)
+        self.out = nn.Linear(d, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            h = self.b(F.relu(self.a(x)))
+        return self.out(h.float().softmax(-1))
+
+
+def autocast(dtype: torch.dtype = torch.float32) -> ZooCase:
+    """float32 whatever `dtype` says: autocast casts float32 (and only float32) down to bfloat16."""
+    torch.manual_seed(0)
+    return ZooCase(Autocast(), (torch.randn(5, 16),))
+
+
+class ChannelsLast(nn.Module):
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+                                 nn.Conv2d(c, c, 3, stride=2, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def channels_last(dtype: torch.dtype = torch.float32) -> ZooCase:
+    """Model and input in torch.channels_last: NHWC strides through conv, BatchNorm and pooling."""
+    torch.manual_seed(0)
+    model = ChannelsLast().to(dtype).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 6, 6, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    return ZooCase(model, (x,))
+
+
+class OddOutputs(TwoLinear):
+    """Outputs that are not one tensor: an int, None and a nested tuple/list of tensors."""
+
+    def forward(self, x: torch.Tensor) -> tuple[Any, ...]:
+        h = torch.relu(self.a(x))
+        g = self.b(h)
+        return g, x.shape[0], None, [h.sum(-1), (g.tanh(), [g[:, :3] * 2])]
+
+
+class OutputView(TwoLinear):
+    """Returns a view of another output: AOTAutograd gives it no gradient of its own (not in ZOO)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.b(torch.relu(self.a(x)))
+        return g, g[:, :3]  # a view of output 0
+
+
+def odd_outputs(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(OddOutputs().to(dtype), (torch.randn(4, 16, dtype=dtype),))
+
+
+class BiLSTMMasked(nn.Module):
+    """A bidirectional 2-layer LSTM over padded sequences (no packing): padded steps masked out of a
+    masked mean; the lengths arrive as a mask."""
+
+    def __init__(self, vocab: int = 20, d: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, d, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * d, 2)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.emb(tokens) * mask.unsqueeze(-1))
+        m = mask.unsqueeze(-1)
+        return self.head((h * m).sum(1) / m.sum(1))
+
+
+def bilstm_masked(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    lengths = torch.tensor([5, 3, 1])
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).to(dtype)
+    return ZooCase(BiLSTMMasked().to(dtype), (torch.randint(0, 20, (3, 5)), mask))
+
+
+class Conv1dPool(nn.Module):
+    """Sequences through Conv1d (dilated, strided), MaxPool1d with indices and AdaptiveMaxPool1d."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, c, 3, padding=2, dilation=2)
+        self.pool = nn.MaxPool1d(2)
+        self.conv2 = nn.Conv1d(c, c, 3, stride=2)
+        self.head = nn.Linear(2 * c, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pool(F.elu(self.conv(x)))
+        h = F.relu(self.conv2(h))
+        return self.head(torch.cat([F.adaptive_max_pool1d(h, 1), F.avg_pool1d(h, h.shape[-1])], 1).flatten(1))
+
+
+def conv1d_pool(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(Conv1dPool().to(dtype), (torch.randn(3, 4, 20, dtype=dtype),))
+
+
+class RawParams(nn.Module):
+    """An nn.ParameterList of matrices and a raw nn.Parameter used directly in matmuls (no nn.Linear)."""
+
+    def __init__(self, d: int = 16, depth: int = 2) -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(nn.Parameter(torch.randn(d, d) / d**0.5) for _ in range(depth))
+        self.scale = nn.Parameter(torch.ones(d))
+        self.out = nn.Parameter(torch.randn(d, 3) / d**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = torch.tanh(x @ w) * self.scale
+        return torch.matmul(x, self.out)
+
+
+def raw_params(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(RawParams().to(dtype), (torch.randn(5, 16, dtype=dtype),))
+
+
+class _ScaledTanh(torch.autograd.Function):
+    """tanh whose backward the user wrote: the true derivative, scaled, plus a straight-through term, so
+    a gradient taken from autograd's own tanh would differ."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (y,) = ctx.saved_tensors
+        return grad * (ctx.scale * (1 - y * y) + 0.5), None
+
+
+class CustomFunction(TwoLinear):
+    """A user-written torch.autograd.Function between two layers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(_ScaledTanh.apply(self.a(x), 0.5))
+
+
+def custom_function(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(CustomFunction().to(dtype), (torch.randn(4, 16, dtype=dtype),))
+
+
+class Ranking(nn.Module):
+    """Inference only: scores, then sort/topk/cumsum and an argmax (integer outputs)."""
+
+    def __init__(self, d: int = 16, classes: int = 10) -> None:
+        super().__init__()
+        self.score = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        probs = self.score(x).softmax(-1)
+        top, idx = probs.topk(3, dim=-1)
+        ordered, order = probs.sort(dim=-1, descending=True)
+        covered = (ordered.cumsum(-1) < 0.9).sum(-1)
+        return probs.argmax(-1), idx, top, order[:, :2], covered
+
+
+def ranking(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(Ranking().to(dtype), (torch.randn(6, 16, dtype=dtype),), modes=("inference",))
+
+
 ZOO: dict[str, Callable[..., ZooCase]] = {
     "lstm_lm": lstm_lm, "gru_lm": gru_lm, "encoder_batch_first": encoder_batch_first,
     "encoder_seq_first": encoder_seq_first, "decoder_layer": decoder_layer, "mha_padding": mha_padding,
     "kwargs_dict": kwargs_dict, "tied_lm": tied_lm, "conv_gn": conv_gn, "mixer": mixer,
     "inplace_views": inplace_views, "indexing": indexing, "bags": bags, "running_mean": running_mean,
     "bn_dropout": bn_dropout, "bn_dropout_p0": bn_dropout_p0, "bn_eval": bn_eval, "input_grad": input_grad,
-    "bf16": bf16,
+    "bf16": bf16, "checkpointed": checkpointed, "checkpointed_reentrant": checkpointed_reentrant,
+    "frozen_backbone": frozen_backbone, "shared_layers": shared_layers, "sdp_attention": sdp_attention,
+    "stop_gradient": stop_gradient, "autocast": autocast, "channels_last": channels_last,
+    "odd_outputs": odd_outputs, "bilstm_masked": bilstm_masked, "conv1d_pool": conv1d_pool,
+    "raw_params": raw_params, "custom_function": custom_function, "ranking": ranking,
 }

@@ -37,6 +37,8 @@ export class GraphView implements PlanView {
   private view = { x: 0, y: 0, k: 1 };
   private drag: { x: number; y: number; moved: boolean } | null = null;
   private generation = 0;
+  /** the DOT is the largest member of a plan: a sender may keep it back until this tab is shown */
+  readonly needs = ['cdgraph'] as const;
 
   constructor(private readonly onSelectCompute: (computeId: number) => void) {
     this.node = document.createElement('div');

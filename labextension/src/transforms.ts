@@ -218,6 +218,20 @@ function checkTimeline(obj: unknown, where: string): ScheduledTimeline {
 }
 
 /**
+ * A plan document sent in two parts (the planner widget: `plan_base_json`, the members every plan it
+ * shows shares, sent once, and `plan_json`, the rest): the base's members overlaid with the part's,
+ * the part's winning.  A missing or empty base leaves the part as it is.  Checked by `parsePlan` after.
+ */
+export function mergePlanParts(base: unknown, part: unknown): unknown {
+  const isObject = (v: unknown): v is Record<string, unknown> =>
+    typeof v === 'object' && v !== null && !Array.isArray(v);
+  if (!isObject(part)) {
+    fail('expected a JSON object');
+  }
+  return isObject(base) ? { ...base, ...part } : part;
+}
+
+/**
  * Check the parts of a plan the renderer reads and return it typed; throws an Error that says what is
  * wrong (the full JSON Schema check happens in Python when a plan file is loaded).
  */
@@ -406,6 +420,17 @@ export function fragmentationSeries(doc: PlanDoc): number[] | null {
   return reserved.map((r, i) => Math.max(r - live[i], 0));
 }
 
+/** A trace slot with nothing to draw, out of the legend and the hover. */
+const EMPTY_SLOT: Omit<Trace, 'name'> = {
+  type: 'scatter',
+  x: [],
+  y: [],
+  mode: 'lines',
+  stackgroup: 'planned',
+  hoverinfo: 'skip',
+  showlegend: false
+};
+
 /** Legend name of the fragmentation layer. */
 export const FRAGMENTATION = 'fragmentation (allocator)';
 const FRAGMENTATION_COLOR = '#9e9e9e';
@@ -450,6 +475,7 @@ export function planFigure(
   const traces: Trace[] = [];
 
   const area = (name: string, series: number[], color: string, label: string): void => {
+    const head = `${escapeHtml(label)}: `; // once per layer, not once per point
     traces.push({
       type: 'scatter',
       name: escapeHtml(name),
@@ -460,7 +486,7 @@ export function planFigure(
       fillcolor: color,
       line: { color, width: 0.5, shape: 'hv' },
       hoverinfo: 'text',
-      hovertext: series.map(v => `${escapeHtml(label)}: ${formatBytes(v)}`)
+      hovertext: series.map(v => head + formatBytes(v))
     });
   };
   for (const cat of categoryOrder(planned.timeline.by_category)) {
@@ -472,6 +498,11 @@ export function planFigure(
   }
   if (fragmentation) {
     area(FRAGMENTATION, fragmentation, FRAGMENTATION_COLOR, 'fragmentation');
+  } else {
+    // An empty slot: the trace list keeps its shape whether or not a plan has packing (the slider
+    // alternates frontier plans without and refined plans with it), and plotly redraws a changed
+    // trace list from scratch, slower than a redraw of the same traces.
+    traces.push({ ...EMPTY_SLOT, name: FRAGMENTATION });
   }
 
   // The planned total carries the step's op, module and source line (one entry in the unified hover).

@@ -15,6 +15,11 @@ export interface PlanView {
   dispose(): void;
   /** Called when the view's tab becomes visible or the shell is resized (plotly needs it). */
   resize?(): void;
+  /**
+   * Optional plan members this view draws that a sender may leave out until asked (the planner
+   * widget sends the CD-graph only while the Graph tab is visible: `PlanTabs.onNeeds`).
+   */
+  readonly needs?: readonly string[];
 }
 
 /** What the shell offers to the views it hosts: links back into the memory chart. */
@@ -85,6 +90,8 @@ export class PlanTabs implements PlanViewHost {
   private readonly _tabs: Tab[] = [];
   private _current = 0;
   private _doc: PlanDoc | null = null;
+  /** Told the `needs` of the visible view whenever the visible tab changes (and when set). */
+  private _onNeeds: ((needs: readonly string[]) => void) | null = null;
 
   constructor(slots: readonly PlanViewSlot[] = planViewSlots()) {
     this.node = document.createElement('div');
@@ -114,6 +121,17 @@ export class PlanTabs implements PlanViewHost {
     return this._tabs.map(t => t.label);
   }
 
+  /** The optional plan members the visible view draws. */
+  get needs(): readonly string[] {
+    return this._tabs[this._current]?.view.needs ?? [];
+  }
+
+  /** Call `listener` with `needs` now and whenever the visible tab changes. */
+  onNeeds(listener: ((needs: readonly string[]) => void) | null): void {
+    this._onNeeds = listener;
+    listener?.(this.needs);
+  }
+
   /** Show `doc`; resolves once the visible view has drawn (if it draws asynchronously). */
   async update(doc: PlanDoc): Promise<void> {
     this._doc = doc;
@@ -138,6 +156,7 @@ export class PlanTabs implements PlanViewHost {
     });
     void this._refresh();
     this._tabs[index].view.resize?.();
+    this._onNeeds?.(this.needs);
   }
 
   markStep(step: number | null): void {

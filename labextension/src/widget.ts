@@ -3,7 +3,11 @@
  * a budget slider over the plan's precomputed frontier, a strategy selector and an export button.  The
  * kernel owns the planning; the view draws `plan_json` and writes the user's choices back.
  *
- * Synced traits: plan_json (str: a memviz.plan/1 document with its "frontier"), budget_index (int:
+ * Synced traits: plan_base_json (str: a JSON object, the members every plan of this planner shares:
+ * graph, baseline, frontier, model, device; sent once), plan_json (str: the rest of the shown plan's
+ * memviz.plan/1 document; drawn as `{...base, ...plan}`, see `mergePlanParts`), view_needs (list of str,
+ * written by the view: the optional members its visible tab draws, e.g. "cdgraph" for the Graph tab;
+ * the kernel leaves them out otherwise), budget_index (int:
  * index into the frontier, -1 = the plan as first made), strategy (str), status (str: summary or error
  * from the kernel), export_path (str), export_overwrite (bool), export_request (int: incremented to ask
  * for an export), export_result (str: JSON {"ok", "paths" | "exists", "message"} from the kernel),
@@ -15,7 +19,14 @@ import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/ba
 
 import { readoutSpans } from './chart';
 import { sliderReadouts } from './inspect_data';
-import { frontierLabel, nearestFrontierIndex, parsePlan, PlanDoc, STRATEGIES } from './transforms';
+import {
+  frontierLabel,
+  mergePlanParts,
+  nearestFrontierIndex,
+  parsePlan,
+  PlanDoc,
+  STRATEGIES
+} from './transforms';
 import { element, EXPORT_DEFAULTS, Exporter, widgetDefaults } from './ui';
 import './graph'; // registers the CD-graph tab
 import { PlanTabs } from './views';
@@ -27,6 +38,8 @@ export class PlannerModel extends DOMWidgetModel {
       ...widgetDefaults('PlannerModel', 'PlannerView'),
       ...EXPORT_DEFAULTS,
       plan_json: '',
+      plan_base_json: '',
+      view_needs: [],
       budget_index: -1,
       strategy: 'auto',
       strategies: [],
@@ -41,6 +54,8 @@ export class PlannerModel extends DOMWidgetModel {
 export class PlannerView extends DOMWidgetView {
   private _chart: PlanTabs | null = null;
   private _doc: PlanDoc | null = null;
+  /** `plan_base_json` parsed, and the text it was parsed from: it is sent once, parsed once */
+  private _base: { text: string; value: unknown } = { text: '', value: null };
   private readonly _slider = element('input', 'jp-memviz-budget-slider');
   private readonly _sliderLabel = element('span', 'jp-memviz-budget-label');
   private readonly _readouts = element('span', 'jp-memviz-slider-readouts');
@@ -81,7 +96,15 @@ export class PlannerView extends DOMWidgetView {
     this._chart = new PlanTabs();
     this.el.append(controls, this._status, this._exporter.result, this._chart.node);
 
-    this.listenTo(this.model, 'change:plan_json', this._planChanged);
+    // The kernel sends the optional members the visible tab draws (the Graph tab's DOT) only on demand.
+    this._chart.onNeeds(needs => {
+      const current = (this.model.get('view_needs') ?? []) as string[];
+      if (current.join('\n') !== needs.join('\n')) {
+        this._send({ view_needs: [...needs] });
+      }
+    });
+
+    this.listenTo(this.model, 'change:plan_json change:plan_base_json', this._planChanged);
     this.listenTo(this.model, 'change:budget_index', this._budgetChanged);
     this.listenTo(this.model, 'change:strategy change:strategies', this._strategiesChanged);
     this.listenTo(this.model, 'change:status', this._statusChanged);
@@ -105,7 +128,7 @@ export class PlannerView extends DOMWidgetView {
     this._doc = null;
     if (text) {
       try {
-        this._doc = parsePlan(JSON.parse(text));
+        this._doc = parsePlan(mergePlanParts(this._parsedBase(), JSON.parse(text)));
       } catch (err) {
         this._status.textContent = `memviz: cannot render this plan: ${(err as Error).message}`;
       }
@@ -121,6 +144,14 @@ export class PlannerView extends DOMWidgetView {
     if (this._doc) {
       void this._chart?.update(this._doc);
     }
+  }
+
+  private _parsedBase(): unknown {
+    const text: string = this.model.get('plan_base_json') ?? '';
+    if (text !== this._base.text) {
+      this._base = { text, value: text ? JSON.parse(text) : null };
+    }
+    return this._base.value;
   }
 
   private _budgetChanged(): void {

@@ -17,6 +17,7 @@ import {
   fragmentationSeries,
   frontierLabel,
   hasStepTimes,
+  mergePlanParts,
   nearestFrontierIndex,
   parsePlan,
   planFigure,
@@ -77,6 +78,34 @@ describe('parsePlan', () => {
     ).timeline.by_category.activations = ['x'];
     assert.throws(() => parsePlan(badSeries), /by_category.activations/);
     assert.throws(() => parsePlan({ ...clone(), budget_bytes: '1GiB' }), /budget_bytes/);
+  });
+});
+
+describe('mergePlanParts', () => {
+  // how the planner widget sends a plan: the members its plans share once, the rest per plan
+  const shared = ['model', 'device', 'graph', 'baseline', 'frontier'];
+  const whole = clone();
+  const base = Object.fromEntries(shared.map(k => [k, whole[k]]));
+  const part = Object.fromEntries(Object.entries(whole).filter(([k]) => !shared.includes(k)));
+
+  it('gives back the whole document from the shared base and the per-plan part', () => {
+    assert.ok(!('graph' in part) && 'planned' in part);
+    assert.deepEqual(parsePlan(mergePlanParts(base, part)), SAMPLE);
+    assert.throws(() => parsePlan(part), /"graph"/); // the part alone is no plan
+  });
+
+  it("lets the part's members win (a plan with a graph of its own)", () => {
+    const graph = { computes: [], datas: [] };
+    const merged = mergePlanParts(base, { ...part, graph }) as PlanDoc;
+    assert.deepEqual(merged.graph, graph);
+    assert.deepEqual(merged.baseline, SAMPLE.baseline);
+  });
+
+  it('takes a document without a base as it is, and refuses a part that is no object', () => {
+    assert.deepEqual(mergePlanParts(null, whole), whole);
+    assert.deepEqual(mergePlanParts('', whole), whole);
+    assert.throws(() => mergePlanParts(base, null), /expected a JSON object/);
+    assert.throws(() => mergePlanParts(base, [1]), /expected a JSON object/);
   });
 });
 
@@ -194,7 +223,16 @@ describe('planFigure', () => {
     doc.packing!.allocator!.reserved = [1, 2];
     assert.equal(fragmentationSeries(doc), null);
     assert.equal(fragmentationSeries({ ...SAMPLE, packing: null }), null);
-    assert.ok(!planFigure(doc, COLORS).traces.some(t => t.name === FRAGMENTATION));
+    // only an empty slot, out of the legend and the hover, so the trace list keeps its shape
+    const slot = planFigure(doc, COLORS).traces.filter(t => t.name === FRAGMENTATION);
+    assert.equal(slot.length, 1);
+    assert.deepEqual([slot[0].x, slot[0].y, slot[0].showlegend, slot[0].hoverinfo], [[], [], false, 'skip']);
+  });
+
+  it('draws the same list of traces for plans with and without packing', () => {
+    const shape = (doc: PlanDoc): string[] =>
+      planFigure(doc, COLORS).traces.map(t => `${t.name} ${t.stackgroup ?? ''} ${t.mode}`);
+    assert.deepEqual(shape({ ...SAMPLE, packing: null }), shape(SAMPLE));
   });
 
   it('puts steps at their estimated start time on the time axis', () => {

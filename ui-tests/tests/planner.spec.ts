@@ -82,8 +82,10 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   // Latency of the slider, timed in the browser: from the input event the view listens to until the
   // kernel's plan is drawn (readouts no longer pending, plotly has re-plotted the memory curve), and,
   // when the kernel refines the frontier's plan with the selected strategy, until that one is drawn.
-  // A benchmark, printed; the assertion is loose.  First visits are timed before the drag below (which
-  // visits the indices it crosses), revisits after it.
+  // Printed per move; the median of the "plan drawn" times must stay under 100 ms (the issue's bound for
+  // the precomputed frontier), each single move under a loose cap (a shared machine has outliers: the
+  // first move after opening also pays for code paths run the first time).  First visits are timed
+  // before the drag below (which visits the indices it crosses), revisits after it.
   const moveTo = (
     index: number
   ): Promise<{ answered: number; shown: number; refined: number; strategy: string }> =>
@@ -129,15 +131,17 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
       observer.disconnect();
       return { answered, shown, refined, strategy: strategy?.textContent ?? '' };
     }, index);
+  const drawn: number[] = [];
   const timeVisits = async (visits: [string, number][]): Promise<void> => {
     for (const [what, index] of visits) {
       const t = await moveTo(index);
+      drawn.push(t.shown);
       console.log(
         `planner slider ${what} (frontier index ${index}): kernel answer in ${t.answered.toFixed(0)} ms, ` +
           `plan drawn in ${t.shown.toFixed(0)} ms, ` +
           `final plan (${t.strategy}) in ${t.refined.toFixed(0)} ms`
       );
-      expect(t.shown).toBeLessThan(5000);
+      expect(t.shown).toBeLessThan(2000);
     }
   };
   await timeVisits([
@@ -175,6 +179,17 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   // (the slider stands at `last` after the drag: move away first, or nothing changes)
   await timeVisits([
     ['revisit', 1],
-    ['revisit', last]
+    ['revisit', last],
+    ['revisit', 2],
+    ['revisit', 0]
   ]);
+  // The kernel sends the CD-graph only while the Graph tab is shown (view_needs): it arrives on demand.
+  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+  await expect(view.locator('.jp-memviz-graph svg g.node').first()).toBeVisible({ timeout: 60000 });
+  await expect(view.locator('.jp-memviz-graph-status')).not.toContainText('has no CD-graph');
+
+  const sorted = [...drawn].sort((a, b) => a - b);
+  const median = sorted[Math.floor(sorted.length / 2)];
+  console.log(`planner slider: plan drawn in ${median.toFixed(0)} ms (median of ${drawn.length} moves)`);
+  expect(median).toBeLessThan(100);
 });

@@ -314,6 +314,54 @@ def _statement_spans(file: str) -> tuple[tuple[int, int], ...]:
                         if isinstance(n, ast.stmt) and not isinstance(n, _COMPOUND)))
 
 
+@functools.cache
+def _loop_bodies(file: str) -> dict[tuple[int, int], tuple[int, int]]:
+    """(first, last line) of a simple statement of `file` -> (first, last line) of the body of the
+    innermost ``for``/``while`` loop of the same function that runs it; {} when it cannot be parsed."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return {}
+    found: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def visit(node: ast.AST, loop: tuple[int, int] | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                visit(child, None)
+            elif isinstance(child, (ast.For, ast.AsyncFor, ast.While)):
+                body = (child.body[0].lineno, child.body[-1].end_lineno or child.body[-1].lineno)
+                for st in child.body:
+                    visit_stmt(st, body)
+                for st in child.orelse:
+                    visit_stmt(st, loop)
+            elif isinstance(child, ast.stmt):
+                visit_stmt(child, loop)
+
+    def visit_stmt(st: ast.stmt, loop: tuple[int, int] | None) -> None:
+        if isinstance(st, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+                           ast.ClassDef)):
+            wrapper = ast.Module(body=[st], type_ignores=[])
+            visit(wrapper, loop)
+        elif isinstance(st, _COMPOUND):
+            visit(st, loop)
+        elif loop is not None:
+            found[st.lineno, st.end_lineno or st.lineno] = loop
+
+    visit(tree, None)
+    return found
+
+
+def _iterations(targets: list[Any]) -> int:
+    """How many times a statement in a loop ran, from the operators its frame ran while the stack
+    traces named it (file and line only, so consecutive iterations read as one statement): the
+    sequence's shortest period splits it; 1 when it is not periodic."""
+    n = len(targets)
+    for p in range(1, n // 2 + 1):
+        if n % p == 0 and all(targets[i] == targets[i - p] for i in range(p, n)):
+            return n // p
+    return 1
+
+
 def _statement_at(file: str, line: int) -> tuple[int, int]:
     """(first, last line) of the statement `line` belongs to: a frame reports the line of the call
     running, which in a statement spread over lines (``x = (a.view(...)\n .reshape(...))``) is not
@@ -356,6 +404,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     hold: dict[int, int] = {}
     current: dict[tuple[Any, ...], tuple[tuple[int, int], int | None, int]] = {}  # lines, value, end
+    ran: dict[tuple[Any, ...], list[tuple[Any, int | None, int]]] = {}  # (op, data, position) per node
     binds: dict[tuple[Any, ...], dict[str, int | None]] = {}
     last_pos: dict[tuple[Any, ...], int] = {}
 
@@ -374,18 +423,36 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
                 release(old, end)
             names[name] = value
 
-    def finish(key: tuple[Any, ...], next_line: int | None = None) -> None:
-        span, value, end = current.pop(key)
-        bind(key, _source(key[1], span), value, end)
-        # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
-        # straight-line source between this statement and the next traced one of the same frame ran too
-        for gap in _statements_between(key[1], span[1], next_line or span[1]):
+    def untraced(key: tuple[Any, ...], gaps: list[tuple[int, int]], end: int) -> None:
+        for gap in gaps:
             code = _source(key[1], gap)
             alias = _name_alias(code, binds.get(key, {}))
             if alias is not None:
                 bind(key, *alias, end)
             for name in _deleted_names(code):  # ``del x`` drops the local's reference there
                 release(binds.get(key, {}).pop(name, None), end)
+
+    def finish(key: tuple[Any, ...], next_line: int | None = None) -> None:
+        span, value, end = current.pop(key)
+        nodes = ran.pop(key)
+        code = _source(key[1], span)
+        loop = _loop_bodies(key[1]).get(span)
+        count = _iterations([op for op, _, _ in nodes]) if loop is not None else 1
+        if count > 1:
+            # ``for w in ws: x = f(x @ w)``: each iteration binds its value when it ends (the previous
+            # one is held until then), and runs the loop's other, untraced statements
+            size = len(nodes) // count
+            others = [s for s in _statements_between(key[1], loop[0] - 1, loop[1] + 1) if s != span]
+            last = None
+            for i in range(count - 1):
+                chunk = nodes[i * size:(i + 1) * size]
+                last = next((d for _, d, _ in reversed(chunk) if d is not None), last)
+                bind(key, code, last, chunk[-1][2])
+                untraced(key, others, chunk[-1][2])
+        bind(key, code, value, end)
+        # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
+        # straight-line source between this statement and the next traced one of the same frame ran too
+        untraced(key, _statements_between(key[1], span[1], next_line or span[1]), end)
 
     pos = -1
     for n in cap.gm.graph.nodes:
@@ -409,6 +476,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
                 finish(key, span[0])
             prev = current.get(key)
             current[key] = (span, d if d is not None else (prev[1] if prev else None), pos)
+            ran.setdefault(key, []).append((n.target, d, pos))
             last_pos[key] = pos
     for key in list(current):
         finish(key)

@@ -412,3 +412,37 @@ def test_outputs_the_loss_does_not_use_get_no_backward():
     measured = prof.measured_peak_bytes
     step_peak = profile(model, (x,), loss_fn=loss_fn, repeats=1, warmup=0).baseline.peak_bytes
     assert abs(step_peak - measured) <= 0.05 * measured, (step_peak, measured)
+
+
+class _Loops(torch.nn.Module):
+    """Statements run by a Python loop: one value carried from iteration to iteration, one appended."""
+
+    def __init__(self, d: int = 16, n: int = 4) -> None:
+        super().__init__()
+        self.ws = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(d, d) / d) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.ws:
+            x = torch.tanh(x @ w) * 0.5
+        outs = []
+        for w in self.ws:
+            outs.append(torch.sigmoid(x @ w))
+        return torch.stack(outs).sum(0)
+
+
+def test_inference_baseline_holds_locals_bound_in_loops():
+    """``for w in ws: x = f(x @ w)`` keeps the old `x` until the new one is bound, and ``outs.append``
+    keeps every iteration's value: a stack trace names file and line only, so the iterations are told
+    apart by their repeating operators and each binds its own value."""
+    torch.manual_seed(0)
+    model = _Loops().double()
+    prof = profile(model, (torch.randn(8, 16, dtype=torch.float64),), mode="inference", repeats=1, warmup=0)
+    assert prof.baseline.peak_bytes == prof.measured_peak_bytes
+
+
+def test_iterations_split_a_periodic_run_of_operators():
+    from memviz.profile import _iterations
+
+    assert _iterations(["mm", "tanh", "mul"] * 3) == 3
+    assert _iterations(["mm", "tanh", "mul", "mm", "tanh"]) == 1
+    assert _iterations(["mm"]) == 1

@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +135,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                       "(coarser, and it cannot be exported)", stacklevel=2)
         return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
-    step_schedule = python_eager_schedule(graph, cap)
+    requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
+    step_schedule = python_eager_schedule(graph, cap, requires_grad)
     step_peak = simulate(graph, step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
@@ -152,7 +153,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
-    schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap)
+    schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap, requires_grad)
     baseline = simulate(graph, schedule).check()
     measured = None
     if per_graph is not None:
@@ -383,12 +384,60 @@ def _source(file: str, span: tuple[int, int]) -> str:
     return "".join(linecache.getlines(file)[span[0] - 1:span[1]])
 
 
-def _deleted_names(code: str) -> list[str]:
-    """Names a ``del`` statement unbinds (``del q_scaled, k``); [] for any other statement."""
-    body = _statements(code)
-    if len(body) != 1 or not isinstance(body[0], ast.Delete):
-        return []
-    return [t.id for t in body[0].targets if isinstance(t, ast.Name)]
+def _deleted_names(code: str, skip_first: bool = False) -> list[str]:
+    """Names a source excerpt unbinds: ``del q_scaled, k`` and ``x = None`` (how generated code, the
+    ``<eval_with_key>`` forward of an autocast region, drops a value after its last use:
+    ``relu = torch.ops.aten.relu.default(linear);  linear = None``); the first statement left out with
+    `skip_first` (the one binding the excerpt's value)."""
+    names = []
+    for st in _statements(code)[1 if skip_first else 0:]:
+        if isinstance(st, ast.Delete):
+            names += [t.id for t in st.targets if isinstance(t, ast.Name)]
+        elif isinstance(st, ast.Assign) and isinstance(st.value, ast.Constant) and st.value.value is None:
+            names += [t.id for t in st.targets if isinstance(t, ast.Name)]
+    return names
+
+
+_CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None) -> dict[int, int]:
+    """data id -> compute id after which eager autocast still holds a parameter's down-cast copy.
+
+    Inside ``torch.autocast`` a float32 leaf that requires grad (a parameter, under ``no_grad`` too) is
+    cast once and kept in autocast's cache until the outermost region exits
+    (``torch.is_autocast_cache_enabled``).  The region is the run of forward nodes export traced
+    through ``wrap_with_autocast``; `requires_grad` names the parameters that require grad (None: all)."""
+    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
+    params = {n.name: key for n, (kind, key) in zip(cap.gm.graph.find_nodes(op="placeholder"),
+                                                     cap.placeholders, strict=True) if kind == "param"}
+    hold: dict[int, int] = {}
+    cached: list[int] = []
+    pos = -1
+    for n in cap.gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.meta.get("partitioner_tag") == "is_backward" or n.meta.get("autograd_backward"):
+            break
+        inside = (n.meta.get("torch_fn") or ("",))[0] == "wrap_with_autocast"
+        if not inside:
+            for d in cached:
+                hold[d] = max(hold.get(d, -1), pos)
+            cached = []
+        pos = pos_of.get(n.name, pos)
+        src = n.args[0] if n.args else None
+        out, val = n.meta.get("val"), getattr(src, "meta", {}).get("val")
+        if (inside and n.target in _CASTS
+                and isinstance(src, torch.fx.Node) and src.name in params
+                and (requires_grad is None or cap.param_names.get(params[src.name], params[src.name])
+                     in requires_grad)
+                and isinstance(val, torch.Tensor) and val.dtype == torch.float32
+                and isinstance(out, torch.Tensor) and out.dtype in (torch.bfloat16, torch.float16)
+                and n.name in cap.data_of_fx):
+            cached.append(cap.data_of_fx[n.name])
+    for d in cached:
+        hold[d] = max(hold.get(d, -1), pos)
+    return hold
 
 
 def python_local_holds(cap: Captured) -> dict[int, int]:
@@ -422,6 +471,8 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
             if old is not None and old != value:
                 release(old, end)
             names[name] = value
+        for name in _deleted_names(code, skip_first=True):
+            release(names.pop(name, None), end)
 
     def untraced(key: tuple[Any, ...], gaps: list[tuple[int, int]], end: int) -> None:
         for gap in gaps:
@@ -525,13 +576,16 @@ def module_argument_holds(cap: Captured) -> dict[int, int]:
     return hold
 
 
-def python_eager_schedule(graph: Graph, cap: Captured) -> Schedule:
+def python_eager_schedule(graph: Graph, cap: Captured,
+                          requires_grad: Collection[str] | None = None) -> Schedule:
     """PyTorch's own eager order: `solvers.eager_schedule` (capture order, free after last use) with the
-    frees of tensors held by Python locals, module arguments and autograd's saved variables postponed
-    to where eager mode releases them."""
+    frees of tensors held by Python locals, module arguments, autograd's saved variables and autocast's
+    cache postponed to where eager mode releases them.  `requires_grad`: the parameters that require
+    grad (None: all)."""
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
-    for extra in (module_argument_holds(cap), autograd_saved_holds(cap)):
+    for extra in (module_argument_holds(cap), autograd_saved_holds(cap),
+                  _autocast_cache_holds(cap, requires_grad)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []

@@ -446,3 +446,35 @@ def test_iterations_split_a_periodic_run_of_operators():
     assert _iterations(["mm", "tanh", "mul"] * 3) == 3
     assert _iterations(["mm", "tanh", "mul", "mm", "tanh"]) == 1
     assert _iterations(["mm"]) == 1
+
+
+class _Autocast(torch.nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(d, 2 * d)
+        self.b = torch.nn.Linear(2 * d, d)
+        self.out = torch.nn.Linear(d, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            h = self.b(torch.nn.functional.relu(self.a(x)))
+        return self.out(h.float().softmax(-1))
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_inference_baseline_holds_autocast_cached_weights(frozen):
+    """Inside torch.autocast eager keeps the down-cast copy of every parameter that requires grad (under
+    no_grad too) until the region exits, and not a frozen one's; the region's generated code drops each
+    value after its last use (``linear = None``): the predicted eager peak is the measured one."""
+    torch.manual_seed(0)
+    model = _Autocast().requires_grad_(not frozen)
+    prof = profile(model, (torch.randn(5, 16),), mode="inference", repeats=1, warmup=0)
+    assert prof.baseline.peak_bytes == prof.measured_peak_bytes
+
+
+def test_deleted_names_reads_del_and_none_assignments():
+    from memviz.profile import _deleted_names
+
+    assert _deleted_names("del q, k") == ["q", "k"]
+    assert _deleted_names("relu = torch.relu(linear);  linear = None", skip_first=True) == ["linear"]
+    assert _deleted_names("y = f(x)", skip_first=True) == []

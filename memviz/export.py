@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz import accelerator
-from memviz.capture import Captured, Runner, capture, fingerprint
+from memviz.capture import Captured, Runner, capture, fingerprint, replay_view
 from solvers import Graph, simulate
 from solvers.schedule import Schedule, Step
 
@@ -210,8 +210,8 @@ class _StepState:
         outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
         flat: dict[int, Any] = {}
         for node, kind in zip(outs, cap.outputs, strict=True):
-            if kind is not None and kind[0] == "user":
-                flat[kind[1]] = self.runner.value(node)
+            if kind is not None and kind[0] == "user" and kind[1] not in cap.output_views:
+                flat[kind[1]] = self.runner.value(node)  # an aliased output is rebuilt from its base
         return [flat.get(i) for i in range(cap.out_spec.num_leaves)]
 
     def param_grads(self) -> list[torch.Tensor | None]:
@@ -325,8 +325,13 @@ class PlannedModule(nn.Module):
         holder = [state]
         link = _Leaves.apply(holder, slots, *(params[n] for n in self._program.params),
                              *(flat[i] for i in slots))
-        outs = _PlannedStep.apply(holder, link)
-        return pytree.tree_unflatten(list(outs), cap.out_spec)
+        outs = list(_PlannedStep.apply(holder, link))
+        for i, view in cap.output_views.items():  # aliased outputs: their view replayed on the real base
+            kind, key = view.base
+            base = (outs[key] if kind == "output" else params[key] if kind == "param" else
+                    buffers[key] if kind == "buffer" else flat[key])
+            outs[i] = replay_view(view, runner.nodes, base)
+        return pytree.tree_unflatten(outs, cap.out_spec)
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         flat, spec = pytree.tree_flatten((tuple(args), kwargs))

@@ -50,6 +50,7 @@ from memviz.capture import (
     default_loss,
     fingerprint,
     op_key,
+    with_output_views,
 )
 from memviz.devices import DeviceInfo, count_flops, resolve_device
 from memviz.saved import autograd_saved_holds
@@ -731,8 +732,8 @@ def _user_outputs(runner: Runner, cap: Captured) -> list[Any]:
 def _run_loss(runner: Runner, cap: Captured, graph: Graph, loss_fn: LossFn | None, state: dict[str, Any],
               timer: _Timer, repeats: int, warmup: int) -> float:
     flat = _user_outputs(runner, cap)
-    leaves = [t.detach().requires_grad_(i in cap.tangent_data) if isinstance(t, torch.Tensor) else t
-              for i, t in enumerate(flat)]
+    leaves = with_output_views(cap, [t.detach().requires_grad_(i in cap.tangent_data)
+                                     if isinstance(t, torch.Tensor) else t for i, t in enumerate(flat)])
     fn = loss_fn or default_loss
     with torch.enable_grad():
         seconds, loss = timer(lambda: fn(pytree.tree_unflatten(leaves, cap.out_spec)), repeats, warmup)

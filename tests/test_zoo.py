@@ -151,12 +151,19 @@ FAST_TRAIN = [
     ("bilstm_masked", F64, "rotor", 0.75), ("conv1d_pool", F32, "checkmate", 0.4),
     ("raw_params", F64, "olla", 0.4), ("custom_function", F32, "rockmate", 0.75),
     ("custom_function", F64, "checkmate", 0.4),
+    # outputs aliasing another output, an intermediate output, an input, a parameter (`OutputView`)
+    ("output_view", F64, "rockmate", 0.4), ("output_view", F32, "checkmate", 0.75),
+    ("output_view_only", F64, "sqrt", 0.4), ("intermediate_view", F64, "rotor", 0.4),
+    ("intermediate_view", F32, "olla", 0.75), ("input_view", F64, "auto", 0.4),
+    ("input_view", F32, "rockmate", 0.75), ("param_view", F64, "checkmate", 0.4),
+    ("param_view", F32, "sqrt", 0.75),
 ]
 FAST_INFERENCE = [("kwargs_dict", F64, "olla", 0.75), ("conv_gn", F64, "olla", 0.4),
                   ("mha_padding", F32, "rockmate", 0.4), ("ranking", F32, "olla", 0.4),
                   ("ranking", F64, "rockmate", 0.75), ("sdp_attention", F64, "rockmate", 0.4),
                   ("channels_last", F32, "sqrt", 0.4), ("odd_outputs", F64, "checkmate", 0.4),
-                  ("shared_layers", F32, "rotor", 0.4)]
+                  ("shared_layers", F32, "rotor", 0.4), ("output_view", F64, "olla", 0.4),
+                  ("input_view", F64, "rockmate", 0.4), ("param_view", F32, "checkmate", 0.75)]
 
 
 @pytest.mark.parametrize(("name", "dtype", "strategy", "fraction"), FAST_TRAIN)
@@ -279,19 +286,43 @@ def test_autograd_function_memviz_cannot_name_is_refused_with_its_line():
         assert profile(Model(), (torch.randn(2, 4),), measure=False).fallback
 
 
-def test_output_that_views_another_output_is_refused_in_training():
-    """AOTAutograd gives an output that views another output no gradient of its own: executing the joint
-    graph would drop what the loss sends through it.  Training refuses it naming the line; inference
-    (no gradients) plans and exports it."""
-    from tests.zoo_models import OutputView
+def test_aliased_outputs_are_rebuilt_from_their_base():
+    """AOTAutograd gives an output that views another output, an input or a parameter no gradient of its
+    own; memviz replays the view on the real base outside the planned step, so the loss's gradient
+    through it reaches the base, and plans what it costs (the view's gradient added into the base's)."""
+    for name, base in (("output_view", ("output", 0)), ("intermediate_view", ("output", 1)),
+                       ("input_view", ("input", 0)), ("param_view", ("param", "b.weight"))):
+        case, prof = _profiled(name, F64, "train")
+        (view,) = prof.captured.output_views.values()
+        assert view.base == base and view.chain, (name, view)
+        exported = export(memviz.plan(prof, None, strategy="none", frontier=False), model=case.model)
+        out = exported(*_fresh(case.args))
+        (alias,) = [out[i] for i in prof.captured.output_views]
+        assert alias.requires_grad and alias._base is not None, name  # a view, differentiable
+    # a plain sum hands output 0 an expanded scalar; the view's gradient added in makes it full size
+    _, prof = _profiled("output_view", F64, "train")
+    grads = next(d for d in prof.graph.datas if d.name.startswith("grad_output"))
+    assert grads.bytes >= 4 * 16 * 8, grads
+    # a parameter's view: its gradient is held (and summed) beside the planned one
+    _, prof = _profiled("param_view", F64, "train")
+    held = next(d for d in prof.graph.datas if d.name == "output_view_grads")
+    assert held.bytes == 2 * 16 * 16 * 8 and held.id in prof.graph.outputs, held
+
+
+def test_two_views_of_a_hidden_intermediate_are_refused_in_training():
+    """Two outputs viewing one intermediate that is not an output: AOTAutograd makes the intermediate a
+    hidden output with its own gradient; memviz refuses (naming the line and saying to clone), inference
+    plans and exports it."""
+    from tests.zoo_models import SharedIntermediateViews
 
     torch.manual_seed(0)
-    case = ZooCase(OutputView().double(), (torch.randn(4, 16, dtype=F64),))
-    lines, start = inspect.getsourcelines(OutputView.forward)
-    line = start + next(i for i, text in enumerate(lines) if "a view of output 0" in text)
-    with pytest.raises(CaptureError, match=r"output 1 of OutputView is a view.*clone\(\)") as info:
+    case = ZooCase(SharedIntermediateViews().double(), (torch.randn(4, 16, dtype=F64),))
+    lines, start = inspect.getsourcelines(SharedIntermediateViews.forward)
+    line = start + next(i for i, text in enumerate(lines) if "two views of h" in text)
+    refusal = r"output 0 of SharedIntermediateViews is a view.*clone\(\)"
+    with pytest.raises(CaptureError, match=refusal) as info:
         profile(case.model, case.args, fallback=False, measure=False)
-    assert info.value.module == "OutputView" and f"zoo_models.py:{line}" in info.value.source
+    assert info.value.module == "SharedIntermediateViews" and f"zoo_models.py:{line}" in info.value.source
     prof = profile(case.model, case.args, mode="inference", repeats=1, warmup=0)
     check_inference(case, memviz.plan(prof, None, strategy="none", frontier=False))
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 from torch.nn import functional as F
 
@@ -554,11 +555,79 @@ class OddOutputs(TwoLinear):
 
 
 class OutputView(TwoLinear):
-    """Returns a view of another output: AOTAutograd gives it no gradient of its own (not in ZOO)."""
+    """Returns a view of another output (last-position logits beside all logits): AOTAutograd gives it no
+    gradient of its own; memviz rebuilds it from the full output, so its gradient reaches that one's."""
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.b(torch.relu(self.a(x)))
-        return g, g[:, :3]  # a view of output 0
+        return g, g[:, -3:]  # a view of output 0
+
+
+def _weighted(out: Any) -> torch.Tensor:
+    """A loss that weights each output differently (a plain sum hands every output ones)."""
+    return sum((i + 1.5) * (o.float() ** 2).sum() for i, o in enumerate(pytree.tree_leaves(out))
+               if isinstance(o, torch.Tensor) and o.requires_grad)
+
+
+def _view_only(out: Any) -> torch.Tensor:
+    """The loss reads only the view (output 1), not the output it views."""
+    return (out[1] ** 2).sum()
+
+
+def output_view(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(OutputView().to(dtype), (torch.randn(4, 16, dtype=dtype),), loss_fn=_weighted)
+
+
+def output_view_only(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(OutputView().to(dtype), (torch.randn(4, 16, dtype=dtype),), loss_fn=_view_only)
+
+
+class IntermediateView(TwoLinear):
+    """Returns a hidden state and its flattened view next to the head's output."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.tanh(self.a(x))
+        return self.b(h), h, h.view(-1)  # h and a view of it
+
+
+def intermediate_view(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(IntermediateView().to(dtype), (torch.randn(4, 16, dtype=dtype),), loss_fn=_weighted)
+
+
+class InputView(TwoLinear):
+    """Returns a transposed view of its (grad-requiring) input beside the prediction."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.b(torch.relu(self.a(x))), x.transpose(0, 1)
+
+
+def input_view(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(InputView().to(dtype), (torch.randn(4, 16, dtype=dtype).requires_grad_(True),),
+                   loss_fn=_weighted)
+
+
+class ParamView(TwoLinear):
+    """Returns a view of a parameter (the first rows of `b`'s weight, transposed) beside the prediction."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.b(torch.relu(self.a(x))), self.b.weight[:4].t()
+
+
+def param_view(dtype: torch.dtype = torch.float32) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(ParamView().to(dtype), (torch.randn(4, 16, dtype=dtype),), loss_fn=_weighted)
+
+
+class SharedIntermediateViews(TwoLinear):
+    """Two views of one intermediate that is not itself an output (not in ZOO: refused in training)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.a(x))
+        return h[:, :8], h[:, 8:]  # two views of h
 
 
 def odd_outputs(dtype: torch.dtype = torch.float32) -> ZooCase:
@@ -690,4 +759,6 @@ ZOO: dict[str, Callable[..., ZooCase]] = {
     "stop_gradient": stop_gradient, "autocast": autocast, "channels_last": channels_last,
     "odd_outputs": odd_outputs, "bilstm_masked": bilstm_masked, "conv1d_pool": conv1d_pool,
     "raw_params": raw_params, "custom_function": custom_function, "ranking": ranking,
+    "output_view": output_view, "output_view_only": output_view_only, "intermediate_view": intermediate_view,
+    "input_view": input_view, "param_view": param_view,
 }

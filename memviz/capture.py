@@ -27,7 +27,7 @@ import hashlib
 import inspect
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,10 +173,23 @@ def source_of(node: torch.fx.Node) -> str:
     return f"{f['file']}:{f['line']} in {f['fn']}: {f['code'].strip()}"
 
 
+def is_backward(node: torch.fx.Node) -> bool:
+    """Whether the AOT joint graph traced `node` for the backward pass."""
+    return node.meta.get("partitioner_tag") == "is_backward" or bool(node.meta.get("autograd_backward"))
+
+
+def forward_calls(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
+    """The joint graph's operator calls up to its first backward node: the forward, in trace order."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if is_backward(n):
+            return
+        yield n
+
+
 def _phase_of(node: torch.fx.Node) -> Phase:
-    if node.meta.get("partitioner_tag") == "is_backward" or node.meta.get("autograd_backward"):
-        return Phase.BACKWARD
-    return Phase.FORWARD
+    return Phase.BACKWARD if is_backward(node) else Phase.FORWARD
 
 
 def _op_name(node: torch.fx.Node) -> str:

@@ -49,6 +49,7 @@ from memviz.capture import (
     capture,
     default_loss,
     fingerprint,
+    forward_calls,
     op_key,
     with_output_views,
 )
@@ -415,11 +416,7 @@ def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None) 
     hold: dict[int, int] = {}
     cached: list[int] = []
     pos = -1
-    for n in cap.gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        if n.meta.get("partitioner_tag") == "is_backward" or n.meta.get("autograd_backward"):
-            break
+    for n in forward_calls(cap.gm):
         inside = (n.meta.get("torch_fn") or ("",))[0] == "wrap_with_autocast"
         if not inside:
             for d in cached:
@@ -507,11 +504,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         untraced(key, _statements_between(key[1], span[1], next_line or span[1]), end)
 
     pos = -1
-    for n in cap.gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        if n.meta.get("partitioner_tag") == "is_backward" or n.meta.get("autograd_backward"):
-            break
+    for n in forward_calls(cap.gm):
         pos = pos_of.get(n.name, pos)
         d = cap.data_of_fx.get(n.name)
         stack = list((n.meta.get("nn_module_stack") or {}).values())
@@ -556,11 +549,7 @@ def module_argument_holds(cap: Captured) -> dict[int, int]:
             for d in read:
                 hold[d] = max(hold.get(d, -1), pos)
 
-    for n in cap.gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        if n.meta.get("partitioner_tag") == "is_backward" or n.meta.get("autograd_backward"):
-            break
+    for n in forward_calls(cap.gm):
         keys = list(n.meta.get("nn_module_stack") or {})
         depth = next((i for i, (k, c) in enumerate(zip(keys, open_calls, strict=False)) if k != c[0]),
                      min(len(keys), len(open_calls)))

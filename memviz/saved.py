@@ -20,12 +20,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from memviz.capture import Captured, op_key
+from memviz.capture import Captured, is_backward, op_key
 from memviz.capture import _storage_key as storage_key
-
-
-def _is_backward(node: torch.fx.Node) -> bool:
-    return node.meta.get("partitioner_tag") == "is_backward" or bool(node.meta.get("autograd_backward"))
 
 
 def _source_grads(cap: Captured) -> set[str]:
@@ -139,7 +135,7 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
             continue
         pos = pos_of.get(n.name, pos)
         seq = n.meta.get("seq_nr")
-        if _is_backward(n):
+        if is_backward(n):
             # gradient accumulation (``is_gradient_acc``) is the engine's, not the node's: it may run later
             if seq is not None and not n.meta.get("is_gradient_acc"):
                 released[seq] = pos

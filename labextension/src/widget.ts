@@ -19,6 +19,7 @@ import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/ba
 
 import { readoutSpans } from './chart';
 import { sliderReadouts } from './inspect_data';
+import { LatestOnly } from './latest';
 import {
   frontierLabel,
   mergePlanParts,
@@ -62,6 +63,14 @@ export class PlannerView extends DOMWidgetView {
   private readonly _refining = element('span', 'jp-memviz-refining');
   private readonly _select = element('select', 'jp-memviz-strategy-select');
   private readonly _status = element('div', 'jp-memviz-status');
+  /**
+   * The chart draws only the latest plan: while dragging, plans that arrive while one is being drawn
+   * (or before it is painted) are skipped, so the curve follows the slider instead of a queue.
+   */
+  private readonly _drawer = new LatestOnly<PlanDoc>(
+    doc => this._chart?.update(doc),
+    callback => requestAnimationFrame(callback)
+  );
   private readonly _exporter = new Exporter({
     get: name => this.model.get(name),
     send: values => this._send(values)
@@ -142,7 +151,7 @@ export class PlannerView extends DOMWidgetView {
     this._slider.disabled = frontier.length < 2;
     this._budgetChanged();
     if (this._doc) {
-      void this._chart?.update(this._doc);
+      this._drawer.push(this._doc);
     }
   }
 

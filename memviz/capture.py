@@ -538,6 +538,13 @@ class OutputView:
     base: tuple[str, Any]
     chain: tuple[str, ...]
 
+    def base_value(self, outputs: Sequence[Any], params: dict[str, Any], buffers: dict[str, Any],
+                   inputs: Sequence[Any]) -> Any:
+        """The value `base` names among a step's outputs, the model's parameters and buffers (by
+        fully qualified name, duplicates included) and the flat inputs."""
+        kind, key = self.base
+        return {"output": outputs, "param": params, "buffer": buffers, "input": inputs}[kind][key]
+
 
 def replay_view(view: OutputView, nodes: dict[str, torch.fx.Node], base: Any) -> Any:
     """`view`'s ops run on `base` (a real tensor under autograd, or a fake one): the aliased output."""
@@ -891,8 +898,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     # the real parameters and inputs views are taken of: their requires_grad decides the gradient
     params_all = dict(model.named_parameters(remove_duplicate=False))
     buffers_all = dict(model.named_buffers(remove_duplicate=False))
-    base_vals = {v.base: (params_all[v.base[1]] if v.base[0] == "param" else
-                          buffers_all[v.base[1]] if v.base[0] == "buffer" else flat_in[v.base[1]])
+    base_vals = {v.base: v.base_value((), params_all, buffers_all, flat_in)
                  for v in views.values() if v.base[0] != "output"}
     loss_bytes, tangent_bytes, view_grad_bytes = (
         _loss_sizes(tangents, out_vals, out_spec, n_out, loss_fn, views, {n.name: n for n in gm.graph.nodes},

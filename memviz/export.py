@@ -327,10 +327,7 @@ class PlannedModule(nn.Module):
                              *(flat[i] for i in slots))
         outs = list(_PlannedStep.apply(holder, link))
         for i, view in cap.output_views.items():  # aliased outputs: their view replayed on the real base
-            kind, key = view.base
-            base = (outs[key] if kind == "output" else params[key] if kind == "param" else
-                    buffers[key] if kind == "buffer" else flat[key])
-            outs[i] = replay_view(view, runner.nodes, base)
+            outs[i] = replay_view(view, runner.nodes, view.base_value(outs, params, buffers, flat))
         return pytree.tree_unflatten(outs, cap.out_spec)
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -306,12 +306,20 @@ _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, 
 
 
 @functools.cache
+def _file_tree(file: str) -> ast.Module | None:
+    """`file` parsed once for every reader of its statements; None when it cannot be read or parsed."""
+    try:
+        return ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return None
+
+
+@functools.cache
 def _statement_spans(file: str) -> tuple[tuple[int, int], ...]:
     """(first line, last line) of every simple statement of `file`, sorted (compound statements are
     left out: their bodies are listed); () when the file cannot be read or parsed."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(file)))
-    except (SyntaxError, ValueError):
+    tree = _file_tree(file)
+    if tree is None:
         return ()
     return tuple(sorted((n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
                         if isinstance(n, ast.stmt) and not isinstance(n, _COMPOUND)))
@@ -321,9 +329,8 @@ def _statement_spans(file: str) -> tuple[tuple[int, int], ...]:
 def _loop_bodies(file: str) -> dict[tuple[int, int], tuple[int, int]]:
     """(first, last line) of a simple statement of `file` -> (first, last line) of the body of the
     innermost ``for``/``while`` loop of the same function that runs it; {} when it cannot be parsed."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(file)))
-    except (SyntaxError, ValueError):
+    tree = _file_tree(file)
+    if tree is None:
         return {}
     found: dict[tuple[int, int], tuple[int, int]] = {}
 
@@ -835,7 +842,7 @@ def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tu
     their roofline estimates on the device's target."""
     estimated = _estimate_costs(graph, cap, info)
     step, _ = _eager_step(model, args, kwargs, mode, loss_fn)
-    with torch.random.fork_rng(devices=[]), xla.fork_rng(info.torch_device), _grad_mode(mode):
+    with accelerator.fork_rng([]), xla.fork_rng(info.torch_device), _grad_mode(mode):
         measured = xla.measure_step(step, info.torch_device, repeats=repeats, warmup=warmup)
     times = xla.share_time({c.id: c.time for c in estimated.computes}, measured.seconds)
     return _with_costs(estimated, times, {}), measured

@@ -59,13 +59,14 @@ class GraphMeasurement:
     memory_source: str  # where peak_bytes comes from, or why it is None
 
 
-def is_xla(device: torch.device | str) -> bool:
-    return torch.device(device).type == "xla"
-
-
 def _modules() -> tuple[ModuleType, ModuleType, ModuleType]:
     return (importlib.import_module("torch_xla"), importlib.import_module("torch_xla.core.xla_model"),
             importlib.import_module("torch_xla.debug.metrics"))
+
+
+def _hardware(xm: ModuleType, dev: torch.device) -> str:
+    """The XLA device's hardware kind: "NEURON", "TPU", "CUDA", "CPU"..."""
+    return str(xm.xla_device_hw(dev)).upper()
 
 
 def resolve(device: str | torch.device) -> DeviceInfo:
@@ -79,7 +80,7 @@ def resolve(device: str | torch.device) -> DeviceInfo:
     torch_xla, xm, _ = _modules()
     index = torch.device(device).index
     dev = torch.device(torch_xla.device(index) if hasattr(torch_xla, "device") else xm.xla_device(index))
-    hw = str(xm.xla_device_hw(dev)).upper()
+    hw = _hardware(xm, dev)
     limit = _memory_info(xm, dev).get("bytes_limit")
     target = TARGETS[SHARE_TARGETS.get(hw, "h100")]
     return DeviceInfo(f"{dev} ({hw}, measured per graph)", False, None if limit is None else int(limit),
@@ -174,7 +175,7 @@ def _peak(xm: ModuleType, device: torch.device) -> tuple[int | None, str]:
     info = _memory_info(xm, device)
     if "peak_bytes_used" in info:
         return int(info["peak_bytes_used"]), "the runtime allocator's peak (xm.get_memory_info)"
-    if str(xm.xla_device_hw(device)).upper() == "NEURON":
+    if _hardware(xm, device) == "NEURON":
         try:
             peak = neuron.read_sysfs().peak_bytes
         except (FileNotFoundError, neuron.NeuronFormatError) as err:

@@ -27,6 +27,7 @@ import hashlib
 import inspect
 import operator
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -486,6 +487,24 @@ def detach_outputs(gm: torch.fx.GraphModule, indices: set[int]) -> None:
     gm.recompile()
 
 
+def register_library_pytrees(model: nn.Module) -> None:
+    """Output containers libraries return that pytree does not know: Hugging Face models return their
+    key/value cache (``DynamicCache``, ``EncoderDecoderCache``) even in training unless ``use_cache=False``.
+    transformers' own exporter registers them as pytree nodes (their tensors become outputs of the
+    graph, alive as long as the user holds the output, as in eager); use it for the model's classes."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers import PreTrainedModel
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # an older transformers without the exporter: its error message still says what
+        return
+    for mod in model.modules():
+        if isinstance(mod, PreTrainedModel):
+            register_cache_pytrees_for_model(mod)
+            return
+
+
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
                 loss_fn: LossFn | None = None
                 ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
@@ -498,6 +517,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     """
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
+    register_library_pytrees(model)
     grad_ctx = contextlib.nullcontext() if mode == "train" else torch.no_grad()
     # inference runs no backward: a Function's forward as plain operators is exact there
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()

@@ -104,9 +104,9 @@ def gpt2(attn: str = "sdpa") -> RealCase:
 
 
 def llama() -> RealCase:
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                                   attention_dropout=0.1)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=2048, attention_dropout=0.1)
     return _causal_lm(cfg)
 
 
@@ -118,9 +118,9 @@ def mistral() -> RealCase:
 
 
 def qwen2() -> RealCase:
-    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                                   attention_dropout=0.1)
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=2048, attention_dropout=0.1)
     return _causal_lm(cfg)
 
 
@@ -136,8 +136,8 @@ def _masked_lm(config: Any, cls: Any) -> RealCase:
 
 
 def bert() -> RealCase:
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, max_position_embeddings=64)
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
     return _masked_lm(cfg, transformers.BertForMaskedLM)
 
 
@@ -194,17 +194,17 @@ def whisper() -> RealCase:
 # --- transformers: audio and vision ----------------------------------------------------------------------
 def wav2vec2() -> RealCase:
     torch.manual_seed(0)
-    cfg = transformers.Wav2Vec2Config(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
-                                      conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+    cfg = transformers.Wav2Vec2Config(vocab_size=16, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16),
+                                      conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                       num_conv_pos_embedding_groups=2, mask_time_prob=0.0,
                                       hidden_dropout=0.1, ctc_loss_reduction="mean", pad_token_id=0)
     model = transformers.Wav2Vec2ForCTC(cfg).train()
     audio = torch.randn(2, 400)
     labels = torch.randint(1, 16, (2, 6))
-    return RealCase(model, (audio,), {"labels": labels},
-                    {"own": _own_loss, "mse": lambda out: F.mse_loss(out.logits, torch.zeros_like(out.logits))},
-                    None, "transformers")
+    losses: dict[str, Loss] = {"own": _own_loss,
+                               "mse": lambda out: F.mse_loss(out.logits, torch.zeros_like(out.logits))}
+    return RealCase(model, (audio,), {"labels": labels}, losses, None, "transformers")
 
 
 def _image_classifier(model: torch.nn.Module, size: int, classes: int, library: str, own: bool) -> RealCase:
@@ -243,7 +243,8 @@ def clip() -> RealCase:
                                        dropout=0.1)
     vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                            num_attention_heads=2, image_size=32, patch_size=8, dropout=0.1)
-    cfg = transformers.CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=16)
+    cfg = transformers.CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                  projection_dim=16)
     model = transformers.CLIPModel(cfg).train()
     ids, _ = _tokens(2, 12, VOCAB)
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -259,7 +260,8 @@ def tv_resnet() -> RealCase:
     torch.manual_seed(0)
     from torchvision.models.resnet import BasicBlock, ResNet
 
-    return _image_classifier(ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10), 32, 10, "torchvision", own=False)
+    model = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10)
+    return _image_classifier(model, 32, 10, "torchvision", own=False)
 
 
 def tv_mobilenet_v3() -> RealCase:
@@ -281,8 +283,8 @@ def tv_vit() -> RealCase:
     torch.manual_seed(0)
     from torchvision.models.vision_transformer import VisionTransformer
 
-    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
-                              dropout=0.1, attention_dropout=0.1, num_classes=10)
+    model = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                              mlp_dim=64, dropout=0.1, attention_dropout=0.1, num_classes=10)
     return _image_classifier(model, 32, 10, "torchvision", own=False)
 
 
@@ -290,8 +292,8 @@ def tv_swin() -> RealCase:
     torch.manual_seed(0)
     from torchvision.models.swin_transformer import SwinTransformer
 
-    model = SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=[4, 4],
-                            stochastic_depth_prob=0.1, dropout=0.1, num_classes=10)
+    model = SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 4],
+                            window_size=[4, 4], stochastic_depth_prob=0.1, dropout=0.1, num_classes=10)
     return _image_classifier(model, 32, 10, "torchvision", own=False)
 
 

@@ -7,6 +7,7 @@ first use; `plan`, `load_plan` and `Plan` are torch-free.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from memviz.planning import Plan, load_plan, plan
@@ -41,4 +42,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if importlib.util.find_spec(f"memviz.{name}") is not None:
+        # `memviz.chunking.plan_chunks(...)` works without importing memviz.chunking first
+        return importlib.import_module(f"memviz.{name}")
     raise AttributeError(f"module 'memviz' has no attribute {name!r}")

@@ -337,6 +337,15 @@ def plan(
     baseline peak); None plans the eager order.  Raises `solvers.result.InfeasibleBudget` naming the
     smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
     """
+    try:
+        return _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
+    except InfeasibleBudget as exc:
+        # the refusal in the user's units too: a "50%" budget's minimum as a share of the eager peak
+        raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from None
+
+
+def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit: float, *, frontier: bool,
+          packing: bool) -> Plan:
     if strategy == "autochunk":
         return plan_autochunk(prof, budget, packing=packing, time_limit=time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)

@@ -353,7 +353,8 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
     try:
-        result, timeline, name = _solve_first(graph, candidates, effective, time_limit)
+        with progress(len(candidates), f"memviz: planning ({strategy})") as bar:
+            result, timeline, name = _solve_first(graph, candidates, effective, time_limit, bar.update)
     except InfeasibleBudget as exc:
         if strategy != "auto" or not can_chunk(prof):
             raise
@@ -402,11 +403,14 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
 
 
 def _solve_first(
-    graph: Graph, candidates: list[str], budget: int, time_limit: float
+    graph: Graph, candidates: list[str], budget: int, time_limit: float,
+    tried: Callable[[], Any] = lambda: None,
 ) -> tuple[SolveResult, Timeline, str]:
-    """The first candidate that returns a plan; if none does, the most informative error."""
+    """The first candidate that returns a plan; if none does, the most informative error.  `tried` is
+    called before each candidate (progress)."""
     errors: list[Exception] = []
     for name in candidates:
+        tried()
         try:
             result, timeline = solve_checked(graph, name, budget, time_limit)
             return result, timeline, name
@@ -473,7 +477,9 @@ def solve_frontier(
     rows: list[dict[str, Any]] = []
     runs: list[FrontierPoint] = []
     best: FrontierPoint | None = None
+    bar = progress(points, f"memviz: budget frontier ({strategy})")
     for i in range(points):
+        bar.update()
         budget = low + (high - low) * i // (points - 1)
         run = eager if i == points - 1 else None
         if run is None and time.perf_counter() < deadline:
@@ -489,7 +495,16 @@ def solve_frontier(
             kept = dataclasses.replace(best, budget_bytes=budget)
             rows.append(_frontier_row(kept, baseline))
             runs.append(kept)
+    bar.close()
     return rows, runs
+
+
+def progress(total: int, desc: str) -> Any:
+    """A progress bar that shows only when the work takes over 2 s (issue 23: no silent minute-long solve):
+    a widget in notebooks, a line on stderr in a terminal; it clears itself when done."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, delay=2.0, leave=False, unit="step")
 
 
 def _eager_point(graph: Graph, schedule: Schedule | None, budget: int) -> FrontierPoint:

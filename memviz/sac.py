@@ -93,7 +93,7 @@ def eager_holds(cap: Any) -> EagerHolds:
 
 def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...], frozenset[int]]]:
     """(module path, forward compute ids, matmul-class ids) of each checkpointable block: the children of
-    the outermost ModuleList / Sequential containers whose ops ran as one contiguous call."""
+    the outermost ModuleList / Sequential containers whose two or more ops ran as one contiguous call."""
     from torch import nn
 
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
@@ -104,8 +104,10 @@ def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...
         for child, _ in model.get_submodule(cont).named_children():
             path = f"{cont}.{child}" if cont else child
             ids = tuple(c.id for c in forward if c.module == path or c.module.startswith(path + "."))
-            if not ids or ids != tuple(range(ids[0], ids[-1] + 1)):
-                continue  # not run, or called more than once / interleaved: not one checkpoint frame
+            if len(ids) < 2 or ids != tuple(range(ids[0], ids[-1] + 1)):
+                # one op: nothing to gain, and an in-place activation (ReLU(inplace=True)) would modify
+                # the input the checkpoint keeps; not contiguous: called twice, not one checkpoint frame
+                continue
             mm = frozenset(i for i in ids if op_name(graph.computes[i].op) in MATMULS)
             blocks.append((path, ids, mm))
     return blocks

@@ -21,11 +21,9 @@ from solvers.sac import EagerHolds, Region, sac_schedule, solve_menu
 
 #: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
 #: node), so a policy can count them: the only ones a SAC plan may mark MUST_SAVE
-MATMULS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "convolution",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-})
+ATTENTION = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                       "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
+MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution"}) | ATTENTION
 MATCHABLE = MATMULS | {"native_layer_norm", "_softmax", "gelu"}
 EXPRESSIBLE = ("sac", "none")
 
@@ -97,7 +95,8 @@ def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...
     from torch import nn
 
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
-    outer = [c for c in containers if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
+    outer = [c for c in containers
+             if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
     forward = [c for c in graph.computes if c.phase is Phase.FORWARD]
     blocks = []
     for cont in outer:

@@ -1,6 +1,6 @@
 """memviz: see where a PyTorch model's memory goes, plan it under a budget, export the plan.
 
-`profile`, `export`, `backend` and `Planner` import torch and JupyterLab machinery, so they load on
+`profile`, `export`, `apply`, `backend` and `Planner` import torch and JupyterLab machinery, so they load on
 first use; `plan`, `load_plan` and `Plan` are torch-free.
 """
 
@@ -18,6 +18,7 @@ _LAZY = {
     "profile": ("memviz.profile", "profile"),
     "Profile": ("memviz.profile", "Profile"),
     "export": ("memviz.export", "export"),
+    "apply": ("memviz.apply", "apply"),
     "backend": ("memviz.export", "backend"),
     "Planner": ("memviz.widget", "Planner"),
     "ChunkEditor": ("memviz.chunk_editor", "ChunkEditor"),
@@ -26,7 +27,7 @@ _LAZY = {
 
 __all__ = [
     "ChunkEditor", "Plan", "Planner", "Profile", "WhatIf",
-    "backend", "export", "load_plan", "plan", "profile",
+    "apply", "backend", "export", "load_plan", "plan", "profile",
 ]
 
 

@@ -32,7 +32,7 @@ REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
     "rockmate": ("solvers.rockmate", "solve"),
     "sqrt": ("solvers.sqrt", "solve"),
 }
-STRATEGIES = ("auto", "none", *REMAT_STRATEGIES, "olla", "autochunk")
+STRATEGIES = ("auto", "none", *REMAT_STRATEGIES, "olla", "autochunk", "sac")
 #: Exact Checkmate proves optimality up to a few dozen nodes here (TOOLCHAIN.md); beyond, decompose.
 CHECKMATE_MAX_NODES = 60
 FRONTIER_POINTS = 20
@@ -348,6 +348,10 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
           packing: bool) -> Plan:
     if strategy == "autochunk":
         return plan_autochunk(prof, budget, packing=packing, time_limit=time_limit)
+    if strategy == "sac":  # PyTorch's own selective checkpointing, run by memviz.apply (memviz.sac)
+        from memviz.sac import plan_sac
+
+        return plan_sac(prof, budget, time_limit=time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)
     budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes

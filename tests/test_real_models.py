@@ -56,6 +56,17 @@ NOT_YET = {
     "tv_swin": "capture fails (shifted-window attention masks)",
 }
 assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
+#: (model, strategy, point) cases that capture but break the contract today, with what fails
+KNOWN = {
+    ("bert", "checkmate", 0.75): "(a) the eager step with the label-smoothing loss measures 5% over "
+                                 "the prediction (the loss's memory is not in the graph yet); (c) 1.8% "
+                                 "over the plan",
+    ("tv_mobilenet_v3", "checkmate", 0.25): "(c) the exported step measures 8% over the plan and the budget",
+    ("timm_resnet", "checkmate", 0.75): "(c) the exported step measures 23% over the plan and 5% over "
+                                        "the budget",
+    ("timm_convnext", "auto", 0.0): "export: _LeavesBackward returns a [1, C, 1, 1] gradient for a [C] "
+                                    "parameter (a parameter view's gradient) at the minimum budget",
+}
 
 
 def loss_name(case: RealCase, index: int) -> str:
@@ -149,13 +160,15 @@ def check_contract(name: str, strategy: str, point: float) -> None:
 
 
 def _param(name: str, strategy: str, point: float) -> Any:
-    marks = [pytest.mark.xfail(reason=NOT_YET[name], strict=True)] if name in NOT_YET else []
+    reason = NOT_YET.get(name) or KNOWN.get((name, strategy, point))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
     return pytest.param(name, strategy, point, marks=marks, id=f"{name}-{strategy}-{point}")
 
 
-def _rotation(names: tuple[str, ...]) -> list[tuple[str, str, float]]:
+def _rotation(names: tuple[str, ...], offset: int = 0) -> list[tuple[str, str, float]]:
     """One (strategy, point) per model, rotating so each strategy and each point appears."""
-    return [(n, STRATEGIES[i % len(STRATEGIES)], POINTS[i % len(POINTS)]) for i, n in enumerate(names)]
+    return [(n, STRATEGIES[(i + offset) % len(STRATEGIES)], POINTS[(i + 2 * offset + 1) % len(POINTS)]
+             if offset else POINTS[i % len(POINTS)]) for i, n in enumerate(names)]
 
 
 FAST = [*_rotation(CAPTURING), *_rotation(tuple(NOT_YET))]
@@ -165,4 +178,17 @@ assert {p for _, _, p in _rotation(CAPTURING)} == set(POINTS)
 
 @pytest.mark.parametrize(("name", "strategy", "point"), [_param(*c) for c in FAST])
 def test_real_model_contract(name: str, strategy: str, point: float) -> None:
+    check_contract(name, strategy, point)
+
+
+#: the slow tier (CI runs it too): a second (strategy, point) per capturing model, and the whole
+#: strategy x budget matrix on the smallest model; the rest of the matrix does not fit CI's minutes
+FULL_MATRIX = ("tv_vit",)
+SLOW = [c for c in [*_rotation(CAPTURING, offset=3),
+                    *((n, s, p) for n in FULL_MATRIX for s in STRATEGIES for p in POINTS)] if c not in FAST]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "strategy", "point"), [_param(*c) for c in dict.fromkeys(SLOW)])
+def test_real_model_contract_matrix(name: str, strategy: str, point: float) -> None:
     check_contract(name, strategy, point)

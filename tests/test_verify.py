@@ -159,7 +159,7 @@ def make():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64),
                           nn.Tanh(), nn.Linear(64, 4))
-    return model, (torch.randn(32, 16),)
+    return model, (torch.randn(1024, 16),)
 '''
 
 
@@ -168,7 +168,7 @@ def test_cli_export_verifies_unless_told_not_to(tmp_path: Path, capsys: pytest.C
                                                 verify: bool) -> None:
     (tmp_path / "m.py").write_text(FACTORY)
     out = tmp_path / "opt.py"
-    argv = ["plan", f"{tmp_path / 'm.py'}:make", "--budget", "70%", "--strategy", "rotor", "--export",
+    argv = ["plan", f"{tmp_path / 'm.py'}:make", "--budget", "92%", "--strategy", "rotor", "--export",
             str(out), "--time-limit", "5", *([] if verify else ["--no-verify"])]
     assert main(argv) == 0
     err = capsys.readouterr().err

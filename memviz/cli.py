@@ -89,6 +89,7 @@ def run_plan(
     export: Path | None,
     plan_out: Path | None,
     overwrite: bool,
+    verify: bool = True,
 ) -> Any:
     import memviz
 
@@ -125,6 +126,17 @@ def run_plan(
         # the frontier re-solves at several budgets: its own progress line so a slow one is visible
         with stage("budget frontier (peak vs time overhead)"):
             plan.frontier = budget_frontier(plan.graph, plan.baseline, time_limit=min(30.0, time_limit))
+    if export is not None:
+        # verify: one measured step first; a step over the budget is re-planned, never written.  First,
+        # so that the plan file and the report describe the plan the exported module runs
+        with stage("exporting and verifying (one measured step)" if verify else "exporting"):
+            module = memviz.export(plan, path=export, overwrite=overwrite, verify=verify)
+        if verify:
+            budget_text = "none" if plan.budget_bytes is None else format_bytes(plan.budget_bytes)
+            frontier, plan = plan.frontier, module.plan
+            plan.frontier = plan.frontier or frontier
+            print(f"verified: one step measured {format_bytes(module.verified_peak_bytes)} "
+                  f"(plan {format_bytes(plan.peak_bytes)}, budget {budget_text})", file=sys.stderr)
     print(plan.summary())
     if plan_out is not None:
         plan.save(plan_out, overwrite=overwrite)
@@ -137,8 +149,6 @@ def run_plan(
                          notice=notice)
         print(f"report: {report}")
     if export is not None:
-        with stage("exporting"):
-            memviz.export(plan, path=export, overwrite=overwrite)
         print(f"exported module: {export}")
     if notice is not None:
         raise BudgetInfeasible(notice)
@@ -179,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="wall-clock limit for each solver call, in seconds (default: %(default)s)")
     p.add_argument("--report", type=Path, help="write an offline HTML report of the plan (opens from disk)")
     p.add_argument("--export", type=Path, help="write the optimized module's source (plan JSON beside it)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="export without running one measured step first (by default a step over the budget "
+                        "is re-planned with the measured excess as margin, or refused)")
     p.add_argument("--plan-out", type=Path, help="write the plan JSON")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     ns = parser.parse_args(argv)
@@ -219,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             export=ns.export,
             plan_out=ns.plan_out,
             overwrite=ns.overwrite,
+            verify=not ns.no_verify,
         )
         return 0
     except BudgetInfeasible:

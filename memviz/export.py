@@ -46,6 +46,17 @@ class StalePlanError(ValueError):
     """The plan does not belong to this model or these inputs (changed since profiling)."""
 
 
+class BudgetExceededError(ValueError):
+    """``export(plan, verify=True)``: the exported step measured over the budget, and re-planning with
+    the measured excess as margin did not bring it under (the numbers are attributes, in bytes)."""
+
+    def __init__(self, message: str, *, measured: int, planned: int, budget: int) -> None:
+        super().__init__(message)
+        self.measured_bytes = measured
+        self.planned_bytes = planned
+        self.budget_bytes = budget
+
+
 def _is_random(node: torch.fx.Node) -> bool:
     t = node.target
     if isinstance(t, torch._ops.OpOverload):
@@ -364,7 +375,8 @@ def _check_constant(i: int, value: Any, traced: Any) -> None:
 
 # --- entry points -----------------------------------------------------------------------------------
 def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None = None,
-           overwrite: bool = False) -> nn.Module:
+           overwrite: bool = False, verify: bool = False, inputs: Any = None, loss_fn: Any = None,
+           optimizer: Any = None) -> nn.Module:
     """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
 
     plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).  An
@@ -373,12 +385,48 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     (``<path>.plan.json``); existing files are never overwritten unless ``overwrite=True``.
     model: the model to run (default: the profiled one).  A model whose parameters, or a plan whose
     inputs, differ from what was profiled raises `StalePlanError`.
+    verify: run one measured step of the exported module first (`memviz.verify`): a step over the
+    budget is re-planned with the measured excess as margin, or raises `BudgetExceededError`; the
+    returned module's ``verified_peak_bytes`` is the measured peak and ``plan`` the plan it runs.  Off
+    by default: it costs one training step (plus, with an optimizer, a host copy of the parameters),
+    and `backend` exports graphs mid-trace, where no step can be run.
+    inputs: example inputs, ``(args, kwargs)`` or a tuple of positional args: what a verifying step and
+    a loaded plan's capture run on (default: the profiled structure, tensors rebuilt as zeros of the
+    planned shapes on the model's device -- memory depends on shapes only).
+    loss_fn, optimizer: the verifying step's loss and optimizer (default: the profile's; for a loaded
+    plan the default loss and the ``torch.optim`` class its optimizer nodes name).
     """
+    if verify:
+        from memviz.verify import verified_export
+
+        module = verified_export(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer)
+        if path is not None:
+            # the source of the plan that passed, written only once it passed
+            _write_exported(module.plan, module, path, model, overwrite)
+        return module
+    module = build(plan, model=model, inputs=inputs)
+    if path is not None:
+        _write_exported(plan, module, path, model, overwrite)
+    return module
+
+
+def _write_exported(plan: Any, module: nn.Module, path: str | Path, model: nn.Module | None,
+                    overwrite: bool) -> None:
+    if getattr(plan, "strategy", None) == "autochunk":
+        from memviz.chunking import export_chunks
+
+        export_chunks(plan, path, model=model, overwrite=overwrite)  # writes its loops' code
+    else:
+        write_source(plan, module.program, Path(path), overwrite=overwrite)
+
+
+def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> nn.Module:
+    """The exported module for `plan` (what `export` returns), writing nothing and running nothing."""
     if getattr(plan, "strategy", None) == "autochunk":
         # a chunk plan rewrites the model into loops instead of scheduling the captured graph
         from memviz.chunking import export_chunks
 
-        return export_chunks(plan, path, model=model, overwrite=overwrite)
+        return export_chunks(plan, None, model=model)
     prof = getattr(plan, "profile", None)
     graph: Graph = plan.graph
     if prof is not None and prof.captured is None:
@@ -393,7 +441,7 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
-        args, kwargs = _example_inputs(graph, prof)
+        args, kwargs = split_inputs(inputs) if inputs is not None else _example_inputs(graph, prof)
         mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
         fp = fingerprint(target, args, kwargs, mode)
         if expected and fp != expected:
@@ -403,10 +451,17 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
     program = compile_program(graph, captured, tuple(plan.schedule), fp)
-    module = PlannedModule(target, program)
-    if path is not None:
-        write_source(plan, program, Path(path), overwrite=overwrite)
-    return module
+    return PlannedModule(target, program)
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)``, a tuple or list of positional args, or one tensor -> ``(args, kwargs)``."""
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], dict) \
+            and isinstance(inputs[0], (tuple, list)):
+        return tuple(inputs[0]), dict(inputs[1])
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
 
 
 def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -632,8 +687,9 @@ def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> Planned
 
 
 
-__all__ = ["PlannedModule", "StalePlanError", "backend", "export", "load_source", "program_source",
-           "write_source"]
+__all__ = ["BudgetExceededError", "PlannedModule", "StalePlanError", "backend", "build", "export",
+           "load_source", "program_source", "write_source"]
+
 
 
 # --- torch.compile ---------------------------------------------------------------------------------------

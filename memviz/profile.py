@@ -897,6 +897,23 @@ def _update_transient(cls: type, hyper: dict[str, Any], n: int, count: int) -> t
     return tracker.peak_bytes - tracker.start_bytes, state
 
 
+def fixed_state_bytes(optimizer: Any, device: torch.device) -> int:
+    """State bytes per parameter the optimizer keeps whatever the parameter's size (Adam's ``step``
+    counter, a scalar tensor), counted where it lives: on the CPU unless ``capturable``/``fused`` put it
+    beside the parameter.  `export(verify=True)` measured them missing (4 bytes per parameter)."""
+    cls, hyper = optimizer_layout(optimizer)[:2]
+    on_device = bool(hyper.get("capturable") or hyper.get("fused"))
+    if torch.device(device).type != "cpu" and not on_device:
+        return 0
+    w = torch.zeros(8, requires_grad=True)
+    w.grad = torch.ones(8)
+    opt = cls([w], **{k: v for k, v in hyper.items() if k in inspect.signature(cls.__init__).parameters
+                      and k not in ("foreach", "fused", "capturable", "differentiable")})
+    opt.step()
+    return sum(int(v.untyped_storage().nbytes()) for v in opt.state[w].values()
+               if isinstance(v, torch.Tensor) and v.numel() != w.numel())
+
+
 def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo) -> Graph:
     """Append the optimizer step: one compute node per parameter with a gradient (phase optimizer)
     reading the parameter, its gradient and its state (optimizer_state data nodes, alive from the
@@ -904,6 +921,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
     measured transient, plus what the previous update still holds (the user's optimizer runs in its
     own parameter order whatever the plan's order of these nodes)."""
     cls, _, state_ratio, temp_ratio, held_ratio = optimizer_layout(optimizer)
+    fixed = fixed_state_bytes(optimizer, info.torch_device)
     b = GraphBuilder(graph.name)
     b._datas = [{"name": d.name, "bytes": d.bytes, "kind": d.kind, "producer": d.producer, "shape": d.shape,
                  "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
@@ -920,8 +938,8 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
         g = grad_data[p.name]
         held = int(round(params[i - 1].bytes * held_ratio)) if i else 0
         states = []
-        if state_ratio:
-            states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)),
+        if state_ratio or fixed:
+            states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)) + fixed,
                                  DataKind.OPTIMIZER_STATE, shape=p.shape, dtype=p.dtype))
         if info.estimated:  # an update reads parameter, gradient and state and writes parameter and state
             moved = p.bytes * (3 + 2 * state_ratio)

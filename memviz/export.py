@@ -432,7 +432,9 @@ class _Codegen:
         self.cap = program.captured
         self.nodes = self.cap.nodes
         self.owners = self.cap.compute_fx_set
-        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")}
+        # graph inputs and tensor constants: bound in `v` before the steps run (`placeholder_values`)
+        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")} | set(
+            self.cap.constants)
         self.seen: set[int] = set()
 
     def expr(self, node: Any) -> str:

@@ -111,6 +111,8 @@ class Captured:
     # FX get_attr node -> the graph module attribute it reads: a tensor constant of the trace
     # (``torch.tensor`` in the model's code, lifted by torch.export), bound like a buffer by every runner
     constants: dict[str, str] = field(default_factory=dict)
+    # ("grad", canonical fqn) / ("input_grad", flat index) -> the FX output node of that gradient
+    grad_fx: dict[tuple[str, Any], str] = field(default_factory=dict)
     # what the trace specialised on the example input's values ("file:line expr -> value"), `specialising`
     specialised: list[str] = field(default_factory=list)
 
@@ -1191,6 +1193,11 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
                           if k and k[0] == "grad" and a.name in bld.data_of_fx}
     captured.input_grad_data = {k[1]: bld.data_of_fx[a.name] for a, k in zip(out_args, out_kinds, strict=True)
                                 if k and k[0] == "input_grad" and a.name in bld.data_of_fx}
+    # the gradient is that FX value, which may be a view of its data node's storage (a layer-scale gamma's
+    # [C] gradient viewed from a [1, C, 1, 1] reduction): runners hand back the view, not the storage
+    captured.grad_fx = {(k[0], param_names.get(k[1], k[1]) if k[0] == "grad" else k[1]): a.name
+                        for a, k in zip(out_args, out_kinds, strict=True)
+                        if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
     return _finish(bld, out_args, out_kinds, type(model).__name__, mode), captured
 
 

@@ -237,7 +237,9 @@ class _StepState:
         deps = self.program.grad_tangents.get(key, frozenset())
         if d is None or (deps and deps <= self.missing):
             return None  # only reached through outputs without a gradient: None, as in eager autograd
-        return self.runner.data_value(d)
+        fx = self.program.captured.grad_fx.get(key)
+        # the gradient's own FX value: a view of its storage is replayed from it, shaped as the parameter
+        return self.runner.data_value(d) if fx is None else self.runner.value(self.runner.nodes[fx])
 
 
 class _Leaves(torch.autograd.Function):
@@ -487,7 +489,9 @@ class _Codegen:
         self.cap = program.captured
         self.nodes = self.cap.nodes
         self.owners = self.cap.compute_fx_set
-        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")}
+        # graph inputs and tensor constants: bound in `v` before the steps run (`placeholder_values`)
+        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")} | set(
+            self.cap.constants)
         self.seen: set[int] = set()
 
     def expr(self, node: Any) -> str:
@@ -611,7 +615,7 @@ def program_source(program: Program, plan: Any) -> str:
         f"MODE = {program.mode!r}",
         f"PLACEHOLDERS = {_placeholder_table(cap)!r}",
         f"PARAMS = {list(program.params)!r}",
-        f"GRADS = {[(n, cap.data_fx[d]) for n, d in cap.grad_data.items()]!r}",
+        f"GRADS = {[(n, cap.grad_fx.get(('grad', n), cap.data_fx[d])) for n, d in cap.grad_data.items()]!r}",
         f"INPUTS = {[(list(m[0]), str(m[1])) if m else None for m in cap.input_meta]!r}",
         "",
         "",

@@ -228,7 +228,7 @@ def _describe_trace_error(err: BaseException, model: nn.Module) -> CaptureError:
     source = f"{frames[-1]['file']}:{frames[-1]['line']}" if frames else ""
     if not source:
         m = re.search(r"([\w/\\.-]+\.py):(\d+)", msg)
-        source = f"{m.group(1)}:{m.group(2)}" if m else ""
+        source = f"{m.group(1)}:{m.group(2)}" if m else _raising_user_frame(err)
     module = ""
     if source:
         file, line = source.rsplit(":", 1)
@@ -236,6 +236,17 @@ def _describe_trace_error(err: BaseException, model: nn.Module) -> CaptureError:
     first = msg.strip().splitlines()[0] if msg.strip() else type(err).__name__
     return CaptureError(f"could not trace {type(model).__name__}: {type(err).__name__}: {first}",
                         module, source)
+
+
+def _raising_user_frame(err: BaseException) -> str:
+    """``file:line`` of the innermost frame of the traceback outside torch, memviz and the standard
+    library: where the user's code called what failed (``.numpy()`` on a traced tensor)."""
+    import traceback
+
+    here, stdlib = str(Path(__file__).parent), str(Path(contextlib.__file__).parent)
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith((_TORCH_DIR, here, stdlib))]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _module_defined_at(model: nn.Module, file: str, line: int) -> str:

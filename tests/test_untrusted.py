@@ -1,0 +1,162 @@
+"""Untrusted names and plan files (issue 17): nothing a model or a plan file names can run code, crash a
+writer, or silently change what an exported module computes."""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import memviz
+from examples.models import mlp
+from memviz.export import export, load_source, program_source
+from memviz.profile import profile
+from solvers import Graph
+
+# The payload sets a builtin: if any generated line runs it, `builtins.memviz_pwned` exists afterwards.
+PAYLOAD = "__import__('builtins').__setattr__('memviz_pwned', 1)"
+# Ways out of a comment, a docstring or a string literal, each followed by the payload on its own line.
+BREAKOUTS = {
+    "newline": "\n{p}\n#",
+    "newline-indented": "\n    {p}\n    #",  # comments inside the step functions sit at this depth
+    "cr": "\r{p}\r#",
+    "crlf": "\r\n{p}\r\n#",
+    "u2028": "\u2028{p}\u2028#",
+    "nel": "\x85{p}\x85#",
+    "formfeed": "\x0c\n{p}\n#",
+    "triple-double": '"""\n{p}\n"""',
+    "triple-single": "'''\n{p}\n'''",
+    "single-quote": "'\n{p}\n'",
+    "double-quote": '"\n{p}\n"',
+    "backslash": "\\\n{p}\n#\\",
+    "nul": "\x00\n{p}\n#",
+}
+EVERY_BREAKOUT = "".join(b.format(p=PAYLOAD) for b in BREAKOUTS.values())
+
+
+@pytest.fixture(autouse=True)
+def _no_payload_ran():
+    """Every test here ends by asserting the payload never ran, whatever the test checked itself."""
+    if hasattr(builtins, "memviz_pwned"):
+        delattr(builtins, "memviz_pwned")
+    yield
+    ran = hasattr(builtins, "memviz_pwned")
+    if ran:
+        delattr(builtins, "memviz_pwned")
+    assert not ran, "a name from the model or the plan file ran as code"
+
+
+@pytest.fixture(scope="module")
+def profiled():
+    model, args = mlp(batch=4, d_in=8, hidden=16, d_out=4, layers=2, dtype=torch.float64)
+    prof = profile(model, args, repeats=1, warmup=0, measure=False)
+    return model, args, prof
+
+
+def _step(module: nn.Module, args: tuple) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    out = module(*args)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in module.parameters()]
+    for p in module.parameters():
+        p.grad = None
+    return out.detach(), grads
+
+
+def _hostile_plan(plan: memviz.Plan, fields: dict[str, str]) -> memviz.Plan:
+    """`plan` with each named field replaced by hostile text: graph.name, strategy, every compute's op,
+    module and source, the names of computes the capture does not run (synthetic loss nodes; the others
+    are checked against the FX graph), and every data name."""
+    g = plan.graph.to_dict()
+    captured = plan.profile.captured
+    if "graph.name" in fields:
+        g["name"] = fields["graph.name"]
+    for c in g["computes"]:
+        for key in ("op", "module", "source"):
+            if f"compute.{key}" in fields:
+                c[key] = fields[f"compute.{key}"]
+        synthetic = c["id"] >= len(captured.compute_fx) or captured.compute_fx[c["id"]] is None
+        if "compute.name" in fields and synthetic:
+            c["name"] = fields["compute.name"]
+    if "data.name" in fields:
+        for d in g["datas"]:
+            if d["kind"] != "input":  # "input<i>" names the flat input a loaded plan re-traces with
+                d["name"] = fields["data.name"]
+    return dataclasses.replace(plan, graph=Graph.from_dict(g), strategy=fields.get("strategy", plan.strategy))
+
+
+FIELDS = ("graph.name", "strategy", "compute.op", "compute.module", "compute.source", "compute.name",
+          "data.name")
+
+
+def _run_generated(tmp_path, model, args, plan) -> None:
+    """Write the plan's source, import it with load_source and train one step: outputs and gradients
+    equal the original model's (so the names changed nothing the code does)."""
+    exported = export(plan)
+    source = program_source(exported.program, plan)
+    assert source.isascii()  # no line separator of any kind can hide in it
+    target = tmp_path / "generated.py"
+    target.write_text(source, encoding="utf-8")
+    loaded = load_source(target, model, plan=plan)
+    assert loaded._generated.MODEL == plan.graph.name  # the name survives, as data
+    assert loaded._generated.STRATEGY == plan.strategy
+    original = copy.deepcopy(model)
+    out_a, grads_a = _step(original, args)
+    out_b, grads_b = _step(loaded, args)
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+@pytest.mark.parametrize("breakout", sorted(BREAKOUTS))
+def test_generated_source_escapes_every_field(tmp_path, profiled, breakout):
+    """One way out, tried through every field at once."""
+    model, args, prof = profiled
+    hostile = BREAKOUTS[breakout].format(p=PAYLOAD)
+    plan = _hostile_plan(memviz.plan(prof, frontier=False, packing=False), dict.fromkeys(FIELDS, hostile))
+    _run_generated(tmp_path, model, args, plan)
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_generated_source_escapes_each_field(tmp_path, profiled, field):
+    """Every way out at once, through one field."""
+    model, args, prof = profiled
+    plan = _hostile_plan(memviz.plan(prof, frontier=False, packing=False), {field: EVERY_BREAKOUT})
+    _run_generated(tmp_path, model, args, plan)
+
+
+def test_hostile_model_class_name(tmp_path):
+    """The model's class name becomes the graph's name at capture."""
+    base, args = mlp(batch=4, d_in=8, hidden=16, d_out=4, layers=2, dtype=torch.float64)
+    hostile_cls = type(EVERY_BREAKOUT.replace("\x00", ""), (type(base),), {})
+    model = copy.deepcopy(base)
+    model.__class__ = hostile_cls
+    prof = profile(model, args, repeats=1, warmup=0, measure=False)
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    assert plan.graph.name == hostile_cls.__name__
+    target = tmp_path / "sub" / "planned.py"
+    export(plan, path=target)
+    loaded = load_source(target, model)  # the plan JSON written beside it, loaded back
+    out_a, _ = _step(copy.deepcopy(base), args)
+    out_b, _ = _step(loaded, args)
+    assert torch.equal(out_a, out_b)
+
+
+def test_hostile_names_from_a_plan_file(tmp_path, profiled):
+    """Names that travel through a saved plan file: strategy, graph name, data names, module, source."""
+    model, args, prof = profiled
+    hostile = EVERY_BREAKOUT.replace("\x00", "")  # a NUL is refused in plan files (below)
+    fields = {k: hostile for k in ("graph.name", "strategy", "data.name", "compute.module", "compute.source")}
+    plan = _hostile_plan(memviz.plan(prof, frontier=False, packing=False), fields)
+    plan.save(tmp_path / "plan.json")
+    loaded = memviz.load_plan(tmp_path / "plan.json")
+    assert loaded.strategy == hostile and loaded.graph.name == hostile
+    export(loaded, tmp_path / "planned.py", model=model)
+    run = load_source(tmp_path / "planned.py", model)
+    out_a, _ = _step(copy.deepcopy(model), args)
+    out_b, _ = _step(run, args)
+    assert torch.equal(out_a, out_b)
+    assert json.loads((tmp_path / "planned.plan.json").read_text())["strategy"] == hostile

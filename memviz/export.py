@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import keyword
 import operator
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -628,16 +629,29 @@ def program_source(program: Program, plan: Any) -> str:
 
 
 def write_source(plan: Any, program: Program, path: Path, *, overwrite: bool = False) -> tuple[Path, Path]:
-    """Write the program's source to `path` and the plan JSON beside it; never clobber unless asked."""
+    """Write the program's source to `path` and the plan JSON beside it; never clobber unless asked.
+
+    Both texts are made (and checked) before either file is written; each is written atomically by
+    `planfile.write_text_safely` (missing folders created, a symlink at the target replaced, never
+    followed); when the plan JSON cannot be written, a source file this call created is removed."""
+    from memviz.planfile import document_text, write_text_safely
+
     plan_path = path.with_suffix(".plan.json")
     for p in (path, plan_path):
-        if p.exists() and not overwrite:
+        if os.path.lexists(p) and not overwrite:
             raise FileExistsError(f"{p} exists; pass overwrite=True to replace it")
     source = program_source(program, plan)
     compile(source, str(path), "exec")  # never write code that does not parse
-    path.write_text(source)
-    if hasattr(plan, "save"):
-        plan.save(plan_path, overwrite=overwrite)
+    doc_text = document_text(plan.to_dict(), "plan to save") if hasattr(plan, "to_dict") else None
+    created = not os.path.lexists(path)
+    write_text_safely(path, source, overwrite=overwrite)
+    if doc_text is not None:
+        try:
+            write_text_safely(plan_path, doc_text, overwrite=overwrite)
+        except BaseException:
+            if created:  # nothing half-written: the source alone would load another plan's JSON later
+                path.unlink(missing_ok=True)
+            raise
     return path, plan_path
 
 

@@ -97,10 +97,13 @@ def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def write_document(doc: dict[str, Any], path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write atomically.  Without `overwrite`, an existing file is never replaced (FileExistsError)."""
-    validate_document(doc, "plan to save")
-    target = Path(path)
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-    return write_text_safely(target, text, overwrite=overwrite)
+    return write_text_safely(Path(path), document_text(doc, "plan to save"), overwrite=overwrite)
+
+
+def document_text(doc: dict[str, Any], source: str = "plan document") -> str:
+    """The validated document as standard JSON text (no NaN or Infinity)."""
+    validate_document(doc, source)
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False)
 
 
 def _umask() -> int:

@@ -160,3 +160,38 @@ def test_hostile_names_from_a_plan_file(tmp_path, profiled):
     out_b, _ = _step(run, args)
     assert torch.equal(out_a, out_b)
     assert json.loads((tmp_path / "planned.plan.json").read_text())["strategy"] == hostile
+
+
+# --- item 6: export(path=) writes like save and report ------------------------------------------------
+def test_export_path_creates_folders_and_replaces_symlinks_without_following(tmp_path, profiled):
+    model, _, prof = profiled
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    victim = tmp_path / "victim.py"
+    victim.write_text("keep me")
+    target = tmp_path / "a" / "b" / "planned.py"
+    target.parent.mkdir(parents=True)
+    target.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        export(plan, target)  # a symlink (even to a file elsewhere) is an existing file
+    dangling = tmp_path / "c" / "planned.py"
+    dangling.parent.mkdir()
+    dangling.symlink_to(tmp_path / "nowhere.py")
+    with pytest.raises(FileExistsError):
+        export(plan, dangling)
+    assert not (tmp_path / "nowhere.py").exists()
+    export(plan, target, overwrite=True)
+    assert victim.read_text() == "keep me" and not target.is_symlink()
+    assert "def forward_steps" in target.read_text()
+    fresh = tmp_path / "new" / "deeper" / "planned.py"
+    export(plan, fresh)
+    assert fresh.is_file() and fresh.with_suffix(".plan.json").is_file()
+
+
+def test_export_path_leaves_nothing_when_the_plan_json_fails(tmp_path, profiled):
+    _, _, prof = profiled
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    target = tmp_path / "planned.py"
+    target.with_suffix(".plan.json").mkdir()  # the second file cannot be written
+    with pytest.raises(OSError):
+        export(plan, target, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["planned.plan.json"]  # no source, no temporary

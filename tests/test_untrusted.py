@@ -195,3 +195,20 @@ def test_export_path_leaves_nothing_when_the_plan_json_fails(tmp_path, profiled)
     with pytest.raises(OSError):
         export(plan, target, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["planned.plan.json"]  # no source, no temporary
+
+
+# --- item 2: DOT from a document is never shown ---------------------------------------------------------
+def test_report_rebuilds_the_cdgraph_from_the_validated_graph(tmp_path, monkeypatch, profiled):
+    from memviz import report
+
+    fake = tmp_path / "report.js"
+    fake.write_text("var memvizReport = {};")
+    monkeypatch.setattr(report, "BUNDLE", fake)
+    _, _, prof = profiled
+    doc = memviz.plan(prof, frontier=False, packing=False).to_dict()
+    honest = doc["cdgraph"]
+    hostile = 'digraph g { n [URL="javascript:alert(1)", href="javascript:alert(2)", image="/etc/passwd"] }'
+    doc["cdgraph"] = {"dot": hostile, "collapsed_dot": hostile, "nodes": 1}
+    page = report.write_report(doc, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "javascript:" not in page and "passwd" not in page
+    assert report.trusted_document(doc)["cdgraph"] == honest

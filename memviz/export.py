@@ -402,7 +402,8 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        _, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
     program = compile_program(graph, captured, tuple(plan.schedule), fp)
@@ -410,6 +411,59 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     if path is not None:
         write_source(plan, program, Path(path), overwrite=overwrite)
     return module
+
+
+def check_plan_matches_capture(plan_graph: Graph, captured: Graph) -> None:
+    """Refuse a plan whose graph is not the model's own capture (`StalePlanError` naming the first
+    difference).  A plan file can be edited and stay self-consistent -- its timelines re-simulated --
+    while claiming what the model does not do: a gradient dropped from the outputs exports a module
+    whose gradient is None, activations shrunk to a byte claim a peak the run never has."""
+    why = plan_capture_difference(plan_graph, captured)
+    if why is not None:
+        raise StalePlanError(f"the plan's graph is not this model's capture: {why}; the plan file was edited "
+                             "or made for another model: profile and plan again")
+
+
+_DATA_FIELDS = ("kind", "shape", "dtype", "bytes", "producer", "aliases")
+_COMPUTE_FIELDS = ("name", "op", "phase", "inputs", "outputs")
+
+
+def plan_capture_difference(plan_graph: Graph, captured: Graph) -> str | None:
+    """The first difference between a plan's graph and a fresh capture of the model, or None.
+
+    Compared: every data node's kind, shape, dtype, bytes, producer and aliases, every compute's name,
+    op, phase and edges, and the outputs (each parameter gradient among them).  Times and workspace
+    sizes are measurements and may differ; names of data nodes are labels.  A profile with an
+    optimizer appends optimizer-phase computes and their state after the captured nodes."""
+    if len(plan_graph.datas) < len(captured.datas) or len(plan_graph.computes) < len(captured.computes):
+        return (f"it has {len(plan_graph.computes)} computes and {len(plan_graph.datas)} data nodes, the "
+                f"capture {len(captured.computes)} and {len(captured.datas)}")
+    for a, b in zip(plan_graph.datas, captured.datas, strict=False):
+        for f in _DATA_FIELDS:
+            if getattr(a, f) != getattr(b, f):
+                return (f"data node {b.id} ({b.name!r}) has {f} {getattr(a, f)!r} in the plan but "
+                        f"{getattr(b, f)!r} in the capture")
+    for a, b in zip(plan_graph.computes, captured.computes, strict=False):
+        for f in _COMPUTE_FIELDS:
+            if getattr(a, f) != getattr(b, f):
+                return (f"compute node {b.id} ({b.name!r}) has {f} {getattr(a, f)!r} in the plan but "
+                        f"{getattr(b, f)!r} in the capture")
+    for c in plan_graph.computes[len(captured.computes):]:
+        if c.phase.value != "optimizer":
+            return f"compute node {c.id} ({c.name!r}) is not in the capture"
+    for d in plan_graph.datas[len(captured.datas):]:
+        if d.producer is not None and d.producer < len(captured.computes):
+            return f"data node {d.id} ({d.name!r}) is not in the capture"
+    outputs = set(plan_graph.outputs)
+    for d in captured.outputs:
+        if d not in outputs:
+            what = "parameter gradient" if captured.datas[d].kind.value == "parameter_gradient" else "output"
+            return f"{what} data node {d} ({captured.datas[d].name!r}) of the capture is not a plan output"
+    expected = set(captured.outputs)
+    for d in plan_graph.outputs:
+        if d < len(captured.datas) and d not in expected:
+            return f"data node {d} ({captured.datas[d].name!r}) is a plan output but not a capture output"
+    return None
 
 
 def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -703,8 +757,8 @@ def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> Planned
 
 
 
-__all__ = ["PlannedModule", "StalePlanError", "backend", "export", "load_source", "program_source",
-           "write_source"]
+__all__ = ["PlannedModule", "StalePlanError", "backend", "check_plan_matches_capture", "export",
+           "load_source", "plan_capture_difference", "program_source", "write_source"]
 
 
 # --- torch.compile ---------------------------------------------------------------------------------------

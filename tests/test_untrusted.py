@@ -212,3 +212,65 @@ def test_report_rebuilds_the_cdgraph_from_the_validated_graph(tmp_path, monkeypa
     page = report.write_report(doc, tmp_path / "r.html").read_text(encoding="utf-8")
     assert "javascript:" not in page and "passwd" not in page
     assert report.trusted_document(doc)["cdgraph"] == honest
+
+
+# --- item 3: an edited but self-consistent plan file is refused on export -------------------------------
+def _edited(plan: memviz.Plan, g: dict) -> memviz.Plan:
+    """`plan` on the edited graph `g`, its timelines simulated again: the file it saves validates."""
+    from solvers import simulate
+
+    graph = Graph.from_dict(g)
+    return dataclasses.replace(plan, graph=graph, timeline=simulate(graph, plan.schedule),
+                               baseline=simulate(graph, plan.baseline_schedule))
+
+
+def _refused(tmp_path, model, plan: memviz.Plan, match: str) -> None:
+    path = plan.save(tmp_path / "edited.json", overwrite=True)
+    loaded = memviz.load_plan(path)  # self-consistent: the file itself is accepted
+    with pytest.raises(memviz.export.StalePlanError, match=match):
+        export(loaded, model=model)
+
+
+def test_dropped_parameter_gradient_is_refused(tmp_path, profiled):
+    model, _, prof = profiled
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    g = plan.graph.to_dict()
+    grad = next(d for d in g["datas"] if d["kind"] == "parameter_gradient")
+    g["outputs"] = [d for d in g["outputs"] if d != grad["id"]]
+    match = rf"parameter gradient data node {grad['id']} .* not a plan output"
+    _refused(tmp_path, model, _edited(plan, g), match)
+
+
+def test_shrunk_activations_are_refused(tmp_path, profiled):
+    model, _, prof = profiled
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    g = plan.graph.to_dict()
+    for d in g["datas"]:
+        if d["kind"] not in ("parameter", "buffer", "input", "parameter_gradient"):
+            d["bytes"] = 1
+    edited = _edited(plan, g)
+    assert edited.peak_bytes < plan.peak_bytes
+    _refused(tmp_path, model, edited, r"has bytes 1 in the plan but \d+ in the capture")
+
+
+@pytest.mark.parametrize(("what", "edit", "match"), [
+    ("op", lambda g: g["computes"][0].update(op="aten.relu"), "has op 'aten.relu'"),
+    ("dtype", lambda g: g["datas"][-1].update(dtype="float16"), "has dtype 'float16'"),
+    ("shape", lambda g: g["datas"][-1].update(shape=[1]), r"has shape \(1,\)"),
+])
+def test_other_edits_are_refused(tmp_path, profiled, what, edit, match):
+    model, _, prof = profiled
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    g = plan.graph.to_dict()
+    edit(g)
+    _refused(tmp_path, model, _edited(plan, g), match)
+
+
+def test_untouched_plan_file_still_exports(tmp_path, profiled):
+    model, args, prof = profiled
+    plan = memviz.plan(prof, frontier=False, packing=False)
+    loaded = memviz.load_plan(plan.save(tmp_path / "plan.json"))
+    out_a, grads_a = _step(copy.deepcopy(model), args)
+    out_b, grads_b = _step(export(loaded, model=copy.deepcopy(model)), args)
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes
-from memviz.planfile import validate_document, write_text_safely
+from memviz.planfile import check_values, validate_document, write_text_safely
 
 #: The bundled views, built with the package (git-ignored: a source checkout has it once built).
 BUNDLE = Path(__file__).with_name("static") / "report.js"
@@ -59,7 +59,9 @@ def trusted_document(plan_or_doc: Any) -> dict[str, Any]:
     validated, with its CD-graph DOT rebuilt from the validated graph -- DOT text from a document is
     never shown, since DOT attributes (URL=, href=, image=) become links and images in the SVG."""
     if not isinstance(plan_or_doc, dict):
-        return plan_or_doc.to_dict()  # to_dict builds the DOT from the graph (cdgraph_dict)
+        doc = plan_or_doc.to_dict()  # to_dict builds the DOT from the graph (cdgraph_dict)
+        check_values(doc, "plan")  # a name with a NUL or a lone surrogate cannot be written as UTF-8
+        return doc
     from memviz.cdgraph import cdgraph_dict
 
     doc = validate_document(plan_or_doc, "plan document")

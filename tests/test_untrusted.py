@@ -274,3 +274,99 @@ def test_untouched_plan_file_still_exports(tmp_path, profiled):
     out_b, grads_b = _step(export(loaded, model=copy.deepcopy(model)), args)
     assert torch.equal(out_a, out_b)
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+# --- item 4: values JSON allows but no writer can take back ----------------------------------------------
+@pytest.fixture()
+def tiny_doc():
+    from solvers import GraphBuilder, Phase
+
+    b = GraphBuilder("tiny")
+    w, x = b.data("w", 64, "parameter"), b.data("x", 32, "input")
+    a, loss = b.data("a", 128, "activation"), b.data("loss", 4, "output")
+    gw = b.data("gw", 64, "parameter_gradient")
+    b.compute("f", [x, w], [a], time=1.0)
+    b.compute("loss", [a], [loss], time=0.1)
+    b.compute("bw", [a, loss, x], [gw], time=1.0, phase=Phase.BACKWARD)
+    b.outputs = [loss, gw]
+    return memviz.plan(b.build(), frontier=False, packing=False).to_dict()
+
+
+def _load_text(tmp_path, text: str) -> memviz.Plan:
+    path = tmp_path / "edited.json"
+    path.write_text(text, encoding="utf-8")
+    return memviz.load_plan(path)
+
+
+@pytest.mark.parametrize(("where", "edit", "raw"), [
+    ("solver_stats/bogus", lambda d: d["solver_stats"].update(bogus=1), None),
+    ("budget_bytes", lambda d: d.update(budget_bytes=10**400), None),
+    ("graph/computes/0/time", lambda d: d["graph"]["computes"][0].update(time=1.5), ("1.5", "1e999")),
+    ("model/name", lambda d: d["model"].update(name="m\ud800"), None),
+    ("graph/datas/2/name", lambda d: d["graph"]["datas"][2].update(name="a\x00b"), None),
+    ("device/name", lambda d: d["device"].update(name="\udfff"), None),
+])
+def test_edge_values_are_plan_file_errors_naming_the_path(tmp_path, tiny_doc, where, edit, raw):
+    from memviz.planfile import PlanFileError
+
+    edit(tiny_doc)
+    text = json.dumps(tiny_doc)  # ensure_ascii: the surrogate and NUL travel as \\u escapes
+    if raw is not None:
+        text = text.replace(f'"time": {raw[0]}', f'"time": {raw[1]}', 1)
+    with pytest.raises(PlanFileError, match=f"at {where}"):
+        _load_text(tmp_path, text)
+    with pytest.raises(PlanFileError, match=f"at {where}"):
+        memviz.Plan.from_dict(json.loads(text))
+
+
+def test_save_and_report_refuse_what_they_cannot_write(tmp_path, monkeypatch, tiny_doc):
+    from memviz import report
+    from memviz.planfile import PlanFileError
+
+    fake = tmp_path / "report.js"
+    fake.write_text("var memvizReport = {};")
+    monkeypatch.setattr(report, "BUNDLE", fake)
+    plan = memviz.Plan.from_dict(tiny_doc)
+    inf = dataclasses.replace(plan, budget_bytes=float("inf"))
+    with pytest.raises(PlanFileError, match="at budget_bytes"):
+        inf.save(tmp_path / "inf.json")
+    odd = dataclasses.replace(plan, model={**plan.model, "name": "x\ud800"})
+    with pytest.raises(PlanFileError, match="at model/name"):
+        report.write_report(odd, tmp_path / "odd.html")
+    with pytest.raises(PlanFileError, match="at model/name"):
+        odd.save(tmp_path / "odd.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.js"]
+    plan.save(tmp_path / "ok.json")
+    text = (tmp_path / "ok.json").read_text(encoding="utf-8")
+    assert "NaN" not in text and "Infinity" not in text
+
+
+# --- item 5: a plan is validated once on load ---------------------------------------------------------------
+def test_loading_validates_and_simulates_once(tmp_path, monkeypatch):
+    from memviz import planfile, planning
+    from solvers import GraphBuilder
+
+    b = GraphBuilder("chain")
+    prev = b.data("x", 32, "input")
+    for i in range(1500):
+        a = b.data(f"a{i}", 64, "activation")
+        b.compute(f"f{i}", [prev], [a], time=1.0)
+        prev = a
+    b.outputs = [prev]
+    plan = memviz.plan(b.build(), frontier=False, packing=False, strategy="none")
+    path = plan.save(tmp_path / "big.json")
+    calls = {"schema": 0, "simulate": 0}
+
+    def counted(name, real):
+        def run(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return run
+
+    monkeypatch.setattr(planfile, "_schema_errors", counted("schema", planfile._schema_errors))
+    monkeypatch.setattr(planfile, "simulate", counted("simulate", planfile.simulate))
+    monkeypatch.setattr(planning, "simulate", counted("simulate", planning.simulate))
+    loaded = memviz.load_plan(path)
+    assert len(loaded.schedule) == len(plan.schedule) > 2900
+    assert calls == {"schema": 1, "simulate": 2}  # once per document; once per run (baseline, planned)
+    assert loaded.peak_bytes == plan.peak_bytes and loaded.baseline.peak_bytes == plan.baseline.peak_bytes

@@ -370,3 +370,66 @@ def test_loading_validates_and_simulates_once(tmp_path, monkeypatch):
     assert len(loaded.schedule) == len(plan.schedule) > 2900
     assert calls == {"schema": 1, "simulate": 2}  # once per document; once per run (baseline, planned)
     assert loaded.peak_bytes == plan.peak_bytes and loaded.baseline.peak_bytes == plan.baseline.peak_bytes
+
+
+# --- fuzzing: any mutation of a plan file is either a plan or a clean PlanFileError -------------------------
+_ODD = ["", "\x00", "\ud800", "\u2028", "'''", '"""\n', 10**400, -1, 2**63, 1e308, -0.0, None, True, [], {},
+        [["compute", 0]], {"x": 1}, "free", "compute", 0, 1, 3.5]
+
+
+def _paths(node, path=()):
+    yield path
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, (*path, i))
+
+
+@pytest.mark.slow
+def test_fuzzed_plan_files_load_or_fail_cleanly(tiny_doc, tmp_path_factory):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from memviz import report
+    from memviz.planfile import PlanFileError, parse_document
+
+    base = json.dumps(tiny_doc)
+    paths = [p for p in _paths(tiny_doc) if p and p[0] != "cdgraph"]
+    values = st.one_of(st.sampled_from(_ODD), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
+    edit = st.tuples(st.sampled_from(paths), st.sampled_from(["set", "delete", "extra"]), values)
+
+    @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.lists(edit, min_size=1, max_size=3))
+    def check(edits):
+        doc = json.loads(base)
+        for path, how, value in edits:
+            parent = doc
+            try:
+                for key in path[:-1]:
+                    parent = parent[key]
+                if how == "set":
+                    parent[path[-1]] = value
+                elif how == "delete":
+                    del parent[path[-1]]
+                elif isinstance(parent, dict):
+                    parent[f"extra{len(parent)}"] = value
+                else:
+                    parent.append(value)
+            except (KeyError, IndexError, TypeError, AttributeError):
+                continue  # an earlier edit removed or replaced this path
+        text = json.dumps(doc)  # ensure_ascii: NUL and surrogates as \\u escapes, as in a real file
+        try:
+            plan = memviz.Plan.from_dict(parse_document(text, validate=False))
+        except PlanFileError:
+            return
+        # whatever loads can be summarised, saved and reported
+        plan.summary()
+        new = plan.to_dict()
+        memviz.planfile.document_text(new)
+        report.trusted_document(new)
+        report.report_header(new)
+        report.timeline_csv(new)
+
+    check()

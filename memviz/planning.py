@@ -19,10 +19,10 @@ from typing import Any
 from memviz.budget import format_bytes, parse_budget
 from memviz.cdgraph import cdgraph_dict
 from memviz.neuron import warn_neuron_checkpointing
-from memviz.planfile import MIME_TYPE, read_document, validate_document, write_document
+from memviz.planfile import MIME_TYPE, checked_runs, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
-from solvers.schedule import Schedule, steps_from_json
+from solvers.schedule import Schedule
 
 #: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=...) -> SolveResult`.
 REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
@@ -104,19 +104,18 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Plan:
-        doc = validate_document(doc)
-        graph = Graph.from_dict(doc["graph"])
-        schedule = steps_from_json(doc["planned"]["schedule"])
-        base_schedule = steps_from_json(doc["baseline"]["schedule"])
-        base_graph = Graph.from_dict(doc["baseline"]["graph"]) if "graph" in doc["baseline"] else None
+    def from_dict(cls, doc: dict[str, Any], source: str = "plan document") -> Plan:
+        """The plan of document `doc`, validated once (PlanFileError says why not)."""
+        runs = checked_runs(doc, source)  # the graphs, schedules and timelines validation built
+        graph, schedule, timeline = runs["planned"]
+        base_graph, base_schedule, baseline = runs["baseline"]
         return cls(
             graph=graph,
             schedule=schedule,
-            timeline=simulate(graph, schedule),
+            timeline=timeline,
             baseline_schedule=base_schedule,
-            baseline=simulate(base_graph or graph, base_schedule),
-            baseline_graph=base_graph,
+            baseline=baseline,
+            baseline_graph=base_graph if "graph" in doc["baseline"] else None,
             chunking=doc.get("chunking"),
             strategy=doc["strategy"],
             budget_bytes=doc["budget_bytes"],
@@ -208,7 +207,7 @@ def with_packing(the_plan: Plan, *, time_limit: float = 10.0) -> Plan:
 def load_plan(path: str | Path) -> Plan:
     """Load and validate a plan file (schema + re-simulation).  `memviz.export` needs the model too:
     `memviz.export(plan, model=model)`."""
-    return Plan.from_dict(read_document(path))
+    return Plan.from_dict(read_document(path, validate=False), str(path))  # validated once, by from_dict
 
 
 def _chunking_dict(chunking: Any) -> dict[str, Any]:

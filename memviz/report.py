@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes
-from memviz.planfile import write_text_safely
+from memviz.planfile import check_values, validate_document, write_text_safely
 
 #: The bundled views, built with the package (git-ignored: a source checkout has it once built).
 BUNDLE = Path(__file__).with_name("static") / "report.js"
@@ -50,7 +50,22 @@ def bundle_script() -> str:
 
 def embed_json(obj: Any) -> str:
     """JSON for a `<script type="application/json">` element: no string in it can end the element."""
-    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)  # standard JSON only, as save writes
+    return text.replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def trusted_document(plan_or_doc: Any) -> dict[str, Any]:
+    """The document a report shows: a Plan's own, or a plan dict (perhaps read from an untrusted file)
+    validated, with its CD-graph DOT rebuilt from the validated graph -- DOT text from a document is
+    never shown, since DOT attributes (URL=, href=, image=) become links and images in the SVG."""
+    if not isinstance(plan_or_doc, dict):
+        doc = plan_or_doc.to_dict()  # to_dict builds the DOT from the graph (cdgraph_dict)
+        check_values(doc, "plan")  # a name with a NUL or a lone surrogate cannot be written as UTF-8
+        return doc
+    from memviz.cdgraph import cdgraph_dict
+
+    doc = validate_document(plan_or_doc, "plan document")
+    return {**doc, "cdgraph": cdgraph_dict(doc)}
 
 
 def timeline_csv(doc: dict[str, Any]) -> str:
@@ -103,8 +118,9 @@ def _torch_version() -> str:
 
 
 def render_html(doc: dict[str, Any], *, command: str | None = None, notice: str | None = None) -> str:
-    """The report page of plan document `doc`; raises `ReportBundleMissing` before writing anything.
-    A header says what it describes and how it was made (`command`), and carries `notice` when given."""
+    """The report page of plan document `doc` (a Plan's `to_dict()` or `trusted_document`); raises
+    `ReportBundleMissing` before writing anything.  A header says what it describes and how it was made
+    (`command`), and carries `notice` when given."""
     script = bundle_script()
     title = html.escape(f"memviz report: {doc['model']['name']}")
     head = _header_html(doc, report_header(doc, command), notice)
@@ -122,6 +138,6 @@ def render_html(doc: dict[str, Any], *, command: str | None = None, notice: str 
 def write_report(plan_or_doc: Any, path: str | Path, *, overwrite: bool = False, command: str | None = None,
                  notice: str | None = None) -> Path:
     """Write the offline HTML report; an existing file is kept unless `overwrite=True`."""
-    doc = plan_or_doc if isinstance(plan_or_doc, dict) else plan_or_doc.to_dict()
+    doc = trusted_document(plan_or_doc)
     page = render_html(doc, command=command, notice=notice)
     return write_text_safely(Path(path), page, overwrite=overwrite)

@@ -381,6 +381,8 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
         return export_chunks(plan, path, model=model, overwrite=overwrite)
     prof = getattr(plan, "profile", None)
     graph: Graph = plan.graph
+    if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.distributed)
+        raise ValueError(prof.not_exportable)
     if prof is not None and prof.captured is None:
         raise ValueError("this plan comes from a hook-based fallback profile (the model could not be "
                          "traced): it cannot be exported")

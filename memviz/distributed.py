@@ -30,6 +30,7 @@ import contextlib
 import copy
 import gc
 import inspect
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -94,11 +95,10 @@ class Parallel:
 
 # --- is the model already parallel? -----------------------------------------------------------------------
 def _dtensor_type() -> type | None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed
-        return None
-    return DTensor
+    """DTensor when torch.distributed.tensor is loaded, else None: no DTensor can exist before that import,
+    and importing it costs seconds that a plain `memviz.profile` must not pay."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 def is_parallel_model(model: nn.Module) -> bool:
@@ -106,11 +106,9 @@ def is_parallel_model(model: nn.Module) -> bool:
     dtensor = _dtensor_type()
     if dtensor is None:
         return False
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        FSDPModule = ()  # type: ignore[assignment]  # noqa: N806
-    return isinstance(model, FSDPModule) or any(isinstance(p, dtensor) for p in model.parameters())
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp_module = getattr(fsdp, "FSDPModule", ())
+    return isinstance(model, fsdp_module) or any(isinstance(p, dtensor) for p in model.parameters())
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -163,6 +161,11 @@ def _resize_hook(on_resize: Callable[[torch.UntypedStorage, int, int], None]) ->
 def _is_dtensor_call(types: Iterable[type]) -> bool:
     dtensor = _dtensor_type()
     return dtensor is not None and any(issubclass(t, dtensor) for t in types)
+
+
+def _not_memory(t: torch.Tensor) -> bool:
+    """Meta and fake tensors (DTensor propagates shardings on them) hold no memory of this rank."""
+    return t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
 
 
 class ShardedStorageTracker(StorageTracker):
@@ -294,7 +297,8 @@ class _Recorder(TorchDispatchMode):
         if _is_dtensor_call(types):
             return NotImplemented  # DTensor runs as local operators, which come back through this mode
         kwargs = kwargs or {}
-        ins = [leaf for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+        ins = [leaf for leaf in pytree.tree_leaves((args, kwargs))
+               if isinstance(leaf, torch.Tensor) and not _not_memory(leaf)]
         before = {t.untyped_storage()._cdata for t in ins}
         t0 = time.perf_counter()
         out = func(*args, **kwargs)
@@ -306,7 +310,7 @@ class _Recorder(TorchDispatchMode):
         outputs: list[int] = []
         comm = namespace in _COMM_NAMESPACES
         for leaf in pytree.tree_leaves(out):
-            if not isinstance(leaf, torch.Tensor):
+            if not isinstance(leaf, torch.Tensor) or _not_memory(leaf):
                 continue
             storage = leaf.untyped_storage()
             if storage._cdata in self.alive or storage.nbytes() == 0:
@@ -318,6 +322,8 @@ class _Recorder(TorchDispatchMode):
             for d in inputs:
                 if self.datas[d].kind is None:
                     self.datas[d].comm = True
+        if not outputs and not inputs:
+            return out  # DTensor's sharding propagation on fake tensors: no memory of this rank
         if not outputs and func.is_view:
             return out  # a view is its base: consumers read the base's data node
         self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
@@ -556,13 +562,13 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
     ran, measured live-storage peak of a second, unrecorded run of the same step).
 
-    With an optimizer, one step runs first so its state exists (as in every later step); gradients are
-    set to None before each step, as ``zero_grad()`` does."""
+    One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
+    work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
+    before each step, as ``zero_grad()`` does."""
     opt = make_optimizer(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
-        if opt is not None:
-            step()
+        step()
         _zero(model, opt)
         gc.collect()
         rec = _Recorder(_sources(model, args, kwargs, opt))
@@ -581,6 +587,27 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         del result
         _zero(model, opt)
     return graph, schedule, tracker.peak_bytes
+
+
+@contextlib.contextmanager
+def _restored(model: nn.Module, optimizer: Any) -> Iterator[None]:
+    """Put back the local shards of parameters and buffers, the gradients and the optimizer's state after
+    the block: profiling runs real steps on a model the user wrapped, which must not change it."""
+    tensors = [local(t) for t in (*model.parameters(), *model.buffers())]
+    saved = [t.detach().clone() for t in tensors]
+    grads = [p.grad for p in model.parameters()]
+    opt_state = (copy.deepcopy(optimizer.state_dict()) if isinstance(optimizer, torch.optim.Optimizer)
+                 else None)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved, strict=True):
+                t.copy_(s)
+        for p, g in zip(model.parameters(), grads, strict=True):
+            p.grad = g
+        if opt_state is not None:
+            optimizer.load_state_dict(opt_state)
 
 
 def _zero(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
@@ -604,10 +631,10 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if parallel is None:
         if not dist.is_initialized():
             raise ParallelError("the model holds DTensor parameters but no process group is initialised")
-        work = model
         meta = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "wrapped_by_user": True}
-        graph, schedule, measured = record_step(work, args, kwargs, mode=mode,
-                                                loss_fn=loss_fn or default_loss, optimizer=optimizer)
+        with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
+            graph, schedule, measured = record_step(model, args, kwargs, mode=mode,
+                                                    loss_fn=loss_fn or default_loss, optimizer=optimizer)
     else:
         if is_parallel_model(model):
             raise ParallelError("the model is already sharded: profile it without parallel=")

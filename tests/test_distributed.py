@@ -191,3 +191,23 @@ def test_gloo_ranks_match_the_per_rank_prediction(tmp_path) -> None:
                   f"wrapped {measured[kind]['wrapped_predicted']}")
             assert abs(predicted[kind, rank] - real) <= 0.05 * real, (kind, rank, predicted, real)
             assert abs(measured[kind]["wrapped_predicted"] - real) <= 0.05 * real, (kind, rank)
+
+
+def test_a_model_the_user_wrapped_is_profiled_as_is_and_left_unchanged() -> None:
+    from distributed_worker import user_wrap
+
+    from memviz.distributed import fake_process_group, local
+
+    model, args = tiny_gpt()
+    with fake_process_group(2, 0):
+        wrapped = user_wrap(model, "fsdp", 2)
+        opt = torch.optim.AdamW(wrapped.parameters())
+        before = [local(p).clone() for p in wrapped.parameters()]
+        prof = memviz.profile(wrapped, args, optimizer=opt)  # no parallel=: DTensor parameters say it
+        assert prof.graph.meta["parallel"] == {"world_size": 2, "rank": 0, "wrapped_by_user": True}
+        assert all(torch.equal(local(p), b) for p, b in zip(wrapped.parameters(), before, strict=True))
+        assert not opt.state and all(p.grad is None for p in wrapped.parameters())
+        assert prof.measured_peak_bytes == prof.baseline.peak_bytes
+        reference = memviz.profile(tiny_gpt()[0], args, optimizer=torch.optim.AdamW,
+                                   parallel=Parallel(world_size=2))
+        assert prof.baseline.peak_bytes == reference.baseline.peak_bytes

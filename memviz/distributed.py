@@ -208,6 +208,8 @@ _SKIP_NAMESPACES = frozenset({"profiler"})
 #: buffers are communication buffers.  DTensor's functional collectives (_c10d_functional) produce
 #: activations and gradients and keep the kind their phase gives.
 _COMM_NAMESPACES = frozenset({"c10d", "fsdp"})
+#: c10d's in-place collectives do not mark their written arguments in the schema: these are the buffers.
+_COMM_OUTPUTS = frozenset({"output_tensor", "output_tensors", "all_gather_output", "output"})
 
 
 @dataclass
@@ -293,6 +295,19 @@ class _Recorder(TorchDispatchMode):
                                       max(parents, key=len) if parents else ""))
         self.steps.append(("compute", c))
 
+    def _written(self, func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+        """Data nodes a collective or FSDP2 copy writes into (its ``out=`` / ``output_tensor`` buffers,
+        allocated by FSDP2 with ``torch.empty``); the gradients it only reads keep their kind."""
+        found = []
+        for i, arg in enumerate(func._schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            written = (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in _COMM_OUTPUTS
+            if written:
+                for t in pytree.tree_leaves(value):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in self.alive:
+                        found.append(self.alive[t.untyped_storage()._cdata])
+        return found
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _is_dtensor_call(types):
             return NotImplemented  # DTensor runs as local operators, which come back through this mode
@@ -319,7 +334,7 @@ class _Recorder(TorchDispatchMode):
                 f"{func.__name__}.{len(self.datas)}", int(storage.nbytes()), None, shape=tuple(leaf.shape),
                 dtype=str(leaf.dtype).replace("torch.", ""), phase=self.phase, comm=comm)))
         if comm:
-            for d in inputs:
+            for d in self._written(func, args, kwargs):
                 if self.datas[d].kind is None:
                     self.datas[d].comm = True
         if not outputs and not inputs:

@@ -656,8 +656,17 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         meta = {**parallel.to_dict(), "wrapped_by_user": False}
         with fake_process_group(parallel.world_size, parallel.rank):
             work = shard_model(model, parallel)
-            graph, schedule, measured = record_step(work, args, kwargs, mode=mode,
-                                                    loss_fn=loss_fn or default_loss, optimizer=optimizer)
+            try:
+                graph, schedule, measured = record_step(work, args, kwargs, mode=mode,
+                                                        loss_fn=loss_fn or default_loss, optimizer=optimizer)
+            except RuntimeError as err:
+                if parallel.tp == 1:
+                    raise
+                raise ParallelError(
+                    f"{type(model).__name__}'s forward fails on tensor-parallel local shapes ({err}).  "
+                    f"memviz divides the head-count attributes {HEAD_ATTRS} by tp; the forward must take "
+                    "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
+                    "full d)") from err
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={"mode": mode, "estimated": False, "device": info.name, "recorded": True,
                         "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(

@@ -142,6 +142,9 @@ def test_tensor_parallel_refuses_unknown_linear_names() -> None:
     model.blocks[0].mystery = torch.nn.Linear(32, 32)
     with pytest.raises(ParallelError, match="mystery"):
         memviz.profile(model, args, parallel=Parallel(world_size=2, fsdp=False, tp=2))
+    gpt, gpt_args = _examples_gpt()  # reshapes attention back with the full width d: not tensor-parallel
+    with pytest.raises(ParallelError, match="local shapes"):
+        memviz.profile(gpt, gpt_args, parallel=Parallel(world_size=2, fsdp=False, tp=2))
     with pytest.raises(ParallelError, match="recorded on CPU"):
         memviz.profile(model, args, device="fake:h100", parallel=Parallel(world_size=2))
 
@@ -159,6 +162,13 @@ def test_per_rank_plan_is_checked_and_not_exported(fsdp4, tmp_path) -> None:
     assert any(d.kind is DataKind.COMMUNICATION for d in loaded.graph.datas)
     with pytest.raises(ValueError, match="recorded parallel"):
         memviz.export(plan)
+
+
+def _examples_gpt():
+    sys.path.insert(0, str(ROOT))
+    from examples.models import gpt
+
+    return gpt(dropout=0.0)
 
 
 def _free_port() -> int:

@@ -23,10 +23,11 @@ _LAZY = {
     "Planner": ("memviz.widget", "Planner"),
     "ChunkEditor": ("memviz.chunk_editor", "ChunkEditor"),
     "WhatIf": ("memviz.whatif", "WhatIf"),
+    "Parallel": ("memviz.distributed", "Parallel"),
 }
 
 __all__ = [
-    "ChunkEditor", "Plan", "Planner", "Profile", "WhatIf",
+    "ChunkEditor", "Parallel", "Plan", "Planner", "Profile", "WhatIf",
     "apply", "backend", "export", "load_plan", "plan", "profile",
 ]
 

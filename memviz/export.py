@@ -434,6 +434,8 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         return export_chunks(plan, None, model=model)
     prof = getattr(plan, "profile", None)
     graph: Graph = plan.graph
+    if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.distributed)
+        raise ValueError(prof.not_exportable)
     if prof is not None and prof.captured is None:
         raise ValueError("this plan comes from a hook-based fallback profile (the model could not be "
                          "traced): it cannot be exported")

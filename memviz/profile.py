@@ -98,7 +98,8 @@ class Profile:
 
 def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *, mode: str = "train",
             loss_fn: LossFn | None = None, optimizer: Any = None, device: str | torch.device | None = None,
-            fallback: bool = True, repeats: int = 3, warmup: int = 1, measure: bool = True) -> Profile:
+            fallback: bool = True, repeats: int = 3, warmup: int = 1, measure: bool = True,
+            parallel: Any = None) -> Profile:
     """Capture `model` on `args`/`kwargs` and profile it (DESIGN.md public API).
 
     mode: ``"train"`` (forward, loss, backward, and the optimizer step when `optimizer` is given) or
@@ -113,6 +114,10 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     forward/backward hooks (``Profile.fallback`` is True; it cannot be exported).  With ``False`` the
     `CaptureError` (naming the module and source line) is raised.
 
+    parallel: a `memviz.Parallel` (world size, FSDP2, tensor/sequence parallelism): one rank of that step,
+    recorded on a fake process group (`memviz.distributed`); a model already wrapped with ``fully_shard``
+    / ``parallelize_module`` (DTensor parameters, initialised process group) is recorded as is.
+
     `ProfileWarning` says when the figures may not be what runs: the model is a GraphModule with its own
     code generation (profiled as its plain graph), the predicted eager peak is more than 5% off the
     measured one, or one step would not fit the device's available memory (then nothing is run: the
@@ -125,6 +130,11 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
     if mode == "inference" and optimizer is not None:
         raise ValueError("an optimizer only makes sense with mode='train'")
+    from memviz import distributed  # torch.distributed loads only here
+
+    if parallel is not None or distributed.is_parallel_model(model):
+        return distributed.profile_parallel(model, args, kwargs, mode=mode, loss_fn=loss_fn,
+                                            optimizer=optimizer, device=device, parallel=parallel)
     info = resolve_device(device, model, args)
     if not info.estimated:
         _check_on_device(model, args, kwargs, info.torch_device)

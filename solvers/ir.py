@@ -31,6 +31,7 @@ class DataKind(str, Enum):
     PARAMETER_GRADIENT = "parameter_gradient"
     OPTIMIZER_STATE = "optimizer_state"
     OUTPUT = "output"
+    COMMUNICATION = "communication"  # collective buffers and gathered (unsharded) parameters of one rank
 
 
 #: Kinds whose bytes are fixed for the whole run: a remat plan cannot touch them.

@@ -24,6 +24,7 @@ CATEGORIES = (
     "gradients",
     "activations",
     "outputs",
+    "communication",
     "workspace",
 )
 
@@ -37,6 +38,7 @@ _CATEGORY_OF = {
     DataKind.ACTIVATION: "activations",
     DataKind.SAVED: "activations",
     DataKind.OUTPUT: "outputs",
+    DataKind.COMMUNICATION: "communication",
 }
 
 

@@ -33,7 +33,8 @@ export function kindCategory(kind: string): string {
     gradient: 'gradients',
     activation: 'activations',
     saved: 'activations',
-    output: 'outputs'
+    output: 'outputs',
+    communication: 'communication'
   };
   return table[kind] ?? kind;
 }

@@ -17,6 +17,7 @@ export const CATEGORIES: readonly string[] = [
   'gradients',
   'activations',
   'outputs',
+  'communication',
   'workspace'
 ];
 
@@ -30,6 +31,7 @@ export const CATEGORY_COLORS: Readonly<Record<string, string>> = {
   gradients: '#eeca3b',
   activations: '#54a24b',
   outputs: '#ff9da6',
+  communication: '#e45756',
   workspace: '#bab0ac'
 };
 export const FALLBACK_COLOR = '#888888';

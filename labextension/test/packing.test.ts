@@ -10,7 +10,7 @@ import {
   placementLines
 } from '../src/packing_data';
 import { CATEGORIES, parsePlan, PlanDoc } from '../src/transforms';
-import { HOSTILE, samplePlan } from './sample';
+import { HOSTILE, python, samplePlan } from './sample';
 
 // A solvers-built document: OLLA's packing and the caching-allocator simulation of its planned schedule.
 const SAMPLE: PlanDoc = samplePlan();
@@ -162,5 +162,22 @@ describe('pixelRects', () => {
     assert.deepEqual(pixelRects([4, 0, 6, 100], zoomed, 50, 100), [0, 0, 10, 100]);
     assert.deepEqual(pixelRects([0, 0, 5, 100], zoomed, 50, 100), []);
     assert.deepEqual(pixelRects([6, 10, 6.01, 10.01], zoomed, 50, 100), [10, 89.99, 1, 1]);
+  });
+});
+
+describe('kindCategory', () => {
+  it('maps every solvers.DataKind to the category solvers.simulate counts it in', () => {
+    const fromPython: Record<string, string> = JSON.parse(
+      python([
+        '-c',
+        'import json; from solvers import DataKind; from solvers.simulate import category; ' +
+          'print(json.dumps({k.value: category(k) for k in DataKind}))'
+      ])
+    );
+    assert.ok('communication' in fromPython);
+    for (const [kind, category] of Object.entries(fromPython)) {
+      assert.equal(kindCategory(kind), category, kind);
+      assert.ok(CATEGORIES.includes(category), category);
+    }
   });
 });

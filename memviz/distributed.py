@@ -1,0 +1,695 @@
+"""One rank of an FSDP2 / tensor-parallel training step as a CD-graph (`memviz.profile(..., parallel=)`).
+
+memviz's capture (torch.export + the AOT joint graph) does not trace FSDP2: its parameter all-gathers
+and gradient reduce-scatters run in module hooks on process-group work objects, and its unsharded
+parameters are storages it resizes by hand (``UntypedStorage.resize_``), which no tracer sees.  So a
+parallel profile is *recorded*, not traced: memviz shards a copy of the model (``fully_shard`` per
+block, then the root; ``parallelize_module`` for tensor parallelism) on a DeviceMesh over PyTorch's
+fake process group (`torch.testing._internal.distributed.fake_pg`: collectives allocate their buffers
+but move no data) as rank `Parallel.rank` of `Parallel.world_size`, runs one real step in this process,
+and `_Recorder` (a TorchDispatchMode) writes down every operator with the storages it reads and
+creates, when each storage is released (weak references on storages, and the storage resizes FSDP2
+makes), and the time each operator took.  Memory is exact for the local shapes; values are not (the
+fake collectives leave garbage in their outputs), which only matters to data-dependent control flow.
+
+The graph holds what one rank holds: parameter shards (FSDP2's padded local shards), their gradient
+shards and optimizer state, the all-gather / reduce-scatter buffers and the unsharded parameters
+(kind ``communication``), activations with local (tensor-parallel) shapes, and every collective as a
+compute node (``c10d.*`` for FSDP2, ``_c10d_functional.*`` for DTensor redistributions).  The baseline
+schedule is the recorded order with every free where the step released it, so its simulated peak is
+the recorded rank's live-storage peak.
+
+What is absent: collective times (the fake group takes none; compute nodes carry the measured CPU
+time of each operator only), export (a recorded graph is no FX program: `memviz.export` refuses),
+other ranks' asymmetries beyond the local shard sizes (pass ``rank=``), and pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import inspect
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.module_tracker import ModuleTracker
+
+from memviz.profile import Profile, _check_measured
+from memviz.tracker import StorageTracker
+from solvers import DataKind, Graph, GraphBuilder, Phase, simulate
+from solvers.schedule import Schedule, Step
+
+__all__ = ["Parallel", "ParallelError", "ShardedStorageTracker", "is_parallel_model", "profile_parallel"]
+
+
+class ParallelError(ValueError):
+    """The model or the requested parallelism cannot be profiled as asked (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How one rank runs: `world_size` ranks in all; FSDP2 over ``world_size // tp`` of them when
+    `fsdp`; tensor parallelism of degree `tp` (``tp == world_size`` without FSDP); `sp`: sequence
+    parallelism inside the tensor-parallel blocks (norms and dropout on ``seq / tp`` tokens).  `rank`
+    is the rank profiled (shard sizes can differ on the last rank when a dimension does not divide)."""
+
+    world_size: int
+    fsdp: bool = True
+    tp: int = 1
+    sp: bool = False
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.tp < 1:
+            raise ParallelError(f"world_size and tp must be positive, not {self.world_size} and {self.tp}")
+        if self.world_size % self.tp:
+            raise ParallelError(f"tp={self.tp} does not divide world_size={self.world_size}")
+        if not self.fsdp and self.world_size != self.tp:
+            raise ParallelError(
+                f"world_size={self.world_size} with tp={self.tp} and fsdp=False means data-parallel replicas "
+                "(DDP), which memviz does not model: use fsdp=True or world_size == tp")
+        if self.sp and self.tp == 1:
+            raise ParallelError("sp=True (sequence parallelism) needs tp > 1")
+        if not 0 <= self.rank < self.world_size:
+            raise ParallelError(f"rank {self.rank} is not in range(world_size={self.world_size})")
+
+    @property
+    def dp(self) -> int:
+        """Ranks one parameter is sharded over by FSDP2 (1 without FSDP)."""
+        return self.world_size // self.tp if self.fsdp else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "fsdp": self.fsdp, "tp": self.tp, "sp": self.sp,
+                "rank": self.rank}
+
+
+# --- is the model already parallel? -----------------------------------------------------------------------
+def _dtensor_type() -> type | None:
+    """DTensor when torch.distributed.tensor is loaded, else None: no DTensor can exist before that import,
+    and importing it costs seconds that a plain `memviz.profile` must not pay."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def is_parallel_model(model: nn.Module) -> bool:
+    """True when `model` was wrapped with ``fully_shard`` or ``parallelize_module`` (DTensor parameters)."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return False
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp_module = getattr(fsdp, "FSDPModule", ())
+    return isinstance(model, fsdp_module) or any(isinstance(p, dtensor) for p in model.parameters())
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding this rank's storage (a DTensor's local shard; a plain tensor itself)."""
+    dtensor = _dtensor_type()
+    return t._local_tensor if dtensor is not None and isinstance(t, dtensor) else t
+
+
+def local_tensors(*objs: Any) -> list[torch.Tensor]:
+    """Every local storage-holding tensor in modules (parameters, .grad, buffers), optimizers (state)
+    and pytrees, DTensors replaced by their local shards."""
+    found: list[torch.Tensor] = []
+    for obj in objs:
+        if isinstance(obj, nn.Module):
+            for p in obj.parameters():
+                found.append(p)
+                if p.grad is not None:
+                    found.append(p.grad)
+            found.extend(obj.buffers())
+        elif isinstance(obj, torch.optim.Optimizer):
+            found.extend(v for s in obj.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+        else:
+            found.extend(x for x in pytree.tree_leaves(obj) if isinstance(x, torch.Tensor))
+    return [local(t) for t in found]
+
+
+# --- storage resizes (FSDP2's unsharded parameters) --------------------------------------------------------
+@contextlib.contextmanager
+def _resize_hook(on_resize: Callable[[torch.UntypedStorage, int, int], None]) -> Iterator[None]:
+    """Call ``on_resize(storage, old_nbytes, new_nbytes)`` after every ``UntypedStorage.resize_``.
+
+    FSDP2 frees and re-allocates unsharded parameters with ``storage.resize_`` (``free_storage`` /
+    ``alloc_storage`` in ``torch.distributed.fsdp._fully_shard._fsdp_param``), a storage method no
+    dispatch mode sees; torch's own ``FSDPMemTracker`` wraps the method the same way."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+        old = int(storage.nbytes())
+        out = original(storage, size)
+        on_resize(storage, old, int(storage.nbytes()))
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+def _is_dtensor_call(types: Iterable[type]) -> bool:
+    dtensor = _dtensor_type()
+    return dtensor is not None and any(issubclass(t, dtensor) for t in types)
+
+
+def _not_memory(t: torch.Tensor) -> bool:
+    """Meta and fake tensors (DTensor propagates shardings on them) hold no memory of this rank."""
+    return t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
+
+
+class ShardedStorageTracker(StorageTracker):
+    """`memviz.tracker.StorageTracker` for parallel models: DTensor operators are let through to run as
+    their local operators (which the mode then sees), and storage resizes count as allocations and
+    frees.  Pass ``local_tensors(model, optimizer, inputs)`` as `preexisting`."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if _is_dtensor_call(types):
+            return NotImplemented
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _resized(self, storage: torch.UntypedStorage, old: int, new: int) -> None:
+        key = storage._cdata
+        if key in self._alive:
+            self.live_bytes += new - self._alive[key]
+            self._alive[key] = new
+            if new == 0:
+                self._alive.pop(key)
+        elif new:
+            self._alive[key] = new
+            self.live_bytes += new
+            weakref.finalize(storage, self._release, key)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def __enter__(self) -> ShardedStorageTracker:
+        self._resize_ctx = _resize_hook(self._resized)
+        self._resize_ctx.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self._resize_ctx.__exit__(*exc)
+
+
+# --- recording one step -------------------------------------------------------------------------------------
+#: Operators that only make views or record profiler ranges: no storage, no work worth a node.
+_SKIP_NAMESPACES = frozenset({"profiler"})
+#: Collectives run on process-group work objects (FSDP2) and FSDP2's own copy-in/out kernels: their
+#: buffers are communication buffers.  DTensor's functional collectives (_c10d_functional) produce
+#: activations and gradients and keep the kind their phase gives.
+_COMM_NAMESPACES = frozenset({"c10d", "fsdp"})
+#: c10d's in-place collectives do not mark their written arguments in the schema: these are the buffers.
+_COMM_OUTPUTS = frozenset({"output_tensor", "output_tensors", "all_gather_output", "output"})
+
+
+@dataclass
+class _Data:
+    name: str
+    nbytes: int
+    kind: DataKind | None  # None: decided after the step (`_classify`)
+    producer: int | None = None
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    phase: Phase | None = None
+    comm: bool = False
+    read_in: set[Phase] = field(default_factory=set)
+
+
+@dataclass
+class _Compute:
+    name: str
+    op: str
+    phase: Phase
+    inputs: list[int]
+    outputs: list[int]
+    time: float
+    module: str
+
+
+class _Recorder(TorchDispatchMode):
+    """Every operator of a step with the storages it reads and creates, and every storage's release,
+    in order (`steps`: ("compute", i) and ("free", data) events)."""
+
+    def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]]) -> None:
+        super().__init__()
+        self.datas: list[_Data] = []
+        self.computes: list[_Compute] = []
+        self.steps: list[tuple[str, int]] = []
+        self.alive: dict[int, int] = {}  # storage key -> data id
+        self.phase = Phase.FORWARD
+        self.modules = ModuleTracker()
+        self.keep: list[Any] = []  # finalizer handles
+        for kind, tensors in sources.items():
+            for name, t in tensors:
+                self._source(name, t, DataKind(kind))
+
+    # storages ------------------------------------------------------------------------------------
+    def _source(self, name: str, t: torch.Tensor, kind: DataKind) -> int | None:
+        storage = t.untyped_storage()
+        if storage._cdata in self.alive or storage.nbytes() == 0:
+            return self.alive.get(storage._cdata)
+        return self._new(storage, _Data(name, int(storage.nbytes()), kind, shape=tuple(t.shape),
+                                        dtype=str(t.dtype).replace("torch.", "")))
+
+    def _new(self, storage: torch.UntypedStorage, data: _Data) -> int:
+        d = len(self.datas)
+        self.datas.append(data)
+        key = storage._cdata
+        self.alive[key] = d
+        self.keep.append(weakref.finalize(storage, self._released, key, d))
+        return d
+
+    def _released(self, key: int, d: int) -> None:
+        if self.alive.get(key) == d:
+            del self.alive[key]
+            self.steps.append(("free", d))
+
+    def _resized(self, storage: torch.UntypedStorage, old: int, new: int) -> None:
+        key = storage._cdata
+        if key in self.alive:  # a resize of a live storage: freed here, re-allocated below if new > 0
+            self._released(key, self.alive[key])
+        if new:
+            d = self._new(storage, _Data(f"unsharded{len(self.datas)}", new, DataKind.COMMUNICATION,
+                                         phase=self.phase, comm=True))
+            self._add_compute("fsdp.alloc_storage", "fsdp.alloc_storage", [], [d], 0.0)
+
+    # operators -----------------------------------------------------------------------------------
+    def _add_compute(self, name: str, op: str, inputs: list[int], outputs: list[int], seconds: float) -> None:
+        c = len(self.computes)
+        for d in outputs:
+            self.datas[d].producer = c
+        for d in inputs:
+            self.datas[d].read_in.add(self.phase)
+        parents = [p for p in self.modules.parents if p != "Global"]
+        self.computes.append(_Compute(name, op, self.phase, inputs, outputs, seconds,
+                                      max(parents, key=len) if parents else ""))
+        self.steps.append(("compute", c))
+
+    def _written(self, func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+        """Data nodes a collective or FSDP2 copy writes into (its ``out=`` / ``output_tensor`` buffers,
+        allocated by FSDP2 with ``torch.empty``); the gradients it only reads keep their kind."""
+        found = []
+        for i, arg in enumerate(func._schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            written = (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in _COMM_OUTPUTS
+            if written:
+                for t in pytree.tree_leaves(value):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in self.alive:
+                        found.append(self.alive[t.untyped_storage()._cdata])
+        return found
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if _is_dtensor_call(types):
+            return NotImplemented  # DTensor runs as local operators, which come back through this mode
+        kwargs = kwargs or {}
+        ins = [leaf for leaf in pytree.tree_leaves((args, kwargs))
+               if isinstance(leaf, torch.Tensor) and not _not_memory(leaf)]
+        before = {t.untyped_storage()._cdata for t in ins}
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        seconds = time.perf_counter() - t0
+        namespace = func.namespace
+        if namespace in _SKIP_NAMESPACES:
+            return out
+        inputs = [self.alive[k] for k in dict.fromkeys(before) if k in self.alive]
+        outputs: list[int] = []
+        comm = namespace in _COMM_NAMESPACES
+        for leaf in pytree.tree_leaves(out):
+            if not isinstance(leaf, torch.Tensor) or _not_memory(leaf):
+                continue
+            storage = leaf.untyped_storage()
+            if storage._cdata in self.alive or storage.nbytes() == 0:
+                continue
+            outputs.append(self._new(storage, _Data(
+                f"{func.__name__}.{len(self.datas)}", int(storage.nbytes()), None, shape=tuple(leaf.shape),
+                dtype=str(leaf.dtype).replace("torch.", ""), phase=self.phase, comm=comm)))
+        if comm:
+            for d in self._written(func, args, kwargs):
+                if self.datas[d].kind is None:
+                    self.datas[d].comm = True
+        if not outputs and not inputs:
+            return out  # DTensor's sharding propagation on fake tensors: no memory of this rank
+        if not outputs and func.is_view:
+            return out  # a view is its base: consumers read the base's data node
+        self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
+                          f"{func.overloadpacket.__name__}", str(func), inputs, outputs, seconds)
+        return out
+
+
+def _classify(rec: _Recorder, grads: set[int], ends: set[int]) -> None:
+    """Kinds of the data nodes the step created: a gradient shard left in ``.grad`` is a parameter
+    gradient, FSDP2's collective buffers and unsharded parameters are communication, a forward tensor
+    read by the backward is saved, a tensor still held after the step is an output."""
+    for d, data in enumerate(rec.datas):
+        if data.kind is not None:
+            continue
+        if d in grads:
+            data.kind = DataKind.PARAMETER_GRADIENT
+        elif data.comm:
+            data.kind = DataKind.COMMUNICATION
+        elif d in ends:
+            data.kind = DataKind.OUTPUT
+        elif data.phase is Phase.FORWARD:
+            data.kind = DataKind.SAVED if Phase.BACKWARD in data.read_in else DataKind.ACTIVATION
+        elif data.phase is Phase.BACKWARD:
+            data.kind = DataKind.GRADIENT
+        else:  # the optimizer update's temporaries (sqrt, div): transient like activations
+            data.kind = DataKind.ACTIVATION
+
+
+def recorded_graph(rec: _Recorder, name: str, grads: set[int]) -> tuple[Graph, Schedule]:
+    """The CD-graph and the schedule exactly as the step ran (frees where storages were released);
+    whatever is still alive afterwards is a graph output."""
+    ends = set(rec.alive.values())
+    _classify(rec, grads, ends)
+    b = GraphBuilder(name)
+    for data in rec.datas:
+        b.data(data.name, data.nbytes, data.kind, shape=data.shape, dtype=data.dtype)
+    for c in rec.computes:
+        b.compute(c.name, c.inputs, c.outputs, op=c.op, phase=c.phase, time=c.time, module=c.module)
+    created = {d for c in rec.computes for d in c.outputs}
+    b.outputs = sorted(d for d in ends if d in created or rec.datas[d].kind is DataKind.PARAMETER_GRADIENT)
+    schedule = [Step(kind, i) for kind, i in rec.steps]
+    # a source released during the step (an input the caller dropped) stays a legal free; any other
+    # source is alive to the end, as the simulator assumes
+    return b.build(), schedule
+
+
+# --- sharding a model --------------------------------------------------------------------------------------
+def blocks_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The repeated blocks FSDP2 and tensor parallelism wrap: the children of the model's first (outermost)
+    ``nn.ModuleList`` / ``nn.Sequential`` with two or more children."""
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2:
+            prefix = f"{name}." if name else ""
+            return [(f"{prefix}{child_name}", child) for child_name, child in m.named_children()]
+    return []
+
+
+#: Linear layers by their last name component (the naming of GPT-2, Llama/Mistral, BERT, T5, Megatron and
+#: memviz's examples).  Column-wise: the first matmul of a pair (output features sharded); row-wise: the
+#: second (input features sharded, partial sums all-reduced or reduce-scattered).
+COLWISE = frozenset({"qkv", "c_attn", "q_proj", "k_proj", "v_proj", "query", "key", "value", "wq", "wk", "wv",
+                     "fc", "fc1", "c_fc", "up_proj", "gate_proj", "w1", "w3", "wi", "dense_h_to_4h",
+                     "query_key_value", "in_proj"})
+ROWWISE = frozenset({"proj", "o_proj", "out_proj", "c_proj", "fc_proj", "fc2", "down_proj", "w2", "wo",
+                     "dense_4h_to_h", "dense"})
+#: Attributes holding a block's attention head count: divided by tp (each rank runs heads / tp heads).
+HEAD_ATTRS = ("heads", "n_head", "n_heads", "num_heads", "num_attention_heads", "num_key_value_heads")
+
+
+def tp_plan(block: nn.Module, sp: bool) -> dict[str, Any]:
+    """Megatron-style plan for one block from its Linear layers' names (`COLWISE`, `ROWWISE`); LayerNorm /
+    RMSNorm layers run sequence-parallel when `sp`.  Any other Linear refuses the model."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    plan: dict[str, Any] = {}
+    unknown = []
+    for name, m in block.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if isinstance(m, nn.Linear):
+            if last in COLWISE:
+                plan[name] = ColwiseParallel(input_layouts=Shard(1)) if sp else ColwiseParallel()
+            elif last in ROWWISE:
+                plan[name] = RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()
+            else:
+                unknown.append(name)
+        elif sp and isinstance(m, (nn.LayerNorm, getattr(nn, "RMSNorm", nn.LayerNorm))):
+            plan[name] = SequenceParallel()
+    if unknown:
+        raise ParallelError(
+            f"tensor parallelism: no rule for the Linear layer(s) {unknown} of {type(block).__name__}; "
+            f"memviz shards Linear layers named {sorted(COLWISE)} column-wise and {sorted(ROWWISE)} "
+            "row-wise: rename them, or wrap the model with parallelize_module yourself and profile it "
+            "without parallel=")
+    if not any(isinstance(s, ColwiseParallel) for s in plan.values()):
+        raise ParallelError(f"tensor parallelism: {type(block).__name__} has no column-wise Linear layer")
+    return plan
+
+
+def _divide_heads(block: nn.Module, tp: int) -> None:
+    for m in block.modules():
+        for attr in HEAD_ATTRS:
+            heads = getattr(m, attr, None)
+            if isinstance(heads, int) and not isinstance(heads, bool):
+                if heads % tp:
+                    raise ParallelError(f"{type(m).__name__}.{attr}={heads} is not divisible by tp={tp}")
+                setattr(m, attr, heads // tp)
+
+
+def shard_model(model: nn.Module, parallel: Parallel) -> nn.Module:
+    """A sharded copy of `model` on a mesh over the initialised process group: tensor parallelism inside
+    every block (`tp_plan`), then ``fully_shard`` on every block and the root.  The user's model is not
+    touched."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    blocks = blocks_of(model)
+    if not blocks:
+        raise ParallelError(f"{type(model).__name__} has no nn.ModuleList / nn.Sequential of blocks to shard")
+    work = copy.deepcopy(model)
+    blocks = blocks_of(work)
+    if parallel.tp > 1 and parallel.dp > 1:
+        mesh = init_device_mesh("cpu", (parallel.dp, parallel.tp), mesh_dim_names=("dp", "tp"))
+        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+    elif parallel.tp > 1:
+        dp_mesh, tp_mesh = None, init_device_mesh("cpu", (parallel.tp,), mesh_dim_names=("tp",))
+    else:
+        dp_mesh, tp_mesh = init_device_mesh("cpu", (parallel.dp,), mesh_dim_names=("dp",)), None
+    if tp_mesh is not None:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            PrepareModuleInput,
+            PrepareModuleOutput,
+            parallelize_module,
+        )
+
+        for i, (_, block) in enumerate(blocks):
+            plan = tp_plan(block, parallel.sp)
+            _divide_heads(block, parallel.tp)
+            parallelize_module(block, tp_mesh, plan)
+            if parallel.sp:
+                # the residual stream is split on the sequence from the first block to the last
+                if i == 0:
+                    parallelize_module(block, tp_mesh, PrepareModuleInput(
+                        input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                        use_local_output=True))
+                if i == len(blocks) - 1:
+                    parallelize_module(block, tp_mesh, PrepareModuleOutput(
+                        output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),),
+                        use_local_output=True))
+    if dp_mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+
+        for _, block in blocks:
+            fully_shard(block, mesh=dp_mesh)
+        fully_shard(work, mesh=dp_mesh)
+    return work
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """PyTorch's fake process group as the default group for the duration (this process plays `rank`)."""
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise ParallelError(
+                f"a process group of world size {dist.get_world_size()} (rank {dist.get_rank()}) is already "
+                f"initialised, not {world_size} (rank {rank}): wrap the model with fully_shard / "
+                "parallelize_module yourself and profile it without parallel=, or destroy the group first")
+        yield
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+# --- one rank's step ----------------------------------------------------------------------------------------
+def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
+    """`optimizer` over `model`'s (sharded) parameters: an instance already over them is used as is; a class,
+    or an instance over other parameters (the user's unsharded model), gives the same class and
+    hyper-parameters over these."""
+    if optimizer is None:
+        return None
+    params = list(model.parameters())
+    if isinstance(optimizer, torch.optim.Optimizer):
+        mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if mine == {id(p) for p in params}:
+            return optimizer
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+        hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params" and k in accepted}
+        return type(optimizer)(params, **hyper)
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return optimizer(params)
+    raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+
+
+def train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
+               loss_fn: Callable[[Any], torch.Tensor], opt: torch.optim.Optimizer | None,
+               phase: Callable[[Phase], None] = lambda p: None) -> Callable[[], Any]:
+    """One step as the user runs it (forward, loss, backward, optimizer step, gradients set to None before
+    the step); `phase` is told when the backward and the optimizer start."""
+
+    def step() -> Any:
+        if mode == "inference":
+            with torch.no_grad():
+                return model(*args, **(kwargs or {}))
+        phase(Phase.FORWARD)
+        out = model(*args, **(kwargs or {}))
+        loss = loss_fn(out)
+        phase(Phase.BACKWARD)
+        loss.backward()
+        if opt is not None:
+            phase(Phase.OPTIMIZER)
+            opt.step()
+        return out, loss
+
+    return step
+
+
+def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, list[tuple[str, torch.Tensor]]]:
+    params = [(n, local(p)) for n, p in model.named_parameters()]
+    grads = [(f"{n}.grad", local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
+    state = [] if opt is None else [
+        (f"optimizer_state.{i}.{k}", local(v)) for i, s in enumerate(opt.state.values()) for k, v in s.items()
+        if isinstance(v, torch.Tensor)]
+    inputs = [(f"input{i}", local(t)) for i, t in enumerate(pytree.tree_leaves((args, kwargs or {})))
+              if isinstance(t, torch.Tensor)]
+    return {"parameter": params, "buffer": [(n, local(b)) for n, b in model.named_buffers()],
+            "input": inputs, "optimizer_state": state, "parameter_gradient": grads}
+
+
+def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
+                loss_fn: Callable[[Any], torch.Tensor], optimizer: Any) -> tuple[Graph, Schedule, int]:
+    """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
+    ran, measured live-storage peak of a second, unrecorded run of the same step).
+
+    One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
+    work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
+    before each step, as ``zero_grad()`` does."""
+    opt = make_optimizer(optimizer, model)
+    step = train_step(model, args, kwargs, mode, loss_fn, opt)
+    with torch.random.fork_rng():
+        step()
+        _zero(model, opt)
+        gc.collect()
+        rec = _Recorder(_sources(model, args, kwargs, opt))
+        step = train_step(model, args, kwargs, mode, loss_fn, opt, phase=lambda p: setattr(rec, "phase", p))
+        with rec.modules, _resize_hook(rec._resized), rec:
+            result = step()
+        grads = {rec.alive[local(p.grad).untyped_storage()._cdata] for p in model.parameters()
+                 if p.grad is not None and local(p.grad).untyped_storage()._cdata in rec.alive}
+        graph, schedule = recorded_graph(rec, type(model).__name__, grads)
+        del result
+        _zero(model, opt)
+        gc.collect()
+        tracker = ShardedStorageTracker(local_tensors(model, opt, (args, kwargs)))
+        with tracker:
+            result = train_step(model, args, kwargs, mode, loss_fn, opt)()
+        del result
+        _zero(model, opt)
+    return graph, schedule, tracker.peak_bytes
+
+
+@contextlib.contextmanager
+def _restored(model: nn.Module, optimizer: Any) -> Iterator[None]:
+    """Put back the local shards of parameters and buffers, the gradients and the optimizer's state after
+    the block: profiling runs real steps on a model the user wrapped, which must not change it."""
+    tensors = [local(t) for t in (*model.parameters(), *model.buffers())]
+    saved = [t.detach().clone() for t in tensors]
+    grads = [p.grad for p in model.parameters()]
+    opt_state = (copy.deepcopy(optimizer.state_dict()) if isinstance(optimizer, torch.optim.Optimizer)
+                 else None)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved, strict=True):
+                t.copy_(s)
+        for p, g in zip(model.parameters(), grads, strict=True):
+            p.grad = g
+        if opt_state is not None:
+            optimizer.load_state_dict(opt_state)
+
+
+def _zero(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+    else:
+        for p in model.parameters():
+            p.grad = None
+
+
+def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
+                     loss_fn: Callable[[Any], torch.Tensor] | None, optimizer: Any, device: Any,
+                     parallel: Parallel | None) -> Any:
+    """`memviz.profile` for one rank of a parallel step (module docstring).  `parallel` None: `model` is
+    already wrapped (fully_shard / parallelize_module) on an initialised process group, profiled as is."""
+    from memviz.capture import default_loss, fingerprint
+    from memviz.devices import resolve_device
+    if device not in (None, "cpu") and str(device) != "cpu":
+        raise ParallelError(f"parallel profiles are recorded on CPU (fake process group), not on {device!r}")
+    info = resolve_device("cpu", model, args)
+    if parallel is None:
+        if not dist.is_initialized():
+            raise ParallelError("the model holds DTensor parameters but no process group is initialised")
+        meta = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "wrapped_by_user": True}
+        with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
+            graph, schedule, measured = record_step(model, args, kwargs, mode=mode,
+                                                    loss_fn=loss_fn or default_loss, optimizer=optimizer)
+    else:
+        if is_parallel_model(model):
+            raise ParallelError("the model is already sharded: profile it without parallel=")
+        meta = {**parallel.to_dict(), "wrapped_by_user": False}
+        with fake_process_group(parallel.world_size, parallel.rank):
+            work = shard_model(model, parallel)
+            try:
+                graph, schedule, measured = record_step(work, args, kwargs, mode=mode,
+                                                        loss_fn=loss_fn or default_loss, optimizer=optimizer)
+            except RuntimeError as err:
+                if parallel.tp == 1:
+                    raise
+                raise ParallelError(
+                    f"{type(model).__name__}'s forward fails on tensor-parallel local shapes ({err}).  "
+                    f"memviz divides the head-count attributes {HEAD_ATTRS} by tp; the forward must take "
+                    "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
+                    "full d)") from err
+    graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
+                  meta={"mode": mode, "estimated": False, "device": info.name, "recorded": True,
+                        "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(
+                            optimizer, type) else optimizer.__name__} if optimizer is not None else {})})
+    baseline = simulate(graph, schedule).check()
+    _check_measured(baseline.peak_bytes, measured, False)
+    prof = ParallelProfile(graph=graph, baseline=baseline, baseline_schedule=schedule,
+                           measured_peak_bytes=measured, device=info, mode=mode,
+                           model_name=type(model).__name__,
+                           fingerprint=fingerprint(model, args, kwargs, mode), captured=None, model=model,
+                           loss_fn=loss_fn, optimizer=optimizer)
+    prof.parallel = parallel
+    return prof
+
+
+class ParallelProfile(Profile):
+    """A `memviz.profile.Profile` of one rank of a parallel step; `parallel` is the `Parallel` it ran as
+    (None: a model the user wrapped).  Recorded, not captured: `memviz.export` refuses it."""
+
+    parallel: Parallel | None = None
+    not_exportable = (
+        "this plan comes from a recorded parallel (FSDP2 / tensor-parallel) profile: memviz.export runs a "
+        "captured FX program, and FSDP2's hooks and storage resizes cannot be captured, so there is "
+        "nothing to export (memviz.apply's checkpointing needs a captured profile too).  Read the plan "
+        "as one rank's estimate (plan.peak_bytes, plan.timeline, the tensors it recomputes)")
+

@@ -1,0 +1,130 @@
+"""A tiny tensor-parallel-friendly GPT and the per-rank worker the multi-process tests of
+tests/test_distributed.py spawn (gloo on CPU): each rank wraps the model itself, the way a user would
+(``parallelize_module`` / ``fully_shard``, not through memviz), and measures one training step's
+live-storage peak with `memviz.distributed.ShardedStorageTracker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # heads and the width come from the (possibly tensor-parallel) weights, as in Megatron and HF models
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = Attention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.fc_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab: int = 64, d: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def tiny_gpt(batch: int = 2, seq: int = 16, **kw: Any) -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = TinyGPT(**kw)
+    return model, (torch.randint(0, 64, (batch, seq)),)
+
+
+def user_wrap(model: TinyGPT, kind: str, world: int) -> nn.Module:
+    """What a user writes: FSDP2 per block then the root, or a Megatron tensor-parallel plan per block."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in model.blocks:
+        block.attn.heads //= world
+        parallelize_module(block, mesh, {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
+                                         "fc": ColwiseParallel(), "fc_proj": RowwiseParallel()})
+    return model
+
+
+def measure(kind: str, world: int) -> dict[str, int]:
+    """One rank's measured AdamW training step of the user-wrapped model, and memviz's profile of it."""
+    import memviz
+    from memviz.distributed import ShardedStorageTracker, local_tensors
+
+    model, args = tiny_gpt()
+    model = user_wrap(model, kind, world)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        out = model(*args)
+        loss = out.sum()
+        loss.backward()
+        opt.step()
+
+    step()  # the optimizer state exists from the second step on
+    opt.zero_grad(set_to_none=True)
+    tracker = ShardedStorageTracker(local_tensors(model, opt, args))
+    with tracker:
+        step()
+    opt.zero_grad(set_to_none=True)
+    # memviz on the model the user wrapped, on the real gloo group
+    prof = memviz.profile(model, args, optimizer=opt)
+    return {"measured": tracker.peak_bytes, "wrapped_predicted": prof.baseline.peak_bytes}
+
+
+def worker(rank: int, world: int, kinds: list[str], port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = {kind: measure(kind, world) for kind in kinds}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+
+    kinds, world, port, out_dir = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    mp.spawn(worker, args=(world, kinds, port, out_dir), nprocs=world, join=True)

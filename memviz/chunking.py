@@ -11,12 +11,14 @@ peak of live storages a call allocates (CPU: a dispatch mode with weak reference
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import resource
+import sys
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -51,11 +53,36 @@ def capture(
     model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
 ) -> tuple[torch.fx.GraphModule, ac.OpGraph]:
     """Export the inference graph (no decompositions, so high-level ops stay) and translate it.
-    The model runs as given: call ``model.eval()`` first for inference semantics."""
-    with torch.no_grad():
+    The model runs as given: call ``model.eval()`` first for inference semantics.  Library output
+    containers (Hugging Face's ``DynamicCache``) are registered as pytree nodes first, as the training
+    capture does."""
+    from memviz.capture import register_library_pytrees
+
+    register_library_pytrees(model)
+    with torch.no_grad(), _eager_attention_masks():
         ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
     gm = ep.module()
     return gm, translate(gm.graph)
+
+
+@contextlib.contextmanager
+def _eager_attention_masks() -> Iterator[None]:
+    """Hugging Face builds the S x S causal mask only while exporting: eager skips it and calls SDPA with
+    ``is_causal=True`` when no padding mask needs reading (``masking_utils._ignore_causal_mask_sdpa``),
+    so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
+    guard against exporting protects graphs reused for other inputs; a chunk plan is specialised to
+    the captured shapes, and a padding mask given as an input is still traced (``is_tracing``), so
+    the capture takes eager's branch for these shapes."""
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None or not hasattr(mu, "is_torchdynamo_exporting"):
+        yield
+        return
+    saved = mu.is_torchdynamo_exporting
+    mu.is_torchdynamo_exporting = lambda: False
+    try:
+        yield
+    finally:
+        mu.is_torchdynamo_exporting = saved
 
 
 def _op_name(target: Any) -> str:
@@ -209,25 +236,54 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
             continue
         alias, out = _aliases(n, metas)
         out_bytes = 0 if alias else sum(math.prod(sh) for sh in shapes) * itemsize
-        # fused attention runs a flash kernel on the device; its meta kernel is the math path
-        fused = n.target is operator.getitem or _op_name(n.target) == "scaled_dot_product_attention"
+        # attention's meta kernel is always the math path: its workspace is modelled per kernel instead
+        sdpa = _op_name(n.target) == "scaled_dot_product_attention"
+        fused = n.target is operator.getitem or sdpa
         temps = () if fused else _temps(n, metas, inputs, out_bytes)
         metas[n.name] = out if out is not None else _meta(val)
-        nodes.append(
-            ac.OpNode(
-                n.name,
-                _op_name(n.target),
-                inputs,
-                _ref_args(n.args),
-                {k: _ref_args(v) for k, v in n.kwargs.items()},
-                shapes,
-                itemsize,
-                alias,
-                multi=isinstance(val, list | tuple),
-                temps=temps,
-            )
+        node = ac.OpNode(
+            n.name,
+            _op_name(n.target),
+            inputs,
+            _ref_args(n.args),
+            {k: _ref_args(v) for k, v in n.kwargs.items()},
+            shapes,
+            itemsize,
+            alias,
+            multi=isinstance(val, list | tuple),
+            temps=temps,
+            dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
+            backend=_sdpa_backend(n) if sdpa else "",
         )
+        if sdpa:
+            node = replace(node, temps=ac.sdpa_temps(ac.OpGraph((*nodes, node), ()), node))
+        nodes.append(node)
     return ac.OpGraph(tuple(nodes), outputs)
+
+
+_SDPA_BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
+def _sdpa_backend(n: torch.fx.Node) -> str:
+    """The kernel `scaled_dot_product_attention` runs with these operands on their device, as the
+    dispatcher chooses it (``torch._fused_sdp_choice``: head dims, strides, mask, dropout, GQA).  The
+    choice reads metadata only, so empty tensors of the captured shapes and strides stand in."""
+
+    def real(a: Any) -> Any:
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(v, torch.Tensor):
+            return a
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+
+    args = [real(a) for a in n.args]
+    kwargs = {k: real(v) for k, v in n.kwargs.items()}
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    call = dict(zip(names, args, strict=False)) | kwargs
+    try:
+        choice = torch._fused_sdp_choice(**call)
+    except (RuntimeError, TypeError):  # no kernel fits (an error at run time too): the math path
+        return "math"
+    return _SDPA_BACKENDS.get(int(choice), "math")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -477,13 +533,14 @@ class _Emitter:
         self.globals[name] = obj
         return name
 
-    def call(self, n: torch.fx.Node, env: dict[str, str], args: Any = None) -> str:
+    def call(self, n: torch.fx.Node, env: dict[str, str], args: Any = None, kwargs: Any = None) -> str:
         args = n.args if args is None else args
+        kwargs = n.kwargs if kwargs is None else kwargs
         if n.op == "get_attr":
             return _format_target("self", n.target)
         if n.target is operator.getitem:
             return f"{self.fmt(args[0], env)}[{self.fmt(args[1], env)}]"
-        parts = [self.fmt(a, env) for a in args] + [f"{k}={self.fmt(v, env)}" for k, v in n.kwargs.items()]
+        parts = [self.fmt(a, env) for a in args] + [f"{k}={self.fmt(v, env)}" for k, v in kwargs.items()]
         if n.op == "call_method":
             return f"{parts[0]}.{n.target}({', '.join(parts[1:])})"
         if n.op == "call_module":
@@ -593,7 +650,11 @@ class _Emitter:
                         emitted.add(nv)
                     env_x[dm.input] = nv
             args = self._resize_args(n, f.dims[x], f.extent, size)
-            loop.append(f"{x}_c = {self.call(n, {**env, **env_x}, args)}")
+            kwargs = None
+            if ac.causal_chunk_mask(self._opnode(x), f.dims[x]):
+                args, kwargs = self._causal_mask_args(n, f"{x}_mask", lo, size, loop)
+                locals_last[f"{x}_mask"] = i
+            loop.append(f"{x}_c = {self.call(n, {**env, **env_x}, args, kwargs)}")
             if x in f.outputs:
                 d = f.outputs[x]
                 loop.append(f"{x}.narrow({d}, {lo}, {size}).copy_({x}_c)")
@@ -604,6 +665,24 @@ class _Emitter:
                 loop.append("del " + ", ".join(sorted(set(dead))))
         out.extend("    " + ln for ln in loop)
         return out
+
+    def _causal_mask_args(
+        self, n: torch.fx.Node, mask: str, lo: str, size: str, loop: list[str]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A causal attention chunked along its queries: ``is_causal`` would align the chunk's first
+        query with the first key, so the chunk gets rows [lo, lo + size) of the causal mask instead
+        (`solvers.autochunk.causal_chunk_mask`; a boolean mask keeps the fused kernel on CPU)."""
+        key = n.args[1]
+        length = key.meta["val"].shape[-2]
+        loop.append(
+            f"{mask} = torch.ones(({size}, {length}), dtype=torch.bool, device={key.name}.device).tril({lo})"
+        )
+        args = list(n.args) + [None] * max(0, 4 - len(n.args))
+        args[3] = _Raw(mask)
+        if len(args) > 5:
+            args[5] = False
+        kwargs = {k: v for k, v in n.kwargs.items() if k not in ("attn_mask", "is_causal")}
+        return tuple(args), kwargs
 
     def _device_expr(self, f: ac.Flow) -> str:
         v = next(iter(f.narrow))

@@ -71,6 +71,7 @@ class OpNode:
     dtype: str = ""  # element type name ("float32", "int64"): inputs are rebuilt from shape and dtype
     time: float = 0.0  # seconds the whole op took on the device (0: not measured, estimated instead)
     fresh: int = 0  # bytes of fresh pages the op touched in that run (first-touch page faults)
+    backend: str = ""  # scaled_dot_product_attention: the kernel the device picks ("flash", "math" ...)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -98,6 +99,7 @@ class OpNode:
             "dtype": self.dtype,
             "time": self.time,
             "fresh": self.fresh,
+            "backend": self.backend,
         }
 
     @classmethod
@@ -117,6 +119,7 @@ class OpNode:
             d.get("dtype", ""),
             float(d.get("time", 0.0)),
             int(d.get("fresh", 0)),
+            d.get("backend", ""),
         )
 
 
@@ -568,21 +571,36 @@ def _batch_norm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
 
 @_rule("scaled_dot_product_attention")
 def _sdpa(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    """Query positions, batch and heads chunk; V's head dim does not: every chunk of it would run the
+    whole attention again (the S x S scores per chunk, and the math kernel, since the head dims of
+    Q/K and V then differ).  A causal attention chunked along the queries gets an explicit mask per
+    chunk (`causal_chunk_mask`), the rows [lo, lo + n) of the causal one."""
     q, k, v = (a[1:] for a in n.args[:3])
     mask = _arg(n, 3, "attn_mask")
     r = len(n.shape)
     if d == r - 2:
-        if _arg(n, 5, "is_causal", False):
-            raise FlowBreak("scaled_dot_product_attention with is_causal=True ties query and key positions")
         out = [Demand(q, len(g[q].shape) - 2), Demand(k, None), Demand(v, None)]
     elif d == r - 1:
-        out = [Demand(q, None), Demand(k, None), Demand(v, len(g[v].shape) - 1)]
+        raise FlowBreak(
+            "scaled_dot_product_attention along V's head dim recomputes the whole attention per chunk"
+        )
     else:
         out = [Demand(x, _bcast_dim(n.shape, g[x].shape, d)) for x in (q, k, v)]
     if _is_ref(mask):
         ms = _shape_of(g, mask)
-        out.append(Demand(mask[1:], None if d == r - 1 else _bcast_dim(n.shape[:-1] + (ms[-1],), ms, d)))
+        out.append(Demand(mask[1:], _bcast_dim(n.shape[:-1] + (ms[-1],), ms, d)))
     return out
+
+
+def causal_chunk_mask(n: OpNode, d: int) -> bool:
+    """Whether `n` chunked along output dim `d` runs with an explicit per-chunk causal mask (an
+    ``is_causal`` attention chunked along its queries: ``is_causal`` aligns a chunk's first query with
+    the first key, so the loop passes ``ones(n, S).tril(lo)`` instead)."""
+    return (
+        n.op == "scaled_dot_product_attention"
+        and d == len(n.shape) - 2
+        and bool(_arg(n, 5, "is_causal", False))
+    )
 
 
 @_rule("embedding")
@@ -883,6 +901,57 @@ def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
     return _slice_bytes(node, d, size) if node.alias is None else 0
 
 
+def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
+    """Bytes `scaled_dot_product_attention` allocates besides its output, per operand (in `n.inputs`
+    order) then the rest, for the kernel the device picked (`n.backend`), as torch's composite
+    ``scaled_dot_product_attention`` dispatches it (what a storage tracker sees):
+
+    * fused kernels (``flash``, ``efficient``, ``cudnn``; CPU flash included): a boolean mask becomes an
+      additive one of the query dtype (``where``, the mask's shape); the kernel returns the
+      log-sum-exp (B, H, L) in float32 beside the output.  No L x S scores.
+    * ``math`` (``_scaled_dot_product_attention_math``): the scaled query and key (key and value
+      repeated for grouped-query attention), ``is_causal`` materialised as an L x S bool mask and its
+      additive copy, and the B x H x L x S scores with their softmax alive at once.
+
+    The AutoChunk paper (Sec. 3.4, Eq. 2) counts an op's workspace with its activation; per operand
+    so that chunking along the queries shrinks the query's share and not the key's."""
+    q, k, v = (g[a[1:]] for a in n.args[:3])
+    mask = _arg(n, 3, "attn_mask")
+    causal = bool(_arg(n, 5, "is_causal", False))
+    isz = n.itemsize
+    L, S = q.shape[-2], k.shape[-2]
+    per: dict[str, int] = {}
+    if _is_ref(mask) and g[mask[1:]].dtype == "bool":
+        per[mask[1:]] = math.prod(g[mask[1:]].shape) * isz
+    if n.backend == "math":
+        rep = max(1, q.shape[-3] // k.shape[-3]) if len(q.shape) >= 3 and bool(
+            n.kwargs.get("enable_gqa", False)) else 1
+        per[q.name] = per.get(q.name, 0) + math.prod(q.shape) * isz
+        # the scaled key, and before it the repeated key for grouped-query attention
+        per[k.name] = per.get(k.name, 0) + math.prod(k.shape) * isz * rep * (2 if rep > 1 else 1)
+        if rep > 1:
+            per[v.name] = per.get(v.name, 0) + math.prod(v.shape) * isz * rep
+        scores = math.prod(n.shape[:-1]) * S * isz
+        rest = 2 * scores + (L * S * (1 + isz) if causal else 0)
+    else:
+        rest = math.prod(q.shape[:-1]) * 4
+    return (*(per.get(x, 0) for x in n.inputs), rest)
+
+
+def chunk_workspace(g: OpGraph, node: OpNode, d: int, size: int, extent: int) -> int:
+    """Workspace of one chunk of `node` along output dim `d` (`size` of `extent`): copies of chunked
+    operands shrink with the chunk, copies of whole ones do not, the rest shrinks; a causal attention
+    chunked along its queries also holds its chunk's causal mask (bool and additive, `size` x S)."""
+    frac = size / extent
+    chunked_in = {dm.input for dm in demands_of(node, d, g) if dm.dim is not None}
+    ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False))
+    if len(node.temps) > len(node.inputs):
+        ws += node.temps[-1] * frac
+    if causal_chunk_mask(node, d):
+        ws += size * g[node.args[1][1:]].shape[-2] * (1 + node.itemsize)
+    return int(ws)
+
+
 def hoisted_only(g: OpGraph, f: Flow) -> list[str]:
     """Hoisted values read by nothing but other hoisted nodes (views included): dead before the loop."""
     hoisted = set(f.hoisted)
@@ -1002,16 +1071,11 @@ def estimate_memory(
             if x in f.outputs:
                 blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
         chunk_live: dict[str, int] = {}
-        frac = r.step / f.extent
         for i, x in enumerate(body):
             b = _chunk_bytes(g[x], f.dims[x], r.step)
             node = g[x]
-            # copies of chunked operands shrink with the chunk, copies of whole ones do not
-            chunked_in = {dm.input for dm in demands_of(node, f.dims[x], g) if dm.dim is not None}
-            ws = sum(
-                t * (frac if v in chunked_in else 1.0) for v, t in zip(node.inputs, node.temps, strict=False)
-            ) + (node.temps[-1] * frac if len(node.temps) > len(node.inputs) else 0)
-            run(x, extra=sum(chunk_live.values()) + int(ws) - temp(node), nbytes=b)
+            ws = chunk_workspace(g, node, f.dims[x], r.step, f.extent)
+            run(x, extra=sum(chunk_live.values()) + ws - temp(node), nbytes=b)
             if b:
                 chunk_live[x] = b
             for s in [s for s in chunk_live if blast.get(s, -1) <= i]:
@@ -1617,12 +1681,7 @@ def _emit_region(
             if x in f.outputs:  # written into its buffer
                 ins.append(rb.data[x])
                 t += _slice_bytes(node, d, size) / speed.bandwidth + speed.overhead_s
-            chunked_in = {dm.input for dm in demands_of(node, d, g) if dm.dim is not None}
-            ws = sum(
-                w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False)
-            )
-            if len(node.temps) > len(node.inputs):
-                ws += node.temps[-1] * frac
+            ws = chunk_workspace(g, node, d, size, f.extent)
             label = f"{x}[{lo}:{lo + size}]"
             out = rb.compute(
                 label, node.op, ins, (label, _chunk_bytes(node, d, size), DataKind.ACTIVATION), t, int(ws)

@@ -17,6 +17,7 @@ import operator
 import resource
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -717,6 +718,11 @@ class ChunkPlan:
     baseline_peak_bytes: int
     peak_bytes: int
     gm: torch.fx.GraphModule | None = field(default=None, repr=False)
+    #: set by `checked`: the activation peak measured running the chunked module, and the unchunked one's
+    measured_peak_bytes: int | None = None
+    measured_baseline_bytes: int | None = None
+    #: regions the measured check dropped (they did not lower the measured peak), as `chunks` dicts
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def met(self) -> bool:
@@ -760,7 +766,57 @@ class ChunkPlan:
             "met": self.met,
             "slowdown": self.slowdown,
             "regions": len(self.regions),
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "measured_baseline_bytes": self.measured_baseline_bytes,
+            "refused": len(self.refused),
         }
+
+    def checked(self, inputs: Sequence[torch.Tensor] | None = None) -> ChunkPlan:
+        """This plan with only regions that lower the MEASURED activation peak: the chunked module and
+        the unchunked capture run once each on `inputs` (the flat positional-then-keyword call; zeros
+        of the captured shapes when None).  If the chunked run is not lower, regions are dropped one
+        at a time, keeping a drop whenever the run without that region measures no higher, until the
+        peak is lower than the unchunked one or no region is left; the dropped ones are in
+        `refused`.  AutoChunk selects on its estimate (Sec. 3.4); this is the check that the estimate
+        did not miss a temporary the device allocates."""
+        if self.gm is None or not self.regions:
+            return self
+        flat = list(inputs) if inputs is not None else list(_graph_args(self.graph))
+        base = _measured_activation_bytes(self.gm, flat)
+        kept, refused = list(self.regions), []
+        peak = _measured_activation_bytes(self._with_regions(kept).module(), flat)
+        # the costliest region first: of two that do not lower the peak, the slower one goes
+        by_cost = sorted(self.regions, key=lambda r: -ac.region_slowdown(self.graph, r, self.speed))
+        for r in by_cost:
+            if peak < base:
+                break
+            trial = [x for x in kept if x is not r]
+            trial_peak = (
+                _measured_activation_bytes(self._with_regions(trial).module(), flat) if trial else base
+            )
+            if trial_peak <= peak:
+                refused.extend(c for c in self._with_regions([r]).chunks)
+                kept, peak = trial, trial_peak
+        if peak >= base and kept:  # no subset found lower: refuse them all
+            refused.extend(self._with_regions(kept).chunks)
+            kept, peak = [], base
+        out = self._with_regions(kept)
+        out.measured_peak_bytes, out.measured_baseline_bytes, out.refused = peak, base, refused
+        if refused:
+            warnings.warn(
+                f"autochunk: {len(refused)} chunk region(s) did not lower the measured activation peak "
+                f"({base} bytes unchunked) and were dropped: "
+                + ", ".join(f"{c['start']}..{c['end']}" for c in refused),
+                stacklevel=2,
+            )
+        return out
+
+    def _with_regions(self, regions: Sequence[ac.ChunkRegion]) -> ChunkPlan:
+        est = ac.estimate_memory(self.graph, tuple(regions))
+        return ChunkPlan(
+            self.graph, list(regions), self.speed, self.budget_bytes, self.baseline_peak_bytes,
+            est.peak_bytes, self.gm,
+        )
 
     def with_chunks(self, regions: Sequence[dict[str, Any]]) -> ChunkPlan:
         """A plan with these regions (dicts like `chunks`: start, end, chunks and the output dims in
@@ -779,14 +835,21 @@ class ChunkPlan:
         )
 
     def select(
-        self, budget_bytes: int, *, beam: int = 4, window: int = 24, time_limit: float | None = None
+        self,
+        budget_bytes: int,
+        *,
+        beam: int = 4,
+        window: int = 24,
+        time_limit: float | None = None,
+        check: bool | Sequence[torch.Tensor] = True,
     ) -> ChunkPlan:
         """Regions chosen afresh for an activation budget on the same capture and speed model
         (Sec. 3.4 selection: beam search around the peak until the budget is met, or until
-        `time_limit` seconds, returning the best found)."""
+        `time_limit` seconds, returning the best found), then `checked` by measurement (`check`: True
+        on zero inputs of the captured shapes, or the flat inputs to run; False skips it)."""
         sel = ac.select_chunks(self.graph, budget_bytes, self.speed, beam=beam, window=window,
                                time_limit=time_limit)
-        return ChunkPlan(
+        plan = ChunkPlan(
             self.graph,
             list(sel.regions),
             self.speed,
@@ -795,6 +858,9 @@ class ChunkPlan:
             sel.peak_bytes,
             self.gm,
         )
+        if check is False:
+            return plan
+        return plan.checked(None if check is True else check)
 
     def module(self) -> torch.fx.GraphModule:
         """The chunked GraphModule: same flat positional inputs and output structure as the model."""
@@ -882,12 +948,15 @@ def plan_chunks(
     speed: ac.SpeedModel | None = None,
     beam: int = 4,
     window: int = 24,
+    check: bool = True,
 ) -> ChunkPlan:
     """Capture `model(*args)` for inference and choose chunk regions so the estimated activation peak
     fits `budget` (bytes, or a fraction in (0, 1] of the unchunked activation peak) with the least
     estimated slowdown.  Without a `speed` model the device is calibrated and every op timed on it
     (`calibrate`, `measure_times`: the model runs a few times).
-    `plan.met` says whether the budget was reached; `plan.peak_bytes` what was."""
+    `plan.met` says whether the budget was reached; `plan.peak_bytes` what was.  With `check` the
+    chosen regions are run once on `args` and those not lowering the measured peak dropped
+    (`ChunkPlan.checked`)."""
     gm, g = capture(model, args, kwargs)
     base = ac.estimate_memory(g)
     if budget is None:
@@ -904,7 +973,24 @@ def plan_chunks(
         speed = calibrate(_device_of(model, args))
         g = measure_times(gm, g, tree_flatten((tuple(args), kwargs or {}))[0])
     unchunked = ChunkPlan(g, [], speed, budget_bytes, base.peak_bytes, base.peak_bytes, gm)
-    return unchunked.select(budget_bytes, beam=beam, window=window)
+    flat = tree_flatten((tuple(args), kwargs or {}))[0]
+    inputs = flat if all(isinstance(a, torch.Tensor) for a in flat) else True
+    return unchunked.select(budget_bytes, beam=beam, window=window, check=inputs if check else False)
+
+
+def _measured_activation_bytes(fn: Callable[..., Any], flat: Sequence[torch.Tensor]) -> int:
+    """Peak bytes `fn(*flat)` allocates beyond what exists before the call (parameters, buffers,
+    inputs): `memviz.tracker.measure_peak` (CPU storages, or the device allocator)."""
+    from memviz.tracker import measure_peak, tensors_of
+
+    pre = tensors_of(fn, tuple(flat))
+    device = next((t.device for t in pre), torch.device("cpu"))
+    with torch.no_grad():
+        if accelerator.is_accelerator(device):  # the allocator counts what exists before the call
+            before, peak, _ = accelerator.peak_allocated(lambda: fn(*flat), device)
+            return peak - before
+        peak, _ = measure_peak(lambda: fn(*flat), pre, device)
+    return peak - sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in pre}.values())
 
 
 def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:

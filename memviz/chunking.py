@@ -37,10 +37,12 @@ from solvers import autochunk as ac
 __all__ = [
     "ChunkPlan",
     "ChunkedModule",
+    "LengthGain",
     "calibrate",
     "capture",
     "export_chunks",
     "measure_activation_bytes",
+    "max_length_gain",
     "measure_times",
     "plan_chunks",
     "unchunked_plan",
@@ -978,19 +980,106 @@ def plan_chunks(
     return unchunked.select(budget_bytes, beam=beam, window=window, check=inputs if check else False)
 
 
-def _measured_activation_bytes(fn: Callable[..., Any], flat: Sequence[torch.Tensor]) -> int:
-    """Peak bytes `fn(*flat)` allocates beyond what exists before the call (parameters, buffers,
-    inputs): `memviz.tracker.measure_peak` (CPU storages, or the device allocator)."""
+def _measured_activation_bytes(
+    fn: Callable[..., Any], flat: Sequence[Any], kwargs: dict[str, Any] | None = None
+) -> int:
+    """Peak bytes `fn(*flat, **kwargs)` allocates beyond what exists before the call (parameters,
+    buffers, inputs; outputs count): `memviz.tracker.measure_peak` (CPU storages, or the device
+    allocator)."""
     from memviz.tracker import measure_peak, tensors_of
 
-    pre = tensors_of(fn, tuple(flat))
+    pre = tensors_of(fn, tuple(flat), kwargs or {})
     device = next((t.device for t in pre), torch.device("cpu"))
     with torch.no_grad():
         if accelerator.is_accelerator(device):  # the allocator counts what exists before the call
-            before, peak, _ = accelerator.peak_allocated(lambda: fn(*flat), device)
+            before, peak, _ = accelerator.peak_allocated(lambda: fn(*flat, **(kwargs or {})), device)
             return peak - before
-        peak, _ = measure_peak(lambda: fn(*flat), pre, device)
+        peak, _ = measure_peak(lambda: fn(*flat, **(kwargs or {})), pre, device)
     return peak - sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in pre}.values())
+
+
+@dataclass(frozen=True)
+class LengthGain:
+    """The longest input whose inference fits `budget_bytes` of activations, unchunked (eager) and
+    chunked (`plan_chunks` at that budget, exported and measured), both found by running."""
+
+    budget_bytes: int
+    base_length: int
+    unchunked_length: int
+    chunked_length: int
+    capped: bool  # the chunked run still fitted at `max_length`: the gain is a lower bound
+    probes: tuple[tuple[int, int, int], ...]  # (length, measured chunked peak, estimated peak)
+
+    @property
+    def gain(self) -> float:
+        return self.chunked_length / max(1, self.unchunked_length)
+
+
+Factory = Callable[[int], tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]]
+
+
+def _longest(fits: Callable[[int], bool], lo: int, hi: int, step: int) -> tuple[int, bool]:
+    """The largest multiple of `step` in [lo, hi] with `fits` (given that `lo` fits and fitting is
+    monotone in the length): doubling, then bisection.  Also whether `hi` itself fits."""
+    good, bad = lo, None
+    n = lo
+    while bad is None:
+        n = min(2 * n, hi)
+        if fits(n):
+            good = n
+            if n >= hi:
+                return good, True
+        else:
+            bad = n
+    while bad - good > step:
+        mid = (good + bad) // 2 // step * step
+        if mid <= good:
+            break
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, False
+
+
+def max_length_gain(
+    factory: Factory,
+    base_length: int = 1024,
+    *,
+    budget_bytes: int | None = None,
+    max_length: int = 16384,
+    step: int = 64,
+    speed: ac.SpeedModel | None = None,
+) -> LengthGain:
+    """Max-length gain of chunking (AutoChunk Sec. 4.2 reports it as the longest sequence under a fixed
+    memory): `factory(n)` gives (model in eval mode, args, kwargs) for an input of length n.  The
+    budget defaults to the unchunked (eager) activation peak measured at `base_length`; each length
+    is judged by running it: eager measured for the unchunked side, the exported chunked module of a
+    plan for the budget (`plan_chunks`, measured check included) for the chunked side.  A fixed speed
+    model by default: the length depends on memory, and calibrating at every probe would only slow
+    the search."""
+    speed = speed or ac.SpeedModel()
+    probes: list[tuple[int, int, int]] = []
+
+    def eager(n: int) -> int:
+        model, args, kwargs = factory(n)
+        return _measured_activation_bytes(model, args, kwargs)
+
+    budget = eager(base_length) if budget_bytes is None else budget_bytes
+
+    def chunked_fits(n: int) -> bool:
+        model, args, kwargs = factory(n)
+        plan = plan_chunks(model, args, budget, kwargs=kwargs, speed=speed)
+        flat = tree_flatten((tuple(args), kwargs))[0]
+        peak = _measured_activation_bytes(plan.module(), flat)
+        probes.append((n, peak, plan.peak_bytes))
+        return peak <= budget
+
+    unchunked, _ = _longest(lambda n: eager(n) <= budget, base_length, max_length, step)
+    if not chunked_fits(unchunked):  # chunking never raises the peak, but say so if it did
+        return LengthGain(budget, base_length, unchunked, 0, False, tuple(probes))
+    chunked, capped = _longest(chunked_fits, unchunked, max_length, step)
+    return LengthGain(budget, base_length, unchunked, chunked, capped, tuple(probes))
 
 
 def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:

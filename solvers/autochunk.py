@@ -909,9 +909,10 @@ def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
     * fused kernels (``flash``, ``efficient``, ``cudnn``; CPU flash included): a boolean mask becomes an
       additive one of the query dtype (``where``, the mask's shape); the kernel returns the
       log-sum-exp (B, H, L) in float32 beside the output.  No L x S scores.
-    * ``math`` (``_scaled_dot_product_attention_math``): the scaled query and key (key and value
-      repeated for grouped-query attention), ``is_causal`` materialised as an L x S bool mask and its
-      additive copy, and the B x H x L x S scores with their softmax alive at once.
+    * ``math`` (``_scaled_dot_product_attention_math``): at its peak (the softmax) the scaled query,
+      key and value repeated for grouped-query attention, ``is_causal``'s L x S additive mask (its
+      bool source and the scaled key are gone by then), and the B x H x L x S scores with their
+      softmax.
 
     The AutoChunk paper (Sec. 3.4, Eq. 2) counts an op's workspace with its activation; per operand
     so that chunking along the queries shrinks the query's share and not the key's."""
@@ -927,12 +928,11 @@ def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
         rep = max(1, q.shape[-3] // k.shape[-3]) if len(q.shape) >= 3 and bool(
             n.kwargs.get("enable_gqa", False)) else 1
         per[q.name] = per.get(q.name, 0) + math.prod(q.shape) * isz
-        # the scaled key, and before it the repeated key for grouped-query attention
-        per[k.name] = per.get(k.name, 0) + math.prod(k.shape) * isz * rep * (2 if rep > 1 else 1)
         if rep > 1:
+            per[k.name] = per.get(k.name, 0) + math.prod(k.shape) * isz * rep
             per[v.name] = per.get(v.name, 0) + math.prod(v.shape) * isz * rep
         scores = math.prod(n.shape[:-1]) * S * isz
-        rest = 2 * scores + (L * S * (1 + isz) if causal else 0)
+        rest = 2 * scores + (L * S * isz if causal else 0)
     else:
         rest = math.prod(q.shape[:-1]) * 4
     return (*(per.get(x, 0) for x in n.inputs), rest)
@@ -941,14 +941,17 @@ def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
 def chunk_workspace(g: OpGraph, node: OpNode, d: int, size: int, extent: int) -> int:
     """Workspace of one chunk of `node` along output dim `d` (`size` of `extent`): copies of chunked
     operands shrink with the chunk, copies of whole ones do not, the rest shrinks; a causal attention
-    chunked along its queries also holds its chunk's causal mask (bool and additive, `size` x S)."""
+    chunked along its queries also holds its chunk's causal mask (bool and additive, `size` x S;
+    `causal_chunk_mask`)."""
     frac = size / extent
     chunked_in = {dm.input for dm in demands_of(node, d, g) if dm.dim is not None}
     ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False))
     if len(node.temps) > len(node.inputs):
         ws += node.temps[-1] * frac
     if causal_chunk_mask(node, d):
-        ws += size * g[node.args[1][1:]].shape[-2] * (1 + node.itemsize)
+        # the math kernel's rest already counts is_causal's additive mask, shrunk to the chunk
+        additive = 0 if node.backend == "math" else node.itemsize
+        ws += size * g[node.args[1][1:]].shape[-2] * (1 + additive)
     return int(ws)
 
 

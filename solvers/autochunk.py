@@ -32,6 +32,7 @@ back into a loop.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -938,13 +939,23 @@ def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
     return (*(per.get(x, 0) for x in n.inputs), rest)
 
 
+def _chunked_inputs(g: OpGraph, node: OpNode, d: int) -> frozenset[str]:
+    """Operands `node` reads in chunks along output dim `d`; memoised on the graph (the selection
+    estimates thousands of plans over the same nodes)."""
+    cache = g.__dict__.setdefault("_chunked_inputs", {})
+    key = (node.name, d)
+    if key not in cache:
+        cache[key] = frozenset(dm.input for dm in demands_of(node, d, g) if dm.dim is not None)
+    return cache[key]
+
+
 def chunk_workspace(g: OpGraph, node: OpNode, d: int, size: int, extent: int) -> int:
     """Workspace of one chunk of `node` along output dim `d` (`size` of `extent`): copies of chunked
     operands shrink with the chunk, copies of whole ones do not, the rest shrinks; a causal attention
     chunked along its queries also holds its chunk's causal mask (bool and additive, `size` x S;
     `causal_chunk_mask`)."""
     frac = size / extent
-    chunked_in = {dm.input for dm in demands_of(node, d, g) if dm.dim is not None}
+    chunked_in = _chunked_inputs(g, node, d)
     ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False))
     if len(node.temps) > len(node.inputs):
         ws += node.temps[-1] * frac
@@ -999,10 +1010,15 @@ def estimate_memory(
     # a chunked region output is reassembled in a buffer of its own, even where it was a view
     buffers = {o for r in regions for o in r.flow.outputs}
 
+    roots: dict[str, str] = {}  # read for every operand of every node: followed once per value
+
     def root(v: str) -> str:
-        while v not in buffers and g[v].alias is not None:
-            v = g[v].alias  # type: ignore[assignment]
-        return v
+        if v not in roots:
+            r = v
+            while r not in buffers and g[r].alias is not None:
+                r = g[r].alias  # type: ignore[assignment]
+            roots[v] = r
+        return roots[v]
 
     def own(v: str) -> int:
         return _full_bytes(g[v]) if v in buffers else g[v].nbytes
@@ -1016,12 +1032,19 @@ def estimate_memory(
         last[root(o)] = 1 << 60
     live, cur, peak, peak_node = set(), 0, 0, ""
     curve: list[tuple[str, int]] = []
+    dying: list[tuple[int, str]] = []  # (last reader, storage): a heap, so freeing is not a scan
+
+    def keep(v: str) -> None:
+        live.add(v)
+        heapq.heappush(dying, (last.get(v, -1), v))
 
     def free_dead(p: int) -> int:
         nonlocal cur
-        for s in [s for s in live if last.get(s, -1) <= p]:
-            live.discard(s)
-            cur -= own(s)
+        while dying and dying[0][0] <= p:
+            s = heapq.heappop(dying)[1]
+            if s in live:
+                live.discard(s)
+                cur -= own(s)
         return cur
 
     def run(name: str, extra: int = 0, nbytes: int | None = None) -> None:
@@ -1034,7 +1057,7 @@ def estimate_memory(
             peak, peak_node = resident, name
         if nbytes is None:
             cur += b
-            live.add(name) if b else None
+            keep(name) if b else None
 
     done_regions: set[int] = set()
     for n in g.nodes:
@@ -1060,7 +1083,7 @@ def estimate_memory(
                 cur -= own(h)
         for o in f.outputs:  # output buffers, filled chunk by chunk
             cur += own(o)
-            live.add(o)
+            keep(o)
         # one chunk: chunked nodes at chunk size, freed after their last reader inside the chunk
         body = [x for x in region_nodes(g, f.start, f.end) if x in f.dims]
         body_set = set(body)

@@ -57,7 +57,7 @@ def _sdpa_dims(plan: ch.ChunkPlan) -> list[tuple[str, int]]:
 def test_chunked_real_model_equals_eager_and_measures_as_estimated(name):
     model, args, kwargs = _timm_vit() if name == "timm_vit" else _lm(name)
     eager_peak, ref = _measure(model, *args, **kwargs)
-    plan = ch.plan_chunks(model, args, budget=0.5, kwargs=kwargs, speed=SPEED)
+    plan = ch.plan_chunks(model, args, budget=0.75, kwargs=kwargs, speed=SPEED)
     flat = tree_flatten((args, kwargs))[0]
     base_peak, _ = _measure(plan.gm, *flat)
     # the capture holds what eager holds (no S x S mask eager skips): the unchunked estimate is exact

@@ -951,6 +951,7 @@ def plan_chunks(
     beam: int = 4,
     window: int = 24,
     check: bool = True,
+    time_limit: float | None = None,
 ) -> ChunkPlan:
     """Capture `model(*args)` for inference and choose chunk regions so the estimated activation peak
     fits `budget` (bytes, or a fraction in (0, 1] of the unchunked activation peak) with the least
@@ -958,7 +959,7 @@ def plan_chunks(
     (`calibrate`, `measure_times`: the model runs a few times).
     `plan.met` says whether the budget was reached; `plan.peak_bytes` what was.  With `check` the
     chosen regions are run once on `args` and those not lowering the measured peak dropped
-    (`ChunkPlan.checked`)."""
+    (`ChunkPlan.checked`).  `time_limit` bounds the region search (seconds; the best found is kept)."""
     gm, g = capture(model, args, kwargs)
     base = ac.estimate_memory(g)
     if budget is None:
@@ -977,7 +978,8 @@ def plan_chunks(
     unchunked = ChunkPlan(g, [], speed, budget_bytes, base.peak_bytes, base.peak_bytes, gm)
     flat = tree_flatten((tuple(args), kwargs or {}))[0]
     inputs = flat if all(isinstance(a, torch.Tensor) for a in flat) else True
-    return unchunked.select(budget_bytes, beam=beam, window=window, check=inputs if check else False)
+    return unchunked.select(budget_bytes, beam=beam, window=window, time_limit=time_limit,
+                            check=inputs if check else False)
 
 
 def _measured_activation_bytes(

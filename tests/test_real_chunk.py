@@ -195,3 +195,22 @@ def test_max_length_gain_runs_both_sides():
     assert gain.unchunked_length >= 128
     assert gain.chunked_length > gain.unchunked_length and gain.gain > 1.5
     assert all(peak <= gain.budget_bytes for n, peak, _ in gain.probes if n <= gain.chunked_length)
+
+
+def test_memviz_plan_autochunk_on_a_decoder_exports_as_estimated():
+    """profile -> plan(strategy="autochunk") -> export on llama at 1024 tokens (the profile's capture
+    needs capture.py's tensor constants, from HF's masking_utils)."""
+    import memviz
+
+    model, args, kwargs = _lm("llama")
+    with torch.no_grad():
+        ref = model(*args, **kwargs)
+    prof = memviz.profile(model, args, kwargs, mode="inference", fallback=False)
+    plan = memviz.plan(prof, 0.8, strategy="autochunk")
+    assert plan.chunks and plan.peak_bytes <= plan.budget_bytes
+    opt = memviz.export(plan)
+    peak, out = _measure(opt, *args, **kwargs)
+    _assert_equal(ref, out)
+    persistent = plan.baseline_graph.persistent_bytes()
+    assert abs(peak - (plan.peak_bytes - persistent)) <= 0.05 * peak
+    assert peak < plan.chunking.measured_baseline_bytes

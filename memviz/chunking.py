@@ -783,7 +783,8 @@ class ChunkPlan:
         did not miss a temporary the device allocates."""
         if self.gm is None or not self.regions:
             return self
-        flat = list(inputs) if inputs is not None else list(_graph_args(self.graph))
+        device = _device_of(self.gm, [])
+        flat = list(inputs) if inputs is not None else [t.to(device) for t in _graph_args(self.graph)]
         base = _measured_activation_bytes(self.gm, flat)
         kept, refused = list(self.regions), []
         peak = _measured_activation_bytes(self._with_regions(kept).module(), flat)

@@ -586,6 +586,9 @@ def _sdpa(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
             "scaled_dot_product_attention along V's head dim recomputes the whole attention per chunk"
         )
     else:
+        if d == r - 3 and g[k].shape[d] not in (1, n.shape[d]):
+            # grouped-query attention: query head i reads key head i // (Hq / Hkv), not head i
+            raise FlowBreak("scaled_dot_product_attention with grouped key/value heads (enable_gqa)")
         out = [Demand(x, _bcast_dim(n.shape, g[x].shape, d)) for x in (q, k, v)]
     if _is_ref(mask):
         ms = _shape_of(g, mask)

@@ -214,3 +214,13 @@ def test_memviz_plan_autochunk_on_a_decoder_exports_as_estimated():
     persistent = plan.baseline_graph.persistent_bytes()
     assert abs(peak - (plan.peak_bytes - persistent)) <= 0.05 * peak
     assert peak < plan.chunking.measured_baseline_bytes
+
+
+def test_grouped_query_attention_is_not_chunked_along_heads():
+    """llama's SDPA reads 2 key/value heads for 4 query heads (enable_gqa): a chunk of query heads
+    does not read the same chunk of key heads."""
+    model, args, kwargs = _lm("llama")
+    plan = ch.plan_chunks(model, args, budget=1.0, speed=SPEED, check=False)
+    sdpa = "scaled_dot_product_attention"
+    with pytest.raises(ValueError, match="grouped key/value heads"):
+        plan.with_chunks([{"start": sdpa, "end": sdpa, "chunks": 2, "outputs": {sdpa: 1}}])

@@ -757,6 +757,13 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
     for o in out_dims:
         if o not in outs:
             raise IllegalRegion(f"{o!r} is not an output of the region {start}..{end}", o, None)
+        if g[o].multi:  # a tuple has no buffer to reassemble chunks in; its items each have one
+            raise IllegalRegion(
+                f"{g[o].op} {o!r} returns several tensors read after the region: end the region before "
+                "it, or after every item of it is read",
+                o,
+                g[o].op,
+            )
     demand: dict[str, list[int | None]] = {n: [] for n in nodes}
     dims: dict[str, int] = {}
     hoisted: list[str] = []

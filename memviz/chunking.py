@@ -1012,10 +1012,18 @@ class LengthGain:
     chunked_length: int
     capped: bool  # the chunked run still fitted at `max_length`: the gain is a lower bound
     probes: tuple[tuple[int, int, int], ...]  # (length, measured chunked peak, estimated peak)
+    #: the longest the captured graph runs without regions (freeing each value after its last use,
+    #: where eager Python holds locals longer): the part of the gain that is not chunking's
+    exported_length: int | None = None
 
     @property
     def gain(self) -> float:
         return self.chunked_length / max(1, self.unchunked_length)
+
+    @property
+    def chunking_gain(self) -> float | None:
+        """The gain over the unchunked export (chunking's own share)."""
+        return None if not self.exported_length else self.chunked_length / self.exported_length
 
 
 Factory = Callable[[int], tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]]
@@ -1053,6 +1061,7 @@ def max_length_gain(
     max_length: int = 16384,
     step: int = 64,
     speed: ac.SpeedModel | None = None,
+    exported: bool = False,
 ) -> LengthGain:
     """Max-length gain of chunking (AutoChunk Sec. 4.2 reports it as the longest sequence under a fixed
     memory): `factory(n)` gives (model in eval mode, args, kwargs) for an input of length n.  The
@@ -1060,7 +1069,7 @@ def max_length_gain(
     is judged by running it: eager measured for the unchunked side, the exported chunked module of a
     plan for the budget (`plan_chunks`, measured check included) for the chunked side.  A fixed speed
     model by default: the length depends on memory, and calibrating at every probe would only slow
-    the search."""
+    the search.  With `exported` the unchunked capture is searched too (`exported_length`)."""
     speed = speed or ac.SpeedModel()
     probes: list[tuple[int, int, int]] = []
 
@@ -1082,7 +1091,16 @@ def max_length_gain(
     if not chunked_fits(unchunked):  # chunking never raises the peak, but say so if it did
         return LengthGain(budget, base_length, unchunked, 0, False, tuple(probes))
     chunked, capped = _longest(chunked_fits, unchunked, max_length, step)
-    return LengthGain(budget, base_length, unchunked, chunked, capped, tuple(probes))
+    export_len = None
+    if exported:
+
+        def export_fits(n: int) -> bool:
+            model, args, kwargs = factory(n)
+            gm, _ = capture(model, args, kwargs)
+            return _measured_activation_bytes(gm, tree_flatten((tuple(args), kwargs))[0]) <= budget
+
+        export_len = _longest(export_fits, unchunked, chunked, step)[0]
+    return LengthGain(budget, base_length, unchunked, chunked, capped, tuple(probes), export_len)
 
 
 def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:

@@ -191,9 +191,10 @@ def test_max_length_gain_runs_both_sides():
     def factory(n: int):
         return model, (torch.randn(1, n, 32),), {}
 
-    gain = ch.max_length_gain(factory, 128, max_length=1024, step=32)
+    gain = ch.max_length_gain(factory, 128, max_length=1024, step=32, exported=True)
     assert gain.unchunked_length >= 128
     assert gain.chunked_length > gain.unchunked_length and gain.gain > 1.5
+    assert gain.unchunked_length <= gain.exported_length < gain.chunked_length
     assert all(peak <= gain.budget_bytes for n, peak, _ in gain.probes if n <= gain.chunked_length)
 
 

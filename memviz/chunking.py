@@ -785,7 +785,7 @@ class ChunkPlan:
             return self
         device = _device_of(self.gm, [])
         flat = list(inputs) if inputs is not None else [t.to(device) for t in _graph_args(self.graph)]
-        base = _measured_activation_bytes(self.gm, flat)
+        base = _measured_activation_bytes(_flat_call(self.gm), flat)
         kept, refused = list(self.regions), []
         peak = _measured_activation_bytes(self._with_regions(kept).module(), flat)
         # the costliest region first: of two that do not lower the peak, the slower one goes
@@ -981,6 +981,25 @@ def plan_chunks(
     inputs = flat if all(isinstance(a, torch.Tensor) for a in flat) else True
     return unchunked.select(budget_bytes, beam=beam, window=window, time_limit=time_limit,
                             check=inputs if check else False)
+
+
+def _flat_call(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """`gm` (an exported module, which checks its call against the captured keyword structure) called
+    with the flat inputs the chunked module takes.  A Module, so its parameters count as existing."""
+
+    class _Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gm = gm
+
+        def forward(self, *flat: Any) -> Any:
+            spec = getattr(gm, "_in_spec", None)
+            if spec is None:
+                return gm(*flat)
+            args, kwargs = tree_unflatten(list(flat), spec)
+            return gm(*args, **kwargs)
+
+    return _Flat()
 
 
 def _measured_activation_bytes(

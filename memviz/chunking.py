@@ -11,12 +11,15 @@ peak of live storages a call allocates (CPU: a dispatch mode with weak reference
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import resource
+import sys
 import time
+import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -34,10 +37,12 @@ from solvers import autochunk as ac
 __all__ = [
     "ChunkPlan",
     "ChunkedModule",
+    "LengthGain",
     "calibrate",
     "capture",
     "export_chunks",
     "measure_activation_bytes",
+    "max_length_gain",
     "measure_times",
     "plan_chunks",
     "unchunked_plan",
@@ -51,11 +56,36 @@ def capture(
     model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None
 ) -> tuple[torch.fx.GraphModule, ac.OpGraph]:
     """Export the inference graph (no decompositions, so high-level ops stay) and translate it.
-    The model runs as given: call ``model.eval()`` first for inference semantics."""
-    with torch.no_grad():
+    The model runs as given: call ``model.eval()`` first for inference semantics.  Library output
+    containers (Hugging Face's ``DynamicCache``) are registered as pytree nodes first, as the training
+    capture does."""
+    from memviz.capture import register_library_pytrees
+
+    register_library_pytrees(model)
+    with torch.no_grad(), _eager_attention_masks():
         ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
     gm = ep.module()
     return gm, translate(gm.graph)
+
+
+@contextlib.contextmanager
+def _eager_attention_masks() -> Iterator[None]:
+    """Hugging Face builds the S x S causal mask only while exporting: eager skips it and calls SDPA with
+    ``is_causal=True`` when no padding mask needs reading (``masking_utils._ignore_causal_mask_sdpa``),
+    so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
+    guard against exporting protects graphs reused for other inputs; a chunk plan is specialised to
+    the captured shapes, and a padding mask given as an input is still traced (``is_tracing``), so
+    the capture takes eager's branch for these shapes."""
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None or not hasattr(mu, "is_torchdynamo_exporting"):
+        yield
+        return
+    saved = mu.is_torchdynamo_exporting
+    mu.is_torchdynamo_exporting = lambda: False
+    try:
+        yield
+    finally:
+        mu.is_torchdynamo_exporting = saved
 
 
 def _op_name(target: Any) -> str:
@@ -209,25 +239,54 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
             continue
         alias, out = _aliases(n, metas)
         out_bytes = 0 if alias else sum(math.prod(sh) for sh in shapes) * itemsize
-        # fused attention runs a flash kernel on the device; its meta kernel is the math path
-        fused = n.target is operator.getitem or _op_name(n.target) == "scaled_dot_product_attention"
+        # attention's meta kernel is always the math path: its workspace is modelled per kernel instead
+        sdpa = _op_name(n.target) == "scaled_dot_product_attention"
+        fused = n.target is operator.getitem or sdpa
         temps = () if fused else _temps(n, metas, inputs, out_bytes)
         metas[n.name] = out if out is not None else _meta(val)
-        nodes.append(
-            ac.OpNode(
-                n.name,
-                _op_name(n.target),
-                inputs,
-                _ref_args(n.args),
-                {k: _ref_args(v) for k, v in n.kwargs.items()},
-                shapes,
-                itemsize,
-                alias,
-                multi=isinstance(val, list | tuple),
-                temps=temps,
-            )
+        node = ac.OpNode(
+            n.name,
+            _op_name(n.target),
+            inputs,
+            _ref_args(n.args),
+            {k: _ref_args(v) for k, v in n.kwargs.items()},
+            shapes,
+            itemsize,
+            alias,
+            multi=isinstance(val, list | tuple),
+            temps=temps,
+            dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
+            backend=_sdpa_backend(n) if sdpa else "",
         )
+        if sdpa:
+            node = replace(node, temps=ac.sdpa_temps(ac.OpGraph((*nodes, node), ()), node))
+        nodes.append(node)
     return ac.OpGraph(tuple(nodes), outputs)
+
+
+_SDPA_BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
+def _sdpa_backend(n: torch.fx.Node) -> str:
+    """The kernel `scaled_dot_product_attention` runs with these operands on their device, as the
+    dispatcher chooses it (``torch._fused_sdp_choice``: head dims, strides, mask, dropout, GQA).  The
+    choice reads metadata only, so empty tensors of the captured shapes and strides stand in."""
+
+    def real(a: Any) -> Any:
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(v, torch.Tensor):
+            return a
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+
+    args = [real(a) for a in n.args]
+    kwargs = {k: real(v) for k, v in n.kwargs.items()}
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    call = dict(zip(names, args, strict=False)) | kwargs
+    try:
+        choice = torch._fused_sdp_choice(**call)
+    except (RuntimeError, TypeError):  # no kernel fits (an error at run time too): the math path
+        return "math"
+    return _SDPA_BACKENDS.get(int(choice), "math")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -477,13 +536,14 @@ class _Emitter:
         self.globals[name] = obj
         return name
 
-    def call(self, n: torch.fx.Node, env: dict[str, str], args: Any = None) -> str:
+    def call(self, n: torch.fx.Node, env: dict[str, str], args: Any = None, kwargs: Any = None) -> str:
         args = n.args if args is None else args
+        kwargs = n.kwargs if kwargs is None else kwargs
         if n.op == "get_attr":
             return _format_target("self", n.target)
         if n.target is operator.getitem:
             return f"{self.fmt(args[0], env)}[{self.fmt(args[1], env)}]"
-        parts = [self.fmt(a, env) for a in args] + [f"{k}={self.fmt(v, env)}" for k, v in n.kwargs.items()]
+        parts = [self.fmt(a, env) for a in args] + [f"{k}={self.fmt(v, env)}" for k, v in kwargs.items()]
         if n.op == "call_method":
             return f"{parts[0]}.{n.target}({', '.join(parts[1:])})"
         if n.op == "call_module":
@@ -593,7 +653,11 @@ class _Emitter:
                         emitted.add(nv)
                     env_x[dm.input] = nv
             args = self._resize_args(n, f.dims[x], f.extent, size)
-            loop.append(f"{x}_c = {self.call(n, {**env, **env_x}, args)}")
+            kwargs = None
+            if ac.causal_chunk_mask(self._opnode(x), f.dims[x]):
+                args, kwargs = self._causal_mask_args(n, f"{x}_mask", lo, size, loop)
+                locals_last[f"{x}_mask"] = i
+            loop.append(f"{x}_c = {self.call(n, {**env, **env_x}, args, kwargs)}")
             if x in f.outputs:
                 d = f.outputs[x]
                 loop.append(f"{x}.narrow({d}, {lo}, {size}).copy_({x}_c)")
@@ -604,6 +668,24 @@ class _Emitter:
                 loop.append("del " + ", ".join(sorted(set(dead))))
         out.extend("    " + ln for ln in loop)
         return out
+
+    def _causal_mask_args(
+        self, n: torch.fx.Node, mask: str, lo: str, size: str, loop: list[str]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A causal attention chunked along its queries: ``is_causal`` would align the chunk's first
+        query with the first key, so the chunk gets rows [lo, lo + size) of the causal mask instead
+        (`solvers.autochunk.causal_chunk_mask`; a boolean mask keeps the fused kernel on CPU)."""
+        key = n.args[1]
+        length = key.meta["val"].shape[-2]
+        loop.append(
+            f"{mask} = torch.ones(({size}, {length}), dtype=torch.bool, device={key.name}.device).tril({lo})"
+        )
+        args = list(n.args) + [None] * max(0, 4 - len(n.args))
+        args[3] = _Raw(mask)
+        if len(args) > 5:
+            args[5] = False
+        kwargs = {k: v for k, v in n.kwargs.items() if k not in ("attn_mask", "is_causal")}
+        return tuple(args), kwargs
 
     def _device_expr(self, f: ac.Flow) -> str:
         v = next(iter(f.narrow))
@@ -638,6 +720,11 @@ class ChunkPlan:
     baseline_peak_bytes: int
     peak_bytes: int
     gm: torch.fx.GraphModule | None = field(default=None, repr=False)
+    #: set by `checked`: the activation peak measured running the chunked module, and the unchunked one's
+    measured_peak_bytes: int | None = None
+    measured_baseline_bytes: int | None = None
+    #: regions the measured check dropped (they did not lower the measured peak), as `chunks` dicts
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def met(self) -> bool:
@@ -681,7 +768,58 @@ class ChunkPlan:
             "met": self.met,
             "slowdown": self.slowdown,
             "regions": len(self.regions),
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "measured_baseline_bytes": self.measured_baseline_bytes,
+            "refused": len(self.refused),
         }
+
+    def checked(self, inputs: Sequence[torch.Tensor] | None = None) -> ChunkPlan:
+        """This plan with only regions that lower the MEASURED activation peak: the chunked module and
+        the unchunked capture run once each on `inputs` (the flat positional-then-keyword call; zeros
+        of the captured shapes when None).  If the chunked run is not lower, regions are dropped one
+        at a time, keeping a drop whenever the run without that region measures no higher, until the
+        peak is lower than the unchunked one or no region is left; the dropped ones are in
+        `refused`.  AutoChunk selects on its estimate (Sec. 3.4); this is the check that the estimate
+        did not miss a temporary the device allocates."""
+        if self.gm is None or not self.regions:
+            return self
+        device = _device_of(self.gm, [])
+        flat = list(inputs) if inputs is not None else [t.to(device) for t in _graph_args(self.graph)]
+        base = _measured_activation_bytes(_flat_call(self.gm), flat)
+        kept, refused = list(self.regions), []
+        peak = _measured_activation_bytes(self._with_regions(kept).module(), flat)
+        # the costliest region first: of two that do not lower the peak, the slower one goes
+        by_cost = sorted(self.regions, key=lambda r: -ac.region_slowdown(self.graph, r, self.speed))
+        for r in by_cost:
+            if peak < base:
+                break
+            trial = [x for x in kept if x is not r]
+            trial_peak = (
+                _measured_activation_bytes(self._with_regions(trial).module(), flat) if trial else base
+            )
+            if trial_peak <= peak:
+                refused.extend(c for c in self._with_regions([r]).chunks)
+                kept, peak = trial, trial_peak
+        if peak >= base and kept:  # no subset found lower: refuse them all
+            refused.extend(self._with_regions(kept).chunks)
+            kept, peak = [], base
+        out = self._with_regions(kept)
+        out.measured_peak_bytes, out.measured_baseline_bytes, out.refused = peak, base, refused
+        if refused:
+            warnings.warn(
+                f"autochunk: {len(refused)} chunk region(s) did not lower the measured activation peak "
+                f"({base} bytes unchunked) and were dropped: "
+                + ", ".join(f"{c['start']}..{c['end']}" for c in refused),
+                stacklevel=2,
+            )
+        return out
+
+    def _with_regions(self, regions: Sequence[ac.ChunkRegion]) -> ChunkPlan:
+        est = ac.estimate_memory(self.graph, tuple(regions))
+        return ChunkPlan(
+            self.graph, list(regions), self.speed, self.budget_bytes, self.baseline_peak_bytes,
+            est.peak_bytes, self.gm,
+        )
 
     def with_chunks(self, regions: Sequence[dict[str, Any]]) -> ChunkPlan:
         """A plan with these regions (dicts like `chunks`: start, end, chunks and the output dims in
@@ -700,14 +838,21 @@ class ChunkPlan:
         )
 
     def select(
-        self, budget_bytes: int, *, beam: int = 4, window: int = 24, time_limit: float | None = None
+        self,
+        budget_bytes: int,
+        *,
+        beam: int = 4,
+        window: int = 24,
+        time_limit: float | None = None,
+        check: bool | Sequence[torch.Tensor] = True,
     ) -> ChunkPlan:
         """Regions chosen afresh for an activation budget on the same capture and speed model
         (Sec. 3.4 selection: beam search around the peak until the budget is met, or until
-        `time_limit` seconds, returning the best found)."""
+        `time_limit` seconds, returning the best found), then `checked` by measurement (`check`: True
+        on zero inputs of the captured shapes, or the flat inputs to run; False skips it)."""
         sel = ac.select_chunks(self.graph, budget_bytes, self.speed, beam=beam, window=window,
                                time_limit=time_limit)
-        return ChunkPlan(
+        plan = ChunkPlan(
             self.graph,
             list(sel.regions),
             self.speed,
@@ -716,6 +861,9 @@ class ChunkPlan:
             sel.peak_bytes,
             self.gm,
         )
+        if check is False:
+            return plan
+        return plan.checked(None if check is True else check)
 
     def module(self) -> torch.fx.GraphModule:
         """The chunked GraphModule: same flat positional inputs and output structure as the model."""
@@ -803,12 +951,16 @@ def plan_chunks(
     speed: ac.SpeedModel | None = None,
     beam: int = 4,
     window: int = 24,
+    check: bool = True,
+    time_limit: float | None = None,
 ) -> ChunkPlan:
     """Capture `model(*args)` for inference and choose chunk regions so the estimated activation peak
     fits `budget` (bytes, or a fraction in (0, 1] of the unchunked activation peak) with the least
     estimated slowdown.  Without a `speed` model the device is calibrated and every op timed on it
     (`calibrate`, `measure_times`: the model runs a few times).
-    `plan.met` says whether the budget was reached; `plan.peak_bytes` what was."""
+    `plan.met` says whether the budget was reached; `plan.peak_bytes` what was.  With `check` the
+    chosen regions are run once on `args` and those not lowering the measured peak dropped
+    (`ChunkPlan.checked`).  `time_limit` bounds the region search (seconds; the best found is kept)."""
     gm, g = capture(model, args, kwargs)
     base = ac.estimate_memory(g)
     if budget is None:
@@ -825,7 +977,149 @@ def plan_chunks(
         speed = calibrate(_device_of(model, args))
         g = measure_times(gm, g, tree_flatten((tuple(args), kwargs or {}))[0])
     unchunked = ChunkPlan(g, [], speed, budget_bytes, base.peak_bytes, base.peak_bytes, gm)
-    return unchunked.select(budget_bytes, beam=beam, window=window)
+    flat = tree_flatten((tuple(args), kwargs or {}))[0]
+    inputs = flat if all(isinstance(a, torch.Tensor) for a in flat) else True
+    return unchunked.select(budget_bytes, beam=beam, window=window, time_limit=time_limit,
+                            check=inputs if check else False)
+
+
+def _flat_call(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """`gm` (an exported module, which checks its call against the captured keyword structure) called
+    with the flat inputs the chunked module takes.  A Module, so its parameters count as existing."""
+
+    class _Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gm = gm
+
+        def forward(self, *flat: Any) -> Any:
+            spec = getattr(gm, "_in_spec", None)
+            if spec is None:
+                return gm(*flat)
+            args, kwargs = tree_unflatten(list(flat), spec)
+            return gm(*args, **kwargs)
+
+    return _Flat()
+
+
+def _measured_activation_bytes(
+    fn: Callable[..., Any], flat: Sequence[Any], kwargs: dict[str, Any] | None = None
+) -> int:
+    """Peak bytes `fn(*flat, **kwargs)` allocates beyond what exists before the call (parameters,
+    buffers, inputs; outputs count): `memviz.tracker.measure_peak` (CPU storages, or the device
+    allocator)."""
+    from memviz.tracker import measure_peak, tensors_of
+
+    pre = tensors_of(fn, tuple(flat), kwargs or {})
+    device = next((t.device for t in pre), torch.device("cpu"))
+    with torch.no_grad():
+        if accelerator.is_accelerator(device):  # the allocator counts what exists before the call
+            before, peak, _ = accelerator.peak_allocated(lambda: fn(*flat, **(kwargs or {})), device)
+            return peak - before
+        peak, _ = measure_peak(lambda: fn(*flat, **(kwargs or {})), pre, device)
+    return peak - sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in pre}.values())
+
+
+@dataclass(frozen=True)
+class LengthGain:
+    """The longest input whose inference fits `budget_bytes` of activations, unchunked (eager) and
+    chunked (`plan_chunks` at that budget, exported and measured), both found by running."""
+
+    budget_bytes: int
+    base_length: int
+    unchunked_length: int
+    chunked_length: int
+    capped: bool  # the chunked run still fitted at `max_length`: the gain is a lower bound
+    probes: tuple[tuple[int, int, int], ...]  # (length, measured chunked peak, estimated peak)
+    #: the longest the captured graph runs without regions (freeing each value after its last use,
+    #: where eager Python holds locals longer): the part of the gain that is not chunking's
+    exported_length: int | None = None
+
+    @property
+    def gain(self) -> float:
+        return self.chunked_length / max(1, self.unchunked_length)
+
+    @property
+    def chunking_gain(self) -> float | None:
+        """The gain over the unchunked export (chunking's own share)."""
+        return None if not self.exported_length else self.chunked_length / self.exported_length
+
+
+Factory = Callable[[int], tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]]
+
+
+def _longest(fits: Callable[[int], bool], lo: int, hi: int, step: int) -> tuple[int, bool]:
+    """The largest multiple of `step` in [lo, hi] with `fits` (given that `lo` fits and fitting is
+    monotone in the length): doubling, then bisection.  Also whether `hi` itself fits."""
+    good, bad = lo, None
+    n = lo
+    while bad is None:
+        n = min(2 * n, hi)
+        if fits(n):
+            good = n
+            if n >= hi:
+                return good, True
+        else:
+            bad = n
+    while bad - good > step:
+        mid = (good + bad) // 2 // step * step
+        if mid <= good:
+            break
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good, False
+
+
+def max_length_gain(
+    factory: Factory,
+    base_length: int = 1024,
+    *,
+    budget_bytes: int | None = None,
+    max_length: int = 16384,
+    step: int = 64,
+    speed: ac.SpeedModel | None = None,
+    exported: bool = False,
+) -> LengthGain:
+    """Max-length gain of chunking (AutoChunk Sec. 4.2 reports it as the longest sequence under a fixed
+    memory): `factory(n)` gives (model in eval mode, args, kwargs) for an input of length n.  The
+    budget defaults to the unchunked (eager) activation peak measured at `base_length`; each length
+    is judged by running it: eager measured for the unchunked side, the exported chunked module of a
+    plan for the budget (`plan_chunks`, measured check included) for the chunked side.  A fixed speed
+    model by default: the length depends on memory, and calibrating at every probe would only slow
+    the search.  With `exported` the unchunked capture is searched too (`exported_length`)."""
+    speed = speed or ac.SpeedModel()
+    probes: list[tuple[int, int, int]] = []
+
+    def eager(n: int) -> int:
+        model, args, kwargs = factory(n)
+        return _measured_activation_bytes(model, args, kwargs)
+
+    budget = eager(base_length) if budget_bytes is None else budget_bytes
+
+    def chunked_fits(n: int) -> bool:
+        model, args, kwargs = factory(n)
+        plan = plan_chunks(model, args, budget, kwargs=kwargs, speed=speed)
+        flat = tree_flatten((tuple(args), kwargs))[0]
+        peak = _measured_activation_bytes(plan.module(), flat)
+        probes.append((n, peak, plan.peak_bytes))
+        return peak <= budget
+
+    unchunked, _ = _longest(lambda n: eager(n) <= budget, base_length, max_length, step)
+    if not chunked_fits(unchunked):  # chunking never raises the peak, but say so if it did
+        return LengthGain(budget, base_length, unchunked, 0, False, tuple(probes))
+    chunked, capped = _longest(chunked_fits, unchunked, max_length, step)
+    export_len = None
+    if exported:
+
+        def export_fits(n: int) -> bool:
+            model, args, kwargs = factory(n)
+            gm, _ = capture(model, args, kwargs)
+            return _measured_activation_bytes(gm, tree_flatten((tuple(args), kwargs))[0]) <= budget
+
+        export_len = _longest(export_fits, unchunked, chunked, step)[0]
+    return LengthGain(budget, base_length, unchunked, chunked, capped, tuple(probes), export_len)
 
 
 def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:

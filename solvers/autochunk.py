@@ -32,6 +32,7 @@ back into a loop.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -71,6 +72,7 @@ class OpNode:
     dtype: str = ""  # element type name ("float32", "int64"): inputs are rebuilt from shape and dtype
     time: float = 0.0  # seconds the whole op took on the device (0: not measured, estimated instead)
     fresh: int = 0  # bytes of fresh pages the op touched in that run (first-touch page faults)
+    backend: str = ""  # scaled_dot_product_attention: the kernel the device picks ("flash", "math" ...)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -98,6 +100,7 @@ class OpNode:
             "dtype": self.dtype,
             "time": self.time,
             "fresh": self.fresh,
+            "backend": self.backend,
         }
 
     @classmethod
@@ -117,6 +120,7 @@ class OpNode:
             d.get("dtype", ""),
             float(d.get("time", 0.0)),
             int(d.get("fresh", 0)),
+            d.get("backend", ""),
         )
 
 
@@ -568,21 +572,39 @@ def _batch_norm(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
 
 @_rule("scaled_dot_product_attention")
 def _sdpa(n: OpNode, d: int, g: OpGraph) -> list[Demand]:
+    """Query positions, batch and heads chunk; V's head dim does not: every chunk of it would run the
+    whole attention again (the S x S scores per chunk, and the math kernel, since the head dims of
+    Q/K and V then differ).  A causal attention chunked along the queries gets an explicit mask per
+    chunk (`causal_chunk_mask`), the rows [lo, lo + n) of the causal one."""
     q, k, v = (a[1:] for a in n.args[:3])
     mask = _arg(n, 3, "attn_mask")
     r = len(n.shape)
     if d == r - 2:
-        if _arg(n, 5, "is_causal", False):
-            raise FlowBreak("scaled_dot_product_attention with is_causal=True ties query and key positions")
         out = [Demand(q, len(g[q].shape) - 2), Demand(k, None), Demand(v, None)]
     elif d == r - 1:
-        out = [Demand(q, None), Demand(k, None), Demand(v, len(g[v].shape) - 1)]
+        raise FlowBreak(
+            "scaled_dot_product_attention along V's head dim recomputes the whole attention per chunk"
+        )
     else:
+        if d == r - 3 and g[k].shape[d] not in (1, n.shape[d]):
+            # grouped-query attention: query head i reads key head i // (Hq / Hkv), not head i
+            raise FlowBreak("scaled_dot_product_attention with grouped key/value heads (enable_gqa)")
         out = [Demand(x, _bcast_dim(n.shape, g[x].shape, d)) for x in (q, k, v)]
     if _is_ref(mask):
         ms = _shape_of(g, mask)
-        out.append(Demand(mask[1:], None if d == r - 1 else _bcast_dim(n.shape[:-1] + (ms[-1],), ms, d)))
+        out.append(Demand(mask[1:], _bcast_dim(n.shape[:-1] + (ms[-1],), ms, d)))
     return out
+
+
+def causal_chunk_mask(n: OpNode, d: int) -> bool:
+    """Whether `n` chunked along output dim `d` runs with an explicit per-chunk causal mask (an
+    ``is_causal`` attention chunked along its queries: ``is_causal`` aligns a chunk's first query with
+    the first key, so the loop passes ``ones(n, S).tril(lo)`` instead)."""
+    return (
+        n.op == "scaled_dot_product_attention"
+        and d == len(n.shape) - 2
+        and bool(_arg(n, 5, "is_causal", False))
+    )
 
 
 @_rule("embedding")
@@ -735,6 +757,13 @@ def _flow(g: OpGraph, start: str, end: str, out_dims: dict[str, int], force: fro
     for o in out_dims:
         if o not in outs:
             raise IllegalRegion(f"{o!r} is not an output of the region {start}..{end}", o, None)
+        if g[o].multi:  # a tuple has no buffer to reassemble chunks in; its items each have one
+            raise IllegalRegion(
+                f"{g[o].op} {o!r} returns several tensors read after the region: end the region before "
+                "it, or after every item of it is read",
+                o,
+                g[o].op,
+            )
     demand: dict[str, list[int | None]] = {n: [] for n in nodes}
     dims: dict[str, int] = {}
     hoisted: list[str] = []
@@ -883,6 +912,70 @@ def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
     return _slice_bytes(node, d, size) if node.alias is None else 0
 
 
+def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
+    """Bytes `scaled_dot_product_attention` allocates besides its output, per operand (in `n.inputs`
+    order) then the rest, for the kernel the device picked (`n.backend`), as torch's composite
+    ``scaled_dot_product_attention`` dispatches it (what a storage tracker sees):
+
+    * fused kernels (``flash``, ``efficient``, ``cudnn``; CPU flash included): a boolean mask becomes an
+      additive one of the query dtype (``where``, the mask's shape); the kernel returns the
+      log-sum-exp (B, H, L) in float32 beside the output.  No L x S scores.
+    * ``math`` (``_scaled_dot_product_attention_math``): at its peak (the softmax) the scaled query,
+      key and value repeated for grouped-query attention, ``is_causal``'s L x S additive mask (its
+      bool source and the scaled key are gone by then), and the B x H x L x S scores with their
+      softmax.
+
+    The AutoChunk paper (Sec. 3.4, Eq. 2) counts an op's workspace with its activation; per operand
+    so that chunking along the queries shrinks the query's share and not the key's."""
+    q, k, v = (g[a[1:]] for a in n.args[:3])
+    mask = _arg(n, 3, "attn_mask")
+    causal = bool(_arg(n, 5, "is_causal", False))
+    isz = n.itemsize
+    L, S = q.shape[-2], k.shape[-2]
+    per: dict[str, int] = {}
+    if _is_ref(mask) and g[mask[1:]].dtype == "bool":
+        per[mask[1:]] = math.prod(g[mask[1:]].shape) * isz
+    if n.backend == "math":
+        rep = max(1, q.shape[-3] // k.shape[-3]) if len(q.shape) >= 3 and bool(
+            n.kwargs.get("enable_gqa", False)) else 1
+        per[q.name] = per.get(q.name, 0) + math.prod(q.shape) * isz
+        if rep > 1:
+            per[k.name] = per.get(k.name, 0) + math.prod(k.shape) * isz * rep
+            per[v.name] = per.get(v.name, 0) + math.prod(v.shape) * isz * rep
+        scores = math.prod(n.shape[:-1]) * S * isz
+        rest = 2 * scores + (L * S * isz if causal else 0)
+    else:
+        rest = math.prod(q.shape[:-1]) * 4
+    return (*(per.get(x, 0) for x in n.inputs), rest)
+
+
+def _chunked_inputs(g: OpGraph, node: OpNode, d: int) -> frozenset[str]:
+    """Operands `node` reads in chunks along output dim `d`; memoised on the graph (the selection
+    estimates thousands of plans over the same nodes)."""
+    cache = g.__dict__.setdefault("_chunked_inputs", {})
+    key = (node.name, d)
+    if key not in cache:
+        cache[key] = frozenset(dm.input for dm in demands_of(node, d, g) if dm.dim is not None)
+    return cache[key]
+
+
+def chunk_workspace(g: OpGraph, node: OpNode, d: int, size: int, extent: int) -> int:
+    """Workspace of one chunk of `node` along output dim `d` (`size` of `extent`): copies of chunked
+    operands shrink with the chunk, copies of whole ones do not, the rest shrinks; a causal attention
+    chunked along its queries also holds its chunk's causal mask (bool and additive, `size` x S;
+    `causal_chunk_mask`)."""
+    frac = size / extent
+    chunked_in = _chunked_inputs(g, node, d)
+    ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False))
+    if len(node.temps) > len(node.inputs):
+        ws += node.temps[-1] * frac
+    if causal_chunk_mask(node, d):
+        # the math kernel's rest already counts is_causal's additive mask, shrunk to the chunk
+        additive = 0 if node.backend == "math" else node.itemsize
+        ws += size * g[node.args[1][1:]].shape[-2] * (1 + additive)
+    return int(ws)
+
+
 def hoisted_only(g: OpGraph, f: Flow) -> list[str]:
     """Hoisted values read by nothing but other hoisted nodes (views included): dead before the loop."""
     hoisted = set(f.hoisted)
@@ -927,10 +1020,15 @@ def estimate_memory(
     # a chunked region output is reassembled in a buffer of its own, even where it was a view
     buffers = {o for r in regions for o in r.flow.outputs}
 
+    roots: dict[str, str] = {}  # read for every operand of every node: followed once per value
+
     def root(v: str) -> str:
-        while v not in buffers and g[v].alias is not None:
-            v = g[v].alias  # type: ignore[assignment]
-        return v
+        if v not in roots:
+            r = v
+            while r not in buffers and g[r].alias is not None:
+                r = g[r].alias  # type: ignore[assignment]
+            roots[v] = r
+        return roots[v]
 
     def own(v: str) -> int:
         return _full_bytes(g[v]) if v in buffers else g[v].nbytes
@@ -944,12 +1042,19 @@ def estimate_memory(
         last[root(o)] = 1 << 60
     live, cur, peak, peak_node = set(), 0, 0, ""
     curve: list[tuple[str, int]] = []
+    dying: list[tuple[int, str]] = []  # (last reader, storage): a heap, so freeing is not a scan
+
+    def keep(v: str) -> None:
+        live.add(v)
+        heapq.heappush(dying, (last.get(v, -1), v))
 
     def free_dead(p: int) -> int:
         nonlocal cur
-        for s in [s for s in live if last.get(s, -1) <= p]:
-            live.discard(s)
-            cur -= own(s)
+        while dying and dying[0][0] <= p:
+            s = heapq.heappop(dying)[1]
+            if s in live:
+                live.discard(s)
+                cur -= own(s)
         return cur
 
     def run(name: str, extra: int = 0, nbytes: int | None = None) -> None:
@@ -962,7 +1067,7 @@ def estimate_memory(
             peak, peak_node = resident, name
         if nbytes is None:
             cur += b
-            live.add(name) if b else None
+            keep(name) if b else None
 
     done_regions: set[int] = set()
     for n in g.nodes:
@@ -988,7 +1093,7 @@ def estimate_memory(
                 cur -= own(h)
         for o in f.outputs:  # output buffers, filled chunk by chunk
             cur += own(o)
-            live.add(o)
+            keep(o)
         # one chunk: chunked nodes at chunk size, freed after their last reader inside the chunk
         body = [x for x in region_nodes(g, f.start, f.end) if x in f.dims]
         body_set = set(body)
@@ -1002,16 +1107,11 @@ def estimate_memory(
             if x in f.outputs:
                 blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
         chunk_live: dict[str, int] = {}
-        frac = r.step / f.extent
         for i, x in enumerate(body):
             b = _chunk_bytes(g[x], f.dims[x], r.step)
             node = g[x]
-            # copies of chunked operands shrink with the chunk, copies of whole ones do not
-            chunked_in = {dm.input for dm in demands_of(node, f.dims[x], g) if dm.dim is not None}
-            ws = sum(
-                t * (frac if v in chunked_in else 1.0) for v, t in zip(node.inputs, node.temps, strict=False)
-            ) + (node.temps[-1] * frac if len(node.temps) > len(node.inputs) else 0)
-            run(x, extra=sum(chunk_live.values()) + int(ws) - temp(node), nbytes=b)
+            ws = chunk_workspace(g, node, f.dims[x], r.step, f.extent)
+            run(x, extra=sum(chunk_live.values()) + ws - temp(node), nbytes=b)
             if b:
                 chunk_live[x] = b
             for s in [s for s in chunk_live if blast.get(s, -1) <= i]:
@@ -1617,12 +1717,7 @@ def _emit_region(
             if x in f.outputs:  # written into its buffer
                 ins.append(rb.data[x])
                 t += _slice_bytes(node, d, size) / speed.bandwidth + speed.overhead_s
-            chunked_in = {dm.input for dm in demands_of(node, d, g) if dm.dim is not None}
-            ws = sum(
-                w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False)
-            )
-            if len(node.temps) > len(node.inputs):
-                ws += node.temps[-1] * frac
+            ws = chunk_workspace(g, node, d, size, f.extent)
             label = f"{x}[{lo}:{lo + size}]"
             out = rb.compute(
                 label, node.op, ins, (label, _chunk_bytes(node, d, size), DataKind.ACTIVATION), t, int(ws)

@@ -277,3 +277,24 @@ def test_unreachable_budget_chunks_only_as_finely_as_the_graph_peak_needs():
     fewer = ac.with_count(r, r.chunks - 1)
     assert ac.estimate_memory(g, (fewer,)).peak_bytes > floor  # one chunk fewer: the MLP is the peak
     assert r.chunks < 16
+
+
+def test_a_tuple_read_after_the_region_is_not_a_region_output():
+    """GPT-2's qkv split ended a region with its items read after it: the loop had no buffer for a
+    tuple (code generation failed); its items each get one when the region ends after them."""
+    n = ac.OpNode
+    g = ac.OpGraph(
+        (
+            n("x", "input", shapes=((8, 6),)),
+            n("e", "exp", ("x",), ("%x",), shapes=((8, 6),)),
+            n("s", "split", ("e",), ("%e", 3, 1), shapes=((8, 3), (8, 3)), multi=True),
+            n("a", "getitem", ("s",), ("%s", 0), shapes=((8, 3),), alias="s"),
+            n("b", "getitem", ("s",), ("%s", 1), shapes=((8, 3),), alias="s"),
+            n("y", "add", ("a", "b"), ("%a", "%b"), shapes=((8, 3),)),
+        ),
+        ("y",),
+    )
+    with pytest.raises(ac.IllegalRegion, match="returns several tensors"):
+        ac.flow_region(g, "e", "s", {"s": 0})
+    flow = ac.flow_region(g, "e", "b", {"a": 0, "b": 0})
+    assert flow.dims["s"] == 0 and set(flow.outputs) == {"a", "b"}

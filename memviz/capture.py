@@ -518,6 +518,26 @@ def detach_outputs(gm: torch.fx.GraphModule, indices: set[int]) -> None:
     gm.recompile()
 
 
+@contextlib.contextmanager
+def eager_attention_masks() -> Iterator[None]:
+    """Hugging Face builds the S x S causal mask only while exporting: eager skips it and calls SDPA with
+    ``is_causal=True`` when no padding mask needs reading (``masking_utils._ignore_causal_mask_sdpa``),
+    so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
+    guard against exporting protects graphs reused for other inputs; a captured graph is specialised to
+    the captured shapes, and a padding mask given as an input is still traced (``is_tracing``), so
+    the capture takes eager's branch for these shapes."""
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None or not hasattr(mu, "is_torchdynamo_exporting"):
+        yield
+        return
+    saved = mu.is_torchdynamo_exporting
+    mu.is_torchdynamo_exporting = lambda: False
+    try:
+        yield
+    finally:
+        mu.is_torchdynamo_exporting = saved
+
+
 def register_library_pytrees(model: nn.Module) -> None:
     """Output containers libraries return that pytree does not know: Hugging Face models return their
     key/value cache (``DynamicCache``, ``EncoderDecoderCache``) even in training unless ``use_cache=False``.
@@ -660,7 +680,8 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     # inference runs no backward: a Function's forward as plain operators is exact there
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     try:
-        with grad_ctx, library_frames_in_stack_traces(), _quiet_data_dependent_logs():
+        with (grad_ctx, library_frames_in_stack_traces(), _quiet_data_dependent_logs(),
+              eager_attention_masks()):
             return _trace_joint(model, args, kwargs, mode, loss_fn, functions, contextlib.nullcontext())
     except CaptureError as err:
         if not _data_dependent(err):
@@ -669,7 +690,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
               if isinstance(t, torch.Tensor)]
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     # the real values are computed alongside (dropout, LayerDrop draw): the user's RNG must not move
-    with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves):
+    with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), eager_attention_masks():
         return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
                             specialising_on_example_values(specialised))
 

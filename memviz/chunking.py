@@ -11,15 +11,13 @@ peak of live storages a call allocates (CPU: a dispatch mode with weak reference
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import resource
-import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -32,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memviz import accelerator
+from memviz.capture import eager_attention_masks
 from solvers import autochunk as ac
 
 __all__ = [
@@ -62,30 +61,10 @@ def capture(
     from memviz.capture import register_library_pytrees
 
     register_library_pytrees(model)
-    with torch.no_grad(), _eager_attention_masks():
+    with torch.no_grad(), eager_attention_masks():
         ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
     gm = ep.module()
     return gm, translate(gm.graph)
-
-
-@contextlib.contextmanager
-def _eager_attention_masks() -> Iterator[None]:
-    """Hugging Face builds the S x S causal mask only while exporting: eager skips it and calls SDPA with
-    ``is_causal=True`` when no padding mask needs reading (``masking_utils._ignore_causal_mask_sdpa``),
-    so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
-    guard against exporting protects graphs reused for other inputs; a chunk plan is specialised to
-    the captured shapes, and a padding mask given as an input is still traced (``is_tracing``), so
-    the capture takes eager's branch for these shapes."""
-    mu = sys.modules.get("transformers.masking_utils")
-    if mu is None or not hasattr(mu, "is_torchdynamo_exporting"):
-        yield
-        return
-    saved = mu.is_torchdynamo_exporting
-    mu.is_torchdynamo_exporting = lambda: False
-    try:
-        yield
-    finally:
-        mu.is_torchdynamo_exporting = saved
 
 
 def _op_name(target: Any) -> str:

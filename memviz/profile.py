@@ -51,6 +51,7 @@ from memviz.capture import (
     fingerprint,
     forward_calls,
     op_key,
+    with_loss_memory,
     with_output_views,
 )
 from memviz.devices import DeviceInfo, count_flops, resolve_device
@@ -142,6 +143,12 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     step_peak = simulate(graph, step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
+    if cap.loss_probe is not None and not info.estimated:
+        # the loss's memory as the device's kernels hold it (fake tensors cannot see a kernel's storage:
+        # CPU mse_loss returns a view of an input-sized buffer); the loss's own random draws are undone
+        with accelerator.fork_rng(accelerator.as_list(info.torch_device)):
+            graph = with_loss_memory(graph, cap, cap.loss_probe(real=True))
+        step_peak = simulate(graph, step_schedule).peak_bytes
     per_graph = None
     if info.estimated:
         graph = _estimate_costs(graph, cap, info)

@@ -290,12 +290,15 @@ def _eager_cpu_dropout(input: torch.Tensor, p: float, train: bool | None) -> tor
     return torch.ops.memviz.cpu_dropout(input, p)[0]
 
 
+def _on_cpu(args: Sequence[Any], model: nn.Module) -> bool:
+    leaves = (*pytree.tree_leaves(tuple(args)), *model.parameters())
+    return all(t.device.type in ("cpu", "meta") for t in leaves if isinstance(t, torch.Tensor))
+
+
 def use_eager_kernels(gm: torch.fx.GraphModule, args: Sequence[Any], model: nn.Module) -> None:
     """Rewrite the exported graph so the joint trace runs the kernels eager mode runs on this device
     (``aten.dropout`` is composite: it is rewritten before AOTAutograd decomposes it)."""
-    leaves = (*pytree.tree_leaves(tuple(args)), *model.parameters())
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-    if not all(t.device.type in ("cpu", "meta") for t in tensors):
+    if not _on_cpu(args, model):
         return
     for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.dropout.default):
         n.target = _eager_cpu_dropout
@@ -350,6 +353,40 @@ def eager_kernels_in_trace() -> Any:
         for op, key, fn in removed:
             op.py_kernels[key] = fn
             op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
+    """Trace the ``aten.dropout`` calls that composite operators make on CPU as eager runs them
+    (`cpu_dropout`: a float noise tensor saved for backward, not a bool mask).
+
+    ``scaled_dot_product_attention`` with ``dropout_p`` on CPU eager runs
+    ``_scaled_dot_product_attention_math``, which calls ``at::dropout`` on the attention weights; the
+    trace would decompose that into ``native_dropout`` (one byte per element kept for backward where
+    eager keeps four, and other random bits).  `use_eager_kernels` only sees the dropouts of the
+    exported graph, not the ones inside a composite op the joint trace decomposes."""
+    op = torch.ops.aten.dropout.default
+    keys = (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd)
+    if not on_cpu or not all(k in op.py_kernels for k in keys):
+        yield
+        return
+    originals = {k: op.py_kernels[k] for k in keys}
+
+    def kernel(key: torch._C.DispatchKey) -> Callable[..., torch.Tensor]:
+        def dropout(input: torch.Tensor, p: float, train: bool | None) -> torch.Tensor:
+            if train and 0 < p < 1 and input.numel() and input.device.type == "cpu":
+                return torch.ops.memviz.cpu_dropout(input, p)[0]
+            return originals[key](input, p, train)
+        return dropout
+
+    for k in keys:
+        op.py_kernels[k] = kernel(k)
+    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        op.py_kernels.update(originals)
+        op._dispatch_cache.clear()
 
 
 # --- tracing ---------------------------------------------------------------------------------------
@@ -539,6 +576,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(eager_kernels_in_trace())
+                stack.enter_context(eager_cpu_dropout_in_trace(_on_cpu(args, model)))
                 joint = aot_export_joint_with_descriptors(
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)
         except Exception as err:  # noqa: BLE001

@@ -115,9 +115,27 @@ def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
 
 
+def _feeds_user_outputs(cap: Captured) -> set[str]:
+    """FX nodes the model's outputs are computed from (themselves included)."""
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    stack = [n for n, kind in zip(outs, cap.outputs, strict=False)
+             if isinstance(n, torch.fx.Node) and kind is not None and kind[0] == "user"]
+    found: set[str] = set()
+    while stack:
+        n = stack.pop()
+        if n.name not in found:
+            found.add(n.name)
+            stack.extend(n.all_input_nodes)
+    return found
+
+
 def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     """data id -> compute id after which eager autograd releases it (the last backward op of the
-    autograd node that saved it), for every forward tensor some forward op saves for backward."""
+    autograd node that saved it), for every forward tensor some forward op saves for backward.
+
+    An autograd node whose backward never runs because the loss does not use the output it leads to
+    (a model's own ``labels=`` loss next to a user loss: `capture.detach_outputs`) keeps what it saved
+    as long as that output lives: the user holds the outputs to the end of the step."""
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     storage_data: dict[int, int] = {}
     nodes = cap.nodes  # built per access: once here, not once per value
@@ -129,6 +147,8 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
     positions: Positions = {}  # per graph: repeated layers run their ops on fake tensors once
     released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
+    feeds = _feeds_user_outputs(cap)
+    to_output: set[int] = set()  # seq_nrs of forward ops some model output is computed from
     pos = -1
     for n in cap.gm.graph.nodes:
         if n.op != "call_function":
@@ -144,6 +164,11 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
             continue
         grads.add(n.name)
         if seq is not None:
+            if n.name in feeds:
+                to_output.add(seq)
             keys = saved_storages(n, grads, positions)
             saved.setdefault(seq, set()).update(storage_data[k] for k in keys if k in storage_data)
+    step_end = len(cap.compute_fx) - 1
+    for seq in to_output - released.keys():
+        released[seq] = step_end
     return {d: released[seq] for seq, ds in saved.items() if seq in released for d in ds}

@@ -115,18 +115,24 @@ def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
 
 
-def _feeds_user_outputs(cap: Captured) -> set[str]:
-    """FX nodes the model's outputs are computed from (themselves included)."""
-    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
-    stack = [n for n, kind in zip(outs, cap.outputs, strict=False)
-             if isinstance(n, torch.fx.Node) and kind is not None and kind[0] == "user"]
-    found: set[str] = set()
+def _ancestors(nodes: list[torch.fx.Node]) -> set[str]:
+    """FX nodes `nodes` are computed from (themselves included)."""
+    stack, found = list(nodes), set()
     while stack:
         n = stack.pop()
         if n.name not in found:
             found.add(n.name)
             stack.extend(n.all_input_nodes)
     return found
+
+
+def _only_unused_outputs(cap: Captured) -> set[str]:
+    """FX nodes only the model outputs the loss does not use are computed from."""
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    user = [(n, kind[1]) for n, kind in zip(outs, cap.outputs, strict=False)
+            if isinstance(n, torch.fx.Node) and kind is not None and kind[0] == "user"]
+    unused = _ancestors([n for n, i in user if i not in cap.tangent_data])
+    return unused - _ancestors([n for n, i in user if i in cap.tangent_data])
 
 
 def autograd_saved_holds(cap: Captured) -> dict[int, int]:
@@ -147,8 +153,8 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
     positions: Positions = {}  # per graph: repeated layers run their ops on fake tensors once
     released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
-    feeds = _feeds_user_outputs(cap)
-    to_output: set[int] = set()  # seq_nrs of forward ops some model output is computed from
+    feeds = _only_unused_outputs(cap)
+    to_output: set[int] = set()  # seq_nrs of forward ops only outputs the loss does not use need
     pos = -1
     for n in cap.gm.graph.nodes:
         if n.op != "call_function":

@@ -23,9 +23,12 @@ _LAZY = {
     "WhatIf": ("memviz.whatif", "WhatIf"),
 }
 
+# torch-importing submodules reachable as attributes (``memviz.losses.chunked_cross_entropy``)
+_SUBMODULES = frozenset({"losses"})
+
 __all__ = [
     "ChunkEditor", "Plan", "Planner", "Profile", "WhatIf",
-    "backend", "export", "load_plan", "plan", "profile",
+    "backend", "export", "load_plan", "losses", "plan", "profile",
 ]
 
 
@@ -41,4 +44,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"memviz.{name}")
     raise AttributeError(f"module 'memviz' has no attribute {name!r}")

@@ -6,6 +6,7 @@ large part of the step, as in LM training."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,11 @@ LOSSES: dict[str, Callable[[Any], torch.Tensor]] = {
                                              ignore_index=-100, label_smoothing=0.1),
     "mse": lambda out: F.mse_loss(out, TARGET),
 }
+# what memviz offers instead of F.cross_entropy: the same numbers without the logits-sized log-probabilities
+PLANNED_LOSSES = {**LOSSES, "chunked_smooth": lambda out: memviz.losses.chunked_cross_entropy(
+    out[:, :-1], LABELS[:, 1:], ignore_index=-100, label_smoothing=0.1, chunks=8)}
+ALL_LOSSES = {**PLANNED_LOSSES, "chunked": lambda out: memviz.losses.chunked_cross_entropy(
+    out, LABELS, ignore_index=-100, chunks=8)}
 
 
 def _model() -> TinyLM:
@@ -63,15 +69,17 @@ def _model() -> TinyLM:
     return TinyLM().train()
 
 
-def _profile(loss_fn: Callable[[Any], torch.Tensor]) -> Any:
-    return memviz.profile(_model(), (IDS,), mode="train", loss_fn=loss_fn, repeats=1, warmup=0)
+@functools.cache
+def _profile(loss: str) -> Any:
+    """One profile per loss for the whole module (profiling is most of these tests' time)."""
+    return memviz.profile(_model(), (IDS,), mode="train", loss_fn=ALL_LOSSES[loss], repeats=1, warmup=0)
 
 
 @pytest.mark.parametrize("loss", list(LOSSES))
 def test_loss_memory_in_graph(loss: str) -> None:
     """The loss's saved tensors are a data node alive from the loss to its backward; what the loss holds
     is read from the device's kernels."""
-    prof = _profile(LOSSES[loss])
+    prof = _profile(loss)
     graph, cap = prof.graph, prof.captured
     fwd, bwd = graph.computes[cap.loss_compute], graph.computes[cap.loss_backward_compute]
     saved = graph.datas[fwd.outputs[1]]
@@ -90,12 +98,12 @@ def test_loss_memory_in_graph(loss: str) -> None:
     assert bwd.temp_bytes >= 0.9 * expected, bwd.temp_bytes
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("loss", list(PLANNED_LOSSES))
 def test_loss_dominated_plan_matches_measured(loss: str) -> None:
     """Predicted eager peak == measured; a plan at 50% of it measures what it says, under budget, with
     the eager gradients."""
-    loss_fn = LOSSES[loss]
-    prof = _profile(loss_fn)
+    loss_fn = PLANNED_LOSSES[loss]
+    prof = _profile(loss)
     assert prof.measured_peak_bytes is not None
     assert abs(prof.baseline.peak_bytes - prof.measured_peak_bytes) <= 0.02 * prof.measured_peak_bytes
     plan = memviz.plan(prof, 0.5, strategy="rockmate")
@@ -114,3 +122,51 @@ def test_loss_dominated_plan_matches_measured(loss: str) -> None:
         torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-6, atol=1e-7, msg=name)
     assert plan.budget_bytes is not None and peak <= plan.budget_bytes, (peak, plan.budget_bytes)
     assert abs(peak - plan.peak_bytes) <= 0.01 * plan.peak_bytes, (peak, plan.peak_bytes)
+
+
+# --- memviz.losses.chunked_cross_entropy ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_chunked_cross_entropy_is_cross_entropy(dtype: torch.dtype, smoothing: float, reduction: str) -> None:
+    """Bit for bit F.cross_entropy's value and gradient, for whole and shifted (non-contiguous) logits and
+    more chunks than rows of a slice."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 17, 300, dtype=dtype, generator=g).requires_grad_()
+    t = torch.randint(0, 300, (3, 17), generator=g)
+    t[:, :4] = -100
+    t[1, 9] = -100
+    for xs, ts, chunks in ((x, t, 5), (x[:, :-1], t[:, 1:], 8), (x[0], t[0], 40)):
+        ref = F.cross_entropy(xs.reshape(-1, 300), ts.reshape(-1), ignore_index=-100,
+                              label_smoothing=smoothing, reduction=reduction)
+        got = memviz.losses.chunked_cross_entropy(xs, ts, ignore_index=-100, label_smoothing=smoothing,
+                                                  reduction=reduction, chunks=chunks)
+        weights = torch.randn(ref.shape, dtype=dtype, generator=g)
+        (expected,) = torch.autograd.grad((ref * weights).sum(), x)
+        (grad,) = torch.autograd.grad((got.reshape(ref.shape) * weights).sum(), x)
+        assert torch.equal(got.reshape(ref.shape), ref)
+        assert torch.equal(grad, expected)
+
+
+def test_chunked_cross_entropy_rejects_bad_arguments() -> None:
+    x, t = torch.randn(4, 10), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="reduction"):
+        memviz.losses.chunked_cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ValueError, match="agree"):
+        memviz.losses.chunked_cross_entropy(x, t[:3])
+    with pytest.raises(ValueError, match="chunks"):
+        memviz.losses.chunked_cross_entropy(x, t, chunks=0)
+
+
+def test_chunked_cross_entropy_cuts_the_loss_memory() -> None:
+    """What the loss keeps for backward drops from the logits' size to a few bytes per row, the measured
+    eager peak with it, and the plan is exact on it."""
+    full, small = _profile("ce"), _profile("chunked")
+    saved = [p.graph.datas[p.graph.computes[p.captured.loss_compute].outputs[1]].bytes for p in (full, small)]
+    logits = B * S * V * 4
+    assert saved[0] >= logits and saved[1] <= 8 * B * S, saved
+    assert small.measured_peak_bytes is not None and full.measured_peak_bytes is not None
+    # the log-probabilities kept, and one of the backward's two logits-sized transients, are gone
+    assert small.measured_peak_bytes <= full.measured_peak_bytes - logits, (small.measured_peak_bytes,
+                                                                             full.measured_peak_bytes)
+    assert small.baseline.peak_bytes == small.measured_peak_bytes

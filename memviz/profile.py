@@ -143,9 +143,10 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     step_peak = simulate(graph, step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
-    if cap.loss_probe is not None and not info.estimated:
+    if cap.loss_probe is not None and not info.estimated and not info.per_graph:
         # the loss's memory as the device's kernels hold it (fake tensors cannot see a kernel's storage:
-        # CPU mse_loss returns a view of an input-sized buffer); the loss's own random draws are undone
+        # CPU mse_loss returns a view of an input-sized buffer); the loss's own random draws are undone.
+        # torch-xla runs whole graphs (no per-op storages to follow): its fake-tensor figures stand
         with accelerator.fork_rng(accelerator.as_list(info.torch_device)):
             graph = with_loss_memory(graph, cap, cap.loss_probe(real=True))
         step_peak = simulate(graph, step_schedule).peak_bytes

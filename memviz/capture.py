@@ -776,7 +776,7 @@ def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
                 out_spec: pytree.TreeSpec, n_out: int, loss_fn: LossFn | None,
                 views: dict[int, OutputView] | None = None, nodes: dict[str, torch.fx.Node] | None = None,
                 bases: dict[tuple[str, Any], torch.Tensor] | None = None, *,
-                real: bool = False) -> LossMemory:
+                real: bool = False, preexisting: Sequence[torch.Tensor] = ()) -> LossMemory:
     """The bytes `loss_fn` and its backward hold (`LossMemory`), measured by running both on tensors of
     the outputs' shapes: autograd decides what the loss keeps, as in the eager step, not a table.
 
@@ -784,7 +784,9 @@ def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
     `capture` can always afford).  ``real=True`` runs it on real tensors on the outputs' device (the live
     storages on CPU, the caching allocator on an accelerator): a kernel's own storage choices show
     there only (CPU ``mse_loss`` returns its mean as a view of an input-sized buffer, so the loss holds
-    that much until the step ends); `memviz.profile` does this on a device it measures.
+    that much until the step ends); `memviz.profile` does this on a device it measures, passing the
+    model's parameters, buffers and inputs as `preexisting` (a loss reading the labels the model also
+    takes must not count them as its own).
 
     ``loss.backward()`` holds the loss's own gradient (ones) for the whole backward: `capture` gives it a
     data node of the loss's size, so an output gradient on that storage (``sum`` gives an expanded view
@@ -815,7 +817,8 @@ def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
         for i, view in views.items():
             base = flat[view.base[1]] if view.base[0] == "output" else own_bases[view.base]
             flat[i] = replay_view(view, nodes, base)
-        return _measure_loss(flat, own_bases, sorted(tangents), out_spec, loss_fn or default_loss, real)
+        return _measure_loss(flat, own_bases, sorted(tangents), out_spec, loss_fn or default_loss, real,
+                             preexisting)
 
 
 def _like(v: torch.Tensor, real: bool) -> torch.Tensor:
@@ -831,13 +834,14 @@ def _like(v: torch.Tensor, real: bool) -> torch.Tensor:
 
 
 def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], diff_idx: list[int],
-                  out_spec: pytree.TreeSpec, loss_fn: LossFn, real: bool) -> LossMemory:
+                  out_spec: pytree.TreeSpec, loss_fn: LossFn, real: bool,
+                  preexisting: Sequence[torch.Tensor] = ()) -> LossMemory:
     """`loss_memory` on the prepared outputs `flat` and `bases`."""
     from memviz.tracker import memory_meter
 
     device = next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
     # the outputs and bases exist before the loss runs: only what the loss creates counts
-    meter = memory_meter([x for x in (*flat, *bases.values()) if isinstance(x, torch.Tensor)],
+    meter = memory_meter([x for x in (*flat, *bases.values(), *preexisting) if isinstance(x, torch.Tensor)],
                          fake=not real, device=device)
     start = meter.mark()
     with meter:

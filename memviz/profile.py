@@ -148,7 +148,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         # CPU mse_loss returns a view of an input-sized buffer); the loss's own random draws are undone.
         # torch-xla runs whole graphs (no per-op storages to follow): its fake-tensor figures stand
         with accelerator.fork_rng(accelerator.as_list(info.torch_device)):
-            graph = with_loss_memory(graph, cap, cap.loss_probe(real=True))
+            graph = with_loss_memory(graph, cap, cap.loss_probe(
+                real=True, preexisting=tensors_of(model, args, kwargs)))
         step_peak = simulate(graph, step_schedule).peak_bytes
     per_graph = None
     if info.estimated:

@@ -80,18 +80,10 @@ def saved_storages(node: torch.fx.Node, requires_grad: set[str], positions: Posi
 
 def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
     """`saved_storages` by running the operator on fake tensors under ``saved_tensors_hooks``."""
-    vals = [a.meta.get("val") for a in node.all_input_nodes]
-    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    if mode is None or not callable(node.target):
+    prepared = _fake_inputs(node, requires_grad)
+    if prepared is None:
         return set()
-
-    def fake(a: torch.fx.Node) -> Any:
-        v = a.meta.get("val")
-        if not isinstance(v, torch.Tensor):
-            return v
-        t = v.detach()  # shares `v`'s fake storage, so saved tensors map back to the graph
-        return t.requires_grad_(True) if a.name in requires_grad and _differentiable(t) else t
-
+    mode, args, kwargs = prepared
     packed: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -100,8 +92,6 @@ def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int
 
     try:
         with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            args = torch.fx.node.map_arg(node.args, fake)
-            kwargs = torch.fx.node.map_arg(node.kwargs, fake)
             out = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 - an op fake tensors cannot run: the graph's own reads stand for it
         return set()
@@ -109,6 +99,47 @@ def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int
     # a saved output is a fresh fake tensor: name it by the graph's own output value
     out_keys = {storage_key(t): storage_key(v) for t, v in zip(outs, _tensor_vals(node), strict=False)}
     return {out_keys.get(storage_key(t), storage_key(t)) for t in packed}
+
+
+def _fake_inputs(node: torch.fx.Node, requires_grad: set[str]) -> tuple[Any, Any, Any] | None:
+    """`node`'s arguments as fake tensors (the differentiable ones in `requires_grad` requiring grad),
+    and the fake mode; None when the node has no fake values to run on."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None or not callable(node.target):
+        return None
+
+    def fake(a: torch.fx.Node) -> Any:
+        v = a.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            return v
+        t = v.detach()  # shares `v`'s fake storage, so saved tensors map back to the graph
+        return t.requires_grad_(True) if a.name in requires_grad and _differentiable(t) else t
+
+    return mode, torch.fx.node.map_arg(node.args, fake), torch.fx.node.map_arg(node.kwargs, fake)
+
+
+def carries_grad(node: torch.fx.Node, requires_grad: set[str], cache: dict[Any, bool]) -> bool:
+    """Whether eager autograd records `node`'s operator (its output requires grad) when the inputs in
+    `requires_grad` do: asked of autograd on fake tensors, once per `_signature`.  ``x.new_empty(...)``
+    reads ``x`` for its shape only: its result, and the dropout mask drawn into it, carry no gradient,
+    so what ``mask * x`` saves is the mask alone."""
+    sig = _signature(node, requires_grad)
+    if sig is not None and sig in cache:
+        return cache[sig]
+    found = True  # an op fake tensors cannot run: taken as differentiable, as its graph reads say
+    prepared = _fake_inputs(node, requires_grad)
+    if prepared is not None:
+        mode, args, kwargs = prepared
+        try:
+            with mode, torch.enable_grad():
+                out = node.target(*args, **kwargs)
+            found = any(t.requires_grad for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        except Exception:  # noqa: BLE001
+            pass
+    if sig is not None:
+        cache[sig] = found
+    return found
 
 
 def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
@@ -152,6 +183,7 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     grads = _source_grads(cap)
     saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
     positions: Positions = {}  # per graph: repeated layers run their ops on fake tensors once
+    carries: dict[Any, bool] = {}
     released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
     feeds = _only_unused_outputs(cap)
     to_output: set[int] = set()  # seq_nrs of forward ops only outputs the loss does not use need
@@ -167,6 +199,8 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
                 released[seq] = pos
             continue
         if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
+            continue
+        if not carries_grad(n, grads, carries):
             continue
         grads.add(n.name)
         if seq is not None:

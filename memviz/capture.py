@@ -822,12 +822,13 @@ def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Te
 
 
 def _like(v: torch.Tensor, real: bool) -> torch.Tensor:
-    """A tensor of `v`'s shape, strides, dtype and device: real values when `real` (random, so a loss
-    that looks at them runs as on real data), else fake (inside the caller's FakeTensorMode)."""
+    """A tensor of `v`'s shape, strides, dtype and device: real values when `real` (random in [0, 1):
+    finite, and valid probabilities for a loss such as binary cross-entropy), else fake (inside the
+    caller's FakeTensorMode)."""
     t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
     with torch.no_grad():
         if real and (t.is_floating_point() or t.is_complex()):
-            t.normal_()
+            t.uniform_()
         elif real:
             t.zero_()
     return t

@@ -170,3 +170,24 @@ def test_chunked_cross_entropy_cuts_the_loss_memory() -> None:
     assert small.measured_peak_bytes <= full.measured_peak_bytes - logits, (small.measured_peak_bytes,
                                                                              full.measured_peak_bytes)
     assert small.baseline.peak_bytes == small.measured_peak_bytes
+
+
+# --- the eager baseline of real models --------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "loss"), [("bert", "own"), ("bert", "ce"), ("timm_vit", "ce")])
+def test_real_model_eager_peak_exact(name: str, loss: str) -> None:
+    """BERT's SDPA attention dropout runs on CPU eager as ``at::dropout`` (a float noise tensor saved for
+    backward, traced as `cpu_dropout`); with a user loss, the model's own ``labels=`` loss keeps its
+    log-probabilities in the output's autograd graph to the end of the step; timm's drop path draws its
+    mask into ``x.new_empty(...)``, which carries no gradient (so ``x * mask`` saves the mask only)."""
+    from tests.real_models import REAL
+
+    case = REAL[name]()
+    prof = memviz.profile(case.model, case.args, case.kwargs, mode="train", loss_fn=case.losses[loss],
+                          repeats=1, warmup=0)
+    assert prof.measured_peak_bytes is not None
+    assert abs(prof.baseline.peak_bytes - prof.measured_peak_bytes) <= 0.001 * prof.measured_peak_bytes, (
+        prof.baseline.peak_bytes, prof.measured_peak_bytes)
+    if name == "bert":
+        attention = [c for c in prof.graph.computes if "cpu_dropout" in c.op
+                     and len(prof.graph.datas[c.outputs[1]].shape) == 4]
+        assert len(attention) == 2  # one per layer: (batch, heads, seq, seq) noise

@@ -1,12 +1,13 @@
 """memviz: see where a PyTorch model's memory goes, plan it under a budget, export the plan.
 
-`profile`, `export`, `backend` and `Planner` import torch and JupyterLab machinery, so they load on
+`profile`, `export`, `apply`, `backend` and `Planner` import torch and JupyterLab machinery, so they load on
 first use; `plan`, `load_plan` and `Plan` are torch-free.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from memviz.planning import Plan, load_plan, plan
@@ -17,18 +18,16 @@ _LAZY = {
     "profile": ("memviz.profile", "profile"),
     "Profile": ("memviz.profile", "Profile"),
     "export": ("memviz.export", "export"),
+    "apply": ("memviz.apply", "apply"),
     "backend": ("memviz.export", "backend"),
     "Planner": ("memviz.widget", "Planner"),
     "ChunkEditor": ("memviz.chunk_editor", "ChunkEditor"),
     "WhatIf": ("memviz.whatif", "WhatIf"),
 }
 
-# torch-importing submodules reachable as attributes (``memviz.losses.chunked_cross_entropy``)
-_SUBMODULES = frozenset({"losses"})
-
 __all__ = [
     "ChunkEditor", "Plan", "Planner", "Profile", "WhatIf",
-    "backend", "export", "load_plan", "losses", "plan", "profile",
+    "apply", "backend", "export", "load_plan", "losses", "plan", "profile",
 ]
 
 
@@ -44,6 +43,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
-    if name in _SUBMODULES:
+    if importlib.util.find_spec(f"memviz.{name}") is not None:
+        # `memviz.chunking.plan_chunks(...)` works without importing memviz.chunking first
         return importlib.import_module(f"memviz.{name}")
     raise AttributeError(f"module 'memviz' has no attribute {name!r}")

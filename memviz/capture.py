@@ -113,6 +113,13 @@ class Captured:
     # `loss_memory` bound to this capture's outputs (``real=True`` measures it on the device); None
     # without a loss.  The loss's data nodes: loss, loss_saved (when it saves anything), loss_grad
     loss_probe: Callable[..., LossMemory] | None = field(default=None, repr=False)
+    # FX get_attr node -> the graph module attribute it reads: a tensor constant of the trace
+    # (``torch.tensor`` in the model's code, lifted by torch.export), bound like a buffer by every runner
+    constants: dict[str, str] = field(default_factory=dict)
+    # ("grad", canonical fqn) / ("input_grad", flat index) -> the FX output node of that gradient
+    grad_fx: dict[tuple[str, Any], str] = field(default_factory=dict)
+    # what the trace specialised on the example input's values ("file:line expr -> value"), `specialising`
+    specialised: list[str] = field(default_factory=list)
 
     @property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -135,7 +142,20 @@ class Captured:
                 values[n.name] = buffers[key]
             elif kind == "input":
                 values[n.name] = flat_inputs[key]
+        values.update(constant_values(self.gm, self.constants))
         return values
+
+
+def constant_values(gm: torch.fx.GraphModule, constants: dict[str, str]) -> dict[str, torch.Tensor]:
+    """FX get_attr node name -> the tensor constant the graph module holds under that attribute."""
+    return {name: _attr(gm, target) for name, target in constants.items()}
+
+
+def _attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _tensor_leaves(val: Any) -> list[torch.Tensor | None]:
@@ -213,7 +233,7 @@ def _describe_trace_error(err: BaseException, model: nn.Module) -> CaptureError:
     source = f"{frames[-1]['file']}:{frames[-1]['line']}" if frames else ""
     if not source:
         m = re.search(r"([\w/\\.-]+\.py):(\d+)", msg)
-        source = f"{m.group(1)}:{m.group(2)}" if m else ""
+        source = f"{m.group(1)}:{m.group(2)}" if m else _raising_user_frame(err)
     module = ""
     if source:
         file, line = source.rsplit(":", 1)
@@ -221,6 +241,17 @@ def _describe_trace_error(err: BaseException, model: nn.Module) -> CaptureError:
     first = msg.strip().splitlines()[0] if msg.strip() else type(err).__name__
     return CaptureError(f"could not trace {type(model).__name__}: {type(err).__name__}: {first}",
                         module, source)
+
+
+def _raising_user_frame(err: BaseException) -> str:
+    """``file:line`` of the innermost frame of the traceback outside torch, memviz and the standard
+    library: where the user's code called what failed (``.numpy()`` on a traced tensor)."""
+    import traceback
+
+    here, stdlib = str(Path(__file__).parent), str(Path(contextlib.__file__).parent)
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith((_TORCH_DIR, here, stdlib))]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _module_defined_at(model: nn.Module, file: str, line: int) -> str:
@@ -547,8 +578,111 @@ def register_library_pytrees(model: nn.Module) -> None:
             return
 
 
+def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+
+
+def _data_dependent(err: BaseException) -> bool:
+    """Whether tracing stopped on a tensor's value: a Python branch on it, or an op whose output
+    shape depends on it (``_ctc_loss.Tensor``: the longest target)."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    while err is not None:
+        if isinstance(err, (GuardOnDataDependentSymNode, DynamicOutputShapeException)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    from memviz import accelerator
+
+    with accelerator.fork_rng(accelerator.devices_of(list(tensors))):
+        yield
+
+
+def _real_shapes(kernel: Callable[..., Any], record: list[str]) -> Callable[..., Any]:
+    """`kernel` (a fake tensor kernel) that, for an operator whose output shape depends on values
+    (``_ctc_loss.Tensor``: the longest target; ``masked_select``; ``nonzero``) where the trace cannot make
+    that shape symbolic, runs the real operator on its inputs' real values (real tensor propagation) and
+    takes the output shapes the example input gives."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        FakeTensor,
+        unset_fake_temporarily,
+    )
+
+    def impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return kernel(fake_mode, func, *args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            fakes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)]
+            if any(getattr(a, "real_tensor", None) is None for a in fakes):
+                raise
+        real_args, real_kwargs = pytree.tree_map_only(FakeTensor, lambda a: a.real_tensor, (args, kwargs))
+        with unset_fake_temporarily():
+            real = func(*real_args, **real_kwargs)
+        with fake_mode:
+            out = pytree.tree_map_only(torch.Tensor, lambda t: torch.empty_strided(
+                t.shape, t.stride(), dtype=t.dtype, device=t.device), real)
+        shapes = [tuple(t.shape) for t in pytree.tree_leaves(real) if isinstance(t, torch.Tensor)]
+        what = f"output shapes of {func} -> {shapes}"
+        if not any(r.endswith(what) for r in record):  # the export and the joint trace both meet it
+            record.append(f"{_user_code_line()}: {what}")
+        return out
+
+    return impl
+
+
+@contextlib.contextmanager
+def specialising_on_example_values(record: list[str]) -> Iterator[None]:
+    """Trace with real tensor propagation (what ``torch.export.draft_export`` uses): every fake tensor
+    carries a real copy computed alongside, so a guard on a data-dependent value (``.item()``, ``bool()``
+    of a tensor, ``if t.max() >= n``) is decided by the example input's real value instead of raising
+    ``GuardOnDataDependentSymNode``.  The graph keeps only the branch that value took (torch adds a
+    runtime assertion for it, which memviz never runs); each decision is appended to `record` as
+    ``"file:line code: expr -> value"``.  The real copies cost one more forward of memory and time,
+    so this is the fallback, not the default trace."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    def note(shape_env: ShapeEnv, orig_expr: Any, result: Any) -> None:
+        # torch's own note is a logging warning with no user line: memviz says it once, with the line
+        record.append(f"{_user_code_line()}: {orig_expr} -> {result}")  # the branch's condition
+
+    from torch._subclasses import fake_impls
+
+    saved = ShapeEnv._log_real_tensor_propagation
+    checks = list(fake_impls.op_implementations_checks)
+    kernels = dict(fake_impls.op_implementations_dict)
+    ShapeEnv._log_real_tensor_propagation = note  # type: ignore[method-assign, assignment]
+    fake_impls.op_implementations_checks[:] = [(check, _real_shapes(fn, record)) for check, fn in checks]
+    fake_impls.op_implementations_dict.update({op: _real_shapes(fn, record) for op, fn in kernels.items()})
+    try:
+        with torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
+            yield
+    finally:
+        ShapeEnv._log_real_tensor_propagation = saved  # type: ignore[method-assign]
+        fake_impls.op_implementations_checks[:] = checks
+        fake_impls.op_implementations_dict.clear()
+        fake_impls.op_implementations_dict.update(kernels)
+
+
+def _user_code_line() -> str:
+    """``file:line code`` of the innermost frame on the stack outside torch and memviz."""
+    import traceback
+
+    here = str(Path(__file__).parent)
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith((_TORCH_DIR, here)) and "contextlib" not in frame.filename:
+            return f"{frame.filename}:{frame.lineno} `{(frame.line or '').strip()}`"
+    return "?"
+
+
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
-                loss_fn: LossFn | None = None
+                loss_fn: LossFn | None = None, specialised: list[str] | None = None
                 ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
     """torch.export (non-strict) then AOTAutograd's joint trace (TOOLCHAIN.md recipe).
 
@@ -556,20 +690,99 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     (the others are detached: `detach_outputs`), and the outputs that alias another output, an input or
     a parameter (`aliased_outputs`: regenerated from their base outside the graph).  Inference: the
     forward under ``no_grad``.  The model is never modified: export traces with fake tensors.
+    A model whose Python branches on tensor values (HF's label range check ``labels.max() >=
+    vocab_size``, LayerDrop's ``torch.rand([]) < p``) or that calls an op whose output shape depends on
+    values (``ctc_loss``) is traced again with the example input's real values behind the fake tensors
+    (`specialising_on_example_values`); what that decided is listed in `specialised`.
     """
-    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+    specialised = [] if specialised is None else specialised
 
     register_library_pytrees(model)
     grad_ctx = contextlib.nullcontext() if mode == "train" else torch.no_grad()
     # inference runs no backward: a Function's forward as plain operators is exact there
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
-    with grad_ctx, library_frames_in_stack_traces():
+    try:
+        with grad_ctx, library_frames_in_stack_traces(), _quiet_data_dependent_logs():
+            return _trace_joint(model, args, kwargs, mode, loss_fn, functions, contextlib.nullcontext())
+    except CaptureError as err:
+        if not _data_dependent(err):
+            raise
+    leaves = [t for t in (*pytree.tree_leaves((args, kwargs)), *model.parameters(), *model.buffers())
+              if isinstance(t, torch.Tensor)]
+    functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
+    # the real values are computed alongside (dropout, LayerDrop draw): the user's RNG must not move
+    with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves):
+        return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
+                            specialising_on_example_values(specialised))
+
+
+def _symbolic_scalar(node: torch.fx.Node) -> bool:
+    """Whether `node` yields a Python number read off a tensor's value (``.item()``, and arithmetic on it)."""
+    val = node.meta.get("val")
+    return isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat))
+
+
+_VALUE_CHECKS = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
+                 torch.ops.aten.sym_constrain_range.default)
+
+
+def drop_value_checks(gm: torch.fx.GraphModule) -> None:
+    """Remove the runtime assertions of the branches a trace took on tensor values and the scalar reads
+    (``.item()``) only they use, with the tensor ops only those read (HF's ``labels.max() >= vocab``).
+
+    They are the branches `specialising_on_example_values` fixed: the graph holds only the way the
+    example input went, and the AOT joint trace, with static shapes, could not read a value again.
+    Random ops stay (LayerDrop's ``torch.rand([])``): eager draws them, so the random stream after them
+    (dropout masks) stays eager's."""
+    graph = gm.graph
+    for n in graph.nodes:
+        # sizes export left symbolic (``masked_select``): the joint trace, static, takes the example's
+        n.meta.pop("unbacked_bindings", None)
+    checks = [n for n in graph.nodes if n.op == "call_function" and (
+        n.target in _VALUE_CHECKS or _symbolic_scalar(n))]
+    if not checks:
+        return
+    pending, erased = list(checks), set()
+    while pending:
+        n = pending.pop()
+        if n in erased or n.users or (n not in checks and n.is_impure()):
+            continue
+        inputs = n.all_input_nodes
+        graph.erase_node(n)
+        erased.add(n)
+        pending.extend(a for a in inputs if a.op == "call_function")
+    gm.recompile()
+
+
+@contextlib.contextmanager
+def _quiet_data_dependent_logs() -> Iterator[None]:
+    """torch logs the whole graph at WARNING before raising a data-dependent error; memviz handles the
+    error (`specialising_on_example_values`) and says what it did instead."""
+    import logging
+
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
+                 loss_fn: LossFn | None, functions: Any, specialising: Any
+                 ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
+    """`trace_joint`'s two traces (export, then AOT joint) inside `specialising` (a context)."""
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    with specialising:
         try:
             with functions:
-                ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+                ep = _export(model, args, kwargs)
         except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError
             raise _describe_trace_error(err, model) from err
         gm_ep = ep.module()
+        drop_value_checks(gm_ep)
         use_eager_kernels(gm_ep, args, model)
         if mode == "train":
             detach_outputs(gm_ep, unused_outputs(gm_ep, ep.call_spec.out_spec, loss_fn))
@@ -1006,7 +1219,8 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
     args = tuple(args)
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn)
+    specialised: list[str] = []
+    gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
 
@@ -1056,7 +1270,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
-        output_views=views, loss_probe=probe if tangents else None)
+        output_views=views, specialised=specialised, loss_probe=probe if tangents else None)
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss
@@ -1103,7 +1317,9 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     pending_loss = bool(tangents)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
-            raise CaptureError(f"unsupported constant {n.target!r} in the captured graph")
+            _constant_node(bld, gm, n)
+            captured.constants[n.name] = str(n.target)
+            continue
         if n.op != "call_function":
             continue
         phase = _phase_of(n)
@@ -1118,7 +1334,32 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
                           if k and k[0] == "grad" and a.name in bld.data_of_fx}
     captured.input_grad_data = {k[1]: bld.data_of_fx[a.name] for a, k in zip(out_args, out_kinds, strict=True)
                                 if k and k[0] == "input_grad" and a.name in bld.data_of_fx}
+    # the gradient is that FX value, which may be a view of its data node's storage (a layer-scale gamma's
+    # [C] gradient viewed from a [1, C, 1, 1] reduction): runners hand back the view, not the storage
+    captured.grad_fx = {(k[0], param_names.get(k[1], k[1]) if k[0] == "grad" else k[1]): a.name
+                        for a, k in zip(out_args, out_kinds, strict=True)
+                        if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
     return _finish(bld, out_args, out_kinds, type(model).__name__, mode), captured
+
+
+def _constant_node(bld: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) -> None:
+    """A tensor constant of the graph (``torch.tensor([...])`` in the model's code: HF's mask helpers,
+    torchvision's shifted-window mask) as a data node of kind BUFFER: like a non-persistent buffer the
+    graph module holds it as an attribute, no op produces it, it gets no gradient and is alive for
+    the whole step, with its exact bytes.  Ops read it (``lift_fresh_copy`` copies it into the fresh
+    tensor eager mode creates) where it sits in the graph."""
+    val = _attr(gm, str(n.target))
+    if not isinstance(val, torch.Tensor):
+        raise CaptureError(f"unsupported graph attribute {n.target!r} of type {type(val).__name__} in the "
+                           "captured graph", _module_of(n), source_of(n))
+    fake = n.meta.get("val")
+    t = fake if isinstance(fake, torch.Tensor) else val  # views of it share the fake storage
+    if _storage_key(t) in bld.data_of_storage:  # another name for a constant already there
+        d = bld.data_of_storage[_storage_key(t)]
+        bld.aliases[d].append(n.name)
+    else:
+        d = bld.tensor_data(f"constant {n.target}", t, DataKind.BUFFER, n.name)
+    bld.data_of_fx[n.name] = d
 
 
 def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] | None], name: str,

@@ -13,10 +13,30 @@ from typing import Any
 
 from memviz.budget import format_bytes
 from memviz.planning import STRATEGIES, budget_frontier, is_training
+from solvers.result import InfeasibleBudget
 
 
 class CliError(Exception):
     pass
+
+
+class BudgetInfeasible(CliError):
+    """The budget does not fit: the minimum-budget plan was reported instead (exit status 3)."""
+
+
+EXIT_INFEASIBLE = 3
+STRATEGY_HELP = {
+    "auto": "pick for the graph: reordering when it fits, else the best rematerialization (inference: "
+            "then chunking)",
+    "none": "PyTorch's own eager order, no plan (the baseline)",
+    "checkmate": "Checkmate MILP (HiGHS): optimal recomputation for small graphs, time-limited",
+    "checkmate-lp": "Checkmate's LP relaxation with two-phase rounding (faster, near-optimal)",
+    "rotor": "Rotor dynamic program over the chain of blocks",
+    "rockmate": "Rockmate: per-block MILP option menus + Rotor over the chain (large models)",
+    "sqrt": "sqrt(n) checkpointing baseline (Chen et al.)",
+    "olla": "OLLA: reorder operators (CP-SAT) and pack addresses, no recomputation",
+    "autochunk": "AutoChunk: chunk long-sequence inference activations (inference only)",
+}
 
 
 @contextmanager
@@ -69,6 +89,7 @@ def run_plan(
     export: Path | None,
     plan_out: Path | None,
     overwrite: bool,
+    verify: bool = True,
 ) -> Any:
     import memviz
 
@@ -86,12 +107,36 @@ def run_plan(
         f"({len(prof.graph.computes)} ops, {len(prof.graph.datas)} tensors)",
         file=sys.stderr,
     )
-    with stage(f"planning ({strategy}, budget {budget or 'none'})"):
-        plan = memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
+    notice = None
+    try:
+        with stage(f"planning ({strategy}, budget {budget or 'none'})"):
+            plan = memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
+    except InfeasibleBudget as exc:
+        if exc.minimum_bytes is None:
+            raise
+        # still give the user something: the plan at the smallest feasible budget, marked as such
+        notice = (f"MINIMUM-BUDGET PLAN: the requested budget {budget} does not fit ({exc}). This report "
+                  f"shows the plan at the smallest feasible budget instead; nothing was exported.")
+        print(f"memviz: {notice}", file=sys.stderr)
+        with stage(f"planning ({strategy}, at the minimum {format_bytes(exc.minimum_bytes)})"):
+            plan = memviz.plan(prof, exc.minimum_bytes, strategy=strategy, time_limit=time_limit,
+                               frontier=False)
+        export = None
     if is_training(plan.graph):
         # the frontier re-solves at several budgets: its own progress line so a slow one is visible
         with stage("budget frontier (peak vs time overhead)"):
             plan.frontier = budget_frontier(plan.graph, plan.baseline, time_limit=min(30.0, time_limit))
+    if export is not None:
+        # verify: one measured step first; a step over the budget is re-planned, never written.  First,
+        # so that the plan file and the report describe the plan the exported module runs
+        with stage("exporting and verifying (one measured step)" if verify else "exporting"):
+            module = memviz.export(plan, path=export, overwrite=overwrite, verify=verify)
+        if verify:
+            budget_text = "none" if plan.budget_bytes is None else format_bytes(plan.budget_bytes)
+            frontier, plan = plan.frontier, module.plan
+            plan.frontier = plan.frontier or frontier
+            print(f"verified: one step measured {format_bytes(module.verified_peak_bytes)} "
+                  f"(plan {format_bytes(plan.peak_bytes)}, budget {budget_text})", file=sys.stderr)
     print(plan.summary())
     if plan_out is not None:
         plan.save(plan_out, overwrite=overwrite)
@@ -100,31 +145,53 @@ def run_plan(
         from memviz.report import write_report
 
         with stage("writing the offline report"):
-            write_report(plan, report, overwrite=overwrite)
+            write_report(plan, report, overwrite=overwrite, command=" ".join(["memviz", *sys.argv[1:]]),
+                         notice=notice)
         print(f"report: {report}")
     if export is not None:
-        with stage("exporting"):
-            memviz.export(plan, path=export, overwrite=overwrite)
         print(f"exported module: {export}")
+    if notice is not None:
+        raise BudgetInfeasible(notice)
     return plan
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="memviz", description="Plan a PyTorch model's memory.")
+    from memviz import __version__
+    from memviz.devices import TARGETS
+
+    parser = argparse.ArgumentParser(prog="memviz", description="Plan a PyTorch model's memory.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"memviz {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="profile, plan and report a small built-in GPT")
-    demo.add_argument("--output", type=Path, default=Path("memviz-demo.html"))
-    demo.add_argument("--budget", default="60%")
-    demo.add_argument("--overwrite", action="store_true")
-    p = sub.add_parser("plan", help="plan MODULE.py:FACTORY under a budget")
+    demo.add_argument("--output", type=Path, default=Path("memviz-demo.html"),
+                      help="the offline HTML report to write (default: %(default)s)")
+    demo.add_argument("--budget", default="60%", help="budget as in `memviz plan` (default: %(default)s)")
+    demo.add_argument("--overwrite", action="store_true", help="replace the report if it exists")
+    strategies = "\n".join(f"  {name:13s} {STRATEGY_HELP.get(name, '')}" for name in STRATEGIES)
+    p = sub.add_parser("plan", help="plan MODULE.py:FACTORY under a budget",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=f"strategies:\n{strategies}\n\nexit status: 0 planned, 2 error, "
+                              f"{EXIT_INFEASIBLE} budget infeasible (the minimum-budget plan is reported)")
     p.add_argument("factory", help="MODULE.py:FACTORY returning (model, args[, kwargs])")
-    p.add_argument("--mode", choices=("train", "inference"), default="train")
-    p.add_argument("--budget", default=None, help="bytes, '1.5GiB', '800MB' or '50%%' of the baseline peak")
-    p.add_argument("--strategy", choices=STRATEGIES, default="auto")
-    p.add_argument("--device", default=None, help="cpu, cuda, neuron or fake:<target> (estimated)")
-    p.add_argument("--time-limit", type=float, default=60.0)
-    p.add_argument("--report", type=Path)
+    p.add_argument("--mode", choices=("train", "inference"), default="train",
+                   help="train: forward + loss (the outputs' sum) + backward; inference: forward under "
+                        "no_grad (default: %(default)s)")
+    p.add_argument("--budget", default=None,
+                   help="total device bytes: an int, '1.5GiB', '800MB', or '50%%' of the eager peak "
+                        "(default: none, the eager order)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="auto", metavar="STRATEGY",
+                   help="how to fit the budget, one of the strategies below (default: %(default)s)")
+    p.add_argument("--device", default=None,
+                   help="where to profile: cpu, cuda, neuron, xla, or fake:<target> to estimate with no "
+                        f"hardware, targets: {', '.join(sorted(TARGETS))} (default: where the model lives)")
+    p.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
+                   help="wall-clock limit for each solver call, in seconds (default: %(default)s)")
+    p.add_argument("--report", type=Path, help="write an offline HTML report of the plan (opens from disk)")
     p.add_argument("--export", type=Path, help="write the optimized module's source (plan JSON beside it)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="export without running one measured step first (by default a step over the budget "
+                        "is re-planned with the measured excess as margin, or refused)")
     p.add_argument("--plan-out", type=Path, help="write the plan JSON")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
     ns = parser.parse_args(argv)
@@ -165,8 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             export=ns.export,
             plan_out=ns.plan_out,
             overwrite=ns.overwrite,
+            verify=not ns.no_verify,
         )
         return 0
+    except BudgetInfeasible:
+        return EXIT_INFEASIBLE  # what and why is printed already, the report written
     except (CliError, FileExistsError, FileNotFoundError, ValueError, TypeError) as exc:
         print(f"memviz: error: {exc}", file=sys.stderr)
         return 2

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import keyword
 import operator
+import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +47,17 @@ from solvers.schedule import Schedule, Step
 
 class StalePlanError(ValueError):
     """The plan does not belong to this model or these inputs (changed since profiling)."""
+
+
+class BudgetExceededError(ValueError):
+    """``export(plan, verify=True)``: the exported step measured over the budget, and re-planning with
+    the measured excess as margin did not bring it under (the numbers are attributes, in bytes)."""
+
+    def __init__(self, message: str, *, measured: int, planned: int, budget: int) -> None:
+        super().__init__(message)
+        self.measured_bytes = measured
+        self.planned_bytes = planned
+        self.budget_bytes = budget
 
 
 def _is_random(node: torch.fx.Node) -> bool:
@@ -226,7 +240,9 @@ class _StepState:
         deps = self.program.grad_tangents.get(key, frozenset())
         if d is None or (deps and deps <= self.missing):
             return None  # only reached through outputs without a gradient: None, as in eager autograd
-        return self.runner.data_value(d)
+        fx = self.program.captured.grad_fx.get(key)
+        # the gradient's own FX value: a view of its storage is replayed from it, shaped as the parameter
+        return self.runner.data_value(d) if fx is None else self.runner.value(self.runner.nodes[fx])
 
 
 class _Leaves(torch.autograd.Function):
@@ -364,7 +380,8 @@ def _check_constant(i: int, value: Any, traced: Any) -> None:
 
 # --- entry points -----------------------------------------------------------------------------------
 def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None = None,
-           overwrite: bool = False) -> nn.Module:
+           overwrite: bool = False, verify: bool = False, inputs: Any = None, loss_fn: Any = None,
+           optimizer: Any = None) -> nn.Module:
     """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
 
     plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).  An
@@ -373,12 +390,48 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     (``<path>.plan.json``); existing files are never overwritten unless ``overwrite=True``.
     model: the model to run (default: the profiled one).  A model whose parameters, or a plan whose
     inputs, differ from what was profiled raises `StalePlanError`.
+    verify: run one measured step of the exported module first (`memviz.verify`): a step over the
+    budget is re-planned with the measured excess as margin, or raises `BudgetExceededError`; the
+    returned module's ``verified_peak_bytes`` is the measured peak and ``plan`` the plan it runs.  Off
+    by default: it costs one training step (plus, with an optimizer, a host copy of the parameters),
+    and `backend` exports graphs mid-trace, where no step can be run.
+    inputs: example inputs, ``(args, kwargs)`` or a tuple of positional args: what a verifying step and
+    a loaded plan's capture run on (default: the profiled structure, tensors rebuilt as zeros of the
+    planned shapes on the model's device -- memory depends on shapes only).
+    loss_fn, optimizer: the verifying step's loss and optimizer (default: the profile's; for a loaded
+    plan the default loss and the ``torch.optim`` class its optimizer nodes name).
     """
+    if verify:
+        from memviz.verify import verified_export
+
+        module = verified_export(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer)
+        if path is not None:
+            # the source of the plan that passed, written only once it passed
+            _write_exported(module.plan, module, path, model, overwrite)
+        return module
+    module = build(plan, model=model, inputs=inputs)
+    if path is not None:
+        _write_exported(plan, module, path, model, overwrite)
+    return module
+
+
+def _write_exported(plan: Any, module: nn.Module, path: str | Path, model: nn.Module | None,
+                    overwrite: bool) -> None:
+    if getattr(plan, "strategy", None) == "autochunk":
+        from memviz.chunking import export_chunks
+
+        export_chunks(plan, path, model=model, overwrite=overwrite)  # writes its loops' code
+    else:
+        write_source(plan, module.program, Path(path), overwrite=overwrite)
+
+
+def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> nn.Module:
+    """The exported module for `plan` (what `export` returns), writing nothing and running nothing."""
     if getattr(plan, "strategy", None) == "autochunk":
         # a chunk plan rewrites the model into loops instead of scheduling the captured graph
         from memviz.chunking import export_chunks
 
-        return export_chunks(plan, path, model=model, overwrite=overwrite)
+        return export_chunks(plan, None, model=model)
     prof = getattr(plan, "profile", None)
     graph: Graph = plan.graph
     if prof is not None and prof.captured is None:
@@ -393,20 +446,81 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
-        args, kwargs = _example_inputs(graph, prof)
+        args, kwargs = split_inputs(inputs) if inputs is not None else _example_inputs(graph, prof)
         mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
         fp = fingerprint(target, args, kwargs, mode)
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        _, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
     program = compile_program(graph, captured, tuple(plan.schedule), fp)
-    module = PlannedModule(target, program)
-    if path is not None:
-        write_source(plan, program, Path(path), overwrite=overwrite)
-    return module
+    return PlannedModule(target, program)
+
+
+def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)``, a tuple or list of positional args, or one tensor -> ``(args, kwargs)``."""
+    if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], dict) \
+            and isinstance(inputs[0], (tuple, list)):
+        return tuple(inputs[0]), dict(inputs[1])
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def check_plan_matches_capture(plan_graph: Graph, captured: Graph) -> None:
+    """Refuse a plan whose graph is not the model's own capture (`StalePlanError` naming the first
+    difference).  A plan file can be edited and stay self-consistent -- its timelines re-simulated --
+    while claiming what the model does not do: a gradient dropped from the outputs exports a module
+    whose gradient is None, activations shrunk to a byte claim a peak the run never has."""
+    why = plan_capture_difference(plan_graph, captured)
+    if why is not None:
+        raise StalePlanError(f"the plan's graph is not this model's capture: {why}; the plan file was edited "
+                             "or made for another model: profile and plan again")
+
+
+_DATA_FIELDS = ("kind", "shape", "dtype", "bytes", "producer", "aliases")
+_COMPUTE_FIELDS = ("name", "op", "phase", "inputs", "outputs")
+
+
+def plan_capture_difference(plan_graph: Graph, captured: Graph) -> str | None:
+    """The first difference between a plan's graph and a fresh capture of the model, or None.
+
+    Compared: every data node's kind, shape, dtype, bytes, producer and aliases, every compute's name,
+    op, phase and edges, and the outputs (each parameter gradient among them).  Times and workspace
+    sizes are measurements and may differ; names of data nodes are labels.  A profile with an
+    optimizer appends optimizer-phase computes and their state after the captured nodes."""
+    if len(plan_graph.datas) < len(captured.datas) or len(plan_graph.computes) < len(captured.computes):
+        return (f"it has {len(plan_graph.computes)} computes and {len(plan_graph.datas)} data nodes, the "
+                f"capture {len(captured.computes)} and {len(captured.datas)}")
+    for a, b in zip(plan_graph.datas, captured.datas, strict=False):
+        for f in _DATA_FIELDS:
+            if getattr(a, f) != getattr(b, f):
+                return (f"data node {b.id} ({b.name!r}) has {f} {getattr(a, f)!r} in the plan but "
+                        f"{getattr(b, f)!r} in the capture")
+    for a, b in zip(plan_graph.computes, captured.computes, strict=False):
+        for f in _COMPUTE_FIELDS:
+            if getattr(a, f) != getattr(b, f):
+                return (f"compute node {b.id} ({b.name!r}) has {f} {getattr(a, f)!r} in the plan but "
+                        f"{getattr(b, f)!r} in the capture")
+    for c in plan_graph.computes[len(captured.computes):]:
+        if c.phase.value != "optimizer":
+            return f"compute node {c.id} ({c.name!r}) is not in the capture"
+    for d in plan_graph.datas[len(captured.datas):]:
+        if d.producer is not None and d.producer < len(captured.computes):
+            return f"data node {d.id} ({d.name!r}) is not in the capture"
+    outputs = set(plan_graph.outputs)
+    for d in captured.outputs:
+        if d not in outputs:
+            what = "parameter gradient" if captured.datas[d].kind.value == "parameter_gradient" else "output"
+            return f"{what} data node {d} ({captured.datas[d].name!r}) of the capture is not a plan output"
+    expected = set(captured.outputs)
+    for d in plan_graph.outputs:
+        if d < len(captured.datas) and d not in expected:
+            return f"data node {d} ({captured.datas[d].name!r}) is a plan output but not a capture output"
+    return None
 
 
 def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -432,20 +546,22 @@ class _Codegen:
         self.cap = program.captured
         self.nodes = self.cap.nodes
         self.owners = self.cap.compute_fx_set
-        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")}
+        # graph inputs and tensor constants: bound in `v` before the steps run (`placeholder_values`)
+        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")} | set(
+            self.cap.constants)
         self.seen: set[int] = set()
 
     def expr(self, node: Any) -> str:
         if isinstance(node, torch.fx.Node):
             if node.name in self.placeholders or node.name in self.owners or self._is_elem(node):
-                return f"v[{node.name!r}]"
+                return f"v[{_str(node.name)}]"
             args = self._args(node)
             return f"{_target(node.target)}({args})"
         if isinstance(node, (list, tuple)):
             inner = ", ".join(self.expr(a) for a in node)
             return f"[{inner}]" if isinstance(node, list) else f"({inner}{',' if len(node) == 1 else ''})"
         if isinstance(node, dict):
-            return "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in node.items()) + "}"
+            return "{" + ", ".join(f"{_literal(k)}: {self.expr(v)}" for k, v in node.items()) + "}"
         return _literal(node)
 
     def _is_elem(self, node: torch.fx.Node) -> bool:
@@ -453,31 +569,33 @@ class _Codegen:
 
     def _args(self, node: torch.fx.Node) -> str:
         parts = [self.expr(a) for a in node.args]
-        parts += [f"{k}={self.expr(v)}" for k, v in node.kwargs.items()]
+        parts += [f"{_identifier(k)}={self.expr(v)}" for k, v in node.kwargs.items()]
         return ", ".join(parts)
 
     def compute(self, c: int, indent: str) -> list[str]:
         cap = self.cap
         gc = self.p.graph.computes[c]
-        where = f"  # {gc.module or '-'} | {gc.source}" if gc.source else ""
+        # names from the model or a plan file reach comments only as ASCII string literals (`_str`)
+        where = f"  # {_str(gc.module or '-')} | {_str(gc.source)}" if gc.source else ""
         if c == cap.loss_backward_compute:
             return [f"{indent}# compute loss_backward: the output gradients arrive from autograd"] + [
-                f"{indent}v[{name!r}] = grad_outputs[{i}]" for i, name in sorted(cap.tangent_fx.items())]
+                f"{indent}v[{_str(name)}] = grad_outputs[{_int(i)}]"
+                for i, name in sorted(cap.tangent_fx.items())]
         if c >= len(cap.compute_fx) or cap.compute_fx[c] is None:
-            return [f"{indent}# compute {gc.name}: runs outside the module ({gc.op})"]
+            return [f"{indent}# compute {_str(gc.name)}: runs outside the module ({_str(gc.op)})"]
         node = self.nodes[cap.compute_fx[c]]
         call = f"{_target(node.target)}({self._args(node)})"
-        lines = [f"{indent}# compute {gc.name}{where}"]
+        lines = [f"{indent}# compute {_str(gc.name)}{where}"]
         random = c in self.p.random
         if random:
-            lines.append(f"{indent}with rng.replay({c}):")
+            lines.append(f"{indent}with rng.replay({_int(c)}):")
             indent += "    "
         elems = cap.elem_fx.get(node.name)
         if elems is None:
-            lines.append(f"{indent}v[{node.name!r}] = {call}")
+            lines.append(f"{indent}v[{_str(node.name)}] = {call}")
         else:
             lines.append(f"{indent}_out = {call}")
-            lines += [f"{indent}v[{g!r}] = _out[{i}]" for i, g in elems]
+            lines += [f"{indent}v[{_str(g)}] = _out[{_int(i)}]" for i, g in elems]
             lines.append(f"{indent}del _out")
         return lines
 
@@ -485,12 +603,12 @@ class _Codegen:
         name = self.cap.data_fx[d]
         label = self.p.graph.datas[d].name
         if name is None:
-            return [f"{indent}# free {label} (not held)"]
-        held = [f"{indent}v.pop({other!r}, None)" for other in self.cap.held_fx.get(d, ())]
-        return [f"{indent}v.pop({name!r}, None)  # free {label}", *held]
+            return [f"{indent}# free {_str(label)} (not held)"]
+        held = [f"{indent}v.pop({_str(other)}, None)" for other in self.cap.held_fx.get(d, ())]
+        return [f"{indent}v.pop({_str(name)}, None)  # free {_str(label)}", *held]
 
     def function(self, name: str, steps: Sequence[Step], doc: str) -> list[str]:
-        lines = [f"def {name}(v, rng, buffers, grad_outputs=None):", f'    """{doc}"""']
+        lines = [f"def {_identifier(name)}(v, rng, buffers, grad_outputs=None):", f"    {_str(doc)}"]
         for step in steps:
             if step.op == "free":
                 lines += self.free(step.node, "    ")
@@ -498,33 +616,81 @@ class _Codegen:
             lines += self.compute(step.node, "    ")
             if step.node not in self.seen:  # first computation: write mutated buffers back, once
                 self.seen.add(step.node)
-                lines += [f"    buffers[{fqn!r}].copy_(v[{fx!r}])"
+                lines += [f"    buffers[{_str(fqn)}].copy_(v[{_str(fx)}])"
                           for fx, fqn in self.p.buffer_updates.get(step.node, ())]
         lines.append("")
         return lines
 
 
+# Everything generated source holds that did not come from this file is one of: a string literal of
+# printable ASCII (`_str`, so no quote, newline, \r, NUL, U+2028 or U+0085 can end it or the comment
+# it sits in), an int or float literal of an exact built-in type, a checked Python identifier, or a
+# torch attribute path checked against its pattern.  Anything else refuses to be written.
+_TORCH_ATTR = re.compile(r"torch\.[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _str(x: Any) -> str:
+    """A name from the model or a plan file as a Python string literal of printable ASCII only."""
+    if not isinstance(x, str):
+        raise ValueError(f"cannot write source: expected a name, got {type(x).__name__}")
+    return ascii(str(x))  # str(): a str subclass could override __repr__
+
+
+def _int(x: Any) -> str:
+    if type(x) is not int:  # bool, numpy and subclasses could print as anything
+        raise ValueError(f"cannot write source: expected an int, got {type(x).__name__}")
+    return repr(x)
+
+
+def _identifier(name: Any) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or not name.isascii():
+        raise ValueError(f"cannot write source: {name!r} is not a Python identifier")
+    return str(name)
+
+
 def _target(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         ns, op = target._schema.name.split("::")
-        return f"torch.ops.{ns}.{op}.{target._overloadname}"
+        return f"torch.ops.{_identifier(ns)}.{_identifier(op)}.{_identifier(target._overloadname)}"
     if target is operator.getitem:
         return "operator.getitem"
     raise ValueError(f"cannot write source for FX target {target!r}")
 
 
 def _literal(x: Any) -> str:
-    if isinstance(x, torch.dtype):
-        return str(x)
+    """A constant argument of an FX operator as Python source; unknown types are refused."""
+    if isinstance(x, (torch.dtype, torch.layout, torch.memory_format)):
+        text = str(x)
+        if not _TORCH_ATTR.fullmatch(text):
+            raise ValueError(f"cannot write source for constant {text!r}")
+        return text
     if isinstance(x, torch.device):
-        return f"torch.device({str(x)!r})"
-    if isinstance(x, torch.layout):
-        return str(x)
-    if isinstance(x, torch.memory_format):
-        return str(x)
-    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
-        return f"float({str(x)!r})"
-    return repr(x)
+        return f"torch.device({_str(str(x))})"
+    if x is None or type(x) is bool:
+        return repr(x)
+    if type(x) is int:
+        return _int(x)
+    if type(x) is float:
+        return f"float({str(x)!r})" if x != x or x in (float("inf"), float("-inf")) else repr(x)
+    if type(x) is complex:
+        return f"complex({_literal(x.real)}, {_literal(x.imag)})"
+    if type(x) is str:
+        return _str(x)
+    if type(x) is slice:
+        return f"slice({_literal(x.start)}, {_literal(x.stop)}, {_literal(x.step)})"
+    if x is Ellipsis:
+        return "..."
+    raise ValueError(f"cannot write source for a constant of type {type(x).__name__}")
+
+
+def _data(x: Any) -> str:
+    """A metadata table (lists, tuples, dicts of names and numbers) as a Python literal."""
+    if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
+        inner = ", ".join(_data(a) for a in x)
+        return f"[{inner}]" if type(x) is list else f"({inner}{',' if len(x) == 1 else ''})"
+    if type(x) is dict:
+        return "{" + ", ".join(f"{_data(k)}: {_data(v)}" for k, v in x.items()) + "}"
+    return _literal(x)
 
 
 def _placeholder_table(cap: Captured) -> list[tuple[str, tuple[str, Any]]]:
@@ -536,15 +702,22 @@ def program_source(program: Program, plan: Any) -> str:
     """Readable source: the scheduled steps as straight-line code over torch.ops.*, plus metadata."""
     gen = _Codegen(program)
     cap = program.captured
+    budget = getattr(plan, "budget_bytes", None)
+    # a gradient that is a view of its storage is its own FX value (`Captured.grad_fx`)
+    grads = [(n, cap.grad_fx.get(("grad", n), cap.data_fx[d])) for n, d in cap.grad_data.items()]
     header = [
+        # the docstring is fixed text: the plan's names follow as string literals (MODEL, STRATEGY)
         '"""Generated by memviz.export: a memory plan as straight-line PyTorch code.',
         "",
-        f"model {plan.graph.name}, mode {program.mode}, strategy {getattr(plan, 'strategy', '?')}, "
-        f"planned peak {plan.peak_bytes} bytes, budget {getattr(plan, 'budget_bytes', None)} bytes.",
         "Each step is one operator of the captured joint graph; `v` holds the live tensors; a `pop` is a",
         "free; `rng.replay(c)` restores the random state of operator c on recomputation.",
         "Load it with memviz.export.load_source(path, model).",
         '"""',
+        "",
+        f"MODEL = {_str(plan.graph.name)}",
+        f"STRATEGY = {_str(str(getattr(plan, 'strategy', '?')))}",
+        f"PLANNED_PEAK_BYTES = {_int(plan.peak_bytes)}",
+        f"BUDGET_BYTES = {'None' if budget is None else _int(budget)}",
         "",
         "import operator",
         "",
@@ -552,12 +725,12 @@ def program_source(program: Program, plan: Any) -> str:
         "",
         "import memviz.capture  # noqa: F401  (registers torch.ops.memviz.*)",
         "",
-        f"FINGERPRINT = {program.fingerprint!r}",
-        f"MODE = {program.mode!r}",
-        f"PLACEHOLDERS = {_placeholder_table(cap)!r}",
-        f"PARAMS = {list(program.params)!r}",
-        f"GRADS = {[(n, cap.data_fx[d]) for n, d in cap.grad_data.items()]!r}",
-        f"INPUTS = {[(list(m[0]), str(m[1])) if m else None for m in cap.input_meta]!r}",
+        f"FINGERPRINT = {_str(program.fingerprint)}",
+        f"MODE = {_str(program.mode)}",
+        f"PLACEHOLDERS = {_data(_placeholder_table(cap))}",
+        f"PARAMS = {_data(list(program.params))}",
+        f"GRADS = {_data(grads)}",
+        f"INPUTS = {_data([(list(m[0]), str(m[1])) if m else None for m in cap.input_meta])}",
         "",
         "",
     ]
@@ -571,16 +744,29 @@ def program_source(program: Program, plan: Any) -> str:
 
 
 def write_source(plan: Any, program: Program, path: Path, *, overwrite: bool = False) -> tuple[Path, Path]:
-    """Write the program's source to `path` and the plan JSON beside it; never clobber unless asked."""
+    """Write the program's source to `path` and the plan JSON beside it; never clobber unless asked.
+
+    Both texts are made (and checked) before either file is written; each is written atomically by
+    `planfile.write_text_safely` (missing folders created, a symlink at the target replaced, never
+    followed); when the plan JSON cannot be written, a source file this call created is removed."""
+    from memviz.planfile import document_text, write_text_safely
+
     plan_path = path.with_suffix(".plan.json")
     for p in (path, plan_path):
-        if p.exists() and not overwrite:
+        if os.path.lexists(p) and not overwrite:
             raise FileExistsError(f"{p} exists; pass overwrite=True to replace it")
     source = program_source(program, plan)
     compile(source, str(path), "exec")  # never write code that does not parse
-    path.write_text(source)
-    if hasattr(plan, "save"):
-        plan.save(plan_path, overwrite=overwrite)
+    doc_text = document_text(plan.to_dict(), "plan to save") if hasattr(plan, "to_dict") else None
+    created = not os.path.lexists(path)
+    write_text_safely(path, source, overwrite=overwrite)
+    if doc_text is not None:
+        try:
+            write_text_safely(plan_path, doc_text, overwrite=overwrite)
+        except BaseException:
+            if created:  # nothing half-written: the source alone would load another plan's JSON later
+                path.unlink(missing_ok=True)
+            raise
     return path, plan_path
 
 
@@ -632,7 +818,8 @@ def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> Planned
 
 
 
-__all__ = ["PlannedModule", "StalePlanError", "backend", "export", "load_source", "program_source",
+__all__ = ["BudgetExceededError", "PlannedModule", "StalePlanError", "backend", "build",
+           "check_plan_matches_capture", "export", "load_source", "plan_capture_difference", "program_source",
            "write_source"]
 
 

@@ -8,7 +8,9 @@ their schedules, so an edited or corrupted file cannot smuggle in a wrong memory
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import tempfile
 from functools import cache
@@ -16,8 +18,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from solvers import Graph, GraphError, simulate
-from solvers.schedule import steps_from_json
+from solvers import Graph, GraphError, Timeline, simulate
+from solvers.result import SolverStats
+from solvers.schedule import Schedule, steps_from_json
 
 SCHEMA_ID = "memviz.plan/1"
 MIME_TYPE = "application/vnd.memviz.plan+json"
@@ -39,23 +42,73 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-standard JSON number {name}")
 
 
-def parse_document(text: str | bytes, source: str = "plan document") -> dict[str, Any]:
-    """Parse and validate a plan document; raise PlanFileError with the reason."""
+#: Every integer a plan holds (bytes, ids, steps) fits a signed 64-bit integer; a larger one is not a
+#: plan we wrote, and would crash float formatting (summary, report) with an OverflowError.
+MAX_INT = (1 << 63) - 1
+
+
+def parse_document(text: str | bytes, source: str = "plan document", *,
+                   validate: bool = True) -> dict[str, Any]:
+    """Parse and (unless `validate=False`: the caller validates, once) validate a plan document; raise
+    PlanFileError with the reason."""
     try:
         doc = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise PlanFileError(f"{source} is not valid JSON ({exc}); re-create it with plan.save()") from None
-    validate_document(doc, source)
+    if validate:
+        validate_document(doc, source)
     return doc
 
 
-def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]:
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise PlanFileError(
-            f"{source} is not a {SCHEMA_ID} document (schema: {found!r}); "
-            "only plans written by memviz.Plan.save() can be loaded"
-        )
+def check_values(doc: Any, source: str = "plan document") -> None:
+    """Refuse values valid JSON allows but no writer can take back: integers beyond 64 bits, floats
+    that overflowed to infinity (``1e999`` parses as inf), strings with a NUL or a lone surrogate
+    (``"\\ud800"`` parses, but cannot be encoded as UTF-8).  The error names the JSON path."""
+    stack: list[tuple[Any, Any]] = [(doc, None)]  # (value, path as a linked list (parent, key))
+    while stack:
+        value, path = stack.pop()
+        t = type(value)
+        why = None
+        # children pushed in reverse, so the first bad value in document order is the one reported
+        if t is dict:
+            bad = next((k for k in value if type(k) is str and _bad_text(k)), None)
+            if bad is not None:
+                why = f"key {ascii(bad)}: {_bad_text(bad)}"
+            stack.extend((v, (path, k)) for k, v in reversed(value.items()))
+        elif t is list:
+            stack.extend((value[i], (path, i)) for i in range(len(value) - 1, -1, -1))
+        elif t is int:
+            if not -MAX_INT <= value <= MAX_INT:
+                why = "integer out of range (more than 64 bits)"
+        elif t is float:
+            if not math.isfinite(value):
+                why = "number out of range (not finite)"
+        elif t is str:
+            why = _bad_text(value)
+        if why is not None:
+            raise PlanFileError(f"{source} has a value memviz cannot accept at {_json_path(path)}: {why}; "
+                                "re-create it with plan.save()")
+
+
+def _bad_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "text with a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text with a lone surrogate (not Unicode)"
+    return None
+
+
+def _json_path(path: Any) -> str:
+    keys = []
+    while path is not None:
+        path, key = path
+        keys.append(str(key))
+    return "/".join(reversed(keys)) or "(top level)"
+
+
+def _schema_errors(doc: dict[str, Any], source: str) -> None:
     import jsonschema  # here, not at the top: importing it takes ~2 s, a third of `import memviz`
 
     validator = jsonschema.Draft202012Validator(plan_schema())
@@ -63,6 +116,30 @@ def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "(top level)"
         raise PlanFileError(f"{source} does not match {SCHEMA_ID} at {where}: {error.message}")
+
+
+def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]:
+    """Check `doc` (schema, values, graph, re-simulated timelines); return it, or raise PlanFileError."""
+    checked_runs(doc, source)
+    return doc
+
+
+def checked_runs(doc: Any, source: str = "plan document") -> dict[str, tuple[Graph, Schedule, Timeline]]:
+    """Validate `doc` once and return what validating built: per run ("baseline", "planned") the graph
+    it runs on, its schedule and its fresh simulation -- so loading a plan need not rebuild them."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise PlanFileError(
+            f"{source} is not a {SCHEMA_ID} document (schema: {ascii(found)}); "
+            "only plans written by memviz.Plan.save() can be loaded"
+        )
+    check_values(doc, source)
+    _schema_errors(doc, source)
+    unknown = sorted(set(doc["solver_stats"]) - {f.name for f in dataclasses.fields(SolverStats)})
+    if unknown:
+        raise PlanFileError(f"{source} has an unknown key at solver_stats/{ascii(unknown[0])[1:-1]}: "
+                            f"known keys are {[f.name for f in dataclasses.fields(SolverStats)]}")
+    runs: dict[str, tuple[Graph, Schedule, Timeline]] = {}
     try:
         graph = Graph.from_dict(doc["graph"])
         for run in ("baseline", "planned"):
@@ -79,28 +156,32 @@ def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]
                 )
             if not fresh.valid:
                 raise PlanFileError(f"{source}: the {run} schedule is invalid: {fresh.issues[0]}")
-    except (GraphError, ValueError, KeyError, TypeError, IndexError) as exc:
+            runs[run] = (run_graph, steps, fresh)
+    except (GraphError, ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:
         if isinstance(exc, PlanFileError):
             raise
         raise PlanFileError(f"{source}: malformed plan graph or schedule: {exc}") from None
-    return doc
+    return runs
 
 
-def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_document(path: str | os.PathLike[str], *, validate: bool = True) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise PlanFileError(f"no plan file at {p}")
     if p.stat().st_size > MAX_FILE_BYTES:
         raise PlanFileError(f"{p} is larger than {MAX_FILE_BYTES} bytes: not a memviz plan")
-    return parse_document(p.read_bytes(), str(p))
+    return parse_document(p.read_bytes(), str(p), validate=validate)
 
 
 def write_document(doc: dict[str, Any], path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Write atomically.  Without `overwrite`, an existing file is never replaced (FileExistsError)."""
-    validate_document(doc, "plan to save")
-    target = Path(path)
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
-    return write_text_safely(target, text, overwrite=overwrite)
+    return write_text_safely(Path(path), document_text(doc, "plan to save"), overwrite=overwrite)
+
+
+def document_text(doc: dict[str, Any], source: str = "plan document") -> str:
+    """The validated document as standard JSON text (no NaN or Infinity)."""
+    validate_document(doc, source)
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False)
 
 
 def _umask() -> int:

@@ -19,10 +19,10 @@ from typing import Any
 from memviz.budget import format_bytes, parse_budget
 from memviz.cdgraph import cdgraph_dict
 from memviz.neuron import warn_neuron_checkpointing
-from memviz.planfile import MIME_TYPE, read_document, validate_document, write_document
+from memviz.planfile import MIME_TYPE, checked_runs, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
-from solvers.schedule import Schedule, steps_from_json
+from solvers.schedule import Schedule
 
 #: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=...) -> SolveResult`.
 REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
@@ -32,7 +32,7 @@ REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
     "rockmate": ("solvers.rockmate", "solve"),
     "sqrt": ("solvers.sqrt", "solve"),
 }
-STRATEGIES = ("auto", "none", *REMAT_STRATEGIES, "olla", "autochunk")
+STRATEGIES = ("auto", "none", *REMAT_STRATEGIES, "olla", "autochunk", "sac")
 #: Exact Checkmate proves optimality up to a few dozen nodes here (TOOLCHAIN.md); beyond, decompose.
 CHECKMATE_MAX_NODES = 60
 FRONTIER_POINTS = 20
@@ -104,19 +104,18 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> Plan:
-        doc = validate_document(doc)
-        graph = Graph.from_dict(doc["graph"])
-        schedule = steps_from_json(doc["planned"]["schedule"])
-        base_schedule = steps_from_json(doc["baseline"]["schedule"])
-        base_graph = Graph.from_dict(doc["baseline"]["graph"]) if "graph" in doc["baseline"] else None
+    def from_dict(cls, doc: dict[str, Any], source: str = "plan document") -> Plan:
+        """The plan of document `doc`, validated once (PlanFileError says why not)."""
+        runs = checked_runs(doc, source)  # the graphs, schedules and timelines validation built
+        graph, schedule, timeline = runs["planned"]
+        base_graph, base_schedule, baseline = runs["baseline"]
         return cls(
             graph=graph,
             schedule=schedule,
-            timeline=simulate(graph, schedule),
+            timeline=timeline,
             baseline_schedule=base_schedule,
-            baseline=simulate(base_graph or graph, base_schedule),
-            baseline_graph=base_graph,
+            baseline=baseline,
+            baseline_graph=base_graph if "graph" in doc["baseline"] else None,
             chunking=doc.get("chunking"),
             strategy=doc["strategy"],
             budget_bytes=doc["budget_bytes"],
@@ -208,7 +207,7 @@ def with_packing(the_plan: Plan, *, time_limit: float = 10.0) -> Plan:
 def load_plan(path: str | Path) -> Plan:
     """Load and validate a plan file (schema + re-simulation).  `memviz.export` needs the model too:
     `memviz.export(plan, model=model)`."""
-    return Plan.from_dict(read_document(path))
+    return Plan.from_dict(read_document(path, validate=False), str(path))  # validated once, by from_dict
 
 
 def _chunking_dict(chunking: Any) -> dict[str, Any]:
@@ -337,14 +336,28 @@ def plan(
     baseline peak); None plans the eager order.  Raises `solvers.result.InfeasibleBudget` naming the
     smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
     """
+    try:
+        return _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
+    except InfeasibleBudget as exc:
+        # the refusal in the user's units too: a "50%" budget's minimum as a share of the eager peak
+        raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from None
+
+
+def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit: float, *, frontier: bool,
+          packing: bool) -> Plan:
     if strategy == "autochunk":
         return plan_autochunk(prof, budget, packing=packing, time_limit=time_limit)
+    if strategy == "sac":  # PyTorch's own selective checkpointing, run by memviz.apply (memviz.sac)
+        from memviz.sac import plan_sac
+
+        return plan_sac(prof, budget, time_limit=time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)
     budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
     try:
-        result, timeline, name = _solve_first(graph, candidates, effective, time_limit)
+        with progress(len(candidates), f"memviz: planning ({strategy})") as bar:
+            result, timeline, name = _solve_first(graph, candidates, effective, time_limit, bar.update)
     except InfeasibleBudget as exc:
         if strategy != "auto" or not can_chunk(prof):
             raise
@@ -393,11 +406,14 @@ def plan(
 
 
 def _solve_first(
-    graph: Graph, candidates: list[str], budget: int, time_limit: float
+    graph: Graph, candidates: list[str], budget: int, time_limit: float,
+    tried: Callable[[], Any] = lambda: None,
 ) -> tuple[SolveResult, Timeline, str]:
-    """The first candidate that returns a plan; if none does, the most informative error."""
+    """The first candidate that returns a plan; if none does, the most informative error.  `tried` is
+    called before each candidate (progress)."""
     errors: list[Exception] = []
     for name in candidates:
+        tried()
         try:
             result, timeline = solve_checked(graph, name, budget, time_limit)
             return result, timeline, name
@@ -464,7 +480,9 @@ def solve_frontier(
     rows: list[dict[str, Any]] = []
     runs: list[FrontierPoint] = []
     best: FrontierPoint | None = None
+    bar = progress(points, f"memviz: budget frontier ({strategy})")
     for i in range(points):
+        bar.update()
         budget = low + (high - low) * i // (points - 1)
         run = eager if i == points - 1 else None
         if run is None and time.perf_counter() < deadline:
@@ -480,7 +498,16 @@ def solve_frontier(
             kept = dataclasses.replace(best, budget_bytes=budget)
             rows.append(_frontier_row(kept, baseline))
             runs.append(kept)
+    bar.close()
     return rows, runs
+
+
+def progress(total: int, desc: str) -> Any:
+    """A progress bar that shows only when the work takes over 2 s (issue 23: no silent minute-long solve):
+    a widget in notebooks, a line on stderr in a terminal; it clears itself when done."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, delay=2.0, leave=False, unit="step")
 
 
 def _eager_point(graph: Graph, schedule: Schedule | None, budget: int) -> FrontierPoint:

@@ -89,6 +89,13 @@ class Profile:
     def peak_bytes(self) -> int:
         return self.baseline.peak_bytes
 
+    @property
+    def specialised(self) -> list[str]:
+        """Python branches on tensor values the capture took as the example input takes them
+        (``"file:line code: expr -> value"``): the graph, its plans and the exported module always take
+        that branch."""
+        return list(self.captured.specialised) if self.captured is not None else []
+
 
 def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *, mode: str = "train",
             loss_fn: LossFn | None = None, optimizer: Any = None, device: str | torch.device | None = None,
@@ -137,6 +144,14 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         warnings.warn(f"{err}; returning a module-level profile from forward/backward hooks instead "
                       "(coarser, and it cannot be exported)", stacklevel=2)
         return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
+    if cap.specialised:
+        warnings.warn(ProfileWarning(
+            f"{type(model).__name__} branches on tensor values (or sizes a tensor by them); the capture "
+            "took each branch, and each size, as the example input gives them, and the graph, its plans "
+            "and the exported module always take that branch (a label check always passes; a LayerDrop "
+            "draw fixes whether its layer runs: set layerdrop=0 to train as eager does): "
+            + "; ".join(cap.specialised)),
+            stacklevel=2)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
     step_schedule = python_eager_schedule(graph, cap, requires_grad)
@@ -672,29 +687,17 @@ class _Timer:
         return len(samples) >= 2 and max(samples) <= (1 + self.spread) * min(samples)
 
 
-def _reusable(node: torch.fx.Node, args: Any, kwargs: Any, out: Any) -> bool:
-    """Whether `out` may stand in for a later run of an op with the same `op_key`: its shapes are static
-    (a data-dependent shape, ``nonzero``, may differ next time) and it shares no storage with the inputs
-    (an alias must alias that run's own input)."""
-    vals = pytree.tree_leaves(node.meta.get("val"))
-    if any(isinstance(s, torch.SymInt) for v in vals if isinstance(v, torch.Tensor) for s in v.shape):
-        return False
-    leaves = pytree.tree_leaves((args, kwargs))
-    ins = {t.untyped_storage()._cdata for t in leaves if isinstance(t, torch.Tensor)}
-    return not any(isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in ins
-                   for t in pytree.tree_leaves(out))
-
-
 def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None, loss_fn: LossFn | None, info: DeviceInfo, repeats: int,
                    warmup: int) -> Graph:
     """Replay the graph in capture order on the real device, timing every operator (`_Timer`; Checkmate
     Sec. 4.4 profiles each op once per shape).  Operators with equal `op_key` (same op, shapes,
-    strides, dtypes: the 12 blocks of a GPT) share one measurement, and a later one is not run at all:
-    the first one's output stands in for its value (`_reusable`), since only times are recorded here
-    and the replay only needs inputs of the right shapes for the ops that follow.  That makes the
-    replay cost about one block instead of the whole step."""
-    seen: dict[tuple[Any, ...], tuple[float, int, Any]] = {}
+    strides, dtypes: the 12 blocks of a GPT) share one measurement: a later one runs once, untimed.
+    It still runs, because the ops after it read its value, not only its shape: an index computed from
+    it (T5's relative-position buckets into an embedding), a length (``ctc_loss``), a mask whose count
+    sizes a ``masked_select``.  Another op's output standing in for it could index out of range or
+    change what runs.  The replay costs one eager step plus the timed repeats of distinct ops."""
+    seen: dict[tuple[Any, ...], tuple[float, int]] = {}
     flat_in = pytree.tree_leaves((args, kwargs or {}))
     timer = _Timer(info.torch_device)
     times: dict[int, float] = {}
@@ -716,16 +719,16 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
                 node = runner.nodes[cap.compute_fx[c]]
                 a, kw = runner.resolve(node)
                 key = op_key(node.target, a, kw)
-                if key is not None and key in seen:  # same op on the same shapes: reuse
-                    times[c], temps[c], out = seen[key]
-                    runner.store(c, node.target(*a, **kw) if out is None else out)
+                if key is not None and key in seen:  # same op on the same shapes: its time, its own value
+                    times[c], temps[c] = seen[key]
+                    runner.store(c, node.target(*a, **kw))
                     continue
                 fn = functools.partial(node.target, *a, **kw)
                 times[c], out = timer(fn, repeats, warmup)
                 if accelerator.is_accelerator(info.torch_device):
                     temps[c] = accelerator.workspace_bytes(fn, info.torch_device)
                 if key is not None:
-                    seen[key] = (times[c], temps.get(c, 0), out if _reusable(node, a, kw, out) else None)
+                    seen[key] = (times[c], temps.get(c, 0))
                 runner.store(c, out)
     return _with_costs(graph, times, temps)
 
@@ -911,6 +914,23 @@ def _update_transient(cls: type, hyper: dict[str, Any], n: int, count: int) -> t
     return tracker.peak_bytes - tracker.start_bytes, state
 
 
+def fixed_state_bytes(optimizer: Any, device: torch.device) -> int:
+    """State bytes per parameter the optimizer keeps whatever the parameter's size (Adam's ``step``
+    counter, a scalar tensor), counted where it lives: on the CPU unless ``capturable``/``fused`` put it
+    beside the parameter.  `export(verify=True)` measured them missing (4 bytes per parameter)."""
+    cls, hyper = optimizer_layout(optimizer)[:2]
+    on_device = bool(hyper.get("capturable") or hyper.get("fused"))
+    if torch.device(device).type != "cpu" and not on_device:
+        return 0
+    w = torch.zeros(8, requires_grad=True)
+    w.grad = torch.ones(8)
+    opt = cls([w], **{k: v for k, v in hyper.items() if k in inspect.signature(cls.__init__).parameters
+                      and k not in ("foreach", "fused", "capturable", "differentiable")})
+    opt.step()
+    return sum(int(v.untyped_storage().nbytes()) for v in opt.state[w].values()
+               if isinstance(v, torch.Tensor) and v.numel() != w.numel())
+
+
 def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo) -> Graph:
     """Append the optimizer step: one compute node per parameter with a gradient (phase optimizer)
     reading the parameter, its gradient and its state (optimizer_state data nodes, alive from the
@@ -918,6 +938,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
     measured transient, plus what the previous update still holds (the user's optimizer runs in its
     own parameter order whatever the plan's order of these nodes)."""
     cls, _, state_ratio, temp_ratio, held_ratio = optimizer_layout(optimizer)
+    fixed = fixed_state_bytes(optimizer, info.torch_device)
     b = GraphBuilder(graph.name)
     b._datas = [{"name": d.name, "bytes": d.bytes, "kind": d.kind, "producer": d.producer, "shape": d.shape,
                  "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
@@ -934,8 +955,8 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
         g = grad_data[p.name]
         held = int(round(params[i - 1].bytes * held_ratio)) if i else 0
         states = []
-        if state_ratio:
-            states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)),
+        if state_ratio or fixed:
+            states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)) + fixed,
                                  DataKind.OPTIMIZER_STATE, shape=p.shape, dtype=p.dtype))
         if info.estimated:  # an update reads parameter, gradient and state and writes parameter and state
             moved = p.bytes * (3 + 2 * state_ratio)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,8 @@ class Planner(MemvizWidget):
     export_overwrite = traitlets.Bool(False).tag(sync=True)
     export_request = traitlets.Int(0).tag(sync=True)
     export_result = traitlets.Unicode("").tag(sync=True)
+    #: Export runs one measured step first and never writes a module over the budget (`memviz.verify`)
+    verify = traitlets.Bool(True).tag(sync=True)
 
     #: seconds a refinement waits before it starts: a drag sends every index it crosses, and only the
     #: one the slider stops at is worth a solve (the frontier's plan is on screen meanwhile)
@@ -290,23 +293,38 @@ class Planner(MemvizWidget):
         self.export_result = json.dumps(self.export(self.export_path, overwrite=self.export_overwrite))
 
     def export(self, path: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
-        """Write the optimized module source, the plan JSON and the offline report beside it."""
+        """Write the optimized module source, the plan JSON and the offline report beside it.
+
+        With `verify` (the default) the module first runs one measured step (`memviz.verify`): a plan
+        whose step measured over the budget is re-planned, and the files describe the plan that passed
+        (the reply's ``verified_peak_bytes`` and ``message`` say what was measured)."""
         target = Path(path)
         plan_path, report_path = target.with_suffix(".plan.json"), target.with_suffix(".html")
         refusal = refuse_clobber((target, plan_path, report_path), overwrite)
         if refusal:
             return refusal
+        extra: dict[str, Any] = {}
+        final = self.plan
         try:
             if self.profile is not None:
                 from memviz.export import export
+                from memviz.verify import VerifyWarning
 
-                export(self.plan, path=target, overwrite=overwrite)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", VerifyWarning)
+                    module = export(self.plan, path=target, overwrite=overwrite, verify=self.verify)
+                final = getattr(module, "plan", None) or self.plan
+                if self.verify:
+                    extra["verified_peak_bytes"] = module.verified_peak_bytes
+                notes = [str(w.message) for w in caught if issubclass(w.category, VerifyWarning)]
+                if notes:
+                    extra["message"] = " ".join(notes)
                 written = [str(target)]
             else:
                 written = []
             if not plan_path.exists() or overwrite:
-                self.plan.save(plan_path, overwrite=overwrite)
-            write_report(self.plan, report_path, overwrite=overwrite)
+                final.save(plan_path, overwrite=overwrite)
+            write_report(final, report_path, overwrite=overwrite)
         except Exception as exc:  # shown to the user in the view, not swallowed
             return {"ok": False, "message": f"{type(exc).__name__}: {exc}"}
-        return {"ok": True, "paths": [*written, str(plan_path), str(report_path)]}
+        return {"ok": True, "paths": [*written, str(plan_path), str(report_path)], **extra}

@@ -38,15 +38,30 @@ class InfeasibleBudget(ValueError):
     """No schedule fits the budget.  `minimum_bytes` is the smallest feasible budget the solver knows
     (a proven minimum when `proven`, otherwise the best upper bound it found)."""
 
-    def __init__(self, budget: int, minimum_bytes: int | None, solver: str, proven: bool = False) -> None:
+    def __init__(self, budget: int, minimum_bytes: int | None, solver: str, proven: bool = False,
+                 eager_peak: int | None = None) -> None:
         self.budget = budget
         self.minimum_bytes = minimum_bytes
         self.solver = solver
         self.proven = proven
+        self.eager_peak = eager_peak
+
+        def size(n: int) -> str:
+            # in every unit a budget may have been typed in: bytes, MiB, GiB and % of the eager peak
+            share = f", {100 * n / eager_peak:.1f}% of the eager peak" if eager_peak else ""
+            unit = next((u for u in ("GiB", "MiB", "KiB") if n >= 2 ** (10 * "KMG".index(u[0]) + 10)), "")
+            scaled = f"{n / 2 ** (10 * 'KMG'.index(unit[0]) + 10):.2f} {unit}" if unit else f"{n} B"
+            gib = "" if unit == "GiB" else f", {n / 2**30:.4g} GiB"
+            return f"{n} bytes ({scaled}{gib}{share})"
+
         hint = (
-            f"; the smallest feasible budget {'is' if proven else 'found is'} {minimum_bytes} bytes "
-            f"({minimum_bytes / 2**20:.1f} MiB): raise the budget to at least that"
+            f"; the smallest feasible budget {'is' if proven else 'found is'} {size(minimum_bytes)}: "
+            "raise the budget to at least that"
             if minimum_bytes is not None
             else ""
         )
-        super().__init__(f"{solver}: no schedule fits in {budget} bytes ({budget / 2**20:.1f} MiB){hint}")
+        super().__init__(f"{solver}: no schedule fits in {size(budget)}{hint}")
+
+    def with_eager_peak(self, eager_peak: int) -> InfeasibleBudget:
+        """The same refusal, stated also as a share of the eager peak (the unit of a "50%" budget)."""
+        return InfeasibleBudget(self.budget, self.minimum_bytes, self.solver, self.proven, eager_peak)

@@ -11,6 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+import memviz
 from examples.models import gpt, mlp, resnet
 from memviz.capture import CaptureError, Runner, capture, default_loss
 from memviz.profile import profile
@@ -137,9 +138,19 @@ class _Gate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.lin(x)
-        if y.sum() > 0:  # data-dependent control flow: untraceable
-            return y * 2
-        return y
+        # leaves torch for numpy: no trace can follow it (a branch on a value is specialised instead)
+        return y * float(y.detach().numpy().sum())
+
+
+class _ValueGate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # a branch on a value: taken as the example input takes it
+            return x * self.w * 2
+        return x * self.w * 3
 
 
 class _Outer(nn.Module):
@@ -156,7 +167,20 @@ def test_untraceable_model_error_names_module_and_line():
     with pytest.raises(CaptureError) as info:
         profile(_Outer(), (torch.randn(4, 8),), fallback=False)
     assert info.value.module == "gate"
-    assert info.value.source.endswith(f"test_capture.py:{_Gate.forward.__code__.co_firstlineno + 2}")
+    assert info.value.source.endswith(f"test_capture.py:{_Gate.forward.__code__.co_firstlineno + 3}")
+
+
+def test_value_branch_is_specialised_on_the_example_and_named():
+    x, model = torch.ones(4, 8), _ValueGate()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prof = profile(model, (x,), fallback=False, repeats=1, warmup=0)
+    line = _ValueGate.forward.__code__.co_firstlineno + 1
+    assert len(prof.specialised) == 1 and f"test_capture.py:{line}" in prof.specialised[0]
+    assert prof.specialised[0].endswith("-> True")
+    assert any(f"test_capture.py:{line}" in str(w.message) for w in caught)
+    out = memviz.export(memviz.plan(prof, 1.0, strategy="none"))(x)
+    assert torch.equal(out, x * model.w * 2)
 
 
 def test_untraceable_model_falls_back_to_hooks():

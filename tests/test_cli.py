@@ -134,14 +134,38 @@ def test_factory_returning_wrong_shape(factory: Path, capsys) -> None:
     assert "(model, args)" in _err(capsys, ["plan", f"{factory}:not_a_pair"])
 
 
-def test_infeasible_budget_states_minimum(factory: Path, tmp_path: Path, capsys) -> None:
-    report = tmp_path / "r.html"
-    err = _err(capsys, ["plan", f"{factory}:make", "--budget", "1000", "--strategy", "rotor",
-                        "--report", str(report)])
-    match = re.search(r"smallest feasible budget (?:is|found is) (\d+) bytes", err)
+def test_infeasible_budget_reports_the_minimum_plan_marked(factory: Path, tmp_path: Path, capsys) -> None:
+    """An infeasible budget still gives the user something (issue 23 item 4): the minimum stated in bytes,
+    MiB and as a share of the eager peak, and the report of the minimum-budget plan, marked; exit 3, and
+    no export of a plan that misses the budget asked for."""
+    report, export = tmp_path / "r.html", tmp_path / "opt.py"
+    assert main(["plan", f"{factory}:make", "--budget", "1%", "--strategy", "rotor", "--report", str(report),
+                 "--export", str(export)]) == 3
+    err = capsys.readouterr().err
+    match = re.search(r"smallest feasible budget (?:is|found is) (\d+) bytes \([\d.]+ [KM]iB, [\d.e-]+ GiB, "
+                      r"([\d.]+)% of the eager peak\)", err)
     assert match, err
-    assert int(match.group(1)) > 1000
-    assert not report.exists()
+    assert float(match.group(2)) > 1 and "MINIMUM-BUDGET PLAN" in err
+    page = report.read_text()
+    assert 'role="alert"><strong>MINIMUM-BUDGET PLAN: the requested budget 1% does not fit' in page
+    doc = json.loads(re.search(r'id="memviz-plan">(.*?)</script>', page).group(1))
+    assert doc["budget_bytes"] == int(match.group(1)) >= doc["planned"]["timeline"]["peak_bytes"]
+    assert not export.exists()
+
+
+def test_version_and_help_for_every_option(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and re.fullmatch(r"memviz \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--mode", "--budget", "--strategy", "--device", "--time-limit", "--report", "--export",
+                   "--plan-out", "--overwrite"):
+        assert re.search(rf"{option}\b[^\n]*\n?\s+\S", out), option
+    assert "SECONDS" in out and "fake:<target>" in out and "h100" in out
+    for strategy in ("checkmate", "rotor", "rockmate", "sqrt", "olla", "autochunk"):
+        assert re.search(rf"^  {strategy} +\S", out, re.MULTILINE), strategy
 
 
 def test_unknown_strategy(factory: Path, capsys) -> None:

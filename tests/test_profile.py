@@ -88,7 +88,8 @@ def test_optimizer_state_and_step():
     prof = profile(model, args, optimizer=torch.optim.Adam, repeats=1, warmup=0)
     params = sum(p.numel() * 4 for p in model.parameters())
     state = sum(d.bytes for d in prof.graph.datas if d.kind is DataKind.OPTIMIZER_STATE)
-    assert state == 2 * params  # exp_avg and exp_avg_sq
+    # exp_avg and exp_avg_sq, plus Adam's scalar `step` tensor per parameter (on the CPU, where it lives)
+    assert state == 2 * params + 4 * len(list(model.parameters()))
     steps = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
     assert len(steps) == len(list(model.parameters()))
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

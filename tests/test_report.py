@@ -4,6 +4,8 @@ views draw from disk with the network blocked is ui-tests/tests/report.spec.ts."
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from html.parser import HTMLParser
@@ -72,11 +74,14 @@ def page(doc: dict) -> Page:
     return Page(render_html(doc))
 
 
-def test_report_is_the_bundled_views_with_nothing_fetched(page: Page) -> None:
-    assert [tag for tag, _ in page.tags] == ["html", "head", "meta", "meta", "meta", "title", "body", "div",
-                                             "script", "script", "script"]
-    # every script is inline, no stylesheet, image or frame is linked: nothing to fetch
-    assert all("src" not in attrs and "href" not in attrs for _, attrs in page.tags)
+def test_report_is_the_bundled_views_with_nothing_fetched(page: Page, doc: dict) -> None:
+    header = ["header", "table", *["tr", "th", "td"] * len(report.report_header(doc)), "p", "a"]
+    assert [tag for tag, _ in page.tags] == ["html", "head", "meta", "meta", "meta", "title", "body", *header,
+                                             "div", "script", "script", "script"]
+    # every script is inline, no stylesheet, image or frame is linked: nothing to fetch (the one link is
+    # the timeline CSV, carried in the page as a data: URL)
+    assert all("src" not in attrs for _, attrs in page.tags)
+    assert [attrs["href"][:5] for _, attrs in page.tags if "href" in attrs] == ["data:"]
     bundle = page.scripts[1][1]
     assert bundle == report.BUNDLE.read_text(encoding="utf-8").replace("</script", "<\\/script")
     # the JupyterLab views, plotly and Graphviz, not a second implementation
@@ -116,6 +121,16 @@ def test_missing_bundle_says_how_to_build_and_writes_nothing(tmp_path, monkeypat
     with pytest.raises(ReportBundleMissing, match=r"pip install -e \."):
         write_report(doc, target)
     assert not target.exists()
+
+
+def test_header_says_what_and_how_and_the_csv_holds_each_step(doc: dict) -> None:
+    page = render_html(doc, command="memviz plan m.py:f --budget 50%", notice="minimum-budget plan")
+    assert "memviz plan m.py:f --budget 50%" in page and 'role="alert"><strong>minimum-budget plan' in page
+    rows = list(csv.reader(io.StringIO(report.timeline_csv(doc))))
+    steps = len(doc["planned"]["schedule"]) + len(doc["baseline"]["schedule"])
+    assert len(rows) == 1 + steps and rows[0][-1] == "total_bytes"
+    last = rows[len(doc["planned"]["schedule"])]
+    assert last[0] == "planned" and int(last[-1]) == doc["planned"]["timeline"]["step_bytes"][-1]
 
 
 def test_write_report_never_clobbers(tmp_path, doc: dict) -> None:

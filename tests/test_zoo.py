@@ -367,5 +367,9 @@ def test_adamw_weight_decay_step_is_planned_as_measured():
         for (name, pa), pb in zip(original.named_parameters(), exported.parameters(), strict=True):
             _assert_same(pa, pb, f"{name} after step {i}")
         if i:  # AdamW creates its state in the first step; the graph holds it from the start
-            assert eager == prof.baseline.peak_bytes, (i, eager, prof.baseline.peak_bytes)
+            # exact but for two scalars the graph holds through the optimizer step (outputs of the training
+            # graph): the loss, which this step does not keep (`loss_fn(out).backward()`), and its gradient,
+            # which eager frees when backward returns
+            scalars = sum(d.bytes for d in prof.graph.datas if d.name in ("loss", "loss_grad"))
+            assert 0 <= prof.baseline.peak_bytes - eager <= scalars, (i, eager, prof.baseline.peak_bytes)
             assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (i, peak, plan.peak_bytes)

@@ -2,11 +2,13 @@
  * The CD-graph view: the plan's computation/data graph (Rockmate Sec. 3.1) laid out by Graphviz
  * compiled to WebAssembly, colored by each node's fate in the planned schedule (memviz/cdgraph.py).
  *
- * The DOT comes from the plan document with every name already escaped for DOT and HTML; the only
- * markup inserted into the page is the SVG Graphviz writes from it.  Graphviz is loaded lazily in its
+ * The DOT comes from the plan document (memviz/cdgraph.py escapes every name for DOT and HTML, but a
+ * document may have been edited); the only markup inserted into the page is the SVG Graphviz writes
+ * from it, cut down to an allow-list of elements and attributes (svg_sanitize.ts).  Graphviz is loaded lazily in its
  * own webpack chunk, so plans never shown as a graph do not pay for the wasm download.
  */
 import { LEGEND, cdgraphOf, chooseDot, CdGraphDoc, parseNodeId, startCollapsed, zoomAt } from './graph_data';
+import { allowedElement, sanitizeSvg } from './svg_sanitize';
 import { PlanDoc } from './transforms';
 import { PlanView, registerPlanView } from './views';
 
@@ -118,13 +120,14 @@ export class GraphView implements PlanView {
     if (generation !== this.generation) {
       return; // a newer update or toggle superseded this layout
     }
-    // Graphviz output built from escaped DOT (memviz/cdgraph.py); parsed as SVG, not as HTML.
+    // Parsed as SVG, not as HTML.  The DOT came with the document, which may be untrusted (a notebook
+    // output, a report someone sent): only Graphviz's own drawing survives `sanitizeSvg`.
     const parsed = new DOMParser().parseFromString(svg, 'image/svg+xml').documentElement;
-    if (parsed.nodeName !== 'svg') {
+    if (parsed.localName !== 'svg' || !allowedElement(parsed)) {
       this.status.textContent = 'Graphviz returned no SVG.';
       return;
     }
-    parsed.querySelectorAll('script, foreignObject').forEach(e => e.remove());
+    sanitizeSvg(parsed);
     this.stage.append(document.importNode(parsed, true));
     this.status.textContent = `${cd.nodes ?? ''} nodes${this.collapsed ? ', identical blocks collapsed' : ''}`;
     this.view = { x: 0, y: 0, k: 1 };

@@ -82,10 +82,9 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   // Latency of the slider, timed in the browser: from the input event the view listens to until the
   // kernel's plan is drawn (readouts no longer pending, plotly has re-plotted the memory curve), and,
   // when the kernel refines the frontier's plan with the selected strategy, until that one is drawn.
-  // Printed per move; the median of the "plan drawn" times must stay under 100 ms (the issue's bound for
-  // the precomputed frontier), each single move under a loose cap (a shared machine has outliers: the
-  // first move after opening also pays for code paths run the first time).  First visits are timed
-  // before the drag below (which visits the indices it crosses), revisits after it.
+  // Printed per move, never asserted: a shared machine under load makes any wall-clock bound flaky, so
+  // the latency target lives with the benchmarks (the brief's rule); this test asserts behaviour only.
+  // First visits are timed before the drag below (which visits the indices it crosses), revisits after.
   const moveTo = (
     index: number
   ): Promise<{ answered: number; shown: number; refined: number; strategy: string }> =>
@@ -141,7 +140,8 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
           `plan drawn in ${t.shown.toFixed(0)} ms, ` +
           `final plan (${t.strategy}) in ${t.refined.toFixed(0)} ms`
       );
-      expect(t.shown).toBeLessThan(2000);
+      // every move is drawn (moveTo gives up waiting after 60 s)
+      expect(t.shown).toBeLessThan(60000);
     }
   };
   await timeVisits([
@@ -191,5 +191,4 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   const sorted = [...drawn].sort((a, b) => a - b);
   const median = sorted[Math.floor(sorted.length / 2)];
   console.log(`planner slider: plan drawn in ${median.toFixed(0)} ms (median of ${drawn.length} moves)`);
-  expect(median).toBeLessThan(100);
 });

@@ -1,0 +1,130 @@
+"""`memviz.apply(plan, model)`: a plan run by PyTorch's own activation checkpointing on the user's model.
+
+Each planned region (a module call, `memviz.sac`) gets a forward that runs
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` with a selective policy
+(``create_selective_checkpoint_contexts``): the ops the plan keeps are MUST_SAVE, every other op
+PREFER_RECOMPUTE.  Ops are matched by (op name, occurrence among the region's ops of that name), the
+order the region's forward runs them.  Only the forward is replaced (an instance attribute), so the
+module tree, parameters and ``state_dict`` keys are the user's; torch.compile, DDP and FSDP2 see
+ordinary checkpointed modules.  Checkpointing restores the RNG state for the recomputation (dropout
+masks replay); the region's buffers are restored after it, so BatchNorm statistics move once per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import types
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from memviz.planning import Plan, PlanningError
+from memviz.sac import EXPRESSIBLE, MATCHABLE, op_name, to_sac
+
+_SPEC = "_memviz_sac"
+
+
+class ApplyWarning(UserWarning):
+    """The applied model may not run the plan exactly (the message says why)."""
+
+
+def apply(plan: Plan, model: nn.Module, *, inplace: bool = False) -> nn.Module:
+    """`model` (a deep copy, or the model itself with ``inplace=True``) with the plan's regions wrapped in
+    non-reentrant checkpointing and the plan's per-op save policy.  A "sac" plan applies as it is; a plan
+    of another strategy is converted (`memviz.sac.to_sac`, which warns when the checkpointed run no
+    longer fits the budget) when it still holds its profile, and refused otherwise."""
+    if plan.model.get("mode", "train") != "train":
+        raise PlanningError("memviz.apply runs training plans (checkpointing changes only what the backward "
+                            "keeps); run an inference plan with memviz.export(plan)")
+    if plan.strategy not in EXPRESSIBLE:
+        plan = to_sac(plan)
+    specs = plan.solver_stats.extra.get("sac", {}).get("regions", []) if plan.strategy == "sac" else []
+    target = model if inplace else copy.deepcopy(model)
+    for spec in specs:
+        try:
+            module = target.get_submodule(spec["module"])
+        except AttributeError:
+            raise PlanningError(f"the plan checkpoints module {spec['module']!r}, which this model does not "
+                                "have: apply the plan to the model it was profiled from") from None
+        wrap(module, spec)
+    return target
+
+
+def wrap(module: nn.Module, spec: dict[str, Any]) -> None:
+    """Give `module` a checkpointed forward running `spec` (a `memviz.sac.region_specs` entry)."""
+    if _SPEC in module.__dict__:
+        raise PlanningError(f"module {spec['module']!r} is already checkpointed by memviz.apply")
+    module.__dict__[_SPEC] = {"save": {(n, int(k)) for n, k in spec["save"]}, "counts": dict(spec["counts"])}
+    # a bound method, so a deep copy of the applied model checkpoints its own copy of the module
+    module.forward = types.MethodType(_checkpointed_forward, module)
+
+
+def unwrap(module: nn.Module) -> None:
+    """Undo `wrap` on every checkpointed submodule of `module`."""
+    for m in module.modules():
+        if m.__dict__.pop(_SPEC, None) is not None:
+            m.__dict__.pop("forward", None)
+
+
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    forward = type(self).forward.__get__(self)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)  # nothing is saved for a backward: nothing to checkpoint
+    spec = self.__dict__[_SPEC]
+    seen: dict[str, int] = {}
+    policy = functools.partial(_policy, spec["save"], seen)
+    compiling = torch.compiler.is_compiling()
+    context_fn = functools.partial(_contexts, policy, None if compiling else self)
+    out = checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+    seen = {k: v for k, v in seen.items() if k in MATCHABLE}
+    if not compiling and seen != spec["counts"] and not spec.get("warned"):
+        spec["warned"] = True
+        warnings.warn(ApplyWarning(
+            f"{type(self).__name__} ran its countable ops as {seen}, the plan's capture as {spec['counts']}: "
+            "the save decisions are matched by op and occurrence, so some may land on other ops (memory may "
+            "differ from the plan; results do not)"), stacklevel=2)
+    return out
+
+
+def _policy(save: set[tuple[str, int]], seen: dict[str, int], ctx: Any, func: Any, *args: Any,
+            **kwargs: Any) -> CheckpointPolicy:
+    """MUST_SAVE for the plan's kept ops (op name, occurrence in this region call), else recompute.
+    Called once per op of the forward, in order (the recomputation replays the cache, not the policy)."""
+    name = op_name(str(func))
+    k = seen.get(name, 0)
+    seen[name] = k + 1
+    return CheckpointPolicy.MUST_SAVE if (name, k) in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _contexts(policy: Any, module: nn.Module | None) -> tuple[Any, Any]:
+    fwd, rec = create_selective_checkpoint_contexts(policy)
+    # under torch.compile the recomputation is the compiled backward's (functional: no buffer writes)
+    return fwd, (rec if module is None else _RestoringBuffers(rec, module))
+
+
+class _RestoringBuffers:
+    """The recomputation's context plus the region's buffers put back when it ends: recomputing
+    BatchNorm in training mode would move its running statistics a second time."""
+
+    def __init__(self, inner: Any, module: nn.Module) -> None:
+        self.inner = inner
+        self.module = module
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> Any:
+        with torch.no_grad():
+            self.saved = [(b, b.clone()) for b in self.module.buffers()]
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            with torch.no_grad():
+                for b, v in self.saved:
+                    b.copy_(v)
+            self.saved = []

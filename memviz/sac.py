@@ -1,0 +1,196 @@
+"""`memviz.plan(prof, budget, strategy="sac")`: plans PyTorch's own selective activation checkpointing
+can run, and the conversion of other plans into that form.
+
+A SAC plan checkpoints whole module calls (the children of the model's outermost ModuleList /
+Sequential: the repeated blocks) and, inside each, saves the outputs of a chosen set of ops
+(MUST_SAVE) and recomputes the rest.  Its schedule is `solvers.sac.sac_schedule`: the order and the
+frees non-reentrant checkpointing really has, so the plan's timeline is what `memviz.apply` runs.
+The per-block options are Rockmate's option menus (Sec. 4) reduced to what a per-op policy expresses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Any
+
+from solvers import Graph, Phase, simulate
+from solvers.result import SolverStats
+from solvers.sac import EagerHolds, Region, sac_schedule, solve_menu
+
+#: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
+#: node), so a policy can count them: the only ones a SAC plan may mark MUST_SAVE
+ATTENTION = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                       "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
+MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution"}) | ATTENTION
+MATCHABLE = MATMULS | {"native_layer_norm", "_softmax", "gelu"}
+EXPRESSIBLE = ("sac", "none")
+
+
+def op_name(op: str) -> str:
+    """'aten.addmm.default' -> 'addmm'; an in-place variant ('aten.relu_.default') names its op."""
+    parts = op.split(".")
+    base = parts[1] if len(parts) >= 3 else parts[0]
+    return base[:-1] if base.endswith("_") and not base.endswith("__") else base
+
+
+def eager_holds(cap: Any) -> EagerHolds:
+    """What eager PyTorch holds beyond the joint graph's reads, from the capture: Python locals and
+    module arguments (`memviz.profile`), and per forward op what its autograd node saves and when that
+    node's backward runs (found by ``seq_nr``, as `memviz.saved` does)."""
+    import torch
+
+    from memviz.capture import _storage_key as storage_key
+    from memviz.capture import is_backward
+    from memviz.profile import module_argument_holds, python_local_holds
+    from memviz.saved import _differentiable, _source_grads, saved_storages
+
+    local = python_local_holds(cap)
+    for d, at in module_argument_holds(cap).items():
+        local[d] = max(local.get(d, -1), at)
+    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
+    storage_data: dict[int, int] = {}
+    nodes = cap.nodes
+    for name, d in cap.data_of_fx.items():
+        val = nodes[name].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            storage_data.setdefault(storage_key(val), d)
+    grads = _source_grads(cap)
+    positions: dict[Any, Any] = {}
+    saver_seq: dict[int, int] = {}
+    saved_by: dict[int, list[int]] = {}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    pos = -1
+    for n in cap.gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        pos = pos_of.get(n.name, pos)
+        seq = n.meta.get("seq_nr")
+        if is_backward(n):
+            if seq is not None and not n.meta.get("is_gradient_acc"):
+                last[seq] = pos
+                if n.name in pos_of:
+                    first.setdefault(seq, pos)
+            continue
+        if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
+            continue
+        grads.add(n.name)
+        keys = saved_storages(n, grads, positions)
+        if seq is None or not keys or pos < 0:
+            continue
+        saver_seq[pos] = seq
+        for k in keys:
+            if k in storage_data:
+                saved_by.setdefault(storage_data[k], []).append(pos)
+    release = {c: last[s] for c, s in saver_seq.items() if s in last}
+    unpack = {c: first.get(saver_seq[c], r) for c, r in release.items()}
+    return EagerHolds(local, {d: tuple(sorted(set(cs))) for d, cs in saved_by.items()}, release, unpack)
+
+
+def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...], frozenset[int]]]:
+    """(module path, forward compute ids, matmul-class ids) of each checkpointable block: the children of
+    the outermost ModuleList / Sequential containers whose two or more ops ran as one contiguous call."""
+    from torch import nn
+
+    containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
+    outer = [c for c in containers
+             if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
+    forward = [c for c in graph.computes if c.phase is Phase.FORWARD]
+    blocks = []
+    for cont in outer:
+        for child, _ in model.get_submodule(cont).named_children():
+            path = f"{cont}.{child}" if cont else child
+            ids = tuple(c.id for c in forward if c.module == path or c.module.startswith(path + "."))
+            if len(ids) < 2 or ids != tuple(range(ids[0], ids[-1] + 1)):
+                # one op: nothing to gain, and an in-place activation (ReLU(inplace=True)) would modify
+                # the input the checkpoint keeps; not contiguous: called twice, not one checkpoint frame
+                continue
+            mm = frozenset(i for i in ids if op_name(graph.computes[i].op) in MATMULS)
+            blocks.append((path, ids, mm))
+    return blocks
+
+
+def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> list[dict[str, Any]]:
+    """What `memviz.apply` needs per region (plan JSON, `solver_stats.extra["sac"]`): the module path,
+    the MUST_SAVE ops as [op name, occurrence among the region's ops of that name], and how many of
+    each countable op the region runs (checked at run time)."""
+    specs = []
+    for r in regions:
+        counts: dict[str, int] = {}
+        save = []
+        for c in r.nodes:
+            name = op_name(graph.computes[c].op)
+            if name not in MATCHABLE:
+                continue
+            if c in r.save:
+                save.append([name, counts.get(name, 0)])
+            counts[name] = counts.get(name, 0) + 1
+        specs.append({"module": r.name, "save": save, "counts": counts})
+    return specs
+
+
+def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0) -> Any:
+    """`memviz.plan(prof, budget, strategy="sac")`: per block none / save-matmuls / full recompute,
+    searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
+    from memviz.budget import parse_budget
+    from memviz.planning import Plan, PlanningError, _device_info, _model_info
+
+    if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
+        raise PlanningError("strategy 'sac' needs the profile from memviz.profile(model, args, "
+                            "mode='train') (its capture and model), not a bare graph or a loaded plan")
+    if prof.mode != "train":
+        raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")
+    graph = prof.graph
+    budget_bytes = None if budget is None else parse_budget(budget, prof.baseline.peak_bytes)
+    holds = eager_holds(prof.captured)
+    blocks = candidate_blocks(prof.model, graph)
+    result, choice = solve_menu(graph, prof.baseline.peak_bytes if budget_bytes is None else budget_bytes,
+                                blocks, holds, time_limit=time_limit)
+    stats = dataclasses.replace(result.stats, extra={"sac": {
+        "expressible": True,
+        "options": {name: o for (name, _, _), o in zip(blocks, choice.options, strict=True)},
+        "regions": region_specs(graph, choice.regions)}})
+    return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
+                baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
+                budget_bytes=budget_bytes, solver_stats=stats, model=_model_info(prof, graph),
+                device=_device_info(prof), profile=prof)
+
+
+def to_sac(plan: Any) -> Any:
+    """A plan of another strategy as the SAC plan closest to it: every block holding a forward op the
+    plan recomputes is checkpointed; in it, the countable ops the plan keeps are MUST_SAVE and every
+    other op is recomputed (a per-op policy cannot keep the rest).  Re-simulated: the returned plan's
+    peak is what `memviz.apply` will really hold, which may exceed the original plan's budget."""
+    from memviz.planning import PlanningError
+
+    prof = plan.profile
+    if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
+        raise PlanningError(
+            f"a {plan.strategy!r} plan cannot run as PyTorch checkpointing without its profile (a loaded "
+            f"plan has none): plans of strategies {', '.join(EXPRESSIBLE)} apply as they are; make one with "
+            "memviz.plan(profile, budget, strategy='sac'), or run this one with memviz.export(plan)")
+    graph = plan.graph
+    runs: dict[int, int] = {}
+    for s in plan.schedule:
+        if s.op == "compute":
+            runs[s.node] = runs.get(s.node, 0) + 1
+    recomputed = {c for c, k in runs.items() if k > 1 and graph.computes[c].phase is Phase.FORWARD}
+    regions = tuple(Region(name, ids, frozenset(i for i in ids if i not in recomputed
+                                                and op_name(graph.computes[i].op) in MATCHABLE))
+                    for name, ids, _ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
+    start = time.perf_counter()
+    schedule = sac_schedule(graph, regions, eager_holds(prof.captured))
+    timeline = simulate(graph, schedule).check()
+    stats = SolverStats("sac", "heuristic", time.perf_counter() - start, objective=timeline.total_time,
+                        extra={"sac": {"expressible": True, "converted_from": plan.strategy,
+                                       "original_peak_bytes": plan.peak_bytes,
+                                       "regions": region_specs(graph, regions)}})
+    if plan.budget_bytes is not None and timeline.peak_bytes > plan.budget_bytes:
+        warnings.warn(
+            f"the {plan.strategy!r} plan as PyTorch checkpointing peaks at {timeline.peak_bytes} bytes, over "
+            f"its budget of {plan.budget_bytes} (the plan itself: {plan.peak_bytes}); plan with "
+            "strategy='sac' for a plan that checkpointing runs within the budget", stacklevel=3)
+    return dataclasses.replace(plan, schedule=schedule, timeline=timeline, strategy="sac", solver_stats=stats,
+                               packing=None, frontier=[], frontier_points=[])

@@ -1,0 +1,258 @@
+"""``memviz.export(plan, verify=True)``: run one measured step of the exported module before returning it.
+
+A plan is only as good as its graph: memory the capture does not see (a kernel's workspace, an
+allocation outside the traced code, a loss or optimizer that behaves unlike its model) makes the real
+peak exceed the predicted one.  Verification runs one step of the exported module on the plan's example
+inputs -- forward, the user's loss, backward and, when the plan models one, the optimizer step -- and
+measures its peak the way the profile measured the eager step (`memviz.tracker.measure_peak`: live
+storages on CPU, the caching allocator's peak on an accelerator).
+
+* Measured over the budget: the plan is solved again, same strategy, under the budget minus the
+  measured excess (the memory the prediction misses), exported and measured again, at most
+  `MAX_TRIES` times; a `VerifyWarning` names the numbers.  No schedule under the reduced budget, or
+  still over after the last try: `memviz.export.BudgetExceededError` with the measured, planned and
+  budget bytes.  A module that measured over the budget is never returned.
+* Measured within the budget but more than `TOLERANCE` over the prediction: returned, with a
+  `VerifyWarning` (the plan's figures are off, its budget is honoured).  Re-planning would not help: a
+  step under the budget already fits any margin its own excess asks for.
+* Nothing the user sees changes: parameters, their ``.grad``, buffers (BatchNorm statistics) and the
+  RNG streams are as before (buffers and, with an optimizer, parameters are copied to host memory and
+  copied back; the RNG is forked).  The optimizer is a fresh one of the profiled class whose state is
+  created beforehand by an update with zero gradients (the plan holds that state from the start, as in
+  every step after the first); the user's optimizer is never stepped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from memviz import accelerator
+from memviz.budget import format_bytes
+from memviz.export import BudgetExceededError, _example_inputs, build, split_inputs
+from memviz.tracker import measure_peak, tensors_of
+from solvers.ir import Phase
+from solvers.result import InfeasibleBudget
+
+#: The measured peak may exceed the predicted one by this fraction of it before it is reported: the
+#: contract (DESIGN.md "Correctness means") is a measured peak within 1% of the plan's.
+TOLERANCE = 0.01
+#: Re-plans after the first measurement; each one costs a solve and a measured step.
+MAX_TRIES = 3
+#: Time limit of each re-plan's solve (seconds).
+REPLAN_TIME_LIMIT = 30.0
+
+
+class VerifyWarning(UserWarning):
+    """The verifying step measured more than the plan predicted (the message gives the numbers)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """What one verifying step runs: the call, the mode, the loss and the optimizer (class, hyper)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    mode: str
+    loss_fn: Callable[[Any], torch.Tensor] | None
+    optimizer: tuple[type, dict[str, Any]] | None
+    updated: frozenset[str]  # parameter names the plan's optimizer step updates
+
+
+def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
+                    optimizer: Any = None) -> nn.Module:
+    """`memviz.export` of `plan` after one measured step (module docstring); the module's ``plan`` is
+    the plan it runs (a re-planned one when the first measured over budget) and its
+    ``verified_peak_bytes`` the step's measured peak."""
+    prof = getattr(plan, "profile", None)
+    target = model if model is not None else getattr(prof, "model", None)
+    if target is None:
+        raise ValueError("verify=True runs the plan on its model, and this plan carries none (loaded from "
+                         "JSON?): pass model= (and inputs=(args, kwargs) unless zeros of the planned shapes "
+                         "are valid inputs)")
+    spec = step_spec(plan, target, inputs, loss_fn, optimizer)
+    budget = plan.budget_bytes
+    current, margin, history = plan, 0, []
+    for attempt in range(MAX_TRIES + 1):
+        module = build(current, model=model, inputs=inputs)
+        measured = measure_step(module, spec)
+        history.append((current.budget_bytes, current.peak_bytes, measured))
+        if budget is None or measured <= budget:
+            break
+        if attempt == MAX_TRIES:
+            raise BudgetExceededError(
+                f"the exported step measured {format_bytes(measured)} over the budget {format_bytes(budget)} "
+                f"after {MAX_TRIES} re-plans ({_history(history)}): memory outside the captured graph "
+                "grows as the plan tightens; raise the budget or try another strategy",
+                measured=measured, planned=current.peak_bytes, budget=budget)
+        margin = max(margin, measured - current.peak_bytes)
+        current = replan(current, budget - margin, spec, measured=measured)
+    if history[-1][2] > current.peak_bytes * (1 + TOLERANCE) or len(history) > 1:
+        warnings.warn(VerifyWarning(_report(history, budget)), stacklevel=3)
+    module.plan = current
+    module.verified_peak_bytes = measured
+    return module
+
+
+def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int) -> Any:
+    """`plan` solved again under `budget` with its own strategy (the eager order "none" as "auto": it
+    has no tighter schedule); refusals become `BudgetExceededError` with the numbers."""
+    from memviz.planning import PlanningError
+    from memviz.planning import plan as make_plan
+
+    strategy = "auto" if plan.strategy == "none" else plan.strategy
+    prof = getattr(plan, "profile", None)
+    what = (f"the exported step measured {format_bytes(measured)}, over the budget "
+            f"{format_bytes(plan.budget_bytes)} (the plan predicted {format_bytes(plan.peak_bytes)})")
+    try:
+        if budget <= 0:
+            raise InfeasibleBudget(budget, None, strategy)
+        new = make_plan(prof if prof is not None else plan.graph, budget, strategy=strategy,
+                        time_limit=REPLAN_TIME_LIMIT, frontier=False, packing=plan.packing is not None)
+    except (InfeasibleBudget, PlanningError) as exc:
+        raise BudgetExceededError(
+            f"{what}; re-planning with the {format_bytes(measured - plan.peak_bytes)} the prediction misses "
+            f"as margin ({strategy} at {format_bytes(budget)}) failed: {exc}.  Raise the budget by at least "
+            "that margin, or try another strategy",
+            measured=measured, planned=plan.peak_bytes, budget=plan.budget_bytes) from exc
+    # the user's budget stays the plan's budget; a loaded plan keeps its model and device records
+    return dataclasses.replace(new, budget_bytes=plan.budget_bytes, model=plan.model, device=plan.device,
+                               profile=prof)
+
+
+def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer: Any) -> StepSpec:
+    """The verifying step for `plan` on `model`: given inputs, else the profiled call rebuilt as zeros
+    of the planned shapes on the model's device (the captured graph's memory depends on shapes only)."""
+    prof = getattr(plan, "profile", None)
+    if inputs is not None:
+        args, kwargs = split_inputs(inputs)
+    else:
+        args, kwargs = _example_inputs(plan.graph, prof if getattr(prof, "captured", None) else None)
+        device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+        args, kwargs = pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x,
+                                       (args, kwargs))
+    mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
+    updated = frozenset(c.name[c.name.index("[") + 1:-1] for c in plan.graph.computes
+                        if c.phase is Phase.OPTIMIZER and "[" in c.name)
+    return StepSpec(args=args, kwargs=kwargs, mode=mode,
+                    loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
+                    optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated)
+
+
+def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:
+    """(class, hyper-parameters) of the optimizer a plan's optimizer nodes model: `optimizer` (class or
+    instance), else the profile's, else the ``torch.optim`` class the graph names with its defaults."""
+    opt = optimizer if optimizer is not None else getattr(getattr(plan, "profile", None), "optimizer", None)
+    if isinstance(opt, torch.optim.Optimizer):
+        return type(opt), {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    if isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
+        return opt, {}
+    name = plan.graph.meta.get("optimizer") or next(
+        c.op.split(".")[0] for c in plan.graph.computes if c.phase is Phase.OPTIMIZER)
+    cls = getattr(torch.optim, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ValueError(f"the plan models a {name} optimizer step, which is not a torch.optim class: "
+                         "pass optimizer= (the class or instance it was profiled with)")
+    return cls, {}
+
+
+def measure_step(module: nn.Module, spec: StepSpec) -> int:
+    """Peak bytes of one step of `module` (`spec`), leaving parameters, ``.grad``, buffers and RNG as
+    they were."""
+    # named as in the user's model (the plan's optimizer nodes name its parameters), not "_orig_mod.*"
+    params = dict(getattr(module, "_orig_mod", module).named_parameters())
+    buffers = list(module.buffers())
+    grads = {n: p.grad for n, p in params.items()}
+    # host copies: on an accelerator they are not part of the measured device memory, on CPU the
+    # tracker counts only storages it was given or saw created
+    saved_buffers = [b.detach().to("cpu", copy=True) for b in buffers]
+    saved_params = {n: p.detach().to("cpu", copy=True) for n, p in params.items()} if spec.optimizer else {}
+    args, kwargs = pytree.tree_map(_grad_alias, (spec.args, spec.kwargs))
+    devices = accelerator.devices_of([*params.values(), *buffers, *pytree.tree_leaves((args, kwargs))])
+    device = devices[0] if devices else torch.device("cpu")
+    try:
+        with accelerator.fork_rng(devices):
+            for p in params.values():
+                p.grad = None
+            opt = _primed_optimizer(spec, params)
+            step = _step(module, spec, args, kwargs, opt)
+            peak, _ = measure_peak(step, tensors_of(module, opt, (args, kwargs)), device)
+    finally:
+        with torch.no_grad():
+            for b, saved in zip(buffers, saved_buffers, strict=True):
+                b.copy_(saved)
+            for n, saved in saved_params.items():
+                params[n].copy_(saved)
+        for n, p in params.items():
+            p.grad = grads[n]
+    return peak
+
+
+def _step(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
+          opt: torch.optim.Optimizer | None) -> Callable[[], None]:
+    """One step returning nothing, so every tensor it made is released when it returns."""
+    from memviz.capture import default_loss
+
+    def step() -> None:
+        if spec.mode == "inference":
+            with torch.no_grad():
+                module(*args, **kwargs)
+            return
+        loss = (spec.loss_fn or default_loss)(module(*args, **kwargs))
+        loss.backward()
+        if opt is not None:
+            opt.step()
+
+    return step
+
+
+def _primed_optimizer(spec: StepSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer | None:
+    """A fresh optimizer over the parameters the plan updates, its state created by one update with
+    zero gradients (the parameters are restored by the caller), gradients None again."""
+    if spec.optimizer is None:
+        return None
+    cls, hyper = spec.optimizer
+    chosen = [p for n, p in params.items() if n in spec.updated and p.requires_grad]
+    if not chosen:
+        return None
+    opt = cls(chosen, **hyper)
+    for p in chosen:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for p in chosen:
+        p.grad = None
+    return opt
+
+
+def _grad_alias(x: Any) -> Any:
+    """An input that requires grad as a new leaf on the same storage: its ``.grad`` is not the user's."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        return x.detach().requires_grad_(True)
+    return x
+
+
+def _history(history: list[tuple[int | None, int, int]]) -> str:
+    return "; ".join(f"planned {format_bytes(p)} at {format_bytes(b) if b else 'no budget'}, measured "
+                     f"{format_bytes(m)}" for b, p, m in history)
+
+
+def _report(history: list[tuple[int | None, int, int]], budget: int | None) -> str:
+    """The warning text: every try's planned and measured peak."""
+    _, planned, measured = history[-1]
+    head = (f"memviz.export(verify=True): the exported step measured {format_bytes(measured)}, "
+            f"{(measured - planned) / planned:+.1%} off the plan's predicted {format_bytes(planned)}")
+    if len(history) > 1:
+        first_planned, first_measured = history[0][1], history[0][2]
+        head = (f"memviz.export(verify=True): the first plan (predicted {format_bytes(first_planned)}) "
+                f"measured {format_bytes(first_measured)}, over the budget {format_bytes(budget)}; "
+                f"re-planned {len(history) - 1} time(s), the measured excess as margin "
+                f"({_history(history)})")
+    if budget is None:
+        return head
+    return f"{head}; the returned module is within the budget {format_bytes(budget)}"

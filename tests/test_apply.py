@@ -1,0 +1,194 @@
+"""`memviz.apply`: plans run as PyTorch's own selective activation checkpointing on the user's model.
+
+The truth loop: a "sac" plan at a budget that forces recomputation, applied to a copy of the model,
+gives the same outputs and gradients as the original over 3 AdamW steps, and the measured peak of each
+training step is within 2% of the plan's and at or under its budget."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import memviz
+from examples.models import EXAMPLES
+from memviz.planning import PlanningError
+from memviz.profile import Profile, profile
+from memviz.tracker import measure_peak, tensors_of
+from solvers.result import InfeasibleBudget
+
+TOLERANCE = 0.02
+
+
+def _fresh(tree: Any) -> Any:
+    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _close(a: Any, b: Any, what: str) -> None:
+    for i, (x, y) in enumerate(zip(pytree.tree_leaves(a), pytree.tree_leaves(b), strict=True)):
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point():
+                torch.testing.assert_close(x, y, rtol=1e-6, atol=0, msg=f"{what}[{i}]")
+            else:
+                assert torch.equal(x, y), f"{what}[{i}]"
+
+
+def sac_plan(prof: Profile, fraction: float) -> Any:
+    """A sac plan at `fraction` of the eager peak, or at the smallest budget the refusal names."""
+    budget = int(prof.baseline.peak_bytes * fraction)
+    try:
+        return memviz.plan(prof, budget, strategy="sac", time_limit=20.0)
+    except InfeasibleBudget as err:
+        assert err.minimum_bytes is not None and err.minimum_bytes > budget
+        return memviz.plan(prof, err.minimum_bytes, strategy="sac", time_limit=20.0)
+
+
+def check_applied(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  loss_fn: Callable[[Any], torch.Tensor], plan: Any, steps: int = 3,
+                  compile_backend: str | None = None, within_budget: bool = True) -> list[int]:
+    """Original vs applied over `steps` AdamW steps: outputs, every gradient and buffer equal (float32,
+    1e-6 relative); each step's measured peak (forward + loss + backward, eager only) within 2% of the
+    plan and at or under its budget.  Returns the measured peaks."""
+    original = copy.deepcopy(model)
+    applied = memviz.apply(plan, model)
+    run_b = applied if compile_backend is None else torch.compile(applied, backend=compile_backend)
+    opt_a = torch.optim.AdamW(original.parameters(), lr=1e-3)
+    opt_b = torch.optim.AdamW(applied.parameters(), lr=1e-3)
+    peaks = []
+    for step in range(steps):
+        in_a, in_b = _fresh((args, kwargs)), _fresh((args, kwargs))
+        torch.manual_seed(step)
+        out_a = original(*in_a[0], **in_a[1])
+        loss_fn(out_a).backward()
+
+        def run(inputs: Any = in_b, seed: int = step) -> Any:
+            torch.manual_seed(seed)
+            out = run_b(*inputs[0], **inputs[1])
+            loss_fn(out).backward()
+            return out
+
+        if compile_backend is None:
+            peak, out_b = measure_peak(run, tensors_of(applied, in_b))
+            peaks.append(peak)
+            assert abs(peak - plan.peak_bytes) <= TOLERANCE * plan.peak_bytes, (step, peak, plan.peak_bytes)
+            if within_budget and plan.budget_bytes is not None:
+                assert peak <= plan.budget_bytes, (step, peak, plan.budget_bytes)
+        else:
+            out_b = run()
+        _close(out_a, out_b, f"output, step {step}")
+        for (name, pa), pb in zip(original.named_parameters(), applied.parameters(), strict=True):
+            _close(pa.grad, pb.grad, f"grad of {name}, step {step}")
+        for (name, ba), bb in zip(original.named_buffers(), applied.buffers(), strict=True):
+            _close(ba, bb, f"buffer {name}, step {step}")
+        for opt in (opt_a, opt_b):
+            opt.step()
+            opt.zero_grad()
+    return peaks
+
+
+def _sum_loss(out: Any) -> torch.Tensor:
+    return out.float().sum()
+
+
+@functools.cache
+def _example(name: str) -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
+    model, args = EXAMPLES[name]()
+    return model, args, profile(model, args, repeats=1, warmup=0)
+
+
+@pytest.mark.parametrize("name, fraction", [
+    ("gpt", 0.85), ("resnet", 0.85),
+    # known: with blocks.0 on "matmuls" the measured peak is one [2, 17, 32] activation (1.5%) above the
+    # plan, which sits exactly at its minimum budget: a lifetime sac_schedule does not model yet
+    pytest.param("vit", 0.85,
+                 marks=pytest.mark.xfail(strict=True, reason="1.5% under-prediction, over budget")),
+])
+def test_sac_plan_runs_as_planned(name: str, fraction: float) -> None:
+    """Dropout (GPT, ViT) replays its masks, BatchNorm (ResNet) moves its statistics once per step."""
+    model, args, prof = _example(name)
+    plan = sac_plan(prof, fraction)
+    assert plan.strategy == "sac" and plan.solver_stats.extra["sac"]["expressible"]
+    assert plan.timeline.recomputes > 0 and plan.peak_bytes < prof.baseline.peak_bytes
+    check_applied(model, args, {}, _sum_loss, plan)
+
+
+def test_sac_schedule_without_regions_is_the_eager_baseline() -> None:
+    from memviz.sac import eager_holds
+    from solvers import simulate
+    from solvers.sac import sac_schedule
+
+    _, _, prof = _example("gpt")
+    timeline = simulate(prof.graph, sac_schedule(prof.graph, [], eager_holds(prof.captured))).check()
+    assert timeline.peak_bytes == prof.baseline.peak_bytes
+    assert timeline.total_time == pytest.approx(prof.baseline.total_time)
+
+
+@pytest.mark.parametrize("name", [
+    # known: measured 1.2-1.3% above a plan at its minimum budget (the same unmodelled lifetime as ViT's)
+    pytest.param("hf_vit", marks=pytest.mark.xfail(strict=True, reason="1.3% under-prediction, over budget")),
+    pytest.param("bert", marks=pytest.mark.xfail(strict=True, reason="1.2% under-prediction, over budget")),
+])
+def test_real_models(name: str) -> None:
+    from tests.real_models import REAL
+
+    case = REAL[name]()
+    loss_fn = next(iter(case.losses.values()))
+    prof = profile(case.model, case.args, case.kwargs, loss_fn=loss_fn, repeats=1, warmup=0)
+    plan = sac_plan(prof, 0.8)
+    assert plan.timeline.recomputes > 0 and plan.peak_bytes < prof.baseline.peak_bytes
+    check_applied(case.model, case.args, case.kwargs, loss_fn, plan)
+
+
+def test_same_module_tree_and_parameters() -> None:
+    model, args, prof = _example("gpt")
+    plan = sac_plan(prof, 0.85)
+    copied = memviz.apply(plan, model)
+    assert list(copied.state_dict()) == list(model.state_dict())
+    assert [n for n, _ in copied.named_modules()] == [n for n, _ in model.named_modules()]
+    assert all(a is not b for a, b in zip(copied.parameters(), model.parameters(), strict=True))
+    target = copy.deepcopy(model)
+    params = list(target.parameters())
+    same = memviz.apply(plan, target, inplace=True)
+    assert same is target and all(a is b for a, b in zip(same.parameters(), params, strict=True))
+    with pytest.raises(PlanningError, match="already checkpointed"):
+        memviz.apply(plan, target, inplace=True)
+    # a deep copy of an applied model checkpoints its own modules
+    again = copy.deepcopy(same)
+    block = next(m for m in again.modules() if "_memviz_sac" in m.__dict__)
+    assert block.forward.__self__ is block
+
+
+def test_under_torch_compile() -> None:
+    model, args, prof = _example("gpt")
+    check_applied(model, args, {}, _sum_loss, sac_plan(prof, 0.85), steps=2, compile_backend="aot_eager")
+
+
+def test_other_strategies_convert_or_refuse(tmp_path: Any) -> None:
+    model, args, prof = _example("gpt")
+    plan = memviz.plan(prof, 0.85, strategy="rockmate", time_limit=10.0, frontier=False, packing=False)
+    from memviz.sac import to_sac
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        converted = to_sac(plan)
+    extra = converted.solver_stats.extra["sac"]
+    assert extra["converted_from"] == "rockmate" and extra["original_peak_bytes"] == plan.peak_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # converted plans say their real peak; the rockmate budget is not theirs (to_sac warns)
+        check_applied(model, args, {}, _sum_loss, converted, steps=1, within_budget=False)
+    plan.save(tmp_path / "rock.json")
+    with pytest.raises(PlanningError, match="'sac'"):
+        memviz.apply(memviz.load_plan(tmp_path / "rock.json"), model)
+    # a sac plan keeps what apply needs in its JSON
+    sac = sac_plan(prof, 0.85)
+    sac.save(tmp_path / "sac.json")
+    loaded = memviz.load_plan(tmp_path / "sac.json")
+    assert loaded.peak_bytes == sac.peak_bytes
+    check_applied(model, args, {}, _sum_loss, loaded, steps=1)

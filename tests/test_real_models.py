@@ -1,0 +1,203 @@
+"""The contract (DESIGN.md "Correctness means") on models users bring (`tests/real_models.py`:
+transformers, torchvision, timm from small random-init configs, dropout on), trained with AdamW and a
+real loss.
+
+Per model, strategy and budget (75/50/25% of the range [the strategy's minimum feasible budget, the
+eager peak], and the minimum itself):
+(a) the predicted eager peak (the profile's baseline, optimizer step included) within 2% of the eager
+    step measured with AdamW (its state exists from the second step on, as the graph holds it);
+(b) the exported module's outputs, every parameter gradient and the parameters after each AdamW step
+    equal to eager PyTorch's over 3 steps (float32: 1e-6 relative, `tests/test_zoo.py`'s helpers);
+(c) the exported step's measured peak at or under the budget and within 1% of the plan's.
+
+Each model is profiled once.  The fast tier runs every model once, rotating strategies, budget points
+and losses so that each appears; the slow tier (``-m slow``, also run in CI) the rest of the matrix
+that fits.  Models memviz cannot capture yet are strict xfails: they turn red when capture is fixed.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+import memviz
+from memviz.profile import Profile, profile
+from memviz.tracker import measure_peak, tensors_of
+from solvers.result import InfeasibleBudget
+from tests.real_models import REAL, RealCase
+from tests.test_zoo import _assert_same, _assert_tree_same, _fresh
+
+STRATEGIES = ("checkmate", "rotor", "rockmate", "sqrt", "olla", "auto")
+#: budget points as fractions of the range [minimum, eager peak] above the minimum (0.0: the minimum)
+POINTS = (0.75, 0.5, 0.25, 0.0)
+LOSSES = ("own", "ce", "ce_smooth", "mse")
+STEPS = 3
+EAGER_TOLERANCE = 0.02
+PLAN_TOLERANCE = 0.01
+TIME_LIMIT = 5.0
+
+CAPTURING = ("bert", "roberta", "distilbert", "hf_vit", "clip", "tv_resnet", "tv_mobilenet_v3",
+             "tv_efficientnet", "tv_vit", "tv_convnext", "timm_vit", "timm_convnext", "timm_resnet")
+#: models whose capture fails today (the capture helper's work); the lead removes a mark when it passes
+_CONSTANT = "capture: CaptureError unsupported constant '_tensor_constant0' in the captured graph"
+NOT_YET = {
+    "gpt2_eager": _CONSTANT,
+    "gpt2_sdpa": _CONSTANT,
+    "llama": _CONSTANT,
+    "mistral": _CONSTANT,
+    "qwen2": _CONSTANT,
+    "t5": _CONSTANT,
+    "bart": _CONSTANT,
+    "whisper": _CONSTANT,
+    "tv_swin": _CONSTANT,
+    "wav2vec2": "capture: GuardOnDataDependentSymNode, data-dependent Eq(u0, 1)",
+}
+assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
+_VIEW_GRAD = ("export: _LeavesBackward returns a [1, C, 1, 1] gradient for a [C] parameter (LayerNorm2d's "
+              "weight viewed) when the plan recomputes")
+#: (model, strategy, point) cases that capture but break the contract today, with what fails (checkmate's
+#: schedules measure over their plan on four models: export and simulate disagree on something it does)
+KNOWN = {
+    ("bert", "checkmate", 0.75): "(a) the eager step with the label-smoothing loss measures 5% over "
+                                 "the prediction (the loss's memory is not in the graph yet); (c) 1.8% "
+                                 "over the plan",
+    ("tv_mobilenet_v3", "checkmate", 0.25): "(c) the exported step measures 8% over the plan and the budget",
+    ("timm_resnet", "checkmate", 0.75): "(c) the exported step measures 23% over the plan and 5% over "
+                                        "the budget",
+    ("timm_convnext", "auto", 0.0): _VIEW_GRAD,
+    # slow tier
+    ("bert", "sqrt", 0.0): "(a) the eager step with the label-smoothing loss measures 5% over the prediction",
+    ("hf_vit", "checkmate", 0.25): "(c) the exported step measures 7% over the plan and the budget",
+    ("timm_convnext", "rockmate", 0.25): _VIEW_GRAD,
+    ("tv_vit", "checkmate", 0.25): "(c) the exported step measures 3.7% over the plan and the budget",
+    ("tv_vit", "checkmate", 0.0): "(c) the exported step measures 10% over the plan and the budget",
+}
+
+
+def loss_name(case: RealCase, index: int) -> str:
+    """The loss for the model at `index`: the rotation's pick, or the next one the model offers."""
+    for k in range(len(LOSSES)):
+        name = LOSSES[(index + k) % len(LOSSES)]
+        if name in case.losses:
+            return name
+    raise AssertionError(f"no loss among {LOSSES}: {sorted(case.losses)}")
+
+
+@functools.cache
+def profiled(name: str) -> tuple[RealCase, str, Profile]:
+    case = REAL[name]()
+    loss = loss_name(case, list(REAL).index(name))
+    prof = profile(case.model, case.args, case.kwargs, loss_fn=case.losses[loss],
+                   optimizer=torch.optim.AdamW, repeats=1, warmup=0, fallback=False)
+    return case, loss, prof
+
+
+@functools.cache
+def minimum(name: str, strategy: str) -> int:
+    """The smallest budget `strategy` finds feasible (its `InfeasibleBudget` answer to one byte above
+    the persistent tensors)."""
+    _, _, prof = profiled(name)
+    try:
+        memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy=strategy, time_limit=TIME_LIMIT,
+                    frontier=False, packing=False)
+    except InfeasibleBudget as err:
+        assert err.minimum_bytes is not None, str(err)
+        return err.minimum_bytes
+    return prof.graph.persistent_bytes() + 1
+
+
+def budget_at(name: str, strategy: str, point: float) -> int:
+    _, _, prof = profiled(name)
+    low, high = minimum(name, strategy), prof.baseline.peak_bytes
+    return low + int(point * max(0, high - low))
+
+
+def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, inputs: Any, seed: int) -> Any:
+    torch.manual_seed(seed)
+    out = module(*inputs[0], **inputs[1])
+    loss_fn(out).backward()
+    opt.step()  # leaves the gradients in place for the comparison
+    return out
+
+
+def check_contract(name: str, strategy: str, point: float) -> None:
+    case, loss, prof = profiled(name)
+    loss_fn = case.losses[loss]
+    budget = budget_at(name, strategy, point)
+    plan = memviz.plan(prof, budget, strategy=strategy, time_limit=TIME_LIMIT, frontier=False, packing=False)
+    assert plan.peak_bytes <= budget, (plan.peak_bytes, budget)
+    # the exported module trains the profiled model itself (reusing the capture); the eager reference is
+    # a copy, and the cached case gets its weights back afterwards
+    saved = copy.deepcopy(case.model.state_dict())
+    original = copy.deepcopy(case.model)
+    try:
+        exported = memviz.export(plan)
+        opt_a = torch.optim.AdamW(original.parameters())
+        opt_b = torch.optim.AdamW(exported.parameters())
+        for i in range(STEPS):
+            in_a, in_b = _fresh((case.args, case.kwargs)), _fresh((case.args, case.kwargs))
+            eager, out_a = measure_peak(functools.partial(_step, original, loss_fn, opt_a, in_a, i),
+                                        tensors_of(original, opt_a, in_a))
+            peak, out_b = measure_peak(functools.partial(_step, exported, loss_fn, opt_b, in_b, i),
+                                       tensors_of(exported, opt_b, in_b))
+            _assert_tree_same(out_a, out_b, f"{name} output, step {i}")
+            for (pname, pa), pb in zip(original.named_parameters(), exported.parameters(), strict=True):
+                _assert_same(pa.grad, pb.grad, f"{name}: grad of {pname}, step {i}")
+                _assert_same(pa.detach(), pb.detach(), f"{name}: {pname} after step {i}")
+            opt_a.zero_grad()
+            opt_b.zero_grad()
+            if i == 0:
+                continue
+            # every check of the step, reported together: which of (a) and (c) fails says where to look
+            predicted = prof.baseline.peak_bytes
+            problems = [
+                *([f"(a) eager step measured {eager}, predicted {predicted}"]
+                  if abs(eager - predicted) > EAGER_TOLERANCE * eager else []),
+                *([f"(c) exported step measured {peak}, over the budget {budget}"] if peak > budget else []),
+                *([f"(c) exported step measured {peak}, the plan {plan.peak_bytes}"]
+                  if abs(peak - plan.peak_bytes) > PLAN_TOLERANCE * plan.peak_bytes else []),
+            ]
+            assert not problems, f"{name} ({loss}, {strategy} at {point}), step {i}: {'; '.join(problems)}"
+    finally:
+        case.model.load_state_dict(saved)
+        for p in case.model.parameters():
+            p.grad = None
+
+
+def _param(name: str, strategy: str, point: float) -> Any:
+    reason = NOT_YET.get(name) or KNOWN.get((name, strategy, point))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(name, strategy, point, marks=marks, id=f"{name}-{strategy}-{point}")
+
+
+def _rotation(names: tuple[str, ...], offset: int = 0) -> list[tuple[str, str, float]]:
+    """One (strategy, point) per model, rotating so each strategy and each point appears."""
+    return [(n, STRATEGIES[(i + offset) % len(STRATEGIES)], POINTS[(i + 2 * offset + 1) % len(POINTS)]
+             if offset else POINTS[i % len(POINTS)]) for i, n in enumerate(names)]
+
+
+FAST = [*_rotation(CAPTURING), *_rotation(tuple(NOT_YET))]
+assert {s for _, s, _ in _rotation(CAPTURING)} == set(STRATEGIES)
+assert {p for _, _, p in _rotation(CAPTURING)} == set(POINTS)
+
+
+@pytest.mark.parametrize(("name", "strategy", "point"), [_param(*c) for c in FAST])
+def test_real_model_contract(name: str, strategy: str, point: float) -> None:
+    check_contract(name, strategy, point)
+
+
+#: the slow tier (CI runs it too): a second (strategy, point) per capturing model, and the whole
+#: strategy x budget matrix on the smallest model; the rest of the matrix does not fit CI's minutes
+FULL_MATRIX = ("tv_vit",)
+SLOW = [c for c in [*_rotation(CAPTURING, offset=3),
+                    *((n, s, p) for n in FULL_MATRIX for s in STRATEGIES for p in POINTS)] if c not in FAST]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "strategy", "point"), [_param(*c) for c in dict.fromkeys(SLOW)])
+def test_real_model_contract_matrix(name: str, strategy: str, point: float) -> None:
+    check_contract(name, strategy, point)

@@ -28,7 +28,7 @@ _LAZY = {
 
 __all__ = [
     "ChunkEditor", "Parallel", "Plan", "Planner", "Profile", "WhatIf",
-    "apply", "backend", "export", "load_plan", "plan", "profile",
+    "apply", "backend", "export", "load_plan", "losses", "plan", "profile",
 ]
 
 

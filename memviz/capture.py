@@ -23,6 +23,8 @@ an expanded scalar: a few bytes, as in eager PyTorch).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import inspect
 import operator
@@ -108,6 +110,9 @@ class Captured:
     # flat output index -> (its base, the FX view ops from the base to it): an output that aliases another
     # output, an input, a parameter or a buffer, regenerated outside the joint graph (`OutputView`)
     output_views: dict[int, OutputView] = field(default_factory=dict)
+    # `loss_memory` bound to this capture's outputs (``real=True`` measures it on the device); None
+    # without a loss.  The loss's data nodes: loss, loss_saved (when it saves anything), loss_grad
+    loss_probe: Callable[..., LossMemory] | None = field(default=None, repr=False)
     # FX get_attr node -> the graph module attribute it reads: a tensor constant of the trace
     # (``torch.tensor`` in the model's code, lifted by torch.export), bound like a buffer by every runner
     constants: dict[str, str] = field(default_factory=dict)
@@ -316,12 +321,15 @@ def _eager_cpu_dropout(input: torch.Tensor, p: float, train: bool | None) -> tor
     return torch.ops.memviz.cpu_dropout(input, p)[0]
 
 
+def _on_cpu(args: Sequence[Any], model: nn.Module) -> bool:
+    leaves = (*pytree.tree_leaves(tuple(args)), *model.parameters())
+    return all(t.device.type in ("cpu", "meta") for t in leaves if isinstance(t, torch.Tensor))
+
+
 def use_eager_kernels(gm: torch.fx.GraphModule, args: Sequence[Any], model: nn.Module) -> None:
     """Rewrite the exported graph so the joint trace runs the kernels eager mode runs on this device
     (``aten.dropout`` is composite: it is rewritten before AOTAutograd decomposes it)."""
-    leaves = (*pytree.tree_leaves(tuple(args)), *model.parameters())
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-    if not all(t.device.type in ("cpu", "meta") for t in tensors):
+    if not _on_cpu(args, model):
         return
     for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.dropout.default):
         n.target = _eager_cpu_dropout
@@ -376,6 +384,40 @@ def eager_kernels_in_trace() -> Any:
         for op, key, fn in removed:
             op.py_kernels[key] = fn
             op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
+    """Trace the ``aten.dropout`` calls that composite operators make on CPU as eager runs them
+    (`cpu_dropout`: a float noise tensor saved for backward, not a bool mask).
+
+    ``scaled_dot_product_attention`` with ``dropout_p`` on CPU eager runs
+    ``_scaled_dot_product_attention_math``, which calls ``at::dropout`` on the attention weights; the
+    trace would decompose that into ``native_dropout`` (one byte per element kept for backward where
+    eager keeps four, and other random bits).  `use_eager_kernels` only sees the dropouts of the
+    exported graph, not the ones inside a composite op the joint trace decomposes."""
+    op = torch.ops.aten.dropout.default
+    keys = (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd)
+    if not on_cpu or not all(k in op.py_kernels for k in keys):
+        yield
+        return
+    originals = {k: op.py_kernels[k] for k in keys}
+
+    def kernel(key: torch._C.DispatchKey) -> Callable[..., torch.Tensor]:
+        def dropout(input: torch.Tensor, p: float, train: bool | None) -> torch.Tensor:
+            if train and 0 < p < 1 and input.numel() and input.device.type == "cpu":
+                return torch.ops.memviz.cpu_dropout(input, p)[0]
+            return originals[key](input, p, train)
+        return dropout
+
+    for k in keys:
+        op.py_kernels[k] = kernel(k)
+    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        op.py_kernels.update(originals)
+        op._dispatch_cache.clear()
 
 
 # --- tracing ---------------------------------------------------------------------------------------
@@ -768,6 +810,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(eager_kernels_in_trace())
+                stack.enter_context(eager_cpu_dropout_in_trace(_on_cpu(args, model)))
                 joint = aot_export_joint_with_descriptors(
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)
         except Exception as err:  # noqa: BLE001
@@ -943,68 +986,151 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def _loss_sizes(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Tensor],
+@dataclass(frozen=True)
+class LossMemory:
+    """What the user's loss holds, measured by `loss_memory` (bytes).
+
+    ``loss``: the loss tensor's storage (more than its one element when a kernel returns a view of a
+    larger buffer: CPU ``mse_loss``); ``tangents``: flat output index -> its gradient's new bytes;
+    ``view_grads``: what the loss sends through aliased outputs into parameters and inputs; ``saved``:
+    what the loss's autograd graph keeps from its forward until its backward (cross-entropy's
+    log-probabilities, MSE's target); ``forward_temp`` / ``backward_temp``: the transient peak of the
+    loss's forward beyond the loss and ``saved``, and of its backward beyond the gradients it returns."""
+
+    loss: int = 0
+    tangents: dict[int, int] = field(default_factory=dict)
+    view_grads: int = 0
+    saved: int = 0
+    forward_temp: int = 0
+    backward_temp: int = 0
+    loss_grad: int = 0  # the ones ``loss.backward()`` starts from
+
+
+def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Tensor],
                 out_spec: pytree.TreeSpec, n_out: int, loss_fn: LossFn | None,
                 views: dict[int, OutputView] | None = None, nodes: dict[str, torch.fx.Node] | None = None,
-                bases: dict[tuple[str, Any], torch.Tensor] | None = None) -> tuple[int, dict[int, int], int]:
-    """Bytes of the loss, of the gradient `loss_fn` hands each differentiable output, and of the
-    gradients it sends through aliased outputs (`OutputView`) into parameters and inputs, measured by
-    running `loss_fn` and its backward on fake tensors.  ``loss.backward()`` holds the loss's own
-    gradient (ones) for the whole backward: `capture` gives it a data node of the loss's size, so an
-    output gradient on that storage (``sum`` gives an expanded view of it) or on one an earlier output
-    gradient already counts costs nothing more.
+                bases: dict[tuple[str, Any], torch.Tensor] | None = None, *,
+                real: bool = False, preexisting: Sequence[torch.Tensor] = ()) -> LossMemory:
+    """The bytes `loss_fn` and its backward hold (`LossMemory`), measured by running both on tensors of
+    the outputs' shapes: autograd decides what the loss keeps, as in the eager step, not a table.
+
+    By default on fake tensors under a fake-storage `StorageTracker` (no memory, no compute: what
+    `capture` can always afford).  ``real=True`` runs it on real tensors on the outputs' device (the live
+    storages on CPU, the caching allocator on an accelerator): a kernel's own storage choices show
+    there only (CPU ``mse_loss`` returns its mean as a view of an input-sized buffer, so the loss holds
+    that much until the step ends); `memviz.profile` does this on a device it measures, passing the
+    model's parameters, buffers and inputs as `preexisting` (a loss reading the labels the model also
+    takes must not count them as its own).
+
+    ``loss.backward()`` holds the loss's own gradient (ones) for the whole backward: `capture` gives it a
+    data node of the loss's size, so an output gradient on that storage (``sum`` gives an expanded view
+    of it) or on one an earlier output gradient already counts costs nothing more.
 
     An aliased output is built as its view of its base, as the exported module builds it, so the
     gradient through it lands in its base's: a full-size gradient for an output whose view the loss
-    also reads (``sum`` alone would hand it an expanded scalar).  `bases` holds a fake tensor per
+    also reads (``sum`` alone would hand it an expanded scalar).  `bases` holds a tensor per
     parameter/input/buffer base (requiring grad as the real one does); the gradient reaching such a base
     waits in autograd until the exported backward returns that base's own gradient, and is then added to
-    it: the third number counts it, plus for a parameter one tensor of its size (autograd's input buffer
+    it: ``view_grads`` counts it, plus for a parameter one tensor of its size (autograd's input buffer
     adds in place only into a gradient that is not a view; a Linear weight's planned gradient is
     ``t(t(mm))``).  Measured on the zoo's ``param_view`` the exported step peaks 512 B (3.6%) under
     this count: an over-estimate, never under; an input's view is exact."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    loss_fn = loss_fn or default_loss
     views, nodes, bases = views or {}, nodes or {}, bases or {}
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    context = contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
+    with context, torch.enable_grad():
         flat: list[Any] = [None] * n_out
         for i in range(n_out):
             v = out_vals.get(i)
             if i in views or not isinstance(v, torch.Tensor):  # a constant output is passed as itself
                 flat[i] = v
                 continue
-            t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
-            flat[i] = t.requires_grad_(i in tangents)
-        fake_bases = {k: torch.empty_strided(tuple(b.shape), tuple(b.stride()), dtype=b.dtype,
-                                             device=b.device).requires_grad_(b.requires_grad)
-                      for k, b in bases.items()}
+            flat[i] = _like(v, real).requires_grad_(i in tangents)
+        own_bases = {k: _like(b, real).requires_grad_(b.requires_grad) for k, b in bases.items()}
         for i, view in views.items():
-            base = flat[view.base[1]] if view.base[0] == "output" else fake_bases[view.base]
+            base = flat[view.base[1]] if view.base[0] == "output" else own_bases[view.base]
             flat[i] = replay_view(view, nodes, base)
+        return _measure_loss(flat, own_bases, sorted(tangents), out_spec, loss_fn or default_loss, real,
+                             preexisting)
+
+
+def _like(v: torch.Tensor, real: bool) -> torch.Tensor:
+    """A tensor of `v`'s shape, strides, dtype and device: real values when `real` (random in [0, 1):
+    finite, and valid probabilities for a loss such as binary cross-entropy), else fake (inside the
+    caller's FakeTensorMode)."""
+    t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
+    with torch.no_grad():
+        if real and (t.is_floating_point() or t.is_complex()):
+            t.uniform_()
+        elif real:
+            t.zero_()
+    return t
+
+
+def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], diff_idx: list[int],
+                  out_spec: pytree.TreeSpec, loss_fn: LossFn, real: bool,
+                  preexisting: Sequence[torch.Tensor] = ()) -> LossMemory:
+    """`loss_memory` on the prepared outputs `flat` and `bases`."""
+    from memviz.tracker import memory_meter
+
+    device = next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    # the outputs and bases exist before the loss runs: only what the loss creates counts
+    meter = memory_meter([x for x in (*flat, *bases.values(), *preexisting) if isinstance(x, torch.Tensor)],
+                         fake=not real, device=device)
+    start = meter.mark()
+    with meter:
         loss = _scalar_loss(loss_fn(pytree.tree_unflatten(flat, out_spec)))
-        diff = [flat[i] for i in sorted(tangents)]
-        leaf_bases = [k for k in sorted(fake_bases, key=str) if fake_bases[k].requires_grad]
-        root = torch.ones_like(loss)
-        grads = torch.autograd.grad(loss, [*diff, *(fake_bases[k] for k in leaf_bases)], grad_outputs=root,
+    # alive after the loss returns, besides the loss: what its autograd graph saved for backward
+    loss_new = storage_nbytes(loss) if meter.counted_since(loss, start) else 0
+    kept = meter.live_bytes - meter.start_bytes
+    saved = max(0, kept - loss_new)
+    forward_temp = max(0, meter.peak_bytes - meter.start_bytes - kept)
+    diff = [flat[i] for i in diff_idx]
+    leaf_bases = [k for k in sorted(bases, key=str) if bases[k].requires_grad]
+    root = torch.ones_like(loss)
+    meter.add(root)
+    before, mark = meter.live_bytes, meter.mark()
+    meter.reset_peak()
+    with meter:
+        grads = torch.autograd.grad(loss, [*diff, *(bases[k] for k in leaf_bases)], grad_outputs=root,
                                     allow_unused=True)
-        counted = {_storage_key(root)}
-        sizes = {}
-        for i, g in zip(sorted(tangents), grads, strict=False):
-            if g is None:  # unused output: `memviz.export` hands its backward one zero, expanded
-                sizes[i] = flat[i].element_size()
-                continue
-            sizes[i] = 0 if _storage_key(g) in counted else storage_nbytes(g)
-            counted.add(_storage_key(g))
-        held = 0
-        for k, g in zip(leaf_bases, grads[len(diff):], strict=True):
-            if g is None:
-                continue
-            held += 0 if _storage_key(g) in counted else storage_nbytes(g)
-            if k[0] == "param":  # the planned gradient is a view (t(t(mm))): added into a new tensor
-                held += storage_nbytes(fake_bases[k])
-            counted.add(_storage_key(g))
-        return storage_nbytes(loss), sizes, held
+    # the gradients it returns are the node's outputs (data nodes); the rest of its peak is workspace
+    returned = sum({_storage_key(g): storage_nbytes(g) for g in grads
+                    if g is not None and meter.counted_since(g, mark)}.values())
+    backward_temp = max(0, meter.peak_bytes - before - returned)
+    counted = {_storage_key(root)}
+    sizes = {}
+    for i, g in zip(diff_idx, grads, strict=False):
+        if g is None:  # unused output: `memviz.export` hands its backward one zero, expanded
+            sizes[i] = flat[i].element_size()
+            continue
+        sizes[i] = 0 if _storage_key(g) in counted else storage_nbytes(g)
+        counted.add(_storage_key(g))
+    held = 0
+    for k, g in zip(leaf_bases, grads[len(diff):], strict=True):
+        if g is None:
+            continue
+        held += 0 if _storage_key(g) in counted else storage_nbytes(g)
+        if k[0] == "param":  # the planned gradient is a view (t(t(mm))): added into a new tensor
+            held += storage_nbytes(bases[k])
+        counted.add(_storage_key(g))
+    return LossMemory(storage_nbytes(loss), sizes, held, saved, forward_temp, backward_temp,
+                      storage_nbytes(root))
+
+
+def with_loss_memory(graph: Graph, cap: Captured, lmem: LossMemory) -> Graph:
+    """`graph` with the loss's bytes (the loss, what it saves, its gradient) and its two nodes'
+    transient bytes set to `lmem` (a measurement on the device, `loss_memory(real=True)`)."""
+    if cap.loss_compute is None or cap.loss_backward_compute is None:
+        return graph
+    fwd, bwd = graph.computes[cap.loss_compute], graph.computes[cap.loss_backward_compute]
+    sizes = {fwd.outputs[0]: lmem.loss, fwd.outputs[1]: lmem.saved, bwd.outputs[-1]: lmem.loss_grad}
+    temps = {fwd.id: lmem.forward_temp, bwd.id: lmem.backward_temp}
+    datas = tuple(dataclasses.replace(d, bytes=sizes[d.id]) if d.id in sizes else d for d in graph.datas)
+    computes = tuple(dataclasses.replace(c, temp_bytes=temps[c.id]) if c.id in temps else c
+                     for c in graph.computes)
+    return Graph(computes, datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
 
 
 class _Builder:
@@ -1155,17 +1281,17 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     buffers_all = dict(model.named_buffers(remove_duplicate=False))
     base_vals = {v.base: v.base_value((), params_all, buffers_all, flat_in)
                  for v in views.values() if v.base[0] != "output"}
-    loss_bytes, tangent_bytes, view_grad_bytes = (
-        _loss_sizes(tangents, out_vals, out_spec, n_out, loss_fn, views, {n.name: n for n in gm.graph.nodes},
-                    base_vals)
-        if tangents or views else (0, {}, 0))
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    probe = functools.partial(loss_memory, tangents, out_vals, out_spec, n_out, loss_fn, views, fx_nodes,
+                              base_vals)
+    lmem = probe() if tangents or views else LossMemory()
     captured = Captured(
         gm=gm, mode=mode, placeholders=ph_kinds, outputs=out_kinds, compute_fx=bld.compute_fx,
         data_fx=bld.data_fx, data_of_fx=bld.data_of_fx, out_spec=out_spec, in_spec=in_spec,
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
-        output_views=views, specialised=specialised)
+        output_views=views, specialised=specialised, loss_probe=probe if tangents else None)
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss
@@ -1173,9 +1299,13 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         outs = sorted({bld.data_of_fx.get(a.name, bld.data_of_storage.get(_storage_key(a.meta["val"])))
                        for a, k in zip(out_args, out_kinds, strict=False) if k and k[0] == "user"
                        and isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)})
-        dl = bld.data("loss", loss_bytes, DataKind.OUTPUT, None, (), "float32")
-        captured.loss_compute = bld.b.compute("loss", outs, [dl], op="loss_fn", phase=Phase.FORWARD,
-                                              source="loss_fn")
+        dl = bld.data("loss", lmem.loss, DataKind.OUTPUT, None, (), "float32")
+        # what the loss's autograd graph keeps for its backward (measured, `loss_memory`): alive from the
+        # loss to its backward, which releases it.  Always a node (0 bytes when nothing is saved): the
+        # device's own measurement (`with_loss_memory`) may find what fake tensors do not
+        saved = [bld.data("loss_saved", lmem.saved, DataKind.ACTIVATION, None, (), "float32")]
+        captured.loss_compute = bld.b.compute("loss", outs, [dl, *saved], op="loss_fn", phase=Phase.FORWARD,
+                                              source="loss_fn", temp_bytes=lmem.forward_temp)
         bld.compute_fx.append(None)
         # autograd hands the exported module every output gradient in one call and holds them all
         # until it returns: one data node for all of them, alive until the last one's last reader
@@ -1183,7 +1313,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
         first = tangents[order[0]]
         v = first.meta["val"]
         name = f"grad_output{order[0]}" if len(order) == 1 else "grad_outputs"
-        td = bld.data(name, sum(tangent_bytes.values()), DataKind.GRADIENT, first.name, tuple(v.shape),
+        td = bld.data(name, sum(lmem.tangents.values()), DataKind.GRADIENT, first.name, tuple(v.shape),
                       _dtype_name(v))
         for idx in order:
             bld.data_of_fx[tangents[idx].name] = td
@@ -1192,16 +1322,16 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
             captured.tangent_fx[idx] = tangents[idx].name
         captured.held_fx[td] = tuple(tangents[idx].name for idx in order[1:])
         tds = [td]
-        if view_grad_bytes:
+        if lmem.view_grads:
             # what the loss sends through views into parameters and inputs: autograd holds it until the
             # exported backward returns their gradients, then adds the two (`_loss_sizes`)
-            tds.append(bld.data("output_view_grads", view_grad_bytes, DataKind.GRADIENT, None, (), "float32"))
+            tds.append(bld.data("output_view_grads", lmem.view_grads, DataKind.GRADIENT, None, (), "float32"))
             bld.b.outputs.append(tds[-1])
         # the loss's gradient, held by loss.backward() until the backward ends
-        root = bld.data("loss_grad", loss_bytes, DataKind.GRADIENT, None, (), "float32")
-        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl], [*tds, root],
+        root = bld.data("loss_grad", lmem.loss_grad, DataKind.GRADIENT, None, (), "float32")
+        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl, *saved], [*tds, root],
                                                        op="loss_fn.backward", phase=Phase.BACKWARD,
-                                                       source="loss_fn")
+                                                       source="loss_fn", temp_bytes=lmem.backward_temp)
         bld.compute_fx.append(None)
         bld.b.outputs.extend([dl, root])
 

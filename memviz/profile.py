@@ -51,6 +51,7 @@ from memviz.capture import (
     fingerprint,
     forward_calls,
     op_key,
+    with_loss_memory,
     with_output_views,
 )
 from memviz.devices import DeviceInfo, count_flops, resolve_device
@@ -167,6 +168,19 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     step_peak = simulate(graph, step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
+    if cap.loss_probe is not None and not info.estimated and not info.per_graph:
+        # the loss's memory as the device's kernels hold it (fake tensors cannot see a kernel's storage:
+        # CPU mse_loss returns a view of an input-sized buffer); the loss's own random draws are undone.
+        # torch-xla runs whole graphs (no per-op storages to follow): its fake-tensor figures stand
+        try:
+            with accelerator.fork_rng(accelerator.as_list(info.torch_device)):
+                graph = with_loss_memory(graph, cap, cap.loss_probe(
+                    real=True, preexisting=tensors_of(model, args, kwargs)))
+            step_peak = simulate(graph, step_schedule).peak_bytes
+        except Exception as err:  # noqa: BLE001 - a loss that refuses stand-in values: fake figures stand
+            warnings.warn(ProfileWarning(
+                f"loss_fn failed on stand-in outputs ({type(err).__name__}: {err}): its memory is the "
+                "fake-tensor measurement, which cannot see a kernel's own storage choices"), stacklevel=2)
     per_graph = None
     if info.estimated:
         graph = _estimate_costs(graph, cap, info)

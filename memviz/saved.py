@@ -80,18 +80,10 @@ def saved_storages(node: torch.fx.Node, requires_grad: set[str], positions: Posi
 
 def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int]:
     """`saved_storages` by running the operator on fake tensors under ``saved_tensors_hooks``."""
-    vals = [a.meta.get("val") for a in node.all_input_nodes]
-    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-    if mode is None or not callable(node.target):
+    prepared = _fake_inputs(node, requires_grad)
+    if prepared is None:
         return set()
-
-    def fake(a: torch.fx.Node) -> Any:
-        v = a.meta.get("val")
-        if not isinstance(v, torch.Tensor):
-            return v
-        t = v.detach()  # shares `v`'s fake storage, so saved tensors map back to the graph
-        return t.requires_grad_(True) if a.name in requires_grad and _differentiable(t) else t
-
+    mode, args, kwargs = prepared
     packed: list[torch.Tensor] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -100,8 +92,6 @@ def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int
 
     try:
         with mode, torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            args = torch.fx.node.map_arg(node.args, fake)
-            kwargs = torch.fx.node.map_arg(node.kwargs, fake)
             out = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 - an op fake tensors cannot run: the graph's own reads stand for it
         return set()
@@ -111,13 +101,78 @@ def _run_saved_storages(node: torch.fx.Node, requires_grad: set[str]) -> set[int
     return {out_keys.get(storage_key(t), storage_key(t)) for t in packed}
 
 
+def _fake_inputs(node: torch.fx.Node, requires_grad: set[str]) -> tuple[Any, Any, Any] | None:
+    """`node`'s arguments as fake tensors (the differentiable ones in `requires_grad` requiring grad),
+    and the fake mode; None when the node has no fake values to run on."""
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None or not callable(node.target):
+        return None
+
+    def fake(a: torch.fx.Node) -> Any:
+        v = a.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            return v
+        t = v.detach()  # shares `v`'s fake storage, so saved tensors map back to the graph
+        return t.requires_grad_(True) if a.name in requires_grad and _differentiable(t) else t
+
+    return mode, torch.fx.node.map_arg(node.args, fake), torch.fx.node.map_arg(node.kwargs, fake)
+
+
+def carries_grad(node: torch.fx.Node, requires_grad: set[str], cache: dict[Any, bool]) -> bool:
+    """Whether eager autograd records `node`'s operator (its output requires grad) when the inputs in
+    `requires_grad` do: asked of autograd on fake tensors, once per `_signature`.  ``x.new_empty(...)``
+    reads ``x`` for its shape only: its result, and the dropout mask drawn into it, carry no gradient,
+    so what ``mask * x`` saves is the mask alone."""
+    sig = _signature(node, requires_grad)
+    if sig is not None and sig in cache:
+        return cache[sig]
+    found = True  # an op fake tensors cannot run: taken as differentiable, as its graph reads say
+    prepared = _fake_inputs(node, requires_grad)
+    if prepared is not None:
+        mode, args, kwargs = prepared
+        try:
+            with mode, torch.enable_grad():
+                out = node.target(*args, **kwargs)
+            found = any(t.requires_grad for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        except Exception:  # noqa: BLE001
+            pass
+    if sig is not None:
+        cache[sig] = found
+    return found
+
+
 def _tensor_vals(node: torch.fx.Node) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
 
 
+def _ancestors(nodes: list[torch.fx.Node]) -> set[str]:
+    """FX nodes `nodes` are computed from (themselves included)."""
+    stack, found = list(nodes), set()
+    while stack:
+        n = stack.pop()
+        if n.name not in found:
+            found.add(n.name)
+            stack.extend(n.all_input_nodes)
+    return found
+
+
+def _only_unused_outputs(cap: Captured) -> set[str]:
+    """FX nodes only the model outputs the loss does not use are computed from."""
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    user = [(n, kind[1]) for n, kind in zip(outs, cap.outputs, strict=False)
+            if isinstance(n, torch.fx.Node) and kind is not None and kind[0] == "user"]
+    unused = _ancestors([n for n, i in user if i not in cap.tangent_data])
+    return unused - _ancestors([n for n, i in user if i in cap.tangent_data])
+
+
 def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     """data id -> compute id after which eager autograd releases it (the last backward op of the
-    autograd node that saved it), for every forward tensor some forward op saves for backward."""
+    autograd node that saved it), for every forward tensor some forward op saves for backward.
+
+    An autograd node whose backward never runs because the loss does not use the output it leads to
+    (a model's own ``labels=`` loss next to a user loss: `capture.detach_outputs`) keeps what it saved
+    as long as that output lives: the user holds the outputs to the end of the step."""
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     storage_data: dict[int, int] = {}
     nodes = cap.nodes  # built per access: once here, not once per value
@@ -128,7 +183,10 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     grads = _source_grads(cap)
     saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
     positions: Positions = {}  # per graph: repeated layers run their ops on fake tensors once
+    carries: dict[Any, bool] = {}
     released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
+    feeds = _only_unused_outputs(cap)
+    to_output: set[int] = set()  # seq_nrs of forward ops only outputs the loss does not use need
     pos = -1
     for n in cap.gm.graph.nodes:
         if n.op != "call_function":
@@ -142,8 +200,15 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
             continue
         if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
             continue
+        if not carries_grad(n, grads, carries):
+            continue
         grads.add(n.name)
         if seq is not None:
+            if n.name in feeds:
+                to_output.add(seq)
             keys = saved_storages(n, grads, positions)
             saved.setdefault(seq, set()).update(storage_data[k] for k in keys if k in storage_data)
+    step_end = len(cap.compute_fx) - 1
+    for seq in to_output - released.keys():
+        released[seq] = step_end
     return {d: released[seq] for seq, ds in saved.items() if seq in released for d in ds}

@@ -26,18 +26,24 @@ from memviz import accelerator
 class StorageTracker(TorchDispatchMode):
     """Live bytes of tensor storages, and their peak, over the operators run inside the context."""
 
-    def __init__(self, preexisting: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, preexisting: Iterable[torch.Tensor] = (), *, fake: bool = False) -> None:
+        """`fake`: count fake tensors (their meta storages live and die like real ones) instead of real
+        ones, to measure what a function would hold without running it (`memviz.capture.loss_memory`)."""
         super().__init__()
+        self.fake = fake
         self.live_bytes = 0
         self.peak_bytes = 0
         self._alive: dict[int, int] = {}  # storage key -> bytes
+        self._serial: dict[int, int] = {}  # storage key -> how many storages were counted before it
+        self._count = 0
         for t in preexisting:
             self.add(t)
         self.start_bytes = self.live_bytes
 
     def add(self, t: torch.Tensor) -> None:
         """Count `t`'s storage until it is freed (no-op when already counted)."""
-        if t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor):
+        fake = isinstance(t, torch._subclasses.FakeTensor)
+        if fake != self.fake or (t.device.type == "meta" and not fake):
             return
         storage = t.untyped_storage()
         key = storage._cdata
@@ -45,14 +51,31 @@ class StorageTracker(TorchDispatchMode):
             return
         nbytes = int(storage.nbytes())
         self._alive[key] = nbytes
+        self._serial[key] = self._count
+        self._count += 1
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         # storages keep their Python object alive with the C++ storage (PyObject preservation), so the
         # finalizer runs exactly when the memory is released
         weakref.finalize(storage, self._release, key)
 
+    def mark(self) -> int:
+        """A point in the run, for `counted_since`."""
+        return self._count
+
+    def counted_since(self, t: torch.Tensor, mark: int) -> bool:
+        """Whether `t`'s storage is alive and was first counted after `mark`.  A storage key
+        (``_cdata``, its address) is reused once the storage is freed: the order tells them apart."""
+        key = t.untyped_storage()._cdata
+        return key in self._alive and self._serial[key] >= mark
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes alive now."""
+        self.peak_bytes = self.live_bytes
+
     def _release(self, key: int) -> None:
         nbytes = self._alive.pop(key, 0)
+        self._serial.pop(key, None)
         self.live_bytes -= nbytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -61,6 +84,56 @@ class StorageTracker(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 self.add(leaf)
         return out
+
+
+class AllocatorMeter:
+    """`StorageTracker`'s interface over an accelerator's caching allocator (``memory_allocated``,
+    ``max_memory_allocated``): everything on the device counts, so nothing needs registering."""
+
+    def __init__(self, preexisting: Iterable[torch.Tensor], device: torch.device | str) -> None:
+        self.device = device
+        self._known = {t.untyped_storage().data_ptr(): 0 for t in preexisting}
+        self._count = 1
+        self.start_bytes = self.live_bytes = self.peak_bytes = self._allocated()
+        torch.accelerator.reset_peak_memory_stats(accelerator.index(device))
+
+    def _allocated(self) -> int:
+        accelerator.synchronize(self.device)
+        return int(torch.accelerator.memory_allocated(accelerator.index(self.device)))
+
+    def __enter__(self) -> AllocatorMeter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live_bytes = self._allocated()
+        self.peak_bytes = max(self.peak_bytes, int(torch.accelerator.max_memory_allocated(
+            accelerator.index(self.device))))
+
+    def add(self, t: torch.Tensor) -> None:
+        self._known.setdefault(t.untyped_storage().data_ptr(), self._count)
+        self._count += 1
+        self.live_bytes = self._allocated()
+
+    def mark(self) -> int:
+        return self._count
+
+    def counted_since(self, t: torch.Tensor, mark: int) -> bool:
+        """A storage not among the ones registered before `mark` (pointers of freed storages may be
+        reused: only ones still alive are registered here, the tensors passed in)."""
+        return self._known.get(t.untyped_storage().data_ptr(), mark) >= mark
+
+    def reset_peak(self) -> None:
+        torch.accelerator.reset_peak_memory_stats(accelerator.index(self.device))
+        self.peak_bytes = self.live_bytes = self._allocated()
+
+
+def memory_meter(preexisting: Iterable[torch.Tensor], *, fake: bool,
+                 device: torch.device | str = "cpu") -> StorageTracker | AllocatorMeter:
+    """What measures a short run's memory: a `StorageTracker` over fake tensors or on CPU, the
+    allocator's statistics on an accelerator.  Both count `preexisting` from the start."""
+    if not fake and accelerator.is_accelerator(device):
+        return AllocatorMeter(preexisting, device)
+    return StorageTracker(preexisting, fake=fake)
 
 
 def tensors_of(*objs: Any) -> list[torch.Tensor]:

@@ -1238,7 +1238,15 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     """
     if mode not in ("train", "inference"):
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
-    args = tuple(args)
+    # Fake tensors' dispatch cache (process-wide) rebuilds a cached op's output with the smallest storage
+    # its strides need, not the storage the kernel allocates: bytes would depend on what was traced
+    # before (an in-place view's gradient read 768 bytes in the first capture, 648 in the next)
+    with torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
+        return _capture(model, tuple(args), kwargs, mode, loss_fn)
+
+
+def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
+             loss_fn: LossFn | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
     specialised: list[str] = []
     gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised)

@@ -39,7 +39,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from solvers import DataKind, Graph, GraphBuilder, Phase
+from solvers import DataKind, Graph, GraphBuilder, Phase, with_order_chain
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -1368,7 +1368,33 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
     captured.grad_fx = {(k[0], param_names.get(k[1], k[1]) if k[0] == "grad" else k[1]): a.name
                         for a, k in zip(out_args, out_kinds, strict=True)
                         if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
-    return _finish(bld, out_args, out_kinds, type(model).__name__, mode), captured
+    graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode)
+    return _in_random_order(graph, captured), captured
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    """Whether the FX node draws from the RNG (dropout, bernoulli, rand...): ATen tags every seeded
+    nondeterministic operator; memviz's own CPU dropout kernel is one too."""
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in t.tags or t._schema.name == "memviz::cpu_dropout"
+    return False
+
+
+def _in_random_order(graph: Graph, cap: Captured) -> Graph:
+    """`graph` with its random operators' first executions chained in capture (eager) order.
+
+    The generator is one stream: the order in which operators first draw from it decides every mask.
+    The exported module saves each random operator's RNG state at its first execution (and replays it
+    when recomputing), so a schedule that ran the decoder's embedding dropout before the encoder's
+    dropouts (rotor, rockmate and sqrt did on BART) drew other masks than eager mode and silently
+    trained on other gradients.  The 0-byte order tokens (`solvers.with_order_chain`) make the order a
+    data dependency that every solver and `simulate` already enforce."""
+    nodes = cap.nodes
+    random = [c for c, fx in enumerate(cap.compute_fx) if fx is not None and is_random(nodes[fx])]
+    chained = with_order_chain(graph, random)
+    cap.data_fx.extend([None] * (len(chained.datas) - len(cap.data_fx)))  # tokens hold no tensor
+    return chained
 
 
 def _constant_node(bld: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) -> None:

@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz import accelerator
-from memviz.capture import Captured, Runner, capture, fingerprint, replay_view
+from memviz.capture import Captured, Runner, capture, fingerprint, is_random, replay_view
 from solvers import Graph, simulate
 from solvers.schedule import Schedule, Step
 
@@ -58,13 +58,6 @@ class BudgetExceededError(ValueError):
         self.measured_bytes = measured
         self.planned_bytes = planned
         self.budget_bytes = budget
-
-
-def _is_random(node: torch.fx.Node) -> bool:
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return torch.Tag.nondeterministic_seeded in t.tags or t._schema.name == "memviz::cpu_dropout"
-    return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +97,7 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
                         if s.op == "compute" and s.node == captured.loss_backward_compute)
     nodes = captured.nodes
     random = frozenset(c for c, fx in enumerate(captured.compute_fx)
-                       if fx is not None and _is_random(nodes[fx]))
+                       if fx is not None and is_random(nodes[fx]))
     params = tuple(dict.fromkeys(captured.param_names.values()))
     updates: dict[int, list[tuple[str, str]]] = {}
     outs = pytree.tree_leaves(captured.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)

@@ -9,7 +9,7 @@ merged into the data node of the storage they alias, so a tensor and its views l
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -300,3 +300,46 @@ class GraphBuilder:
             name=self.name,
             meta=meta,
         )
+
+
+def with_order_chain(graph: Graph, ordered: Sequence[int], label: str = "rng order") -> Graph:
+    """`graph` with the first executions of `ordered` (ascending compute ids) forced into that order.
+
+    Between each pair of consecutive nodes a 0-byte *token* data node is added: an output of the
+    earlier node, an input of the later one and a required graph output.  Every schedule `simulate`
+    accepts reads each input while it is alive, and a token is alive only after its single producer
+    ran, so the earlier node's first execution comes first: every solver that returns a valid schedule
+    respects the order, with no solver knowing about it.  Being required outputs of 0 bytes, tokens
+    are never worth freeing, so recomputing a later node never forces recomputing an earlier one
+    (Rockmate's chain counts forward-produced required outputs as resident, checkmate keeps them
+    once produced, OLLA charges them nothing).
+
+    memviz uses it for random operators: the CPU generator (like each accelerator's) is one stream,
+    so the order in which operators first draw from it decides every random mask; the exported module
+    saves each operator's RNG state at its first execution and replays it for recomputations, which is
+    only eager's mask if the first executions run in eager (capture) order.
+
+    Token data nodes are appended after the existing ones, so every other id is unchanged."""
+    ids = list(ordered)
+    for c in ids:
+        if not 0 <= c < len(graph.computes):
+            raise GraphError(f"order chain names unknown compute id {c}")
+    pairs = list(zip(ids, ids[1:], strict=False))
+    if any(b <= a for a, b in pairs):
+        raise GraphError(f"order chain must list compute ids in ascending (capture) order, got {ids}")
+    if not pairs:
+        return graph
+    n = len(graph.datas)
+    extra_in: dict[int, tuple[int, ...]] = {}
+    extra_out: dict[int, tuple[int, ...]] = {}
+    tokens = []
+    for k, (a, b) in enumerate(pairs):
+        name = f"{label}: {graph.computes[a].name} -> {graph.computes[b].name}"
+        tokens.append(DataNode(id=n + k, name=name, bytes=0, kind=DataKind.ACTIVATION, producer=a))
+        extra_out[a] = (n + k,)
+        extra_in[b] = (n + k,)
+    computes = tuple(replace(c, inputs=c.inputs + extra_in.get(c.id, ()),
+                             outputs=c.outputs + extra_out.get(c.id, ()))
+                     for c in graph.computes)
+    return Graph(computes, (*graph.datas, *tokens), (*graph.outputs, *(t.id for t in tokens)),
+                 name=graph.name, meta=dict(graph.meta))

@@ -73,9 +73,11 @@ def test_multi_output_ops_and_dropout_noise():
     ln = next(c for c in graph.computes if c.op == "aten.native_layer_norm.default")
     assert len(ln.outputs) == 3  # output, mean, rstd
     drop = next(c for c in graph.computes if c.op == "memviz.cpu_dropout.default")
-    out, noise = (graph.datas[d] for d in drop.outputs)
+    out, noise, token = (graph.datas[d] for d in drop.outputs)
     assert noise.bytes == out.bytes  # eager CPU dropout keeps a float noise tensor, not a bool mask
     assert noise.kind is DataKind.SAVED
+    # the 0-byte token ordering the next random op after it (tests/test_rng_order.py)
+    assert token.bytes == 0 and token.name.startswith("rng order: ") and token.id in graph.outputs
 
 
 def test_batchnorm_buffers_are_updated_outputs():

@@ -76,8 +76,10 @@ def remat_schedule(graph: Graph, boundary: int, every: int) -> tuple[Schedule, l
 def _recompute_chain(graph: Graph, c: int, alive: set[int], depth: int) -> list[int] | None:
     """Compute nodes to run (in order) so that `c` can run with `alive`; None if too deep."""
     node = graph.computes[c]
-    # would duplicate a live tensor (new BatchNorm statistics excepted: a few bytes, copied back once)
-    if any(o in alive and graph.datas[o].kind is not DataKind.BUFFER for o in node.outputs):
+    # would duplicate a live tensor (new BatchNorm statistics excepted: a few bytes, copied back once;
+    # a random op's 0-byte order token holds nothing)
+    if any(o in alive and graph.datas[o].kind is not DataKind.BUFFER and graph.datas[o].bytes
+           for o in node.outputs):
         return None
     chain: list[int] = []
     have = set(alive)

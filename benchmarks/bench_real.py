@@ -41,6 +41,10 @@ MiB = 2**20
 LOSSES = ("own", "ce", "ce_smooth", "mse")  # the rotation of tests/test_real_models.py
 
 
+#: tokens of the long-sequence inference the chunking columns measure
+CHUNK_LENGTH = 1024
+
+
 def loss_of(case: RealCase, index: int) -> str:
     return next(LOSSES[(index + k) % len(LOSSES)] for k in range(len(LOSSES))
                 if LOSSES[(index + k) % len(LOSSES)] in case.losses)
@@ -87,14 +91,14 @@ def time_ratio(exported: torch.nn.Module, eager: torch.nn.Module, loss_fn: Any, 
 
 
 def chunk_columns(name: str, quick: bool) -> dict[str, Any]:
-    """Autochunk cut and max-length gain, from `memviz.chunking.max_length_gain` when the chunking
-    work provides it and the model is a language model; "-" otherwise."""
+    """Autochunk on the language models' long-sequence inference: at `CHUNK_LENGTH` tokens, a plan at half
+    the unchunked activation peak (`plan_chunks`, its measured check included): the measured activation
+    cut against eager's, the estimate against the measurement, and the max-length gain at eager's
+    activation peak for `CHUNK_LENGTH` tokens (`max_length_gain`, every length run)."""
     from memviz import chunking
 
-    gain_fn = getattr(chunking, "max_length_gain", None)
-    if gain_fn is None or name not in LANGUAGE_MODELS or quick:
-        return {"chunk_cut": None, "length_gain": None,
-                "chunk_note": "no chunking.max_length_gain" if gain_fn is None else "not measured"}
+    if name not in LANGUAGE_MODELS or quick:
+        return {"chunk_cut": None, "chunk_error": None, "length_gain": None, "chunk_note": "not measured"}
     case = REAL[name]()
     vocab = int(case.model.config.vocab_size)
 
@@ -103,11 +107,16 @@ def chunk_columns(name: str, quick: bool) -> dict[str, Any]:
         return case.model.eval(), (), {"input_ids": torch.randint(0, vocab, (1, n), generator=g)}
 
     try:
-        g = gain_fn(factory, 256, max_length=2048)
+        model, _, kwargs = factory(CHUNK_LENGTH)
+        eager = chunking._measured_activation_bytes(model, (), kwargs)
+        plan = chunking.plan_chunks(model, (), 0.5, kwargs=kwargs, time_limit=60.0)
+        measured = plan.measured_peak_bytes or plan.measured_baseline_bytes
+        gain = chunking.max_length_gain(factory, CHUNK_LENGTH, max_length=4 * CHUNK_LENGTH, step=128)
     except Exception as exc:  # noqa: BLE001 - reported in the table, the other models still run
-        return {"chunk_cut": None, "length_gain": None, "chunk_note": f"error: {type(exc).__name__}"}
-    cut = min((peak / g.budget_bytes for _, peak, _ in g.probes), default=None)
-    return {"chunk_cut": cut, "length_gain": g.gain, "chunk_note": ""}
+        return {"chunk_cut": None, "chunk_error": None, "length_gain": None,
+                "chunk_note": f"error: {type(exc).__name__}: {exc}"[:120]}
+    return {"chunk_cut": 1 - measured / eager, "chunk_error": (plan.peak_bytes - measured) / measured,
+            "length_gain": gain.gain, "length_capped": gain.capped, "chunk_note": ""}
 
 
 def bench_model(name: str, index: int, pairs: int, quick: bool) -> dict[str, Any]:
@@ -157,15 +166,21 @@ def markdown(result: dict) -> str:
            "eager AdamW step measured by the live-storage tracker. At 50% of [auto's minimum, eager peak]: "
            "the auto plan's peak, the budget and `memviz.export(plan, verify=True)`'s measured peak "
            "(re-planned when marked *); time overhead: predicted by the plan, measured as the median "
-           "exported/eager step-time ratio (same process, back-to-back pairs). Autochunk columns: "
-           "`memviz.chunking.max_length_gain` on the language models; `-` where the function or a "
-           "capturing language model is absent.", "",
+           "exported/eager step-time ratio (same process, back-to-back pairs). Autochunk (language models, "
+           f"inference at {CHUNK_LENGTH} tokens, eval mode): `plan_chunks` at half the unchunked activation "
+           "peak, the measured activation cut against eager's, the estimate against the measurement, and "
+           f"`max_length_gain`: the longest input fitting eager's activation peak at {CHUNK_LENGTH} tokens "
+           "(every length run; + where the search stopped at its cap).", "",
            "| model | loss | capture | eager predicted MiB | eager measured MiB | error | budget MiB | "
            "strategy | plan MiB | verified MiB | predicted overhead | measured overhead | autochunk cut | "
-           "length gain |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "chunk estimate vs measured | length gain |", "|---" * 15 + "|"]
     for r in result["rows"]:
-        cut, gain = r.get("chunk_cut"), r.get("length_gain")
-        chunk = f"| {'-' if cut is None else f'{cut:.2f}'} | {'-' if gain is None else f'{gain:.1f}x'} |"
+        cut, gain, cerr = r.get("chunk_cut"), r.get("length_gain"), r.get("chunk_error")
+        note = r.get("chunk_note", "")
+        chunk = (f"| {'-' if cut is None else f'{100 * cut:.0f}%'} | "
+                 f"{'-' if cerr is None else f'{100 * cerr:+.1f}%'} | "
+                 f"{'-' if gain is None else f'{gain:.1f}x' + ('+' if r.get('length_capped') else '')}"
+                 f"{' (' + note.replace('|', '/') + ')' if note.startswith('error') else ''} |")
         if r["capture"] != "ok":
             out.append(f"| {r['model']} | {r['loss']} | error: {r['error'].replace('|', '/')} |"
                        + " |" * 9 + chunk[1:])

@@ -98,7 +98,7 @@ def _causal_lm(config: Any, attn: str = "sdpa", seq: int = 16, long_seq: int = 1
 
 
 def gpt2(attn: str = "sdpa") -> RealCase:
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=1024, n_embd=32, n_layer=2, n_head=2,
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=4096, n_embd=32, n_layer=2, n_head=2,
                                   resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
     return _causal_lm(cfg, attn)
 

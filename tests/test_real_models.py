@@ -40,22 +40,9 @@ EAGER_TOLERANCE = 0.02
 PLAN_TOLERANCE = 0.01
 TIME_LIMIT = 5.0
 
-CAPTURING = ("bert", "roberta", "distilbert", "hf_vit", "clip", "tv_resnet", "tv_mobilenet_v3",
-             "tv_efficientnet", "tv_vit", "tv_convnext", "timm_vit", "timm_convnext", "timm_resnet")
-#: models whose capture fails today (the capture helper's work); the lead removes a mark when it passes
-_CONSTANT = "capture: CaptureError unsupported constant '_tensor_constant0' in the captured graph"
-NOT_YET = {
-    "gpt2_eager": _CONSTANT,
-    "gpt2_sdpa": _CONSTANT,
-    "llama": _CONSTANT,
-    "mistral": _CONSTANT,
-    "qwen2": _CONSTANT,
-    "t5": _CONSTANT,
-    "bart": _CONSTANT,
-    "whisper": _CONSTANT,
-    "tv_swin": _CONSTANT,
-    "wav2vec2": "capture: GuardOnDataDependentSymNode, data-dependent Eq(u0, 1)",
-}
+CAPTURING = tuple(REAL)
+#: models memviz cannot capture (none today); a strict xfail with the reason when one is added
+NOT_YET: dict[str, str] = {}
 assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
 _VIEW_GRAD = ("export: _LeavesBackward returns a [1, C, 1, 1] gradient for a [C] parameter (LayerNorm2d's "
               "weight viewed) when the plan recomputes")

@@ -159,7 +159,8 @@ class Graph:
         updates parameters and state in place -- so it must run: a schedule without it would plan a step
         whose optimizer memory nobody counted while the user's optimizer still runs."""
         need: set[int] = set()
-        stack = [self.datas[d].producer for d in self.outputs] + [c.id for c in self.computes if not c.outputs]
+        stack = [self.datas[d].producer for d in self.outputs]
+        stack += [c.id for c in self.computes if not c.outputs]
         while stack:
             c = stack.pop()
             if c is None or c in need:

@@ -41,7 +41,7 @@ from torch import nn
 
 from memviz import accelerator
 from memviz.capture import Captured, Runner, capture, fingerprint, is_random, replay_view
-from solvers import Graph, simulate
+from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step
 
 
@@ -91,6 +91,11 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
             raise StalePlanError(f"compute node {c.id} is {c.name!r} in the plan but {fx!r} in the capture: "
                                  "the plan's graph was transformed or captured from another model")
     steps = tuple(schedule)
+    early = _update_before_backward_ends(graph, steps)
+    if early is not None:
+        raise ValueError(f"the plan runs the optimizer update {early!r} before the backward ends: the "
+                         "exported module leaves the update to your optimizer, after backward(), so its "
+                         "peak would not be the plan's; plan it again (memviz.plan keeps the updates last)")
     boundary = len(steps)
     if captured.loss_backward_compute is not None:
         boundary = next(i for i, s in enumerate(steps)
@@ -109,6 +114,16 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
     return Program(captured, graph, steps[:boundary], backward, random, params, fp, captured.mode,
                    {c: tuple(u) for c, u in updates.items()}, _release_point(backward, captured),
                    _grad_tangents(captured))
+
+
+def _update_before_backward_ends(graph: Graph, steps: Sequence[Step]) -> str | None:
+    """The first optimizer compute a schedule runs before some forward/backward compute, or None.  The
+    plan's memory during an update is the live set where the schedule puts it; the user's optimizer
+    runs once the backward has returned, beside everything the step keeps to its end."""
+    optimizer = [s.op == "compute" and graph.computes[s.node].phase is Phase.OPTIMIZER for s in steps]
+    last_step = max((i for i, s in enumerate(steps) if s.op == "compute" and not optimizer[i]), default=-1)
+    early = next((s for s, opt in zip(steps[:last_step], optimizer, strict=False) if opt), None)
+    return None if early is None else graph.computes[early.node].name
 
 
 def _release_point(backward: Sequence[Step], cap: Captured) -> int:

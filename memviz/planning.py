@@ -244,9 +244,11 @@ def _eager(graph: Graph, budget: int, time_limit: float) -> SolveResult:
 
 
 def _reorder(graph: Graph, budget: int, time_limit: float) -> SolveResult:
-    from solvers.olla import reorder
+    from solvers.olla import executor_tail, reorder
 
-    result = reorder(graph, time_limit=time_limit)
+    # the exported module leaves the update to the user's optimizer, after the backward returns: an
+    # order interleaving updates with the backward would plan a peak no exported step reaches
+    result = reorder(graph, time_limit=time_limit, last=executor_tail(graph))
     peak = simulate(graph, result.schedule).peak_bytes
     if peak > budget:
         raise InfeasibleBudget(budget, peak, "olla", proven=result.stats.status == "optimal")

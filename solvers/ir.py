@@ -154,9 +154,13 @@ class Graph:
 
     @cached_property
     def required_computes(self) -> frozenset[int]:
-        """Compute nodes that some required output depends on (all of them, for captured graphs)."""
+        """Compute nodes that some required output depends on, and those producing nothing (all of them,
+        for captured graphs).  A compute without outputs is there for its effect alone -- the optimizer
+        updates parameters and state in place -- so it must run: a schedule without it would plan a step
+        whose optimizer memory nobody counted while the user's optimizer still runs."""
         need: set[int] = set()
         stack = [self.datas[d].producer for d in self.outputs]
+        stack += [c.id for c in self.computes if not c.outputs]
         while stack:
             c = stack.pop()
             if c is None or c in need:

@@ -44,24 +44,13 @@ CAPTURING = tuple(REAL)
 #: models memviz cannot capture (none today); a strict xfail with the reason when one is added
 NOT_YET: dict[str, str] = {}
 assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
-_VIEW_GRAD = ("export: _LeavesBackward returns a [1, C, 1, 1] gradient for a [C] parameter (LayerNorm2d's "
-              "weight viewed) when the plan recomputes")
-#: (model, strategy, point) cases that capture but break the contract today, with what fails (checkmate's
-#: schedules measure over their plan on four models: export and simulate disagree on something it does)
+#: (model, strategy, point) cases that capture but break the contract today, with what fails
 KNOWN = {
     ("bert", "checkmate", 0.75): "(a) the eager step with the label-smoothing loss measures 5% over "
                                  "the prediction (the loss's memory is not in the graph yet); (c) 1.8% "
                                  "over the plan",
-    ("tv_mobilenet_v3", "checkmate", 0.25): "(c) the exported step measures 8% over the plan and the budget",
-    ("timm_resnet", "checkmate", 0.75): "(c) the exported step measures 23% over the plan and 5% over "
-                                        "the budget",
-    ("timm_convnext", "auto", 0.0): _VIEW_GRAD,
     # slow tier
     ("bert", "sqrt", 0.0): "(a) the eager step with the label-smoothing loss measures 5% over the prediction",
-    ("hf_vit", "checkmate", 0.25): "(c) the exported step measures 7% over the plan and the budget",
-    ("timm_convnext", "rockmate", 0.25): _VIEW_GRAD,
-    ("tv_vit", "checkmate", 0.25): "(c) the exported step measures 3.7% over the plan and the budget",
-    ("tv_vit", "checkmate", 0.0): "(c) the exported step measures 10% over the plan and the budget",
 }
 
 

@@ -207,3 +207,21 @@ def test_steps_from_json_rejects_garbage():
     for bad in ([["run", 1]], [["compute", "1"]], [["free", True]], [[1]]):
         with pytest.raises(ValueError):
             steps_from_json(bad)
+
+
+def test_a_compute_without_outputs_must_run():
+    """An optimizer update writes its parameter and state in place: it produces no data node, yet a
+    schedule that skips it plans a step whose update memory nobody counted (checkmate did)."""
+    b = GraphBuilder()
+    w = b.data("w", 100, "parameter")
+    x = b.data("x", 4, "input")
+    gw = b.data("w.grad", 100, "parameter_gradient")
+    b.compute("grad", [w, x], [gw], time=1.0, phase=Phase.BACKWARD)
+    b.compute("AdamW.step[w]", [w, gw], [], time=1.0, temp_bytes=300, phase=Phase.OPTIMIZER)
+    b.outputs = [gw]
+    g = b.build()
+    assert g.required_computes == {0, 1}
+    skipped = simulate(g, [compute(0)])
+    assert any("never run: AdamW.step[w]" in str(i) for i in skipped.issues)
+    tl = simulate(g, eager_schedule(g))
+    assert tl.valid and tl.peak_bytes == 100 + 4 + 100 + 300

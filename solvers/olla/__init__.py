@@ -5,9 +5,9 @@ addresses without fragmentation; `pack_schedule(graph, schedule)` packs any plan
 """
 
 from solvers.olla.pack import Packing, PackingError, max_live, pack, pack_schedule, validate_packing
-from solvers.olla.reorder import free_updated_gradients, lower_bound, order_peak, reorder
+from solvers.olla.reorder import executor_tail, free_updated_gradients, lower_bound, order_peak, reorder
 
 __all__ = [
-    "Packing", "PackingError", "free_updated_gradients", "lower_bound", "max_live", "order_peak", "pack",
-    "pack_schedule", "reorder", "validate_packing",
+    "Packing", "PackingError", "executor_tail", "free_updated_gradients", "lower_bound", "max_live",
+    "order_peak", "pack", "pack_schedule", "reorder", "validate_packing",
 ]

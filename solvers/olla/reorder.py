@@ -40,6 +40,7 @@ later call on the same graph, so a time-limited search never answers worse than 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -442,8 +443,31 @@ CACHED_GRAPHS = 8
 _BEST_ORDER: RecentMemo[Graph, list[int]] = RecentMemo(CACHED_GRAPHS)
 
 
+def executor_tail(graph: Graph) -> tuple[int, ...]:
+    """The weight updates, in capture order: what an executor that leaves the optimizer step to the
+    user's optimizer (`memviz.export`) runs after every other compute, whatever order a plan names.
+    Pass it as ``reorder(..., last=...)``; without it the updates may interleave with the backward
+    (OLLA Sec. 4.3), a peak only an optimizer fused into the backward reaches."""
+    return tuple(c.id for c in graph.computes if c.phase is Phase.OPTIMIZER)
+
+
+def _head(graph: Graph, last: Sequence[int]) -> Graph:
+    """`graph` without the computes `last`, which must be its final compute ids and produce nothing
+    (the optimizer nodes `add_optimizer` appends).  What they read stays a required output of the head,
+    so every lifetime in the head ends where it ends when `last` runs after it: the head's peak under any
+    order is the full schedule's peak before the tail, and the tail's own steps see the same live set
+    whatever the head's order."""
+    n = len(graph.computes) - len(last)
+    if sorted(last) != list(range(n, len(graph.computes))) or any(graph.computes[c].outputs for c in last):
+        raise ValueError("reorder: `last` must be the graph's final compute nodes, producing nothing")
+    read = {d for c in last for d in graph.computes[c].inputs if graph.datas[d].producer is not None}
+    outputs = tuple(dict.fromkeys([*graph.outputs, *sorted(read)]))
+    return Graph(graph.computes[:n], graph.datas, outputs, name=graph.name, meta=graph.meta)
+
+
 def reorder(
-    graph: Graph, *, time_limit: float = 10.0, workers: int = 4, relative_gap: float = 1e-4
+    graph: Graph, *, time_limit: float = 10.0, workers: int = 4, relative_gap: float = 1e-4,
+    last: Sequence[int] = (),
 ) -> SolveResult:
     """A peak-minimising topological order, returned as its eager schedule (OLLA Sec. 3.1, exact).
 
@@ -455,7 +479,12 @@ def reorder(
     `relative_gap`: the search stops once the peak is within this fraction of a proven bound (1e-4 is
     Gurobi's default MIPGap, the solver and setting of OLLA Sec. 5.1; 0 asks for proven optimality);
     the status stays "feasible" unless the gap is exactly 0.
+    `last`: computes that run after all the others, in this order (`executor_tail`: the optimizer
+    updates an executor leaves to the user's optimizer); the rest is reordered.
     """
+    if last:
+        return _reorder_before(graph, tuple(last), time_limit=time_limit, workers=workers,
+                               relative_gap=relative_gap)
     started = time.perf_counter()
     n = len(graph.computes)
     lt = _lifetimes(graph)
@@ -511,4 +540,22 @@ def reorder(
             "candidate_peaks": dict(peaks),
         },
     )
+    return SolveResult(schedule, stats)
+
+
+def _reorder_before(graph: Graph, last: tuple[int, ...], *, time_limit: float, workers: int,
+                    relative_gap: float) -> SolveResult:
+    """`reorder` of everything but `last`, then `last` in its order: the tail's peak does not depend on
+    the head's order (`_head`), so the best head order is the best order with that tail."""
+    head = reorder(_head(graph, last), time_limit=time_limit, workers=workers, relative_gap=relative_gap)
+    order = [s.node for s in head.schedule if s.op == "compute"] + list(last)
+    schedule = eager_schedule(graph, order)
+    peak = simulate(graph, schedule).check().peak_bytes
+    st = head.stats
+    # the tail's steps see the same live set under every head order: a peak they set is optimal
+    bound = float(peak) if peak > (st.objective or 0.0) else min(st.bound or 0.0, float(peak))
+    gap = (peak - bound) / peak if peak else 0.0
+    stats = dataclasses.replace(st, objective=float(peak), bound=bound, gap=gap,
+                                status="optimal" if peak == bound else "feasible",
+                                extra={**st.extra, "last": len(last)})
     return SolveResult(schedule, stats)

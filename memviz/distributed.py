@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
 from memviz.profile import Profile, _check_measured
-from memviz.tracker import StorageTracker
+from memviz.tracker import StorageTracker, tensors_of
 from solvers import DataKind, Graph, GraphBuilder, Phase, simulate
 from solvers.schedule import Schedule, Step
 
@@ -118,21 +118,8 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def local_tensors(*objs: Any) -> list[torch.Tensor]:
-    """Every local storage-holding tensor in modules (parameters, .grad, buffers), optimizers (state)
-    and pytrees, DTensors replaced by their local shards."""
-    found: list[torch.Tensor] = []
-    for obj in objs:
-        if isinstance(obj, nn.Module):
-            for p in obj.parameters():
-                found.append(p)
-                if p.grad is not None:
-                    found.append(p.grad)
-            found.extend(obj.buffers())
-        elif isinstance(obj, torch.optim.Optimizer):
-            found.extend(v for s in obj.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-        else:
-            found.extend(x for x in pytree.tree_leaves(obj) if isinstance(x, torch.Tensor))
-    return [local(t) for t in found]
+    """`memviz.tracker.tensors_of` with DTensors replaced by their local shards."""
+    return [local(t) for t in tensors_of(*objs)]
 
 
 # --- storage resizes (FSDP2's unsharded parameters) --------------------------------------------------------

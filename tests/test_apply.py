@@ -129,11 +129,7 @@ def test_sac_schedule_without_regions_is_the_eager_baseline() -> None:
     assert timeline.total_time == pytest.approx(prof.baseline.total_time)
 
 
-@pytest.mark.parametrize("name", [
-    # known: measured 1.2-1.3% above a plan at its minimum budget (the same unmodelled lifetime as ViT's)
-    pytest.param("hf_vit", marks=pytest.mark.xfail(strict=True, reason="1.3% under-prediction, over budget")),
-    pytest.param("bert", marks=pytest.mark.xfail(strict=True, reason="1.2% under-prediction, over budget")),
-])
+@pytest.mark.parametrize("name", ["hf_vit", "bert"])
 def test_real_models(name: str) -> None:
     from tests.real_models import REAL
 

@@ -59,9 +59,11 @@ def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, cas
           seed: int, inputs: Any = None) -> None:
     args, kwargs = _fresh((case.args, case.kwargs)) if inputs is None else inputs
     torch.manual_seed(seed)
-    loss_fn(module(*args, **kwargs)).backward()
+    out = module(*args, **kwargs)  # held through the update, as a training loop holds its outputs
+    loss_fn(out).backward()
     opt.step()
     opt.zero_grad()
+    del out
 
 
 def eager_peak(model: torch.nn.Module, loss_fn: Any, case: RealCase) -> int:

@@ -397,7 +397,7 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
     )
     if timeline.recomputes:
         # Neuron's compiler can fold recomputation away unless compiled with -O1: say so on Neuron targets.
-        warn_neuron_checkpointing(the_plan.device["name"], stacklevel=3)
+        warn_neuron_checkpointing(the_plan.device["name"], stacklevel=4)  # user -> plan -> _plan
     if packing:
         the_plan.packing = packing_of(graph, result.schedule, time_limit=min(10.0, time_limit))
     if frontier and is_training(graph):

@@ -45,13 +45,7 @@ CAPTURING = tuple(REAL)
 NOT_YET: dict[str, str] = {}
 assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
 #: (model, strategy, point) cases that capture but break the contract today, with what fails
-KNOWN = {
-    ("bert", "checkmate", 0.75): "(a) the eager step with the label-smoothing loss measures 5% over "
-                                 "the prediction (the loss's memory is not in the graph yet); (c) 1.8% "
-                                 "over the plan",
-    # slow tier
-    ("bert", "sqrt", 0.0): "(a) the eager step with the label-smoothing loss measures 5% over the prediction",
-}
+KNOWN: dict[tuple[str, str, float], str] = {}
 
 
 def loss_name(case: RealCase, index: int) -> str:

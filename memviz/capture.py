@@ -675,6 +675,16 @@ def specialising_on_example_values(record: list[str]) -> Iterator[None]:
     from torch._subclasses import fake_impls
 
     saved = ShapeEnv._log_real_tensor_propagation
+    saved_set = ShapeEnv.set_real_tensor_prop_unbacked_vals
+
+    def set_value(shape_env: ShapeEnv, k: Any, v: Any) -> None:
+        # a read of a boolean tensor is a Python bool, which sympy makes `true`, not 1: torch then
+        # evaluated the branch's Eq(u0, 1) as False whatever the value (every such branch went one way)
+        if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
+            v = int(v)
+        saved_set(shape_env, k, v)
+
+    ShapeEnv.set_real_tensor_prop_unbacked_vals = set_value  # type: ignore[method-assign]
     checks = list(fake_impls.op_implementations_checks)
     kernels = dict(fake_impls.op_implementations_dict)
     ShapeEnv._log_real_tensor_propagation = note  # type: ignore[method-assign, assignment]
@@ -685,6 +695,7 @@ def specialising_on_example_values(record: list[str]) -> Iterator[None]:
             yield
     finally:
         ShapeEnv._log_real_tensor_propagation = saved  # type: ignore[method-assign]
+        ShapeEnv.set_real_tensor_prop_unbacked_vals = saved_set  # type: ignore[method-assign]
         fake_impls.op_implementations_checks[:] = checks
         fake_impls.op_implementations_dict.clear()
         fake_impls.op_implementations_dict.update(kernels)
@@ -734,7 +745,36 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     # the real values are computed alongside (dropout, LayerDrop draw): the user's RNG must not move
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), eager_attention_masks():
         return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
-                            specialising_on_example_values(specialised))
+                            specialising_on_example_values(specialised), specialised)
+
+
+def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
+                               kwargs: dict[str, Any] | None, specialised: list[str]) -> None:
+    """A graph specialised on the example's values must compute what eager computes on that example:
+    run both forwards once (same RNG, no_grad) and refuse on any difference.  torch's real tensor
+    propagation, which decides the branches, was seen deciding a branch on a boolean tensor the other
+    way from eager (``Eq(u0, 1)`` with a real ``True``): a silently wrong graph is never returned."""
+    from memviz import accelerator
+
+    leaves = [t for t in (*pytree.tree_leaves((args, kwargs)), *model.parameters(), *model.buffers())
+              if isinstance(t, torch.Tensor)]
+    outs = []
+    for fn in (model, gm):
+        with accelerator.fork_rng(accelerator.devices_of(leaves)), torch.no_grad():
+            outs.append([x for x in pytree.tree_leaves(fn(*args, **(kwargs or {})))
+                         if isinstance(x, torch.Tensor)])
+    same = len(outs[0]) == len(outs[1]) and all(
+        a.shape == b.shape and a.dtype == b.dtype
+        and torch.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True) for a, b in zip(*outs, strict=True))
+    if not same:
+        where = specialised[0].split(" ", 1)[0] if specialised else ""
+        file, _, line = where.rpartition(":")
+        module = _module_defined_at(model, file, int(line)) if line.isdigit() else ""
+        raise CaptureError(
+            f"could not trace {type(model).__name__}: its Python branches on tensor values could not be "
+            f"fixed the way eager takes them on this example ({'; '.join(specialised)}); memviz cannot "
+            "plan this model as written: make the branch independent of tensor values (a flag, torch.where)",
+            module, where)
 
 
 def _symbolic_scalar(node: torch.fx.Node) -> bool:
@@ -791,7 +831,8 @@ def _quiet_data_dependent_logs() -> Iterator[None]:
 
 
 def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
-                 loss_fn: LossFn | None, functions: Any, specialising: Any
+                 loss_fn: LossFn | None, functions: Any, specialising: Any,
+                 specialised: list[str] | None = None
                  ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
     """`trace_joint`'s two traces (export, then AOT joint) inside `specialising` (a context)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
@@ -804,6 +845,8 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             raise _describe_trace_error(err, model) from err
         gm_ep = ep.module()
         drop_value_checks(gm_ep)
+        if specialised is not None:
+            check_specialised_as_eager(model, gm_ep, args, kwargs, specialised)
         use_eager_kernels(gm_ep, args, model)
         if mode == "train":
             detach_outputs(gm_ep, unused_outputs(gm_ep, ep.call_spec.out_spec, loss_fn))

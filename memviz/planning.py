@@ -342,7 +342,7 @@ def plan(
         return _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
     except InfeasibleBudget as exc:
         # the refusal in the user's units too: a "50%" budget's minimum as a share of the eager peak
-        raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from None
+        raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from exc.__cause__
 
 
 def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit: float, *, frontier: bool,

@@ -196,3 +196,5 @@ def test_untraceable_model_falls_back_to_hooks():
     assert names == ["pre.forward", "gate.lin.forward", "gate.lin.backward", "pre.backward"]
     assert prof.baseline.valid and prof.baseline.peak_bytes > prof.graph.persistent_bytes()
     assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="cannot be exported"):
+        memviz.export(memviz.plan(prof, None, strategy="none", frontier=False))

@@ -40,9 +40,10 @@ EAGER_TOLERANCE = 0.02
 PLAN_TOLERANCE = 0.01
 TIME_LIMIT = 5.0
 
-CAPTURING = tuple(REAL)
-#: models memviz cannot capture (none today); a strict xfail with the reason when one is added
-NOT_YET: dict[str, str] = {}
+#: models memviz cannot capture: strict xfails with the reason, red as soon as capture succeeds
+NOT_YET = {"wav2vec2": "capture refuses: torch's real tensor propagation decides LayerDrop's branch unlike "
+                       "eager on the example (test_real_capture)"}
+CAPTURING = tuple(n for n in REAL if n not in NOT_YET)
 assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
 #: (model, strategy, point) cases that capture but break the contract today, with what fails
 KNOWN: dict[tuple[str, str, float], str] = {}

@@ -623,79 +623,113 @@ def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
         yield
 
 
-def _real_shapes(kernel: Callable[..., Any], record: list[str]) -> Callable[..., Any]:
+def _eager_shapes(kernel: Callable[..., Any], eager: EagerReads, record: list[str]) -> Callable[..., Any]:
     """`kernel` (a fake tensor kernel) that, for an operator whose output shape depends on values
-    (``_ctc_loss.Tensor``: the longest target; ``masked_select``; ``nonzero``) where the trace cannot make
-    that shape symbolic, runs the real operator on its inputs' real values (real tensor propagation) and
-    takes the output shapes the example input gives."""
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        FakeTensor,
-        unset_fake_temporarily,
-    )
+    (``_ctc_loss.Tensor``: the longest target; ``masked_select``; ``nonzero``), takes the output shapes
+    eager's call of that operator had on the example (`EagerReads`, per operator in call order)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    calls: dict[Any, int] = {}
 
     def impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         try:
             return kernel(fake_mode, func, *args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
-            fakes = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, FakeTensor)]
-            if any(getattr(a, "real_tensor", None) is None for a in fakes):
+            # eager may run another overload (``_ctc_loss`` with lists where the trace has ``.Tensor``)
+            queue = eager.outputs.get(func.overloadpacket)
+            if not queue:
                 raise
-        real_args, real_kwargs = pytree.tree_map_only(FakeTensor, lambda a: a.real_tensor, (args, kwargs))
-        with unset_fake_temporarily():
-            real = func(*real_args, **real_kwargs)
+        # each pass over the model (export's, then the joint trace's) makes eager's calls again, in order
+        n = calls[func.overloadpacket] = calls.get(func.overloadpacket, 0) + 1
+        metas = queue[(n - 1) % len(queue)]
         with fake_mode:
-            out = pytree.tree_map_only(torch.Tensor, lambda t: torch.empty_strided(
-                t.shape, t.stride(), dtype=t.dtype, device=t.device), real)
-        shapes = [tuple(t.shape) for t in pytree.tree_leaves(real) if isinstance(t, torch.Tensor)]
+            out = pytree.tree_map_only(tuple, lambda m: torch.empty_strided(*m[:2], dtype=m[2], device=m[3]),
+                                       metas, is_leaf=lambda m: isinstance(m, tuple) and len(m) == 4)
+        shapes = [m[0] for m in pytree.tree_leaves(metas, is_leaf=lambda m: isinstance(m, tuple)
+                                                     and len(m) == 4)]
         what = f"output shapes of {func} -> {shapes}"
-        if not any(r.endswith(what) for r in record):  # the export and the joint trace both meet it
+        if not any(r.endswith(what) for r in record):
             record.append(f"{_user_code_line()}: {what}")
         return out
 
     return impl
 
 
+def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[str]) -> Callable[..., Any]:
+    """``.item()`` (``bool(t)``, ``if t > 0``, ``.tolist()``) as the value eager read at the same call, in
+    call order (the trace follows eager's branches, so it makes the same reads): a plain Python number,
+    so the trace goes the way eager went and no guard remains.  A trace that checks out differently from
+    eager is refused afterwards (`check_specialised_as_eager`)."""
+
+    read: dict[int, Any] = {}  # one read is ``item`` then ``_local_scalar_dense`` on the same tensor
+    count = [0]
+
+    def impl(fake_mode: Any, func: torch._ops.OpOverload, arg: Any) -> Any:
+        if id(arg) in read:
+            return read[id(arg)]
+        if not eager.values:
+            return kernel(fake_mode, func, arg)
+        # export runs the model's Python more than once (each pass makes eager's reads again, in order)
+        value = read[id(arg)] = eager.values[count[0] % len(eager.values)]
+        count[0] += 1
+        if count[0] <= len(eager.values):
+            record.append(f"{_user_code_line()}: value {value!r}")
+        return value
+
+    return impl
+
+
+@dataclass
+class EagerReads:
+    """What eager `model(*args)` read off tensor values on the example: every ``_local_scalar_dense``
+    result, and each operator's outputs as (shape, stride, dtype, device), in call order."""
+
+    values: list[Any] = field(default_factory=list)
+    outputs: dict[Any, list[Any]] = field(default_factory=dict)
+
+
+def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> EagerReads:
+    """Run `model` once eagerly under no_grad (the caller forks the RNG) and record `EagerReads`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    reads = EagerReads()
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            out = func(*a, **(kw or {}))
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads.values.append(out)
+            else:
+                reads.outputs.setdefault(func.overloadpacket, []).append(pytree.tree_map_only(
+                    torch.Tensor, lambda t: (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), out))
+            return out
+
+    with torch.no_grad(), Recorder():
+        model(*args, **(kwargs or {}))
+    return reads
+
+
 @contextlib.contextmanager
-def specialising_on_example_values(record: list[str]) -> Iterator[None]:
-    """Trace with real tensor propagation (what ``torch.export.draft_export`` uses): every fake tensor
-    carries a real copy computed alongside, so a guard on a data-dependent value (``.item()``, ``bool()``
-    of a tensor, ``if t.max() >= n``) is decided by the example input's real value instead of raising
-    ``GuardOnDataDependentSymNode``.  The graph keeps only the branch that value took (torch adds a
-    runtime assertion for it, which memviz never runs); each decision is appended to `record` as
-    ``"file:line code: expr -> value"``.  The real copies cost one more forward of memory and time,
-    so this is the fallback, not the default trace."""
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    def note(shape_env: ShapeEnv, orig_expr: Any, result: Any) -> None:
-        # torch's own note is a logging warning with no user line: memviz says it once, with the line
-        record.append(f"{_user_code_line()}: {orig_expr} -> {result}")  # the branch's condition
-
+def specialising_on_example_values(record: list[str], eager: EagerReads) -> Iterator[None]:
+    """Trace taking eager's values wherever the trace would need a tensor's value: a read (``.item()``,
+    ``bool()`` of a tensor, ``if t.max() >= n``) is the value eager read (`eager_reads`), and an operator
+    whose output shape depends on values gets eager's output shapes.  The graph keeps only the branch
+    eager took; each decision is appended to `record` as ``"file:line code: value v"``.  Not torch's real
+    tensor propagation: it decided a parameter-dependent branch and LayerDrop unlike eager."""
     from torch._subclasses import fake_impls
 
-    saved = ShapeEnv._log_real_tensor_propagation
-    saved_set = ShapeEnv.set_real_tensor_prop_unbacked_vals
-
-    def set_value(shape_env: ShapeEnv, k: Any, v: Any) -> None:
-        # a read of a boolean tensor is a Python bool, which sympy makes `true`, not 1: torch then
-        # evaluated the branch's Eq(u0, 1) as False whatever the value (every such branch went one way)
-        if isinstance(v, bool) or (isinstance(v, torch.Tensor) and v.dtype == torch.bool):
-            v = int(v)
-        saved_set(shape_env, k, v)
-
-    ShapeEnv.set_real_tensor_prop_unbacked_vals = set_value  # type: ignore[method-assign]
+    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
     checks = list(fake_impls.op_implementations_checks)
     kernels = dict(fake_impls.op_implementations_dict)
-    ShapeEnv._log_real_tensor_propagation = note  # type: ignore[method-assign, assignment]
-    fake_impls.op_implementations_checks[:] = [(check, _real_shapes(fn, record)) for check, fn in checks]
-    fake_impls.op_implementations_dict.update({op: _real_shapes(fn, record) for op, fn in kernels.items()})
+    fake_impls.op_implementations_checks[:] = [(c, _eager_shapes(fn, eager, record)) for c, fn in checks]
+    fake_impls.op_implementations_dict.update(
+        {op: _eager_shapes(fn, eager, record) for op, fn in kernels.items()})
+    for read in reads:
+        if read in kernels:
+            fake_impls.op_implementations_dict[read] = _eager_scalar(kernels[read], eager, record)
     try:
-        with torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True):
-            yield
+        yield
     finally:
-        ShapeEnv._log_real_tensor_propagation = saved  # type: ignore[method-assign]
-        ShapeEnv.set_real_tensor_prop_unbacked_vals = saved_set  # type: ignore[method-assign]
         fake_impls.op_implementations_checks[:] = checks
         fake_impls.op_implementations_dict.clear()
         fake_impls.op_implementations_dict.update(kernels)
@@ -743,9 +777,11 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
               if isinstance(t, torch.Tensor)]
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     # the real values are computed alongside (dropout, LayerDrop draw): the user's RNG must not move
+    with _forked_rng(leaves):
+        eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), eager_attention_masks():
         return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
-                            specialising_on_example_values(specialised), specialised)
+                            specialising_on_example_values(specialised, eager), specialised)
 
 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],

@@ -179,7 +179,7 @@ def test_value_branch_is_specialised_on_the_example_and_named():
         prof = profile(model, (x,), fallback=False, repeats=1, warmup=0)
     line = _ValueGate.forward.__code__.co_firstlineno + 1
     assert len(prof.specialised) == 1 and f"test_capture.py:{line}" in prof.specialised[0]
-    assert prof.specialised[0].endswith("-> True")
+    assert prof.specialised[0].endswith("value True")
     assert any(f"test_capture.py:{line}" in str(w.message) for w in caught)
     out = memviz.export(memviz.plan(prof, 1.0, strategy="none"))(x)
     assert torch.equal(out, x * model.w * 2)

@@ -41,8 +41,7 @@ PLAN_TOLERANCE = 0.01
 TIME_LIMIT = 5.0
 
 #: models memviz cannot capture: strict xfails with the reason, red as soon as capture succeeds
-NOT_YET = {"wav2vec2": "capture refuses: torch's real tensor propagation decides LayerDrop's branch unlike "
-                       "eager on the example (test_real_capture)"}
+NOT_YET: dict[str, str] = {}
 CAPTURING = tuple(n for n in REAL if n not in NOT_YET)
 assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) | set(NOT_YET))
 #: (model, strategy, point) cases that capture but break the contract today, with what fails

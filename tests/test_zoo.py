@@ -220,23 +220,22 @@ def test_infeasible_budget_states_the_minimum() -> None:
     assert info.value.minimum_bytes > 1024
 
 
-def test_data_dependent_control_flow_is_never_silently_wrong() -> None:
-    """A branch on a tensor's value is fixed from the example (issue 16: HF's label checks, LayerDrop) only
-    when the specialised graph computes what eager computes on it; torch's real tensor propagation takes
-    this parameter-dependent branch the wrong way, so capture refuses, naming the module and line, and
-    the documented hook fallback (which cannot be exported) is what remains."""
+def test_data_dependent_control_flow_is_specialised_as_eager_goes() -> None:
+    """A branch on a parameter-dependent tensor value takes eager's way on the example (issue 16: HF's
+    label checks, LayerDrop), named with its line; torch's real tensor propagation took it the other way
+    (a silently wrong graph), so the trace reads eager's values instead, and the result is checked."""
     case = data_dependent()
     lines, start = inspect.getsourcelines(type(case.model).forward)
     line = start + next(i for i, text in enumerate(lines) if "data-dependent branch" in text)
-    with pytest.raises(CaptureError) as info:
-        profile(case.model, case.args, fallback=False, measure=False)
-    assert info.value.module == "DataDependent" and info.value.source.endswith(f"zoo_models.py:{line}")
-    assert f"zoo_models.py:{line}" in str(info.value) and "branch" in str(info.value)
-    with pytest.warns(UserWarning, match="module-level profile"):
-        prof = profile(case.model, case.args, measure=False)
-    assert prof.fallback and prof.captured is None
-    with pytest.raises(ValueError, match="cannot be exported"):
-        export(memviz.plan(prof, None, strategy="none", frontier=False))
+    taken = bool(case.model.a(case.args[0]).sum() > 0)
+    with pytest.warns(UserWarning, match=f"zoo_models.py:{line}"):
+        prof = profile(case.model, case.args, fallback=False, measure=False)
+    assert not prof.fallback and len(prof.specialised) == 1
+    assert f"zoo_models.py:{line}" in prof.specialised[0] and prof.specialised[0].endswith(f"value {taken}")
+    exported = export(memviz.plan(prof, None, strategy="none", frontier=False))
+    torch.manual_seed(0)
+    expected = case.model(*case.args)
+    torch.testing.assert_close(exported(*case.args), expected, rtol=0, atol=0)
 
 
 def test_auto_inference_that_cannot_chunk_states_the_reordering_minimum():

@@ -12,19 +12,11 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 from memviz import chunking as ch
-from memviz.tracker import StorageTracker, tensors_of
 from solvers import autochunk as ac
 from tests.real_models import LANGUAGE_MODELS, REAL, timm
+from tests.test_chunk_zoo import _measure
 
 SPEED = ac.SpeedModel()  # fixed: deterministic selection on a loaded machine
-
-
-def _measure(fn, *args, **kwargs):
-    with torch.no_grad():
-        tracker = StorageTracker(tensors_of(fn, args, kwargs))
-        with tracker:
-            out = fn(*args, **kwargs)
-    return tracker.peak_bytes - tracker.start_bytes, out
 
 
 def _assert_equal(ref, out) -> None:

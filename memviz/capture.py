@@ -615,6 +615,12 @@ def _data_dependent(err: BaseException) -> bool:
     return False
 
 
+def _model_tensors(model: nn.Module, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensors a call of `model` starts from: its inputs, parameters and buffers."""
+    return [t for t in (*pytree.tree_leaves((args, kwargs)), *model.parameters(), *model.buffers())
+            if isinstance(t, torch.Tensor)]
+
+
 @contextlib.contextmanager
 def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
     from memviz import accelerator
@@ -757,8 +763,9 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     forward under ``no_grad``.  The model is never modified: export traces with fake tensors.
     A model whose Python branches on tensor values (HF's label range check ``labels.max() >=
     vocab_size``, LayerDrop's ``torch.rand([]) < p``) or that calls an op whose output shape depends on
-    values (``ctc_loss``) is traced again with the example input's real values behind the fake tensors
-    (`specialising_on_example_values`); what that decided is listed in `specialised`.
+    values (``ctc_loss``) is traced again taking the values eager read on the example (`eager_reads`,
+    `specialising_on_example_values`), then checked against eager (`check_specialised_as_eager`); what
+    that decided is listed in `specialised`.
     """
     specialised = [] if specialised is None else specialised
 
@@ -773,10 +780,9 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     except CaptureError as err:
         if not _data_dependent(err):
             raise
-    leaves = [t for t in (*pytree.tree_leaves((args, kwargs)), *model.parameters(), *model.buffers())
-              if isinstance(t, torch.Tensor)]
+    leaves = _model_tensors(model, args, kwargs)
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
-    # the real values are computed alongside (dropout, LayerDrop draw): the user's RNG must not move
+    # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move
     with _forked_rng(leaves):
         eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), eager_attention_masks():
@@ -787,16 +793,12 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
                                kwargs: dict[str, Any] | None, specialised: list[str]) -> None:
     """A graph specialised on the example's values must compute what eager computes on that example:
-    run both forwards once (same RNG, no_grad) and refuse on any difference.  torch's real tensor
-    propagation, which decides the branches, was seen deciding a branch on a boolean tensor the other
-    way from eager (``Eq(u0, 1)`` with a real ``True``): a silently wrong graph is never returned."""
-    from memviz import accelerator
-
-    leaves = [t for t in (*pytree.tree_leaves((args, kwargs)), *model.parameters(), *model.buffers())
-              if isinstance(t, torch.Tensor)]
+    run both forwards once (same RNG, no_grad) and refuse on any difference: a read the trace made
+    that eager did not (or in another order) would otherwise give a silently wrong graph."""
+    leaves = _model_tensors(model, args, kwargs)
     outs = []
     for fn in (model, gm):
-        with accelerator.fork_rng(accelerator.devices_of(leaves)), torch.no_grad():
+        with _forked_rng(leaves), torch.no_grad():
             outs.append([x for x in pytree.tree_leaves(fn(*args, **(kwargs or {})))
                          if isinstance(x, torch.Tensor)])
     same = len(outs[0]) == len(outs[1]) and all(

@@ -30,29 +30,18 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
-import torch.utils._pytree as pytree  # noqa: E402
 
 import memviz  # noqa: E402
 from memviz.tracker import measure_peak, tensors_of  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
-from tests.real_models import LANGUAGE_MODELS, REAL, RealCase  # noqa: E402
+from tests.real_models import LANGUAGE_MODELS, REAL, RealCase, rotating_loss  # noqa: E402
+from tests.test_zoo import _fresh  # noqa: E402
 
 MiB = 2**20
-LOSSES = ("own", "ce", "ce_smooth", "mse")  # the rotation of tests/test_real_models.py
 
 
 #: tokens of the long-sequence inference the chunking columns measure
 CHUNK_LENGTH = 1024
-
-
-def loss_of(case: RealCase, index: int) -> str:
-    return next(LOSSES[(index + k) % len(LOSSES)] for k in range(len(LOSSES))
-                if LOSSES[(index + k) % len(LOSSES)] in case.losses)
-
-
-def _fresh(tree: Any) -> Any:
-    return pytree.tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
-                           if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, case: RealCase,
@@ -126,7 +115,7 @@ def chunk_columns(name: str, quick: bool) -> dict[str, Any]:
 def bench_model(name: str, index: int, pairs: int, quick: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     case = REAL[name]()
-    loss = loss_of(case, index)
+    loss = rotating_loss(case, index)
     row: dict[str, Any] = {"model": name, "library": case.library, "loss": loss}
     t0 = time.perf_counter()
     try:

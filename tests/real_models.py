@@ -334,5 +334,18 @@ REAL: dict[str, Callable[[], RealCase]] = {
     "tv_vit": tv_vit, "tv_swin": tv_swin, "tv_convnext": tv_convnext,
     "timm_vit": timm_vit, "timm_convnext": timm_convnext, "timm_resnet": timm_resnet,
 }
+#: the losses the real-model tests and benchmark rotate through, one per model
+LOSSES = ("own", "ce", "ce_smooth", "mse")
+
+
+def rotating_loss(case: RealCase, index: int) -> str:
+    """The loss for the zoo's model at `index`: the rotation's pick, or the next one the model offers."""
+    for k in range(len(LOSSES)):
+        name = LOSSES[(index + k) % len(LOSSES)]
+        if name in case.losses:
+            return name
+    raise ValueError(f"no loss among {LOSSES}: {sorted(case.losses)}")
+
+
 # the decoders whose long-sequence inference autochunk plans
 LANGUAGE_MODELS = ("gpt2_sdpa", "llama", "mistral", "qwen2")

@@ -28,13 +28,12 @@ import memviz
 from memviz.profile import Profile, profile
 from memviz.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
-from tests.real_models import REAL, RealCase
+from tests.real_models import REAL, RealCase, rotating_loss
 from tests.test_zoo import _assert_same, _assert_tree_same, _fresh
 
 STRATEGIES = ("checkmate", "rotor", "rockmate", "sqrt", "olla", "auto")
 #: budget points as fractions of the range [minimum, eager peak] above the minimum (0.0: the minimum)
 POINTS = (0.75, 0.5, 0.25, 0.0)
-LOSSES = ("own", "ce", "ce_smooth", "mse")
 STEPS = 3
 EAGER_TOLERANCE = 0.02
 PLAN_TOLERANCE = 0.01
@@ -48,19 +47,10 @@ assert set(CAPTURING) | set(NOT_YET) == set(REAL), set(REAL) ^ (set(CAPTURING) |
 KNOWN: dict[tuple[str, str, float], str] = {}
 
 
-def loss_name(case: RealCase, index: int) -> str:
-    """The loss for the model at `index`: the rotation's pick, or the next one the model offers."""
-    for k in range(len(LOSSES)):
-        name = LOSSES[(index + k) % len(LOSSES)]
-        if name in case.losses:
-            return name
-    raise AssertionError(f"no loss among {LOSSES}: {sorted(case.losses)}")
-
-
 @functools.cache
 def profiled(name: str) -> tuple[RealCase, str, Profile]:
     case = REAL[name]()
-    loss = loss_name(case, list(REAL).index(name))
+    loss = rotating_loss(case, list(REAL).index(name))
     prof = profile(case.model, case.args, case.kwargs, loss_fn=case.losses[loss],
                    optimizer=torch.optim.AdamW, repeats=1, warmup=0, fallback=False)
     return case, loss, prof

@@ -1308,6 +1308,27 @@ def op_key(target: Any, args: Any, kwargs: Any) -> tuple[Any, ...] | None:
     return tuple(parts)
 
 
+def _unsafe_name(name: str) -> bool:
+    """FX writes module, parameter and buffer names into the graph module's Python source as string
+    literals without escaping them: a double quote, a backslash, a line break or a NUL there is a raw
+    SyntaxError (or another attribute) deep in torch.export.  Refused with the other quote and every
+    non-printable character, which no generated source should have to carry either."""
+    return any(ch in "\"'\\" for ch in name) or not name.isprintable()
+
+
+def check_names(model: nn.Module) -> None:
+    """Refuse, naming it, a submodule, parameter or buffer name the trace cannot write into code."""
+    for kind, named in (("submodule", model.named_modules(remove_duplicate=False)),
+                        ("parameter", model.named_parameters(remove_duplicate=False)),
+                        ("buffer", model.named_buffers(remove_duplicate=False))):
+        for name, _ in named:
+            if _unsafe_name(name):
+                raise CaptureError(f"{kind} name {name!r} has a quote, a backslash or a non-printable "
+                                   "character (line break, tab, NUL ...), which the traced graph's generated "
+                                   "code cannot hold: rename it (add_module / register_parameter / "
+                                   "register_buffer with a plain name) and profile again")
+
+
 def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
             mode: str = "train", loss_fn: LossFn | None = None) -> tuple[Graph, Captured]:
     """Trace `model` and build its CD-graph (compute/data nodes, kinds, exact bytes, aliases).
@@ -1319,6 +1340,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     """
     if mode not in ("train", "inference"):
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
+    check_names(model)
     # Fake tensors' dispatch cache (process-wide) rebuilds a cached op's output with the smallest storage
     # its strides need, not the storage the kernel allocates: bytes would depend on what was traced
     # before (an in-place view's gradient read 768 bytes in the first capture, 648 in the next)

@@ -41,6 +41,7 @@ from torch import nn
 
 from memviz import accelerator
 from memviz.capture import Captured, Runner, capture, fingerprint, is_random, replay_view
+from memviz.replay import warn_unfaithful_replay
 from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step
 
@@ -434,20 +435,25 @@ def _write_exported(plan: Any, module: nn.Module, path: str | Path, model: nn.Mo
 
 
 def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> nn.Module:
-    """The exported module for `plan` (what `export` returns), writing nothing and running nothing."""
+    """The exported module for `plan` (what `export` returns), writing nothing and running nothing.
+
+    A `ReplayWarning` names what the replayed graph cannot reproduce of the model's own code: hooks and
+    module-level data its forward reads (`memviz.replay`)."""
+    prof = getattr(plan, "profile", None)
+    target = model if model is not None else getattr(prof, "model", None)
+    if target is not None:
+        warn_unfaithful_replay(target, stacklevel=3)
     if getattr(plan, "strategy", None) == "autochunk":
         # a chunk plan rewrites the model into loops instead of scheduling the captured graph
         from memviz.chunking import export_chunks
 
         return export_chunks(plan, None, model=model)
-    prof = getattr(plan, "profile", None)
     graph: Graph = plan.graph
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.distributed)
         raise ValueError(prof.not_exportable)
     if prof is not None and prof.captured is None:
         raise ValueError("this plan comes from a hook-based fallback profile (the model could not be "
                          "traced): it cannot be exported")
-    target = model if model is not None else getattr(prof, "model", None)
     if target is None:
         raise ValueError("the plan carries no model (loaded from JSON?): pass model=")
     info = getattr(plan, "model", None)

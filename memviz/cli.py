@@ -4,20 +4,36 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from memviz.budget import format_bytes
+from memviz.budget import budget_spec, format_bytes
 from memviz.planning import STRATEGIES, budget_frontier, is_training
 from solvers.result import InfeasibleBudget
 
 
 class CliError(Exception):
     pass
+
+
+class UsageError(CliError):
+    """A command line argparse rejects (unknown option, bad choice, bad --time-limit): printed after the
+    usage line, exit status 2, like every other mistake."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage())
 
 
 class BudgetInfeasible(CliError):
@@ -75,6 +91,113 @@ def load_factory(spec: str) -> Callable[[], Any]:
     return factory
 
 
+def model_call(spec: str, made: Any) -> tuple[Any, tuple, dict | None]:
+    """The factory's (model, args[, kwargs]) checked: a module, positional args (one non-tuple value is
+    the only argument, as `memviz.profile` takes it) and keyword args as a dict."""
+    from torch import nn
+
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise CliError(f"{spec} must return (model, args) or (model, args, kwargs), got "
+                       f"{type(made).__name__}")
+    model, args, kwargs = (*made, None) if len(made) == 2 else made
+    if not isinstance(model, nn.Module):
+        raise CliError(f"{spec} returned a model of type {type(model).__name__}: the first item must be a "
+                       "torch.nn.Module, as in (model, args)")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise CliError(f"{spec} returned kwargs of type {type(kwargs).__name__}: the third item must be a "
+                       "dict of keyword arguments")
+    return model, tuple(args) if isinstance(args, (tuple, list)) else (args,), kwargs
+
+
+def seconds(text: str) -> float:
+    """--time-limit: a positive, finite number of seconds (0, -1 or nan would leave a solver no time or no
+    limit at all)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, like 60 or 0.5, got "
+                                         f"{text!r}")
+    return value
+
+
+def check_budget(budget: str | None) -> None:
+    """Everything about the budget that does not need the eager peak, before any profiling."""
+    if budget is not None:
+        try:
+            budget_spec(budget)
+        except ValueError as exc:
+            raise CliError(f"--budget: {exc}") from None
+
+
+def check_device(device: str | None) -> None:
+    """A device this process cannot use is refused before the model is even built."""
+    if device is not None:
+        from memviz.devices import DeviceUnavailable, named_device
+
+        try:
+            named_device(device)
+        except DeviceUnavailable as exc:
+            raise CliError(f"--device {device}: {exc}") from None
+
+
+#: a file name to suggest for an output option given a folder
+SUFFIX = {"--output": ".html", "--report": ".html", "--export": ".py", "--plan-out": ".json"}
+
+
+def output_files(outputs: dict[str, Path | None]) -> list[tuple[str, Path]]:
+    """(option, file) for every file the output options write (--export also writes its plan JSON beside
+    it); two options writing one file are refused."""
+    owner: dict[str, str] = {}
+    files: list[tuple[str, Path]] = []
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        for target in (path, path.with_suffix(".plan.json")) if flag == "--export" else (path,):
+            key = os.path.abspath(target)
+            if key in owner:
+                raise CliError(f"{flag} and {owner[key]} would both write {target}: give them different "
+                               "files")
+            owner[key] = flag
+            files.append((flag, target))
+    return files
+
+
+def check_output(flag: str, target: Path, overwrite: bool) -> None:
+    """`target` can be written as a file: not a folder, not already there (a dangling symlink included)
+    unless --overwrite, and its nearest existing folder is a writable folder (missing ones are made)."""
+    if target.is_dir() and not target.is_symlink():
+        raise CliError(f"{flag} {target} is a folder: give a file path, e.g. "
+                       f"{target / ('memviz-plan' + SUFFIX.get(flag, ''))}")
+    if os.path.lexists(target) and not overwrite:
+        what = "is a symlink" if target.is_symlink() else "exists"
+        raise CliError(f"{flag} {target} {what}; pass --overwrite to replace it (a symlink itself is "
+                       "replaced, never followed) or choose another path")
+    folder = target.parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CliError(f"{flag} {target}: {folder} is not a folder; choose a path inside a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {target}: cannot write in {folder} (permission denied); choose a writable "
+                       "folder")
+
+
+def preflight(*, budget: str | None, device: str | None, outputs: dict[str, Path | None],
+              overwrite: bool) -> None:
+    """What can be wrong before any work: the budget, the device, every output path.  Checked before the
+    model factory runs, so a mistake costs nothing."""
+    check_budget(budget)
+    check_device(device)
+    for flag, target in output_files(outputs):
+        check_output(flag, target, overwrite)
+    if outputs.get("--report") or outputs.get("--output"):
+        from memviz.report import require_bundle
+
+        require_bundle()  # an unbuilt checkout fails now, not after minutes of profiling
+
+
 def run_plan(
     model: Any,
     args: tuple,
@@ -93,13 +216,6 @@ def run_plan(
 ) -> Any:
     import memviz
 
-    for target in (report, export, plan_out):
-        if target is not None and target.exists() and not overwrite:
-            raise CliError(f"{target} exists; pass --overwrite to replace it")
-    if report is not None:
-        from memviz.report import require_bundle
-
-        require_bundle()  # an unbuilt checkout fails now, not after minutes of profiling
     with stage(f"capturing and profiling ({mode})"):
         prof = memviz.profile(model, args, kwargs, mode=mode, device=device)
     print(
@@ -157,9 +273,9 @@ def run_plan(
 
 def main(argv: Sequence[str] | None = None) -> int:
     from memviz import __version__
-    from memviz.devices import TARGETS
+    from memviz.devices import TARGETS, DeviceUnavailable
 
-    parser = argparse.ArgumentParser(prog="memviz", description="Plan a PyTorch model's memory.",
+    parser = _Parser(prog="memviz", description="Plan a PyTorch model's memory.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"memviz {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -178,15 +294,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="train: forward + loss (the outputs' sum) + backward; inference: forward under "
                         "no_grad (default: %(default)s)")
     p.add_argument("--budget", default=None,
-                   help="total device bytes: an int, '1.5GiB', '800MB', or '50%%' of the eager peak "
-                        "(default: none, the eager order)")
+                   help="total device bytes: an int, '1.5GiB', '800MB', or '50%%' of the eager peak; a "
+                        "number without a unit counts bytes (0.5 is refused: write 50%%) (default: none, the "
+                        "eager order)")
     p.add_argument("--strategy", choices=STRATEGIES, default="auto", metavar="STRATEGY",
                    help="how to fit the budget, one of the strategies below (default: %(default)s)")
     p.add_argument("--device", default=None,
                    help="where to profile: cpu, cuda, neuron, xla, or fake:<target> to estimate with no "
                         f"hardware, targets: {', '.join(sorted(TARGETS))} (default: where the model lives)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="SECONDS",
-                   help="wall-clock limit for each solver call, in seconds (default: %(default)s)")
+    p.add_argument("--time-limit", type=seconds, default=60.0, metavar="SECONDS",
+                   help="wall-clock limit for each solver call, a positive number of seconds (default: "
+                        "%(default)s)")
     p.add_argument("--report", type=Path, help="write an offline HTML report of the plan (opens from disk)")
     p.add_argument("--export", type=Path, help="write the optimized module's source (plan JSON beside it)")
     p.add_argument("--no-verify", action="store_true",
@@ -194,11 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "is re-planned with the measured excess as margin, or refused)")
     p.add_argument("--plan-out", type=Path, help="write the plan JSON")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    ns = parser.parse_args(argv)
     try:
+        ns = parser.parse_args(argv)
         if ns.command == "demo":
             from memviz.demo import demo_model
 
+            preflight(budget=ns.budget, device=None, outputs={"--output": ns.output}, overwrite=ns.overwrite)
             model, args = demo_model()
             run_plan(
                 model,
@@ -215,13 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 overwrite=ns.overwrite,
             )
             return 0
-        made = load_factory(ns.factory)()
-        if not isinstance(made, tuple) or len(made) not in (2, 3):
-            raise CliError(f"{ns.factory} must return (model, args) or (model, args, kwargs)")
-        model, args, kwargs = (*made, None) if len(made) == 2 else made
+        preflight(budget=ns.budget, device=ns.device, overwrite=ns.overwrite,
+                  outputs={"--report": ns.report, "--export": ns.export, "--plan-out": ns.plan_out})
+        model, args, kwargs = model_call(ns.factory, load_factory(ns.factory)())
         run_plan(
             model,
-            tuple(args),
+            args,
             kwargs,
             mode=ns.mode,
             budget=ns.budget,
@@ -237,7 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except BudgetInfeasible:
         return EXIT_INFEASIBLE  # what and why is printed already, the report written
-    except (CliError, FileExistsError, FileNotFoundError, ValueError, TypeError) as exc:
+    except UsageError as exc:
+        print(f"{exc.usage}memviz: error: {exc}", file=sys.stderr)
+        return 2
+    except (CliError, DeviceUnavailable, OSError, ValueError, TypeError) as exc:
         print(f"memviz: error: {exc}", file=sys.stderr)
         return 2
 

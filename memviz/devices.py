@@ -115,6 +115,12 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
         if device.type == "meta":
             raise DeviceUnavailable("the model lives on the meta device: pass device='fake:<target>' "
                                     f"(targets: {', '.join(sorted(TARGETS))})")
+    return named_device(device)
+
+
+def named_device(device: str | torch.device) -> DeviceInfo:
+    """The device `device` names, or a `DeviceUnavailable` saying what to use instead (the CLI asks before
+    it builds the model)."""
     if isinstance(device, str) and device.startswith("fake:"):
         key = device.split(":", 1)[1].lower()
         if key not in TARGETS:
@@ -127,7 +133,10 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
         return xla.resolve(device)
     if isinstance(device, str) and device.split(":")[0] == "neuron":
         return _neuron_device(device)
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:  # torch lists every backend it knows, most of which memviz does not profile
+        raise DeviceUnavailable(_unsupported(device)) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise DeviceUnavailable("CUDA is not available in this process; use device='cpu' or "
@@ -140,7 +149,12 @@ def resolve_device(device: str | torch.device | None, model: torch.nn.Module, ar
         return _neuron_device(str(dev))
     if dev.type == "cpu":
         return DeviceInfo("cpu", False, _cpu_capacity(), dev)
-    raise DeviceUnavailable(f"unsupported device {device!r}: use 'cpu', 'cuda', 'neuron' or 'fake:<target>'")
+    raise DeviceUnavailable(_unsupported(device))
+
+
+def _unsupported(device: Any) -> str:
+    return (f"unsupported device {str(device)!r}: use 'cpu', 'cuda', 'neuron', 'xla' or 'fake:<target>' "
+            f"(targets: {', '.join(sorted(TARGETS))})")
 
 
 def _neuron_device(device: str) -> DeviceInfo:

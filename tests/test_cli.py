@@ -164,16 +164,16 @@ def test_version_and_help_for_every_option(capsys) -> None:
                    "--plan-out", "--overwrite"):
         assert re.search(rf"{option}\b[^\n]*\n?\s+\S", out), option
     assert "SECONDS" in out and "fake:<target>" in out and "h100" in out
+    assert re.search(r"without a unit\s+counts bytes", out), "what a bare number means"
     for strategy in ("checkmate", "rotor", "rockmate", "sqrt", "olla", "autochunk"):
         assert re.search(rf"^  {strategy} +\S", out, re.MULTILINE), strategy
 
 
 def test_unknown_strategy(factory: Path, capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["plan", f"{factory}:make", "--strategy", "bogus"])
-    assert exc.value.code != 0
+    assert main(["plan", f"{factory}:make", "--strategy", "bogus"]) == 2
     err = capsys.readouterr().err
     assert "bogus" in err and "rotor" in err  # names the choices
+    assert err.startswith("usage: memviz plan") and "memviz: error: argument --strategy" in err
 
 
 def test_existing_output_is_untouched_without_overwrite(factory: Path, tmp_path: Path, capsys) -> None:
@@ -182,3 +182,161 @@ def test_existing_output_is_untouched_without_overwrite(factory: Path, tmp_path:
     err = _err(capsys, ["plan", f"{factory}:make", "--budget", "50%", "--export", str(existing)])
     assert "--overwrite" in err and str(existing) in err
     assert existing.read_text() == "# mine\n"
+
+
+# --- user mistakes (issue 17 item 6): each one exit status 2, one `memviz: error:` line saying what to do, no
+# traceback, and everything that can be checked is checked before the model factory runs (so before profiling)
+MISTAKES = """
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def make():
+    Path(__file__).with_name("factory-called").touch()
+    return nn.Linear(4, 4), (torch.randn(2, 4),)
+
+
+def not_a_module():
+    return 42, (torch.randn(2, 4),)
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.py"
+    path.write_text(MISTAKES)
+    return path
+
+
+def _mistake(capsys, tiny: Path, argv: list[str], *, factory_runs: bool = False) -> str:
+    """Run a mistaken command; its one error line."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("memviz: error: ")]
+    assert len(lines) == 1, err
+    assert (tiny.parent / "factory-called").exists() == factory_runs, "checked before the model is built"
+    assert "capturing" not in err, "nothing was profiled"
+    return lines[0]
+
+
+@pytest.mark.parametrize("device, says", [
+    ("foo", "use 'cpu', 'cuda', 'neuron', 'xla' or 'fake:<target>'"),
+    ("fake:zz", "known targets: a100"),
+    ("cuda", "CUDA is not available in this process; use device='cpu'"),
+])
+def test_unknown_or_unavailable_device(tiny: Path, capsys, device: str, says: str) -> None:
+    if device == "cuda" and __import__("torch").cuda.is_available():
+        pytest.skip("CUDA is available here")
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--device", device])
+    assert f"--device {device}" in line and says in line
+
+
+@pytest.mark.parametrize("budget, says", [
+    ("1e400", "is not a finite number: use bytes as an int, '1.5GiB', '800MB', or '50%'"),
+    ("0.5", "is 0.5 bytes: a number without a unit counts bytes; for a fraction of the eager peak "
+            "write '50%'"),
+    ("0.25B", "is 0.25 bytes: a budget is at least one byte"),
+    ("0", "must be positive"),
+    ("150%", "must be in (0, 100]"),
+    ("5 parsecs", "unknown unit 'parsecs'"),
+])
+def test_budget_mistakes(tiny: Path, capsys, budget: str, says: str) -> None:
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--budget", budget])
+    assert line.startswith("memviz: error: --budget: ") and says in line
+
+
+def test_demo_checks_its_budget_and_output_first(tmp_path: Path, capsys, monkeypatch) -> None:
+    import memviz.demo
+
+    monkeypatch.setattr(memviz.demo, "demo_model", lambda: pytest.fail("the demo model was built"))
+    assert main(["demo", "--budget", "1e400", "--output", str(tmp_path / "d.html")]) == 2
+    assert "memviz: error: --budget: budget '1e400' is not a finite number" in capsys.readouterr().err
+    assert main(["demo", "--output", str(tmp_path)]) == 2
+    assert f"memviz: error: --output {tmp_path} is a folder: give a file path" in capsys.readouterr().err
+
+
+def test_factory_returning_a_non_module(tiny: Path, capsys) -> None:
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:not_a_module"])
+    assert "returned a model of type int: the first item must be a torch.nn.Module" in line
+
+
+@pytest.mark.parametrize("option", ["--report", "--export", "--plan-out"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_output_path_that_is_a_folder(tiny: Path, tmp_path: Path, capsys, option: str,
+                                      overwrite: bool) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    argv = ["plan", f"{tiny}:make", option, str(folder), *(["--overwrite"] if overwrite else [])]
+    line = _mistake(capsys, tiny, argv)
+    assert f"{option} {folder} is a folder: give a file path, e.g. {folder / 'memviz-plan'}" in line
+    assert list(folder.iterdir()) == []
+
+
+def test_output_in_a_read_only_folder(tiny: Path, tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("this user (root?) can write in a read-only folder; see test_output_under_a_file")
+        line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--plan-out", str(folder / "sub" / "p.json")])
+        assert f"cannot write in {folder} (permission denied); choose a writable folder" in line
+    finally:
+        folder.chmod(0o755)
+
+
+def test_output_under_a_file(tiny: Path, tmp_path: Path, capsys) -> None:
+    """A folder no user can create files in, whatever the permissions: a path through a regular file."""
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--report", str(tiny / "r.html")])
+    assert f"{tiny} is not a folder; choose a path inside a folder" in line
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "nan", "inf", "soon"])
+def test_time_limit_must_be_positive_seconds(tiny: Path, capsys, limit: str) -> None:
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--time-limit", limit])
+    assert line.startswith("memviz: error: argument --time-limit: must be a positive number of seconds")
+    assert f"got '{limit}'" in line
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_report_at_a_symlink_is_not_followed_or_replaced(tiny: Path, tmp_path: Path, capsys,
+                                                         dangling: bool) -> None:
+    target, link = tmp_path / "theirs.html", tmp_path / "r.html"
+    if not dangling:
+        target.write_text("theirs")
+    link.symlink_to(target)
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--report", str(link)])
+    assert f"--report {link} is a symlink; pass --overwrite to replace it" in line
+    assert os.readlink(link) == str(target)
+    assert target.read_text() == "theirs" if not dangling else not target.exists()
+
+
+def test_existing_report_is_kept(tiny: Path, tmp_path: Path, capsys) -> None:
+    report = tmp_path / "r.html"
+    report.write_text("mine")
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--report", str(report)])
+    assert f"--report {report} exists; pass --overwrite to replace it" in line
+    assert report.read_text() == "mine"
+
+
+def test_export_plan_json_beside_it_is_checked_too(tiny: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "opt.plan.json").write_text("{}")
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--export", str(tmp_path / "opt.py")])
+    assert f"--export {tmp_path / 'opt.plan.json'} exists" in line
+    line = _mistake(capsys, tiny, ["plan", f"{tiny}:make", "--export", str(tmp_path / "o.py"),
+                                   "--plan-out", str(tmp_path / "o.plan.json")])
+    assert "--plan-out and --export would both write" in line
+
+
+def test_mistake_in_a_real_process_has_no_traceback(tiny: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "memviz.cli", "plan", f"{tiny}:make", "--budget", "0.5"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("memviz: error: --budget: budget '0.5' is 0.5 bytes"), proc.stderr
+    assert not (tmp_path / "factory-called").exists()

@@ -41,7 +41,7 @@ from torch import nn
 
 from memviz import accelerator
 from memviz.capture import Captured, Runner, capture, fingerprint, is_random, replay_view
-from memviz.replay import warn_unfaithful_replay
+from memviz.replay import check_replay
 from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step
 
@@ -437,16 +437,18 @@ def _write_exported(plan: Any, module: nn.Module, path: str | Path, model: nn.Mo
 def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> nn.Module:
     """The exported module for `plan` (what `export` returns), writing nothing and running nothing.
 
-    A `ReplayWarning` names what the replayed graph cannot reproduce of the model's own code: hooks and
-    module-level data its forward reads (`memviz.replay`)."""
+    A `ReplayWarning` names what the replayed graph cannot reproduce of the model's own code (forward hooks,
+    module-level data its forward reads); backward hooks, whose gradient changes it would drop, raise
+    `memviz.replay.UnfaithfulReplay` (`memviz.replay.check_replay`)."""
     prof = getattr(plan, "profile", None)
     target = model if model is not None else getattr(prof, "model", None)
-    if target is not None:
-        warn_unfaithful_replay(target, stacklevel=3)
+    mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
     if getattr(plan, "strategy", None) == "autochunk":
         # a chunk plan rewrites the model into loops instead of scheduling the captured graph
         from memviz.chunking import export_chunks
 
+        if target is not None:
+            check_replay(target, training=False, stacklevel=3)
         return export_chunks(plan, None, model=model)
     graph: Graph = plan.graph
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.distributed)
@@ -456,6 +458,7 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
                          "traced): it cannot be exported")
     if target is None:
         raise ValueError("the plan carries no model (loaded from JSON?): pass model=")
+    check_replay(target, training=mode == "train", stacklevel=3)
     info = getattr(plan, "model", None)
     expected = info.get("fingerprint") if isinstance(info, dict) else None
     expected = expected or (prof.fingerprint if prof is not None else None)
@@ -463,7 +466,6 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         captured, fp = prof.captured, prof.fingerprint
     else:
         args, kwargs = split_inputs(inputs) if inputs is not None else _example_inputs(graph, prof)
-        mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
         fp = fingerprint(target, args, kwargs, mode)
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "

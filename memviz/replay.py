@@ -1,14 +1,18 @@
 """What a replay of the captured graph cannot reproduce (issue 17 item 9), said before it runs.
 
-`memviz.export` runs the captured joint graph, not the model's Python code.  Two things the model's code
-does therefore differ in the exported module, and `replay_warning` names each one it finds:
+`memviz.export` runs the captured joint graph, not the model's Python code.  What the model's code does
+beyond that graph therefore differs in the exported module, and `check_replay` names each case it finds:
 
-* hooks (forward, forward pre-, full backward, backward pre-hooks, on any submodule or registered
-  globally): the capture traced the tensors a hook computes into the graph, but the exported module never
-  calls the hook, so its Python side effects (counters, logging, stored activations) do not happen and a
-  hook registered or changed afterwards has no effect;
+* forward and forward pre-hooks (on any submodule, or registered globally): the trace ran them, so the
+  tensors they compute are in the graph, but the exported module never calls them: their Python side
+  effects (counters, logging, stored activations) do not happen and a hook changed afterwards has no
+  effect.  A `ReplayWarning`;
+* backward and backward pre-hooks: the joint trace does not record them, so what they do to gradients
+  is missing from the exported module's gradients (measured: a hook scaling a gradient changes eager's
+  parameter gradients, not the exported ones).  Refused (`UnfaithfulReplay`);
 * module-level data a ``forward`` reads (a number, string, container, tensor or array global): the trace
   read its value once, so the exported module keeps computing with that value after the global changes.
+  A `ReplayWarning`.
 
 Globals are found statically: the ``LOAD_GLOBAL`` instructions of each submodule class's own ``forward``
 (nested code objects included) whose value is data rather than a module, class or function.  Not seen:
@@ -33,23 +37,28 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 
-#: hook dicts every nn.Module carries -> what the warning calls them
+#: hook dicts every nn.Module carries -> (what the messages call them, whether it is a backward hook)
 MODULE_HOOKS = {
-    "_forward_pre_hooks": "forward pre-hook",
-    "_forward_hooks": "forward hook",
-    "_backward_pre_hooks": "backward pre-hook",
-    "_backward_hooks": "backward hook",
+    "_forward_pre_hooks": ("forward pre-hook", False),
+    "_forward_hooks": ("forward hook", False),
+    "_backward_pre_hooks": ("backward pre-hook", True),
+    "_backward_hooks": ("backward hook", True),
 }
 #: torch.nn.modules.module's hooks for every module (`register_module_forward_hook` ...)
 GLOBAL_HOOKS = {
-    "_global_forward_pre_hooks": "global forward pre-hook",
-    "_global_forward_hooks": "global forward hook",
-    "_global_backward_pre_hooks": "global backward pre-hook",
-    "_global_backward_hooks": "global backward hook",
+    "_global_forward_pre_hooks": ("global forward pre-hook", False),
+    "_global_forward_hooks": ("global forward hook", False),
+    "_global_backward_pre_hooks": ("global backward pre-hook", True),
+    "_global_backward_hooks": ("global backward hook", True),
 }
 #: values a trace takes as constants: data, not code (modules, classes and functions are code)
 DATA_TYPES = (numbers.Number, str, bytes, bytearray, list, tuple, dict, set, frozenset, torch.Tensor,
               np.ndarray)
+
+
+class UnfaithfulReplay(ValueError):
+    """The exported module would compute something else than the model: backward hooks change gradients
+    the replayed graph does not run them on; the message names each one."""
 
 
 class ReplayWarning(UserWarning):
@@ -65,14 +74,15 @@ def _qualname(fn: Any) -> str:
     return f"{owner}.{name}" if owner else name
 
 
-def hooks(model: nn.Module) -> list[str]:
-    """Every hook that would run in a step of `model`: "forward hook pkg.fn on encoder.0", in module order."""
-    found = [f"{kind} {_qualname(h)}" for attr, kind in GLOBAL_HOOKS.items()
+def hooks(model: nn.Module, *, backward: bool) -> list[str]:
+    """The forward (or backward) hooks that would run in a step of `model`: "forward hook pkg.fn on
+    encoder.0", global ones first, then in module order."""
+    found = [f"{kind} {_qualname(h)}" for attr, (kind, bwd) in GLOBAL_HOOKS.items() if bwd == backward
              for h in getattr(module_mod, attr, {}).values()]
     for path, mod in model.named_modules(remove_duplicate=False):
         where = path or f"the model ({type(mod).__name__})"
-        for attr, kind in MODULE_HOOKS.items():
-            found += [f"{kind} {_qualname(h)} on {where}" for h in getattr(mod, attr, {}).values()]
+        found += [f"{kind} {_qualname(h)} on {where}" for attr, (kind, bwd) in MODULE_HOOKS.items()
+                  if bwd == backward for h in getattr(mod, attr, {}).values()]
     return found
 
 
@@ -109,25 +119,35 @@ def data_globals(model: nn.Module) -> list[str]:
     return found
 
 
+APPLY = ("memviz.apply(plan, model) checkpoints your own modules instead, so hooks run and globals are "
+         "read on every call")
+
+
 def replay_warning(model: nn.Module) -> str | None:
     """The `ReplayWarning` message for a replay of `model`'s captured graph, or None when nothing is lost."""
-    hooked, state = hooks(model), data_globals(model)
+    hooked, state = hooks(model, backward=False), data_globals(model)
     if not hooked and not state:
         return None
     parts = []
     if hooked:
-        parts.append("the exported module does not call the model's hooks (the tensors they computed at "
-                     "capture are traced into its graph, but their Python side effects do not happen and "
-                     "later changes to them have no effect): " + "; ".join(hooked))
+        parts.append("the exported module does not call the model's forward hooks (the tensors they "
+                     "computed at capture are traced into its graph, but their Python side effects do not "
+                     "happen and later changes to them have no effect): " + "; ".join(hooked))
     if state:
         parts.append("the capture took the value these module-level globals had when it traced forward as "
                      "a constant, so the exported module ignores later changes to them: " + "; ".join(state))
-    parts.append("memviz.apply(plan, model) checkpoints your own modules instead, so hooks run and globals "
-                 "are read on every call")
-    return ". ".join(parts)
+    return ". ".join([*parts, APPLY])
 
 
-def warn_unfaithful_replay(model: nn.Module, stacklevel: int = 3) -> None:
+def check_replay(model: nn.Module, *, training: bool, stacklevel: int = 3) -> None:
+    """Refuse a training replay of `model` that would compute other gradients; warn about what else it
+    loses (an inference replay runs no backward: its backward hooks never run in eager either)."""
+    backward = hooks(model, backward=True) if training else []
+    if backward:
+        raise UnfaithfulReplay("the exported module cannot run the model's backward hooks (the captured "
+                               "graph does not record them), so its gradients would miss what they change: "
+                               + "; ".join(backward) + ". Remove them (handle.remove()) to export; or "
+                               + APPLY)
     message = replay_warning(model)
     if message is not None:
         warnings.warn(ReplayWarning(message), stacklevel=stacklevel)

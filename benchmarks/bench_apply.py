@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import difflib
 import functools
 import statistics
@@ -47,25 +48,41 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(p))
 
-import tests.real_models  # noqa: E402, F401  (torchvision's op-schema shim, before torchvision loads)
 import torch  # noqa: E402
-import torchvision  # noqa: E402
-import transformers  # noqa: E402
 from bench_remat import GRAD_TOLERANCE, TorchMinCut, _step, _timed_step, measure_vs, measured_peak  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 
 import memviz  # noqa: E402
+
+# torchvision's op-schema shim: it must run before torchvision (or transformers, which imports it) loads,
+# so those two are imported where they are used, after this
+import tests.real_models  # noqa: E402, F401
 from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
-#: torch._functorch.config.activation_memory_budget values (1.0 = the default runtime-optimised cut)
-TORCH_BUDGETS = (1.0, 0.75, 0.5, 0.25, 0.0)
-#: sac_ilp's per-module memory_budget: the share of a block's activation memory its policy may save
-ILP_BUDGETS = (0.75, 0.5, 0.25, 0.0)
-#: memviz budgets as fractions of the range [sac minimum, eager peak]; 0.0 = the minimum
-FRACTIONS = (0.75, 0.5, 0.25, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one run measures: the full run, or the smoke run tests afford (seconds, not minutes)."""
+
+    models: tuple[str, ...]
+    #: back-to-back (candidate, eager) step pairs per contender
+    steps: int
+    #: torch._functorch.config.activation_memory_budget values (1.0 = the default runtime-optimised cut)
+    torch_budgets: tuple[float, ...]
+    #: sac_ilp's per-module memory_budget: the share of a block's activation memory its policy may save
+    ilp_budgets: tuple[float, ...]
+    #: memviz budgets as fractions of the range [sac minimum, eager peak]; 0.0 = the minimum
+    fractions: tuple[float, ...]
+
+
+FULL = Settings(("gpt2", "llama", "resnet18"), 5, (1.0, 0.75, 0.5, 0.25, 0.0), (0.75, 0.5, 0.25, 0.0),
+                (0.75, 0.5, 0.25, 0.0))
+#: --quick: a tiny GPT-2, one point per contender below eager
+SMOKE = Settings(("gpt2",), 1, (0.5,), (0.25,), (0.0,))
 
 
 # --- models: each a module whose forward(*args) returns the scalar training loss --------------------------
@@ -98,6 +115,8 @@ def _tokens(batch: int, seq: int, vocab: int) -> tuple[torch.Tensor, torch.Tenso
 
 def gpt2(quick: bool) -> tuple[nn.Module, tuple, list[str]]:
     """GPT2LMHeadModel, random init: 4 layers, n_embd 128, seq 128, batch 2, dropout 0.1 (quick: tiny)."""
+    import transformers
+
     layers, d, seq = (2, 32, 16) if quick else (4, 128, 128)
     cfg = transformers.GPT2Config(vocab_size=256, n_positions=seq, n_embd=d, n_layer=layers, n_head=4)
     torch.manual_seed(0)
@@ -108,10 +127,12 @@ def gpt2(quick: bool) -> tuple[nn.Module, tuple, list[str]]:
 def llama(quick: bool) -> tuple[nn.Module, tuple, list[str]]:
     """LlamaForCausalLM, random init: 4 layers, hidden 128, 4 heads / 2 KV heads, seq 128, batch 2,
     attention dropout 0.1 (quick: tiny)."""
+    import transformers
+
     layers, d, seq = (2, 32, 16) if quick else (4, 128, 128)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=seq,
-                                   attention_dropout=0.1)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=d, intermediate_size=2 * d,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=seq, attention_dropout=0.1)
     torch.manual_seed(0)
     model = CausalLMLoss(transformers.LlamaForCausalLM(cfg).train())
     return model, _tokens(2, seq, 256), [f"model.model.layers.{i}" for i in range(layers)]
@@ -120,6 +141,8 @@ def llama(quick: bool) -> tuple[nn.Module, tuple, list[str]]:
 def resnet(quick: bool) -> tuple[nn.Module, tuple, list[str]]:
     """torchvision resnet18, 10 classes, batch 8 of 64x64 images (quick: 2 of 16x16): activations
     about as large as its parameters and gradients, so checkpointing has something to save."""
+    import torchvision
+
     batch, size = (2, 16) if quick else (8, 64)
     torch.manual_seed(0)
     model = ClassifierLoss(torchvision.models.resnet18(num_classes=10).train())
@@ -225,7 +248,8 @@ def align(estimated: list[str], decisions: list[int], dispatched: list[str]) -> 
     and tril only on real tensors), so decisions by position would land on the wrong ops.  Runs of ops
     equal in both keep their decisions; an op only one side has is recomputed."""
     out = [0] * len(dispatched)
-    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, estimated, dispatched, autojunk=False).get_opcodes():
+    matcher = difflib.SequenceMatcher(None, estimated, dispatched, autojunk=False)
+    for tag, i1, i2, j1, _ in matcher.get_opcodes():
         if tag == "equal":
             out[j1:j1 + i2 - i1] = decisions[i1:i2]
     return out
@@ -245,7 +269,8 @@ def ilp_context_fns(stats: dict[str, Any], budget: float,
         start = time.perf_counter()
         decisions = get_optimal_checkpointing_policy_per_module(s, budget)
         info[path] = {"solve_s": time.perf_counter() - start, "ops": len(s.func_names),
-                      "ops_dispatched": len(dispatched[path]), "saved": sum(decisions), "solved": bool(decisions)}
+                      "ops_dispatched": len(dispatched[path]), "saved": sum(decisions),
+                      "solved": bool(decisions)}
         aligned = align(s.func_names, decisions, dispatched[path]) if decisions else []
 
         def context_fn(aligned: list[int] = aligned) -> Any:
@@ -282,22 +307,31 @@ def module_milp_status(stats: dict[str, Any]) -> str:
 
 
 # --- measuring -------------------------------------------------------------------------------------------
-def buffer_error(reference: nn.Module, candidate: nn.Module) -> float:
-    """Largest |b - b_ref| over floating buffers (BatchNorm running statistics) after the same steps."""
-    pairs = [(a, b) for a, b in zip(reference.buffers(), candidate.buffers(), strict=True) if a.is_floating_point()]
+def buffer_error(eager: nn.Module, candidate: nn.Module, args: tuple) -> float:
+    """Largest |b - b_eager| over floating buffers (BatchNorm running statistics) after one step of each
+    from the candidate's statistics, same seed: 0.0 when the candidate moves them once per step, as
+    eager does.  (Parameters never change here: no optimizer step.)"""
+    reference = copy.deepcopy(eager)
+    with torch.no_grad():
+        for a, b in zip(reference.buffers(), candidate.buffers(), strict=True):
+            a.copy_(b)
+    _step(reference, args, 3)
+    _step(candidate, args, 3)
+    pairs = [(a, b) for a, b in zip(reference.buffers(), candidate.buffers(), strict=True)
+             if a.is_floating_point()]
     return max((float((a - b).abs().max()) for a, b in pairs), default=0.0)
 
 
 def measure(candidate: nn.Module, eager: nn.Module, args: tuple, steps: int) -> dict:
-    """`bench_remat.measure_vs`, plus the buffers' distance from eager's after it (both ran the same
-    steps with the same seeds, so BatchNorm statistics moved by the same batches)."""
+    """`bench_remat.measure_vs` plus `buffer_error`."""
     row = measure_vs(candidate, eager, args, steps)
-    row["buffer_error"] = buffer_error(eager, candidate)
+    row["buffer_error"] = buffer_error(eager, candidate, args)
     return row
 
 
-def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module, steps: int) -> tuple[dict, list[dict]]:
-    """Profile once, plan (strategy "sac") at the minimum and at FRACTIONS of [minimum, eager peak],
+def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
+                settings: Settings) -> tuple[dict, list[dict]]:
+    """Profile once, plan (strategy "sac") at `settings.fractions` of [minimum, eager peak] (0: the minimum),
     apply and measure each distinct plan."""
     start = time.perf_counter()
     prof = memviz.profile(model, args, mode="train")
@@ -311,7 +345,7 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module, steps: int) -> 
     minimum_s = time.perf_counter() - start
     peak = prof.baseline.peak_bytes
     rows, seen = [], {}
-    for fraction in FRACTIONS:
+    for fraction in settings.fractions:
         budget = low + int(fraction * (peak - low))
         start = time.perf_counter()
         plan = memviz.plan(prof, budget, strategy="sac")
@@ -321,14 +355,16 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module, steps: int) -> 
                "options": plan.solver_stats.extra["sac"]["options"]}
         key = repr(row["options"])
         if key not in seen:
-            seen[key] = measure(memviz.apply(plan, model), eager, args, steps)
+            seen[key] = measure(memviz.apply(plan, model), eager, args, settings.steps)
         rows.append({**row, **seen[key]})
         _log(f"memviz {row['setting']}: plan {row['plan_peak'] / MiB:.2f} MiB, measured "
              f"{rows[-1]['measured_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x")
     return {"profile_s": profile_s, "minimum_s": minimum_s, "minimum": low, "eager_predicted": peak}, rows
 
 
-def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module, steps: int) -> tuple[dict, list]:
+def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module,
+              settings: Settings) -> tuple[dict, list]:
+    steps = settings.steps
     rows = [{"contender": "checkpoint", "setting": "every block", "plan_s": 0.0,
              **measure(checkpoint_blocks(model, blocks), eager, args, steps)}]
     _log(f"per-block checkpoint: {rows[-1]['measured_overhead']:.3f}x")
@@ -343,7 +379,7 @@ def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module
     info["sac_estimate_s"] = time.perf_counter() - start
     if stats is not None:
         info["sac_milp"] = module_milp_status(stats)
-        for budget in ILP_BUDGETS:
+        for budget in settings.ilp_budgets:
             fns, per_block = ilp_context_fns(stats, budget, dispatched)
             solve = sum(b["solve_s"] for b in per_block.values())
             row = {"contender": "sac_ilp", "setting": f"memory_budget {budget}", "budget": budget,
@@ -353,7 +389,7 @@ def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module
                 continue
             rows.append({**row, **measure(checkpoint_blocks(model, blocks, fns), eager, args, steps)})
             _log(f"sac_ilp {budget}: {rows[-1]['measured_overhead']:.3f}x")
-    for budget in TORCH_BUDGETS:
+    for budget in settings.torch_budgets:
         start = time.perf_counter()
         with _eager_packing_answer():
             candidate = TorchMinCut(copy.deepcopy(model), args, budget)
@@ -370,6 +406,8 @@ def _eager_packing_answer() -> Iterator[None]:
     (``find_packed_sequence_indices``) reads a tensor's value, which a trace without dynamo cannot
     (``DataDependentOutputException: aten._local_scalar_dense``); it gets eager's answer on these
     inputs instead (None: one sequence per row).  The traced graph is then eager's."""
+    import transformers.masking_utils
+
     with unittest.mock.patch.object(transformers.masking_utils, "find_packed_sequence_indices",
                                     lambda position_ids: None):
         yield
@@ -393,16 +431,17 @@ def at_equal_memory(ours: list[dict], peers: list[dict]) -> list[dict]:
     return out
 
 
-def bench_model(name: str, quick: bool, steps: int) -> dict:
+def bench_model(name: str, quick: bool, settings: Settings) -> dict:
     model, args, blocks = MODELS[name](quick)
+    steps = settings.steps
     eager = copy.deepcopy(model)
     _step(eager, args, 0)  # warm: every measurement pairs its steps with this model's
     eager_s = statistics.median(_timed_step(eager, args, i) for i in range(steps))
     eager_peak = measured_peak(eager, args)
     noise = measure(copy.deepcopy(model), eager, args, steps)["measured_overhead"]
     _log(f"{name}: eager {eager_s * 1e3:.1f} ms, {eager_peak / MiB:.2f} MiB, noise {noise:.3f}")
-    info, peers = peer_rows(model, args, blocks, eager, steps)
-    mv, ours = memviz_rows(model, args, eager, steps)
+    info, peers = peer_rows(model, args, blocks, eager, settings)
+    mv, ours = memviz_rows(model, args, eager, settings)
     lowest_peer = min((p["measured_peak"] for p in peers if "measured_peak" in p), default=None)
     lowest_ours = min((r["measured_peak"] for r in ours if r["grad_error"] <= GRAD_TOLERANCE), default=None)
     return {"model": name, "params": sum(p.numel() for p in model.parameters()), "blocks": blocks,
@@ -419,8 +458,8 @@ def _mib(b: int) -> str:
 def _rows_table(m: dict) -> list[str]:
     out = ["| contender | setting | plan s | measured peak MiB | vs eager peak | step time vs eager | "
            "gradient error | buffer error |", "|---|---|---|---|---|---|---|---|",
-           f"| eager | | 0 | {_mib(m['eager_peak'])} | 1.00 | 1.000 (noise: eager copy {m['eager_vs_eager']:.3f}) "
-           "| 0 | 0 |"]
+           f"| eager | | 0 | {_mib(m['eager_peak'])} | 1.00 | 1.000 (noise: eager copy "
+           f"{m['eager_vs_eager']:.3f}) | 0 | 0 |"]
     for r in m["peers"] + m["ours"]:
         if "not_run" in r:
             out.append(f"| {r['contender']} | {r['setting']} | {r['plan_s']:.2f} | not run: {r['not_run']} "
@@ -433,8 +472,8 @@ def _rows_table(m: dict) -> list[str]:
 
 
 def _equal_table(m: dict) -> list[str]:
-    out = ["| peer | setting | peer peak MiB | peer time | peer grad error | memviz point | memviz peak MiB | "
-           "memviz time | memviz / peer |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| peer | setting | peer peak MiB | peer time | peer grad error | memviz point | "
+           "memviz peak MiB | memviz time | memviz / peer |", "|---|---|---|---|---|---|---|---|---|"]
     for e in m["equal_memory"]:
         head = (f"| {e['peer']} | {e['setting']} | {_mib(e['peer_peak'])} | {e['peer_overhead']:.3f} | "
                 f"{e['peer_grad_error']:.1e} |")
@@ -449,26 +488,37 @@ def _equal_table(m: dict) -> list[str]:
 
 
 def markdown(result: dict) -> str:
-    out = ["## memviz.apply vs PyTorch's own memory tools", "",
-           f"Training steps (forward, loss, backward) on CPU, one intra-op thread. Step time: median of "
-           f"{result['steps']} back-to-back (candidate, eager) pair ratios; the eager copy's ratio is the noise "
-           "floor. Peaks: live tensor bytes from the CPU storage tracker (parameters, gradients, inputs "
-           "included), the same for every contender. Gradient error: max |g - g_eager| / max |g_eager| "
-           "after a step with the same seed (dropout on: contenders that replay the RNG state match "
-           f"eager; tolerance {GRAD_TOLERANCE:.0e}). Buffer error: largest BatchNorm statistic difference "
-           "after the same steps. Plan s: what a contender costs before its first step (memviz: its "
-           "plan; the profile is shown per model; sac_ilp: SACEstimator + its MILPs; torch: trace + "
-           "partition).", "",
-           "Peers: per-block checkpointing is non-reentrant `checkpoint` around each transformer block / "
-           "ResNet layer. sac_ilp is `get_optimal_checkpointing_policy_per_module` per block on "
-           "`SACEstimator` statistics; SACEstimator's runtime modes both need CUDA (cost model: "
-           "`AssertionError: Roofline estimation needs to access CUDA capabilities to make estimations`; "
-           "benchmark: `RuntimeError: Tried to instantiate dummy base class Event`), so its op times are "
-           "measured on CPU the way its benchmark mode does (2 warm-up runs, mean of 3). torch min-cut is "
-           "AOTAutograd's `min_cut_rematerialization_partition` under `activation_memory_budget` with the "
-           "aot_eager (no-op, boxed) compilers, no dynamo and no Inductor (see the rematerialization "
-           "section): it recomputes dropout with a fresh mask, hence its gradient errors with dropout on.",
-           ""]
+    method = (
+        "Training steps (forward, loss, backward) on CPU, one intra-op thread. Step time: median of "
+        f"{result['steps']} back-to-back (candidate, eager) pair ratios; the eager copy's ratio is the noise "
+        "floor. Peaks: live tensor bytes from the CPU storage tracker (parameters, gradients, inputs "
+        "included), the same for every contender. Gradient error: max |g - g_eager| / max |g_eager| after "
+        "a step with the same seed (dropout is on: a contender that replays the RNG state matches eager; "
+        f"tolerance {GRAD_TOLERANCE:.0e}). Buffer error: largest BatchNorm statistic difference after the "
+        "same steps. Plan s: what a contender costs before its first step (memviz: its plan, the profile "
+        "is given per model; sac_ilp: SACEstimator, the real-op recording and its MILPs; torch: trace and "
+        "partition). The language models run with `use_cache=False`, as transformers' own gradient "
+        "checkpointing sets it: with the default cache every recomputed block appends its keys and values "
+        "a second time (selective checkpointing, memviz's and sac_ilp's, then fails with `aten.slice.Tensor "
+        "encountered during backward but not found in storage`).")
+    peers = (
+        "Peers. Per-block checkpointing: non-reentrant `checkpoint` around each transformer block / ResNet "
+        "layer (it recomputes BatchNorm, hence its buffer error: the statistics move twice). sac_ilp: "
+        "`get_optimal_checkpointing_policy_per_module` per block on `SACEstimator` statistics. Both "
+        "SACEstimator runtime modes need CUDA (cost model: `AssertionError: Roofline estimation needs to "
+        "access CUDA capabilities to make estimations`; benchmark: `RuntimeError: Tried to instantiate dummy "
+        "base class Event`), so its op times are measured on CPU as its benchmark mode does (2 warm-up "
+        "runs, mean of 3). Its op sequence (under FakeTensorMode) is not the real one (CPU SDPA with "
+        "dropout adds ones/tril on real tensors), so its decisions are aligned onto the ops a real step "
+        "dispatches (difflib; unmatched ops recomputed): by position they land on the wrong ops and "
+        "gradients differ from eager's. Its policy saves in-place ops together with the tensor they mutate, "
+        "which needs `allow_cache_entry_mutation=True`. Its module-level MILP (`sac_milp`, which blocks to "
+        "checkpoint and how much) is not run: see each model. torch min-cut: AOTAutograd's "
+        "`min_cut_rematerialization_partition` under `activation_memory_budget`, aot_eager (no-op, boxed) "
+        "compilers, no dynamo and no Inductor (see the rematerialization section); transformers' "
+        "packed-sequence check reads a tensor value, so while tracing it gets eager's answer (None). It "
+        "recomputes dropout with a fresh mask: its gradient error where it recomputes dropout.")
+    out = ["## memviz.apply vs PyTorch's own memory tools", "", method, "", peers, ""]
     for m in result["models"]:
         mv = m["memviz"]
         out += [f"### {m['model']} ({m['params'] / 1e6:.2f} M parameters, blocks: {len(m['blocks'])})", "",
@@ -477,12 +527,13 @@ def markdown(result: dict) -> str:
                 f"budget search {mv['minimum_s']:.2f} s (minimum {_mib(mv['minimum'])} MiB). sac_ilp: "
                 + (f"SACEstimator {m['sac_estimate_s']:.1f} s; module-level `sac_milp` {m['sac_milp']}."
                    if "sac_ilp_error" not in m else f"failed: `{m['sac_ilp_error']}`."), ""]
-        out += _rows_table(m) + ["", "At equal or lower measured memory: for each peer point, memviz's fastest "
-                                     "point whose measured peak is no higher:", ""] + _equal_table(m)
+        out += _rows_table(m) + ["", "At equal or lower measured memory: for each peer point, memviz's "
+                                     "fastest point whose measured peak is no higher:", ""] + _equal_table(m)
         low_p, low_o = m["lowest_peer_peak"], m["lowest_memviz_peak"]
         if low_p is not None and low_o is not None:
+            verdict = "reaches lower" if low_o < low_p else "does NOT reach lower"
             out += ["", f"Lowest measured peak: memviz {_mib(low_o)} MiB, peers {_mib(low_p)} MiB "
-                        f"({low_o / low_p:.2f}x: memviz {'reaches lower' if low_o < low_p else 'does NOT reach lower'})."]
+                        f"({low_o / low_p:.2f}x: memviz {verdict})."]
         out.append("")
     return "\n".join(out)
 
@@ -495,8 +546,8 @@ def headline(result: dict) -> list[dict]:
         lost = [e for e in eq if e["ours"] is None]
         ratios = [e["ratio"] for e in eq if e["ratio"] is not None]
         worst = max(ratios, default=None)
-        rows.append({"metric": f"apply {m['model']}: memviz step time / peer's at equal or lower measured memory "
-                               f"(worst of {len(eq)} peer points)",
+        rows.append({"metric": f"apply {m['model']}: memviz step time / peer's at equal or lower measured "
+                               f"memory (worst of {len(eq)} peer points)",
                      "ours": "" if worst is None else f"{worst:.2f}x"
                              + (f"; {len(lost)} peer points below memviz's lowest peak" if lost else ""),
                      "baseline": "peer 1.00x", "ratio": "" if worst is None else f"{worst:.2f}"})
@@ -512,13 +563,13 @@ def run(quick: bool = False) -> dict:
     # one intra-op thread, as bench_remat: two OpenMP threads on the shared 2-core machine made steps
     # far slower and noisier; every contender runs under the same setting
     torch.set_num_threads(1)
-    steps = 2 if quick else 7
+    settings = SMOKE if quick else FULL
     models = []
-    for name in MODELS:
+    for name in settings.models:
         start = time.perf_counter()
-        models.append(bench_model(name, quick, steps))
+        models.append(bench_model(name, quick, settings))
         _log(f"{name} done in {time.perf_counter() - start:.0f} s")
-    result = {"name": "apply", "title": "memviz.apply vs PyTorch's own memory tools", "steps": steps,
+    result = {"name": "apply", "title": "memviz.apply vs PyTorch's own memory tools", "steps": settings.steps,
               "quick": quick, "models": models}
     result["headline"] = headline(result)
     result["markdown"] = markdown(result)
@@ -528,7 +579,7 @@ def run(quick: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from run import bench_main
 
-    return bench_main(run, "apply", __doc__, argv, "tiny models, 2 step pairs")
+    return bench_main(run, "apply", __doc__, argv, "smoke run: a tiny GPT-2, one point per contender")
 
 
 if __name__ == "__main__":

@@ -471,6 +471,12 @@ def _rows_table(m: dict) -> list[str]:
     return out
 
 
+def verdict(ratio: float, noise: float) -> str:
+    """memviz/peer time ratio read against the noise floor (the eager copy's distance from 1.0)."""
+    band = abs(noise - 1.0)
+    return "faster" if ratio < 1 - band else "SLOWER" if ratio > 1 + band else "within noise"
+
+
 def _equal_table(m: dict) -> list[str]:
     out = ["| peer | setting | peer peak MiB | peer time | peer grad error | memviz point | "
            "memviz peak MiB | memviz time | memviz / peer |", "|---|---|---|---|---|---|---|---|---|"]
@@ -481,9 +487,8 @@ def _equal_table(m: dict) -> list[str]:
         if o is None:
             out.append(f"{head} none at or below this peak: memviz LOSES | | | |")
             continue
-        verdict = "faster" if e["ratio"] < 1 else "SLOWER" if e["ratio"] > 1 else "equal"
         out.append(f"{head} {o['setting']} | {_mib(o['measured_peak'])} | {o['measured_overhead']:.3f} | "
-                   f"{e['ratio']:.2f} ({verdict}) |")
+                   f"{e['ratio']:.2f} ({verdict(e['ratio'], m['eager_vs_eager'])}) |")
     return out
 
 
@@ -494,13 +499,13 @@ def markdown(result: dict) -> str:
         "floor. Peaks: live tensor bytes from the CPU storage tracker (parameters, gradients, inputs "
         "included), the same for every contender. Gradient error: max |g - g_eager| / max |g_eager| after "
         "a step with the same seed (dropout is on: a contender that replays the RNG state matches eager; "
-        f"tolerance {GRAD_TOLERANCE:.0e}). Buffer error: largest BatchNorm statistic difference after the "
-        "same steps. Plan s: what a contender costs before its first step (memviz: its plan, the profile "
-        "is given per model; sac_ilp: SACEstimator, the real-op recording and its MILPs; torch: trace and "
-        "partition). The language models run with `use_cache=False`, as transformers' own gradient "
-        "checkpointing sets it: with the default cache every recomputed block appends its keys and values "
-        "a second time (selective checkpointing, memviz's and sac_ilp's, then fails with `aten.slice.Tensor "
-        "encountered during backward but not found in storage`).")
+        f"tolerance {GRAD_TOLERANCE:.0e}). Buffer error: largest BatchNorm statistic difference from eager "
+        "after one step from the same statistics. Plan s: what a contender costs before its first step "
+        "(memviz: its plan, the profile is given per model; sac_ilp: SACEstimator, the real-op recording "
+        "and its MILPs; torch: trace and partition). The language models run with `use_cache=False`, as "
+        "transformers' own gradient checkpointing sets it: with the default cache every recomputed block "
+        "appends its keys and values a second time (selective checkpointing, memviz's and sac_ilp's, then "
+        "fails with `aten.slice.Tensor encountered during backward but not found in storage`).")
     peers = (
         "Peers. Per-block checkpointing: non-reentrant `checkpoint` around each transformer block / ResNet "
         "layer (it recomputes BatchNorm, hence its buffer error: the statistics move twice). sac_ilp: "
@@ -528,7 +533,9 @@ def markdown(result: dict) -> str:
                 + (f"SACEstimator {m['sac_estimate_s']:.1f} s; module-level `sac_milp` {m['sac_milp']}."
                    if "sac_ilp_error" not in m else f"failed: `{m['sac_ilp_error']}`."), ""]
         out += _rows_table(m) + ["", "At equal or lower measured memory: for each peer point, memviz's "
-                                     "fastest point whose measured peak is no higher:", ""] + _equal_table(m)
+                                 "fastest point whose measured peak is no higher (faster / SLOWER: beyond "
+                                 f"the noise floor, {abs(m['eager_vs_eager'] - 1):.3f}):", ""]
+        out += _equal_table(m)
         low_p, low_o = m["lowest_peer_peak"], m["lowest_memviz_peak"]
         if low_p is not None and low_o is not None:
             verdict = "reaches lower" if low_o < low_p else "does NOT reach lower"
@@ -539,18 +546,24 @@ def markdown(result: dict) -> str:
 
 
 def headline(result: dict) -> list[dict]:
-    """Per model: the worst memviz/peer time ratio at equal or lower memory, and the lowest peaks."""
+    """Per model: how memviz's step time compares at equal or lower memory (faster / within noise /
+    slower / no memviz point that low, over the peer points), the worst ratio, and the lowest peaks."""
     rows = []
     for m in result["models"]:
-        eq = [e for e in m["equal_memory"]]
-        lost = [e for e in eq if e["ours"] is None]
-        ratios = [e["ratio"] for e in eq if e["ratio"] is not None]
-        worst = max(ratios, default=None)
-        rows.append({"metric": f"apply {m['model']}: memviz step time / peer's at equal or lower measured "
-                               f"memory (worst of {len(eq)} peer points)",
-                     "ours": "" if worst is None else f"{worst:.2f}x"
-                             + (f"; {len(lost)} peer points below memviz's lowest peak" if lost else ""),
-                     "baseline": "peer 1.00x", "ratio": "" if worst is None else f"{worst:.2f}"})
+        eq = m["equal_memory"]
+        counts = {"faster": 0, "within noise": 0, "SLOWER": 0}
+        for e in eq:
+            if e["ratio"] is not None:
+                counts[verdict(e["ratio"], m["eager_vs_eager"])] += 1
+        lost = sum(e["ours"] is None for e in eq)
+        worst = max((e for e in eq if e["ratio"] is not None), key=lambda e: e["ratio"], default=None)
+        tally = ", ".join(f"{n} {k}" for k, n in counts.items()) + (f", {lost} below memviz's lowest peak"
+                                                                     if lost else "")
+        rows.append({"metric": f"apply {m['model']}: memviz step time at equal or lower measured memory, "
+                               f"{len(eq)} peer points (noise {abs(m['eager_vs_eager'] - 1):.3f})",
+                     "ours": tally, "baseline": "" if worst is None else
+                     f"worst: {worst['peer']} {worst['setting']}",
+                     "ratio": "" if worst is None else f"{worst['ratio']:.2f}"})
         if m["lowest_peer_peak"] and m["lowest_memviz_peak"]:
             rows.append({"metric": f"apply {m['model']}: lowest measured peak, memviz vs best peer",
                          "ours": f"{_mib(m['lowest_memviz_peak'])} MiB",

@@ -516,10 +516,11 @@ def markdown(result: dict) -> str:
         "base class Event`), so its op times are measured on CPU as its benchmark mode does (2 warm-up "
         "runs, mean of 3). Its op sequence (under FakeTensorMode) is not the real one (CPU SDPA with "
         "dropout adds ones/tril on real tensors), so its decisions are aligned onto the ops a real step "
-        "dispatches (difflib; unmatched ops recomputed): by position they land on the wrong ops and "
-        "gradients differ from eager's. Its policy saves in-place ops together with the tensor they mutate, "
-        "which needs `allow_cache_entry_mutation=True`. Its module-level MILP (`sac_milp`, which blocks to "
-        "checkpoint and how much) is not run: see each model. torch min-cut: AOTAutograd's "
+        "dispatches (difflib; unmatched ops recomputed): by position they land on the wrong ops (a tiny "
+        "GPT-2's gradients then differed from eager's by up to 1e-1). Its policy saves in-place ops "
+        "together with the tensor they mutate, which needs `allow_cache_entry_mutation=True`. Its "
+        "module-level MILP (`sac_milp`, which blocks to checkpoint and how much) is not run: see each "
+        "model. torch min-cut: AOTAutograd's "
         "`min_cut_rematerialization_partition` under `activation_memory_budget`, aot_eager (no-op, boxed) "
         "compilers, no dynamo and no Inductor (see the rematerialization section); transformers' "
         "packed-sequence check reads a tensor value, so while tracing it gets eager's answer (None). It "
@@ -531,8 +532,9 @@ def markdown(result: dict) -> str:
                 f"Eager: {_mib(m['eager_peak'])} MiB measured ({_mib(mv['eager_predicted'])} predicted), "
                 f"{m['eager_step_s'] * 1e3:.1f} ms per step. memviz profile {mv['profile_s']:.1f} s, minimum "
                 f"budget search {mv['minimum_s']:.2f} s (minimum {_mib(mv['minimum'])} MiB). sac_ilp: "
-                + (f"SACEstimator {m['sac_estimate_s']:.1f} s; module-level `sac_milp` {m['sac_milp']}."
-                   if "sac_ilp_error" not in m else f"failed: `{m['sac_ilp_error']}`."), ""]
+                + (f"failed: `{m['sac_ilp_error']}`." if "sac_ilp_error" in m else
+                   f"SACEstimator {m['sac_estimate_s']:.1f} s; module-level `sac_milp` "
+                   f"{m['sac_milp'].rstrip('.')}."), ""]
         out += _rows_table(m) + ["", "At equal or lower measured memory: for each peer point, memviz's "
                                  "fastest point whose measured peak is no higher (faster / SLOWER: beyond "
                                  f"the noise floor, {abs(m['eager_vs_eager'] - 1):.3f}):", ""]

@@ -113,3 +113,62 @@ def test_runner_quick_remat_section(tmp_path):
         run = [r for r in m["rows"] if "measured_peak" in r]
         assert run and all(r["grad_error"] <= 1e-4 for r in run)
         assert all(abs(r["peak_error"]) < 0.05 for r in run)  # the tracker agrees with the simulator
+
+
+def _bench_apply():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_apply
+
+    return bench_apply
+
+
+def test_apply_sac_ilp_decisions_follow_the_dispatched_ops():
+    """SACEstimator's ops (FakeTensorMode) lack the two the real CPU SDPA dispatches: the decisions after
+    them must stay on their own ops, and an op only the real step has is recomputed."""
+    bench = _bench_apply()
+    estimated = ["mm", "view", "mul", "empty_like", "bernoulli_", "add"]
+    decisions = [1, 0, 1, 1, 1, 0]
+    dispatched = ["mm", "view", "ones", "tril", "mul", "empty_like", "bernoulli_", "add"]
+    assert bench.align(estimated, decisions, dispatched) == [1, 0, 0, 0, 1, 1, 1, 0]
+
+
+def test_apply_equal_memory_picks_memviz_fastest_point_within_each_peer_peak():
+    bench = _bench_apply()
+
+    def row(setting: str, peak: int, overhead: float, grad_error: float = 0.0) -> dict:
+        return {"contender": "memviz", "setting": setting, "measured_peak": peak,
+                "measured_overhead": overhead, "grad_error": grad_error}
+
+    ours = [row("75%", 95, 1.1), row("min", 80, 1.5), row("50%", 90, 1.0, grad_error=1.0)]
+    peers = [{"contender": "checkpoint", "setting": "every block", "measured_peak": 100,
+              "measured_overhead": 1.2, "grad_error": 0.0},
+             {"contender": "sac_ilp", "setting": "memory_budget 0.0", "not_run": "the MILP is infeasible"},
+             {"contender": "torch min-cut", "setting": "0.0", "measured_peak": 70, "measured_overhead": 2.0,
+              "grad_error": 0.3}]
+    first, second = bench.at_equal_memory(ours, peers)
+    assert first["ours"]["setting"] == "75%"  # 50% is faster but its gradients are wrong
+    assert first["ratio"] == pytest.approx(1.1 / 1.2)
+    assert second["ours"] is None and second["ratio"] is None  # below memviz's lowest peak: a loss, shown
+
+
+@pytest.mark.slow
+def test_apply_bench_smoke(tmp_path):
+    """bench_apply's --quick run (a tiny GPT-2, one point per contender) end to end: every contender
+    measured, the checkpointing ones with eager's gradients, memviz's run within its budget and plan."""
+    out = tmp_path / "apply.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_apply.py"), "--quick", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (m,) = json.loads(out.read_text())["models"]
+    rows = m["peers"] + m["ours"]
+    assert {r["contender"] for r in rows} == {"checkpoint", "sac_ilp", "torch min-cut", "memviz"}
+    for r in rows:
+        assert "measured_peak" in r, r
+        if r["contender"] != "torch min-cut":  # min-cut recomputes dropout with a fresh mask
+            assert r["grad_error"] <= 1e-4, r
+    (ours,) = m["ours"]
+    assert ours["measured_peak"] <= ours["budget"] and abs(ours["measured_peak"] - ours["plan_peak"]) <= \
+        0.02 * ours["plan_peak"]
+    assert ours["measured_peak"] < m["eager_peak"]
+    assert len(m["equal_memory"]) == len(m["peers"])
+    assert "At equal or lower measured memory" in proc.stdout and "sac_ilp" in proc.stdout

@@ -41,6 +41,25 @@ def test_export_request_trait_reports_back(tmp_path):
     assert result["ok"] and any(path.endswith("m.plan.json") for path in result["paths"])
 
 
+def test_export_on_the_default_path_creates_its_folder(tmp_path, monkeypatch):
+    """Issue 18 item 5: Export's default path is memviz_export/model_opt.py beside the notebook, a folder
+    that does not exist yet; a failure comes back as ok=False with the exception named."""
+    monkeypatch.chdir(tmp_path)
+    w = Planner(plan(tiny_training_graph(), frontier=False, packing=False))
+    assert w.export_path == "memviz_export/model_opt.py" and not (tmp_path / "memviz_export").exists()
+    w.export_request += 1
+    result = json.loads(w.export_result)
+    assert result["ok"], result
+    assert (tmp_path / "memviz_export" / "model_opt.plan.json").is_file()
+    assert (tmp_path / "memviz_export" / "model_opt.html").is_file()
+    (tmp_path / "blocked").write_text("a file where the folder should be")
+    w.export_path = "blocked/model_opt.py"
+    w.export_request += 1
+    failed = json.loads(w.export_result)
+    assert not failed["ok"], failed
+    assert failed["message"].startswith(("FileExistsError", "NotADirectoryError")), failed
+
+
 # --- the slider: frontier plans shown at once, refined in the background ---------------------------
 def chain_plan(strategy: str = "rotor"):
     """A training chain whose rotor frontier has 20 distinct budgets (the tiny graph has one)."""

@@ -676,3 +676,41 @@ export function computeStep(doc: PlanDoc, computeId: number): number | null {
   const index = doc.planned.schedule.findIndex(([kind, id]) => kind === 'compute' && id === computeId);
   return index >= 0 ? index : null;
 }
+
+/** What the export row shows for the kernel's `export_result` JSON, and whether it is an error. */
+export interface ExportOutcome {
+  message: string;
+  error: boolean;
+  /** files the kernel refused to overwrite: the Overwrite button is offered */
+  exists: string[];
+}
+
+export function exportOutcome(text: string): ExportOutcome {
+  if (!text) {
+    return { message: '', error: false, exists: [] };
+  }
+  let result: { ok?: unknown; paths?: unknown; exists?: unknown; message?: unknown };
+  try {
+    result = JSON.parse(text);
+  } catch {
+    return { message: `export failed: the kernel answered ${text}`, error: true, exists: [] };
+  }
+  const strings = (value: unknown): string[] =>
+    Array.isArray(value) ? value.filter((v): v is string => typeof v === 'string') : [];
+  const note = typeof result.message === 'string' ? result.message : '';
+  if (result.ok === true) {
+    const exported = `exported: ${strings(result.paths).join(', ')}`;
+    return { message: note ? `${exported} (${note})` : exported, error: false, exists: [] };
+  }
+  const exists = strings(result.exists);
+  // a refusal to overwrite is a question (the Overwrite button answers it), not a failure
+  return { message: note || 'export failed', error: exists.length === 0, exists };
+}
+
+/**
+ * Whether the Planner's status line is an error: the kernel words a failed solve `error: ...`
+ * (memviz/widget.py), and the view's own parse failures `memviz: cannot ...`.
+ */
+export function isErrorStatus(status: string): boolean {
+  return /^(error:|memviz: cannot )/.test(status);
+}

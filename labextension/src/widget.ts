@@ -22,13 +22,14 @@ import { sliderReadouts } from './inspect_data';
 import { LatestOnly } from './latest';
 import {
   frontierLabel,
+  isErrorStatus,
   mergePlanParts,
   nearestFrontierIndex,
   parsePlan,
   PlanDoc,
   STRATEGIES
 } from './transforms';
-import { element, EXPORT_DEFAULTS, Exporter, widgetDefaults } from './ui';
+import { element, EXPORT_DEFAULTS, Exporter, showAsError, widgetDefaults } from './ui';
 import './graph'; // registers the CD-graph tab
 import { PlanTabs } from './views';
 
@@ -140,6 +141,7 @@ export class PlannerView extends DOMWidgetView {
         this._doc = parsePlan(mergePlanParts(this._parsedBase(), JSON.parse(text)));
       } catch (err) {
         this._status.textContent = `memviz: cannot render this plan: ${(err as Error).message}`;
+        showAsError(this._status, true);
       }
     }
     this._readouts.classList.remove('jp-mod-pending');
@@ -192,7 +194,9 @@ export class PlannerView extends DOMWidgetView {
   }
 
   private _statusChanged(): void {
-    this._status.textContent = this.model.get('status');
+    const status: string = this.model.get('status') ?? '';
+    this._status.textContent = status;
+    showAsError(this._status, isErrorStatus(status));
   }
 
   private _refiningChanged(): void {

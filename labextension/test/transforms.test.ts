@@ -12,11 +12,13 @@ import {
   chooseUnit,
   computeStep,
   escapeHtml,
+  exportOutcome,
   formatBytes,
   FRAGMENTATION,
   fragmentationSeries,
   frontierLabel,
   hasStepTimes,
+  isErrorStatus,
   mergePlanParts,
   nearestFrontierIndex,
   parsePlan,
@@ -368,5 +370,33 @@ describe('computeStep', () => {
     assert.equal(computeStep(SAMPLE, 0), 0);
     assert.equal(computeStep(SAMPLE, 2), 3);
     assert.equal(computeStep(SAMPLE, 99), null);
+  });
+});
+
+describe('exportOutcome', () => {
+  it('shows a failed export as an error, a refusal as a question with the files to overwrite', () => {
+    const failed = exportOutcome(
+      JSON.stringify({ ok: false, message: 'FileNotFoundError: memviz_export/m.py' })
+    );
+    assert.deepEqual(failed, { message: 'FileNotFoundError: memviz_export/m.py', error: true, exists: [] });
+    const refused = exportOutcome(JSON.stringify({ ok: false, exists: ['a.py'], message: 'a.py exists' }));
+    assert.deepEqual(refused, { message: 'a.py exists', error: false, exists: ['a.py'] });
+    assert.deepEqual(exportOutcome('not json').error, true);
+  });
+
+  it('shows a success as information, with the kernel note', () => {
+    const done = exportOutcome(JSON.stringify({ ok: true, paths: ['a.py', 'a.plan.json'] }));
+    assert.deepEqual(done, { message: 'exported: a.py, a.plan.json', error: false, exists: [] });
+    const noted = exportOutcome(JSON.stringify({ ok: true, paths: ['a.py'], message: 're-planned' }));
+    assert.equal(noted.message, 'exported: a.py (re-planned)');
+    assert.deepEqual(exportOutcome(''), { message: '', error: false, exists: [] });
+  });
+});
+
+describe('isErrorStatus', () => {
+  it('tells the kernel error status from a plan summary', () => {
+    assert.equal(isErrorStatus('error: rotor: infeasible (showing the frontier plan)'), true);
+    assert.equal(isErrorStatus('memviz: cannot render this plan: bad'), true);
+    assert.equal(isErrorStatus('memviz plan: peak 3 MiB, errors none'), false);
   });
 });

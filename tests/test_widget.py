@@ -60,6 +60,24 @@ def test_export_on_the_default_path_creates_its_folder(tmp_path, monkeypatch):
     assert failed["message"].startswith(("FileExistsError", "NotADirectoryError")), failed
 
 
+def test_the_output_carries_the_plan_shown_for_a_notebook_without_kernel():
+    """Issue 18 item 8: besides the widget view, the Planner's output holds the plan shown (the
+    extension draws it when the widget model is gone) and an escaped HTML summary (GitHub, nbviewer)."""
+    p = plan(training_chain(16), 0.8, strategy="rotor", time_limit=5)
+    p.model["name"] = "<img src=x onerror=alert(1)>"
+    w = Planner(p, strategy="rotor", time_limit=5)
+    bundle = w._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.model_id
+    saved = bundle[memviz.widget.PLANNER_MIME]
+    assert saved["model_id"] == w.model_id
+    assert Plan.from_dict(json.loads(json.dumps(saved["plan"]))).peak_bytes == p.peak_bytes
+    assert saved["plan"]["frontier"] == p.frontier
+    assert "<img" not in bundle["text/html"] and "&lt;img src=x" in bundle["text/html"]
+    w.budget_index = 0  # the slider moved: a later display (a saved output) holds the plan shown now
+    assert w._repr_mimebundle_()[memviz.widget.PLANNER_MIME]["plan"]["planned"] == w.document()["planned"]
+    w.close()
+
+
 # --- the slider: frontier plans shown at once, refined in the background ---------------------------
 def chain_plan(strategy: str = "rotor"):
     """A training chain whose rotor frontier has 20 distinct budgets (the tiny graph has one)."""

@@ -20,6 +20,7 @@ import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/ba
 import { readoutSpans } from './chart';
 import { sliderReadouts } from './inspect_data';
 import { LatestOnly } from './latest';
+import { PLAN_SHOWN_EVENT } from './snapshot';
 import {
   frontierLabel,
   isErrorStatus,
@@ -138,7 +139,10 @@ export class PlannerView extends DOMWidgetView {
     this._doc = null;
     if (text) {
       try {
-        this._doc = parsePlan(mergePlanParts(this._parsedBase(), JSON.parse(text)));
+        const merged = mergePlanParts(this._parsedBase(), JSON.parse(text));
+        this._doc = parsePlan(merged);
+        // the notebook output keeps the plan shown: a saved notebook without a kernel draws it (snapshot.ts)
+        this.el.dispatchEvent(new CustomEvent(PLAN_SHOWN_EVENT, { bubbles: true, detail: merged }));
       } catch (err) {
         this._status.textContent = `memviz: cannot render this plan: ${(err as Error).message}`;
         showAsError(this._status, true);

@@ -300,6 +300,31 @@ describe('planReadouts', () => {
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');
+    // the sample carries a caching-allocator simulation (42 MiB reserved): without it, the live peak
+    const cpu = clone() as unknown as PlanDoc;
+    cpu.packing = { ...cpu.packing!, allocator: null };
+    const fits = Object.fromEntries(planReadouts(cpu).map(x => [x.label, x.value])).fits;
+    assert.equal(fits, 'yes: live peak 29.00 MiB ≤ 32.00 MiB (no caching allocator on this device)');
+  });
+
+  it('judges a plan with a caching allocator on its reserved peak', () => {
+    const doc = clone() as unknown as PlanDoc;
+    const allocator = {
+      reserved_bytes: 36 * MiB,
+      allocated_bytes: 30 * MiB,
+      requested_bytes: 29 * MiB,
+      fragmentation: 0.1,
+      segments: [],
+      reserved: [],
+      allocated: [],
+      blocks: []
+    };
+    doc.packing = { buffers: [], peak_bytes: 29 * MiB, fragmentation: 0, allocator } as never;
+    const r = Object.fromEntries(planReadouts(doc).map(x => [x.label, x.value]));
+    assert.equal(
+      r.fits,
+      "NO: reserved by the allocator 36.00 MiB > 32.00 MiB (the export runs PyTorch's allocator, not the packed addresses)"
+    );
   });
 });
 

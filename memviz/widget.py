@@ -31,7 +31,7 @@ import ipywidgets as widgets
 import traitlets
 
 from memviz.budget import format_bytes
-from memviz.planning import Plan, frontier_plan, plan, with_packing
+from memviz.planning import Plan, fit_reserved, frontier_plan, plan, with_packing
 from memviz.report import write_report
 
 MODULE_NAME = "jupyterlab-memviz"
@@ -289,7 +289,9 @@ class Planner(MemvizWidget):
         strategy, budget = key
         try:
             if shown is not None and shown.strategy == strategy:
-                result = with_packing(shown, time_limit=min(10.0, self._time_limit))
+                packed = with_packing(shown, time_limit=min(10.0, self._time_limit))
+                # on a device with a caching allocator the frontier's plan must fit its reserved peak too
+                result = fit_reserved(packed, lambda at: self._solve(at, strategy))
             else:
                 result = self._solve(budget, strategy)
         except Exception as exc:  # a worker thread would swallow it: report it in the view

@@ -78,6 +78,22 @@ def test_the_output_carries_the_plan_shown_for_a_notebook_without_kernel():
     w.close()
 
 
+def test_a_refined_slider_plan_fits_the_allocator_reserved_peak():
+    """Issue 18 item 1 on the slider: on a CUDA device the frontier's own plan is packed, and re-planned
+    when the caching allocator would reserve more than the budget."""
+    from test_reserved import chain_profile
+
+    w = Planner(chain_profile("fake:h100"), budget=0.9, strategy="rotor", time_limit=5)
+    assert w.plan.fits and w.plan.reserved_peak_bytes <= w.plan.budget_bytes
+    w.settle_s = 0.0
+    w.budget_index = 10  # rotor's frontier plan: 128 MiB live for 135 MiB, but 146 MiB reserved
+    w.wait(120)
+    assert w.refining == "" and w.plan.packing is not None, w.status
+    assert w.plan.budget_bytes == w.plan.frontier[10]["budget_bytes"] and w.plan.strategy == "rotor"
+    assert w.plan.fits and w.plan.reserved_peak_bytes <= w.plan.budget_bytes, w.plan.summary()
+    w.close()
+
+
 # --- the slider: frontier plans shown at once, refined in the background ---------------------------
 def chain_plan(strategy: str = "rotor"):
     """A training chain whose rotor frontier has 20 distinct budgets (the tiny graph has one)."""

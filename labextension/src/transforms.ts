@@ -624,7 +624,12 @@ export function fitVerdict(doc: PlanDoc, budget: number): string {
           'reserved by the allocator',
           "the export runs PyTorch's allocator, not the packed addresses"
         ]
-      : [doc.planned.timeline.peak_bytes, 'live peak', 'no caching allocator on this device'];
+      : [
+          doc.planned.timeline.peak_bytes,
+          'live peak',
+          // without packing the kernel has not simulated the allocator yet (a frontier plan on the slider)
+          doc.packing ? 'no caching allocator on this device' : 'allocator not simulated for this plan yet'
+        ];
   const fits = held <= budget;
   return `${fits ? 'yes' : 'NO'}: ${what} ${formatBytes(held)} ${fits ? '≤' : '>'} ${formatBytes(budget)} (${how})`;
 }

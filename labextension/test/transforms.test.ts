@@ -13,6 +13,7 @@ import {
   computeStep,
   escapeHtml,
   exportOutcome,
+  fitVerdict,
   formatBytes,
   FRAGMENTATION,
   fragmentationSeries,
@@ -305,6 +306,8 @@ describe('planReadouts', () => {
     cpu.packing = { ...cpu.packing!, allocator: null };
     const fits = Object.fromEntries(planReadouts(cpu).map(x => [x.label, x.value])).fits;
     assert.equal(fits, 'yes: live peak 29.00 MiB ≤ 32.00 MiB (no caching allocator on this device)');
+    const unpacked = { ...cpu, packing: null } as PlanDoc;
+    assert.match(fitVerdict(unpacked, 32 * MiB), /\(allocator not simulated for this plan yet\)$/);
   });
 
   it('judges a plan with a caching allocator on its reserved peak', () => {

@@ -57,6 +57,25 @@ def editor_document(p: ChunkPlan) -> dict[str, Any]:
     }
 
 
+#: nodes either side of a new single-node region searched for the legal chunk flow with the lowest peak
+NEW_REGION_WINDOW = 8
+
+
+def _has_dims(region: dict[str, Any]) -> bool:
+    return bool(region.get("outputs") or region.get("dims"))
+
+
+def check_chunk_count(region: dict[str, Any]) -> None:
+    """A region's chunk count as the user typed it: an integer of at least 2 (the upper bound, the
+    region's extent, is `ChunkPlan.with_chunks`'s check)."""
+    chunks = region.get("chunks")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 2:
+        raise ValueError(
+            f"chunks={chunks!r} for region {region.get('start')}..{region.get('end')}: give an integer of at "
+            "least 2 (1 chunk runs the region unchunked with its copies: remove the region instead)"
+        )
+
+
 def _plan_of(source: Any, args: tuple | None, budget: Any) -> ChunkPlan:
     if isinstance(source, ChunkPlan):
         return source
@@ -105,11 +124,44 @@ class ChunkEditor(MemvizWidget):
 
     def edit(self, regions: list[dict[str, Any]]) -> ChunkPlan:
         """Apply user-edited regions (dicts with start, end, chunks, outputs/dims); raises ValueError
-        naming the op that breaks the dimension flow when a region is illegal."""
-        p = self.plan.with_chunks([self._retarget(r) for r in regions])
+        naming the op that breaks the dimension flow when a region is illegal, or the chunk count that
+        is not an integer from 2 to the region's extent (0 is never read as 1: 1 chunk is the region
+        unchunked, with its copies added: remove the region instead).  A region given without
+        `outputs`/`dims` is a new one: the kernel picks its chunk dims (`new_region`)."""
+        chunked = [self._retarget(r) if _has_dims(r) else self.new_region(r) for r in regions]
+        for r in chunked:
+            check_chunk_count(r)
+        p = self.plan.with_chunks(chunked)
         self.error = ""
         self._show(p)
         return p
+
+    def new_region(self, region: dict[str, Any]) -> dict[str, Any]:
+        """A region the user added over [start, end]: of the legal chunk flows over that span, or, for
+        a single node (the view's Add puts one at the chunked curve's peak), of those around it within
+        `NEW_REGION_WINDOW` nodes (AutoChunk Sec. 3.3's window, Algorithm 1), the one whose estimate
+        with `chunks` chunks is lowest."""
+        g, taken = self.plan.graph, self.plan.regions
+        start, end = region.get("start"), region.get("end")
+        if start not in g.index or end not in g.index:  # type: ignore[attr-defined]
+            raise ValueError(f"new chunk region: no node named {start!r} or {end!r}")
+        flows = (
+            ac.candidates_around(g, start, taken, NEW_REGION_WINDOW) if start == end
+            else ac.candidate_flows(g, start, end)
+        )
+        chunks = region.get("chunks", 2)
+        options = []
+        for f in flows:
+            if isinstance(chunks, int) and 1 <= chunks <= f.extent:
+                r = ac.ChunkRegion(f, chunks)
+                options.append((ac.estimate_memory(g, (*taken, r)).peak_bytes, len(f.hoisted), f))
+        if not options:
+            raise ValueError(
+                f"new chunk region {start!r}..{end!r}: no legal chunk flow there (within {NEW_REGION_WINDOW} "
+                f"nodes of a single node, outside the other regions) takes {chunks!r} chunks"
+            )
+        best = min(options, key=lambda o: o[:2])[2]
+        return {"start": best.start, "end": best.end, "chunks": chunks, "outputs": dict(best.outputs)}
 
     def _retarget(self, region: dict[str, Any]) -> dict[str, Any]:
         """A moved end edge changes the region's outputs: give the new outputs the dim the user chose for
@@ -126,19 +178,44 @@ class ChunkEditor(MemvizWidget):
         dim = next(iter(outputs.values()))
         return {**region, "outputs": {o: dim for o in new}}
 
+    def _accepted(self) -> list[dict[str, Any]]:
+        return [{k: c[k] for k in ("start", "end", "chunks", "outputs")} for c in self.plan.chunks]
+
     @traitlets.observe("regions_json")
     def _on_regions(self, change: dict[str, Any]) -> None:
         try:
             regions = json.loads(change["new"])
-            if not isinstance(regions, list):
+            if not isinstance(regions, list) or not all(isinstance(r, dict) for r in regions):
                 raise ValueError("regions must be a JSON list of {start, end, chunks, outputs}")
-            current = [{k: c[k] for k in ("start", "end", "chunks", "outputs")} for c in self.plan.chunks]
-            if regions != current:
+            if regions != self._accepted():
                 self.edit(regions)
             else:
                 self.error = ""
         except (ValueError, KeyError, TypeError) as exc:
+            # The rejected regions go back to the accepted ones, so the view's inputs show what the
+            # plan holds (and the same edit sent again is a change the kernel hears); then the error.
+            self.regions_json = json.dumps(self._accepted())
             self.error = str(exc)
+
+    def refusal(self) -> str:
+        """Why this plan must not be exported ('' when it may): no regions, an estimated peak not
+        below the unchunked one or over the budget, or a region that does not lower the peak the
+        chunked module measures (`ChunkPlan.checked`)."""
+        p = self.plan
+        if not p.regions:
+            return "no chunk regions: the unchunked model is the plan; add a region to export"
+        if p.peak_bytes >= p.baseline_peak_bytes:
+            return (f"export refused: the estimated peak {p.peak_bytes} bytes is not below the unchunked "
+                    f"{p.baseline_peak_bytes} bytes")
+        if not p.met:
+            return (f"export refused: the estimated peak {p.peak_bytes} bytes is over the budget "
+                    f"{p.budget_bytes} bytes")
+        measured = p.checked() if p.gm is not None else p
+        if measured.refused:
+            spans = ", ".join(f"{c['start']}..{c['end']}" for c in measured.refused)
+            return (f"export refused: region(s) {spans} do not lower the measured activation peak "
+                    f"({measured.measured_baseline_bytes} bytes unchunked)")
+        return ""
 
     @traitlets.observe("export_request")
     def _on_export(self, change: dict[str, Any]) -> None:
@@ -151,6 +228,9 @@ class ChunkEditor(MemvizWidget):
         refusal = refuse_clobber((target, plan_path), overwrite)
         if refusal:
             return refusal
+        worse = self.refusal()
+        if worse:
+            return {"ok": False, "message": worse}
         try:
             code = self.plan.module().code
             target.parent.mkdir(parents=True, exist_ok=True)

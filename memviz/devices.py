@@ -62,6 +62,17 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
 )}
 TARGETS["a100"] = TARGETS["a100-80gb"]
 TARGETS["v100"] = TARGETS["v100-16gb"]
+#: the named targets that are CUDA GPUs
+CUDA_TARGETS = frozenset(name for name, t in TARGETS.items() if t.description.startswith("NVIDIA"))
+
+
+def uses_caching_allocator(device_name: str) -> bool:
+    """Whether PyTorch serves this device's tensors through the CUDA caching allocator that
+    `solvers.allocator` simulates: a CUDA device (``cuda:0 (...)``) or a named CUDA target
+    (``fake:h100``).  The CPU allocator caches no segments, and Neuron and XLA devices manage their
+    memory their own way: no allocator model for them (issue 18 item 1)."""
+    name = device_name.lower()
+    return name.startswith("cuda") or name.removeprefix("fake:") in CUDA_TARGETS
 
 
 class DeviceUnavailable(RuntimeError):

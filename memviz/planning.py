@@ -155,8 +155,28 @@ class Plan:
         """Write the plan JSON; an existing file is kept unless `overwrite=True`."""
         return write_document(self.to_dict(), path, overwrite=overwrite)
 
+    @property
+    def reserved_peak_bytes(self) -> int | None:
+        """What PyTorch's caching allocator reserves at most running the schedule (`solvers.allocator`),
+        on a device that uses one; None elsewhere, or before packing."""
+        allocator = (self.packing or {}).get("allocator")
+        return None if allocator is None else int(allocator["reserved_bytes"])
+
+    @property
+    def fits(self) -> bool:
+        """Whether the plan fits its budget as the export runs it: the allocator's reserved peak where
+        the device has a caching allocator (the export does not place tensors at the packed
+        addresses), the live bytes elsewhere."""
+        reserved = self.reserved_peak_bytes
+        held = self.peak_bytes if reserved is None else reserved
+        return self.budget_bytes is None or held <= self.budget_bytes
+
     def summary(self) -> str:
         budget = "no budget" if self.budget_bytes is None else f"budget {format_bytes(self.budget_bytes)}"
+        if self.reserved_peak_bytes is not None:
+            budget += f", reserved by the allocator {format_bytes(self.reserved_peak_bytes)}"
+        if not self.fits:
+            budget += " (DOES NOT FIT)"
         gap = "" if self.solver_stats.gap is None else f", gap {self.solver_stats.gap:.1%}"
         return (
             f"memviz plan [{self.strategy}, {self.solver_stats.status}{gap}] {self.model.get('name', '')}: "
@@ -200,7 +220,7 @@ def frontier_plan(base: Plan, point: FrontierPoint) -> Plan:
 
 def with_packing(the_plan: Plan, *, time_limit: float = 10.0) -> Plan:
     """A copy of `the_plan` with its address packing solved (the original is left as it is)."""
-    packing = packing_of(the_plan.graph, the_plan.schedule, time_limit=time_limit)
+    packing = packing_of(the_plan.graph, the_plan.schedule, the_plan.device, time_limit=time_limit)
     return dataclasses.replace(the_plan, packing=packing)
 
 
@@ -339,7 +359,10 @@ def plan(
     smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
     """
     try:
-        return _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
+        first = _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
+        return fit_reserved(
+            first, lambda at: _plan(prof, at, strategy, time_limit, frontier=False, packing=True)
+        )
     except InfeasibleBudget as exc:
         # the refusal in the user's units too: a "50%" budget's minimum as a share of the eager peak
         raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from exc.__cause__
@@ -399,12 +422,58 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         # Neuron's compiler can fold recomputation away unless compiled with -O1: say so on Neuron targets.
         warn_neuron_checkpointing(the_plan.device["name"], stacklevel=4)  # user -> plan -> _plan
     if packing:
-        the_plan.packing = packing_of(graph, result.schedule, time_limit=min(10.0, time_limit))
+        the_plan.packing = packing_of(
+            graph, result.schedule, the_plan.device, time_limit=min(10.0, time_limit)
+        )
     if frontier and is_training(graph):
         the_plan.frontier, the_plan.frontier_points = solve_frontier(
             graph, baseline, baseline_schedule=base_schedule, time_limit=min(30.0, time_limit)
         )
     return the_plan
+
+
+#: solves spent planning against the caching allocator's reserved peak before a budget is refused
+RESERVED_TRIES = 4
+
+
+def fit_reserved(first: Plan, solve: Callable[[int], Plan]) -> Plan:
+    """`first`, or, when PyTorch's caching allocator (simulated on a device that uses one) would
+    reserve more than the budget running it, the plan `solve` makes for a lower planning budget whose
+    reserved peak fits: the export runs the schedule through that allocator and does not lay tensors
+    out at the packed addresses, so a plan fits only if its reserved peak fits.  The planning budget
+    starts at the budget less the excess and is then bisected upwards (a larger one recomputes less),
+    at most `RESERVED_TRIES` solves; InfeasibleBudget when none fits."""
+    budget = first.budget_bytes
+    if budget is None or first.reserved_peak_bytes is None or first.reserved_peak_bytes <= budget:
+        return first
+    best: Plan | None = None
+    fits_at, over = 0, budget  # planning budgets known to fit / to reserve too much
+    at = budget - (first.reserved_peak_bytes - budget)
+    for _ in range(RESERVED_TRIES):
+        if not fits_at < at < over:
+            break
+        try:
+            candidate = solve(at)
+        except InfeasibleBudget as exc:  # below what any schedule needs: try that minimum instead
+            if exc.minimum_bytes is None or exc.minimum_bytes <= at:
+                break
+            at = exc.minimum_bytes
+            continue
+        reserved = candidate.reserved_peak_bytes or 0
+        if reserved <= budget:
+            best, fits_at = candidate, at
+            at = (at + over) // 2
+        else:
+            over = at
+            at = (fits_at + at) // 2 if best is not None else at - (reserved - budget)
+    if best is None:
+        raise InfeasibleBudget(
+            budget, None, f"{first.strategy}: PyTorch's caching allocator reserves "
+            f"{format_bytes(first.reserved_peak_bytes)} running the plan for this budget, and no plan for a "
+            f"lower budget tried ({RESERVED_TRIES} solves) reserves less than the budget"
+        )
+    return dataclasses.replace(best, budget_bytes=budget, frontier=first.frontier,
+                               frontier_points=first.frontier_points)
 
 
 def _solve_first(
@@ -530,16 +599,21 @@ def _frontier_row(point: FrontierPoint, baseline: Timeline) -> dict[str, Any]:
     }
 
 
-def packing_of(graph: Graph, schedule: Schedule, *, time_limit: float = 10.0) -> dict[str, Any] | None:
-    """Address packing of the schedule plus PyTorch's caching allocator on the same schedule."""
+def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *,
+               time_limit: float = 10.0) -> dict[str, Any] | None:
+    """Address packing of the schedule, plus PyTorch's caching allocator on the same schedule when the
+    device uses one (`memviz.devices.uses_caching_allocator`: CUDA; not the CPU)."""
     try:
         from solvers.allocator import simulate_caching_allocator
         from solvers.olla import pack_schedule
     except ImportError:
         return None
-    packed = pack_schedule(graph, schedule, time_limit=time_limit)
-    alloc = simulate_caching_allocator(graph, schedule)
-    return {**packed.to_dict(), "allocator": alloc.to_dict()}
+    from memviz.devices import uses_caching_allocator
+
+    packed = pack_schedule(graph, schedule, time_limit=time_limit).to_dict()
+    if not uses_caching_allocator(str(device.get("name", ""))):
+        return packed
+    return {**packed, "allocator": simulate_caching_allocator(graph, schedule).to_dict()}
 
 
 def _baseline_of(prof: Any) -> tuple[Graph, Schedule, Timeline]:
@@ -688,5 +762,5 @@ def chunked_plan(
             stacklevel=3,
         )
     if packing:
-        the_plan.packing = packing_of(run.graph, run.schedule)
+        the_plan.packing = packing_of(run.graph, run.schedule, the_plan.device)
     return the_plan

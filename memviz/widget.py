@@ -18,6 +18,7 @@ plan shown has been checked by `solvers.simulate`, and is cached, so a revisit s
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
@@ -29,7 +30,8 @@ from typing import Any
 import ipywidgets as widgets
 import traitlets
 
-from memviz.planning import Plan, frontier_plan, plan, with_packing
+from memviz.budget import format_bytes
+from memviz.planning import Plan, fit_reserved, frontier_plan, plan, with_packing
 from memviz.report import write_report
 
 MODULE_NAME = "jupyterlab-memviz"
@@ -40,6 +42,10 @@ SHARED = ("model", "device", "graph", "baseline", "frontier")
 #: optional members sent only while the view's visible tab draws them (`view_needs`)
 ON_DEMAND = ("cdgraph",)
 MODULE_VERSION = "^0.1.0"
+#: the Planner's output besides its widget view: {"model_id", "plan": the plan document shown}.  The
+#: extension renders the live widget while its model exists and this plan, static, when it does not
+#: (a saved notebook opened without a kernel); the view keeps it up to date with the plan shown
+PLANNER_MIME = "application/vnd.memviz.planner+json"
 
 
 def encode(value: Any) -> str:
@@ -67,6 +73,22 @@ def refuse_clobber(paths: tuple[Path, ...], overwrite: bool) -> dict[str, Any] |
         return None
     message = f"{', '.join(clashes)} already exist: confirm to overwrite"
     return {"ok": False, "exists": clashes, "message": message}
+
+
+def plan_html(p: Plan) -> str:
+    """A static summary of the plan for viewers that run no extension (GitHub, nbviewer): a table of
+    plain text, every value escaped."""
+    rows = [
+        ("model", f"{p.model.get('name', '')} ({p.model.get('mode', '')})"),
+        ("device", str(p.device.get("name", ""))),
+        ("strategy", f"{p.strategy} ({p.solver_stats.status})"),
+        ("budget", "none" if p.budget_bytes is None else format_bytes(p.budget_bytes)),
+        ("planned peak", format_bytes(p.peak_bytes)),
+        ("eager peak", format_bytes(p.baseline.peak_bytes)),
+        ("time", f"x{p.time_overhead:.3f}, {p.timeline.recomputes} recomputations"),
+    ]
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table><caption>memviz plan (static: run the cell to re-plan)</caption>{body}</table>"
 
 
 class MemvizWidget(widgets.DOMWidget):
@@ -172,6 +194,15 @@ class Planner(MemvizWidget):
             self._documents[id(p)] = (p, members)
         return members
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The widget view, and the plan shown for when its model is gone (`PLANNER_MIME`, and a static
+        HTML summary for viewers without the extension)."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        with self._lock:
+            bundle[PLANNER_MIME] = {"model_id": self.model_id, "plan": self.document()}
+            bundle["text/html"] = plan_html(self.plan)
+        return bundle
+
     def _document(self, p: Plan) -> str:
         """`plan_json` for plan `p`: what the view does not have yet, and needs."""
         return split_document(self._members(p), self._base, frozenset(self.view_needs))
@@ -258,7 +289,9 @@ class Planner(MemvizWidget):
         strategy, budget = key
         try:
             if shown is not None and shown.strategy == strategy:
-                result = with_packing(shown, time_limit=min(10.0, self._time_limit))
+                packed = with_packing(shown, time_limit=min(10.0, self._time_limit))
+                # on a device with a caching allocator the frontier's plan must fit its reserved peak too
+                result = fit_reserved(packed, lambda at: self._solve(at, strategy))
             else:
                 result = self._solve(budget, strategy)
         except Exception as exc:  # a worker thread would swallow it: report it in the view

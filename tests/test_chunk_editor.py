@@ -100,3 +100,60 @@ def test_moving_an_edge_revalidates_the_region(chunk_plan):
     ed.regions_json = json.dumps([dict(regions[0], end=later, chunks=2), *regions[1:]])
     assert ed.error == "", ed.error
     assert json.loads(ed.doc_json)["regions"][0]["end"] == later
+
+
+def test_chunk_count_zero_is_refused_not_read_as_one(chunk_plan):
+    """Issue 18 item 6: chunks=0 (or 1, or 2.5) is an error naming the value; the plan and the accepted
+    regions (what the view's inputs are reset to) stay, and the same bad edit sent again is heard."""
+    ed = ChunkEditor(chunk_plan)
+    doc_before, accepted = ed.doc_json, ed.regions_json
+    errors: list[str] = []
+    ed.observe(lambda change: errors.append(change["new"]), "error")
+    for bad in (0, 1, 2.5, "3"):
+        sent = json.dumps([dict(r, chunks=bad) for r in json.loads(accepted)])
+        ed.regions_json = sent
+        assert f"chunks={bad!r}" in ed.error and "at least 2" in ed.error, ed.error
+        assert ed.doc_json == doc_before and ed.regions_json == accepted
+        errors.clear()
+        ed.regions_json = sent  # again: a change, so the kernel answers again
+        assert errors and errors[-1] == ed.error != ""
+    ed.regions_json = json.dumps([dict(r, chunks=10**6) for r in json.loads(accepted)])
+    assert "outside" in ed.error and ed.regions_json == accepted
+
+
+def test_a_plan_no_better_than_unchunked_is_not_exported(chunk_plan, tmp_path):
+    """The plan chunks=0 used to become (one chunk: 704 KiB against 672 KiB unchunked) is refused by
+    export, as are no regions and a plan over its budget; nothing is written."""
+    region = {k: chunk_plan.chunks[0][k] for k in ("start", "end", "outputs")}
+    cases = {
+        "one chunk": (chunk_plan.with_chunks([dict(region, chunks=1)]), "not below the unchunked"),
+        "two chunks": (chunk_plan.with_chunks([dict(region, chunks=2)]), "over the budget"),
+        "no regions": (chunk_plan.with_chunks([]), "no chunk regions"),
+    }
+    for name, (p, reason) in cases.items():
+        target = tmp_path / f"{name.replace(' ', '_')}.py"
+        out = ChunkEditor(p).export(target)
+        assert not out["ok"] and reason in out["message"], (name, out)
+        assert not target.exists() and not target.with_suffix(".chunks.json").exists()
+    assert ChunkEditor(chunk_plan).export(tmp_path / "good.py")["ok"]
+
+
+def test_regions_are_added_and_removed(chunk_plan):
+    ed = ChunkEditor(chunk_plan)
+    doc = json.loads(ed.doc_json)
+    region = json.loads(ed.regions_json)[0]
+    ed.regions_json = "[]"  # the view's Remove on the only region
+    assert ed.error == "" and json.loads(ed.doc_json)["regions"] == []
+    # the view's Add: a region without dims at the chunked curve's peak node; the kernel picks its flow
+    peak = doc["nodes"][max(range(len(doc["baseline"])), key=doc["baseline"].__getitem__)]["name"]
+    ed.regions_json = json.dumps([{"start": peak, "end": peak, "chunks": 4}])
+    assert ed.error == "", ed.error
+    added = json.loads(ed.doc_json)
+    assert len(added["regions"]) == 1 and added["regions"][0]["chunks"] == 4
+    assert added["estimate"]["achieved_bytes"] < added["estimate"]["baseline_peak_bytes"]
+    assert json.loads(ed.regions_json)[0]["outputs"]  # the kernel's choice is what the view edits next
+    # a second region over the same span overlaps the first: refused, the plan kept
+    ed.regions_json = json.dumps([*json.loads(ed.regions_json), {"start": peak, "end": peak, "chunks": 2}])
+    assert "overlap" in ed.error or "new chunk region" in ed.error, ed.error
+    assert len(json.loads(ed.doc_json)["regions"]) == 1
+    assert region["start"] in {n["name"] for n in doc["nodes"]}

@@ -41,6 +41,59 @@ def test_export_request_trait_reports_back(tmp_path):
     assert result["ok"] and any(path.endswith("m.plan.json") for path in result["paths"])
 
 
+def test_export_on_the_default_path_creates_its_folder(tmp_path, monkeypatch):
+    """Issue 18 item 5: Export's default path is memviz_export/model_opt.py beside the notebook, a folder
+    that does not exist yet; a failure comes back as ok=False with the exception named."""
+    monkeypatch.chdir(tmp_path)
+    w = Planner(plan(tiny_training_graph(), frontier=False, packing=False))
+    assert w.export_path == "memviz_export/model_opt.py" and not (tmp_path / "memviz_export").exists()
+    w.export_request += 1
+    result = json.loads(w.export_result)
+    assert result["ok"], result
+    assert (tmp_path / "memviz_export" / "model_opt.plan.json").is_file()
+    assert (tmp_path / "memviz_export" / "model_opt.html").is_file()
+    (tmp_path / "blocked").write_text("a file where the folder should be")
+    w.export_path = "blocked/model_opt.py"
+    w.export_request += 1
+    failed = json.loads(w.export_result)
+    assert not failed["ok"], failed
+    assert failed["message"].startswith(("FileExistsError", "NotADirectoryError")), failed
+
+
+def test_the_output_carries_the_plan_shown_for_a_notebook_without_kernel():
+    """Issue 18 item 8: besides the widget view, the Planner's output holds the plan shown (the
+    extension draws it when the widget model is gone) and an escaped HTML summary (GitHub, nbviewer)."""
+    p = plan(training_chain(16), 0.8, strategy="rotor", time_limit=5)
+    p.model["name"] = "<img src=x onerror=alert(1)>"
+    w = Planner(p, strategy="rotor", time_limit=5)
+    bundle = w._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.model_id
+    saved = bundle[memviz.widget.PLANNER_MIME]
+    assert saved["model_id"] == w.model_id
+    assert Plan.from_dict(json.loads(json.dumps(saved["plan"]))).peak_bytes == p.peak_bytes
+    assert saved["plan"]["frontier"] == p.frontier
+    assert "<img" not in bundle["text/html"] and "&lt;img src=x" in bundle["text/html"]
+    w.budget_index = 0  # the slider moved: a later display (a saved output) holds the plan shown now
+    assert w._repr_mimebundle_()[memviz.widget.PLANNER_MIME]["plan"]["planned"] == w.document()["planned"]
+    w.close()
+
+
+def test_a_refined_slider_plan_fits_the_allocator_reserved_peak():
+    """Issue 18 item 1 on the slider: on a CUDA device the frontier's own plan is packed, and re-planned
+    when the caching allocator would reserve more than the budget."""
+    from test_reserved import chain_profile
+
+    w = Planner(chain_profile("fake:h100"), budget=0.9, strategy="rotor", time_limit=5)
+    assert w.plan.fits and w.plan.reserved_peak_bytes <= w.plan.budget_bytes
+    w.settle_s = 0.0
+    w.budget_index = 10  # rotor's frontier plan: 128 MiB live for 135 MiB, but 146 MiB reserved
+    w.wait(120)
+    assert w.refining == "" and w.plan.packing is not None, w.status
+    assert w.plan.budget_bytes == w.plan.frontier[10]["budget_bytes"] and w.plan.strategy == "rotor"
+    assert w.plan.fits and w.plan.reserved_peak_bytes <= w.plan.budget_bytes, w.plan.summary()
+    w.close()
+
+
 # --- the slider: frontier plans shown at once, refined in the background ---------------------------
 def chain_plan(strategy: str = "rotor"):
     """A training chain whose rotor frontier has 20 distinct budgets (the tiny graph has one)."""

@@ -3,20 +3,23 @@
  * estimate; this view draws `doc_json` and writes the user's region edits to `regions_json`.
  *
  * Synced traits: doc_json (str: curves, regions, estimate), regions_json (str: [{start, end, chunks,
- * outputs}]), error (str: why the kernel rejected the last edit), export_path, export_overwrite,
+ * outputs}]; a region without outputs is one the user added: the kernel picks its dims), error (str: why the kernel rejected the last edit), export_path, export_overwrite,
  * export_request, export_result (as in the Planner).
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
 import {
+  addRegion,
   applyEdit,
   draggedEdges,
   EditorDoc,
   editorFigure,
   estimateLines,
   parseEditorDoc,
+  RegionEdit,
   RegionField,
-  regionEdits
+  regionEdits,
+  removeRegion
 } from './chunkeditor_data';
 import {
   element,
@@ -49,6 +52,7 @@ export class ChunkEditorView extends DOMWidgetView {
   private readonly _estimate = element('div', 'jp-memviz-chunk-estimate');
   private readonly _error = element('div', 'jp-memviz-chunk-error');
   private readonly _table = element('div', 'jp-memviz-chunk-regions');
+  private readonly _add = element('button', 'jp-memviz-chunk-add jp-mod-styled', 'Add region');
   private readonly _exporter = new Exporter({
     get: name => this.model.get(name),
     send: values => this._send(values)
@@ -57,10 +61,18 @@ export class ChunkEditorView extends DOMWidgetView {
 
   render(): void {
     this.el.classList.add('jp-memviz-chunk-editor');
+    this._add.title = 'a new region at the chunked peak; the kernel picks its chunk dims';
+    this._add.addEventListener('click', () => {
+      const edits = this._doc ? addRegion(this._doc) : null;
+      if (edits) {
+        this._sendRegions(edits);
+      }
+    });
     this.el.append(
       this._estimate,
       this._error,
       this._table,
+      this._add,
       this._plot,
       this._exporter.row,
       this._exporter.result
@@ -91,11 +103,14 @@ export class ChunkEditorView extends DOMWidgetView {
   }
 
   private _edit(index: number, field: RegionField, value: number): void {
-    if (!this._doc) {
-      return;
+    if (this._doc) {
+      this._sendRegions(applyEdit(this._doc, index, field, value));
     }
+  }
+
+  private _sendRegions(edits: RegionEdit[]): void {
     this._error.textContent = 'checking…';
-    this._send({ regions_json: JSON.stringify(applyEdit(this._doc, index, field, value)) });
+    this._send({ regions_json: JSON.stringify(edits) });
   }
 
   private _docChanged(): void {
@@ -114,8 +129,14 @@ export class ChunkEditorView extends DOMWidgetView {
     this._estimate.replaceChildren(
       ...estimateLines(doc).map(line => element('span', 'jp-memviz-readout', line))
     );
-    this._table.replaceChildren(...doc.regions.map((r, i) => this._regionRow(doc, i)));
+    this._showRegions(doc);
     void this._draw(doc);
+  }
+
+  /** The region rows, from the kernel's accepted plan (a rejected value never stays in its input). */
+  private _showRegions(doc: EditorDoc): void {
+    this._table.replaceChildren(...doc.regions.map((r, i) => this._regionRow(doc, i)));
+    this._add.disabled = addRegion(doc) === null;
   }
 
   private _regionRow(doc: EditorDoc, index: number): HTMLElement {
@@ -152,17 +173,20 @@ export class ChunkEditorView extends DOMWidgetView {
       group.append(number(field, label, pos, '0', last), node);
       return group;
     };
+    const remove = element('button', 'jp-memviz-chunk-remove jp-mod-styled', 'Remove');
+    remove.addEventListener('click', () => this._sendRegions(removeRegion(doc, index)));
     row.append(
       element('span', 'jp-memviz-chunk-title', `region ${index + 1}`),
       edge('x0', 'start', r.x0),
       edge('x1', 'end', r.x1),
       number('dim', 'dim', dims[0] ?? 0, '0'),
-      number('chunks', 'chunks', r.chunks, '1'),
+      number('chunks', 'chunks', r.chunks, '2', String(r.extent)),
       element(
         'span',
         'jp-memviz-chunk-est',
         `${(r.memory_bytes / 2 ** 20).toFixed(2)} MiB, +${(100 * r.slowdown).toFixed(1)}% time`
-      )
+      ),
+      remove
     );
     return row;
   }
@@ -196,12 +220,17 @@ export class ChunkEditorView extends DOMWidgetView {
       for (const [index, field, value] of moved) {
         edits = applyEdit(doc, index, field, value, edits);
       }
-      this._error.textContent = 'checking…';
-      this._send({ regions_json: JSON.stringify(edits) });
+      this._sendRegions(edits);
     });
   }
 
   private _errorChanged(): void {
-    this._error.textContent = this.model.get('error');
+    const error: string = this.model.get('error') ?? '';
+    this._error.textContent = error;
+    if (error && this._doc) {
+      // the kernel kept its plan: the inputs go back to its values (and a dragged shape to its place)
+      this._showRegions(this._doc);
+      void this._draw(this._doc);
+    }
   }
 }

@@ -33,12 +33,15 @@ export interface EditorDoc {
   };
 }
 
-/** What the kernel accepts in `regions_json`. */
+/**
+ * What the kernel accepts in `regions_json`.  A region without `outputs` is a new one: the kernel
+ * picks its chunk dims (memviz.ChunkEditor.new_region).
+ */
 export interface RegionEdit {
   start: string;
   end: string;
   chunks: number;
-  outputs: Record<string, number>;
+  outputs?: Record<string, number>;
 }
 
 export function parseEditorDoc(data: unknown): EditorDoc {
@@ -60,11 +63,37 @@ export function regionEdits(doc: EditorDoc): RegionEdit[] {
   return doc.regions.map(r => ({ start: r.start, end: r.end, chunks: r.chunks, outputs: { ...r.outputs } }));
 }
 
+/** The edit list without region `index` (the row's Remove). */
+export function removeRegion(doc: EditorDoc, index: number): RegionEdit[] {
+  return regionEdits(doc).filter((_, i) => i !== index);
+}
+
+/**
+ * The edit list with a new region (Add region): at the node where the chunked curve peaks outside
+ * every region, with `chunks` chunks and no dims, so the kernel picks the legal chunk flow around it
+ * with the lowest peak.  Null when every node is inside a region.
+ */
+export function addRegion(doc: EditorDoc, chunks = 2): RegionEdit[] | null {
+  const inside = (i: number): boolean => doc.regions.some(r => r.x0 <= i && i <= r.x1);
+  let best = -1;
+  doc.chunked.forEach((bytes, i) => {
+    if (!inside(i) && (best < 0 || bytes > doc.chunked[best])) {
+      best = i;
+    }
+  });
+  if (best < 0) {
+    return null;
+  }
+  const at = doc.nodes[best].name;
+  return [...regionEdits(doc), { start: at, end: at, chunks }];
+}
+
 export type RegionField = 'x0' | 'x1' | 'chunks' | 'dim';
 
 /**
  * Apply one user edit to region `index`: an edge moved to node position `value` (rounded and clamped
- * to the graph), a new chunk count, or a new chunk dim for every output of the region.  `base` is
+ * to the graph), a new chunk count (sent as typed: the kernel validates it), or a new chunk dim for
+ * every output of the region.  `base` is
  * the edit list to start from (the document's regions by default); it is not modified.
  */
 export function applyEdit(
@@ -86,9 +115,11 @@ export function applyEdit(
   } else if (field === 'x1') {
     edit.end = doc.nodes[pos].name;
   } else if (field === 'chunks') {
-    edit.chunks = Math.max(1, Math.round(value));
+    // as typed: the kernel refuses a count that is not an integer of at least 2 and says why (0 was
+    // once read as 1 here, a plan worse than unchunked)
+    edit.chunks = value;
   } else {
-    edit.outputs = Object.fromEntries(Object.keys(edit.outputs).map(k => [k, Math.round(value)]));
+    edit.outputs = Object.fromEntries(Object.keys(edit.outputs ?? {}).map(k => [k, Math.round(value)]));
   }
   return edits;
 }
@@ -112,8 +143,10 @@ export function draggedEdges(event: Record<string, unknown>): [number, 'x0' | 'x
 export function estimateLines(doc: EditorDoc): string[] {
   const e = doc.estimate;
   const requested = e.requested_bytes === null ? 'none' : formatBytes(e.requested_bytes);
+  const worse = doc.regions.length > 0 && e.achieved_bytes >= e.baseline_peak_bytes;
+  const notes = `${e.met ? '' : ' (not met)'}${worse ? ' (no lower than unchunked: export refused)' : ''}`;
   return [
-    `achieved ${formatBytes(e.achieved_bytes)} vs requested ${requested}${e.met ? '' : ' (not met)'}`,
+    `achieved ${formatBytes(e.achieved_bytes)} vs requested ${requested}${notes}`,
     `unchunked peak ${formatBytes(e.baseline_peak_bytes)}`,
     `estimated slowdown ${(100 * e.slowdown).toFixed(1)}%`,
     `${doc.regions.length} region${doc.regions.length === 1 ? '' : 's'}`

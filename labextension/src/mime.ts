@@ -7,6 +7,7 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import './graph'; // registers the CD-graph tab
+import { snapshotFactory, SNAPSHOT_RANK } from './snapshot';
 import { PlanTabs } from './views';
 import { parsePlan } from './transforms';
 
@@ -71,4 +72,13 @@ const extension: IRenderMime.IExtension = {
   dataType: 'json'
 };
 
-export default extension;
+/** The Planner's output outside a notebook (no widget renderer there): its plan, static. */
+const snapshot: IRenderMime.IExtension = {
+  id: 'jupyterlab-memviz:planner-snapshot-renderer',
+  description: 'Renders a memviz Planner output as its last plan where its widget cannot be shown.',
+  rendererFactory: snapshotFactory(() => null),
+  rank: SNAPSHOT_RANK,
+  dataType: 'json'
+};
+
+export default [extension, snapshot];

@@ -433,8 +433,11 @@ const EMPTY_SLOT: Omit<Trace, 'name'> = {
   showlegend: false
 };
 
-/** Legend name of the fragmentation layer. */
-export const FRAGMENTATION = 'fragmentation (allocator)';
+/**
+ * Legend name of the layer PyTorch's caching allocator reserves beyond the live bytes (the kernel
+ * simulates it only for devices that use one: CUDA).
+ */
+export const FRAGMENTATION = 'reserved by the allocator';
 const FRAGMENTATION_COLOR = '#9e9e9e';
 
 /**
@@ -499,7 +502,7 @@ export function planFigure(
     }
   }
   if (fragmentation) {
-    area(FRAGMENTATION, fragmentation, FRAGMENTATION_COLOR, 'fragmentation');
+    area(FRAGMENTATION, fragmentation, FRAGMENTATION_COLOR, 'reserved by the allocator beyond live');
   } else {
     // An empty slot: the trace list keeps its shape whether or not a plan has packing (the slider
     // alternates frontier plans without and refined plans with it), and plotly redraws a changed
@@ -599,11 +602,36 @@ export function planReadouts(doc: PlanDoc): Readout[] {
   }
   if (typeof doc.budget_bytes === 'number') {
     out.push({ label: 'budget', value: formatBytes(doc.budget_bytes) });
+    out.push({ label: 'fits', value: fitVerdict(doc, doc.budget_bytes) });
   }
   if (doc.solver_stats?.status) {
     out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
   }
   return out;
+}
+
+/**
+ * Whether the plan fits its budget, and on what it is judged: on a device with a caching allocator
+ * (the plan carries its simulation) the reserved peak, since the export runs the schedule through that
+ * allocator and does not lay tensors out at the packed addresses; elsewhere the live bytes.
+ */
+export function fitVerdict(doc: PlanDoc, budget: number): string {
+  const reserved = doc.packing?.allocator?.reserved_bytes;
+  const [held, what, how] =
+    typeof reserved === 'number'
+      ? [
+          reserved,
+          'reserved by the allocator',
+          "the export runs PyTorch's allocator, not the packed addresses"
+        ]
+      : [
+          doc.planned.timeline.peak_bytes,
+          'live peak',
+          // without packing the kernel has not simulated the allocator yet (a frontier plan on the slider)
+          doc.packing ? 'no caching allocator on this device' : 'allocator not simulated for this plan yet'
+        ];
+  const fits = held <= budget;
+  return `${fits ? 'yes' : 'NO'}: ${what} ${formatBytes(held)} ${fits ? '≤' : '>'} ${formatBytes(budget)} (${how})`;
 }
 
 /**
@@ -675,4 +703,42 @@ export function nearestFrontierIndex(frontier: readonly FrontierEntry[], budget:
 export function computeStep(doc: PlanDoc, computeId: number): number | null {
   const index = doc.planned.schedule.findIndex(([kind, id]) => kind === 'compute' && id === computeId);
   return index >= 0 ? index : null;
+}
+
+/** What the export row shows for the kernel's `export_result` JSON, and whether it is an error. */
+export interface ExportOutcome {
+  message: string;
+  error: boolean;
+  /** files the kernel refused to overwrite: the Overwrite button is offered */
+  exists: string[];
+}
+
+export function exportOutcome(text: string): ExportOutcome {
+  if (!text) {
+    return { message: '', error: false, exists: [] };
+  }
+  let result: { ok?: unknown; paths?: unknown; exists?: unknown; message?: unknown };
+  try {
+    result = JSON.parse(text);
+  } catch {
+    return { message: `export failed: the kernel answered ${text}`, error: true, exists: [] };
+  }
+  const strings = (value: unknown): string[] =>
+    Array.isArray(value) ? value.filter((v): v is string => typeof v === 'string') : [];
+  const note = typeof result.message === 'string' ? result.message : '';
+  if (result.ok === true) {
+    const exported = `exported: ${strings(result.paths).join(', ')}`;
+    return { message: note ? `${exported} (${note})` : exported, error: false, exists: [] };
+  }
+  const exists = strings(result.exists);
+  // a refusal to overwrite is a question (the Overwrite button answers it), not a failure
+  return { message: note || 'export failed', error: exists.length === 0, exists };
+}
+
+/**
+ * Whether the Planner's status line is an error: the kernel words a failed solve `error: ...`
+ * (memviz/widget.py), and the view's own parse failures `memviz: cannot ...`.
+ */
+export function isErrorStatus(status: string): boolean {
+  return /^(error:|memviz: cannot )/.test(status);
 }

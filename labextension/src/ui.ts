@@ -5,6 +5,7 @@
  * chunk editor.  Text from plans only reaches the DOM here through textContent.
  */
 import { ThemeColors } from './theme';
+import { exportOutcome } from './transforms';
 import { MODULE_NAME, MODULE_VERSION } from './version';
 
 export type PlotlyModule = typeof import('plotly.js-dist-min').default;
@@ -77,6 +78,16 @@ export const EXPORT_DEFAULTS = {
   export_result: ''
 };
 
+/** Mark `node` as an error (red, announced to screen readers) or as plain information. */
+export function showAsError(node: HTMLElement, error: boolean): void {
+  node.classList.toggle('jp-mod-error', error);
+  if (error) {
+    node.setAttribute('role', 'alert');
+  } else {
+    node.removeAttribute('role');
+  }
+}
+
 /** What an Exporter needs from its widget view: read a trait, write traits to the kernel. */
 export interface TraitAccess {
   get(name: string): unknown;
@@ -113,31 +124,18 @@ export class Exporter {
     this._path.value = String(this._traits.get('export_path') ?? '');
   }
 
-  /** Show the kernel's JSON answer {"ok", "paths" | "exists", "message"}. */
+  /** Show the kernel's JSON answer {"ok", "paths" | "exists", "message"}: a failure as an error. */
   resultChanged(): void {
-    const text = String(this._traits.get('export_result') ?? '');
-    if (!text) {
-      this.result.textContent = '';
-      return;
-    }
-    let result: { ok?: boolean; paths?: string[]; exists?: string[]; message?: string };
-    try {
-      result = JSON.parse(text);
-    } catch {
-      this.result.textContent = text;
-      return;
-    }
-    if (result.ok) {
-      this.result.textContent = `exported: ${(result.paths ?? []).join(', ')}`;
-    } else {
-      this.result.textContent = result.message ?? 'export failed';
-      this._overwrite.hidden = !(result.exists && result.exists.length > 0);
-    }
+    const outcome = exportOutcome(String(this._traits.get('export_result') ?? ''));
+    this.result.textContent = outcome.message;
+    showAsError(this.result, outcome.error);
+    this._overwrite.hidden = outcome.exists.length === 0;
   }
 
   private _request(overwrite: boolean): void {
     this._overwrite.hidden = true;
     this.result.textContent = 'exporting…';
+    showAsError(this.result, false);
     this._traits.send({
       export_path: this._path.value,
       export_overwrite: overwrite,

@@ -20,15 +20,17 @@ import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/ba
 import { readoutSpans } from './chart';
 import { sliderReadouts } from './inspect_data';
 import { LatestOnly } from './latest';
+import { PLAN_SHOWN_EVENT } from './snapshot';
 import {
   frontierLabel,
+  isErrorStatus,
   mergePlanParts,
   nearestFrontierIndex,
   parsePlan,
   PlanDoc,
   STRATEGIES
 } from './transforms';
-import { element, EXPORT_DEFAULTS, Exporter, widgetDefaults } from './ui';
+import { element, EXPORT_DEFAULTS, Exporter, showAsError, widgetDefaults } from './ui';
 import './graph'; // registers the CD-graph tab
 import { PlanTabs } from './views';
 
@@ -137,9 +139,13 @@ export class PlannerView extends DOMWidgetView {
     this._doc = null;
     if (text) {
       try {
-        this._doc = parsePlan(mergePlanParts(this._parsedBase(), JSON.parse(text)));
+        const merged = mergePlanParts(this._parsedBase(), JSON.parse(text));
+        this._doc = parsePlan(merged);
+        // the notebook output keeps the plan shown: a saved notebook without a kernel draws it (snapshot.ts)
+        this.el.dispatchEvent(new CustomEvent(PLAN_SHOWN_EVENT, { bubbles: true, detail: merged }));
       } catch (err) {
         this._status.textContent = `memviz: cannot render this plan: ${(err as Error).message}`;
+        showAsError(this._status, true);
       }
     }
     this._readouts.classList.remove('jp-mod-pending');
@@ -192,7 +198,9 @@ export class PlannerView extends DOMWidgetView {
   }
 
   private _statusChanged(): void {
-    this._status.textContent = this.model.get('status');
+    const status: string = this.model.get('status') ?? '';
+    this._status.textContent = status;
+    showAsError(this._status, isErrorStatus(status));
   }
 
   private _refiningChanged(): void {

@@ -2,13 +2,15 @@ import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
 import {
+  addRegion,
   applyEdit,
   draggedEdges,
   EditorDoc,
   editorFigure,
   estimateLines,
   parseEditorDoc,
-  regionEdits
+  regionEdits,
+  removeRegion
 } from '../src/chunkeditor_data';
 import { TEST_COLORS } from './colors';
 
@@ -68,6 +70,21 @@ describe('chunk editor transforms', () => {
     assert.deepEqual(regionEdits(d)[0].chunks, 4);
   });
 
+  it('sends a chunk count as typed, never 0 read as 1 (the kernel refuses it and says why)', () => {
+    const d = doc();
+    assert.equal(applyEdit(d, 0, 'chunks', 0)[0].chunks, 0);
+    assert.equal(applyEdit(d, 0, 'chunks', 2.5)[0].chunks, 2.5);
+  });
+
+  it('removes a region and adds one at the chunked peak outside every region, dims left to the kernel', () => {
+    const d = doc();
+    assert.deepEqual(removeRegion(d, 0), []);
+    // the chunked curve peaks at node 3 ('out', 4096 bytes), outside region 1..2
+    assert.deepEqual(addRegion(d, 3), [...regionEdits(d), { start: 'out', end: 'out', chunks: 3 }]);
+    const full = { ...d, regions: [{ ...d.regions[0], x0: 0, x1: 3 }] };
+    assert.equal(addRegion(full), null);
+  });
+
   it('reads dragged shape edges from a plotly relayout event', () => {
     assert.deepEqual(draggedEdges({ 'shapes[0].x0': 1.2, 'shapes[0].x1': 3, 'xaxis.range[0]': 0 }), [
       [0, 'x0', 1.2],
@@ -78,7 +95,9 @@ describe('chunk editor transforms', () => {
 
   it('states achieved vs requested memory and escapes names in the figure', () => {
     const d = doc();
-    assert.match(estimateLines(d)[0], /achieved 4.00 KiB vs requested 2.93 KiB \(not met\)/);
+    assert.match(estimateLines(d)[0], /achieved 4.00 KiB vs requested 2.93 KiB \(not met\)$/);
+    const worse = { ...d, estimate: { ...d.estimate, achieved_bytes: 9000 } };
+    assert.match(estimateLines(worse)[0], /\(not met\) \(no lower than unchunked: export refused\)$/);
     const fig = editorFigure(d, TEST_COLORS);
     const text = JSON.stringify(fig);
     assert.ok(!text.includes('<img'), 'untrusted names must be escaped');

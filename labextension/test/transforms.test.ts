@@ -12,11 +12,14 @@ import {
   chooseUnit,
   computeStep,
   escapeHtml,
+  exportOutcome,
+  fitVerdict,
   formatBytes,
   FRAGMENTATION,
   fragmentationSeries,
   frontierLabel,
   hasStepTimes,
+  isErrorStatus,
   mergePlanParts,
   nearestFrontierIndex,
   parsePlan,
@@ -298,6 +301,33 @@ describe('planReadouts', () => {
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');
+    // the sample carries a caching-allocator simulation (42 MiB reserved): without it, the live peak
+    const cpu = clone() as unknown as PlanDoc;
+    cpu.packing = { ...cpu.packing!, allocator: null };
+    const fits = Object.fromEntries(planReadouts(cpu).map(x => [x.label, x.value])).fits;
+    assert.equal(fits, 'yes: live peak 29.00 MiB ≤ 32.00 MiB (no caching allocator on this device)');
+    const unpacked = { ...cpu, packing: null } as PlanDoc;
+    assert.match(fitVerdict(unpacked, 32 * MiB), /\(allocator not simulated for this plan yet\)$/);
+  });
+
+  it('judges a plan with a caching allocator on its reserved peak', () => {
+    const doc = clone() as unknown as PlanDoc;
+    const allocator = {
+      reserved_bytes: 36 * MiB,
+      allocated_bytes: 30 * MiB,
+      requested_bytes: 29 * MiB,
+      fragmentation: 0.1,
+      segments: [],
+      reserved: [],
+      allocated: [],
+      blocks: []
+    };
+    doc.packing = { buffers: [], peak_bytes: 29 * MiB, fragmentation: 0, allocator } as never;
+    const r = Object.fromEntries(planReadouts(doc).map(x => [x.label, x.value]));
+    assert.equal(
+      r.fits,
+      "NO: reserved by the allocator 36.00 MiB > 32.00 MiB (the export runs PyTorch's allocator, not the packed addresses)"
+    );
   });
 });
 
@@ -368,5 +398,33 @@ describe('computeStep', () => {
     assert.equal(computeStep(SAMPLE, 0), 0);
     assert.equal(computeStep(SAMPLE, 2), 3);
     assert.equal(computeStep(SAMPLE, 99), null);
+  });
+});
+
+describe('exportOutcome', () => {
+  it('shows a failed export as an error, a refusal as a question with the files to overwrite', () => {
+    const failed = exportOutcome(
+      JSON.stringify({ ok: false, message: 'FileNotFoundError: memviz_export/m.py' })
+    );
+    assert.deepEqual(failed, { message: 'FileNotFoundError: memviz_export/m.py', error: true, exists: [] });
+    const refused = exportOutcome(JSON.stringify({ ok: false, exists: ['a.py'], message: 'a.py exists' }));
+    assert.deepEqual(refused, { message: 'a.py exists', error: false, exists: ['a.py'] });
+    assert.deepEqual(exportOutcome('not json').error, true);
+  });
+
+  it('shows a success as information, with the kernel note', () => {
+    const done = exportOutcome(JSON.stringify({ ok: true, paths: ['a.py', 'a.plan.json'] }));
+    assert.deepEqual(done, { message: 'exported: a.py, a.plan.json', error: false, exists: [] });
+    const noted = exportOutcome(JSON.stringify({ ok: true, paths: ['a.py'], message: 're-planned' }));
+    assert.equal(noted.message, 'exported: a.py (re-planned)');
+    assert.deepEqual(exportOutcome(''), { message: '', error: false, exists: [] });
+  });
+});
+
+describe('isErrorStatus', () => {
+  it('tells the kernel error status from a plan summary', () => {
+    assert.equal(isErrorStatus('error: rotor: infeasible (showing the frontier plan)'), true);
+    assert.equal(isErrorStatus('memviz: cannot render this plan: bad'), true);
+    assert.equal(isErrorStatus('memviz plan: peak 3 MiB, errors none'), false);
   });
 });

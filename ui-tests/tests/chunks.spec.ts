@@ -33,10 +33,35 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   await editor.screenshot({ path: test.info().outputPath('chunks-edited.png') });
 
   // drag the start edge back to the first LayerNorm (op index 5): the flow breaks at a view
+  const x0 = await first.locator('.jp-memviz-chunk-x0').inputValue();
   await first.locator('.jp-memviz-chunk-x0').fill('5');
   await first.locator('.jp-memviz-chunk-x0').press('Tab');
   await expect(editor.locator('.jp-memviz-chunk-error')).toContainText('breaks at view', { timeout: 30000 });
+  // the rejected value does not stay in its input: it shows the plan the kernel kept
+  await expect(first.locator('.jp-memviz-chunk-x0')).toHaveValue(x0);
   await editor.screenshot({ path: test.info().outputPath('chunks-illegal.png') });
+
+  // chunks=0 is refused with the reason, never read as 1; the input goes back to the kept 2
+  const error = editor.locator('.jp-memviz-chunk-error');
+  const afterTwo = await estimate.textContent();
+  await first.locator('.jp-memviz-chunk-chunks').fill('0');
+  await first.locator('.jp-memviz-chunk-chunks').press('Tab');
+  await expect(error).toContainText('chunks=0', { timeout: 30000 });
+  await expect(error).toContainText('at least 2');
+  await expect(first.locator('.jp-memviz-chunk-chunks')).toHaveValue('2');
+  await expect(estimate).toHaveText(afterTwo ?? '');
+
+  // regions are removed and added: Add puts one at the chunked peak, the kernel picks its dims
+  await editor.locator('.jp-memviz-chunk-region[data-region="1"] .jp-memviz-chunk-remove').click();
+  await expect(editor.locator('.jp-memviz-chunk-region')).toHaveCount(1, { timeout: 30000 });
+  await expect(error).toHaveText('');
+  await editor.locator('.jp-memviz-chunk-add').click();
+  await expect(editor.locator('.jp-memviz-chunk-region')).toHaveCount(2, { timeout: 30000 });
+  await expect(error).toHaveText('');
+  await expect(
+    editor.locator('.jp-memviz-chunk-region[data-region="1"] .jp-memviz-chunk-chunks')
+  ).toHaveValue('2');
+  await editor.screenshot({ path: test.info().outputPath('chunks-added.png') });
 
   const whatif = page.locator('.jp-memviz-whatif');
   await expect(whatif.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });
@@ -53,21 +78,21 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
 
   // The bars follow every TP change, quick successive ones included; a degree the kernel rejects (16
   // heads over 32 ranks) shows its error and dims the last valid bars instead of passing them off as current.
-  const error = whatif.locator('.jp-memviz-whatif-error');
+  const whatifError = whatif.locator('.jp-memviz-whatif-error');
   const tp = whatif.locator('.jp-memviz-whatif-tp');
   await tp.selectOption('8');
   await tp.selectOption('2');
   await expect(verdict).toContainText('fits: 6.07 GiB free');
   await expect(whatif.locator('.barlayer path')).toHaveCount(4);
   await tp.selectOption('32');
-  await expect(error).toHaveText('heads (16) must be divisible by the tensor-parallel degree tp (32)');
+  await expect(whatifError).toHaveText('heads (16) must be divisible by the tensor-parallel degree tp (32)');
   await expect(verdict).toBeHidden();
   await expect(whatif.locator('.jp-memviz-whatif-plot')).toHaveClass(/jp-mod-stale/);
   await expect(whatif.locator('.barlayer path')).toHaveCount(4);
   await whatif.screenshot({ path: test.info().outputPath('whatif-tp32-rejected.png') });
   await tp.selectOption('1');
   await expect(verdict).toContainText('does not fit');
-  await expect(error).toHaveText('');
+  await expect(whatifError).toHaveText('');
   await expect(whatif.locator('.jp-memviz-whatif-plot')).not.toHaveClass(/jp-mod-stale/);
   await expect(whatif.locator('.barlayer path')).toHaveCount(4);
   // back at TP 1: the bars of the start (their heights: the width follows the panel's layout)

@@ -61,10 +61,37 @@ test('the planner widget sends slider, strategy and export requests and redraws'
   await expect(overwrite).toBeHidden();
   await view.locator('.jp-memviz-export').click();
   await expect(result).toHaveText('memviz_export/model_opt.py already exists');
+  // a refusal to overwrite is a question, not an error
+  await expect(result).not.toHaveClass(/jp-mod-error/);
   await expect(overwrite).toBeVisible();
   await overwrite.click();
   await expect(result).toHaveText('exported: memviz_export/model_opt.py');
+  await expect(result).not.toHaveClass(/jp-mod-error/);
   await expect(overwrite).toBeHidden();
+
+  // A failed export is shown as an error (the theme's error colour, announced), not as grey status text.
+  const path = view.locator('.jp-memviz-export-path');
+  await path.fill('missing/model_opt.py');
+  await path.press('Enter');
+  await view.locator('.jp-memviz-export').click();
+  await expect(result).toHaveText('FileNotFoundError: missing/model_opt.py');
+  await expect(result).toHaveClass(/jp-mod-error/);
+  await expect(result).toHaveAttribute('role', 'alert');
+  const colors = await result.evaluate(node => ({
+    shown: getComputedStyle(node).color,
+    error: getComputedStyle(node).getPropertyValue('--jp-error-color1').trim(),
+    status: getComputedStyle(node.parentElement!.querySelector('.jp-memviz-status')!).color
+  }));
+  expect(colors.shown).not.toBe(colors.status);
+  const probe = await page.evaluate(color => {
+    const span = document.createElement('span');
+    span.style.color = color;
+    document.body.append(span);
+    const rgb = getComputedStyle(span).color;
+    span.remove();
+    return rgb;
+  }, colors.error);
+  expect(colors.shown).toBe(probe);
   await view.screenshot({ path: test.info().outputPath('planner-after.png') });
 });
 
@@ -168,12 +195,27 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   // the largest budget: no recomputation, the peak at eager's (a reordered plan may sit a hair below)
   await expect(peak).toHaveText(/\([+-]0\.0% vs eager/);
   await expect(label).toContainText('time x1.000');
-  // the real plan's solver status beside the slider, and the allocator's fragmentation in the stack
+  // the real plan's solver status beside the slider; a CPU plan has no caching-allocator layer (the CPU
+  // allocator caches no segments) and is judged on its live peak
   await expect(
     view.locator('.jp-memviz-slider-readout[data-readout="solver"] .jp-memviz-readout-value')
   ).toHaveText(/(optimal|feasible|heuristic)/);
-  await expect(view.locator('.legendtext', { hasText: 'fragmentation (allocator)' })).toHaveCount(1);
+  await expect(view.locator('.legendtext', { hasText: 'reserved by the allocator' })).toHaveCount(0);
+  await expect(view.locator('.legendtext', { hasText: 'fragmentation' })).toHaveCount(0);
+  await expect(view.locator('.jp-memviz-readout[data-readout="fits"] .jp-memviz-readout-value')).toHaveText(
+    /^yes: live peak .* \(no caching allocator on this device\)$/
+  );
   await view.screenshot({ path: test.info().outputPath('planner-demo.png') });
+
+  // Export on its default path (a folder that does not exist yet): the real kernel writes, verified.
+  const result = view.locator('.jp-memviz-export-result');
+  await expect(view.locator('.jp-memviz-export-path')).toHaveValue('memviz_export/model_opt.py');
+  await view.locator('.jp-memviz-export').click();
+  await expect(result).toHaveText(
+    /^exported: memviz_export\/model_opt\.py, memviz_export\/model_opt\.plan\.json, memviz_export\/model_opt\.html/,
+    { timeout: 120000 }
+  );
+  await expect(result).not.toHaveClass(/jp-mod-error/);
 
   const last = Number(await view.locator('.jp-memviz-budget-slider').getAttribute('max'));
   // (the slider stands at `last` after the drag: move away first, or nothing changes)

@@ -22,7 +22,7 @@ from memviz.neuron import warn_neuron_checkpointing
 from memviz.planfile import MIME_TYPE, checked_runs, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
-from solvers.schedule import Schedule
+from solvers.schedule import Schedule, keep_outputs_alive
 
 #: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=...) -> SolveResult`.
 REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
@@ -291,31 +291,6 @@ def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
         return ["olla"]
     small = len(graph.computes) <= CHECKMATE_MAX_NODES
     return [*(["checkmate"] if small else []), "rockmate", "rotor"]
-
-
-def keep_outputs_alive(graph: Graph, schedule: Schedule) -> Schedule:
-    """The schedule without frees of the graph's outputs, and without the recomputations that only
-    rebuilt them.  The simulator accepts freeing a model output and recomputing it before the end, but
-    the exported module hands the forward outputs to the caller when the backward starts, so they
-    must stay alive once computed (Checkmate's LP rounding, for one, frees them)."""
-    outputs = set(graph.outputs)
-    alive = [d.producer is None for d in graph.datas]
-    pinned: set[int] = set()  # outputs whose free was dropped
-    kept = []
-    for step in schedule:
-        if step.op == "free":
-            if step.node in outputs:
-                pinned.add(step.node)
-                continue
-            alive[step.node] = False
-        else:
-            produced = graph.computes[step.node].outputs
-            if produced and all(alive[d] for d in produced) and pinned.intersection(produced):
-                continue  # it only rebuilt outputs that were kept alive above
-            for d in produced:
-                alive[d] = True
-        kept.append(step)
-    return schedule if len(kept) == len(schedule) else type(schedule)(kept)
 
 
 def solve_checked(

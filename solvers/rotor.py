@@ -33,8 +33,9 @@ from solvers.chain import (
     store_all,
 )
 from solvers.ir import Graph
+from solvers.memo import RecentMemo
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
-from solvers.schedule import Schedule
+from solvers.schedule import Schedule, keep_outputs_alive
 from solvers.simulate import Timeline, simulate
 
 #: default number of memory slots spanning the store-everything requirement
@@ -236,6 +237,13 @@ def expand(chain: Chain, menus: Sequence[Sequence[BlockOption]], ops: Sequence[O
     return seq
 
 
+def chain_schedule(chain: Chain, menus: Sequence[Sequence[BlockOption]], ops: Sequence[Op]) -> Schedule:
+    """The full schedule of a block-level plan: frees at last use, the graph's outputs kept alive once
+    computed (the exported module hands them to the caller: `keep_outputs_alive`)."""
+    g = chain.graph
+    return keep_outputs_alive(g, schedule_with_frees(g, expand(chain, menus, ops)))
+
+
 def store_all_ops(n: int) -> list[Op]:
     return [("F", k, 0) for k in range(n)] + [("B", k, 0) for k in reversed(range(n))]
 
@@ -270,15 +278,27 @@ class ChainPlan:
     time: float
 
 
+#: how many chains (graph, menus) keep their lowest-peak plan across calls (`ChainSolver`)
+CACHED_CHAINS = 8
+_LEAST: RecentMemo[tuple, tuple[ChainPlan, int]] = RecentMemo(CACHED_CHAINS)
+
+
 class ChainSolver:
     """Quantised model + DP tables for one chain and one option menu per block.
 
     Every size is rounded up to whole slots, so each data alive at a moment can be overcounted by up
     to one slot: on a long chain the DP's peak sits many slots above the plan's exact one.  The DP is
     therefore used only to propose plans, one per level of its time table (the least memory for that
-    time); each is costed again in bytes (`evaluate` on the unrounded model) and the fastest whose
-    exact peak fits the budget is returned.  The exact peak is still the block-level model's, an upper
-    bound on `solvers.simulate`'s."""
+    time); each is costed again in bytes (`evaluate` on the unrounded model) and simulated over the
+    whole graph (`solvers.simulate`, tail included), and the fastest whose simulated peak fits the
+    budget is returned.  The block-level model is itself only an upper bound on the simulated peak
+    (it counts data alive across whole block operations): a 61-op MLP's least plan peaks 114 KB below
+    its model peak, so judging plans by the model refused budgets its own plan fits (issue 17).
+
+    Which proposals a budget considers depends on the model's slots (`_window`), so a plan returned
+    at a large budget can peak below every proposal a small budget considers.  The lowest-peak plan
+    found for a chain is therefore remembered across calls (`_LEAST`) and offered to every budget it
+    fits: the minimum `min_budget` states, and the peak of any plan returned, stay feasible."""
 
     def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS) -> None:
         self.chain = chain
@@ -293,7 +313,6 @@ class ChainSolver:
         self.size = max(full, 0) + -(-grads // self.unit) + 2
         self.tables = dp(self.model, self.size)
         self.base = chain.resident_bytes()
-        self.tail = tail_requirement(chain)
         top = self.tables.cost[(0, self.model.n - 1)]
         finite = np.isfinite(top)
         # first slot count of each time level: the plans of least rounded memory for their time
@@ -305,6 +324,8 @@ class ChainSolver:
         # plan proposed at slot count m never peaks below m - slack slots in bytes
         self.slack = 2 * self.model.n + 2
         self._exact: dict[int, tuple[tuple[Op, ...], int, float]] = {}
+        self._simulated: dict[int, int] = {}
+        self._key = (chain.graph, tuple(map(tuple, menus)), slots)
 
     def _all_ops(self) -> list[Op]:
         ops: list[Op] = []
@@ -320,31 +341,47 @@ class ChainSolver:
             self._exact[m] = (ops, self.base + max(peak, 0), t)
         return self._exact[m]
 
+    def _peak(self, m: int) -> int:
+        """The simulated peak of the DP's plan at slot count `m`: what that plan really needs."""
+        if m not in self._simulated:
+            schedule = chain_schedule(self.chain, self.menus, self._proposal(m)[0])
+            self._simulated[m] = simulate(self.chain.graph, schedule).peak_bytes
+        return self._simulated[m]
+
     def _window(self, budget: int) -> np.ndarray:
         """Time levels whose plans can fit `budget` exactly, fastest (most slots) first.  The window
         depends on the budget only through its upper end, so a larger budget sees a superset."""
         m = max((budget - self.base) // self.unit, int(self.levels[0]))
         return self.levels[self.levels <= m + self.slack][::-1]
 
+    def _found(self, m: int) -> ChainPlan:
+        """The proposal at slot count `m`, remembered when it peaks lower than every plan before."""
+        ops, model_peak, t = self._proposal(m)
+        plan, peak = ChainPlan(ops, model_peak, t), self._peak(m)
+        least = _LEAST.get(self._key)
+        _LEAST.put(self._key, (plan, peak) if least is None or peak < least[1] else least)
+        return plan
+
     def min_budget(self) -> int:
-        least = min(self._proposal(int(m))[1] for m in self._window(0))
-        return max(least, self.tail)
+        """The least simulated peak of a plan known for this chain: `plan` succeeds from it up."""
+        self._found(min((int(m) for m in self._window(0)), key=self._peak))
+        return _LEAST.get(self._key)[1]
 
     def plan(self, budget: int) -> ChainPlan | None:
-        if budget < self.tail:
-            return None
+        """The fastest proposal in the budget's window whose simulated peak fits the budget; else the
+        lowest-peak plan known for the chain, when it fits."""
         for m in self._window(budget):
-            ops, peak, t = self._proposal(int(m))
-            if peak <= budget:
-                return ChainPlan(ops, peak, t)
-        return None
+            if self._peak(int(m)) <= budget:
+                return self._found(int(m))
+        least = _LEAST.get(self._key)
+        return least[0] if least is not None and least[1] <= budget else None
 
 
 def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: ChainPlan, budget: int,
                    solver: str, started: float, extra: dict) -> SolveResult:
     """Expand, simulate, and refuse to return anything the simulator does not accept."""
     g = chain.graph
-    schedule = schedule_with_frees(g, expand(chain, menus, plan.ops))
+    schedule = chain_schedule(chain, menus, plan.ops)
     tl = simulate(g, schedule)
     if not tl.valid:
         raise AssertionError(f"{solver} produced an invalid schedule: {tl.issues[:3]}")

@@ -67,5 +67,30 @@ def eager_schedule(graph: Graph, order: Sequence[int] | None = None) -> Schedule
     return tuple(steps)
 
 
+def keep_outputs_alive(graph: Graph, schedule: Schedule) -> Schedule:
+    """The schedule without frees of the graph's outputs, and without the recomputations that only
+    rebuilt them.  The simulator accepts freeing a model output and recomputing it before the end, but
+    the exported module hands the forward outputs to the caller when the backward starts, so they
+    must stay alive once computed (Checkmate's LP rounding, for one, frees them)."""
+    outputs = set(graph.outputs)
+    alive = [d.producer is None for d in graph.datas]
+    pinned: set[int] = set()  # outputs whose free was dropped
+    kept = []
+    for step in schedule:
+        if step.op == "free":
+            if step.node in outputs:
+                pinned.add(step.node)
+                continue
+            alive[step.node] = False
+        else:
+            produced = graph.computes[step.node].outputs
+            if produced and all(alive[d] for d in produced) and pinned.intersection(produced):
+                continue  # it only rebuilt outputs that were kept alive above
+            for d in produced:
+                alive[d] = True
+        kept.append(step)
+    return schedule if len(kept) == len(schedule) else tuple(kept)
+
+
 def compute_order(schedule: Iterable[Step]) -> list[int]:
     return [s.node for s in schedule if s.op == "compute"]

@@ -18,6 +18,7 @@ from solvers.rotor import (
     ChainModel,
     ChainPlan,
     Op,
+    chain_schedule,
     checked_result,
     evaluate,
     infeasible,
@@ -25,6 +26,7 @@ from solvers.rotor import (
     quantized_model,
     tail_requirement,
 )
+from solvers.simulate import simulate
 
 
 def segments(n: int, count: int) -> list[tuple[int, int]]:
@@ -76,10 +78,18 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> Solve
     tail = tail_requirement(chain)
     order = candidates(len(chain.blocks))
     plans = {c: plan_for(chain, model, c) for c in order}
-    fits = [c for c in order if max(plans[c].model_peak_bytes, tail) <= budget_bytes]
+
+    def peak(c: int) -> int:
+        """The simulated peak (the block-level model only bounds it from above, with the tail's)."""
+        bound = max(plans[c].model_peak_bytes, tail)
+        if bound <= budget_bytes:
+            return bound
+        return simulate(graph, chain_schedule(chain, menus, plans[c].ops)).peak_bytes
+
+    peaks = {c: peak(c) for c in order}
+    fits = [c for c in order if peaks[c] <= budget_bytes]
     if not fits:
-        least = min(max(p.model_peak_bytes, tail) for p in plans.values())
-        raise infeasible(graph, budget_bytes, least, "sqrt")
+        raise infeasible(graph, budget_bytes, min(peaks.values()), "sqrt")
     count = order[0] if order[0] in fits else min(fits, key=lambda c: (plans[c].time, c))
     return checked_result(chain, menus, plans[count], budget_bytes, "sqrt", started,
                           {"segments": count, "slot_bytes": model.unit, "model_time": plans[count].time})

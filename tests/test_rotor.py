@@ -214,7 +214,7 @@ def test_minimum_budget_is_exact_despite_slot_rounding():
     n = solver.exact.n
     best = min(evaluate(solver.exact, ops)[0] for ops in _strategies(solver.exact, 0, n - 1))
     low = _minimum(g)
-    assert low == solver.min_budget() == max(solver.base + best, solver.tail)
+    assert low == solver.min_budget() == max(solver.base + best, rotor.tail_requirement(ch))
     plan = solver.plan(low)
     tl = simulate(g, rotor.solve(g, low).schedule).check()
     assert plan.model_peak_bytes == tl.peak_bytes == low

@@ -359,15 +359,21 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         with progress(len(candidates), f"memviz: planning ({strategy})") as bar:
             result, timeline, name = _solve_first(graph, candidates, effective, time_limit, bar.update)
     except InfeasibleBudget as exc:
-        if strategy != "auto" or not can_chunk(prof):
+        known = _known_minimum(graph) if strategy == "auto" and "checkmate" not in candidates else None
+        if known is not None and known[1].peak_bytes <= effective:
+            result, timeline, name = (*known, "checkmate")
+        elif known is not None and known[1].peak_bytes < (exc.minimum_bytes or 1 << 62):
+            raise InfeasibleBudget(effective, known[1].peak_bytes, "auto") from None
+        elif strategy != "auto" or not can_chunk(prof):
             raise
-        # inference that reordering cannot fit: chunk the activations instead (costs time, so second)
-        try:
-            return plan_autochunk(prof, effective, packing=packing, time_limit=time_limit)
-        except InfeasibleBudget as chunk_exc:
-            raise min((exc, chunk_exc), key=lambda e: e.minimum_bytes or 1 << 62) from None
-        except ValueError as cannot_chunk:  # e.g. a non-tensor input: the reordering minimum stands
-            raise exc from cannot_chunk
+        else:
+            # inference that reordering cannot fit: chunk the activations instead (costs time, so second)
+            try:
+                return plan_autochunk(prof, effective, packing=packing, time_limit=time_limit)
+            except InfeasibleBudget as chunk_exc:
+                raise min((exc, chunk_exc), key=lambda e: e.minimum_bytes or 1 << 62) from None
+            except ValueError as cannot_chunk:  # e.g. a non-tensor input: the reordering minimum stands
+                raise exc from cannot_chunk
     if strategy == "auto" and name == "checkmate" and result.stats.status != "optimal":
         # a time-limited MILP incumbent can be worse than the hierarchy's plan: keep the cheaper
         try:
@@ -449,6 +455,22 @@ def fit_reserved(first: Plan, solve: Callable[[int], Plan]) -> Plan:
         )
     return dataclasses.replace(best, budget_bytes=budget, frontier=first.frontier,
                                frontier_points=first.frontier_points)
+
+
+def _known_minimum(graph: Graph) -> tuple[SolveResult, Timeline] | None:
+    """The lowest-peak schedule Checkmate remembers for `graph` (a checkmate plan or minimum asked for
+    earlier), checked by the simulator: on graphs too large for 'auto' to run Checkmate, a budget that
+    Checkmate was seen to reach still gets a plan, and a refusal names the smallest budget known."""
+    from solvers.checkmate import known_minimum
+
+    found = known_minimum(graph)
+    if found is None or not is_training(graph):
+        return None
+    schedule = keep_outputs_alive(graph, found.schedule)
+    timeline = simulate(graph, schedule).check()
+    stats = SolverStats("checkmate", "heuristic", 0.0, objective=timeline.total_time,
+                        extra={"source": "lowest-peak schedule found by an earlier checkmate call"})
+    return SolveResult(schedule, stats), timeline
 
 
 def _solve_first(

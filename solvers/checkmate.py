@@ -705,6 +705,11 @@ def _remember(graph: Graph, found: MinimumBudget) -> MinimumBudget:
     return best
 
 
+def known_minimum(graph: Graph) -> MinimumBudget | None:
+    """The lowest-peak schedule an earlier call found for `graph`, without solving anything."""
+    return _MIN_PEAK.get(graph)
+
+
 def _remembered(graph: Graph) -> list[_Plan]:
     """The lowest-peak schedule an earlier `minimum_budget` call found for `graph` (none: empty)."""
     earlier = _MIN_PEAK.get(graph)

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from memviz.schema_fast import stripped
 from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
 from solvers.schedule import Schedule, steps_from_json
@@ -76,6 +77,8 @@ def check_values(doc: Any, source: str = "plan document") -> None:
                 why = f"key {ascii(bad)}: {_bad_text(bad)}"
             stack.extend((v, (path, k)) for k, v in reversed(value.items()))
         elif t is list:
+            if set(map(type, value)) == {int} and -MAX_INT <= min(value) and max(value) <= MAX_INT:
+                continue  # a list of integers in range (byte counts per step, ids): no item to report
             stack.extend((value[i], (path, i)) for i in range(len(value) - 1, -1, -1))
         elif t is int:
             if not -MAX_INT <= value <= MAX_INT:
@@ -111,8 +114,10 @@ def _json_path(path: Any) -> str:
 def _schema_errors(doc: dict[str, Any], source: str) -> None:
     import jsonschema  # here, not at the top: importing it takes ~2 s, a third of `import memviz`
 
+    # the long arrays of identical items are checked by compiled predicates (linear time); jsonschema
+    # validates the rest, and every array a predicate does not fully accept (reporting its error)
     validator = jsonschema.Draft202012Validator(plan_schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(stripped(doc, plan_schema())))
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "(top level)"
         raise PlanFileError(f"{source} does not match {SCHEMA_ID} at {where}: {error.message}")

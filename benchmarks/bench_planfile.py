@@ -1,0 +1,101 @@
+"""Plan-file load time against plan size (issue 17 item 4: loading must be linear, 100k steps < 2 s).
+
+Run: ``python benchmarks/bench_planfile.py [--quick] [--out FILE]``; prints a markdown section and writes
+``benchmarks/results/planfile.json``.
+
+Each size is a training chain (forward ops with a weight each, a loss, the backward mirror) planned in
+eager order with `memviz.plan(graph)`, saved with `Plan.save`, and loaded with `memviz.load_plan` (JSON
+parse, value check, schema validation, graph rebuild and re-simulation of both runs), best of
+`REPEATS` loads.  The schedule has about four steps per forward op (two computes, two frees), so a
+chain of n ops is a plan of about 4n steps; seconds per 1000 steps at each size show whether the
+cost is linear.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+import memviz  # noqa: E402
+from solvers import DataKind, Graph, GraphBuilder, Phase  # noqa: E402
+
+SIZES = (10_000, 30_000, 100_000)
+QUICK_SIZES = (2_000, 6_000, 20_000)
+REPEATS = 3
+
+
+def chain_graph(n: int) -> Graph:
+    """n forward ops (activation + weight in, activation out), a loss, n backward ops."""
+    b = GraphBuilder(f"chain{n}")
+    acts = [b.data("x", 4096, DataKind.INPUT)]
+    weights = []
+    for i in range(n):
+        weights.append(b.data(f"w{i}", 1024, DataKind.PARAMETER))
+        acts.append(b.data(f"a{i}", 4096))
+        b.compute(f"f{i}", [acts[-2], weights[-1]], [acts[-1]], op="aten.mm", phase=Phase.FORWARD, time=1e-5)
+    grad = b.data("loss", 4, DataKind.OUTPUT)
+    b.compute("loss", [acts[-1]], [grad], op="loss", phase=Phase.FORWARD, time=1e-6)
+    outputs = [grad]
+    for i in reversed(range(n)):
+        g_in = b.data(f"da{i}", 4096, DataKind.GRADIENT)
+        g_w = b.data(f"dw{i}", 1024, DataKind.PARAMETER_GRADIENT)
+        b.compute(f"b{i}", [grad, acts[i], weights[i]], [g_in, g_w], op="aten.mm", phase=Phase.BACKWARD,
+                  time=2e-5)
+        outputs.append(g_w)
+        grad = g_in
+    b.outputs = outputs
+    return b.build()
+
+
+def load_seconds(steps: int, folder: Path) -> dict:
+    n = max(1, steps // 4)
+    plan = memviz.plan(chain_graph(n), frontier=False, packing=False)
+    path = plan.save(folder / f"plan{steps}.json")
+    best = float("inf")
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        loaded = memviz.load_plan(path)
+        best = min(best, time.perf_counter() - t)
+    total = len(loaded.schedule) + len(loaded.baseline_schedule)
+    return {"target_steps": steps, "steps": len(loaded.schedule), "schedule_steps_both_runs": total,
+            "compute_nodes": len(loaded.graph.computes), "file_mb": round(path.stat().st_size / 1e6, 2),
+            "load_s": round(best, 3), "s_per_1000_steps": round(1000 * best / len(loaded.schedule), 5)}
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    first = rows[0]["s_per_1000_steps"]
+    out = ["## Plan file load time (issue 17 item 4)", "",
+           "`memviz.load_plan` of an eager-order training-chain plan (JSON parse, value check, schema "
+           f"validation, graph rebuild, re-simulation of both runs), best of {REPEATS}. Target: 100k steps "
+           "in under 2 s, linear cost (the last column stays flat).", "",
+           "| steps | compute nodes | file MB | load s | s per 1000 steps | vs smallest |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['steps']} | {r['compute_nodes']} | {r['file_mb']} | {r['load_s']:.3f} | "
+                   f"{r['s_per_1000_steps']:.4f} | {r['s_per_1000_steps'] / first:.2f} |")
+    return "\n".join(out + [""])
+
+
+def run(quick: bool = False) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [load_seconds(s, Path(tmp)) for s in (QUICK_SIZES if quick else SIZES)]
+    big = rows[-1]
+    result = {"rows": rows, "headline": [{
+        "metric": f"plan file load, {big['steps']} steps ({big['file_mb']} MB)",
+        "ours": f"{big['load_s']:.2f} s", "baseline": "target < 2 s per 100k steps, linear",
+        "ratio": f"{big['s_per_1000_steps'] / rows[0]['s_per_1000_steps']:.2f}"}]}
+    result["markdown"] = markdown(result)
+    return result
+
+
+if __name__ == "__main__":
+    from run import bench_main
+
+    raise SystemExit(bench_main(run, "planfile", __doc__))

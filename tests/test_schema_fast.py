@@ -1,0 +1,114 @@
+"""The compiled predicates of `memviz.schema_fast` agree with jsonschema on plan documents whose arrays
+are long enough to take the fast path (issue 17 item 4: validation in linear time)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memviz
+from memviz.planfile import PlanFileError, parse_document, plan_schema
+from memviz.schema_fast import MIN_ITEMS, stripped
+from solvers import DataKind, GraphBuilder, Phase
+
+
+def _chain_doc(n: int = 32) -> dict:
+    b = GraphBuilder("chain")
+    acts = [b.data("x", 64, DataKind.INPUT)]
+    weights = []
+    for i in range(n):
+        weights.append(b.data(f"w{i}", 16, DataKind.PARAMETER))
+        acts.append(b.data(f"a{i}", 64))
+        b.compute(f"f{i}", [acts[-2], weights[-1]], [acts[-1]], phase=Phase.FORWARD, time=1.0)
+    grad = b.data("loss", 4, DataKind.OUTPUT)
+    b.compute("loss", [acts[-1]], [grad], phase=Phase.FORWARD)
+    outputs = [grad]
+    for i in reversed(range(n)):
+        g_in, g_w = b.data(f"da{i}", 64, DataKind.GRADIENT), b.data(f"dw{i}", 16, DataKind.PARAMETER_GRADIENT)
+        b.compute(f"b{i}", [grad, acts[i], weights[i]], [g_in, g_w], phase=Phase.BACKWARD, time=2.0)
+        outputs.append(g_w)
+        grad = g_in
+    b.outputs = outputs
+    plan = memviz.plan(b.build(), frontier=False, packing=True)
+    return json.loads(json.dumps(plan.to_dict()))
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    return _chain_doc()
+
+
+def _long_arrays(obj, path=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _long_arrays(v, (*path, k))
+    elif isinstance(obj, list) and len(obj) >= MIN_ITEMS:
+        yield path, obj
+
+
+def _verdict(document) -> tuple | None:
+    validator = jsonschema.Draft202012Validator(plan_schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    return None if error is None else (tuple(error.absolute_path), error.validator)
+
+
+def test_valid_document_has_its_long_arrays_emptied(doc):
+    arrays = dict(_long_arrays(doc))
+    assert {("graph", "computes"), ("graph", "datas"), ("planned", "schedule"), ("packing", "buffers"),
+            ("planned", "timeline", "by_category", "activations")} <= set(arrays)
+    light = stripped(doc, plan_schema())
+    assert not dict(_long_arrays(light))  # every long array was checked by a predicate
+    assert _verdict(light) is None and _verdict(doc) is None
+    assert len(doc["graph"]["computes"]) > MIN_ITEMS  # the document itself is left as it was
+
+
+json_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([1.0, 2.5, -1.0, 1 << 40]),
+    st.text(max_size=3), st.sampled_from(["compute", "free", "forward", "activation"]),
+    st.lists(st.integers(-1, 3), max_size=3),
+    st.dictionaries(st.sampled_from(["id", "x"]), st.integers(0, 2)),
+)
+
+
+def _leaf_paths(obj, path=()):
+    yield path
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaf_paths(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaf_paths(v, (*path, i))
+
+
+@pytest.mark.slow
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_stripped_document_gets_the_same_verdict(doc, data):
+    """Any value inside a long array (or an item of one, or a key beside it) replaced by arbitrary JSON:
+    jsonschema says the same of the stripped copy as of the whole document (the same first error, at the
+    same path)."""
+    arrays = [p for p, _ in _long_arrays(doc)]
+    base = data.draw(st.sampled_from(arrays))
+    node = doc
+    for key in base:
+        node = node[key]
+    index = data.draw(st.integers(0, len(node) - 1))
+    paths = [(*base, index, *p) for p in _leaf_paths(node[index])]
+    path = data.draw(st.sampled_from(paths))
+    mutated = json.loads(json.dumps(doc))
+    target = mutated
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = data.draw(json_values)
+    assert _verdict(stripped(mutated, plan_schema())) == _verdict(mutated)
+
+
+def test_bad_item_deep_in_a_long_array_is_named(doc):
+    mutated = json.loads(json.dumps(doc))
+    mutated["graph"]["datas"][70]["bytes"] = -1
+    with pytest.raises(PlanFileError, match="graph/datas/70/bytes"):
+        parse_document(json.dumps(mutated))

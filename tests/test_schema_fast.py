@@ -16,7 +16,7 @@ from memviz.schema_fast import MIN_ITEMS, stripped
 from solvers import DataKind, GraphBuilder, Phase
 
 
-def _chain_doc(n: int = 32) -> dict:
+def _chain_doc(n: int = 32, packing: bool = True) -> dict:
     b = GraphBuilder("chain")
     acts = [b.data("x", 64, DataKind.INPUT)]
     weights = []
@@ -33,7 +33,7 @@ def _chain_doc(n: int = 32) -> dict:
         outputs.append(g_w)
         grad = g_in
     b.outputs = outputs
-    plan = memviz.plan(b.build(), frontier=False, packing=True)
+    plan = memviz.plan(b.build(), frontier=False, packing=packing)
     return json.loads(json.dumps(plan.to_dict()))
 
 
@@ -112,3 +112,18 @@ def test_bad_item_deep_in_a_long_array_is_named(doc):
     mutated["graph"]["datas"][70]["bytes"] = -1
     with pytest.raises(PlanFileError, match="graph/datas/70/bytes"):
         parse_document(json.dumps(mutated))
+
+
+def _values(obj) -> int:
+    if isinstance(obj, dict):
+        return 1 + sum(_values(v) for v in obj.values())
+    if isinstance(obj, list):
+        return 1 + sum(_values(v) for v in obj)
+    return 1
+
+
+def test_jsonschema_sees_a_document_of_constant_size():
+    """What is left to jsonschema does not grow with the plan: its work is constant, the predicates linear."""
+    small, large = _chain_doc(64, packing=False), _chain_doc(320, packing=False)
+    assert _values(large) > 4 * _values(small)
+    assert _values(stripped(large, plan_schema())) == _values(stripped(small, plan_schema()))

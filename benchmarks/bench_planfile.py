@@ -28,7 +28,7 @@ from solvers import DataKind, Graph, GraphBuilder, Phase  # noqa: E402
 
 SIZES = (10_000, 30_000, 100_000)
 QUICK_SIZES = (2_000, 6_000, 20_000)
-REPEATS = 3
+REPEATS = 2
 
 
 def chain_graph(n: int) -> Graph:

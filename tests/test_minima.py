@@ -45,6 +45,7 @@ def _mlp_graph() -> Graph:
     return memviz.profile(model, (torch.randn(512, 64),), measure=False, repeats=1, warmup=0).graph
 
 
+@pytest.mark.slow
 def test_mlp_minimum_is_the_peak_of_its_own_plan() -> None:
     """The block-level model overstates the peak of rotor's least plan on a chain MLP; the minimum used
     to be that model peak, so every budget from the plan's real peak up to it was refused."""

@@ -32,8 +32,10 @@ from solvers.chain import (
     schedule_with_frees,
     store_all,
 )
+from solvers.deadline import Deadline
 from solvers.ir import Graph
-from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.memo import RecentMemo
+from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule
 from solvers.simulate import Timeline, simulate
 
@@ -156,14 +158,17 @@ class Tables:
     size: int
 
 
-def dp(model: ChainModel, size: int) -> Tables:
-    """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3)."""
+def dp(model: ChainModel, size: int, deadline: Deadline | None = None) -> Tables:
+    """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3); raises `OutOfTime` once `deadline`
+    passes (the tables are all or nothing)."""
     n = model.n
     m = np.arange(size)
     cost: dict[tuple[int, int], np.ndarray] = {}
     choice: dict[tuple[int, int], np.ndarray] = {}
     for length in range(n):
         for s in range(n - length):
+            if deadline is not None and deadline.passed():
+                raise OutOfTime("rotor dynamic program")
             t = s + length
             best = np.full(size, np.inf)
             arg = np.full(size, -1, dtype=np.int32)
@@ -280,7 +285,8 @@ class ChainSolver:
     exact peak fits the budget is returned.  The exact peak is still the block-level model's, an upper
     bound on `solvers.simulate`'s."""
 
-    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS) -> None:
+    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS,
+                 deadline: Deadline | None = None) -> None:
         self.chain = chain
         self.menus = menus
         ns = [nosave(chain, b) for b in chain.blocks]
@@ -291,7 +297,7 @@ class ChainSolver:
         # each gradient counted once: one handed down through several blocks is in each one's grad_in
         grads = grad_bytes(chain, {d for b in chain.blocks for d in b.grad_in})
         self.size = max(full, 0) + -(-grads // self.unit) + 2
-        self.tables = dp(self.model, self.size)
+        self.tables = dp(self.model, self.size, deadline)
         self.base = chain.resident_bytes()
         self.tail = tail_requirement(chain)
         top = self.tables.cost[(0, self.model.n - 1)]
@@ -326,14 +332,23 @@ class ChainSolver:
         m = max((budget - self.base) // self.unit, int(self.levels[0]))
         return self.levels[self.levels <= m + self.slack][::-1]
 
-    def min_budget(self) -> int:
-        least = min(self._proposal(int(m))[1] for m in self._window(0))
-        return max(least, self.tail)
+    def min_budget(self, deadline: Deadline | None = None) -> int:
+        """The least exact peak of the proposals (past `deadline`: of those costed so far, an upper bound)."""
+        least = None
+        for m in self._window(0):
+            least = min(self._proposal(int(m))[1], least or 1 << 62)
+            if deadline is not None and deadline.passed():
+                break
+        return max(least or 0, self.tail)
 
-    def plan(self, budget: int) -> ChainPlan | None:
+    def plan(self, budget: int, deadline: Deadline | None = None) -> ChainPlan | None:
+        """The fastest proposal whose exact peak fits `budget`; None when none does.  Raises `OutOfTime`
+        when `deadline` passes before one is found."""
         if budget < self.tail:
             return None
         for m in self._window(budget):
+            if deadline is not None and deadline.passed():
+                raise OutOfTime("rotor plan search", budget)
             ops, peak, t = self._proposal(int(m))
             if peak <= budget:
                 return ChainPlan(ops, peak, t)
@@ -382,21 +397,41 @@ def infeasible(graph: Graph, budget: int, chain_minimum: int | None, solver: str
     return InfeasibleBudget(budget, floor if chain_minimum is None else min(floor, chain_minimum), solver)
 
 
-def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
+#: the chain and DP tables of the last few graphs: the DP does not depend on the budget, so the plans of
+#: one graph at several budgets (a frontier, a retry at the minimum) share one table
+CACHED_GRAPHS = 4
+_SOLVERS: RecentMemo[Graph, tuple[Chain, list[list[BlockOption]], ChainSolver]] = RecentMemo(CACHED_GRAPHS)
+
+
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
+          deadline: Deadline | None = None) -> SolveResult:
     """Rotor over the graph's block chain: per block "store everything" or "keep only the output".
-    The DP is polynomial (blocks^3 x slots) and runs to completion; `time_limit` is accepted for the
-    common solver signature."""
+    The DP is polynomial (blocks^3 x slots) and independent of the budget: its tables are kept for the
+    last `CACHED_GRAPHS` graphs.  Returns within `time_limit` seconds (or by `deadline`, the earlier)
+    plus one DP length step; raises `OutOfTime` when the DP is not done by then."""
     started = _time.monotonic()
+    deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rotor", started)
     if quick is not None:
         return quick
-    chain = decompose(graph)
-    if not chain.training:
-        raise infeasible(graph, budget_bytes, None, "rotor")
-    menus = [[store_all(chain, b)] for b in chain.blocks]
-    solver = ChainSolver(chain, menus)
-    plan = solver.plan(budget_bytes)
+    cached = _SOLVERS.get(graph)
+    reused = cached is not None
+    if cached is None:
+        chain = decompose(graph)
+        if not chain.training:
+            raise infeasible(graph, budget_bytes, None, "rotor")
+        menus = [[store_all(chain, b)] for b in chain.blocks]
+        try:
+            cached = (chain, menus, ChainSolver(chain, menus, deadline=deadline))
+        except OutOfTime as exc:
+            raise exc.within(budget_bytes, "rotor") from None
+    _SOLVERS.put(graph, cached)
+    chain, menus, solver = cached
+    try:
+        plan = solver.plan(budget_bytes, deadline)
+    except OutOfTime as exc:
+        raise exc.within(budget_bytes, "rotor") from None
     if plan is None:
-        raise infeasible(graph, budget_bytes, solver.min_budget(), "rotor")
+        raise infeasible(graph, budget_bytes, solver.min_budget(deadline), "rotor")
     return checked_result(chain, menus, plan, budget_bytes, "rotor", started,
-                          {"slot_bytes": solver.unit, "model_time": plan.time})
+                          {"slot_bytes": solver.unit, "model_time": plan.time, "dp_cached": reused})

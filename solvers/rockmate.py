@@ -36,12 +36,19 @@ import time as _time
 import numpy as np
 
 from solvers import block_milp
-from solvers.chain import Block, BlockOption, Chain, block_option, decompose, sequence_option, store_all
+from solvers.chain import Block, BlockOption, Chain, block_option, sequence_option, store_all
 from solvers.deadline import Deadline
 from solvers.ir import Graph
 from solvers.memo import RecentMemo
 from solvers.result import OutOfTime, SolveResult
-from solvers.rotor import ChainSolver, checked_result, infeasible, no_recompute_result
+from solvers.rotor import (
+    ChainSolver,
+    chain_of,
+    checked_result,
+    infeasible,
+    no_recompute_result,
+    store_all_solver,
+)
 
 EXACT_SUBSETS = 10
 GREEDY_STEPS = 32
@@ -199,6 +206,12 @@ def _measure(chain: Chain, b: Block, menu: list[Positions],
     return opts
 
 
+def milp_time(time_limit: float) -> float:
+    """The block MILPs' total time for a solve limited to `time_limit` seconds: `MILP_SECONDS`, at most a
+    quarter of the limit, rounded so that calls with nearly the same time left share cached menus."""
+    return round(min(MILP_SECONDS, time_limit / 4), 1)
+
+
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
           milp_seconds: float | None = None, deadline: Deadline | None = None) -> SolveResult:
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
@@ -211,12 +224,11 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
     if quick is not None:
         return quick
-    chain = decompose(graph)
+    chain = chain_of(graph)
     if not chain.training:
         raise infeasible(graph, budget_bytes, None, "rockmate")
     if milp_seconds is None:
-        # rounded, so that calls with nearly the same time left share cached menus
-        milp_seconds = round(min(MILP_SECONDS, time_limit / 4, deadline.left() / 4), 1)
+        milp_seconds = milp_time(min(time_limit, deadline.left()))
     key = (graph, milp_seconds)
     cached = _MENUS.get(key)
     if cached is None:
@@ -233,11 +245,12 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     # The DP rounds sizes to slots and its proposals are re-costed in bytes (`ChainSolver`), so the
     # larger menu's proposals need not include rotor's plan that fits: rotor's DP over the store-all
     # options (index 0, the same in both) runs too and the faster plan is kept, so that at equal budget
-    # rockmate is never worse than rotor.  Both DPs are kept for the next call on the same menus.
+    # rockmate is never worse than rotor.  Both DPs are kept for the next call (rotor's shared with it).
     complete = not stats["enumeration_cut"] and all(
         len(m) == len(by_class[b.klass]) for m, b in zip(menus, chain.blocks, strict=True))
     try:
-        solvers = _chain_solvers(chain, key if complete else None, menus, deadline)
+        solvers = (_menus_solver(chain, key if complete else None, menus, deadline),
+                   store_all_solver(graph, deadline)[1])
         plans = [p for p in (s.plan(budget_bytes, deadline) for s in solvers) if p is not None]
     except OutOfTime as exc:
         raise exc.within(budget_bytes, "rockmate") from None
@@ -249,18 +262,16 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
                            "classes": len(by_class), "options": sum(len(m) for m in menus), **stats})
 
 
-#: the DPs over the menus of `_MENUS` (same keys): a graph planned at several budgets solves them once
-_DPS: RecentMemo[tuple[Graph, float], tuple[ChainSolver, ChainSolver]] = RecentMemo(CACHED_GRAPHS)
+#: the DPs over the menus of `_MENUS` (same keys): a graph planned at several budgets solves each once
+_DPS: RecentMemo[tuple[Graph, float], ChainSolver] = RecentMemo(CACHED_GRAPHS)
 
 
-def _chain_solvers(chain: Chain, key: tuple[Graph, float] | None,
-                   menus: list[list[BlockOption]], deadline: Deadline) -> tuple[ChainSolver, ChainSolver]:
-    """The DPs over `menus` and over their store-all options; kept under `key` unless it is None (menus
-    cut short by the deadline)."""
+def _menus_solver(chain: Chain, key: tuple[Graph, float] | None, menus: list[list[BlockOption]],
+                  deadline: Deadline) -> ChainSolver:
+    """The DP over `menus`, kept under `key` unless it is None (menus cut short by the deadline)."""
     found = None if key is None else _DPS.get(key)
     if found is None:
-        found = (ChainSolver(chain, menus, deadline=deadline),
-                 ChainSolver(chain, [menu[:1] for menu in menus], deadline=deadline))
+        found = ChainSolver(chain, menus, deadline=deadline)
     if key is not None:
         _DPS.put(key, found)
     return found

@@ -397,10 +397,34 @@ def infeasible(graph: Graph, budget: int, chain_minimum: int | None, solver: str
     return InfeasibleBudget(budget, floor if chain_minimum is None else min(floor, chain_minimum), solver)
 
 
-#: the chain and DP tables of the last few graphs: the DP does not depend on the budget, so the plans of
-#: one graph at several budgets (a frontier, a retry at the minimum) share one table
+#: the chains and DP tables of the last few graphs: neither depends on the budget, so the plans of one
+#: graph at several budgets (a frontier, a retry at the minimum, Rockmate's store-all DP) share them
 CACHED_GRAPHS = 4
-_SOLVERS: RecentMemo[Graph, tuple[Chain, list[list[BlockOption]], ChainSolver]] = RecentMemo(CACHED_GRAPHS)
+_CHAINS: RecentMemo[Graph, Chain] = RecentMemo(CACHED_GRAPHS)
+_SOLVERS: RecentMemo[Graph, tuple[list[list[BlockOption]], ChainSolver]] = RecentMemo(CACHED_GRAPHS)
+
+
+def chain_of(graph: Graph) -> Chain:
+    """`decompose(graph)`, kept for the last `CACHED_GRAPHS` graphs."""
+    chain = _CHAINS.get(graph)
+    if chain is None:
+        chain = decompose(graph)
+    _CHAINS.put(graph, chain)
+    return chain
+
+
+def store_all_solver(graph: Graph, deadline: Deadline) -> tuple[list[list[BlockOption]], ChainSolver, bool]:
+    """The store-all menus of `chain_of(graph)` (rotor's: per block "store everything" or "keep only the
+    output"), their DP, and whether both were kept from an earlier call.  Raises `OutOfTime` when the DP
+    is not done by `deadline`."""
+    cached = _SOLVERS.get(graph)
+    reused = cached is not None
+    if cached is None:
+        chain = chain_of(graph)
+        menus = [[store_all(chain, b)] for b in chain.blocks]
+        cached = (menus, ChainSolver(chain, menus, deadline=deadline))
+    _SOLVERS.put(graph, cached)
+    return (*cached, reused)
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
@@ -408,26 +432,17 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     """Rotor over the graph's block chain: per block "store everything" or "keep only the output".
     The DP is polynomial (blocks^3 x slots) and independent of the budget: its tables are kept for the
     last `CACHED_GRAPHS` graphs.  Returns within `time_limit` seconds (or by `deadline`, the earlier)
-    plus one DP length step; raises `OutOfTime` when the DP is not done by then."""
+    plus one DP step; raises `OutOfTime` when the DP is not done by then."""
     started = _time.monotonic()
     deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rotor", started)
     if quick is not None:
         return quick
-    cached = _SOLVERS.get(graph)
-    reused = cached is not None
-    if cached is None:
-        chain = decompose(graph)
-        if not chain.training:
-            raise infeasible(graph, budget_bytes, None, "rotor")
-        menus = [[store_all(chain, b)] for b in chain.blocks]
-        try:
-            cached = (chain, menus, ChainSolver(chain, menus, deadline=deadline))
-        except OutOfTime as exc:
-            raise exc.within(budget_bytes, "rotor") from None
-    _SOLVERS.put(graph, cached)
-    chain, menus, solver = cached
+    chain = chain_of(graph)
+    if not chain.training:
+        raise infeasible(graph, budget_bytes, None, "rotor")
     try:
+        menus, solver, reused = store_all_solver(graph, deadline)
         plan = solver.plan(budget_bytes, deadline)
     except OutOfTime as exc:
         raise exc.within(budget_bytes, "rotor") from None

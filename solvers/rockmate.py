@@ -249,8 +249,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     complete = not stats["enumeration_cut"] and all(
         len(m) == len(by_class[b.klass]) for m, b in zip(menus, chain.blocks, strict=True))
     try:
-        solvers = (_menus_solver(chain, key if complete else None, menus, deadline),
-                   store_all_solver(graph, deadline)[1])
+        rotor_dp = store_all_solver(graph, deadline)[1]  # first: when the menus' DP runs out, rotor has it
+        solvers = (_menus_solver(chain, key if complete else None, menus, deadline), rotor_dp)
         plans = [p for p in (s.plan(budget_bytes, deadline) for s in solvers) if p is not None]
     except OutOfTime as exc:
         raise exc.within(budget_bytes, "rockmate") from None

@@ -374,10 +374,21 @@ def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: C
                "block_ops": len(plan.ops), **extra}))
 
 
+#: the chains and DP tables of the last few graphs: neither depends on the budget, so the plans of one
+#: graph at several budgets (a frontier, a retry at the minimum, Rockmate's store-all DP) share them
+CACHED_GRAPHS = 4
+_NO_RECOMPUTE: RecentMemo[Graph, tuple[Schedule, Timeline]] = RecentMemo(CACHED_GRAPHS)
+
+
 def no_recompute(graph: Graph) -> tuple[Schedule, Timeline]:
-    """The capture order with frees at last use: no recomputation, so the least time of any plan."""
-    schedule = schedule_with_frees(graph, list(range(len(graph.computes))))
-    return schedule, simulate(graph, schedule).check()
+    """The capture order with frees at last use: no recomputation, so the least time of any plan.
+    Kept for the last `CACHED_GRAPHS` graphs: every solve at every budget asks for it first."""
+    found = _NO_RECOMPUTE.get(graph)
+    if found is None:
+        schedule = schedule_with_frees(graph, list(range(len(graph.computes))))
+        found = (schedule, simulate(graph, schedule).check())
+    _NO_RECOMPUTE.put(graph, found)
+    return found
 
 
 def no_recompute_result(graph: Graph, budget: int, solver: str, started: float) -> SolveResult | None:
@@ -397,9 +408,6 @@ def infeasible(graph: Graph, budget: int, chain_minimum: int | None, solver: str
     return InfeasibleBudget(budget, floor if chain_minimum is None else min(floor, chain_minimum), solver)
 
 
-#: the chains and DP tables of the last few graphs: neither depends on the budget, so the plans of one
-#: graph at several budgets (a frontier, a retry at the minimum, Rockmate's store-all DP) share them
-CACHED_GRAPHS = 4
 _CHAINS: RecentMemo[Graph, Chain] = RecentMemo(CACHED_GRAPHS)
 _SOLVERS: RecentMemo[Graph, tuple[list[list[BlockOption]], ChainSolver]] = RecentMemo(CACHED_GRAPHS)
 

@@ -158,11 +158,14 @@ def _stage_sets(st: _Stages, sequence: Sequence[int]) -> list[list[int]] | None:
     return stages[:-1]
 
 
-def _closure_sequence(st: _Stages, keep: Sequence[set[int]]) -> list[int]:
+def _closure_sequence(st: _Stages, keep: Sequence[set[int]], deadline: float = math.inf) -> list[int]:
     """Cheapest R for a given S (Checkmate Sec. 5.1): stage t runs node t, whatever the data kept into
-    stage t+1 needs that is not carried in (keep[t]), and, recursively, the producers of their inputs."""
+    stage t+1 needs that is not carried in (keep[t]), and, recursively, the producers of their inputs.
+    Raises `_Timeout` past `deadline` (quadratic in the stages: large graphs take seconds)."""
     seq: list[int] = []
     for t in range(st.n):
+        if t % 64 == 0 and time.monotonic() > deadline:
+            raise _Timeout
         # required outputs are carried from their production on (S[t, d] = 1 in the MILP)
         nxt = (keep[t + 1] | {d for d in st.outputs if st.prod[d] <= t}) if t + 1 < st.n else st.outputs
         carried = keep[t] | {d for d in st.outputs if st.prod[d] < t}
@@ -357,10 +360,29 @@ class _Plan:
         return self.timeline.peak_bytes
 
 
+#: per graph, the seconds the slowest step that builds and simulates a schedule took (at least
+#: `STEP_SIMULATIONS` simulations): such a step starts only when one still fits before the deadline
+_PACE: RecentMemo[Graph, float] = RecentMemo(16)
+STEP_SIMULATIONS = 3
+
+
+def _step_seconds(graph: Graph) -> float:
+    """How long building and simulating one schedule of `graph` is expected to take (0: not yet seen)."""
+    return _PACE.get(graph) or 0.0
+
+
+def _note_step(graph: Graph, seconds: float) -> float:
+    """Remember that one step on `graph` took `seconds`; returns the expected step time from now on."""
+    _PACE.put(graph, max(seconds, _step_seconds(graph)))
+    return _step_seconds(graph)
+
+
 def _plan(graph: Graph, schedule: Schedule, source: str) -> _Plan | None:
     """`schedule` with its timeline, or None when it is invalid or frees a required output: the caller
     holds outputs once computed (`with_early_frees`), so such a schedule's peak understates the run."""
+    started = time.monotonic()
     tl = simulate(graph, schedule)
+    _note_step(graph, STEP_SIMULATIONS * (time.monotonic() - started))
     outputs = set(graph.outputs)
     if not tl.valid or any(s.op == "free" and s.node in outputs for s in schedule):
         return None
@@ -491,8 +513,10 @@ def _prune(graph: Graph, plan: _Plan, budget: int, deadline: float) -> _Plan:
     what it removed by then is kept, as the removals made so far fit.  A schedule in Checkmate's class
     stays in it (Sec. 4.3: fewer recomputations per stage).  Every result is checked by `simulate`."""
     seq = [s.node for s in plan.schedule if s.op == "compute"]
-    if len(set(seq)) == len(seq) or plan.pruned_at >= budget or time.monotonic() > deadline:
-        return plan  # less room removes nothing more
+    if len(set(seq)) == len(seq) or plan.pruned_at >= budget:  # less room removes nothing more
+        return plan
+    if time.monotonic() + _step_seconds(graph) > deadline:  # no time to simulate a pruned schedule
+        return plan
     n = len(seq)
     orders = (range(n), range(n - 1, -1, -1), sorted(range(n), key=lambda q: -graph.computes[seq[q]].time))
     best = plan
@@ -556,7 +580,7 @@ def _drop_plans(graph: Graph, st: _Stages, keep: Sequence[set[int]], candidates:
         if everywhere:
             first_late[d] = st.n - 1
     plans: dict[int, _Plan] = {}
-    took = [0.0]  # seconds the last evaluation took: the next one starts only if it can end in time
+    took = [_step_seconds(graph)]  # what the last evaluation took: the next starts only if it can end in time
 
     def evaluate(k: int) -> _Plan | None:
         if k not in plans:
@@ -565,14 +589,17 @@ def _drop_plans(graph: Graph, st: _Stages, keep: Sequence[set[int]], candidates:
             for d in candidates[:k]:
                 for t in range(st.prod[d] + 1, first_late[d] + 1):
                     sets[t].discard(d)
-            seq = _closure_sequence(st, sets)
+            try:
+                seq = _closure_sequence(st, sets, deadline)
+            except _Timeout:
+                return None
             p = _plan(graph, with_early_frees(graph, seq), f"{source}({k}/{len(candidates)})")
             if p is not None:
                 plans[k] = p
-            took[0] = time.monotonic() - started
+            took[0] = _note_step(graph, time.monotonic() - started)
         return plans.get(k)
 
-    if time.monotonic() > deadline:
+    if time.monotonic() + took[0] > deadline:
         return []
     top = evaluate(len(candidates))
     if top is not None and top.peak <= budget:
@@ -939,7 +966,11 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
     plans: list[_Plan] = []
 
     def evaluate(keep: list[set[int]], label: str) -> _Plan | None:
-        p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"{source} {label}")
+        try:
+            seq = _closure_sequence(st, keep, deadline)
+        except _Timeout:
+            return None
+        p = _plan(graph, with_early_frees(graph, seq), f"{source} {label}")
         if p is not None:
             plans.append(p)
         return p
@@ -947,7 +978,7 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
     def rounded(rule: Callable[[float], bool]) -> list[set[int]]:
         return [{d for d, v in values[t].items() if rule(v)} for t in range(st.n)]
 
-    if time.monotonic() > deadline:
+    if time.monotonic() + _step_seconds(graph) > deadline:
         return plans
     half = rounded(lambda v: v >= 0.5)
     p = evaluate(half, "theta=0.5")
@@ -961,11 +992,11 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
                                                   / max(graph.datas[d].bytes, 1)))
         plans += _drop_plans(graph, st, half, candidates, budget, deadline, f"{source} theta=0.5 repaired")
     for theta in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99):
-        if time.monotonic() > deadline:
+        if time.monotonic() + _step_seconds(graph) > deadline:
             return plans
         evaluate(rounded(lambda v, th=theta: v >= th), f"theta={theta}")
     for _ in range(samples):
-        if time.monotonic() > deadline:
+        if time.monotonic() + _step_seconds(graph) > deadline:
             break
         evaluate(rounded(lambda v: rng.random() < v), "random")
     return plans

@@ -249,8 +249,11 @@ def _cp_sat(
     relative_gap: float = 0.0,
 ) -> tuple[list[int] | None, int, str]:
     """Solve the exact one-step-per-op model; returns (order or None, proven bound, status name).
-    CP-SAT says OPTIMAL once within `relative_gap`: the bound returned is its proven bound either way."""
+    CP-SAT says OPTIMAL once within `relative_gap`: the bound returned is its proven bound either way.
+    `seconds` covers importing OR-Tools and building the model too: CP-SAT gets what is left of it."""
+    solve_by = time.monotonic() + seconds
     from ortools.sat.python import cp_model
+
 
     n = lt.n
     anc, desc = _ancestor_masks(graph)
@@ -298,7 +301,7 @@ def _cp_sat(
     m.Minimize(capacity)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, seconds)
+    solver.parameters.max_time_in_seconds = max(0.05, solve_by - time.monotonic())
     solver.parameters.num_workers = workers
     solver.parameters.relative_gap_limit = relative_gap
     if n > PROBING_MAX_NODES:
@@ -349,8 +352,11 @@ def _improve_window(
     masks: tuple[list[int], list[int]],
 ) -> list[int] | None:
     """Exactly re-order positions [a, b) of `order`, everything else fixed (a large-neighbourhood
-    step): minimise the memory peak inside the window.  Returns the improved order or None."""
+    step): minimise the memory peak inside the window.  Returns the improved order or None.
+    `seconds` covers importing OR-Tools and building the model too: CP-SAT gets what is left of it."""
+    solve_by = time.monotonic() + seconds
     from ortools.sat.python import cp_model
+
 
     anc, desc = masks
     n = lt.n
@@ -408,7 +414,7 @@ def _improve_window(
     m.AddCumulative(intervals, demands, capacity)
     m.Minimize(capacity)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, seconds)
+    solver.parameters.max_time_in_seconds = max(0.05, solve_by - time.monotonic())
     solver.parameters.num_workers = workers
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None

@@ -14,6 +14,7 @@ use, and the result is checked by `solvers.simulate`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time as _time
 from collections.abc import Sequence
@@ -160,10 +161,12 @@ class Tables:
 
 def dp(model: ChainModel, size: int, deadline: Deadline | None = None) -> Tables:
     """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3); raises `OutOfTime` once `deadline`
-    passes (the tables are all or nothing)."""
+    passes (the tables are all or nothing).  Case 2 reads C(s', t) shifted by the checkpoint a_{s'-1}
+    for every s < s': that shift is made once per (s', t), and the other term is added in place."""
     n = model.n
-    m = np.arange(size)
+    long_sum = [0, *itertools.accumulate(model.long)]
     cost: dict[tuple[int, int], np.ndarray] = {}
+    after_checkpoint: dict[tuple[int, int], np.ndarray] = {}  # (s', t) -> C(s', t) shifted by out[s'-1]
     choice: dict[tuple[int, int], np.ndarray] = {}
     for length in range(n):
         for s in range(n - length):
@@ -174,14 +177,12 @@ def dp(model: ChainModel, size: int, deadline: Deadline | None = None) -> Tables
             arg = np.full(size, -1, dtype=np.int32)
             rest_e = model.e(s + 1, t)
             for o, (uf, ub, x, pf, pb) in enumerate(model.opts[s]):
-                ok = (m >= pf) & (m >= x + rest_e + pb)
                 if s == t:
-                    val = np.where(ok, uf + ub, np.inf)
+                    val = np.full(size, uf + ub)
                 else:
-                    val = np.where(ok, uf + ub + _shift(cost[(s + 1, t)], x), np.inf)
-                better = val < best
-                best = np.where(better, val, best)
-                arg = np.where(better, o, arg)
+                    val = uf + ub + _shift(cost[(s + 1, t)], x)
+                val[:max(pf, x + rest_e + pb, 0)] = np.inf
+                _keep_better(best, arg, val, o)
             sweep_peak = model.f0_keep[s]
             sweep_time = 0.0
             for s2 in range(s + 1, t + 1):
@@ -189,15 +190,39 @@ def dp(model: ChainModel, size: int, deadline: Deadline | None = None) -> Tables
                 sweep_time += model.f0_time[k]
                 if k > s:
                     sweep_peak = max(sweep_peak, model.out[k - 1] + model.f0_drop[k])
-                val = (sweep_time + _shift(cost[(s2, t)], model.out[k])
-                       + _shift(cost[(s, k)], model.e(s2, t)))
-                val = np.where(m >= sweep_peak, val, np.inf)
-                better = val < best
-                best = np.where(better, val, best)
-                arg = np.where(better, -2 - s2, arg)
+                val = sweep_time + after_checkpoint[(s2, t)]
+                left = model.gout(s2) + long_sum[t + 1] - long_sum[s2] - model.gin[t]  # model.e(s2, t)
+                _add_shifted(val, cost[(s, k)], left)
+                val[:max(sweep_peak, 0)] = np.inf
+                _keep_better(best, arg, val, -2 - s2)
             cost[(s, t)] = best
             choice[(s, t)] = arg
+            if s:
+                after_checkpoint[(s, t)] = _shift(best, model.out[s - 1])
     return Tables(cost, choice, size)
+
+
+def _keep_better(best: np.ndarray, arg: np.ndarray, val: np.ndarray, code: int) -> None:
+    """Where `val` is strictly lower than `best`: take it, and `code` as the choice (in place)."""
+    better = val < best
+    np.putmask(best, better, val)
+    np.putmask(arg, better, code)
+
+
+def _add_shifted(val: np.ndarray, arr: np.ndarray, d: int) -> None:
+    """`val += _shift(arr, d)` without the shifted copy."""
+    n = len(arr)
+    if d >= 0:
+        val[:min(d, n)] = np.inf
+        if d < n:
+            val[d:] += arr[:n - d]
+    else:
+        d = -d
+        if d < n:
+            val[:n - d] += arr[d:]
+            val[n - d:] += arr[-1]
+        else:
+            val += arr[-1]
 
 
 def reconstruct(model: ChainModel, tables: Tables, s: int, t: int, mem: int) -> list[Op]:

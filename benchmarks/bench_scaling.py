@@ -122,8 +122,9 @@ def markdown(result: dict) -> str:
                    f"{r['frontier_points']} | {r['packing']} | {r['load_average_1min']} |")
     before = result.get("before")
     if before:
-        out += ["", f"Before (main at {before['commit']}, same graphs): "
-                + ", ".join(f"{r['ops']} ops {r['seconds']} s" for r in before["plan_curve"]) + "."]
+        out += ["", f"Before (main at {before['commit']}, same graphs and budgets, same machine): "
+                + ", ".join(f"{r['ops']} ops {r['seconds']} s (load {r['load']})"
+                            for r in before["plan_curve"]) + "."]
     out += ["", f"Time limits on the {result['limits'][0]['ops']}-op graph (target: limit + "
             f"{OVERRUN_TARGET_S} s; each call starts with cold caches):", "",
             "| solver | limit s | took s | overrun s | within target | answer | load |",
@@ -136,7 +137,10 @@ def markdown(result: dict) -> str:
 
 #: the default plan's times on main before this work (d751e9d, same graphs and budgets; measured on this
 #: shared 2-core machine under a load average of 6-9, like the rows above): ops -> seconds
-BEFORE = {"commit": "d751e9d", "plan_curve": []}
+BEFORE = {"commit": "d751e9d", "plan_curve": [{"ops": 1017, "seconds": 42.56, "load": 8.6},
+                                              {"ops": 2025, "seconds": 56.42, "load": 8.8},
+                                              {"ops": 4041, "seconds": 70.97, "load": 11.6},
+                                              {"ops": 10017, "seconds": 96.93, "load": 9.6}]}
 
 
 def run(quick: bool) -> dict:

@@ -217,8 +217,9 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
     `milp_seconds`: total time for the block MILPs (default `MILP_SECONDS`, at most a quarter of
     `time_limit`; 0 leaves the menus to the kept-subset options).  Returns by `time_limit` seconds (or
-    `deadline`, the earlier): past half of it the block menus are cut to what was measured, past all
-    of it the DP stops and `OutOfTime` says so."""
+    `deadline`, the earlier): past half of it the block menus are cut to what was measured; when the
+    DP over the menus does not finish, Rotor's plan (its DP runs first) is the answer, and when
+    neither finishes `OutOfTime` says so."""
     started = _time.monotonic()
     deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
@@ -249,8 +250,11 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     complete = not stats["enumeration_cut"] and all(
         len(m) == len(by_class[b.klass]) for m, b in zip(menus, chain.blocks, strict=True))
     try:
-        rotor_dp = store_all_solver(graph, deadline)[1]  # first: when the menus' DP runs out, rotor has it
-        solvers = (_menus_solver(chain, key if complete else None, menus, deadline), rotor_dp)
+        solvers = [store_all_solver(graph, deadline)[1]]  # first: if the menus' DP runs out, rotor's plan
+        try:
+            solvers.insert(0, _menus_solver(chain, key if complete else None, menus, deadline))
+        except OutOfTime:
+            stats["menus_dp_cut"] = True  # the best plan found in time is rotor's
         plans = [p for p in (s.plan(budget_bytes, deadline) for s in solvers) if p is not None]
     except OutOfTime as exc:
         raise exc.within(budget_bytes, "rockmate") from None

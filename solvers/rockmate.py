@@ -146,11 +146,13 @@ def _past(deadline: Deadline | None) -> bool:
 
 def _enumerated(chain: Chain, b: Block, grid: int, deadline: Deadline | None
                 ) -> tuple[list[BlockOption], list[BlockOption]]:
-    """(every measured kept-subset option, store-all first; the ones picked over the grid)."""
-    kept_sets = _kept_sets(chain, b)
-    if _past(deadline):
-        kept_sets = [frozenset(_candidates(chain, b))]
-    opts = [store_all(chain, b), *(block_option(chain, b, k) for k in kept_sets)]
+    """(every measured kept-subset option, store-all first; the ones picked over the grid).  Past
+    `deadline` no more are measured (keeping every candidate is always measured)."""
+    everything = frozenset(_candidates(chain, b))
+    opts = [store_all(chain, b)]
+    for k in _kept_sets(chain, b):
+        if k == everything or not _past(deadline):
+            opts.append(block_option(chain, b, k))
     return opts, [opts[i] for i in _menu(opts, grid)]
 
 

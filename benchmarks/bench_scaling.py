@@ -1,16 +1,16 @@
 """Big graphs and time limits (issue 21 items 3 and 4).
 
-Run: ``python benchmarks/bench_scaling.py [--quick] [--out FILE]`` (about two minutes on an idle
+Run: ``python benchmarks/bench_scaling.py [--quick] [--out FILE]`` (about three minutes on a loaded
 2-core machine; ``--quick``: 1k and 2k ops, 1 s limits only).  Writes ``benchmarks/results/scaling.json``.
 
 1. Time of the default `memviz.plan` (strategy auto, budget frontier and address packing, default
    60 s limit) against graph size, on synthetic GPT training graphs (tests/gpt_chain.py: ~72 ops per
    layer, forward and backward) of ~1k, 2k, 4k and 10k ops at 80% of the eager peak.  Targets: 4k ops
    within 15 s, 10k ops within 60 s.
-2. How long each solver, and the default plan, takes against its time limit (1, 3 and 10 s) on the
-   2k-op graph: the promise is limit + 0.5 s (tests/test_time_limits.py asserts limit + 2 s, which
-   survives a loaded shared machine).  Each call gets a fresh copy of the graph, so no per-graph cache
-   helps it.
+2. How long each solver, and the default plan, takes against its time limit (1 and 3 s; at 10 s
+   Checkmate and the plan, which nest other solvers) on the 2k-op graph: the promise is limit + 0.5 s
+   (tests/test_time_limits.py asserts limit + 2 s, which survives a loaded shared machine).  Each call
+   gets a fresh copy of the graph, so no per-graph cache helps it.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ def _solvers() -> dict:
             "rotor": rotor.solve, "olla": olla, "memviz.plan": plan}
 
 
+#: at the longest limit only the solvers that nest others (Checkmate runs Rockmate and Rotor, the plan
+#: a solver, a packing and a frontier): the whole run stays within its budget in benchmarks/run.py
+NESTING = ("checkmate", "memviz.plan")
+
+
 def limit_overruns(layers: int, limits: tuple[float, ...]) -> list[dict]:
     from ortools.sat.python import cp_model  # noqa: F401  (its ~1 s import is not a solver's time)
 
@@ -92,6 +97,8 @@ def limit_overruns(layers: int, limits: tuple[float, ...]) -> list[dict]:
     rows = []
     for limit in limits:
         for name, solve in _solvers().items():
+            if limit == max(limits) > 3.0 and name not in NESTING:
+                continue
             g = fresh(graph, f"{name}-{limit}")
             start = time.perf_counter()
             try:

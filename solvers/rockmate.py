@@ -219,9 +219,9 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
     `milp_seconds`: total time for the block MILPs (default `MILP_SECONDS`, at most a quarter of
     `time_limit`; 0 leaves the menus to the kept-subset options).  Returns by `time_limit` seconds (or
-    `deadline`, the earlier): past half of it the block menus are cut to what was measured; when the
-    DP over the menus does not finish, Rotor's plan (its DP runs first) is the answer, and when
-    neither finishes `OutOfTime` says so."""
+    `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even it does not finish), then
+    the block menus, cut to what was measured past half of the time left; when the DP over the menus
+    does not finish, Rotor's plan is the answer."""
     started = _time.monotonic()
     deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
@@ -230,6 +230,11 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     chain = chain_of(graph)
     if not chain.training:
         raise infeasible(graph, budget_bytes, None, "rockmate")
+    try:
+        # Rotor's DP first (shared with rotor): under a short limit its plan is the best one found in time
+        rotor_dp = store_all_solver(graph, deadline)[1]
+    except OutOfTime as exc:
+        raise exc.within(budget_bytes, "rockmate") from None
     if milp_seconds is None:
         milp_seconds = milp_time(min(time_limit, deadline.left()))
     key = (graph, milp_seconds)
@@ -252,7 +257,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     complete = not stats["enumeration_cut"] and all(
         len(m) == len(by_class[b.klass]) for m, b in zip(menus, chain.blocks, strict=True))
     try:
-        solvers = [store_all_solver(graph, deadline)[1]]  # first: if the menus' DP runs out, rotor's plan
+        solvers = [rotor_dp]
         try:
             solvers.insert(0, _menus_solver(chain, key if complete else None, menus, deadline))
         except OutOfTime:

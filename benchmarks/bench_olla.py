@@ -178,6 +178,37 @@ def bench_pack_time_limit(layers: int, time_limit: float) -> dict:
             "fragmentation_pct": round(100 * packing.fragmentation, 3), "segments": packing.extra["segments"]}
 
 
+#: the issue-21 promise: a solver returns within its time limit plus this many seconds
+OVERRUN_TARGET_S = 0.5
+
+
+def bench_time_limits(quick: bool) -> list[dict]:
+    """How long `reorder` takes against its limit (issue 21: within limit + 0.5 s) on synthetic GPT
+    training graphs (tests/gpt_chain.py) that use the whole limit: the exact one-shot CP-SAT model on a
+    ~300-op graph at 5 s, and the window search on ~870 and ~2000 ops at 3 s.  These were wall-clock
+    asserts in tests/test_reorder.py (<= 5.5 s and <= 4.5 s); on shared machines they are recorded
+    here instead.  OR-Tools is imported first: its import (about a second) is not the solver's time."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gpt_chain import gpt_graph
+    from ortools.sat.python import cp_model  # noqa: F401
+
+    from solvers.olla.reorder import EXACT_MAX_NODES
+
+    rows = []
+    cases = [(4, 1.0), (12, 1.0)] if quick else [(4, 5.0), (12, 3.0), (28, 3.0)]
+    for layers, limit in cases:
+        graph = gpt_graph(layers)
+        start = time.perf_counter()
+        result = reorder(graph, time_limit=limit)
+        seconds = time.perf_counter() - start
+        rows.append({"graph": graph.name, "compute_nodes": len(graph.computes), "time_limit": limit,
+                     "seconds": round(seconds, 3), "overrun_s": round(seconds - limit, 3),
+                     "within_target": seconds <= limit + OVERRUN_TARGET_S,
+                     "search": "windows" if len(graph.computes) > EXACT_MAX_NODES else "exact",
+                     "status": result.stats.status})
+    return rows
+
+
 def markdown(result: dict) -> str:
     """The RESULTS.md section (benchmarks/run.py)."""
     out = ["## Address packing and reordering (OLLA, MiniMalloc instances)", "",
@@ -201,6 +232,15 @@ def markdown(result: dict) -> str:
         out += [f"Time limit: `pack_schedule` of a {lim['buffers']}-buffer training schedule with a "
                 f"{lim['time_limit']} s limit returned in {lim['seconds']} s ({lim['status']}, gap to the "
                 f"max-live bound {lim['gap_pct']}%; before the fix: 82.6 s for a 3 s limit).", ""]
+    rows = result.get("time_limits")
+    if rows:
+        out += [f"Reordering against its time limit (target: limit + {OVERRUN_TARGET_S} s; load average "
+                f"{result['machine']['load_average_1min']}):", "",
+                "| graph | ops | search | limit s | took s | overrun s | within target |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['graph']} | {r['compute_nodes']} | {r['search']} | {r['time_limit']} | {r['seconds']} "
+                f"| {r['overrun_s']} | {'yes' if r['within_target'] else 'no'} |" for r in rows]
+        out.append("")
     return "\n".join(out)
 
 
@@ -211,9 +251,10 @@ def run(quick: bool = False, *, pack_time_limit: float | None = None, reorder_ti
     packing = bench_minimalloc(pack_limit)
     order = bench_reorder(layers if layers is not None else (2 if quick else 12), reorder_time_limit)
     limit = bench_pack_time_limit(30 if quick else 210, 3.0)
+    limits = bench_time_limits(quick)
     machine = {"cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)}
     result = {"name": "olla", "title": "Address packing and reordering", "machine": machine,
-              "minimalloc": packing, "reorder": order, "pack_time_limit": limit}
+              "minimalloc": packing, "reorder": order, "pack_time_limit": limit, "time_limits": limits}
     result["markdown"] = markdown(result)
     return result
 

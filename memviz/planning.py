@@ -21,10 +21,12 @@ from memviz.cdgraph import cdgraph_dict
 from memviz.neuron import warn_neuron_checkpointing
 from memviz.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
-from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.deadline import Deadline
+from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule, keep_outputs_alive
 
-#: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=...) -> SolveResult`.
+#: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=..., deadline=...)
+#: -> SolveResult`, returning by the earlier of the two (`solvers.deadline`).
 REMAT_STRATEGIES: dict[str, tuple[str, str]] = {
     "checkmate": ("solvers.checkmate", "solve"),
     "checkmate-lp": ("solvers.checkmate", "solve_lp"),
@@ -36,6 +38,11 @@ STRATEGIES = ("auto", "none", *REMAT_STRATEGIES, "olla", "autochunk", "sac")
 #: Exact Checkmate proves optimality up to a few dozen nodes here (TOOLCHAIN.md); beyond, decompose.
 CHECKMATE_MAX_NODES = 60
 FRONTIER_POINTS = 20
+#: of `plan`'s time limit, the part the solve may use when a frontier or a packing follows it (they share
+#: the rest; the rotor DP the frontier walks is usually the solve's own, kept by `solvers.rotor`)
+SOLVE_SHARE = 0.6
+#: the part of what is left after the solve that the packing may use before the frontier
+PACKING_SHARE = 0.3
 
 
 class PlanningError(ValueError):
@@ -255,7 +262,7 @@ def _solver(strategy: str) -> Callable[..., SolveResult]:
         raise PlanningError(f"strategy {strategy!r} is not available in this build ({exc})") from None
 
 
-def _eager(graph: Graph, budget: int, time_limit: float) -> SolveResult:
+def _eager(graph: Graph, budget: int, deadline: Deadline) -> SolveResult:
     start = time.perf_counter()
     schedule = eager_schedule(graph)
     peak = simulate(graph, schedule).peak_bytes
@@ -264,12 +271,12 @@ def _eager(graph: Graph, budget: int, time_limit: float) -> SolveResult:
     return SolveResult(schedule, SolverStats("none", "heuristic", time.perf_counter() - start))
 
 
-def _reorder(graph: Graph, budget: int, time_limit: float) -> SolveResult:
+def _reorder(graph: Graph, budget: int, deadline: Deadline) -> SolveResult:
     from solvers.olla import executor_tail, reorder
 
     # the exported module leaves the update to the user's optimizer, after the backward returns: an
     # order interleaving updates with the backward would plan a peak no exported step reaches
-    result = reorder(graph, time_limit=time_limit, last=executor_tail(graph))
+    result = reorder(graph, time_limit=deadline.left(), deadline=deadline, last=executor_tail(graph))
     peak = simulate(graph, result.schedule).peak_bytes
     if peak > budget:
         raise InfeasibleBudget(budget, peak, "olla", proven=result.stats.status == "optimal")
@@ -295,15 +302,17 @@ def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
 
 
 def solve_checked(
-    graph: Graph, strategy: str, budget: int, time_limit: float
+    graph: Graph, strategy: str, budget: int, time_limit: float, deadline: Deadline | None = None
 ) -> tuple[SolveResult, Timeline]:
-    """Run one strategy and insist the simulator agrees: valid, and within the budget."""
+    """Run one strategy (by `time_limit` seconds or `deadline`, the earlier) and insist the simulator
+    agrees: valid, and within the budget."""
+    deadline = Deadline.of(time_limit, deadline)
     if strategy == "none":
-        result = _eager(graph, budget, time_limit)
+        result = _eager(graph, budget, deadline)
     elif strategy == "olla":
-        result = _reorder(graph, budget, time_limit)
+        result = _reorder(graph, budget, deadline)
     elif strategy in REMAT_STRATEGIES:
-        result = _solver(strategy)(graph, budget, time_limit=time_limit)
+        result = _solver(strategy)(graph, budget, time_limit=deadline.left(), deadline=deadline)
     elif strategy == "autochunk":
         raise PlanningError(
             "strategy 'autochunk' rewrites the model, not a schedule of this graph: call "
@@ -333,12 +342,18 @@ def plan(
     `budget`: total device bytes as an int, "1.5GiB", "50%", or a float in (0, 1] (fraction of the
     baseline peak); None plans the eager order.  Raises `solvers.result.InfeasibleBudget` naming the
     smallest feasible budget when nothing fits.  Every schedule is checked by `solvers.simulate`.
+    `time_limit` bounds the whole call for graph strategies (solve, packing and frontier share one
+    `solvers.deadline.Deadline`; the solve may use `SOLVE_SHARE` of it when a packing or frontier
+    follows); autochunk and sac pass it to their selection.
     """
     try:
+        deadline = Deadline.after(time_limit)
         first = _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
-        return fit_reserved(
-            first, lambda at: _plan(prof, at, strategy, time_limit, frontier=False, packing=True)
-        )
+        # re-plans against the allocator's reserved peak share what the first plan left of the limit
+        def replan(at: int) -> Plan:
+            return _plan(prof, at, strategy, max(deadline.left(), 0.1), frontier=False, packing=True)
+
+        return fit_reserved(first, replan)
     except InfeasibleBudget as exc:
         # the refusal in the user's units too: a "50%" budget's minimum as a share of the eager peak
         raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from exc.__cause__
@@ -352,13 +367,16 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         from memviz.sac import plan_sac
 
         return plan_sac(prof, budget, time_limit=time_limit)
+    deadline = Deadline.after(time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)
     budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
+    more = packing or (frontier and is_training(graph))
+    solve_by = deadline.part(SOLVE_SHARE) if more else deadline
     try:
         with progress(len(candidates), f"memviz: planning ({strategy})") as bar:
-            result, timeline, name = _solve_first(graph, candidates, effective, time_limit, bar.update)
+            result, timeline, name = _solve_first(graph, candidates, effective, solve_by, bar.update)
     except InfeasibleBudget as exc:
         known = _known_minimum(graph) if strategy == "auto" and "checkmate" not in candidates else None
         if known is not None and known[1].peak_bytes <= effective:
@@ -378,7 +396,7 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
     if strategy == "auto" and name == "checkmate" and result.stats.status != "optimal":
         # a time-limited MILP incumbent can be worse than the hierarchy's plan: keep the cheaper
         try:
-            other, other_tl = solve_checked(graph, "rockmate", effective, time_limit)
+            other, other_tl = solve_checked(graph, "rockmate", effective, time_limit, solve_by)
             if other_tl.total_time < timeline.total_time:
                 result, timeline, name = other, other_tl, "rockmate"
         except (PlanningError, InfeasibleBudget):
@@ -404,12 +422,12 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         # Neuron's compiler can fold recomputation away unless compiled with -O1: say so on Neuron targets.
         warn_neuron_checkpointing(the_plan.device["name"], stacklevel=4)  # user -> plan -> _plan
     if packing:
-        the_plan.packing = packing_of(
-            graph, result.schedule, the_plan.device, time_limit=min(10.0, time_limit)
-        )
+        share = deadline.part(PACKING_SHARE) if frontier and is_training(graph) else deadline
+        the_plan.packing = packing_of(graph, result.schedule, the_plan.device, time_limit=10.0,
+                                      deadline=share)
     if frontier and is_training(graph):
         the_plan.frontier, the_plan.frontier_points = solve_frontier(
-            graph, baseline, baseline_schedule=base_schedule, time_limit=min(30.0, time_limit)
+            graph, baseline, baseline_schedule=base_schedule, time_limit=30.0, deadline=deadline
         )
     return the_plan
 
@@ -475,16 +493,17 @@ def _known_minimum(graph: Graph) -> tuple[SolveResult, Timeline] | None:
 
 
 def _solve_first(
-    graph: Graph, candidates: list[str], budget: int, time_limit: float,
+    graph: Graph, candidates: list[str], budget: int, deadline: Deadline,
     tried: Callable[[], Any] = lambda: None,
 ) -> tuple[SolveResult, Timeline, str]:
-    """The first candidate that returns a plan; if none does, the most informative error.  `tried` is
-    called before each candidate (progress)."""
+    """The first candidate that returns a plan by `deadline` (they share it: a candidate gets what the
+    ones before it left); if none does, the most informative error.  `tried` is called before each
+    candidate (progress)."""
     errors: list[Exception] = []
     for name in candidates:
         tried()
         try:
-            result, timeline = solve_checked(graph, name, budget, time_limit)
+            result, timeline = solve_checked(graph, name, budget, deadline.left(), deadline)
             return result, timeline, name
         except (PlanningError, InfeasibleBudget) as exc:
             if len(candidates) == 1:
@@ -496,10 +515,14 @@ def _solve_first(
     raise errors[-1]
 
 
-def minimum_budget(graph: Graph, strategy: str, time_limit: float = 10.0) -> int:
-    """The smallest budget a strategy reports feasible (asks it for 1 byte and reads its answer)."""
+def minimum_budget(graph: Graph, strategy: str, time_limit: float = 10.0,
+                   deadline: Deadline | None = None) -> int:
+    """The smallest budget a strategy reports feasible (asks it for 1 byte and reads its answer);
+    `OutOfTime` when it could not answer by the deadline."""
     try:
-        solve_checked(graph, strategy, graph.persistent_bytes() or 1, time_limit)
+        solve_checked(graph, strategy, graph.persistent_bytes() or 1, time_limit, deadline)
+    except OutOfTime:
+        raise
     except InfeasibleBudget as exc:
         if exc.minimum_bytes is None:
             raise PlanningError(f"{strategy} cannot tell its minimum budget") from None
@@ -514,10 +537,12 @@ def budget_frontier(
     strategy: str = "rotor",
     points: int = FRONTIER_POINTS,
     time_limit: float = 30.0,
+    deadline: Deadline | None = None,
 ) -> list[dict[str, Any]]:
     """`points` budgets from the strategy's minimum to the baseline peak -> (peak, time overhead): the
     rows of `solve_frontier`, without the runs behind them."""
-    rows, _ = solve_frontier(graph, baseline, strategy=strategy, points=points, time_limit=time_limit)
+    rows, _ = solve_frontier(graph, baseline, strategy=strategy, points=points, time_limit=time_limit,
+                             deadline=deadline)
     return rows
 
 
@@ -529,18 +554,21 @@ def solve_frontier(
     strategy: str = "rotor",
     points: int = FRONTIER_POINTS,
     time_limit: float = 30.0,
+    deadline: Deadline | None = None,
 ) -> tuple[list[dict[str, Any]], list[FrontierPoint]]:
     """The frontier rows (`budget_bytes`, `peak_bytes`, `time_overhead`, `strategy`: what the plan JSON
     holds) and, row for row, the checked run each row describes.
 
     Monotone by construction: a plan that fits a smaller budget fits every larger one, so each point
     keeps the cheapest plan found at or below its budget.  The largest budget is the baseline peak,
-    where the eager order (`baseline_schedule`, or `eager_schedule(graph)`) is the plan.
+    where the eager order (`baseline_schedule`, or `eager_schedule(graph)`) is the plan.  Returns by
+    `time_limit` seconds or `deadline`, the earlier: budgets not solved by then keep the cheapest plan
+    of a smaller budget (the eager order's at the top); no minimum by then, no frontier.
     """
-    deadline = time.perf_counter() + time_limit
+    deadline = Deadline.of(time_limit, deadline)
     try:
-        low = minimum_budget(graph, strategy, time_limit)
-    except PlanningError:
+        low = minimum_budget(graph, strategy, deadline.left(), deadline)
+    except (PlanningError, InfeasibleBudget):  # InfeasibleBudget: an OutOfTime refusal
         return [], []
     high = baseline.peak_bytes
     eager = _eager_point(graph, baseline_schedule, high)
@@ -554,9 +582,9 @@ def solve_frontier(
         bar.update()
         budget = low + (high - low) * i // (points - 1)
         run = eager if i == points - 1 else None
-        if run is None and time.perf_counter() < deadline:
+        if run is None and not deadline.passed():
             try:
-                result, tl = solve_checked(graph, strategy, budget, max(1.0, deadline - time.perf_counter()))
+                result, tl = solve_checked(graph, strategy, budget, deadline.left(), deadline)
                 run = FrontierPoint(budget, strategy, result, tl)
             except InfeasibleBudget:
                 run = None
@@ -597,10 +625,11 @@ def _frontier_row(point: FrontierPoint, baseline: Timeline) -> dict[str, Any]:
     }
 
 
-def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *,
-               time_limit: float = 10.0) -> dict[str, Any] | None:
-    """Address packing of the schedule, plus PyTorch's caching allocator on the same schedule when the
-    device uses one (`memviz.devices.uses_caching_allocator`: CUDA; not the CPU)."""
+def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *, time_limit: float = 10.0,
+               deadline: Deadline | None = None) -> dict[str, Any] | None:
+    """Address packing of the schedule (by `time_limit` seconds or `deadline`, the earlier), plus
+    PyTorch's caching allocator on the same schedule when the device uses one
+    (`memviz.devices.uses_caching_allocator`: CUDA; not the CPU)."""
     try:
         from solvers.allocator import simulate_caching_allocator
         from solvers.olla import pack_schedule
@@ -608,7 +637,7 @@ def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *,
         return None
     from memviz.devices import uses_caching_allocator
 
-    packed = pack_schedule(graph, schedule, time_limit=time_limit).to_dict()
+    packed = pack_schedule(graph, schedule, time_limit=time_limit, deadline=deadline).to_dict()
     if not uses_caching_allocator(str(device.get("name", ""))):
         return packed
     return {**packed, "allocator": simulate_caching_allocator(graph, schedule).to_dict()}

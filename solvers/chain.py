@@ -233,13 +233,6 @@ def decompose(graph: Graph, *, max_blocks: int = 64) -> Chain:
 
 def _forward_cuts(graph: Graph, fwd: list[int], fwd_data: list[int], long_fwd: set[int]) -> list[int]:
     pos = {c: i for i, c in enumerate(fwd)}
-    anc = [0] * len(fwd)
-    for i, c in enumerate(fwd):
-        m = 0
-        for p in graph.predecessors(c):
-            if p in pos:
-                m |= anc[pos[p]] | (1 << pos[p])
-        anc[i] = m
     readers = {}
     for d in fwd_data:
         r = 0
@@ -252,6 +245,16 @@ def _forward_cuts(graph: Graph, fwd: list[int], fwd_data: list[int], long_fwd: s
         for d in graph.computes[c].outputs:
             if d not in long_fwd:
                 out_reads[i] |= readers[d]
+    anc = [0] * len(fwd)  # strict ancestors, as bit sets of positions
+    anc_reads = [0] * len(fwd)  # readers of the outputs of the strict ancestors (one pass, not per cut)
+    for i, c in enumerate(fwd):
+        m = r = 0
+        for p in graph.predecessors(c):
+            if p in pos:
+                q = pos[p]
+                m |= anc[q] | (1 << q)
+                r |= anc_reads[q] | out_reads[q]
+        anc[i], anc_reads[i] = m, r
     cuts: list[tuple[int, int]] = []
     everything = (1 << len(fwd)) - 1
     for d in fwd_data:
@@ -262,18 +265,13 @@ def _forward_cuts(graph: Graph, fwd: list[int], fwd_data: list[int], long_fwd: s
         if a == everything or not readers[d] & ~a:
             continue
         # every other datum produced inside `a` must be read only inside `a`
-        m = 0
+        m = anc_reads[p]
         for d2 in graph.computes[fwd[p]].outputs:
             if d2 != d and d2 not in long_fwd:
                 m |= readers[d2]
-        rest = a & ~(1 << p)
-        while rest:
-            low = rest & -rest
-            m |= out_reads[low.bit_length() - 1]
-            rest ^= low
         if m & ~a:
             continue
-        cuts.append((bin(a).count("1"), d, a))
+        cuts.append((a.bit_count(), d, a))
     cuts.sort()
     chosen: list[int] = []
     prev = 0

@@ -49,6 +49,7 @@ is the best start with a gap against the no-recomputation bound.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 import time
@@ -58,9 +59,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solvers import milp
+from solvers.deadline import Deadline
 from solvers.ir import Graph, GraphError, Phase
 from solvers.memo import RecentMemo
-from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule, Step, compute, eager_schedule, free
 from solvers.simulate import Timeline, simulate
 
@@ -156,11 +158,14 @@ def _stage_sets(st: _Stages, sequence: Sequence[int]) -> list[list[int]] | None:
     return stages[:-1]
 
 
-def _closure_sequence(st: _Stages, keep: Sequence[set[int]]) -> list[int]:
+def _closure_sequence(st: _Stages, keep: Sequence[set[int]], deadline: float = math.inf) -> list[int]:
     """Cheapest R for a given S (Checkmate Sec. 5.1): stage t runs node t, whatever the data kept into
-    stage t+1 needs that is not carried in (keep[t]), and, recursively, the producers of their inputs."""
+    stage t+1 needs that is not carried in (keep[t]), and, recursively, the producers of their inputs.
+    Raises `_Timeout` past `deadline` (quadratic in the stages: large graphs take seconds)."""
     seq: list[int] = []
     for t in range(st.n):
+        if t % 64 == 0 and time.monotonic() > deadline:
+            raise _Timeout
         # required outputs are carried from their production on (S[t, d] = 1 in the MILP)
         nxt = (keep[t + 1] | {d for d in st.outputs if st.prod[d] <= t}) if t + 1 < st.n else st.outputs
         carried = keep[t] | {d for d in st.outputs if st.prod[d] < t}
@@ -208,6 +213,8 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
              else max(st.readers[d], default=st.prod[d]) for d in st.datas}
     V = _Vars([], [], [], [])
     for t in range(n):
+        if time.monotonic() > deadline:  # the variables alone are quadratic in the graph
+            raise _Timeout
         V.R.append([m.var(cost=graph.computes[st.order[j]].time / tscale, lb=1.0 if j == t else 0.0,
                           ub=1.0 if j == t or j in redo else 0.0)
                     for j in range(t + 1)])
@@ -216,7 +223,7 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
         V.S.append({d: m.var(lb=1.0 if d in st.outputs else 0.0, ub=1.0 if t <= until[d] else 0.0)
                     for d in st.datas if st.prod[d] < t and d in useful})
     for t in range(n):
-        if time.perf_counter() > deadline:
+        if time.monotonic() > deadline:
             raise _Timeout
         R, S = V.R[t], V.S[t]
         Snext = V.S[t + 1] if t + 1 < n else {}
@@ -353,10 +360,29 @@ class _Plan:
         return self.timeline.peak_bytes
 
 
+#: per graph, the seconds the slowest step that builds and simulates a schedule took (at least
+#: `STEP_SIMULATIONS` simulations): such a step starts only when one still fits before the deadline
+_PACE: RecentMemo[Graph, float] = RecentMemo(16)
+STEP_SIMULATIONS = 3
+
+
+def _step_seconds(graph: Graph) -> float:
+    """How long building and simulating one schedule of `graph` is expected to take (0: not yet seen)."""
+    return _PACE.get(graph) or 0.0
+
+
+def _note_step(graph: Graph, seconds: float) -> float:
+    """Remember that one step on `graph` took `seconds`; returns the expected step time from now on."""
+    _PACE.put(graph, max(seconds, _step_seconds(graph)))
+    return _step_seconds(graph)
+
+
 def _plan(graph: Graph, schedule: Schedule, source: str) -> _Plan | None:
     """`schedule` with its timeline, or None when it is invalid or frees a required output: the caller
     holds outputs once computed (`with_early_frees`), so such a schedule's peak understates the run."""
+    started = time.monotonic()
     tl = simulate(graph, schedule)
+    _note_step(graph, STEP_SIMULATIONS * (time.monotonic() - started))
     outputs = set(graph.outputs)
     if not tl.valid or any(s.op == "free" and s.node in outputs for s in schedule):
         return None
@@ -483,18 +509,19 @@ def _prune(graph: Graph, plan: _Plan, budget: int, deadline: float) -> _Plan:
     from their previous computation instead, `_Residency.remove`) when the memory stays within
     `budget`, in sweeps until none goes; which removals fit depends on their order, so three orders
     (earliest, latest, slowest node first) each start from `plan` while `deadline` allows, and the
-    fastest result wins.  The first sweep always completes, whatever the deadline: its work is linear
-    in the schedule (a few simulations' worth), and a schedule with quadratically many recomputations
-    costs far more to run than to prune.  A schedule in Checkmate's class stays in it (Sec. 4.3:
-    fewer recomputations per stage).  Every result is checked by `simulate`."""
+    fastest result wins.  Every sweep stops at the deadline (the time limit is a promise, issue 21):
+    what it removed by then is kept, as the removals made so far fit.  A schedule in Checkmate's class
+    stays in it (Sec. 4.3: fewer recomputations per stage).  Every result is checked by `simulate`."""
     seq = [s.node for s in plan.schedule if s.op == "compute"]
     if len(set(seq)) == len(seq) or plan.pruned_at >= budget:  # less room removes nothing more
+        return plan
+    if time.monotonic() + _step_seconds(graph) > deadline:  # no time to simulate a pruned schedule
         return plan
     n = len(seq)
     orders = (range(n), range(n - 1, -1, -1), sorted(range(n), key=lambda q: -graph.computes[seq[q]].time))
     best = plan
     for k, order in enumerate(orders):
-        if k and time.perf_counter() > deadline:
+        if k and time.monotonic() > deadline:
             break
         res = _Residency(graph, seq)
         removed = done = True
@@ -504,10 +531,12 @@ def _prune(graph: Graph, plan: _Plan, budget: int, deadline: float) -> _Plan:
             for i, q in enumerate(order):
                 if res.removable(q) and res.remove(q, budget):
                     removed = True
-                if (k or sweeps) and i % 64 == 0 and time.perf_counter() > deadline:
+                if i % 64 == 0 and time.monotonic() > deadline:
                     done = False
                     break
             sweeps += 1
+        if not res.dead.any():
+            continue  # nothing removed (the deadline came first): nothing to simulate again
         source = plan.source if plan.source.endswith(" pruned") else f"{plan.source} pruned"
         kept = [c for q, c in enumerate(seq) if not res.dead[q]]
         pruned = _plan(graph, with_early_frees(graph, kept), source)
@@ -524,7 +553,7 @@ def _prune_fastest(graph: Graph, plans: Sequence[_Plan], budget: int, deadline: 
     fits = sorted({p.schedule: p for p in plans if p.peak <= budget}.values(), key=lambda p: p.time)
     pruned: list[_Plan] = []
     for p in fits[:count]:
-        if pruned and time.perf_counter() > deadline:
+        if pruned and time.monotonic() > deadline:
             break
         pruned.append(_prune(graph, p, budget, deadline))
     return min(pruned, key=lambda p: p.time, default=None)
@@ -551,23 +580,31 @@ def _drop_plans(graph: Graph, st: _Stages, keep: Sequence[set[int]], candidates:
         if everywhere:
             first_late[d] = st.n - 1
     plans: dict[int, _Plan] = {}
+    took = [_step_seconds(graph)]  # what the last evaluation took: the next starts only if it can end in time
 
     def evaluate(k: int) -> _Plan | None:
         if k not in plans:
+            started = time.monotonic()
             sets = [set(s) for s in keep]
             for d in candidates[:k]:
                 for t in range(st.prod[d] + 1, first_late[d] + 1):
                     sets[t].discard(d)
-            seq = _closure_sequence(st, sets)
+            try:
+                seq = _closure_sequence(st, sets, deadline)
+            except _Timeout:
+                return None
             p = _plan(graph, with_early_frees(graph, seq), f"{source}({k}/{len(candidates)})")
             if p is not None:
                 plans[k] = p
+            took[0] = _note_step(graph, time.monotonic() - started)
         return plans.get(k)
 
+    if time.monotonic() + took[0] > deadline:
+        return []
     top = evaluate(len(candidates))
     if top is not None and top.peak <= budget:
         lo, hi = -1, len(candidates)  # invariant: hi fits
-        while hi - lo > 1 and time.perf_counter() < deadline:
+        while hi - lo > 1 and time.monotonic() + took[0] < deadline:
             mid = (lo + hi) // 2
             p = evaluate(mid)
             if p is not None and p.peak <= budget:
@@ -584,9 +621,16 @@ def _checkpoint_plans(graph: Graph, st: _Stages, budget: int, deadline: float) -
     the same with the dropped activations recomputed for every reader (far slower, less memory)."""
     fwd = _forward_data(graph, st)
     fwd.sort(key=lambda d: graph.computes[st.order[st.prod[d]]].time / max(graph.datas[d].bytes, 1))
-    keep = [{d for d in st.datas if st.prod[d] < t} for t in range(st.n)]
+    made: list[list[int]] = [[] for _ in range(st.n)]
+    for d in st.datas:
+        made[st.prod[d]].append(d)
+    keep = [set()]
+    for t in range(1, st.n):  # stage t holds everything produced before it (copies: quadratic, in C)
+        if t % 256 == 0 and time.monotonic() > deadline:
+            return []
+        keep.append(keep[-1] | set(made[t - 1]))
     plans = _drop_plans(graph, st, keep, fwd, budget, deadline, "checkpoint")
-    if all(p.peak > budget for p in plans) and time.perf_counter() < deadline:
+    if all(p.peak > budget for p in plans) and time.monotonic() < deadline:
         plans += _drop_plans(graph, st, keep, fwd, budget, deadline, "checkpoint-everywhere", everywhere=True)
     return plans
 
@@ -614,15 +658,16 @@ def _min_peak_plan(graph: Graph, budget: int, known: list[_Plan], seconds: float
 
 
 def _prune_deadline(deadline: float, time_limit: float, share: float = 1.0) -> float:
-    """When a pruning pass (`_prune`) stops: after `share` of the time left, and never before a tenth of
-    the limit has passed, so that slow earlier steps never leave an absurd schedule unpruned."""
-    now = time.perf_counter()
-    return now + max(share * (deadline - now), 0.1 * time_limit)
+    """When a pruning pass (`_prune`) stops: after `share` of the time left, or a tenth of the limit when
+    slow earlier steps left less (so they do not leave an absurd schedule unpruned), and never after
+    `deadline`."""
+    now = time.monotonic()
+    return min(now + max(share * (deadline - now), 0.1 * time_limit), deadline)
 
 
 def _spare(deadline: float, time_limit: float) -> float:
     """Time to spend tightening the minimum budget of an infeasible answer: a quarter of the limit."""
-    return min(max(deadline - time.perf_counter(), 0.0), 0.25 * time_limit)
+    return min(max(deadline - time.monotonic(), 0.0), 0.25 * time_limit)
 
 
 def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph,
@@ -637,6 +682,15 @@ def _infeasible(budget: int, known: list[_Plan], solver: str, graph: Graph,
         return InfeasibleBudget(budget, None, solver)
     _remember(graph, MinimumBudget(best.peak, best.schedule, False, 0.0))
     return InfeasibleBudget(budget, best.peak, solver)
+
+
+def _refusal(budget: int, known: list[_Plan], solver: str, graph: Graph, end: float) -> InfeasibleBudget:
+    """`_infeasible`'s error, or `OutOfTime` (with the same smallest peak known) when the search stopped
+    at the deadline `end` rather than running out of ideas."""
+    exc = _infeasible(budget, known, solver, graph)
+    if time.monotonic() < end:
+        return exc
+    return OutOfTime(f"{solver} search", budget, solver, exc.minimum_bytes)
 
 
 #: how many graphs' lowest-peak schedules `minimum_budget` remembers (most recently used last)
@@ -656,18 +710,19 @@ class MinimumBudget:
     seconds: float
 
 
-def minimum_budget(graph: Graph, *, time_limit: float = 10.0,
-                   backend: milp.Backend | None = None) -> MinimumBudget:
+def minimum_budget(graph: Graph, *, time_limit: float = 10.0, backend: milp.Backend | None = None,
+                   deadline: Deadline | None = None) -> MinimumBudget:
     """The stage MILP with the peak as objective (Checkmate Sec. 4 with the budget made a variable),
     seeded with the lowest-peak heuristic schedule; always returns a feasible schedule, without the
     recomputations its peak does not need (`_prune`: the peak objective has no time term)."""
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
+    time_limit = Deadline.of(time_limit, deadline).at - t0
     st = _stages(graph)
     known = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None] + _remembered(graph)
     known += _checkpoint_plans(graph, st, -1, t0 + 0.2 * time_limit)  # budget -1: only the extremes
     best, optimal = _min_peak_milp(graph, st, min(known, key=lambda p: p.peak), t0, time_limit, backend)
     best = _prune(graph, best, best.peak, _prune_deadline(t0 + time_limit, time_limit))
-    return _remember(graph, MinimumBudget(best.peak, best.schedule, optimal, time.perf_counter() - t0))
+    return _remember(graph, MinimumBudget(best.peak, best.schedule, optimal, time.monotonic() - t0))
 
 
 def _min_peak_milp(graph: Graph, st: _Stages, best: _Plan, t0: float, time_limit: float,
@@ -685,7 +740,7 @@ def _min_peak_milp(graph: Graph, st: _Stages, best: _Plan, t0: float, time_limit
         start = _start_values(st, graph, model, V, stages)
         start[0] = max(start[u] + graph.computes[st.order[k]].temp_bytes / unit * start[V.R[t][k]]
                        for t in range(st.n) for k, u in enumerate(V.U[t]))  # Z is variable 0
-    sol = milp.solve(model, time_limit=max(time_limit - (time.perf_counter() - t0), 0.05), start=start,
+    sol = milp.solve(model, time_limit=max(time_limit - (time.monotonic() - t0), 0.05), start=start,
                      backend=backend)
     if sol.x is None:
         return best, False
@@ -718,24 +773,34 @@ def _remembered(graph: Graph) -> list[_Plan]:
 
 
 # --- public entry points --------------------------------------------------------------------------
-def _hierarchy_plans(graph: Graph, budget: int, time_limit: float) -> list[_Plan]:
+#: the part of the time left that Checkmate gives Rockmate and Rotor for its MIP starts
+HIERARCHY_SHARE = 0.6
+
+
+def _hierarchy_plans(graph: Graph, budget: int, time_limit: float, end: float) -> list[_Plan]:
     """Rockmate's and Rotor's schedules at `budget` (Rockmate Sec. 3-4), each also with its frees moved
     as early as possible (`with_early_frees`: the form the MILP's start values describe).  Where one
     cannot fit `budget`, its schedule at the smallest budget it reports instead (a schedule behind the
-    minimum an `InfeasibleBudget` of ours may name).  Rockmate gets the caller's time limit, so its
-    block menus are the ones `rockmate.solve` caches for a plain rockmate plan at that limit."""
+    minimum an `InfeasibleBudget` of ours may name).  Both share `HIERARCHY_SHARE` of the time left
+    before `end` (Rotor's DP is Rockmate's store-all DP, kept from it); Rockmate's MILP time is the one
+    of a plain rockmate plan at the caller's `time_limit`, so both share the block menus `rockmate.solve`
+    caches, when the time left lets them finish."""
     from solvers import rockmate, rotor  # rockmate -> block_milp -> milp: no cycle, but only used here
 
+    until = Deadline(end).part(HIERARCHY_SHARE)
     plans: list[_Plan] = []
-    for name, solver in (("rockmate", rockmate.solve), ("rotor", rotor.solve)):
+    rock = functools.partial(rockmate.solve, milp_seconds=rockmate.milp_time(time_limit))
+    for name, solver in (("rockmate", rock), ("rotor", rotor.solve)):
         try:
             try:
-                result = solver(graph, budget, time_limit=time_limit)
+                result = solver(graph, budget, time_limit=time_limit, deadline=until)
+            except OutOfTime:
+                continue
             except InfeasibleBudget as exc:
                 if exc.minimum_bytes is None:
                     continue
-                result = solver(graph, exc.minimum_bytes, time_limit=time_limit)
-        except InfeasibleBudget:  # the solver could not reach its own minimum: nothing from it
+                result = solver(graph, exc.minimum_bytes, time_limit=time_limit, deadline=until)
+        except InfeasibleBudget:  # the solver could not reach its own minimum (or ran out of time)
             continue
         except GraphError:  # not a chain of blocks: no hierarchy plans
             break
@@ -763,7 +828,7 @@ def _warm_start(graph: Graph, plans: Sequence[_Plan]) -> tuple[_Stages, _Plan | 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: bool = False,
           incumbent: Schedule | None = None, backend: milp.Backend | None = None,
-          hierarchy: bool = True) -> SolveResult:
+          hierarchy: bool = True, deadline: Deadline | None = None) -> SolveResult:
     """Minimum total compute time schedule within `budget_bytes` (Checkmate's MILP, Sec. 4).
 
     The MILP is warm-started (MIP start) from the fastest schedule known that fits: the eager order,
@@ -777,9 +842,10 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     known to fit.
     """
     if relax:
-        return solve_lp(graph, budget_bytes, time_limit=time_limit)
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit
+        return solve_lp(graph, budget_bytes, time_limit=time_limit, deadline=deadline)
+    t0 = time.monotonic()
+    end = Deadline.of(time_limit, deadline).at
+    time_limit = end - t0
     lb_time = sum(graph.computes[c].time for c in graph.required_computes)
     known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
     known += _remembered(graph)
@@ -795,14 +861,14 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
 
     best = fastest()
     if hierarchy and (best is None or best.time > lb_time * (1 + 1e-12)):
-        known += _hierarchy_plans(graph, budget_bytes, time_limit)
+        known += _hierarchy_plans(graph, budget_bytes, time_limit, end)
         best = fastest()
     if budget_bytes < _lower_bound_bytes(graph, _stages(graph)):
-        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
+        raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(end, time_limit))
     if best is None or best.time > lb_time * (1 + 1e-12):
         # the LP rounding (Sec. 5) and checkpointing plans: more starts, in 70% of the time left
         try:
-            lp = solve_lp(graph, budget_bytes, time_limit=0.7 * (deadline - time.perf_counter()))
+            lp = solve_lp(graph, budget_bytes, time_limit=0.7 * (end - time.monotonic()))
             known += [p for p in (_plan(graph, lp.schedule, f"checkmate-lp {lp.stats.extra['source']}"),)
                       if p is not None]
         except InfeasibleBudget:  # its smallest schedule is remembered for `_infeasible`
@@ -811,7 +877,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     if best is not None and best.timeline.recomputes:
         # without the recomputations this budget does not need: the answer and the MIP start improve
         # (below the hierarchy's minimum the fastest known plan is the min-peak schedule, quadratic)
-        known.append(_prune_fastest(graph, known, budget_bytes, _prune_deadline(deadline, time_limit, 0.3)))
+        known.append(_prune_fastest(graph, known, budget_bytes, _prune_deadline(end, time_limit, 0.3)))
         best = fastest()
     st, seed, seed_stages = _warm_start(graph, [p for p in known if p.peak <= budget_bytes])
     extra: dict[str, object] = {
@@ -821,18 +887,18 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     def incumbent_result(why: str, bound: float | None) -> SolveResult:
         nonlocal best
         if best is None:
-            best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
+            best = _min_peak_plan(graph, budget_bytes, known, _spare(end, time_limit))
             if best is not None:
-                best = _prune(graph, best, budget_bytes, _prune_deadline(deadline, time_limit))
+                best = _prune(graph, best, budget_bytes, _prune_deadline(end, time_limit))
         if best is None:
-            raise _infeasible(budget_bytes, known, "checkmate", graph)
+            raise _refusal(budget_bytes, known, "checkmate", graph, end)
         # a MILP bound above the fastest plan: that plan lies outside the MILP's stage class
         bound = lb_time if bound is None or bound > best.time else max(bound, lb_time)
         gap = max(0.0, best.time - bound) / best.time if best.time > 0 else 0.0
         status = "optimal" if gap <= 1e-9 else "feasible"
         extra.update(stopped=why, incumbent=best.source)
         return SolveResult(best.schedule, SolverStats(
-            "checkmate", status, time.perf_counter() - t0, objective=best.time, bound=bound, gap=gap,
+            "checkmate", status, time.monotonic() - t0, objective=best.time, bound=bound, gap=gap,
             backend=extra.get("backend", ""), extra=extra))  # type: ignore[arg-type]
 
     if best is not None and best.time <= lb_time * (1 + 1e-12):
@@ -841,14 +907,14 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
     tscale = lb_time or 1.0
     shrink = 0.0
     for _attempt in range(3):
-        now = time.perf_counter()
+        now = time.monotonic()
         try:
-            model, V = _build(st, graph, max(cap - shrink, 0.5), now + 0.6 * (deadline - now))
+            model, V = _build(st, graph, max(cap - shrink, 0.5), now + 0.6 * (end - now))
         except _Timeout:
             return incumbent_result("time limit while building the MILP", None)
         extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
-                     build_seconds=round(time.perf_counter() - now, 3))
-        if deadline - time.perf_counter() < 0.1 * time_limit:
+                     build_seconds=round(time.monotonic() - now, 3))
+        if end - time.monotonic() < 0.1 * time_limit:
             return incumbent_result("time limit: too little left after building the MILP", None)
         start = None
         if seed_stages is not None:
@@ -856,14 +922,14 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             if model.num_vars < 5_000 and model.violation(start) > 1e-6:
                 start = None  # a bug here must not poison the search; the MILP still runs
         extra["warm_start"] = start is not None
-        sol = milp.solve(model, time_limit=max(deadline - time.perf_counter(), 0.05), start=start,
+        sol = milp.solve(model, time_limit=max(end - time.monotonic(), 0.05), start=start,
                          backend=backend)
         extra["backend"] = sol.backend
         bound = sol.bound * tscale if sol.bound is not None else None
         if sol.status == "infeasible":
             if best is not None:  # numerically infeasible at a budget some known schedule fits
                 return incumbent_result("MILP reported infeasible", None)
-            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(deadline, time_limit))
+            raise _infeasible(budget_bytes, known, "checkmate", graph, _spare(end, time_limit))
         if sol.x is None:
             return incumbent_result("time limit before the MILP found a solution", bound)
         seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
@@ -875,7 +941,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             shrink += plan.peak - budget_bytes + 1
             continue
         if sol.status != "optimal":  # an incumbent cut short may recompute what the budget does not need
-            plan = _prune(graph, plan, budget_bytes, _prune_deadline(deadline, time_limit))
+            plan = _prune(graph, plan, budget_bytes, _prune_deadline(end, time_limit))
         if best is not None and best.time < plan.time - 1e-12:
             return incumbent_result(f"MILP ({sol.status}) no better than the incumbent", bound)
         if sol.status == "optimal":
@@ -887,7 +953,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             gap = max(0.0, plan.time - bound) / plan.time if plan.time > 0 else 0.0
         extra.update(incumbent=None if best is None else best.source, recomputes=plan.timeline.recomputes)
         return SolveResult(plan.schedule, SolverStats(
-            "checkmate", status, time.perf_counter() - t0, objective=plan.time, bound=bound, gap=gap,
+            "checkmate", status, time.monotonic() - t0, objective=plan.time, bound=bound, gap=gap,
             backend=sol.backend, extra=extra))
     return incumbent_result("MILP solutions exceeded the budget by solver tolerance", None)
 
@@ -905,7 +971,11 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
     plans: list[_Plan] = []
 
     def evaluate(keep: list[set[int]], label: str) -> _Plan | None:
-        p = _plan(graph, with_early_frees(graph, _closure_sequence(st, keep)), f"{source} {label}")
+        try:
+            seq = _closure_sequence(st, keep, deadline)
+        except _Timeout:
+            return None
+        p = _plan(graph, with_early_frees(graph, seq), f"{source} {label}")
         if p is not None:
             plans.append(p)
         return p
@@ -913,6 +983,8 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
     def rounded(rule: Callable[[float], bool]) -> list[set[int]]:
         return [{d for d, v in values[t].items() if rule(v)} for t in range(st.n)]
 
+    if time.monotonic() + _step_seconds(graph) > deadline:
+        return plans
     half = rounded(lambda v: v >= 0.5)
     p = evaluate(half, "theta=0.5")
     if p is None or p.peak > budget:
@@ -925,11 +997,11 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
                                                   / max(graph.datas[d].bytes, 1)))
         plans += _drop_plans(graph, st, half, candidates, budget, deadline, f"{source} theta=0.5 repaired")
     for theta in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99):
-        if time.perf_counter() > deadline:
+        if time.monotonic() + _step_seconds(graph) > deadline:
             return plans
         evaluate(rounded(lambda v, th=theta: v >= th), f"theta={theta}")
     for _ in range(samples):
-        if time.perf_counter() > deadline:
+        if time.monotonic() + _step_seconds(graph) > deadline:
             break
         evaluate(rounded(lambda v: rng.random() < v), "random")
     return plans
@@ -937,7 +1009,7 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
 
 def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
              scales: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3),
-             samples: int = 8, seed: int = 0) -> SolveResult:
+             samples: int = 8, seed: int = 0, deadline: Deadline | None = None) -> SolveResult:
     """Two-phase LP rounding (Checkmate Sec. 5), returning within about `time_limit` seconds.
 
     First the checkpointing heuristic (`_checkpoint_plans`, a binary search over how many forward
@@ -948,8 +1020,9 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     budget may not fit, hence the scales.  The cheapest schedule that fits wins.  When the LP of a
     large graph cannot be built or solved in the time left, the checkpointing plan is the answer
     (`extra["stopped"]` says so)."""
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit
+    t0 = time.monotonic()
+    end = Deadline.of(time_limit, deadline).at
+    time_limit = end - t0
     st = _stages(graph)
     rng = random.Random(seed)
     known: list[_Plan] = [p for p in (_plan(graph, eager_schedule(graph), "eager"),) if p is not None]
@@ -962,27 +1035,27 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
 
     if budget_bytes < _lower_bound_bytes(graph, st):
         known += _checkpoint_plans(graph, st, budget_bytes, t0 + 0.25 * time_limit)
-        raise _infeasible(budget_bytes, known, "checkmate-lp", graph, _spare(deadline, time_limit))
+        raise _infeasible(budget_bytes, known, "checkmate-lp", graph, _spare(end, time_limit))
     bound = None
     backend = ""
     best = fastest()
     if best is None or best.time > lb_time * (1 + 1e-12):
         # O(log n) simulations, never cut short before the deadline: the LP gets what is left
-        known += _checkpoint_plans(graph, st, budget_bytes, deadline)
+        known += _checkpoint_plans(graph, st, budget_bytes, end)
         extra["stopped"] = "all budget scales rounded"
         for scale in scales:
-            now = time.perf_counter()
-            if deadline - now < 0.15 * time_limit:
+            now = time.monotonic()
+            if end - now < 0.15 * time_limit:
                 extra["stopped"] = "time limit"
                 break
             try:
                 model, V = _build(st, graph, max((budget_bytes - st.base) * scale, 0.5),
-                                  now + 0.4 * (deadline - now), forward_only=True)
+                                  now + 0.4 * (end - now), forward_only=True)
             except _Timeout:
                 extra["stopped"] = "time limit while building the LP"
                 break
             # keep a tenth of the limit for rounding this LP's solution
-            sol = milp.solve(model, time_limit=deadline - time.perf_counter() - 0.1 * time_limit, relax=True)
+            sol = milp.solve(model, time_limit=end - time.monotonic() - 0.1 * time_limit, relax=True)
             backend = sol.backend
             if sol.x is None:
                 extra["stopped"] = "time limit while solving the LP" if sol.status != "infeasible" else \
@@ -994,19 +1067,19 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
                 bound = sol.objective * (lb_time or 1.0)
                 extra["bound_within"] = "forward recomputations only, first computations in capture order"
             values = [{d: sol.x[v] for d, v in V.S[t].items()} for t in range(st.n)]
-            known += _rounded_plans(graph, st, values, budget_bytes, deadline, f"lp@{scale}", rng, samples)
+            known += _rounded_plans(graph, st, values, budget_bytes, end, f"lp@{scale}", rng, samples)
             best = fastest()
             if best is not None and best.time <= lb_time * (1 + 1e-12):
                 break
-    best = _prune_fastest(graph, known, budget_bytes, _prune_deadline(deadline, time_limit))
+    best = _prune_fastest(graph, known, budget_bytes, _prune_deadline(end, time_limit))
     if best is None:
-        best = _min_peak_plan(graph, budget_bytes, known, _spare(deadline, time_limit))
+        best = _min_peak_plan(graph, budget_bytes, known, _spare(end, time_limit))
         if best is not None:
-            best = _prune(graph, best, budget_bytes, _prune_deadline(deadline, time_limit))
+            best = _prune(graph, best, budget_bytes, _prune_deadline(end, time_limit))
     if best is None:
-        raise _infeasible(budget_bytes, known, "checkmate-lp", graph)
+        raise _refusal(budget_bytes, known, "checkmate-lp", graph, end)
     gap = max(0.0, best.time - bound) / best.time if bound is not None and best.time > 0 else None
     extra.update(source=best.source, roundings=sum(p.source.startswith("lp@") for p in known))
     return SolveResult(best.schedule, SolverStats(
-        "checkmate-lp", "heuristic", time.perf_counter() - t0, objective=best.time, bound=bound, gap=gap,
+        "checkmate-lp", "heuristic", time.monotonic() - t0, objective=best.time, bound=bound, gap=gap,
         backend=backend, extra=extra))

@@ -65,3 +65,24 @@ class InfeasibleBudget(ValueError):
     def with_eager_peak(self, eager_peak: int) -> InfeasibleBudget:
         """The same refusal, stated also as a share of the eager peak (the unit of a "50%" budget)."""
         return InfeasibleBudget(self.budget, self.minimum_bytes, self.solver, self.proven, eager_peak)
+
+
+class OutOfTime(InfeasibleBudget):
+    """The time limit ran out before any schedule within the budget was found: a refusal, not a proof
+    that none fits (`minimum_bytes` is None, or the smallest peak found so far).  `step` names what was
+    cut short, so the message can say what to give more time."""
+
+    def __init__(self, step: str, budget: int = 0, solver: str = "",
+                 minimum_bytes: int | None = None) -> None:
+        super().__init__(budget, minimum_bytes, solver or step, proven=False)
+        self.step = step
+        found = "" if minimum_bytes is None else f" (the smallest peak found so far is {minimum_bytes} bytes)"
+        self.args = (f"{self.solver}: the time limit ran out in the {step} before a schedule within {budget} "
+                     f"bytes was found{found}; this is not a proof that none fits: raise time_limit",)
+
+    def within(self, budget: int, solver: str) -> OutOfTime:
+        """The same refusal, for the budget and solver of the call it escaped from."""
+        return OutOfTime(self.step, budget, solver, self.minimum_bytes)
+
+    def with_eager_peak(self, eager_peak: int) -> InfeasibleBudget:
+        return self

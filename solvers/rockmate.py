@@ -36,11 +36,19 @@ import time as _time
 import numpy as np
 
 from solvers import block_milp
-from solvers.chain import Block, BlockOption, Chain, block_option, decompose, sequence_option, store_all
+from solvers.chain import Block, BlockOption, Chain, block_option, sequence_option, store_all
+from solvers.deadline import Deadline
 from solvers.ir import Graph
 from solvers.memo import RecentMemo
-from solvers.result import SolveResult
-from solvers.rotor import ChainSolver, checked_result, infeasible, no_recompute_result
+from solvers.result import OutOfTime, SolveResult
+from solvers.rotor import (
+    ChainSolver,
+    chain_of,
+    checked_result,
+    infeasible,
+    no_recompute_result,
+    store_all_solver,
+)
 
 EXACT_SUBSETS = 10
 GREEDY_STEPS = 32
@@ -132,23 +140,28 @@ def _positions(block: Block, o: BlockOption) -> Positions:
     return tuple(index[c] for c in o.forward), tuple(index[c] for c in o.backward)
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and _time.monotonic() > deadline
+def _past(deadline: Deadline | None) -> bool:
+    return deadline is not None and deadline.passed()
 
 
-def _enumerated(chain: Chain, b: Block, grid: int, deadline: float | None
+def _enumerated(chain: Chain, b: Block, grid: int, deadline: Deadline | None
                 ) -> tuple[list[BlockOption], list[BlockOption]]:
-    """(every measured kept-subset option, store-all first; the ones picked over the grid)."""
-    kept_sets = _kept_sets(chain, b)
-    if _past(deadline):
-        kept_sets = [frozenset(_candidates(chain, b))]
-    opts = [store_all(chain, b), *(block_option(chain, b, k) for k in kept_sets)]
+    """(every measured kept-subset option, store-all first; the ones picked over the grid).  Past
+    `deadline` no more are measured (keeping every candidate is always measured)."""
+    everything = frozenset(_candidates(chain, b))
+    opts = [store_all(chain, b)]
+    for k in _kept_sets(chain, b):
+        if k == everything or not _past(deadline):
+            opts.append(block_option(chain, b, k))
     return opts, [opts[i] for i in _menu(opts, grid)]
 
 
-def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None, milp_seconds: float = 0.0
+def class_menus(chain: Chain, *, grid: int = GRID, deadline: Deadline | None = None,
+                milp_seconds: float = 0.0, until: Deadline | None = None
                 ) -> tuple[dict[int, list[Positions]], dict[str, float]]:
-    """Per class: the menu of its first block as positions (store-all first), and statistics."""
+    """Per class: the menu of its first block as positions (store-all first), and statistics.  Past
+    `deadline` the classes left get only the kept-subset options of keeping everything; the MILPs stop
+    after `milp_seconds` or at `until` (the solve's own deadline), whichever comes first."""
     firsts: dict[int, Block] = {}
     for b in chain.blocks:
         firsts.setdefault(b.klass, b)
@@ -156,16 +169,18 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
     menus = {k: picked for k, (_, picked) in enumerated.items()}
     stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "milp_solves": 0,
              "enumeration_cut": _past(deadline)}
-    if milp_seconds > 0:
+    if milp_seconds > 0 and not _past(until):
         started = _time.perf_counter()
-        models = {k: block_milp.build(chain, b) for k, b in firsts.items()}
+        end = started + milp_seconds if until is None else min(started + milp_seconds,
+                                                                started + until.left())
+        models = {k: block_milp.build(chain, b) for k, b in firsts.items() if _time.perf_counter() < end}
         searches = {k: block_milp.PairSearch(chain, bm, enumerated[k][0])
                     for k, bm in models.items() if bm is not None and bm.model.num_vars}
         for levels in MILP_LEVELS:  # coarse grids for every class first, then finer ones
             pending = sorted(searches, key=lambda k: (searches[k].bm.model.num_vars, k))
             total = sum(searches[k].bm.model.num_vars for k in pending)
             for k in pending:  # smallest models first: time a class leaves unused goes to larger ones
-                left = started + milp_seconds - _time.perf_counter()
+                left = end - _time.perf_counter()
                 weight = searches[k].bm.model.num_vars
                 share, total = left * weight / total, total - weight
                 if share <= 0:
@@ -177,52 +192,97 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: float | None = None
         stats["milp_classes"] = sum(bool(s.solves) for s in searches.values())
         stats["milp_solves"] = sum(s.solves for s in searches.values())
         stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
+        # a search cut short by the solve's deadline found less than `milp_seconds` would: not cached
+        stats["enumeration_cut"] = stats["enumeration_cut"] or (until is not None and until.passed())
     return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
 
 
-def _measure(chain: Chain, b: Block, menu: list[Positions]) -> list[BlockOption]:
+def _measure(chain: Chain, b: Block, menu: list[Positions],
+             deadline: Deadline | None = None) -> list[BlockOption]:
+    """The menu's options measured on block `b`; past `deadline` only its first, store-all (rotor's)."""
     nodes = (*b.forward, *b.backward)
+    menu = menu[:1] if _past(deadline) else menu
     opts = [sequence_option(chain, b, [nodes[i] for i in f], [nodes[i] for i in bw]) for f, bw in menu]
     if opts[0].kept != store_all(chain, b).kept:  # index 0: rotor's store-all, on every block
         raise AssertionError(f"block {b.index}: the menu lost the store-all option")
     return opts
 
 
+def milp_time(time_limit: float) -> float:
+    """The block MILPs' total time for a solve limited to `time_limit` seconds: `MILP_SECONDS`, at most a
+    quarter of the limit, rounded so that calls with nearly the same time left share cached menus."""
+    return round(min(MILP_SECONDS, time_limit / 4), 1)
+
+
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
-          milp_seconds: float | None = None) -> SolveResult:
+          milp_seconds: float | None = None, deadline: Deadline | None = None) -> SolveResult:
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
     `milp_seconds`: total time for the block MILPs (default `MILP_SECONDS`, at most a quarter of
-    `time_limit`; 0 leaves the menus to the kept-subset options)."""
+    `time_limit`; 0 leaves the menus to the kept-subset options).  Returns by `time_limit` seconds (or
+    `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even it does not finish), then
+    the block menus, cut to what was measured past half of the time left; when the DP over the menus
+    does not finish, Rotor's plan is the answer."""
     started = _time.monotonic()
+    deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
     if quick is not None:
         return quick
-    chain = decompose(graph)
+    chain = chain_of(graph)
     if not chain.training:
         raise infeasible(graph, budget_bytes, None, "rockmate")
+    try:
+        # Rotor's DP first (shared with rotor): under a short limit its plan is the best one found in time
+        rotor_dp = store_all_solver(graph, deadline)[1]
+    except OutOfTime as exc:
+        raise exc.within(budget_bytes, "rockmate") from None
     if milp_seconds is None:
-        milp_seconds = min(MILP_SECONDS, time_limit / 4)
+        milp_seconds = milp_time(min(time_limit, deadline.left()))
     key = (graph, milp_seconds)
     cached = _MENUS.get(key)
     if cached is None:
-        # past half the time limit, remaining classes get only rotor's two options (the DP is fast)
-        by_class, stats = class_menus(chain, deadline=started + time_limit / 2, milp_seconds=milp_seconds)
+        # past half the time left, remaining classes get only rotor's two options (the DP is fast)
+        by_class, stats = class_menus(chain, deadline=deadline.part(0.5), milp_seconds=milp_seconds,
+                                      until=deadline)
         if not stats["enumeration_cut"]:
             _MENUS.put(key, (by_class, stats))
     else:
         _MENUS.put(key, cached)  # used again: the most recent
         by_class, stats = cached
     stats = {**stats, "menus_cached": cached is not None}
-    menus = [_measure(chain, b, by_class[b.klass]) for b in chain.blocks]
+    menus = [_measure(chain, b, by_class[b.klass], deadline) for b in chain.blocks]
     # The DP rounds sizes to slots and its proposals are re-costed in bytes (`ChainSolver`), so the
     # larger menu's proposals need not include rotor's plan that fits: rotor's DP over the store-all
     # options (index 0, the same in both) runs too and the faster plan is kept, so that at equal budget
-    # rockmate is never worse than rotor.
-    solvers = [ChainSolver(chain, menus), ChainSolver(chain, [menu[:1] for menu in menus])]
-    plans = [p for p in (s.plan(budget_bytes) for s in solvers) if p is not None]
+    # rockmate is never worse than rotor.  Both DPs are kept for the next call (rotor's shared with it).
+    complete = not stats["enumeration_cut"] and all(
+        len(m) == len(by_class[b.klass]) for m, b in zip(menus, chain.blocks, strict=True))
+    try:
+        solvers = [rotor_dp]
+        try:
+            solvers.insert(0, _menus_solver(chain, key if complete else None, menus, deadline))
+        except OutOfTime:
+            stats["menus_dp_cut"] = True  # the best plan found in time is rotor's
+        plans = [p for p in (s.plan(budget_bytes, deadline) for s in solvers) if p is not None]
+    except OutOfTime as exc:
+        raise exc.within(budget_bytes, "rockmate") from None
     if not plans:
-        raise infeasible(graph, budget_bytes, min(s.min_budget() for s in solvers), "rockmate")
+        raise infeasible(graph, budget_bytes, min(s.min_budget(deadline) for s in solvers), "rockmate")
     plan = min(plans, key=lambda p: p.time)
     return checked_result(chain, menus, plan, budget_bytes, "rockmate", started,
                           {"slot_bytes": solvers[0].unit, "model_time": plan.time,
                            "classes": len(by_class), "options": sum(len(m) for m in menus), **stats})
+
+
+#: the DPs over the menus of `_MENUS` (same keys): a graph planned at several budgets solves each once
+_DPS: RecentMemo[tuple[Graph, float], ChainSolver] = RecentMemo(CACHED_GRAPHS)
+
+
+def _menus_solver(chain: Chain, key: tuple[Graph, float] | None, menus: list[list[BlockOption]],
+                  deadline: Deadline) -> ChainSolver:
+    """The DP over `menus`, kept under `key` unless it is None (menus cut short by the deadline)."""
+    found = None if key is None else _DPS.get(key)
+    if found is None:
+        found = ChainSolver(chain, menus, deadline=deadline)
+    if key is not None:
+        _DPS.put(key, found)
+    return found

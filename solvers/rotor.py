@@ -14,6 +14,7 @@ use, and the result is checked by `solvers.simulate`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time as _time
 from collections.abc import Sequence
@@ -32,9 +33,10 @@ from solvers.chain import (
     schedule_with_frees,
     store_all,
 )
+from solvers.deadline import Deadline
 from solvers.ir import Graph
 from solvers.memo import RecentMemo
-from solvers.result import InfeasibleBudget, SolveResult, SolverStats
+from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule, keep_outputs_alive
 from solvers.simulate import Timeline, simulate
 
@@ -157,27 +159,30 @@ class Tables:
     size: int
 
 
-def dp(model: ChainModel, size: int) -> Tables:
-    """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3)."""
+def dp(model: ChainModel, size: int, deadline: Deadline | None = None) -> Tables:
+    """Fill C(s, t, m) for m in [0, size) (Appendix C, eq. 1-3); raises `OutOfTime` once `deadline`
+    passes (the tables are all or nothing).  Case 2 reads C(s', t) shifted by the checkpoint a_{s'-1}
+    for every s < s': that shift is made once per (s', t), and the other term is added in place."""
     n = model.n
-    m = np.arange(size)
+    long_sum = [0, *itertools.accumulate(model.long)]
     cost: dict[tuple[int, int], np.ndarray] = {}
+    after_checkpoint: dict[tuple[int, int], np.ndarray] = {}  # (s', t) -> C(s', t) shifted by out[s'-1]
     choice: dict[tuple[int, int], np.ndarray] = {}
     for length in range(n):
         for s in range(n - length):
+            if deadline is not None and deadline.passed():
+                raise OutOfTime("rotor dynamic program")
             t = s + length
             best = np.full(size, np.inf)
             arg = np.full(size, -1, dtype=np.int32)
             rest_e = model.e(s + 1, t)
             for o, (uf, ub, x, pf, pb) in enumerate(model.opts[s]):
-                ok = (m >= pf) & (m >= x + rest_e + pb)
                 if s == t:
-                    val = np.where(ok, uf + ub, np.inf)
+                    val = np.full(size, uf + ub)
                 else:
-                    val = np.where(ok, uf + ub + _shift(cost[(s + 1, t)], x), np.inf)
-                better = val < best
-                best = np.where(better, val, best)
-                arg = np.where(better, o, arg)
+                    val = uf + ub + _shift(cost[(s + 1, t)], x)
+                val[:max(pf, x + rest_e + pb, 0)] = np.inf
+                _keep_better(best, arg, val, o)
             sweep_peak = model.f0_keep[s]
             sweep_time = 0.0
             for s2 in range(s + 1, t + 1):
@@ -185,15 +190,39 @@ def dp(model: ChainModel, size: int) -> Tables:
                 sweep_time += model.f0_time[k]
                 if k > s:
                     sweep_peak = max(sweep_peak, model.out[k - 1] + model.f0_drop[k])
-                val = (sweep_time + _shift(cost[(s2, t)], model.out[k])
-                       + _shift(cost[(s, k)], model.e(s2, t)))
-                val = np.where(m >= sweep_peak, val, np.inf)
-                better = val < best
-                best = np.where(better, val, best)
-                arg = np.where(better, -2 - s2, arg)
+                val = sweep_time + after_checkpoint[(s2, t)]
+                left = model.gout(s2) + long_sum[t + 1] - long_sum[s2] - model.gin[t]  # model.e(s2, t)
+                _add_shifted(val, cost[(s, k)], left)
+                val[:max(sweep_peak, 0)] = np.inf
+                _keep_better(best, arg, val, -2 - s2)
             cost[(s, t)] = best
             choice[(s, t)] = arg
+            if s:
+                after_checkpoint[(s, t)] = _shift(best, model.out[s - 1])
     return Tables(cost, choice, size)
+
+
+def _keep_better(best: np.ndarray, arg: np.ndarray, val: np.ndarray, code: int) -> None:
+    """Where `val` is strictly lower than `best`: take it, and `code` as the choice (in place)."""
+    better = val < best
+    np.putmask(best, better, val)
+    np.putmask(arg, better, code)
+
+
+def _add_shifted(val: np.ndarray, arr: np.ndarray, d: int) -> None:
+    """`val += _shift(arr, d)` without the shifted copy."""
+    n = len(arr)
+    if d >= 0:
+        val[:min(d, n)] = np.inf
+        if d < n:
+            val[d:] += arr[:n - d]
+    else:
+        d = -d
+        if d < n:
+            val[:n - d] += arr[d:]
+            val[n - d:] += arr[-1]
+        else:
+            val += arr[-1]
 
 
 def reconstruct(model: ChainModel, tables: Tables, s: int, t: int, mem: int) -> list[Op]:
@@ -300,7 +329,8 @@ class ChainSolver:
     found for a chain is therefore remembered across calls (`_LEAST`) and offered to every budget it
     fits: the minimum `min_budget` states, and the peak of any plan returned, stay feasible."""
 
-    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS) -> None:
+    def __init__(self, chain: Chain, menus: Sequence[Sequence[BlockOption]], *, slots: int = SLOTS,
+                 deadline: Deadline | None = None) -> None:
         self.chain = chain
         self.menus = menus
         ns = [nosave(chain, b) for b in chain.blocks]
@@ -311,7 +341,7 @@ class ChainSolver:
         # each gradient counted once: one handed down through several blocks is in each one's grad_in
         grads = grad_bytes(chain, {d for b in chain.blocks for d in b.grad_in})
         self.size = max(full, 0) + -(-grads // self.unit) + 2
-        self.tables = dp(self.model, self.size)
+        self.tables = dp(self.model, self.size, deadline)
         self.base = chain.resident_bytes()
         top = self.tables.cost[(0, self.model.n - 1)]
         finite = np.isfinite(top)
@@ -362,19 +392,37 @@ class ChainSolver:
         _LEAST.put(self._key, (plan, peak) if least is None or peak < least[1] else least)
         return plan
 
-    def min_budget(self) -> int:
-        """The least simulated peak of a plan known for this chain: `plan` succeeds from it up."""
-        self._found(min((int(m) for m in self._window(0)), key=self._peak))
+    def min_budget(self, deadline: Deadline | None = None) -> int:
+        """The least simulated peak of a plan known for this chain: `plan` succeeds from it up (past
+        `deadline`: the least of the proposals simulated so far, an upper bound)."""
+        best: tuple[int, int] | None = None
+        for m in self._window(0):
+            peak = self._peak(int(m))
+            if best is None or peak < best[1]:
+                best = (int(m), peak)
+            if deadline is not None and deadline.passed():
+                break
+        if best is not None:
+            self._found(best[0])
         return _LEAST.get(self._key)[1]
 
-    def plan(self, budget: int) -> ChainPlan | None:
+    def plan(self, budget: int, deadline: Deadline | None = None) -> ChainPlan | None:
         """The fastest proposal in the budget's window whose simulated peak fits the budget; else the
-        lowest-peak plan known for the chain, when it fits."""
+        lowest-peak plan known for the chain, when it fits.  Raises `OutOfTime` when `deadline` passes
+        before either is found."""
+        out_of_time = False
         for m in self._window(budget):
+            if deadline is not None and deadline.passed():
+                out_of_time = True
+                break
             if self._peak(int(m)) <= budget:
                 return self._found(int(m))
         least = _LEAST.get(self._key)
-        return least[0] if least is not None and least[1] <= budget else None
+        if least is not None and least[1] <= budget:
+            return least[0]
+        if out_of_time:
+            raise OutOfTime("rotor plan search", budget)
+        return None
 
 
 def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: ChainPlan, budget: int,
@@ -396,10 +444,21 @@ def checked_result(chain: Chain, menus: Sequence[Sequence[BlockOption]], plan: C
                "block_ops": len(plan.ops), **extra}))
 
 
+#: the chains and DP tables of the last few graphs: neither depends on the budget, so the plans of one
+#: graph at several budgets (a frontier, a retry at the minimum, Rockmate's store-all DP) share them
+CACHED_GRAPHS = 4
+_NO_RECOMPUTE: RecentMemo[Graph, tuple[Schedule, Timeline]] = RecentMemo(CACHED_GRAPHS)
+
+
 def no_recompute(graph: Graph) -> tuple[Schedule, Timeline]:
-    """The capture order with frees at last use: no recomputation, so the least time of any plan."""
-    schedule = schedule_with_frees(graph, list(range(len(graph.computes))))
-    return schedule, simulate(graph, schedule).check()
+    """The capture order with frees at last use: no recomputation, so the least time of any plan.
+    Kept for the last `CACHED_GRAPHS` graphs: every solve at every budget asks for it first."""
+    found = _NO_RECOMPUTE.get(graph)
+    if found is None:
+        schedule = schedule_with_frees(graph, list(range(len(graph.computes))))
+        found = (schedule, simulate(graph, schedule).check())
+    _NO_RECOMPUTE.put(graph, found)
+    return found
 
 
 def no_recompute_result(graph: Graph, budget: int, solver: str, started: float) -> SolveResult | None:
@@ -419,21 +478,53 @@ def infeasible(graph: Graph, budget: int, chain_minimum: int | None, solver: str
     return InfeasibleBudget(budget, floor if chain_minimum is None else min(floor, chain_minimum), solver)
 
 
-def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
+_CHAINS: RecentMemo[Graph, Chain] = RecentMemo(CACHED_GRAPHS)
+_SOLVERS: RecentMemo[Graph, tuple[list[list[BlockOption]], ChainSolver]] = RecentMemo(CACHED_GRAPHS)
+
+
+def chain_of(graph: Graph) -> Chain:
+    """`decompose(graph)`, kept for the last `CACHED_GRAPHS` graphs."""
+    chain = _CHAINS.get(graph)
+    if chain is None:
+        chain = decompose(graph)
+    _CHAINS.put(graph, chain)
+    return chain
+
+
+def store_all_solver(graph: Graph, deadline: Deadline) -> tuple[list[list[BlockOption]], ChainSolver, bool]:
+    """The store-all menus of `chain_of(graph)` (rotor's: per block "store everything" or "keep only the
+    output"), their DP, and whether both were kept from an earlier call.  Raises `OutOfTime` when the DP
+    is not done by `deadline`."""
+    cached = _SOLVERS.get(graph)
+    reused = cached is not None
+    if cached is None:
+        chain = chain_of(graph)
+        menus = [[store_all(chain, b)] for b in chain.blocks]
+        cached = (menus, ChainSolver(chain, menus, deadline=deadline))
+    _SOLVERS.put(graph, cached)
+    return (*cached, reused)
+
+
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
+          deadline: Deadline | None = None) -> SolveResult:
     """Rotor over the graph's block chain: per block "store everything" or "keep only the output".
-    The DP is polynomial (blocks^3 x slots) and runs to completion; `time_limit` is accepted for the
-    common solver signature."""
+    The DP is polynomial (blocks^3 x slots) and independent of the budget: its tables are kept for the
+    last `CACHED_GRAPHS` graphs.  Returns within `time_limit` seconds (or by `deadline`, the earlier)
+    plus one DP step; raises `OutOfTime` when the DP is not done by then."""
     started = _time.monotonic()
+    deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rotor", started)
     if quick is not None:
         return quick
-    chain = decompose(graph)
+    chain = chain_of(graph)
     if not chain.training:
         raise infeasible(graph, budget_bytes, None, "rotor")
-    menus = [[store_all(chain, b)] for b in chain.blocks]
-    solver = ChainSolver(chain, menus)
-    plan = solver.plan(budget_bytes)
+    try:
+        menus, solver, reused = store_all_solver(graph, deadline)
+        plan = solver.plan(budget_bytes, deadline)
+    except OutOfTime as exc:
+        raise exc.within(budget_bytes, "rotor") from None
     if plan is None:
-        raise infeasible(graph, budget_bytes, solver.min_budget(), "rotor")
+        raise infeasible(graph, budget_bytes, solver.min_budget(deadline), "rotor")
     return checked_result(chain, menus, plan, budget_bytes, "rotor", started,
-                          {"slot_bytes": solver.unit, "model_time": plan.time})
+                          {"slot_bytes": solver.unit, "model_time": plan.time, "dp_cached": reused})

@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 import time as _time
 
-from solvers.chain import Chain, decompose, store_all
+from solvers.chain import Chain, store_all
+from solvers.deadline import Deadline
 from solvers.ir import Graph
 from solvers.result import SolveResult
 from solvers.rotor import (
     ChainModel,
     ChainPlan,
     Op,
+    chain_of,
     chain_schedule,
     checked_result,
     evaluate,
@@ -63,14 +65,16 @@ def plan_for(chain: Chain, model: ChainModel, count: int) -> ChainPlan:
     return ChainPlan(tuple(ops), chain.resident_bytes() + peak * model.unit, t)
 
 
-def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0) -> SolveResult:
+def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
+          deadline: Deadline | None = None) -> SolveResult:
     """No recomputation when that fits; else sqrt(n) segments when they fit; otherwise the cheapest
-    equal segmenting that fits."""
+    equal segmenting that fits.  No search: `time_limit` and `deadline` are accepted for the common
+    solver signature (one chain decomposition and n plan evaluations, far below any limit)."""
     started = _time.monotonic()
     quick = no_recompute_result(graph, budget_bytes, "sqrt", started)
     if quick is not None:
         return quick
-    chain = decompose(graph)
+    chain = chain_of(graph)
     if not chain.training:
         raise infeasible(graph, budget_bytes, None, "sqrt")
     menus = [[store_all(chain, b)] for b in chain.blocks]

@@ -84,8 +84,8 @@ def test_auto_keeps_rockmate_when_a_time_limited_checkmate_incumbent_is_worse(mo
     assert len(graph.computes) <= planning.CHECKMATE_MAX_NODES
     budget = minimum_budget(graph, "rotor") * 21 // 20
 
-    def poor_incumbent(g, b, *, time_limit=60.0):  # a valid but costly plan, as a MILP cut short gives
-        return SolveResult(sqrt.solve(g, b, time_limit=time_limit).schedule,
+    def poor_incumbent(g, b, *, time_limit=60.0, deadline=None):  # valid but costly, as a MILP cut short
+        return SolveResult(sqrt.solve(g, b, time_limit=time_limit, deadline=deadline).schedule,
                            SolverStats("checkmate", "feasible", 0.0, gap=0.5))
 
     real_solver = planning._solver

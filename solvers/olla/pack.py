@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from solvers.deadline import Deadline
 from solvers.ir import Graph
 from solvers.schedule import Step
 from solvers.simulate import simulate
@@ -640,16 +641,18 @@ def schedule_buffers(graph: Graph, schedule: Sequence[Step]) -> tuple[list[Buffe
     return buffers, labels
 
 
-def pack_schedule(graph: Graph, schedule: Sequence[Step], *, time_limit: float = 10.0) -> Packing:
+def pack_schedule(graph: Graph, schedule: Sequence[Step], *, time_limit: float = 10.0,
+                  deadline: Deadline | None = None) -> Packing:
     """Address packing of the data nodes of a (valid) schedule: what every memviz plan carries.
 
     Workspace is not a data node and is not placed here (it lives for one step; the timeline counts
-    it).  The packing's lower bound is the largest total of data bytes alive at one step.
+    it).  The packing's lower bound is the largest total of data bytes alive at one step.  Returns by
+    `time_limit` seconds or `deadline`, the earlier (the greedy placement when no time is left).
     """
-    started = time.perf_counter()
+    end = Deadline.of(time_limit, deadline)
     simulate(graph, schedule).check()
     buffers, labels = schedule_buffers(graph, schedule)
     # the limit covers the whole call: what checking the schedule took comes off the packer's share
-    left = max(time_limit - (time.perf_counter() - started), 0.01)
+    left = max(end.left(), 0.01)
     packing = pack(buffers, time_limit=left)
     return dataclasses.replace(packing, labels=tuple(labels))

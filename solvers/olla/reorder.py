@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from solvers.deadline import Deadline
 from solvers.ir import DataKind, Graph, Phase
 from solvers.memo import RecentMemo
 from solvers.result import SolveResult, SolverStats
@@ -248,8 +249,11 @@ def _cp_sat(
     relative_gap: float = 0.0,
 ) -> tuple[list[int] | None, int, str]:
     """Solve the exact one-step-per-op model; returns (order or None, proven bound, status name).
-    CP-SAT says OPTIMAL once within `relative_gap`: the bound returned is its proven bound either way."""
+    CP-SAT says OPTIMAL once within `relative_gap`: the bound returned is its proven bound either way.
+    `seconds` covers importing OR-Tools and building the model too: CP-SAT gets what is left of it."""
+    solve_by = time.monotonic() + seconds
     from ortools.sat.python import cp_model
+
 
     n = lt.n
     anc, desc = _ancestor_masks(graph)
@@ -297,7 +301,7 @@ def _cp_sat(
     m.Minimize(capacity)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, seconds)
+    solver.parameters.max_time_in_seconds = max(0.05, solve_by - time.monotonic())
     solver.parameters.num_workers = workers
     solver.parameters.relative_gap_limit = relative_gap
     if n > PROBING_MAX_NODES:
@@ -348,8 +352,11 @@ def _improve_window(
     masks: tuple[list[int], list[int]],
 ) -> list[int] | None:
     """Exactly re-order positions [a, b) of `order`, everything else fixed (a large-neighbourhood
-    step): minimise the memory peak inside the window.  Returns the improved order or None."""
+    step): minimise the memory peak inside the window.  Returns the improved order or None.
+    `seconds` covers importing OR-Tools and building the model too: CP-SAT gets what is left of it."""
+    solve_by = time.monotonic() + seconds
     from ortools.sat.python import cp_model
+
 
     anc, desc = masks
     n = lt.n
@@ -407,7 +414,7 @@ def _improve_window(
     m.AddCumulative(intervals, demands, capacity)
     m.Minimize(capacity)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, seconds)
+    solver.parameters.max_time_in_seconds = max(0.05, solve_by - time.monotonic())
     solver.parameters.num_workers = workers
     if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -424,10 +431,10 @@ def _large_neighbourhood(
     peak, where = _window_peak(graph, lt, order)
     shifts = (0, WINDOW // 3, -WINDOW // 3)
     stuck = 0
-    while time.perf_counter() < deadline - 0.3 and stuck < len(shifts):
+    while time.monotonic() < deadline - 0.3 and stuck < len(shifts):
         a = min(max(0, where - WINDOW // 2 + shifts[stuck]), max(0, lt.n - WINDOW))
         b = min(lt.n, a + WINDOW)
-        left = deadline - time.perf_counter() - 0.2
+        left = deadline - time.monotonic() - 0.2
         candidate = _improve_window(graph, lt, order, a, b, min(left, 2.0), workers, masks)
         if candidate is not None and graph.is_topological(candidate):
             new_peak, new_where = _window_peak(graph, lt, candidate)
@@ -467,7 +474,7 @@ def _head(graph: Graph, last: Sequence[int]) -> Graph:
 
 def reorder(
     graph: Graph, *, time_limit: float = 10.0, workers: int = 4, relative_gap: float = 1e-4,
-    last: Sequence[int] = (),
+    last: Sequence[int] = (), deadline: Deadline | None = None,
 ) -> SolveResult:
     """A peak-minimising topological order, returned as its eager schedule (OLLA Sec. 3.1, exact).
 
@@ -481,20 +488,29 @@ def reorder(
     the status stays "feasible" unless the gap is exactly 0.
     `last`: computes that run after all the others, in this order (`executor_tail`: the optimizer
     updates an executor leaves to the user's optimizer); the rest is reordered.
+    Returns by `time_limit` seconds (or `deadline`, the earlier) plus the final simulation: CP-SAT gets
+    what is left minus a reserve sized on one order evaluation of this graph.
     """
+    end = Deadline.of(time_limit, deadline)
     if last:
-        return _reorder_before(graph, tuple(last), time_limit=time_limit, workers=workers,
-                               relative_gap=relative_gap)
-    started = time.perf_counter()
+        return _reorder_before(graph, tuple(last), deadline=end, workers=workers, relative_gap=relative_gap)
+    started = time.monotonic()
     n = len(graph.computes)
     lt = _lifetimes(graph)
     candidates: dict[str, list[int]] = {"eager": list(range(n))}
+    evaluated = time.monotonic()
+    peaks = {"eager": order_peak(graph, candidates["eager"], lt)}
+    # the eager schedule, the simulator check and (with `last`) the same for the whole graph come after
+    # the search: a few order evaluations' worth, kept from its time
+    reserve = 0.05 + 4 * (time.monotonic() - evaluated)
     for name, key in _HEURISTIC_KEYS.items():
-        candidates[name] = list_schedule(graph, key)
+        if not end.passed():
+            candidates[name] = list_schedule(graph, key)
     earlier = _BEST_ORDER.get(graph)
     if earlier is not None:
         candidates["earlier"] = earlier
-    peaks = {name: order_peak(graph, order, lt) for name, order in candidates.items()}
+    peaks.update({name: order_peak(graph, order, lt) for name, order in candidates.items()
+                  if name not in peaks})
     best_name = min(peaks, key=peaks.__getitem__)  # dict order: eager wins ties
     best = candidates[best_name]
     bound = lower_bound(graph)
@@ -502,14 +518,14 @@ def reorder(
     if peaks[best_name] - bound <= relative_gap * peaks[best_name]:
         pass  # the best candidate is already within the requested gap of the bound
     elif n > EXACT_MAX_NODES:
-        order = _large_neighbourhood(graph, lt, best, started + time_limit, workers)
+        order = _large_neighbourhood(graph, lt, best, end.at - reserve, workers)
         peaks["windows"] = order_peak(graph, order, lt)
         cp_status = "windows"
         if peaks["windows"] < peaks[best_name]:
             best_name, best = "windows", order
-    elif n > 1:
+    elif n > 1 and end.left() > reserve + 0.1:
         # keep a little of the limit for the eager schedule and the simulator check afterwards
-        left = time_limit - (time.perf_counter() - started) - 0.2
+        left = end.left() - reserve - 0.1
         order, cp_bound, cp_status = _cp_sat(
             graph, lt, best, peaks[best_name], bound, left, workers, relative_gap
         )
@@ -528,7 +544,7 @@ def reorder(
     stats = SolverStats(
         solver="olla",
         status="optimal" if peak == bound else "feasible",
-        seconds=time.perf_counter() - started,
+        seconds=time.monotonic() - started,
         objective=float(peak),
         bound=float(bound),
         gap=gap,
@@ -543,11 +559,12 @@ def reorder(
     return SolveResult(schedule, stats)
 
 
-def _reorder_before(graph: Graph, last: tuple[int, ...], *, time_limit: float, workers: int,
+def _reorder_before(graph: Graph, last: tuple[int, ...], *, deadline: Deadline, workers: int,
                     relative_gap: float) -> SolveResult:
     """`reorder` of everything but `last`, then `last` in its order: the tail's peak does not depend on
     the head's order (`_head`), so the best head order is the best order with that tail."""
-    head = reorder(_head(graph, last), time_limit=time_limit, workers=workers, relative_gap=relative_gap)
+    head = reorder(_head(graph, last), time_limit=deadline.left(), deadline=deadline, workers=workers,
+                   relative_gap=relative_gap)
     order = [s.node for s in head.schedule if s.op == "compute"] + list(last)
     schedule = eager_schedule(graph, order)
     peak = simulate(graph, schedule).check().peak_bytes

@@ -26,6 +26,9 @@ from memviz.planning import Plan, PlanningError
 from memviz.sac import EXPRESSIBLE, MATCHABLE, op_name, to_sac
 
 _SPEC = "_memviz_sac"
+#: the keyword arguments transformers' layers (and older ones) take their KV cache by: a checkpointed layer
+#: that writes the cache would write it a second time when the backward recomputes it
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 
 class ApplyWarning(UserWarning):
@@ -75,6 +78,7 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)  # nothing is saved for a backward: nothing to checkpoint
     spec = self.__dict__[_SPEC]
+    kwargs = _without_cache(self, spec, kwargs)
     seen: dict[str, int] = {}
     policy = functools.partial(_policy, spec["save"], seen)
     compiling = torch.compiler.is_compiling()
@@ -88,6 +92,25 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             "the save decisions are matched by op and occurrence, so some may land on other ops (memory may "
             "differ from the plan; results do not)"), stacklevel=2)
     return out
+
+
+def _without_cache(module: nn.Module, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with caching turned off, as transformers' own gradient checkpointing does
+    (``GradientCheckpointingLayer``): ``use_cache=False``, and no cache unless the layer only reads it
+    (``_can_checkpoint_with_cache``).  The training loss does not read the cache."""
+    dropped = {k: False for k in ("use_cache",) if kwargs.get(k)}
+    if not getattr(module, "_can_checkpoint_with_cache", False):
+        dropped |= {k: None for k in CACHE_KWARGS if kwargs.get(k) is not None}
+    if not dropped:
+        return kwargs
+    if not spec.get("warned_cache"):
+        spec["warned_cache"] = True
+        warnings.warn(ApplyWarning(
+            f"{type(module).__name__} is checkpointed, so it runs without caching ({', '.join(dropped)} "
+            "turned off, as transformers' gradient checkpointing does): its recomputation would write the "
+            "cache again.  The step holds less than the plan, which counted the cache; set "
+            "model.config.use_cache = False before profiling for a plan of this run"), stacklevel=3)
+    return {**kwargs, **dropped}
 
 
 def _policy(save: set[tuple[str, int]], seen: dict[str, int], ctx: Any, func: Any, *args: Any,

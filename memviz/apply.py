@@ -184,7 +184,7 @@ def _without_cache(module: nn.Module, spec: dict[str, Any], kwargs: dict[str, An
         dropped |= {k: None for k in CACHE_KWARGS if kwargs.get(k) is not None}
     if not dropped:
         return kwargs
-    if not spec.get("warned_cache"):
+    if not spec.get("warned_cache") and not torch.compiler.is_compiling():
         spec["warned_cache"] = True
         warnings.warn(ApplyWarning(
             f"{type(module).__name__} is checkpointed, so it runs without caching ({', '.join(dropped)} "

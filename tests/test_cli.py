@@ -228,3 +228,14 @@ def test_sac_plan_exports_apply_by_default(factory: Path, tmp_path: Path, capsys
                  str(module_target), "--export-as", "module", "--no-verify"]) == 0
     assert "def forward_steps" in module_target.read_text()
     assert f"exported module: {module_target}" in capsys.readouterr().out
+
+
+def test_apply_export_that_cannot_fit_is_refused(factory: Path, tmp_path: Path, capsys) -> None:
+    """--export-as apply on a rotor plan converts it to checkpointing; at 80% of this GPT's eager peak no
+    checkpointing plan fits (the smallest "sac" budget is about 87%), so nothing is written."""
+    target = tmp_path / "opt.py"
+    argv = ["plan", f"{factory}:small", "--strategy", "rotor", "--budget", "80%", "--export", str(target)]
+    assert main([*argv, "--export-as", "apply"]) == 2
+    err = capsys.readouterr().err
+    assert "as PyTorch checkpointing peaks at" in err and "--strategy sac" in err
+    assert not target.exists() and not target.with_suffix(".plan.json").exists()

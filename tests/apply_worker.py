@@ -54,18 +54,23 @@ def _calls(model: nn.Module) -> Callable[[], int]:
     return lambda: count[0]
 
 
-def train(model: nn.Module, kind: str, idx: torch.Tensor) -> tuple[list[list[torch.Tensor]], int]:
-    """Each step's local gradients and the first block's submodule calls over `STEPS` AdamW steps."""
+def train(model: nn.Module, kind: str, idx: torch.Tensor) -> tuple[list[list[torch.Tensor]], int, int]:
+    """Each step's local gradients, the first block's submodule calls over `STEPS` AdamW steps, and the
+    last step's measured peak (forward and backward, this rank's live storages)."""
+    from memviz.distributed import ShardedStorageTracker, local_tensors
+
     calls = _calls(model)
     wrapped = _wrap(model, kind)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
     grads = []
     for _ in range(STEPS):
-        wrapped(idx).float().sum().backward()
+        tracker = ShardedStorageTracker(local_tensors(wrapped, opt, idx))
+        with tracker:  # the last step is measured (the earlier ones run under it too: the same ops)
+            wrapped(idx).float().sum().backward()
         grads.append([_local(p.grad).detach().clone() for p in wrapped.parameters()])
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return grads, calls()
+    return grads, calls(), tracker.peak_bytes
 
 
 def compare(kind: str, plan: Any) -> dict[str, Any]:
@@ -75,16 +80,16 @@ def compare(kind: str, plan: Any) -> dict[str, Any]:
     # each rank its own batch, so the gradients only agree after the all-reduce / reduce-scatter
     rank = torch.distributed.get_rank()
     idx = torch.randint(0, 64, idx.shape, generator=torch.Generator().manual_seed(rank))
-    reference, ref_calls = train(copy.deepcopy(model), kind, idx)
+    reference, ref_calls, ref_peak = train(copy.deepcopy(model), kind, idx)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ApplyWarning)  # a save decision landing on another op says so
-        applied, applied_calls = train(apply(plan, model), kind, idx)
+        applied, applied_calls, applied_peak = train(apply(plan, model), kind, idx)
     worst = 0.0
     for ref_step, app_step in zip(reference, applied, strict=True):
         for a, b in zip(ref_step, app_step, strict=True):
             worst = max(worst, ((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item())
     return {"max_relative_grad_difference": worst, "reference_calls": ref_calls,
-            "applied_calls": applied_calls,
+            "applied_calls": applied_calls, "reference_peak": ref_peak, "applied_peak": applied_peak,
             "warnings": [str(w.message) for w in caught if issubclass(w.category, ApplyWarning)]}
 
 

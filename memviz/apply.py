@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import os
 import types
 import warnings
@@ -159,10 +160,11 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)  # nothing is saved for a backward: nothing to checkpoint
     spec = self.__dict__[_SPEC]
-    kwargs = _without_cache(self, spec, kwargs)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:  # compiled, the recomputation replays traced ops: no Python writes the cache twice
+        args, kwargs = _without_cache(self, spec, args, kwargs)
     seen: dict[str, int] = {}
     policy = functools.partial(_policy, spec["save"], seen)
-    compiling = torch.compiler.is_compiling()
     context_fn = functools.partial(_contexts, policy, None if compiling else self)
     out = checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     seen = {k: v for k, v in seen.items() if k in MATCHABLE}
@@ -175,23 +177,42 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
-def _without_cache(module: nn.Module, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with caching turned off, as transformers' own gradient checkpointing does
-    (``GradientCheckpointingLayer``): ``use_cache=False``, and no cache unless the layer only reads it
-    (``_can_checkpoint_with_cache``).  The training loss does not read the cache."""
-    dropped = {k: False for k in ("use_cache",) if kwargs.get(k)}
-    if not getattr(module, "_can_checkpoint_with_cache", False):
-        dropped |= {k: None for k in CACHE_KWARGS if kwargs.get(k) is not None}
+def _without_cache(module: nn.Module, spec: dict[str, Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call's arguments with caching turned off, as transformers' own gradient checkpointing does
+    (``GradientCheckpointingLayer``, and GPT-2's model passing its layers no cache): ``use_cache=False``,
+    and no cache unless the layer only reads it (``_can_checkpoint_with_cache``), whether passed by
+    keyword or by position.  The training loss does not read the cache."""
+    try:
+        signature = _signature(type(module))
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs  # a signature inspect cannot read, or a call it would refuse: as it is
+    var_kw = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    places = [bound.arguments, *([bound.arguments[var_kw]] if var_kw in bound.arguments else [])]
+    names = ("use_cache", *(() if getattr(module, "_can_checkpoint_with_cache", False) else CACHE_KWARGS))
+    dropped = [k for where in places for k in names if where.get(k) is not None and where.get(k) is not False]
     if not dropped:
-        return kwargs
-    if not spec.get("warned_cache") and not torch.compiler.is_compiling():
+        return args, kwargs
+    for where in places:
+        for k in names:
+            if k in where:
+                where[k] = False if k == "use_cache" else None
+    if not spec.get("warned_cache"):
         spec["warned_cache"] = True
         warnings.warn(ApplyWarning(
             f"{type(module).__name__} is checkpointed, so it runs without caching ({', '.join(dropped)} "
             "turned off, as transformers' gradient checkpointing does): its recomputation would write the "
             "cache again.  The step holds less than the plan, which counted the cache; set "
-            "model.config.use_cache = False before profiling for a plan of this run"), stacklevel=3)
-    return {**kwargs, **dropped}
+            "model.config.use_cache = False before profiling for a plan of this run"), stacklevel=4)
+    return bound.args, bound.kwargs
+
+
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    """The signature of ``cls.forward`` without ``self`` (wrappers followed to the function they wrap)."""
+    signature = inspect.signature(cls.forward)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
 def _policy(save: set[tuple[str, int]], seen: dict[str, int], ctx: Any, func: Any, *args: Any,

@@ -198,3 +198,19 @@ def test_other_strategies_convert_or_refuse(tmp_path: Any) -> None:
     loaded = memviz.load_plan(tmp_path / "sac.json")
     assert loaded.peak_bytes == sac.peak_bytes
     check_applied(model, args, {}, _sum_loss, loaded, steps=1)
+
+
+def test_memviz_apply_stays_the_function_after_its_module_is_imported() -> None:
+    """``from memviz.apply import ApplyWarning`` first must not make ``memviz.apply`` the module (Python
+    sets a package attribute after each submodule it loads); a fresh interpreter, so the order is real."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from memviz.apply import ApplyWarning\nimport memviz\nimport memviz.apply as m\n"
+            "assert memviz.apply is m and m.__module__ == 'memviz.apply' and callable(m), memviz.apply")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr

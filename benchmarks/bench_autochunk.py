@@ -37,6 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from examples.models import ViTBlock, vit  # noqa: E402
 from memviz import chunking as ch  # noqa: E402
+from memviz.tracker import allocator_peak  # noqa: E402
 from solvers import autochunk as ac  # noqa: E402
 
 
@@ -274,27 +275,6 @@ class LinearCE(nn.Module):
         return F.cross_entropy(self.linear(x).view(-1, self.V), y.view(-1))
 
 
-def allocator_peak(fn) -> int:
-    """Peak bytes the CPU allocator held above its level when `fn()` started, from torch.profiler's
-    memory events: they see the buffers inside inductor's compiled code, which a dispatch-mode
-    tracker cannot (the generated wrapper allocates without dispatching)."""
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as d:
-        trace = Path(d) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
-    if not events:
-        return 0
-    events.sort(key=lambda e: e["ts"])
-    start = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"]
-    return max(e["args"]["Total Allocated"] for e in events) - start
-
-
 def _compiled(model: nn.Module, chunker: bool | None):
     """(callable, count of graphs the auto_chunker rewrote so far): eager for None, else inductor with
     the chunker off/on.  The FX and autograd caches are off so the pass really runs and is counted."""
@@ -342,7 +322,7 @@ def inductor_training(BT: int, C: int, V: int, reps: int) -> dict:
         compile_s = time.perf_counter() - t0
         x.grad = None
         model.zero_grad(set_to_none=True)
-        peak = allocator_peak(lambda fn=fn: fn(x, y).backward())
+        peak, _ = allocator_peak(lambda fn=fn: fn(x, y).backward())
         t = _median_time(step, reps)
         grads = (x.grad.clone(), model.linear.weight.grad.clone())
         ref = ref or grads
@@ -374,7 +354,7 @@ def inductor_inference(model: nn.Module, T: int, budget: float, reps: int) -> di
             memviz = name.startswith("memviz")
             fn, rewritten = (chunked, lambda: 0) if memviz else _compiled(model, chunker)
             fn(x)  # compiles
-            peak = allocator_peak(lambda fn=fn: fn(x))
+            peak, _ = allocator_peak(lambda fn=fn: fn(x))
             t = _median_time(lambda fn=fn: fn(x), reps)
             torch.testing.assert_close(fn(x), ref, rtol=1e-4, atol=1e-4)
             rows.append(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+import types
 from typing import Any
 
 from memviz.planning import Plan, load_plan, plan
@@ -48,3 +50,18 @@ def __getattr__(name: str) -> Any:
         # `memviz.chunking.plan_chunks(...)` works without importing memviz.chunking first
         return importlib.import_module(f"memviz.{name}")
     raise AttributeError(f"module 'memviz' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """`memviz.apply` stays the function when its module is imported first (``from memviz.apply import
+    ApplyWarning``): Python's import system sets the package attribute named after a submodule once it
+    has loaded it, which would shadow the function of the same name.  (`profile` and `export` are also
+    used as modules, ``memviz.export.StalePlanError``, so they are left to Python's rule.)"""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "apply" and isinstance(value, types.ModuleType) and value.__name__ == "memviz.apply":
+            value = value.apply
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

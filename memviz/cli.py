@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import os
@@ -213,7 +214,14 @@ def run_plan(
     plan_out: Path | None,
     overwrite: bool,
     verify: bool = True,
+    export_as: str | None = None,
+    factory: str | None = None,
 ) -> Any:
+    """Profile, plan and write what was asked.  `export_as`: "apply" (the plan JSON and a snippet running
+    `memviz.apply` on the user's model: PyTorch's own checkpointing, which composes with torch.compile,
+    DDP and FSDP2) or "module" (`memviz.export`'s module source); None picks "apply" when the plan runs
+    as checkpointing as it is (`memviz.apply.applies_as_is`), else "module".  `factory` (MODULE.py:NAME)
+    is what the apply snippet's ``load()`` builds."""
     import memviz
 
     with stage(f"capturing and profiling ({mode})"):
@@ -242,7 +250,10 @@ def run_plan(
         # the frontier re-solves at several budgets: its own progress line so a slow one is visible
         with stage("budget frontier (peak vs time overhead)"):
             plan.frontier = budget_frontier(plan.graph, plan.baseline, time_limit=min(30.0, time_limit))
-    if export is not None:
+    applied = export is not None and (export_as or _default_export(plan)) == "apply"
+    if applied:
+        plan = export_applied(plan, export, factory=factory, overwrite=overwrite, verify=verify)
+    elif export is not None:
         # verify: one measured step first; a step over the budget is re-planned, never written.  First,
         # so that the plan file and the report describe the plan the exported module runs
         with stage("exporting and verifying (one measured step)" if verify else "exporting"):
@@ -265,9 +276,55 @@ def run_plan(
                          notice=notice)
         print(f"report: {report}")
     if export is not None:
-        print(f"exported module: {export}")
+        print(f"{'applied plan (memviz.apply)' if applied else 'exported module'}: {export}")
     if notice is not None:
         raise BudgetInfeasible(notice)
+    return plan
+
+
+def _absolute_factory(spec: str) -> str:
+    """MODULE.py:NAME with the file's absolute path, so the apply snippet loads it from anywhere."""
+    path, _, name = spec.rpartition(":")
+    return f"{Path(path).resolve()}:{name}"
+
+
+def _default_export(plan: Any) -> str:
+    from memviz.apply import applies_as_is
+
+    return "apply" if applies_as_is(plan) else "module"
+
+
+def export_applied(plan: Any, path: Path, *, factory: str | None, overwrite: bool, verify: bool) -> Any:
+    """The "apply" export of `plan` (`memviz.apply.write_applied`) once it is known to fit: another
+    strategy's plan is converted to checkpointing first (`memviz.sac.to_sac`), and refused when that no
+    longer fits the budget; with `verify`, one measured step of the applied model (`memviz.verify`).
+    Returns the plan written."""
+    import warnings
+
+    from memviz.apply import write_applied
+    from memviz.sac import EXPRESSIBLE, to_sac
+
+    budget_text = "none" if plan.budget_bytes is None else format_bytes(plan.budget_bytes)
+    if plan.strategy not in EXPRESSIBLE:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its over-budget warning is this refusal
+            converted = to_sac(plan)
+        if plan.budget_bytes is not None and converted.peak_bytes > plan.budget_bytes:
+            raise CliError(f"the {plan.strategy} plan as PyTorch checkpointing peaks at "
+                           f"{format_bytes(converted.peak_bytes)}, over the budget {budget_text}: plan with "
+                           "--strategy sac, or export it with --export-as module")
+        plan = dataclasses.replace(converted, frontier=plan.frontier)
+    with stage("applying and verifying (one measured step)" if verify else "applying"):
+        if verify:
+            from memviz.verify import verified_apply
+
+            module = verified_apply(plan)
+            frontier, plan = plan.frontier, module.plan
+            plan.frontier = plan.frontier or frontier
+        write_applied(plan, path, factory=factory, overwrite=overwrite)
+    if verify:
+        print(f"verified: one step measured {format_bytes(module.verified_peak_bytes)} "
+              f"(plan {format_bytes(plan.peak_bytes)}, budget {budget_text})", file=sys.stderr)
     return plan
 
 
@@ -306,7 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="wall-clock limit for each solver call, a positive number of seconds (default: "
                         "%(default)s)")
     p.add_argument("--report", type=Path, help="write an offline HTML report of the plan (opens from disk)")
-    p.add_argument("--export", type=Path, help="write the optimized module's source (plan JSON beside it)")
+    p.add_argument("--export", type=Path,
+                   help="write the plan as code (which: --export-as), its JSON beside it (PATH.plan.json)")
+    p.add_argument("--export-as", choices=("apply", "module"), default=None,
+                   help="apply: a snippet running memviz.apply on your model (PyTorch's own selective "
+                        "checkpointing: composes with torch.compile, DDP, FSDP2); module: the scheduled "
+                        "module's source (memviz.export: any plan). Default: apply when the plan runs as "
+                        "checkpointing as it is (strategy sac or none, training), else module")
     p.add_argument("--no-verify", action="store_true",
                    help="export without running one measured step first (by default a step over the budget "
                         "is re-planned with the measured excess as margin, or refused)")
@@ -351,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan_out=ns.plan_out,
             overwrite=ns.overwrite,
             verify=not ns.no_verify,
+            export_as=ns.export_as,
+            factory=_absolute_factory(ns.factory),
         )
         return 0
     except BudgetInfeasible:

@@ -38,55 +38,17 @@ def op_name(op: str) -> str:
 def eager_holds(cap: Any) -> EagerHolds:
     """What eager PyTorch holds beyond the joint graph's reads, from the capture: Python locals and
     module arguments (`memviz.profile`), and per forward op what its autograd node saves and when that
-    node's backward runs (found by ``seq_nr``, as `memviz.saved` does)."""
-    import torch
-
-    from memviz.capture import _storage_key as storage_key
-    from memviz.capture import is_backward
+    node's backward runs (`memviz.saved.autograd_nodes`, the walk the eager baseline's holds come from)."""
     from memviz.profile import module_argument_holds, python_local_holds
-    from memviz.saved import _differentiable, _source_grads, saved_storages
+    from memviz.saved import autograd_nodes
 
     local = python_local_holds(cap)
     for d, at in module_argument_holds(cap).items():
         local[d] = max(local.get(d, -1), at)
-    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
-    storage_data: dict[int, int] = {}
-    nodes = cap.nodes
-    for name, d in cap.data_of_fx.items():
-        val = nodes[name].meta.get("val")
-        if isinstance(val, torch.Tensor):
-            storage_data.setdefault(storage_key(val), d)
-    grads = _source_grads(cap)
-    positions: dict[Any, Any] = {}
-    saver_seq: dict[int, int] = {}
-    saved_by: dict[int, list[int]] = {}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    pos = -1
-    for n in cap.gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        pos = pos_of.get(n.name, pos)
-        seq = n.meta.get("seq_nr")
-        if is_backward(n):
-            if seq is not None and not n.meta.get("is_gradient_acc"):
-                last[seq] = pos
-                if n.name in pos_of:
-                    first.setdefault(seq, pos)
-            continue
-        if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
-            continue
-        grads.add(n.name)
-        keys = saved_storages(n, grads, positions)
-        if seq is None or not keys or pos < 0:
-            continue
-        saver_seq[pos] = seq
-        for k in keys:
-            if k in storage_data:
-                saved_by.setdefault(storage_data[k], []).append(pos)
-    release = {c: last[s] for c, s in saver_seq.items() if s in last}
-    unpack = {c: first.get(saver_seq[c], r) for c, r in release.items()}
-    return EagerHolds(local, {d: tuple(sorted(set(cs))) for d, cs in saved_by.items()}, release, unpack)
+    walk = autograd_nodes(cap)
+    release = {c: walk.released[s] for c, s in walk.savers.items() if s in walk.released}
+    unpack = {c: walk.first.get(walk.savers[c], r) for c, r in release.items()}
+    return EagerHolds(local, {d: tuple(sorted(set(cs))) for d, cs in walk.saved_by.items()}, release, unpack)
 
 
 def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...], frozenset[int]]]:

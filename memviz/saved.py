@@ -15,6 +15,7 @@ the backward ops its node produced.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -166,13 +167,27 @@ def _only_unused_outputs(cap: Captured) -> set[str]:
     return unused - _ancestors([n for n, i in user if i in cap.tangent_data])
 
 
-def autograd_saved_holds(cap: Captured) -> dict[int, int]:
-    """data id -> compute id after which eager autograd releases it (the last backward op of the
-    autograd node that saved it), for every forward tensor some forward op saves for backward.
+@dataclasses.dataclass(frozen=True)
+class AutogradNodes:
+    """Eager autograd's nodes over a capture, by ``seq_nr``: what each saves and when its backward runs.
 
-    An autograd node whose backward never runs because the loss does not use the output it leads to
-    (a model's own ``labels=`` loss next to a user loss: `capture.detach_outputs`) keeps what it saved
-    as long as that output lives: the user holds the outputs to the end of the step."""
+    `saved`: seq -> data ids its forward ops saved.  `savers`: forward compute id -> its node's seq,
+    for the computes that save some tensor.  `saved_by`: data id -> those saving forward compute ids.
+    `first`: seq -> first backward compute id of the node (its saved tensors are unpacked just before).
+    `released`: seq -> compute id after which the engine frees what the node saved: its last backward
+    op, or the step's end for a node only outputs the loss does not use lead to (its backward never
+    runs; the user holds the outputs to the end of the step)."""
+
+    saved: dict[int, set[int]]
+    savers: dict[int, int]
+    saved_by: dict[int, list[int]]
+    first: dict[int, int]
+    released: dict[int, int]
+
+
+def autograd_nodes(cap: Captured) -> AutogradNodes:
+    """`AutogradNodes` of `cap`: one walk over the joint graph, each forward op autograd records (its
+    output requires grad: `carries_grad`) run again on fake tensors under ``saved_tensors_hooks``."""
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     storage_data: dict[int, int] = {}
     nodes = cap.nodes  # built per access: once here, not once per value
@@ -181,10 +196,9 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
         if isinstance(val, torch.Tensor):
             storage_data.setdefault(storage_key(val), d)
     grads = _source_grads(cap)
-    saved: dict[int, set[int]] = {}  # seq_nr -> data ids its forward ops saved
+    found = AutogradNodes({}, {}, {}, {}, {})
     positions: Positions = {}  # per graph: repeated layers run their ops on fake tensors once
     carries: dict[Any, bool] = {}
-    released: dict[int, int] = {}  # seq_nr -> last compute id of its backward
     feeds = _only_unused_outputs(cap)
     to_output: set[int] = set()  # seq_nrs of forward ops only outputs the loss does not use need
     pos = -1
@@ -196,19 +210,38 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
         if is_backward(n):
             # gradient accumulation (``is_gradient_acc``) is the engine's, not the node's: it may run later
             if seq is not None and not n.meta.get("is_gradient_acc"):
-                released[seq] = pos
+                found.released[seq] = pos
+                if n.name in pos_of:
+                    found.first.setdefault(seq, pos)
             continue
         if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
             continue
         if not carries_grad(n, grads, carries):
             continue
         grads.add(n.name)
-        if seq is not None:
-            if n.name in feeds:
-                to_output.add(seq)
-            keys = saved_storages(n, grads, positions)
-            saved.setdefault(seq, set()).update(storage_data[k] for k in keys if k in storage_data)
+        if seq is None:
+            continue
+        if n.name in feeds:
+            to_output.add(seq)
+        keys = saved_storages(n, grads, positions)
+        ids = {storage_data[k] for k in keys if k in storage_data}
+        found.saved.setdefault(seq, set()).update(ids)
+        if keys and pos >= 0:  # saving anything makes it a checkpoint's saver, graph data or not
+            found.savers[pos] = seq
+            for d in ids:
+                found.saved_by.setdefault(d, []).append(pos)
     step_end = len(cap.compute_fx) - 1
-    for seq in to_output - released.keys():
-        released[seq] = step_end
-    return {d: released[seq] for seq, ds in saved.items() if seq in released for d in ds}
+    for seq in to_output - found.released.keys():
+        found.released[seq] = step_end
+    return found
+
+
+def autograd_saved_holds(cap: Captured) -> dict[int, int]:
+    """data id -> compute id after which eager autograd releases it (`AutogradNodes.released` of the
+    node that saved it), for every forward tensor some forward op saves for backward.
+
+    An autograd node whose backward never runs because the loss does not use the output it leads to
+    (a model's own ``labels=`` loss next to a user loss: `capture.detach_outputs`) keeps what it saved
+    as long as that output lives: the user holds the outputs to the end of the step."""
+    walk = autograd_nodes(cap)
+    return {d: walk.released[seq] for seq, ds in walk.saved.items() if seq in walk.released for d in ds}

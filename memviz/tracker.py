@@ -170,6 +170,32 @@ def measure_peak(fn: Callable[[], Any], preexisting: Iterable[torch.Tensor] = ()
     return tracker.peak_bytes, result
 
 
+def allocator_peak(fn: Callable[[], Any], preexisting: Iterable[torch.Tensor] = ()) -> tuple[int, Any]:
+    """(peak bytes, result) of `fn()` on CPU from torch.profiler's memory events, which see what the CPU
+    allocator hands out inside compiled code: torch.compile runs eagerly while a dispatch mode such as
+    `StorageTracker` is active, and inductor's generated wrapper allocates without dispatching.  The
+    peak is the allocator's high-water mark above its level when `fn` started, plus the storages of
+    `preexisting` (counted once, as `StorageTracker` counts them)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    start = StorageTracker(preexisting).live_bytes
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    if not events:
+        return start, result
+    events.sort(key=lambda e: e["ts"])
+    level = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"]
+    return start + max(0, max(e["args"]["Total Allocated"] for e in events) - level), result
+
+
 def eager_train_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                      loss_fn: Callable[[Any], torch.Tensor]) -> Callable[[], Any]:
     """A closure running forward, loss and backward of `model` eagerly (what the baseline predicts)."""

@@ -70,45 +70,66 @@ def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = 
     """`memviz.export` of `plan` after one measured step (module docstring); the module's ``plan`` is
     the plan it runs (a re-planned one when the first measured over budget) and its
     ``verified_peak_bytes`` the step's measured peak."""
-    prof = getattr(plan, "profile", None)
-    target = model if model is not None else getattr(prof, "model", None)
+    spec = step_spec(plan, _model_of(plan, model), inputs, loss_fn, optimizer)
+    return verified(plan, lambda p: build(p, model=model, inputs=inputs), spec, "memviz.export(verify=True)")
+
+
+def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
+                   optimizer: Any = None) -> nn.Module:
+    """`memviz.apply` of a "sac" `plan` (a copy of the model, checkpointed) after one measured step, as
+    `verified_export`: a step over the budget is re-planned ("sac" again) or refused."""
+    from memviz.apply import apply
+
+    target = _model_of(plan, model)
+    spec = step_spec(plan, target, inputs, loss_fn, optimizer)
+    return verified(plan, lambda p: apply(p, target), spec, "memviz.apply (verified)", none_as="sac")
+
+
+def _model_of(plan: Any, model: nn.Module | None) -> nn.Module:
+    target = model if model is not None else getattr(getattr(plan, "profile", None), "model", None)
     if target is None:
         raise ValueError("verify=True runs the plan on its model, and this plan carries none (loaded from "
                          "JSON?): pass model= (and inputs=(args, kwargs) unless zeros of the planned shapes "
                          "are valid inputs)")
-    spec = step_spec(plan, target, inputs, loss_fn, optimizer)
+    return target
+
+
+def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller: str, *,
+             none_as: str = "auto") -> nn.Module:
+    """`make(plan)` once one measured step of it is within the budget (module docstring): re-planned
+    with the measured excess as margin at most `MAX_TRIES` times, else `BudgetExceededError`."""
     budget = plan.budget_bytes
     current, margin, history = plan, 0, []
     for attempt in range(MAX_TRIES + 1):
-        module = build(current, model=model, inputs=inputs)
+        module = make(current)
         measured = measure_step(module, spec)
         history.append((current.budget_bytes, current.peak_bytes, measured))
         if budget is None or measured <= budget:
             break
         if attempt == MAX_TRIES:
             raise BudgetExceededError(
-                f"the exported step measured {format_bytes(measured)} over the budget {format_bytes(budget)} "
-                f"after {MAX_TRIES} re-plans ({_history(history)}): memory outside the captured graph "
-                "grows as the plan tightens; raise the budget or try another strategy",
+                f"{caller}: the step measured {format_bytes(measured)} over the budget "
+                f"{format_bytes(budget)} after {MAX_TRIES} re-plans ({_history(history)}): memory outside "
+                "the captured graph grows as the plan tightens; raise the budget or try another strategy",
                 measured=measured, planned=current.peak_bytes, budget=budget)
         margin = max(margin, measured - current.peak_bytes)
-        current = replan(current, budget - margin, spec, measured=measured)
+        current = replan(current, budget - margin, spec, measured=measured, none_as=none_as)
     if history[-1][2] > current.peak_bytes * (1 + TOLERANCE) or len(history) > 1:
-        warnings.warn(VerifyWarning(_report(history, budget)), stacklevel=3)
+        warnings.warn(VerifyWarning(_report(history, budget, caller)), stacklevel=3)
     module.plan = current
     module.verified_peak_bytes = measured
     return module
 
 
-def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int) -> Any:
-    """`plan` solved again under `budget` with its own strategy (the eager order "none" as "auto": it
+def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int, none_as: str = "auto") -> Any:
+    """`plan` solved again under `budget` with its own strategy (the eager order "none" as `none_as`: it
     has no tighter schedule); refusals become `BudgetExceededError` with the numbers."""
     from memviz.planning import PlanningError
     from memviz.planning import plan as make_plan
 
-    strategy = "auto" if plan.strategy == "none" else plan.strategy
+    strategy = none_as if plan.strategy == "none" else plan.strategy
     prof = getattr(plan, "profile", None)
-    what = (f"the exported step measured {format_bytes(measured)}, over the budget "
+    what = (f"the step measured {format_bytes(measured)}, over the budget "
             f"{format_bytes(plan.budget_bytes)} (the plan predicted {format_bytes(plan.peak_bytes)})")
     try:
         if budget <= 0:
@@ -242,14 +263,14 @@ def _history(history: list[tuple[int | None, int, int]]) -> str:
                      f"{format_bytes(m)}" for b, p, m in history)
 
 
-def _report(history: list[tuple[int | None, int, int]], budget: int | None) -> str:
+def _report(history: list[tuple[int | None, int, int]], budget: int | None, caller: str) -> str:
     """The warning text: every try's planned and measured peak."""
     _, planned, measured = history[-1]
-    head = (f"memviz.export(verify=True): the exported step measured {format_bytes(measured)}, "
+    head = (f"{caller}: the step measured {format_bytes(measured)}, "
             f"{(measured - planned) / planned:+.1%} off the plan's predicted {format_bytes(planned)}")
     if len(history) > 1:
         first_planned, first_measured = history[0][1], history[0][2]
-        head = (f"memviz.export(verify=True): the first plan (predicted {format_bytes(first_planned)}) "
+        head = (f"{caller}: the first plan (predicted {format_bytes(first_planned)}) "
                 f"measured {format_bytes(first_measured)}, over the budget {format_bytes(budget)}; "
                 f"re-planned {len(history) - 1} time(s), the measured excess as margin "
                 f"({_history(history)})")

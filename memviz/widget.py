@@ -126,6 +126,9 @@ class Planner(MemvizWidget):
     export_result = traitlets.Unicode("").tag(sync=True)
     #: Export runs one measured step first and never writes a module over the budget (`memviz.verify`)
     verify = traitlets.Bool(True).tag(sync=True)
+    #: what Export writes: "apply" (a `memviz.apply` snippet), "module" (`memviz.export`'s source), or ""
+    #: for `default_export` (apply when the plan runs as checkpointing as it is)
+    export_as = traitlets.Unicode("").tag(sync=True)
 
     #: seconds a refinement waits before it starts: a drag sends every index it crosses, and only the
     #: one the slider stops at is worth a solve (the frontier's plan is on screen meanwhile)
@@ -326,9 +329,12 @@ class Planner(MemvizWidget):
         self.export_result = json.dumps(self.export(self.export_path, overwrite=self.export_overwrite))
 
     def export(self, path: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
-        """Write the optimized module source, the plan JSON and the offline report beside it.
+        """Write the plan as code, the plan JSON and the offline report beside it.
 
-        With `verify` (the default) the module first runs one measured step (`memviz.verify`): a plan
+        What code (`export_as`, or when empty `default_export`): "apply", a snippet whose
+        ``applied(model)`` runs `memviz.apply` with the plan JSON (PyTorch's own checkpointing, composing
+        with torch.compile, DDP and FSDP2), or "module", the scheduled module's source (`memviz.export`).
+        With `verify` (the default) the code first runs one measured step (`memviz.verify`): a plan
         whose step measured over the budget is re-planned, and the files describe the plan that passed
         (the reply's ``verified_peak_bytes`` and ``message`` say what was measured)."""
         target = Path(path)
@@ -336,28 +342,67 @@ class Planner(MemvizWidget):
         refusal = refuse_clobber((target, plan_path, report_path), overwrite)
         if refusal:
             return refusal
-        extra: dict[str, Any] = {}
-        final = self.plan
+        kind = self.export_as or self.default_export()
+        if kind not in ("apply", "module"):
+            return {"ok": False, "message": f"export_as must be 'apply', 'module' or '', not {kind!r}"}
+        extra: dict[str, Any] = {"export_as": kind}
         try:
-            if self.profile is not None:
-                from memviz.export import export
-                from memviz.verify import VerifyWarning
+            from memviz.verify import VerifyWarning
 
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always", VerifyWarning)
-                    module = export(self.plan, path=target, overwrite=overwrite, verify=self.verify)
-                final = getattr(module, "plan", None) or self.plan
-                if self.verify:
-                    extra["verified_peak_bytes"] = module.verified_peak_bytes
-                notes = [str(w.message) for w in caught if issubclass(w.category, VerifyWarning)]
-                if notes:
-                    extra["message"] = " ".join(notes)
-                written = [str(target)]
-            else:
-                written = []
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", VerifyWarning)
+                if kind == "apply":
+                    final, written, measured = self._export_applied(target, overwrite)
+                else:
+                    final, written, measured = self._export_module(target, overwrite)
+            if measured is not None:
+                extra["verified_peak_bytes"] = measured
+            notes = [str(w.message) for w in caught if issubclass(w.category, VerifyWarning)]
+            if notes:
+                extra["message"] = " ".join(notes)
             if not plan_path.exists() or overwrite:
                 final.save(plan_path, overwrite=overwrite)
             write_report(final, report_path, overwrite=overwrite)
         except Exception as exc:  # shown to the user in the view, not swallowed
-            return {"ok": False, "message": f"{type(exc).__name__}: {exc}"}
+            return {"ok": False, "message": f"{type(exc).__name__}: {exc}", **extra}
         return {"ok": True, "paths": [*written, str(plan_path), str(report_path)], **extra}
+
+    def default_export(self) -> str:
+        """"apply" when the shown plan runs as PyTorch checkpointing as it is and its model is at hand,
+        else "module"."""
+        from memviz.apply import applies_as_is
+
+        has_model = getattr(self.profile, "model", None) is not None
+        return "apply" if has_model and applies_as_is(self.plan) else "module"
+
+    def _export_module(self, target: Path, overwrite: bool) -> tuple[Plan, list[str], int | None]:
+        if self.profile is None:
+            return self.plan, [], None  # a loaded plan without its model: the JSON and the report
+        from memviz.export import export
+
+        module = export(self.plan, path=target, overwrite=overwrite, verify=self.verify)
+        final = getattr(module, "plan", None) or self.plan
+        return final, [str(target)], module.verified_peak_bytes if self.verify else None
+
+    def _export_applied(self, target: Path, overwrite: bool) -> tuple[Plan, list[str], int | None]:
+        """The "apply" export: another strategy's plan converted to checkpointing first and refused when
+        that no longer fits the budget; with `verify`, one measured step of the applied model."""
+        from memviz.apply import write_applied
+        from memviz.sac import EXPRESSIBLE, to_sac
+
+        final, measured = self.plan, None
+        if final.strategy not in EXPRESSIBLE:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its over-budget warning is the refusal below
+                final = to_sac(final)
+            if final.budget_bytes is not None and final.peak_bytes > final.budget_bytes:
+                raise ValueError(f"the {self.plan.strategy} plan as PyTorch checkpointing peaks at "
+                                 f"{final.peak_bytes} bytes, over the budget of {final.budget_bytes}: choose "
+                                 "strategy sac, or export it as a module")
+        if self.verify:
+            from memviz.verify import verified_apply
+
+            module = verified_apply(final)
+            final, measured = module.plan, module.verified_peak_bytes
+        write_applied(final, target, overwrite=overwrite)
+        return final, [str(target)], measured

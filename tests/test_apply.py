@@ -118,12 +118,22 @@ def test_sac_plan_runs_as_planned(name: str, fraction: float) -> None:
     check_applied(model, args, {}, _sum_loss, plan)
 
 
-def test_sac_schedule_without_regions_is_the_eager_baseline() -> None:
+@pytest.mark.parametrize("name", ["gpt", "bert_ce"])
+def test_sac_schedule_without_regions_is_the_eager_baseline(name: str) -> None:
+    """bert_ce: a user loss beside the model's own ``labels=`` loss, whose autograd nodes never run their
+    backward and hold what they saved to the step's end (`memviz.saved.autograd_saved_holds`)."""
     from memviz.sac import eager_holds
     from solvers import simulate
     from solvers.sac import sac_schedule
 
-    _, _, prof = _example("gpt")
+    if name == "gpt":
+        _, _, prof = _example("gpt")
+    else:
+        from tests.real_models import REAL
+
+        case = REAL["bert"]()
+        prof = profile(case.model, case.args, case.kwargs, loss_fn=case.losses["ce"], repeats=1, warmup=0,
+                       measure=False)
     timeline = simulate(prof.graph, sac_schedule(prof.graph, [], eager_holds(prof.captured))).check()
     assert timeline.peak_bytes == prof.baseline.peak_bytes
     assert timeline.total_time == pytest.approx(prof.baseline.total_time)
@@ -188,3 +198,19 @@ def test_other_strategies_convert_or_refuse(tmp_path: Any) -> None:
     loaded = memviz.load_plan(tmp_path / "sac.json")
     assert loaded.peak_bytes == sac.peak_bytes
     check_applied(model, args, {}, _sum_loss, loaded, steps=1)
+
+
+def test_memviz_apply_stays_the_function_after_its_module_is_imported() -> None:
+    """``from memviz.apply import ApplyWarning`` first must not make ``memviz.apply`` the module (Python
+    sets a package attribute after each submodule it loads); a fresh interpreter, so the order is real."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from memviz.apply import ApplyWarning\nimport memviz\nimport memviz.apply as m\n"
+            "assert memviz.apply is m and m.__module__ == 'memviz.apply' and callable(m), memviz.apply")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr

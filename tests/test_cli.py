@@ -31,6 +31,10 @@ def make():
     return _models.gpt(batch=4, seq=64, layers=2)
 
 
+def small():
+    return _models.gpt(batch=2, seq=16, layers=2)
+
+
 def not_a_pair():
     return 42
 '''
@@ -340,3 +344,56 @@ def test_mistake_in_a_real_process_has_no_traceback(tiny: Path, tmp_path: Path) 
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("memviz: error: --budget: budget '0.5' is 0.5 bytes"), proc.stderr
     assert not (tmp_path / "factory-called").exists()
+
+
+def _load_snippet(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("applied_snippet", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sac_plan_exports_apply_by_default(factory: Path, tmp_path: Path, capsys) -> None:
+    """A plan checkpointing runs as it is exports as `memviz.apply` (the plan JSON and a snippet loading
+    it), verified by one measured step; --export-as module still writes the scheduled module."""
+    import torch
+
+    target = tmp_path / "out" / "opt.py"
+    argv = ["plan", f"{factory}:small", "--strategy", "sac", "--budget", "90%", "--export", str(target)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert f"applied plan (memviz.apply): {target}" in out
+    assert re.search(r"\[memviz\] applying and verifying \(one measured step\) .*done", err), err
+    assert "verified: one step measured" in err
+    doc = json.loads(target.with_suffix(".plan.json").read_text())
+    assert doc["strategy"] == "sac" and doc["planned"]["timeline"]["recomputes"] > 0
+    assert doc["planned"]["timeline"]["peak_bytes"] <= doc["budget_bytes"]
+    snippet = _load_snippet(target)
+    model, args, kwargs = snippet.load()  # the factory's model, checkpointed as the plan says
+    assert kwargs == {} and any("_memviz_sac" in m.__dict__ for m in model.modules())
+    reference, ref_args = _load_snippet(factory).small()
+    assert list(model.state_dict()) == list(reference.state_dict())
+    for m, a in ((model, args), (reference, ref_args)):
+        torch.manual_seed(0)
+        m(*a).sum().backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-6, atol=0, msg=name)
+    # the same plan as the scheduled module, on request
+    module_target = tmp_path / "module.py"
+    assert main(["plan", f"{factory}:small", "--strategy", "sac", "--budget", "90%", "--export",
+                 str(module_target), "--export-as", "module", "--no-verify"]) == 0
+    assert "def forward_steps" in module_target.read_text()
+    assert f"exported module: {module_target}" in capsys.readouterr().out
+
+
+def test_apply_export_that_cannot_fit_is_refused(factory: Path, tmp_path: Path, capsys) -> None:
+    """--export-as apply on a rotor plan converts it to checkpointing; at 80% of this GPT's eager peak no
+    checkpointing plan fits (the smallest "sac" budget is about 87%), so nothing is written."""
+    target = tmp_path / "opt.py"
+    argv = ["plan", f"{factory}:small", "--strategy", "rotor", "--budget", "80%", "--export", str(target)]
+    assert main([*argv, "--export-as", "apply"]) == 2
+    err = capsys.readouterr().err
+    assert "as PyTorch checkpointing peaks at" in err and "--strategy sac" in err
+    assert not target.exists() and not target.with_suffix(".plan.json").exists()

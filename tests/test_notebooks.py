@@ -26,6 +26,7 @@ NOTEBOOKS = {
     "packing.ipynb": "PACKING OK",
     "long_sequence_chunking.ipynb": "CHUNKING OK",
     "neuron_whatif.ipynb": "NEURON OK",
+    "hf_apply_compile.ipynb": "HF APPLY OK",
 }
 #: notebook -> rich outputs it must display: the plan MIME bundle and/or a widget view
 DISPLAYS = {
@@ -34,6 +35,7 @@ DISPLAYS = {
     "packing.ipynb": {MIME_TYPE},
     "long_sequence_chunking.ipynb": {"application/vnd.jupyter.widget-view+json"},
     "neuron_whatif.ipynb": {"application/vnd.jupyter.widget-view+json"},
+    "hf_apply_compile.ipynb": {MIME_TYPE},
 }
 TIMEOUT_S = 180  # per cell; each notebook takes <= 60 s unloaded
 

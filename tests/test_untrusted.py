@@ -433,3 +433,19 @@ def test_fuzzed_plan_files_load_or_fail_cleanly(tiny_doc, tmp_path_factory):
         report.timeline_csv(new)
 
     check()
+
+
+@pytest.mark.parametrize("breakout", [*sorted(BREAKOUTS), "every"])
+def test_apply_snippet_holds_names_as_literals(tmp_path, breakout):
+    """The "apply" export's snippet: the plan file's name and the factory (a path and a function name, from
+    the command line) reach it only as string literals; running it runs none of them."""
+    from memviz.apply import applied_source
+
+    hostile = EVERY_BREAKOUT if breakout == "every" else BREAKOUTS[breakout].format(p=PAYLOAD)
+    plan_name, factory = f"{hostile}.plan.json", f"/models/{hostile}.py:{hostile}"
+    source = applied_source(plan_name, factory)
+    assert source.isascii()  # no line separator of any kind can hide in it
+    namespace = {"__file__": str(tmp_path / "opt.py"), "__name__": "snippet"}
+    exec(compile(source, "opt.py", "exec"), namespace)  # defines PLAN, FACTORY, applied, load
+    assert namespace["PLAN"].name == plan_name and namespace["PLAN"].parent == tmp_path
+    assert namespace["FACTORY"] == factory

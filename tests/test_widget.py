@@ -293,3 +293,36 @@ def test_close_stops_the_worker(solves):
     w.close()
     w.budget_index = 3  # nothing listens any more: no solve, no error
     assert solves.budgets == []
+
+
+def test_sac_plan_exports_as_apply_by_default(tmp_path):
+    """A plan checkpointing runs as it is exports as `memviz.apply` (snippet, plan JSON, report), verified
+    by one measured step within the budget; export_as="module" writes the scheduled module instead."""
+    import importlib.util
+
+    import torch
+
+    from tests.test_apply import _example
+
+    model, args, prof = _example("gpt")
+    w = Planner(prof, budget=0.9, strategy="sac", time_limit=10)
+    assert w.plan.strategy == "sac" and w.default_export() == "apply"
+    target = tmp_path / "opt.py"
+    result = w.export(target)
+    assert result["ok"] and result["export_as"] == "apply", result
+    assert result["paths"] == [str(target), str(tmp_path / "opt.plan.json"), str(tmp_path / "opt.html")]
+    assert result["verified_peak_bytes"] <= w.plan.budget_bytes
+    spec = importlib.util.spec_from_file_location("opt", target)
+    snippet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(snippet)
+    applied = snippet.applied(model)
+    assert applied is not model and any("_memviz_sac" in m.__dict__ for m in applied.modules())
+    torch.manual_seed(0)
+    assert applied(*args).shape == model(*args).shape
+    w.export_as = "module"
+    result = w.export(tmp_path / "module.py")
+    assert result["ok"] and result["export_as"] == "module", result
+    assert "def forward_steps" in (tmp_path / "module.py").read_text()
+    w.export_as = "other"
+    assert not w.export(tmp_path / "x.py")["ok"]
+    w.close()

@@ -179,28 +179,35 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_gloo_ranks_match_the_per_rank_prediction(tmp_path) -> None:
-    """Two gloo processes wrap TinyGPT themselves (FSDP2, then Megatron TP) and measure one AdamW step per
-    rank; memviz's fake-group prediction for that rank is within 5%, and so is memviz's profile of the
-    model the rank wrapped (the real gloo group)."""
+    """Two gloo processes wrap TinyGPT (FSDP2, then Megatron TP) and a small Hugging Face Llama (FSDP2)
+    themselves and measure one AdamW step per rank; memviz's fake-group prediction for that rank is
+    within 5%, and so is memviz's profile of the model the rank wrapped (the real gloo group)."""
+    from distributed_worker import MODELS, loss_of
+
+    cases = [("gpt", "fsdp"), ("gpt", "tp"), ("llama", "fsdp")]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    workers = subprocess.Popen([sys.executable, str(ROOT / "tests" / "distributed_worker.py"), "fsdp,tp", "2",
+    spec = ",".join(f"{m}:{k}" for m, k in cases)
+    workers = subprocess.Popen([sys.executable, str(ROOT / "tests" / "distributed_worker.py"), spec, "2",
                                 str(_free_port()), str(tmp_path)], env=env)
-    model, args = tiny_gpt()
     predicted = {}  # made while the workers start
     for rank in range(2):
-        for kind, parallel in (("fsdp", Parallel(world_size=2, rank=rank)),
-                               ("tp", Parallel(world_size=2, fsdp=False, tp=2, rank=rank))):
-            predicted[kind, rank] = memviz.profile(model, args, optimizer=torch.optim.AdamW,
-                                                   parallel=parallel).baseline.peak_bytes
+        for name, kind in cases:
+            model, args = MODELS[name]()
+            parallel = Parallel(world_size=2, rank=rank) if kind == "fsdp" else \
+                Parallel(world_size=2, fsdp=False, tp=2, rank=rank)
+            prof = memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_of,
+                                  parallel=parallel)
+            predicted[name, kind, rank] = prof.baseline.peak_bytes
     assert workers.wait(timeout=120) == 0
     for rank in range(2):
         measured = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for kind in ("fsdp", "tp"):
-            real = measured[kind]["measured"]
-            print(f"{kind} rank {rank}: predicted {predicted[kind, rank]} measured {real} "
-                  f"wrapped {measured[kind]['wrapped_predicted']}")
-            assert abs(predicted[kind, rank] - real) <= 0.05 * real, (kind, rank, predicted, real)
-            assert abs(measured[kind]["wrapped_predicted"] - real) <= 0.05 * real, (kind, rank)
+        for name, kind in cases:
+            got = measured[f"{name}:{kind}"]
+            real, ours = got["measured"], predicted[name, kind, rank]
+            print(f"{name} {kind} rank {rank}: predicted {ours} measured {real} "
+                  f"wrapped {got['wrapped_predicted']}")
+            assert abs(ours - real) <= 0.05 * real, (name, kind, rank, ours, real)
+            assert abs(got["wrapped_predicted"] - real) <= 0.05 * real, (name, kind, rank)
 
 
 def test_a_model_the_user_wrapped_is_profiled_as_is_and_left_unchanged() -> None:

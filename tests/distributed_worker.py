@@ -66,16 +66,17 @@ def tiny_gpt(batch: int = 2, seq: int = 16, **kw: Any) -> tuple[nn.Module, tuple
     return model, (torch.randint(0, 64, (batch, seq)),)
 
 
-def tiny_llama(batch: int = 2, seq: int = 16) -> tuple[nn.Module, tuple[torch.Tensor]]:
+def tiny_llama(batch: int = 2, seq: int = 16, **config: Any) -> tuple[nn.Module, tuple[torch.Tensor]]:
     """transformers' LlamaForCausalLM from a small random-init config (grouped-query attention, SwiGLU,
-    RMSNorm); no KV cache, so its output is the logits alone."""
+    RMSNorm; `config` overrides its fields); no KV cache, so its output is the logits alone."""
     import real_models  # noqa: F401  (torchvision's schema shim, before transformers imports it)
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   use_cache=False)
+    fields = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+              "use_cache": False}
+    cfg = transformers.LlamaConfig(**{**fields, **config})
     return transformers.LlamaForCausalLM(cfg), (torch.randint(0, 64, (batch, seq)),)
 
 

@@ -298,8 +298,8 @@ def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str
     wide = [t for t in tensors if t["shape"] and t["shape"][-1] == ffn_local]
     if len(wide) != 2 and ffn_local not in (cfg.hidden, cfg.hidden // tp):  # else widths are ambiguous
         notes.append(f"{len(wide)} saved tensors of the MLP's width {ffn_local}, where the formula counts 2 "
-                     "(GELU input, second linear's input): a gated MLP (SwiGLU) saves gate, up, activation "
-                     "and product")
+                     "(GELU input, second linear's input): a gated MLP (SwiGLU: gate, up, activation, "
+                     "product) or an activation made of elementwise ops (GPT-2's gelu_new) saves more")
     stats = [t for t in tensors if t["shape"] and t["shape"][-1] == 1]
     if stats:
         notes.append(f"{len(stats)} per-token normalisation statistics ({sum(t['bytes'] for t in stats)} B: "

@@ -150,9 +150,12 @@ def _is_dtensor_call(types: Iterable[type]) -> bool:
     return dtensor is not None and any(issubclass(t, dtensor) for t in types)
 
 
-def _not_memory(t: torch.Tensor) -> bool:
-    """Meta and fake tensors (DTensor propagates shardings on them) hold no memory of this rank."""
-    return t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
+def _not_memory(t: torch.Tensor, fake_mode: Any = None) -> bool:
+    """Meta and fake tensors (DTensor propagates shardings on them) hold no memory of this rank, except
+    the fake tensors of `fake_mode`, the mode an estimated step runs in (they stand for real ones)."""
+    if t.device.type == "meta":
+        return True
+    return isinstance(t, torch._subclasses.FakeTensor) and (fake_mode is None or t.fake_mode is not fake_mode)
 
 
 class ShardedStorageTracker(StorageTracker):
@@ -189,8 +192,9 @@ class ShardedStorageTracker(StorageTracker):
 
 
 # --- recording one step -------------------------------------------------------------------------------------
-#: Operators that only make views or record profiler ranges: no storage, no work worth a node.
-_SKIP_NAMESPACES = frozenset({"profiler"})
+#: Operators that only record profiler ranges or read metadata (``prim::device``, which fake tensors
+#: dispatch): no storage, no work worth a node.
+_SKIP_NAMESPACES = frozenset({"profiler", "prim"})
 #: Collectives run on process-group work objects (FSDP2) and FSDP2's own copy-in/out kernels: their
 #: buffers are communication buffers.  DTensor's functional collectives (_c10d_functional) produce
 #: activations and gradients and keep the kind their phase gives.
@@ -227,8 +231,11 @@ class _Recorder(TorchDispatchMode):
     """Every operator of a step with the storages it reads and creates, and every storage's release,
     in order (`steps`: ("compute", i) and ("free", data) events)."""
 
-    def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]]) -> None:
+    def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]], fake_mode: Any = None,
+                 target: Any = None) -> None:
         super().__init__()
+        self.fake_mode = fake_mode  # an estimated step: its fake tensors are memory, its times estimated
+        self.target = target  # memviz.devices.Target giving each operator's roofline time
         self.datas: list[_Data] = []
         self.computes: list[_Compute] = []
         self.steps: list[tuple[str, int]] = []
@@ -300,19 +307,25 @@ class _Recorder(TorchDispatchMode):
             return NotImplemented  # DTensor runs as local operators, which come back through this mode
         kwargs = kwargs or {}
         ins = [leaf for leaf in pytree.tree_leaves((args, kwargs))
-               if isinstance(leaf, torch.Tensor) and not _not_memory(leaf)]
+               if isinstance(leaf, torch.Tensor) and not _not_memory(leaf, self.fake_mode)]
         before = {t.untyped_storage()._cdata for t in ins}
         t0 = time.perf_counter()
-        out = func(*args, **kwargs)
+        if func is torch.ops._c10d_functional.wait_tensor.default and self.fake_mode is not None:
+            # eager's wait returns its argument; the fake kernel makes a new tensor (as FSDPMemTracker notes)
+            out = args[0]
+        else:
+            out = func(*args, **kwargs)
         seconds = time.perf_counter() - t0
         namespace = func.namespace
         if namespace in _SKIP_NAMESPACES:
             return out
+        if self.target is not None:
+            seconds = _estimated_seconds(self.target, func, args, kwargs, out, ins)
         inputs = [self.alive[k] for k in dict.fromkeys(before) if k in self.alive]
         outputs: list[int] = []
         comm = namespace in _COMM_NAMESPACES
         for leaf in pytree.tree_leaves(out):
-            if not isinstance(leaf, torch.Tensor) or _not_memory(leaf):
+            if not isinstance(leaf, torch.Tensor) or _not_memory(leaf, self.fake_mode):
                 continue
             storage = leaf.untyped_storage()
             if storage._cdata in self.alive or storage.nbytes() == 0:
@@ -331,6 +344,21 @@ class _Recorder(TorchDispatchMode):
         self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
                           f"{func.overloadpacket.__name__}", str(func), inputs, outputs, seconds)
         return out
+
+
+def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
+                       ins: list[torch.Tensor]) -> float:
+    """Roofline time of one operator on `target`: FLOPs from torch's flop formulas (0 where it has none:
+    elementwise work is bandwidth-bound), bytes moved = inputs read + outputs written.  Collectives move
+    no data on the fake group: their time is the local copy's, not the network's."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func.overloadpacket)
+    flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    moved = sum(t.numel() * t.element_size() for t in (*ins, *outs))
+    dtype = next((t.dtype for t in (*ins, *outs) if t.is_floating_point()), torch.float32)
+    return target.op_time(flops, moved, dtype)
 
 
 def _classify(rec: _Recorder, grads: set[int], ends: set[int]) -> None:
@@ -560,9 +588,11 @@ def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, li
 
 
 def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
-                loss_fn: Callable[[Any], torch.Tensor], optimizer: Any) -> tuple[Graph, Schedule, int]:
+                loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, fake_mode: Any = None,
+                target: Any = None) -> tuple[Graph, Schedule, int | None]:
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
-    ran, measured live-storage peak of a second, unrecorded run of the same step).
+    ran, measured live-storage peak of a second, unrecorded run of the same step; None for an estimated
+    step, whose tensors are `fake_mode`'s and whose operator times come from `target`'s roofline).
 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
@@ -573,7 +603,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         step()
         _zero(model, opt)
         gc.collect()
-        rec = _Recorder(_sources(model, args, kwargs, opt))
+        rec = _Recorder(_sources(model, args, kwargs, opt), fake_mode, target)
         step = train_step(model, args, kwargs, mode, loss_fn, opt, phase=lambda p: setattr(rec, "phase", p))
         with rec.modules, _resize_hook(rec._resized), rec:
             result = step()
@@ -582,6 +612,8 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         graph, schedule = recorded_graph(rec, type(model).__name__, grads)
         del result
         _zero(model, opt)
+        if fake_mode is not None:
+            return graph, schedule, None
         gc.collect()
         tracker = ShardedStorageTracker(local_tensors(model, opt, (args, kwargs)))
         with tracker:
@@ -589,6 +621,24 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         del result
         _zero(model, opt)
     return graph, schedule, tracker.peak_bytes
+
+
+def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
+                      loss_fn: Callable[[Any], torch.Tensor], optimizer: Any,
+                      target: Any) -> tuple[Graph, Schedule, None]:
+    """`record_step` without memory: the sharded model's parameters and buffers become fake tensors
+    (``to_empty`` under a FakeTensorMode, FSDP2's meta-device initialisation path), the inputs fake tensors
+    of the same shapes, and the step runs on them: exact local shapes and allocation order, no weights
+    allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # non-fake inputs allowed: a model given with real weights has them replaced by empty fake tensors here
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        work.to_empty(device="cpu")
+        fake_args, fake_kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype), (args, kwargs))
+        return record_step(work, fake_args, fake_kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                           fake_mode=fake, target=target)
 
 
 @contextlib.contextmanager
@@ -627,10 +677,15 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     already wrapped (fully_shard / parallelize_module) on an initialised process group, profiled as is."""
     from memviz.capture import default_loss, fingerprint
     from memviz.devices import resolve_device
-    if device not in (None, "cpu") and str(device) != "cpu":
-        raise ParallelError(f"parallel profiles are recorded on CPU (fake process group), not on {device!r}")
-    info = resolve_device("cpu", model, args)
+    estimated = isinstance(device, str) and device.startswith("fake:")
+    if device not in (None, "cpu") and str(device) != "cpu" and not estimated:
+        raise ParallelError(f"parallel profiles are recorded on CPU (fake process group) or estimated for a "
+                            f"target (device='fake:h100' ...), not on {device!r}")
+    info = resolve_device(device if estimated else "cpu", model, args)
     if parallel is None:
+        if estimated:
+            raise ParallelError("an estimated parallel profile shards the model itself: pass the unwrapped "
+                                "model (on the meta device for large shapes) with parallel=Parallel(...)")
         if not dist.is_initialized():
             raise ParallelError("the model holds DTensor parameters but no process group is initialised")
         meta = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "wrapped_by_user": True}
@@ -644,8 +699,14 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         with fake_process_group(parallel.world_size, parallel.rank):
             work = shard_model(model, parallel)
             try:
-                graph, schedule, measured = record_step(work, args, kwargs, mode=mode,
-                                                        loss_fn=loss_fn or default_loss, optimizer=optimizer)
+                if estimated:
+                    graph, schedule, measured = _record_estimated(work, args, kwargs, mode=mode,
+                                                                  loss_fn=loss_fn or default_loss,
+                                                                  optimizer=optimizer, target=info.target)
+                else:
+                    loss = loss_fn or default_loss
+                    graph, schedule, measured = record_step(work, args, kwargs, mode=mode, loss_fn=loss,
+                                                            optimizer=optimizer)
             except RuntimeError as err:
                 if parallel.tp == 1:
                     raise
@@ -655,11 +716,12 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
                     "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
                     "full d)") from err
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
-                  meta={"mode": mode, "estimated": False, "device": info.name, "recorded": True,
+                  meta={"mode": mode, "estimated": estimated, "device": info.name, "recorded": True,
                         "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(
                             optimizer, type) else optimizer.__name__} if optimizer is not None else {})})
     baseline = simulate(graph, schedule).check()
-    _check_measured(baseline.peak_bytes, measured, False)
+    if measured is not None:
+        _check_measured(baseline.peak_bytes, measured, False)
     prof = ParallelProfile(graph=graph, baseline=baseline, baseline_schedule=schedule,
                            measured_peak_bytes=measured, device=info, mode=mode,
                            model_name=type(model).__name__,

@@ -146,7 +146,7 @@ def test_tensor_parallel_refuses_unknown_linear_names() -> None:
     with pytest.raises(ParallelError, match="local shapes"):
         memviz.profile(gpt, gpt_args, parallel=Parallel(world_size=2, fsdp=False, tp=2))
     with pytest.raises(ParallelError, match="recorded on CPU"):
-        memviz.profile(model, args, device="fake:h100", parallel=Parallel(world_size=2))
+        memviz.profile(model, args, device="cuda:0", parallel=Parallel(world_size=2))
 
 
 def test_per_rank_plan_is_checked_and_not_exported(fsdp4, tmp_path) -> None:
@@ -228,3 +228,30 @@ def test_a_model_the_user_wrapped_is_profiled_as_is_and_left_unchanged() -> None
         reference = memviz.profile(tiny_gpt()[0], args, optimizer=torch.optim.AdamW,
                                    parallel=Parallel(world_size=2))
         assert prof.baseline.peak_bytes == reference.baseline.peak_bytes
+
+
+def test_estimated_parallel_profile_runs_on_fake_tensors() -> None:
+    """device='fake:h100': the sharded copy's weights become fake tensors and the step runs on them, so a
+    meta-device model works and nothing is allocated; TinyGPT's per-rank peak equals the recorded real
+    step's (FSDP2 and FSDP2 + TP), times come from the H100 roofline."""
+    model, args = tiny_gpt()
+    for parallel in (Parallel(world_size=2), Parallel(world_size=4, tp=2, sp=True)):
+        real = memviz.profile(model, args, optimizer=torch.optim.AdamW, parallel=parallel)
+        with torch.device("meta"):
+            meta_model = tiny_gpt()[0]
+        est = memviz.profile(meta_model, args, optimizer=torch.optim.AdamW, parallel=parallel,
+                             device="fake:h100")
+        assert est.device.estimated and est.device.name == "fake:h100" and est.measured_peak_bytes is None
+        assert est.graph.meta["estimated"] is True
+        assert est.baseline.peak_bytes == real.baseline.peak_bytes
+        for kind in (DataKind.PARAMETER, DataKind.OPTIMIZER_STATE, DataKind.COMMUNICATION):
+            assert _bytes(est.graph, kind) == _bytes(real.graph, kind)
+        matmuls = [c for c in est.graph.computes if c.name in ("addmm", "mm")]
+        assert matmuls and all(c.time > 0 for c in matmuls)
+    with pytest.raises(ParallelError, match="unwrapped"):
+        from distributed_worker import user_wrap
+
+        from memviz.distributed import fake_process_group
+
+        with fake_process_group(2, 0):
+            memviz.profile(user_wrap(tiny_gpt()[0], "fsdp", 2), args, device="fake:h100")

@@ -243,6 +243,8 @@ class _Recorder(TorchDispatchMode):
         self.phase = Phase.FORWARD
         self.modules = ModuleTracker()
         self.keep: list[Any] = []  # finalizer handles
+        self.tokens: dict[int, int] = {}  # data id -> token of its last in-place write
+        self.token_ids: list[int] = []
         for kind, tensors in sources.items():
             for name, t in tensors:
                 self._source(name, t, DataKind(kind))
@@ -289,13 +291,15 @@ class _Recorder(TorchDispatchMode):
                                       max(parents, key=len) if parents else ""))
         self.steps.append(("compute", c))
 
-    def _written(self, func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
-        """Data nodes a collective or FSDP2 copy writes into (its ``out=`` / ``output_tensor`` buffers,
-        allocated by FSDP2 with ``torch.empty``); the gradients it only reads keep their kind."""
+    def _written(self, func: Any, args: Any, kwargs: dict[str, Any], comm: bool) -> list[int]:
+        """Data nodes an operator writes into in place: its mutable arguments and, for a collective or
+        FSDP2 copy (`comm`), its ``out=`` / ``output_tensor`` buffers (allocated by FSDP2 with
+        ``torch.empty``); the gradients it only reads keep their kind."""
         found = []
         for i, arg in enumerate(func._schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(arg.name)
-            written = (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in _COMM_OUTPUTS
+            written = ((arg.alias_info is not None and arg.alias_info.is_write)
+                       or (comm and arg.name in _COMM_OUTPUTS))
             if written:
                 for t in pytree.tree_leaves(value):
                     if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in self.alive:
@@ -333,14 +337,30 @@ class _Recorder(TorchDispatchMode):
             outputs.append(self._new(storage, _Data(
                 f"{func.__name__}.{len(self.datas)}", int(storage.nbytes()), None, shape=tuple(leaf.shape),
                 dtype=str(leaf.dtype).replace("torch.", ""), phase=self.phase, comm=comm)))
+        written = self._written(func, args, kwargs, comm)
         if comm:
-            for d in self._written(func, args, kwargs):
+            for d in written:
                 if self.datas[d].kind is None:
                     self.datas[d].comm = True
         if not outputs and not inputs:
             return out  # DTensor's sharding propagation on fake tensors: no memory of this rank
-        if not outputs and func.is_view:
-            return out  # a view is its base: consumers read the base's data node
+        if not outputs and not written:
+            return out  # a view (``_unsafe_view`` too) or a read of metadata: consumers read the base's node
+        # a reader of data written in place depends on the write (its token); the write on earlier readers'
+        # data is ordered by their own tokens
+        inputs += [t for t in dict.fromkeys(self.tokens[d] for d in inputs if d in self.tokens)
+                   if t not in inputs]
+        if written and self.phase is not Phase.OPTIMIZER:
+            # an in-place write (FSDP2's copy-out into the unsharded parameters, an all-reduce) creates no
+            # storage: a 0-byte token, a required output, carries the dependency to later readers, so the
+            # writer is an ancestor of what reads its result (the optimizer's updates stay output-less,
+            # required computes)
+            token = len(self.datas)
+            self.datas.append(_Data(f"written by {func.__name__}", 0, DataKind.ACTIVATION, phase=self.phase))
+            self.token_ids.append(token)
+            outputs.append(token)
+            for d in written:
+                self.tokens[d] = token
         self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
                           f"{func.overloadpacket.__name__}", str(func), inputs, outputs, seconds)
         return out
@@ -393,7 +413,8 @@ def recorded_graph(rec: _Recorder, name: str, grads: set[int]) -> tuple[Graph, S
     for c in rec.computes:
         b.compute(c.name, c.inputs, c.outputs, op=c.op, phase=c.phase, time=c.time, module=c.module)
     created = {d for c in rec.computes for d in c.outputs}
-    b.outputs = sorted(d for d in ends if d in created or rec.datas[d].kind is DataKind.PARAMETER_GRADIENT)
+    kept = (d for d in ends if d in created or rec.datas[d].kind is DataKind.PARAMETER_GRADIENT)
+    b.outputs = sorted({*kept, *rec.token_ids})
     schedule = [Step(kind, i) for kind, i in rec.steps]
     # a source released during the step (an input the caller dropped) stays a legal free; any other
     # source is alive to the end, as the simulator assumes

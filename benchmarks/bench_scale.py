@@ -4,19 +4,21 @@ a Llama-3-70B-shaped model on 64 ranks (FSDP2 x TP=8), profiled and planned with
 Run: ``python benchmarks/bench_scale.py [--quick] [--out FILE]``; prints a markdown section and writes
 ``benchmarks/results/scale.json``.
 
-Each (setting, micro-batch) runs in its own process (``--child``): transformers' LlamaForCausalLM built on
+Each setting runs in a process of its own (``--child NAME --search``), micro-batch 1 first and timed:
+transformers' LlamaForCausalLM built on
 the meta device from the model's published shape (bf16 weights, AdamW with bf16 state: no fp32 master
 copy), ``memviz.profile(model, (ids,), parallel=Parallel(...), device="fake:h100")`` (the sharded copy runs
 one step on fake tensors: exact local shapes, no weight allocated), then Rotor's smallest feasible budget
 and ``memviz.plan(prof, budget, strategy="rotor")`` at the larger of that minimum and 75% of the eager
-peak (checked by ``solvers.simulate`` like every plan).  The child reports its wall times and its own
-peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``).
+peak (checked by ``solvers.simulate`` like every plan).  The child reports those wall times and its own
+peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) at that point, before the search below.
 
-Max micro-batch on an 80 GiB device: every setting is profiled at micro-batch 1 and 2; the per-rank
-eager peak and Rotor's minimum are linear in the micro-batch over that range (activations scale with it,
-parameters, gradients, optimizer state and gathered parameters do not), so the largest micro-batch whose
-extrapolated eager peak (without a plan) or Rotor minimum (with the plan) fits 80 GiB is reported as an
-extrapolation from those two profiles.  ``--quick`` keeps 2 layers (the smoke size).
+Max micro-batch on an 80 GiB device, searched on real (estimated) profiles in the same child: micro-batch
+1 and 2 give a linear guess; the eager peak (without a plan) and Rotor's smallest feasible budget (with
+the plan) are then probed, growing past the guess while it fits and bisecting below it otherwise (Rotor's
+minimum grows faster than linearly: the guess from 1 and 2 over-promises 3x), and at the largest
+micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's capacity is solved and
+checked.  ``--quick`` keeps 2 layers (the smoke size).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "tests"):
@@ -45,43 +49,115 @@ SETTINGS = {
 }
 
 
-def child(name: str, batch: int, layers: int | None) -> dict:
-    """One setting at one micro-batch, in this process: profile, Rotor's minimum, a Rotor plan."""
+def _model(name: str, batch: int, layers: int | None) -> tuple[Any, Any, Any]:
     import real_models  # noqa: F401  (torchvision's schema shim before transformers)
     import torch
     import transformers
 
-    import memviz
     from memviz.distributed import Parallel
-    from memviz.planning import minimum_budget
 
     fields, world, tp, _ = SETTINGS[name]
     fields = {**fields, **({"num_hidden_layers": layers} if layers else {})}
     cfg = transformers.LlamaConfig(**fields, max_position_embeddings=8192, use_cache=False)
-    start = time.perf_counter()
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    ids = torch.zeros(batch, SEQ, dtype=torch.long)
-    prof = memviz.profile(model, (ids,), loss_fn=lambda out: out.logits.float().sum(),
-                          optimizer=torch.optim.AdamW, parallel=Parallel(world, tp=tp), device=DEVICE)
+    return model, (torch.zeros(batch, SEQ, dtype=torch.long),), Parallel(world, tp=tp)
+
+
+def _profile(name: str, batch: int, layers: int | None) -> Any:
+    import torch
+
+    import memviz
+
+    model, args, parallel = _model(name, batch, layers)
+    return memviz.profile(model, args, loss_fn=lambda out: out.logits.float().sum(),
+                          optimizer=torch.optim.AdamW, parallel=parallel, device=DEVICE)
+
+
+def child(name: str, batch: int, layers: int | None) -> dict:
+    """One setting at one micro-batch, in this process: profile, Rotor's minimum, a Rotor plan."""
+    return _timed(name, batch, layers)[0]
+
+
+def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
+    """`child`'s row and the profile it made."""
+    import memviz
+    from memviz.planning import minimum_budget
+
+    start = time.perf_counter()
+    prof = _profile(name, batch, layers)
     profile_s = time.perf_counter() - start
     t = time.perf_counter()
     low = minimum_budget(prof.graph, "rotor")
     budget = max(low, int(0.75 * prof.baseline.peak_bytes))
     plan = memviz.plan(prof, budget, strategy="rotor", frontier=False, packing=False)
     plan_s = time.perf_counter() - t
-    return {"setting": name, "batch": batch, "layers": fields["num_hidden_layers"], "world_size": world,
-            "tp": tp,
+    _, world, tp, _ = SETTINGS[name]
+    return {"setting": name, "batch": batch, "layers": layers or SETTINGS[name][0]["num_hidden_layers"],
+            "world_size": world, "tp": tp,
             "compute_nodes": len(prof.graph.computes), "eager_peak": prof.baseline.peak_bytes,
             "rotor_minimum": low, "plan_budget": budget, "plan_peak": plan.peak_bytes,
             "plan_recomputes": plan.timeline.recomputes, "eager_step_s": prof.baseline.total_time,
             "plan_step_s": plan.timeline.total_time, "capacity": prof.device.capacity_bytes,
             "profile_s": profile_s, "plan_s": plan_s, "total_s": profile_s + plan_s,
-            "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, prof
 
 
-def _run_child(name: str, batch: int, layers: int | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", name, "--batch", str(batch)]
+def largest_fitting(fits: Callable[[int], bool], guess: int) -> int:
+    """The largest b >= 1 with fits(b), fits monotone (0 when not even 1 fits): gallop up from `guess` while
+    it fits, else bisect below it."""
+    if not fits(1):
+        return 0
+    lo, hi = 1, None  # fits(lo); not fits(hi)
+    b = max(guess, 2)
+    while hi is None:
+        if fits(b):
+            lo, b = b, 2 * b
+        else:
+            hi = b
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def search(name: str, layers: int | None) -> dict:
+    """Max micro-batch with and without the plan, from estimated profiles in this process (`largest_fitting`
+    on the eager peak and on Rotor's minimum, guesses from micro-batch 1 and 2), and the checked Rotor
+    plan at the device's capacity for the largest micro-batch it fits."""
+    import memviz
+    from memviz.devices import resolve_device
+    from memviz.planning import minimum_budget
+
+    probes: dict[int, tuple[int, int]] = {}
+    graphs: dict[int, Any] = {}
+
+    def probe(b: int) -> tuple[int, int]:
+        if b not in probes:
+            prof = _profile(name, b, layers)
+            graphs[b] = prof
+            probes[b] = (prof.baseline.peak_bytes, minimum_budget(prof.graph, "rotor"))
+        return probes[b]
+
+    cap = resolve_device(DEVICE, None, ()).capacity_bytes
+    row, graphs[1] = _timed(name, 1, layers)  # first, in a fresh process: the timed row and its RSS
+    probes[1] = (row["eager_peak"], row["rotor_minimum"])
+    (e1, m1), (e2, m2) = probe(1), probe(2)
+    eager = largest_fitting(lambda b: probe(b)[0] <= cap, max_batch(e1, e2, cap))
+    planned = largest_fitting(lambda b: probe(b)[1] <= cap, max_batch(m1, m2, cap))
+    plan_peak = None
+    if planned:
+        plan = memviz.plan(graphs[planned], cap, strategy="rotor", frontier=False, packing=False)
+        plan_peak = plan.peak_bytes
+    return {"row": row, "setting": name, "max_batch_eager": eager, "max_batch_plan": planned,
+            "plan_peak": plan_peak, "capacity": cap, "probes": {str(b): {"eager_peak": e, "rotor_minimum": m}
+                                        for b, (e, m) in sorted(probes.items())}}
+
+
+def _run_child(name: str, batch: int | None, layers: int | None) -> dict:
+    """`child` (a micro-batch) or `search` (None) in a process of its own."""
+    cmd = [sys.executable, __file__, "--child", name]
+    cmd += ["--batch", str(batch)] if batch else ["--search"]
     if layers:
         cmd += ["--layers", str(layers)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
@@ -100,12 +176,9 @@ def run(quick: bool = False) -> dict:
     layers = 2 if quick else None
     rows, fits = [], []
     for name in SETTINGS:
-        runs = [_run_child(name, b, layers) for b in (1, 2)]
-        rows += runs
-        cap = runs[0]["capacity"]
-        fits.append({"setting": name, "layers": runs[0]["layers"],
-                     "max_batch_eager": max_batch(runs[0]["eager_peak"], runs[1]["eager_peak"], cap),
-                     "max_batch_plan": max_batch(runs[0]["rotor_minimum"], runs[1]["rotor_minimum"], cap)})
+        found = _run_child(name, None, layers)
+        rows.append(found.pop("row"))
+        fits.append({**found, "layers": rows[-1]["layers"]})
     result = {"rows": rows, "fits": fits, "seq": SEQ, "device": DEVICE, "quick": quick}
     if not quick:
         first = {r["setting"]: r for r in rows if r["batch"] == 1}
@@ -134,11 +207,16 @@ def markdown(result: dict) -> str:
                    f"{r['compute_nodes']} | {r['eager_peak'] / GiB:.2f} | {r['rotor_minimum'] / GiB:.2f} | "
                    f"{r['plan_peak'] / GiB:.2f} ({r['plan_recomputes']}) | {r['profile_s']:.1f} | "
                    f"{r['plan_s']:.1f} | {r['total_s']:.1f} | {r['maxrss_bytes'] / GiB:.2f} |")
-    out += ["", "Max micro-batch on an 80 GiB device (extrapolated from micro-batch 1 and 2, linear in "
-            "between):",
-            "", "| setting | without a plan (eager) | with the plan (Rotor's minimum) |", "|---|---|---|"]
-    out += [f"| {f['setting']} ({f['layers']} layers) | {f['max_batch_eager']} | {f['max_batch_plan']} |"
-            for f in result["fits"]]
+    out += ["", "Max micro-batch on an 80 GiB device, searched on estimated profiles (eager peak; Rotor's "
+            "smallest feasible budget, then a checked Rotor plan at 80 GiB for that micro-batch):", "",
+            "| setting | without a plan (eager) | with the plan (Rotor) | plan peak GiB | "
+            "probed micro-batches (eager / Rotor min GiB) |", "|---|---|---|---|---|"]
+    for f in result["fits"]:
+        probes = ", ".join(f"{b}: {p['eager_peak'] / GiB:.0f} / {p['rotor_minimum'] / GiB:.0f}"
+                           for b, p in f["probes"].items())
+        peak = "n/a" if f["plan_peak"] is None else f"{f['plan_peak'] / GiB:.2f}"
+        out.append(f"| {f['setting']} ({f['layers']} layers) | {f['max_batch_eager']} | "
+                   f"{f['max_batch_plan']} | {peak} | {probes} |")
     return "\n".join(out + [""])
 
 
@@ -150,8 +228,9 @@ if __name__ == "__main__":
         ap.add_argument("--child", choices=sorted(SETTINGS))
         ap.add_argument("--batch", type=int, default=1)
         ap.add_argument("--layers", type=int, default=None)
+        ap.add_argument("--search", action="store_true")
         a = ap.parse_args()
-        print(json.dumps(child(a.child, a.batch, a.layers)))
+        print(json.dumps(search(a.child, a.layers) if a.search else child(a.child, a.batch, a.layers)))
         raise SystemExit(0)
     from run import bench_main
 

@@ -49,6 +49,10 @@ SETTINGS = {
 }
 
 
+#: seconds of probing for the max micro-batch in a full run (the benchmark's budget in run.py is 340 s)
+SEARCH_S = {"llama3-8b": 90.0, "llama3-70b": 120.0}
+
+
 def _model(name: str, batch: int, layers: int | None) -> tuple[Any, Any, Any]:
     import real_models  # noqa: F401  (torchvision's schema shim before transformers)
     import torch
@@ -103,25 +107,32 @@ def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, prof
 
 
-def largest_fitting(fits: Callable[[int], bool], guess: int) -> int:
-    """The largest b >= 1 with fits(b), fits monotone (0 when not even 1 fits): gallop up from `guess` while
-    it fits, else bisect below it."""
-    if not fits(1):
-        return 0
-    lo, hi = 1, None  # fits(lo); not fits(hi)
-    b = max(guess, 2)
-    while hi is None:
-        if fits(b):
-            lo, b = b, 2 * b
-        else:
-            hi = b
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+def largest_fitting(value: Callable[[int], int], cap: int,
+                    deadline: float = float("inf")) -> tuple[int, int | None]:
+    """(lo, hi): value(lo) <= cap < value(hi) with hi == lo + 1 (the largest micro-batch that fits is lo;
+    lo = 0: not even 1), `value` increasing.  Each probe is the secant guess through the last two probed
+    points, kept strictly inside (lo, hi): a linear value is found in two probes.  Past `deadline`
+    (time.perf_counter()) the bracket so far is returned (hi None: no misfit probed yet)."""
+    if value(1) > cap:
+        return 0, 1
+    lo, hi = 1, None
+    a, b = 1, 2
+    while hi is None or hi - lo > 1:
+        if b > lo and (hi is None or b < hi):
+            if value(b) <= cap:
+                lo = b
+            else:
+                hi = b
+        if time.perf_counter() > deadline:
+            break
+        slope = (value(b) - value(a)) / (b - a) if b != a else 0
+        guess = b + int((cap - value(b)) // slope) if slope > 0 else 2 * b
+        guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
+        a, b = b, guess
+    return lo, hi
 
 
-def search(name: str, layers: int | None) -> dict:
+def search(name: str, layers: int | None, seconds: float = float("inf")) -> dict:
     """Max micro-batch with and without the plan, from estimated profiles in this process (`largest_fitting`
     on the eager peak and on Rotor's minimum, guesses from micro-batch 1 and 2), and the checked Rotor
     plan at the device's capacity for the largest micro-batch it fits."""
@@ -142,41 +153,34 @@ def search(name: str, layers: int | None) -> dict:
     cap = resolve_device(DEVICE, None, ()).capacity_bytes
     row, graphs[1] = _timed(name, 1, layers)  # first, in a fresh process: the timed row and its RSS
     probes[1] = (row["eager_peak"], row["rotor_minimum"])
-    (e1, m1), (e2, m2) = probe(1), probe(2)
-    eager = largest_fitting(lambda b: probe(b)[0] <= cap, max_batch(e1, e2, cap))
-    planned = largest_fitting(lambda b: probe(b)[1] <= cap, max_batch(m1, m2, cap))
+    deadline = time.perf_counter() + seconds / 2
+    eager, eager_hi = largest_fitting(lambda b: probe(b)[0], cap, deadline)
+    planned, planned_hi = largest_fitting(lambda b: probe(b)[1], cap, deadline + seconds / 2)
     plan_peak = None
     if planned:
         plan = memviz.plan(graphs[planned], cap, strategy="rotor", frontier=False, packing=False)
         plan_peak = plan.peak_bytes
     return {"row": row, "setting": name, "max_batch_eager": eager, "max_batch_plan": planned,
+            "eager_misfit": eager_hi, "plan_misfit": planned_hi,
             "plan_peak": plan_peak, "capacity": cap, "probes": {str(b): {"eager_peak": e, "rotor_minimum": m}
                                         for b, (e, m) in sorted(probes.items())}}
 
 
-def _run_child(name: str, batch: int | None, layers: int | None) -> dict:
-    """`child` (a micro-batch) or `search` (None) in a process of its own."""
+def _run_child(name: str, batch: int | None, layers: int | None, seconds: float = 0) -> dict:
+    """`child` (a micro-batch) or `search` (None, for about `seconds` of probing) in a process of its own."""
     cmd = [sys.executable, __file__, "--child", name]
-    cmd += ["--batch", str(batch)] if batch else ["--search"]
+    cmd += ["--batch", str(batch)] if batch else ["--search", "--seconds", str(seconds)]
     if layers:
         cmd += ["--layers", str(layers)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def max_batch(one: int, two: int, capacity: int) -> int:
-    """Largest micro-batch b with one + (b - 1) * (two - one) <= capacity (0: not even b = 1)."""
-    if one > capacity:
-        return 0
-    slope = two - one
-    return 1 << 20 if slope <= 0 else 1 + (capacity - one) // slope
-
-
 def run(quick: bool = False) -> dict:
     layers = 2 if quick else None
     rows, fits = [], []
     for name in SETTINGS:
-        found = _run_child(name, None, layers)
+        found = _run_child(name, None, layers, SEARCH_S[name] if not quick else 60)
         rows.append(found.pop("row"))
         fits.append({**found, "layers": rows[-1]["layers"]})
     result = {"rows": rows, "fits": fits, "seq": SEQ, "device": DEVICE, "quick": quick}
@@ -189,6 +193,11 @@ def run(quick: bool = False) -> dict:
              "ratio": f"{first[name]['total_s'] / SETTINGS[name][3]:.2f}"} for name in SETTINGS]
     result["markdown"] = markdown(result)
     return result
+
+
+def _found(lo: int, hi: int | None) -> str:
+    """The max micro-batch, or the bracket the search time allowed."""
+    return str(lo) if hi == lo + 1 else f">= {lo} (< {hi})" if hi else f">= {lo}"
 
 
 def markdown(result: dict) -> str:
@@ -215,8 +224,9 @@ def markdown(result: dict) -> str:
         probes = ", ".join(f"{b}: {p['eager_peak'] / GiB:.0f} / {p['rotor_minimum'] / GiB:.0f}"
                            for b, p in f["probes"].items())
         peak = "n/a" if f["plan_peak"] is None else f"{f['plan_peak'] / GiB:.2f}"
-        out.append(f"| {f['setting']} ({f['layers']} layers) | {f['max_batch_eager']} | "
-                   f"{f['max_batch_plan']} | {peak} | {probes} |")
+        eager = _found(f["max_batch_eager"], f["eager_misfit"])
+        planned = _found(f["max_batch_plan"], f["plan_misfit"])
+        out.append(f"| {f['setting']} ({f['layers']} layers) | {eager} | {planned} | {peak} | {probes} |")
     return "\n".join(out + [""])
 
 
@@ -229,8 +239,10 @@ if __name__ == "__main__":
         ap.add_argument("--batch", type=int, default=1)
         ap.add_argument("--layers", type=int, default=None)
         ap.add_argument("--search", action="store_true")
+        ap.add_argument("--seconds", type=float, default=float("inf"))
         a = ap.parse_args()
-        print(json.dumps(search(a.child, a.layers) if a.search else child(a.child, a.batch, a.layers)))
+        found = search(a.child, a.layers, a.seconds) if a.search else child(a.child, a.batch, a.layers)
+        print(json.dumps(found))
         raise SystemExit(0)
     from run import bench_main
 

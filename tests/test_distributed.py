@@ -294,6 +294,7 @@ def test_scale_benchmark_smoke() -> None:
     # the rank's step holds ~8 GiB at its peak (two 128256 x 4096 embeddings, their gradients and AdamW state,
     # 4096-token activations); the process holds a fraction of it: nothing was allocated
     assert r["maxrss_bytes"] < r["eager_peak"] / 4
-    assert bench_scale.max_batch(10, 15, 80) == 15 and bench_scale.max_batch(90, 95, 80) == 0
     for limit in (0, 1, 5, 17, 40):
-        assert bench_scale.largest_fitting(lambda b, limit=limit: b <= limit, 8) == limit
+        for value in (lambda b: 10 * b, lambda b: b * b + 3 * b):
+            cap = value(limit) if limit else value(1) - 1
+            assert bench_scale.largest_fitting(value, cap) == (limit, limit + 1)

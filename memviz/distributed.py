@@ -150,9 +150,12 @@ def _is_dtensor_call(types: Iterable[type]) -> bool:
     return dtensor is not None and any(issubclass(t, dtensor) for t in types)
 
 
-def _not_memory(t: torch.Tensor) -> bool:
-    """Meta and fake tensors (DTensor propagates shardings on them) hold no memory of this rank."""
-    return t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
+def _not_memory(t: torch.Tensor, fake_mode: Any = None) -> bool:
+    """Meta and fake tensors (DTensor propagates shardings on them) hold no memory of this rank, except
+    the fake tensors of `fake_mode`, the mode an estimated step runs in (they stand for real ones)."""
+    if t.device.type == "meta":
+        return True
+    return isinstance(t, torch._subclasses.FakeTensor) and (fake_mode is None or t.fake_mode is not fake_mode)
 
 
 class ShardedStorageTracker(StorageTracker):
@@ -189,8 +192,9 @@ class ShardedStorageTracker(StorageTracker):
 
 
 # --- recording one step -------------------------------------------------------------------------------------
-#: Operators that only make views or record profiler ranges: no storage, no work worth a node.
-_SKIP_NAMESPACES = frozenset({"profiler"})
+#: Operators that only record profiler ranges or read metadata (``prim::device``, which fake tensors
+#: dispatch): no storage, no work worth a node.
+_SKIP_NAMESPACES = frozenset({"profiler", "prim"})
 #: Collectives run on process-group work objects (FSDP2) and FSDP2's own copy-in/out kernels: their
 #: buffers are communication buffers.  DTensor's functional collectives (_c10d_functional) produce
 #: activations and gradients and keep the kind their phase gives.
@@ -227,8 +231,11 @@ class _Recorder(TorchDispatchMode):
     """Every operator of a step with the storages it reads and creates, and every storage's release,
     in order (`steps`: ("compute", i) and ("free", data) events)."""
 
-    def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]]) -> None:
+    def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]], fake_mode: Any = None,
+                 target: Any = None) -> None:
         super().__init__()
+        self.fake_mode = fake_mode  # an estimated step: its fake tensors are memory, its times estimated
+        self.target = target  # memviz.devices.Target giving each operator's roofline time
         self.datas: list[_Data] = []
         self.computes: list[_Compute] = []
         self.steps: list[tuple[str, int]] = []
@@ -236,6 +243,8 @@ class _Recorder(TorchDispatchMode):
         self.phase = Phase.FORWARD
         self.modules = ModuleTracker()
         self.keep: list[Any] = []  # finalizer handles
+        self.tokens: dict[int, int] = {}  # data id -> token of its last in-place write
+        self.token_ids: list[int] = []
         for kind, tensors in sources.items():
             for name, t in tensors:
                 self._source(name, t, DataKind(kind))
@@ -282,13 +291,15 @@ class _Recorder(TorchDispatchMode):
                                       max(parents, key=len) if parents else ""))
         self.steps.append(("compute", c))
 
-    def _written(self, func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
-        """Data nodes a collective or FSDP2 copy writes into (its ``out=`` / ``output_tensor`` buffers,
-        allocated by FSDP2 with ``torch.empty``); the gradients it only reads keep their kind."""
+    def _written(self, func: Any, args: Any, kwargs: dict[str, Any], comm: bool) -> list[int]:
+        """Data nodes an operator writes into in place: its mutable arguments and, for a collective or
+        FSDP2 copy (`comm`), its ``out=`` / ``output_tensor`` buffers (allocated by FSDP2 with
+        ``torch.empty``); the gradients it only reads keep their kind."""
         found = []
         for i, arg in enumerate(func._schema.arguments):
             value = args[i] if i < len(args) else kwargs.get(arg.name)
-            written = (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in _COMM_OUTPUTS
+            written = ((arg.alias_info is not None and arg.alias_info.is_write)
+                       or (comm and arg.name in _COMM_OUTPUTS))
             if written:
                 for t in pytree.tree_leaves(value):
                     if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in self.alive:
@@ -300,19 +311,25 @@ class _Recorder(TorchDispatchMode):
             return NotImplemented  # DTensor runs as local operators, which come back through this mode
         kwargs = kwargs or {}
         ins = [leaf for leaf in pytree.tree_leaves((args, kwargs))
-               if isinstance(leaf, torch.Tensor) and not _not_memory(leaf)]
+               if isinstance(leaf, torch.Tensor) and not _not_memory(leaf, self.fake_mode)]
         before = {t.untyped_storage()._cdata for t in ins}
         t0 = time.perf_counter()
-        out = func(*args, **kwargs)
+        if func is torch.ops._c10d_functional.wait_tensor.default and self.fake_mode is not None:
+            # eager's wait returns its argument; the fake kernel makes a new tensor (as FSDPMemTracker notes)
+            out = args[0]
+        else:
+            out = func(*args, **kwargs)
         seconds = time.perf_counter() - t0
         namespace = func.namespace
         if namespace in _SKIP_NAMESPACES:
             return out
+        if self.target is not None:
+            seconds = _estimated_seconds(self.target, func, args, kwargs, out, ins)
         inputs = [self.alive[k] for k in dict.fromkeys(before) if k in self.alive]
         outputs: list[int] = []
         comm = namespace in _COMM_NAMESPACES
         for leaf in pytree.tree_leaves(out):
-            if not isinstance(leaf, torch.Tensor) or _not_memory(leaf):
+            if not isinstance(leaf, torch.Tensor) or _not_memory(leaf, self.fake_mode):
                 continue
             storage = leaf.untyped_storage()
             if storage._cdata in self.alive or storage.nbytes() == 0:
@@ -320,17 +337,48 @@ class _Recorder(TorchDispatchMode):
             outputs.append(self._new(storage, _Data(
                 f"{func.__name__}.{len(self.datas)}", int(storage.nbytes()), None, shape=tuple(leaf.shape),
                 dtype=str(leaf.dtype).replace("torch.", ""), phase=self.phase, comm=comm)))
+        written = self._written(func, args, kwargs, comm)
         if comm:
-            for d in self._written(func, args, kwargs):
+            for d in written:
                 if self.datas[d].kind is None:
                     self.datas[d].comm = True
         if not outputs and not inputs:
             return out  # DTensor's sharding propagation on fake tensors: no memory of this rank
-        if not outputs and func.is_view:
-            return out  # a view is its base: consumers read the base's data node
+        if not outputs and not written:
+            return out  # a view (``_unsafe_view`` too) or a read of metadata: consumers read the base's node
+        # a reader of data written in place depends on the write (its token); the write on earlier readers'
+        # data is ordered by their own tokens
+        inputs += [t for t in dict.fromkeys(self.tokens[d] for d in inputs if d in self.tokens)
+                   if t not in inputs]
+        if written and self.phase is not Phase.OPTIMIZER:
+            # an in-place write (FSDP2's copy-out into the unsharded parameters, an all-reduce) creates no
+            # storage: a 0-byte token, a required output, carries the dependency to later readers, so the
+            # writer is an ancestor of what reads its result (the optimizer's updates stay output-less,
+            # required computes)
+            token = len(self.datas)
+            self.datas.append(_Data(f"written by {func.__name__}", 0, DataKind.ACTIVATION, phase=self.phase))
+            self.token_ids.append(token)
+            outputs.append(token)
+            for d in written:
+                self.tokens[d] = token
         self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
                           f"{func.overloadpacket.__name__}", str(func), inputs, outputs, seconds)
         return out
+
+
+def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
+                       ins: list[torch.Tensor]) -> float:
+    """Roofline time of one operator on `target`: FLOPs from torch's flop formulas (0 where it has none:
+    elementwise work is bandwidth-bound), bytes moved = inputs read + outputs written.  Collectives move
+    no data on the fake group: their time is the local copy's, not the network's."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func.overloadpacket)
+    flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
+    outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    moved = sum(t.numel() * t.element_size() for t in (*ins, *outs))
+    dtype = next((t.dtype for t in (*ins, *outs) if t.is_floating_point()), torch.float32)
+    return target.op_time(flops, moved, dtype)
 
 
 def _classify(rec: _Recorder, grads: set[int], ends: set[int]) -> None:
@@ -365,7 +413,8 @@ def recorded_graph(rec: _Recorder, name: str, grads: set[int]) -> tuple[Graph, S
     for c in rec.computes:
         b.compute(c.name, c.inputs, c.outputs, op=c.op, phase=c.phase, time=c.time, module=c.module)
     created = {d for c in rec.computes for d in c.outputs}
-    b.outputs = sorted(d for d in ends if d in created or rec.datas[d].kind is DataKind.PARAMETER_GRADIENT)
+    kept = (d for d in ends if d in created or rec.datas[d].kind is DataKind.PARAMETER_GRADIENT)
+    b.outputs = sorted({*kept, *rec.token_ids})
     schedule = [Step(kind, i) for kind, i in rec.steps]
     # a source released during the step (an input the caller dropped) stays a legal free; any other
     # source is alive to the end, as the simulator assumes
@@ -560,9 +609,11 @@ def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, li
 
 
 def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
-                loss_fn: Callable[[Any], torch.Tensor], optimizer: Any) -> tuple[Graph, Schedule, int]:
+                loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, fake_mode: Any = None,
+                target: Any = None) -> tuple[Graph, Schedule, int | None]:
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
-    ran, measured live-storage peak of a second, unrecorded run of the same step).
+    ran, measured live-storage peak of a second, unrecorded run of the same step; None for an estimated
+    step, whose tensors are `fake_mode`'s and whose operator times come from `target`'s roofline).
 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
@@ -570,10 +621,13 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     opt = make_optimizer(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
-        step()
+        if fake_mode is not None and mode == "train" and opt is not None:
+            _prime_optimizer(model, opt)
+        else:
+            step()
         _zero(model, opt)
         gc.collect()
-        rec = _Recorder(_sources(model, args, kwargs, opt))
+        rec = _Recorder(_sources(model, args, kwargs, opt), fake_mode, target)
         step = train_step(model, args, kwargs, mode, loss_fn, opt, phase=lambda p: setattr(rec, "phase", p))
         with rec.modules, _resize_hook(rec._resized), rec:
             result = step()
@@ -582,6 +636,8 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         graph, schedule = recorded_graph(rec, type(model).__name__, grads)
         del result
         _zero(model, opt)
+        if fake_mode is not None:
+            return graph, schedule, None
         gc.collect()
         tracker = ShardedStorageTracker(local_tensors(model, opt, (args, kwargs)))
         with tracker:
@@ -589,6 +645,34 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         del result
         _zero(model, opt)
     return graph, schedule, tracker.peak_bytes
+
+
+def _prime_optimizer(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """The steady state for an estimated step without a first step: the optimizer's state made by one
+    update on zero gradients.  On fake tensors each operator costs the same at any size, and a whole
+    warm-up step was 40% of a Llama-3-8B rank's profile; FSDP2's lazy initialisation allocates nothing
+    the step keeps, so the recorded step (its first) holds what the steady state holds."""
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+
+
+def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
+                      loss_fn: Callable[[Any], torch.Tensor], optimizer: Any,
+                      target: Any) -> tuple[Graph, Schedule, None]:
+    """`record_step` without memory: the sharded model's parameters and buffers become fake tensors
+    (``to_empty`` under a FakeTensorMode, FSDP2's meta-device initialisation path), the inputs fake tensors
+    of the same shapes, and the step runs on them: exact local shapes and allocation order, no weights
+    allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # non-fake inputs allowed: a model given with real weights has them replaced by empty fake tensors here
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        work.to_empty(device="cpu")
+        fake_args, fake_kwargs = pytree.tree_map_only(
+            torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype), (args, kwargs))
+        return record_step(work, fake_args, fake_kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                           fake_mode=fake, target=target)
 
 
 @contextlib.contextmanager
@@ -627,10 +711,15 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     already wrapped (fully_shard / parallelize_module) on an initialised process group, profiled as is."""
     from memviz.capture import default_loss, fingerprint
     from memviz.devices import resolve_device
-    if device not in (None, "cpu") and str(device) != "cpu":
-        raise ParallelError(f"parallel profiles are recorded on CPU (fake process group), not on {device!r}")
-    info = resolve_device("cpu", model, args)
+    estimated = isinstance(device, str) and device.startswith("fake:")
+    if device not in (None, "cpu") and str(device) != "cpu" and not estimated:
+        raise ParallelError(f"parallel profiles are recorded on CPU (fake process group) or estimated for a "
+                            f"target (device='fake:h100' ...), not on {device!r}")
+    info = resolve_device(device if estimated else "cpu", model, args)
     if parallel is None:
+        if estimated:
+            raise ParallelError("an estimated parallel profile shards the model itself: pass the unwrapped "
+                                "model (on the meta device for large shapes) with parallel=Parallel(...)")
         if not dist.is_initialized():
             raise ParallelError("the model holds DTensor parameters but no process group is initialised")
         meta = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "wrapped_by_user": True}
@@ -644,8 +733,14 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         with fake_process_group(parallel.world_size, parallel.rank):
             work = shard_model(model, parallel)
             try:
-                graph, schedule, measured = record_step(work, args, kwargs, mode=mode,
-                                                        loss_fn=loss_fn or default_loss, optimizer=optimizer)
+                if estimated:
+                    graph, schedule, measured = _record_estimated(work, args, kwargs, mode=mode,
+                                                                  loss_fn=loss_fn or default_loss,
+                                                                  optimizer=optimizer, target=info.target)
+                else:
+                    loss = loss_fn or default_loss
+                    graph, schedule, measured = record_step(work, args, kwargs, mode=mode, loss_fn=loss,
+                                                            optimizer=optimizer)
             except RuntimeError as err:
                 if parallel.tp == 1:
                     raise
@@ -655,11 +750,12 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
                     "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
                     "full d)") from err
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
-                  meta={"mode": mode, "estimated": False, "device": info.name, "recorded": True,
+                  meta={"mode": mode, "estimated": estimated, "device": info.name, "recorded": True,
                         "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(
                             optimizer, type) else optimizer.__name__} if optimizer is not None else {})})
     baseline = simulate(graph, schedule).check()
-    _check_measured(baseline.peak_bytes, measured, False)
+    if measured is not None:
+        _check_measured(baseline.peak_bytes, measured, False)
     prof = ParallelProfile(graph=graph, baseline=baseline, baseline_schedule=schedule,
                            measured_peak_bytes=measured, device=info, mode=mode,
                            model_name=type(model).__name__,

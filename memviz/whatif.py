@@ -1,7 +1,10 @@
-"""`memviz.WhatIf`: the transformer what-if panel (issue 8 item 6).
+"""`memviz.WhatIf`: the transformer what-if panel (issue 8 item 6), and the formula against a real model
+(issue 20 item 5): `WhatIf.from_config(hf_config, seq=, batch=)` reads a Hugging Face config, and
+`compare_captured(model, args, tp=, sp=)` puts the formula's per-layer activation bytes next to the
+saved tensors of each layer of one recorded tensor-parallel rank (`memviz.profile(..., parallel=)`).
 
-Every number comes from `solvers.analytic.estimate_memory` (Korthikanti et al., "Reducing Activation
-Recomputation in Large Transformer Models", Sec. 4-5: tensor/sequence parallel, selective and full
+Every number of the panel comes from `solvers.analytic.estimate_memory` (Korthikanti et al., "Reducing
+Activation Recomputation in Large Transformer Models", Sec. 4-5: tensor/sequence parallel, selective and full
 recompute, pipeline stages; mixed-precision Adam at 16 bytes per parameter).  The view only draws the
 per-device stacked bar against the capacity of the chosen device preset.
 """
@@ -10,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import traitlets
 
 from memviz.widget import MemvizWidget
-from solvers import analytic
+from solvers import DataKind, analytic
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
@@ -47,6 +51,34 @@ def config_from(source: Any) -> analytic.TransformerConfig:
     if missing:
         raise ValueError(f"transformer config lacks {missing}: give layers, hidden, heads, seq, batch")
     return analytic.TransformerConfig(**d)
+
+
+#: TransformerConfig field -> the Hugging Face config attributes holding it (GPT-2 names, then Llama/BERT)
+_HF_NAMES = {"layers": ("n_layer", "num_hidden_layers"), "hidden": ("n_embd", "hidden_size"),
+             "heads": ("n_head", "num_attention_heads"), "vocab": ("vocab_size",)}
+_HF_DROPOUT = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout",
+               "hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+def config_from_hf(hf_config: Any, *, seq: int, batch: int, dtype: Any = None) -> analytic.TransformerConfig:
+    """A `TransformerConfig` from a Hugging Face model config (GPT-2, Llama, Mistral, BERT naming) for a
+    micro-batch of `batch` sequences of `seq` tokens.  The MLP width is ``intermediate_size`` / ``n_inner``
+    (4 x hidden when unset); dropout is on when any of the config's dropout probabilities is positive;
+    the activation dtype is `dtype`, else the config's ``dtype`` / ``torch_dtype``, else float32.  What
+    the formula does not model (grouped-query K/V heads, a gated MLP's third matrix) is not read."""
+    def first(names: tuple[str, ...]) -> Any:
+        return next((getattr(hf_config, n) for n in names if getattr(hf_config, n, None) is not None), None)
+
+    fields = {k: first(names) for k, names in _HF_NAMES.items()}
+    missing = sorted(k for k, v in fields.items() if v is None and k != "vocab")
+    if missing:
+        raise ValueError(f"{type(hf_config).__name__} has none of the attributes for {missing}")
+    ffn = first(("n_inner", "intermediate_size")) or 4 * fields["hidden"]
+    dtype = dtype or getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+    dropout = any(float(getattr(hf_config, n, 0) or 0) > 0 for n in _HF_DROPOUT)
+    return config_from({**fields, "seq": seq, "batch": batch, "dtype": dtype, "dropout": dropout,
+                        **({"ffn_mult": ffn // fields["hidden"]} if ffn % fields["hidden"] == 0
+                           else {"ffn_size": ffn})})
 
 
 def _gpt_fields(model: Any) -> dict[str, Any]:
@@ -140,6 +172,13 @@ class WhatIf(MemvizWidget):
             self.device = device
         self._update()
 
+    @classmethod
+    def from_config(cls, hf_config: Any, *, seq: int, batch: int, dtype: Any = None, device: str = "h100",
+                    **kwargs: Any) -> WhatIf:
+        """The panel for a Hugging Face config (`config_from_hf`), e.g. ``LlamaConfig.from_pretrained(...)``
+        or ``model.config``, at `seq` tokens and micro-batch `batch`."""
+        return cls(config_from_hf(hf_config, seq=seq, batch=batch, dtype=dtype), device=device, **kwargs)
+
     def settings(self) -> dict[str, Any]:
         return {"tp": self.tp, "sp": self.sp, "recompute": self.recompute, "pp": self.pp,
                 "micro_batch": self.micro_batch}
@@ -159,3 +198,110 @@ class WhatIf(MemvizWidget):
         view = {k: v for k, v in result.items() if k != "estimate"}
         view["device"] = self.device
         self.result_json = json.dumps(view)
+
+
+# --- the formula against a recorded rank (issue 20 item 5) -----------------------------------------------
+@dataclass(frozen=True)
+class FormulaComparison:
+    """Per-layer activation bytes one tensor-parallel rank stores: Korthikanti's formula
+    (`solvers.analytic.layer_activation_breakdown`, no recompute) next to the captured rank.
+
+    `layers`: one row per transformer block (``layer``, ``captured``, ``formula``, ``difference`` =
+    captured - formula, ``ratio`` = captured / formula); `formula`: the formula's per-tensor terms for one
+    layer; `captured_tensors`: the first block's saved tensors (op, module, shape, dtype, bytes); `notes`:
+    measured reasons for the difference.  ``captured`` counts the tensors a block's operators create and
+    the backward reads (kind ``saved``), so a block input is counted in the block that produced it."""
+
+    config: analytic.TransformerConfig
+    tp: int
+    sp: bool
+    formula: dict[str, int]
+    layers: list[dict[str, Any]]
+    captured_tensors: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mean_captured(self) -> float:
+        return sum(r["captured"] for r in self.layers) / len(self.layers)
+
+    def to_dataframe(self) -> Any:
+        """The per-layer rows as a pandas DataFrame."""
+        import pandas
+
+        return pandas.DataFrame(self.layers)
+
+    def __repr__(self) -> str:
+        c = self.config
+        head = (f"FormulaComparison(layers={c.layers}, hidden={c.hidden}, heads={c.heads}, seq={c.seq}, "
+                f"batch={c.batch}, dtype_bytes={c.dtype_bytes}, dropout={c.dropout}, tp={self.tp}, "
+                f"sp={self.sp})")
+        rows = [f"{'layer':<32} {'captured B':>12} {'formula B':>12} {'diff B':>10} {'ratio':>6}"]
+        rows += [f"{r['layer']:<32} {r['captured']:>12} {r['formula']:>12} {r['difference']:>10} "
+                 f"{r['ratio']:>6.3f}" for r in self.layers]
+        return "\n".join([head, *rows, *(f"note: {n}" for n in self.notes)])
+
+
+def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool = False,
+                     config: Any = None, loss_fn: Any = None) -> FormulaComparison:
+    """Record one training step of `model` on `args` as one rank of ``tp``-way tensor parallelism
+    (sequence parallel when `sp`; ``memviz.profile(..., parallel=Parallel(tp, fsdp=False, tp=tp))``, or an
+    unsharded FSDP2 rank for ``tp == 1``) and compare each block's saved activation bytes with the
+    formula for the same setting.  `config`: anything `config_from` takes, or a Hugging Face config;
+    default ``model.config`` (Hugging Face) with seq and batch from the first input's shape and the
+    parameters' dtype.  Pipeline parallelism is not recorded, so it has no captured side."""
+    import memviz
+    from memviz.distributed import Parallel, blocks_of
+
+    config = _comparison_config(model, args, config)
+    formula = analytic.layer_activation_breakdown(config, tp=tp, sp=sp)
+    parallel = Parallel(tp, fsdp=False, tp=tp, sp=sp) if tp > 1 else Parallel(1)
+    graph = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel).graph
+    rows, tensors = [], []
+    for i, (path, _) in enumerate(blocks_of(model)):
+        # module names start with the root's class name, which fully_shard changes (FSDPGPT): skip it
+        saved = [d for d in graph.datas if d.kind is DataKind.SAVED and d.producer is not None
+                 and (graph.computes[d.producer].module.partition(".")[2] + ".").startswith(path + ".")]
+        captured, expected = sum(d.bytes for d in saved), sum(formula.values())
+        rows.append({"layer": path, "captured": captured, "formula": expected,
+                     "difference": captured - expected, "ratio": captured / expected})
+        if i == 0:
+            tensors = [{"op": graph.computes[d.producer].name, "module": graph.computes[d.producer].module,
+                        "shape": d.shape, "dtype": d.dtype, "bytes": d.bytes} for d in saved]
+    return FormulaComparison(config, tp, sp, formula, rows, tensors, _notes(config, tp, sp, formula, tensors))
+
+
+def _comparison_config(model: Any, args: tuple[Any, ...], config: Any) -> analytic.TransformerConfig:
+    batch, seq = args[0].shape[:2]
+    dtype = str(next(model.parameters()).dtype)
+    if config is None:
+        config = getattr(model, "config", None)
+        if config is None:
+            raise TypeError(f"{type(model).__name__} has no Hugging Face .config: pass config=")
+    if hasattr(config, "to_dict") and not isinstance(config, dict):  # a Hugging Face config
+        return config_from_hf(config, seq=seq, batch=batch, dtype=dtype)
+    return config_from({"seq": seq, "batch": batch, "dtype": dtype, **(config if isinstance(config, dict) else
+                                                                        dataclasses.asdict(config))})
+
+
+def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str, int],
+           tensors: list[dict[str, Any]]) -> list[str]:
+    """Where the captured layer departs from the formula's assumptions, from the tensors themselves."""
+    notes = []
+    core_names = {t.name for t in analytic.layer_activation_tensors(cfg) if t.attention_core}
+    core = sum(v for k, v in formula.items() if k in core_names)
+    scores = [t for t in tensors if len(t["shape"]) >= 2 and tuple(t["shape"][-2:]) == (cfg.seq, cfg.seq)]
+    if core and not scores:
+        notes.append(f"no seq x seq attention tensor is saved (a fused attention kernel, e.g. SDPA's flash "
+                     f"kernel, saves its output and log-sum-exp instead): the formula's {core} B of scores, "
+                     "softmax and dropout are absent")
+    ffn_local = cfg.ffn_hidden // tp
+    wide = [t for t in tensors if t["shape"] and t["shape"][-1] == ffn_local]
+    if len(wide) != 2 and ffn_local not in (cfg.hidden, cfg.hidden // tp):  # else widths are ambiguous
+        notes.append(f"{len(wide)} saved tensors of the MLP's width {ffn_local}, where the formula counts 2 "
+                     "(GELU input, second linear's input): a gated MLP (SwiGLU: gate, up, activation, "
+                     "product) or an activation made of elementwise ops (GPT-2's gelu_new) saves more")
+    stats = [t for t in tensors if t["shape"] and t["shape"][-1] == 1]
+    if stats:
+        notes.append(f"{len(stats)} per-token normalisation statistics ({sum(t['bytes'] for t in stats)} B: "
+                     "LayerNorm mean/rstd, RMSNorm rstd), which the formula leaves out")
+    return notes

@@ -56,7 +56,8 @@ class TransformerConfig:
     """One GPT-style model and its micro-batch.
 
     ``batch`` is the micro-batch size ``b`` (activations scale with it); ``ffn_mult`` the MLP's inner
-    size over ``hidden``; ``dtype_bytes`` the activation dtype (2 for bf16/fp16);
+    size over ``hidden``, or ``ffn_size`` that size itself where it is no multiple (Llama-3-8B: 14336
+    for 4096); ``dtype_bytes`` the activation dtype (2 for bf16/fp16);
     ``dropout_mask_bytes`` what one dropout-mask element costs (1 in Megatron, 2 for PyTorch's bf16
     dropout on CPU); ``dropout=False`` models dropout-free layers (no masks stored);
     ``logits_bytes`` the dtype of the cross-entropy logits (fp32 in the paper); ``vocab`` enables
@@ -74,6 +75,7 @@ class TransformerConfig:
     dropout_mask_bytes: int = 1
     dropout: bool = True
     logits_bytes: int = 4
+    ffn_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes"):
@@ -83,6 +85,8 @@ class TransformerConfig:
             raise ValueError(f"dropout_mask_bytes must be >= 0, got {self.dropout_mask_bytes}")
         if self.vocab is not None:
             _check_positive_int("vocab", self.vocab)
+        if self.ffn_size is not None:
+            _check_positive_int("ffn_size", self.ffn_size)
         if self.hidden % self.heads:
             raise ValueError(
                 f"hidden ({self.hidden}) must be divisible by heads ({self.heads}): each head gets "
@@ -91,7 +95,7 @@ class TransformerConfig:
 
     @property
     def ffn_hidden(self) -> int:
-        return self.ffn_mult * self.hidden
+        return self.ffn_size if self.ffn_size is not None else self.ffn_mult * self.hidden
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.ir import Graph, GraphError, Phase
+from solvers.ir import DataKind, Graph, GraphError, Phase
 from solvers.milp import Model
 from solvers.milp import solve as solve_milp
 from solvers.schedule import Schedule, Step, compute, free
@@ -179,6 +179,7 @@ def decompose(graph: Graph, *, max_blocks: int = 64) -> Chain:
     fwd_data = [d.id for d in graph.datas if d.producer is not None and d.producer in fset]
     # forward data that must outlive the chain (model outputs, loss, running stats, optimizer reads)
     long_fwd = {d for d in fwd_data if d in outputs or any(u in tail_set for u in graph.consumers(d))}
+    long_fwd |= _step_constants(graph, fset)
     resident = frozenset(graph.sources()) | frozenset(long_fwd)
     cuts = _forward_cuts(graph, fwd, fwd_data, long_fwd)
     while True:
@@ -229,6 +230,24 @@ def decompose(graph: Graph, *, max_blocks: int = 64) -> Chain:
         ))
     chain = Chain(graph, tuple(blocks), tail, resident)
     return _with_classes(chain)
+
+
+def _step_constants(graph: Graph, fset: set[int]) -> set[int]:
+    """Forward data that no model input flows into (a rotary table, a causal mask built from ``arange``):
+    every block may read them, so as ordinary data they would leave no 1-separator at all; they are
+    computed once and kept, like parameters.  Communication buffers (FSDP2's all-gathered parameters,
+    which read no input either) count only when the backward reads them too (the root's, kept unsharded
+    through the step): a block's are freed after its forward and gathered again for its backward."""
+    inputs = {d.id for d in graph.datas if d.kind is DataKind.INPUT}
+    if not inputs:
+        return set()
+    flows: set[int] = set(inputs)
+    for c in graph.computes:
+        if any(i in flows for i in c.inputs):
+            flows.update(c.outputs)
+    return {d.id for d in graph.datas if d.producer in fset and d.id not in flows
+            and (d.kind is not DataKind.COMMUNICATION
+                 or any(graph.computes[u].phase is Phase.BACKWARD for u in graph.consumers(d.id)))}
 
 
 def _forward_cuts(graph: Graph, fwd: list[int], fwd_data: list[int], long_fwd: set[int]) -> list[int]:

@@ -1,7 +1,8 @@
-"""A tiny tensor-parallel-friendly GPT and the per-rank worker the multi-process tests of
-tests/test_distributed.py spawn (gloo on CPU): each rank wraps the model itself, the way a user would
-(``parallelize_module`` / ``fully_shard``, not through memviz), and measures one training step's
-live-storage peak with `memviz.distributed.ShardedStorageTracker`."""
+"""A tiny tensor-parallel-friendly GPT, a tiny Hugging Face Llama, and the per-rank worker the
+multi-process tests of tests/test_distributed.py and benchmarks/bench_fsdp.py spawn (gloo on CPU): each
+rank wraps the model itself, the way a user would (``parallelize_module`` / ``fully_shard``, not through
+memviz), and measures one training step's live-storage peak with
+`memviz.distributed.ShardedStorageTracker`."""
 
 from __future__ import annotations
 
@@ -65,38 +66,72 @@ def tiny_gpt(batch: int = 2, seq: int = 16, **kw: Any) -> tuple[nn.Module, tuple
     return model, (torch.randint(0, 64, (batch, seq)),)
 
 
-def user_wrap(model: TinyGPT, kind: str, world: int) -> nn.Module:
-    """What a user writes: FSDP2 per block then the root, or a Megatron tensor-parallel plan per block."""
+def tiny_llama(batch: int = 2, seq: int = 16, **config: Any) -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """transformers' LlamaForCausalLM from a small random-init config (grouped-query attention, SwiGLU,
+    RMSNorm; `config` overrides its fields); no KV cache, so its output is the logits alone."""
+    import real_models  # noqa: F401  (torchvision's schema shim, before transformers imports it)
+    import transformers
+
+    torch.manual_seed(0)
+    fields = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+              "use_cache": False}
+    cfg = transformers.LlamaConfig(**{**fields, **config})
+    return transformers.LlamaForCausalLM(cfg), (torch.randint(0, 64, (batch, seq)),)
+
+
+MODELS = {"gpt": tiny_gpt, "llama": tiny_llama}
+#: the Megatron plan a user writes for each model's block
+TP_PLANS = {"gpt": {"attn.qkv": "col", "attn.proj": "row", "fc": "col", "fc_proj": "row"},
+            "llama": {"self_attn.q_proj": "col", "self_attn.k_proj": "col", "self_attn.v_proj": "col",
+                      "self_attn.o_proj": "row", "mlp.gate_proj": "col", "mlp.up_proj": "col",
+                      "mlp.down_proj": "row"}}
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The loss every rank, memviz and FSDPMemTracker train with: the sum of the logits."""
+    return (out if isinstance(out, torch.Tensor) else out.logits).sum()
+
+
+def blocks(model: nn.Module) -> nn.ModuleList:
+    return model.blocks if hasattr(model, "blocks") else model.model.layers
+
+
+def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.Module:
+    """What a user writes: FSDP2 per block then the root, or a Megatron tensor-parallel plan per block
+    (`mesh`: one made beforehand, e.g. outside a FakeTensorMode, which cannot build one)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = mesh if mesh is not None else init_device_mesh("cpu", (world,))
     if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:
+        for block in blocks(model):
             fully_shard(block, mesh=mesh)
         return fully_shard(model, mesh=mesh)
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    for block in model.blocks:
-        block.attn.heads //= world
-        parallelize_module(block, mesh, {"attn.qkv": ColwiseParallel(), "attn.proj": RowwiseParallel(),
-                                         "fc": ColwiseParallel(), "fc_proj": RowwiseParallel()})
+    name = "gpt" if hasattr(model, "blocks") else "llama"
+    for block in blocks(model):
+        if name == "gpt":
+            block.attn.heads //= world  # HF Llama takes its local head count from the weights
+        parallelize_module(block, mesh, {k: ColwiseParallel() if v == "col" else RowwiseParallel()
+                                         for k, v in TP_PLANS[name].items()})
     return model
 
 
-def measure(kind: str, world: int) -> dict[str, int]:
+def measure(name: str, kind: str, world: int) -> dict[str, int]:
     """One rank's measured AdamW training step of the user-wrapped model, and memviz's profile of it."""
     import memviz
     from memviz.distributed import ShardedStorageTracker, local_tensors
 
-    model, args = tiny_gpt()
+    model, args = MODELS[name]()
     model = user_wrap(model, kind, world)
     opt = torch.optim.AdamW(model.parameters())
 
     def step() -> None:
-        out = model(*args)
-        loss = out.sum()
+        out = model(*args)  # held to the step's end, as memviz's recorded step holds it
+        loss = loss_of(out)
         loss.backward()
         opt.step()
 
@@ -107,16 +142,17 @@ def measure(kind: str, world: int) -> dict[str, int]:
         step()
     opt.zero_grad(set_to_none=True)
     # memviz on the model the user wrapped, on the real gloo group
-    prof = memviz.profile(model, args, optimizer=opt)
+    prof = memviz.profile(model, args, optimizer=opt, loss_fn=loss_of)
     return {"measured": tracker.peak_bytes, "wrapped_predicted": prof.baseline.peak_bytes}
 
 
-def worker(rank: int, world: int, kinds: list[str], port: int, out_dir: str) -> None:
+def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str) -> None:
+    """`cases`: "model:kind" items, e.g. "gpt:fsdp", "llama:tp"; the JSON is keyed by them."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        result = {kind: measure(kind, world) for kind in kinds}
+        result = {case: measure(*case.split(":"), world) for case in cases}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
@@ -126,5 +162,5 @@ def worker(rank: int, world: int, kinds: list[str], port: int, out_dir: str) -> 
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    kinds, world, port, out_dir = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    mp.spawn(worker, args=(world, kinds, port, out_dir), nprocs=world, join=True)
+    cases, world, port, out_dir = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    mp.spawn(worker, args=(world, cases, port, out_dir), nprocs=world, join=True)

@@ -1,0 +1,249 @@
+"""Scale in estimated mode (issue 20 item 6): one rank of a Llama-3-8B-shaped model on 8 FSDP2 ranks and of
+a Llama-3-70B-shaped model on 64 ranks (FSDP2 x TP=8), profiled and planned with no hardware.
+
+Run: ``python benchmarks/bench_scale.py [--quick] [--out FILE]``; prints a markdown section and writes
+``benchmarks/results/scale.json``.
+
+Each setting runs in a process of its own (``--child NAME --search``), micro-batch 1 first and timed:
+transformers' LlamaForCausalLM built on
+the meta device from the model's published shape (bf16 weights, AdamW with bf16 state: no fp32 master
+copy), ``memviz.profile(model, (ids,), parallel=Parallel(...), device="fake:h100")`` (the sharded copy runs
+one step on fake tensors: exact local shapes, no weight allocated), then Rotor's smallest feasible budget
+and ``memviz.plan(prof, budget, strategy="rotor")`` at the larger of that minimum and 75% of the eager
+peak (checked by ``solvers.simulate`` like every plan).  The child reports those wall times and its own
+peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) at that point, before the search below.
+
+Max micro-batch on an 80 GiB device, searched on real (estimated) profiles in the same child: micro-batch
+1 and 2 give a linear guess; the eager peak (without a plan) and Rotor's smallest feasible budget (with
+the plan) are then probed, growing past the guess while it fits and bisecting below it otherwise (Rotor's
+minimum grows faster than linearly: the guess from 1 and 2 over-promises 3x), and at the largest
+micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's capacity is solved and
+checked.  ``--quick`` keeps 2 layers (the smoke size).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "tests"):
+    if str(p) not in sys.path:  # run as a script from anywhere
+        sys.path.insert(0, str(p))
+
+GiB = 2**30
+SEQ = 4096
+DEVICE = "fake:h100"
+#: name -> (Llama config fields, world size, tp, budget target in seconds for profile + plan)
+SETTINGS = {
+    "llama3-8b": ({"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}, 8, 1, 60),
+    "llama3-70b": ({"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256}, 64, 8, 180),
+}
+
+
+#: seconds of probing for the max micro-batch in a full run (the benchmark's budget in run.py is 340 s)
+SEARCH_S = {"llama3-8b": 90.0, "llama3-70b": 120.0}
+
+
+def _model(name: str, batch: int, layers: int | None) -> tuple[Any, Any, Any]:
+    import real_models  # noqa: F401  (torchvision's schema shim before transformers)
+    import torch
+    import transformers
+
+    from memviz.distributed import Parallel
+
+    fields, world, tp, _ = SETTINGS[name]
+    fields = {**fields, **({"num_hidden_layers": layers} if layers else {})}
+    cfg = transformers.LlamaConfig(**fields, max_position_embeddings=8192, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    return model, (torch.zeros(batch, SEQ, dtype=torch.long),), Parallel(world, tp=tp)
+
+
+def _profile(name: str, batch: int, layers: int | None) -> Any:
+    import torch
+
+    import memviz
+
+    model, args, parallel = _model(name, batch, layers)
+    return memviz.profile(model, args, loss_fn=lambda out: out.logits.float().sum(),
+                          optimizer=torch.optim.AdamW, parallel=parallel, device=DEVICE)
+
+
+def child(name: str, batch: int, layers: int | None) -> dict:
+    """One setting at one micro-batch, in this process: profile, Rotor's minimum, a Rotor plan."""
+    return _timed(name, batch, layers)[0]
+
+
+def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
+    """`child`'s row and the profile it made."""
+    import memviz
+    from memviz.planning import minimum_budget
+
+    start = time.perf_counter()
+    prof = _profile(name, batch, layers)
+    profile_s = time.perf_counter() - start
+    t = time.perf_counter()
+    low = minimum_budget(prof.graph, "rotor")
+    budget = max(low, int(0.75 * prof.baseline.peak_bytes))
+    plan = memviz.plan(prof, budget, strategy="rotor", frontier=False, packing=False)
+    plan_s = time.perf_counter() - t
+    _, world, tp, _ = SETTINGS[name]
+    return {"setting": name, "batch": batch, "layers": layers or SETTINGS[name][0]["num_hidden_layers"],
+            "world_size": world, "tp": tp,
+            "compute_nodes": len(prof.graph.computes), "eager_peak": prof.baseline.peak_bytes,
+            "rotor_minimum": low, "plan_budget": budget, "plan_peak": plan.peak_bytes,
+            "plan_recomputes": plan.timeline.recomputes, "eager_step_s": prof.baseline.total_time,
+            "plan_step_s": plan.timeline.total_time, "capacity": prof.device.capacity_bytes,
+            "profile_s": profile_s, "plan_s": plan_s, "total_s": profile_s + plan_s,
+            "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, prof
+
+
+def largest_fitting(value: Callable[[int], int], cap: int,
+                    deadline: float = float("inf")) -> tuple[int, int | None]:
+    """(lo, hi): value(lo) <= cap < value(hi) with hi == lo + 1 (the largest micro-batch that fits is lo;
+    lo = 0: not even 1), `value` increasing.  Each probe is the secant guess through the last two probed
+    points, kept strictly inside (lo, hi): a linear value is found in two probes.  Past `deadline`
+    (time.perf_counter()) the bracket so far is returned (hi None: no misfit probed yet)."""
+    if value(1) > cap:
+        return 0, 1
+    lo, hi = 1, None
+    a, b = 1, 2
+    while hi is None or hi - lo > 1:
+        if b > lo and (hi is None or b < hi):
+            if value(b) <= cap:
+                lo = b
+            else:
+                hi = b
+        if time.perf_counter() > deadline:
+            break
+        slope = (value(b) - value(a)) / (b - a) if b != a else 0
+        guess = b + int((cap - value(b)) // slope) if slope > 0 else 2 * b
+        guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
+        a, b = b, guess
+    return lo, hi
+
+
+def search(name: str, layers: int | None, seconds: float = float("inf")) -> dict:
+    """Max micro-batch with and without the plan, from estimated profiles in this process (`largest_fitting`
+    on the eager peak and on Rotor's minimum, guesses from micro-batch 1 and 2), and the checked Rotor
+    plan at the device's capacity for the largest micro-batch it fits."""
+    import memviz
+    from memviz.devices import resolve_device
+    from memviz.planning import minimum_budget
+
+    probes: dict[int, tuple[int, int]] = {}
+    graphs: dict[int, Any] = {}
+
+    def probe(b: int) -> tuple[int, int]:
+        if b not in probes:
+            prof = _profile(name, b, layers)
+            graphs[b] = prof
+            probes[b] = (prof.baseline.peak_bytes, minimum_budget(prof.graph, "rotor"))
+        return probes[b]
+
+    cap = resolve_device(DEVICE, None, ()).capacity_bytes
+    row, graphs[1] = _timed(name, 1, layers)  # first, in a fresh process: the timed row and its RSS
+    probes[1] = (row["eager_peak"], row["rotor_minimum"])
+    deadline = time.perf_counter() + seconds / 2
+    eager, eager_hi = largest_fitting(lambda b: probe(b)[0], cap, deadline)
+    planned, planned_hi = largest_fitting(lambda b: probe(b)[1], cap, deadline + seconds / 2)
+    plan_peak = None
+    if planned:
+        plan = memviz.plan(graphs[planned], cap, strategy="rotor", frontier=False, packing=False)
+        plan_peak = plan.peak_bytes
+    return {"row": row, "setting": name, "max_batch_eager": eager, "max_batch_plan": planned,
+            "eager_misfit": eager_hi, "plan_misfit": planned_hi,
+            "plan_peak": plan_peak, "capacity": cap, "probes": {str(b): {"eager_peak": e, "rotor_minimum": m}
+                                        for b, (e, m) in sorted(probes.items())}}
+
+
+def _run_child(name: str, batch: int | None, layers: int | None, seconds: float = 0) -> dict:
+    """`child` (a micro-batch) or `search` (None, for about `seconds` of probing) in a process of its own."""
+    cmd = [sys.executable, __file__, "--child", name]
+    cmd += ["--batch", str(batch)] if batch else ["--search", "--seconds", str(seconds)]
+    if layers:
+        cmd += ["--layers", str(layers)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run(quick: bool = False) -> dict:
+    layers = 2 if quick else None
+    rows, fits = [], []
+    for name in SETTINGS:
+        found = _run_child(name, None, layers, SEARCH_S[name] if not quick else 60)
+        rows.append(found.pop("row"))
+        fits.append({**found, "layers": rows[-1]["layers"]})
+    result = {"rows": rows, "fits": fits, "seq": SEQ, "device": DEVICE, "quick": quick}
+    if not quick:
+        first = {r["setting"]: r for r in rows if r["batch"] == 1}
+        result["headline"] = [
+            {"metric": f"{name}: profile + plan one rank, estimated (fake:h100)",
+             "ours": f"{first[name]['total_s']:.0f} s, {first[name]['maxrss_bytes'] / GiB:.2f} GiB RSS",
+             "baseline": f"target {SETTINGS[name][3]} s" + (", 4 GiB" if name == "llama3-8b" else ""),
+             "ratio": f"{first[name]['total_s'] / SETTINGS[name][3]:.2f}"} for name in SETTINGS]
+    result["markdown"] = markdown(result)
+    return result
+
+
+def _found(lo: int, hi: int | None) -> str:
+    """The max micro-batch, or the bracket the search time allowed."""
+    return str(lo) if hi == lo + 1 else f">= {lo} (< {hi})" if hi else f">= {lo}"
+
+
+def markdown(result: dict) -> str:
+    out = ["## Scale: Llama-3-8B on 8 FSDP2 ranks, Llama-3-70B on 64 ranks (FSDP2 x TP=8), estimated", "",
+           f"One rank, {result['device']} (80 GiB), seq {result['seq']}, bf16 weights and AdamW state, "
+           "`logits.float().sum()` loss; model built on the meta device, step recorded on fake tensors. "
+           "Each row is its own process: wall seconds of `memviz.profile` and of Rotor's minimum-budget "
+           "search + `memviz.plan(strategy='rotor')` at max(minimum, 75% of eager), and the process's peak "
+           "RSS." + (" **Quick run: 2 layers.**" if result["quick"] else ""), "",
+           "| setting | layers | micro-batch | ops | eager peak GiB | Rotor min GiB | "
+           "plan peak GiB (recomputes) | profile s | plan s | total s | RSS GiB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        out.append(f"| {r['setting']} (world {r['world_size']}, tp {r['tp']}) | {r['layers']} | "
+                   f"{r['batch']} | "
+                   f"{r['compute_nodes']} | {r['eager_peak'] / GiB:.2f} | {r['rotor_minimum'] / GiB:.2f} | "
+                   f"{r['plan_peak'] / GiB:.2f} ({r['plan_recomputes']}) | {r['profile_s']:.1f} | "
+                   f"{r['plan_s']:.1f} | {r['total_s']:.1f} | {r['maxrss_bytes'] / GiB:.2f} |")
+    out += ["", "Max micro-batch on an 80 GiB device, searched on estimated profiles (eager peak; Rotor's "
+            "smallest feasible budget, then a checked Rotor plan at 80 GiB for that micro-batch):", "",
+            "| setting | without a plan (eager) | with the plan (Rotor) | plan peak GiB | "
+            "probed micro-batches (eager / Rotor min GiB) |", "|---|---|---|---|---|"]
+    for f in result["fits"]:
+        probes = ", ".join(f"{b}: {p['eager_peak'] / GiB:.0f} / {p['rotor_minimum'] / GiB:.0f}"
+                           for b, p in f["probes"].items())
+        peak = "n/a" if f["plan_peak"] is None else f"{f['plan_peak'] / GiB:.2f}"
+        eager = _found(f["max_batch_eager"], f["eager_misfit"])
+        planned = _found(f["max_batch_plan"], f["plan_misfit"])
+        out.append(f"| {f['setting']} ({f['layers']} layers) | {eager} | {planned} | {peak} | {probes} |")
+    return "\n".join(out + [""])
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        import argparse
+
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--child", choices=sorted(SETTINGS))
+        ap.add_argument("--batch", type=int, default=1)
+        ap.add_argument("--layers", type=int, default=None)
+        ap.add_argument("--search", action="store_true")
+        ap.add_argument("--seconds", type=float, default=float("inf"))
+        a = ap.parse_args()
+        found = search(a.child, a.layers, a.seconds) if a.search else child(a.child, a.batch, a.layers)
+        print(json.dumps(found))
+        raise SystemExit(0)
+    from run import bench_main
+
+    raise SystemExit(bench_main(run, "scale", __doc__))

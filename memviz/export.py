@@ -324,7 +324,7 @@ class PlannedModule(nn.Module):
         super().__init__()
         self._orig_mod = model
         self._program = program
-        self._param_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self._param_shapes = {n: tuple(p.shape) for n, p in _model_state(model)[0].items()}
         self._generated: Any = None  # a module written by write_source, when loaded by load_source
 
     @property
@@ -334,10 +334,9 @@ class PlannedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.training and self._program.mode == "train":
             return self._orig_mod(*args, **kwargs)
-        flat = self._check(args, kwargs)
+        params, buffers = _model_state(self._orig_mod)
+        flat = self._check(args, kwargs, params)
         cap = self._program.captured
-        params = dict(self._orig_mod.named_parameters(remove_duplicate=False))
-        buffers = dict(self._orig_mod.named_buffers(remove_duplicate=False))
         env = _placeholder_env(self._program, params, buffers, flat)
         devices = accelerator.devices_of([*params.values(), *buffers.values(), *flat])
         code = self._program.code if self._generated is None else self._generated
@@ -359,7 +358,7 @@ class PlannedModule(nn.Module):
             outs[i] = replay_view(view, self._program.nodes, view.base_value(outs, params, buffers, flat))
         return pytree.tree_unflatten(outs, cap.out_spec)
 
-    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any], params: dict[str, Any]) -> list[Any]:
         flat, spec = pytree.tree_flatten((tuple(args), kwargs))
         cap = self._program.captured
         if spec != cap.in_spec:
@@ -373,10 +372,23 @@ class PlannedModule(nn.Module):
                 got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise StalePlanError(f"input {i} is {got}, but the plan was made for {meta}: memory plans "
                                      "are shape-specific; profile and plan again for these shapes")
-        shapes = {n: tuple(p.shape) for n, p in self._orig_mod.named_parameters()}
+        shapes = {n: tuple(p.shape) for n, p in params.items()}
         if shapes != self._param_shapes:
             raise StalePlanError("the model's parameters changed since export: profile and plan again")
         return flat
+
+
+def _model_state(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``named_parameters`` and ``named_buffers`` (duplicates included) in one walk over the modules:
+    each step reads them afresh (a parameter may have been replaced), and on a small model the two
+    walks cost a few percent of the step."""
+    params: dict[str, Any] = {}
+    buffers: dict[str, Any] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        params.update((dot + k, p) for k, p in module._parameters.items() if p is not None)
+        buffers.update((dot + k, b) for k, b in module._buffers.items() if b is not None)
+    return params, buffers
 
 
 def _check_constant(i: int, value: Any, traced: Any) -> None:
@@ -612,8 +624,9 @@ class _Codegen:
             else:
                 self.compute(step.node)
         result = self.outputs() if returns == "outputs" else self.gradients() if returns == "grads" else None
-        self.lines += [f"    env[{_str(n)}] = {self.locals[n]}" for n, back in self.bound.items()
-                       if back and n in self.live]
+        if returns != "grads":  # the step ends with the gradients: nothing is read after them
+            self.lines += [f"    env[{_str(n)}] = {self.locals[n]}" for n, back in self.bound.items()
+                           if back and n in self.live]
         if result is not None:
             self.lines.append(f"    return {result}")
         head = [f"def {_identifier(name)}(env, rng, buffers, grad_outputs=None):", f"    {_str(doc)}"]
@@ -634,8 +647,12 @@ class _Codegen:
 
     # -- reading values -------------------------------------------------------------------------------
     def read(self, a: Any) -> str:
-        """`a` (an FX argument) as an expression, binding what it needs first."""
+        """`a` (an FX argument) as an expression, binding what it needs first.  An operator's argument
+        that is a ``detach`` of a value is that value: inside the step functions nothing records
+        gradients, so the alias would change nothing but cost a dispatch."""
         if isinstance(a, torch.fx.Node):
+            while a.target is torch.ops.aten.detach.default and a.name not in self.stored:
+                a = a.args[0]
             return self.value(a)
         if isinstance(a, (list, tuple)):
             inner = ", ".join(self.read(x) for x in a)
@@ -759,7 +776,7 @@ class _Codegen:
         flat: dict[int, str] = {}
         for node, kind in zip(outs, cap.outputs, strict=True):
             if kind is not None and kind[0] == "user" and kind[1] not in cap.output_views:
-                flat[kind[1]] = self.read(node)
+                flat[kind[1]] = self.value(node) if isinstance(node, torch.fx.Node) else _literal(node)
         return "[" + ", ".join(flat.get(i, "None") for i in range(cap.out_spec.num_leaves)) + "]"
 
     def gradients(self) -> str:

@@ -5,10 +5,12 @@ over the captured, functional joint graph (`memviz.capture`).  Its ``forward`` e
 steps up to the first backward step (the synthetic ``loss_backward`` node, where the output gradients
 enter) and keeps exactly the tensors the schedule keeps alive across that boundary; its ``backward``
 binds the incoming output gradients and executes the remaining steps, recomputations included, then
-returns every parameter's gradient.  A ``compute`` step runs one FX operator (views it reads are
-replayed from their base, allocating nothing); a ``free`` step drops memviz's only reference, so the
-storage is released exactly where `solvers.simulate` releases it (Checkmate Sec. 4.1's execution
-model; Rockmate Sec. 4 executes its schedules the same way).
+returns every parameter's gradient.  The steps run as generated Python (`_Codegen`: one function per
+phase, compiled once, the very code ``path=`` writes): a ``compute`` step is one FX operator call into a
+local variable (views it reads are bound once, allocating nothing, and deleted with their storage); a
+``free`` step is a ``del`` of memviz's only reference, so the storage is released exactly where
+`solvers.simulate` releases it (Checkmate Sec. 4.1's execution model; Rockmate Sec. 4 executes its
+schedules the same way).
 
 * Random operators: the global RNG state is saved before an operator's first execution in a step
   and restored (in a forked RNG) for its recomputations: fresh masks every step, identical masks on

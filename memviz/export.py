@@ -88,7 +88,7 @@ class Program:
     source: str = ""
     code: Any = None  # `source` compiled once: a module with forward_steps, backward_steps, backward_rest
 
-    @property
+    @functools.cached_property
     def grad_keys(self) -> list[tuple[str, Any]]:
         """What ``backward_rest`` returns, in order: each parameter's gradient, then each input's."""
         return [("grad", n) for n in self.params] + [("input_grad", i)
@@ -386,10 +386,12 @@ def _model_state(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
     walks cost a few percent of the step."""
     params: dict[str, Any] = {}
     buffers: dict[str, Any] = {}
-    for prefix, module in model.named_modules(remove_duplicate=False):
-        dot = f"{prefix}." if prefix else ""
-        params.update((dot + k, p) for k, p in module._parameters.items() if p is not None)
-        buffers.update((dot + k, b) for k, b in module._buffers.items() if b is not None)
+    stack = [("", model)]  # depth first, in named_modules' order, without its generators
+    while stack:
+        prefix, module = stack.pop()
+        params.update((prefix + k, p) for k, p in module._parameters.items() if p is not None)
+        buffers.update((prefix + k, b) for k, b in module._buffers.items() if b is not None)
+        stack.extend((f"{prefix}{k}.", m) for k, m in reversed(module._modules.items()) if m is not None)
     return params, buffers
 
 

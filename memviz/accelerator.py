@@ -96,9 +96,10 @@ def as_list(device: torch.device | str) -> list[torch.device]:
 def devices_of(tensors: Iterable[Any]) -> list[torch.device]:
     """The distinct accelerator devices `tensors` live on, in first-seen order."""
     found: dict[torch.device, None] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and is_accelerator(t.device):
-            found.setdefault(torch.device(t.device.type, index(t.device)))
+    # each distinct device checked once: the exported module asks this of every parameter each step
+    for d in dict.fromkeys(t.device for t in tensors if isinstance(t, torch.Tensor)):
+        if is_accelerator(d):
+            found.setdefault(torch.device(d.type, index(d)))
     return list(found)
 
 

@@ -5,10 +5,12 @@ over the captured, functional joint graph (`memviz.capture`).  Its ``forward`` e
 steps up to the first backward step (the synthetic ``loss_backward`` node, where the output gradients
 enter) and keeps exactly the tensors the schedule keeps alive across that boundary; its ``backward``
 binds the incoming output gradients and executes the remaining steps, recomputations included, then
-returns every parameter's gradient.  A ``compute`` step runs one FX operator (views it reads are
-replayed from their base, allocating nothing); a ``free`` step drops memviz's only reference, so the
-storage is released exactly where `solvers.simulate` releases it (Checkmate Sec. 4.1's execution
-model; Rockmate Sec. 4 executes its schedules the same way).
+returns every parameter's gradient.  The steps run as generated Python (`_Codegen`: one function per
+phase, compiled once, the very code ``path=`` writes): a ``compute`` step is one FX operator call into a
+local variable (views it reads are bound once, allocating nothing, and deleted with their storage); a
+``free`` step is a ``del`` of memviz's only reference, so the storage is released exactly where
+`solvers.simulate` releases it (Checkmate Sec. 4.1's execution model; Rockmate Sec. 4 executes its
+schedules the same way).
 
 * Random operators: the global RNG state is saved before an operator's first execution in a step
   and restored (in a forked RNG) for its recomputations: fresh masks every step, identical masks on
@@ -24,13 +26,17 @@ model; Rockmate Sec. 4 executes its schedules the same way).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import importlib.util
 import keyword
+import linecache
 import operator
 import os
 import re
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +46,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz import accelerator
-from memviz.capture import Captured, Runner, capture, fingerprint, is_random, replay_view
+from memviz.capture import Captured, capture, constant_values, fingerprint, is_random, replay_view
 from memviz.replay import check_replay
 from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step
@@ -78,6 +84,27 @@ class Program:
     release: int = 0
     # parameter fqn / flat input index -> the model outputs whose gradients its gradient depends on
     grad_tangents: dict[Any, frozenset[int]] = dataclasses.field(default_factory=dict)
+    # the step functions as Python source (`_Codegen`): what `code` runs and what ``path=`` writes
+    source: str = ""
+    code: Any = None  # `source` compiled once: a module with forward_steps, backward_steps, backward_rest
+
+    @functools.cached_property
+    def grad_keys(self) -> list[tuple[str, Any]]:
+        """What ``backward_rest`` returns, in order: each parameter's gradient, then each input's."""
+        return [("grad", n) for n in self.params] + [("input_grad", i)
+                                                     for i in sorted(self.captured.input_grad_data)]
+
+    @functools.cached_property
+    def nodes(self) -> dict[str, torch.fx.Node]:
+        return self.captured.nodes
+
+    @functools.cached_property
+    def placeholder_table(self) -> tuple[tuple[str, str, Any], ...]:
+        """(FX name, kind, key) of each placeholder the step binds before it runs (no tangents)."""
+        nodes = self.captured.gm.graph.find_nodes(op="placeholder")
+        kinds = self.captured.placeholders
+        return tuple((n.name, kind, key) for n, (kind, key) in zip(nodes, kinds, strict=True)
+                     if kind != "tangent")
 
 
 def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: str) -> Program:
@@ -112,9 +139,31 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
             d = captured.data_of_fx[node.name]
             updates.setdefault(graph.datas[d].producer, []).append((captured.data_fx[d], kind[1]))
     backward = steps[boundary:]
-    return Program(captured, graph, steps[:boundary], backward, random, params, fp, captured.mode,
-                   {c: tuple(u) for c, u in updates.items()}, _release_point(backward, captured),
-                   _grad_tangents(captured))
+    program = Program(captured, graph, steps[:boundary], backward, random, params, fp, captured.mode,
+                      {c: tuple(u) for c, u in updates.items()}, _release_point(backward, captured),
+                      _grad_tangents(captured))
+    source = _Codegen(program).source()
+    return dataclasses.replace(program, source=source, code=_compiled(source, fp))
+
+
+def _compiled(source: str, fp: str) -> types.ModuleType:
+    """`source` compiled and run once as a module (its step functions).  The text goes to linecache
+    so a traceback through a step shows the generated line."""
+    filename = f"<memviz plan {fp[:16]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    module = types.ModuleType("memviz_plan")
+    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own escaped source (`_str`)
+    return module
+
+
+def _placeholder_env(program: Program, params: dict[str, Any], buffers: dict[str, Any],
+                     flat: Sequence[Any]) -> dict[str, Any]:
+    """FX placeholder name -> the model's parameter or buffer or the user's input, plus the graph's
+    tensor constants: what the step functions read from `env` before any step runs."""
+    tables = {"param": params, "buffer": buffers, "input": flat}
+    env = {name: tables[kind][key] for name, kind, key in program.placeholder_table}
+    env.update(constant_values(program.captured.gm, program.captured.constants))
+    return env
 
 
 def _update_before_backward_ends(graph: Graph, steps: Sequence[Step]) -> str | None:
@@ -156,102 +205,62 @@ def _grad_tangents(cap: Captured) -> dict[Any, frozenset[int]]:
     return found
 
 
-class _StepState:
-    """What one training step carries from forward to backward."""
+class _StepRng:
+    """What generated code calls around random operators: `save` before an operator's first execution
+    in a step, `replay` around its recomputations (the same mask; the global stream left alone)."""
 
-    def __init__(self, program: Program, runner: Runner, buffers: dict[str, torch.Tensor],
-                 devices: list[torch.device], generated: Any = None) -> None:
+    def __init__(self, devices: list[torch.device]) -> None:
         """`devices`: the accelerators the step runs on, whose generators random ops draw from."""
-        self.program = program
         self.devices = devices
-        self.generated = generated
-        self.runner = runner
+        self.states: dict[int, Any] = {}
+
+    def save(self, c: int) -> None:
+        self.states[c] = accelerator.get_rng_state(self.devices)
+
+    @contextlib.contextmanager
+    def replay(self, c: int) -> Any:
+        with accelerator.fork_rng(self.devices):
+            accelerator.set_rng_state(self.devices, self.states[c])
+            yield
+
+
+class _StepState:
+    """What one training step carries from forward to backward: the values the schedule keeps across
+    the phase functions (`env`, FX name -> tensor), the RNG states of random ops, the output gradients."""
+
+    def __init__(self, program: Program, code: Any, env: dict[str, Any], buffers: dict[str, torch.Tensor],
+                 devices: list[torch.device]) -> None:
+        """`code`: the compiled step functions (`Program.code`, or a module `load_source` imported)."""
+        self.program = program
+        self.code = code
+        self.env = env
         self.buffers = buffers
-        self.rng: dict[int, Any] = {}
-        self.done: set[int] = set()
+        self.rng = _StepRng(devices)
         self.grad_outputs: dict[int, torch.Tensor] = {}
         self.missing: set[int] = set()  # outputs that got no gradient (unused by the loss)
 
-    def forward(self) -> None:
-        if self.generated is not None:
-            self.generated.forward_steps(self.runner.env, _SourceRng(self), self.buffers)
-        else:
-            self.run(self.program.forward_steps)
+    def forward(self) -> list[Any]:
+        """The forward part: everything before the output gradients arrive; returns the flat outputs."""
+        return self.code.forward_steps(self.env, self.rng, self.buffers)
 
     def backward(self) -> None:
         """The backward steps that run while autograd holds the output gradients."""
-        if self.generated is not None:
-            self.generated.backward_steps(self.runner.env, _SourceRng(self), self.buffers, self.grad_outputs)
-        else:
-            self.run(self.program.backward_steps[:self.program.release])
+        self.code.backward_steps(self.env, self.rng, self.buffers, self.grad_outputs)
         self.grad_outputs.clear()
 
-    def backward_rest(self) -> None:
-        """The backward steps after the output gradients' last use (autograd has released them)."""
-        if self.generated is not None:
-            self.generated.backward_rest(self.runner.env, _SourceRng(self), self.buffers)
-        else:
-            self.run(self.program.backward_steps[self.program.release:])
-
-    def run(self, steps: Sequence[Step]) -> None:
-        cap = self.program.captured
-        n_fx = len(cap.compute_fx)
-        for step in steps:
-            if step.op == "free":
-                self.runner.free(step.node)
-                continue
-            c = step.node
-            if c == cap.loss_backward_compute:
-                for idx, name in cap.tangent_fx.items():
-                    self.runner.env[name] = self.grad_outputs[idx]
-            elif c < n_fx and cap.compute_fx[c] is not None:
-                self._compute(c)
-
-    def _compute(self, c: int) -> None:
-        if c not in self.program.random:
-            self.runner.compute(c)
-        elif c in self.rng:  # recomputation: replay the same random stream, leave the global one alone
-            with accelerator.fork_rng(self.devices):
-                accelerator.set_rng_state(self.devices, self.rng[c])
-                self.runner.compute(c)
-        else:
-            self.rng[c] = accelerator.get_rng_state(self.devices)
-            self.runner.compute(c)
-        if c not in self.done:
-            self.done.add(c)
-            self.copy_buffer_updates(c)
-
-    def copy_buffer_updates(self, c: int) -> None:
-        """Write the new values of buffers `c` mutates (BatchNorm statistics) back: called after the
-        first computation of `c` in a step only, so a recomputation never updates them twice."""
-        with torch.no_grad():
-            for fx, fqn in self.program.buffer_updates.get(c, ()):
-                self.buffers[fqn].copy_(self.runner.env[fx])
-
-    def user_outputs(self) -> list[Any]:
-        cap = self.program.captured
-        outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
-        flat: dict[int, Any] = {}
-        for node, kind in zip(outs, cap.outputs, strict=True):
-            if kind is not None and kind[0] == "user" and kind[1] not in cap.output_views:
-                flat[kind[1]] = self.runner.value(node)  # an aliased output is rebuilt from its base
-        return [flat.get(i) for i in range(cap.out_spec.num_leaves)]
-
-    def param_grads(self) -> list[torch.Tensor | None]:
-        cap = self.program.captured
-        return [self._grad(("grad", name), cap.grad_data.get(name)) for name in self.program.params]
-
-    def input_grads(self, slots: Sequence[int]) -> list[torch.Tensor | None]:
-        cap = self.program.captured
-        return [self._grad(("input_grad", i), cap.input_grad_data.get(i)) for i in slots]
-
-    def _grad(self, key: tuple[str, Any], d: int | None) -> torch.Tensor | None:
-        deps = self.program.grad_tangents.get(key, frozenset())
-        if d is None or (deps and deps <= self.missing):
-            return None  # only reached through outputs without a gradient: None, as in eager autograd
-        fx = self.program.captured.grad_fx.get(key)
-        # the gradient's own FX value: a view of its storage is replayed from it, shaped as the parameter
-        return self.runner.data_value(d) if fx is None else self.runner.value(self.runner.nodes[fx])
+    def gradients(self, input_slots: Sequence[int]) -> tuple[list[Any], list[Any]]:
+        """The backward steps after the output gradients' last use (autograd has released them), then
+        the parameters' gradients and those of the inputs at `input_slots`; the step ends here."""
+        values = self.code.backward_rest(self.env, self.rng, self.buffers)
+        self.env.clear()
+        tangents = self.program.grad_tangents
+        found = {}
+        for key, value in zip(self.program.grad_keys, values, strict=True):
+            deps = tangents.get(key, frozenset())
+            # only reached through outputs without a gradient: None, as in eager autograd
+            found[key] = None if deps and deps <= self.missing else value
+        return ([found[("grad", n)] for n in self.program.params],
+                [found.get(("input_grad", i)) for i in input_slots])
 
 
 class _Leaves(torch.autograd.Function):
@@ -273,9 +282,7 @@ class _Leaves(torch.autograd.Function):
     def backward(ctx: Any, _link: torch.Tensor | None) -> Any:
         state = ctx.holder[0]
         ctx.holder = None  # everything the step held goes with it once backward returns
-        state.backward_rest()
-        grads, input_grads = state.param_grads(), state.input_grads(ctx.input_slots)
-        state.runner.env.clear()
+        grads, input_grads = state.gradients(ctx.input_slots)
         return (None, None, *grads, *input_grads)
 
 
@@ -285,8 +292,7 @@ class _PlannedStep(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, holder: list[_StepState], link: torch.Tensor) -> Any:
         state = holder[0]
-        state.forward()
-        outs = state.user_outputs()
+        outs = state.forward()
         ctx.state, ctx.link = state, (link.shape, link.dtype, link.device)
         ctx.diff = sorted(state.program.captured.tangent_data)
         ctx.meta = {i: (outs[i].shape, outs[i].dtype, outs[i].device) for i in ctx.diff}
@@ -320,7 +326,7 @@ class PlannedModule(nn.Module):
         super().__init__()
         self._orig_mod = model
         self._program = program
-        self._param_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self._param_shapes = {n: tuple(p.shape) for n, p in _model_state(model)[0].items()}
         self._generated: Any = None  # a module written by write_source, when loaded by load_source
 
     @property
@@ -330,32 +336,31 @@ class PlannedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.training and self._program.mode == "train":
             return self._orig_mod(*args, **kwargs)
-        flat = self._check(args, kwargs)
+        params, buffers = _model_state(self._orig_mod)
+        flat = self._check(args, kwargs, params)
         cap = self._program.captured
-        params = dict(self._orig_mod.named_parameters(remove_duplicate=False))
-        buffers = dict(self._orig_mod.named_buffers(remove_duplicate=False))
-        runner = Runner(cap, cap.placeholder_values(self._orig_mod, flat))
+        env = _placeholder_env(self._program, params, buffers, flat)
         devices = accelerator.devices_of([*params.values(), *buffers.values(), *flat])
-        state = _StepState(self._program, runner, buffers, devices, self._generated)
+        code = self._program.code if self._generated is None else self._generated
+        state = _StepState(self._program, code, env, buffers, devices)
         slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         if self._program.mode == "inference" or not torch.is_grad_enabled():
             with torch.no_grad():
                 if self._program.mode == "train":
                     raise RuntimeError("this plan is a training plan: call it with gradients enabled, or "
                                        "switch to eval() to run the original forward")
-                state.forward()
-                outs = state.user_outputs()
-                runner.env.clear()
+                outs = state.forward()
+                env.clear()
             return pytree.tree_unflatten(outs, cap.out_spec)
         holder = [state]
         link = _Leaves.apply(holder, slots, *(params[n] for n in self._program.params),
                              *(flat[i] for i in slots))
         outs = list(_PlannedStep.apply(holder, link))
         for i, view in cap.output_views.items():  # aliased outputs: their view replayed on the real base
-            outs[i] = replay_view(view, runner.nodes, view.base_value(outs, params, buffers, flat))
+            outs[i] = replay_view(view, self._program.nodes, view.base_value(outs, params, buffers, flat))
         return pytree.tree_unflatten(outs, cap.out_spec)
 
-    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any], params: dict[str, Any]) -> list[Any]:
         flat, spec = pytree.tree_flatten((tuple(args), kwargs))
         cap = self._program.captured
         if spec != cap.in_spec:
@@ -369,10 +374,25 @@ class PlannedModule(nn.Module):
                 got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise StalePlanError(f"input {i} is {got}, but the plan was made for {meta}: memory plans "
                                      "are shape-specific; profile and plan again for these shapes")
-        shapes = {n: tuple(p.shape) for n, p in self._orig_mod.named_parameters()}
+        shapes = {n: tuple(p.shape) for n, p in params.items()}
         if shapes != self._param_shapes:
             raise StalePlanError("the model's parameters changed since export: profile and plan again")
         return flat
+
+
+def _model_state(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``named_parameters`` and ``named_buffers`` (duplicates included) in one walk over the modules:
+    each step reads them afresh (a parameter may have been replaced), and on a small model the two
+    walks cost a few percent of the step."""
+    params: dict[str, Any] = {}
+    buffers: dict[str, Any] = {}
+    stack = [("", model)]  # depth first, in named_modules' order, without its generators
+    while stack:
+        prefix, module = stack.pop()
+        params.update((prefix + k, p) for k, p in module._parameters.items() if p is not None)
+        buffers.update((prefix + k, b) for k, b in module._buffers.items() if b is not None)
+        stack.extend((f"{prefix}{k}.", m) for k, m in reversed(module._modules.items()) if m is not None)
+    return params, buffers
 
 
 def _check_constant(i: int, value: Any, traced: Any) -> None:
@@ -562,89 +582,258 @@ def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str,
     return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype)) for d in inputs), {}
 
 
-# --- readable source ----------------------------------------------------------------------------------
+# --- generated step functions ------------------------------------------------------------------------
+_RESERVED = frozenset({"torch", "operator", "memviz", "env", "rng", "buffers", "grad_outputs", "out_",
+                       "forward_steps", "backward_steps", "backward_rest"})
+
+
 class _Codegen:
-    """Straight-line Python for a Program: one statement per step, views replayed inline."""
+    """The Program's steps as straight-line Python: one function per phase (forward; backward while
+    autograd holds the output gradients; the rest of the backward), compiled once and run by the
+    exported module, and written as is by ``path=``.
+
+    Each FX value is a local variable (``_`` + its name); a ``free`` is a ``del``, so the storage goes
+    exactly where `solvers.simulate` releases it.  A view (or any value that owns no storage) is bound
+    once, where first read, and deleted with its storage's free, so it never keeps a freed storage
+    alive.  What a later phase needs crosses the function boundary in `env` (FX name -> tensor): a
+    function loads a value from it where it first reads it (popping it when it frees or recomputes
+    it), and stores back what it computed that is still alive when it returns."""
 
     def __init__(self, program: Program) -> None:
         self.p = program
-        self.cap = program.captured
-        self.nodes = self.cap.nodes
-        self.owners = self.cap.compute_fx_set
-        # graph inputs and tensor constants: bound in `v` before the steps run (`placeholder_values`)
-        self.placeholders = {n.name for n in self.cap.gm.graph.find_nodes(op="placeholder")} | set(
-            self.cap.constants)
-        self.seen: set[int] = set()
+        cap = self.cap = program.captured
+        graph_nodes = list(cap.gm.graph.nodes)
+        self.nodes = {n.name: n for n in graph_nodes}
+        self.locals = {n.name: _local_name(n.name, i) for i, n in enumerate(graph_nodes)}
+        self.owners = cap.compute_fx_set
+        placeholders = {name for name, _, _ in program.placeholder_table} | set(cap.constants)
+        elems = {g for pairs in cap.elem_fx.values() for _, g in pairs}
+        # values that live in `env` or a local between steps (the rest is derived from them on demand)
+        self.stored = (placeholders | set(cap.tangent_fx.values()) | elems
+                       | {n for n in self.owners if n not in cap.elem_fx})
+        self.live = set(placeholders)  # stored values alive at this point of the step
+        self.ops: dict[Any, str] = {}  # FX target -> the module-level name it is bound to
+        self.op_lines: list[str] = []
+        self.first_done: set[int] = set()  # computes that ran once already in the step
 
-    def expr(self, node: Any) -> str:
-        if isinstance(node, torch.fx.Node):
-            if node.name in self.placeholders or node.name in self.owners or self._is_elem(node):
-                return f"v[{_str(node.name)}]"
-            args = self._args(node)
-            return f"{_target(node.target)}({args})"
-        if isinstance(node, (list, tuple)):
-            inner = ", ".join(self.expr(a) for a in node)
-            return f"[{inner}]" if isinstance(node, list) else f"({inner}{',' if len(node) == 1 else ''})"
-        if isinstance(node, dict):
-            return "{" + ", ".join(f"{_literal(k)}: {self.expr(v)}" for k, v in node.items()) + "}"
-        return _literal(node)
-
-    def _is_elem(self, node: torch.fx.Node) -> bool:
-        return any(node.name == g for elems in self.cap.elem_fx.values() for _, g in elems)
-
-    def _args(self, node: torch.fx.Node) -> str:
-        parts = [self.expr(a) for a in node.args]
-        parts += [f"{_identifier(k)}={self.expr(v)}" for k, v in node.kwargs.items()]
-        return ", ".join(parts)
-
-    def compute(self, c: int, indent: str) -> list[str]:
-        cap = self.cap
-        gc = self.p.graph.computes[c]
-        # names from the model or a plan file reach comments only as ASCII string literals (`_str`)
-        where = f"  # {_str(gc.module or '-')} | {_str(gc.source)}" if gc.source else ""
-        if c == cap.loss_backward_compute:
-            return [f"{indent}# compute loss_backward: the output gradients arrive from autograd"] + [
-                f"{indent}v[{_str(name)}] = grad_outputs[{_int(i)}]"
-                for i, name in sorted(cap.tangent_fx.items())]
-        if c >= len(cap.compute_fx) or cap.compute_fx[c] is None:
-            return [f"{indent}# compute {_str(gc.name)}: runs outside the module ({_str(gc.op)})"]
-        node = self.nodes[cap.compute_fx[c]]
-        call = f"{_target(node.target)}({self._args(node)})"
-        lines = [f"{indent}# compute {_str(gc.name)}{where}"]
-        random = c in self.p.random
-        if random:
-            lines.append(f"{indent}with rng.replay({_int(c)}):")
-            indent += "    "
-        elems = cap.elem_fx.get(node.name)
-        if elems is None:
-            lines.append(f"{indent}v[{_str(node.name)}] = {call}")
-        else:
-            lines.append(f"{indent}_out = {call}")
-            lines += [f"{indent}v[{_str(g)}] = _out[{_int(i)}]" for i, g in elems]
-            lines.append(f"{indent}del _out")
-        return lines
-
-    def free(self, d: int, indent: str) -> list[str]:
-        name = self.cap.data_fx[d]
-        label = self.p.graph.datas[d].name
-        if name is None:
-            return [f"{indent}# free {_str(label)} (not held)"]
-        held = [f"{indent}v.pop({_str(other)}, None)" for other in self.cap.held_fx.get(d, ())]
-        return [f"{indent}v.pop({_str(name)}, None)  # free {_str(label)}", *held]
-
-    def function(self, name: str, steps: Sequence[Step], doc: str) -> list[str]:
-        lines = [f"def {_identifier(name)}(v, rng, buffers, grad_outputs=None):", f"    {_str(doc)}"]
+    # -- one function ---------------------------------------------------------------------------------
+    def function(self, name: str, steps: Sequence[Step], doc: str, returns: str) -> list[str]:
+        self.lines: list[str] = []
+        self.bound: dict[str, bool] = {}  # stored value -> whether this function must store it back
+        self.derived: dict[str, int | None] = {}  # bound derived value -> the data node of its storage
+        self.changed = self._changed(steps)  # values freed or assigned here: popped from env when loaded
         for step in steps:
             if step.op == "free":
-                lines += self.free(step.node, "    ")
-                continue
-            lines += self.compute(step.node, "    ")
-            if step.node not in self.seen:  # first computation: write mutated buffers back, once
-                self.seen.add(step.node)
-                lines += [f"    buffers[{_str(fqn)}].copy_(v[{_str(fx)}])"
-                          for fx, fqn in self.p.buffer_updates.get(step.node, ())]
-        lines.append("")
-        return lines
+                self.free(step.node)
+            else:
+                self.compute(step.node)
+        result = self.outputs() if returns == "outputs" else self.gradients() if returns == "grads" else None
+        if returns != "grads":  # the step ends with the gradients: nothing is read after them
+            self.lines += [f"    env[{_str(n)}] = {self.locals[n]}" for n, back in self.bound.items()
+                           if back and n in self.live]
+        if result is not None:
+            self.lines.append(f"    return {result}")
+        head = [f"def {_identifier(name)}(env, rng, buffers, grad_outputs=None):", f"    {_str(doc)}"]
+        return [*head, *self.lines, ""]
+
+    def _changed(self, steps: Sequence[Step]) -> set[str]:
+        cap, changed = self.cap, set()
+        for step in steps:
+            if step.op == "free":
+                changed.update(n for n in (cap.data_fx[step.node], *cap.held_fx.get(step.node, ())) if n)
+            elif step.node < len(cap.compute_fx) and cap.compute_fx[step.node] is not None:
+                fx = cap.compute_fx[step.node]
+                changed.update([g for _, g in cap.elem_fx[fx]] if fx in cap.elem_fx else [fx])
+        return changed
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    # -- reading values -------------------------------------------------------------------------------
+    def read(self, a: Any) -> str:
+        """`a` (an FX argument) as an expression, binding what it needs first.  An operator's argument
+        that is a ``detach`` of a value is that value: inside the step functions nothing records
+        gradients, so the alias would change nothing but cost a dispatch."""
+        if isinstance(a, torch.fx.Node):
+            while a.target is torch.ops.aten.detach.default and a.name not in self.stored:
+                a = a.args[0]
+            return self.value(a)
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.read(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{_literal(k)}: {self.read(v)}" for k, v in a.items()) + "}"
+        return _literal(a)
+
+    def value(self, node: torch.fx.Node) -> str:
+        name, local = node.name, self.locals[node.name]
+        if name in self.stored:
+            if name not in self.live:
+                raise ValueError(f"cannot generate the plan's steps: a step reads {name!r} where the "
+                                 "schedule has freed it or not computed it yet")
+            if name not in self.bound:  # alive since an earlier phase: load it from env
+                pop = name in self.changed
+                self.emit(f"{local} = env.pop({_str(name)})" if pop else f"{local} = env[{_str(name)}]")
+                self.bound[name] = pop
+            return local
+        if name in self.derived:
+            return local
+        if node.op != "call_function" or name in self.owners:
+            raise ValueError(f"cannot generate the plan's steps: {name!r} is not a value a step can read")
+        call = self.call(node)
+        self.emit(f"{local} = {call}")
+        self.derived[name] = self.cap.data_of_fx.get(name)
+        return local
+
+    def call(self, node: torch.fx.Node) -> str:
+        parts = [self.read(a) for a in node.args]
+        parts += [f"{_identifier(k)}={self.read(v)}" for k, v in node.kwargs.items()]
+        return f"{self.op(node.target)}({', '.join(parts)})"
+
+    def op(self, target: Any) -> str:
+        """The module-level name `target` is bound to (bound once, at import: no lookups per call)."""
+        if target not in self.ops:
+            path = _target(target)
+            base = "_".join(path.split(".")[2:]).removesuffix("_default") if path.startswith("torch.ops.") \
+                else path.split(".")[-1]
+            name = base if not base.startswith("_") and base not in _RESERVED else f"op_{base}"
+            if name in self.ops.values():
+                name = f"{name}_{len(self.ops)}"
+            self.ops[target] = name
+            self.op_lines.append(f"{name} = {path}")
+        return self.ops[target]
+
+    # -- steps ----------------------------------------------------------------------------------------
+    def compute(self, c: int) -> None:
+        cap, gc = self.cap, self.p.graph.computes[c]
+        # names from the model or a plan file reach comments only as ASCII string literals (`_str`)
+        where = f" | {_str(gc.module or '-')} | {_str(gc.source)}" if gc.source else ""
+        if c == cap.loss_backward_compute:
+            self.emit("# compute loss_backward: the output gradients arrive from autograd")
+            for i, name in sorted(cap.tangent_fx.items()):
+                self.assign(name)
+                self.emit(f"{self.locals[name]} = grad_outputs[{_int(i)}]")
+            return
+        if c >= len(cap.compute_fx) or cap.compute_fx[c] is None:
+            self.emit(f"# compute {_str(gc.name)}: runs outside the module ({_str(gc.op)})")
+            return
+        node = self.nodes[cap.compute_fx[c]]
+        self.emit(f"# compute {_str(gc.name)}{where}")
+        call = self.call(node)  # binds the views it reads before anything is replaced
+        elems = cap.elem_fx.get(node.name)
+        outs = [node.name] if elems is None else [g for _, g in elems]
+        for name in outs:
+            self.assign(name)
+        first = c not in self.first_done
+        self.first_done.add(c)
+        indent = ""
+        if c in self.p.random:
+            if first:  # the global stream advances as in eager; a recomputation replays this state
+                self.emit(f"rng.save({_int(c)})")
+            else:
+                self.emit(f"with rng.replay({_int(c)}):")
+                indent = "    "
+        if elems is None:
+            self.emit(f"{indent}{self.locals[node.name]} = {call}")
+        else:
+            self.emit(f"{indent}out_ = {call}")
+            self.lines += [f"    {self.locals[g]} = out_[{_int(i)}]" for i, g in elems]
+            self.emit("del out_")
+        if first:  # mutated buffers (BatchNorm statistics) are written back once per step
+            for fx, fqn in self.p.buffer_updates.get(c, ()):
+                self.emit(f"buffers[{_str(fqn)}].copy_({self.value(self.nodes[fx])})")
+
+    def assign(self, name: str) -> None:
+        """`name` gets a new value here: views of its storage and an older value of it go first."""
+        self.drop_derived(self.cap.data_of_fx.get(name))
+        if name in self.live and name not in self.bound:
+            self.emit(f"del env[{_str(name)}]")
+        self.live.add(name)
+        self.bound[name] = True
+
+    def drop_derived(self, d: int | None) -> None:
+        gone = [n for n, of in self.derived.items() if d is not None and of == d]
+        for n in gone:
+            del self.derived[n]
+        if gone:
+            self.emit(f"del {', '.join(self.locals[n] for n in gone)}")
+
+    def free(self, d: int) -> None:
+        cap = self.cap
+        label = self.p.graph.datas[d].name
+        self.drop_derived(d)
+        names = [n for n in (cap.data_fx[d], *cap.held_fx.get(d, ())) if n is not None and n in self.live]
+        if not names:
+            self.emit(f"# free {_str(label)} (not held)")
+            return
+        targets = []
+        for n in names:
+            self.live.discard(n)
+            targets.append(self.locals[n] if self.bound.pop(n, None) is not None else f"env[{_str(n)}]")
+        self.emit(f"del {', '.join(targets)}  # free {_str(label)}")
+
+    # -- what the phases return -----------------------------------------------------------------------
+    def outputs(self) -> str:
+        """The model's flat outputs (None where one is rebuilt from its base outside the step)."""
+        cap = self.cap
+        outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+        flat: dict[int, str] = {}
+        for node, kind in zip(outs, cap.outputs, strict=True):
+            if kind is not None and kind[0] == "user" and kind[1] not in cap.output_views:
+                flat[kind[1]] = self.value(node) if isinstance(node, torch.fx.Node) else _literal(node)
+        return "[" + ", ".join(flat.get(i, "None") for i in range(cap.out_spec.num_leaves)) + "]"
+
+    def gradients(self) -> str:
+        """Each parameter's gradient, then each input's (`Program.grad_keys`); None where there is none."""
+        cap, exprs = self.cap, []
+        for kind, key in self.p.grad_keys:
+            d = cap.grad_data.get(key) if kind == "grad" else cap.input_grad_data.get(key)
+            # the gradient's own FX value: a view of its storage is replayed from it, shaped as the parameter
+            fx = None if d is None else cap.grad_fx.get((kind, key), cap.data_fx[d])
+            exprs.append("None" if fx is None or (fx in self.stored and fx not in self.live)
+                         else self.value(self.nodes[fx]))
+        return "[" + ", ".join(exprs) + "]"
+
+    # -- the whole module -----------------------------------------------------------------------------
+    def source(self) -> str:
+        p = self.p
+        body = self.function("forward_steps", p.forward_steps,
+                             "Forward part: everything before the output gradients arrive.", "outputs")
+        body += ["", *self.function("backward_steps", p.backward_steps[:p.release],
+                                    "Backward while autograd holds the output gradients (to their last use).",
+                                    "")]
+        body += ["", *self.function("backward_rest", p.backward_steps[p.release:],
+                                    "Rest of the backward: recomputations, gradients, frees.", "grads")]
+        cap = self.cap
+        # a gradient that is a view of its storage is its own FX value (`Captured.grad_fx`)
+        grads = [(n, cap.grad_fx.get(("grad", n), cap.data_fx[d])) for n, d in cap.grad_data.items()]
+        head = [
+            "import operator  # noqa: F401",
+            "",
+            "import torch",
+            "",
+            "import memviz.capture  # noqa: F401  (registers torch.ops.memviz.*)",
+            "",
+            f"FINGERPRINT = {_str(p.fingerprint)}",
+            f"MODE = {_str(p.mode)}",
+            f"PLACEHOLDERS = {_data(_placeholder_table(cap))}",
+            f"PARAMS = {_data(list(p.params))}",
+            f"GRADS = {_data(grads)}",
+            f"INPUTS = {_data([(list(m[0]), str(m[1])) if m else None for m in cap.input_meta])}",
+            "",
+            "# the operators the steps call, bound once",
+            *self.op_lines,
+            "",
+            "",
+        ]
+        return "\n".join(head + body)
+
+
+def _local_name(name: str, index: int) -> str:
+    """The local variable holding FX value `name`: ``_`` + the name when that is a plain ASCII
+    identifier (so it never shadows a module-level name, which never starts with ``_``), else the node's
+    position."""
+    return f"_{name}" if name.isidentifier() and name.isascii() else f"_{index}"
 
 
 # Everything generated source holds that did not come from this file is one of: a string literal of
@@ -724,18 +913,16 @@ def _placeholder_table(cap: Captured) -> list[tuple[str, tuple[str, Any]]]:
 
 
 def program_source(program: Program, plan: Any) -> str:
-    """Readable source: the scheduled steps as straight-line code over torch.ops.*, plus metadata."""
-    gen = _Codegen(program)
-    cap = program.captured
+    """The source ``path=`` writes: the plan's name, strategy and peak, then `Program.source` -- the very
+    code the exported module runs."""
     budget = getattr(plan, "budget_bytes", None)
-    # a gradient that is a view of its storage is its own FX value (`Captured.grad_fx`)
-    grads = [(n, cap.grad_fx.get(("grad", n), cap.data_fx[d])) for n, d in cap.grad_data.items()]
     header = [
         # the docstring is fixed text: the plan's names follow as string literals (MODEL, STRATEGY)
         '"""Generated by memviz.export: a memory plan as straight-line PyTorch code.',
         "",
-        "Each step is one operator of the captured joint graph; `v` holds the live tensors; a `pop` is a",
-        "free; `rng.replay(c)` restores the random state of operator c on recomputation.",
+        "Each step is one operator of the captured joint graph, each value a local variable; a `del` is a",
+        "free; `env` carries what a later phase reads; `rng.save(c)` records the random state of operator c",
+        "before its first run, `rng.replay(c)` restores it for a recomputation.",
         "Load it with memviz.export.load_source(path, model).",
         '"""',
         "",
@@ -744,28 +931,8 @@ def program_source(program: Program, plan: Any) -> str:
         f"PLANNED_PEAK_BYTES = {_int(plan.peak_bytes)}",
         f"BUDGET_BYTES = {'None' if budget is None else _int(budget)}",
         "",
-        "import operator",
-        "",
-        "import torch",
-        "",
-        "import memviz.capture  # noqa: F401  (registers torch.ops.memviz.*)",
-        "",
-        f"FINGERPRINT = {_str(program.fingerprint)}",
-        f"MODE = {_str(program.mode)}",
-        f"PLACEHOLDERS = {_data(_placeholder_table(cap))}",
-        f"PARAMS = {_data(list(program.params))}",
-        f"GRADS = {_data(grads)}",
-        f"INPUTS = {_data([(list(m[0]), str(m[1])) if m else None for m in cap.input_meta])}",
-        "",
-        "",
     ]
-    body = gen.function("forward_steps", program.forward_steps,
-                        "Forward part: everything before the output gradients arrive.")
-    body += ["", *gen.function("backward_steps", program.backward_steps[:program.release],
-                               "Backward while autograd holds the output gradients (to their last use).")]
-    body += ["", *gen.function("backward_rest", program.backward_steps[program.release:],
-                               "Rest of the backward: recomputations, gradients, frees.")]
-    return "\n".join(header + body)
+    return "\n".join(header) + "\n" + program.source
 
 
 def write_source(plan: Any, program: Program, path: Path, *, overwrite: bool = False) -> tuple[Path, Path]:
@@ -795,34 +962,12 @@ def write_source(plan: Any, program: Program, path: Path, *, overwrite: bool = F
     return path, plan_path
 
 
-# --- runtime for generated source ------------------------------------------------------------------------
-class _SourceRng:
-    def __init__(self, state: _StepState) -> None:
-        self.state = state
-
-    def replay(self, c: int) -> Any:
-        import contextlib
-
-        state = self.state
-
-        @contextlib.contextmanager
-        def ctx() -> Any:
-            if c in state.rng:
-                with accelerator.fork_rng(state.devices):
-                    accelerator.set_rng_state(state.devices, state.rng[c])
-                    yield
-            else:
-                state.rng[c] = accelerator.get_rng_state(state.devices)
-                yield
-
-        return ctx()
-
-
 def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> PlannedModule:
     """Rebuild the exported module from source written by ``export(plan, path=...)`` and the original model.
 
-    The generated functions replace the in-memory step interpreter; the model's state (parameters,
-    buffers) is the one passed in.  `plan` defaults to the plan JSON written beside the source."""
+    The file's step functions run instead of the ones `export` compiles from the plan (the same code
+    when the file is unedited); the model's state (parameters, buffers) is the one passed in.  `plan`
+    defaults to the plan JSON written beside the source."""
     path = Path(path)
     spec = importlib.util.spec_from_file_location(f"memviz_generated_{abs(hash(str(path)))}", path)
     if spec is None or spec.loader is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import re
 from typing import Any
 
 import pytest
@@ -261,6 +262,26 @@ def test_source_export_round_trip(tmp_path):
         for pa, pb in zip(original.parameters(), loaded.parameters(), strict=True):
             _assert_same(pa.grad, pb.grad, "grad")
             pa.grad = pb.grad = None
+
+
+def test_exported_module_runs_the_source_path_writes(tmp_path):
+    """Issue 22: the module runs generated straight-line code, and ``path=`` writes that very code; each
+    value (views included) is bound once per phase function when nothing is recomputed, frees are dels."""
+    model, args = gpt(dtype=torch.float64)
+    prof = profile(model, args, repeats=1, warmup=0, measure=False)
+    plan = _plan(prof, "eager")
+    target = tmp_path / "planned.py"
+    exported = export(plan, path=target)
+    source = exported.program.source
+    assert target.read_text().endswith(source)
+    assert exported.program.code.forward_steps.__code__.co_filename.startswith("<memviz plan")
+    functions = re.split(r"^def ", source, flags=re.M)[1:]
+    assert [f.split("(")[0] for f in functions] == ["forward_steps", "backward_steps", "backward_rest"]
+    for body in functions:
+        bound = re.findall(r"^ {4}(_\w+) = ", body, flags=re.M)
+        assert bound and len(bound) == len(set(bound)), "a value was bound twice without a recomputation"
+    assert re.search(r"^ {4}del _\w+.*# free ", source, flags=re.M)
+    _assert_same(_train_step(copy.deepcopy(model), args, 0), _train_step(exported, args, 0), "output")
 
 
 def _plan_at_minimum(prof: Profile, strategy: str) -> Any:

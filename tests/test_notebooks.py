@@ -27,6 +27,7 @@ NOTEBOOKS = {
     "long_sequence_chunking.ipynb": "CHUNKING OK",
     "neuron_whatif.ipynb": "NEURON OK",
     "hf_apply_compile.ipynb": "HF APPLY OK",
+    "distributed_ranks.ipynb": "DISTRIBUTED OK",
 }
 #: notebook -> rich outputs it must display: the plan MIME bundle and/or a widget view
 DISPLAYS = {
@@ -36,6 +37,7 @@ DISPLAYS = {
     "long_sequence_chunking.ipynb": {"application/vnd.jupyter.widget-view+json"},
     "neuron_whatif.ipynb": {"application/vnd.jupyter.widget-view+json"},
     "hf_apply_compile.ipynb": {MIME_TYPE},
+    "distributed_ranks.ipynb": {MIME_TYPE, "application/vnd.jupyter.widget-view+json"},
 }
 TIMEOUT_S = 180  # per cell; each notebook takes <= 60 s unloaded
 

@@ -214,3 +214,34 @@ def test_memviz_apply_stays_the_function_after_its_module_is_imported() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr
+
+
+def test_region_that_saves_nothing_runs_plain_checkpointing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the minimum budget GPT's checkpointed block keeps no op: it runs plain checkpointing, no selective
+    policy (faster), with the outputs, gradients, buffers and measured peak of the selective run it replaced
+    (the same region forced through the policy by a save decision for an op that never runs)."""
+    import sys
+
+    from memviz.apply import wrap
+
+    applying = sys.modules[wrap.__module__]  # the module: `memviz.apply` is the function
+    model, args, prof = _example("gpt")
+    plan = sac_plan(prof, 0.01)
+    regions = plan.solver_stats.extra["sac"]["regions"]
+    assert regions and all(not r["save"] for r in regions)
+    policies: list[Any] = []
+    factory = applying.create_selective_checkpoint_contexts
+
+    def spy(policy: Any, *rest: Any, **kw: Any) -> Any:
+        policies.append(policy)
+        return factory(policy, *rest, **kw)
+
+    monkeypatch.setattr(applying, "create_selective_checkpoint_contexts", spy)
+    plain_peaks = check_applied(model, args, {}, _sum_loss, plan, steps=2)
+    assert policies == []
+    selective = copy.deepcopy(plan)
+    for r in selective.solver_stats.extra["sac"]["regions"]:
+        r["save"] = [["no_such_op", 0]]
+    selective_peaks = check_applied(model, args, {}, _sum_loss, selective, steps=2)
+    assert len(policies) == 2 * len(regions)  # one selective context per region call, the spy is live
+    assert plain_peaks == selective_peaks

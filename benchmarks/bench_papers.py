@@ -21,6 +21,7 @@ paper-sized models run on a 2-core CPU.  Each row gives the paper's number, ours
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -293,6 +294,8 @@ def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
                     seconds=round(time.perf_counter() - start, 1),
                 )
             )
+    floor = minimum_floor(g, fixed)
+    rows += what_if_rows(g, setup)
     notes = [
         f"GPT2 graph: {len(g.computes)} compute nodes, fake profile {profile_s:.1f} s; parameters "
         f"{params / GiB:.2f} GiB, fixed (parameters + their gradients + inputs) {fixed / GiB:.2f} GiB. "
@@ -301,8 +304,100 @@ def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
         "measures time; ours is the examples GPT (nanoGPT-style, tied embeddings, sum of logits as loss) "
         "with roofline times, where recomputing element-wise ops is cheaper relative to matmuls than "
         "measured.",
+        f"Why the minimum is {(floor['peak'] - fixed) / 1e6:.1f} MB (issue 21 item 1): the rockmate plan at "
+        f"its minimum peaks at `{floor['step']}`, where, above the fixed bytes, "
+        + ", ".join(f"{name} ({kind}) {size / 1e6:.1f} MB" for name, kind, size in floor["held"])
+        + f" are alive ({floor['held_bytes'] / 1e6:.2f} MB of {(floor['peak'] - fixed) / 1e6:.2f}). "
+        "That step "
+        "sums the tied embedding's two gradient contributions (lm_head's and the embedding's, 257 MB each) "
+        "out of place, as the captured joint graph does, while the logits (the model's output, which the "
+        "exported module hands to the caller) are alive: every plan passes it, so no solver goes lower on "
+        "this graph. The 'what-if' rows remove the two causes, plan-only (memviz.export runs neither): the "
+        "tied gradient accumulated in place into its buffer (as PyTorch's autograd engine does), and the "
+        "logits released after the loss (the loss inside the module, as in Rockmate's experiments).",
     ]
     return rows, notes
+
+
+def minimum_floor(graph: Graph, fixed: int, strategy: str = "rockmate") -> dict[str, Any]:
+    """The `strategy` plan at its minimum budget: its peak, the step where it peaks, and the data alive
+    there that are not fixed (sources, parameter gradients), largest first (the three largest named)."""
+    minimum = minimum_budget(graph, strategy, 120.0)
+    result, tl = solve_checked(graph, strategy, minimum, 120.0)
+    steps = result.schedule[: tl.peak_step + 1]
+    alive = set(graph.sources())
+    for st in steps[:-1]:
+        if st.op == "compute":
+            alive.update(graph.computes[st.node].outputs)
+        else:
+            alive.discard(st.node)
+    peak_step = steps[-1]
+    if peak_step.op == "compute":
+        alive.update(graph.computes[peak_step.node].outputs)
+    sources = set(graph.sources())
+    held = sorted((d for d in alive
+                   if d not in sources and graph.datas[d].kind is not DataKind.PARAMETER_GRADIENT),
+                  key=lambda d: -graph.datas[d].bytes)
+    step_name = graph.computes[peak_step.node].name if peak_step.op == "compute" else f"free {peak_step.node}"
+    return {"peak": tl.peak_bytes, "step": step_name,
+            "held": [(graph.datas[d].name, graph.datas[d].kind.value, graph.datas[d].bytes)
+                     for d in held[:3]],
+            "held_bytes": sum(graph.datas[d].bytes for d in held)}
+
+
+def accumulate_gradients_in_place(graph: Graph) -> Graph:
+    """What-if (plan-only): each parameter gradient summed from two contributions (a tied weight's) is
+    accumulated in place into the contribution produced first, as PyTorch's autograd engine accumulates
+    into the gradient's input buffer, instead of by the captured joint graph's out-of-place ``add``.  The
+    first contribution becomes the parameter gradient (kept to the end); the sum's output becomes a 0-byte
+    required token, so the sum still runs after both contributions.  Only a sum whose first
+    contribution has no other reader, the gradient's size and no reader of its own qualifies."""
+    datas = list(graph.datas)
+    outputs = list(graph.outputs)
+    for c in graph.computes:
+        if c.phase is not Phase.BACKWARD or len(c.outputs) != 1 or len(set(c.inputs)) != 2 \
+                or not c.op.startswith("aten.add."):
+            continue
+        out = graph.datas[c.outputs[0]]
+        parts = [graph.datas[d] for d in c.inputs]
+        if out.kind is not DataKind.PARAMETER_GRADIENT or graph.consumers(out.id) \
+                or any(p.producer is None for p in parts):
+            continue
+        first = min(parts, key=lambda p: p.producer)
+        if graph.consumers(first.id) != (c.id,) or first.bytes != out.bytes or first.id in outputs:
+            continue
+        datas[first.id] = dataclasses.replace(first, kind=DataKind.PARAMETER_GRADIENT)
+        datas[out.id] = dataclasses.replace(out, bytes=0, kind=DataKind.OUTPUT)
+        outputs.append(first.id)
+    return Graph(graph.computes, tuple(datas), tuple(outputs), name=graph.name, meta=graph.meta)
+
+
+def release_model_outputs(graph: Graph) -> Graph:
+    """What-if (plan-only): the model's forward outputs (the logits) are not held by the caller, so they
+    die after the loss reads them, as when the loss is computed inside the module."""
+    held = tuple(d for d in graph.outputs
+                 if not (graph.datas[d].kind is DataKind.OUTPUT and graph.datas[d].producer is not None
+                         and graph.computes[graph.datas[d].producer].phase is Phase.FORWARD
+                         and graph.computes[graph.datas[d].producer].op != "loss_fn"))
+    return Graph(graph.computes, graph.datas, held, name=graph.name, meta=graph.meta)
+
+
+def what_if_rows(graph: Graph, setup: str) -> list[dict]:
+    """Rotor's and Rockmate's minima on the GPT2 graph with the two causes of its floor removed
+    (`accumulate_gradients_in_place`, then also `release_model_outputs`)."""
+    rows = []
+    for label, g in (("tied gradient summed in place", accumulate_gradients_in_place(graph)),
+                     ("and logits released after the loss",
+                      release_model_outputs(accumulate_gradients_in_place(graph)))):
+        fixed = fixed_bytes(g)
+        for strategy in ("rockmate", "rotor"):
+            start = time.perf_counter()
+            minimum = minimum_budget(g, strategy, 120.0)
+            rows.append(_row("rockmate", f"what-if ({label}): {strategy} minimum activation budget (MB)",
+                             440 if strategy == "rockmate" else 720, round((minimum - fixed) / 1e6, 1), "MB",
+                             f"{setup}; plan-only graph edit, not exported",
+                             seconds=round(time.perf_counter() - start, 1)))
+    return rows
 
 
 # --- 3. OLLA on the example models ----------------------------------------------------------------

@@ -20,7 +20,6 @@ produced overlapping plans); `validate_packing` checks every result independentl
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any, Literal
 
 from solvers.deadline import Deadline
 from solvers.ir import Graph
+from solvers.olla.canonical import canonical_fit
 from solvers.schedule import Step
 from solvers.simulate import simulate
 
@@ -164,9 +164,11 @@ def greedy_pack(buffers: Sequence[Buffer], order: GreedyOrder = "size") -> tuple
 
 
 def _greedy(
-    buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None
+    buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None, *, stack_rest: bool = False
 ) -> tuple[list[int], int] | None:
-    """`greedy_pack` that gives up (None) once `deadline` (``perf_counter`` seconds) has passed.
+    """`greedy_pack` that stops once `deadline` (``perf_counter`` seconds) has passed: it gives up
+    (None), or with `stack_rest` stacks the buffers not yet placed one above the other over everything
+    placed (valid: each gets addresses no other buffer uses), so a time limit still gets a placement.
 
     Placed buffers are kept in numpy arrays sorted by offset, so the buffers a new one clashes with
     come out already in address order and the best-fit gap is a vectorised scan: O(n) numpy work per
@@ -183,9 +185,15 @@ def _greedy(
     # rows: start, end, offset, top (offset + size) of the placed buffers, columns sorted by offset
     table = np.zeros((4, len(buffers)), dtype=np.int64)
     m = peak = 0
-    for count, i in enumerate(sorted(range(len(buffers)), key=keys[order])):
+    ranked = sorted(range(len(buffers)), key=keys[order])
+    for count, i in enumerate(ranked):
         if deadline is not None and count % 256 == 0 and time.perf_counter() > deadline:
-            return None
+            if not stack_rest:
+                return None
+            for j in ranked[count:]:
+                offsets[j] = peak
+                peak += buffers[j][2]
+            break
         s, e, z = buffers[i]
         if z == 0:
             continue
@@ -230,16 +238,20 @@ def _greedy_segments(
 
     Segments share no step, so one greedy pass over all of `ids` places each segment exactly as a
     pass over that segment alone would: each order runs once, not once per segment.  The first order
-    always completes (it is the incumbent a time limit falls back to); the others only run while
-    `deadline`, less the first pass's time (kept for the final `validate_packing`, which costs about
-    as much), has not passed."""
+    gets half the time left (the rest is for the search and the final `validate_packing`, which costs
+    about as much as one pass); when that runs out, the buffers it has not placed are stacked above
+    the others (a valid placement, returned in time, whatever its peak).  The other orders only run
+    while `deadline`, less the first pass's time, has not passed."""
     sub = [buffers[i] for i in ids]
     pos = {i: k for k, i in enumerate(ids)}
     best: list[tuple[list[int], int]] | None = None
     first = 0.0
     for n, order in enumerate(GREEDY_ORDERS):
         started = time.perf_counter()
-        placed = _greedy(sub, order, None if n == 0 else deadline - first)
+        if n == 0:
+            placed = _greedy(sub, order, started + 0.5 * (deadline - started), stack_rest=True)
+        else:
+            placed = _greedy(sub, order, deadline - first)
         if placed is None:
             break
         first = first or time.perf_counter() - started
@@ -255,174 +267,32 @@ def _greedy_segments(
     return best or [], first
 
 
-#: Numpy work per search node grows with sections x buffers: at ~1700 buffers one dive (a node per
-#: buffer) took longer than 10 s, so above this many buffers in one segment the greedy placement is
-#: kept (CP-SAT's NoOverlap2D found nothing better there within 10 s either).
-CANONICAL_MAX_BUFFERS = 800
+#: Above this many buffers in one segment the canonical search is not tried: its section table
+#: (every buffer listed in every section it is alive in) would pass ~100 MB.
+CANONICAL_MAX_ENTRIES = 4_000_000
 
 
-class _Timeout(Exception):
-    pass
+def _canonical(sub: Sequence[Buffer], capacity: int, seconds: float) -> tuple[list[int] | None, bool]:
+    """`canonical_fit` of one segment within `seconds`: (offsets or None, proved infeasible)."""
+    if _section_entries(sub) > CANONICAL_MAX_ENTRIES:
+        return None, False
+    found = canonical_fit(sub, capacity, Deadline.after(seconds))
+    return (list(found.offsets) if found.offsets is not None else None), found.outcome == "infeasible"
 
 
-class _Aborted(Exception):
-    pass
-
-
-#: Static preorders tried round-robin by the canonical search (MiniMalloc's defaults WAT, TAW, TWA,
-#: tried here in the order TAW, TWA, WAT: 15% fewer search nodes over the MiniMalloc instances A-D):
-#: descending by W = lifetime width, A = area, T = largest total size alive in its sections.
-_PREORDERS = ("TAW", "TWA", "WAT")
-
-
-def _canonical_search(
-    buffers: Sequence[Buffer], capacity: int, deadline: float
-) -> tuple[list[int] | None, bool]:
-    """MiniMalloc's search for a placement with peak <= `capacity` (Moffitt, ASPLOS 2023, Sec. 4).
-
-    Only *canonical* solutions are enumerated: buffers are placed at their lowest feasible offset in
-    non-decreasing offset order (ties in preorder), which loses no solution.  Pruning: a buffer is
-    never placed at or above the lowest top any unplaced buffer could reach (dominance); every
-    section (a step range between lifetime end points) must still hold its unplaced buffers above
-    its floor, the floor being raised to the lowest offset any of them can take (section
-    inference); when a failed placement pushed no other buffer up, no alternative is tried (hatless
-    pruning); once no unplaced buffer crosses a section boundary the two sides are solved
-    independently (dynamic decomposition).  Preorders are tried round-robin with a doubling node
-    limit.  Vectorised with numpy over sections x buffers.  Returns (offsets or None, proved
-    infeasible)."""
+def _section_entries(sub: Sequence[Buffer]) -> int:
+    """How many (buffer, section) pairs the canonical search would list: each buffer is in every
+    section (distinct end time) from its start to its end."""
     import numpy as np
 
-    n = len(buffers)
-    points = sorted({t for s, e, _ in buffers for t in (s, e)})
-    index = {t: i for i, t in enumerate(points)}
-    lo = np.array([index[s] for s, _, _ in buffers], dtype=np.int64)
-    hi = np.array([index[e] for _, e, _ in buffers], dtype=np.int64)
-    size = np.array([z for _, _, z in buffers], dtype=np.int64)
-    n_sec = len(points) - 1
-    cover_t = np.zeros((n, n_sec), dtype=bool)  # cover_t[b, k]: buffer b is alive in section k
-    for b in range(n):
-        cover_t[b, lo[b] : hi[b]] = True
-    overlap = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
-    np.fill_diagonal(overlap, False)
-    total0 = size @ cover_t.astype(np.int64)
-    if (size > capacity).any() or (total0 > capacity).any():
-        return None, True
-    most = np.array([total0[lo[b] : hi[b]].max() for b in range(n)], dtype=np.int64)
-    width = np.array([e - s for s, e, _ in buffers], dtype=np.int64)
-    area = size * width
-    big = np.iinfo(np.int64).max // 4
+    ends = np.unique(np.array([e for _, e, _ in sub], dtype=np.int64))
+    lo = np.searchsorted(ends, [s for s, _, _ in sub], side="right")
+    hi = np.searchsorted(ends, [e for _, e, _ in sub], side="left") + 1
+    return int((hi - lo).sum())
 
-    def attempt(rank: np.ndarray, node_limit: int) -> np.ndarray | None:
-        budget = [node_limit]
 
-        def place(st: tuple, b: int, off: int) -> tuple:
-            offset, min_off, floor, total = (a.copy() for a in st)
-            offset[b] = off
-            top = off + size[b]
-            raise_ = overlap[b] & (offset < 0) & (min_off < top)
-            min_off[raise_] = top
-            floor[lo[b] : hi[b]] = top
-            total[lo[b] : hi[b]] -= size[b]
-            return (offset, min_off, floor, total), bool(raise_.any())
-
-        def search(st: tuple, members: np.ndarray, s0: int, s1: int, last_off: int, last_rank: int):
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise _Aborted
-            if time.perf_counter() > deadline:
-                raise _Timeout
-            min_off = st[1]
-            todo = np.flatnonzero(members)  # every member is unplaced (decompose passes those)
-            if todo.size == 0:
-                return st
-            floor, total = st[2][s0:s1], st[3][s0:s1]
-            todo = todo[np.argsort(min_off[todo] * n + rank[todo], kind="stable")]
-            offs = min_off[todo]
-            min_height = int((offs + size[todo]).min())
-            # canonical order and dominance, vectorised: offsets never go down, ties follow the preorder,
-            # and no buffer starts at or above the lowest top an unplaced buffer could reach
-            ok = ((offs > last_off) | ((offs == last_off) & (rank[todo] >= last_rank))) & (offs < min_height)
-            bad_at: dict[int, tuple[int, int] | None] = {}
-            for b in todo[ok].tolist():
-                off, r = int(min_off[b]), int(rank[b])
-                if off not in bad_at:
-                    # sections that would overflow whatever is placed at `off`, unless the placed buffer
-                    # covers them (then they hold off + the rest of their total)
-                    bad = np.flatnonzero(np.maximum(floor, off) + total > capacity)
-                    bad_at[off] = (int(bad[0]) + s0, int(bad[-1]) + s0) if bad.size else None
-                cover_need = bad_at[off]
-                if cover_need is not None and not (lo[b] <= cover_need[0] and hi[b] > cover_need[1]):
-                    continue
-                if off + int(st[3][lo[b] : hi[b]].max()) > capacity:
-                    continue
-                nxt, hat = place(st, b, off)
-                left = members & (nxt[0] < 0)
-                nfloor, ntotal = nxt[2], nxt[3]
-                rest = np.flatnonzero(left)
-                lowest = np.where(cover_t[rest, s0:s1], nxt[1][rest][:, None], big).min(axis=0, initial=big)
-                nfloor[s0:s1] = np.maximum(nfloor[s0:s1], np.where(lowest < big, lowest, 0))
-                if not (np.maximum(nfloor[s0:s1], off) + ntotal[s0:s1] > capacity).any():
-                    found = decompose(nxt, left, s0, s1, off, r)
-                    if found is not None:
-                        return found
-                if not hat:
-                    # hatless pruning: b pushed no unplaced buffer up, so any completion could put b
-                    # here; this failed, so every alternative fails too
-                    break
-            return None
-
-        def decompose(st: tuple, left: np.ndarray, s0: int, s1: int, last_off: int, last_rank: int):
-            idx = np.flatnonzero(left)
-            if idx.size == 0:
-                return st
-            crossing = np.cumsum(
-                np.bincount(lo[idx] + 1, minlength=n_sec + 1) - np.bincount(hi[idx], minlength=n_sec + 1)
-            )
-            first, last = int(lo[idx].min()), int(hi[idx].max())
-            cuts = [k for k in np.flatnonzero(crossing[first + 1 : last] == 0).tolist()]
-            if not cuts:
-                return search(st, left, s0, s1, last_off, last_rank)
-            bounds = [first, *(first + 1 + k for k in cuts), last]
-            for a, z in zip(bounds, bounds[1:], strict=False):
-                group = left & (lo >= a) & (hi <= z)
-                if group.any():
-                    st = search(st, group, a, z, 0, -1)
-                    if st is None:
-                        return None
-            return st
-
-        start = (
-            np.full(n, -1, dtype=np.int64),
-            np.zeros(n, dtype=np.int64),
-            np.zeros(n_sec, dtype=np.int64),
-            total0.copy(),
-        )
-        found = decompose(start, np.ones(n, dtype=bool), 0, n_sec, 0, -1)
-        return None if found is None else found[0]
-
-    ranks = []
-    for name in _PREORDERS:
-        keys = {"A": area, "T": most, "W": width}
-        order = np.lexsort((np.arange(n), *(-keys[c] for c in reversed(name))))
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
-        ranks.append(rank)
-    limit = max(n, 1)
-    old_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old_limit, 8 * n + 1000))  # depth grows with the buffers placed
-    try:
-        while True:
-            limit *= 2
-            for rank in ranks:
-                try:
-                    found = attempt(rank, limit)
-                except _Aborted:
-                    continue
-                except _Timeout:
-                    return None, False
-                return ([int(o) for o in found], False) if found is not None else (None, True)
-    finally:
-        sys.setrecursionlimit(old_limit)
+#: CP-SAT's NoOverlap2D found nothing better than greedy within 10 s above ~1700 buffers in one segment
+CP_SAT_MAX_BUFFERS = 800
 
 
 def _cp_sat(
@@ -479,29 +349,28 @@ def _solve_segment(
 ) -> tuple[list[int], int, int, str]:
     """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
 
-    With a capacity: the canonical search for a fit, then CP-SAT.  Without: the canonical search at
-    the max-live bound (a fit proves zero fragmentation), and when that runs out of time, at targets
-    halfway between the bound and the best peak so far; CP-SAT then minimises from the best placement
-    (segments up to `CANONICAL_MAX_BUFFERS`)."""
+    With a capacity: the canonical search for a fit (`solvers.olla.canonical`), then CP-SAT.
+    Without: the canonical search at the max-live bound (a fit proves zero fragmentation), and when
+    that runs out of time, at targets halfway between the bound and the best peak so far; CP-SAT then
+    minimises from the best placement (segments up to `CP_SAT_MAX_BUFFERS`)."""
     started = time.perf_counter()
     deadline = started + seconds
     how = "greedy"
-    small = len(sub) <= CANONICAL_MAX_BUFFERS
 
     def peak_of(offs: list[int]) -> int:
         return max(o + z for o, (_, _, z) in zip(offs, sub, strict=True))
 
     if room is not None:
-        found, infeasible = _canonical_search(sub, room, started + 0.85 * seconds) if small else (None, False)
+        found, infeasible = _canonical(sub, room, 0.85 * seconds)
         if found is not None:
             return found, peak_of(found), lower, "canonical"
         if infeasible:
             return offsets, peak, room + 1, "canonical-infeasible"
-    elif small:
+    else:
         target = lower
         while lower <= target < peak and time.perf_counter() < deadline - 0.05:
             left = deadline - time.perf_counter()
-            found, infeasible = _canonical_search(sub, target, time.perf_counter() + 0.5 * left)
+            found, infeasible = _canonical(sub, target, 0.5 * left)
             if found is not None:  # fits: aim lower
                 offsets, peak, how = found, peak_of(found), "canonical"
                 target = (lower + peak) // 2
@@ -513,7 +382,7 @@ def _solve_segment(
         if peak == lower:
             return offsets, peak, lower, how
     left = deadline - time.perf_counter()
-    if not small or left < 0.1:
+    if len(sub) > CP_SAT_MAX_BUFFERS or left < 0.1:
         return offsets, peak, lower, how
     upper = peak if room is None else room
     solved, bound = _cp_sat(sub, offsets, lower, upper, room is not None, left, workers)

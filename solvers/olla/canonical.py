@@ -37,7 +37,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -48,13 +48,17 @@ PREORDERS: tuple[str, ...] = ("TAW", "TWA", "WAT")
 
 Outcome = Literal["fits", "infeasible", "out-of-time"]
 
+#: seconds of search in the calling process before a portfolio of processes takes over
+SOLO_SECONDS = 0.25
+
 _BIG = np.iinfo(np.int64).max // 4  # the lowest offset of a placed buffer: never a candidate
 
 
 @dataclass(frozen=True)
 class CanonicalResult:
     """`offsets` (same order as the buffers) when `outcome` is "fits"; "infeasible" is proved by the
-    exhausted search; "out-of-time" proves nothing.  `nodes`: search nodes visited in all rounds."""
+    exhausted search; "out-of-time" proves nothing.  `nodes`: search nodes visited in all rounds (of
+    a portfolio, those of the processes that reported)."""
 
     outcome: Outcome
     offsets: tuple[int, ...] | None
@@ -242,28 +246,14 @@ class _Search:
             cuts += 1
 
 
-def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadline: Deadline,
-                  *, preorders: Sequence[str] = PREORDERS) -> CanonicalResult:
-    """Offsets with every ``offset + size <= capacity`` and no two time-overlapping buffers sharing an
-    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time.
-
-    Zero-size buffers get offset 0.  Offsets are checked by `validate_packing` before they are
-    returned (a failed check is a bug and raises)."""
-    from solvers.olla.pack import validate_packing
-
-    nonzero = [i for i, (_, _, z) in enumerate(buffers) if z > 0]
-    sub = [tuple(buffers[i]) for i in nonzero]
-    if any(z > capacity for _, _, z in sub):
-        return CanonicalResult("infeasible", None, 0)
-    if not sub:
-        return CanonicalResult("fits", tuple(0 for _ in buffers), 0)
-    inst = _Instance(sub)  # type: ignore[arg-type]
-    if int(_Search(inst, capacity, preorders[0], 1, deadline).total.max()) > capacity:
-        return CanonicalResult("infeasible", None, 0)
-    limit = len(sub)
+def _round_robin(inst: _Instance, capacity: int, preorders: Sequence[str],
+                 deadline: Deadline) -> tuple[Outcome, list[int] | None, int]:
+    """The preorders in turn, each with a node limit that doubles every round (MiniMalloc Sec. 5.3; a
+    single preorder gets no limit): (outcome, offsets of the instance's buffers or None, nodes)."""
+    limit = len(inst.size) if len(preorders) > 1 else sys.maxsize // 2
     nodes = 0
     old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 10 * len(sub) + 1000))  # three frames per placed buffer
+    sys.setrecursionlimit(max(old, 10 * len(inst.size) + 1000))  # three frames per placed buffer
     try:
         while True:
             limit *= 2
@@ -275,16 +265,88 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
                     nodes += limit
                     continue
                 except _OutOfTime:
-                    return CanonicalResult("out-of-time", None, nodes + limit - search.nodes_left)
+                    return "out-of-time", None, nodes + limit - search.nodes_left
                 nodes += limit - search.nodes_left
-                if found is None:
-                    return CanonicalResult("infeasible", None, nodes)
-                offsets = [0] * len(buffers)
-                for i, o in zip(nonzero, found, strict=True):
-                    offsets[i] = o
-                problems = validate_packing([tuple(b) for b in buffers], offsets, capacity)
-                if problems:
-                    raise AssertionError("canonical search placed overlapping buffers: " + problems[0])
-                return CanonicalResult("fits", tuple(offsets), nodes)
+                return ("infeasible" if found is None else "fits"), found, nodes
     finally:
         sys.setrecursionlimit(old)
+
+
+def _worker(inst: _Instance, capacity: int, preorders: Sequence[str], at: float, queue: Any) -> None:
+    queue.put(_round_robin(inst, capacity, preorders, Deadline(at)))
+
+
+def _portfolio(inst: _Instance, capacity: int, preorders: Sequence[str], deadline: Deadline,
+               processes: int) -> tuple[Outcome, list[int] | None, int]:
+    """`_round_robin` over disjoint groups of the preorders in `processes` forked processes; the first
+    fit or proof wins and the others are stopped.  Each preorder's search is complete, so any
+    process's "infeasible" is a proof."""
+    import multiprocessing
+    import queue as queues
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(inst, capacity, preorders[k::processes], deadline.at, results),
+                         daemon=True) for k in range(processes)]
+    for proc in procs:
+        proc.start()
+    nodes = 0
+    try:
+        for _ in procs:
+            try:
+                outcome, found, visited = results.get(timeout=deadline.left() + 1.0)
+            except queues.Empty:
+                break  # a worker died or overran: what is known is that nothing was found in time
+            nodes += visited
+            if outcome != "out-of-time":
+                return outcome, found, nodes
+        return "out-of-time", None, nodes
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join()
+
+
+def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadline: Deadline,
+                  *, preorders: Sequence[str] = PREORDERS, processes: int = 1) -> CanonicalResult:
+    """Offsets with every ``offset + size <= capacity`` and no two time-overlapping buffers sharing an
+    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time.
+
+    With `processes` > 1 (and where processes can be forked), an instance not settled within
+    `SOLO_SECONDS` in this process goes to that many processes racing each other over the preorders
+    (a portfolio: one preorder often needs 10x fewer nodes than another, and which one differs by
+    instance; the first seconds in-process spare easy instances the cost of forking).  Zero-size
+    buffers get offset 0.  Offsets are checked by `validate_packing` before they are returned (a
+    failed check is a bug and raises)."""
+    import multiprocessing
+
+    from solvers.olla.pack import validate_packing
+
+    nonzero = [i for i, (_, _, z) in enumerate(buffers) if z > 0]
+    sub = [tuple(buffers[i]) for i in nonzero]
+    if any(z > capacity for _, _, z in sub):
+        return CanonicalResult("infeasible", None, 0)
+    if not sub:
+        return CanonicalResult("fits", tuple(0 for _ in buffers), 0)
+    inst = _Instance(sub)  # type: ignore[arg-type]
+    if int(_Search(inst, capacity, preorders[0], 1, deadline).total.max()) > capacity:
+        return CanonicalResult("infeasible", None, 0)
+    processes = min(processes, len(preorders))
+    if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
+        solo = Deadline(min(deadline.at, Deadline.after(SOLO_SECONDS).at))
+        outcome, found, nodes = _round_robin(inst, capacity, preorders, solo)
+        if outcome == "out-of-time":
+            outcome, found, more = _portfolio(inst, capacity, preorders, deadline, processes)
+            nodes += more
+    else:
+        outcome, found, nodes = _round_robin(inst, capacity, preorders, deadline)
+    if found is None:
+        return CanonicalResult(outcome, None, nodes)
+    offsets = [0] * len(buffers)
+    for i, o in zip(nonzero, found, strict=True):
+        offsets[i] = o
+    problems = validate_packing([tuple(b) for b in buffers], offsets, capacity)
+    if problems:
+        raise AssertionError("canonical search placed overlapping buffers: " + problems[0])
+    return CanonicalResult("fits", tuple(offsets), nodes)

@@ -272,11 +272,14 @@ def _greedy_segments(
 CANONICAL_MAX_ENTRIES = 4_000_000
 
 
-def _canonical(sub: Sequence[Buffer], capacity: int, seconds: float) -> tuple[list[int] | None, bool]:
-    """`canonical_fit` of one segment within `seconds`: (offsets or None, proved infeasible)."""
+def _canonical(
+    sub: Sequence[Buffer], capacity: int, seconds: float, workers: int
+) -> tuple[list[int] | None, bool]:
+    """`canonical_fit` of one segment within `seconds` (a portfolio of up to `workers` processes):
+    (offsets or None, proved infeasible)."""
     if _section_entries(sub) > CANONICAL_MAX_ENTRIES:
         return None, False
-    found = canonical_fit(sub, capacity, Deadline.after(seconds))
+    found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=workers)
     return (list(found.offsets) if found.offsets is not None else None), found.outcome == "infeasible"
 
 
@@ -361,7 +364,7 @@ def _solve_segment(
         return max(o + z for o, (_, _, z) in zip(offs, sub, strict=True))
 
     if room is not None:
-        found, infeasible = _canonical(sub, room, 0.85 * seconds)
+        found, infeasible = _canonical(sub, room, 0.85 * seconds, workers)
         if found is not None:
             return found, peak_of(found), lower, "canonical"
         if infeasible:
@@ -370,7 +373,7 @@ def _solve_segment(
         target = lower
         while lower <= target < peak and time.perf_counter() < deadline - 0.05:
             left = deadline - time.perf_counter()
-            found, infeasible = _canonical(sub, target, 0.5 * left)
+            found, infeasible = _canonical(sub, target, 0.5 * left, workers)
             if found is not None:  # fits: aim lower
                 offsets, peak, how = found, peak_of(found), "canonical"
                 target = (lower + peak) // 2
@@ -403,6 +406,8 @@ def pack(
     Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
+    `workers`: CP-SAT's threads, and the processes racing in the canonical search (at most one per
+    preorder).
     """
     started = time.perf_counter()
     deadline = started + time_limit

@@ -48,6 +48,10 @@ PREORDERS: tuple[str, ...] = ("TAW", "TWA", "WAT")
 
 Outcome = Literal["fits", "infeasible", "out-of-time"]
 
+#: above this many (buffer, section) pairs the section member lists are not built (~8 bytes each) and
+#: the floors of sections rise only under the placed buffer (no unplaced-floor inference)
+MAX_SECTION_ENTRIES = 4_000_000
+
 #: seconds of search in the calling process before a portfolio of processes takes over
 SOLO_SECONDS = 0.25
 
@@ -85,19 +89,37 @@ class _Instance:
         self.lo = np.searchsorted(ends, start, side="right")
         self.hi = np.searchsorted(ends, end, side="left") + 1
         self.sections = len(ends)
-        # members of each section, concatenated in section order (section k: members[first[k]:first[k+1]])
         spans = self.hi - self.lo
-        buffer = np.repeat(np.arange(len(buffers)), spans)
-        section = np.arange(buffer.size) - np.repeat(np.cumsum(spans) - spans, spans) + self.lo[buffer]
-        self.members = buffer[np.argsort(section, kind="stable")]
-        self.first = np.concatenate(([0], np.cumsum(np.bincount(section, minlength=self.sections))))
-        # reach[b]: the sections of b and of every buffer alive together with it (sharing a section)
-        self.reach: list[tuple[int, int]] = []
-        for lo, hi in zip(self.lo.tolist(), self.hi.tolist(), strict=True):
-            near = (self.lo < hi) & (self.hi > lo)
-            self.reach.append((int(self.lo[near].min()), int(self.hi[near].max())))
+        self.members: np.ndarray | None = None  # None: too large to list (no unplaced-floor inference)
+        self.reach = list(zip(self.lo.tolist(), self.hi.tolist(), strict=True))
+        if int(spans.sum()) <= MAX_SECTION_ENTRIES:
+            # members of each section, concatenated in section order (section k:
+            # members[first[k]:first[k + 1]])
+            buffer = np.repeat(np.arange(len(buffers)), spans)
+            section = np.arange(buffer.size) - np.repeat(np.cumsum(spans) - spans, spans) + self.lo[buffer]
+            self.members = buffer[np.argsort(section, kind="stable")]
+            self.first = np.concatenate(([0], np.cumsum(np.bincount(section, minlength=self.sections))))
+            # reach[b]: the sections of b and of every buffer alive together with it (sharing a section)
+            for b, (lo, hi) in enumerate(self.reach):
+                near = (self.lo < hi) & (self.hi > lo)
+                self.reach[b] = (int(self.lo[near].min()), int(self.hi[near].max()))
         self.width = end - start
         self.area = self.size * self.width
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i]:hi[i]]) for every i (each range non-empty), by a sparse table: the max over
+    the two power-of-two windows that cover each range."""
+    table = [values]
+    while 2 ** len(table) <= values.size:
+        half = 2 ** (len(table) - 1)
+        table.append(np.maximum(table[-1][:-half], table[-1][half:]))
+    level = np.floor(np.log2(hi - lo)).astype(np.int64)
+    out = np.empty(lo.size, dtype=values.dtype)
+    for k in np.unique(level).tolist():
+        at = level == k
+        out[at] = np.maximum(table[k][lo[at]], table[k][hi[at] - 2**k])
+    return out
 
 
 class _Search:
@@ -148,10 +170,8 @@ class _Search:
     def _subsolve(self, members: np.ndarray, s0: int, s1: int) -> bool:
         """A fresh canonical search of one independent part, preordered by its current totals."""
         inst = self.inst
-        total = self.total.tolist()
         keys = {
-            "T": np.array([max(total[a:z]) for a, z in zip(inst.lo[members].tolist(),
-                                                            inst.hi[members].tolist(), strict=True)]),
+            "T": _range_max(self.total, inst.lo[members], inst.hi[members]),
             "A": inst.area[members],
             "W": inst.width[members],
         }
@@ -174,8 +194,6 @@ class _Search:
         if not live.any():
             return True
         todo, offs = order[live], offs[live]
-        by = np.argsort(offs, kind="stable")  # stable: ties stay in preorder
-        todo, offs = todo[by], offs[by]
         # dominance: nothing goes at or above the lowest top an unplaced buffer can reach (it would
         # fit in the gap below); inference: all later offsets are >= off, so every section of the
         # part must hold its unplaced total above off
@@ -183,7 +201,9 @@ class _Search:
                       self.capacity - int(self.total[s0:s1].max()) + 1)
         # canonical: offsets never go down, ties follow the preorder
         ok = (offs < ceiling) & ((offs > last_off) | ((offs == last_off) & (rank[todo] >= last_rank)))
-        for b, off in zip(todo[ok].tolist(), offs[ok].tolist(), strict=True):
+        todo, offs = todo[ok], offs[ok]
+        by = np.argsort(offs, kind="stable")  # by offset; stable: ties stay in preorder
+        for b, off in zip(todo[by].tolist(), offs[by].tolist(), strict=True):
             found, hatless = self._place(b, off, order, rank, s0, s1)
             if found:
                 return True
@@ -214,10 +234,13 @@ class _Search:
         floor[lo:hi] = top
         total[lo:hi] -= z
         # a section's floor is at least the lowest offset any of its unplaced buffers can take
-        first = inst.first
-        lowest = np.minimum.reduceat(min_off[inst.members[first[a0]:first[a1]]], first[a0:a1] - first[a0])
-        new = np.maximum(floor[a0:a1], np.where(lowest < _BIG, lowest, 0))
-        floor[a0:a1] = new
+        new = floor[a0:a1]
+        if inst.members is not None:
+            first = inst.first
+            lowest = np.minimum.reduceat(min_off[inst.members[first[a0]:first[a1]]],
+                                         first[a0:a1] - first[a0])
+            new = np.maximum(new, np.where(lowest < _BIG, lowest, 0))
+            floor[a0:a1] = new
         # inference: each section's unplaced buffers stack above its floor (and above off)
         found = int((np.maximum(new, off) + total[a0:a1]).max()) <= self.capacity and self._descend(
             b, off, order, rank, s0, s1)

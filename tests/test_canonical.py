@@ -89,6 +89,6 @@ def test_first_greedy_pass_keeps_the_time_limit() -> None:
     buffers (a valid placement, returned at once) instead of finishing its best-fit pass."""
     buffers = random_buffers(3, 300)
     ids = list(range(len(buffers)))
-    (placed, peak), = _greedy_segments(buffers, ids, [ids], time.perf_counter() - 1.0)[0]
+    (placed, peak), = _greedy_segments(buffers, ids, [ids], time.perf_counter() - 1.0)
     assert validate_packing(buffers, placed) == []
     assert peak == sum(z for _, _, z in buffers) > greedy_pack(buffers, "size")[1]

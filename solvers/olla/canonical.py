@@ -203,12 +203,15 @@ class _Search:
         ok = (offs < ceiling) & ((offs > last_off) | ((offs == last_off) & (rank[todo] >= last_rank)))
         todo, offs = todo[ok], offs[ok]
         by = np.argsort(offs, kind="stable")  # by offset; stable: ties stay in preorder
-        for b, off in zip(todo[by].tolist(), offs[by].tolist(), strict=True):
-            found, hatless = self._place(b, off, order, rank, s0, s1)
-            if found:
-                return True
-            if hatless:
-                break  # nothing unplaced overlaps b, so no alternative here can fare better
+        # in chunks: a node rarely tries more than a few children, and a part can have thousands
+        for first in range(0, by.size, 32):
+            chunk = by[first : first + 32]
+            for b, off in zip(todo[chunk].tolist(), offs[chunk].tolist(), strict=True):
+                found, hatless = self._place(b, off, order, rank, s0, s1)
+                if found:
+                    return True
+                if hatless:
+                    return False  # nothing unplaced overlaps b, so no alternative here can fare better
         return False
 
     def _place(self, b: int, off: int, order: np.ndarray, rank: np.ndarray, s0: int,

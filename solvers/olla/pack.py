@@ -261,16 +261,15 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
 
 def _greedy_segments(
     buffers: Sequence[Buffer], ids: Sequence[int], segments: Sequence[Sequence[int]], deadline: float
-) -> tuple[list[tuple[list[int], int]], float]:
-    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`,
-    and how long the first pass took.
+) -> list[tuple[list[int], int]]:
+    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`.
 
     Segments share no step, so one greedy pass over all of `ids` places each segment exactly as a
     pass over that segment alone would: each order runs once, not once per segment.  The first order
-    gets half the time left (the rest is for the search and the final `validate_packing`, which costs
-    about as much as one pass); when that runs out, the buffers it has not placed are stacked above
-    the others (a valid placement, returned in time, whatever its peak).  The other orders only run
-    while `deadline`, less the first pass's time, has not passed."""
+    gets 80% of the time left (the rest is for the search and the final `validate_packing`); when
+    that runs out, the buffers it has not placed are stacked above the others (a valid placement,
+    returned in time, whatever its peak).  The other orders only run while `deadline`, less the first
+    pass's time (left to the search), has not passed."""
     sub = [buffers[i] for i in ids]
     pos = {i: k for k, i in enumerate(ids)}
     best: list[tuple[list[int], int]] | None = None
@@ -278,7 +277,7 @@ def _greedy_segments(
     for n, order in enumerate(GREEDY_ORDERS):
         started = time.perf_counter()
         if n == 0:
-            placed = _greedy(sub, order, started + 0.5 * (deadline - started), stack_rest=True)
+            placed = _greedy(sub, order, started + 0.8 * (deadline - started), stack_rest=True)
         else:
             placed = _greedy(sub, order, deadline - first)
         if placed is None:
@@ -293,7 +292,7 @@ def _greedy_segments(
             if best is None
             else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
         )
-    return best or [], first
+    return best or []
 
 
 def _canonical(
@@ -445,25 +444,26 @@ def pack(
     in_base = set(spanning)
     rest = [i for i in nonzero if i not in in_base]
     segments = _segments(bufs, rest)
-    seg_greedy, reserve = _greedy_segments(bufs, rest, segments, deadline)
-    deadline -= reserve  # the search leaves the validation its time
+    seg_greedy = _greedy_segments(bufs, rest, segments, deadline)
     greedy_peak = base + max((p for _, p in seg_greedy), default=0)
     segment_bound = 0  # proven bound on the largest segment's peak
     statuses = []
     room = None if capacity is None else capacity - base
+    subs = [[bufs[i] for i in seg] for seg in segments]
+    lowers = [max_live(sub) for sub in subs]
+    # Search when greedy leaves a gap to the bound; with a capacity, only when greedy does not fit.
+    searched = [p > (lw if room is None else room) for (_, p), lw in zip(seg_greedy, lowers, strict=True)]
     for k, seg in enumerate(segments):
-        sub = [bufs[i] for i in seg]
-        seg_lower = max_live(sub)
+        sub, seg_lower = subs[k], lowers[k]
         seg_offsets, seg_peak = seg_greedy[k]
-        # Search when greedy leaves a gap to the bound; with a capacity, only when greedy does not fit.
-        target = seg_lower if room is None else room
-        share = (deadline - time.perf_counter()) / (len(segments) - k)
-        if seg_peak > target and share > 0.05:
+        # the time left is shared by the segments still to search
+        share = (deadline - time.perf_counter()) / max(sum(searched[k:]), 1)
+        if searched[k] and share > 0.05:
             seg_offsets, seg_peak, seg_lower, how = _solve_segment(
                 sub, seg_offsets, seg_peak, seg_lower, room, share, workers
             )
             statuses.append(how)
-        elif seg_peak > target:
+        elif searched[k]:
             statuses.append("out-of-time")  # the greedy placement stays, with its gap
         for i, o in zip(seg, seg_offsets, strict=True):
             offsets[i] = base + o

@@ -446,28 +446,53 @@ def pack(
     segments = _segments(bufs, rest)
     seg_greedy = _greedy_segments(bufs, rest, segments, deadline)
     greedy_peak = base + max((p for _, p in seg_greedy), default=0)
-    segment_bound = 0  # proven bound on the largest segment's peak
-    statuses = []
-    room = None if capacity is None else capacity - base
-    subs = [[bufs[i] for i in seg] for seg in segments]
-    lowers = [max_live(sub) for sub in subs]
-    # Search when greedy leaves a gap to the bound; with a capacity, only when greedy does not fit.
-    searched = [p > (lw if room is None else room) for (_, p), lw in zip(seg_greedy, lowers, strict=True)]
-    for k, seg in enumerate(segments):
-        sub, seg_lower = subs[k], lowers[k]
-        seg_offsets, seg_peak = seg_greedy[k]
-        # the time left is shared by the segments still to search
-        share = (deadline - time.perf_counter()) / max(sum(searched[k:]), 1)
-        if searched[k] and share > 0.05:
-            seg_offsets, seg_peak, seg_lower, how = _solve_segment(
-                sub, seg_offsets, seg_peak, seg_lower, room, share, workers
-            )
-            statuses.append(how)
-        elif searched[k]:
-            statuses.append("out-of-time")  # the greedy placement stays, with its gap
-        for i, o in zip(seg, seg_offsets, strict=True):
-            offsets[i] = base + o
-        segment_bound = max(segment_bound, min(seg_lower, seg_peak))
+    whole = None
+    if capacity is not None and greedy_peak > capacity:
+        # the canonical search on the whole instance first: it finds the independent parts itself
+        # (Sec. 5.2), and whole it fitted instances of MiniMalloc's set that the segments above,
+        # searched one by one under reordered preorders, did not within 30 s (E of the set)
+        whole = canonical_fit(
+            bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=workers
+        )
+    if whole is not None and whole.outcome == "infeasible":
+        raise PackingError(
+            f"no placement fits {capacity} bytes (proved impossible by exhaustive canonical search): "
+            f"max-live lower bound {lower} bytes; raise the capacity"
+        )
+    if whole is not None and whole.offsets is not None:
+        offsets = list(whole.offsets)
+        segment_bound = 0
+        statuses = ["canonical"]
+    else:
+        room = None if capacity is None else capacity - base
+        subs = [[bufs[i] for i in seg] for seg in segments]
+        lowers = [max_live(sub) for sub in subs]
+        placed = [list(offs) for offs, _ in seg_greedy]
+        peaks = [p for _, p in seg_greedy]
+        how: dict[int, str] = {}
+        # Search when greedy leaves a gap to the bound; with a capacity, only when greedy does not fit.
+        # The time left is shared by the segments still to search.  With a capacity, a segment that
+        # found no fit in its share gets a second go with whatever the others left (one that does not fit
+        # fails the whole packing, so no time should go unused).
+        for again in (False, True):
+            todo = [k for k in range(len(segments)) if peaks[k] > (lowers[k] if room is None else room)
+                    and (not again or how.get(k) == "greedy")]
+            if again and room is None:
+                break
+            for n, k in enumerate(todo):
+                share = (deadline - time.perf_counter()) / (len(todo) - n)
+                if share > 0.05:
+                    placed[k], peaks[k], lowers[k], how[k] = _solve_segment(
+                        subs[k], placed[k], peaks[k], lowers[k], room, share, workers
+                    )
+                else:
+                    how.setdefault(k, "out-of-time")  # the greedy placement stays, with its gap
+        for seg, seg_offsets in zip(segments, placed, strict=True):
+            for i, o in zip(seg, seg_offsets, strict=True):
+                offsets[i] = base + o
+        # proven bound on the largest segment's peak
+        segment_bound = max((min(lw, p) for lw, p in zip(lowers, peaks, strict=True)), default=0)
+        statuses = [how[k] for k in sorted(how)]
     peak = max((o + b[2] for o, b in zip(offsets, bufs, strict=True)), default=0)
     problems = validate_packing(bufs, offsets)
     if problems:  # a bug, never a user error: refuse to return an overlapping plan

@@ -296,11 +296,11 @@ def _greedy_segments(
 
 
 def _canonical(
-    sub: Sequence[Buffer], capacity: int, seconds: float, workers: int
+    sub: Sequence[Buffer], capacity: int, seconds: float, processes: int
 ) -> tuple[list[int] | None, bool]:
-    """`canonical_fit` of one segment within `seconds` (a portfolio of up to `workers` processes):
+    """`canonical_fit` of one segment within `seconds` (a portfolio of up to `processes` processes):
     (offsets or None, proved infeasible)."""
-    found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=workers)
+    found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=processes)
     return (list(found.offsets) if found.offsets is not None else None), found.outcome == "infeasible"
 
 
@@ -359,6 +359,7 @@ def _solve_segment(
     room: int | None,
     seconds: float,
     workers: int,
+    processes: int,
 ) -> tuple[list[int], int, int, str]:
     """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
 
@@ -374,7 +375,7 @@ def _solve_segment(
         return max(o + z for o, (_, _, z) in zip(offs, sub, strict=True))
 
     if room is not None:
-        found, infeasible = _canonical(sub, room, 0.85 * seconds, workers)
+        found, infeasible = _canonical(sub, room, 0.85 * seconds, processes)
         if found is not None:
             return found, peak_of(found), lower, "canonical"
         if infeasible:
@@ -383,7 +384,7 @@ def _solve_segment(
         target = lower
         while lower <= target < peak and time.perf_counter() < deadline - 0.05:
             left = deadline - time.perf_counter()
-            found, infeasible = _canonical(sub, target, 0.5 * left, workers)
+            found, infeasible = _canonical(sub, target, 0.5 * left, processes)
             if found is not None:  # fits: aim lower
                 offsets, peak, how = found, peak_of(found), "canonical"
                 target = (lower + peak) // 2
@@ -410,14 +411,15 @@ def pack(
     *,
     time_limit: float = 10.0,
     workers: int = 4,
+    processes: int = 3,
 ) -> Packing:
     """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
 
     Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
-    `workers`: CP-SAT's threads, and the processes racing in the canonical search (at most one per
-    preorder).
+    `workers`: CP-SAT's threads; `processes`: forked processes racing in the canonical search (at
+    most one per preorder; 1 searches in this process only).
     """
     started = time.perf_counter()
     deadline = started + time_limit
@@ -452,7 +454,7 @@ def pack(
         # (Sec. 5.2), and whole it fitted instances of MiniMalloc's set that the segments above,
         # searched one by one under reordered preorders, did not within 30 s (E of the set)
         whole = canonical_fit(
-            bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=workers
+            bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes
         )
     if whole is not None and whole.outcome == "infeasible":
         raise PackingError(
@@ -483,7 +485,7 @@ def pack(
                 share = (deadline - time.perf_counter()) / (len(todo) - n)
                 if share > 0.05:
                     placed[k], peaks[k], lowers[k], how[k] = _solve_segment(
-                        subs[k], placed[k], peaks[k], lowers[k], room, share, workers
+                        subs[k], placed[k], peaks[k], lowers[k], room, share, workers, processes
                     )
                 else:
                     how.setdefault(k, "out-of-time")  # the greedy placement stays, with its gap
@@ -562,7 +564,9 @@ def pack_schedule(graph: Graph, schedule: Sequence[Step], *, time_limit: float =
     end = Deadline.of(time_limit, deadline)
     simulate(graph, schedule).check()
     buffers, labels = schedule_buffers(graph, schedule)
-    # the limit covers the whole call: what checking the schedule took comes off the packer's share
+    # the limit covers the whole call: what checking the schedule took comes off the packer's share.
+    # The search stays in this process: callers (a notebook kernel, the Planner's worker thread) may
+    # run threads, which forking does not mix with safely.
     left = max(end.left(), 0.01)
-    packing = pack(buffers, time_limit=left)
+    packing = pack(buffers, time_limit=left, processes=1)
     return dataclasses.replace(packing, labels=tuple(labels))

@@ -157,6 +157,29 @@ def validate_packing(
     return problems
 
 
+def _stack_above(buffers: Sequence[Buffer], rest: Sequence[int], floor: int, offsets: list[int]) -> int:
+    """Place `rest` above `floor` in O(n log n), writing `offsets`; return the new peak.  A sweep in
+    start order puts each buffer on top of those of `rest` still alive (a stack allocator): never
+    below `floor`, so clear of everything placed before, and never inside a live one, so clear of
+    the rest.  The peak is at most `floor` plus the sum of their sizes, and for nested lifetimes (a
+    forward pass's saved activations) it is their max-live."""
+    import heapq
+
+    peak = floor
+    live: list[tuple[int, int]] = []  # (-top, end) of the live buffers of `rest`: the top first
+    for i in sorted(rest, key=lambda i: (buffers[i][0], i)):
+        s, e, z = buffers[i]
+        while live and live[0][1] <= s:  # the topmost has ended: what lies below may be free too
+            heapq.heappop(live)
+        top = -live[0][0] if live else floor
+        # a buffer below the top may have ended: it stays in the heap until it surfaces (space below
+        # the top is never reused, so that is still valid)
+        offsets[i] = top
+        heapq.heappush(live, (-(top + z), e))
+        peak = max(peak, top + z)
+    return peak
+
+
 def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
     """No two buffers alive at one step share an address: sweep the start and end events (ends first
     at equal steps: lifetimes are half-open), keeping the live buffers' (offset, top) sorted; the
@@ -196,8 +219,8 @@ def _greedy(
     buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None, *, stack_rest: bool = False
 ) -> tuple[list[int], int] | None:
     """`greedy_pack` that stops once `deadline` (``perf_counter`` seconds) has passed: it gives up
-    (None), or with `stack_rest` stacks the buffers not yet placed one above the other over everything
-    placed (valid: each gets addresses no other buffer uses), so a time limit still gets a placement.
+    (None), or with `stack_rest` places the buffers not yet placed above everything placed
+    (`_stack_above`), so a time limit still gets a placement.
 
     Placed buffers are kept in numpy arrays sorted by offset, so the buffers a new one clashes with
     come out already in address order and the best-fit gap is a vectorised scan: O(n) numpy work per
@@ -219,9 +242,7 @@ def _greedy(
         if deadline is not None and count % 256 == 0 and time.perf_counter() > deadline:
             if not stack_rest:
                 return None
-            for j in ranked[count:]:
-                offsets[j] = peak
-                peak += buffers[j][2]
+            peak = _stack_above(buffers, ranked[count:], peak, offsets)
             break
         s, e, z = buffers[i]
         if z == 0:

@@ -232,16 +232,18 @@ def markdown(result: dict) -> str:
            f"(load average {result['machine']['load_average_1min']} at the end of the run). Target (issue "
            f"21): each fits within {FIT_TARGET_S:.0f} s on 2 cores, as MiniMalloc's C++ solver does; before "
            "the canonical search of `solvers.olla.canonical`, A-D took 4-16 s and E-K did not fit "
-           f"within 60 s. Met by {met} of {len(rows)}. Search: how the segment was settled (canonical = "
+           f"within 60 s. Met by {met} of {len(rows)} (wall time on this shared machine). CPU s: all "
+           "processes of the call (the search races its three preorders in three processes), so CPU s / 2 "
+           "is about the wall time 2 idle cores would need. Search: how the fit was found (canonical = "
            "canonical search). Greedy = TFLite's greedy-by-size best fit.", "",
-           "| instance | buffers | fits | peak | lower bound | time s | within target | search | "
+           "| instance | buffers | fits | peak | lower bound | time s | CPU s | within target | search | "
            "greedy-by-size needs |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['instance']} | {r['buffers']} | {r['fits']} | {r['peak_bytes'] or '-'} | "
                    f"{r['lower_bound']} | {r['seconds']} | {r.get('cpu_seconds', '-')} | "
                    f"{'yes' if r.get('within_target') else 'no'} | "
-                   f"{r.get('search') or r['status'][:40]} | +{r['greedy_by_size_extra_pct']}% |")
+                   f"{r.get('search') or 'none found in the limit'} | +{r['greedy_by_size_extra_pct']}% |")
     o = result["reorder"]
     pk, ca = o["packing"], o["caching_allocator"]
     out += ["", "| reordering | ours | baseline | ratio |", "|---|---|---|---|",

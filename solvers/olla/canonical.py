@@ -49,7 +49,8 @@ PREORDERS: tuple[str, ...] = ("TAW", "TWA", "WAT")
 Outcome = Literal["fits", "infeasible", "out-of-time"]
 
 #: above this many (buffer, section) pairs the section member lists are not built (~8 bytes each) and
-#: the floors of sections rise only under the placed buffer (no unplaced-floor inference)
+#: the floors of sections rise only under the placed buffer (no unplaced-floor inference); above this
+#: many overlapping pairs the overlap lists are not kept (found by a vector test at each placement)
 MAX_SECTION_ENTRIES = 4_000_000
 
 #: seconds of search in the calling process before a portfolio of processes takes over
@@ -92,6 +93,9 @@ class _Instance:
         spans = self.hi - self.lo
         self.members: np.ndarray | None = None  # None: too large to list (no unplaced-floor inference)
         self.reach = list(zip(self.lo.tolist(), self.hi.tolist(), strict=True))
+        # overlaps[b]: the buffers alive together with b, b included (they share a section); kept
+        # while small, else found by a vector test at each placement
+        self.overlaps: list[np.ndarray] | None = None
         if int(spans.sum()) <= MAX_SECTION_ENTRIES:
             # members of each section, concatenated in section order (section k:
             # members[first[k]:first[k + 1]])
@@ -99,10 +103,14 @@ class _Instance:
             section = np.arange(buffer.size) - np.repeat(np.cumsum(spans) - spans, spans) + self.lo[buffer]
             self.members = buffer[np.argsort(section, kind="stable")]
             self.first = np.concatenate(([0], np.cumsum(np.bincount(section, minlength=self.sections))))
-            # reach[b]: the sections of b and of every buffer alive together with it (sharing a section)
+            # reach[b]: the sections of b and of every buffer alive together with it
+            overlaps, kept = [], 0
             for b, (lo, hi) in enumerate(self.reach):
-                near = (self.lo < hi) & (self.hi > lo)
+                near = ((self.lo < hi) & (self.hi > lo)).nonzero()[0]
                 self.reach[b] = (int(self.lo[near].min()), int(self.hi[near].max()))
+                overlaps.append(near)
+                kept += near.size
+            self.overlaps = overlaps if kept <= MAX_SECTION_ENTRIES else None
         self.width = end - start
         self.area = self.size * self.width
 
@@ -225,7 +233,8 @@ class _Search:
         min_off[b] = _BIG
         self.solution[b] = off
         # the unplaced buffers alive together with b (they share a section); those below b's top rise
-        near = np.flatnonzero((inst.lo < hi) & (inst.hi > lo))
+        near = (inst.overlaps[b] if inst.overlaps is not None
+                else ((inst.lo < hi) & (inst.hi > lo)).nonzero()[0])
         was = min_off[near]
         below = was < top
         raised, old = near[below], was[below]
@@ -260,7 +269,7 @@ class _Search:
         cuts = self.cuts[lo : hi - 1]
         cuts -= 1
         try:
-            cutpoints = np.flatnonzero(cuts == 0)
+            cutpoints = (cuts == 0).nonzero()[0]
             if not cutpoints.size:
                 return self._search(order, rank, s0, s1, off, int(rank[b]))
             left = order[self.min_off[order] < _BIG]

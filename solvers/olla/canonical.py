@@ -1,29 +1,34 @@
 """Fit buffers into a fixed capacity by canonical search (Moffitt, "MiniMalloc: A Lightweight Memory
-Allocator for Hardware-Accelerated Machine Learning", ASPLOS 2023, Sec. 4 and 5).
+Allocator for Hardware-Accelerated Machine Learning", ASPLOS 2023, Sec. 4: the search and its
+pruning rules).
 
 The decision problem: give every buffer ``(start, end, size)`` (alive during ``[start, end)``) an
 integer offset so that buffers alive together never share an address and every ``offset + size`` is
-at most `capacity`.  What this module takes from the paper (its own code, not a port):
+at most `capacity`.  What this module takes from the paper (its own code, not a port; in brackets,
+the switch that names each rule in MiniMalloc's solver, src/solver.h):
 
-- *Sections* (Sec. 5.1): the set of buffers alive just before each distinct end time.  Two buffers
-  overlap in time exactly when they share a section, and every step's live set is contained in one,
-  so sections are the only places where sizes need to be summed.
-- *Canonical solutions* (Sec. 4.1): buffers are placed one at a time, each at its lowest offset
-  above the placed buffers it overlaps, in non-decreasing offset order (ties in a fixed preorder).
-  Every feasible instance has such a solution, so enumerating only these keeps the search complete.
-- *Inference* (Sec. 4.2): in every section the unplaced buffers stack above the section's floor (the
-  top of its last placed buffer, raised to the lowest offset any unplaced member can still take,
-  and never below the current offset, since offsets only grow).  A partial placement whose floor
-  plus unplaced total exceeds the capacity in any section is cut at once.
-- *Dominance* (Sec. 4.3): no buffer is placed at or above the lowest top an unplaced buffer could
-  reach (that buffer would fit into the gap below, a solution the search meets elsewhere); and when
-  a placed buffer has no unplaced buffer overlapping it ("hatless"), a failure below it means every
-  alternative at this node fails too.
-- *Decomposition* (Sec. 5.2): once no unplaced buffer crosses the boundary between two sections,
-  the two sides are independent and are solved one after the other; a failure of either fails both.
-- *Preorders with restarts* (Sec. 5.3): the static orders TAW, TWA and WAT (descending by T = the
-  largest unplaced total of a buffer's sections, A = area, W = lifetime width) are tried in turn
-  with a node limit that doubles each round.
+- *Sections*: the set of buffers alive just before each distinct end time.  Two buffers overlap in
+  time exactly when they share a section, and every step's live set is contained in one, so
+  sections are the only places where sizes need to be summed.
+- *Canonical solutions* [canonical_only]: buffers are placed one at a time, each at its lowest
+  offset above the placed buffers it overlaps, in non-decreasing offset order (ties in a fixed
+  preorder).  Every feasible instance has such a solution, so enumerating only these keeps the
+  search complete.
+- *Inference* [section_inference, unallocated_floor, monotonic_floor]: in every section the
+  unplaced buffers stack above the section's floor (the top of its last placed buffer, raised to
+  the lowest offset any unplaced member can still take, and never below the current offset, since
+  offsets only grow).  A partial placement whose floor plus unplaced total exceeds the capacity in
+  any section is cut at once.
+- *Dominance* [check_dominance, hatless_pruning]: no buffer is placed at or above the lowest top an
+  unplaced buffer could reach (that buffer would fit into the gap below, a solution the search
+  meets elsewhere); and when a placed buffer has no unplaced buffer overlapping it ("hatless"), a
+  failure below it means every alternative at this node fails too.
+- *Decomposition* [dynamic_decomposition]: once no unplaced buffer crosses the boundary between two
+  sections, the two sides are independent and are solved one after the other; a failure of either
+  fails both.
+- *Preorders with restarts* [preordering_heuristics]: the static orders TAW, TWA and WAT
+  (descending by T = the largest unplaced total of a buffer's sections, A = area, W = lifetime
+  width) are tried in turn with a node limit that doubles each round.
 
 The search is exact: "infeasible" is a proof, a placement is returned only after an independent
 overlap and capacity check (`solvers.olla.pack.validate_packing`), and the `Deadline` is checked at

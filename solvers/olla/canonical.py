@@ -84,7 +84,7 @@ class _OutOfTime(Exception):
 
 
 class _Instance:
-    """The sections of the buffers (the sweep of MiniMalloc Sec. 5.1), computed once."""
+    """The sections of the buffers (the sweep of MiniMalloc's solver), computed once."""
 
     def __init__(self, buffers: Sequence[tuple[int, int, int]]) -> None:
         start = np.array([s for s, _, _ in buffers], dtype=np.int64)
@@ -288,7 +288,7 @@ class _Search:
 
 def _round_robin(inst: _Instance, capacity: int, preorders: Sequence[str],
                  deadline: Deadline) -> tuple[Outcome, list[int] | None, int]:
-    """The preorders in turn, each with a node limit that doubles every round (MiniMalloc Sec. 5.3; a
+    """The preorders in turn, each with a node limit that doubles every round (as MiniMalloc does; a
     single preorder gets no limit): (outcome, offsets of the instance's buffers or None, nodes)."""
     limit = len(inst.size) if len(preorders) > 1 else sys.maxsize // 2
     nodes = 0

@@ -8,9 +8,11 @@ lifetimes intersect never share an address; its peak is ``max(offset + size)``. 
 ``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
 
 Method: greedy best fit (TFLite's GreedyBySize, and the same placement rule in lifetime and area
-order) gives an incumbent; when it does not meet the lower bound, CP-SAT solves the exact model
-(NoOverlap2D over fixed time intervals and variable address intervals), warm-started from the
-greedy offsets.  Two exact reductions shrink the model: buffers alive over the whole horizon go to
+order) gives an incumbent (its first pass keeps the time limit: what it has not placed by then is
+stacked by a linear sweep); when it does not meet the target (the capacity, else the lower bound),
+MiniMalloc's canonical search (`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the
+exact model (NoOverlap2D over fixed time intervals and variable address intervals), warm-started
+from the best offsets, in the time left.  Two exact reductions shrink the model: buffers alive over the whole horizon go to
 the bottom (removing such a buffer's address range from any packing and stacking it below keeps the
 packing valid with the same peak), and the rest splits at steps no buffer crosses into independent
 segments.  Offsets are integer solver values, never floats (OLLA's tool truncated floats and
@@ -472,7 +474,7 @@ def pack(
     whole = None
     if capacity is not None and greedy_peak > capacity:
         # the canonical search on the whole instance first: it finds the independent parts itself
-        # (Sec. 5.2), and whole it fitted instances of MiniMalloc's set that the segments above,
+        # (decomposition), and whole it fitted instances of MiniMalloc's set that the segments above,
         # searched one by one under reordered preorders, did not within 30 s (E of the set)
         whole = canonical_fit(
             bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes

@@ -201,21 +201,22 @@ class _Search:
             raise _Abort
         if self.deadline.passed():
             raise _OutOfTime
-        min_off = self.min_off
-        offs = min_off[order]
+        offs = self.min_off[order]
         live = offs < _BIG
-        if not live.any():
-            return True
         todo, offs = order[live], offs[live]
+        if not todo.size:
+            return True
         # dominance: nothing goes at or above the lowest top an unplaced buffer can reach (it would
         # fit in the gap below); inference: all later offsets are >= off, so every section of the
         # part must hold its unplaced total above off
         ceiling = min(int((offs + self.inst.size[todo]).min()),
                       self.capacity - int(self.total[s0:s1].max()) + 1)
-        # canonical: offsets never go down, ties follow the preorder
-        ok = (offs < ceiling) & ((offs > last_off) | ((offs == last_off) & (rank[todo] >= last_rank)))
-        todo, offs = todo[ok], offs[ok]
-        by = np.argsort(offs, kind="stable")  # by offset; stable: ties stay in preorder
+        # canonical: (offset, preorder rank) never goes down; one key orders both (ranks < n)
+        n = self.min_off.size
+        key = offs * n + rank[todo]
+        ok = (offs < ceiling) & (key >= last_off * n + last_rank)
+        todo, offs, key = todo[ok], offs[ok], key[ok]
+        by = np.argsort(key)  # by offset, ties in preorder
         # in chunks: a node rarely tries more than a few children, and a part can have thousands
         for first in range(0, by.size, 32):
             chunk = by[first : first + 32]
@@ -369,6 +370,8 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
         return CanonicalResult("infeasible", None, 0)
     if not sub:
         return CanonicalResult("fits", tuple(0 for _ in buffers), 0)
+    if capacity >= _BIG // (len(sub) + 1):  # the search's (offset, rank) keys must fit in int64
+        raise ValueError(f"capacity {capacity} is too large for {len(sub)} buffers")
     inst = _Instance(sub)  # type: ignore[arg-type]
     if int(_Search(inst, capacity, preorders[0], 1, deadline).total.max()) > capacity:
         return CanonicalResult("infeasible", None, 0)

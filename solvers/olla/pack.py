@@ -8,19 +8,20 @@ lifetimes intersect never share an address; its peak is ``max(offset + size)``. 
 ``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
 
 Method: greedy best fit (TFLite's GreedyBySize, and the same placement rule in lifetime and area
-order) gives an incumbent; when it does not meet the lower bound, CP-SAT solves the exact model
-(NoOverlap2D over fixed time intervals and variable address intervals), warm-started from the
-greedy offsets.  Two exact reductions shrink the model: buffers alive over the whole horizon go to
-the bottom (removing such a buffer's address range from any packing and stacking it below keeps the
-packing valid with the same peak), and the rest splits at steps no buffer crosses into independent
-segments.  Offsets are integer solver values, never floats (OLLA's tool truncated floats and
-produced overlapping plans); `validate_packing` checks every result independently.
+order) gives an incumbent (its first pass keeps the time limit: what it has not placed by then is
+stacked by an O(n log n) sweep); when it does not meet the target (the capacity, else the lower bound),
+MiniMalloc's canonical search (`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the
+exact model (NoOverlap2D over fixed time intervals and variable address intervals), warm-started
+from the best offsets, in the time left.  Two exact reductions shrink the model: buffers alive over
+the whole horizon go to the bottom (removing such a buffer's address range from any packing and
+stacking it below keeps the packing valid with the same peak), and the rest splits at steps no
+buffer crosses into independent segments.  Offsets are integer solver values, never floats (OLLA's
+tool truncated floats and produced overlapping plans); `validate_packing` checks every result independently.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any, Literal
 
 from solvers.deadline import Deadline
 from solvers.ir import Graph
+from solvers.olla.canonical import canonical_fit
 from solvers.schedule import Step
 from solvers.simulate import simulate
 
@@ -119,7 +121,10 @@ def validate_packing(
 ) -> list[str]:
     """Every problem with `offsets` for `buffers` (empty when valid): non-integer or negative offsets,
     beyond `capacity`, or two buffers alive at the same step whose address ranges intersect.
-    Independent of the packer: a sweep over start times with the set of buffers still alive."""
+    Independent of the packer: a sweep over time keeping the live buffers sorted by offset, where a
+    new buffer can only collide with its neighbours in address order (O(n log n), so checking 10k
+    buffers stays well inside a time limit); only when that finds a collision, a full pairwise sweep
+    lists every one."""
     problems: list[str] = []
     if len(buffers) != len(offsets):
         return [f"{len(buffers)} buffers but {len(offsets)} offsets"]
@@ -128,7 +133,7 @@ def validate_packing(
             problems.append(f"buffer {i}: offset {o!r} is not a non-negative integer")
         elif capacity is not None and o + z > capacity:
             problems.append(f"buffer {i}: [{o}, {o + z}) exceeds capacity {capacity}")
-    if problems:
+    if problems or _disjoint(buffers, offsets):
         return problems
     import numpy as np
 
@@ -154,6 +159,55 @@ def validate_packing(
     return problems
 
 
+def _stack_above(buffers: Sequence[Buffer], rest: Sequence[int], floor: int, offsets: list[int]) -> int:
+    """Place `rest` above `floor` in O(n log n), writing `offsets`; return the new peak.  A sweep in
+    start order puts each buffer on top of those of `rest` still alive (a stack allocator): never
+    below `floor`, so clear of everything placed before, and never inside a live one, so clear of
+    the rest.  The peak is at most `floor` plus the sum of their sizes, and for nested lifetimes (a
+    forward pass's saved activations) it is their max-live."""
+    import heapq
+
+    peak = floor
+    live: list[tuple[int, int]] = []  # (-top, end) of the live buffers of `rest`: the top first
+    for i in sorted(rest, key=lambda i: (buffers[i][0], i)):
+        s, e, z = buffers[i]
+        while live and live[0][1] <= s:  # the topmost has ended: what lies below may be free too
+            heapq.heappop(live)
+        top = -live[0][0] if live else floor
+        # a buffer below the top may have ended: it stays in the heap until it surfaces (space below
+        # the top is never reused, so that is still valid)
+        offsets[i] = top
+        heapq.heappush(live, (-(top + z), e))
+        peak = max(peak, top + z)
+    return peak
+
+
+def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
+    """No two buffers alive at one step share an address: sweep the start and end events (ends first
+    at equal steps: lifetimes are half-open), keeping the live buffers' (offset, top) sorted; the
+    live ones are pairwise disjoint, so a new one collides with one of them exactly when it collides
+    with its predecessor or successor by offset."""
+    import bisect
+
+    events = sorted(
+        (t, kind, i)
+        for i, (s, e, z) in enumerate(buffers)
+        if z > 0
+        for t, kind in ((s, 1), (e, 0))
+    )
+    live: list[tuple[int, int]] = []  # (offset, top), sorted
+    for _, kind, i in events:
+        entry = (offsets[i], offsets[i] + buffers[i][2])
+        if kind == 0:
+            del live[bisect.bisect_left(live, entry)]
+            continue
+        k = bisect.bisect_left(live, entry)
+        if (k > 0 and live[k - 1][1] > entry[0]) or (k < len(live) and live[k][0] < entry[1]):
+            return False
+        live.insert(k, entry)
+    return True
+
+
 def greedy_pack(buffers: Sequence[Buffer], order: GreedyOrder = "size") -> tuple[list[int], int]:
     """Best-fit placement in a fixed order (TFLite GreedyBySize for ``"size"``): each buffer goes into
     the smallest gap between already placed, lifetime-overlapping buffers that holds it, else on top
@@ -164,9 +218,11 @@ def greedy_pack(buffers: Sequence[Buffer], order: GreedyOrder = "size") -> tuple
 
 
 def _greedy(
-    buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None
+    buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None, *, stack_rest: bool = False
 ) -> tuple[list[int], int] | None:
-    """`greedy_pack` that gives up (None) once `deadline` (``perf_counter`` seconds) has passed.
+    """`greedy_pack` that stops once `deadline` (``perf_counter`` seconds) has passed: it gives up
+    (None), or with `stack_rest` places the buffers not yet placed above everything placed
+    (`_stack_above`), so a time limit still gets a placement.
 
     Placed buffers are kept in numpy arrays sorted by offset, so the buffers a new one clashes with
     come out already in address order and the best-fit gap is a vectorised scan: O(n) numpy work per
@@ -183,9 +239,13 @@ def _greedy(
     # rows: start, end, offset, top (offset + size) of the placed buffers, columns sorted by offset
     table = np.zeros((4, len(buffers)), dtype=np.int64)
     m = peak = 0
-    for count, i in enumerate(sorted(range(len(buffers)), key=keys[order])):
+    ranked = sorted(range(len(buffers)), key=keys[order])
+    for count, i in enumerate(ranked):
         if deadline is not None and count % 256 == 0 and time.perf_counter() > deadline:
-            return None
+            if not stack_rest:
+                return None
+            peak = _stack_above(buffers, ranked[count:], peak, offsets)
+            break
         s, e, z = buffers[i]
         if z == 0:
             continue
@@ -224,22 +284,25 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
 
 def _greedy_segments(
     buffers: Sequence[Buffer], ids: Sequence[int], segments: Sequence[Sequence[int]], deadline: float
-) -> tuple[list[tuple[list[int], int]], float]:
-    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`,
-    and how long the first pass took.
+) -> list[tuple[list[int], int]]:
+    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`.
 
     Segments share no step, so one greedy pass over all of `ids` places each segment exactly as a
     pass over that segment alone would: each order runs once, not once per segment.  The first order
-    always completes (it is the incumbent a time limit falls back to); the others only run while
-    `deadline`, less the first pass's time (kept for the final `validate_packing`, which costs about
-    as much), has not passed."""
+    gets 80% of the time left (the rest is for the search and the final `validate_packing`); when
+    that runs out, the buffers it has not placed are stacked above the others (a valid placement,
+    returned in time, whatever its peak).  The other orders only run while `deadline`, less the first
+    pass's time (left to the search), has not passed."""
     sub = [buffers[i] for i in ids]
     pos = {i: k for k, i in enumerate(ids)}
     best: list[tuple[list[int], int]] | None = None
     first = 0.0
     for n, order in enumerate(GREEDY_ORDERS):
         started = time.perf_counter()
-        placed = _greedy(sub, order, None if n == 0 else deadline - first)
+        if n == 0:
+            placed = _greedy(sub, order, started + 0.8 * (deadline - started), stack_rest=True)
+        else:
+            placed = _greedy(sub, order, deadline - first)
         if placed is None:
             break
         first = first or time.perf_counter() - started
@@ -252,177 +315,20 @@ def _greedy_segments(
             if best is None
             else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
         )
-    return best or [], first
+    return best or []
 
 
-#: Numpy work per search node grows with sections x buffers: at ~1700 buffers one dive (a node per
-#: buffer) took longer than 10 s, so above this many buffers in one segment the greedy placement is
-#: kept (CP-SAT's NoOverlap2D found nothing better there within 10 s either).
-CANONICAL_MAX_BUFFERS = 800
-
-
-class _Timeout(Exception):
-    pass
-
-
-class _Aborted(Exception):
-    pass
-
-
-#: Static preorders tried round-robin by the canonical search (MiniMalloc's defaults WAT, TAW, TWA,
-#: tried here in the order TAW, TWA, WAT: 15% fewer search nodes over the MiniMalloc instances A-D):
-#: descending by W = lifetime width, A = area, T = largest total size alive in its sections.
-_PREORDERS = ("TAW", "TWA", "WAT")
-
-
-def _canonical_search(
-    buffers: Sequence[Buffer], capacity: int, deadline: float
+def _canonical(
+    sub: Sequence[Buffer], capacity: int, seconds: float, processes: int
 ) -> tuple[list[int] | None, bool]:
-    """MiniMalloc's search for a placement with peak <= `capacity` (Moffitt, ASPLOS 2023, Sec. 4).
+    """`canonical_fit` of one segment within `seconds` (a portfolio of up to `processes` processes):
+    (offsets or None, proved infeasible)."""
+    found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=processes)
+    return (list(found.offsets) if found.offsets is not None else None), found.outcome == "infeasible"
 
-    Only *canonical* solutions are enumerated: buffers are placed at their lowest feasible offset in
-    non-decreasing offset order (ties in preorder), which loses no solution.  Pruning: a buffer is
-    never placed at or above the lowest top any unplaced buffer could reach (dominance); every
-    section (a step range between lifetime end points) must still hold its unplaced buffers above
-    its floor, the floor being raised to the lowest offset any of them can take (section
-    inference); when a failed placement pushed no other buffer up, no alternative is tried (hatless
-    pruning); once no unplaced buffer crosses a section boundary the two sides are solved
-    independently (dynamic decomposition).  Preorders are tried round-robin with a doubling node
-    limit.  Vectorised with numpy over sections x buffers.  Returns (offsets or None, proved
-    infeasible)."""
-    import numpy as np
 
-    n = len(buffers)
-    points = sorted({t for s, e, _ in buffers for t in (s, e)})
-    index = {t: i for i, t in enumerate(points)}
-    lo = np.array([index[s] for s, _, _ in buffers], dtype=np.int64)
-    hi = np.array([index[e] for _, e, _ in buffers], dtype=np.int64)
-    size = np.array([z for _, _, z in buffers], dtype=np.int64)
-    n_sec = len(points) - 1
-    cover_t = np.zeros((n, n_sec), dtype=bool)  # cover_t[b, k]: buffer b is alive in section k
-    for b in range(n):
-        cover_t[b, lo[b] : hi[b]] = True
-    overlap = (lo[:, None] < hi[None, :]) & (lo[None, :] < hi[:, None])
-    np.fill_diagonal(overlap, False)
-    total0 = size @ cover_t.astype(np.int64)
-    if (size > capacity).any() or (total0 > capacity).any():
-        return None, True
-    most = np.array([total0[lo[b] : hi[b]].max() for b in range(n)], dtype=np.int64)
-    width = np.array([e - s for s, e, _ in buffers], dtype=np.int64)
-    area = size * width
-    big = np.iinfo(np.int64).max // 4
-
-    def attempt(rank: np.ndarray, node_limit: int) -> np.ndarray | None:
-        budget = [node_limit]
-
-        def place(st: tuple, b: int, off: int) -> tuple:
-            offset, min_off, floor, total = (a.copy() for a in st)
-            offset[b] = off
-            top = off + size[b]
-            raise_ = overlap[b] & (offset < 0) & (min_off < top)
-            min_off[raise_] = top
-            floor[lo[b] : hi[b]] = top
-            total[lo[b] : hi[b]] -= size[b]
-            return (offset, min_off, floor, total), bool(raise_.any())
-
-        def search(st: tuple, members: np.ndarray, s0: int, s1: int, last_off: int, last_rank: int):
-            budget[0] -= 1
-            if budget[0] < 0:
-                raise _Aborted
-            if time.perf_counter() > deadline:
-                raise _Timeout
-            min_off = st[1]
-            todo = np.flatnonzero(members)  # every member is unplaced (decompose passes those)
-            if todo.size == 0:
-                return st
-            floor, total = st[2][s0:s1], st[3][s0:s1]
-            todo = todo[np.argsort(min_off[todo] * n + rank[todo], kind="stable")]
-            offs = min_off[todo]
-            min_height = int((offs + size[todo]).min())
-            # canonical order and dominance, vectorised: offsets never go down, ties follow the preorder,
-            # and no buffer starts at or above the lowest top an unplaced buffer could reach
-            ok = ((offs > last_off) | ((offs == last_off) & (rank[todo] >= last_rank))) & (offs < min_height)
-            bad_at: dict[int, tuple[int, int] | None] = {}
-            for b in todo[ok].tolist():
-                off, r = int(min_off[b]), int(rank[b])
-                if off not in bad_at:
-                    # sections that would overflow whatever is placed at `off`, unless the placed buffer
-                    # covers them (then they hold off + the rest of their total)
-                    bad = np.flatnonzero(np.maximum(floor, off) + total > capacity)
-                    bad_at[off] = (int(bad[0]) + s0, int(bad[-1]) + s0) if bad.size else None
-                cover_need = bad_at[off]
-                if cover_need is not None and not (lo[b] <= cover_need[0] and hi[b] > cover_need[1]):
-                    continue
-                if off + int(st[3][lo[b] : hi[b]].max()) > capacity:
-                    continue
-                nxt, hat = place(st, b, off)
-                left = members & (nxt[0] < 0)
-                nfloor, ntotal = nxt[2], nxt[3]
-                rest = np.flatnonzero(left)
-                lowest = np.where(cover_t[rest, s0:s1], nxt[1][rest][:, None], big).min(axis=0, initial=big)
-                nfloor[s0:s1] = np.maximum(nfloor[s0:s1], np.where(lowest < big, lowest, 0))
-                if not (np.maximum(nfloor[s0:s1], off) + ntotal[s0:s1] > capacity).any():
-                    found = decompose(nxt, left, s0, s1, off, r)
-                    if found is not None:
-                        return found
-                if not hat:
-                    # hatless pruning: b pushed no unplaced buffer up, so any completion could put b
-                    # here; this failed, so every alternative fails too
-                    break
-            return None
-
-        def decompose(st: tuple, left: np.ndarray, s0: int, s1: int, last_off: int, last_rank: int):
-            idx = np.flatnonzero(left)
-            if idx.size == 0:
-                return st
-            crossing = np.cumsum(
-                np.bincount(lo[idx] + 1, minlength=n_sec + 1) - np.bincount(hi[idx], minlength=n_sec + 1)
-            )
-            first, last = int(lo[idx].min()), int(hi[idx].max())
-            cuts = [k for k in np.flatnonzero(crossing[first + 1 : last] == 0).tolist()]
-            if not cuts:
-                return search(st, left, s0, s1, last_off, last_rank)
-            bounds = [first, *(first + 1 + k for k in cuts), last]
-            for a, z in zip(bounds, bounds[1:], strict=False):
-                group = left & (lo >= a) & (hi <= z)
-                if group.any():
-                    st = search(st, group, a, z, 0, -1)
-                    if st is None:
-                        return None
-            return st
-
-        start = (
-            np.full(n, -1, dtype=np.int64),
-            np.zeros(n, dtype=np.int64),
-            np.zeros(n_sec, dtype=np.int64),
-            total0.copy(),
-        )
-        found = decompose(start, np.ones(n, dtype=bool), 0, n_sec, 0, -1)
-        return None if found is None else found[0]
-
-    ranks = []
-    for name in _PREORDERS:
-        keys = {"A": area, "T": most, "W": width}
-        order = np.lexsort((np.arange(n), *(-keys[c] for c in reversed(name))))
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n)
-        ranks.append(rank)
-    limit = max(n, 1)
-    old_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old_limit, 8 * n + 1000))  # depth grows with the buffers placed
-    try:
-        while True:
-            limit *= 2
-            for rank in ranks:
-                try:
-                    found = attempt(rank, limit)
-                except _Aborted:
-                    continue
-                except _Timeout:
-                    return None, False
-                return ([int(o) for o in found], False) if found is not None else (None, True)
-    finally:
-        sys.setrecursionlimit(old_limit)
+#: CP-SAT's NoOverlap2D found nothing better than greedy within 10 s above ~1700 buffers in one segment
+CP_SAT_MAX_BUFFERS = 800
 
 
 def _cp_sat(
@@ -476,32 +382,32 @@ def _solve_segment(
     room: int | None,
     seconds: float,
     workers: int,
+    processes: int,
 ) -> tuple[list[int], int, int, str]:
     """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
 
-    With a capacity: the canonical search for a fit, then CP-SAT.  Without: the canonical search at
-    the max-live bound (a fit proves zero fragmentation), and when that runs out of time, at targets
-    halfway between the bound and the best peak so far; CP-SAT then minimises from the best placement
-    (segments up to `CANONICAL_MAX_BUFFERS`)."""
+    With a capacity: the canonical search for a fit (`solvers.olla.canonical`), then CP-SAT.
+    Without: the canonical search at the max-live bound (a fit proves zero fragmentation), and when
+    that runs out of time, at targets halfway between the bound and the best peak so far; CP-SAT then
+    minimises from the best placement (segments up to `CP_SAT_MAX_BUFFERS`)."""
     started = time.perf_counter()
     deadline = started + seconds
     how = "greedy"
-    small = len(sub) <= CANONICAL_MAX_BUFFERS
 
     def peak_of(offs: list[int]) -> int:
         return max(o + z for o, (_, _, z) in zip(offs, sub, strict=True))
 
     if room is not None:
-        found, infeasible = _canonical_search(sub, room, started + 0.85 * seconds) if small else (None, False)
+        found, infeasible = _canonical(sub, room, 0.85 * seconds, processes)
         if found is not None:
             return found, peak_of(found), lower, "canonical"
         if infeasible:
             return offsets, peak, room + 1, "canonical-infeasible"
-    elif small:
+    else:
         target = lower
         while lower <= target < peak and time.perf_counter() < deadline - 0.05:
             left = deadline - time.perf_counter()
-            found, infeasible = _canonical_search(sub, target, time.perf_counter() + 0.5 * left)
+            found, infeasible = _canonical(sub, target, 0.5 * left, processes)
             if found is not None:  # fits: aim lower
                 offsets, peak, how = found, peak_of(found), "canonical"
                 target = (lower + peak) // 2
@@ -513,7 +419,7 @@ def _solve_segment(
         if peak == lower:
             return offsets, peak, lower, how
     left = deadline - time.perf_counter()
-    if not small or left < 0.1:
+    if len(sub) > CP_SAT_MAX_BUFFERS or left < 0.1:
         return offsets, peak, lower, how
     upper = peak if room is None else room
     solved, bound = _cp_sat(sub, offsets, lower, upper, room is not None, left, workers)
@@ -528,12 +434,15 @@ def pack(
     *,
     time_limit: float = 10.0,
     workers: int = 4,
+    processes: int = 3,
 ) -> Packing:
     """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
 
     Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
+    `workers`: CP-SAT's threads; `processes`: forked processes racing in the canonical search (at
+    most one per preorder; 1 searches in this process only).
     """
     started = time.perf_counter()
     deadline = started + time_limit
@@ -560,29 +469,55 @@ def pack(
     in_base = set(spanning)
     rest = [i for i in nonzero if i not in in_base]
     segments = _segments(bufs, rest)
-    seg_greedy, reserve = _greedy_segments(bufs, rest, segments, deadline)
-    deadline -= reserve  # the search leaves the validation its time
+    seg_greedy = _greedy_segments(bufs, rest, segments, deadline)
     greedy_peak = base + max((p for _, p in seg_greedy), default=0)
-    segment_bound = 0  # proven bound on the largest segment's peak
-    statuses = []
-    room = None if capacity is None else capacity - base
-    for k, seg in enumerate(segments):
-        sub = [bufs[i] for i in seg]
-        seg_lower = max_live(sub)
-        seg_offsets, seg_peak = seg_greedy[k]
+    whole = None
+    if capacity is not None and greedy_peak > capacity:
+        # the canonical search on the whole instance first: it finds the independent parts itself
+        # (decomposition), and whole it fitted instances of MiniMalloc's set that the segments above,
+        # searched one by one under reordered preorders, did not within 30 s (E of the set)
+        whole = canonical_fit(
+            bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes
+        )
+    if whole is not None and whole.outcome == "infeasible":
+        raise PackingError(
+            f"no placement fits {capacity} bytes (proved impossible by exhaustive canonical search): "
+            f"max-live lower bound {lower} bytes; raise the capacity"
+        )
+    if whole is not None and whole.offsets is not None:
+        offsets = list(whole.offsets)
+        segment_bound = 0
+        statuses = ["canonical"]
+    else:
+        room = None if capacity is None else capacity - base
+        subs = [[bufs[i] for i in seg] for seg in segments]
+        lowers = [max_live(sub) for sub in subs]
+        placed = [list(offs) for offs, _ in seg_greedy]
+        peaks = [p for _, p in seg_greedy]
+        how: dict[int, str] = {}
         # Search when greedy leaves a gap to the bound; with a capacity, only when greedy does not fit.
-        target = seg_lower if room is None else room
-        share = (deadline - time.perf_counter()) / (len(segments) - k)
-        if seg_peak > target and share > 0.05:
-            seg_offsets, seg_peak, seg_lower, how = _solve_segment(
-                sub, seg_offsets, seg_peak, seg_lower, room, share, workers
-            )
-            statuses.append(how)
-        elif seg_peak > target:
-            statuses.append("out-of-time")  # the greedy placement stays, with its gap
-        for i, o in zip(seg, seg_offsets, strict=True):
-            offsets[i] = base + o
-        segment_bound = max(segment_bound, min(seg_lower, seg_peak))
+        # The time left is shared by the segments still to search.  With a capacity, a segment that
+        # found no fit in its share gets a second go with whatever the others left (one that does not fit
+        # fails the whole packing, so no time should go unused).
+        for again in (False, True):
+            todo = [k for k in range(len(segments)) if peaks[k] > (lowers[k] if room is None else room)
+                    and (not again or how.get(k) == "greedy")]
+            if again and room is None:
+                break
+            for n, k in enumerate(todo):
+                share = (deadline - time.perf_counter()) / (len(todo) - n)
+                if share > 0.05:
+                    placed[k], peaks[k], lowers[k], how[k] = _solve_segment(
+                        subs[k], placed[k], peaks[k], lowers[k], room, share, workers, processes
+                    )
+                else:
+                    how.setdefault(k, "out-of-time")  # the greedy placement stays, with its gap
+        for seg, seg_offsets in zip(segments, placed, strict=True):
+            for i, o in zip(seg, seg_offsets, strict=True):
+                offsets[i] = base + o
+        # proven bound on the largest segment's peak
+        segment_bound = max((min(lw, p) for lw, p in zip(lowers, peaks, strict=True)), default=0)
+        statuses = [how[k] for k in sorted(how)]
     peak = max((o + b[2] for o, b in zip(offsets, bufs, strict=True)), default=0)
     problems = validate_packing(bufs, offsets)
     if problems:  # a bug, never a user error: refuse to return an overlapping plan
@@ -652,7 +587,9 @@ def pack_schedule(graph: Graph, schedule: Sequence[Step], *, time_limit: float =
     end = Deadline.of(time_limit, deadline)
     simulate(graph, schedule).check()
     buffers, labels = schedule_buffers(graph, schedule)
-    # the limit covers the whole call: what checking the schedule took comes off the packer's share
+    # the limit covers the whole call: what checking the schedule took comes off the packer's share.
+    # The search stays in this process: callers (a notebook kernel, the Planner's worker thread) may
+    # run threads, which forking does not mix with safely.
     left = max(end.left(), 0.01)
-    packing = pack(buffers, time_limit=left)
+    packing = pack(buffers, time_limit=left, processes=1)
     return dataclasses.replace(packing, labels=tuple(labels))

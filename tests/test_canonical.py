@@ -1,0 +1,108 @@
+"""The canonical search (solvers.olla.canonical, MiniMalloc Sec. 4-5): exact on small instances, honest
+refusals, the deadline kept, and the greedy incumbent's first pass keeping the time limit."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from test_pack import brute_force_peak, random_buffers
+
+from solvers.deadline import Deadline
+from solvers.olla import PackingError, canonical, max_live, pack, validate_packing
+from solvers.olla.canonical import canonical_fit
+from solvers.olla.minimalloc import read_csv
+from solvers.olla.pack import _greedy_segments, _stack_above, greedy_pack
+
+MINIMALLOC = Path(__file__).resolve().parent / "fixtures" / "minimalloc"  # MiniMalloc instances (SOURCE.md)
+
+#: max-live 4, but no placement fits in 4 (MiniMalloc's solver test "InfeasibleTricky")
+NO_FIT_AT_MAX_LIVE = [(0, 1, 3), (0, 3, 1), (4, 5, 3), (2, 5, 1), (1, 2, 2), (3, 4, 2), (1, 4, 1)]
+
+
+def later() -> Deadline:
+    return Deadline.after(60.0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fits_exactly_at_the_optimum_and_proves_one_less_impossible(seed: int) -> None:
+    buffers = random_buffers(seed, 6)
+    best = brute_force_peak(buffers)
+    fit = canonical_fit(buffers, best, later())
+    assert fit.outcome == "fits" and fit.offsets is not None
+    assert validate_packing(buffers, fit.offsets, best) == []
+    assert canonical_fit(buffers, best - 1, later()).outcome == "infeasible"
+
+
+def test_minimalloc_example_fits_12_and_not_11() -> None:
+    _, buffers = read_csv(MINIMALLOC / "input.12.csv")
+    fit = canonical_fit(buffers, 12, later())
+    assert fit.outcome == "fits" and validate_packing(buffers, fit.offsets, 12) == []
+    assert canonical_fit(buffers, 11, later()).outcome == "infeasible"
+
+
+def test_infeasible_above_max_live_is_refused_with_the_proof() -> None:
+    """Max-live alone does not refuse this instance; the exhausted search does, and `pack` says so."""
+    assert max_live(NO_FIT_AT_MAX_LIVE) == 4 and brute_force_peak(NO_FIT_AT_MAX_LIVE) == 5
+    assert canonical_fit(NO_FIT_AT_MAX_LIVE, 4, later()).outcome == "infeasible"
+    with pytest.raises(PackingError, match="proved impossible by exhaustive canonical search"):
+        pack(NO_FIT_AT_MAX_LIVE, 4, time_limit=5.0)
+    assert pack(NO_FIT_AT_MAX_LIVE, 5, time_limit=5.0).peak_bytes == 5
+
+
+def test_zero_sizes_and_oversized_buffers() -> None:
+    assert canonical_fit([(0, 2, 0), (1, 3, 4)], 4, later()).offsets == (0, 0)
+    assert canonical_fit([(0, 2, 5)], 4, later()).outcome == "infeasible"
+
+
+def test_a_passed_deadline_stops_the_search_at_once() -> None:
+    _, buffers = read_csv(MINIMALLOC / "E.1048576.csv")
+    found = canonical_fit(buffers, 1048576, Deadline(time.monotonic() - 1.0))
+    assert found.outcome == "out-of-time" and found.offsets is None and found.nodes <= 1
+
+
+def test_the_deadline_is_checked_at_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deadline that passes after 50 checks ends the search at the 51st node, out of time
+    (E needs thousands of nodes under every preorder)."""
+    checks = iter(range(10**6))
+    monkeypatch.setattr(Deadline, "passed", lambda self: next(checks) >= 50)
+    _, buffers = read_csv(MINIMALLOC / "E.1048576.csv")
+    found = canonical_fit(buffers, 1048576, later())
+    assert found.outcome == "out-of-time" and found.nodes == 51
+
+
+@pytest.mark.parametrize("capacity, outcome", [(12, "fits"), (11, "infeasible")])
+def test_portfolio_of_processes(monkeypatch: pytest.MonkeyPatch, capacity: int, outcome: str) -> None:
+    """With no in-process head start, forked processes race over the preorders; a fit comes back
+    checked, and one process's exhausted search is the proof."""
+    monkeypatch.setattr(canonical, "SOLO_SECONDS", 0.0)
+    _, buffers = read_csv(MINIMALLOC / "input.12.csv")
+    found = canonical_fit(buffers, capacity, later(), processes=3)
+    assert found.outcome == outcome
+    if outcome == "fits":
+        assert validate_packing(buffers, found.offsets, capacity) == []
+
+
+def test_first_greedy_pass_keeps_the_time_limit() -> None:
+    """Issue 21: the first greedy pass ignored the deadline.  With no time left it now places the
+    buffers by the O(n log n) stacking sweep (valid, at once) instead of finishing its best-fit pass."""
+    buffers = random_buffers(3, 300)
+    ids = list(range(len(buffers)))
+    (placed, peak), = _greedy_segments(buffers, ids, [ids], time.perf_counter() - 1.0)
+    assert validate_packing(buffers, placed) == []
+    stacked = [0] * len(buffers)
+    assert peak == _stack_above(buffers, ids, 0, stacked) and placed == stacked
+    assert peak != greedy_pack(buffers, "size")[1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_stacking_fallback_is_valid_and_reaches_max_live_on_nested_lifetimes(seed: int) -> None:
+    buffers = random_buffers(seed, 40)
+    offsets = [0] * len(buffers)
+    peak = _stack_above(buffers, range(len(buffers)), 5, offsets)
+    assert validate_packing(buffers, offsets) == [] and min(offsets) >= 5
+    assert peak == max(o + z for o, (_, _, z) in zip(offsets, buffers, strict=True))
+    nested = [(i, 100 - i, 1 + (i * 7) % 5) for i in range(30)]  # a forward pass's saved activations
+    offsets = [0] * len(nested)
+    assert _stack_above(nested, range(len(nested)), 0, offsets) == max_live(nested)

@@ -30,13 +30,10 @@ export interface Region {
 /** How many tensors the step inspector lists. */
 const INSPECT_LIMIT = 10;
 
-/** Readouts as labelled spans of class `className` (the chart header's, the slider's). */
-export function readoutSpans(
-  readouts: readonly { label: string; value: string }[],
-  className = 'jp-memviz-readout'
-): HTMLElement[] {
+/** Readouts as labelled spans (the chart header's). */
+export function readoutSpans(readouts: readonly { label: string; value: string }[]): HTMLElement[] {
   return readouts.map(r => {
-    const item = element('span', className);
+    const item = element('span', 'jp-memviz-readout');
     item.dataset.readout = r.label;
     item.append(
       element('span', 'jp-memviz-readout-label', `${r.label}: `),
@@ -97,6 +94,8 @@ export class PlanChart {
   private _marked: number | null = null;
   private _regions: Region[] = [];
   private _axis: XAxis = 'step';
+  /** the strategy the user selected (the planner's selector), so the readouts relate the plan to it */
+  private _selected: string | null = null;
   /** trace indices drawn from the planned schedule (point number = planned step) */
   private _plannedTraces = new Set<number>();
   private _listening = false;
@@ -128,6 +127,11 @@ export class PlanChart {
   setRegions(regions: Region[]): void {
     this._regions = regions.map(r => ({ ...r }));
     this._redraw();
+  }
+
+  /** The strategy selected in the planner (null: none, e.g. a static plan); used on the next draw. */
+  set selected(strategy: string | null) {
+    this._selected = strategy;
   }
 
   /** Plot against schedule steps or against estimated time. */
@@ -221,7 +225,7 @@ export class PlanChart {
       delete this._inspector.dataset.step;
     }
     this._doc = doc;
-    this._header.replaceChildren(...readoutSpans(planReadouts(doc)));
+    this._header.replaceChildren(...readoutSpans(planReadouts(doc, this._selected)));
     this._drawToolbar(doc);
     const colors = themeColors(this.node);
     const figure = planFigure(
@@ -243,7 +247,9 @@ export class PlanChart {
       margin: { l: 60, r: 20, t: 40, b: 40 },
       // One box per x: the planned step (op, module, source), its breakdown and the baseline's step.
       hovermode: 'x unified',
-      legend: { orientation: 'h', y: -0.25, yanchor: 'top', traceorder: 'normal' },
+      // A vertical legend right of the plot: plotly widens the margin for it, so it never overlaps the
+      // x-axis title (a horizontal one below the plot did once it wrapped to two rows).
+      legend: { orientation: 'v', x: 1.02, xanchor: 'left', y: 1, yanchor: 'top', traceorder: 'normal' },
       xaxis: { ...axis, title: { text: figure.xTitle } },
       yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' },
       ...this._overlays(colors, x)

@@ -1,8 +1,8 @@
 /**
- * Pure transforms behind the memory chart's step inspector and the planner's slider readouts: which
- * tensors are resident while a planned step runs, and the plan's peak, time overhead and solver status.  Rows hold plain text (the view sets it with textContent); nothing here is HTML.
+ * Pure transforms behind the memory chart's step inspector: which tensors are resident while a planned
+ * step runs.  Rows hold plain text (the view sets it with textContent); nothing here is HTML.
  */
-import { formatBytes, PlanDoc, Readout, solverSummary } from './transforms';
+import { PlanDoc } from './transforms';
 
 /** One tensor resident during a step: a data node, or the workspace of the running compute. */
 export interface LiveTensor {
@@ -95,21 +95,4 @@ export function inspectStep(doc: PlanDoc, step: number, limit = 10): StepInspect
     count: rows.length,
     largest: rows.slice(0, limit)
   };
-}
-
-/** Readouts next to the budget slider: the shown plan's peak, time overhead and solver status. */
-export function sliderReadouts(doc: PlanDoc): Readout[] {
-  const planned = doc.planned.timeline;
-  const baseline = doc.baseline?.timeline;
-  const out: Readout[] = [{ label: 'peak', value: formatBytes(planned.peak_bytes) }];
-  if (!baseline) {
-    out.push({ label: 'time overhead', value: 'unknown (no eager baseline)' });
-  } else if (baseline.total_time > 0) {
-    const overhead = planned.total_time / baseline.total_time - 1;
-    out.push({ label: 'time overhead', value: `${overhead >= 0 ? '+' : ''}${(100 * overhead).toFixed(1)}%` });
-  } else {
-    out.push({ label: 'time overhead', value: 'unknown (no per-op times)' });
-  }
-  out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
-  return out;
 }

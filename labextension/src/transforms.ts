@@ -584,11 +584,14 @@ function percent(x: number): string {
   return `${x >= 0 ? '+' : ''}${(100 * x).toFixed(1)}%`;
 }
 
-/** Header readouts: strategy, planned peak (vs baseline), time overhead, budget, solver status. */
-export function planReadouts(doc: PlanDoc): Readout[] {
+/**
+ * Header readouts, the one description of the plan drawn: strategy (against the selector's `selected`
+ * one), planned peak (vs baseline), time overhead, recomputations, budget, fit verdict, solver status.
+ */
+export function planReadouts(doc: PlanDoc, selected: string | null = null): Readout[] {
   const planned = doc.planned.timeline;
   const baseline = doc.baseline?.timeline;
-  const out: Readout[] = [{ label: 'strategy', value: String(doc.strategy) }];
+  const out: Readout[] = [{ label: 'strategy', value: strategyReadout(String(doc.strategy), selected) }];
   let peak = formatBytes(planned.peak_bytes);
   if (baseline && baseline.peak_bytes > 0) {
     peak += ` (${percent(planned.peak_bytes / baseline.peak_bytes - 1)} vs eager ${formatBytes(baseline.peak_bytes)})`;
@@ -661,12 +664,43 @@ export function planTitle(doc: PlanDoc): string {
   return escapeHtml(`${name}${mode}${device}`);
 }
 
-/** Slider label for a frontier point, plain text. */
-export function frontierLabel(entry: FrontierEntry): string {
-  return (
-    `${formatBytes(entry.budget_bytes)}: peak ${formatBytes(entry.peak_bytes)}, ` +
-    `time x${entry.time_overhead.toFixed(3)} (${entry.strategy})`
-  );
+/**
+ * The budget slider's label: the budget alone, in bytes and as a share of the eager peak (the plan drawn
+ * for it is described once, in the chart's readouts).  Plain text.
+ */
+export function budgetLabel(budget: number, eagerPeak: number | null): string {
+  const share = eagerPeak && eagerPeak > 0 ? ` (${Math.round((100 * budget) / eagerPeak)}% of eager)` : '';
+  return `${formatBytes(budget)}${share}`;
+}
+
+/**
+ * The slider's two ends: the smallest budget the frontier has a checked plan for (its first row's plan
+ * peak: a budget equal to it is feasible) and the eager peak at its top; null without a frontier.
+ */
+export function frontierEnds(
+  frontier: readonly FrontierEntry[]
+): { minimum: number; eager: number; minimumBudget: number } | null {
+  if (frontier.length === 0) {
+    return null;
+  }
+  const lowest = frontier.reduce((a, b) => (b.budget_bytes < a.budget_bytes ? b : a));
+  const highest = frontier.reduce((a, b) => (b.budget_bytes > a.budget_bytes ? b : a));
+  return { minimum: lowest.peak_bytes, minimumBudget: lowest.budget_bytes, eager: highest.budget_bytes };
+}
+
+/**
+ * A chart readout for the strategy of the plan drawn, saying how it relates to the selector's choice
+ * (`selected`): chosen by auto, or the frontier's plan shown while the selected strategy is solved or
+ * after it found none.
+ */
+export function strategyReadout(shown: string, selected: string | null): string {
+  if (!selected || selected === shown) {
+    return shown;
+  }
+  if (selected === 'auto') {
+    return `${shown} (chosen by auto)`;
+  }
+  return `${shown} (the frontier's plan; ${selected} selected)`;
 }
 
 /**

@@ -1,7 +1,7 @@
 import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
-import { inspectStep, sliderReadouts } from '../src/inspect_data';
+import { inspectStep } from '../src/inspect_data';
 import { PlanDoc } from '../src/transforms';
 import { HOSTILE, samplePlan } from './sample';
 
@@ -44,19 +44,5 @@ describe('inspectStep', () => {
     assert.ok(names(10).includes('a1')); // step 10 recomputes linear
     assert.throws(() => inspectStep(SAMPLE, 16), /outside the planned schedule \(0\.\.15\)/);
     assert.throws(() => inspectStep(SAMPLE, -1), RangeError);
-  });
-});
-
-describe('sliderReadouts', () => {
-  it('gives the peak, the time overhead and the solver status of the plan shown', () => {
-    assert.deepEqual(sliderReadouts(SAMPLE), [
-      { label: 'peak', value: '29.00 MiB' },
-      { label: 'time overhead', value: '+12.5%' },
-      { label: 'solver', value: 'hand heuristic, no optimality bound in 0.00 s' }
-    ]);
-    assert.equal(sliderReadouts({ ...SAMPLE, baseline: null })[1].value, 'unknown (no eager baseline)');
-    const untimed = JSON.parse(JSON.stringify(SAMPLE)) as PlanDoc;
-    untimed.baseline!.timeline.total_time = 0;
-    assert.equal(sliderReadouts(untimed)[1].value, 'unknown (no per-op times)');
   });
 });

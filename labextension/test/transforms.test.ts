@@ -17,7 +17,9 @@ import {
   formatBytes,
   FRAGMENTATION,
   fragmentationSeries,
-  frontierLabel,
+  budgetLabel,
+  frontierEnds,
+  strategyReadout,
   hasStepTimes,
   isErrorStatus,
   mergePlanParts,
@@ -296,6 +298,7 @@ describe('planReadouts', () => {
   it('reports strategy, peak vs eager, overhead, recomputes and budget', () => {
     const r = Object.fromEntries(planReadouts(SAMPLE).map(x => [x.label, x.value]));
     assert.equal(r.strategy, 'checkmate');
+    assert.equal(planReadouts(SAMPLE, 'auto')[0].value, 'checkmate (chosen by auto)');
     assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
     assert.equal(r.overhead, '+12.5%');
     assert.equal(r.recomputes, '1');
@@ -356,8 +359,21 @@ describe('frontier', () => {
     { budget_bytes: 32 * MiB, peak_bytes: 29 * MiB, time_overhead: 1.125, strategy: 'checkmate' }
   ];
 
-  it('labels a frontier point', () => {
-    assert.equal(frontierLabel(frontier[2]), '32.00 MiB: peak 29.00 MiB, time x1.125 (checkmate)');
+  it('labels the slider with the budget alone, the plan being described once by the readouts', () => {
+    assert.equal(budgetLabel(32 * MiB, 37 * MiB), '32.00 MiB (86% of eager)');
+    assert.equal(budgetLabel(32 * MiB, null), '32.00 MiB');
+  });
+
+  it('puts the smallest checked plan and the eager peak at the slider ends, in any row order', () => {
+    assert.deepEqual(frontierEnds(frontier), { minimum: 23 * MiB, minimumBudget: 24 * MiB, eager: 40 * MiB });
+    assert.equal(frontierEnds([]), null);
+  });
+
+  it('relates the strategy drawn to the one selected', () => {
+    assert.equal(strategyReadout('rotor', 'rotor'), 'rotor');
+    assert.equal(strategyReadout('rockmate', 'auto'), 'rockmate (chosen by auto)');
+    assert.equal(strategyReadout('rotor', 'olla'), "rotor (the frontier's plan; olla selected)");
+    assert.equal(strategyReadout('checkmate', null), 'checkmate');
   });
 
   it('finds the smallest frontier budget covering the plan budget', () => {

@@ -129,9 +129,14 @@ export class PlanChart {
     this._redraw();
   }
 
-  /** The strategy selected in the planner (null: none, e.g. a static plan); used on the next draw. */
+  /** The strategy selected in the planner (null: none, e.g. a static plan): the readouts relate to it. */
   set selected(strategy: string | null) {
-    this._selected = strategy;
+    if (strategy !== this._selected) {
+      this._selected = strategy;
+      if (this._doc) {
+        this._header.replaceChildren(...readoutSpans(planReadouts(this._doc, strategy)));
+      }
+    }
   }
 
   /** Plot against schedule steps or against estimated time. */

@@ -179,7 +179,7 @@ export class PlannerView extends DOMWidgetView {
     this._cancel.addEventListener('click', () =>
       this._send({ cancel_request: Number(this.model.get('cancel_request') ?? 0) + 1 })
     );
-    solving.append(this._progress, this._refining, this._cancel);
+    solving.append(this._progress, this._cancel, this._refining);
 
     const controls = element('div', 'jp-memviz-controls');
     controls.append(budget, typed, strategy, solving, this._exporter.row);
@@ -273,9 +273,6 @@ export class PlannerView extends DOMWidgetView {
     }
     this._budgetChanged();
     if (this._doc) {
-      if (this._chart) {
-        this._chart.memory.chart.selected = String(this.model.get('strategy') ?? '') || null;
-      }
       this._drawer.push(this._doc);
     }
   }
@@ -324,6 +321,9 @@ export class PlannerView extends DOMWidgetView {
       ...names.map(name => Object.assign(element('option', '', name), { value: name }))
     );
     this._select.value = current;
+    if (this._chart) {
+      this._chart.memory.chart.selected = current || null;
+    }
   }
 
   private _presetsChanged(): void {

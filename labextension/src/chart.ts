@@ -5,8 +5,9 @@
  * Names from the plan only ever reach the DOM through textContent, or through plotly after
  * `escapeHtml` (see transforms.ts).
  */
-import { inspectStep, StepInspection } from './inspect_data';
+import { inspectStep, MODULE_DEPTH, StepInspection } from './inspect_data';
 import {
+  backwardStart,
   escapeHtml,
   formatBytes,
   hasStepTimes,
@@ -68,6 +69,36 @@ function inspectionTable(inspection: StepInspection): HTMLElement[] {
     );
     table.append(tr);
   }
+  return [caption, table, ...moduleTable(inspection)];
+}
+
+/** The step's resident bytes per module (`moduleBreakdown`), the largest `INSPECT_LIMIT`; plain text. */
+function moduleTable(inspection: StepInspection): HTMLElement[] {
+  const shown = inspection.byModule.slice(0, INSPECT_LIMIT);
+  const rest = inspection.byModule.length - shown.length;
+  const caption = element(
+    'div',
+    'jp-memviz-inspect-subcaption',
+    `by module (producing op's module, ${MODULE_DEPTH} levels)` +
+      (rest > 0 ? `; ${rest} more not listed:` : ':')
+  );
+  const table = element('table', 'jp-memviz-inspect-table jp-memviz-inspect-modules');
+  const head = element('tr', '');
+  for (const title of ['module', 'bytes', 'share', 'tensors']) {
+    head.append(element('th', '', title));
+  }
+  table.append(head);
+  for (const share of shown) {
+    const tr = element('tr', 'jp-memviz-inspect-module');
+    const percent = inspection.totalBytes > 0 ? (100 * share.bytes) / inspection.totalBytes : 0;
+    tr.append(
+      element('td', '', share.module),
+      element('td', 'jp-memviz-inspect-bytes', formatBytes(share.bytes)),
+      element('td', 'jp-memviz-inspect-bytes', `${percent.toFixed(1)}%`),
+      element('td', 'jp-memviz-inspect-bytes', String(share.count))
+    );
+    table.append(tr);
+  }
   return [caption, table];
 }
 
@@ -110,7 +141,7 @@ export class PlanChart {
     const hint = element(
       'span',
       'jp-memviz-chart-hint',
-      'click the chart to list the tensors live at a step'
+      'click the chart to list the tensors live at a step, and their bytes by module'
     );
     this._toolbar.append(this._axisButtons.step, this._axisButtons.time, hint);
     this.node.append(this._header, this._toolbar, this._plot, this._inspector);
@@ -168,7 +199,8 @@ export class PlanChart {
   /** Plotly shapes and annotations for the step marker and the shaded regions (labels escaped). */
   private _overlays(
     colors: ThemeColors,
-    x: (step: number) => number
+    x: (step: number) => number,
+    backward: number | null
   ): { shapes: unknown[]; annotations: unknown[] } {
     const shapes: unknown[] = this._regions.map(r => ({
       type: 'rect',
@@ -193,6 +225,30 @@ export class PlanChart {
       text: escapeHtml(r.label),
       font: { size: 10, color: colors.muted }
     }));
+    if (backward !== null) {
+      // where the backward pass starts: forward left of the line, backward right of it
+      shapes.push({
+        type: 'line',
+        xref: 'x',
+        yref: 'paper',
+        x0: x(backward),
+        x1: x(backward),
+        y0: 0,
+        y1: 1,
+        line: { color: colors.muted, width: 1, dash: 'dashdot' }
+      });
+      annotations.push({
+        xref: 'x',
+        yref: 'paper',
+        x: x(backward),
+        y: 1,
+        xanchor: 'center',
+        yanchor: 'top',
+        showarrow: false,
+        text: '← forward | backward →',
+        font: { size: 10, color: colors.muted }
+      });
+    }
     if (this._marked !== null) {
       shapes.push({
         type: 'line',
@@ -257,7 +313,7 @@ export class PlanChart {
       legend: { orientation: 'v', x: 1.02, xanchor: 'left', y: 1, yanchor: 'top', traceorder: 'normal' },
       xaxis: { ...axis, title: { text: figure.xTitle } },
       yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' },
-      ...this._overlays(colors, x)
+      ...this._overlays(colors, x, backwardStart(doc))
     };
     const Plotly = await loadPlotly();
     if (this._disposed) {

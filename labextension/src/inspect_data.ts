@@ -26,6 +26,42 @@ export interface StepInspection {
   count: number;
   /** the `limit` largest, largest first */
   largest: LiveTensor[];
+  /** every resident byte by the module that produced it (`moduleGroup`), largest first */
+  byModule: ModuleShare[];
+}
+
+/** Resident bytes of one module (its producing ops), or of the tensors no op produced. */
+export interface ModuleShare {
+  module: string;
+  bytes: number;
+  count: number;
+}
+
+/** How many levels of a module path the breakdown keeps ("blocks.3.attn.qkv" -> "blocks.3"). */
+export const MODULE_DEPTH = 2;
+
+/**
+ * The group a resident tensor counts for in the per-module breakdown: its producer's module path cut to
+ * `depth` levels, or what it is when no module produced it (parameters, inputs, optimizer state).
+ */
+export function moduleGroup(row: LiveTensor, depth = MODULE_DEPTH): string {
+  if (row.module) {
+    return row.module.split('.').slice(0, depth).join('.');
+  }
+  return row.producer ? '(top level)' : `(${row.kind.replace(/_/g, ' ')})`;
+}
+
+/** Sum rows by `moduleGroup`, largest first (ties by name, so redraws do not reorder). */
+export function moduleBreakdown(rows: readonly LiveTensor[], depth = MODULE_DEPTH): ModuleShare[] {
+  const groups = new Map<string, ModuleShare>();
+  for (const row of rows) {
+    const key = moduleGroup(row, depth);
+    const share = groups.get(key) ?? { module: key, bytes: 0, count: 0 };
+    share.bytes += row.bytes;
+    share.count += 1;
+    groups.set(key, share);
+  }
+  return [...groups.values()].sort((a, b) => b.bytes - a.bytes || a.module.localeCompare(b.module));
 }
 
 /**
@@ -93,6 +129,7 @@ export function inspectStep(doc: PlanDoc, step: number, limit = 10): StepInspect
     action,
     totalBytes: rows.reduce((sum, r) => sum + r.bytes, 0),
     count: rows.length,
-    largest: rows.slice(0, limit)
+    largest: rows.slice(0, limit),
+    byModule: moduleBreakdown(rows)
   };
 }

@@ -17,7 +17,10 @@ import {
   formatBytes,
   FRAGMENTATION,
   fragmentationSeries,
+  backwardStart,
+  baselineStepsByOp,
   budgetLabel,
+  recomputeSteps,
   frontierEnds,
   strategyReadout,
   hasStepTimes,
@@ -206,7 +209,7 @@ describe('planFigure', () => {
     assert.equal(
       total.hovertext![1],
       'planned step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>' +
-        'source: model.py:11<br>total: 23.00 MiB'
+        'source: model.py:11<br>total: 23.00 MiB<br>eager at this op: 23.00 MiB (eager step 1)'
     );
     assert.deepEqual(stacked[0].hovertext![1], 'parameters: 4.00 MiB');
     assert.equal(planTitle(SAMPLE), 'tiny &lt;img src=x onerror=alert(1)&gt; (train) on cpu');
@@ -284,6 +287,39 @@ describe('planFigure', () => {
     assert.ok(!planned.hovertext!.some(h => h.includes('unchunked_')));
     const own = stepEdges({ ...withGraph, graph }, doc.baseline!.schedule, 'time');
     assert.deepEqual(base.x, own.slice(0, base.x.length));
+  });
+
+  it('marks each recomputation and the start of the backward pass', () => {
+    // the sample frees a1 after relu and recomputes linear (node 0) at planned step 10
+    assert.deepEqual(recomputeSteps(SAMPLE.planned.schedule), [10]);
+    assert.deepEqual(recomputeSteps(SAMPLE.baseline!.schedule), []);
+    const marks = fig.traces.find(t => t.name.startsWith('recomputation'))!;
+    assert.equal(marks.name, 'recomputation (1)');
+    assert.deepEqual(marks.x, [10]);
+    assert.deepEqual(marks.y, [planned.step_bytes[10] / MiB]);
+    const total = fig.traces.find(t => t.name === 'planned total')!;
+    assert.match(
+      total.hovertext![10],
+      /^planned step 10: <b>linear<\/b> \(aten.mm\)<br>module: net.fc1<br>source: model.py:10 <i>recomputation<\/i>/
+    );
+    assert.ok(!total.hovertext![0].includes('recomputation'));
+    // tanh_backward (node 4, the first backward op) runs at planned step 5
+    assert.equal(backwardStart(SAMPLE), 5);
+    const forwardOnly = clone() as unknown as PlanDoc;
+    forwardOnly.graph.computes.forEach(c => (c.phase = 'forward'));
+    assert.equal(backwardStart(forwardOnly), null);
+  });
+
+  it('aligns the eager baseline with the plan by op, not by step index', () => {
+    // eager runs nodes 0..4 at steps 0..4, node 5 at 6, 6 at 9, 7 at 12; a free keeps the op before it
+    assert.deepEqual(baselineStepsByOp(SAMPLE), [0, 1, 1, 2, 3, 4, 4, 6, 6, 6, 0, 9, 9, 9, 12, 12]);
+    const total = fig.traces.find(t => t.name === 'planned total')!;
+    // planned step 11 runs node 6 (the hostile-named mul), which eager runs at step 9, not 11
+    const eager = SAMPLE.baseline!.timeline.step_bytes;
+    assert.ok(total.hovertext![11].endsWith(`eager at this op: ${formatBytes(eager[9])} (eager step 9)`));
+    assert.notEqual(eager[9], eager[11]);
+    // the index-aligned baseline entry is out of the unified hover
+    assert.equal(fig.traces.find(t => t.name === 'baseline (eager)')!.hoverinfo, 'skip');
   });
 
   it('draws a plan without baseline or budget', () => {

@@ -241,9 +241,11 @@ export class PlanChart {
         xref: 'x',
         yref: 'paper',
         x: x(backward),
+        // just above the plot (the top margin leaves it a row under the title): a training plan's peak
+        // label sits inside the plot near the top of this line
         y: 1,
         xanchor: 'center',
-        yanchor: 'top',
+        yanchor: 'bottom',
         showarrow: false,
         text: '← forward | backward →',
         font: { size: 10, color: colors.muted }
@@ -305,7 +307,7 @@ export class PlanChart {
       ...themedLayout(colors),
       title: { text: planTitle(doc), font: { size: 13 } },
       height: 420,
-      margin: { l: 60, r: 20, t: 40, b: 40 },
+      margin: { l: 60, r: 20, t: 56, b: 40 },
       // One box per x: the planned step (op, module, source), its breakdown and the baseline's step.
       hovermode: 'x unified',
       // A vertical legend right of the plot: plotly widens the margin for it, so it never overlaps the

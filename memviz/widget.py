@@ -18,6 +18,7 @@ plan shown has been checked by `solvers.simulate`, and is cached, so a revisit s
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import threading
@@ -31,8 +32,11 @@ import ipywidgets as widgets
 import traitlets
 
 from memviz.budget import format_bytes
+from memviz.devices import TARGETS
 from memviz.planning import Plan, fit_reserved, frontier_plan, plan, with_packing
 from memviz.report import write_report
+from solvers import Graph, simulate
+from solvers.memo import RecentMemo
 
 MODULE_NAME = "jupyterlab-memviz"
 
@@ -73,6 +77,51 @@ def refuse_clobber(paths: tuple[Path, ...], overwrite: bool) -> dict[str, Any] |
         return None
     message = f"{', '.join(clashes)} already exist: confirm to overwrite"
     return {"ok": False, "exists": clashes, "message": message}
+
+
+#: the op times first measured for each graph structure (the graph with its times zeroed) on each device,
+#: by the Planners of this kernel (`steady_costs`)
+_FIRST_TIMES: RecentMemo[tuple[Graph, str], tuple[float, ...]] = RecentMemo(8)
+
+
+def steady_costs(prof: Any) -> Any:
+    """`prof` with the op times first measured in this kernel for the same graph structure on the same
+    device.  Measured CPU op times vary from run to run (a tiny op by 2x), and the solvers choose what
+    to recompute by time, so re-running a Planner cell re-planned with other times and showed another
+    plan (issue 18: 35 vs 15 recomputations).  With the first times, the same model and inputs give the
+    same graph, and the solvers' per-graph memory (`solvers.memo`) the same plan."""
+    graph = prof.graph
+    key = (_with_times(graph, [0.0] * len(graph.computes)), str(prof.device.name))
+    measured = tuple(c.time for c in graph.computes)
+    first = _FIRST_TIMES.get(key)
+    if first is None:
+        _FIRST_TIMES.put(key, measured)
+        return prof
+    if first == measured:
+        return prof
+    steady = _with_times(graph, first)
+    return dataclasses.replace(prof, graph=steady, baseline=simulate(steady, prof.baseline_schedule).check())
+
+
+def _with_times(graph: Graph, times: Any) -> Graph:
+    computes = tuple(dataclasses.replace(c, time=t) for c, t in zip(graph.computes, times, strict=True))
+    return dataclasses.replace(graph, computes=computes)
+
+
+def capacity_presets(device: dict[str, Any]) -> list[dict[str, Any]]:
+    """Budgets the Planner offers besides the slider: the plan's own device capacity when known, then
+    each named target's (`memviz.devices.TARGETS`, aliases once), smallest first."""
+    presets: list[dict[str, Any]] = []
+    if device.get("capacity_bytes"):
+        own = f"this device ({device.get('name', '')})"
+        presets.append({"label": own, "bytes": int(device["capacity_bytes"])})
+    seen: set[str] = set()
+    for target in sorted(TARGETS.values(), key=lambda t: (t.capacity_bytes, t.name)):
+        if target.name in seen or target.name == "cpu":
+            continue
+        seen.add(target.name)
+        presets.append({"label": target.description or target.name, "bytes": target.capacity_bytes})
+    return presets
 
 
 def plan_html(p: Plan) -> str:
@@ -120,6 +169,15 @@ class Planner(MemvizWidget):
     status = traitlets.Unicode("").tag(sync=True)
     #: what the kernel is solving for the shown budget ('' when the shown plan is final)
     refining = traitlets.Unicode("").tag(sync=True)
+    #: the most seconds a solve may take (the view's progress bar runs against it while `refining`)
+    solve_limit_s = traitlets.Float(0.0).tag(sync=True)
+    #: the view increments it to cancel the solve in progress (`refining`)
+    cancel_request = traitlets.Int(0).tag(sync=True)
+    #: a budget the user typed (bytes), solved when the view increments `budget_request`
+    budget_bytes = traitlets.Int(0).tag(sync=True)
+    budget_request = traitlets.Int(0).tag(sync=True)
+    #: device-capacity presets for the typed budget: [{"label", "bytes"}], the plan's device first
+    presets = traitlets.List(traitlets.Dict()).tag(sync=True)
     export_path = traitlets.Unicode("memviz_export/model_opt.py").tag(sync=True)
     export_overwrite = traitlets.Bool(False).tag(sync=True)
     export_request = traitlets.Int(0).tag(sync=True)
@@ -166,13 +224,17 @@ class Planner(MemvizWidget):
         self._lock = threading.RLock()  # the worker and the kernel's thread both update the shown plan
         self._request = 0
         self._closed = False
+        self._ready = False  # the constructor's own trait assignments are not user requests
         self.strategy = strategy
+        self.solve_limit_s = float(time_limit)
+        self.presets = capacity_presets(self.plan.device)
         members = self._members(self.plan)
         self._base = {k: members[k] for k in SHARED if k in members}
         self.plan_base_json = join_members(self._base)
         self._show(self.plan)
         for index in range(len(self._points)):
             self._worker.submit(self._warm, index)
+        self._ready = True
 
     @staticmethod
     def _profile_of(source: Any, args: tuple | None, mode: str) -> Any:
@@ -184,7 +246,7 @@ class Planner(MemvizWidget):
 
         if args is None:
             raise TypeError("Planner(model, args): pass the model's example inputs")
-        return profile(source, args, mode=mode)
+        return steady_costs(profile(source, args, mode=mode))
 
     def _members(self, p: Plan) -> dict[str, str]:
         """The plan's document members, each encoded once per plan (two threads may both encode a
@@ -228,7 +290,8 @@ class Planner(MemvizWidget):
         with self._lock, self.hold_sync():
             self.plan = p
             self.plan_json = self._document(p)
-            self.status = p.summary()
+            # the view describes the plan once, from the document; the status line is for errors and notes
+            self.status = ""
 
     @traitlets.observe("view_needs")
     def _on_needs(self, change: dict[str, Any]) -> None:
@@ -249,24 +312,79 @@ class Planner(MemvizWidget):
 
     @traitlets.observe("budget_index", "strategy")
     def _on_change(self, change: dict[str, Any]) -> None:
-        if self._closed or not self._frontier or not 0 <= self.budget_index < len(self._frontier):
+        if self._closed or not self._ready or not self._frontier:
             return
-        index, strategy = self.budget_index, self.strategy
-        key = (strategy, self._frontier[index]["budget_bytes"])
+        if change["name"] == "strategy" and self.budget_index < 0 and self.plan.budget_bytes is not None:
+            # a typed budget (or the plan as first made): the new strategy solves that budget
+            self._ask(self.plan.budget_bytes, self._fitting_frontier_plan(self.plan.budget_bytes), exact=True)
+            return
+        if not 0 <= self.budget_index < len(self._frontier):
+            return
+        index = self.budget_index
+        self._ask(self._frontier[index]["budget_bytes"], self._frontier_plan(index), exact=False)
+
+    @traitlets.observe("budget_request")
+    def _on_budget_request(self, change: dict[str, Any]) -> None:
+        """A typed budget (or a device preset): the cheapest frontier plan that fits it is shown at once,
+        then the selected strategy's plan for exactly that budget."""
+        if self._closed or not self._ready:
+            return
+        budget = self.budget_bytes
+        if budget <= 0:
+            self.status = f"error: a budget must be a positive number of bytes, not {budget}"
+            return
+        with self.hold_sync():
+            self.budget_index = -1  # off the frontier's grid: the view places the slider by the plan's budget
+            self._ask(budget, self._fitting_frontier_plan(budget), exact=True)
+
+    def _fitting_frontier_plan(self, budget: int) -> Plan | None:
+        """The frontier plan of the largest frontier budget at or below `budget` (it fits, and a larger
+        budget's plan is never slower), relabelled with `budget`; None when every frontier budget is
+        larger."""
+        fitting = [i for i, row in enumerate(self._frontier) if row["budget_bytes"] <= budget]
+        if not fitting:
+            return None
+        best = max(fitting, key=lambda i: self._frontier[i]["budget_bytes"])
+        shown = self._frontier_plan(best)
+        return None if shown is None else dataclasses.replace(shown, budget_bytes=budget)
+
+    def _ask(self, budget: int, shown: Plan | None, *, exact: bool) -> None:
+        """Show `shown` (a frontier plan, or None) for `budget` now and solve the selected strategy's plan
+        for it in the worker, unless it is cached.  `exact`: solve even when `shown` is that strategy's
+        (a typed budget between frontier points deserves its own plan, not a smaller budget's)."""
+        strategy = self.strategy
+        key = (strategy, budget)
         with self._lock:
             self._request += 1
             request = self._request
             done = self._cache.get(key)
-            shown = done or self._frontier_plan(index)
+            shown = done or shown
             if shown is not None:
                 # in the same message as the plan, so the view never draws it as final while it is not
                 with self.hold_sync():
-                    self.refining = "" if done else self._refinement(shown, strategy)
+                    self.refining = "" if done else self._refinement(shown, strategy, exact)
                     self._show(shown)
         if done is None:
             if shown is None:
-                self.refining = f"solving with {strategy}"
-            self._worker.submit(self._refine, request, key, shown)
+                self.refining = f"solving with {strategy} for {format_bytes(budget)}"
+            self._worker.submit(self._refine, request, key, None if exact else shown)
+
+    @traitlets.observe("cancel_request")
+    def _on_cancel(self, change: dict[str, Any]) -> None:
+        """Stop waiting for the solve in progress: the plan shown stays, the solve's result is never shown
+        (it still lands in the cache), and later requests go to a fresh worker at once.  A solver cannot be
+        interrupted mid-call: the abandoned one ends by its own time limit."""
+        with self._lock:
+            if not self.refining or self._closed:
+                return
+            self._request += 1
+            abandoned, self._worker = self._worker, ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="memviz-planner")
+            abandoned.shutdown(wait=False, cancel_futures=True)
+            with self.hold_sync():
+                self.refining = ""
+                self.status = (f"cancelled: showing the {self.plan.strategy} plan for "
+                               f"{format_bytes(self.plan.budget_bytes or 0)}")
 
     def _frontier_plan(self, index: int) -> Plan | None:
         """The plan the frontier already solved for this index, built once (no solver runs here)."""
@@ -278,14 +396,14 @@ class Planner(MemvizWidget):
             return self._frontier_plans[index]
 
     @staticmethod
-    def _refinement(shown: Plan, strategy: str) -> str:
-        if shown.strategy != strategy:
+    def _refinement(shown: Plan, strategy: str, exact: bool) -> str:
+        if shown.strategy != strategy or exact:
             return f"showing the frontier's {shown.strategy} plan; solving with {strategy}"
         return "packing addresses"
 
     def _refine(self, request: int, key: tuple[str, int], shown: Plan | None) -> None:
-        """Worker thread: the selected strategy's plan for this budget (or the frontier plan with its
-        packing, when that strategy made it); shown if no newer request came meanwhile."""
+        """Worker thread: the selected strategy's plan for this budget (or the frontier plan `shown` with
+        its packing, when that strategy made it); shown if no newer request came meanwhile."""
         time.sleep(self.settle_s)
         if request != self._request:
             return  # the slider moved on before this solve started
@@ -301,8 +419,8 @@ class Planner(MemvizWidget):
             with self._lock:
                 if request == self._request:
                     self.refining = ""
-                    held = f" (showing the frontier's {shown.strategy} plan)" if shown is not None else ""
-                    self.status = f"error: {strategy}: {exc}{held}"
+                    held = self.plan.strategy, format_bytes(self.plan.budget_bytes or 0)
+                    self.status = f"error: {strategy}: {exc} (showing the {held[0]} plan for {held[1]})"
             return
         self._members(result)  # encoded outside the lock: the kernel's thread may want it meanwhile
         with self._lock:

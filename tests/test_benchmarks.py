@@ -172,3 +172,19 @@ def test_apply_bench_smoke(tmp_path):
     assert ours["measured_peak"] < m["eager_peak"]
     assert len(m["equal_memory"]) == len(m["peers"])
     assert "At equal or lower measured memory" in proc.stdout and "sac_ilp" in proc.stdout
+
+
+def test_ui_latency_summary_reports_percentiles_and_plans_never_drawn():
+    """bench_ui (issue 18 item 10): p50/p95 per interaction, and a plan never drawn (-1) fails the target."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_ui
+
+    assert bench_ui.percentile([10.0, 20.0, 30.0, 40.0], 50) == 25.0
+    assert bench_ui.percentile([10.0, 20.0, 30.0, 40.0], 95) == pytest.approx(38.5)
+    rows = {r["interaction"]: r for r in bench_ui.summarize({"fast": [50.0, 60.0, 70.0], "lost": [50.0, -1.0],
+                                                             "slow": [900.0, 1000.0]})}
+    assert rows["fast"]["p50_ms"] == 60.0 and rows["fast"]["meets_target"]
+    assert rows["lost"]["not_drawn"] == 1 and not rows["lost"]["meets_target"]
+    assert not rows["slow"]["meets_target"]
+    text = bench_ui.markdown({"target_ms": bench_ui.TARGET_MS, "not_run": "no Chromium"})
+    assert "Not run: no Chromium" in text

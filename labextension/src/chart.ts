@@ -5,8 +5,9 @@
  * Names from the plan only ever reach the DOM through textContent, or through plotly after
  * `escapeHtml` (see transforms.ts).
  */
-import { inspectStep, StepInspection } from './inspect_data';
+import { inspectStep, MODULE_DEPTH, StepInspection } from './inspect_data';
 import {
+  backwardStart,
   escapeHtml,
   formatBytes,
   hasStepTimes,
@@ -30,13 +31,10 @@ export interface Region {
 /** How many tensors the step inspector lists. */
 const INSPECT_LIMIT = 10;
 
-/** Readouts as labelled spans of class `className` (the chart header's, the slider's). */
-export function readoutSpans(
-  readouts: readonly { label: string; value: string }[],
-  className = 'jp-memviz-readout'
-): HTMLElement[] {
+/** Readouts as labelled spans (the chart header's). */
+export function readoutSpans(readouts: readonly { label: string; value: string }[]): HTMLElement[] {
   return readouts.map(r => {
-    const item = element('span', className);
+    const item = element('span', 'jp-memviz-readout');
     item.dataset.readout = r.label;
     item.append(
       element('span', 'jp-memviz-readout-label', `${r.label}: `),
@@ -71,6 +69,36 @@ function inspectionTable(inspection: StepInspection): HTMLElement[] {
     );
     table.append(tr);
   }
+  return [caption, table, ...moduleTable(inspection)];
+}
+
+/** The step's resident bytes per module (`moduleBreakdown`), the largest `INSPECT_LIMIT`; plain text. */
+function moduleTable(inspection: StepInspection): HTMLElement[] {
+  const shown = inspection.byModule.slice(0, INSPECT_LIMIT);
+  const rest = inspection.byModule.length - shown.length;
+  const caption = element(
+    'div',
+    'jp-memviz-inspect-subcaption',
+    `by module (producing op's module, ${MODULE_DEPTH} levels)` +
+      (rest > 0 ? `; ${rest} more not listed:` : ':')
+  );
+  const table = element('table', 'jp-memviz-inspect-table jp-memviz-inspect-modules');
+  const head = element('tr', '');
+  for (const title of ['module', 'bytes', 'share', 'tensors']) {
+    head.append(element('th', '', title));
+  }
+  table.append(head);
+  for (const share of shown) {
+    const tr = element('tr', 'jp-memviz-inspect-module');
+    const percent = inspection.totalBytes > 0 ? (100 * share.bytes) / inspection.totalBytes : 0;
+    tr.append(
+      element('td', '', share.module),
+      element('td', 'jp-memviz-inspect-bytes', formatBytes(share.bytes)),
+      element('td', 'jp-memviz-inspect-bytes', `${percent.toFixed(1)}%`),
+      element('td', 'jp-memviz-inspect-bytes', String(share.count))
+    );
+    table.append(tr);
+  }
   return [caption, table];
 }
 
@@ -97,6 +125,8 @@ export class PlanChart {
   private _marked: number | null = null;
   private _regions: Region[] = [];
   private _axis: XAxis = 'step';
+  /** the strategy the user selected (the planner's selector), so the readouts relate the plan to it */
+  private _selected: string | null = null;
   /** trace indices drawn from the planned schedule (point number = planned step) */
   private _plannedTraces = new Set<number>();
   private _listening = false;
@@ -111,7 +141,7 @@ export class PlanChart {
     const hint = element(
       'span',
       'jp-memviz-chart-hint',
-      'click the chart to list the tensors live at a step'
+      'click the chart to list the tensors live at a step, and their bytes by module'
     );
     this._toolbar.append(this._axisButtons.step, this._axisButtons.time, hint);
     this.node.append(this._header, this._toolbar, this._plot, this._inspector);
@@ -128,6 +158,16 @@ export class PlanChart {
   setRegions(regions: Region[]): void {
     this._regions = regions.map(r => ({ ...r }));
     this._redraw();
+  }
+
+  /** The strategy selected in the planner (null: none, e.g. a static plan): the readouts relate to it. */
+  set selected(strategy: string | null) {
+    if (strategy !== this._selected) {
+      this._selected = strategy;
+      if (this._doc) {
+        this._header.replaceChildren(...readoutSpans(planReadouts(this._doc, strategy)));
+      }
+    }
   }
 
   /** Plot against schedule steps or against estimated time. */
@@ -159,7 +199,8 @@ export class PlanChart {
   /** Plotly shapes and annotations for the step marker and the shaded regions (labels escaped). */
   private _overlays(
     colors: ThemeColors,
-    x: (step: number) => number
+    x: (step: number) => number,
+    backward: number | null
   ): { shapes: unknown[]; annotations: unknown[] } {
     const shapes: unknown[] = this._regions.map(r => ({
       type: 'rect',
@@ -184,6 +225,32 @@ export class PlanChart {
       text: escapeHtml(r.label),
       font: { size: 10, color: colors.muted }
     }));
+    if (backward !== null) {
+      // where the backward pass starts: forward left of the line, backward right of it
+      shapes.push({
+        type: 'line',
+        xref: 'x',
+        yref: 'paper',
+        x0: x(backward),
+        x1: x(backward),
+        y0: 0,
+        y1: 1,
+        line: { color: colors.muted, width: 1, dash: 'dashdot' }
+      });
+      annotations.push({
+        xref: 'x',
+        yref: 'paper',
+        x: x(backward),
+        // just above the plot (the top margin leaves it a row under the title): a training plan's peak
+        // label sits inside the plot near the top of this line
+        y: 1,
+        xanchor: 'center',
+        yanchor: 'bottom',
+        showarrow: false,
+        text: '← forward | backward →',
+        font: { size: 10, color: colors.muted }
+      });
+    }
     if (this._marked !== null) {
       shapes.push({
         type: 'line',
@@ -221,7 +288,7 @@ export class PlanChart {
       delete this._inspector.dataset.step;
     }
     this._doc = doc;
-    this._header.replaceChildren(...readoutSpans(planReadouts(doc)));
+    this._header.replaceChildren(...readoutSpans(planReadouts(doc, this._selected)));
     this._drawToolbar(doc);
     const colors = themeColors(this.node);
     const figure = planFigure(
@@ -240,13 +307,15 @@ export class PlanChart {
       ...themedLayout(colors),
       title: { text: planTitle(doc), font: { size: 13 } },
       height: 420,
-      margin: { l: 60, r: 20, t: 40, b: 40 },
+      margin: { l: 60, r: 20, t: 56, b: 40 },
       // One box per x: the planned step (op, module, source), its breakdown and the baseline's step.
       hovermode: 'x unified',
-      legend: { orientation: 'h', y: -0.25, yanchor: 'top', traceorder: 'normal' },
+      // A vertical legend right of the plot: plotly widens the margin for it, so it never overlaps the
+      // x-axis title (a horizontal one below the plot did once it wrapped to two rows).
+      legend: { orientation: 'v', x: 1.02, xanchor: 'left', y: 1, yanchor: 'top', traceorder: 'normal' },
       xaxis: { ...axis, title: { text: figure.xTitle } },
       yaxis: { ...axis, title: { text: `memory (${figure.unit.name})` }, rangemode: 'tozero' },
-      ...this._overlays(colors, x)
+      ...this._overlays(colors, x, backwardStart(doc))
     };
     const Plotly = await loadPlotly();
     if (this._disposed) {

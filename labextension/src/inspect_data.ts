@@ -1,8 +1,8 @@
 /**
- * Pure transforms behind the memory chart's step inspector and the planner's slider readouts: which
- * tensors are resident while a planned step runs, and the plan's peak, time overhead and solver status.  Rows hold plain text (the view sets it with textContent); nothing here is HTML.
+ * Pure transforms behind the memory chart's step inspector: which tensors are resident while a planned
+ * step runs.  Rows hold plain text (the view sets it with textContent); nothing here is HTML.
  */
-import { formatBytes, PlanDoc, Readout, solverSummary } from './transforms';
+import { PlanDoc } from './transforms';
 
 /** One tensor resident during a step: a data node, or the workspace of the running compute. */
 export interface LiveTensor {
@@ -26,6 +26,42 @@ export interface StepInspection {
   count: number;
   /** the `limit` largest, largest first */
   largest: LiveTensor[];
+  /** every resident byte by the module that produced it (`moduleGroup`), largest first */
+  byModule: ModuleShare[];
+}
+
+/** Resident bytes of one module (its producing ops), or of the tensors no op produced. */
+export interface ModuleShare {
+  module: string;
+  bytes: number;
+  count: number;
+}
+
+/** How many levels of a module path the breakdown keeps ("blocks.3.attn.qkv" -> "blocks.3"). */
+export const MODULE_DEPTH = 2;
+
+/**
+ * The group a resident tensor counts for in the per-module breakdown: its producer's module path cut to
+ * `depth` levels, or what it is when no module produced it (parameters, inputs, optimizer state).
+ */
+export function moduleGroup(row: LiveTensor, depth = MODULE_DEPTH): string {
+  if (row.module) {
+    return row.module.split('.').slice(0, depth).join('.');
+  }
+  return row.producer ? '(top level)' : `(${row.kind.replace(/_/g, ' ')})`;
+}
+
+/** Sum rows by `moduleGroup`, largest first (ties by name, so redraws do not reorder). */
+export function moduleBreakdown(rows: readonly LiveTensor[], depth = MODULE_DEPTH): ModuleShare[] {
+  const groups = new Map<string, ModuleShare>();
+  for (const row of rows) {
+    const key = moduleGroup(row, depth);
+    const share = groups.get(key) ?? { module: key, bytes: 0, count: 0 };
+    share.bytes += row.bytes;
+    share.count += 1;
+    groups.set(key, share);
+  }
+  return [...groups.values()].sort((a, b) => b.bytes - a.bytes || a.module.localeCompare(b.module));
 }
 
 /**
@@ -93,23 +129,7 @@ export function inspectStep(doc: PlanDoc, step: number, limit = 10): StepInspect
     action,
     totalBytes: rows.reduce((sum, r) => sum + r.bytes, 0),
     count: rows.length,
-    largest: rows.slice(0, limit)
+    largest: rows.slice(0, limit),
+    byModule: moduleBreakdown(rows)
   };
-}
-
-/** Readouts next to the budget slider: the shown plan's peak, time overhead and solver status. */
-export function sliderReadouts(doc: PlanDoc): Readout[] {
-  const planned = doc.planned.timeline;
-  const baseline = doc.baseline?.timeline;
-  const out: Readout[] = [{ label: 'peak', value: formatBytes(planned.peak_bytes) }];
-  if (!baseline) {
-    out.push({ label: 'time overhead', value: 'unknown (no eager baseline)' });
-  } else if (baseline.total_time > 0) {
-    const overhead = planned.total_time / baseline.total_time - 1;
-    out.push({ label: 'time overhead', value: `${overhead >= 0 ? '+' : ''}${(100 * overhead).toFixed(1)}%` });
-  } else {
-    out.push({ label: 'time overhead', value: 'unknown (no per-op times)' });
-  }
-  out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
-  return out;
 }

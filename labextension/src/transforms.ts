@@ -422,6 +422,54 @@ export function fragmentationSeries(doc: PlanDoc): number[] | null {
   return reserved.map((r, i) => Math.max(r - live[i], 0));
 }
 
+/** The steps of `schedule` that run a compute node a second (or later) time: its recomputations. */
+export function recomputeSteps(schedule: readonly StepDoc[]): number[] {
+  const seen = new Set<number>();
+  const out: number[] = [];
+  schedule.forEach(([kind, id], i) => {
+    if (kind === 'compute') {
+      if (seen.has(id)) {
+        out.push(i);
+      }
+      seen.add(id);
+    }
+  });
+  return out;
+}
+
+/** The first planned step that runs a backward compute node (where the backward pass starts), or null. */
+export function backwardStart(doc: PlanDoc): number | null {
+  const i = doc.planned.schedule.findIndex(
+    ([kind, id]) => kind === 'compute' && doc.graph.computes[id]?.phase === 'backward'
+  );
+  return i >= 0 ? i : null;
+}
+
+/**
+ * For each planned step, the eager baseline step that runs the same op (compute node; a recomputation
+ * maps to the op's one eager run), or for a free step the one of the last compute before it; -1 before
+ * any.  Null when the baseline runs another graph (an autochunk plan's unchunked model): no op is shared.
+ */
+export function baselineStepsByOp(doc: PlanDoc): number[] | null {
+  const baseline = doc.baseline;
+  if (!baseline || baseline.graph) {
+    return null;
+  }
+  const eagerStep = new Map<number, number>();
+  baseline.schedule.forEach(([kind, id], i) => {
+    if (kind === 'compute' && !eagerStep.has(id)) {
+      eagerStep.set(id, i);
+    }
+  });
+  let last = -1;
+  return doc.planned.schedule.map(([kind, id]) => {
+    if (kind === 'compute') {
+      last = eagerStep.get(id) ?? last;
+    }
+    return last;
+  });
+}
+
 /** A trace slot with nothing to draw, out of the legend and the hover. */
 const EMPTY_SLOT: Omit<Trace, 'name'> = {
   type: 'scatter',
@@ -439,12 +487,15 @@ const EMPTY_SLOT: Omit<Trace, 'name'> = {
  */
 export const FRAGMENTATION = 'reserved by the allocator';
 const FRAGMENTATION_COLOR = '#9e9e9e';
+/** Recomputation marks: the red of the categories' palette not used by a stacked category. */
+const RECOMPUTE_COLOR = '#d62728';
 
 /**
  * Plan -> traces: the planned timeline as stacked areas by category (all-zero categories dropped), the
  * simulated allocator's fragmentation stacked on top when the plan has it, under a line of the planned
- * total that carries the hover text of each step, the baseline as a dotted line, the budget as a dashed
- * line and a marker on the planned peak.  Bytes are scaled to one binary unit chosen from the largest
+ * total that carries the hover text of each step (with eager's bytes at the same op), a mark on each
+ * recomputation, the baseline as a dotted line, the budget as a dashed line and a marker on the
+ * planned peak.  Bytes are scaled to one binary unit chosen from the largest
  * value shown; x is the step index or the estimated time (`axis`), then in `xunit`.
  */
 export function planFigure(
@@ -510,7 +561,18 @@ export function planFigure(
     traces.push({ ...EMPTY_SLOT, name: FRAGMENTATION });
   }
 
-  // The planned total carries the step's op, module and source line (one entry in the unified hover).
+  // The planned total carries the step's op, module and source line (one entry in the unified hover),
+  // and what eager holds when it runs the same op: aligned by op, not by step index (a plan that
+  // recomputes or reorders runs a different op at eager's index).
+  const recomputed = recomputeSteps(planned.schedule);
+  const isRecompute = new Set(recomputed);
+  const byOp = baselineStepsByOp(doc);
+  const eagerAt = (i: number): string => {
+    const j = byOp?.[i] ?? -1;
+    return byOp && j >= 0 && baseline
+      ? `<br>eager at this op: ${formatBytes(baseline.timeline.step_bytes[j])} (eager step ${j})`
+      : '';
+  };
   traces.push({
     type: 'scatter',
     name: 'planned total',
@@ -520,24 +582,41 @@ export function planFigure(
     line: { color: colors.planned, width: 1, shape: 'hv' },
     hoverinfo: 'text',
     hovertext: planned.timeline.step_bytes.map(
-      (v, i) => `planned ${plannedSteps[i]}<br>total: ${formatBytes(v)}`
+      (v, i) =>
+        `planned ${plannedSteps[i]}${isRecompute.has(i) ? ' <i>recomputation</i>' : ''}` +
+        `<br>total: ${formatBytes(v)}${eagerAt(i)}`
     )
+  });
+  // A mark on each recomputation (always one trace, empty when none: the trace list keeps its shape).
+  traces.push({
+    type: 'scatter',
+    name: `recomputation (${recomputed.length})`,
+    x: recomputed.map(i => px[i]),
+    y: recomputed.map(i => planned.timeline.step_bytes[i] / unit.scale),
+    mode: 'markers',
+    marker: { color: RECOMPUTE_COLOR, size: 7, symbol: 'x-thin-open' },
+    hoverinfo: 'skip',
+    showlegend: recomputed.length > 0
   });
 
   if (baseline) {
-    traces.push({
+    const line: Trace = {
       type: 'scatter',
       name: 'baseline (eager)',
       x: baselineEdges.slice(0, m).map(x => x / xunit.scale),
       y: baseline.timeline.step_bytes.map(v => v / unit.scale),
       mode: 'lines',
       line: { color: colors.baseline, width: 1.5, dash: 'dot', shape: 'hv' },
-      hoverinfo: 'text',
-      hovertext: baseline.schedule.map(
+      // aligned by op in the planned hover; only a baseline of another graph has its own hover
+      hoverinfo: byOp ? 'skip' : 'text'
+    };
+    if (!byOp) {
+      line.hovertext = baseline.schedule.map(
         (s, i) =>
           `baseline ${stepHover(baseDoc, s, i)}<br>total: ${formatBytes(baseline.timeline.step_bytes[i])}`
-      )
-    });
+      );
+    }
+    traces.push(line);
   }
 
   if (typeof doc.budget_bytes === 'number') {
@@ -584,11 +663,14 @@ function percent(x: number): string {
   return `${x >= 0 ? '+' : ''}${(100 * x).toFixed(1)}%`;
 }
 
-/** Header readouts: strategy, planned peak (vs baseline), time overhead, budget, solver status. */
-export function planReadouts(doc: PlanDoc): Readout[] {
+/**
+ * Header readouts, the one description of the plan drawn: strategy (against the selector's `selected`
+ * one), planned peak (vs baseline), time overhead, recomputations, budget, fit verdict, solver status.
+ */
+export function planReadouts(doc: PlanDoc, selected: string | null = null): Readout[] {
   const planned = doc.planned.timeline;
   const baseline = doc.baseline?.timeline;
-  const out: Readout[] = [{ label: 'strategy', value: String(doc.strategy) }];
+  const out: Readout[] = [{ label: 'strategy', value: strategyReadout(String(doc.strategy), selected) }];
   let peak = formatBytes(planned.peak_bytes);
   if (baseline && baseline.peak_bytes > 0) {
     peak += ` (${percent(planned.peak_bytes / baseline.peak_bytes - 1)} vs eager ${formatBytes(baseline.peak_bytes)})`;
@@ -661,12 +743,43 @@ export function planTitle(doc: PlanDoc): string {
   return escapeHtml(`${name}${mode}${device}`);
 }
 
-/** Slider label for a frontier point, plain text. */
-export function frontierLabel(entry: FrontierEntry): string {
-  return (
-    `${formatBytes(entry.budget_bytes)}: peak ${formatBytes(entry.peak_bytes)}, ` +
-    `time x${entry.time_overhead.toFixed(3)} (${entry.strategy})`
-  );
+/**
+ * The budget slider's label: the budget alone, in bytes and as a share of the eager peak (the plan drawn
+ * for it is described once, in the chart's readouts).  Plain text.
+ */
+export function budgetLabel(budget: number, eagerPeak: number | null): string {
+  const share = eagerPeak && eagerPeak > 0 ? ` (${Math.round((100 * budget) / eagerPeak)}% of eager)` : '';
+  return `${formatBytes(budget)}${share}`;
+}
+
+/**
+ * The slider's two ends: the smallest budget the frontier has a checked plan for (its first row's plan
+ * peak: a budget equal to it is feasible) and the eager peak at its top; null without a frontier.
+ */
+export function frontierEnds(
+  frontier: readonly FrontierEntry[]
+): { minimum: number; eager: number; minimumBudget: number } | null {
+  if (frontier.length === 0) {
+    return null;
+  }
+  const lowest = frontier.reduce((a, b) => (b.budget_bytes < a.budget_bytes ? b : a));
+  const highest = frontier.reduce((a, b) => (b.budget_bytes > a.budget_bytes ? b : a));
+  return { minimum: lowest.peak_bytes, minimumBudget: lowest.budget_bytes, eager: highest.budget_bytes };
+}
+
+/**
+ * A chart readout for the strategy of the plan drawn, saying how it relates to the selector's choice
+ * (`selected`): chosen by auto, or the frontier's plan shown while the selected strategy is solved or
+ * after it found none.
+ */
+export function strategyReadout(shown: string, selected: string | null): string {
+  if (!selected || selected === shown) {
+    return shown;
+  }
+  if (selected === 'auto') {
+    return `${shown} (chosen by auto)`;
+  }
+  return `${shown} (the frontier's plan; ${selected} selected)`;
 }
 
 /**

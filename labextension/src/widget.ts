@@ -12,17 +12,24 @@
  * from the kernel), export_path (str), export_overwrite (bool), export_request (int: incremented to ask
  * for an export), export_result (str: JSON {"ok", "paths" | "exists", "message"} from the kernel),
  * refining (str: what the kernel is still solving for the shown budget, e.g. the selected strategy while
- * the frontier's own plan is shown; '' once the shown plan is final).
+ * the frontier's own plan is shown; '' once the shown plan is final), solve_limit_s (float: the most a
+ * solve takes; the progress bar runs against it), cancel_request (int: incremented to cancel the solve in
+ * progress), budget_bytes + budget_request (int, int: a typed budget in bytes, solved when the request
+ * count changes), presets (list of {label, bytes}: device capacities offered for the typed budget).
  * Optional: strategies (list of str) replaces the selector's default options.
+ *
+ * The plan drawn is described once, by the chart's readouts; the slider's label names only the budget,
+ * and the status line carries only the kernel's errors and notes.
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
-import { readoutSpans } from './chart';
-import { sliderReadouts } from './inspect_data';
 import { LatestOnly } from './latest';
 import { PLAN_SHOWN_EVENT } from './snapshot';
 import {
-  frontierLabel,
+  budgetLabel,
+  chooseUnit,
+  formatBytes,
+  frontierEnds,
   isErrorStatus,
   mergePlanParts,
   nearestFrontierIndex,
@@ -47,12 +54,35 @@ export class PlannerModel extends DOMWidgetModel {
       strategy: 'auto',
       strategies: [],
       status: '',
-      refining: ''
+      refining: '',
+      solve_limit_s: 0,
+      cancel_request: 0,
+      budget_bytes: 0,
+      budget_request: 0,
+      presets: []
     };
   }
 
   static serializers: ISerializers = { ...DOMWidgetModel.serializers };
 }
+
+/** Keys the budget slider handles itself: JupyterLab must not also act on them (cell navigation). */
+const SLIDER_KEYS = new Set([
+  'ArrowLeft',
+  'ArrowRight',
+  'ArrowUp',
+  'ArrowDown',
+  'PageUp',
+  'PageDown',
+  'Home',
+  'End'
+]);
+
+/** Units of the typed budget. */
+const TYPED_UNITS: ReadonlyArray<[string, number]> = [
+  ['GiB', 2 ** 30],
+  ['MiB', 2 ** 20]
+];
 
 export class PlannerView extends DOMWidgetView {
   private _chart: PlanTabs | null = null;
@@ -61,10 +91,20 @@ export class PlannerView extends DOMWidgetView {
   private _base: { text: string; value: unknown } = { text: '', value: null };
   private readonly _slider = element('input', 'jp-memviz-budget-slider');
   private readonly _sliderLabel = element('span', 'jp-memviz-budget-label');
-  private readonly _readouts = element('span', 'jp-memviz-slider-readouts');
+  private readonly _minimum = element('span', 'jp-memviz-budget-min');
+  private readonly _eager = element('span', 'jp-memviz-budget-max');
+  private readonly _typed = element('input', 'jp-memviz-budget-input');
+  private readonly _unit = element('select', 'jp-memviz-budget-unit');
+  private readonly _presets = element('select', 'jp-memviz-budget-presets');
   private readonly _refining = element('span', 'jp-memviz-refining');
+  private readonly _progress = element('progress', 'jp-memviz-progress');
+  private readonly _cancel = element('button', 'jp-memviz-cancel jp-mod-styled', 'Cancel');
   private readonly _select = element('select', 'jp-memviz-strategy-select');
   private readonly _status = element('div', 'jp-memviz-status');
+  /** when the kernel started refining (performance.now()), and the timer moving the progress bar */
+  private _solveStart = 0;
+  private _ticker: number | null = null;
+  private _unitChosen = false;
   /**
    * The chart draws only the latest plan: while dragging, plans that arrive while one is being drawn
    * (or before it is painted) are skipped, so the curve follows the slider instead of a queue.
@@ -84,26 +124,65 @@ export class PlannerView extends DOMWidgetView {
     this._slider.type = 'range';
     this._slider.min = '0';
     this._slider.step = '1';
-    const budget = element('label', 'jp-memviz-budget', 'budget ');
-    budget.append(this._slider, this._sliderLabel);
-    // Peak, time overhead and solver status of the plan shown, beside the slider that picks it.
-    this._readouts.setAttribute('aria-live', 'polite');
-    this._refining.setAttribute('aria-live', 'polite');
+    this._slider.setAttribute('aria-label', 'memory budget');
+    const budget = element('div', 'jp-memviz-budget');
+    const title = element('span', 'jp-memviz-budget-title', 'budget');
+    budget.append(title, this._minimum, this._slider, this._eager, this._sliderLabel);
     // Every index is sent while dragging: frontier plans are cached by the kernel, so it answers fast.
     this._slider.addEventListener('input', () => {
       const index = Number(this._slider.value);
       this._showBudget(index);
       // Until the kernel answers, the readouts describe the previous plan: say so.
-      this._readouts.classList.add('jp-mod-pending');
+      this.el.classList.add('jp-mod-pending');
       this._send({ budget_index: index });
     });
+    // The range input moves itself on these keys (and fires `input`); JupyterLab's notebook shortcuts
+    // (arrows select cells in command mode) must not see them too.
+    this._slider.addEventListener('keydown', event => {
+      if (SLIDER_KEYS.has(event.key)) {
+        event.stopPropagation();
+      }
+    });
 
-    const strategy = element('label', 'jp-memviz-strategy', 'strategy ');
+    // A typed budget, or a device's capacity: solved for exactly that many bytes.
+    const typed = element('div', 'jp-memviz-budget-typed');
+    this._typed.type = 'number';
+    this._typed.min = '0';
+    this._typed.step = 'any';
+    this._typed.placeholder = 'budget';
+    this._typed.setAttribute('aria-label', 'budget to plan for');
+    this._unit.setAttribute('aria-label', 'budget unit');
+    this._unit.replaceChildren(
+      ...TYPED_UNITS.map(([name]) => Object.assign(element('option', '', name), { value: name }))
+    );
+    this._unit.addEventListener('change', () => (this._unitChosen = true));
+    const set = element('button', 'jp-memviz-budget-set jp-mod-styled', 'Plan');
+    set.addEventListener('click', () => this._submitTyped());
+    this._typed.addEventListener('keydown', event => {
+      event.stopPropagation(); // typing digits must not run notebook shortcuts
+      if (event.key === 'Enter') {
+        this._submitTyped();
+      }
+    });
+    this._presets.setAttribute('aria-label', 'device capacity presets');
+    this._presets.addEventListener('change', () => this._submitPreset());
+    typed.append(this._typed, this._unit, set, this._presets);
+
+    const strategy = element('label', 'jp-memviz-strategy', 'solve with ');
     strategy.append(this._select);
     this._select.addEventListener('change', () => this._send({ strategy: this._select.value }));
 
+    // What the kernel is solving: a bar against the solve's time limit and Cancel.
+    const solving = element('div', 'jp-memviz-solving');
+    this._refining.setAttribute('aria-live', 'polite');
+    this._progress.setAttribute('aria-label', 'solve time used of its limit');
+    this._cancel.addEventListener('click', () =>
+      this._send({ cancel_request: Number(this.model.get('cancel_request') ?? 0) + 1 })
+    );
+    solving.append(this._progress, this._cancel, this._refining);
+
     const controls = element('div', 'jp-memviz-controls');
-    controls.append(budget, this._readouts, this._refining, strategy, this._exporter.row);
+    controls.append(budget, typed, strategy, solving, this._exporter.row);
     this._chart = new PlanTabs();
     this.el.append(controls, this._status, this._exporter.result, this._chart.node);
 
@@ -120,11 +199,13 @@ export class PlannerView extends DOMWidgetView {
     this.listenTo(this.model, 'change:strategy change:strategies', this._strategiesChanged);
     this.listenTo(this.model, 'change:status', this._statusChanged);
     this.listenTo(this.model, 'change:refining', this._refiningChanged);
+    this.listenTo(this.model, 'change:presets', this._presetsChanged);
     this.listenTo(this.model, 'change:export_path', () => this._exporter.pathChanged());
     this.listenTo(this.model, 'change:export_result', () => this._exporter.resultChanged());
     this._strategiesChanged();
     this._statusChanged();
     this._refiningChanged();
+    this._presetsChanged();
     this._exporter.pathChanged();
     this._planChanged();
   }
@@ -132,6 +213,33 @@ export class PlannerView extends DOMWidgetView {
   private _send(values: Record<string, unknown>): void {
     this.model.set(values);
     this.touch();
+  }
+
+  private _submitTyped(): void {
+    const value = Number(this._typed.value);
+    const scale = TYPED_UNITS.find(([name]) => name === this._unit.value)?.[1] ?? 2 ** 30;
+    if (!this._typed.value || !Number.isFinite(value) || value <= 0) {
+      this._status.textContent = 'memviz: cannot plan for that budget: type a positive number';
+      showAsError(this._status, true);
+      return;
+    }
+    this._requestBudget(Math.round(value * scale));
+  }
+
+  private _submitPreset(): void {
+    const bytes = Number(this._presets.value);
+    this._presets.value = '';
+    if (bytes > 0) {
+      // the typed field shows what is being planned, in its unit
+      const scale = TYPED_UNITS.find(([name]) => name === this._unit.value)?.[1] ?? 2 ** 30;
+      this._typed.value = String(Number((bytes / scale).toFixed(3)));
+      this._requestBudget(bytes);
+    }
+  }
+
+  private _requestBudget(bytes: number): void {
+    this.el.classList.add('jp-mod-pending');
+    this._send({ budget_bytes: bytes, budget_request: Number(this.model.get('budget_request') ?? 0) + 1 });
   }
 
   private _planChanged(): void {
@@ -148,13 +256,21 @@ export class PlannerView extends DOMWidgetView {
         showAsError(this._status, true);
       }
     }
-    this._readouts.classList.remove('jp-mod-pending');
-    this._readouts.replaceChildren(
-      ...(this._doc ? readoutSpans(sliderReadouts(this._doc), 'jp-memviz-slider-readout') : [])
-    );
+    this.el.classList.remove('jp-mod-pending');
     const frontier = this._doc?.frontier ?? [];
     this._slider.max = String(Math.max(frontier.length - 1, 0));
     this._slider.disabled = frontier.length < 2;
+    const ends = frontierEnds(frontier);
+    this._minimum.textContent = ends ? `min ${formatBytes(ends.minimum)}` : '';
+    this._minimum.title = ends
+      ? `the smallest budget with a checked plan: ${formatBytes(ends.minimum)} (the slider's left end, ` +
+        `${formatBytes(ends.minimumBudget)}, is the frontier's smallest budget)`
+      : '';
+    this._eager.textContent = ends ? `eager ${formatBytes(ends.eager)}` : '';
+    if (ends && !this._unitChosen) {
+      // the typed budget's unit follows the model's size until the user picks one
+      this._unit.value = chooseUnit(ends.eager).name === 'GiB' ? 'GiB' : 'MiB';
+    }
     this._budgetChanged();
     if (this._doc) {
       this._drawer.push(this._doc);
@@ -172,8 +288,11 @@ export class PlannerView extends DOMWidgetView {
   private _budgetChanged(): void {
     let index: number = this.model.get('budget_index');
     if (index < 0 && this._doc) {
-      // The plan as first made: show where its budget sits on the frontier without re-planning.
+      // The plan as first made, or a typed budget: place the slider where its budget sits on the frontier.
       index = nearestFrontierIndex(this._doc.frontier ?? [], this._doc.budget_bytes);
+      this._slider.value = String(Math.max(index, 0));
+      this._setBudgetText(this._doc.budget_bytes);
+      return;
     }
     this._slider.value = String(Math.max(index, 0));
     this._showBudget(index);
@@ -181,7 +300,14 @@ export class PlannerView extends DOMWidgetView {
 
   private _showBudget(index: number): void {
     const entry = index >= 0 ? this._doc?.frontier?.[index] : undefined;
-    this._sliderLabel.textContent = entry ? frontierLabel(entry) : '';
+    this._setBudgetText(entry ? entry.budget_bytes : null);
+  }
+
+  private _setBudgetText(budget: number | null): void {
+    const eager = this._doc?.baseline?.timeline.peak_bytes ?? null;
+    const text = budget === null ? '' : budgetLabel(budget, eager);
+    this._sliderLabel.textContent = text;
+    this._slider.setAttribute('aria-valuetext', text);
   }
 
   private _strategiesChanged(): void {
@@ -195,6 +321,23 @@ export class PlannerView extends DOMWidgetView {
       ...names.map(name => Object.assign(element('option', '', name), { value: name }))
     );
     this._select.value = current;
+    if (this._chart) {
+      this._chart.memory.chart.selected = current || null;
+    }
+  }
+
+  private _presetsChanged(): void {
+    const presets = (this.model.get('presets') ?? []) as { label?: unknown; bytes?: unknown }[];
+    const options = presets
+      .filter(p => typeof p.bytes === 'number' && p.bytes > 0)
+      .map(p =>
+        Object.assign(element('option', '', `${String(p.label ?? '')}: ${formatBytes(p.bytes as number)}`), {
+          value: String(p.bytes)
+        })
+      );
+    const head = Object.assign(element('option', '', 'device capacity…'), { value: '' });
+    this._presets.replaceChildren(head, ...options);
+    this._presets.hidden = options.length === 0;
   }
 
   private _statusChanged(): void {
@@ -207,6 +350,28 @@ export class PlannerView extends DOMWidgetView {
     // The kernel's own words: the plan drawn is not the selected strategy's yet, or lacks its packing.
     const refining: string = this.model.get('refining') ?? '';
     this._refining.textContent = refining ? `${refining}…` : '';
+    this.el.classList.toggle('jp-mod-solving', refining !== '');
+    if (refining && this._ticker === null) {
+      this._solveStart = performance.now();
+      this._ticker = window.setInterval(() => this._tick(), 250);
+      this._tick();
+    } else if (!refining && this._ticker !== null) {
+      window.clearInterval(this._ticker);
+      this._ticker = null;
+    }
+  }
+
+  /** Move the progress bar: seconds spent against the solve's time limit (an upper bound, not a forecast). */
+  private _tick(): void {
+    const limit = Number(this.model.get('solve_limit_s') ?? 0);
+    const spent = (performance.now() - this._solveStart) / 1000;
+    if (limit > 0) {
+      this._progress.max = limit;
+      this._progress.value = Math.min(spent, limit);
+    } else {
+      this._progress.removeAttribute('value'); // indeterminate
+    }
+    this._progress.title = `${spent.toFixed(0)} s` + (limit > 0 ? ` of at most ${limit.toFixed(0)} s` : '');
   }
 
   processLuminoMessage(msg: Parameters<DOMWidgetView['processLuminoMessage']>[0]): void {
@@ -217,6 +382,10 @@ export class PlannerView extends DOMWidgetView {
   }
 
   remove(): void {
+    if (this._ticker !== null) {
+      window.clearInterval(this._ticker);
+      this._ticker = null;
+    }
     this._chart?.dispose();
     this._chart = null;
     super.remove();

@@ -1,7 +1,7 @@
 import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
-import { inspectStep, sliderReadouts } from '../src/inspect_data';
+import { inspectStep, moduleBreakdown, moduleGroup } from '../src/inspect_data';
 import { PlanDoc } from '../src/transforms';
 import { HOSTILE, samplePlan } from './sample';
 
@@ -47,16 +47,43 @@ describe('inspectStep', () => {
   });
 });
 
-describe('sliderReadouts', () => {
-  it('gives the peak, the time overhead and the solver status of the plan shown', () => {
-    assert.deepEqual(sliderReadouts(SAMPLE), [
-      { label: 'peak', value: '29.00 MiB' },
-      { label: 'time overhead', value: '+12.5%' },
-      { label: 'solver', value: 'hand heuristic, no optimality bound in 0.00 s' }
+describe('moduleBreakdown', () => {
+  it('sums every resident byte of a step by the module that produced it', () => {
+    SAMPLE.planned.timeline.step_bytes.forEach((bytes, step) => {
+      const modules = inspectStep(SAMPLE, step).byModule;
+      assert.equal(
+        modules.reduce((sum, m) => sum + m.bytes, 0),
+        bytes,
+        `step ${step}`
+      );
+    });
+    // step 1 (relu): a1 from net.fc1; a2 and relu's workspace from the hostile module; w and x unproduced
+    assert.deepEqual(inspectStep(SAMPLE, 1).byModule, [
+      { module: HOSTILE, bytes: 10 * MiB, count: 2 },
+      { module: 'net.fc1', bytes: 8 * MiB, count: 1 },
+      { module: '(parameter)', bytes: 4 * MiB, count: 1 },
+      { module: '(input)', bytes: 1 * MiB, count: 1 }
     ]);
-    assert.equal(sliderReadouts({ ...SAMPLE, baseline: null })[1].value, 'unknown (no eager baseline)');
-    const untimed = JSON.parse(JSON.stringify(SAMPLE)) as PlanDoc;
-    untimed.baseline!.timeline.total_time = 0;
-    assert.equal(sliderReadouts(untimed)[1].value, 'unknown (no per-op times)');
+  });
+
+  it('cuts module paths to two levels and names what no module produced', () => {
+    const row = { name: 't', kind: 'activation', bytes: 1, producer: 'aten.mm', module: 'blocks.3.attn.qkv' };
+    assert.equal(moduleGroup(row), 'blocks.3');
+    assert.equal(moduleGroup({ ...row, module: '' }), '(top level)');
+    assert.equal(
+      moduleGroup({ ...row, module: '', producer: '', kind: 'optimizer_state' }),
+      '(optimizer state)'
+    );
+    assert.deepEqual(
+      moduleBreakdown([
+        row,
+        { ...row, module: 'blocks.3.mlp', bytes: 2 },
+        { ...row, module: 'head', bytes: 5 }
+      ]),
+      [
+        { module: 'head', bytes: 5, count: 1 },
+        { module: 'blocks.3', bytes: 3, count: 2 }
+      ]
+    );
   });
 });

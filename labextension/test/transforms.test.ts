@@ -17,7 +17,12 @@ import {
   formatBytes,
   FRAGMENTATION,
   fragmentationSeries,
-  frontierLabel,
+  backwardStart,
+  baselineStepsByOp,
+  budgetLabel,
+  recomputeSteps,
+  frontierEnds,
+  strategyReadout,
   hasStepTimes,
   isErrorStatus,
   mergePlanParts,
@@ -204,7 +209,7 @@ describe('planFigure', () => {
     assert.equal(
       total.hovertext![1],
       'planned step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>' +
-        'source: model.py:11<br>total: 23.00 MiB'
+        'source: model.py:11<br>total: 23.00 MiB<br>eager at this op: 23.00 MiB (eager step 1)'
     );
     assert.deepEqual(stacked[0].hovertext![1], 'parameters: 4.00 MiB');
     assert.equal(planTitle(SAMPLE), 'tiny &lt;img src=x onerror=alert(1)&gt; (train) on cpu');
@@ -284,6 +289,39 @@ describe('planFigure', () => {
     assert.deepEqual(base.x, own.slice(0, base.x.length));
   });
 
+  it('marks each recomputation and the start of the backward pass', () => {
+    // the sample frees a1 after relu and recomputes linear (node 0) at planned step 10
+    assert.deepEqual(recomputeSteps(SAMPLE.planned.schedule), [10]);
+    assert.deepEqual(recomputeSteps(SAMPLE.baseline!.schedule), []);
+    const marks = fig.traces.find(t => t.name.startsWith('recomputation'))!;
+    assert.equal(marks.name, 'recomputation (1)');
+    assert.deepEqual(marks.x, [10]);
+    assert.deepEqual(marks.y, [planned.step_bytes[10] / MiB]);
+    const total = fig.traces.find(t => t.name === 'planned total')!;
+    assert.match(
+      total.hovertext![10],
+      /^planned step 10: <b>linear<\/b> \(aten.mm\)<br>module: net.fc1<br>source: model.py:10 <i>recomputation<\/i>/
+    );
+    assert.ok(!total.hovertext![0].includes('recomputation'));
+    // tanh_backward (node 4, the first backward op) runs at planned step 5
+    assert.equal(backwardStart(SAMPLE), 5);
+    const forwardOnly = clone() as unknown as PlanDoc;
+    forwardOnly.graph.computes.forEach(c => (c.phase = 'forward'));
+    assert.equal(backwardStart(forwardOnly), null);
+  });
+
+  it('aligns the eager baseline with the plan by op, not by step index', () => {
+    // eager runs nodes 0..4 at steps 0..4, node 5 at 6, 6 at 9, 7 at 12; a free keeps the op before it
+    assert.deepEqual(baselineStepsByOp(SAMPLE), [0, 1, 1, 2, 3, 4, 4, 6, 6, 6, 0, 9, 9, 9, 12, 12]);
+    const total = fig.traces.find(t => t.name === 'planned total')!;
+    // planned step 11 runs node 6 (the hostile-named mul), which eager runs at step 9, not 11
+    const eager = SAMPLE.baseline!.timeline.step_bytes;
+    assert.ok(total.hovertext![11].endsWith(`eager at this op: ${formatBytes(eager[9])} (eager step 9)`));
+    assert.notEqual(eager[9], eager[11]);
+    // the index-aligned baseline entry is out of the unified hover
+    assert.equal(fig.traces.find(t => t.name === 'baseline (eager)')!.hoverinfo, 'skip');
+  });
+
   it('draws a plan without baseline or budget', () => {
     const doc = parsePlan({ ...clone(), baseline: null, budget_bytes: null });
     const names = planFigure(doc, COLORS).traces.map(t => t.name);
@@ -296,6 +334,7 @@ describe('planReadouts', () => {
   it('reports strategy, peak vs eager, overhead, recomputes and budget', () => {
     const r = Object.fromEntries(planReadouts(SAMPLE).map(x => [x.label, x.value]));
     assert.equal(r.strategy, 'checkmate');
+    assert.equal(planReadouts(SAMPLE, 'auto')[0].value, 'checkmate (chosen by auto)');
     assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
     assert.equal(r.overhead, '+12.5%');
     assert.equal(r.recomputes, '1');
@@ -356,8 +395,21 @@ describe('frontier', () => {
     { budget_bytes: 32 * MiB, peak_bytes: 29 * MiB, time_overhead: 1.125, strategy: 'checkmate' }
   ];
 
-  it('labels a frontier point', () => {
-    assert.equal(frontierLabel(frontier[2]), '32.00 MiB: peak 29.00 MiB, time x1.125 (checkmate)');
+  it('labels the slider with the budget alone, the plan being described once by the readouts', () => {
+    assert.equal(budgetLabel(32 * MiB, 37 * MiB), '32.00 MiB (86% of eager)');
+    assert.equal(budgetLabel(32 * MiB, null), '32.00 MiB');
+  });
+
+  it('puts the smallest checked plan and the eager peak at the slider ends, in any row order', () => {
+    assert.deepEqual(frontierEnds(frontier), { minimum: 23 * MiB, minimumBudget: 24 * MiB, eager: 40 * MiB });
+    assert.equal(frontierEnds([]), null);
+  });
+
+  it('relates the strategy drawn to the one selected', () => {
+    assert.equal(strategyReadout('rotor', 'rotor'), 'rotor');
+    assert.equal(strategyReadout('rockmate', 'auto'), 'rockmate (chosen by auto)');
+    assert.equal(strategyReadout('rotor', 'olla'), "rotor (the frontier's plan; olla selected)");
+    assert.equal(strategyReadout('checkmate', null), 'checkmate');
   });
 
   it('finds the smallest frontier budget covering the plan budget', () => {

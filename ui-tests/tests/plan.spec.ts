@@ -29,6 +29,10 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   await expect(
     view.locator('.jp-memviz-readout[data-readout="strategy"] .jp-memviz-readout-value')
   ).toHaveText('checkmate');
+  // The plan's one recomputation is marked, and the forward/backward boundary drawn and labelled.
+  await expect(view.locator('.legendtext', { hasText: 'recomputation (1)' })).toHaveCount(1);
+  await expect(view.locator('.annotation-text', { hasText: 'forward | backward' })).toHaveCount(1);
+  await expect(view.locator('.shapelayer path')).toHaveCount(1);
 
   // Hovering the peak marker names the step and its op; the hostile names stay text.
   // (plotly's drag layer sits on top of the traces, so move the mouse to the marker's position.)
@@ -36,11 +40,13 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   const box = await view.locator('.scatterlayer .trace:last-child .points path').first().boundingBox();
   expect(box).not.toBeNull();
   await page.mouse.move(box!.x + box!.width / 2, box!.y + box!.height / 2);
-  // The unified hover box at the peak's step: the peak, the planned step's op and the baseline's step.
+  // The unified hover box at the peak's step: the peak, the planned step's op and what eager holds when
+  // it runs that same op (eager step 4: the plan runs an extra free first), not eager's step 5.
   const hover = view.locator('.hoverlayer');
   await expect(hover).toContainText('peak 29.00 MiB');
   await expect(hover).toContainText('planned step 5: tanh_backward (aten.tanh_backward)');
-  await expect(hover).toContainText('baseline step 5:');
+  await expect(hover).toContainText('eager at this op: 37.00 MiB (eager step 4)');
+  await expect(hover).not.toContainText('baseline step');
   expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
   expect(await view.locator('.gtitle').textContent()).toContain('<img src=x onerror=alert(1)>');
 
@@ -57,8 +63,18 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   await expect(rows.first().locator('td')).toHaveText(['a2', 'saved', '8.00 MiB', 'aten.relu', HOSTILE]);
   await expect(rows.last().locator('td')).toHaveText(['loss', 'output', '4 B', 'aten.sum', '—']);
   expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
-  // the clicked step is marked on the chart
-  await expect(view.locator('.shapelayer path')).toHaveCount(1);
+  // ... and their bytes by module (the producing op's module, two levels), every resident byte counted
+  const modules = inspector.locator('.jp-memviz-inspect-module');
+  await expect(modules).toHaveCount(5);
+  await expect(modules.first().locator('td')).toHaveText(['(top level)', '8.00 MiB', '27.6%', '2']);
+  await expect(modules.filter({ hasText: HOSTILE }).locator('td')).toHaveText([
+    HOSTILE,
+    '8.00 MiB',
+    '27.6%',
+    '1'
+  ]);
+  // the clicked step is marked on the chart, beside the line where the backward pass starts
+  await expect(view.locator('.shapelayer path')).toHaveCount(2);
   await page.mouse.move(0, 0);
   await view.screenshot({ path: test.info().outputPath('plan-chart-inspect.png') });
   await inspector.scrollIntoViewIfNeeded();

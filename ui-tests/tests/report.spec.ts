@@ -96,7 +96,8 @@ test('the offline report draws every view from disk with the network blocked', a
   const inspector = view.locator('.jp-memviz-inspect');
   await expect(inspector.locator('.jp-memviz-inspect-caption')).toContainText(/^step \d+: compute /);
   expect(await inspector.locator('.jp-memviz-inspect-row').count()).toBeGreaterThan(3);
-  await expect(view.locator('.shapelayer path')).toHaveCount(1);
+  // the marked step, beside the line where the backward pass starts
+  await expect(view.locator('.shapelayer path')).toHaveCount(2);
   await page.mouse.move(0, 0);
   await page.screenshot({ path: test.info().outputPath('report-inspector.png'), fullPage: true });
 

@@ -38,7 +38,7 @@ Schedule = tuple[Step, ...]
 def steps_from_json(obj: Iterable[Sequence[object]]) -> Schedule:
     items = list(obj)
     try:  # the whole schedule in C loops (a plan file holds 100k steps); any doubt: step by step, below
-        if set(map(len, items)) <= {2}:
+        if set(map(type, items)) <= {list, tuple} and set(map(len, items)) <= {2}:
             ops, nodes = list(map(itemgetter(0), items)), list(map(itemgetter(1), items))
             if set(ops) <= {"compute", "free"} and set(map(type, nodes)) <= {int}:
                 return tuple(map(Step, ops, nodes))

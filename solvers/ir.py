@@ -9,7 +9,7 @@ merged into the data node of the storage they alias, so a tensor and its views l
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import cached_property
 from itertools import chain, repeat
@@ -258,12 +258,12 @@ class Graph:
     def from_dict(cls, obj: dict[str, Any]) -> Graph:
         # column by column (`map` over the node class): a plan file's graph has 100k nodes
         cs, ds = obj["computes"], obj["datas"]
-        computes = tuple(map(
+        computes = _frozen_nodes(
             ComputeNode,
             _column(cs, "id"),
             _column(cs, "name"),
             _column(cs, "op"),
-            map(_phase, _column(cs, "phase")),
+            _members(_PHASES, Phase, _column(cs, "phase")),
             map(tuple, _column(cs, "inputs")),
             map(tuple, _column(cs, "outputs")),
             map(float, _column(cs, "time")),
@@ -272,18 +272,18 @@ class Graph:
             _column(cs, "source", ""),
             _column(cs, "block", None),
             map(float, _column(cs, "flops", 0.0)),
-        ))
-        datas = tuple(map(
+        )
+        datas = _frozen_nodes(
             DataNode,
             _column(ds, "id"),
             _column(ds, "name"),
             map(int, _column(ds, "bytes")),
-            map(_kind, _column(ds, "kind")),
+            _members(_KINDS, DataKind, _column(ds, "kind")),
             _column(ds, "producer", None),
             map(tuple, _column(ds, "shape", ())),
             _column(ds, "dtype", ""),
             map(tuple, _column(ds, "aliases", ())),
-        ))
+        )
         return cls(
             computes,
             datas,
@@ -300,12 +300,29 @@ def _column(items: list[dict[str, Any]], key: str, *default: Any) -> Iterable[An
     return map(itemgetter(key), items)
 
 
-def _phase(value: Any) -> Phase:
-    return _PHASES.get(value) or Phase(value)  # Phase(value) raises the ValueError of a bad value
+def _members(by_value: dict[str, Any], enum: type[Enum], values: Iterable[Any]) -> list[Any]:
+    """The enum members of `values`, looked up in one C loop; a value that is not a member goes through
+    the Enum, which raises its usual ValueError."""
+    values = list(values)
+    try:
+        return list(map(by_value.__getitem__, values))
+    except (KeyError, TypeError):
+        return list(map(enum, values))
 
 
-def _kind(value: Any) -> DataKind:
-    return _KINDS.get(value) or DataKind(value)
+def _frozen_nodes(cls: type, *columns: Iterable[Any]) -> tuple[Any, ...]:
+    """Instances of the frozen dataclass `cls` (fields in order, no __post_init__) from columns of field
+    values.  Its generated __init__ sets each field through object.__setattr__ (frozen), half the cost
+    of rebuilding a plan file's 100k nodes; filling the instance dict is what that __init__ ends with."""
+    names = tuple(f.name for f in fields(cls))
+    new = object.__new__
+
+    def node(values: tuple[Any, ...]) -> Any:
+        made = new(cls)
+        made.__dict__.update(zip(names, values, strict=True))
+        return made
+
+    return tuple(map(node, zip(*columns, strict=True)))
 
 
 class GraphBuilder:

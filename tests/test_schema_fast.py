@@ -128,6 +128,10 @@ def test_stripped_document_gets_the_same_verdict(doc, data):
     else:
         target[path[-1]] = data.draw(json_values)
     assert _verdict(stripped(mutated, plan_schema())) == _verdict(mutated)
+    try:  # and loading it (graph, schedules, simulation: their fast paths too) is a plan or a clean error
+        memviz.Plan.from_dict(mutated)
+    except PlanFileError:
+        pass
 
 
 @pytest.mark.parametrize(("where", "value"), [

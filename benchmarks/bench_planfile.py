@@ -8,11 +8,13 @@ eager order with `memviz.plan(graph)`, saved with `Plan.save`, and loaded with `
 parse, value check, schema validation, graph rebuild and re-simulation of both runs), best of
 `REPEATS` loads.  The schedule has about four steps per forward op (two computes, two frees), so a
 chain of n ops is a plan of about 4n steps; seconds per 1000 steps at each size show whether the
-cost is linear.
+cost is linear.  The target is a column (pass/fail per size), never an assertion: the machine is
+shared, and its load average at the run is recorded beside the times.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -28,7 +30,9 @@ from solvers import DataKind, Graph, GraphBuilder, Phase  # noqa: E402
 
 SIZES = (10_000, 30_000, 100_000)
 QUICK_SIZES = (2_000, 6_000, 20_000)
-REPEATS = 2
+REPEATS = 3
+#: issue 17 item 4: 100k steps load in under 2 s, linear cost: 0.02 CPU s per 1000 steps at any size
+TARGET_S_PER_1000_STEPS = 2.0 / 100
 
 
 def chain_graph(n: int) -> Graph:
@@ -68,7 +72,9 @@ def save_plan(steps: int, folder: Path) -> Path:
 def load_seconds(steps: int, folder: Path) -> dict:
     path = save_plan(steps, folder)
     wall, cpu = float("inf"), float("inf")
+    loaded = None
     for _ in range(REPEATS):
+        loaded = None  # the last load's plan is freed before the clocks start, not timed with this load
         t, c = time.perf_counter(), time.process_time()
         loaded = memviz.load_plan(path)
         wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
@@ -77,7 +83,8 @@ def load_seconds(steps: int, folder: Path) -> dict:
             "compute_nodes": len(loaded.graph.computes), "file_mb": round(path.stat().st_size / 1e6, 2),
             "load_s": round(wall, 3), "load_cpu_s": round(cpu, 3),
             "s_per_1000_steps": round(1000 * wall / len(loaded.schedule), 5),
-            "cpu_s_per_1000_steps": round(1000 * cpu / len(loaded.schedule), 5)}
+            "cpu_s_per_1000_steps": round(1000 * cpu / len(loaded.schedule), 5),
+            "meets_target": 1000 * cpu / len(loaded.schedule) < TARGET_S_PER_1000_STEPS}
 
 
 def markdown(result: dict) -> str:
@@ -88,14 +95,15 @@ def markdown(result: dict) -> str:
            f"validation, graph rebuild, re-simulation of both runs), best of {REPEATS}, after one load that "
            "pays the imports. Wall and CPU seconds of this process (the CPU time is what the shared "
            "machine's load inflates least). Target: 100k steps in under 2 s, linear cost (the per-step "
-           "columns stay flat).", "",
+           f"columns stay flat): under {TARGET_S_PER_1000_STEPS:.3f} CPU s per 1000 steps at every size. "
+           f"Load average of the machine at the run: {result['load_average']}.", "",
            "| steps | compute nodes | file MB | load s (wall) | load s (CPU) | CPU s per 1000 steps "
-           "| vs smallest |",
-           "|---|---|---|---|---|---|---|"]
+           "| vs smallest | target |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['steps']} | {r['compute_nodes']} | {r['file_mb']} | {r['load_s']:.3f} | "
                    f"{r['load_cpu_s']:.3f} | {r['cpu_s_per_1000_steps']:.4f} | "
-                   f"{r['cpu_s_per_1000_steps'] / first:.2f} |")
+                   f"{r['cpu_s_per_1000_steps'] / first:.2f} | {'pass' if r['meets_target'] else 'FAIL'} |")
     return "\n".join(out + [""])
 
 
@@ -104,11 +112,13 @@ def run(quick: bool = False) -> dict:
         memviz.load_plan(save_plan(100, Path(tmp)))  # the imports (jsonschema: seconds) are paid here
         rows = [load_seconds(s, Path(tmp)) for s in (QUICK_SIZES if quick else SIZES)]
     big = rows[-1]
-    result = {"rows": rows, "headline": [{
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    result = {"rows": rows, "load_average": None if load is None else [round(x, 1) for x in load],
+              "headline": [{
         "metric": f"plan file load, {big['steps']} steps ({big['file_mb']} MB), CPU s (per-step ratio to "
                   f"{rows[0]['steps']} steps)",
         "ours": f"{big['load_cpu_s']:.2f} s ({big['load_s']:.2f} s wall)",
-        "baseline": "target < 2 s per 100k steps, linear",
+        "baseline": f"target < 2 s per 100k steps, linear: {'pass' if big['meets_target'] else 'FAIL'}",
         "ratio": f"{big['cpu_s_per_1000_steps'] / rows[0]['cpu_s_per_1000_steps']:.2f}"}]}
     result["markdown"] = markdown(result)
     return result

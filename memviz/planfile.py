@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from memviz.schema_fast import stripped
+from memviz.schema_fast import MAX_INT, bad_text, stripped, values_acceptable
 from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
 from solvers.schedule import Schedule, steps_from_json
@@ -59,11 +59,6 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-standard JSON number {name}")
 
 
-#: Every integer a plan holds (bytes, ids, steps) fits a signed 64-bit integer; a larger one is not a
-#: plan we wrote, and would crash float formatting (summary, report) with an OverflowError.
-MAX_INT = (1 << 63) - 1
-
-
 def parse_document(text: str | bytes, source: str = "plan document", *,
                    validate: bool = True) -> dict[str, Any]:
     """Parse and (unless `validate=False`: the caller validates, once) validate a plan document; raise
@@ -81,7 +76,7 @@ def check_values(doc: Any, source: str = "plan document") -> None:
     """Refuse values valid JSON allows but no writer can take back: integers beyond 64 bits, floats
     that overflowed to infinity (``1e999`` parses as inf), strings with a NUL or a lone surrogate
     (``"\\ud800"`` parses, but cannot be encoded as UTF-8).  The error names the JSON path."""
-    if _acceptable(doc):
+    if values_acceptable(doc):
         return
     # there is a bad value: walk again, keeping paths, to name the first in document order
     stack: list[tuple[Any, Any]] = [(doc, None)]  # (value, path as a linked list (parent, key))
@@ -91,9 +86,9 @@ def check_values(doc: Any, source: str = "plan document") -> None:
         why = None
         # children pushed in reverse, so the first bad value in document order is the one reported
         if t is dict:
-            bad = next((k for k in value if type(k) is str and _bad_text(k)), None)
+            bad = next((k for k in value if type(k) is str and bad_text(k)), None)
             if bad is not None:
-                why = f"key {ascii(bad)}: {_bad_text(bad)}"
+                why = f"key {ascii(bad)}: {bad_text(bad)}"
             stack.extend((v, (path, k)) for k, v in reversed(value.items()))
         elif t is list:
             if set(map(type, value)) == {int} and -MAX_INT <= min(value) and max(value) <= MAX_INT:
@@ -106,59 +101,10 @@ def check_values(doc: Any, source: str = "plan document") -> None:
             if not math.isfinite(value):
                 why = "number out of range (not finite)"
         elif t is str:
-            why = _bad_text(value)
+            why = bad_text(value)
         if why is not None:
             raise PlanFileError(f"{source} has a value memviz cannot accept at {_json_path(path)}: {why}; "
                                 "re-create it with plan.save()")
-
-
-def _acceptable(doc: Any) -> bool:
-    """Whether `check_values` accepts every value of `doc`: one pass that keeps no paths (building them
-    cost more than the checks), over lists of integers or of strings in C loops."""
-    stack = [doc]
-    while stack:
-        value = stack.pop()
-        t = type(value)
-        if t is dict:
-            if not all(map(_good_key, value)):
-                return False
-            stack.extend(value.values())
-        elif t is list:
-            types = set(map(type, value))
-            if types == {int}:
-                if not -MAX_INT <= min(value) <= max(value) <= MAX_INT:
-                    return False
-            elif types == {str}:
-                if not all(map(_good_text, value)):
-                    return False
-            else:
-                stack.extend(value)
-        elif t is int:
-            if not -MAX_INT <= value <= MAX_INT:
-                return False
-        elif (t is float and not math.isfinite(value)) or (t is str and not _good_text(value)):
-            return False
-    return True
-
-
-def _good_key(key: Any) -> bool:
-    # keys of a parsed document are strings; a document built in Python may hold others (dumped as text)
-    return type(key) is not str or _good_text(key)
-
-
-def _good_text(text: str) -> bool:
-    # an ASCII string (nearly all of a plan) has no surrogate; CPython knows whether it is ASCII
-    return ("\x00" not in text) if text.isascii() else _bad_text(text) is None
-
-
-def _bad_text(text: str) -> str | None:
-    if "\x00" in text:
-        return "text with a NUL character"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "text with a lone surrogate (not Unicode)"
-    return None
 
 
 def _json_path(path: Any) -> str:
@@ -170,12 +116,16 @@ def _json_path(path: Any) -> str:
 
 
 def _schema_errors(doc: dict[str, Any], source: str) -> None:
+    """Refuse a value `check_values` refuses, then anything the schema refuses (in that order)."""
     import jsonschema  # here, not at the top: importing it takes ~2 s, a third of `import memviz`
 
-    # the long arrays of identical items are checked by compiled predicates (linear time); jsonschema
-    # validates the rest, and every array a predicate does not fully accept (reporting its error)
+    # the long arrays of identical items are checked column by column (schema and values, linear time)
+    # and emptied in a copy; the value check and jsonschema see the rest, and every array the fast path
+    # does not fully accept, so they find the same first error, at the same path, as on `doc` itself
+    light = stripped(doc, plan_schema())
+    check_values(light, source)
     validator = jsonschema.Draft202012Validator(plan_schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(stripped(doc, plan_schema())))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(light))
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "(top level)"
         raise PlanFileError(f"{source} does not match {SCHEMA_ID} at {where}: {error.message}")
@@ -196,7 +146,6 @@ def checked_runs(doc: Any, source: str = "plan document") -> dict[str, tuple[Gra
             f"{source} is not a {SCHEMA_ID} document (schema: {ascii(found)}); "
             "only plans written by memviz.Plan.save() can be loaded"
         )
-    check_values(doc, source)
     _schema_errors(doc, source)
     unknown = sorted(set(doc["solver_stats"]) - {f.name for f in dataclasses.fields(SolverStats)})
     if unknown:

@@ -13,11 +13,21 @@ they do not accept is left in place, so `jsonschema` validates it and reports it
 JSON path, as without this module (a message that quotes an object holding an emptied array quotes
 it emptied).  A schema keyword the compiler does not know makes its
 array's predicate absent, and that array, too, is left to `jsonschema`.
+
+An emptied array also holds no value `memviz.planfile.check_values` refuses (an integer beyond 64 bits,
+a float that is not finite, text with a NUL or a lone surrogate), so that check, too, needs to see only
+the stripped copy.  Long arrays are checked column by column first (`_column_check`: one C loop per item
+property -- `set(map(type, ...))`, `min`, `max`, a join of the strings -- instead of a Python call per
+value); an array the column check does not accept (it is conservative: a float beyond 2**63 fails it)
+is checked item by item with the compiled predicate, and left in place if that fails too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from itertools import chain, compress, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 Predicate = Callable[[Any], bool]
@@ -170,17 +180,16 @@ def _stripped_value(value: Any, schema: dict[str, Any], root: dict[str, Any]) ->
 
 
 def _all_items(value: list[Any], schema: dict[str, Any], root: dict[str, Any]) -> bool:
-    """Whether the item schema accepts every item; a list of integers against a bare integer bound (the
-    per-step byte counts, most of a plan) in one pass of C loops."""
+    """Whether the item schema accepts every item and `values_acceptable` every value in them: column by
+    column in C loops, else (a column check that is unsupported or does not accept) item by item."""
+    column = _items_column(schema, root)
     try:
-        item = _resolve(schema, root)
-    except _Unsupported:
-        return False
-    if set(item) - _ANNOTATIONS <= {"type", "minimum"} and item.get("type") == "integer":
-        low = item.get("minimum")
-        return set(map(type, value)) <= {int} and (low is None or min(value) >= low)
+        if column is not None and column(value):
+            return True
+    except (TypeError, ValueError, OverflowError):
+        pass  # e.g. an unhashable value in an enum's column: decided item by item, below
     predicate = _items_predicate(schema, root)
-    return predicate is not None and all(map(predicate, value))
+    return predicate is not None and all(map(predicate, value)) and values_acceptable(value)
 
 
 _PREDICATES: dict[int, tuple[dict[str, Any], Predicate | None]] = {}
@@ -215,3 +224,211 @@ def _only_branch(schema: dict[str, Any], doc: Any, root: dict[str, Any]) -> dict
             continue
         open_branches.append(b)
     return open_branches[0] if len(open_branches) == 1 else {}
+
+
+# --- values JSON allows but no writer can take back (`memviz.planfile.check_values`) ------------------------
+#: Every integer a plan holds (bytes, ids, steps) fits a signed 64-bit integer; a larger one is not a
+#: plan we wrote, and would crash float formatting (summary, report) with an OverflowError.
+MAX_INT = (1 << 63) - 1
+
+
+def values_acceptable(doc: Any) -> bool:
+    """Whether every value of `doc` can be written back: integers within 64 bits, finite floats, text
+    (keys too) without a NUL or a lone surrogate.  One pass that keeps no paths (building them cost more
+    than the checks), over lists of integers or of strings in C loops."""
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        t = type(value)
+        if t is dict:
+            if not all(map(good_key, value)):
+                return False
+            stack.extend(value.values())
+        elif t is list:
+            types = set(map(type, value))
+            if types == {int}:
+                if not -MAX_INT <= min(value) <= max(value) <= MAX_INT:
+                    return False
+            elif types == {str}:
+                if not good_text("".join(value)):  # a NUL or lone surrogate in a piece is one in the whole
+                    return False
+            else:
+                stack.extend(value)
+        elif t is int:
+            if not -MAX_INT <= value <= MAX_INT:
+                return False
+        elif (t is float and not math.isfinite(value)) or (t is str and not good_text(value)):
+            return False
+    return True
+
+
+def good_key(key: Any) -> bool:
+    # keys of a parsed document are strings; a document built in Python may hold others (dumped as text)
+    return type(key) is not str or good_text(key)
+
+
+def good_text(text: str) -> bool:
+    # an ASCII string (nearly all of a plan) has no surrogate; CPython knows whether it is ASCII
+    return ("\x00" not in text) if text.isascii() else bad_text(text) is None
+
+
+def bad_text(text: str) -> str | None:
+    """Why `text` cannot be written as UTF-8 JSON a reader takes back, or None."""
+    if "\x00" in text:
+        return "text with a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text with a lone surrogate (not Unicode)"
+    return None
+
+
+# --- column checks: a long array's items, property by property, in C loops ---------------------------------
+ColumnCheck = Callable[[list[Any]], bool]
+
+
+def _ints_in(column: list[Any], low: float | None, high: float | None) -> bool:
+    """Every value a Python int (never a bool) within [low, high] and within 64 bits."""
+    if not column:
+        return True
+    if set(map(type, column)) != {int}:
+        return False
+    lo, hi = min(column), max(column)
+    return (-MAX_INT <= lo and hi <= MAX_INT and (low is None or lo >= low)
+            and (high is None or hi <= high))
+
+
+def _numbers_in(column: list[Any], low: float | None, high: float | None) -> bool:
+    """Every value an int or a float, finite, within [low, high]; conservative: a value beyond 64-bit
+    integers (a valid float such as 1e300) fails here, and is left to the item-by-item check."""
+    if not column:
+        return True
+    if not set(map(type, column)) <= {int, float}:
+        return False
+    try:
+        if not math.isfinite(math.fsum(column)):  # an inf or nan makes the sum so (an overflow: conservative)
+            return False
+    except OverflowError:
+        return False
+    lo, hi = min(column), max(column)
+    return (-MAX_INT <= lo and hi <= MAX_INT and (low is None or lo >= low)
+            and (high is None or hi <= high))
+
+
+def _column_check(schema: dict[str, Any], root: dict[str, Any]) -> ColumnCheck:
+    """A check of a whole column of values against `schema` (and `values_acceptable`): True only if the
+    schema accepts every value and every value can be written back.  Raises _Unsupported for a schema
+    form it does not handle."""
+    schema = _resolve(schema, root)
+    keys = set(schema) - _ANNOTATIONS
+    names = schema.get("type")
+    names = [names] if isinstance(names, str) else list(names or [])
+    low, high = schema.get("minimum"), schema.get("maximum")
+    if not keys:
+        return values_acceptable
+    if keys <= {"enum", "const"}:
+        options = schema.get("enum", [schema.get("const")])
+        if not all(type(o) is str and good_text(o) for o in options):
+            raise _Unsupported("enum")
+        allowed = frozenset(options)
+        return lambda col: set(col) <= allowed  # only strings equal strings (TypeError: unhashable, refused)
+    if keys <= {"type", "minimum", "maximum"} and names in (["integer"], ["integer", "null"], ["number"],
+                                                           ["number", "null"]):
+        nullable = "null" in names
+        inner = _ints_in if names[0] == "integer" else _numbers_in
+
+        def numbers(col: list[Any]) -> bool:
+            if nullable:
+                col = list(compress(col, map(is_not, col, repeat(None))))
+            return inner(col, low, high)
+
+        return numbers
+    if keys == {"type"} and names == ["string"]:
+        return lambda col: set(map(type, col)) <= {str} and good_text("".join(col))
+    if keys == {"type"} and names == ["boolean"]:
+        return lambda col: set(map(type, col)) <= {bool}
+    if names == ["array"] and keys <= {"type", "items", "prefixItems", "minItems", "maxItems"}:
+        return _array_column(schema, root)
+    if names == ["object"] and keys <= {"type", "properties", "required", "additionalProperties"}:
+        return _object_column(schema, root)
+    raise _Unsupported(sorted(keys))
+
+
+def _array_column(schema: dict[str, Any], root: dict[str, Any]) -> ColumnCheck:
+    firsts = [_column_check(sub, root) for sub in schema.get("prefixItems", ())]
+    rest = _column_check(schema["items"], root) if "items" in schema else values_acceptable
+    least, most = schema.get("minItems", 0), schema.get("maxItems")
+
+    def arrays(col: list[Any]) -> bool:
+        if not col:
+            return True
+        if set(map(type, col)) != {list}:
+            return False
+        shortest = max(least, len(firsts))
+        if shortest or most is not None:
+            lengths = set(map(len, col))
+            if min(lengths) < shortest or (most is not None and max(lengths) > most):
+                return False  # (an item shorter than prefixItems is valid JSON Schema: checked item by item)
+        for j, check in enumerate(firsts):
+            if not check(list(map(itemgetter(j), col))):
+                return False
+        if most is not None and most <= len(firsts):
+            return True  # no item goes beyond prefixItems
+        tail = col if not firsts else map(itemgetter(slice(len(firsts), None)), col)
+        return rest(list(chain.from_iterable(tail)))
+
+    return arrays
+
+
+def _object_column(schema: dict[str, Any], root: dict[str, Any]) -> ColumnCheck:
+    props = {name: _column_check(sub, root) for name, sub in schema.get("properties", {}).items()}
+    required = frozenset(schema.get("required", ()))
+    extra = schema.get("additionalProperties", True)
+    if extra is True:
+        others: ColumnCheck | None = values_acceptable
+    elif extra is False:
+        others = None
+    else:
+        others = _column_check(extra, root)
+
+    def objects(col: list[Any]) -> bool:
+        if not col:
+            return True
+        if set(map(type, col)) != {dict}:
+            return False
+        seen = 0  # how many (item, key) pairs the known properties account for
+        for key, check in props.items():
+            try:
+                values = list(map(itemgetter(key), col))
+            except KeyError:
+                if key in required:
+                    return False
+                values = [item[key] for item in col if key in item]
+            if not check(values):
+                return False
+            seen += len(values)
+        if seen == sum(map(len, col)):
+            return True  # no item has a key beyond the known properties
+        if others is None:
+            return False
+        unknown = set(chain.from_iterable(col)) - props.keys()
+        return all(map(good_key, unknown)) and all(
+            others([item[key] for item in col if key in item]) for key in unknown)
+
+    return objects
+
+
+_COLUMNS: dict[int, tuple[dict[str, Any], ColumnCheck | None]] = {}
+
+
+def _items_column(schema: dict[str, Any], root: dict[str, Any]) -> ColumnCheck | None:
+    """The column check of an item schema, built once per schema object (None: unsupported)."""
+    hit = _COLUMNS.get(id(schema))
+    if hit is None or hit[0] is not schema:
+        try:
+            check: ColumnCheck | None = _column_check(schema, root)
+        except _Unsupported:
+            check = None
+        hit = (schema, check)
+        _COLUMNS[id(schema)] = hit
+    return hit[1]

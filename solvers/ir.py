@@ -9,9 +9,11 @@ merged into the data node of the storage they alias, so a tensor and its views l
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import cached_property
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 
@@ -33,6 +35,11 @@ class DataKind(str, Enum):
     OUTPUT = "output"
     COMMUNICATION = "communication"  # collective buffers and gathered (unsharded) parameters of one rank
 
+
+#: members by value: a plan file's 100k nodes are looked up here (`Enum(value)` costs ten times more);
+#: a value that is not here goes through the Enum, which raises the usual ValueError
+_PHASES = {p.value: p for p in Phase}
+_KINDS = {k.value: k for k in DataKind}
 
 #: Kinds whose bytes are fixed for the whole run: a remat plan cannot touch them.
 PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPUT, DataKind.OPTIMIZER_STATE})
@@ -87,6 +94,41 @@ class Graph:
     _consumers: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not self._plainly_well_formed():
+            self._check_each_node()
+        consumers: list[list[int]] = [[] for _ in self.datas]
+        for c in self.computes:
+            for d in dict.fromkeys(c.inputs):
+                consumers[d].append(c.id)
+        object.__setattr__(self, "_consumers", tuple(map(tuple, consumers)))
+        self._check_acyclic()
+
+    def _plainly_well_formed(self) -> bool:
+        """The checks of `_check_each_node` in C loops over whole columns (a large plan file is rebuilt
+        through here); False sends a graph to `_check_each_node`, which names what is wrong."""
+        computes, datas = self.computes, self.datas
+        n_data = len(datas)
+        producers = list(map(attrgetter("producer"), datas))
+        refs = [*chain.from_iterable(map(attrgetter("inputs"), computes)),
+                *chain.from_iterable(map(attrgetter("outputs"), computes)), *self.outputs]
+        if not (
+            list(map(attrgetter("id"), computes)) == list(range(len(computes)))
+            and list(map(attrgetter("id"), datas)) == list(range(n_data))
+            and min(map(attrgetter("bytes"), datas), default=0) >= 0
+            and set(map(type, refs)) <= {int}
+            and (not refs or 0 <= min(refs) <= max(refs) < n_data)
+        ):
+            return False
+        # each data node names as producer exactly the compute node that outputs it
+        made_by: list[int | None] = [None] * n_data
+        for c in computes:
+            for d in c.outputs:
+                made_by[d] = c.id
+        return made_by == producers and sum(map(len, map(attrgetter("outputs"), computes))) == (
+            n_data - producers.count(None)
+        )
+
+    def _check_each_node(self) -> None:
         for i, c in enumerate(self.computes):
             if c.id != i:
                 raise GraphError(f"compute node {c.name!r} has id {c.id}, expected {i}")
@@ -95,7 +137,6 @@ class Graph:
                 raise GraphError(f"data node {d.name!r} has id {d.id}, expected {i}")
             if d.bytes < 0:
                 raise GraphError(f"data node {d.name!r} has negative size {d.bytes}")
-        consumers: list[list[int]] = [[] for _ in self.datas]
         n_data = len(self.datas)
         for c in self.computes:
             for d in (*c.inputs, *c.outputs):
@@ -107,18 +148,17 @@ class Graph:
                         f"data node {self.datas[d].name!r} is an output of {c.name!r} "
                         f"but names producer {self.datas[d].producer}"
                     )
-            for d in dict.fromkeys(c.inputs):
-                consumers[d].append(c.id)
         for d in self.datas:
             if d.producer is not None and d.id not in self.computes[d.producer].outputs:
                 raise GraphError(f"data node {d.name!r} names producer {d.producer} which does not output it")
         for d in self.outputs:
             if not 0 <= d < n_data:
                 raise GraphError(f"graph output refers to unknown data id {d}")
-        object.__setattr__(self, "_consumers", tuple(tuple(c) for c in consumers))
-        self._check_acyclic()
 
     def _check_acyclic(self) -> None:
+        producer = [d.producer for d in self.datas]
+        if all(producer[d] is None or producer[d] < c.id for c in self.computes for d in c.inputs):
+            return  # every edge runs from an earlier node to a later one (capture order): no cycle
         # Kahn's algorithm over compute nodes; data nodes have one producer so they add no cycles.
         indeg = [len({self.datas[d].producer for d in c.inputs} - {None}) for c in self.computes]
         ready = [c.id for c in self.computes if indeg[c.id] == 0]
@@ -216,35 +256,33 @@ class Graph:
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Graph:
-        computes = tuple(
-            ComputeNode(
-                id=c["id"],
-                name=c["name"],
-                op=c["op"],
-                phase=Phase(c["phase"]),
-                inputs=tuple(c["inputs"]),
-                outputs=tuple(c["outputs"]),
-                time=float(c["time"]),
-                temp_bytes=int(c["temp_bytes"]),
-                module=c.get("module", ""),
-                source=c.get("source", ""),
-                block=c.get("block"),
-                flops=float(c.get("flops", 0.0)),
-            )
-            for c in obj["computes"]
+        # column by column (`map` over the node class): a plan file's graph has 100k nodes
+        cs, ds = obj["computes"], obj["datas"]
+        computes = _frozen_nodes(
+            ComputeNode,
+            _column(cs, "id"),
+            _column(cs, "name"),
+            _column(cs, "op"),
+            _members(_PHASES, Phase, _column(cs, "phase")),
+            map(tuple, _column(cs, "inputs")),
+            map(tuple, _column(cs, "outputs")),
+            map(float, _column(cs, "time")),
+            map(int, _column(cs, "temp_bytes")),
+            _column(cs, "module", ""),
+            _column(cs, "source", ""),
+            _column(cs, "block", None),
+            map(float, _column(cs, "flops", 0.0)),
         )
-        datas = tuple(
-            DataNode(
-                id=d["id"],
-                name=d["name"],
-                bytes=int(d["bytes"]),
-                kind=DataKind(d["kind"]),
-                producer=d.get("producer"),
-                shape=tuple(d.get("shape", ())),
-                dtype=d.get("dtype", ""),
-                aliases=tuple(d.get("aliases", ())),
-            )
-            for d in obj["datas"]
+        datas = _frozen_nodes(
+            DataNode,
+            _column(ds, "id"),
+            _column(ds, "name"),
+            map(int, _column(ds, "bytes")),
+            _members(_KINDS, DataKind, _column(ds, "kind")),
+            _column(ds, "producer", None),
+            map(tuple, _column(ds, "shape", ())),
+            _column(ds, "dtype", ""),
+            map(tuple, _column(ds, "aliases", ())),
         )
         return cls(
             computes,
@@ -253,6 +291,38 @@ class Graph:
             name=obj.get("name", "graph"),
             meta=dict(obj.get("meta", {})),
         )
+
+
+def _column(items: list[dict[str, Any]], key: str, *default: Any) -> Iterable[Any]:
+    """item[key] of each item (KeyError if one lacks it), or item.get(key, default)."""
+    if default:
+        return map(dict.get, items, repeat(key), repeat(default[0]))
+    return map(itemgetter(key), items)
+
+
+def _members(by_value: dict[str, Any], enum: type[Enum], values: Iterable[Any]) -> list[Any]:
+    """The enum members of `values`, looked up in one C loop; a value that is not a member goes through
+    the Enum, which raises its usual ValueError."""
+    values = list(values)
+    try:
+        return list(map(by_value.__getitem__, values))
+    except (KeyError, TypeError):
+        return list(map(enum, values))
+
+
+def _frozen_nodes(cls: type, *columns: Iterable[Any]) -> tuple[Any, ...]:
+    """Instances of the frozen dataclass `cls` (fields in order, no __post_init__) from columns of field
+    values.  Its generated __init__ sets each field through object.__setattr__ (frozen), half the cost
+    of rebuilding a plan file's 100k nodes; filling the instance dict is what that __init__ ends with."""
+    names = tuple(f.name for f in fields(cls))
+    new = object.__new__
+
+    def node(values: tuple[Any, ...]) -> Any:
+        made = new(cls)
+        made.__dict__.update(zip(names, values, strict=True))
+        return made
+
+    return tuple(map(node, zip(*columns, strict=True)))
 
 
 class GraphBuilder:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Literal
 
 from solvers.ir import Graph
@@ -35,8 +36,16 @@ Schedule = tuple[Step, ...]
 
 
 def steps_from_json(obj: Iterable[Sequence[object]]) -> Schedule:
+    items = list(obj)
+    try:  # the whole schedule in C loops (a plan file holds 100k steps); any doubt: step by step, below
+        if set(map(type, items)) <= {list, tuple} and set(map(len, items)) <= {2}:
+            ops, nodes = list(map(itemgetter(0), items)), list(map(itemgetter(1), items))
+            if set(ops) <= {"compute", "free"} and set(map(type, nodes)) <= {int}:
+                return tuple(map(Step, ops, nodes))
+    except (TypeError, KeyError, IndexError):
+        pass
     steps = []
-    for item in obj:
+    for item in items:
         op, node = item
         if op not in ("compute", "free") or not isinstance(node, int) or isinstance(node, bool):
             raise ValueError(f"bad schedule step {item!r}: expected ['compute'|'free', int]")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate, islice
+from operator import add
 
 from solvers.ir import DataKind, Graph
 from solvers.schedule import Step
@@ -108,32 +110,42 @@ class Timeline:
 
 
 def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
-    """Replay `schedule` on `graph`; never raises on a bad schedule, reports issues instead."""
+    """Replay `schedule` on `graph`; never raises on a bad schedule, reports issues instead.
+
+    The replay loop records only what each step changes (the bytes its outputs or its free add to one
+    category, its workspace); the per-category series, the live bytes and the step bytes are then
+    running sums of those changes (`itertools.accumulate`, in C), so a step costs a few operations
+    instead of two passes over every category."""
     steps = tuple(schedule)
     datas, computes = graph.datas, graph.computes
+    n = len(steps)
+    column = {k: i for i, k in enumerate(CATEGORIES)}
+    cat_of = [column[category(d.kind)] for d in datas]
+    size = [d.bytes for d in datas]
     alive = [d.producer is None for d in datas]
     freed_at: dict[int, int] = {}
-    per_cat = dict.fromkeys(CATEGORIES, 0)
+    initial_by_cat = [0] * len(CATEGORIES)
     for d in datas:
         if alive[d.id]:
-            per_cat[category(d.kind)] += d.bytes
-    live = sum(per_cat.values())
-    initial = live
+            initial_by_cat[cat_of[d.id]] += d.bytes
+    initial = sum(initial_by_cat)
     issues: list[ScheduleIssue] = []
-    step_bytes: list[int] = []
-    live_bytes: list[int] = []
-    series: dict[str, list[int]] = {k: [] for k in CATEGORIES}
+    # change of each category's resident bytes at each step (workspace: the step's own, not carried on)
+    changes = [[0] * n for _ in CATEGORIES]
+    workspace = changes[column["workspace"]]
+    change = [0] * n  # of the live total
     done = [False] * len(computes)
     total_time = 0.0
     n_compute = n_recompute = 0
 
+    n_computes = len(computes)
     for i, step in enumerate(steps):
-        extra = dict.fromkeys(CATEGORIES, 0)
         if step.op == "compute":
-            if not 0 <= step.node < len(computes):
+            if not 0 <= step.node < n_computes:
                 issues.append(ScheduleIssue(i, step.node, f"unknown compute node id {step.node}"))
-            else:
-                c = computes[step.node]
+                continue
+            c = computes[step.node]
+            if not all(map(alive.__getitem__, c.inputs)):  # (one C loop for the usual, valid step)
                 for d in c.inputs:
                     if not alive[d]:
                         why = f"freed at step {freed_at[d]}" if d in freed_at else "never computed"
@@ -144,18 +156,19 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                                 f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})",
                             )
                         )
-                if done[c.id]:
-                    n_recompute += 1
-                else:
-                    n_compute += 1
-                    done[c.id] = True
-                total_time += c.time
-                for d in c.outputs:
-                    if not alive[d]:
-                        extra[category(datas[d].kind)] += datas[d].bytes
-                        alive[d] = True
-                        freed_at.pop(d, None)
-                extra["workspace"] = c.temp_bytes
+            if done[c.id]:
+                n_recompute += 1
+            else:
+                n_compute += 1
+                done[c.id] = True
+            total_time += c.time
+            for d in c.outputs:
+                if not alive[d]:
+                    changes[cat_of[d]][i] += size[d]
+                    change[i] += size[d]
+                    alive[d] = True
+                    freed_at.pop(d, None)
+            workspace[i] = c.temp_bytes
         elif step.op == "free":
             if not 0 <= step.node < len(datas):
                 issues.append(ScheduleIssue(i, step.node, f"unknown data node id {step.node}"))
@@ -164,25 +177,22 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                     ScheduleIssue(i, step.node, f"free of {datas[step.node].name!r}, which is not alive")
                 )
             else:
-                d = datas[step.node]
-                alive[d.id] = False
-                freed_at[d.id] = i
-                per_cat[category(d.kind)] -= d.bytes
-                live -= d.bytes
+                d = step.node
+                alive[d] = False
+                freed_at[d] = i
+                changes[cat_of[d]][i] -= size[d]
+                change[i] -= size[d]
         else:
             issues.append(ScheduleIssue(i, step.node, f"unknown step kind {step.op!r}"))
-        during = 0
-        for k in CATEGORIES:
-            v = per_cat[k] + extra[k]
-            series[k].append(v)
-            during += v
-        step_bytes.append(during)
-        # outputs just computed stay; workspace goes
-        for k in CATEGORIES:
-            if k != "workspace":
-                per_cat[k] += extra[k]
-                live += extra[k]
-        live_bytes.append(live)
+
+    # memory during step i: what was resident before it plus its changes (a free's: after it), plus its
+    # workspace, which is gone after the step
+    series = {
+        k: tuple(workspace) if k == "workspace" else _running(changes[column[k]], initial_by_cat[column[k]])
+        for k in CATEGORIES
+    }
+    live_bytes = _running(change, initial)
+    step_bytes = tuple(map(add, live_bytes, workspace))
 
     for d in graph.outputs:
         if not alive[d]:
@@ -190,13 +200,13 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     missing = [computes[c].name for c in sorted(graph.required_computes) if not done[c]]
     if missing:
         issues.append(ScheduleIssue(-1, -1, f"compute nodes never run: {', '.join(missing[:5])}"))
-    peak_step = max(range(len(step_bytes)), key=step_bytes.__getitem__, default=-1)
+    peak_step = step_bytes.index(max(step_bytes)) if step_bytes else -1  # the first step at the peak
     peak = max(initial, step_bytes[peak_step]) if step_bytes else initial
     return Timeline(
         steps=steps,
-        step_bytes=tuple(step_bytes),
-        live_bytes=tuple(live_bytes),
-        by_category={k: tuple(v) for k, v in series.items()},
+        step_bytes=step_bytes,
+        live_bytes=live_bytes,
+        by_category=series,
         initial_bytes=initial,
         peak_bytes=peak,
         peak_step=peak_step if step_bytes and step_bytes[peak_step] >= initial else -1,
@@ -205,3 +215,8 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
         recomputes=n_recompute,
         issues=tuple(issues),
     )
+
+
+def _running(changes: list[int], start: int) -> tuple[int, ...]:
+    """The running sums start + changes[0], start + changes[0] + changes[1], ..."""
+    return tuple(islice(accumulate(changes, initial=start), 1, None))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memviz
-from memviz.planfile import PlanFileError, parse_document, plan_schema
+from memviz.planfile import PlanFileError, check_values, parse_document, plan_schema
 from memviz.schema_fast import MIN_ITEMS, stripped
 from solvers import DataKind, GraphBuilder, Phase
 
@@ -51,9 +51,15 @@ def _long_arrays(obj, path=()):
 
 
 def _verdict(document) -> tuple | None:
+    """What loading says of `document` before the graph: the value check's error (it names the JSON path),
+    else jsonschema's first error and its path, else None."""
+    try:
+        check_values(document)
+    except PlanFileError as exc:
+        return ("values", str(exc))
     validator = jsonschema.Draft202012Validator(plan_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(document))
-    return None if error is None else (tuple(error.absolute_path), error.validator)
+    return None if error is None else ("schema", tuple(error.absolute_path), error.validator)
 
 
 def test_valid_document_has_its_long_arrays_emptied(doc):
@@ -66,11 +72,16 @@ def test_valid_document_has_its_long_arrays_emptied(doc):
     assert len(doc["graph"]["computes"]) > MIN_ITEMS  # the document itself is left as it was
 
 
+#: values the value check refuses (beyond 64 bits, not finite, NUL, lone surrogate) or that are edge cases
+#: of the column checks (1e300: a valid float their conservative bound refuses; -0.0; a whole float)
+_EDGES = [10**400, -(10**400), 1 << 63, (1 << 63) - 1, -(1 << 63), 1 << 64, float("inf"), float("-inf"),
+          float("nan"), 1e300, -0.0, 0.0, "a\x00b", "\ud800", "\udc00x", "é", "\u2028", "", [[]], [{}]]
 json_values = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([1.0, 2.5, -1.0, 1 << 40]),
     st.text(max_size=3), st.sampled_from(["compute", "free", "forward", "activation"]),
-    st.lists(st.integers(-1, 3), max_size=3),
-    st.dictionaries(st.sampled_from(["id", "x"]), st.integers(0, 2)),
+    st.lists(st.integers(-1, 3), max_size=3), st.sampled_from(_EDGES),
+    st.lists(st.sampled_from(_EDGES), max_size=2),
+    st.dictionaries(st.sampled_from(["id", "x", "a\x00", "\ud800"]), st.integers(0, 2)),
 )
 
 
@@ -85,12 +96,12 @@ def _leaf_paths(obj, path=()):
 
 
 @pytest.mark.slow
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_stripped_document_gets_the_same_verdict(doc, data):
-    """Any value inside a long array (or an item of one, or a key beside it) replaced by arbitrary JSON:
-    jsonschema says the same of the stripped copy as of the whole document (the same first error, at the
-    same path)."""
+    """Any value inside a long array (or an item of one) replaced by arbitrary JSON, a key added to or
+    removed from an item, or an item appended: the value check and jsonschema say the same of the
+    stripped copy as of the whole document (the same first error, at the same path)."""
     arrays = [p for p, _ in _long_arrays(doc)]
     base = data.draw(st.sampled_from(arrays))
     node = doc
@@ -103,8 +114,42 @@ def test_stripped_document_gets_the_same_verdict(doc, data):
     target = mutated
     for key in path[:-1]:
         target = target[key]
-    target[path[-1]] = data.draw(json_values)
+    how = data.draw(st.sampled_from(["set", "set", "add key", "delete", "append"]))
+    if how == "append":
+        target = mutated
+        for key in base:
+            target = target[key]
+        target.append(data.draw(json_values))
+    elif how == "add key" and isinstance(target[path[-1]], dict):
+        key = data.draw(st.sampled_from(["x", "module", "a\x00", "\ud800"]))
+        target[path[-1]][key] = data.draw(json_values)
+    elif how == "delete" and len(path) > len(base) + 1:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = data.draw(json_values)
     assert _verdict(stripped(mutated, plan_schema())) == _verdict(mutated)
+    try:  # and loading it (graph, schedules, simulation: their fast paths too) is a plan or a clean error
+        memviz.Plan.from_dict(mutated)
+    except PlanFileError:
+        pass
+
+
+@pytest.mark.parametrize(("where", "value"), [
+    ("planned/timeline/step_bytes/70", 10**400), ("graph/datas/70/name", "a\x00"),
+    ("graph/computes/40/time", float("inf")), ("graph/computes/40/op", "\ud800"),
+    ("planned/schedule/70/1", 1 << 64), ("graph/datas/70/aliases", ["\udfff"]),
+])
+def test_bad_value_in_a_long_array_keeps_it_for_the_value_check(doc, where, value):
+    """A value the schema accepts but no writer can take back (an integer beyond 64 bits is an integer)
+    keeps its array in the stripped copy, so the value check still finds it and names its path."""
+    mutated = json.loads(json.dumps(doc))
+    *parents, last = [int(k) if k.isdigit() else k for k in where.split("/")]
+    target = mutated
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    with pytest.raises(PlanFileError, match=f"at {where}"):
+        check_values(stripped(mutated, plan_schema()))
 
 
 def test_bad_item_deep_in_a_long_array_is_named(doc):

@@ -225,3 +225,154 @@ def test_a_compute_without_outputs_must_run():
     assert any("never run: AdamW.step[w]" in str(i) for i in skipped.issues)
     tl = simulate(g, eager_schedule(g))
     assert tl.valid and tl.peak_bytes == 100 + 4 + 100 + 300
+
+
+# --- the fast paths of issue 17 item 4 (a 100k-step plan file loads in linear time) -------------------------
+def recount_timeline(graph: Graph, schedule: list[Step]) -> dict:
+    """An independent replay: at every step, each category of the live set summed from scratch."""
+    from solvers.simulate import CATEGORIES, category
+
+    alive = {d.id for d in graph.datas if d.producer is None}
+    rows, bad_steps = [], []
+    for i, s in enumerate(schedule):
+        temp = 0
+        if s.op == "compute" and 0 <= s.node < len(graph.computes):
+            c = graph.computes[s.node]
+            if not set(c.inputs) <= alive:
+                bad_steps.append(i)
+            alive |= set(c.outputs)
+            temp = c.temp_bytes
+        elif s.op == "free" and 0 <= s.node < len(graph.datas) and s.node in alive:
+            alive.discard(s.node)
+        else:
+            bad_steps.append(i)
+        row = dict.fromkeys(CATEGORIES, 0)
+        for d in alive:
+            row[category(graph.datas[d].kind)] += graph.datas[d].bytes
+        row["workspace"] = temp
+        rows.append(row)
+    step_bytes = [sum(r.values()) for r in rows]
+    live_bytes = [total - r["workspace"] for total, r in zip(step_bytes, rows, strict=True)]
+    return {"by_category": {k: tuple(r[k] for r in rows) for k in CATEGORIES},
+            "step_bytes": tuple(step_bytes), "live_bytes": tuple(live_bytes), "bad_steps": bad_steps}
+
+
+@settings(max_examples=80, deadline=None)
+@given(dag_params, st.data())
+def test_timeline_equals_a_replay_from_scratch_even_for_bad_schedules(params, data):
+    """simulate keeps per-step changes and sums them; every series equals a replay that recounts the live
+    set at each step, for eager schedules with random extra, dropped or bogus steps."""
+    graph = random_dag(*params)
+    sched = list(eager_schedule(graph))
+    bogus = st.builds(Step, st.sampled_from(["compute", "free", "run"]),
+                      st.integers(-2, len(graph.datas) + 2))
+    for _ in range(data.draw(st.integers(0, 4))):
+        if sched and data.draw(st.booleans()):
+            del sched[data.draw(st.integers(0, len(sched) - 1))]
+        else:
+            sched.insert(data.draw(st.integers(0, len(sched))), data.draw(bogus))
+    tl = simulate(graph, sched)
+    ref = recount_timeline(graph, sched)
+    assert tl.by_category == ref["by_category"]
+    assert tl.step_bytes == ref["step_bytes"] and tl.live_bytes == ref["live_bytes"]
+    assert sorted({i.step for i in tl.issues if i.step >= 0}) == ref["bad_steps"]
+    initial = sum(d.bytes for d in graph.datas if d.producer is None)
+    assert tl.peak_bytes == max([initial, *ref["step_bytes"]])
+    first_peak = ref["step_bytes"].index(max(ref["step_bytes"])) if sched else -1
+    assert tl.peak_step == (first_peak if sched and ref["step_bytes"][first_peak] >= initial else -1)
+
+
+def _corrupt(doc: dict, data) -> None:
+    """One random corruption of a graph dict that its checks must catch (or, rarely, that is harmless)."""
+    computes, datas = doc["computes"], doc["datas"]
+    what = data.draw(st.sampled_from(["id", "data id", "bytes", "producer", "ref", "output", "twice",
+                                      "cycle"]))
+    c = data.draw(st.integers(0, len(computes) - 1))
+    d = data.draw(st.integers(0, len(datas) - 1))
+    if what == "id":
+        computes[c]["id"] = data.draw(st.integers(-1, len(computes)))
+    elif what == "data id":
+        datas[d]["id"] = data.draw(st.integers(-1, len(datas)))
+    elif what == "bytes":
+        datas[d]["bytes"] = -1
+    elif what == "producer":
+        datas[d]["producer"] = data.draw(st.none() | st.integers(0, len(computes) - 1))
+    elif what == "ref":
+        key = data.draw(st.sampled_from(["inputs", "outputs"]))
+        computes[c][key] = [*computes[c][key], data.draw(st.integers(-2, len(datas) + 1))]
+    elif what == "output":
+        doc["outputs"] = [*doc["outputs"], data.draw(st.integers(-1, len(datas)))]
+    elif what == "twice":
+        computes[c]["outputs"] = computes[c]["outputs"] * 2
+    else:  # read the output of itself or of a later node
+        later = data.draw(st.integers(c, len(computes) - 1))
+        computes[c]["inputs"] = [*computes[c]["inputs"], *computes[later]["outputs"]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(dag_params, st.data())
+def test_graph_column_checks_agree_with_the_node_by_node_checks(params, data):
+    """The graph's C-loop checks (`_plainly_well_formed`, the capture-order acyclicity test) never accept
+    what the node-by-node checks refuse: a corrupted graph gives the same error either way."""
+    import json
+
+    doc = json.loads(json.dumps(random_dag(*params).to_dict()))
+    _corrupt(doc, data)
+
+    def outcome(fast: bool):
+        real_plain, real_acyclic = Graph._plainly_well_formed, Graph._check_acyclic
+        if not fast:
+            Graph._plainly_well_formed = lambda self: False
+            Graph._check_acyclic = _kahn_only
+        try:
+            return Graph.from_dict(doc)
+        except Exception as exc:  # noqa: BLE001 -- the exact error is what is compared
+            return (type(exc), str(exc))
+        finally:
+            Graph._plainly_well_formed, Graph._check_acyclic = real_plain, real_acyclic
+
+    assert outcome(True) == outcome(False)
+
+
+def _kahn_only(graph: Graph) -> None:
+    """The cycle check without its capture-order shortcut."""
+    indeg = [len({graph.datas[d].producer for d in c.inputs} - {None}) for c in graph.computes]
+    ready = [c.id for c in graph.computes if indeg[c.id] == 0]
+    seen = 0
+    while ready:
+        cid = ready.pop()
+        seen += 1
+        for succ in graph.successors(cid):
+            indeg[succ] -= 1
+            if indeg[succ] == 0:
+                ready.append(succ)
+    if seen != len(graph.computes):
+        raise GraphError("the compute graph has a cycle")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.sampled_from(["compute", "free", "run", 1]), st.one_of(st.integers(-1, 9), st.booleans(),
+                                                                         st.just(1.0), st.just("1"))),
+    st.lists(st.sampled_from(["compute", "free", 0, 3]), max_size=3),
+    st.just({0: "compute", 1: 1}), st.just("ab"),
+), max_size=6))
+def test_steps_from_json_fast_path_agrees_with_the_step_by_step_check(items):
+    items = [list(i) if isinstance(i, tuple) else i for i in items]
+
+    def step_by_step():
+        steps = []
+        for item in items:
+            op, node = item
+            if op not in ("compute", "free") or not isinstance(node, int) or isinstance(node, bool):
+                raise ValueError(f"bad schedule step {item!r}: expected ['compute'|'free', int]")
+            steps.append(Step(op, node))
+        return tuple(steps)
+
+    def outcome(f):
+        try:
+            return f()
+        except Exception as exc:  # noqa: BLE001 -- the exact error is what is compared
+            return (type(exc), str(exc))
+
+    assert outcome(lambda: steps_from_json(items)) == outcome(step_by_step)

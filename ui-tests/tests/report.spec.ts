@@ -171,3 +171,86 @@ test('an autochunk report shades its chunk regions on the memory chart', async (
   await expect(view.locator('.shapelayer path')).toHaveCount(chunks.length);
   await page.screenshot({ path: test.info().outputPath('report-chunks.png') });
 });
+
+test('hostile DOT in a report someone sent runs no script in Chromium (issue 17 item 2)', async ({
+  page
+}) => {
+  // The report the first test writes, then edited as an attacker would: its embedded plan's DOT gets
+  // javascript: URLs (URL, href, an HTML-like label's IMG), quote-breaking ids and classes aimed at on*
+  // attributes, and a style url().  The views must draw Graphviz's SVG of it with none of that live.
+  const report = test.info().outputPath('hostile-dot.html');
+  execFileSync(process.env.PYTHON ?? 'python3', ['-c', WRITE_REPORT, report], { cwd: ROOT, env: PYTHON_ENV });
+  const fs = await import('node:fs');
+  const html = fs.readFileSync(report, 'utf-8');
+  const open = '<script type="application/json" id="memviz-plan">';
+  const start = html.indexOf(open) + open.length;
+  const end = html.indexOf('</script>', start);
+  const doc = JSON.parse(html.slice(start, end));
+  const attack =
+    'URL="javascript:window.__pwned=1" href="javascript:window.__pwned=2" target="_self" ' +
+    'tooltip="javascript:window.__pwned=3" id="x\\" onclick=\\"window.__pwned=4" ' +
+    'class="y\\" onmouseover=\\"window.__pwned=5" style="background:url(javascript:window.__pwned=6)"';
+  const hostileNodes =
+    `evil1 [${attack} label="click me"];\n` +
+    'evil2 [label=<<TABLE><TR><TD HREF="javascript:window.__pwned=7"><IMG SRC="javascript:window.__pwned=8"/></TD></TR></TABLE>>];\n';
+  for (const key of ['dot', 'collapsed_dot'] as const) {
+    const dot: string | null = doc.cdgraph[key];
+    if (dot) {
+      const close = dot.lastIndexOf('}');
+      doc.cdgraph[key] = dot.slice(0, close) + hostileNodes + dot.slice(close);
+    }
+  }
+  const edited = JSON.stringify(doc).replace(/</g, '\\u003c');
+  fs.writeFileSync(report, html.slice(0, start) + edited + html.slice(end));
+
+  const dialogs: string[] = [];
+  page.on('dialog', async d => {
+    dialogs.push(d.message());
+    await d.dismiss();
+  });
+  await page.route('**/*', route =>
+    /^(file|data|blob):/.test(route.request().url()) ? route.continue() : route.abort()
+  );
+  await page.setViewportSize({ width: 1200, height: 900 });
+  await page.goto(pathToFileURL(report).href);
+  const view = page.locator('.jp-memviz-plan');
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });
+  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+  const svg = view.locator('.jp-memviz-graph svg');
+  await expect(svg).toBeVisible({ timeout: 60000 });
+  // the injected nodes were laid out (so the attack reached Graphviz), and stripped of everything live
+  await expect(svg.locator('g.node')).toHaveCount(19 + 26 + 2);
+  const live = await svg.evaluate(root => {
+    const found: string[] = [];
+    for (const el of [root, ...Array.from(root.querySelectorAll('*'))]) {
+      for (const attr of Array.from(el.attributes)) {
+        const value = attr.value.toLowerCase();
+        // a title is inert text (the tooltip says "javascript:..." and runs nothing)
+        const text = /title$/i.test(attr.name);
+        if (attr.name.toLowerCase().startsWith('on') || (!text && /javascript:|url\s*\(/.test(value))) {
+          found.push(`${el.tagName} ${attr.name}=${attr.value}`);
+        }
+        if (/href$/i.test(attr.name) && !value.startsWith('#')) {
+          found.push(`${el.tagName} ${attr.name}=${attr.value}`);
+        }
+      }
+      if (/^(script|foreignobject|image|iframe)$/i.test(el.tagName)) {
+        found.push(el.tagName);
+      }
+    }
+    return found;
+  });
+  expect(live).toEqual([]);
+  // a click and a hover on every element of the drawing (many lie outside the view: dispatched, as a
+  // synthetic click on a link still follows it) runs nothing and navigates nowhere
+  await svg.evaluate(root => {
+    for (const el of [root, ...Array.from(root.querySelectorAll('*'))]) {
+      for (const type of ['mouseover', 'click']) {
+        el.dispatchEvent(new MouseEvent(type, { bubbles: true, cancelable: true, view: window }));
+      }
+    }
+  });
+  expect(await page.evaluate(() => (window as unknown as { __pwned?: number }).__pwned)).toBeUndefined();
+  expect(dialogs).toEqual([]);
+  expect(page.url()).toBe(pathToFileURL(report).href);
+});

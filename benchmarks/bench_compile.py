@@ -238,7 +238,9 @@ def markdown(result: dict) -> str:
         "time overhead against eager (the cost model knows neither the executor's fixed cost nor fusion). "
         "memviz budgets are fractions of [rotor minimum, eager peak]. Compiled memviz: "
         "`torch.compile(memviz.export(plan), backend=\"inductor\")`, the plan's step functions compiled as "
-        "forward graphs cut at random ops (`memviz.compiled`). torch.compile: `activation_memory_budget` "
+        "forward graphs cut at random ops (`memviz.compiled`; Inductor fuses inside a segment, its "
+        "reordering passes are off: they moved kernels against the plan's order). torch.compile: "
+        "`activation_memory_budget` "
         "set while it compiles. Gradient error: max |g - g_eager| / max |g_eager| after a step with the "
         f"same seed (tolerance {GRAD_TOLERANCE:.0e}); with dropout, Inductor's recomputation draws fresh "
         "masks. First step: the step that compiles (seconds, loaded machine).")

@@ -31,13 +31,13 @@ ARGS: dict[str, tuple[list[str], list[str]]] = {
     "autochunk": (["--seqs", "2048", "4096", "8192", "--reps", "5"], ["--quick"]),
 }
 #: wall-time target of a full run, seconds (45 minutes: the apply, scaling, planfile, fsdp and scale
-#: benches came on top of a run that filled 30; plus 32 for compile, whose Inductor compiles are slow)
-TARGET_S = 77 * 60
+#: benches came on top of a run that filled 30; plus 37 for compile, whose Inductor compiles are slow)
+TARGET_S = 82 * 60
 #: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load; the sum
 #: stays within TARGET_S
 BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 60, "autochunk": 170, "papers": 200,
                              "export": 60, "user": 40, "real": 520, "apply": 330, "planfile": 130,
-                             "scaling": 220, "fsdp": 180, "scale": 340, "compile": 1900}
+                             "scaling": 220, "fsdp": 180, "scale": 340, "compile": 2200}
 QUICK_BUDGET_S = 300.0
 #: every bench_*.py here; remat first: the longest, and the one the headline leads with
 BENCHMARKS = sorted((p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")),

@@ -32,13 +32,14 @@ ARGS: dict[str, tuple[list[str], list[str]]] = {
 }
 #: wall-time target of a full run, seconds (45 minutes: the apply, scaling, planfile, fsdp and scale
 #: benches came on top of a run that filled 30; 50 since olla packs all eleven MiniMalloc instances,
-#: papers proves the reordering bounds and the UI-latency bench came)
-TARGET_S = 50 * 60
+#: papers proves the reordering bounds and the UI-latency bench came; plus 37 for compile, whose Inductor
+#: compiles are slow)
+TARGET_S = 87 * 60
 #: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load; the sum
 #: stays within TARGET_S
 BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 240,
                              "export": 60, "user": 40, "real": 520, "apply": 330, "planfile": 130,
-                             "scaling": 220, "fsdp": 180, "scale": 340, "ui": 180}
+                             "scaling": 220, "fsdp": 180, "scale": 340, "ui": 180, "compile": 2200}
 QUICK_BUDGET_S = 300.0
 #: every bench_*.py here; remat first: the longest, and the one the headline leads with
 BENCHMARKS = sorted((p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")),

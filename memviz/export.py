@@ -44,9 +44,11 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
 from memviz import accelerator
 from memviz.capture import Captured, capture, constant_values, fingerprint, is_random, replay_view
+from memviz.compiled import caller_backend, compiled_code
 from memviz.replay import check_replay
 from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step
@@ -328,12 +330,21 @@ class PlannedModule(nn.Module):
         self._program = program
         self._param_shapes = {n: tuple(p.shape) for n, p in _model_state(model)[0].items()}
         self._generated: Any = None  # a module written by write_source, when loaded by load_source
+        self._compiled: dict[int, tuple[Any, Any]] = {}  # torch.compile backend -> `memviz.compiled` code
 
     @property
     def program(self) -> Program:
         return self._program
 
+    @torch._dynamo.disable(recursive=False)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Dynamo skips this frame but not its callees: under torch.compile its callback is set here, and
+        # names the backend that then compiles the plan's steps (`memviz.compiled`); `_step` runs with
+        # Dynamo off, so nothing else of the driver is traced
+        return self._step(get_eval_frame_callback(), args, kwargs)
+
+    @torch._dynamo.disable
+    def _step(self, callback: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not self.training and self._program.mode == "train":
             return self._orig_mod(*args, **kwargs)
         params, buffers = _model_state(self._orig_mod)
@@ -342,6 +353,12 @@ class PlannedModule(nn.Module):
         env = _placeholder_env(self._program, params, buffers, flat)
         devices = accelerator.devices_of([*params.values(), *buffers.values(), *flat])
         code = self._program.code if self._generated is None else self._generated
+        backend = caller_backend(callback)
+        if backend is not None:
+            code = self._compiled.get(id(backend), (None, None))[1]
+            if code is None:
+                code = compiled_code(self._program, backend)
+                self._compiled[id(backend)] = (backend, code)  # the backend kept: its id stays its own
         state = _StepState(self._program, code, env, buffers, devices)
         slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         if self._program.mode == "inference" or not torch.is_grad_enabled():

@@ -29,7 +29,7 @@ from typing import Any
 from memviz.budget import parse_budget
 from memviz.distributed import RECOMPUTED, ParallelError, blocks_of, record_parallel
 from memviz.sac import MATMULS
-from solvers import Graph, simulate
+from solvers import Graph, Timeline, simulate
 from solvers.sac import Choice, solve_by_options
 from solvers.schedule import Schedule
 
@@ -114,3 +114,17 @@ def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit
                 budget_bytes=budget_bytes, solver_stats=stats, model=_model_info(prof, graph),
                 device=_device_info(prof), profile=prof,
                 baseline_graph=None if graph is prof.graph else prof.graph)
+
+
+def rank_timeline(plan: Any, prof: Any) -> Timeline:
+    """What `prof`'s rank holds running the per-rank `plan` (made for another rank of the same setup, or
+    loaded from its JSON): that rank's step recorded with the plan's regions checkpointed, checked by
+    `solvers.simulate`.  Ranks differ where a dimension does not divide among them."""
+    regions = plan.solver_stats.extra.get("sac", {}).get("regions", []) if plan.strategy == "sac" else []
+    if plan.strategy not in ("sac", "none"):
+        raise ValueError(f"a {plan.strategy!r} plan is not a per-rank checkpointing plan: make one with "
+                         "memviz.plan(profile, budget, strategy='sac')")
+    if not regions:
+        return prof.baseline
+    graph, schedule = _record(prof, regions)
+    return simulate(graph, schedule).check()

@@ -491,16 +491,16 @@ def _divide_heads(block: nn.Module, tp: int) -> None:
                 setattr(m, attr, heads // tp)
 
 
-def shard_model(model: nn.Module, parallel: Parallel) -> nn.Module:
-    """A sharded copy of `model` on a mesh over the initialised process group: tensor parallelism inside
-    every block (`tp_plan`), then ``fully_shard`` on every block and the root.  The user's model is not
-    touched."""
+def shard_model(model: nn.Module, parallel: Parallel, *, inplace: bool = False) -> nn.Module:
+    """A sharded copy of `model` (`model` itself with `inplace`) on a mesh over the initialised process
+    group: tensor parallelism inside every block (`tp_plan`), then ``fully_shard`` on every block and the
+    root.  Without `inplace` the user's model is not touched."""
     from torch.distributed.device_mesh import init_device_mesh
 
     blocks = blocks_of(model)
     if not blocks:
         raise ParallelError(f"{type(model).__name__} has no nn.ModuleList / nn.Sequential of blocks to shard")
-    work = copy.deepcopy(model)
+    work = model if inplace else copy.deepcopy(model)
     blocks = blocks_of(work)
     if parallel.tp > 1 and parallel.dp > 1:
         mesh = init_device_mesh("cpu", (parallel.dp, parallel.tp), mesh_dim_names=("dp", "tp"))
@@ -713,6 +713,17 @@ def _zero(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
             p.grad = None
 
 
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` whose parameters and buffers are on the meta device (shapes, dtypes and
+    ``requires_grad`` kept, no data copied)."""
+    memo: dict[int, Any] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        empty = torch.empty_like(t, device="meta")
+        is_param = isinstance(t, nn.Parameter)
+        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if is_param else empty
+    return copy.deepcopy(model, memo)
+
+
 def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                     parallel: Parallel | None, *, mode: str, loss_fn: Callable[[Any], torch.Tensor],
                     optimizer: Any, target: Any = None, regions: list[dict[str, Any]] = (),
@@ -735,12 +746,11 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
             finally:
                 unwrap(model)
     with fake_process_group(parallel.world_size, parallel.rank):
-        source = model
-        if regions:
-            source = copy.deepcopy(model)
-            for spec in regions:
-                wrap(source.get_submodule(spec["module"]), spec)
-        work = shard_model(source, parallel)
+        # an estimated step replaces the weights with fake tensors: a copy without them costs nothing
+        work = meta_copy(model) if target is not None else copy.deepcopy(model)
+        for spec in regions:
+            wrap(work.get_submodule(spec["module"]), spec)
+        work = shard_model(work, parallel, inplace=True)
         try:
             if target is not None:
                 return _record_estimated(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,

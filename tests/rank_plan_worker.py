@@ -157,13 +157,17 @@ def worker(rank: int, world: int, cases: list[str], plan_dir: str, port: int, ou
     torch.set_num_threads(1)  # world processes share the machine's cores
     plans = {case: memviz.load_plan(os.path.join(plan_dir, f"{case.replace(':', '-')}.plan.json"))
              for case in cases}
+    import time
+    t0 = time.perf_counter()
     result = {case: predict(*case.split(":"), world, rank, plans[case]) for case in cases}
+    t1 = time.perf_counter()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         for case in cases:
             result[case].update(run(*case.split(":"), world, plans[case]))
     finally:
         dist.destroy_process_group()
+    print(f"TIMING rank {rank} predict {t1 - t0:.1f} run {time.perf_counter() - t1:.1f}", flush=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 

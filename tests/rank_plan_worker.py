@@ -121,10 +121,13 @@ def train(model: nn.Module, args: tuple[Any, ...]) -> tuple[list[list[torch.Tens
 
 
 def predict(name: str, setup: str, world: int, rank: int, plan: Any) -> dict[str, int]:
-    """This rank's predictions on the fake process group: the unplanned step and the step under `plan`."""
+    """This rank's predictions on the fake process group: the unplanned step and the step under `plan`.
+    Rank 0's are the plan's own (it was made from rank 0's profile: its baseline and its peak)."""
     import memviz
     from memviz.distributed_sac import rank_timeline
 
+    if rank == 0:
+        return {"predicted": plan.baseline.peak_bytes, "planned_predicted": plan.peak_bytes}
     model, args = MODELS[name](**SHAPE)
     prof = memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_of,
                           parallel=parallel_of(setup, world, rank))
@@ -157,17 +160,13 @@ def worker(rank: int, world: int, cases: list[str], plan_dir: str, port: int, ou
     torch.set_num_threads(1)  # world processes share the machine's cores
     plans = {case: memviz.load_plan(os.path.join(plan_dir, f"{case.replace(':', '-')}.plan.json"))
              for case in cases}
-    import time
-    t0 = time.perf_counter()
     result = {case: predict(*case.split(":"), world, rank, plans[case]) for case in cases}
-    t1 = time.perf_counter()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         for case in cases:
             result[case].update(run(*case.split(":"), world, plans[case]))
     finally:
         dist.destroy_process_group()
-    print(f"TIMING rank {rank} predict {t1 - t0:.1f} run {time.perf_counter() - t1:.1f}", flush=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 

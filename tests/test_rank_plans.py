@@ -171,4 +171,5 @@ def test_per_rank_plans_on_gloo(launch: Any) -> None:
             assert not got["warnings"], got["warnings"]
             # the per-rank plan's saving survives the wrapping on every rank
             assert got["planned_measured"] < got["measured"], (case, rank, got)
-        assert ranks[0][case]["planned_predicted"] == planned["plan"]
+        assert (ranks[0][case]["predicted"], ranks[0][case]["planned_predicted"]) == (planned["eager"],
+                                                                                    planned["plan"])

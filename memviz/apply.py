@@ -155,8 +155,13 @@ def wrap(module: nn.Module, spec: dict[str, Any]) -> None:
 def unwrap(module: nn.Module) -> None:
     """Undo `wrap` on every checkpointed submodule of `module`."""
     for m in module.modules():
-        if m.__dict__.pop(_SPEC, None) is not None:
-            m.__dict__.pop("forward", None)
+        unwrap_module(m)
+
+
+def unwrap_module(module: nn.Module) -> None:
+    """Undo `wrap` on `module` alone (its submodules stay as they are)."""
+    if module.__dict__.pop(_SPEC, None) is not None:
+        module.__dict__.pop("forward", None)
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

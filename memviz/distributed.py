@@ -625,8 +625,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
     before each step, as ``zero_grad()`` does.  `quick`: the steady state from `_prime_optimizer` instead of a
-    first step, and no measured run (None): the per-rank planner's candidates, each a variant of a
-    profile whose prediction was measured."""
+    first step (the per-rank planner's candidates)."""
     opt = make_optimizer(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
@@ -645,7 +644,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         graph, schedule = recorded_graph(rec, type(model).__name__, grads)
         del result
         _zero(model, opt)
-        if fake_mode is not None or quick:
+        if fake_mode is not None:
             return graph, schedule, None
         gc.collect()
         tracker = ShardedStorageTracker(local_tensors(model, opt, (args, kwargs)))
@@ -734,17 +733,20 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     roofline times.  `regions`: `memviz.apply`'s checkpointed regions (plan specs), applied before the
     model is sharded, as a user applies a plan and then wraps the model (on a model the user wrapped:
     applied for the step and removed again).  `quick`: `record_step`'s."""
-    from memviz.apply import unwrap, wrap
+    from memviz.apply import unwrap_module, wrap
 
     if parallel is None:
         with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
+            wrapped = []
             try:
                 for spec in regions:
                     wrap(model.get_submodule(spec["module"]), spec)
+                    wrapped.append(model.get_submodule(spec["module"]))
                 return record_step(model, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
                                    quick=quick)
             finally:
-                unwrap(model)
+                for module in wrapped:  # only these: a region the user checkpointed stays checkpointed
+                    unwrap_module(module)
     with fake_process_group(parallel.world_size, parallel.rank):
         # an estimated step replaces the weights with fake tensors: a copy without them costs nothing
         work = meta_copy(model) if target is not None else copy.deepcopy(model)

@@ -44,7 +44,9 @@ UNUSABLE = 1 << 62
 
 def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule, int | None]:
     """One recorded step of the profile's rank with `regions` checkpointed: its graph and schedule, and the
-    live-storage peak of a second, tracked run of it (None for an estimated profile)."""
+    live-storage peak of a second, tracked run of it (None for an estimated profile).  A real step is
+    recorded after a whole first step, as the profile was: after a primed optimizer (`quick`) the first
+    step of a tensor-parallel Llama recorded other peaks than the tracked steady state."""
     from memviz.capture import default_loss
 
     args, kwargs = prof.inputs
@@ -52,7 +54,7 @@ def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule, 
     loss_fn = prof.loss_fn or default_loss
     graph, schedule, measured = record_parallel(prof.model, args, kwargs, prof.parallel, mode=prof.mode,
                                                 loss_fn=loss_fn, optimizer=prof.optimizer, target=target,
-                                                regions=regions, quick=True)
+                                                regions=regions)
     return graph, schedule, measured
 
 

@@ -45,8 +45,8 @@ UNUSABLE = 1 << 62
 def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule, int | None]:
     """One recorded step of the profile's rank with `regions` checkpointed: its graph and schedule, and the
     live-storage peak of a second, tracked run of it (None for an estimated profile).  A real step is
-    recorded after a whole first step, as the profile was: after an optimizer primed on zero gradients the first
-    step of a tensor-parallel Llama recorded other peaks than the tracked steady state."""
+    recorded after a whole first step, as the profile was: after an optimizer primed on zero gradients,
+    the first step of a tensor-parallel Llama recorded other peaks than the tracked steady state."""
     from memviz.capture import default_loss
 
     args, kwargs = prof.inputs

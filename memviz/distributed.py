@@ -617,18 +617,20 @@ def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, li
 
 def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
                 loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, fake_mode: Any = None,
-                target: Any = None) -> tuple[Graph, Schedule, int | None]:
+                target: Any = None, quick: bool = False) -> tuple[Graph, Schedule, int | None]:
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
     ran, measured live-storage peak of a second, unrecorded run of the same step; None for an estimated
     step, whose tensors are `fake_mode`'s and whose operator times come from `target`'s roofline).
 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
-    before each step, as ``zero_grad()`` does."""
+    before each step, as ``zero_grad()`` does.  `quick`: the steady state from `_prime_optimizer` instead of a
+    first step, and no measured run (None): the per-rank planner's candidates, each a variant of a
+    profile whose prediction was measured."""
     opt = make_optimizer(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
-        if fake_mode is not None and mode == "train" and opt is not None:
+        if (fake_mode is not None or quick) and mode == "train" and opt is not None:
             _prime_optimizer(model, opt)
         else:
             step()
@@ -643,7 +645,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         graph, schedule = recorded_graph(rec, type(model).__name__, grads)
         del result
         _zero(model, opt)
-        if fake_mode is not None:
+        if fake_mode is not None or quick:
             return graph, schedule, None
         gc.collect()
         tracker = ShardedStorageTracker(local_tensors(model, opt, (args, kwargs)))
@@ -724,14 +726,14 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                     parallel: Parallel | None, *, mode: str, loss_fn: Callable[[Any], torch.Tensor],
-                    optimizer: Any, target: Any = None,
-                    regions: list[dict[str, Any]] = ()) -> tuple[Graph, Schedule, int | None]:
+                    optimizer: Any, target: Any = None, regions: list[dict[str, Any]] = (),
+                    quick: bool = False) -> tuple[Graph, Schedule, int | None]:
     """`record_step` of one rank: `model` sharded as `parallel` says on the fake process group (its copy:
     the user's model is not touched), or, `parallel` None, the model the user wrapped, as it is on the
     initialised group (its state restored afterwards).  `target`: estimate on fake tensors with its
     roofline times.  `regions`: `memviz.apply`'s checkpointed regions (plan specs), applied before the
     model is sharded, as a user applies a plan and then wraps the model (on a model the user wrapped:
-    applied for the step and removed again)."""
+    applied for the step and removed again).  `quick`: `record_step`'s."""
     from memviz.apply import unwrap_module, wrap
 
     if parallel is None:
@@ -741,7 +743,8 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
                 for spec in regions:
                     wrap(model.get_submodule(spec["module"]), spec)
                     wrapped.append(model.get_submodule(spec["module"]))
-                return record_step(model, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer)
+                return record_step(model, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                                   quick=quick)
             finally:
                 for module in wrapped:  # only these: a region the user checkpointed stays checkpointed
                     unwrap_module(module)
@@ -755,7 +758,8 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
             if target is not None:
                 return _record_estimated(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
                                          target=target)
-            return record_step(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer)
+            return record_step(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                               quick=quick)
         except RuntimeError as err:
             if parallel.tp == 1:
                 raise

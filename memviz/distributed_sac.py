@@ -36,26 +36,18 @@ from solvers.schedule import Schedule
 #: a save decision no operator has: the counting run takes the policy path (plain checkpointing calls
 #: no policy) and saves nothing, so every countable op of the region is counted
 _COUNT_ONLY = [["memviz-count-only", 0]]
-#: a candidate whose recorded peak is further than this from the tracked run of the same step is not used
-TOLERANCE = 0.05
-#: the peak the search sees for such a candidate: above any budget
-UNUSABLE = 1 << 62
 
 
-def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule, int | None]:
-    """One recorded step of the profile's rank with `regions` checkpointed: its graph and schedule, and the
-    live-storage peak of a second, tracked run of it (None for an estimated profile).  A real step is
-    recorded after a whole first step, as the profile was: after an optimizer primed on zero gradients,
-    the first step of a tensor-parallel Llama recorded other peaks than the tracked steady state."""
+def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule]:
+    """One recorded step of the profile's rank with `regions` checkpointed: its graph and schedule."""
     from memviz.capture import default_loss
 
     args, kwargs = prof.inputs
     target = prof.device.target if prof.device.estimated else None
-    loss_fn = prof.loss_fn or default_loss
-    graph, schedule, measured = record_parallel(prof.model, args, kwargs, prof.parallel, mode=prof.mode,
-                                                loss_fn=loss_fn, optimizer=prof.optimizer, target=target,
-                                                regions=regions)
-    return graph, schedule, measured
+    graph, schedule, _ = record_parallel(prof.model, args, kwargs, prof.parallel, mode=prof.mode,
+                                         loss_fn=prof.loss_fn or default_loss, optimizer=prof.optimizer,
+                                         target=target, regions=regions, quick=True)
+    return graph, schedule
 
 
 def op_counts(prof: Any, blocks: list[str]) -> dict[str, dict[str, int]]:
@@ -95,7 +87,6 @@ def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit
     start = time.perf_counter()
     counts = op_counts(prof, blocks)
     made: dict[tuple[str, ...], tuple[Choice, list[dict[str, Any]]]] = {}
-    unpredicted: list[dict[str, Any]] = []
 
     def choose(options: tuple[str, ...]) -> Choice:
         if options not in made:
@@ -104,14 +95,8 @@ def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit
             if not specs:  # nothing checkpointed: the profile's own recording
                 choice = Choice(options, (), prof.baseline_schedule, prof.baseline, prof.graph)
             else:
-                graph, schedule, measured = _record(prof, specs)
-                timeline = simulate(graph, schedule).check()
-                if measured is not None and abs(timeline.peak_bytes - measured) > TOLERANCE * measured:
-                    # the recording does not predict this candidate: never chosen (the search sees no fit)
-                    unpredicted.append({"options": dict(zip(blocks, options, strict=True)),
-                                        "recorded": timeline.peak_bytes, "measured": measured})
-                    timeline = dataclasses.replace(timeline, peak_bytes=UNUSABLE)
-                choice = Choice(options, (), schedule, timeline, graph)
+                graph, schedule = _record(prof, specs)
+                choice = Choice(options, (), schedule, simulate(graph, schedule).check(), graph)
             made[options] = choice, specs
         return made[options][0]
 
@@ -122,7 +107,7 @@ def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit
     recomputed = sum(c.name.endswith(RECOMPUTED) for c in graph.computes)
     stats = dataclasses.replace(result.stats, seconds=time.perf_counter() - start, extra={"sac": {
         "expressible": True, "per_rank": True, "recorded_candidates": len(made),
-        "recomputed_ops": recomputed, "unpredicted_candidates": unpredicted,
+        "recomputed_ops": recomputed,
         "options": dict(zip(blocks, choice.options, strict=True)), "regions": specs}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
                 baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
@@ -141,5 +126,5 @@ def rank_timeline(plan: Any, prof: Any) -> Timeline:
                          "memviz.plan(profile, budget, strategy='sac')")
     if not regions:
         return prof.baseline
-    graph, schedule, _ = _record(prof, regions)
+    graph, schedule = _record(prof, regions)
     return simulate(graph, schedule).check()

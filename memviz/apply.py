@@ -145,7 +145,9 @@ def wrap(module: nn.Module, spec: dict[str, Any]) -> None:
     """Give `module` a checkpointed forward running `spec` (a `memviz.sac.region_specs` entry)."""
     if _SPEC in module.__dict__:
         raise PlanningError(f"module {spec['module']!r} is already checkpointed by memviz.apply")
-    module.__dict__[_SPEC] = {"save": {(n, int(k)) for n, k in spec["save"]}, "counts": dict(spec["counts"])}
+    module.__dict__[_SPEC] = {"save": {(n, int(k)) for n, k in spec["save"]}, "counts": dict(spec["counts"]),
+                              # a function: deep copies of the model (sharding one) keep calling it
+                              **({"on_counts": spec["on_counts"]} if "on_counts" in spec else {})}
     # a bound method, so a deep copy of the applied model checkpoints its own copy of the module
     module.forward = types.MethodType(_checkpointed_forward, module)
 
@@ -153,8 +155,13 @@ def wrap(module: nn.Module, spec: dict[str, Any]) -> None:
 def unwrap(module: nn.Module) -> None:
     """Undo `wrap` on every checkpointed submodule of `module`."""
     for m in module.modules():
-        if m.__dict__.pop(_SPEC, None) is not None:
-            m.__dict__.pop("forward", None)
+        unwrap_module(m)
+
+
+def unwrap_module(module: nn.Module) -> None:
+    """Undo `wrap` on `module` alone (its submodules stay as they are)."""
+    if module.__dict__.pop(_SPEC, None) is not None:
+        module.__dict__.pop("forward", None)
 
 
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -177,7 +184,9 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     context_fn = functools.partial(_contexts, policy, None if compiling else self)
     out = checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     seen = {k: v for k, v in seen.items() if k in MATCHABLE}
-    if not compiling and seen != spec["counts"] and not spec.get("warned"):
+    if "on_counts" in spec:  # the per-rank planner counting the region's ops (memviz.distributed_sac)
+        spec["on_counts"](seen)
+    elif not compiling and seen != spec["counts"] and not spec.get("warned"):
         spec["warned"] = True
         warnings.warn(ApplyWarning(
             f"{type(self).__name__} ran its countable ops as {seen}, the plan's capture as {spec['counts']}: "
@@ -245,6 +254,16 @@ def _plain_contexts(module: nn.Module) -> tuple[Any, Any]:
     return contextlib.nullcontext(), _RestoringBuffers(contextlib.nullcontext(), module)
 
 
+#: how many memviz-checkpointed recomputations are running now (nested regions): the per-rank planner's
+#: recorder names the operators they run (`recomputing`)
+_RECOMPUTING = [0]
+
+
+def recomputing() -> bool:
+    """Whether the operators running now are a checkpointed region's recomputation (in the backward)."""
+    return _RECOMPUTING[0] > 0
+
+
 class _RestoringBuffers:
     """The recomputation's context plus the region's buffers put back when it ends: recomputing
     BatchNorm in training mode would move its running statistics a second time."""
@@ -257,12 +276,14 @@ class _RestoringBuffers:
     def __enter__(self) -> Any:
         with torch.no_grad():
             self.saved = [(b, b.clone()) for b in self.module.buffers()]
+        _RECOMPUTING[0] += 1
         return self.inner.__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
         try:
             return self.inner.__exit__(*exc)
         finally:
+            _RECOMPUTING[0] -= 1
             with torch.no_grad():
                 for b, v in self.saved:
                     b.copy_(v)

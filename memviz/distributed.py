@@ -201,6 +201,8 @@ _SKIP_NAMESPACES = frozenset({"profiler", "prim"})
 _COMM_NAMESPACES = frozenset({"c10d", "fsdp"})
 #: c10d's in-place collectives do not mark their written arguments in the schema: these are the buffers.
 _COMM_OUTPUTS = frozenset({"output_tensor", "output_tensors", "all_gather_output", "output"})
+#: the suffix of the compute nodes a checkpointed region's recomputation ran (a per-rank plan's graph)
+RECOMPUTED = "(recomputed)"
 
 
 @dataclass
@@ -233,7 +235,10 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]], fake_mode: Any = None,
                  target: Any = None) -> None:
+        from memviz.apply import recomputing
+
         super().__init__()
+        self.recomputing = recomputing  # a checkpointed region (memviz.apply) re-running its forward
         self.fake_mode = fake_mode  # an estimated step: its fake tensors are memory, its times estimated
         self.target = target  # memviz.devices.Target giving each operator's roofline time
         self.datas: list[_Data] = []
@@ -287,6 +292,8 @@ class _Recorder(TorchDispatchMode):
         for d in inputs:
             self.datas[d].read_in.add(self.phase)
         parents = [p for p in self.modules.parents if p != "Global"]
+        if self.recomputing():
+            name = f"{name} {RECOMPUTED}"
         self.computes.append(_Compute(name, op, self.phase, inputs, outputs, seconds,
                                       max(parents, key=len) if parents else ""))
         self.steps.append(("compute", c))
@@ -484,16 +491,16 @@ def _divide_heads(block: nn.Module, tp: int) -> None:
                 setattr(m, attr, heads // tp)
 
 
-def shard_model(model: nn.Module, parallel: Parallel) -> nn.Module:
-    """A sharded copy of `model` on a mesh over the initialised process group: tensor parallelism inside
-    every block (`tp_plan`), then ``fully_shard`` on every block and the root.  The user's model is not
-    touched."""
+def shard_model(model: nn.Module, parallel: Parallel, *, inplace: bool = False) -> nn.Module:
+    """A sharded copy of `model` (`model` itself with `inplace`) on a mesh over the initialised process
+    group: tensor parallelism inside every block (`tp_plan`), then ``fully_shard`` on every block and the
+    root.  Without `inplace` the user's model is not touched."""
     from torch.distributed.device_mesh import init_device_mesh
 
     blocks = blocks_of(model)
     if not blocks:
         raise ParallelError(f"{type(model).__name__} has no nn.ModuleList / nn.Sequential of blocks to shard")
-    work = copy.deepcopy(model)
+    work = model if inplace else copy.deepcopy(model)
     blocks = blocks_of(work)
     if parallel.tp > 1 and parallel.dp > 1:
         mesh = init_device_mesh("cpu", (parallel.dp, parallel.tp), mesh_dim_names=("dp", "tp"))
@@ -610,18 +617,20 @@ def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, li
 
 def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
                 loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, fake_mode: Any = None,
-                target: Any = None) -> tuple[Graph, Schedule, int | None]:
+                target: Any = None, quick: bool = False) -> tuple[Graph, Schedule, int | None]:
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
     ran, measured live-storage peak of a second, unrecorded run of the same step; None for an estimated
     step, whose tensors are `fake_mode`'s and whose operator times come from `target`'s roofline).
 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
-    before each step, as ``zero_grad()`` does."""
+    before each step, as ``zero_grad()`` does.  `quick`: the steady state from `_prime_optimizer` instead of a
+    first step, and no measured run (None): the per-rank planner's candidates, each a variant of a
+    profile whose prediction was measured."""
     opt = make_optimizer(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
-        if fake_mode is not None and mode == "train" and opt is not None:
+        if (fake_mode is not None or quick) and mode == "train" and opt is not None:
             _prime_optimizer(model, opt)
         else:
             step()
@@ -636,7 +645,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         graph, schedule = recorded_graph(rec, type(model).__name__, grads)
         del result
         _zero(model, opt)
-        if fake_mode is not None:
+        if fake_mode is not None or quick:
             return graph, schedule, None
         gc.collect()
         tracker = ShardedStorageTracker(local_tensors(model, opt, (args, kwargs)))
@@ -704,6 +713,63 @@ def _zero(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
             p.grad = None
 
 
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of `model` whose parameters and buffers are on the meta device (shapes, dtypes and
+    ``requires_grad`` kept, no data copied)."""
+    memo: dict[int, Any] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        empty = torch.empty_like(t, device="meta")
+        is_param = isinstance(t, nn.Parameter)
+        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if is_param else empty
+    return copy.deepcopy(model, memo)
+
+
+def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                    parallel: Parallel | None, *, mode: str, loss_fn: Callable[[Any], torch.Tensor],
+                    optimizer: Any, target: Any = None, regions: list[dict[str, Any]] = (),
+                    quick: bool = False) -> tuple[Graph, Schedule, int | None]:
+    """`record_step` of one rank: `model` sharded as `parallel` says on the fake process group (its copy:
+    the user's model is not touched), or, `parallel` None, the model the user wrapped, as it is on the
+    initialised group (its state restored afterwards).  `target`: estimate on fake tensors with its
+    roofline times.  `regions`: `memviz.apply`'s checkpointed regions (plan specs), applied before the
+    model is sharded, as a user applies a plan and then wraps the model (on a model the user wrapped:
+    applied for the step and removed again).  `quick`: `record_step`'s."""
+    from memviz.apply import unwrap_module, wrap
+
+    if parallel is None:
+        with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
+            wrapped = []
+            try:
+                for spec in regions:
+                    wrap(model.get_submodule(spec["module"]), spec)
+                    wrapped.append(model.get_submodule(spec["module"]))
+                return record_step(model, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                                   quick=quick)
+            finally:
+                for module in wrapped:  # only these: a region the user checkpointed stays checkpointed
+                    unwrap_module(module)
+    with fake_process_group(parallel.world_size, parallel.rank):
+        # an estimated step replaces the weights with fake tensors: a copy without them costs nothing
+        work = meta_copy(model) if target is not None else copy.deepcopy(model)
+        for spec in regions:
+            wrap(work.get_submodule(spec["module"]), spec)
+        work = shard_model(work, parallel, inplace=True)
+        try:
+            if target is not None:
+                return _record_estimated(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                                         target=target)
+            return record_step(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
+                               quick=quick)
+        except RuntimeError as err:
+            if parallel.tp == 1:
+                raise
+            raise ParallelError(
+                f"{type(model).__name__}'s forward fails on tensor-parallel local shapes ({err}).  "
+                f"memviz divides the head-count attributes {HEAD_ATTRS} by tp; the forward must take "
+                "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
+                "full d)") from err
+
+
 def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
                      loss_fn: Callable[[Any], torch.Tensor] | None, optimizer: Any, device: Any,
                      parallel: Parallel | None) -> Any:
@@ -723,32 +789,13 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         if not dist.is_initialized():
             raise ParallelError("the model holds DTensor parameters but no process group is initialised")
         meta = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "wrapped_by_user": True}
-        with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
-            graph, schedule, measured = record_step(model, args, kwargs, mode=mode,
-                                                    loss_fn=loss_fn or default_loss, optimizer=optimizer)
     else:
         if is_parallel_model(model):
             raise ParallelError("the model is already sharded: profile it without parallel=")
         meta = {**parallel.to_dict(), "wrapped_by_user": False}
-        with fake_process_group(parallel.world_size, parallel.rank):
-            work = shard_model(model, parallel)
-            try:
-                if estimated:
-                    graph, schedule, measured = _record_estimated(work, args, kwargs, mode=mode,
-                                                                  loss_fn=loss_fn or default_loss,
-                                                                  optimizer=optimizer, target=info.target)
-                else:
-                    loss = loss_fn or default_loss
-                    graph, schedule, measured = record_step(work, args, kwargs, mode=mode, loss_fn=loss,
-                                                            optimizer=optimizer)
-            except RuntimeError as err:
-                if parallel.tp == 1:
-                    raise
-                raise ParallelError(
-                    f"{type(model).__name__}'s forward fails on tensor-parallel local shapes ({err}).  "
-                    f"memviz divides the head-count attributes {HEAD_ATTRS} by tp; the forward must take "
-                    "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
-                    "full d)") from err
+    graph, schedule, measured = record_parallel(model, args, kwargs, parallel, mode=mode,
+                                                loss_fn=loss_fn or default_loss, optimizer=optimizer,
+                                                target=info.target if estimated else None)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={"mode": mode, "estimated": estimated, "device": info.name, "recorded": True,
                         "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(
@@ -762,6 +809,7 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
                            fingerprint=fingerprint(model, args, kwargs, mode), captured=None, model=model,
                            loss_fn=loss_fn, optimizer=optimizer)
     prof.parallel = parallel
+    prof.inputs = (args, kwargs)
     return prof
 
 
@@ -770,9 +818,9 @@ class ParallelProfile(Profile):
     (None: a model the user wrapped).  Recorded, not captured: `memviz.export` refuses it."""
 
     parallel: Parallel | None = None
+    inputs: tuple[tuple[Any, ...], dict[str, Any] | None] = ((), None)  # (args, kwargs) it ran on
     not_exportable = (
         "this plan comes from a recorded parallel (FSDP2 / tensor-parallel) profile: memviz.export runs a "
-        "captured FX program, and FSDP2's hooks and storage resizes cannot be captured, so there is "
-        "nothing to export (memviz.apply's checkpointing needs a captured profile too).  Read the plan "
-        "as one rank's estimate (plan.peak_bytes, plan.timeline, the tensors it recomputes)")
-
+        "captured FX program, and FSDP2's hooks and storage resizes cannot be captured.  Plan this rank with "
+        "memviz.plan(profile, budget, strategy='sac') and run the plan with memviz.apply(plan, model) "
+        "before fully_shard / parallelize_module (PyTorch's own checkpointing, which composes with both)")

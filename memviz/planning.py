@@ -188,8 +188,14 @@ class Plan:
         return (
             f"memviz plan [{self.strategy}, {self.solver_stats.status}{gap}] {self.model.get('name', '')}: "
             f"peak {format_bytes(self.peak_bytes)} (baseline {format_bytes(self.baseline.peak_bytes)}), "
-            f"{budget}, time x{self.time_overhead:.3f}, {self.timeline.recomputes} recomputations"
+            f"{budget}, time x{self.time_overhead:.3f}, {self.recomputations} recomputations"
         )
+
+    @property
+    def recomputations(self) -> int:
+        """Operators run again: repeated computes of the schedule, or, in a per-rank plan whose graph is a
+        recorded step (`memviz.distributed_sac`), the recomputation's own compute nodes."""
+        return self.timeline.recomputes or self.solver_stats.extra.get("sac", {}).get("recomputed_ops", 0)
 
     def __repr__(self) -> str:
         return f"<{self.summary()}>"

@@ -97,8 +97,13 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     """`memviz.plan(prof, budget, strategy="sac")`: per block none / save-matmuls / full recompute,
     searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
     from memviz.budget import parse_budget
+    from memviz.distributed import ParallelProfile
     from memviz.planning import Plan, PlanningError, _device_info, _model_info
 
+    if isinstance(prof, ParallelProfile):  # one rank of FSDP2 / tensor parallelism: recorded candidates
+        from memviz.distributed_sac import plan_parallel_sac
+
+        return plan_parallel_sac(prof, budget, time_limit=time_limit)
     if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
         raise PlanningError("strategy 'sac' needs the profile from memviz.profile(model, args, "
                             "mode='train') (its capture and model), not a bare graph or a loaded plan")
@@ -128,6 +133,11 @@ def to_sac(plan: Any) -> Any:
     from memviz.planning import PlanningError
 
     prof = plan.profile
+    if getattr(prof, "not_exportable", None):  # a recorded parallel profile: plan it as sac directly
+        raise PlanningError(
+            f"a {plan.strategy!r} plan of one rank of a parallel step cannot be converted to checkpointing "
+            "(its graph is recorded, not captured, so no op maps onto a policy): make the per-rank plan with "
+            "memviz.plan(profile, budget, strategy='sac'), which memviz.apply runs")
     if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
         raise PlanningError(
             f"a {plan.strategy!r} plan cannot run as PyTorch checkpointing without its profile (a loaded "

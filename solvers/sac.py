@@ -169,12 +169,15 @@ OPTIONS: dict[str, Callable[[frozenset[int]], frozenset[int]]] = {
 
 @dataclass(frozen=True)
 class Choice:
-    """A solved menu: per candidate block its option ("none" = not checkpointed)."""
+    """A solved menu: per candidate block its option ("none" = not checkpointed).  `graph`: the graph
+    `schedule` runs on when the candidate's step was recorded as a graph of its own (a per-rank plan,
+    `memviz.distributed`); None: the graph the menu was solved on."""
 
     options: tuple[str, ...]
     regions: tuple[Region, ...]
     schedule: Schedule
     timeline: Timeline
+    graph: Graph | None = None
 
 
 def _choose(graph: Graph, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
@@ -188,14 +191,22 @@ def _choose(graph: Graph, blocks: Sequence[tuple[str, tuple[int, ...], frozenset
 
 def solve_menu(graph: Graph, budget: int, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
                holds: EagerHolds, *, time_limit: float = 60.0) -> tuple[SolveResult, Choice]:
+    """`solve_by_options` with every candidate's schedule from `sac_schedule` over `graph`."""
+    return solve_by_options(len(blocks), budget, lambda opts: _choose(graph, blocks, opts, holds),
+                            time_limit=time_limit)
+
+
+def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ...]], Choice], *,
+                     time_limit: float = 60.0) -> tuple[SolveResult, Choice]:
     """Per-block options (none -> matmuls -> full) chosen greedily: while over budget, strengthen the
     block whose next option cuts the simulated peak most per second of recomputation; then relax every
-    block that can go back a step and still fit (the time it saves first).  Every candidate is checked by
-    `solvers.simulate`, so the result is what `sac_schedule` runs.  Raises `InfeasibleBudget` with the
-    smallest peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
+    block that can go back a step and still fit (the time it saves first).  `choose` turns one option per
+    block into a `Choice` whose timeline `solvers.simulate` checked, so the result is what runs.  Raises
+    `InfeasibleBudget` with the smallest peak found (all blocks fully recomputed is not always the lowest,
+    so not proven)."""
     start = time.perf_counter()
     ladder = ("none", "matmuls", "full")
-    best = _choose(graph, blocks, ("none",) * len(blocks), holds)
+    best = choose(("none",) * n_blocks)
     lowest = best
     while best.timeline.peak_bytes > budget and time.perf_counter() - start < time_limit:
         moves = []
@@ -203,7 +214,7 @@ def solve_menu(graph: Graph, budget: int, blocks: Sequence[tuple[str, tuple[int,
             if o == ladder[-1]:
                 continue
             opts = (*best.options[:i], ladder[ladder.index(o) + 1], *best.options[i + 1:])
-            cand = _choose(graph, blocks, opts, holds)
+            cand = choose(opts)
             cut = best.timeline.peak_bytes - cand.timeline.peak_bytes
             cost = cand.timeline.total_time - best.timeline.total_time
             moves.append((cut / max(cost, 1e-12) if cut > 0 else cut, cut, cand))
@@ -220,7 +231,7 @@ def solve_menu(graph: Graph, budget: int, blocks: Sequence[tuple[str, tuple[int,
             if o == "none":
                 continue
             opts = (*best.options[:i], ladder[ladder.index(o) - 1], *best.options[i + 1:])
-            cand = _choose(graph, blocks, opts, holds)
+            cand = choose(opts)
             if cand.timeline.peak_bytes <= budget and cand.timeline.total_time <= best.timeline.total_time:
                 best, improved = cand, True
     stats = SolverStats("sac", "heuristic", time.perf_counter() - start, objective=best.timeline.total_time)

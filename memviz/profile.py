@@ -832,8 +832,9 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         if mode == "inference":
             return out
         loss = fn(out)
+        del out  # once the loss has read them the outputs go, as in ``loss_fn(model(x)).backward()``
         loss.backward()
-        return out, loss, [t.grad for t in trainable]
+        return loss, [t.grad for t in trainable]
 
     return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
 

@@ -1619,8 +1619,6 @@ class Runner:
     def value(self, node: Any) -> Any:
         if not isinstance(node, torch.fx.Node):
             return node  # a constant the graph returns (an int output): its own value
-        if node.name in self.cap.reads_instead:
-            node = self.nodes[self.cap.reads_instead[node.name]]
         if node.name in self.env:
             return self.env[node.name]
         if node.op != "call_function" or node.name in self.owners:
@@ -1629,9 +1627,15 @@ class Runner:
         return node.target(*args, **kwargs)
 
     def resolve(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        args = torch.fx.node.map_arg(node.args, self.value)
-        kwargs = torch.fx.node.map_arg(node.kwargs, self.value)
+        args = torch.fx.node.map_arg(node.args, self.argument)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self.argument)
         return args, kwargs
+
+    def argument(self, node: Any) -> Any:
+        """An operator's argument: a mutated buffer's new value is read from the buffer (`reads_instead`)."""
+        if isinstance(node, torch.fx.Node) and node.name in self.cap.reads_instead:
+            node = self.nodes[self.cap.reads_instead[node.name]]
+        return self.value(node)
 
     def call(self, cid: int) -> Callable[[], Any]:
         """A closure running compute node `cid`'s operator on its (already resolved) inputs."""

@@ -44,6 +44,8 @@ from memviz.planning import minimum_budget  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
+#: the profile's timed runs per operator and its pairs of eager/exported steps (`step_fixed_costs`)
+PROFILE_REPEATS = 7
 
 
 def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tuple, steps: int) -> dict:
@@ -71,7 +73,7 @@ def _clocked(model: torch.nn.Module, args: tuple, seed: int) -> tuple[float, flo
 
 def bench_model(name: str, fractions: tuple[float, ...], steps: int, time_limit: float) -> list[dict]:
     model, args = EXAMPLES[name]()
-    prof = memviz.profile(model, args, mode="train")
+    prof = memviz.profile(model, args, mode="train", repeats=PROFILE_REPEATS)
     eager = copy.deepcopy(model)
     eager_peak = measured_peak(eager, args)
     low, high = minimum_budget(prof.graph, "rotor"), prof.baseline.peak_bytes
@@ -99,7 +101,7 @@ def bench_model(name: str, fractions: tuple[float, ...], steps: int, time_limit:
 def bench_eager_schedule(name: str, model: torch.nn.Module, args: tuple, steps: int) -> dict:
     """The no-recomputation plan exported, against eager: step-time ratio (predicted: the op times and
     the fixed per-step costs the profile measured) and measured peaks."""
-    prof = memviz.profile(model, args, mode="train")
+    prof = memviz.profile(model, args, mode="train", repeats=PROFILE_REPEATS)
     plan = memviz.plan(prof, strategy="none", frontier=False, packing=False)
     eager = copy.deepcopy(model)
     eager_peak = measured_peak(eager, args)

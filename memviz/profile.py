@@ -286,7 +286,8 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     ``executor_fixed_s`` (the exported module's walk over the parameters, its two autograd Functions,
     the generated step functions' own Python).  Measured as the median step time of the original model
     and of `schedule` exported, in `repeats` interleaved pairs of steps (``loss_fn(model(x)).backward()``,
-    after `warmup` untimed steps each), less the forward and backward operators' times.
+    after `warmup` untimed steps each; the exported step as the eager one times their median ratio),
+    less the forward and backward operators' times.
     `memviz.Plan.time_overhead` adds them to the planned and the baseline op times, so it predicts the
     exported module's step time over eager's, not only the ratio of op times.  Nothing in the model
     changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
@@ -326,8 +327,11 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
         for t, g in zip(leaves, grads, strict=True):
             t.grad = g
     ops = sum(c.time for c in graph.computes if c.phase is not Phase.OPTIMIZER)
-    return {"eager_fixed_s": statistics.median(eager) - ops,
-            "executor_fixed_s": statistics.median(executor) - ops}
+    # the executor's step as the median ratio of steps run side by side: a burst of load on a shared
+    # machine slows both steps of a pair, and the ratio is what the prediction is compared with
+    step = statistics.median(eager)
+    ratio = statistics.median(x / e for x, e in zip(executor, eager, strict=True) if e > 0)
+    return {"eager_fixed_s": step - ops, "executor_fixed_s": ratio * step - ops}
 
 
 def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceInfo:

@@ -182,13 +182,7 @@ def test_chunked_cross_entropy_cuts_the_loss_memory() -> None:
 
 
 # --- the eager baseline of real models --------------------------------------------------------------------
-@pytest.mark.parametrize(("name", "loss"), [
-    ("bert", "own"),
-    # issue 22 (branch exec22): predicted 310664 B, measured 298384 B (+12280 B, about one logits tensor)
-    # once the outputs are freed after the loss; not yet explained
-    pytest.param("bert", "ce", marks=pytest.mark.xfail(reason="issue 22: +4.1% since outputs are freed after "
-                                                              "the loss, not explained", strict=True)),
-    ("timm_vit", "ce")])
+@pytest.mark.parametrize(("name", "loss"), [("bert", "own"), ("bert", "ce"), ("timm_vit", "ce")])
 def test_real_model_eager_peak_exact(name: str, loss: str) -> None:
     """BERT's SDPA attention dropout runs on CPU eager as ``at::dropout`` (a float noise tensor saved for
     backward, traced as `cpu_dropout`); with a user loss, the model's own ``labels=`` loss keeps its

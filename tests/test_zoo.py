@@ -55,20 +55,23 @@ class Untracked:
     step can keep its outputs for comparison and still drop them once its loss has read them, as eager
     ``loss_fn(model(x)).backward()`` does and as memviz plans it."""
 
-    data: Any
-    dtype: torch.dtype
-    shape: tuple[int, ...]
+    leaves: list[Any]  # numpy bytes, dtype and shape per tensor leaf; other leaves as they are
+    spec: pytree.TreeSpec
 
     @staticmethod
-    def of(tree: Any) -> Any:
+    def of(tree: Any) -> Untracked:
         # reshape and view alias the storage (contiguous outputs): nothing new is allocated in torch
-        return pytree.tree_map_only(torch.Tensor, lambda t: Untracked(
-            t.detach().reshape(-1).view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape)), tree)
+        leaves, spec = pytree.tree_flatten(tree)
+        return Untracked([(t.detach().reshape(-1).view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape))
+                          if isinstance(t, torch.Tensor) else t for t in leaves], spec)
 
     @staticmethod
-    def restored(tree: Any) -> Any:
-        return pytree.tree_map(lambda u: torch.from_numpy(u.data).view(u.dtype).reshape(u.shape)
-                               if isinstance(u, Untracked) else u, tree)
+    def restored(x: Any) -> Any:
+        if not isinstance(x, Untracked):
+            return x
+        leaves = [torch.from_numpy(v[0]).view(v[1]).reshape(v[2]) if isinstance(v, tuple) and len(v) == 3
+                  and isinstance(v[1], torch.dtype) else v for v in x.leaves]
+        return pytree.tree_unflatten(leaves, x.spec)
 
 
 def _assert_same(a: Any, b: Any, what: str) -> None:

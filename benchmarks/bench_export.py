@@ -15,14 +15,18 @@ model), the measured peak (live-storage tracker, DESIGN.md "Correctness means") 
 The executor's own cost (issue 22): the eager schedule (``strategy="none"``: no recomputation, eager's
 order and frees) exported for bench_remat's GPT (12 layers) and ResNet, whose steps take tens to
 hundreds of milliseconds: its step time over eager's and its measured peak against eager's measured
-peak.  Any excess is what running a schedule costs beyond eager (the generated step functions, the two
-autograd Functions), which the cost model does not predict (it predicts 1.000).
+peak.  The predicted overhead is the plan's ``time_overhead``: op times plus the fixed per-step costs
+of eager and of the exported module, measured at profile time (`memviz.profile.step_fixed_costs`), so
+on a small model it predicts the executor's fixed cost too.  Predicted and measured come from the same
+run; "within 2 points" counts |predicted - measured| <= 0.02.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,19 +35,45 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
-from bench_remat import example_models, measure_vs, measured_peak  # noqa: E402
+from bench_remat import _step, example_models, gradient_error, measured_peak  # noqa: E402
 
 import memviz  # noqa: E402
 from examples.models import EXAMPLES  # noqa: E402
+from memviz import accelerator  # noqa: E402
 from memviz.planning import minimum_budget  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
+#: the profile's timed runs per operator and its pairs of eager/exported steps (`step_fixed_costs`)
+PROFILE_REPEATS = 7
+
+
+def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tuple, steps: int) -> dict:
+    """`bench_remat.measure_vs` on both clocks: the median over `steps` back-to-back step pairs of the
+    candidate/eager ratio in CPU time (``measured_overhead``: the clock the profile's op times and
+    fixed costs are read on here, `accelerator.cpu_clock`) and in wall time (``wall_overhead``: other
+    processes' load on a shared machine inflates it), plus the peak and the gradient error."""
+    error = gradient_error(reference, candidate, args)
+    cpu, wall, times = [], [], []
+    for i in range(steps):
+        (wa, ca), (wb, cb) = _clocked(candidate, args, i), _clocked(reference, args, i)
+        cpu.append(ca / cb)
+        wall.append(wa / wb)
+        times.append(ca)
+    return {"step_s": statistics.median(times), "measured_overhead": statistics.median(cpu),
+            "wall_overhead": statistics.median(wall), "measured_peak": measured_peak(candidate, args),
+            "grad_error": error}
+
+
+def _clocked(model: torch.nn.Module, args: tuple, seed: int) -> tuple[float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    _step(model, args, seed)
+    return time.perf_counter() - w, time.process_time() - c
 
 
 def bench_model(name: str, fractions: tuple[float, ...], steps: int, time_limit: float) -> list[dict]:
     model, args = EXAMPLES[name]()
-    prof = memviz.profile(model, args, mode="train")
+    prof = memviz.profile(model, args, mode="train", repeats=PROFILE_REPEATS)
     eager = copy.deepcopy(model)
     eager_peak = measured_peak(eager, args)
     low, high = minimum_budget(prof.graph, "rotor"), prof.baseline.peak_bytes
@@ -61,22 +91,24 @@ def bench_model(name: str, fractions: tuple[float, ...], steps: int, time_limit:
         m = measure_vs(memviz.export(plan, model=copy.deepcopy(model)), eager, args, steps)
         row.update(status="ok", strategy=plan.strategy, budget=plan.budget_bytes, peak=plan.peak_bytes,
                    predicted_overhead=plan.time_overhead, measured_overhead=m["measured_overhead"],
-                   measured_peak=m["measured_peak"], grad_error=m["grad_error"],
+                   wall_overhead=m["wall_overhead"], measured_peak=m["measured_peak"],
+                   grad_error=m["grad_error"],
                    peak_error=(m["measured_peak"] - plan.peak_bytes) / plan.peak_bytes)
         rows.append(row)
     return rows
 
 
 def bench_eager_schedule(name: str, model: torch.nn.Module, args: tuple, steps: int) -> dict:
-    """The no-recomputation plan exported, against eager: step-time ratio and measured peaks.  Op times
-    are not needed (the plan is eager's schedule, predicted 1.000 whatever they are): one run each."""
-    prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0)
+    """The no-recomputation plan exported, against eager: step-time ratio (predicted: the op times and
+    the fixed per-step costs the profile measured) and measured peaks."""
+    prof = memviz.profile(model, args, mode="train", repeats=PROFILE_REPEATS)
     plan = memviz.plan(prof, strategy="none", frontier=False, packing=False)
     eager = copy.deepcopy(model)
     eager_peak = measured_peak(eager, args)
     m = measure_vs(memviz.export(plan, model=copy.deepcopy(model)), eager, args, steps)
     return {"model": name, "predicted_overhead": plan.time_overhead,
-            "measured_overhead": m["measured_overhead"], "plan_peak": plan.peak_bytes,
+            "measured_overhead": m["measured_overhead"], "wall_overhead": m["wall_overhead"],
+            "plan_peak": plan.peak_bytes,
             "measured_peak": m["measured_peak"], "eager_peak_measured": eager_peak,
             "eager_step_s": m["step_s"] / m["measured_overhead"], "grad_error": m["grad_error"]}
 
@@ -84,50 +116,55 @@ def bench_eager_schedule(name: str, model: torch.nn.Module, args: tuple, steps: 
 def _eager_schedule_table(rows: list[dict]) -> list[str]:
     out = ["### The eager schedule exported (the executor's own cost)", "",
            "No recomputation, eager's order and frees (`strategy=\"none\"`), bench_remat's sizes; median of "
-           "back-to-back step pairs against eager, one intra-op thread. Target: step time within 1% of eager "
-           "(the cost model predicts 1.000), measured peak equal to eager's measured peak.", "",
-           "| model | eager step ms | predicted overhead | measured overhead | plan peak MiB | "
+           "back-to-back step pairs against eager, one intra-op thread. Target: step time within 1% of "
+           "eager, predicted overhead within 2 points of measured, measured peak equal to eager's.", "",
+           "| model | eager step ms | predicted overhead | measured overhead | wall-clock | plan peak MiB | "
            "measured peak MiB | eager measured MiB | peak - eager KiB | gradient error |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']} | {1000 * r['eager_step_s']:.1f} | {r['predicted_overhead']:.3f} | "
-                   f"{r['measured_overhead']:.3f} | {r['plan_peak'] / MiB:.3f} | "
+                   f"{r['measured_overhead']:.3f} | {r['wall_overhead']:.3f} | {r['plan_peak'] / MiB:.3f} | "
                    f"{r['measured_peak'] / MiB:.3f} | {r['eager_peak_measured'] / MiB:.3f} | "
                    f"{(r['measured_peak'] - r['eager_peak_measured']) / 1024:+.0f} | {r['grad_error']:.1e} |")
-    if any(r["measured_peak"] > r["eager_peak_measured"] for r in rows):
-        out += ["", "A measured peak above eager's comes from the plan when it equals the plan peak: the "
-                "captured graph keeps the model's outputs and the new BatchNorm statistics (graph outputs) "
-                "alive to the end of the step, where eager frees the logits once the loss is computed and "
-                "updates the statistics in place."]
+    out += ["", f"{_within(rows)} of {len(rows)} predicted within 2 points of measured; "
+            f"{sum(r['measured_peak'] <= r['eager_peak_measured'] for r in rows)} of {len(rows)} measured "
+            "at or under eager's measured peak."]
     return [*out, ""]
+
+
+def _within(rows: list[dict], points: float = 0.02) -> int:
+    return sum(abs(r["predicted_overhead"] - r["measured_overhead"]) <= points for r in rows)
 
 
 def markdown(result: dict) -> str:
     out = ["## Exported module vs its plan (CPU, training step)", "",
            "Predicted = the plan (cost model, simulator); measured = the exported module's median step over "
-           "the eager model's (median of back-to-back step pairs), its peak from the live-storage tracker, "
+           "the eager model's (median of back-to-back step pairs; CPU time, one intra-op thread, as the "
+           "profile's op times and fixed costs in this run; wall-clock beside it), its peak from the "
+           "live-storage tracker, "
            "its gradients against eager's with the same seed (largest relative error). Target: peak within "
            "5% of the plan and under the budget. Budget = fraction of the range [rotor minimum, eager peak]. "
            "These models run a step in a few milliseconds, so the measured overheads are dominated by the "
-           "exported module's fixed cost per step (about 1 ms of CPU on a loaded 2-core machine: the walk "
-           "over parameters and buffers, the two autograd Functions), which the cost model does not count, "
-           "not by recomputation.", "",
+           "exported module's fixed cost per step (the walk over parameters and buffers, the two autograd "
+           "Functions), not by recomputation; the predicted overhead counts it as measured at profile time "
+           "(`memviz.profile.step_fixed_costs`).", "",
            "| model | budget | strategy | plan peak MiB | measured peak MiB | peak error | "
-           "eager measured MiB | predicted overhead | measured overhead | gradient error |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "eager measured MiB | predicted overhead | measured overhead | wall-clock | gradient error |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         head = f"| {r['model']} | {int(r['fraction'] * 100)}% "
         if r["status"] != "ok":
-            out.append(head + f"| infeasible (min {r['minimum'] / MiB:.2f} MiB) | | | | | | | |")
+            out.append(head + f"| infeasible (min {r['minimum'] / MiB:.2f} MiB) | | | | | | | | |")
             continue
         out.append(head + f"({r['budget'] / MiB:.2f} MiB) | {r['strategy']} | {r['peak'] / MiB:.3f} | "
                    f"{r['measured_peak'] / MiB:.3f} | {100 * r['peak_error']:+.1f}% | "
                    f"{r['eager_peak_measured'] / MiB:.3f} | {r['predicted_overhead']:.3f} | "
-                   f"{r['measured_overhead']:.3f} | {r['grad_error']:.1e} |")
+                   f"{r['measured_overhead']:.3f} | {r['wall_overhead']:.3f} | {r['grad_error']:.1e} |")
     ok = [r for r in result["rows"] if r["status"] == "ok"]
     within = sum(abs(r["peak_error"]) <= 0.05 for r in ok)
     out += ["", f"{within} of {len(ok)} exported plans measured within 5% of the predicted peak; "
-            f"{sum(r['measured_peak'] <= r['budget'] for r in ok)} of {len(ok)} at or under the budget.", ""]
+            f"{sum(r['measured_peak'] <= r['budget'] for r in ok)} of {len(ok)} at or under the budget; "
+            f"{_within(ok)} of {len(ok)} predicted the step-time overhead within 2 points of measured.", ""]
     if result.get("eager_schedule"):
         out += _eager_schedule_table(result["eager_schedule"])
     return "\n".join(out)
@@ -136,6 +173,8 @@ def markdown(result: dict) -> str:
 def run(quick: bool = False) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(1)  # as bench_remat: contended OpenMP threads make step times erratic
+    # CPU time, as the measured ratios: on a shared machine the wall clock counts other processes' turns
+    accelerator.cpu_clock = time.process_time
     names = ("mlp", "gpt") if quick else tuple(EXAMPLES)
     fractions = (0.75, 0.5) if quick else (0.75, 0.5, 0.25)
     rows = [r for name in names for r in bench_model(name, fractions, 3 if quick else 5, 10.0)]
@@ -147,6 +186,10 @@ def run(quick: bool = False) -> dict:
               "headline": [{"metric": "exported plans with measured peak within 5% of predicted "
                                       "(examples x 75/50/25% of range)",
                             "ours": f"{sum(abs(r['peak_error']) <= 0.05 for r in ok)} of {len(ok)}",
+                            "baseline": "target: all", "ratio": ""},
+                           {"metric": "predicted step-time overhead within 2 points of measured (examples at "
+                                      "75/50/25% and the eager schedule exported)",
+                            "ours": f"{_within(ok) + _within(eager_rows)} of {len(ok) + len(eager_rows)}",
                             "baseline": "target: all", "ratio": ""}]}
     result["markdown"] = markdown(result)
     return result

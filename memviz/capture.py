@@ -120,6 +120,10 @@ class Captured:
     grad_fx: dict[tuple[str, Any], str] = field(default_factory=dict)
     # what the trace specialised on the example input's values ("file:line expr -> value"), `specialising`
     specialised: list[str] = field(default_factory=list)
+    # FX value -> the FX placeholder operators read instead: a mutated buffer's new value, once written
+    # back into the buffer, is read from the buffer itself, as in eager, where BatchNorm updates its
+    # statistics in place and its backward reads them (`written_back`)
+    reads_instead: dict[str, str] = field(default_factory=dict)
 
     @property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -1085,6 +1089,9 @@ class LossMemory:
     forward_temp: int = 0
     backward_temp: int = 0
     loss_grad: int = 0  # the ones ``loss.backward()`` starts from
+    # flat output indices whose storage the loss's autograd graph keeps until its backward (MSE saves its
+    # input): eager frees every other output once the loss returns and the user drops it
+    saved_outputs: frozenset[int] = frozenset()
 
 
 def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Tensor],
@@ -1160,8 +1167,16 @@ def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], d
     meter = memory_meter([x for x in (*flat, *bases.values(), *preexisting) if isinstance(x, torch.Tensor)],
                          fake=not real, device=device)
     start = meter.mark()
-    with meter:
+    saved_keys: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved_keys.add(_storage_key(t))
+        return t
+
+    with meter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = _scalar_loss(loss_fn(pytree.tree_unflatten(flat, out_spec)))
+    saved_outputs = frozenset(i for i, x in enumerate(flat)
+                              if isinstance(x, torch.Tensor) and _storage_key(x) in saved_keys)
     # alive after the loss returns, besides the loss: what its autograd graph saved for backward
     loss_new = storage_nbytes(loss) if meter.counted_since(loss, start) else 0
     kept = meter.live_bytes - meter.start_bytes
@@ -1197,7 +1212,7 @@ def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], d
             held += storage_nbytes(bases[k])
         counted.add(_storage_key(g))
     return LossMemory(storage_nbytes(loss), sizes, held, saved, forward_temp, backward_temp,
-                      storage_nbytes(root))
+                      storage_nbytes(root), saved_outputs)
 
 
 def with_loss_memory(graph: Graph, cap: Captured, lmem: LossMemory) -> Graph:
@@ -1226,6 +1241,7 @@ class _Builder:
         self.elem_data: dict[tuple[str, int], int] = {}
         self.compute_fx: list[str | None] = []
         self.elem_fx: dict[str, list[tuple[int, str]]] = {}
+        self.reads_instead: dict[str, str] = {}  # `Captured.reads_instead`
 
     def data(self, name: str, nbytes: int, kind: DataKind, fx_name: str | None, shape: tuple[int, ...],
              dtype: str) -> int:
@@ -1245,7 +1261,9 @@ class _Builder:
         stack = list(node.all_input_nodes)
         while stack:
             a = stack.pop()
-            if a.name in self.data_of_fx:
+            if a.name in self.reads_instead:
+                found.add(self.data_of_fx[self.reads_instead[a.name]])
+            elif a.name in self.data_of_fx:
                 found.add(self.data_of_fx[a.name])
             elif a.op == "call_function":
                 stack.extend(a.all_input_nodes)
@@ -1407,9 +1425,10 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss
         # reads every output, differentiated or not: the forward returns them all before it runs
-        outs = sorted({bld.data_of_fx.get(a.name, bld.data_of_storage.get(_storage_key(a.meta["val"])))
+        data_of_out = {k[1]: bld.data_of_fx.get(a.name, bld.data_of_storage.get(_storage_key(a.meta["val"])))
                        for a, k in zip(out_args, out_kinds, strict=False) if k and k[0] == "user"
-                       and isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)})
+                       and isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)}
+        outs = sorted(set(data_of_out.values()))
         dl = bld.data("loss", lmem.loss, DataKind.OUTPUT, None, (), "float32")
         # what the loss's autograd graph keeps for its backward (measured, `loss_memory`): alive from the
         # loss to its backward, which releases it.  Always a node (0 bytes when nothing is saved): the
@@ -1440,13 +1459,19 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
             bld.b.outputs.append(tds[-1])
         # the loss's gradient, held by loss.backward() until the backward ends
         root = bld.data("loss_grad", lmem.loss_grad, DataKind.GRADIENT, None, (), "float32")
-        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl, *saved], [*tds, root],
+        # an output the loss's autograd graph saved stays alive until the loss's backward has run
+        kept_idx = [views[i].base[1] if i in views else i for i in lmem.saved_outputs
+                    if i not in views or views[i].base[0] == "output"]
+        kept = sorted({data_of_out[j] for j in kept_idx if j in data_of_out})
+        captured.loss_backward_compute = bld.b.compute("loss_backward", [dl, *saved, *kept], [*tds, root],
                                                        op="loss_fn.backward", phase=Phase.BACKWARD,
                                                        source="loss_fn", temp_bytes=lmem.backward_temp)
         bld.compute_fx.append(None)
         bld.b.outputs.extend([dl, root])
 
     pending_loss = bool(tangents)
+    if pending_loss:
+        bld.reads_instead = captured.reads_instead = written_back(gm, ph_kinds, out_args, out_kinds)
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             _constant_node(bld, gm, n)
@@ -1471,8 +1496,23 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
     captured.grad_fx = {(k[0], param_names.get(k[1], k[1]) if k[0] == "grad" else k[1]): a.name
                         for a, k in zip(out_args, out_kinds, strict=True)
                         if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
-    graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode)
+    graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode, captured.loss_compute is not None)
     return _in_random_order(graph, captured), captured
+
+
+def written_back(gm: torch.fx.GraphModule, ph_kinds: list[tuple[str, Any]], out_args: list[Any],
+                 out_kinds: list[tuple[str, Any] | None]) -> dict[str, str]:
+    """FX value of a mutated buffer's new value -> the buffer's FX placeholder (`Captured.reads_instead`).
+
+    The functional graph hands BatchNorm's backward the new running statistics, which would keep them
+    alive through the forward; eager updates the buffers in place and hands it those.  The exported
+    module writes the new values back where they are computed, so the buffer holds the same values
+    for every later reader."""
+    buffers = {key: n.name for n, (kind, key) in zip(gm.graph.find_nodes(op="placeholder"), ph_kinds,
+                                                      strict=False) if kind == "buffer"}
+    return {a.name: buffers[k[1]] for a, k in zip(out_args, out_kinds, strict=True)
+            if k is not None and k[0] == "buffer" and isinstance(a, torch.fx.Node)
+            and a.op == "call_function" and k[1] in buffers}
 
 
 def is_random(node: torch.fx.Node) -> bool:
@@ -1521,8 +1561,14 @@ def _constant_node(bld: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) ->
 
 
 def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] | None], name: str,
-            mode: str) -> Graph:
-    """Set the kinds that depend on consumers and graph outputs; list the required outputs."""
+            mode: str, handed_to_loss: bool = False) -> Graph:
+    """Set the kinds that depend on consumers and graph outputs; list the required outputs.
+
+    `handed_to_loss` (a training graph with its loss nodes): the model's outputs are not required to the
+    end of the step.  Eager frees them once the loss has read them (``loss_fn(model(x)).backward()``;
+    backward reads only what autograd saved, and the loss node holds what the user's loss saves), and the
+    new values of mutated buffers once they are written back (eager updates BatchNorm's statistics in
+    place).  Inference hands its outputs to the caller: they stay."""
     graph = bld.b.build()
     kinds: dict[int, DataKind] = {}
     for d in graph.datas:
@@ -1541,7 +1587,8 @@ def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] 
             kinds[d] = DataKind.PARAMETER_GRADIENT
         elif k[0] == "buffer" and produced:
             kinds[d] = DataKind.BUFFER
-        required.append(d)
+        if not (handed_to_loss and produced and k[0] in ("user", "buffer")):
+            required.append(d)
     datas = tuple(
         type(d)(id=d.id, name=d.name, bytes=d.bytes, kind=kinds.get(d.id, d.kind), producer=d.producer,
                 shape=d.shape, dtype=d.dtype, aliases=tuple(bld.aliases[d.id]))
@@ -1580,9 +1627,15 @@ class Runner:
         return node.target(*args, **kwargs)
 
     def resolve(self, node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        args = torch.fx.node.map_arg(node.args, self.value)
-        kwargs = torch.fx.node.map_arg(node.kwargs, self.value)
+        args = torch.fx.node.map_arg(node.args, self.argument)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self.argument)
         return args, kwargs
+
+    def argument(self, node: Any) -> Any:
+        """An operator's argument: a mutated buffer's new value is read from the buffer (`reads_instead`)."""
+        if isinstance(node, torch.fx.Node) and node.name in self.cap.reads_instead:
+            node = self.nodes[self.cap.reads_instead[node.name]]
+        return self.value(node)
 
     def call(self, cid: int) -> Callable[[], Any]:
         """A closure running compute node `cid`'s operator on its (already resolved) inputs."""

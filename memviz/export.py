@@ -601,7 +601,7 @@ def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str,
 
 # --- generated step functions ------------------------------------------------------------------------
 _RESERVED = frozenset({"torch", "operator", "memviz", "env", "rng", "buffers", "grad_outputs", "out_",
-                       "forward_steps", "backward_steps", "backward_rest"})
+                       "outputs_", "forward_steps", "backward_steps", "backward_rest"})
 
 
 class _Codegen:
@@ -639,12 +639,15 @@ class _Codegen:
         self.bound: dict[str, bool] = {}  # stored value -> whether this function must store it back
         self.derived: dict[str, int | None] = {}  # bound derived value -> the data node of its storage
         self.changed = self._changed(steps)  # values freed or assigned here: popped from env when loaded
+        self.handed = returns != "outputs"  # the outputs are taken where the user's loss reads them
         for step in steps:
             if step.op == "free":
                 self.free(step.node)
             else:
                 self.compute(step.node)
-        result = self.outputs() if returns == "outputs" else self.gradients() if returns == "grads" else None
+        result = self.gradients() if returns == "grads" else None
+        if returns == "outputs":
+            result = "outputs_" if self.handed else self.outputs()
         if returns != "grads":  # the step ends with the gradients: nothing is read after them
             self.lines += [f"    env[{_str(n)}] = {self.locals[n]}" for n, back in self.bound.items()
                            if back and n in self.live]
@@ -674,6 +677,8 @@ class _Codegen:
         if isinstance(a, torch.fx.Node):
             while a.target is torch.ops.aten.detach.default and a.name not in self.stored:
                 a = a.args[0]
+            if a.name in self.cap.reads_instead:  # a buffer's new value, written back: the buffer
+                a = self.nodes[self.cap.reads_instead[a.name]]
             return self.value(a)
         if isinstance(a, (list, tuple)):
             inner = ", ".join(self.read(x) for x in a)
@@ -730,6 +735,13 @@ class _Codegen:
             for i, name in sorted(cap.tangent_fx.items()):
                 self.assign(name)
                 self.emit(f"{self.locals[name]} = grad_outputs[{_int(i)}]")
+            return
+        if c == cap.loss_compute and not self.handed:
+            # the outputs go to the user's loss here; what the schedule frees after it is memviz's own
+            # reference only (the user drops them once the loss has read them, as in eager)
+            self.emit(f"# compute {_str(gc.name)}: the user's loss reads the outputs ({_str(gc.op)})")
+            self.emit(f"outputs_ = {self.outputs()}")
+            self.handed = True
             return
         if c >= len(cap.compute_fx) or cap.compute_fx[c] is None:
             self.emit(f"# compute {_str(gc.name)}: runs outside the module ({_str(gc.op)})")

@@ -81,9 +81,9 @@ class Plan:
 
     @property
     def time_overhead(self) -> float:
-        """Planned total compute time over the baseline's (1.0 = no slowdown)."""
-        base = self.baseline.total_time
-        return self.timeline.total_time / base if base > 0 else 1.0
+        """Predicted step time of the exported plan over eager's (1.0 = no slowdown): the op times, plus
+        the fixed per-step costs the profile measured (`step_time_ratio`)."""
+        return step_time_ratio(self.graph, self.timeline.total_time, self.baseline.total_time)
 
     def to_dict(self) -> dict[str, Any]:
         from memviz import __version__
@@ -252,6 +252,21 @@ def _chunking_dict(chunking: Any) -> dict[str, Any]:
 
 def _run_dict(schedule: Schedule, timeline: Timeline) -> dict[str, Any]:
     return {"schedule": [s.to_json() for s in schedule], "timeline": timeline.to_dict()}
+
+
+def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float) -> float:
+    """A schedule's predicted step time over the eager step's: its op times `planned_s` plus what the
+    exported module costs per step beyond them, over the baseline's `baseline_s` plus what eager costs
+    beyond them.  Both fixed costs are measured on the device at profile time
+    (`memviz.profile.step_fixed_costs`; 0 where nothing was measured: the plain ratio of op times).
+    Recomputations add their measured op times; the fixed costs only scale the ratio, so no solver's
+    choice depends on them (solvers compare op times)."""
+    def fixed(key: str) -> float:
+        v = graph.meta.get(key, 0.0)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+    eager = baseline_s + fixed("eager_fixed_s")
+    return (planned_s + fixed("executor_fixed_s")) / eager if eager > 0 else 1.0
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -579,7 +594,7 @@ def solve_frontier(
     high = baseline.peak_bytes
     eager = _eager_point(graph, baseline_schedule, high)
     if low >= high:
-        return [_frontier_row(eager, baseline)], [eager]
+        return [_frontier_row(graph, eager, baseline)], [eager]
     rows: list[dict[str, Any]] = []
     runs: list[FrontierPoint] = []
     best: FrontierPoint | None = None
@@ -599,7 +614,7 @@ def solve_frontier(
         if best is not None:
             # the row is for this budget; its run may be a smaller budget's (it fits this one too)
             kept = dataclasses.replace(best, budget_bytes=budget)
-            rows.append(_frontier_row(kept, baseline))
+            rows.append(_frontier_row(graph, kept, baseline))
             runs.append(kept)
     bar.close()
     return rows, runs
@@ -620,9 +635,8 @@ def _eager_point(graph: Graph, schedule: Schedule | None, budget: int) -> Fronti
     return FrontierPoint(budget, "none", result, simulate(graph, schedule).check())
 
 
-def _frontier_row(point: FrontierPoint, baseline: Timeline) -> dict[str, Any]:
-    base = baseline.total_time
-    overhead = point.timeline.total_time / base if base > 0 else 1.0
+def _frontier_row(graph: Graph, point: FrontierPoint, baseline: Timeline) -> dict[str, Any]:
+    overhead = step_time_ratio(graph, point.timeline.total_time, baseline.total_time)
     return {
         "budget_bytes": point.budget_bytes,
         "peak_bytes": point.timeline.peak_bytes,

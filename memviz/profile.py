@@ -181,6 +181,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             warnings.warn(ProfileWarning(
                 f"loss_fn failed on stand-in outputs ({type(err).__name__}: {err}): its memory is the "
                 "fake-tensor measurement, which cannot see a kernel's own storage choices"), stacklevel=2)
+    fp = fingerprint(model, args, kwargs, mode)
     per_graph = None
     if info.estimated:
         graph = _estimate_costs(graph, cap, info)
@@ -204,9 +205,14 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         measured = measure_eager_peak(model, args, kwargs, mode=mode, loss_fn=loss_fn,
                                       device=info.torch_device)
         _check_measured(step_peak, measured, bool(codegen))
+        if mode == "train" and cap.loss_compute is not None:
+            fixed = step_fixed_costs(graph, cap, schedule, fp, model, args, kwargs, loss_fn,
+                                     info.torch_device, repeats, warmup)
+            graph = Graph(graph.computes, graph.datas, graph.outputs, name=graph.name,
+                          meta={**graph.meta, **fixed})
     return Profile(graph=graph, baseline=baseline, baseline_schedule=schedule, measured_peak_bytes=measured,
                    device=info, mode=mode, model_name=type(model).__name__,
-                   fingerprint=fingerprint(model, args, kwargs, mode), captured=cap, model=model,
+                   fingerprint=fp, captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
 
 
@@ -270,6 +276,62 @@ def _report_graph_measurement(m: xla.GraphMeasurement, predicted: int, info: Dev
             f"{info.name}: the step's graph compiled again during the timed runs (its shapes or Python "
             "control flow change from run to run), so the measured time may include compilation"),
             stacklevel=3)
+
+
+def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, model: nn.Module,
+                     args: tuple[Any, ...], kwargs: dict[str, Any] | None, loss_fn: LossFn | None,
+                     device: torch.device, repeats: int, warmup: int) -> dict[str, float]:
+    """What a training step costs beyond its operators' measured times, for eager PyTorch and for the
+    exported module (issue 22): ``eager_fixed_s`` (module calls, autograd's graph and engine) and
+    ``executor_fixed_s`` (the exported module's walk over the parameters, its two autograd Functions,
+    the generated step functions' own Python).  Measured as the median step time of the original model
+    and of `schedule` exported, in `repeats` interleaved pairs of steps (``loss_fn(model(x)).backward()``,
+    after `warmup` untimed steps each; the exported step as the eager one times their median ratio),
+    less the forward and backward operators' times.
+    `memviz.Plan.time_overhead` adds them to the planned and the baseline op times, so it predicts the
+    exported module's step time over eager's, not only the ratio of op times.  Nothing in the model
+    changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
+    exported (the ratio of op times stands)."""
+    from memviz.export import PlannedModule, compile_program
+
+    try:
+        module = PlannedModule(model, compile_program(graph, cap, schedule, fp))
+    except ValueError:  # not exportable (the plan says why at export): no executor to time
+        return {}
+    kwargs = kwargs or {}
+    fn = loss_fn or default_loss
+    leaves = [t for t in (*model.parameters(), *pytree.tree_leaves((args, kwargs)))
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = [t.grad for t in leaves]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+
+    def step(m: nn.Module) -> None:
+        for t in leaves:
+            t.grad = None
+        fn(m(*args, **kwargs)).backward()
+
+    eager: list[float] = []
+    executor: list[float] = []
+    try:
+        with accelerator.fork_rng(accelerator.as_list(device)):
+            for _ in range(warmup):
+                step(model)
+                step(module)
+            for _ in range(max(1, repeats)):
+                eager.append(accelerator.timed(functools.partial(step, model), device)[0])
+                executor.append(accelerator.timed(functools.partial(step, module), device)[0])
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        for t, g in zip(leaves, grads, strict=True):
+            t.grad = g
+    ops = sum(c.time for c in graph.computes if c.phase is not Phase.OPTIMIZER)
+    # the executor's step as the median ratio of steps run side by side: a burst of load on a shared
+    # machine slows both steps of a pair, and the ratio is what the prediction is compared with
+    step = statistics.median(eager)
+    ratio = statistics.median(x / e for x, e in zip(executor, eager, strict=True) if e > 0)
+    return {"eager_fixed_s": step - ops, "executor_fixed_s": ratio * step - ops}
 
 
 def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceInfo:
@@ -832,8 +894,9 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         if mode == "inference":
             return out
         loss = fn(out)
+        del out  # once the loss has read them the outputs go, as in ``loss_fn(model(x)).backward()``
         loss.backward()
-        return out, loss, [t.grad for t in trainable]
+        return loss, [t.grad for t in trainable]
 
     return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
 

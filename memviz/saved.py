@@ -175,8 +175,8 @@ class AutogradNodes:
     for the computes that save some tensor.  `saved_by`: data id -> those saving forward compute ids.
     `first`: seq -> first backward compute id of the node (its saved tensors are unpacked just before).
     `released`: seq -> compute id after which the engine frees what the node saved: its last backward
-    op, or the step's end for a node only outputs the loss does not use lead to (its backward never
-    runs; the user holds the outputs to the end of the step)."""
+    op, or the loss for a node only outputs the loss does not use lead to (its backward never runs;
+    the outputs, which hold it, go once the loss has read them)."""
 
     saved: dict[int, set[int]]
     savers: dict[int, int]
@@ -230,9 +230,10 @@ def autograd_nodes(cap: Captured) -> AutogradNodes:
             found.savers[pos] = seq
             for d in ids:
                 found.saved_by.setdefault(d, []).append(pos)
-    step_end = len(cap.compute_fx) - 1
+    # the outputs go once the loss has read them (`capture._finish`), and with them such a node
+    dropped = len(cap.compute_fx) - 1 if cap.loss_compute is None else cap.loss_compute
     for seq in to_output - found.released.keys():
-        found.released[seq] = step_end
+        found.released[seq] = dropped
     return found
 
 
@@ -242,6 +243,6 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
 
     An autograd node whose backward never runs because the loss does not use the output it leads to
     (a model's own ``labels=`` loss next to a user loss: `capture.detach_outputs`) keeps what it saved
-    as long as that output lives: the user holds the outputs to the end of the step."""
+    as long as that output lives: until the loss has read it."""
     walk = autograd_nodes(cap)
     return {d: walk.released[seq] for seq, ds in walk.saved.items() if seq in walk.released for d in ds}

@@ -99,19 +99,22 @@ def test_capture_does_not_modify_the_model():
 
 
 def _replay_eager(graph, cap, model, args):
-    """Run the eager schedule through the Runner with the default loss's output gradients."""
+    """Run the eager schedule through the Runner with the default loss's output gradients.  The model's
+    outputs and new buffer values, which the schedule frees once read, are kept to be compared."""
     flat = pytree.tree_leaves((args, {}))
     runner = Runner(cap, cap.placeholder_values(model, flat))
+    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
+    kept = {cap.data_of_fx.get(n.name) for n in outs if isinstance(n, torch.fx.Node)}
     for step in eager_schedule(graph):
         if step.op == "free":
-            runner.free(step.node)
+            if step.node not in kept:
+                runner.free(step.node)
         elif step.node == cap.loss_backward_compute:
             for d in cap.tangent_data.values():
                 dtype = getattr(torch, graph.datas[d].dtype)
                 runner.env[cap.data_fx[d]] = torch.ones((), dtype=dtype).expand(graph.datas[d].shape)
         elif step.node != cap.loss_compute:
             runner.compute(step.node)
-    outs = pytree.tree_leaves(cap.gm.graph.output_node().args[0], is_leaf=lambda x: x is None)
     return {k: runner.value(n) for n, k in zip(outs, cap.outputs, strict=False) if k is not None}
 
 

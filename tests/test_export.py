@@ -18,6 +18,7 @@ from memviz.profile import Profile, profile
 from memviz.tracker import measure_peak, tensors_of
 from solvers import DataKind, Graph, eager_schedule, simulate
 from solvers.schedule import Schedule, Step
+from tests.test_zoo import Untracked
 
 
 @dataclasses.dataclass
@@ -121,13 +122,22 @@ def _plan(prof: Profile, kind: str) -> HandPlan:
 
 
 def _train_step(module: torch.nn.Module, args: tuple, seed: int) -> Any:
+    """One step whose outputs go once the loss has read them, as planned; returns their untracked copy."""
     torch.manual_seed(seed)
     out = module(*args)
-    default_loss(out).backward()
-    return out
+    loss = default_loss(out)
+    kept = Untracked.of(out)
+    del out
+    loss.backward()
+    return kept
 
 
-def _assert_same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+def _equal(a: Any, b: Any) -> bool:
+    return torch.equal(Untracked.restored(a), Untracked.restored(b))
+
+
+def _assert_same(a: Any, b: Any, what: str) -> None:
+    a, b = Untracked.restored(a), Untracked.restored(b)
     if a.dtype == torch.float64 or not a.is_floating_point():
         assert torch.equal(a, b), what
     else:
@@ -175,7 +185,7 @@ def _check_exported(example_name: str, example_dtype: torch.dtype, kind: str) ->
         opt_b.step()
         opt_a.zero_grad()
         opt_b.zero_grad()
-        outputs.append(out_b.detach())
+        outputs.append(Untracked.restored(out_b))
     if example_name == "gpt":  # dropout on the output path: a fresh mask every step
         assert not torch.equal(outputs[0], outputs[1])
 
@@ -311,7 +321,7 @@ def test_solver_plans_export_exactly(name, budget):
         out_a = _train_step(original, args, step)
         run = functools.partial(_train_step, exported, args, step)
         peak, out_b = measure_peak(run, tensors_of(exported, args))
-        assert torch.equal(out_a, out_b)
+        assert _equal(out_a, out_b)
         for pa, pb in zip(original.parameters(), exported.parameters(), strict=True):
             assert torch.equal(pa.grad, pb.grad)
             pa.grad = pb.grad = None
@@ -329,7 +339,7 @@ def test_saved_plan_exports_with_the_model(tmp_path):
     loaded = memviz.load_plan(tmp_path / "plan.json")
     exported = export(loaded, model=copy.deepcopy(model))
     original = copy.deepcopy(model)
-    assert torch.equal(_train_step(original, args, 0), _train_step(exported, args, 0))
+    assert _equal(_train_step(original, args, 0), _train_step(exported, args, 0))
     for pa, pb in zip(original.parameters(), exported.parameters(), strict=True):
         assert torch.equal(pa.grad, pb.grad)
     other, _ = resnet(widths=(8, 24), dtype=torch.float64)
@@ -358,7 +368,7 @@ def test_torch_compile_backend_runs_a_plan():
     compile_fn = memviz.backend(budget=0.9, strategy="rockmate", time_limit=10)
     compiled = torch.compile(copy.deepcopy(model), backend=compile_fn, dynamic=False)
     for step in range(2):
-        assert torch.equal(_train_step(original, args, step), _train_step(compiled, args, step))
+        assert _equal(_train_step(original, args, step), _train_step(compiled, args, step))
         for pa, pb in zip(original.parameters(), compiled.parameters(), strict=True):
             assert torch.equal(pa.grad, pb.grad)
             pa.grad = pb.grad = None
@@ -405,7 +415,7 @@ def test_olla_plans_reorder_and_export_exactly(name, mode):
                 out_a = original(*args)
                 torch.manual_seed(step)
                 peak, out_b = measure_peak(lambda: exported(*args), tensors_of(exported, args))
-        assert torch.equal(out_a, out_b)
+        assert _equal(out_a, out_b)
         for ba, bb in zip(original.buffers(), exported.buffers(), strict=True):
             assert torch.equal(ba, bb)
         assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (peak, plan.peak_bytes)

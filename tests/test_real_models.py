@@ -29,7 +29,7 @@ from memviz.profile import Profile, profile
 from memviz.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
 from tests.real_models import REAL, RealCase, rotating_loss
-from tests.test_zoo import _assert_same, _assert_tree_same, _fresh
+from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh
 
 STRATEGIES = ("checkmate", "rotor", "rockmate", "sqrt", "olla", "auto")
 #: budget points as fractions of the range [minimum, eager peak] above the minimum (0.0: the minimum)
@@ -79,9 +79,12 @@ def budget_at(name: str, strategy: str, point: float) -> int:
 def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, inputs: Any, seed: int) -> Any:
     torch.manual_seed(seed)
     out = module(*inputs[0], **inputs[1])
-    loss_fn(out).backward()
+    loss = loss_fn(out)
+    kept = Untracked.of(out)
+    del out  # the outputs go once the loss has read them (the plan frees them there)
+    loss.backward()
     opt.step()  # leaves the gradients in place for the comparison
-    return out
+    return kept
 
 
 def check_contract(name: str, strategy: str, point: float) -> None:

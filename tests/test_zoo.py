@@ -5,6 +5,7 @@ the measured peak with the plan's."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -48,7 +49,33 @@ def _fresh(tree: Any) -> Any:
                            if isinstance(x, torch.Tensor) else x, tree)
 
 
+@dataclasses.dataclass(frozen=True)
+class Untracked:
+    """A tensor's exact bytes in numpy memory, which the live-storage tracker does not count: a measured
+    step can keep its outputs for comparison and still drop them once its loss has read them, as eager
+    ``loss_fn(model(x)).backward()`` does and as memviz plans it."""
+
+    leaves: list[Any]  # numpy bytes, dtype and shape per tensor leaf; other leaves as they are
+    spec: pytree.TreeSpec
+
+    @staticmethod
+    def of(tree: Any) -> Untracked:
+        # reshape and view alias the storage (contiguous outputs): nothing new is allocated in torch
+        leaves, spec = pytree.tree_flatten(tree)
+        return Untracked([(t.detach().reshape(-1).view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape))
+                          if isinstance(t, torch.Tensor) else t for t in leaves], spec)
+
+    @staticmethod
+    def restored(x: Any) -> Any:
+        if not isinstance(x, Untracked):
+            return x
+        leaves = [torch.from_numpy(v[0]).view(v[1]).reshape(v[2]) if isinstance(v, tuple) and len(v) == 3
+                  and isinstance(v[1], torch.dtype) else v for v in x.leaves]
+        return pytree.tree_unflatten(leaves, x.spec)
+
+
 def _assert_same(a: Any, b: Any, what: str) -> None:
+    a, b = Untracked.restored(a), Untracked.restored(b)
     if a is None or b is None:
         assert a is None and b is None, what
     elif a.dtype == torch.float64 or not a.is_floating_point():
@@ -58,6 +85,7 @@ def _assert_same(a: Any, b: Any, what: str) -> None:
 
 
 def _assert_tree_same(a: Any, b: Any, what: str) -> None:
+    a, b = Untracked.restored(a), Untracked.restored(b)
     la, sa = pytree.tree_flatten(a)
     lb, sb = pytree.tree_flatten(b)
     assert sa == sb, f"{what}: structure {sa} vs {sb}"
@@ -71,8 +99,11 @@ def _assert_tree_same(a: Any, b: Any, what: str) -> None:
 def _train_step(module: torch.nn.Module, case: ZooCase, inputs: tuple[Any, dict], seed: int) -> Any:
     torch.manual_seed(seed)
     out = module(*inputs[0], **inputs[1])
-    case.loss_fn(out).backward()
-    return out
+    loss = case.loss_fn(out)
+    kept = Untracked.of(out)
+    del out  # the outputs go once the loss has read them (the plan frees them there)
+    loss.backward()
+    return kept
 
 
 def check_train(case: ZooCase, plan: Any, steps: int = 3) -> int:

@@ -204,5 +204,8 @@ def test_hugging_face_training_loop(name: str, use_cache: bool) -> None:
         torch.testing.assert_close(loss_a, loss_e, rtol=1e-6, atol=0)
         for (name, _), a, e in zip(reference.named_parameters(), grads_a, grads_e, strict=True):
             torch.testing.assert_close(a, e, rtol=1e-6, atol=0, msg=f"grad of {name}, step {step}")
-        # known: sac_schedule over-predicts Llama by ~4% (cache off: 277416 measured, 290092 planned)
-        assert peak <= plan.peak_bytes <= plan.budget_bytes, (step, peak, plan.peak_bytes, plan.budget_bytes)
+        # DESIGN's rule: within 1% of the plan and never over the budget.  Since the plan frees the
+        # outputs once the loss has read them, Llama with its cache on measures 128 B over the plan
+        # (277416 vs 277288, 0.05%; one small allocation, not traced yet)
+        assert peak <= plan.budget_bytes and abs(peak - plan.peak_bytes) <= 0.01 * plan.peak_bytes, \
+            (step, peak, plan.peak_bytes, plan.budget_bytes)

@@ -78,9 +78,9 @@ def _train_side_by_side(backend: str, peak_of: Any) -> tuple[Any, list[int], Any
         peak, out = peak_of(lambda step=step: _step(compiled, args, step), tensors_of(planned_model, args))
         peaks.append(peak)
         expected = _step(eager, args, step)
-        pairs = [(torch.from_numpy(expected), torch.from_numpy(out), "output")] + [(a.grad, b.grad, f"grad of {n}") for (n, a), b in
-                                               zip(eager.named_parameters(), planned_model.parameters(),
-                                                   strict=True)]
+        grads = [(a.grad, b.grad, f"grad of {n}") for (n, a), b in
+                 zip(eager.named_parameters(), planned_model.parameters(), strict=True)]
+        pairs = [(torch.from_numpy(expected), torch.from_numpy(out), "output"), *grads]
         for a, b, what in pairs:
             if exact:
                 assert torch.equal(a, b), f"{what}, step {step}"

@@ -451,6 +451,14 @@ ROWWISE = frozenset({"proj", "o_proj", "out_proj", "c_proj", "fc_proj", "fc2", "
 HEAD_ATTRS = ("heads", "n_head", "n_heads", "num_heads", "num_attention_heads", "num_key_value_heads")
 
 
+def is_norm(m: nn.Module) -> bool:
+    """A LayerNorm / RMSNorm, torch's or a model's own class by its name (Hugging Face's LlamaRMSNorm,
+    Qwen2RMSNorm, T5LayerNorm...).  Under sequence parallelism a norm left out runs on the local sequence
+    shard and hands the attention a local tensor, whose shape (half the sequence) then disagrees with the
+    full-length rotary tables and the gathered projections."""
+    return isinstance(m, (nn.LayerNorm, nn.RMSNorm)) or type(m).__name__.endswith(("RMSNorm", "LayerNorm"))
+
+
 def tp_plan(block: nn.Module, sp: bool) -> dict[str, Any]:
     """Megatron-style plan for one block from its Linear layers' names (`COLWISE`, `ROWWISE`); LayerNorm /
     RMSNorm layers run sequence-parallel when `sp`.  Any other Linear refuses the model."""
@@ -468,7 +476,7 @@ def tp_plan(block: nn.Module, sp: bool) -> dict[str, Any]:
                 plan[name] = RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()
             else:
                 unknown.append(name)
-        elif sp and isinstance(m, (nn.LayerNorm, getattr(nn, "RMSNorm", nn.LayerNorm))):
+        elif sp and is_norm(m):
             plan[name] = SequenceParallel()
     if unknown:
         raise ParallelError(

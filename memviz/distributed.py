@@ -229,6 +229,27 @@ class _Compute:
     module: str
 
 
+class _ForwardOnlyInRecomputation(ModuleTracker):
+    """torch's ModuleTracker, registering no backward hooks on the tensors of a checkpointed region's
+    recomputation (`memviz.apply.recomputing`): the tracker holds its hooks to its exit, and theirs keep the
+    recomputed autograd graph and its saved tensors (the re-gathered inputs under sequence parallelism)
+    alive for the rest of the step, where the user's run, without the tracker, frees them after their
+    backward (Llama's last layer checkpointed: 1,082,236 B recorded against 972,412 B measured).  The
+    recomputation runs inside the backward of its region, whose module names the tracker already holds."""
+
+    def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
+        from memviz.apply import recomputing
+
+        if not recomputing():
+            super()._fw_pre_hook(mod, input)
+
+    def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
+        from memviz.apply import recomputing
+
+        if not recomputing():
+            super()._fw_post_hook(mod, input, output)
+
+
 class _Recorder(TorchDispatchMode):
     """Every operator of a step with the storages it reads and creates, and every storage's release,
     in order (`steps`: ("compute", i) and ("free", data) events)."""
@@ -246,7 +267,7 @@ class _Recorder(TorchDispatchMode):
         self.steps: list[tuple[str, int]] = []
         self.alive: dict[int, int] = {}  # storage key -> data id
         self.phase = Phase.FORWARD
-        self.modules = ModuleTracker()
+        self.modules = _ForwardOnlyInRecomputation()
         self.keep: list[Any] = []  # finalizer handles
         self.tokens: dict[int, int] = {}  # data id -> token of its last in-place write
         self.token_ids: list[int] = []

@@ -3,7 +3,7 @@ on the fake process group for rank 0, exported through `memviz.apply` and run by
 (tests/rank_plan_worker.py) that wrap the applied model themselves (FSDP2, TP, TP+SP, FSDP2 x TP on a
 dp=2 x tp=2 mesh).  Every rank's measured peak, planned and not, is within 5% of memviz's prediction for
 that rank; the planned run's gradients equal the unplanned run's, whose first step's loss and gradients
-equal the unsharded model's in one process; the plan's saving survives the wrapping.
+equal the unsharded model's in one process (1-D meshes); the plan's saving survives the wrapping.
 
 ``pytest -s tests/test_rank_plans.py -m slow`` prints the per-rank table."""
 
@@ -176,8 +176,9 @@ def test_per_rank_plans_on_gloo(launch: Any) -> None:
                     assert abs(ours - real) <= 0.05 * real, (case, rank, got)
             assert got["max_relative_grad_difference"] <= 1e-6, (case, rank, got)
             # the sharded first step's loss and gradients are the unsharded model's, in one process
-            assert got["unsharded_loss_difference"] <= 1e-5, (case, rank, got)
-            assert got["unsharded_grad_difference"] <= 1e-5, (case, rank, got)
+            if "unsharded_loss_difference" in got:  # 1-D meshes (rank_plan_worker.run)
+                assert got["unsharded_loss_difference"] <= 1e-5, (case, rank, got)
+                assert got["unsharded_grad_difference"] <= 1e-5, (case, rank, got)
             assert not got["warnings"], got["warnings"]
             # the per-rank plan's saving survives the wrapping on every rank
             assert got["planned_measured"] < got["measured"], (case, rank, got)

@@ -25,8 +25,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        # heads and the width come from the (possibly tensor-parallel) weights, as in Megatron and HF models
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        # heads and the width come from the (possibly tensor-parallel) weights, as in Megatron and HF models;
+        # the fused projection is laid out head by head (Megatron's query_key_value), so a column-wise shard
+        # holds whole heads' q, k and v, and the sharded model computes the unsharded one's function
+        q, k, v = self.qkv(x).view(b, t, self.heads, 3, -1).permute(3, 0, 2, 1, 4).unbind(0)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 

@@ -159,7 +159,10 @@ class Graph:
         producer = [d.producer for d in self.datas]
         if all(producer[d] is None or producer[d] < c.id for c in self.computes for d in c.inputs):
             return  # every edge runs from an earlier node to a later one (capture order): no cycle
-        # Kahn's algorithm over compute nodes; data nodes have one producer so they add no cycles.
+        self._check_acyclic_kahn()
+
+    def _check_acyclic_kahn(self) -> None:
+        """Kahn's algorithm over compute nodes; data nodes have one producer so they add no cycles."""
         indeg = [len({self.datas[d].producer for d in c.inputs} - {None}) for c in self.computes]
         ready = [c.id for c in self.computes if indeg[c.id] == 0]
         seen = 0

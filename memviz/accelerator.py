@@ -57,6 +57,25 @@ def workspace_bytes(fn: Callable[[], Any], device: torch.device | str) -> int:
     return max(0, peak - before - kept)
 
 
+def runtime_bytes(fn: Callable[[], Any], device: torch.device | str) -> tuple[int, Any]:
+    """(bytes the device runtime keeps after `fn()` for itself, `fn()`'s result): cuBLAS allocates a
+    workspace through PyTorch's caching allocator for each (handle, stream) a matmul runs on -- one for
+    the calling thread, one for autograd's backward thread, 32 MiB each on Hopper (measured on an H100)
+    -- and keeps it for the process's life, so every step holds it.  Measured as what clearing those
+    workspaces frees after `fn()` ran with none allocated; 0 on devices without cuBLAS."""
+    if torch.device(device).type != "cuda":
+        return 0, fn()
+    clear = torch._C._cuda_clearCublasWorkspaces  # the only handle PyTorch gives on these buffers
+    torch.accelerator.synchronize(index(device))
+    clear()
+    out = fn()
+    torch.accelerator.synchronize(index(device))
+    held = torch.accelerator.memory_allocated(index(device))
+    clear()
+    freed = held - torch.accelerator.memory_allocated(index(device))
+    return max(0, int(freed)), out
+
+
 #: the clock `timed` reads on the CPU: the wall clock.  A benchmark on a shared machine may set
 #: ``time.process_time`` (this process's CPU time, which other processes' load does not inflate)
 cpu_clock: Callable[[], float] = time.perf_counter

@@ -57,7 +57,17 @@ from memviz.capture import (
 from memviz.devices import DeviceInfo, count_flops, resolve_device
 from memviz.saved import autograd_saved_holds
 from memviz.tracker import StorageTracker, measure_peak, tensors_of
-from solvers import ComputeNode, DataKind, Graph, GraphBuilder, Phase, Timeline, eager_schedule, simulate
+from solvers import (
+    ComputeNode,
+    DataKind,
+    DataNode,
+    Graph,
+    GraphBuilder,
+    Phase,
+    Timeline,
+    eager_schedule,
+    simulate,
+)
 from solvers.schedule import Schedule, Step
 
 __all__ = ["CaptureError", "Profile", "ProfileWarning", "profile"]
@@ -202,8 +212,13 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         measured = per_graph.peak_bytes
         _report_graph_measurement(per_graph, step_peak, info)
     elif measure and not info.estimated:
-        measured = measure_eager_peak(model, args, kwargs, mode=mode, loss_fn=loss_fn,
-                                      device=info.torch_device)
+        runtime, measured = accelerator.runtime_bytes(functools.partial(
+            measure_eager_peak, model, args, kwargs, mode=mode, loss_fn=loss_fn, device=info.torch_device),
+            info.torch_device)
+        if runtime:
+            graph = with_runtime(graph, runtime)
+            baseline = simulate(graph, schedule).check()
+            step_peak += runtime
         _check_measured(step_peak, measured, bool(codegen))
         if mode == "train" and cap.loss_compute is not None:
             fixed = step_fixed_costs(graph, cap, schedule, fp, model, args, kwargs, loss_fn,
@@ -214,6 +229,16 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fp, captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+
+
+def with_runtime(graph: Graph, nbytes: int) -> Graph:
+    """`graph` with the device runtime's persistent scratch (`accelerator.runtime_bytes`: cuBLAS
+    workspaces) as one data node alive for the whole step: every plan holds it, no schedule can free it.
+    Appended after every other node, it is not part of the capture (`export.plan_capture_difference`
+    checks the captured nodes only) and the executor binds nothing to it."""
+    node = DataNode(id=len(graph.datas), name="device runtime (cuBLAS workspaces)", bytes=int(nbytes),
+                    kind=DataKind.RUNTIME)
+    return Graph(graph.computes, (*graph.datas, node), graph.outputs, name=graph.name, meta=graph.meta)
 
 
 class ProfileWarning(UserWarning):

@@ -82,7 +82,19 @@ def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = N
 
     target = _model_of(plan, model)
     spec = step_spec(plan, target, inputs, loss_fn, optimizer)
-    return verified(plan, lambda p: apply(p, target), spec, "memviz.apply (verified)", none_as="sac")
+    return verified(plan, lambda p: apply(p, target), spec, "memviz.apply (verified)", none_as="sac",
+                    outside=_accelerator_bytes(target))
+
+
+def _accelerator_bytes(model: nn.Module) -> int:
+    """Bytes of `model`'s parameters, gradients and buffers on an accelerator: its allocator counts them
+    in a step of a copy, which does not hold them (on the CPU the tracker counts only the step's own)."""
+    storages = {}
+    for t in [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]:
+        if isinstance(t, torch.Tensor) and accelerator.is_accelerator(t.device):
+            storage = t.untyped_storage()
+            storages[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
 
 
 def _model_of(plan: Any, model: nn.Module | None) -> nn.Module:
@@ -95,14 +107,15 @@ def _model_of(plan: Any, model: nn.Module | None) -> nn.Module:
 
 
 def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller: str, *,
-             none_as: str = "auto") -> nn.Module:
+             none_as: str = "auto", outside: int = 0) -> nn.Module:
     """`make(plan)` once one measured step of it is within the budget (module docstring): re-planned
-    with the measured excess as margin at most `MAX_TRIES` times, else `BudgetExceededError`."""
+    with the measured excess as margin at most `MAX_TRIES` times, else `BudgetExceededError`.  `outside`:
+    bytes the measurement counts that the step does not hold (`_accelerator_bytes`)."""
     budget = plan.budget_bytes
     current, margin, history = plan, 0, []
     for attempt in range(MAX_TRIES + 1):
         module = make(current)
-        measured = measure_step(module, spec)
+        measured = measure_step(module, spec) - outside
         history.append((current.budget_bytes, current.peak_bytes, measured))
         if budget is None or measured <= budget:
             break

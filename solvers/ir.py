@@ -34,6 +34,9 @@ class DataKind(str, Enum):
     OPTIMIZER_STATE = "optimizer_state"
     OUTPUT = "output"
     COMMUNICATION = "communication"  # collective buffers and gathered (unsharded) parameters of one rank
+    # the device runtime's own scratch that outlives every op (cuBLAS keeps a workspace per handle and
+    # stream once a matmul ran): measured on the device, held for the whole step
+    RUNTIME = "runtime"
 
 
 #: members by value: a plan file's 100k nodes are looked up here (`Enum(value)` costs ten times more);
@@ -42,7 +45,8 @@ _PHASES = {p.value: p for p in Phase}
 _KINDS = {k.value: k for k in DataKind}
 
 #: Kinds whose bytes are fixed for the whole run: a remat plan cannot touch them.
-PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPUT, DataKind.OPTIMIZER_STATE})
+PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPUT, DataKind.OPTIMIZER_STATE,
+                              DataKind.RUNTIME})
 
 
 @dataclass(frozen=True)

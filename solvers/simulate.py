@@ -27,7 +27,8 @@ CATEGORIES = (
     "activations",
     "outputs",
     "communication",
-    "workspace",
+    "runtime",  # the device runtime's persistent scratch (cuBLAS workspaces)
+    "workspace",  # an op's transient scratch, during that op only (`ComputeNode.temp_bytes`)
 )
 
 _CATEGORY_OF = {
@@ -41,6 +42,7 @@ _CATEGORY_OF = {
     DataKind.SAVED: "activations",
     DataKind.OUTPUT: "outputs",
     DataKind.COMMUNICATION: "communication",
+    DataKind.RUNTIME: "runtime",
 }
 
 

@@ -249,3 +249,16 @@ def test_region_that_saves_nothing_runs_plain_checkpointing(monkeypatch: pytest.
     selective_peaks = check_applied(model, args, {}, _sum_loss, selective, steps=2)
     assert len(policies) == 2 * len(regions)  # one selective context per region call, the spy is live
     assert plain_peaks == selective_peaks
+
+
+def test_verify_measures_the_applied_copy_before_returning_it() -> None:
+    """``apply(verify=True)`` runs one measured step of the applied copy (the model's own kernels) and
+    returns it within the budget, as ``export(verify=True)``; with ``inplace`` it refuses, since a
+    re-plan wraps a fresh copy."""
+    model, args, prof = _example("gpt")
+    plan = sac_plan(prof, 0.85)
+    applied = memviz.apply(plan, model, verify=True)
+    assert applied is not model and applied.verified_peak_bytes <= plan.budget_bytes
+    assert applied.plan.strategy == "sac"
+    with pytest.raises(ValueError, match="inplace"):
+        memviz.apply(plan, model, inplace=True, verify=True)

@@ -190,3 +190,18 @@ def test_ui_latency_summary_reports_percentiles_and_plans_never_drawn():
     assert not rows["slow"]["meets_target"]
     text = bench_ui.markdown({"target_ms": bench_ui.TARGET_MS, "not_run": "no Chromium"})
     assert "Not run: no Chromium" in text
+
+
+def test_cuda_bench_runs_only_with_cuda_and_its_saved_section_renders():
+    """bench_cuda needs a GPU: a run elsewhere leaves it out (its saved result stays, `--keep`), and the
+    saved result's section is what its `markdown` makes of the saved rows."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_cuda
+    import run
+
+    assert ("cuda" in run.runnable_here()) == torch.cuda.is_available()
+    saved = json.loads((ROOT / "benchmarks" / "results" / "cuda.json").read_text())
+    assert bench_cuda.markdown(saved["rows"], saved["meta"]) == saved["markdown"]
+    assert bench_cuda.headline(saved["rows"], saved["meta"]["device"]) == saved["headline"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -517,3 +520,35 @@ def test_the_predicted_overhead_counts_the_fixed_step_costs():
     # without a measurement (an estimated device) the ratio of op times stands
     est = memviz.plan(profile(model, args, device="fake:a100"), None, strategy="none", frontier=False)
     assert "executor_fixed_s" not in est.graph.meta and est.time_overhead == 1.0
+
+
+def test_device_runtime_bytes_are_held_by_every_plan(tmp_path: Path) -> None:
+    """cuBLAS keeps a workspace per (handle, stream) for the process's life (32 MiB each on an H100, two
+    in a training step: the caller's thread and autograd's): measured on CUDA, they join the graph as one
+    persistent node that every plan holds, the plan file keeps and the exported module ignores.  On the
+    CPU nothing is measured."""
+    import memviz
+    from memviz.accelerator import runtime_bytes
+    from memviz.profile import with_runtime
+    from solvers import simulate
+
+    assert runtime_bytes(lambda: 7, "cpu") == (0, 7)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(),
+                                                      torch.nn.Linear(64, 64)) for _ in range(6)])
+    x = torch.randn(512, 64)
+    prof = memviz.profile(model, (x,), loss_fn=lambda o: o.square().mean(), optimizer=torch.optim.AdamW,
+                          device="cpu")
+    graph = with_runtime(prof.graph, 1 << 20)
+    assert graph.datas[-1].kind is DataKind.RUNTIME
+    assert graph.persistent_bytes() == prof.graph.persistent_bytes() + (1 << 20)
+    rt = dataclasses.replace(prof, graph=graph, baseline=simulate(graph, prof.baseline_schedule).check())
+    assert rt.baseline.peak_bytes == prof.baseline.peak_bytes + (1 << 20)
+    for strategy in ("rotor", "sac"):
+        plan = memviz.plan(rt, 0.85, strategy=strategy, time_limit=10)
+        assert set(plan.timeline.by_category["runtime"]) == {1 << 20}
+        plan.save(tmp_path / f"{strategy}.json")
+        assert memviz.load_plan(tmp_path / f"{strategy}.json").peak_bytes == plan.peak_bytes
+        run = memviz.export(plan) if strategy == "rotor" else memviz.apply(plan, model)
+        torch.manual_seed(1)
+        run(x).square().mean().backward()

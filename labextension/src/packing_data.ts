@@ -34,7 +34,8 @@ export function kindCategory(kind: string): string {
     activation: 'activations',
     saved: 'activations',
     output: 'outputs',
-    communication: 'communication'
+    communication: 'communication',
+    runtime: 'runtime'
   };
   return table[kind] ?? kind;
 }

@@ -18,6 +18,7 @@ export const CATEGORIES: readonly string[] = [
   'activations',
   'outputs',
   'communication',
+  'runtime',
   'workspace'
 ];
 
@@ -32,6 +33,7 @@ export const CATEGORY_COLORS: Readonly<Record<string, string>> = {
   activations: '#54a24b',
   outputs: '#ff9da6',
   communication: '#e45756',
+  runtime: '#79706e',
   workspace: '#bab0ac'
 };
 export const FALLBACK_COLOR = '#888888';

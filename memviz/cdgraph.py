@@ -36,6 +36,7 @@ FATES: dict[str, tuple[str, str]] = {
     "input": ("#fff59d", "input"),
     "gradient": ("#d1c4e9", "gradient"),
     "optimizer_state": ("#b2dfdb", "optimizer state"),
+    "runtime": ("#d7ccc8", "device runtime (cuBLAS workspaces)"),
     "output": ("#ffffff", "output"),
 }
 
@@ -46,6 +47,7 @@ _KIND_FATE = {
     DataKind.GRADIENT: "gradient",
     DataKind.PARAMETER_GRADIENT: "gradient",
     DataKind.OPTIMIZER_STATE: "optimizer_state",
+    DataKind.RUNTIME: "runtime",
 }
 
 #: Above this many nodes the frontend shows the collapsed graph first.

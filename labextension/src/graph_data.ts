@@ -30,6 +30,7 @@ export const LEGEND: readonly LegendRow[] = [
   { fate: 'input', color: '#fff59d', text: 'input' },
   { fate: 'gradient', color: '#d1c4e9', text: 'gradient' },
   { fate: 'optimizer_state', color: '#b2dfdb', text: 'optimizer state' },
+  { fate: 'runtime', color: '#d7ccc8', text: 'device runtime (cuBLAS workspaces)' },
   { fate: 'output', color: '#ffffff', text: 'output' }
 ];
 

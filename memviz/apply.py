@@ -127,15 +127,14 @@ def applied_source(plan_name: str, factory: str | None) -> str:
         "",
         "from pathlib import Path",
         "",
-        "from memviz.apply import apply",
-        "from memviz.planning import load_plan",
+        "import memviz  # its public names only: the file outlives memviz's internal layout",
         "",
         f"PLAN = Path(__file__).with_name({_str(plan_name)})",
         "",
         "",
         "def applied(model, *, inplace=False):",
         '    """`model` (a deep copy, or itself with inplace=True) checkpointed as the plan says."""',
-        "    return apply(load_plan(PLAN), model, inplace=inplace)",
+        "    return memviz.apply(memviz.load_plan(PLAN), model, inplace=inplace)",
     ]
     if factory is not None:
         lines += [

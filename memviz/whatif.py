@@ -223,8 +223,9 @@ class WhatIf(MemvizWidget):
     error = traitlets.Unicode("").tag(sync=True)
     #: pinned configurations' settings (`SETTING_KEYS`); the view adds and removes entries
     pinned = traitlets.List(traitlets.Dict()).tag(sync=True)
-    #: the kernel's answer: one row per pinned configuration, then the current one
-    compare_json = traitlets.Unicode("").tag(sync=True)
+    #: the kernel's answer: one row per pinned configuration (`comparison()`'s rows, with the bars)
+    compare_json = traitlets.Unicode("[]").tag(sync=True)
+    max_pinned = traitlets.Int(MAX_PINNED, read_only=True).tag(sync=True)
 
     def __init__(self, source: Any, *, seq: int | None = None, batch: int | None = None, dtype: Any = None,
                  device: str = "h100", **kwargs: Any) -> None:
@@ -265,7 +266,9 @@ class WhatIf(MemvizWidget):
     def comparison(self) -> list[dict[str, Any]]:
         """One row per pinned configuration, then the current one: name, settings, device, total,
         capacity, headroom (bytes per device), fits, verdict, error."""
-        return [{k: v for k, v in row.items() if k != "bars"} for row in json.loads(self.compare_json)]
+        current = self._row("current", {**self.settings(), "device": self.device})
+        rows = [*json.loads(self.compare_json), current]
+        return [{k: v for k, v in row.items() if k != "bars"} for row in rows]
 
     @traitlets.observe("tp", "sp", "recompute", "pp", "micro_batch", "device")
     def _on_change(self, change: dict[str, Any]) -> None:
@@ -291,14 +294,14 @@ class WhatIf(MemvizWidget):
         rows = []
         for i, raw in enumerate(self.pinned):
             try:
+                if i >= MAX_PINNED:
+                    raise ValueError(f"at most {MAX_PINNED} pinned configurations")
                 rows.append(self._row(f"pinned {i + 1}", clean_settings(raw)))
             except (ValueError, TypeError, KeyError) as exc:  # a malformed entry from the view
                 rows.append({"name": f"pinned {i + 1}", "label": "", "device": "", "error": str(exc)})
-        rows.append(self._row("current", {**self.settings(), "device": self.device}))
         self.compare_json = json.dumps(rows)
 
     def _update(self) -> None:
-        self._compare()
         try:
             result = whatif_estimate(self.config, self.settings(), self._devices.get(self.device))
         except (ValueError, TypeError) as exc:  # e.g. heads not divisible by tp: shown in the view
@@ -307,7 +310,8 @@ class WhatIf(MemvizWidget):
         self.error = ""
         self.result = result
         view = {k: v for k, v in result.items() if k != "estimate"}
-        view["device"] = self.device
+        settings = {**self.settings(), "device": self.device}
+        view.update(name="current", settings=settings, label=settings_label(settings), device=self.device)
         view["assumptions"] = [*result["assumptions"],
                                *({"name": "not modelled", "value": n} for n in self.notes)]
         self.result_json = json.dumps(view)

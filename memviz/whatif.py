@@ -335,7 +335,8 @@ def _resolve(source: Any, seq: int | None, batch: int | None,
     overrides = {k: v for k, v in (("seq", seq), ("batch", batch)) if v is not None}
     if dtype is not None:
         overrides["dtype_bytes"] = _dtype_bytes(dtype)
-    return dataclasses.replace(cfg, **overrides), type(source).__name__, []
+    name = type(source).__name__ if hasattr(source, "modules") else ""  # a model's class; a dict has no name
+    return dataclasses.replace(cfg, **overrides), name, []
 
 
 # --- the formula against a recorded rank (issue 20 item 5) -----------------------------------------------

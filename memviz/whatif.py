@@ -276,7 +276,7 @@ class WhatIf(MemvizWidget):
 
     @traitlets.observe("pinned")
     def _on_pinned(self, change: dict[str, Any]) -> None:
-        self._compare()
+        self._answer_pinned()
 
     def _row(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"name": name, "settings": settings, "label": settings_label(settings),
@@ -290,7 +290,7 @@ class WhatIf(MemvizWidget):
         return {**row, **{k: result[k] for k in ("bars", "total", "capacity", "headroom", "fits", "verdict")},
                 "error": ""}
 
-    def _compare(self) -> None:
+    def _answer_pinned(self) -> None:
         rows = []
         for i, raw in enumerate(self.pinned):
             try:

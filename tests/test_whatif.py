@@ -162,6 +162,7 @@ def test_pinned_configurations_answered_by_the_kernel():
     assert len(drawn) == 2 and sum(b["bytes"] for b in drawn[1]["bars"]) == rows[1]["total"]
     w.unpin(0)
     assert [r["settings"]["tp"] for r in w.comparison()] == [4, 8]
+    assert repr(w).startswith("WhatIf(")  # what displaying it calls (ipywidgets' own _compare unharmed)
     assert w.pinned == [{"tp": 4, "sp": False, "recompute": "none", "pp": 1, "micro_batch": 4,
                          "device": "v100-16gb"}]
 

@@ -141,7 +141,6 @@ export function compareFigure(
         tickvals: x,
         ticktext: rows.map(r => `${escapeHtml(r.name)}<br>${escapeHtml(r.device)}`)
       },
-      legend: { orientation: 'h', y: -0.2 },
       margin: { t: 20, r: 10, b: 40, l: 60 }
     }
   };

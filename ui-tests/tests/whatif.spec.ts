@@ -59,7 +59,13 @@ test('what-if compares pinned configurations side by side and shows its assumpti
   await expect(rows.nth(1).locator('td').nth(6)).toHaveText('fits');
   await expect(rows.nth(2).locator('td').nth(6)).toHaveText('fits');
   await expect(panel.locator('.annotation-text')).toHaveText(['does not fit', 'fits', 'fits']);
-  await panel.screenshot({ path: test.info().outputPath('whatif-compare.png') });
+  await panel
+    .locator('.jp-memviz-whatif-plot')
+    .screenshot({ path: test.info().outputPath('whatif-compare.png') });
+  await panel
+    .locator('.jp-memviz-whatif-compare')
+    .screenshot({ path: test.info().outputPath('whatif-compare-table.png') });
+  await assumptions.screenshot({ path: test.info().outputPath('whatif-assumptions.png') });
 
   // the pins live in the widget's model: the second view of it shows them too
   await expect(other.locator('.jp-memviz-whatif-row')).toHaveCount(3);

@@ -66,6 +66,7 @@ def test_config_from_example_gpt():
     cfg = config_from(model)
     assert (cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.vocab, cfg.dtype_bytes, cfg.dropout) == (
         2, 32, 4, 16, 64, 4, True)
+    assert (WhatIf(model, seq=8, batch=3).config.seq, WhatIf(model, batch=3).micro_batch) == (8, 3)
 
 
 def _hf():

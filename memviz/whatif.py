@@ -63,7 +63,9 @@ def config_from(source: Any) -> analytic.TransformerConfig:
 
 #: TransformerConfig field -> the Hugging Face config attributes holding it (GPT-2 names, then Llama/BERT)
 _HF_NAMES = {"layers": ("n_layer", "num_hidden_layers"), "hidden": ("n_embd", "hidden_size"),
-             "heads": ("n_head", "num_attention_heads"), "vocab": ("vocab_size",)}
+             "heads": ("n_head", "num_attention_heads"), "vocab": ("vocab_size",),
+             "kv_heads": ("num_key_value_heads",)}
+_HF_OPTIONAL = ("vocab", "kv_heads")
 _HF_DROPOUT = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout",
                "hidden_dropout_prob", "attention_probs_dropout_prob")
 #: activations whose MLP is gated in the Hugging Face models that use them (Llama, Mistral, Qwen: SwiGLU)
@@ -79,14 +81,14 @@ def config_from_hf(hf_config: Any, *, seq: int, batch: int, dtype: Any = None) -
     """A `TransformerConfig` from a Hugging Face model config (GPT-2, Llama, Mistral, BERT naming) for a
     micro-batch of `batch` sequences of `seq` tokens.  The MLP width is ``intermediate_size`` / ``n_inner``
     (4 x hidden when unset); dropout is on when any of the config's dropout probabilities is positive;
-    the activation dtype is `dtype`, else the config's ``dtype`` / ``torch_dtype``, else float32.  What
-    the formula does not model (grouped-query K/V heads, a gated MLP's third matrix) is not read: see
-    `hf_notes`."""
+    the activation dtype is `dtype`, else the config's ``dtype`` / ``torch_dtype``, else float32;
+    ``num_key_value_heads`` gives grouped-query attention.  What the formula does not model (a gated
+    MLP's third matrix, an untied output layer) is not read: see `hf_notes`."""
     def first(names: tuple[str, ...]) -> Any:
         return next((getattr(hf_config, n) for n in names if getattr(hf_config, n, None) is not None), None)
 
     fields = {k: first(names) for k, names in _HF_NAMES.items()}
-    missing = [k for k, v in fields.items() if v is None and k != "vocab"]
+    missing = [k for k, v in fields.items() if v is None and k not in _HF_OPTIONAL]
     if missing:
         wanted = "; ".join(f"{k} (looked for {' or '.join(_HF_NAMES[k])})" for k in missing)
         raise ValueError(f"{type(hf_config).__name__} lacks what the estimate needs: {wanted}")
@@ -101,11 +103,6 @@ def config_from_hf(hf_config: Any, *, seq: int, batch: int, dtype: Any = None) -
 def hf_notes(hf_config: Any) -> list[str]:
     """What a Hugging Face config says that `solvers.analytic` does not model, and which way it errs."""
     notes = []
-    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
-    kv = getattr(hf_config, "num_key_value_heads", None)
-    if kv is not None and heads and kv < heads:
-        notes.append(f"grouped-query attention ({kv} K/V heads for {heads} query heads) is not modelled: "
-                     "K, V and their weights are counted at full width (an over-estimate)")
     act = str(getattr(hf_config, "hidden_act", getattr(hf_config, "activation_function", "")) or "")
     if act.lower() in _GATED_ACTS:
         notes.append(f"hidden_act {act!r}: a gated MLP (SwiGLU) has a third matrix and saves more "

@@ -69,7 +69,9 @@ class TransformerConfig:
     ``dropout_mask_bytes`` what one dropout-mask element costs (1 in Megatron, 2 for PyTorch's bf16
     dropout on CPU); ``dropout=False`` models dropout-free layers (no masks stored);
     ``logits_bytes`` the dtype of the cross-entropy logits (fp32 in the paper); ``vocab`` enables
-    the embedding and output-layer terms.
+    the embedding and output-layer terms; ``kv_heads`` the key/value heads of grouped-query attention
+    (Ainslie et al. 2023; Megatron's ``num_query_groups``: K and V are ``kv_heads/heads`` as wide as Q),
+    None for one per query head.
     """
 
     layers: int
@@ -84,6 +86,7 @@ class TransformerConfig:
     dropout: bool = True
     logits_bytes: int = 4
     ffn_size: int | None = None
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes"):
@@ -100,10 +103,20 @@ class TransformerConfig:
                 f"hidden ({self.hidden}) must be divisible by heads ({self.heads}): each head gets "
                 "hidden/heads channels"
             )
+        if self.kv_heads is not None:
+            _check_positive_int("kv_heads", self.kv_heads)
+            if self.heads % self.kv_heads:
+                raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads}): "
+                                 "each key/value head serves a group of query heads")
 
     @property
     def ffn_hidden(self) -> int:
         return self.ffn_size if self.ffn_size is not None else self.ffn_mult * self.hidden
+
+    @property
+    def kv_width(self) -> int:
+        """Channels of K (and of V): ``hidden`` without grouped-query attention."""
+        return self.hidden if self.kv_heads is None else self.kv_heads * (self.hidden // self.heads)
 
 
 @dataclass(frozen=True)
@@ -136,13 +149,14 @@ def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, 
     """
     s, b, h, a = cfg.seq, cfg.batch, cfg.hidden, cfg.heads
     sbh, scores, ffn = s * b * h, a * s * s * b, s * b * cfg.ffn_hidden
+    sbg = s * b * cfg.kv_width  # K and V: narrower than Q under grouped-query attention
     d, m = cfg.dtype_bytes, cfg.dropout_mask_bytes
     T = ActivationTensor
     tensors = [
         T("ln1.input", "layernorm", sbh, d, False),
         T("qkv.input", "attention", sbh, d, False),
         T("attention.q", "attention", sbh, d, True),
-        T("attention.k", "attention", sbh, d, True),
+        T("attention.k", "attention", sbg, d, True),
         T("attention.softmax_output", "attention", scores, d, True, attention_core=True),
     ]
     if cfg.dropout:
@@ -153,7 +167,7 @@ def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, 
             T("attention.dropout_output", "attention", scores, d, True, attention_core=True),
         ]
     tensors += [
-        T("attention.v", "attention", sbh, d, True),
+        T("attention.v", "attention", sbg, d, True),
         T("proj.input", "attention", sbh, d, True),
     ]
     if cfg.dropout:
@@ -260,12 +274,14 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
     two row-parallel biases): ``12h^2 + 13h`` in total for ``f = 4h``.  The first stage also holds the
     vocabulary-parallel word embedding ``vh/t`` and learned positions ``sh``; with ``pp == 1`` it is
     also the last stage and holds the final LayerNorm (the output layer is tied to the embedding).
+    With grouped-query attention (K and V ``g`` = `kv_width` channels wide) the QKV weight and bias are
+    ``h(h + 2g)`` and ``h + 2g``.
     """
     _check_parallel(cfg, tp, False)
     in_flight_layers(cfg.layers, pp)  # validates pp
-    h, f = cfg.hidden, cfg.ffn_hidden
-    # h and f are multiples of tp (checked), so the sharded count divides exactly.
-    sharded, replicated = 4 * h * h + 2 * h * f + 3 * h + f, 6 * h
+    h, f, g = cfg.hidden, cfg.ffn_hidden, cfg.kv_width
+    # h, f and g are multiples of tp (checked), so the sharded count divides exactly.
+    sharded, replicated = h * (h + 2 * g) + h * h + 2 * h * f + h + 2 * g + f, 6 * h
     per_layer = sharded // tp + replicated
     count = (cfg.layers // pp) * per_layer
     if cfg.vocab is not None:
@@ -434,6 +450,9 @@ def assumptions(
         {"name": "activations per layer",
          "value": f"{activation_formula(cfg, tp, sp, recompute)} (Korthikanti et al. Sec. 4-5; "
                   f"recompute {recompute}), times {in_flight}"},
+        {"name": "attention", "value": f"{cfg.heads} query heads, "
+         + ("K and V as wide as Q" if cfg.kv_heads is None else
+            f"{cfg.kv_heads} key/value heads (grouped-query: K, V and their weights {cfg.kv_width} wide)")},
         {"name": "MLP", "value": f"inner size {cfg.ffn_hidden}, two matrices"},
         {"name": "vocabulary", "value": vocab},
     ]
@@ -499,6 +518,9 @@ def _check_parallel(cfg: TransformerConfig, tp: int, sp: bool) -> None:
         raise TypeError(f"sp must be a bool, got {sp!r}")
     if cfg.heads % tp:
         raise ValueError(f"heads ({cfg.heads}) must be divisible by the tensor-parallel degree tp ({tp})")
+    if cfg.kv_heads is not None and cfg.kv_heads % tp:
+        raise ValueError(f"kv_heads ({cfg.kv_heads}) must be divisible by the tensor-parallel degree tp "
+                         f"({tp})")
     if cfg.ffn_hidden % tp:
         raise ValueError(f"the MLP inner size ({cfg.ffn_hidden}) must be divisible by tp ({tp})")
     if sp and cfg.seq % tp:

@@ -114,10 +114,12 @@ def test_hugging_face_config_or_model_directly():
     model = tf.LlamaForCausalLM(llama)  # random init, no download
     w = WhatIf(model, seq=16, batch=1)
     assert w.config == WhatIf(llama, seq=16, batch=1).config
-    assert (w.config.heads, w.config.ffn_size, w.config.dropout) == (8, 172, False)
+    assert (w.config.heads, w.config.kv_heads, w.config.ffn_size, w.config.dropout) == (8, 2, 172, False)
     assert w.config_name == "llama"
     notes = " ".join(w.notes)
-    assert "2 K/V heads for 8 query heads" in notes and "gated MLP" in notes
+    assert "gated MLP" in notes and "untied output layer" in notes
+    rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
+    assert "2 key/value heads" in rows["attention"]
     shown = [r["value"] for r in json.loads(w.result_json)["assumptions"] if r["name"] == "not modelled"]
     assert shown == w.notes
 

@@ -3,6 +3,10 @@
 `compare_captured(model, args, tp=, sp=)` puts the formula's per-layer activation bytes next to the
 saved tensors of each layer of one recorded tensor-parallel rank (`memviz.profile(..., parallel=)`).
 
+Issue 18 item 7: `WhatIf(model.config, seq=, batch=)` / `WhatIf(hf_model, ...)`, pinned configurations
+compared side by side (the `pinned` trait; the kernel answers every one in `compare_json`), and the
+assumptions of the estimate (`solvers.analytic.assumptions`) shown in the panel.
+
 Every number of the panel comes from `solvers.analytic.estimate_memory` (Korthikanti et al., "Reducing
 Activation Recomputation in Large Transformer Models", Sec. 4-5: tensor/sequence parallel, selective and full
 recompute, pipeline stages; mixed-precision Adam at 16 bytes per parameter).  The view only draws the
@@ -24,6 +28,13 @@ from solvers import DataKind, analytic
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
 
+def _dtype_bytes(dtype: Any) -> int:
+    key = str(dtype).replace("torch.", "")
+    if key not in _DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r}: use one of {sorted(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[key]
+
+
 def config_from(source: Any) -> analytic.TransformerConfig:
     """A `TransformerConfig` from a config, a dict/dataclass with layers, hidden, heads, seq, batch
     (vocab, dtype, dropout optional), or a GPT from examples/models.py (its modules give the sizes;
@@ -37,10 +48,7 @@ def config_from(source: Any) -> analytic.TransformerConfig:
     d = dict(source)
     dtype = d.pop("dtype", None)
     if dtype is not None:
-        key = str(dtype).replace("torch.", "")
-        if key not in _DTYPE_BYTES:
-            raise ValueError(f"dtype {dtype!r}: use one of {sorted(_DTYPE_BYTES)}")
-        d["dtype_bytes"] = _DTYPE_BYTES[key]
+        d["dtype_bytes"] = _dtype_bytes(dtype)
     if "dropout" in d and not isinstance(d["dropout"], bool):
         d["dropout"] = float(d["dropout"]) > 0
     names = {f.name for f in dataclasses.fields(analytic.TransformerConfig)}
@@ -55,30 +63,53 @@ def config_from(source: Any) -> analytic.TransformerConfig:
 
 #: TransformerConfig field -> the Hugging Face config attributes holding it (GPT-2 names, then Llama/BERT)
 _HF_NAMES = {"layers": ("n_layer", "num_hidden_layers"), "hidden": ("n_embd", "hidden_size"),
-             "heads": ("n_head", "num_attention_heads"), "vocab": ("vocab_size",)}
+             "heads": ("n_head", "num_attention_heads"), "vocab": ("vocab_size",),
+             "kv_heads": ("num_key_value_heads",)}
+_HF_OPTIONAL = ("vocab", "kv_heads")
 _HF_DROPOUT = ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout",
                "hidden_dropout_prob", "attention_probs_dropout_prob")
+#: activations whose MLP is gated in the Hugging Face models that use them (Llama, Mistral, Qwen: SwiGLU)
+_GATED_ACTS = ("silu", "swish", "swiglu")
+
+
+def is_hf_config(obj: Any) -> bool:
+    """A transformers `PretrainedConfig` (duck-typed: no transformers import)."""
+    return hasattr(obj, "to_dict") and hasattr(obj, "model_type") and not isinstance(obj, (dict, type))
 
 
 def config_from_hf(hf_config: Any, *, seq: int, batch: int, dtype: Any = None) -> analytic.TransformerConfig:
     """A `TransformerConfig` from a Hugging Face model config (GPT-2, Llama, Mistral, BERT naming) for a
     micro-batch of `batch` sequences of `seq` tokens.  The MLP width is ``intermediate_size`` / ``n_inner``
     (4 x hidden when unset); dropout is on when any of the config's dropout probabilities is positive;
-    the activation dtype is `dtype`, else the config's ``dtype`` / ``torch_dtype``, else float32.  What
-    the formula does not model (grouped-query K/V heads, a gated MLP's third matrix) is not read."""
+    the activation dtype is `dtype`, else the config's ``dtype`` / ``torch_dtype``, else float32;
+    ``num_key_value_heads`` gives grouped-query attention.  What the formula does not model (a gated
+    MLP's third matrix, an untied output layer) is not read: see `hf_notes`."""
     def first(names: tuple[str, ...]) -> Any:
         return next((getattr(hf_config, n) for n in names if getattr(hf_config, n, None) is not None), None)
 
     fields = {k: first(names) for k, names in _HF_NAMES.items()}
-    missing = sorted(k for k, v in fields.items() if v is None and k != "vocab")
+    missing = [k for k, v in fields.items() if v is None and k not in _HF_OPTIONAL]
     if missing:
-        raise ValueError(f"{type(hf_config).__name__} has none of the attributes for {missing}")
+        wanted = "; ".join(f"{k} (looked for {' or '.join(_HF_NAMES[k])})" for k in missing)
+        raise ValueError(f"{type(hf_config).__name__} lacks what the estimate needs: {wanted}")
     ffn = first(("n_inner", "intermediate_size")) or 4 * fields["hidden"]
     dtype = dtype or getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
     dropout = any(float(getattr(hf_config, n, 0) or 0) > 0 for n in _HF_DROPOUT)
     return config_from({**fields, "seq": seq, "batch": batch, "dtype": dtype, "dropout": dropout,
                         **({"ffn_mult": ffn // fields["hidden"]} if ffn % fields["hidden"] == 0
                            else {"ffn_size": ffn})})
+
+
+def hf_notes(hf_config: Any) -> list[str]:
+    """What a Hugging Face config says that `solvers.analytic` does not model, and which way it errs."""
+    notes = []
+    act = str(getattr(hf_config, "hidden_act", getattr(hf_config, "activation_function", "")) or "")
+    if act.lower() in _GATED_ACTS:
+        notes.append(f"hidden_act {act!r}: a gated MLP (SwiGLU) has a third matrix and saves more "
+                     "activations than the two-matrix MLP counted (an under-estimate)")
+    if getattr(hf_config, "tie_word_embeddings", True) is False:
+        notes.append("untied output layer: its vocab x hidden weights are not counted (an under-estimate)")
+    return notes
 
 
 def _gpt_fields(model: Any) -> dict[str, Any]:
@@ -138,17 +169,46 @@ def whatif_estimate(
     else:
         verdict = f"does not fit: {-est['headroom'] / 2**30:.2f} GiB over capacity per device"
     return {"bars": bars, "total": est["total"], "capacity": capacity, "fits": est["fits"],
-            "verdict": verdict, "estimate": est}
+            "headroom": est["headroom"], "verdict": verdict, "assumptions": est["assumptions"],
+            "estimate": est}
+
+
+#: the settings one configuration of the panel holds (a pinned one, or the controls')
+SETTING_KEYS = ("tp", "sp", "recompute", "pp", "micro_batch", "device")
+#: the most configurations a user can pin (the chart stays readable)
+MAX_PINNED = 6
+
+
+def clean_settings(raw: Any) -> dict[str, Any]:
+    """A pinned configuration from the view (untrusted): exactly `SETTING_KEYS`, with their types."""
+    if not isinstance(raw, dict) or set(raw) != set(SETTING_KEYS):
+        raise ValueError(f"a pinned configuration holds exactly {list(SETTING_KEYS)}")
+    return {"tp": int(raw["tp"]), "sp": bool(raw["sp"]), "recompute": str(raw["recompute"]),
+            "pp": int(raw["pp"]), "micro_batch": int(raw["micro_batch"]), "device": str(raw["device"])}
+
+
+def settings_label(settings: dict[str, Any]) -> str:
+    """``tp 2 · sp · selective · pp 1 · mb 4`` (the device is shown on its own)."""
+    parts = [f"tp {settings['tp']}", *(["sp"] if settings["sp"] else []),
+             f"recompute {settings['recompute']}", f"pp {settings['pp']}", f"mb {settings['micro_batch']}"]
+    return " · ".join(parts)
 
 
 class WhatIf(MemvizWidget):
-    """`WhatIf(config_or_gpt, device="h100")`: memory per device of a GPT-like training run under
-    tensor parallel degree, sequence parallel, recompute mode, pipeline stages and micro-batch."""
+    """`WhatIf(source, device="h100")`: memory per device of a GPT-like training run under tensor parallel
+    degree, sequence parallel, recompute mode, pipeline stages and micro-batch.
+
+    `source`: a Hugging Face config (``model.config``) or model (its ``.config``), with `seq` and `batch`
+    (tokens per sequence, micro-batch); a dict or dataclass of `solvers.analytic.TransformerConfig` fields
+    (``dtype`` allowed); or a GPT from examples/models.py.  `seq`, `batch` and `dtype` override the
+    source's.  `pin()` keeps the current settings for a side-by-side comparison (`comparison()`), as the
+    view's pin button does; `pinned` is the list of pinned settings, synced with the view."""
 
     _model_name = traitlets.Unicode("WhatIfModel").tag(sync=True)
     _view_name = traitlets.Unicode("WhatIfView").tag(sync=True)
 
     config_json = traitlets.Unicode("").tag(sync=True)
+    config_name = traitlets.Unicode("").tag(sync=True)
     devices_json = traitlets.Unicode("").tag(sync=True)
     tp = traitlets.Int(1).tag(sync=True)
     sp = traitlets.Bool(False).tag(sync=True)
@@ -158,14 +218,21 @@ class WhatIf(MemvizWidget):
     device = traitlets.Unicode("h100").tag(sync=True)
     result_json = traitlets.Unicode("").tag(sync=True)
     error = traitlets.Unicode("").tag(sync=True)
+    #: pinned configurations' settings (`SETTING_KEYS`); the view adds and removes entries
+    pinned = traitlets.List(traitlets.Dict()).tag(sync=True)
+    #: the kernel's answer: one row per pinned configuration (`comparison()`'s rows, with the bars)
+    compare_json = traitlets.Unicode("[]").tag(sync=True)
+    max_pinned = traitlets.Int(MAX_PINNED, read_only=True).tag(sync=True)
 
-    def __init__(self, source: Any, *, device: str = "h100", **kwargs: Any) -> None:
+    def __init__(self, source: Any, *, seq: int | None = None, batch: int | None = None, dtype: Any = None,
+                 device: str = "h100", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.config = config_from(source)
+        self.config, name, self.notes = _resolve(source, seq, batch, dtype)
         self._devices = device_presets()
         if device not in self._devices:
             raise ValueError(f"device {device!r}: choose one of {sorted(self._devices)}")
         self.config_json = json.dumps(dataclasses.asdict(self.config))
+        self.config_name = name
         self.devices_json = json.dumps(self._devices)
         with self.hold_trait_notifications():
             self.micro_batch = self.config.batch
@@ -176,16 +243,60 @@ class WhatIf(MemvizWidget):
     def from_config(cls, hf_config: Any, *, seq: int, batch: int, dtype: Any = None, device: str = "h100",
                     **kwargs: Any) -> WhatIf:
         """The panel for a Hugging Face config (`config_from_hf`), e.g. ``LlamaConfig.from_pretrained(...)``
-        or ``model.config``, at `seq` tokens and micro-batch `batch`."""
-        return cls(config_from_hf(hf_config, seq=seq, batch=batch, dtype=dtype), device=device, **kwargs)
+        or ``model.config``, at `seq` tokens and micro-batch `batch` (as ``WhatIf(hf_config, ...)``)."""
+        return cls(hf_config, seq=seq, batch=batch, dtype=dtype, device=device, **kwargs)
 
     def settings(self) -> dict[str, Any]:
         return {"tp": self.tp, "sp": self.sp, "recompute": self.recompute, "pp": self.pp,
                 "micro_batch": self.micro_batch}
 
+    def pin(self) -> None:
+        """Keep the current settings (and device) next to the ones still to come."""
+        if len(self.pinned) >= MAX_PINNED:
+            raise ValueError(f"at most {MAX_PINNED} pinned configurations: unpin one first")
+        self.pinned = [*self.pinned, {**self.settings(), "device": self.device}]
+
+    def unpin(self, index: int) -> None:
+        """Drop pinned configuration `index` (0-based, in pinning order)."""
+        self.pinned = [p for i, p in enumerate(self.pinned) if i != index]
+
+    def comparison(self) -> list[dict[str, Any]]:
+        """One row per pinned configuration, then the current one: name, settings, device, total,
+        capacity, headroom (bytes per device), fits, verdict, error."""
+        current = self._row("current", {**self.settings(), "device": self.device})
+        rows = [*json.loads(self.compare_json), current]
+        return [{k: v for k, v in row.items() if k != "bars"} for row in rows]
+
     @traitlets.observe("tp", "sp", "recompute", "pp", "micro_batch", "device")
     def _on_change(self, change: dict[str, Any]) -> None:
         self._update()
+
+    @traitlets.observe("pinned")
+    def _on_pinned(self, change: dict[str, Any]) -> None:
+        self._answer_pinned()
+
+    def _row(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+        row: dict[str, Any] = {"name": name, "settings": settings, "label": settings_label(settings),
+                               "device": settings["device"]}
+        try:
+            if settings["device"] not in self._devices:
+                raise ValueError(f"device {settings['device']!r}: choose one of {sorted(self._devices)}")
+            result = whatif_estimate(self.config, settings, self._devices[settings["device"]])
+        except (ValueError, TypeError) as exc:
+            return {**row, "error": str(exc)}
+        return {**row, **{k: result[k] for k in ("bars", "total", "capacity", "headroom", "fits", "verdict")},
+                "error": ""}
+
+    def _answer_pinned(self) -> None:
+        rows = []
+        for i, raw in enumerate(self.pinned):
+            try:
+                if i >= MAX_PINNED:
+                    raise ValueError(f"at most {MAX_PINNED} pinned configurations")
+                rows.append(self._row(f"pinned {i + 1}", clean_settings(raw)))
+            except (ValueError, TypeError, KeyError) as exc:  # a malformed entry from the view
+                rows.append({"name": f"pinned {i + 1}", "label": "", "device": "", "error": str(exc)})
+        self.compare_json = json.dumps(rows)
 
     def _update(self) -> None:
         try:
@@ -196,8 +307,33 @@ class WhatIf(MemvizWidget):
         self.error = ""
         self.result = result
         view = {k: v for k, v in result.items() if k != "estimate"}
-        view["device"] = self.device
+        settings = {**self.settings(), "device": self.device}
+        view.update(name="current", settings=settings, label=settings_label(settings), device=self.device)
+        view["assumptions"] = [*result["assumptions"],
+                               *({"name": "not modelled", "value": n} for n in self.notes)]
         self.result_json = json.dumps(view)
+
+
+def _resolve(source: Any, seq: int | None, batch: int | None,
+             dtype: Any) -> tuple[analytic.TransformerConfig, str, list[str]]:
+    """The config, a display name and the not-modelled notes of whatever `WhatIf` was given."""
+    if not is_hf_config(source) and is_hf_config(getattr(source, "config", None)):
+        source = source.config  # a Hugging Face PreTrainedModel
+    if is_hf_config(source):
+        lacking = [f"{n}= ({what})" for n, v, what in (("seq", seq, "tokens per sequence"),
+                                                        ("batch", batch, "micro-batch")) if v is None]
+        if lacking:
+            raise ValueError(f"WhatIf({type(source).__name__}) needs {' and '.join(lacking)}: a Hugging Face "
+                             "config does not hold them")
+        name = str(getattr(source, "name_or_path", "") or getattr(source, "model_type", "") or "")
+        return (config_from_hf(source, seq=int(seq), batch=int(batch), dtype=dtype),  # type: ignore[arg-type]
+                name or type(source).__name__, hf_notes(source))
+    cfg = config_from(source)
+    overrides = {k: v for k, v in (("seq", seq), ("batch", batch)) if v is not None}
+    if dtype is not None:
+        overrides["dtype_bytes"] = _dtype_bytes(dtype)
+    name = type(source).__name__ if hasattr(source, "modules") else ""  # a model's class; a dict has no name
+    return dataclasses.replace(cfg, **overrides), name, []
 
 
 # --- the formula against a recorded rank (issue 20 item 5) -----------------------------------------------

@@ -50,6 +50,14 @@ from typing import Any, Literal
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
+#: Mixed-precision Adam's bytes per parameter (Korthikanti et al. Sec. 1; ZeRO's "16 bytes"): 16-bit weights
+#: and gradients, and what the optimizer keeps in fp32.  `estimate_memory`'s defaults; the what-if panel
+#: shows these entries, never its own copy.
+PARAM_BYTES = 2
+GRAD_BYTES = 2
+OPTIMIZER_STATE_BYTES: dict[str, int] = {"fp32 master weights": 4, "fp32 Adam first moment": 4,
+                                         "fp32 Adam second moment": 4}
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -61,7 +69,9 @@ class TransformerConfig:
     ``dropout_mask_bytes`` what one dropout-mask element costs (1 in Megatron, 2 for PyTorch's bf16
     dropout on CPU); ``dropout=False`` models dropout-free layers (no masks stored);
     ``logits_bytes`` the dtype of the cross-entropy logits (fp32 in the paper); ``vocab`` enables
-    the embedding and output-layer terms.
+    the embedding and output-layer terms; ``kv_heads`` the key/value heads of grouped-query attention
+    (Ainslie et al. 2023; Megatron's ``num_query_groups``: K and V are ``kv_heads/heads`` as wide as Q),
+    None for one per query head.
     """
 
     layers: int
@@ -76,6 +86,7 @@ class TransformerConfig:
     dropout: bool = True
     logits_bytes: int = 4
     ffn_size: int | None = None
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes"):
@@ -92,10 +103,20 @@ class TransformerConfig:
                 f"hidden ({self.hidden}) must be divisible by heads ({self.heads}): each head gets "
                 "hidden/heads channels"
             )
+        if self.kv_heads is not None:
+            _check_positive_int("kv_heads", self.kv_heads)
+            if self.heads % self.kv_heads:
+                raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads}): "
+                                 "each key/value head serves a group of query heads")
 
     @property
     def ffn_hidden(self) -> int:
         return self.ffn_size if self.ffn_size is not None else self.ffn_mult * self.hidden
+
+    @property
+    def kv_width(self) -> int:
+        """Channels of K (and of V): ``hidden`` without grouped-query attention."""
+        return self.hidden if self.kv_heads is None else self.kv_heads * (self.hidden // self.heads)
 
 
 @dataclass(frozen=True)
@@ -128,13 +149,14 @@ def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, 
     """
     s, b, h, a = cfg.seq, cfg.batch, cfg.hidden, cfg.heads
     sbh, scores, ffn = s * b * h, a * s * s * b, s * b * cfg.ffn_hidden
+    sbg = s * b * cfg.kv_width  # K and V: narrower than Q under grouped-query attention
     d, m = cfg.dtype_bytes, cfg.dropout_mask_bytes
     T = ActivationTensor
     tensors = [
         T("ln1.input", "layernorm", sbh, d, False),
         T("qkv.input", "attention", sbh, d, False),
         T("attention.q", "attention", sbh, d, True),
-        T("attention.k", "attention", sbh, d, True),
+        T("attention.k", "attention", sbg, d, True),
         T("attention.softmax_output", "attention", scores, d, True, attention_core=True),
     ]
     if cfg.dropout:
@@ -145,7 +167,7 @@ def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, 
             T("attention.dropout_output", "attention", scores, d, True, attention_core=True),
         ]
     tensors += [
-        T("attention.v", "attention", sbh, d, True),
+        T("attention.v", "attention", sbg, d, True),
         T("proj.input", "attention", sbh, d, True),
     ]
     if cfg.dropout:
@@ -252,12 +274,14 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
     two row-parallel biases): ``12h^2 + 13h`` in total for ``f = 4h``.  The first stage also holds the
     vocabulary-parallel word embedding ``vh/t`` and learned positions ``sh``; with ``pp == 1`` it is
     also the last stage and holds the final LayerNorm (the output layer is tied to the embedding).
+    With grouped-query attention (K and V ``g`` = `kv_width` channels wide) the QKV weight and bias are
+    ``h(h + 2g)`` and ``h + 2g``.
     """
     _check_parallel(cfg, tp, False)
     in_flight_layers(cfg.layers, pp)  # validates pp
-    h, f = cfg.hidden, cfg.ffn_hidden
-    # h and f are multiples of tp (checked), so the sharded count divides exactly.
-    sharded, replicated = 4 * h * h + 2 * h * f + 3 * h + f, 6 * h
+    h, f, g = cfg.hidden, cfg.ffn_hidden, cfg.kv_width
+    # h, f and g are multiples of tp (checked), so the sharded count divides exactly.
+    sharded, replicated = h * (h + 2 * g) + h * h + 2 * h * f + h + 2 * g + f, 6 * h
     per_layer = sharded // tp + replicated
     count = (cfg.layers // pp) * per_layer
     if cfg.vocab is not None:
@@ -280,9 +304,9 @@ def estimate_memory(
     device_capacity_bytes: int | None = None,
     *,
     interleave: int = 1,
-    param_bytes: int = 2,
-    grad_bytes: int = 2,
-    optimizer_bytes: int = 12,
+    param_bytes: int = PARAM_BYTES,
+    grad_bytes: int = GRAD_BYTES,
+    optimizer_bytes: int = sum(OPTIMIZER_STATE_BYTES.values()),
 ) -> dict[str, Any]:
     """Per-device memory of the first pipeline stage of a mixed-precision training run (the what-if panel).
 
@@ -298,7 +322,8 @@ def estimate_memory(
     ``output_activations``, ``activations`` (their sum), ``parameter_count``, ``parameters``,
     ``gradients``, ``optimizer``, ``total``, ``by_category`` (the same split under the timeline
     category names of `solvers.CATEGORIES`), ``capacity`` (None when not given), ``fits`` (None when
-    no capacity), ``headroom`` (capacity - total, or None) and the echoed settings.
+    no capacity), ``headroom`` (capacity - total, or None), ``assumptions`` (`assumptions`) and the
+    echoed settings.
     """
     per_param = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
     for name, value in per_param.items():
@@ -342,7 +367,95 @@ def estimate_memory(
         "capacity": device_capacity_bytes,
         "fits": None if device_capacity_bytes is None else total <= device_capacity_bytes,
         "headroom": None if device_capacity_bytes is None else device_capacity_bytes - total,
+        "assumptions": assumptions(cfg, tp, sp, recompute, pp, interleave=interleave, param_bytes=param_bytes,
+                                   grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes),
     }
+
+
+def activation_formula(
+    cfg: TransformerConfig, tp: int = 1, sp: bool = False, recompute: Recompute = "none"
+) -> str:
+    """The per-layer formula `layer_activation_breakdown` sums, written out from its own tensors
+    (Korthikanti et al. Sec. 4.1-4.2, Sec. 5), e.g. ``sbh(10 + 24/t) + 5as^2b/t`` for tensor parallelism
+    in 16-bit with 1-byte masks, or ``34sbh + 5as^2b`` unsharded: coefficients of ``sbh`` and ``as^2b``
+    in bytes, ``/t`` on the terms one device holds a 1/t share of."""
+    _check_parallel(cfg, tp, sp)
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    kept = set(layer_activation_breakdown(cfg, tp, sp, recompute))
+    sbh, scores = cfg.seq * cfg.batch * cfg.hidden, cfg.heads * cfg.seq * cfg.seq * cfg.batch
+    # (unit, split over t) -> coefficient in bytes; gelu/fc2 inputs are s*b*ffn elements: f/h of sbh
+    coef: dict[tuple[str, bool], Fraction] = {}
+    for t in layer_activation_tensors(cfg):
+        if t.name not in kept:
+            continue
+        unit = "as^2b" if t.attention_core else "sbh"
+        key = (unit, tp > 1 and (t.tensor_parallel or sp))
+        coef[key] = coef.get(key, Fraction(0)) + Fraction(t.bytes, scores if t.attention_core else sbh)
+
+    def num(f: Fraction) -> str:
+        return str(f.numerator) if f.denominator == 1 else f"{float(f):g}"
+
+    def unit_term(unit: str) -> str:
+        whole, split = coef.get((unit, False)), coef.get((unit, True))
+        if whole and split:
+            return f"{unit}({num(whole)} + {num(split)}/t)"
+        if split:
+            return f"{num(split)}{unit}/t"
+        return f"{num(whole)}{unit}" if whole else ""
+
+    return " + ".join(term for term in (unit_term("sbh"), unit_term("as^2b")) if term)
+
+
+def assumptions(
+    cfg: TransformerConfig,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: Recompute = "none",
+    pp: int = 1,
+    *,
+    interleave: int = 1,
+    param_bytes: int = PARAM_BYTES,
+    grad_bytes: int = GRAD_BYTES,
+    optimizer_bytes: int = sum(OPTIMIZER_STATE_BYTES.values()),
+) -> list[dict[str, str]]:
+    """What `estimate_memory` assumes, as ``{"name", "value"}`` rows for a reader (the what-if panel
+    shows them as text): bytes per value and per parameter, the activation formula (`activation_formula`)
+    and how the vocabulary is counted (Korthikanti et al. Sec. 4.3; the output layer tied to the
+    embedding, Megatron's default)."""
+    default_optimizer = optimizer_bytes == sum(OPTIMIZER_STATE_BYTES.values())
+    optimizer = (" + ".join(f"{v} ({k})" for k, v in OPTIMIZER_STATE_BYTES.items()) if default_optimizer
+                 else "given by the caller")
+    masks = (f"{cfg.dropout_mask_bytes} B per element" if cfg.dropout else "none (no dropout)")
+    if cfg.vocab is None:
+        vocab = "no vocabulary given: embedding, output layer and logits are not counted"
+    else:
+        where = ("this stage is also the last one: final norm input, output-layer input and logits counted"
+                 if pp == 1 else "the output layer and logits live on the last stage, not on this first one")
+        vocab = (f"vocab {cfg.vocab}: vocabulary-parallel word embedding (v h / t parameters) tied to the "
+                 f"output layer, learned positions (s h); logits {cfg.logits_bytes} B per value, split over "
+                 f"t; {where}")
+    if pp == 1:
+        in_flight = "L layers"
+    elif interleave == 1:
+        in_flight = "L layers (1F1B: L/p layers x p micro-batches in flight)"
+    else:
+        in_flight = f"L (1 + (p - 1)/(p m)) layers (interleaved 1F1B, m = {interleave} chunks per device)"
+    return [
+        {"name": "activation dtype", "value": f"{cfg.dtype_bytes} B per value"},
+        {"name": "parameters", "value": f"{param_bytes} B per parameter"},
+        {"name": "gradients", "value": f"{grad_bytes} B per parameter"},
+        {"name": "optimizer state", "value": f"{optimizer_bytes} B per parameter = {optimizer}"},
+        {"name": "dropout masks", "value": masks},
+        {"name": "activations per layer",
+         "value": f"{activation_formula(cfg, tp, sp, recompute)} (Korthikanti et al. Sec. 4-5; "
+                  f"recompute {recompute}), times {in_flight}"},
+        {"name": "attention", "value": f"{cfg.heads} query heads, "
+         + ("K and V as wide as Q" if cfg.kv_heads is None else
+            f"{cfg.kv_heads} key/value heads (grouped-query: K, V and their weights {cfg.kv_width} wide)")},
+        {"name": "MLP", "value": f"inner size {cfg.ffn_hidden}, two matrices"},
+        {"name": "vocabulary", "value": vocab},
+    ]
 
 
 def fits(
@@ -405,6 +518,9 @@ def _check_parallel(cfg: TransformerConfig, tp: int, sp: bool) -> None:
         raise TypeError(f"sp must be a bool, got {sp!r}")
     if cfg.heads % tp:
         raise ValueError(f"heads ({cfg.heads}) must be divisible by the tensor-parallel degree tp ({tp})")
+    if cfg.kv_heads is not None and cfg.kv_heads % tp:
+        raise ValueError(f"kv_heads ({cfg.kv_heads}) must be divisible by the tensor-parallel degree tp "
+                         f"({tp})")
     if cfg.ffn_hidden % tp:
         raise ValueError(f"the MLP inner size ({cfg.ffn_hidden}) must be divisible by tp ({tp})")
     if sp and cfg.seq % tp:

@@ -385,3 +385,30 @@ def test_gpt_layer_profile_graph_matches_cpu_formula(device):
     cfg = TransformerConfig(layers=1, hidden=h, heads=a, seq=s, batch=b, dropout_mask_bytes=2)
     assert sum(measured) == 36 * s * b * h + 6 * a * s * s * b == activation_bytes_per_layer(cfg)
     assert measured == sorted(t.bytes for t in layer_activation_tensors(cfg))
+
+
+def test_grouped_query_attention_narrows_k_v_and_their_weights():
+    """K and V are kv_heads/heads as wide as Q (activations and QKV weights); kv_heads=heads is plain MHA."""
+    from solvers import analytic
+
+    base = analytic.TransformerConfig(layers=4, hidden=64, heads=8, seq=32, batch=2, vocab=128)
+    gqa = replace(base, kv_heads=2)
+    assert replace(base, kv_heads=8).kv_width == base.kv_width == 64
+    mha = replace(base, kv_heads=8)
+    assert analytic.estimate_memory(mha)["total"] == analytic.estimate_memory(base)["total"]
+    s, b, h, g, d = 32, 2, 64, 16, 2
+    full, narrow = analytic.layer_activation_breakdown(base), analytic.layer_activation_breakdown(gqa)
+    assert (narrow["attention.k"], narrow["attention.v"]) == (s * b * g * d, s * b * g * d)
+    assert {k: v for k, v in narrow.items() if k not in ("attention.k", "attention.v")} == {
+        k: v for k, v in full.items() if k not in ("attention.k", "attention.v")}
+    # QKV weight h(h + 2g) and bias h + 2g instead of 3h^2 and 3h, per layer
+    per_layer_saving = (3 * h * h + 3 * h) - (h * (h + 2 * g) + h + 2 * g)
+    assert (analytic.parameter_count_per_device(base) - analytic.parameter_count_per_device(gqa)
+            == 4 * per_layer_saving)
+    assert (analytic.parameter_count_per_device(base, tp=2) - analytic.parameter_count_per_device(gqa, tp=2)
+            == 4 * per_layer_saving // 2)
+    assert analytic.activation_formula(replace(gqa, dropout=False)) == "29sbh + 2as^2b"
+    with pytest.raises(ValueError, match="kv_heads"):
+        analytic.estimate_memory(gqa, tp=4)
+    with pytest.raises(ValueError, match="divisible by kv_heads"):
+        replace(base, kv_heads=3)

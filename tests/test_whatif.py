@@ -66,6 +66,7 @@ def test_config_from_example_gpt():
     cfg = config_from(model)
     assert (cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.vocab, cfg.dtype_bytes, cfg.dropout) == (
         2, 32, 4, 16, 64, 4, True)
+    assert (WhatIf(model, seq=8, batch=3).config.seq, WhatIf(model, batch=3).micro_batch) == (8, 3)
 
 
 def _hf():
@@ -95,6 +96,127 @@ def test_from_hugging_face_configs():
     w.tp, w.sp = 8, True
     want = analytic.estimate_memory(cfg, tp=8, sp=True, device_capacity_bytes=TARGETS["h100"].capacity_bytes)
     assert json.loads(w.result_json)["total"] == want["total"]
+
+
+def test_hugging_face_config_or_model_directly():
+    """`WhatIf(model.config, seq=, batch=)` and `WhatIf(model)` read the same sizes as `from_config`;
+    the panel names what the formula does not model for these configs."""
+    tf = _hf()
+    gpt2 = tf.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, name_or_path="<img src=x>tiny")
+    w = WhatIf(gpt2, seq=32, batch=2, dtype="bf16")
+    assert w.config == WhatIf.from_config(gpt2, seq=32, batch=2, dtype="bf16").config
+    c = w.config
+    assert (c.layers, c.hidden, c.heads, c.vocab, c.seq) == (2, 64, 4, 128, 32)
+    assert w.config_name == "<img src=x>tiny" and w.notes == []
+
+    llama = tf.LlamaConfig(hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=8,
+                           num_key_value_heads=2, vocab_size=256)
+    model = tf.LlamaForCausalLM(llama)  # random init, no download
+    w = WhatIf(model, seq=16, batch=1)
+    assert w.config == WhatIf(llama, seq=16, batch=1).config
+    assert (w.config.heads, w.config.kv_heads, w.config.ffn_size, w.config.dropout) == (8, 2, 172, False)
+    assert w.config_name == "llama"
+    notes = " ".join(w.notes)
+    assert "gated MLP" in notes and "untied output layer" in notes
+    rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
+    assert "2 key/value heads" in rows["attention"]
+    shown = [r["value"] for r in json.loads(w.result_json)["assumptions"] if r["name"] == "not modelled"]
+    assert shown == w.notes
+
+    mistral = tf.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    w = WhatIf(mistral, seq=16, batch=1, dtype="bf16", device="a100-80gb")
+    assert (w.config.ffn_hidden, w.config.dtype_bytes) == (128, 2)
+    want = analytic.estimate_memory(w.config, device_capacity_bytes=TARGETS["a100-80gb"].capacity_bytes)
+    assert json.loads(w.result_json)["total"] == want["total"]
+
+    with pytest.raises(ValueError, match=r"needs seq= \(tokens per sequence\) and batch="):
+        WhatIf(llama)
+    with pytest.raises(ValueError, match=r"needs batch="):
+        WhatIf(model, seq=16)
+    bare = tf.PretrainedConfig(hidden_size=64)
+    with pytest.raises(ValueError, match=r"lacks .*layers \(looked for n_layer or num_hidden_layers\)"):
+        WhatIf(bare, seq=16, batch=1)
+
+
+def test_pinned_configurations_answered_by_the_kernel():
+    w = WhatIf(CFG, device="a100-40gb")
+    w.pin()
+    w.tp = 4
+    w.device = "v100-16gb"
+    w.pin()
+    w.tp, w.recompute = 8, "full"
+    rows = w.comparison()
+    assert [r["name"] for r in rows] == ["pinned 1", "pinned 2", "current"]
+    assert [r["settings"]["tp"] for r in rows] == [1, 4, 8]
+    assert [r["device"] for r in rows] == ["a100-40gb", "v100-16gb", "v100-16gb"]
+    for row in rows:
+        s = row["settings"]
+        cfg = analytic.TransformerConfig(layers=24, hidden=2048, heads=16, seq=2048, batch=s["micro_batch"],
+                                         vocab=50304)
+        cap = TARGETS[s["device"]].capacity_bytes
+        want = analytic.estimate_memory(cfg, tp=s["tp"], sp=s["sp"], recompute=s["recompute"], pp=s["pp"],
+                                        device_capacity_bytes=cap)
+        assert (row["total"], row["capacity"], row["headroom"], row["fits"]) == (
+            want["total"], cap, want["headroom"], want["fits"])
+    assert rows[0]["fits"] is False and rows[2]["fits"] is True
+    # the view's state is the model's: what it draws is what compare_json holds, bars included
+    drawn = json.loads(w.compare_json)
+    assert len(drawn) == 2 and sum(b["bytes"] for b in drawn[1]["bars"]) == rows[1]["total"]
+    w.unpin(0)
+    assert [r["settings"]["tp"] for r in w.comparison()] == [4, 8]
+    assert repr(w).startswith("WhatIf(")  # what displaying it calls (ipywidgets' own _compare unharmed)
+    assert w.pinned == [{"tp": 4, "sp": False, "recompute": "none", "pp": 1, "micro_batch": 4,
+                         "device": "v100-16gb"}]
+
+
+def test_pinned_entries_from_the_view_are_checked():
+    w = WhatIf(CFG)
+    good = {"tp": 2, "sp": True, "recompute": "selective", "pp": 1, "micro_batch": 2, "device": "h100"}
+    w.pinned = [good, {**good, "tp": 3}, {**good, "device": "<script>"}, {**good, "extra": "x"}]
+    rows = json.loads(w.compare_json)
+    assert rows[0]["error"] == "" and rows[0]["fits"] is True
+    assert "divisible" in rows[1]["error"] and "bars" not in rows[1]
+    assert "choose one of" in rows[2]["error"]
+    assert "holds exactly" in rows[3]["error"]
+    w.pinned = [good] * (w.max_pinned + 1)
+    assert "at most" in json.loads(w.compare_json)[-1]["error"]
+    w.pinned = [good] * w.max_pinned
+    with pytest.raises(ValueError, match="at most"):
+        w.pin()
+
+
+def test_assumptions_come_from_analytic():
+    w = WhatIf(CFG)
+    rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
+    per_param = analytic.PARAM_BYTES + analytic.GRAD_BYTES + sum(analytic.OPTIMIZER_STATE_BYTES.values())
+    est = w.result["estimate"]
+    assert est["parameters"] + est["gradients"] + est["optimizer"] == per_param * est["parameter_count"]
+    optimizer = sum(analytic.OPTIMIZER_STATE_BYTES.values())
+    assert rows["optimizer state"].startswith(f"{optimizer} B per parameter")
+    assert all(k in rows["optimizer state"] for k in analytic.OPTIMIZER_STATE_BYTES)
+    assert rows["activation dtype"] == "2 B per value"
+    assert rows["activations per layer"].startswith("34sbh + 5as^2b")
+    assert "vocab 50304" in rows["vocabulary"] and "tied" in rows["vocabulary"]
+    w.tp, w.sp, w.recompute, w.pp = 2, True, "selective", 2
+    rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
+    assert rows["activations per layer"].startswith("34sbh/t ")
+    assert "last stage" in rows["vocabulary"]
+
+
+@pytest.mark.parametrize(
+    "tp,sp,recompute,dropout,mask,want",
+    [(1, False, "none", True, 1, "34sbh + 5as^2b"), (4, False, "none", True, 1, "sbh(10 + 24/t) + 5as^2b/t"),
+     (4, True, "none", True, 1, "34sbh/t + 5as^2b/t"), (4, False, "selective", True, 1, "sbh(10 + 24/t)"),
+     (4, True, "selective", True, 1, "34sbh/t"), (1, False, "full", True, 1, "2sbh"),
+     (4, True, "full", True, 1, "2sbh/t"), (1, False, "none", True, 2, "36sbh + 6as^2b"),
+     (1, False, "none", False, 1, "32sbh + 2as^2b")],
+)
+def test_activation_formula_is_the_papers_table(tp, sp, recompute, dropout, mask, want):
+    """Korthikanti et al.'s table (DESIGN.md), written out from the tensor list the estimate sums."""
+    cfg = analytic.TransformerConfig(layers=2, hidden=64, heads=8, seq=32, batch=2, dropout=dropout,
+                                     dropout_mask_bytes=mask)
+    assert analytic.activation_formula(cfg, tp, sp, recompute) == want
 
 
 def test_formula_next_to_a_captured_tensor_parallel_rank():

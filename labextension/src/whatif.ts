@@ -1,12 +1,23 @@
 /**
  * The transformer what-if widget (Python side memviz/whatif.py).  Controls write tp, sp, recompute,
  * pp, micro_batch and device; the kernel answers with `result_json` (bytes per category from
- * solvers.analytic, capacity, verdict) and this view draws it as a stacked bar against the capacity.
+ * solvers.analytic, capacity, verdict, the estimate's assumptions).  "Pin" appends the current settings
+ * to the synced `pinned` list, which the kernel answers in `compare_json`; the view draws the pinned
+ * configurations and the current one side by side (a stacked bar each against its capacity) with a
+ * table, and keeps no state of its own: a re-rendered view shows the same pins.
  */
 import { DOMWidgetModel, DOMWidgetView, ISerializers } from '@jupyter-widgets/base';
 
 import { element, loadPlotly, observeTheme, themeColors, widgetDefaults } from './ui';
-import { parseWhatIf, whatIfFigure } from './whatif_data';
+import {
+  WhatIfResult,
+  WhatIfRow,
+  WhatIfSettings,
+  compareFigure,
+  comparisonCells,
+  parseComparison,
+  parseWhatIf
+} from './whatif_data';
 
 export class WhatIfModel extends DOMWidgetModel {
   defaults(): Backbone.ObjectHash {
@@ -22,7 +33,11 @@ export class WhatIfModel extends DOMWidgetModel {
       micro_batch: 1,
       device: 'h100',
       result_json: '',
-      error: ''
+      error: '',
+      config_name: '',
+      pinned: [],
+      compare_json: '[]',
+      max_pinned: 0
     };
   }
 
@@ -44,6 +59,10 @@ export class WhatIfView extends DOMWidgetView {
   private readonly _verdict = element('div', 'jp-memviz-whatif-verdict');
   private readonly _error = element('div', 'jp-memviz-whatif-error');
   private readonly _plot = element('div', 'jp-memviz-whatif-plot');
+  private readonly _pin = element('button', 'jp-memviz-whatif-pin jp-mod-styled', 'pin this configuration');
+  private readonly _table = element('table', 'jp-memviz-whatif-compare');
+  private readonly _assumptions = element('details', 'jp-memviz-whatif-assumptions');
+  private _current: WhatIfResult | null = null;
   private _stopTheme: (() => void) | null = null;
   private _generation = 0;
 
@@ -68,18 +87,30 @@ export class WhatIfView extends DOMWidgetView {
       label('recompute', this._recompute),
       label('pipeline stages', this._pp),
       label('micro-batch', this._micro),
-      label('device', this._device)
+      label('device', this._device),
+      this._pin
     );
+    this._pin.addEventListener('click', () => this._pinCurrent());
+    this._assumptions.open = true;
     this._tp.addEventListener('change', () => this._send({ tp: Number(this._tp.value) }));
     this._sp.addEventListener('change', () => this._send({ sp: this._sp.checked }));
     this._recompute.addEventListener('change', () => this._send({ recompute: this._recompute.value }));
     this._pp.addEventListener('change', () => this._send({ pp: Number(this._pp.value) }));
     this._micro.addEventListener('change', () => this._send({ micro_batch: Number(this._micro.value) }));
     this._device.addEventListener('change', () => this._send({ device: this._device.value }));
-    this.el.append(this._config, controls, this._verdict, this._error, this._plot);
+    this.el.append(
+      this._config,
+      controls,
+      this._verdict,
+      this._error,
+      this._plot,
+      this._table,
+      this._assumptions
+    );
 
     this.listenTo(this.model, 'change', this._settingsChanged);
     this.listenTo(this.model, 'change:result_json', this._resultChanged);
+    this.listenTo(this.model, 'change:compare_json', this._draw);
     this._stopTheme = observeTheme(() => void this._resultChanged());
     this._settingsChanged();
     this._resultChanged();
@@ -93,6 +124,23 @@ export class WhatIfView extends DOMWidgetView {
   private _send(values: Record<string, unknown>): void {
     this.model.set(values);
     this.touch();
+  }
+
+  /** Pins the kernel's current settings (not the controls': they may hold a rejected value). */
+  private _pinCurrent(): void {
+    const settings = this._current?.settings;
+    if (!settings) {
+      return;
+    }
+    this._send({ pinned: [...this._pinned(), { ...settings }] });
+  }
+
+  private _pinned(): WhatIfSettings[] {
+    return (this.model.get('pinned') as WhatIfSettings[] | undefined) ?? [];
+  }
+
+  private _unpin(index: number): void {
+    this._send({ pinned: this._pinned().filter((_, i) => i !== index) });
   }
 
   private _settingsChanged(): void {
@@ -117,10 +165,15 @@ export class WhatIfView extends DOMWidgetView {
     const config = this.model.get('config_json') as string;
     if (config) {
       const c = JSON.parse(config) as Record<string, unknown>;
-      this._config.textContent = ['layers', 'hidden', 'heads', 'seq', 'vocab']
-        .map(k => `${k} ${String(c[k])}`)
-        .join(' · ');
+      // the name comes from a user's config (name_or_path): text only
+      const name = String(this.model.get('config_name') ?? '');
+      this._config.textContent = [
+        ...(name ? [name] : []),
+        ...['layers', 'hidden', 'heads', 'seq', 'vocab'].map(k => `${k} ${String(c[k])}`)
+      ].join(' · ');
     }
+    this._pin.disabled =
+      !this._current || error !== '' || this._pinned().length >= Number(this.model.get('max_pinned'));
   }
 
   private async _resultChanged(): Promise<void> {
@@ -137,7 +190,67 @@ export class WhatIfView extends DOMWidgetView {
     }
     this._verdict.textContent = result.verdict;
     this._verdict.dataset.fits = String(result.fits);
-    const fig = whatIfFigure(result, themeColors(this.el));
+    this._current = result;
+    this._settingsChanged();
+    this._showAssumptions(result.assumptions);
+    await this._draw();
+  }
+
+  private _showAssumptions(rows: { name: string; value: string }[]): void {
+    const list = element('dl', 'jp-memviz-whatif-assumption-list');
+    for (const r of rows) {
+      list.append(element('dt', '', r.name), element('dd', '', r.value));
+    }
+    this._assumptions.replaceChildren(
+      element('summary', '', 'assumptions of the estimate (solvers.analytic)'),
+      list
+    );
+  }
+
+  /** The pinned rows from the kernel, then the current (last valid) estimate. */
+  private _rows(): WhatIfRow[] {
+    let pinned: WhatIfRow[] = [];
+    try {
+      pinned = parseComparison(JSON.parse(String(this.model.get('compare_json') || '[]')));
+    } catch (err) {
+      this._error.textContent = `memviz: cannot draw the pinned configurations: ${(err as Error).message}`;
+    }
+    return this._current ? [...pinned, this._current] : pinned;
+  }
+
+  private _fillTable(rows: WhatIfRow[]): void {
+    const head = element('tr', '');
+    for (const h of ['', 'settings', 'device', 'total per device', 'capacity', 'headroom', 'verdict', '']) {
+      head.append(element('th', '', h));
+    }
+    const body = rows.map((r, i) => {
+      const tr = element('tr', 'jp-memviz-whatif-row');
+      tr.dataset.fits = String(r.error ? false : r.fits);
+      for (const cell of comparisonCells(r)) {
+        tr.append(element('td', '', cell));
+      }
+      const action = element('td', '');
+      if (r !== this._current) {
+        const remove = element('button', 'jp-memviz-whatif-unpin jp-mod-styled', 'remove');
+        remove.title = `unpin ${r.name}`;
+        remove.addEventListener('click', () => this._unpin(i));
+        action.append(remove);
+      }
+      tr.append(action);
+      return tr;
+    });
+    this._table.replaceChildren(element('thead', ''), element('tbody', ''));
+    this._table.tHead?.append(head);
+    this._table.tBodies[0].append(...body);
+  }
+
+  private async _draw(): Promise<void> {
+    const rows = this._rows();
+    this._fillTable(rows);
+    if (rows.length === 0) {
+      return;
+    }
+    const fig = compareFigure(rows, themeColors(this.el));
     // Answers can arrive while plotly is still loading: only the latest one draws.
     const generation = ++this._generation;
     const Plotly = await loadPlotly();

@@ -1,17 +1,44 @@
 /**
- * Pure data transforms of the transformer what-if panel.  Every byte count comes from the kernel
- * (memviz/whatif.py over solvers.analytic); nothing here computes memory, it only lays out the bars.
+ * Pure data transforms of the transformer what-if panel.  Every byte count, verdict and assumption comes
+ * from the kernel (memviz/whatif.py over solvers.analytic); nothing here computes memory, it only lays out
+ * the bars of the pinned configurations and the current one side by side, and the comparison table.
  */
 import { ThemeColors, themedAxis, themedLayout } from './theme';
 import { escapeHtml } from './transforms';
 
-export interface WhatIfResult {
+/** The settings of one configuration, as the kernel's `pinned` trait holds them. */
+export interface WhatIfSettings {
+  tp: number;
+  sp: boolean;
+  recompute: string;
+  pp: number;
+  micro_batch: number;
+  device: string;
+}
+
+/** One configuration's estimate (a pinned one from `compare_json`, or the current one from `result_json`). */
+export interface WhatIfRow {
+  name: string;
+  label: string;
+  device: string;
+  settings?: WhatIfSettings;
+  bars?: { label: string; bytes: number }[];
+  total?: number;
+  capacity?: number | null;
+  headroom?: number | null;
+  fits?: boolean | null;
+  verdict?: string;
+  error: string;
+}
+
+/** The current configuration's answer: a row that always has bars, plus the estimate's assumptions. */
+export interface WhatIfResult extends WhatIfRow {
   bars: { label: string; bytes: number }[];
   total: number;
   capacity: number | null;
   fits: boolean | null;
   verdict: string;
-  device: string;
+  assumptions: { name: string; value: string }[];
 }
 
 export function parseWhatIf(data: unknown): WhatIfResult {
@@ -19,63 +46,116 @@ export function parseWhatIf(data: unknown): WhatIfResult {
   if (!d || !Array.isArray(d.bars) || typeof d.total !== 'number' || typeof d.verdict !== 'string') {
     throw new Error('not a memviz what-if result: bars, total and verdict missing');
   }
-  return d as WhatIfResult;
+  return { name: 'current', label: '', device: '', error: '', assumptions: [], ...d } as WhatIfResult;
+}
+
+/** The kernel's rows for the pinned configurations (`compare_json`). */
+export function parseComparison(data: unknown): WhatIfRow[] {
+  if (!Array.isArray(data)) {
+    throw new Error('not a memviz what-if comparison: a list of rows expected');
+  }
+  return data.map((r: Partial<WhatIfRow>) => {
+    if (!r || typeof r.name !== 'string') {
+      throw new Error('not a memviz what-if comparison row: name missing');
+    }
+    return { label: '', device: '', error: '', ...r } as WhatIfRow;
+  });
 }
 
 const GIB = 2 ** 30;
 
-/** One stacked bar per device (label "per device") against the capacity line of the preset. */
-export function whatIfFigure(
-  r: WhatIfResult,
+function gib(bytes: number): string {
+  return `${(bytes / GIB).toFixed(2)} GiB`;
+}
+
+/** "fits" / "does not fit" / ...: the short verdict drawn above a bar and in the table. */
+export function shortVerdict(r: WhatIfRow): string {
+  if (r.error) {
+    return 'error';
+  }
+  if (r.fits === null || r.fits === undefined) {
+    return 'no capacity';
+  }
+  return r.fits ? 'fits' : 'does not fit';
+}
+
+/**
+ * One stacked bar per configuration (pinned ones, then the current one), a stack segment per memory
+ * category, each bar with its device's capacity line and its verdict above it.  A pinned configuration
+ * the kernel rejected has no bar, only its "error" verdict.
+ */
+export function compareFigure(
+  rows: WhatIfRow[],
   colors: ThemeColors
 ): { data: unknown[]; layout: Record<string, unknown> } {
-  const device = escapeHtml(r.device);
-  const data = r.bars.map(b => ({
+  const x = rows.map(r => r.name);
+  const categories = rows.find(r => r.bars)?.bars?.map(b => b.label) ?? [];
+  const hover = rows.map(r => escapeHtml([r.label, r.device].filter(Boolean).join(' · ')));
+  const data = categories.map(category => ({
     type: 'bar',
-    name: escapeHtml(b.label),
-    x: [device],
-    y: [b.bytes / GIB],
-    hovertemplate: `${escapeHtml(b.label)}: %{y:.2f} GiB<extra></extra>`
+    name: escapeHtml(category),
+    x,
+    y: rows.map(r => {
+      const bar = r.bars?.find(b => b.label === category);
+      return bar ? bar.bytes / GIB : null;
+    }),
+    customdata: hover,
+    hovertemplate: `${escapeHtml(category)}: %{y:.2f} GiB<br>%{customdata}<extra></extra>`
   }));
-  const shapes =
-    r.capacity === null
-      ? []
-      : [
+  const shapes = rows.flatMap((r, i) =>
+    typeof r.capacity === 'number'
+      ? [
           {
             type: 'line',
-            xref: 'paper',
-            x0: 0,
-            x1: 1,
+            xref: 'x',
+            x0: i - 0.45,
+            x1: i + 0.45,
             y0: r.capacity / GIB,
             y1: r.capacity / GIB,
             line: { color: colors.error, width: 2, dash: 'dash' }
           }
-        ];
-  const top = Math.max(r.total, r.capacity ?? 0) / GIB;
+        ]
+      : []
+  );
+  const top = Math.max(1e-9, ...rows.map(r => Math.max(r.total ?? 0, r.capacity ?? 0))) / GIB;
+  const annotations = rows.map((r, i) => ({
+    x: i,
+    xref: 'x',
+    y: Math.max(r.total ?? 0, r.capacity ?? 0) / GIB,
+    yanchor: 'bottom',
+    showarrow: false,
+    text: escapeHtml(shortVerdict(r)),
+    font: { color: r.fits === true ? colors.font : colors.error }
+  }));
   return {
     data,
     layout: {
       barmode: 'stack',
       shapes,
-      annotations:
-        r.capacity === null
-          ? []
-          : [
-              {
-                xref: 'paper',
-                x: 1,
-                xanchor: 'right',
-                y: r.capacity / GIB,
-                yanchor: 'bottom',
-                showarrow: false,
-                text: `capacity ${(r.capacity / GIB).toFixed(1)} GiB`,
-                font: { color: colors.error }
-              }
-            ],
+      annotations,
       ...themedLayout(colors),
-      yaxis: { ...themedAxis(colors), title: { text: 'GiB per device' }, range: [0, top * 1.1] },
-      xaxis: themedAxis(colors),
-      margin: { t: 20, r: 10, b: 30, l: 60 }
+      yaxis: { ...themedAxis(colors), title: { text: 'GiB per device' }, range: [0, top * 1.15] },
+      xaxis: {
+        ...themedAxis(colors),
+        tickmode: 'array',
+        tickvals: x,
+        ticktext: rows.map(r => `${escapeHtml(r.name)}<br>${escapeHtml(r.device)}`)
+      },
+      margin: { t: 20, r: 10, b: 40, l: 60 }
     }
   };
+}
+
+/** The comparison table's text cells: configuration, settings, device, total, capacity, headroom, verdict. */
+export function comparisonCells(r: WhatIfRow): string[] {
+  const bytes = (v: number | null | undefined): string => (typeof v === 'number' ? gib(v) : '—');
+  return [
+    r.name,
+    r.label,
+    r.device,
+    bytes(r.total),
+    bytes(r.capacity),
+    bytes(r.headroom),
+    r.error ? r.error : shortVerdict(r)
+  ];
 }

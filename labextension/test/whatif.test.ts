@@ -1,41 +1,99 @@
 import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
-import { parseWhatIf, whatIfFigure } from '../src/whatif_data';
+import {
+  WhatIfRow,
+  compareFigure,
+  comparisonCells,
+  parseComparison,
+  parseWhatIf,
+  shortVerdict
+} from '../src/whatif_data';
 import { TEST_COLORS } from './colors';
 
 const GIB = 2 ** 30;
 
 describe('what-if transforms', () => {
-  const result = parseWhatIf({
+  const current = parseWhatIf({
+    name: 'current',
+    label: 'tp 2 · recompute none · pp 1 · mb 4',
     bars: [
       { label: 'parameters', bytes: 2 * GIB },
       { label: 'activations', bytes: 6 * GIB }
     ],
     total: 8 * GIB,
     capacity: 16 * GIB,
+    headroom: 8 * GIB,
     fits: true,
     verdict: 'fits: 8.00 GiB free per device',
-    device: '<b>v100</b>'
+    device: '<b>v100</b>',
+    assumptions: [{ name: 'activation dtype', value: '2 B per value' }]
   });
+  const pinned = parseComparison([
+    {
+      name: 'pinned 1',
+      label: 'tp 1 · recompute none · pp 1 · mb 4',
+      device: 'a100-40gb',
+      bars: [
+        { label: 'parameters', bytes: 4 * GIB },
+        { label: 'activations', bytes: 40 * GIB }
+      ],
+      total: 44 * GIB,
+      capacity: 40 * GIB,
+      headroom: -4 * GIB,
+      fits: false,
+      verdict: 'does not fit',
+      error: ''
+    },
+    { name: 'pinned 2', label: '', device: '', error: 'heads (16) must be divisible by tp (3)' }
+  ]);
+  const rows: WhatIfRow[] = [...pinned, current];
 
-  it('stacks the kernel bytes without recomputing them and draws the capacity line', () => {
-    const fig = whatIfFigure(result, TEST_COLORS);
+  it('draws one stacked bar per configuration from the kernel bytes, each with its capacity and verdict', () => {
+    const fig = compareFigure(rows, TEST_COLORS);
     assert.equal(fig.layout.barmode, 'stack');
+    const traces = fig.data as { name: string; x: string[]; y: (number | null)[] }[];
     assert.deepEqual(
-      (fig.data as { y: number[] }[]).map(t => t.y[0]),
-      [2, 6]
+      traces.map(t => t.name),
+      ['parameters', 'activations']
     );
-    const [line] = fig.layout.shapes as { y0: number }[];
-    assert.equal(line.y0, 16);
-    assert.equal((line as unknown as { line: { color: string } }).line.color, TEST_COLORS.error);
-    assert.equal((fig.layout.font as { color: string }).color, TEST_COLORS.font);
+    assert.deepEqual(traces[0].x, ['pinned 1', 'pinned 2', 'current']);
+    // bytes as sent, a rejected pinned configuration has no bar
+    assert.deepEqual(traces[1].y, [40, null, 6]);
+    const lines = fig.layout.shapes as { x0: number; x1: number; y0: number }[];
+    assert.deepEqual(
+      lines.map(l => [l.y0, (l.x0 + l.x1) / 2]),
+      [
+        [40, 0],
+        [16, 2]
+      ]
+    );
+    const verdicts = (fig.layout.annotations as { text: string }[]).map(a => a.text);
+    assert.deepEqual(verdicts, ['does not fit', 'error', 'fits']);
     assert.ok(!JSON.stringify(fig).includes('<b>'), 'device names are escaped');
+    assert.equal((fig.layout.font as { color: string }).color, TEST_COLORS.font);
   });
 
-  it('omits the capacity line without a preset and rejects malformed results', () => {
-    const fig = whatIfFigure({ ...result, capacity: null, fits: null }, TEST_COLORS);
-    assert.deepEqual(fig.layout.shapes, []);
+  it('fills the table from the kernel numbers and says why a pinned configuration failed', () => {
+    assert.deepEqual(comparisonCells(pinned[0]), [
+      'pinned 1',
+      'tp 1 · recompute none · pp 1 · mb 4',
+      'a100-40gb',
+      '44.00 GiB',
+      '40.00 GiB',
+      '-4.00 GiB',
+      'does not fit'
+    ]);
+    assert.equal(comparisonCells(pinned[1])[6], 'heads (16) must be divisible by tp (3)');
+    assert.equal(comparisonCells(pinned[1])[3], '—');
+    assert.equal(shortVerdict({ ...current, capacity: null, fits: null }), 'no capacity');
+  });
+
+  it('keeps the assumptions and rejects malformed answers', () => {
+    assert.deepEqual(current.assumptions, [{ name: 'activation dtype', value: '2 B per value' }]);
+    assert.deepEqual(parseWhatIf({ bars: [], total: 0, verdict: '' }).assumptions, []);
     assert.throws(() => parseWhatIf({ bars: [] }), /what-if/);
+    assert.throws(() => parseComparison({}), /comparison/);
+    assert.throws(() => parseComparison([{ label: 'x' }]), /name missing/);
   });
 });

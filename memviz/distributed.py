@@ -324,6 +324,14 @@ class _Recorder(TorchDispatchMode):
                                       max(parents, key=len) if parents else ""))
         self.steps.append(("compute", c))
 
+    def _waited(self, t: torch.Tensor, seconds: float) -> None:
+        """A functional collective's wait: its time is the collective's (the launch returned at once), so it
+        goes to the node that made the waited tensor; the wait itself is no node (it returns its argument)."""
+        d = self.alive.get(t.untyped_storage()._cdata)
+        producer = None if d is None else self.datas[d].producer
+        if producer is not None:
+            self.computes[producer].time += seconds
+
     def _written(self, func: Any, args: Any, kwargs: dict[str, Any], comm: bool) -> list[int]:
         """Data nodes an operator writes into in place: its mutable arguments and, for a collective or
         FSDP2 copy (`comm`), its ``out=`` / ``output_tensor`` buffers (allocated by FSDP2 with
@@ -352,9 +360,15 @@ class _Recorder(TorchDispatchMode):
             out = args[0]
         else:
             out = func(*args, **kwargs)
+            if func.namespace == "c10d" and self.fake_mode is None:
+                _wait(out)
         seconds = time.perf_counter() - t0
         namespace = func.namespace
         if namespace in _SKIP_NAMESPACES:
+            return out
+        if func is torch.ops._c10d_functional.wait_tensor.default:
+            if self.target is None:
+                self._waited(args[0], seconds)
             return out
         if self.target is not None:
             seconds = _estimated_seconds(self.target, func, args, kwargs, out, ins)
@@ -397,6 +411,16 @@ class _Recorder(TorchDispatchMode):
         self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
                           f"{func.overloadpacket.__name__}", str(func), inputs, outputs, seconds)
         return out
+
+
+def _wait(out: Any) -> None:
+    """Wait for the work objects a c10d collective returned, so that its measured time is the collective's,
+    not its launch's: the caller (FSDP2, ``dist.all_gather_into_tensor``) waits for them only after the
+    operator has returned, outside any dispatch mode.  Memory is unchanged (the buffers exist already); an
+    asynchronous collective loses its overlap with the next operators in the recorded step only."""
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.ScriptObject) and leaf._type().qualified_name().endswith("Work"):
+            dist.distributed_c10d.Work.unbox(leaf).wait()
 
 
 def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any], out: Any,

@@ -117,3 +117,22 @@ def test_per_rank_plan_reports_its_collective_time(fsdp_tp_profiles) -> None:
     assert plan.collective_seconds == pytest.approx(collective_time(plan.graph, plan.schedule))
     assert 0 < plan.collective_seconds <= plan.timeline.total_time
     assert "collectives" in plan.summary()
+
+
+def test_a_real_groups_collective_is_timed_to_its_end() -> None:
+    """On a real gloo / NCCL group a c10d operator returns at launch and its caller waits for the work
+    object later, outside any dispatch mode: the recorder waits for it inside the operator's timing."""
+    import torch.distributed as dist
+
+    from memviz.distributed import _wait
+
+    class Work(dist.distributed_c10d.Work):
+        waited = False
+
+        def wait(self, timeout=None) -> bool:
+            Work.waited = True
+            return True
+
+    work = Work()  # held: the boxed object's Python override needs its Python instance alive
+    _wait((torch.zeros(2), work.boxed()))
+    assert Work.waited

@@ -19,6 +19,9 @@ the plan) are then probed, growing past the guess while it fits and bisecting be
 minimum grows faster than linearly: the guess from 1 and 2 over-promises 3x), and at the largest
 micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's capacity is solved and
 checked.  ``--quick`` keeps 2 layers (the smoke size).
+
+Each row also gives the estimated step time and the part of it the collectives take
+(`memviz.collectives`: alpha-beta over the H100's NVLink / InfiniBand, without overlap).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ SETTINGS = {
 }
 
 
+#: wall-clock limit of each Rotor minimum-budget search: memviz's default (10 s) ran out at micro-batch 18+ of
+#: the 8B shape on the shared 2-core machine at load 8 (the search is timed in the row, not limited by it)
+MINIMUM_LIMIT_S = 60.0
 #: seconds of probing for the max micro-batch in a full run (the benchmark's budget in run.py is 340 s)
 SEARCH_S = {"llama3-8b": 90.0, "llama3-70b": 120.0}
 
@@ -86,13 +92,14 @@ def child(name: str, batch: int, layers: int | None) -> dict:
 def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
     """`child`'s row and the profile it made."""
     import memviz
+    from memviz.collectives import collective_time
     from memviz.planning import minimum_budget
 
     start = time.perf_counter()
     prof = _profile(name, batch, layers)
     profile_s = time.perf_counter() - start
     t = time.perf_counter()
-    low = minimum_budget(prof.graph, "rotor")
+    low = minimum_budget(prof.graph, "rotor", MINIMUM_LIMIT_S)
     budget = max(low, int(0.75 * prof.baseline.peak_bytes))
     plan = memviz.plan(prof, budget, strategy="rotor", frontier=False, packing=False)
     plan_s = time.perf_counter() - t
@@ -102,7 +109,10 @@ def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
             "compute_nodes": len(prof.graph.computes), "eager_peak": prof.baseline.peak_bytes,
             "rotor_minimum": low, "plan_budget": budget, "plan_peak": plan.peak_bytes,
             "plan_recomputes": plan.timeline.recomputes, "eager_step_s": prof.baseline.total_time,
-            "plan_step_s": plan.timeline.total_time, "capacity": prof.device.capacity_bytes,
+            "plan_step_s": plan.timeline.total_time,
+            "eager_comm_s": collective_time(prof.graph, prof.baseline_schedule),
+            "plan_comm_s": plan.collective_seconds, "time_overhead": plan.time_overhead,
+            "capacity": prof.device.capacity_bytes,
             "profile_s": profile_s, "plan_s": plan_s, "total_s": profile_s + plan_s,
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, prof
 
@@ -147,7 +157,7 @@ def search(name: str, layers: int | None, seconds: float = float("inf")) -> dict
         if b not in probes:
             prof = _profile(name, b, layers)
             graphs[b] = prof
-            probes[b] = (prof.baseline.peak_bytes, minimum_budget(prof.graph, "rotor"))
+            probes[b] = (prof.baseline.peak_bytes, minimum_budget(prof.graph, "rotor", MINIMUM_LIMIT_S))
         return probes[b]
 
     cap = resolve_device(DEVICE, None, ()).capacity_bytes
@@ -216,6 +226,19 @@ def markdown(result: dict) -> str:
                    f"{r['compute_nodes']} | {r['eager_peak'] / GiB:.2f} | {r['rotor_minimum'] / GiB:.2f} | "
                    f"{r['plan_peak'] / GiB:.2f} ({r['plan_recomputes']}) | {r['profile_s']:.1f} | "
                    f"{r['plan_s']:.1f} | {r['total_s']:.1f} | {r['maxrss_bytes'] / GiB:.2f} |")
+    out += ["", "Estimated step time of the same rows (roofline op times plus `memviz.collectives`' "
+            "alpha-beta time of every FSDP2 / TP collective over NVLink or InfiniBand as its group spans "
+            "nodes; summed in order: overlap of communication with compute is not modelled, so this is an "
+            "upper bound):", "",
+            "| setting | micro-batch | eager step ms | collectives ms (share) | plan step ms | "
+            "plan collectives ms | time overhead |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "eager_comm_s" not in r:  # a result kept from before the collective model
+            continue
+        out.append(f"| {r['setting']} (world {r['world_size']}, tp {r['tp']}) | {r['batch']} | "
+                   f"{r['eager_step_s'] * 1e3:.1f} | {r['eager_comm_s'] * 1e3:.1f} "
+                   f"({r['eager_comm_s'] / r['eager_step_s']:.0%}) | {r['plan_step_s'] * 1e3:.1f} | "
+                   f"{r['plan_comm_s'] * 1e3:.1f} | x{r['time_overhead']:.3f} |")
     out += ["", "Max micro-batch on an 80 GiB device, searched on estimated profiles (eager peak; Rotor's "
             "smallest feasible budget, then a checked Rotor plan at 80 GiB for that micro-batch):", "",
             "| setting | without a plan (eager) | with the plan (Rotor) | plan peak GiB | "

@@ -19,8 +19,12 @@ compute node (``c10d.*`` for FSDP2, ``_c10d_functional.*`` for DTensor redistrib
 schedule is the recorded order with every free where the step released it, so its simulated peak is
 the recorded rank's live-storage peak.
 
-What is absent: collective times (the fake group takes none; compute nodes carry the measured CPU
-time of each operator only), export (a recorded graph is no FX program: `memviz.export` refuses),
+Collective times: estimated (``device="fake:<target>"``), each collective takes the alpha-beta time of
+`memviz.collectives` over the target's interconnect and the ranks of its group; recorded on a real
+gloo / NCCL group, the time the operator took, as for every operator (an asynchronous collective's
+launch: the wait is no operator); recorded on CPU over the fake group, the fake's (next to none).
+
+What is absent: export (a recorded graph is no FX program: `memviz.export` refuses),
 other ranks' asymmetries beyond the local shard sizes (pass ``rank=``), and pipeline parallelism.
 """
 
@@ -44,6 +48,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
+from memviz.collectives import INTERCONNECTS, collective_kind, collective_seconds, link_of
 from memviz.profile import Profile, _check_measured
 from memviz.tracker import StorageTracker, tensors_of
 from solvers import DataKind, Graph, GraphBuilder, Phase, simulate
@@ -319,6 +324,14 @@ class _Recorder(TorchDispatchMode):
                                       max(parents, key=len) if parents else ""))
         self.steps.append(("compute", c))
 
+    def _waited(self, t: torch.Tensor, seconds: float) -> None:
+        """A functional collective's wait: its time is the collective's (the launch returned at once), so it
+        goes to the node that made the waited tensor; the wait itself is no node (it returns its argument)."""
+        d = self.alive.get(t.untyped_storage()._cdata)
+        producer = None if d is None else self.datas[d].producer
+        if producer is not None:
+            self.computes[producer].time += seconds
+
     def _written(self, func: Any, args: Any, kwargs: dict[str, Any], comm: bool) -> list[int]:
         """Data nodes an operator writes into in place: its mutable arguments and, for a collective or
         FSDP2 copy (`comm`), its ``out=`` / ``output_tensor`` buffers (allocated by FSDP2 with
@@ -347,9 +360,15 @@ class _Recorder(TorchDispatchMode):
             out = args[0]
         else:
             out = func(*args, **kwargs)
+            if func.namespace == "c10d" and self.fake_mode is None:
+                _wait(out)
         seconds = time.perf_counter() - t0
         namespace = func.namespace
         if namespace in _SKIP_NAMESPACES:
+            return out
+        if func is torch.ops._c10d_functional.wait_tensor.default:
+            if self.target is None:
+                self._waited(args[0], seconds)
             return out
         if self.target is not None:
             seconds = _estimated_seconds(self.target, func, args, kwargs, out, ins)
@@ -394,12 +413,27 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+def _wait(out: Any) -> None:
+    """Wait for the work objects a c10d collective returned, so that its measured time is the collective's,
+    not its launch's: the caller (FSDP2, ``dist.all_gather_into_tensor``) waits for them only after the
+    operator has returned, outside any dispatch mode.  Memory is unchanged (the buffers exist already); an
+    asynchronous collective loses its overlap with the next operators in the recorded step only."""
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.ScriptObject) and leaf._type().qualified_name().endswith("Work"):
+            dist.distributed_c10d.Work.unbox(leaf).wait()
+
+
 def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
                        ins: list[torch.Tensor]) -> float:
-    """Roofline time of one operator on `target`: FLOPs from torch's flop formulas (0 where it has none:
-    elementwise work is bandwidth-bound), bytes moved = inputs read + outputs written.  Collectives move
-    no data on the fake group: their time is the local copy's, not the network's."""
+    """Time of one operator on `target`: a collective's from `memviz.collectives`' alpha-beta model over
+    its process group (the fake group moves no data); any other operator's roofline, with FLOPs from
+    torch's flop formulas (0 where it has none: elementwise work is bandwidth-bound) and bytes moved =
+    inputs read + outputs written."""
     from torch.utils.flop_counter import flop_registry
+
+    kind = collective_kind(str(func))
+    if kind is not None:
+        return _collective_seconds(target, kind, func, args, kwargs, out)
 
     formula = flop_registry.get(func.overloadpacket)
     flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
@@ -407,6 +441,33 @@ def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any]
     moved = sum(t.numel() * t.element_size() for t in (*ins, *outs))
     dtype = next((t.dtype for t in (*ins, *outs) if t.is_floating_point()), torch.float32)
     return target.op_time(flops, moved, dtype)
+
+
+def _group_ranks(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+    """Global ranks of the process group a collective runs on: c10d's ops take the group object, DTensor's
+    functional collectives its registered name."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for i, arg in enumerate(func._schema.arguments):
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        if isinstance(value, torch.ScriptObject):
+            return dist.get_process_group_ranks(dist.ProcessGroup.unbox(value))
+        if arg.name == "group_name" and isinstance(value, str):
+            return dist.get_process_group_ranks(_resolve_process_group(value))
+    raise ParallelError(f"{func} names no process group")
+
+
+def _collective_seconds(target: Any, kind: str, func: Any, args: Any, kwargs: dict[str, Any],
+                        out: Any) -> float:
+    """`memviz.collectives.collective_seconds` of one collective on `target`'s interconnect, over the
+    link its group crosses, for the full tensor: the largest of its arguments and its result (an
+    all-gather's output, a reduce-scatter's input; a list argument counts its tensors together)."""
+    ranks = _group_ranks(func, args, kwargs)
+    interconnect = INTERCONNECTS[target.name]
+    sizes = [sum(t.numel() * t.element_size() for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor))
+             for v in (*args, *kwargs.values(), out)]
+    return collective_seconds(kind, max(sizes), len(ranks), link_of(interconnect, ranks),
+                              interconnect.base_latency)
 
 
 def _classify(rec: _Recorder, grads: set[int], ends: set[int]) -> None:

@@ -85,6 +85,14 @@ class Plan:
         the fixed per-step costs the profile measured (`step_time_ratio`)."""
         return step_time_ratio(self.graph, self.timeline.total_time, self.baseline.total_time)
 
+    @property
+    def collective_seconds(self) -> float:
+        """Predicted seconds of the plan's collectives (a parallel profile's all-gathers, reduce-scatters,
+        all-reduces; 0 on one device), part of the step time `time_overhead` compares."""
+        from memviz.collectives import collective_time
+
+        return collective_time(self.graph, self.schedule)
+
     def to_dict(self) -> dict[str, Any]:
         from memviz import __version__
 
@@ -189,7 +197,15 @@ class Plan:
             f"memviz plan [{self.strategy}, {self.solver_stats.status}{gap}] {self.model.get('name', '')}: "
             f"peak {format_bytes(self.peak_bytes)} (baseline {format_bytes(self.baseline.peak_bytes)}), "
             f"{budget}, time x{self.time_overhead:.3f}, {self.recomputations} recomputations"
+            f"{self._comm_note()}"
         )
+
+    def _comm_note(self) -> str:
+        """The collectives' share of the planned step, for plans of a parallel profile."""
+        comm = self.collective_seconds
+        if not comm:
+            return ""
+        return f", collectives {comm * 1e3:.3g} ms of {self.timeline.total_time * 1e3:.3g} ms op time"
 
     @property
     def recomputations(self) -> int:

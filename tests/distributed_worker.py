@@ -125,6 +125,7 @@ def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.M
 def measure(name: str, kind: str, world: int) -> dict[str, int]:
     """One rank's measured AdamW training step of the user-wrapped model, and memviz's profile of it."""
     import memviz
+    from memviz.collectives import collective_time
     from memviz.distributed import ShardedStorageTracker, local_tensors
 
     model, args = MODELS[name]()
@@ -145,7 +146,8 @@ def measure(name: str, kind: str, world: int) -> dict[str, int]:
     opt.zero_grad(set_to_none=True)
     # memviz on the model the user wrapped, on the real gloo group
     prof = memviz.profile(model, args, optimizer=opt, loss_fn=loss_of)
-    return {"measured": tracker.peak_bytes, "wrapped_predicted": prof.baseline.peak_bytes}
+    return {"measured": tracker.peak_bytes, "wrapped_predicted": prof.baseline.peak_bytes,
+            "collective_s": collective_time(prof.graph, prof.baseline_schedule)}
 
 
 def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str) -> None:

@@ -15,7 +15,7 @@ from typing import Literal
 from solvers.ir import Graph
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no instance dict: a plan file holds 100k steps per run
 class Step:
     op: Literal["compute", "free"]
     node: int

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Literal
 
-from solvers.ir import Graph
+from solvers.ir import Graph, frozen_instances
 
 
 @dataclass(frozen=True, slots=True)  # no instance dict: a plan file holds 100k steps per run
@@ -41,7 +41,7 @@ def steps_from_json(obj: Iterable[Sequence[object]]) -> Schedule:
         if set(map(type, items)) <= {list, tuple} and set(map(len, items)) <= {2}:
             ops, nodes = list(map(itemgetter(0), items)), list(map(itemgetter(1), items))
             if set(ops) <= {"compute", "free"} and set(map(type, nodes)) <= {int}:
-                return tuple(map(Step, ops, nodes))
+                return frozen_instances(Step, ops, nodes)
     except (TypeError, KeyError, IndexError):
         pass
     steps = []

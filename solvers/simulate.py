@@ -140,13 +140,14 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     total_time = 0.0
     n_compute = n_recompute = 0
 
-    n_computes = len(computes)
+    n_computes, n_datas = len(computes), len(datas)
     for i, step in enumerate(steps):
-        if step.op == "compute":
-            if not 0 <= step.node < n_computes:
-                issues.append(ScheduleIssue(i, step.node, f"unknown compute node id {step.node}"))
+        op, node = step.op, step.node
+        if op == "compute":
+            if not 0 <= node < n_computes:
+                issues.append(ScheduleIssue(i, node, f"unknown compute node id {node}"))
                 continue
-            c = computes[step.node]
+            c = computes[node]
             if not all(map(alive.__getitem__, c.inputs)):  # (one C loop for the usual, valid step)
                 for d in c.inputs:
                     if not alive[d]:
@@ -158,34 +159,32 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                                 f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})",
                             )
                         )
-            if done[c.id]:
+            if done[node]:
                 n_recompute += 1
             else:
                 n_compute += 1
-                done[c.id] = True
+                done[node] = True
             total_time += c.time
+            # (`freed_at` keeps a recomputed output's last free: only a free makes it dead again, and
+            # that free overwrites the entry)
             for d in c.outputs:
                 if not alive[d]:
                     changes[cat_of[d]][i] += size[d]
                     change[i] += size[d]
                     alive[d] = True
-                    freed_at.pop(d, None)
             workspace[i] = c.temp_bytes
-        elif step.op == "free":
-            if not 0 <= step.node < len(datas):
-                issues.append(ScheduleIssue(i, step.node, f"unknown data node id {step.node}"))
-            elif not alive[step.node]:
-                issues.append(
-                    ScheduleIssue(i, step.node, f"free of {datas[step.node].name!r}, which is not alive")
-                )
+        elif op == "free":
+            if not 0 <= node < n_datas:
+                issues.append(ScheduleIssue(i, node, f"unknown data node id {node}"))
+            elif not alive[node]:
+                issues.append(ScheduleIssue(i, node, f"free of {datas[node].name!r}, which is not alive"))
             else:
-                d = step.node
-                alive[d] = False
-                freed_at[d] = i
-                changes[cat_of[d]][i] -= size[d]
-                change[i] -= size[d]
+                alive[node] = False
+                freed_at[node] = i
+                changes[cat_of[node]][i] -= size[node]
+                change[i] -= size[node]
         else:
-            issues.append(ScheduleIssue(i, step.node, f"unknown step kind {step.op!r}"))
+            issues.append(ScheduleIssue(i, node, f"unknown step kind {op!r}"))
 
     # memory during step i: what was resident before it plus its changes (a free's: after it), plus its
     # workspace, which is gone after the step

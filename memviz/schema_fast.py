@@ -30,6 +30,8 @@ from itertools import chain, compress, repeat
 from operator import is_not, itemgetter
 from typing import Any
 
+import numpy as np
+
 Predicate = Callable[[Any], bool]
 
 #: arrays shorter than this are left to jsonschema (nothing to gain, and one code path fewer to trust)
@@ -293,7 +295,11 @@ def _ints_in(column: Sequence[Any], low: float | None, high: float | None) -> bo
         return True
     if set(map(type, column)) != {int}:
         return False
-    lo, hi = min(column), max(column)
+    try:  # one C conversion, then min and max over machine integers: faster than min() and max() on ints
+        values = np.array(column, dtype=np.int64)
+    except OverflowError:  # beyond 64 bits
+        return False
+    lo, hi = int(values.min()), int(values.max())
     return (-MAX_INT <= lo and hi <= MAX_INT and (low is None or lo >= low)
             and (high is None or hi <= high))
 

@@ -21,6 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from memviz.schema_fast import MAX_INT, bad_text, stripped, values_acceptable
 from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
@@ -59,12 +61,25 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-standard JSON number {name}")
 
 
+def _loads(text: str | bytes) -> Any:
+    """`json.loads(text)` refusing NaN and Infinity, through msgspec's decoder where it accepts the
+    text: twice as fast on a 40 MB plan, and on text it accepts it builds the same values (integers of
+    any size included).  It accepts less than json.loads (no 1e999, no lone surrogate, no BOM, no
+    NaN): whatever it refuses is parsed by json.loads, which gives the value or the error as before."""
+    if type(text) in (bytes, str):
+        try:
+            return msgspec.json.decode(text)
+        except (ValueError, RecursionError):  # msgspec's DecodeError is a ValueError
+            pass
+    return json.loads(text, parse_constant=_reject_constant)
+
+
 def parse_document(text: str | bytes, source: str = "plan document", *,
                    validate: bool = True) -> dict[str, Any]:
     """Parse and (unless `validate=False`: the caller validates, once) validate a plan document; raise
     PlanFileError with the reason."""
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = _loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise PlanFileError(f"{source} is not valid JSON ({exc}); re-create it with plan.save()") from None
     if validate:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import cached_property
 from itertools import chain, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, lt
 from typing import Any
 
 
@@ -96,17 +96,20 @@ class Graph:
     outputs: tuple[int, ...]
     name: str = "graph"
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
-    _consumers: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self._plainly_well_formed():
             self._check_each_node()
+        self._check_acyclic()
+
+    @cached_property
+    def _consumers(self) -> tuple[tuple[int, ...], ...]:
+        # on first use, not at construction: loading a plan file builds a 100k-node graph that asks none
         consumers: list[list[int]] = [[] for _ in self.datas]
         for c in self.computes:
             for d in dict.fromkeys(c.inputs):
                 consumers[d].append(c.id)
-        object.__setattr__(self, "_consumers", tuple(map(tuple, consumers)))
-        self._check_acyclic()
+        return tuple(map(tuple, consumers))
 
     def _plainly_well_formed(self) -> bool:
         """The checks of `_check_each_node` in C loops over whole columns (a large plan file is rebuilt
@@ -114,8 +117,9 @@ class Graph:
         computes, datas = self.computes, self.datas
         n_data = len(datas)
         producers = list(map(attrgetter("producer"), datas))
-        refs = [*chain.from_iterable(map(attrgetter("inputs"), computes)),
-                *chain.from_iterable(map(attrgetter("outputs"), computes)), *self.outputs]
+        outputs = list(map(attrgetter("outputs"), computes))
+        made = list(chain.from_iterable(outputs))
+        refs = [*chain.from_iterable(map(attrgetter("inputs"), computes)), *made, *self.outputs]
         if not (
             list(map(attrgetter("id"), computes)) == list(range(len(computes)))
             and list(map(attrgetter("id"), datas)) == list(range(n_data))
@@ -124,14 +128,10 @@ class Graph:
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
         ):
             return False
-        # each data node names as producer exactly the compute node that outputs it
-        made_by: list[int | None] = [None] * n_data
-        for c in computes:
-            for d in c.outputs:
-                made_by[d] = c.id
-        return made_by == producers and sum(map(len, map(attrgetter("outputs"), computes))) == (
-            n_data - producers.count(None)
-        )
+        # each data node names as producer exactly the compute node that outputs it (ids are positions)
+        made_by = dict(zip(made, _owners(outputs), strict=True))
+        return (len(made) == n_data - producers.count(None)
+                and list(map(made_by.get, range(n_data))) == producers)
 
     def _check_each_node(self) -> None:
         for i, c in enumerate(self.computes):
@@ -161,9 +161,12 @@ class Graph:
                 raise GraphError(f"graph output refers to unknown data id {d}")
 
     def _check_acyclic(self) -> None:
-        producer = [d.producer for d in self.datas]
-        if all(producer[d] is None or producer[d] < c.id for c in self.computes for d in c.inputs):
-            return  # every edge runs from an earlier node to a later one (capture order): no cycle
+        # every edge runs from an earlier node to a later one (capture order): no cycle.  In C loops over
+        # all edges at once, a source's producer counting as -1 (ids are positions, checked before)
+        producer = [-1 if p is None else p for p in map(attrgetter("producer"), self.datas)]
+        inputs = list(map(attrgetter("inputs"), self.computes))
+        if all(map(lt, map(producer.__getitem__, chain.from_iterable(inputs)), _owners(inputs))):
+            return
         self._check_acyclic_kahn()
 
     def _check_acyclic_kahn(self) -> None:
@@ -303,6 +306,12 @@ def _columns(items: list[dict[str, Any]], keys: tuple[str, ...],
     except KeyError:
         return [*(map(itemgetter(k), items) for k in keys),
                 *(map(dict.get, items, repeat(k), repeat(d)) for k, d in defaults.items())]
+
+
+def _owners(lists: Sequence[Sequence[int]]) -> Iterable[int]:
+    """The position of the list each item of `lists` comes from, item by item (0, 0, 1, 3, ... for
+    lists of lengths 2, 1, 0, ...), matching `chain.from_iterable(lists)`."""
+    return chain.from_iterable(map(repeat, range(len(lists)), map(len, lists)))
 
 
 def _members(by_value: dict[str, Any], enum: type[Enum], values: Iterable[Any]) -> list[Any]:

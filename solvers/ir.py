@@ -9,7 +9,7 @@ merged into the data node of the storage they alias, so a tensor and its views l
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import cached_property
@@ -268,23 +268,23 @@ class Graph:
         }
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> Graph:
+    def from_dict(cls, obj: dict[str, Any], *,
+                  columns: Mapping[str, Mapping[str, Sequence[Any]]] | None = None) -> Graph:
+        """The graph of `obj` (`to_dict`'s form).  `columns` may hold its "computes" or "datas" already
+        read field by field (field name -> values, node by node, as in `obj`; an optional field without a
+        column takes its default for every node): those items are not read again."""
+        columns = columns or {}
         # column by column (`map` over the node class): a plan file's graph has 100k nodes
-        (c_id, c_name, c_op, c_phase, c_inputs, c_outputs, c_time, c_temp, c_module, c_source, c_block,
-         c_flops) = _columns(obj["computes"], ("id", "name", "op", "phase", "inputs", "outputs", "time",
-                                               "temp_bytes"),
-                             {"module": "", "source": "", "block": None, "flops": 0.0})
+        c = _with_defaults(columns.get("computes") or node_columns(obj["computes"], ComputeNode), ComputeNode)
         computes = frozen_instances(
-            ComputeNode, c_id, c_name, c_op, _members(_PHASES, Phase, c_phase), map(tuple, c_inputs),
-            map(tuple, c_outputs), map(float, c_time), map(int, c_temp), c_module, c_source, c_block,
-            map(float, c_flops),
+            ComputeNode, c["id"], c["name"], c["op"], _members(_PHASES, Phase, c["phase"]),
+            map(tuple, c["inputs"]), map(tuple, c["outputs"]), map(float, c["time"]),
+            map(int, c["temp_bytes"]), c["module"], c["source"], c["block"], map(float, c["flops"]),
         )
-        d_id, d_name, d_bytes, d_kind, d_producer, d_shape, d_dtype, d_aliases = _columns(
-            obj["datas"], ("id", "name", "bytes", "kind"),
-            {"producer": None, "shape": (), "dtype": "", "aliases": ()})
+        d = _with_defaults(columns.get("datas") or node_columns(obj["datas"], DataNode), DataNode)
         datas = frozen_instances(
-            DataNode, d_id, d_name, map(int, d_bytes), _members(_KINDS, DataKind, d_kind), d_producer,
-            map(tuple, d_shape), d_dtype, map(tuple, d_aliases),
+            DataNode, d["id"], d["name"], map(int, d["bytes"]), _members(_KINDS, DataKind, d["kind"]),
+            d["producer"], map(tuple, d["shape"]), d["dtype"], map(tuple, d["aliases"]),
         )
         return cls(
             computes,
@@ -295,17 +295,35 @@ class Graph:
         )
 
 
-def _columns(items: list[dict[str, Any]], keys: tuple[str, ...],
-             defaults: dict[str, Any]) -> list[Iterable[Any]]:
-    """Columns of item[key] for each of `keys` (KeyError if an item lacks one), then of
-    item.get(key, default) for each of `defaults`: one transposing pass over the items when every item
-    has every key (a third faster than a pass per key over 100k dicts), else a pass per column."""
-    every = (*keys, *defaults)
+#: the node fields a graph dict may leave out (`Graph.from_dict`), with the value they then take
+_OPTIONAL: dict[type, dict[str, Any]] = {
+    ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0},
+    DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": ()},
+}
+
+
+def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[Any]]:
+    """The values of each field of the node dataclass `node` in `items` (dicts as `Graph.to_dict` writes
+    them), field by field; an item without an optional field takes its default, one without another
+    field is a KeyError.  One transposing pass when every item has every field (a third faster than a
+    pass per field over 100k dicts), else a pass per field."""
+    names = [f.name for f in fields(node)]
+    optional = _OPTIONAL[node]
     try:
-        return list(zip(*map(itemgetter(*every), items), strict=True)) or [()] * len(every)
+        return dict(zip(names, list(zip(*map(itemgetter(*names), items), strict=True)) or [()] * len(names),
+                        strict=True))
     except KeyError:
-        return [*(map(itemgetter(k), items) for k in keys),
-                *(map(dict.get, items, repeat(k), repeat(d)) for k, d in defaults.items())]
+        return {k: list(map(dict.get, items, repeat(k), repeat(optional[k]))) if k in optional
+                else list(map(itemgetter(k), items)) for k in names}
+
+
+def _with_defaults(columns: Mapping[str, Sequence[Any]], node: type) -> dict[str, Iterable[Any]]:
+    """`columns` with each missing optional field filled with its default (a KeyError names a missing
+    field that is not optional)."""
+    n = len(columns["id"])
+    optional = _OPTIONAL[node]
+    return {f.name: repeat(optional[f.name], n) if f.name not in columns and f.name in optional
+            else columns[f.name] for f in fields(node)}
 
 
 def _owners(lists: Sequence[Sequence[int]]) -> Iterable[int]:

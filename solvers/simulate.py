@@ -139,9 +139,10 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     change = [0] * n  # of the live total
     done = [False] * len(computes)
     total_time = 0.0
-    n_compute = n_recompute = 0
+    n_run = 0  # compute steps of known nodes, recomputations included
 
     n_computes, n_datas = len(computes), len(datas)
+    is_alive = alive.__getitem__
     for i, step in enumerate(steps):
         op, node = step.op, step.node
         if op == "compute":
@@ -149,7 +150,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                 issues.append(ScheduleIssue(i, node, f"unknown compute node id {node}"))
                 continue
             c = computes[node]
-            if not all(map(alive.__getitem__, c.inputs)):  # (one C loop for the usual, valid step)
+            if not all(map(is_alive, c.inputs)):  # (one C loop for the usual, valid step)
                 for d in c.inputs:
                     if not alive[d]:
                         why = f"freed at step {freed_at[d]}" if d in freed_at else "never computed"
@@ -160,11 +161,8 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                                 f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})",
                             )
                         )
-            if done[node]:
-                n_recompute += 1
-            else:
-                n_compute += 1
-                done[node] = True
+            n_run += 1
+            done[node] = True
             total_time += c.time
             # (`freed_at` keeps a recomputed output's last free: only a free makes it dead again, and
             # that free overwrites the entry)
@@ -200,6 +198,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
         for d in graph.outputs:
             if not alive[d]:
                 issues.append(ScheduleIssue(-1, d, f"required output {datas[d].name!r} is not alive"))
+    n_compute = done.count(True)  # nodes run at least once; their other runs are recomputations
     required = graph.required_computes
     missing = [] if all(map(done.__getitem__, required)) else [
         computes[c].name for c in sorted(required) if not done[c]]
@@ -217,11 +216,13 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
         peak_step=peak_step if step_bytes and step_bytes[peak_step] >= initial else -1,
         total_time=total_time,
         computes=n_compute,
-        recomputes=n_recompute,
+        recomputes=n_run - n_compute,
         issues=tuple(issues),
     )
 
 
 def _running(changes: list[int], start: int) -> tuple[int, ...]:
     """The running sums start + changes[0], start + changes[0] + changes[1], ..."""
+    if not any(changes):  # a category no step changes (parameters, buffers in training): a C loop to see
+        return (start,) * len(changes)
     return tuple(islice(accumulate(changes, initial=start), 1, None))

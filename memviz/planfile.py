@@ -37,13 +37,22 @@ MAX_FILE_BYTES = 1 << 30
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside: parsing and checking a plan allocates millions of acyclic
-    containers, and the collections they trigger cost a third of loading a large plan."""
+    containers, and the collections they trigger cost a third of loading a large plan.
+
+    What survives the block (a loaded plan: 100k-node graph, schedules) is long-lived, so it goes straight
+    to the oldest generation: `gc.freeze()` then `gc.unfreeze()` moves every tracked object there at once
+    (a list splice), where the first young collection after the block would walk all of it (a tenth of a
+    100k-step load) and the middle one again.  Not when the program froze objects itself: unfreezing
+    would release its own."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -123,7 +123,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     n = len(steps)
     column = {k: i for i, k in enumerate(CATEGORIES)}
     # per data node, in C loops (a plan file's graph has 100k): category column, size, alive at start
-    cat_of = list(map({kind: column[c] for kind, c in _CATEGORY_OF.items()}.__getitem__,
+    cat_of = list(map({kind: column[category(kind)] for kind in _CATEGORY_OF}.__getitem__,
                       map(attrgetter("kind"), datas)))
     size = list(map(attrgetter("bytes"), datas))
     alive = list(map(is_, map(attrgetter("producer"), datas), repeat(None)))

@@ -21,10 +21,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from memviz.schema_fast import MAX_INT, bad_text, stripped, values_acceptable
+import msgspec
+
+from memviz.schema_fast import MAX_INT, ColumnsByPath, bad_text, stripped, values_acceptable
 from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
-from solvers.schedule import Schedule, steps_from_json
+from solvers.schedule import Schedule, steps_from_columns, steps_from_json
 
 SCHEMA_ID = "memviz.plan/1"
 MIME_TYPE = "application/vnd.memviz.plan+json"
@@ -35,13 +37,22 @@ MAX_FILE_BYTES = 1 << 30
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection inside: parsing and checking a plan allocates millions of acyclic
-    containers, and the collections they trigger cost a third of loading a large plan."""
+    containers, and the collections they trigger cost a third of loading a large plan.
+
+    What survives the block (a loaded plan: 100k-node graph, schedules) is long-lived, so it goes straight
+    to the oldest generation: `gc.freeze()` then `gc.unfreeze()` moves every tracked object there at once
+    (a list splice), where the first young collection after the block would walk all of it (a tenth of a
+    100k-step load) and the middle one again.  Not when the program froze objects itself: unfreezing
+    would release its own."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
@@ -59,12 +70,25 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-standard JSON number {name}")
 
 
+def _loads(text: str | bytes) -> Any:
+    """`json.loads(text)` refusing NaN and Infinity, through msgspec's decoder where it accepts the
+    text: twice as fast on a 40 MB plan, and on text it accepts it builds the same values (integers of
+    any size included).  It accepts less than json.loads (no 1e999, no lone surrogate, no BOM, no
+    NaN): whatever it refuses is parsed by json.loads, which gives the value or the error as before."""
+    if type(text) in (bytes, str):
+        try:
+            return msgspec.json.decode(text)
+        except (ValueError, RecursionError):  # msgspec's DecodeError is a ValueError
+            pass
+    return json.loads(text, parse_constant=_reject_constant)
+
+
 def parse_document(text: str | bytes, source: str = "plan document", *,
                    validate: bool = True) -> dict[str, Any]:
     """Parse and (unless `validate=False`: the caller validates, once) validate a plan document; raise
     PlanFileError with the reason."""
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = _loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise PlanFileError(f"{source} is not valid JSON ({exc}); re-create it with plan.save()") from None
     if validate:
@@ -115,14 +139,15 @@ def _json_path(path: Any) -> str:
     return "/".join(reversed(keys)) or "(top level)"
 
 
-def _schema_errors(doc: dict[str, Any], source: str) -> None:
-    """Refuse a value `check_values` refuses, then anything the schema refuses (in that order)."""
+def _schema_errors(doc: dict[str, Any], source: str, columns: ColumnsByPath | None = None) -> None:
+    """Refuse a value `check_values` refuses, then anything the schema refuses (in that order).  The long
+    arrays read column by column leave their columns in `columns` (see `stripped`)."""
     import jsonschema  # here, not at the top: importing it takes ~2 s, a third of `import memviz`
 
     # the long arrays of identical items are checked column by column (schema and values, linear time)
     # and emptied in a copy; the value check and jsonschema see the rest, and every array the fast path
     # does not fully accept, so they find the same first error, at the same path, as on `doc` itself
-    light = stripped(doc, plan_schema())
+    light = stripped(doc, plan_schema(), columns=columns)
     check_values(light, source)
     validator = jsonschema.Draft202012Validator(plan_schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(light))
@@ -146,19 +171,22 @@ def checked_runs(doc: Any, source: str = "plan document") -> dict[str, tuple[Gra
             f"{source} is not a {SCHEMA_ID} document (schema: {ascii(found)}); "
             "only plans written by memviz.Plan.save() can be loaded"
         )
-    _schema_errors(doc, source)
+    columns: ColumnsByPath = {}  # the graphs' and schedules' columns, as the schema check read them
+    _schema_errors(doc, source, columns)
     unknown = sorted(set(doc["solver_stats"]) - {f.name for f in dataclasses.fields(SolverStats)})
     if unknown:
         raise PlanFileError(f"{source} has an unknown key at solver_stats/{ascii(unknown[0])[1:-1]}: "
                             f"known keys are {[f.name for f in dataclasses.fields(SolverStats)]}")
     runs: dict[str, tuple[Graph, Schedule, Timeline]] = {}
     try:
-        graph = Graph.from_dict(doc["graph"])
+        graph = _graph(doc["graph"], columns, "graph")
         for run in ("baseline", "planned"):
-            steps = steps_from_json(doc[run]["schedule"])
+            read = columns.get((run, "schedule"))  # (ops, node ids)
+            steps = (steps_from_json(doc[run]["schedule"]) if read is None
+                     else steps_from_columns(read[0], read[1]))
             recorded = doc[run]["timeline"]
             # an autochunk plan's baseline runs on the unchunked graph, stored with the run
-            run_graph = Graph.from_dict(doc[run]["graph"]) if "graph" in doc[run] else graph
+            run_graph = _graph(doc[run]["graph"], columns, run, "graph") if "graph" in doc[run] else graph
             fresh = simulate(run_graph, steps)
             if fresh.peak_bytes != recorded["peak_bytes"] or list(fresh.step_bytes) != recorded["step_bytes"]:
                 raise PlanFileError(
@@ -174,6 +202,12 @@ def checked_runs(doc: Any, source: str = "plan document") -> dict[str, tuple[Gra
             raise
         raise PlanFileError(f"{source}: malformed plan graph or schedule: {exc}") from None
     return runs
+
+
+def _graph(obj: dict[str, Any], columns: ColumnsByPath, *path: str) -> Graph:
+    """The graph of `obj`, at `path` in its document, from the node columns the schema check read."""
+    read = {key: columns[(*path, key)] for key in ("computes", "datas") if (*path, key) in columns}
+    return Graph.from_dict(obj, columns=read)
 
 
 def read_document(path: str | os.PathLike[str], *, validate: bool = True) -> dict[str, Any]:

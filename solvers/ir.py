@@ -8,12 +8,13 @@ merged into the data node of the storage they alias, so a tensor and its views l
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from functools import cached_property
 from itertools import chain, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, lt
 from typing import Any
 
 
@@ -49,7 +50,7 @@ PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPU
                               DataKind.RUNTIME})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: see `frozen_instances`
 class ComputeNode:
     id: int
     name: str
@@ -65,7 +66,7 @@ class ComputeNode:
     flops: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DataNode:
     id: int
     name: str
@@ -95,17 +96,20 @@ class Graph:
     outputs: tuple[int, ...]
     name: str = "graph"
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
-    _consumers: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self._plainly_well_formed():
             self._check_each_node()
+        self._check_acyclic()
+
+    @cached_property
+    def _consumers(self) -> tuple[tuple[int, ...], ...]:
+        # on first use, not at construction: loading a plan file builds a 100k-node graph that asks none
         consumers: list[list[int]] = [[] for _ in self.datas]
         for c in self.computes:
             for d in dict.fromkeys(c.inputs):
                 consumers[d].append(c.id)
-        object.__setattr__(self, "_consumers", tuple(map(tuple, consumers)))
-        self._check_acyclic()
+        return tuple(map(tuple, consumers))
 
     def _plainly_well_formed(self) -> bool:
         """The checks of `_check_each_node` in C loops over whole columns (a large plan file is rebuilt
@@ -113,8 +117,9 @@ class Graph:
         computes, datas = self.computes, self.datas
         n_data = len(datas)
         producers = list(map(attrgetter("producer"), datas))
-        refs = [*chain.from_iterable(map(attrgetter("inputs"), computes)),
-                *chain.from_iterable(map(attrgetter("outputs"), computes)), *self.outputs]
+        outputs = list(map(attrgetter("outputs"), computes))
+        made = list(chain.from_iterable(outputs))
+        refs = [*chain.from_iterable(map(attrgetter("inputs"), computes)), *made, *self.outputs]
         if not (
             list(map(attrgetter("id"), computes)) == list(range(len(computes)))
             and list(map(attrgetter("id"), datas)) == list(range(n_data))
@@ -123,14 +128,10 @@ class Graph:
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
         ):
             return False
-        # each data node names as producer exactly the compute node that outputs it
-        made_by: list[int | None] = [None] * n_data
-        for c in computes:
-            for d in c.outputs:
-                made_by[d] = c.id
-        return made_by == producers and sum(map(len, map(attrgetter("outputs"), computes))) == (
-            n_data - producers.count(None)
-        )
+        # each data node names as producer exactly the compute node that outputs it (ids are positions)
+        made_by = dict(zip(made, _owners(outputs), strict=True))
+        return (len(made) == n_data - producers.count(None)
+                and list(map(made_by.get, range(n_data))) == producers)
 
     def _check_each_node(self) -> None:
         for i, c in enumerate(self.computes):
@@ -160,9 +161,12 @@ class Graph:
                 raise GraphError(f"graph output refers to unknown data id {d}")
 
     def _check_acyclic(self) -> None:
-        producer = [d.producer for d in self.datas]
-        if all(producer[d] is None or producer[d] < c.id for c in self.computes for d in c.inputs):
-            return  # every edge runs from an earlier node to a later one (capture order): no cycle
+        # every edge runs from an earlier node to a later one (capture order): no cycle.  In C loops over
+        # all edges at once, a source's producer counting as -1 (ids are positions, checked before)
+        producer = [-1 if p is None else p for p in map(attrgetter("producer"), self.datas)]
+        inputs = list(map(attrgetter("inputs"), self.computes))
+        if all(map(lt, map(producer.__getitem__, chain.from_iterable(inputs)), _owners(inputs))):
+            return
         self._check_acyclic_kahn()
 
     def _check_acyclic_kahn(self) -> None:
@@ -205,15 +209,17 @@ class Graph:
         for captured graphs).  A compute without outputs is there for its effect alone -- the optimizer
         updates parameters and state in place -- so it must run: a schedule without it would plan a step
         whose optimizer memory nobody counted while the user's optimizer still runs."""
+        producer = list(map(attrgetter("producer"), self.datas))
+        inputs = list(map(attrgetter("inputs"), self.computes))
         need: set[int] = set()
-        stack = [self.datas[d].producer for d in self.outputs]
+        stack = list(map(producer.__getitem__, self.outputs))
         stack += [c.id for c in self.computes if not c.outputs]
         while stack:
             c = stack.pop()
             if c is None or c in need:
                 continue
             need.add(c)
-            stack.extend(self.datas[d].producer for d in self.computes[c].inputs)
+            stack.extend(map(producer.__getitem__, inputs[c]))  # (C loop: a 100k-node graph comes through)
         return frozenset(need)
 
     def is_topological(self, order: Sequence[int]) -> bool:
@@ -262,34 +268,23 @@ class Graph:
         }
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> Graph:
+    def from_dict(cls, obj: dict[str, Any], *,
+                  columns: Mapping[str, Mapping[str, Sequence[Any]]] | None = None) -> Graph:
+        """The graph of `obj` (`to_dict`'s form).  `columns` may hold its "computes" or "datas" already
+        read field by field (field name -> values, node by node, as in `obj`; an optional field without a
+        column takes its default for every node): those items are not read again."""
+        columns = columns or {}
         # column by column (`map` over the node class): a plan file's graph has 100k nodes
-        cs, ds = obj["computes"], obj["datas"]
-        computes = _frozen_nodes(
-            ComputeNode,
-            _column(cs, "id"),
-            _column(cs, "name"),
-            _column(cs, "op"),
-            _members(_PHASES, Phase, _column(cs, "phase")),
-            map(tuple, _column(cs, "inputs")),
-            map(tuple, _column(cs, "outputs")),
-            map(float, _column(cs, "time")),
-            map(int, _column(cs, "temp_bytes")),
-            _column(cs, "module", ""),
-            _column(cs, "source", ""),
-            _column(cs, "block", None),
-            map(float, _column(cs, "flops", 0.0)),
+        c = _with_defaults(columns.get("computes") or node_columns(obj["computes"], ComputeNode), ComputeNode)
+        computes = frozen_instances(
+            ComputeNode, c["id"], c["name"], c["op"], _members(_PHASES, Phase, c["phase"]),
+            map(tuple, c["inputs"]), map(tuple, c["outputs"]), map(float, c["time"]),
+            map(int, c["temp_bytes"]), c["module"], c["source"], c["block"], map(float, c["flops"]),
         )
-        datas = _frozen_nodes(
-            DataNode,
-            _column(ds, "id"),
-            _column(ds, "name"),
-            map(int, _column(ds, "bytes")),
-            _members(_KINDS, DataKind, _column(ds, "kind")),
-            _column(ds, "producer", None),
-            map(tuple, _column(ds, "shape", ())),
-            _column(ds, "dtype", ""),
-            map(tuple, _column(ds, "aliases", ())),
+        d = _with_defaults(columns.get("datas") or node_columns(obj["datas"], DataNode), DataNode)
+        datas = frozen_instances(
+            DataNode, d["id"], d["name"], map(int, d["bytes"]), _members(_KINDS, DataKind, d["kind"]),
+            d["producer"], map(tuple, d["shape"]), d["dtype"], map(tuple, d["aliases"]),
         )
         return cls(
             computes,
@@ -300,11 +295,41 @@ class Graph:
         )
 
 
-def _column(items: list[dict[str, Any]], key: str, *default: Any) -> Iterable[Any]:
-    """item[key] of each item (KeyError if one lacks it), or item.get(key, default)."""
-    if default:
-        return map(dict.get, items, repeat(key), repeat(default[0]))
-    return map(itemgetter(key), items)
+#: the node fields a graph dict may leave out (`Graph.from_dict`), with the value they then take
+_OPTIONAL: dict[type, dict[str, Any]] = {
+    ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0},
+    DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": ()},
+}
+
+
+def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[Any]]:
+    """The values of each field of the node dataclass `node` in `items` (dicts as `Graph.to_dict` writes
+    them), field by field; an item without an optional field takes its default, one without another
+    field is a KeyError.  One transposing pass when every item has every field (a third faster than a
+    pass per field over 100k dicts), else a pass per field."""
+    names = [f.name for f in fields(node)]
+    optional = _OPTIONAL[node]
+    try:
+        return dict(zip(names, list(zip(*map(itemgetter(*names), items), strict=True)) or [()] * len(names),
+                        strict=True))
+    except KeyError:
+        return {k: list(map(dict.get, items, repeat(k), repeat(optional[k]))) if k in optional
+                else list(map(itemgetter(k), items)) for k in names}
+
+
+def _with_defaults(columns: Mapping[str, Sequence[Any]], node: type) -> dict[str, Iterable[Any]]:
+    """`columns` with each missing optional field filled with its default (a KeyError names a missing
+    field that is not optional)."""
+    n = len(columns["id"])
+    optional = _OPTIONAL[node]
+    return {f.name: repeat(optional[f.name], n) if f.name not in columns and f.name in optional
+            else columns[f.name] for f in fields(node)}
+
+
+def _owners(lists: Sequence[Sequence[int]]) -> Iterable[int]:
+    """The position of the list each item of `lists` comes from, item by item (0, 0, 1, 3, ... for
+    lists of lengths 2, 1, 0, ...), matching `chain.from_iterable(lists)`."""
+    return chain.from_iterable(map(repeat, range(len(lists)), map(len, lists)))
 
 
 def _members(by_value: dict[str, Any], enum: type[Enum], values: Iterable[Any]) -> list[Any]:
@@ -317,19 +342,20 @@ def _members(by_value: dict[str, Any], enum: type[Enum], values: Iterable[Any]) 
         return list(map(enum, values))
 
 
-def _frozen_nodes(cls: type, *columns: Iterable[Any]) -> tuple[Any, ...]:
-    """Instances of the frozen dataclass `cls` (fields in order, no __post_init__) from columns of field
-    values.  Its generated __init__ sets each field through object.__setattr__ (frozen), half the cost
-    of rebuilding a plan file's 100k nodes; filling the instance dict is what that __init__ ends with."""
-    names = tuple(f.name for f in fields(cls))
-    new = object.__new__
-
-    def node(values: tuple[Any, ...]) -> Any:
-        made = new(cls)
-        made.__dict__.update(zip(names, values, strict=True))
-        return made
-
-    return tuple(map(node, zip(*columns, strict=True)))
+def frozen_instances(cls: type, *columns: Iterable[Any]) -> tuple[Any, ...]:
+    """Instances of the frozen, slotted dataclass `cls` (fields in order, no __post_init__) from columns
+    of field values, all in C loops: the instances allocated at once, then each field's slot filled
+    through its descriptor, column by column.  Its generated __init__ (a Python call per instance, and
+    one object.__setattr__ per field) was half the cost of rebuilding a plan file's 100k nodes."""
+    made: list[Any] | None = None
+    for f, column in zip(fields(cls), columns, strict=True):
+        values = list(column)
+        if made is None:
+            made = list(map(object.__new__, repeat(cls, len(values))))
+        if len(values) != len(made):
+            raise ValueError(f"{cls.__name__} columns of different lengths")
+        deque(map(getattr(cls, f.name).__set__, made, values), maxlen=0)
+    return tuple(made or ())
 
 
 class GraphBuilder:

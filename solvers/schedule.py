@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Literal
 
-from solvers.ir import Graph
+from solvers.ir import Graph, frozen_instances
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no instance dict: a plan file holds 100k steps per run
 class Step:
     op: Literal["compute", "free"]
     node: int
@@ -39,9 +39,9 @@ def steps_from_json(obj: Iterable[Sequence[object]]) -> Schedule:
     items = list(obj)
     try:  # the whole schedule in C loops (a plan file holds 100k steps); any doubt: step by step, below
         if set(map(type, items)) <= {list, tuple} and set(map(len, items)) <= {2}:
-            ops, nodes = list(map(itemgetter(0), items)), list(map(itemgetter(1), items))
-            if set(ops) <= {"compute", "free"} and set(map(type, nodes)) <= {int}:
-                return tuple(map(Step, ops, nodes))
+            steps = _plain_steps(list(map(itemgetter(0), items)), list(map(itemgetter(1), items)))
+            if steps is not None:
+                return steps
     except (TypeError, KeyError, IndexError):
         pass
     steps = []
@@ -51,6 +51,24 @@ def steps_from_json(obj: Iterable[Sequence[object]]) -> Schedule:
             raise ValueError(f"bad schedule step {item!r}: expected ['compute'|'free', int]")
         steps.append(Step(op, node))  # type: ignore[arg-type]
     return tuple(steps)
+
+
+def steps_from_columns(ops: Sequence[object], nodes: Sequence[object]) -> Schedule:
+    """`steps_from_json` of the steps [ops[i], nodes[i]], from those two columns (the schedule as a plan
+    file's validation already read it)."""
+    try:
+        steps = _plain_steps(ops, nodes) if len(ops) == len(nodes) else None
+    except TypeError:  # an unhashable op
+        steps = None
+    return steps if steps is not None else steps_from_json(list(map(list, zip(ops, nodes, strict=True))))
+
+
+def _plain_steps(ops: Sequence[object], nodes: Sequence[object]) -> Schedule | None:
+    """The steps, in C loops, when every op is "compute" or "free" and every node an int (not a bool);
+    None when one is not."""
+    if set(ops) <= {"compute", "free"} and set(map(type, nodes)) <= {int}:
+        return frozen_instances(Step, ops, nodes)
+    return None
 
 
 def eager_schedule(graph: Graph, order: Sequence[int] | None = None) -> Schedule:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import accumulate, islice
-from operator import add
+from itertools import accumulate, compress, islice, repeat
+from operator import add, attrgetter, is_
 
 from solvers.ir import DataKind, Graph
 from solvers.schedule import Step
@@ -122,14 +122,15 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     datas, computes = graph.datas, graph.computes
     n = len(steps)
     column = {k: i for i, k in enumerate(CATEGORIES)}
-    cat_of = [column[category(d.kind)] for d in datas]
-    size = [d.bytes for d in datas]
-    alive = [d.producer is None for d in datas]
+    # per data node, in C loops (a plan file's graph has 100k): category column, size, alive at start
+    cat_of = list(map({kind: column[category(kind)] for kind in _CATEGORY_OF}.__getitem__,
+                      map(attrgetter("kind"), datas)))
+    size = list(map(attrgetter("bytes"), datas))
+    alive = list(map(is_, map(attrgetter("producer"), datas), repeat(None)))
     freed_at: dict[int, int] = {}
     initial_by_cat = [0] * len(CATEGORIES)
-    for d in datas:
-        if alive[d.id]:
-            initial_by_cat[cat_of[d.id]] += d.bytes
+    for d in compress(range(len(datas)), alive):
+        initial_by_cat[cat_of[d]] += size[d]
     initial = sum(initial_by_cat)
     issues: list[ScheduleIssue] = []
     # change of each category's resident bytes at each step (workspace: the step's own, not carried on)
@@ -138,16 +139,18 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     change = [0] * n  # of the live total
     done = [False] * len(computes)
     total_time = 0.0
-    n_compute = n_recompute = 0
+    n_run = 0  # compute steps of known nodes, recomputations included
 
-    n_computes = len(computes)
+    n_computes, n_datas = len(computes), len(datas)
+    is_alive = alive.__getitem__
     for i, step in enumerate(steps):
-        if step.op == "compute":
-            if not 0 <= step.node < n_computes:
-                issues.append(ScheduleIssue(i, step.node, f"unknown compute node id {step.node}"))
+        op, node = step.op, step.node
+        if op == "compute":
+            if not 0 <= node < n_computes:
+                issues.append(ScheduleIssue(i, node, f"unknown compute node id {node}"))
                 continue
-            c = computes[step.node]
-            if not all(map(alive.__getitem__, c.inputs)):  # (one C loop for the usual, valid step)
+            c = computes[node]
+            if not all(map(is_alive, c.inputs)):  # (one C loop for the usual, valid step)
                 for d in c.inputs:
                     if not alive[d]:
                         why = f"freed at step {freed_at[d]}" if d in freed_at else "never computed"
@@ -158,34 +161,29 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                                 f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})",
                             )
                         )
-            if done[c.id]:
-                n_recompute += 1
-            else:
-                n_compute += 1
-                done[c.id] = True
+            n_run += 1
+            done[node] = True
             total_time += c.time
+            # (`freed_at` keeps a recomputed output's last free: only a free makes it dead again, and
+            # that free overwrites the entry)
             for d in c.outputs:
                 if not alive[d]:
                     changes[cat_of[d]][i] += size[d]
                     change[i] += size[d]
                     alive[d] = True
-                    freed_at.pop(d, None)
             workspace[i] = c.temp_bytes
-        elif step.op == "free":
-            if not 0 <= step.node < len(datas):
-                issues.append(ScheduleIssue(i, step.node, f"unknown data node id {step.node}"))
-            elif not alive[step.node]:
-                issues.append(
-                    ScheduleIssue(i, step.node, f"free of {datas[step.node].name!r}, which is not alive")
-                )
+        elif op == "free":
+            if not 0 <= node < n_datas:
+                issues.append(ScheduleIssue(i, node, f"unknown data node id {node}"))
+            elif not alive[node]:
+                issues.append(ScheduleIssue(i, node, f"free of {datas[node].name!r}, which is not alive"))
             else:
-                d = step.node
-                alive[d] = False
-                freed_at[d] = i
-                changes[cat_of[d]][i] -= size[d]
-                change[i] -= size[d]
+                alive[node] = False
+                freed_at[node] = i
+                changes[cat_of[node]][i] -= size[node]
+                change[i] -= size[node]
         else:
-            issues.append(ScheduleIssue(i, step.node, f"unknown step kind {step.op!r}"))
+            issues.append(ScheduleIssue(i, node, f"unknown step kind {op!r}"))
 
     # memory during step i: what was resident before it plus its changes (a free's: after it), plus its
     # workspace, which is gone after the step
@@ -196,10 +194,14 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     live_bytes = _running(change, initial)
     step_bytes = tuple(map(add, live_bytes, workspace))
 
-    for d in graph.outputs:
-        if not alive[d]:
-            issues.append(ScheduleIssue(-1, d, f"required output {datas[d].name!r} is not alive"))
-    missing = [computes[c].name for c in sorted(graph.required_computes) if not done[c]]
+    if not all(map(alive.__getitem__, graph.outputs)):  # (one C loop when all are, as in a valid plan)
+        for d in graph.outputs:
+            if not alive[d]:
+                issues.append(ScheduleIssue(-1, d, f"required output {datas[d].name!r} is not alive"))
+    n_compute = done.count(True)  # nodes run at least once; their other runs are recomputations
+    required = graph.required_computes
+    missing = [] if all(map(done.__getitem__, required)) else [
+        computes[c].name for c in sorted(required) if not done[c]]
     if missing:
         issues.append(ScheduleIssue(-1, -1, f"compute nodes never run: {', '.join(missing[:5])}"))
     peak_step = step_bytes.index(max(step_bytes)) if step_bytes else -1  # the first step at the peak
@@ -214,11 +216,13 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
         peak_step=peak_step if step_bytes and step_bytes[peak_step] >= initial else -1,
         total_time=total_time,
         computes=n_compute,
-        recomputes=n_recompute,
+        recomputes=n_run - n_compute,
         issues=tuple(issues),
     )
 
 
 def _running(changes: list[int], start: int) -> tuple[int, ...]:
     """The running sums start + changes[0], start + changes[0] + changes[1], ..."""
+    if not any(changes):  # a category no step changes (parameters, buffers in training): a C loop to see
+        return (start,) * len(changes)
     return tuple(islice(accumulate(changes, initial=start), 1, None))

@@ -151,3 +151,79 @@ def test_budget_spellings():
     for bad in ("lots", "5 parsecs", "0%", "150%", 1.5, 0.0, -3, True):
         with pytest.raises((ValueError, TypeError)):
             parse_budget(bad, 1000)
+
+
+def _parsed(loads, text):
+    """What `loads` makes of `text`: ("ok", repr of the value, the types inside) or ("error", its type)."""
+    try:
+        value = loads(text)
+    except (ValueError, RecursionError) as exc:
+        return ("error", "RecursionError" if isinstance(exc, RecursionError) else "ValueError")
+    return ("ok", repr(value))
+
+
+#: JSON texts that are hard for a parser: integers beyond 64 bits, floats out of range or at the edge of
+#: double precision, escapes of lone and paired surrogates, NUL, non-standard constants, a BOM, and
+#: things json.loads refuses (leading zeros, trailing commas, raw control characters)
+_HARD_JSON = ["1" * 400, "-1" + "0" * 30, "18446744073709551616", "-9223372036854775809", "1e999",
+              "-1e999", "1e-400", "4.9406564584124654e-324", "2.2250738585072011e-308", "0.1e1",
+              "1.7976931348623157e308", "123456789012345678901234567890.5e-10", '"\\ud800"', '"\\udc00x"',
+              '"\\ud83d\\ude00"', '"\\u0000"', '"\x00"', "NaN", "Infinity", "-Infinity", "\ufeff[1]", "01",
+              "[1,]", '{"a":1,}', '"\n"', "1.", ".5", "+1", '{"a":1,"b":2,"a":3}', "[" * 5000 + "]" * 5000,
+              "[] x", " [ 1 , 2 ] ", "\t\r\n1", "\u00a01", "tru", '"\\x"', '"é"', '"\u2028"']
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.sampled_from(_HARD_JSON),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner,
+                                                                             max_size=4),
+                 max_leaves=12).map(lambda v: json.dumps(v, ensure_ascii=False)),
+    st.tuples(st.sampled_from(_HARD_JSON), st.integers(0, 40), st.text(max_size=2)).map(
+        lambda t: t[0][:t[1]] + t[2] + t[0][t[1]:]),  # broken texts
+), st.booleans())
+def test_plan_json_is_parsed_as_json_loads_parses_it(text, as_bytes):
+    """memviz parses plan files with msgspec's decoder (twice as fast as json on a 100k-step plan), and
+    with json.loads whatever msgspec refuses: the result is json.loads's (NaN and Infinity refused) on
+    every text, the value or the kind of error."""
+    from memviz.planfile import _loads, _reject_constant
+
+    if as_bytes:
+        try:
+            text = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: not UTF-8
+            text = text.encode("utf-8", "surrogatepass")
+    assert _parsed(_loads, text) == _parsed(lambda t: json.loads(t, parse_constant=_reject_constant), text)
+
+
+def test_a_plan_file_is_parsed_without_json_loads(tmp_path, monkeypatch):
+    import memviz.planfile as planfile
+
+    path = memviz.plan(tiny_training_graph(), frontier=False, packing=False).save(tmp_path / "plan.json")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("json.loads: the slower parser")
+
+    monkeypatch.setattr(planfile.json, "loads", refuse)
+    assert memviz.load_plan(path).peak_bytes > 0
+
+
+def test_a_loaded_plan_goes_to_the_oldest_gc_generation(tmp_path):
+    """Loading pauses the cyclic GC, then moves what it made to the oldest generation at once (a young
+    collection would walk the whole plan); a program's own frozen objects stay frozen."""
+    import gc
+
+    path = memviz.plan(tiny_training_graph(), frontier=False, packing=False).save(tmp_path / "plan.json")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    plan = memviz.load_plan(path)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert any(o is plan.graph for o in gc.get_objects(generation=2))
+    mine: list = []
+    gc.freeze()
+    try:
+        plan = memviz.load_plan(path)
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert not any(o is mine for o in gc.get_objects())  # still frozen (the three generations lack it)
+    finally:
+        gc.unfreeze()

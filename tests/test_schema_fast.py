@@ -172,3 +172,73 @@ def test_jsonschema_sees_a_document_of_constant_size():
     small, large = _chain_doc(64, packing=False), _chain_doc(320, packing=False)
     assert _values(large) > 4 * _values(small)
     assert _values(stripped(large, plan_schema())) == _values(stripped(small, plan_schema()))
+
+
+def _rebuilt(graph: dict, kept: dict):
+    """The graph built from the columns the schema check kept, and from the items themselves (the
+    error, where building fails)."""
+    from solvers import Graph
+
+    def outcome(build):
+        try:
+            return build()
+        except Exception as exc:  # noqa: BLE001 -- the exact error is what is compared
+            return (type(exc), str(exc))
+
+    return (outcome(lambda: Graph.from_dict(graph, columns=kept)), outcome(lambda: Graph.from_dict(graph)))
+
+
+def test_kept_columns_build_what_the_items_build(doc):
+    """`stripped(..., columns=)` keeps each long array's columns as the check read them; the graph and the
+    schedules built from them equal those built from the items, an optional key left out of every item
+    takes its default, and an array whose items have different keys keeps nothing (read item by item)."""
+    from solvers.schedule import steps_from_columns, steps_from_json
+
+    columns: dict = {}
+    stripped(doc, plan_schema(), columns=columns)
+    assert {("graph", "computes"), ("graph", "datas"), ("baseline", "schedule"),
+            ("planned", "schedule")} <= set(columns)
+    assert columns[("graph", "datas")]["name"] == tuple(d["name"] for d in doc["graph"]["datas"])
+    for run in ("baseline", "planned"):
+        kept = columns[(run, "schedule")]
+        assert steps_from_columns(kept[0], kept[1]) == steps_from_json(doc[run]["schedule"])
+    kept = {k: columns[("graph", k)] for k in ("computes", "datas")}
+    built, read = _rebuilt(doc["graph"], kept)
+    assert built == read and len(read.computes) > MIN_ITEMS
+
+    mutated = json.loads(json.dumps(doc))
+    for c in mutated["graph"]["computes"]:
+        c["block"], c["flops"] = 3, 2.0
+        del c["source"]  # left out of every item: the default
+    mutated["graph"]["computes"][5]["module"] = "changed"
+    del mutated["graph"]["datas"][7]["dtype"]  # left out of one item only
+    columns = {}
+    stripped(mutated, plan_schema(), columns=columns)
+    assert "source" not in columns[("graph", "computes")] and ("graph", "datas") not in columns
+    built, read = _rebuilt(mutated["graph"], {"computes": columns[("graph", "computes")]})
+    assert built == read and read.computes[5].module == "changed" and read.computes[9].block == 3
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_kept_columns_agree_with_the_items_under_mutation(doc, data):
+    """A value of a graph item replaced, a key added or removed: where the check keeps columns, the graph
+    built from them is the graph (or the error) built from the items."""
+    mutated = json.loads(json.dumps(doc))
+    which = data.draw(st.sampled_from(["computes", "datas"]))
+    items = mutated["graph"][which]
+    item = items[data.draw(st.integers(0, len(items) - 1))]
+    key = data.draw(st.sampled_from(sorted(item) + ["extra"]))
+    how = data.draw(st.sampled_from(["set", "delete", "delete everywhere"]))
+    if how == "set" or key == "extra":
+        item[key] = data.draw(json_values)
+    elif how == "delete":
+        del item[key]
+    else:
+        for other in items:
+            other.pop(key, None)
+    columns: dict = {}
+    stripped(mutated, plan_schema(), columns=columns)
+    kept = {k: columns[("graph", k)] for k in ("computes", "datas") if ("graph", k) in columns}
+    built, read = _rebuilt(mutated["graph"], kept)
+    assert built == read

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solvers import DataKind, GraphBuilder, GraphError, Phase, compute, eager_schedule, free, simulate
-from solvers.ir import ComputeNode, DataNode, Graph
+from solvers.ir import ComputeNode, DataNode, Graph, frozen_instances
 from solvers.schedule import Step, steps_from_json
 
 
@@ -200,6 +200,29 @@ def test_graph_rejects_malformed_input():
 def test_graph_round_trips_through_dict():
     g = random_dag(7, 12)
     assert Graph.from_dict(g.to_dict()) == g
+
+
+def test_graph_from_dict_fills_optional_keys_some_nodes_lack():
+    """The one-pass column read needs every key on every node; a node without an optional key sends the
+    graph to a read per key, with the dataclass defaults, and one without a required key is a KeyError."""
+    g = random_dag(7, 12)
+    doc = g.to_dict()
+    for key in ("module", "source", "block", "flops"):
+        del doc["computes"][3][key]
+    for key in ("producer", "shape", "dtype", "aliases"):
+        del doc["datas"][0][key]  # a source: its producer is None, the default
+    assert Graph.from_dict(doc) == g
+    del doc["computes"][2]["time"]
+    with pytest.raises(KeyError):
+        Graph.from_dict(doc)
+
+
+def test_frozen_instances_refuses_columns_of_different_lengths():
+    assert frozen_instances(Step, ["compute", "free"], [1, 2]) == (compute(1), free(2))
+    assert frozen_instances(Step, [], []) == ()
+    for ops, nodes in ((["compute"], [1, 2]), ([], [1])):
+        with pytest.raises(ValueError):
+            frozen_instances(Step, ops, nodes)
 
 
 def test_steps_from_json_rejects_garbage():

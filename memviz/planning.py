@@ -366,9 +366,14 @@ def as_exported(graph: Graph, schedule: Schedule) -> Schedule:
     if turn is None:
         return schedule
     try:
-        return run_turn_once(graph, schedule, *turn)
+        once = run_turn_once(graph, schedule, *turn)
     except ValueError as exc:
         raise PlanningError(f"the exported module cannot run this schedule: {exc}") from None
+    issues = () if once is schedule else simulate(graph, once).issues
+    if issues:  # a node other than the loss's backward read what an earlier loss computation made
+        raise PlanningError(f"the exported module cannot run this schedule: run with the loss once, "
+                            f"{issues[0]}")
+    return once
 
 
 def plan(

@@ -153,8 +153,17 @@ def run_turn_once(graph: Graph, schedule: Schedule, first: int, then: int) -> Sc
     stay = [s for s in between if s.op == "free" and s.node in reads]
     if any(s.op == "compute" and reads.intersection(graph.computes[s.node].outputs) for s in moved):
         raise ValueError(f"the schedule recomputes an input of node {first} between it and node {then}")
-    # the later computations of `first` (after `then`) are no-ops for the executor too
-    tail = [s for s in steps[turn:] if not (s.op == "compute" and s.node == first)]
+    # later computations of `first` (after `then`) are no-ops for the executor too, and so are the
+    # frees of what they would have made again
+    tail, alive = [], set(made)
+    for s in steps[turn:]:
+        if s.op == "compute" and s.node == first:
+            continue
+        if s.op == "free" and s.node in made:
+            if s.node not in alive:
+                continue
+            alive.discard(s.node)
+        tail.append(s)
     return _without_dead(graph, [*head, *moved, steps[last], *stay, *tail])
 
 

@@ -124,12 +124,12 @@ def turn_issue(schedule: Sequence[Step], first: int, then: int) -> str | None:
 def run_turn_once(graph: Graph, schedule: Schedule, first: int, then: int) -> Schedule:
     """`schedule` as an executor runs it that computes `first` once, right before `then`, with only frees
     between (memviz.export: the user's loss runs once, after the exported forward has returned, and its
-    backward is the next thing that happens).  A remat solver treats the two as ordinary nodes: Rotor
-    and Rockmate put the loss in the last block of their chain, whose forward they run once in the
-    forward sweep and again before its backward, and Checkmate may recompute nodes for later stages in
-    the stage of `then`.  The executor would run those in-between computes before the loss, with its
-    inputs (the model's outputs) still alive, and the first loss only: a peak the simulation of
-    `schedule` does not show.  So:
+    backward is the next thing that happens).  A remat solver treats the two as ordinary nodes: Rockmate
+    puts the loss in the last block of its chain and ran that block's forward in the forward sweep and
+    again before its backward (Mistral, Llama); Rotor's chain and Checkmate's stage of `then` (which
+    recomputes what later stages keep before `then` itself) allow the like.  The executor would run
+    those in-between computes before the loss, with its inputs (the model's outputs) still alive, and
+    the first loss only: a peak the simulation of `schedule` does not show.  So:
     - every computation of `first` but the last one before `then` goes, with the frees of its outputs
       before that one (nothing but `then` reads them);
     - the computes between that one and `then`, and the frees of what `first` does not read, move

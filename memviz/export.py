@@ -51,7 +51,7 @@ from memviz.capture import Captured, capture, constant_values, fingerprint, is_r
 from memviz.compiled import caller_backend, compiled_code
 from memviz.replay import check_replay
 from solvers import Graph, Phase, simulate
-from solvers.schedule import Schedule, Step
+from solvers.schedule import Schedule, Step, turn_issue
 
 
 class StalePlanError(ValueError):
@@ -126,6 +126,12 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
         raise ValueError(f"the plan runs the optimizer update {early!r} before the backward ends: the "
                          "exported module leaves the update to your optimizer, after backward(), so its "
                          "peak would not be the plan's; plan it again (memviz.plan keeps the updates last)")
+    if captured.loss_compute is not None and captured.loss_backward_compute is not None:
+        why = turn_issue(steps, captured.loss_compute, captured.loss_backward_compute)
+        if why is not None:
+            raise ValueError(f"the plan's schedule cannot be exported: {why}; the exported module hands its "
+                             "outputs to your loss once, when its forward returns, and the loss's backward "
+                             "comes next, so its peak would not be the plan's (memviz.plan schedules it so)")
     boundary = len(steps)
     if captured.loss_backward_compute is not None:
         boundary = next(i for i, s in enumerate(steps)

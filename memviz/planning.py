@@ -23,7 +23,7 @@ from memviz.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, w
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.deadline import Deadline
 from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
-from solvers.schedule import Schedule, keep_outputs_alive
+from solvers.schedule import Schedule, keep_outputs_alive, run_turn_once
 
 #: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=..., deadline=...)
 #: -> SolveResult`, returning by the earlier of the two (`solvers.deadline`).
@@ -357,12 +357,39 @@ def solve_checked(
         )
     else:
         raise PlanningError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    result = SolveResult(keep_outputs_alive(graph, result.schedule), result.stats)
+    result = SolveResult(as_exported(graph, result.schedule), result.stats)
     timeline = simulate(graph, result.schedule).check()
     if timeline.peak_bytes > budget:
-        # only keeping the model outputs alive can push a solver's schedule over (it fitted before)
+        # keeping the model outputs alive, or the loss's computes moved where the export runs them, can
+        # push a solver's schedule over (it fitted before)
         raise InfeasibleBudget(budget, timeline.peak_bytes, strategy, proven=False)
     return result, timeline
+
+
+def loss_turn(graph: Graph) -> tuple[int, int] | None:
+    """The synthetic loss node and its backward (`capture.add_loss_nodes`), or None (no user loss)."""
+    ids = {c.op: c.id for c in graph.computes if c.op in ("loss_fn", "loss_fn.backward")}
+    return (ids["loss_fn"], ids["loss_fn.backward"]) if len(ids) == 2 else None
+
+
+def as_exported(graph: Graph, schedule: Schedule) -> Schedule:
+    """A solver's schedule as `memviz.export` runs it: the model outputs kept alive once computed (it
+    hands them to the caller) and the loss computed once, right before its backward (the caller runs it
+    once the forward has returned: `solvers.schedule.run_turn_once`).  Its simulation is the measured
+    step's memory.  Raises `PlanningError` for a schedule the export cannot run."""
+    schedule = keep_outputs_alive(graph, schedule)
+    turn = loss_turn(graph)
+    if turn is None:
+        return schedule
+    try:
+        once = run_turn_once(graph, schedule, *turn)
+    except ValueError as exc:
+        raise PlanningError(f"the exported module cannot run this schedule: {exc}") from None
+    issues = () if once is schedule else simulate(graph, once).issues
+    if issues:  # a node other than the loss's backward read what an earlier loss computation made
+        raise PlanningError(f"the exported module cannot run this schedule: run with the loss once, "
+                            f"{issues[0]}")
+    return once
 
 
 def plan(
@@ -522,7 +549,10 @@ def _known_minimum(graph: Graph) -> tuple[SolveResult, Timeline] | None:
     found = known_minimum(graph)
     if found is None or not is_training(graph):
         return None
-    schedule = keep_outputs_alive(graph, found.schedule)
+    try:
+        schedule = as_exported(graph, found.schedule)
+    except PlanningError:
+        return None
     timeline = simulate(graph, schedule).check()
     stats = SolverStats("checkmate", "heuristic", 0.0, objective=timeline.total_time,
                         extra={"source": "lowest-peak schedule found by an earlier checkmate call"})
@@ -623,7 +653,7 @@ def solve_frontier(
             try:
                 result, tl = solve_checked(graph, strategy, budget, deadline.left(), deadline)
                 run = FrontierPoint(budget, strategy, result, tl)
-            except InfeasibleBudget:
+            except (InfeasibleBudget, PlanningError):
                 run = None
         if run is not None and (best is None or run.timeline.total_time < best.timeline.total_time):
             best = run

@@ -121,3 +121,91 @@ def keep_outputs_alive(graph: Graph, schedule: Schedule) -> Schedule:
 
 def compute_order(schedule: Iterable[Step]) -> list[int]:
     return [s.node for s in schedule if s.op == "compute"]
+
+
+def turn_issue(schedule: Sequence[Step], first: int, then: int) -> str | None:
+    """Why `schedule` is not one an executor that runs `first` exactly once, right before `then` (only
+    frees between them), can run; None when it is (or when it never runs `then`)."""
+    runs = [i for i, s in enumerate(schedule) if s.op == "compute" and s.node == first]
+    turn = next((i for i, s in enumerate(schedule) if s.op == "compute" and s.node == then), None)
+    if turn is None:
+        return None
+    if len(runs) != 1 or runs[0] > turn:
+        before = sum(i < turn for i in runs)
+        return f"it computes node {first} {len(runs)} times ({before} before node {then})"
+    between = [s.node for s in schedule[runs[0] + 1 : turn] if s.op == "compute"]
+    if between:
+        return f"it computes node(s) {between[:5]} between node {first} and node {then}"
+    return None
+
+
+def run_turn_once(graph: Graph, schedule: Schedule, first: int, then: int) -> Schedule:
+    """`schedule` as an executor runs it that computes `first` once, right before `then`, with only frees
+    between (memviz.export: the user's loss runs once, after the exported forward has returned, and its
+    backward is the next thing that happens).  A remat solver treats the two as ordinary nodes: Rockmate
+    puts the loss in the last block of its chain and ran that block's forward in the forward sweep and
+    again before its backward (Mistral, Llama); Rotor's chain and Checkmate's stage of `then` (which
+    recomputes what later stages keep before `then` itself) allow the like.  The executor would run
+    those in-between computes before the loss, with its inputs (the model's outputs) still alive, and
+    the first loss only: a peak the simulation of `schedule` does not show.  So:
+    - every computation of `first` but the last one before `then` goes, with the frees of its outputs
+      before that one (nothing but `then` reads them);
+    - the computes between that one and `then`, and the frees of what `first` does not read, move
+      before it, where the executor runs them (a recomputation of what `first` reads cannot: ValueError);
+    - computes left dead by that (each output freed before anything reads it) go, with those frees.
+    The result is what runs: its simulation is the executor's memory.  Unchanged when already so."""
+    if turn_issue(schedule, first, then) is None:
+        return schedule
+    steps = list(schedule)
+    turn = next(i for i, s in enumerate(steps) if s.op == "compute" and s.node == then)
+    runs = [i for i in range(turn) if steps[i].op == "compute" and steps[i].node == first]
+    if not runs:
+        raise ValueError(f"node {then} runs before node {first}: no executor can run its loss once before it")
+    last = runs[-1]
+    made, reads = set(graph.computes[first].outputs), set(graph.computes[first].inputs)
+    dropped = set(runs[:-1])
+    head = [s for i, s in enumerate(steps[:last])
+            if i not in dropped and not (s.op == "free" and s.node in made)]
+    between = steps[last + 1 : turn]
+    moved = [s for s in between if not (s.op == "free" and s.node in reads)]
+    stay = [s for s in between if s.op == "free" and s.node in reads]
+    if any(s.op == "compute" and reads.intersection(graph.computes[s.node].outputs) for s in moved):
+        raise ValueError(f"the schedule recomputes an input of node {first} between it and node {then}")
+    # later computations of `first` (after `then`) are no-ops for the executor too, and so are the
+    # frees of what they would have made again
+    tail, alive = [], set(made)
+    for s in steps[turn:]:
+        if s.op == "compute" and s.node == first:
+            continue
+        if s.op == "free" and s.node in made:
+            if s.node not in alive:
+                continue
+            alive.discard(s.node)
+        tail.append(s)
+    return _without_dead(graph, [*head, *moved, steps[last], *stay, *tail])
+
+
+def _without_dead(graph: Graph, steps: list[Step]) -> Schedule:
+    """`steps` without the computes whose every output is freed before anything reads it (and without
+    those frees); a compute with no outputs (an update) or a required output stays.  One backward pass:
+    a compute only a dead one read is dead in turn."""
+    required = set(graph.outputs)
+    nxt: dict[int, tuple[str, int]] = {}  # data -> the next event after the current position
+    gone: set[int] = set()
+    for p in range(len(steps) - 1, -1, -1):
+        s = steps[p]
+        if s.op == "free":
+            nxt[s.node] = ("free", p)
+            continue
+        c = graph.computes[s.node]
+        if c.outputs and all(d not in required and nxt.get(d, ("", 0))[0] == "free" for d in c.outputs):
+            gone.add(p)
+            gone.update(nxt[d][1] for d in c.outputs)
+            for d in c.outputs:
+                nxt[d] = ("produce", p)
+            continue
+        for d in c.outputs:
+            nxt[d] = ("produce", p)
+        for d in c.inputs:
+            nxt[d] = ("read", p)
+    return tuple(s for p, s in enumerate(steps) if p not in gone)

@@ -16,6 +16,7 @@ from memviz.profile import Profile, profile
 from memviz.tracker import measure_peak, tensors_of
 from solvers import Phase, simulate
 from solvers.result import InfeasibleBudget
+from solvers.schedule import Step
 
 PLAN_TOLERANCE = 0.01
 
@@ -124,3 +125,50 @@ def test_the_eager_schedule_exported_holds_what_eager_holds(name, loss):
     exported = _dropping_step(memviz.export(plan, model=model), args, loss_fn)
     assert exported == plan.peak_bytes <= eager == prof.baseline.peak_bytes, (
         exported, plan.peak_bytes, eager, prof.baseline.peak_bytes)
+
+
+def _loss_recomputed(plan) -> tuple[tuple, int]:
+    """The eager schedule with what Rockmate did to Mistral (its loss sits in the last block of the
+    chain): the loss runs, its saved tensors go, the producer of one of its inputs and the loss run again,
+    then the loss's backward.  Returns the schedule and that producer."""
+    g, steps = plan.graph, list(plan.schedule)
+    loss = next(c for c in g.computes if c.op == "loss_fn")
+    backward = next(c.id for c in g.computes if c.op == "loss_fn.backward")
+    at = next(i for i, s in enumerate(steps) if s.op == "compute" and s.node == backward)
+    freed = {s.node for s in steps[:at] if s.op == "free"}
+    producer = next(g.computes[g.datas[d].producer] for d in loss.inputs if g.datas[d].producer is not None
+                    and not freed.intersection(g.computes[g.datas[d].producer].inputs))
+    saved = [d for d in loss.outputs if d not in g.outputs]
+    again = [*(("free", d) for d in saved), ("compute", producer.id), ("compute", loss.id),
+             *(("free", d) for d in producer.outputs if d in freed)]
+    return (*steps[:at], *(Step(op, n) for op, n in again), *steps[at:]), producer.id
+
+
+def test_the_loss_runs_once_right_before_its_backward():
+    """Rockmate's plan for Mistral at 81% of its eager peak computed the loss twice (once in the forward
+    sweep, again with its block's recomputation before the backward): the export runs the user's loss
+    once, after its forward returned, so the recomputations between the two ran with the model's
+    outputs still held: measured 459,152 B against the plan's 450,700 and the budget 457,001
+    (tests/test_plan_truth.py).  Export refuses such a schedule; memviz.plan rewrites every solver's
+    schedule into the form the export runs (`run_turn_once`), whose simulation is what it measures."""
+    from examples.models import EXAMPLES
+    from memviz.capture import default_loss
+    from memviz.planning import as_exported
+    from solvers.schedule import turn_issue
+
+    model, args = EXAMPLES["gpt"](vocab=512)
+    prof = profile(model, args, repeats=1, warmup=0, measure=False)
+    plan = memviz.plan(prof, None, strategy="none", frontier=False, packing=False)
+    twice, producer = _loss_recomputed(plan)
+    g, turn = plan.graph, (prof.captured.loss_compute, prof.captured.loss_backward_compute)
+    assert simulate(g, twice).valid and turn_issue(twice, *turn)  # a valid schedule of the graph ...
+    with pytest.raises(ValueError, match="computes node .* 2 times"):  # ... that export cannot run
+        memviz.export(dataclasses.replace(plan, schedule=twice, timeline=simulate(g, twice)))
+    once = as_exported(g, twice)
+    assert turn_issue(once, *turn) is None
+    # the first loss and the computation of its input only it read are gone
+    assert [s.node for s in once if s.op == "compute"].count(producer) == 1
+    runs = dataclasses.replace(plan, schedule=once, timeline=simulate(g, once).check())
+    assert runs.peak_bytes <= simulate(g, twice).peak_bytes
+    measured = _dropping_step(memviz.export(runs, model=model), args, default_loss)
+    assert measured == runs.peak_bytes, (measured, runs.peak_bytes)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from solvers import DataKind, GraphBuilder, GraphError, Phase, compute, eager_schedule, free, simulate
 from solvers.ir import ComputeNode, DataNode, Graph, frozen_instances
-from solvers.schedule import Step, steps_from_json
+from solvers.schedule import Step, run_turn_once, steps_from_json, turn_issue
 
 
 def random_dag(seed: int, n: int) -> Graph:
@@ -383,3 +383,45 @@ def test_steps_from_json_fast_path_agrees_with_the_step_by_step_check(items):
             return (type(exc), str(exc))
 
     assert outcome(lambda: steps_from_json(items)) == outcome(step_by_step)
+
+
+def _loss_chain() -> tuple[Graph, dict[str, int]]:
+    """x -> f -> a -> g -> out -> loss (saves 50 B) -> loss_backward -> dout -> h(dout, a) -> da."""
+    b = GraphBuilder("loss chain")
+    ids = {"x": b.data("x", 10, DataKind.INPUT)}
+    ids["a"], ids["out"] = b.data("a", 100), b.data("out", 40)
+    ids["L"], ids["saved"] = b.data("L", 4, DataKind.OUTPUT), b.data("saved", 50)
+    ids["dout"], ids["da"] = b.data("dout", 40, DataKind.GRADIENT), b.data("da", 100, DataKind.GRADIENT)
+    ids["f"] = b.compute("f", [ids["x"]], [ids["a"]])
+    ids["g"] = b.compute("g", [ids["a"]], [ids["out"]])
+    ids["loss"] = b.compute("loss", [ids["out"]], [ids["L"], ids["saved"]], op="loss_fn")
+    ids["lb"] = b.compute("loss_backward", [ids["L"], ids["saved"]], [ids["dout"]], op="loss_fn.backward",
+                          phase=Phase.BACKWARD)
+    ids["h"] = b.compute("h", [ids["dout"], ids["a"]], [ids["da"]], phase=Phase.BACKWARD)
+    b.outputs += [ids["L"], ids["da"]]
+    return b.build(), ids
+
+
+def test_the_loss_runs_once_right_before_its_backward():
+    """What Rockmate's chain did with the loss (in its last block): computed in the forward sweep, its
+    input freed, recomputed with the loss before the loss's backward; and a recomputation Checkmate can
+    place in the loss backward's stage.  The export runs the loss once, when its forward has returned:
+    `run_turn_once` gives the schedule it runs (the first loss and the compute only it read dropped;
+    computes between the loss and its backward moved before the loss)."""
+    g, i = _loss_chain()
+    c, f = compute, free
+    twice = (c(i["f"]), c(i["g"]), c(i["loss"]), f(i["out"]), f(i["saved"]), c(i["g"]), c(i["loss"]),
+             f(i["out"]), c(i["lb"]), f(i["saved"]), c(i["h"]), f(i["dout"]), f(i["a"]))
+    assert simulate(g, twice).valid and turn_issue(twice, i["loss"], i["lb"])
+    once = run_turn_once(g, twice, i["loss"], i["lb"])
+    assert once == (c(i["f"]), c(i["g"]), c(i["loss"]), f(i["out"]), c(i["lb"]), f(i["saved"]), c(i["h"]),
+                    f(i["dout"]), f(i["a"]))
+    assert turn_issue(once, i["loss"], i["lb"]) is None and simulate(g, once).valid
+    # a compute between the loss and its backward runs before the loss, beside the loss's input (`out`)
+    between = (c(i["f"]), c(i["g"]), f(i["a"]), c(i["loss"]), f(i["out"]), c(i["f"]), c(i["lb"]),
+               f(i["saved"]), c(i["h"]), f(i["dout"]), f(i["a"]))
+    moved = run_turn_once(g, between, i["loss"], i["lb"])
+    assert moved == (c(i["f"]), c(i["g"]), f(i["a"]), c(i["f"]), c(i["loss"]), f(i["out"]), c(i["lb"]),
+                     f(i["saved"]), c(i["h"]), f(i["dout"]), f(i["a"]))
+    assert simulate(g, moved).valid
+    assert run_turn_once(g, once, i["loss"], i["lb"]) is once

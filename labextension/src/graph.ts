@@ -162,7 +162,8 @@ export class GraphView implements PlanView {
       const item = document.createElement('span');
       item.style.marginLeft = '8px';
       const swatch = document.createElement('span');
-      swatch.style.cssText = 'display:inline-block;width:10px;height:10px;border:1px solid #888;margin-right:3px';
+      swatch.style.cssText =
+        'display:inline-block;width:10px;height:10px;border:1px solid #888;margin-right:3px';
       swatch.style.background = row.color;
       item.append(swatch, document.createTextNode(row.text));
       box.append(item);
@@ -196,7 +197,8 @@ export class GraphView implements PlanView {
         return; // a newer request cancelled this one
       }
       delete this.node.dataset.layout;
-      const why = err instanceof LayoutError && err.reason === 'timeout' ? `${err.message}: ` : `${String(err)}: `;
+      const why =
+        err instanceof LayoutError && err.reason === 'timeout' ? `${err.message}: ` : `${String(err)}: `;
       this.status.textContent = `${why}the previous drawing is kept. Open fewer modules.`;
       this.expanded = new Set(this.drawn);
       return;
@@ -219,7 +221,9 @@ export class GraphView implements PlanView {
     const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length;
     this.status.textContent =
       `${nodes} nodes for ${ops} ops` +
-      (closed ? `; ${closed} modules closed: click one to open it, click an open module's frame to close it` : '');
+      (closed
+        ? `; ${closed} modules closed: click one to open it, click an open module's frame to close it`
+        : '');
     this.size = this.measure(drawing);
     const target = this.focus ? this.stage.querySelector(`#${refId(this.focus)}`) : null;
     if (target) {

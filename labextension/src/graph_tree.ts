@@ -48,7 +48,8 @@ export interface ModuleTree {
 }
 
 /** What an SVG id drawn here stands for. */
-export type NodeRef = { kind: 'compute'; id: number } | { kind: 'data'; id: number } | { kind: 'module'; id: number };
+export type NodeRef =
+  { kind: 'compute'; id: number } | { kind: 'data'; id: number } | { kind: 'module'; id: number };
 
 /** Data kinds drawn as nodes of their own (the others appear in tooltips and search only). */
 const DRAWN_KINDS = new Set(['activation', 'saved', 'gradient', 'parameter_gradient', 'output', 'input']);
@@ -135,7 +136,12 @@ export function representative(tree: ModuleTree, expanded: ReadonlySet<number>, 
 }
 
 /** Whether data node `d` is drawn under `expanded` (its producer drawn as an op of its own). */
-export function dataDrawn(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>, d: DataDoc): boolean {
+export function dataDrawn(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  expanded: ReadonlySet<number>,
+  d: DataDoc
+): boolean {
   if (!DRAWN_KINDS.has(d.kind)) {
     return false;
   }
@@ -152,7 +158,13 @@ export function openCost(doc: PlanDoc, tree: ModuleTree, m: number): number {
   const mod = tree.modules[m];
   let n = mod.children.length + mod.computes.length - 1;
   for (const c of mod.computes) {
-    n += (doc.graph.computes[c].outputs ?? []).filter(o => drawnKind(doc, o)).length;
+    const op = doc.graph.computes[c];
+    // as toDot places tensors: at their producer, an input at its first reader
+    n += (op.outputs ?? []).filter(o => drawnKind(doc, o) && doc.graph.datas[o].producer === c).length;
+    n += (op.inputs ?? []).filter(i => {
+      const d = doc.graph.datas[i];
+      return drawnKind(doc, i) && (d.producer === null || d.producer === undefined) && d.consumers?.[0] === c;
+    }).length;
   }
   return n;
 }
@@ -328,7 +340,9 @@ export function moduleTooltip(tree: ModuleTree, m: number): string {
 export function computeTooltip(doc: PlanDoc, tree: ModuleTree, c: number): string {
   const op = doc.graph.computes[c];
   const runs = tree.runs[c] ?? 0;
-  const lines = [`${op.name}: ${op.op} [${phaseOf(op)}]${runs > 1 ? ` run ${runs} times` : runs ? '' : ' not run'}`];
+  const lines = [
+    `${op.name}: ${op.op} [${phaseOf(op)}]${runs > 1 ? ` run ${runs} times` : runs ? '' : ' not run'}`
+  ];
   if (op.module) {
     lines.push(`module: ${op.module}`);
   }

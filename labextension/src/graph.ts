@@ -225,6 +225,7 @@ export class GraphView implements PlanView {
         ? `; ${closed} modules closed: click one to open it, click an open module's frame to close it`
         : '');
     this.size = this.measure(drawing);
+    // an opened module's id is now its frame's: the whole frame is shown
     const target = this.focus ? this.stage.querySelector(`#${refId(this.focus)}`) : null;
     if (target) {
       this.centerOn(target);
@@ -256,7 +257,8 @@ export class GraphView implements PlanView {
 
   private measure(svg: SVGSVGElement): { w: number; h: number } {
     // Graphviz sizes the drawing in points; the page lays it out in CSS pixels at scale 1
-    this.stage.style.transform = 'none';
+    this.view = { x: 0, y: 0, k: 1 };
+    this.applyView();
     const r = svg.getBoundingClientRect();
     return { w: r.width, h: r.height };
   }
@@ -267,15 +269,19 @@ export class GraphView implements PlanView {
     this.applyView();
   }
 
+  /** Show all of `el` (an opened module's frame, a search hit) centered, at most at 1:1. */
   private centerOn(el: Element): void {
     const stage = this.stage.getBoundingClientRect();
     const box = el.getBoundingClientRect();
-    // position of the element in drawing pixels (undo the stage's current scale)
+    // the element's box in drawing pixels (undo the stage's current transform)
     const k0 = this.view.k;
-    const cx = (box.left + box.width / 2 - stage.left) / k0;
-    const cy = (box.top + box.height / 2 - stage.top) / k0;
-    const k = Math.max(k0, 1);
-    this.view = { k, x: this.canvas.clientWidth / 2 - cx * k, y: this.canvas.clientHeight / 2 - cy * k };
+    const bx = (box.left - stage.left) / k0;
+    const by = (box.top - stage.top) / k0;
+    const fit = fitView(
+      { w: box.width / k0, h: box.height / k0 },
+      { w: this.canvas.clientWidth, h: this.canvas.clientHeight }
+    );
+    this.view = { k: fit.k, x: fit.x - bx * fit.k, y: fit.y - by * fit.k };
     this.applyView();
   }
 

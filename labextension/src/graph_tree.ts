@@ -303,6 +303,9 @@ export const LEGEND: readonly LegendRow[] = [
   { fate: 'output', color: '#ffffff', text: 'output' }
 ];
 
+/** The fill of an open module's frame. */
+const OPEN_FILL = '#f5f9fc';
+
 const COLOR = Object.fromEntries(LEGEND.map(r => [r.fate, r.color])) as Record<LegendRow['fate'], string>;
 
 /**
@@ -431,7 +434,12 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       return;
     }
     lines.push(`${indent}subgraph "cluster_m${m}" {`);
-    lines.push(`${indent}  id="m${m}"; class="module-open"; label="${dotString(mod.path || mod.phase)}";`);
+    // a module's frame is filled so a click anywhere on it (not on a node) closes it; a phase's frame is
+    // not, or a click on the background would close the whole phase (its label still does)
+    const fill = mod.parent === null ? 'style="rounded"' : `style="rounded,filled"; fillcolor="${OPEN_FILL}"`;
+    lines.push(
+      `${indent}  id="m${m}"; class="module-open"; ${fill}; label="${dotString(mod.path || mod.phase)}";`
+    );
     for (const c of mod.computes) {
       const op = doc.graph.computes[c];
       const fate = computeFate(tree, c);

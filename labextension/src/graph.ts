@@ -15,7 +15,7 @@
  * SVG Graphviz writes, cut down to an allow-list of elements and attributes (svg_sanitize.ts); titles
  * are set as text.
  */
-import { fitView, zoomAt, View } from './graph_data';
+import { fitView, openView, zoomAt, View } from './graph_data';
 import { LayoutClient, LayoutError } from './graph_layout';
 import {
   LEGEND,
@@ -230,7 +230,8 @@ export class GraphView implements PlanView {
     if (target) {
       this.centerOn(target);
     } else {
-      this.fit();
+      this.view = openView(this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
+      this.applyView();
     }
   }
 

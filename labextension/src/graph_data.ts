@@ -28,3 +28,19 @@ export function fitView(drawing: { w: number; h: number }, box: { w: number; h: 
   const k = Math.max(0.01, Math.min(1, (box.w - 2 * margin) / drawing.w, (box.h - 2 * margin) / drawing.h));
   return { x: (box.w - drawing.w * k) / 2, y: (box.h - drawing.h * k) / 2, k };
 }
+
+/** The smallest scale a drawing opens at: labels stay legible (Fit shows the whole drawing). */
+export const READABLE_SCALE = 0.5;
+
+/**
+ * The view a drawing opens with: the whole drawing when it is legible so (`fitView`), else shrunk no
+ * further than `READABLE_SCALE` (or the box's width, if narrower), its top in view.
+ */
+export function openView(drawing: { w: number; h: number }, box: { w: number; h: number }, margin = 8): View {
+  const fit = fitView(drawing, box, margin);
+  if (fit.k >= READABLE_SCALE || drawing.w <= 0) {
+    return fit;
+  }
+  const k = Math.max(fit.k, Math.min(READABLE_SCALE, (box.w - 2 * margin) / drawing.w));
+  return { k, x: Math.max(margin, (box.w - drawing.w * k) / 2), y: margin };
+}

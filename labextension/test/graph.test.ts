@@ -1,7 +1,7 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
-import { fitView, zoomAt } from '../src/graph_data';
+import { READABLE_SCALE, fitView, openView, zoomAt } from '../src/graph_data';
 import {
   LEGEND,
   buildTree,
@@ -222,4 +222,19 @@ test('fit shrinks a large drawing into the box, centered, and never magnifies a 
   assert.ok(Math.abs(big.x - (800 - 4407 * big.k) / 2) < 1e-9);
   assert.deepEqual(fitView({ w: 100, h: 50 }, { w: 800, h: 600 }), { x: 350, y: 275, k: 1 });
   assert.deepEqual(fitView({ w: 0, h: 0 }, { w: 800, h: 600 }), { x: 0, y: 0, k: 1 });
+});
+
+test('a drawing opens whole when legible so, else at a legible scale with its top in view', () => {
+  assert.deepEqual(
+    openView({ w: 400, h: 500 }, { w: 800, h: 600 }),
+    fitView({ w: 400, h: 500 }, { w: 800, h: 600 })
+  );
+  const tall = openView({ w: 300, h: 20000 }, { w: 800, h: 600 });
+  assert.equal(tall.k, READABLE_SCALE);
+  assert.equal(tall.y, 8);
+  assert.equal(tall.x, (800 - 300 * READABLE_SCALE) / 2);
+  // a drawing too wide for the box at that scale is shrunk to the box's width
+  const wide = openView({ w: 4000, h: 20000 }, { w: 800, h: 600 });
+  assert.ok(Math.abs(wide.k - 784 / 4000) < 1e-12);
+  assert.equal(wide.x, 8);
 });

@@ -142,12 +142,6 @@ export class GraphView implements PlanView {
     return this.render();
   }
 
-  resize(): void {
-    if (this.size.w > 0 && this.focus === null) {
-      this.fit();
-    }
-  }
-
   dispose(): void {
     this.generation++;
     this.layouts.dispose();

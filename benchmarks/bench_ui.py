@@ -11,7 +11,7 @@ event the view handles (the slider's ``input``, an arrow key, Enter in the typed
 it asked for is drawn: the kernel answered, the readouts are no longer pending, plotly re-plotted and one
 frame was painted.  The first plan of a typed budget is the frontier's (drawn at once; the exact solve
 follows in the background and is not timed here).  ``ui-tests/bench/graph.bench.ts`` times the Graph tab's
-first open (page reloaded before each sample) on two transformer-shaped plans of about 600 and 6.5k ops.
+first open (page reloaded before each sample) on two transformer-shaped plans of about 600 and 5.4k ops.
 The Galata tests assert behaviour only.
 """
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: item 10: a 100 ms median asserted in a Galata test failed `make test` on a loaded machine)
 TARGET_MS = {"p50": 150.0, "p95": 400.0}
 #: the Graph view, from the tab's click to the drawing on screen, first open (issue 18 item 2: "a 600-op
-#: graph opens in 2 s or less"; the 6.5k-op graph opens collapsed by module under the same target)
+#: graph opens in 2 s or less"; the 5.4k-op graph opens collapsed by module under the same target)
 GRAPH_TARGET_MS = {"p50": 2000.0, "p95": 2000.0}
 #: passes over the interactions (each pass: 6 slider moves, 2 arrow keys, 1 typed budget)
 ROUNDS = {"quick": 1, "full": 3}

@@ -43,7 +43,7 @@ export const OPEN_NODES = 150;
 /** Nodes above which a drawing is refused before layout (dot grows faster than linearly). */
 export const MAX_NODES = 1500;
 /** A layout running longer is abandoned (the worker is terminated). */
-export const LAYOUT_TIMEOUT_MS = 30000;
+export const LAYOUT_TIMEOUT_MS = 60000;
 
 /** Graph tab: module tree, search, fit and zoom, layout in a worker. */
 export class GraphView implements PlanView {

@@ -11,7 +11,7 @@ event the view handles (the slider's ``input``, an arrow key, Enter in the typed
 it asked for is drawn: the kernel answered, the readouts are no longer pending, plotly re-plotted and one
 frame was painted.  The first plan of a typed budget is the frontier's (drawn at once; the exact solve
 follows in the background and is not timed here).  ``ui-tests/bench/graph.bench.ts`` times the Graph tab's
-first open (page reloaded before each sample) on two transformer-shaped plans of about 600 and 5.4k ops.
+first open (the notebook run again before each round, so each view starts its own worker) on two transformer-shaped plans of about 600 and 5.4k ops.
 The Galata tests assert behaviour only.
 """
 
@@ -126,7 +126,7 @@ def markdown(result: dict) -> str:
     graph = result["graph_target_ms"]
     out += ["", "### Graph view open (Chromium)", "",
             "From the click on the Graph tab to the drawing on screen (layout in the worker done, SVG "
-            "inserted, one frame painted), each sample a first open after a page reload, on "
+            "inserted, one frame painted), each sample a view's first open (its own worker started), on "
             "`ui-tests/notebooks/graph_scale.ipynb`'s transformer-shaped plans. Target: p50 <= "
             f"{graph['p50']:.0f} ms and p95 <= {graph['p95']:.0f} ms.", ""]
     out += _table(result["graph_rows"])

@@ -11,7 +11,8 @@ event the view handles (the slider's ``input``, an arrow key, Enter in the typed
 it asked for is drawn: the kernel answered, the readouts are no longer pending, plotly re-plotted and one
 frame was painted.  The first plan of a typed budget is the frontier's (drawn at once; the exact solve
 follows in the background and is not timed here).  ``ui-tests/bench/graph.bench.ts`` times the Graph tab's
-first open (the notebook run again before each round, so each view starts its own worker) on two transformer-shaped plans of about 600 and 5.4k ops.
+first open (the notebook run again before each round,
+so each view starts its own worker) on two transformer-shaped plans of about 600 and 5.4k ops.
 The Galata tests assert behaviour only.
 """
 

@@ -30,6 +30,10 @@ export default tseslint.config(
   },
   {
     files: ['labextension/webpack.config.js'],
-    languageOptions: { sourceType: 'commonjs', globals: { module: 'writable' } }
+    languageOptions: {
+      sourceType: 'commonjs',
+      globals: { module: 'writable', require: 'readonly', __dirname: 'readonly' }
+    },
+    rules: { '@typescript-eslint/no-require-imports': 'off' }
   }
 );

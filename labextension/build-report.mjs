@@ -26,6 +26,10 @@ await build({
   minify: true,
   // ASCII output: the file is inlined in HTML whatever encoding a viewer assumes.
   charset: 'ascii',
-  define: { MEMVIZ_REPORT_CSS: JSON.stringify(css) },
+  define: {
+    MEMVIZ_REPORT_CSS: JSON.stringify(css),
+    // the Graph view's layout worker (build-worker.mjs), already a JSON string
+    MEMVIZ_GRAPH_WORKER: readFileSync(join(root, 'labextension', 'lib', 'graph-worker.json'), 'utf8')
+  },
   logLevel: 'warning'
 });

@@ -11,6 +11,10 @@ to one node "block x N" in a second, collapsed DOT.  Every DOT node carries an `
 (`c12` compute, `d34` data, `b3` collapsed run starting at block 3) that Graphviz copies onto the SVG
 `<g>` element, so the browser maps a click back to the IR id.
 
+The JupyterLab and report Graph view no longer draws this DOT: it builds its own, by module, from the
+plan's graph (labextension/src/graph_tree.ts, issue 18 item 2).  This one is the report's "DOT source"
+and the plan document's "cdgraph" field, for any Graphviz viewer.
+
 All names come from the user's model or from an untrusted plan file: every string is escaped for a
 DOT quoted string and for the HTML that Graphviz writes.  No `dot` binary is needed here.
 """
@@ -49,10 +53,6 @@ _KIND_FATE = {
     DataKind.OPTIMIZER_STATE: "optimizer_state",
     DataKind.RUNTIME: "runtime",
 }
-
-#: Above this many nodes the frontend shows the collapsed graph first.
-COLLAPSE_ABOVE = 400
-
 
 def legend() -> list[dict[str, str]]:
     """Legend rows (fate, color, text) in display order."""

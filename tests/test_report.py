@@ -85,7 +85,7 @@ def test_report_is_the_bundled_views_with_nothing_fetched(page: Page, doc: dict)
     bundle = page.scripts[1][1]
     assert bundle == report.BUNDLE.read_text(encoding="utf-8").replace("</script", "<\\/script")
     # the JupyterLab views, plotly and Graphviz, not a second implementation
-    for part in ("renderReportFrom", "jp-memviz-tabbar", "Collapse identical blocks", "Plotly"):
+    for part in ("renderReportFrom", "jp-memviz-tabbar", "Collapse all", "Plotly"):
         assert part in bundle, part
     assert page.scripts[2][1] == 'memvizReport.renderReportFrom("memviz-report", "memviz-plan");'
 

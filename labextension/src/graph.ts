@@ -1,61 +1,118 @@
 /**
- * The CD-graph view: the plan's computation/data graph (Rockmate Sec. 3.1) laid out by Graphviz
- * compiled to WebAssembly, colored by each node's fate in the planned schedule (memviz/cdgraph.py).
+ * The Graph view: the plan's computation/data graph (Rockmate Sec. 3.1) by module, colored by each
+ * node's fate in the planned schedule (issue 18 item 2).
  *
- * The DOT comes from the plan document (memviz/cdgraph.py escapes every name for DOT and HTML, but a
- * document may have been edited); the only markup inserted into the page is the SVG Graphviz writes
- * from it, cut down to an allow-list of elements and attributes (svg_sanitize.ts).  Graphviz is loaded lazily in its
- * own webpack chunk, so plans never shown as a graph do not pay for the wasm download.
+ * - Modules start collapsed beyond what draws in a glance (`OPEN_NODES`); a click on a module opens it,
+ *   a click on an open module's frame closes it (graph_tree.ts).
+ * - Graphviz lays the drawing out in a Web Worker (graph_layout.ts): the page never waits on dot.  A
+ *   drawing above `MAX_NODES` is refused before layout, and one that takes over `LAYOUT_TIMEOUT_MS` is
+ *   abandoned, leaving the last drawing on screen.
+ * - Fit to view, zoom buttons, wheel zoom, drag to pan; search by op, module or tensor name opens the
+ *   modules around the hit and centers it; tooltips (SVG titles) give real names, never ids.
+ *
+ * The DOT is built here from the plan document's graph, which is untrusted (a notebook output, a report
+ * someone sent): graph_tree.ts escapes every name, and the only markup inserted into the page is the
+ * SVG Graphviz writes, cut down to an allow-list of elements and attributes (svg_sanitize.ts); titles
+ * are set as text.
  */
-import { LEGEND, cdgraphOf, chooseDot, CdGraphDoc, parseNodeId, startCollapsed, zoomAt } from './graph_data';
+import { fitView, openView, zoomAt, View } from './graph_data';
+import { LayoutClient, LayoutError } from './graph_layout';
+import {
+  LEGEND,
+  ModuleTree,
+  NodeRef,
+  SearchHit,
+  buildTree,
+  collapse,
+  defaultExpansion,
+  openCost,
+  parseNodeId,
+  refId,
+  revealCompute,
+  search,
+  toDot,
+  tooltipFor,
+  visibleCount
+} from './graph_tree';
 import { allowedElement, sanitizeSvg } from './svg_sanitize';
 import { PlanDoc } from './transforms';
 import { PlanView, registerPlanView } from './views';
 
-type Graphviz = { dot(source: string): string };
-let graphvizPromise: Promise<Graphviz> | null = null;
+/** Nodes a graph opens with at most (modules opened level by level up to it). */
+export const OPEN_NODES = 150;
+/** Nodes above which a drawing is refused before layout (dot grows faster than linearly). */
+export const MAX_NODES = 1500;
+/** A layout running longer is abandoned (the worker is terminated). */
+export const LAYOUT_TIMEOUT_MS = 60000;
 
-/** One Graphviz instance per page, fetched on first use. */
-function loadGraphviz(): Promise<Graphviz> {
-  if (!graphvizPromise) {
-    graphvizPromise = import(/* webpackChunkName: "memviz-graphviz" */ '@hpcc-js/wasm-graphviz').then(m =>
-      m.Graphviz.load()
-    );
-  }
-  return graphvizPromise;
-}
-
-/** CD-graph tab: collapse toggle, legend, pan (drag) and zoom (wheel); a click on a compute node
- * calls `onSelectCompute(id)`. */
+/** Graph tab: module tree, search, fit and zoom, layout in a worker. */
 export class GraphView implements PlanView {
   readonly node: HTMLElement;
-  private readonly toolbar: HTMLDivElement;
-  private readonly toggle: HTMLButtonElement;
   private readonly status: HTMLSpanElement;
+  private readonly searchBox: HTMLInputElement;
+  private readonly searchStatus: HTMLSpanElement;
   private readonly canvas: HTMLDivElement;
   private readonly stage: HTMLDivElement;
-  private cd: CdGraphDoc | null = null;
-  private collapsed = false;
-  private view = { x: 0, y: 0, k: 1 };
+  private readonly layouts = new LayoutClient();
+  private doc: PlanDoc | null = null;
+  private tree: ModuleTree | null = null;
+  /** the expansion on screen (or being laid out) */
+  private expanded = new Set<number>();
+  /** the expansion last drawn, restored when a layout is refused or abandoned */
+  private drawn = new Set<number>();
+  private hits: SearchHit[] = [];
+  private hitIndex = -1;
+  /** what the next drawing is centered on (an opened module, a search hit); null: fit the drawing */
+  private focus: NodeRef | null = null;
+  /** the search hit outlined in the drawing */
+  private highlight: NodeRef | null = null;
+  private view: View = { x: 0, y: 0, k: 1 };
+  private size = { w: 0, h: 0 };
   private drag: { x: number; y: number; moved: boolean } | null = null;
   private generation = 0;
-  /** the DOT is the largest member of a plan: a sender may keep it back until this tab is shown */
-  readonly needs = ['cdgraph'] as const;
 
   constructor(private readonly onSelectCompute: (computeId: number) => void) {
     this.node = document.createElement('div');
     this.node.className = 'jp-memviz-graph';
-    this.toolbar = document.createElement('div');
-    this.toolbar.className = 'jp-memviz-graph-toolbar';
-    this.toggle = document.createElement('button');
-    this.toggle.className = 'jp-memviz-graph-toggle';
-    this.toggle.addEventListener('click', () => {
-      this.collapsed = !this.collapsed;
-      void this.render();
+    const toolbar = document.createElement('div');
+    toolbar.className = 'jp-memviz-graph-toolbar';
+    this.searchBox = document.createElement('input');
+    this.searchBox.type = 'search';
+    this.searchBox.className = 'jp-memviz-graph-search';
+    this.searchBox.placeholder = 'find op, module or tensor';
+    this.searchBox.setAttribute('aria-label', 'find an op, module or tensor by name');
+    this.searchBox.addEventListener('keydown', e => {
+      if (e.key === 'Enter') {
+        e.preventDefault();
+        this.find(e.shiftKey ? -1 : 1);
+      }
+      e.stopPropagation(); // JupyterLab's notebook shortcuts must not see the typing
     });
+    this.searchStatus = document.createElement('span');
+    this.searchStatus.className = 'jp-memviz-graph-search-status';
+    const button = (cls: string, text: string, title: string, run: () => void): HTMLButtonElement => {
+      const b = document.createElement('button');
+      b.className = `jp-memviz-graph-${cls}`;
+      b.textContent = text;
+      b.title = title;
+      b.addEventListener('click', run);
+      return b;
+    };
+    const canvasCenter = (): [number, number] => [this.canvas.clientWidth / 2, this.canvas.clientHeight / 2];
+    toolbar.append(
+      this.searchBox,
+      this.searchStatus,
+      button('fit', 'Fit', 'fit the drawing to the view', () => this.fit()),
+      button('zoom-in', '+', 'zoom in', () => this.zoom(1.5, ...canvasCenter())),
+      button('zoom-out', '\u2212', 'zoom out', () => this.zoom(1 / 1.5, ...canvasCenter())),
+      button('collapse', 'Collapse all', 'close every module', () => this.collapseAll())
+    );
     this.status = document.createElement('span');
     this.status.className = 'jp-memviz-graph-status';
-    this.toolbar.append(this.toggle, this.status, this.legend());
+    this.status.setAttribute('role', 'status');
+    const info = document.createElement('div');
+    info.className = 'jp-memviz-graph-info';
+    info.append(this.status, this.legend());
     this.canvas = document.createElement('div');
     this.canvas.className = 'jp-memviz-graph-canvas';
     this.canvas.style.overflow = 'hidden';
@@ -63,9 +120,10 @@ export class GraphView implements PlanView {
     this.canvas.style.height = '600px';
     this.canvas.style.cursor = 'grab';
     this.stage = document.createElement('div');
+    this.stage.className = 'jp-memviz-graph-stage';
     this.stage.style.transformOrigin = '0 0';
     this.canvas.append(this.stage);
-    this.node.append(this.toolbar, this.canvas);
+    this.node.append(toolbar, info, this.canvas);
     this.canvas.addEventListener('wheel', this.onWheel, { passive: false });
     this.canvas.addEventListener('pointerdown', this.onPointerDown);
     this.canvas.addEventListener('pointermove', this.onPointerMove);
@@ -73,13 +131,20 @@ export class GraphView implements PlanView {
   }
 
   update(doc: PlanDoc): Promise<void> {
-    this.cd = cdgraphOf(doc);
-    this.collapsed = this.cd !== null && startCollapsed(this.cd);
+    this.doc = doc;
+    this.tree = buildTree(doc);
+    this.expanded = defaultExpansion(doc, this.tree, OPEN_NODES);
+    this.drawn = new Set();
+    this.hits = [];
+    this.hitIndex = -1;
+    this.focus = null;
+    this.searchStatus.textContent = '';
     return this.render();
   }
 
   dispose(): void {
     this.generation++;
+    this.layouts.dispose();
     this.canvas.removeEventListener('wheel', this.onWheel);
     this.node.remove();
   }
@@ -91,7 +156,8 @@ export class GraphView implements PlanView {
       const item = document.createElement('span');
       item.style.marginLeft = '8px';
       const swatch = document.createElement('span');
-      swatch.style.cssText = `display:inline-block;width:10px;height:10px;border:1px solid #888;margin-right:3px`;
+      swatch.style.cssText =
+        'display:inline-block;width:10px;height:10px;border:1px solid #888;margin-right:3px';
       swatch.style.background = row.color;
       item.append(swatch, document.createTextNode(row.text));
       box.append(item);
@@ -99,51 +165,209 @@ export class GraphView implements PlanView {
     return box;
   }
 
+  /** Draw `this.expanded`; on refusal or failure go back to the last drawing's expansion. */
   private async render(): Promise<void> {
     const generation = ++this.generation;
-    const cd = this.cd;
-    this.toggle.disabled = !cd || cd.collapsed_dot === null;
-    this.toggle.textContent = this.collapsed ? 'Expand blocks' : 'Collapse identical blocks';
-    this.stage.replaceChildren();
-    if (!cd) {
-      this.status.textContent = 'This plan has no CD-graph (saved by an older memviz): re-save it.';
+    const { doc, tree } = this;
+    if (!doc || !tree) {
       return;
     }
-    this.status.textContent = 'Laying out…';
+    const nodes = visibleCount(doc, tree, this.expanded);
+    if (nodes > MAX_NODES) {
+      this.status.textContent =
+        `Not drawn: ${nodes} nodes is above the ${MAX_NODES}-node layout cap. ` +
+        'Close a module (click its frame) or open a smaller one.';
+      this.expanded = new Set(this.drawn);
+      return;
+    }
+    const ops = doc.graph.computes.length;
+    this.status.textContent = `Laying out ${nodes} nodes (${ops} ops)\u2026`;
+    this.node.dataset.layout = 'running';
     let svg: string;
     try {
-      svg = (await loadGraphviz()).dot(chooseDot(cd, this.collapsed));
+      svg = await this.layouts.layout(toDot(doc, tree, this.expanded), LAYOUT_TIMEOUT_MS);
     } catch (err) {
-      this.status.textContent = `Graphviz failed: ${String(err)}`;
+      if (generation !== this.generation) {
+        return; // a newer request cancelled this one
+      }
+      delete this.node.dataset.layout;
+      const why =
+        err instanceof LayoutError && err.reason === 'timeout' ? `${err.message}: ` : `${String(err)}: `;
+      this.status.textContent = `${why}the previous drawing is kept. Open fewer modules.`;
+      this.expanded = new Set(this.drawn);
       return;
     }
     if (generation !== this.generation) {
-      return; // a newer update or toggle superseded this layout
+      return;
     }
-    // Parsed as SVG, not as HTML.  The DOT came with the document, which may be untrusted (a notebook
-    // output, a report someone sent): only Graphviz's own drawing survives `sanitizeSvg`.
+    delete this.node.dataset.layout;
+    // Parsed as SVG, not as HTML; only Graphviz's own drawing survives `sanitizeSvg`.
     const parsed = new DOMParser().parseFromString(svg, 'image/svg+xml').documentElement;
     if (parsed.localName !== 'svg' || !allowedElement(parsed)) {
       this.status.textContent = 'Graphviz returned no SVG.';
       return;
     }
     sanitizeSvg(parsed);
-    this.stage.append(document.importNode(parsed, true));
-    this.status.textContent = `${cd.nodes ?? ''} nodes${this.collapsed ? ', identical blocks collapsed' : ''}`;
+    const drawing = document.importNode(parsed, true) as unknown as SVGSVGElement;
+    this.titleNodes(drawing);
+    this.stage.replaceChildren(drawing);
+    this.drawn = new Set(this.expanded);
+    const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length;
+    this.status.textContent =
+      `${nodes} nodes for ${ops} ops` +
+      (closed
+        ? `; ${closed} modules closed: click one to open it, click an open module's frame to close it`
+        : '');
+    this.size = this.measure(drawing);
+    // an opened module's id is now its frame's: the whole frame is shown
+    const target = this.focus ? this.stage.querySelector(`#${refId(this.focus)}`) : null;
+    if (target) {
+      this.centerOn(target);
+    } else {
+      this.view = openView(this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
+      this.applyView();
+    }
+  }
+
+  /** Whether module `m` is on screen (its parent open). */
+  private isShown(m: number): boolean {
+    const parent = this.tree?.modules[m].parent;
+    return parent === null || parent === undefined || this.expanded.has(parent);
+  }
+
+  /** Graphviz titles every node with its DOT id: replace each with the real names, as text. */
+  private titleNodes(svg: Element): void {
+    const { doc, tree } = this;
+    if (!doc || !tree) {
+      return;
+    }
+    for (const g of Array.from(svg.querySelectorAll('g.node, g.cluster'))) {
+      const ref = parseNodeId(g.getAttribute('id'));
+      const title = g.querySelector(':scope > title');
+      if (ref && title) {
+        title.textContent = tooltipFor(doc, tree, ref);
+      }
+    }
+  }
+
+  private measure(svg: SVGSVGElement): { w: number; h: number } {
+    // Graphviz sizes the drawing in points; the page lays it out in CSS pixels at scale 1
     this.view = { x: 0, y: 0, k: 1 };
+    this.applyView();
+    const r = svg.getBoundingClientRect();
+    return { w: r.width, h: r.height };
+  }
+
+  private fit(): void {
+    this.focus = null;
+    this.view = fitView(this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
+    this.applyView();
+  }
+
+  /** Show all of `el` (an opened module's frame, a search hit) centered, at most at 1:1. */
+  private centerOn(el: Element): void {
+    const stage = this.stage.getBoundingClientRect();
+    const box = el.getBoundingClientRect();
+    // the element's box in drawing pixels (undo the stage's current transform)
+    const k0 = this.view.k;
+    const bx = (box.left - stage.left) / k0;
+    const by = (box.top - stage.top) / k0;
+    const fit = fitView(
+      { w: box.width / k0, h: box.height / k0 },
+      { w: this.canvas.clientWidth, h: this.canvas.clientHeight }
+    );
+    this.view = { k: fit.k, x: fit.x - bx * fit.k, y: fit.y - by * fit.k };
+    this.applyView();
+  }
+
+  private zoom(factor: number, px: number, py: number): void {
+    this.view = zoomAt(this.view, px, py, factor);
     this.applyView();
   }
 
   private applyView(): void {
     const { x, y, k } = this.view;
     this.stage.style.transform = `translate(${x}px, ${y}px) scale(${k})`;
+    this.node.dataset.scale = k.toFixed(4);
+  }
+
+  private collapseAll(): void {
+    this.expanded = new Set();
+    this.focus = null;
+    void this.render();
+  }
+
+  /** Open module `m` unless the drawing would pass the cap. */
+  private open(m: number): void {
+    const { doc, tree } = this;
+    if (!doc || !tree) {
+      return;
+    }
+    const after = visibleCount(doc, tree, this.expanded) + openCost(doc, tree, m);
+    if (after > MAX_NODES) {
+      this.status.textContent = `Opening it would draw ${after} nodes, above the ${MAX_NODES}-node cap: close another module first.`;
+      return;
+    }
+    this.expanded = new Set([...this.expanded, m]);
+    this.focus = { kind: 'module', id: m };
+    void this.render();
+  }
+
+  private close(m: number): void {
+    if (this.tree) {
+      this.expanded = collapse(this.tree, this.expanded, m);
+      this.focus = { kind: 'module', id: m };
+      void this.render();
+    }
+  }
+
+  /** Go to the next (`step` 1) or previous (-1) search hit, opening the modules around it. */
+  private find(step: number): void {
+    const { doc, tree } = this;
+    if (!doc || !tree) {
+      return;
+    }
+    const query = this.searchBox.value;
+    if (this.hits.length === 0 || this.searchBox.dataset.query !== query) {
+      this.hits = search(doc, query);
+      this.hitIndex = step > 0 ? -1 : 0;
+      this.searchBox.dataset.query = query;
+    }
+    if (this.hits.length === 0) {
+      this.searchStatus.textContent = query.trim() ? 'no match' : '';
+      return;
+    }
+    this.hitIndex = (this.hitIndex + step + this.hits.length) % this.hits.length;
+    const hit = this.hits[this.hitIndex];
+    this.searchStatus.textContent = `${this.hitIndex + 1} of ${this.hits.length}: ${hit.text}`;
+    const opened = revealCompute(tree, this.expanded, hit.compute);
+    if (visibleCount(doc, tree, opened) > MAX_NODES) {
+      // keep only the hit's own path open
+      this.expanded = revealCompute(tree, new Set(), hit.compute);
+    } else {
+      this.expanded = opened;
+    }
+    const shownData = hit.data !== null && doc.graph.datas[hit.data]?.producer === hit.compute;
+    this.focus = shownData ? { kind: 'data', id: hit.data as number } : { kind: 'compute', id: hit.compute };
+    this.highlight = this.focus;
+    void this.render().then(() => this.markHit());
+  }
+
+  private markHit(): void {
+    for (const el of Array.from(this.stage.querySelectorAll('.jp-memviz-graph-hit'))) {
+      el.classList.remove('jp-memviz-graph-hit');
+    }
+    let el = this.highlight ? this.stage.querySelector(`#${refId(this.highlight)}`) : null;
+    if (!el && this.highlight?.kind === 'data' && this.hits[this.hitIndex]) {
+      el = this.stage.querySelector(`#c${this.hits[this.hitIndex].compute}`);
+    }
+    el?.classList.add('jp-memviz-graph-hit');
   }
 
   private readonly onWheel = (e: WheelEvent): void => {
     e.preventDefault();
     const r = this.canvas.getBoundingClientRect();
-    this.view = zoomAt(this.view, e.clientX - r.left, e.clientY - r.top, Math.exp(-e.deltaY * 0.002));
-    this.applyView();
+    this.zoom(Math.exp(-e.deltaY * 0.002), e.clientX - r.left, e.clientY - r.top);
   };
 
   private readonly onPointerDown = (e: PointerEvent): void => {
@@ -172,13 +396,22 @@ export class GraphView implements PlanView {
     if (wasDrag) {
       return;
     }
-    const g = (e.target as Element | null)?.closest?.('g.node');
-    const ref = parseNodeId(g?.getAttribute('id'));
-    if (ref?.kind === 'compute') {
-      this.onSelectCompute(ref.id);
+    const target = e.target as Element | null;
+    const node = parseNodeId(target?.closest?.('g.node')?.getAttribute('id'));
+    if (node?.kind === 'module') {
+      this.open(node.id);
+      return;
+    }
+    if (node?.kind === 'compute') {
+      this.onSelectCompute(node.id);
+      return;
+    }
+    const frame = parseNodeId(target?.closest?.('g.cluster')?.getAttribute('id'));
+    if (!node && frame?.kind === 'module') {
+      this.close(frame.id);
     }
   };
 }
 
-/** The "Graph" tab of every plan shell; clicking a compute node marks its step on the memory chart. */
+/** The "Graph" tab of every plan shell; clicking an op marks its step on the memory chart. */
 registerPlanView({ label: 'Graph', create: host => new GraphView(id => host.selectCompute(id)) });

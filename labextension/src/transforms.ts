@@ -71,6 +71,8 @@ export interface DataDoc {
   dtype?: string | null;
   /** the compute node writing it; null for parameters, buffers, inputs and optimizer state */
   producer?: number | null;
+  /** the compute nodes reading it (solvers.Graph.to_dict) */
+  consumers?: number[];
 }
 
 /**

@@ -1,60 +1,240 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
+import { READABLE_SCALE, fitView, openView, zoomAt } from '../src/graph_data';
 import {
-  cdgraphOf,
-  chooseDot,
-  COLLAPSE_ABOVE,
   LEGEND,
+  buildTree,
+  collapse,
+  defaultExpansion,
+  dotString,
   parseNodeId,
-  startCollapsed,
-  zoomAt
-} from '../src/graph_data';
+  representative,
+  revealCompute,
+  search,
+  toDot,
+  tooltipFor,
+  visibleCount
+} from '../src/graph_tree';
+import { PlanDoc } from '../src/transforms';
+import { HOSTILE, samplePlan } from './sample';
 
-test('svg ids map back to compute, data and block nodes', () => {
+/**
+ * Two layers (`layers.0`, `layers.1`, each `attn` + `mlp`) forward and backward, plus a root-level
+ * loss; a parameter read by both layers' attention; op 2 recomputed by the plan.
+ */
+function layered(): PlanDoc {
+  const computes: PlanDoc['graph']['computes'] = [];
+  const datas: PlanDoc['graph']['datas'] = [];
+  const data = (name: string, kind: string, producer: number | null): number => {
+    datas.push({ id: datas.length, name, bytes: 1024, kind, producer, consumers: [] });
+    return datas.length - 1;
+  };
+  const op = (name: string, module: string, phase: string, inputs: number[], kind = 'saved'): number => {
+    const id = computes.length;
+    const out = data(`${name}.out`, kind, id);
+    computes.push({ id, name, op: `aten.${name}`, phase, module, inputs, outputs: [out] });
+    for (const i of inputs) {
+      datas[i].consumers!.push(id);
+    }
+    return out;
+  };
+  const x = data('x', 'input', null);
+  const w = data('shared.weight', 'parameter', null);
+  let h = x;
+  const acts: number[] = [];
+  for (const i of [0, 1]) {
+    h = op(`attn${i}`, `layers.${i}.attn`, 'forward', [h, w]);
+    acts.push(h);
+    h = op(`mlp${i}`, `layers.${i}.mlp`, 'forward', [h]);
+    acts.push(h);
+  }
+  let g = op('loss', '', 'forward', [h], 'output');
+  for (const [k, i] of [3, 2, 1, 0].entries()) {
+    g = op(`grad${k}`, `layers.${i >> 1}.${i % 2 ? 'mlp' : 'attn'}`, 'backward', [g, acts[i]], 'gradient');
+  }
+  const schedule: [string, number][] = computes.map(c => ['compute', c.id]);
+  schedule.splice(7, 0, ['compute', 2]); // op 2 (attn1) runs again before grad2
+  return {
+    schema: 'memviz.plan/1',
+    strategy: 'test',
+    budget_bytes: null,
+    graph: { computes, datas },
+    planned: {
+      schedule,
+      timeline: { step_bytes: [], by_category: {}, peak_bytes: 0, peak_step: 0, total_time: 0 }
+    }
+  };
+}
+
+/** The node ids a DOT text declares (`"c1" [id="c1", ...]`), clusters excluded. */
+function declaredNodes(dot: string): string[] {
+  return [...dot.matchAll(/^\s*"([cdm]\d+)" \[id=/gm)].map(m => m[1]);
+}
+
+test('svg ids map back to ops, tensors and modules', () => {
   assert.deepEqual(parseNodeId('c12'), { kind: 'compute', id: 12 });
   assert.deepEqual(parseNodeId('d0'), { kind: 'data', id: 0 });
-  assert.deepEqual(parseNodeId('b3'), { kind: 'block', id: 3 });
-  for (const bad of ['node1', 'c', 'c1x', 'edge3', '', null, undefined, 'c-1']) {
+  assert.deepEqual(parseNodeId('m3'), { kind: 'module', id: 3 });
+  for (const bad of ['node1', 'c', 'c1x', 'edge3', '', null, undefined, 'c-1', 'b3', 'cluster_m3']) {
     assert.equal(parseNodeId(bad), null, String(bad));
   }
 });
 
-test('legend has one row per fate with a hex color', () => {
+test('the module tree holds each phase by module path, with op and recompute counts', () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const paths = tree.modules.map(m => `${m.phase}:${m.path}`);
+  for (const p of ['forward:', 'forward:layers', 'forward:layers.1.mlp', 'backward:layers.0.attn']) {
+    assert.ok(paths.includes(p), p);
+  }
+  assert.deepEqual(
+    tree.roots.map(r => tree.modules[r].phase),
+    ['forward', 'backward']
+  );
+  const fwd = tree.modules[tree.roots[0]];
+  assert.equal(fwd.total, 5);
+  assert.deepEqual(fwd.computes, [4]); // the loss sits outside any module
+  const layers = tree.modules[paths.indexOf('forward:layers')];
+  assert.equal(layers.total, 4);
+  assert.equal(layers.recomputed, 1);
+  assert.equal(tree.runs[2], 2);
+});
+
+test('collapsed modules stand for their ops; the drawing counts what the DOT declares', () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const none = new Set<number>();
+  assert.deepEqual(representative(tree, none, 3), { kind: 'module', id: tree.roots[0] });
+  const all = new Set(tree.modules.map(m => m.id));
+  for (const expanded of [none, all, defaultExpansion(doc, tree, 6), defaultExpansion(doc, tree, 12)]) {
+    const dot = toDot(doc, tree, expanded);
+    assert.equal(visibleCount(doc, tree, expanded), declaredNodes(dot).length);
+  }
+  // fully open: 9 ops, their 9 tensors and the input; the parameter is never a node
+  assert.equal(visibleCount(doc, tree, all), 19);
+  assert.ok(!toDot(doc, tree, all).includes('shared.weight'));
+  // opening stops at the limit; a small graph opens fully
+  for (const limit of [1, 4, 6, 10]) {
+    assert.ok(
+      visibleCount(doc, tree, defaultExpansion(doc, tree, limit)) <= Math.max(limit, tree.roots.length)
+    );
+  }
+  assert.equal(visibleCount(doc, tree, defaultExpansion(doc, tree, 1000)), 19);
+  // closing a module closes what is under it
+  const closed = collapse(tree, all, tree.roots[0]);
+  assert.ok(tree.modules.filter(m => m.phase === 'forward').every(m => !closed.has(m.id)));
+  assert.ok(closed.has(tree.roots[1]));
+});
+
+test('the backward is laid out as a ladder beside the forward: its own edges reversed', () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const dot = toDot(doc, tree, new Set(tree.modules.map(m => m.id)));
+  // grad0 (op 5) writes d7, read by grad1 (op 6): drawn as "c6" -> "d7" with the arrow at the reader
+  assert.match(dot, /"c6" -> "d7" \[dir=back\];/);
+  assert.match(dot, /"d7" -> "c5" \[dir=back\];/);
+  // forward edges keep their direction; a saved activation read by the backward is dashed
+  assert.match(dot, /"c0" -> "d2";/);
+  assert.match(dot, /"d4" -> "c6" \[style=dashed/);
+});
+
+test('hostile names are escaped in the DOT and ids are only c/d/m numbers', () => {
+  const doc = layered();
+  doc.graph.computes[0].name = `${HOSTILE}"];evil\\N`;
+  doc.graph.computes[0].module = `layers.0.<b>"x"`;
+  doc.graph.datas[2].name = `a\nb & "c"`;
+  const tree = buildTree(doc);
+  const dot = toDot(doc, tree, new Set(tree.modules.map(m => m.id)));
+  assert.ok(!dot.includes('<img'));
+  assert.ok(dot.includes('&lt;img src=x onerror=alert(1)&gt;\\"];evil\\\\N'));
+  assert.ok(dot.includes('a\\nb &amp; \\"c\\"'));
+  for (const m of dot.matchAll(/id="([^"]*)"/g)) {
+    assert.match(m[1], /^[cdm]\d+$/);
+  }
+  assert.equal(dotString('\\'), '\\\\');
+  // tooltips are the real names, unescaped text (the view sets them with textContent)
+  assert.ok(tooltipFor(doc, tree, { kind: 'compute', id: 0 }).startsWith(`${HOSTILE}"];evil\\N: aten.attn0`));
+  assert.match(tooltipFor(doc, tree, { kind: 'compute', id: 0 }), /reads: x, shared\.weight/);
+  assert.match(
+    tooltipFor(doc, tree, { kind: 'module', id: tree.roots[1] }),
+    /^backward \(ops outside any module\)\n4 ops/
+  );
+});
+
+test('search finds ops by name, op or module and tensors at their producer or first reader', () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  // the op itself, then its output tensor, shown at the op
+  assert.deepEqual(
+    search(doc, 'MLP1').map(h => [h.compute, h.data]),
+    [
+      [3, null],
+      [3, 5]
+    ]
+  );
+  assert.deepEqual(
+    search(doc, 'layers.1.mlp').map(h => h.compute),
+    [3, 5]
+  );
+  const param = search(doc, 'shared.weight');
+  assert.deepEqual(param, [{ compute: 0, data: 1, text: 'shared.weight' }]);
+  assert.deepEqual(search(doc, '  '), []);
+  assert.deepEqual(search(doc, 'nothing'), []);
+  // revealing an op opens exactly the modules above it
+  const opened = revealCompute(tree, new Set(), 3);
+  assert.deepEqual(representative(tree, opened, 3), { kind: 'compute', id: 3 });
+  assert.equal(representative(tree, opened, 0).kind, 'module');
+});
+
+test('legend rows have distinct fates and hex colors', () => {
   const fates = LEGEND.map(r => r.fate);
   assert.equal(new Set(fates).size, fates.length);
-  for (const f of ['kept', 'recomputed', 'freed_early', 'parameter', 'gradient', 'optimizer_state']) {
-    assert.ok(fates.includes(f), f);
+  for (const f of ['module', 'kept', 'recomputed', 'freed_early', 'gradient']) {
+    assert.ok(fates.includes(f as (typeof fates)[number]), f);
   }
   assert.ok(LEGEND.every(r => /^#[0-9a-f]{6}$/.test(r.color)));
 });
 
-test('big graphs start collapsed when a collapsed dot exists', () => {
-  const big = { dot: 'E', collapsed_dot: 'C', nodes: COLLAPSE_ABOVE + 1 };
-  assert.equal(startCollapsed(big), true);
-  assert.equal(startCollapsed({ ...big, nodes: 10 }), false);
-  assert.equal(startCollapsed({ ...big, collapsed_dot: null }), false);
-  assert.equal(chooseDot(big, true), 'C');
-  assert.equal(chooseDot(big, false), 'E');
-  assert.equal(chooseDot({ ...big, collapsed_dot: null }, true), 'E');
-});
-
-test('cdgraph field of untrusted documents', () => {
-  assert.equal(cdgraphOf(null), null);
-  assert.equal(cdgraphOf({}), null);
-  assert.equal(cdgraphOf({ cdgraph: { dot: 3 } }), null);
-  assert.deepEqual(cdgraphOf({ cdgraph: { dot: 'x', collapsed_dot: 5, nodes: 'many' } }), {
-    dot: 'x',
-    collapsed_dot: null,
-    nodes: undefined
-  });
+test('a real plan document: every drawn id is unique and the count matches the DOT', () => {
+  const doc = samplePlan();
+  const tree = buildTree(doc);
+  for (const expanded of [new Set<number>(), defaultExpansion(doc, tree, 150)]) {
+    const ids = declaredNodes(toDot(doc, tree, expanded));
+    assert.equal(new Set(ids).size, ids.length);
+    assert.equal(visibleCount(doc, tree, expanded), ids.length);
+  }
 });
 
 test('zoom keeps the pointer fixed and clamps the scale', () => {
   const v = zoomAt({ x: 10, y: 20, k: 1 }, 100, 50, 2);
   assert.equal(v.k, 2);
-  // the graph point under the pointer before and after is the same
   assert.equal((100 - 10) / 1, (100 - v.x) / v.k);
   assert.equal((50 - 20) / 1, (50 - v.y) / v.k);
   assert.equal(zoomAt({ x: 0, y: 0, k: 1 }, 0, 0, 1e6).k, 20);
+  assert.equal(zoomAt({ x: 0, y: 0, k: 1 }, 0, 0, 1e-6).k, 0.01);
+});
+
+test('fit shrinks a large drawing into the box, centered, and never magnifies a small one', () => {
+  const big = fitView({ w: 4407, h: 12940 }, { w: 800, h: 600 });
+  assert.ok(big.k < 1);
+  assert.ok(12940 * big.k <= 600 - 16 + 1e-9);
+  assert.ok(Math.abs(big.x - (800 - 4407 * big.k) / 2) < 1e-9);
+  assert.deepEqual(fitView({ w: 100, h: 50 }, { w: 800, h: 600 }), { x: 350, y: 275, k: 1 });
+  assert.deepEqual(fitView({ w: 0, h: 0 }, { w: 800, h: 600 }), { x: 0, y: 0, k: 1 });
+});
+
+test('a drawing opens whole when legible so, else at a legible scale with its top in view', () => {
+  assert.deepEqual(
+    openView({ w: 400, h: 500 }, { w: 800, h: 600 }),
+    fitView({ w: 400, h: 500 }, { w: 800, h: 600 })
+  );
+  const tall = openView({ w: 300, h: 20000 }, { w: 800, h: 600 });
+  assert.equal(tall.k, READABLE_SCALE);
+  assert.equal(tall.y, 8);
+  assert.equal(tall.x, (800 - 300 * READABLE_SCALE) / 2);
+  // a drawing too wide for the box at that scale is shrunk to the box's width
+  const wide = openView({ w: 4000, h: 20000 }, { w: 800, h: 600 });
+  assert.ok(Math.abs(wide.k - 784 / 4000) < 1e-12);
+  assert.equal(wide.x, 8);
 });

@@ -17,8 +17,9 @@ test('the Graph tab draws the CD-graph colored by the plan; clicking a compute m
   const graph = view.locator('.jp-memviz-graph');
   const svg = graph.locator('svg');
   await expect(svg).toBeVisible({ timeout: 60000 });
-  // 19 computes + 26 data nodes of the notebook's 6-layer chain; rotor at its minimum recomputes 4 ops
-  await expect(svg.locator('g.node')).toHaveCount(19 + 26);
+  // 19 ops + 20 drawn tensors of the notebook's 6-layer chain (its 6 parameters are named in tooltips,
+  // not drawn); rotor at its minimum recomputes 4 ops
+  await expect(svg.locator('g.node')).toHaveCount(19 + 20);
   const recomputed = svg.locator('g.node.recomputed');
   expect(await recomputed.count()).toBe(4);
   await expect(recomputed.first().locator('path, polygon').first()).toHaveAttribute('fill', '#ffb74d');
@@ -27,6 +28,12 @@ test('the Graph tab draws the CD-graph colored by the plan; clicking a compute m
   await expect(graph.locator('.jp-memviz-graph-legend')).toContainText('computed more than once');
   expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
   await expect(svg.locator('g.node#c2 text').first()).toContainText('<img src=x onerror=alert(1)>"];evil');
+  // the tooltip is the op's real name, what it reads and writes, never the internal id
+  const tip = svg.locator('g.node#c2 > title');
+  await expect(tip).toContainText('<img src=x onerror=alert(1)>"];evil');
+  await expect(tip).toContainText('reads: ');
+  await expect(tip).toContainText('w2');
+  await expect(svg.locator('g.node#d0 > title')).toContainText('x: input');
   await graph.screenshot({ path: test.info().outputPath('graph.png') });
 
   // wheel zoom scales the stage
@@ -41,4 +48,98 @@ test('the Graph tab draws the CD-graph colored by the plan; clicking a compute m
   await expect(view.locator('.js-plotly-plot')).toBeVisible();
   await expect(graph).toBeHidden();
   await view.screenshot({ path: test.info().outputPath('graph-click-memory.png') });
+});
+
+test('a 5.4k-op graph opens by module: open and close on click, search, real tooltips, fit, no freeze', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(300000);
+  await openAndRunAll(page, tmpPath, 'graph_scale.ipynb');
+  await expect(page.locator('.jp-memviz-plan')).toHaveCount(2, { timeout: 120000 });
+  const view = page.locator('.jp-memviz-plan').nth(1);
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 60000 });
+  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+  const graph = view.locator('.jp-memviz-graph');
+  const svg = graph.locator('svg');
+  await expect(svg).toBeVisible({ timeout: 60000 });
+
+  // collapsed by module: a few modules and ops, not 14k nodes
+  const modules = svg.locator('g.node.module');
+  expect(await modules.count()).toBeGreaterThan(10);
+  expect(await svg.locator('g.node').count()).toBeLessThanOrEqual(150);
+  await expect(graph.locator('.jp-memviz-graph-status')).toContainText('modules closed');
+  const layer = modules.filter({ has: page.locator('title', { hasText: 'layers.57 [forward]' }) });
+  await expect(layer).toHaveCount(1);
+  await expect(layer.locator('title')).toContainText('ops, 0 recomputed');
+  expect(await modules.locator('title').allTextContents()).not.toContain(expect.stringMatching(/^[cdm]\d+$/));
+
+  // fit to view: the whole drawing inside the canvas; zoom in magnifies, Fit brings it back
+  const canvas = graph.locator('.jp-memviz-graph-canvas');
+  const inside = async (): Promise<boolean> => {
+    const [c, d] = [await canvas.boundingBox(), await svg.boundingBox()];
+    return (
+      d!.x >= c!.x - 1 &&
+      d!.y >= c!.y - 1 &&
+      d!.x + d!.width <= c!.x + c!.width + 1 &&
+      d!.y + d!.height <= c!.y + c!.height + 1
+    );
+  };
+  // it opens at a legible scale, its top in view; Fit shows all of it
+  await graph.locator('.jp-memviz-graph-fit').click();
+  expect(await inside()).toBe(true);
+  const fitted = Number(await graph.getAttribute('data-scale'));
+  await graph.locator('.jp-memviz-graph-zoom-in').click();
+  await graph.locator('.jp-memviz-graph-zoom-in').click();
+  expect(Number(await graph.getAttribute('data-scale'))).toBeCloseTo(fitted * 2.25, 3);
+  expect(await inside()).toBe(false);
+  await graph.locator('.jp-memviz-graph-fit').click();
+  expect(await inside()).toBe(true);
+
+  // a click on a module opens it (a frame holding its ops); a click on the frame's label closes it
+  const id = (await layer.getAttribute('id'))!;
+  const drawn = await svg.locator('g.node').count();
+  await layer.click();
+  await expect(svg.locator(`g.cluster#${id}`)).toBeVisible({ timeout: 60000 });
+  expect(await svg.locator('g.node').count()).toBeGreaterThan(drawn);
+  // its sub-modules and its own ops (the residual adds) are drawn in the frame
+  await expect(svg.locator(`g.cluster#${id} > title`)).toContainText('layers.57 [forward]');
+  await expect(modules.locator('title', { hasText: /^layers\.57\.mlp \[forward\]/ })).toHaveCount(1);
+  await expect(svg.locator('g.node > title', { hasText: /^add2_57: / })).toHaveCount(1);
+  // a click on the open module's frame (not on a node) closes it; dispatched on the frame's outline,
+  // as the top of the canvas may lie under JupyterLab's sticky notebook toolbar
+  await graph.screenshot({ path: test.info().outputPath('graph-scale-opened.png') });
+  await svg
+    .locator(`g.cluster#${id} > path, g.cluster#${id} > polygon`)
+    .first()
+    .evaluate(el => {
+      for (const type of ['pointerdown', 'pointerup']) {
+        el.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
+      }
+    });
+  await expect(svg.locator(`g.node#${id}`)).toBeVisible({ timeout: 60000 });
+
+  // search by tensor name: a parameter is not drawn, its first reader is found and outlined
+  const search = graph.locator('.jp-memviz-graph-search');
+  await search.fill('layers.3.mlp.fc1.weight');
+  await search.press('Enter');
+  await expect(graph.locator('.jp-memviz-graph-search-status')).toContainText('layers.3.mlp.fc1.weight');
+  const hit = svg.locator('g.node.jp-memviz-graph-hit');
+  await expect(hit).toHaveCount(1, { timeout: 60000 });
+  await expect(hit.locator('title')).toContainText('fc1_3: ');
+  await expect(hit.locator('title')).toContainText('reads: ');
+
+  // the page stays responsive while a big layout runs in the worker: search an op of the 300-op
+  // "mixer" module (about 600 nodes to lay out); the zoom button reacts before the layout is done
+  await search.fill('mix_200');
+  await search.press('Enter');
+  await expect(graph).toHaveAttribute('data-layout', 'running');
+  const scale = await graph.getAttribute('data-scale');
+  await graph.locator('.jp-memviz-graph-zoom-in').click();
+  expect(await graph.getAttribute('data-scale')).not.toBe(scale);
+  expect(await graph.getAttribute('data-layout')).toBe('running');
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 120000 });
+  await expect(hit.locator('title')).toContainText('mix_200: ', { timeout: 60000 });
+  await expect(graph.locator('.jp-memviz-graph-search-status')).toContainText('1 of ');
+  await graph.screenshot({ path: test.info().outputPath('graph-scale.png') });
 });

@@ -116,11 +116,12 @@ test('the offline report draws every view from disk with the network blocked', a
   await expect(packing.locator('image').first()).toHaveAttribute('href', /^data:image\/png;base64,/);
   await page.screenshot({ path: test.info().outputPath('report-packing.png') });
 
-  // Graph: Graphviz (wasm, inlined) lays out the CD-graph; 19 computes + 26 data nodes, 4 recomputed.
+  // Graph: Graphviz (wasm, inlined, run in a worker from a Blob URL) lays out the CD-graph; 19 ops + 20
+  // drawn tensors (parameters are named in tooltips), 4 recomputed.
   await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
   const svg = view.locator('.jp-memviz-graph svg');
   await expect(svg).toBeVisible({ timeout: 60000 });
-  await expect(svg.locator('g.node')).toHaveCount(19 + 26);
+  await expect(svg.locator('g.node')).toHaveCount(19 + 20);
   expect(await svg.locator('g.node.recomputed').count()).toBe(4);
   await page.screenshot({ path: test.info().outputPath('report-graph.png') });
 
@@ -172,12 +173,14 @@ test('an autochunk report shades its chunk regions on the memory chart', async (
   await page.screenshot({ path: test.info().outputPath('report-chunks.png') });
 });
 
-test('hostile DOT in a report someone sent runs no script in Chromium (issue 17 item 2)', async ({
+test('hostile names in a report someone sent run no script in Chromium (issue 17 item 2)', async ({
   page
 }) => {
-  // The report the first test writes, then edited as an attacker would: its embedded plan's DOT gets
-  // javascript: URLs (URL, href, an HTML-like label's IMG), quote-breaking ids and classes aimed at on*
-  // attributes, and a style url().  The views must draw Graphviz's SVG of it with none of that live.
+  // The report the first test writes, then edited as an attacker would: the Graph view writes DOT from
+  // the plan's op, module and tensor names, so each name tries to close its DOT string and add nodes or
+  // attributes: javascript: URLs (URL, href, an HTML-like label's IMG), quote-breaking ids and classes
+  // aimed at on* attributes, a style url(), backslash escapes.  The views must draw Graphviz's SVG with
+  // none of that live, and none of the injected nodes may exist.
   const report = test.info().outputPath('hostile-dot.html');
   execFileSync(process.env.PYTHON ?? 'python3', ['-c', WRITE_REPORT, report], { cwd: ROOT, env: PYTHON_ENV });
   const fs = await import('node:fs');
@@ -190,16 +193,18 @@ test('hostile DOT in a report someone sent runs no script in Chromium (issue 17 
     'URL="javascript:window.__pwned=1" href="javascript:window.__pwned=2" target="_self" ' +
     'tooltip="javascript:window.__pwned=3" id="x\\" onclick=\\"window.__pwned=4" ' +
     'class="y\\" onmouseover=\\"window.__pwned=5" style="background:url(javascript:window.__pwned=6)"';
-  const hostileNodes =
-    `evil1 [${attack} label="click me"];\n` +
-    'evil2 [label=<<TABLE><TR><TD HREF="javascript:window.__pwned=7"><IMG SRC="javascript:window.__pwned=8"/></TD></TR></TABLE>>];\n';
-  for (const key of ['dot', 'collapsed_dot'] as const) {
-    const dot: string | null = doc.cdgraph[key];
-    if (dot) {
-      const close = dot.lastIndexOf('}');
-      doc.cdgraph[key] = dot.slice(0, close) + hostileNodes + dot.slice(close);
-    }
-  }
+  const breakouts = [
+    `x"]; evil1 [${attack} label="click me"]; "`,
+    `x\\"]; evil2 [label=<<TABLE><TR><TD HREF="javascript:window.__pwned=7"><IMG SRC="javascript:window.__pwned=8"/></TD></TR></TABLE>>]; "`,
+    `} digraph evil3 { evil3 [${attack}]; } subgraph "cluster_x { "`
+  ];
+  doc.graph.computes.forEach((c: { name: string; module: string }, i: number) => {
+    c.name = breakouts[i % 3] + c.name;
+    c.module = `m.${breakouts[(i + 1) % 3]}`;
+  });
+  doc.graph.datas.forEach((d: { name: string }, i: number) => {
+    d.name = breakouts[(i + 2) % 3];
+  });
   const edited = JSON.stringify(doc).replace(/</g, '\\u003c');
   fs.writeFileSync(report, html.slice(0, start) + edited + html.slice(end));
 
@@ -218,8 +223,11 @@ test('hostile DOT in a report someone sent runs no script in Chromium (issue 17 
   await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
   const svg = view.locator('.jp-memviz-graph svg');
   await expect(svg).toBeVisible({ timeout: 60000 });
-  // the injected nodes were laid out (so the attack reached Graphviz), and stripped of everything live
-  await expect(svg.locator('g.node')).toHaveCount(19 + 26 + 2);
+  // every name stayed text: no injected node exists, every op and drawn tensor is there (the hostile
+  // module names group the ops into modules, all opened: the graph is small)
+  await expect(svg.locator('g.node')).toHaveCount(19 + 20);
+  expect(await svg.locator('g.node#evil1, g.node#evil2, g.node#evil3').count()).toBe(0);
+  await expect(svg.locator('g.node#c0 text').first()).toContainText('evil1 [URL="javascript:');
   const live = await svg.evaluate(root => {
     const found: string[] = [];
     for (const el of [root, ...Array.from(root.querySelectorAll('*'))]) {

@@ -1,0 +1,507 @@
+/**
+ * The module hierarchy of a plan's CD-graph (Rockmate Sec. 3.1's computation/data graph) and the DOT
+ * drawn for one state of it (graph.ts lays it out with Graphviz in a worker).
+ *
+ * Each phase (forward, backward, optimizer) is a tree of the model's module paths ("blocks.3.attn"): a
+ * collapsed module is one node standing for every op under it, an expanded one a cluster holding its
+ * sub-modules and its own ops.  A graph of any size thus starts as a few dozen nodes and is opened
+ * where the user looks (issue 18 item 2: the flat drawing of a 12-layer GPT took 8-33 s to lay out and
+ * "expand blocks" froze the tab).  Parameters, buffers and optimizer state are not drawn: each is read
+ * by ops in all three phases, and their edges would tie the drawing into knots; an op's tooltip names
+ * them and search finds them.
+ *
+ * Every name comes from the plan document, which is untrusted: `dotString` escapes it for a DOT quoted
+ * string and for the SVG text Graphviz writes, and SVG ids are only `c<n>`, `d<n>` and `m<n>`.
+ * Pure (no DOM), so it runs under node's test runner.
+ */
+import { ComputeDoc, DataDoc, PlanDoc, formatBytes } from './transforms';
+
+/** One module of one phase; `id` is its index in `ModuleTree.modules`. */
+export interface ModuleNode {
+  id: number;
+  phase: string;
+  /** the module path ("" for the phase's root) */
+  path: string;
+  parent: number | null;
+  children: number[];
+  /** ops whose module is exactly this one */
+  computes: number[];
+  /** ops in this module and below */
+  total: number;
+  /** of those, ops the plan runs more than once */
+  recomputed: number;
+  depth: number;
+}
+
+export type Fate = 'kept' | 'recomputed' | 'freed_early' | 'unused' | 'input' | 'gradient' | 'output';
+
+export interface ModuleTree {
+  modules: ModuleNode[];
+  /** the phase roots, in phase order */
+  roots: number[];
+  /** compute id -> the module node holding it */
+  moduleOf: number[];
+  /** compute id -> times the planned schedule runs it */
+  runs: number[];
+  /** data id -> produced more than once by the plan */
+  freedEarly: boolean[];
+}
+
+/** What an SVG id drawn here stands for. */
+export type NodeRef =
+  { kind: 'compute'; id: number } | { kind: 'data'; id: number } | { kind: 'module'; id: number };
+
+/** Data kinds drawn as nodes of their own (the others appear in tooltips and search only). */
+const DRAWN_KINDS = new Set(['activation', 'saved', 'gradient', 'parameter_gradient', 'output', 'input']);
+
+const PHASES = ['forward', 'backward', 'optimizer'];
+
+/** Attributes of an edge from one phase to another (a saved activation read by the backward). */
+const CROSS_EDGE = 'style=dashed, color="#bbbbbb"';
+
+/** The module tree of `doc`'s graph with each op's run count in the planned schedule. */
+export function buildTree(doc: PlanDoc): ModuleTree {
+  const computes = doc.graph.computes;
+  const runs = new Array<number>(computes.length).fill(0);
+  const made = new Array<number>(doc.graph.datas.length).fill(0);
+  for (const [op, id] of doc.planned.schedule) {
+    if (op === 'compute' && id >= 0 && id < computes.length) {
+      runs[id]++;
+      for (const o of computes[id].outputs ?? []) {
+        made[o] = (made[o] ?? 0) + 1;
+      }
+    }
+  }
+  const modules: ModuleNode[] = [];
+  const byKey = new Map<string, number>();
+  const roots: number[] = [];
+  const node = (phase: string, path: string, parent: number | null, depth: number): number => {
+    const key = `${phase}\u0000${path}`;
+    let id = byKey.get(key);
+    if (id === undefined) {
+      id = modules.length;
+      modules.push({ id, phase, path, parent, children: [], computes: [], total: 0, recomputed: 0, depth });
+      byKey.set(key, id);
+      if (parent === null) {
+        roots.push(id);
+      } else {
+        modules[parent].children.push(id);
+      }
+    }
+    return id;
+  };
+  const phases = [...PHASES, ...new Set(computes.map(phaseOf).filter(p => !PHASES.includes(p)))];
+  const present = new Set(computes.map(phaseOf));
+  for (const p of phases.filter(p => present.has(p))) {
+    node(p, '', null, 0);
+  }
+  const moduleOf = computes.map(c => {
+    const phase = phaseOf(c);
+    let at = node(phase, '', null, 0);
+    const parts = (c.module ?? '').split('.').filter(s => s.length > 0);
+    for (let i = 0; i < parts.length; i++) {
+      at = node(phase, parts.slice(0, i + 1).join('.'), at, i + 1);
+    }
+    modules[at].computes.push(c.id);
+    for (let m: number | null = at; m !== null; m = modules[m].parent) {
+      modules[m].total++;
+      modules[m].recomputed += runs[c.id] > 1 ? 1 : 0;
+    }
+    return at;
+  });
+  return { modules, roots, moduleOf, runs, freedEarly: made.map(n => n > 1) };
+}
+
+function phaseOf(c: ComputeDoc): string {
+  return typeof c.phase === 'string' && c.phase ? c.phase : 'forward';
+}
+
+/** The modules from a root down to `m` (inclusive). */
+export function ancestors(tree: ModuleTree, m: number): number[] {
+  const out: number[] = [];
+  for (let at: number | null = m; at !== null; at = tree.modules[at].parent) {
+    out.unshift(at);
+  }
+  return out;
+}
+
+/** The node standing for compute `c` under `expanded`: itself, or its outermost collapsed module. */
+export function representative(tree: ModuleTree, expanded: ReadonlySet<number>, c: number): NodeRef {
+  for (const m of ancestors(tree, tree.moduleOf[c])) {
+    if (!expanded.has(m)) {
+      return { kind: 'module', id: m };
+    }
+  }
+  return { kind: 'compute', id: c };
+}
+
+/** Whether data node `d` is drawn under `expanded` (its producer drawn as an op of its own). */
+export function dataDrawn(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  expanded: ReadonlySet<number>,
+  d: DataDoc
+): boolean {
+  if (!DRAWN_KINDS.has(d.kind)) {
+    return false;
+  }
+  if (d.producer === null || d.producer === undefined) {
+    // an input is drawn beside the first op reading it, when that op is drawn
+    const first = (d.consumers ?? [])[0];
+    return first !== undefined && representative(tree, expanded, first).kind === 'compute';
+  }
+  return representative(tree, expanded, d.producer).kind === 'compute';
+}
+
+/** The nodes opening `m` adds to the drawing: its ops, their drawn tensors and its sub-modules, less itself. */
+export function openCost(doc: PlanDoc, tree: ModuleTree, m: number): number {
+  const mod = tree.modules[m];
+  let n = mod.children.length + mod.computes.length - 1;
+  for (const c of mod.computes) {
+    const op = doc.graph.computes[c];
+    // as toDot places tensors: at their producer, an input at its first reader
+    n += (op.outputs ?? []).filter(o => drawnKind(doc, o) && doc.graph.datas[o].producer === c).length;
+    n += (op.inputs ?? []).filter(i => {
+      const d = doc.graph.datas[i];
+      return drawnKind(doc, i) && (d.producer === null || d.producer === undefined) && d.consumers?.[0] === c;
+    }).length;
+  }
+  return n;
+}
+
+/** How many nodes the drawing of `expanded` has (collapsed modules, ops, drawn tensors). */
+export function visibleCount(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): number {
+  let n = tree.roots.length;
+  const walk = (m: number): void => {
+    if (expanded.has(m)) {
+      n += openCost(doc, tree, m);
+      tree.modules[m].children.forEach(walk);
+    }
+  };
+  tree.roots.forEach(walk);
+  return n;
+}
+
+function drawnKind(doc: PlanDoc, d: number): boolean {
+  const data = doc.graph.datas[d];
+  return data !== undefined && DRAWN_KINDS.has(data.kind);
+}
+
+/**
+ * The expansion a graph opens with: modules opened level by level (shallowest first, in graph order),
+ * each one that keeps the drawing within `limit` nodes.  A 5k-op model opens at its layers, a toy
+ * fully open.
+ */
+export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
+  const expanded = new Set<number>();
+  let count = tree.roots.length;
+  let frontier = [...tree.roots];
+  while (frontier.length > 0) {
+    const next: number[] = [];
+    for (const m of frontier) {
+      const cost = openCost(doc, tree, m);
+      if (count + cost > limit) {
+        continue; // stays closed; a smaller module further on may still open
+      }
+      count += cost;
+      expanded.add(m);
+      next.push(...tree.modules[m].children);
+    }
+    frontier = next;
+  }
+  return expanded;
+}
+
+/** The modules to open so that compute `c` is drawn as an op of its own. */
+export function revealCompute(tree: ModuleTree, expanded: ReadonlySet<number>, c: number): Set<number> {
+  return new Set([...expanded, ...ancestors(tree, tree.moduleOf[c])]);
+}
+
+/** Close `m` and everything under it. */
+export function collapse(tree: ModuleTree, expanded: ReadonlySet<number>, m: number): Set<number> {
+  const out = new Set(expanded);
+  const walk = (at: number): void => {
+    out.delete(at);
+    tree.modules[at].children.forEach(walk);
+  };
+  walk(m);
+  return out;
+}
+
+/** One search hit: the op to show and, for a tensor, the tensor. */
+export interface SearchHit {
+  compute: number;
+  data: number | null;
+  /** what matched, for the status line */
+  text: string;
+}
+
+/**
+ * Ops whose name, op or module path contains `query` (case-insensitive), then tensors by name (each
+ * shown at its producer, or at its first reader for a parameter, input or optimizer state).
+ */
+export function search(doc: PlanDoc, query: string): SearchHit[] {
+  const q = query.trim().toLowerCase();
+  if (!q) {
+    return [];
+  }
+  const hits: SearchHit[] = [];
+  for (const c of doc.graph.computes) {
+    if (`${c.name}\u0000${c.op}\u0000${c.module ?? ''}`.toLowerCase().includes(q)) {
+      hits.push({ compute: c.id, data: null, text: c.name });
+    }
+  }
+  for (const d of doc.graph.datas) {
+    if (d.name.toLowerCase().includes(q)) {
+      const at = d.producer ?? (d.consumers ?? [])[0];
+      if (at !== undefined && at !== null) {
+        hits.push({ compute: at, data: d.id, text: d.name });
+      }
+    }
+  }
+  return hits;
+}
+
+/** The fate color of a drawn op (memviz/cdgraph.py FATES). */
+export function computeFate(tree: ModuleTree, c: number): Fate {
+  const n = tree.runs[c] ?? 0;
+  return n === 0 ? 'unused' : n > 1 ? 'recomputed' : 'kept';
+}
+
+export function dataFate(doc: PlanDoc, tree: ModuleTree, d: DataDoc): Fate {
+  if (d.kind === 'input') {
+    return 'input';
+  }
+  if (d.kind === 'gradient' || d.kind === 'parameter_gradient') {
+    return 'gradient';
+  }
+  if (d.producer !== null && d.producer !== undefined && (tree.runs[d.producer] ?? 0) === 0) {
+    return 'unused';
+  }
+  if (tree.freedEarly[d.id]) {
+    return 'freed_early';
+  }
+  return d.kind === 'output' ? 'output' : 'kept';
+}
+
+/** One legend row of the drawing. */
+export interface LegendRow {
+  fate: Fate | 'module';
+  color: string;
+  text: string;
+}
+
+/** Fill colors; the fates' match memviz/cdgraph.py FATES. */
+export const LEGEND: readonly LegendRow[] = [
+  { fate: 'module', color: '#e3f2fd', text: 'module (click to open)' },
+  { fate: 'kept', color: '#c6e2ff', text: 'computed once, kept until last use' },
+  { fate: 'recomputed', color: '#ffb74d', text: 'computed more than once' },
+  { fate: 'freed_early', color: '#ef9a9a', text: 'freed, later recomputed' },
+  { fate: 'unused', color: '#eeeeee', text: 'not run by the plan' },
+  { fate: 'input', color: '#fff59d', text: 'input' },
+  { fate: 'gradient', color: '#d1c4e9', text: 'gradient' },
+  { fate: 'output', color: '#ffffff', text: 'output' }
+];
+
+/** The fill of an open module's frame. */
+const OPEN_FILL = '#f5f9fc';
+
+const COLOR = Object.fromEntries(LEGEND.map(r => [r.fate, r.color])) as Record<LegendRow['fate'], string>;
+
+/**
+ * `text` as the inside of a DOT double-quoted string whose content Graphviz writes into SVG: `& < >`
+ * become entities (Graphviz decodes entities in labels, so a name never opens a tag or an entity),
+ * backslashes are doubled (`\N`, `\l` ... are DOT escapes), quotes escaped, line breaks DOT's `\n`.
+ * The same rules as memviz/cdgraph.py `dot_escape`.
+ */
+export function dotString(text: string): string {
+  return String(text)
+    .replace(/&/g, '&amp;')
+    .replace(/</g, '&lt;')
+    .replace(/>/g, '&gt;')
+    .replace(/\\/g, '\\\\')
+    .replace(/"/g, '\\"')
+    .replace(/\r/g, '')
+    .replace(/\n/g, '\\n');
+}
+
+/** The label of module `m`: its last path segment (the phase for a root), its op count. */
+export function moduleLabel(tree: ModuleTree, m: number): string {
+  const mod = tree.modules[m];
+  const name = mod.path === '' ? mod.phase : mod.path.slice(mod.path.lastIndexOf('.') + 1);
+  return name;
+}
+
+/** The tooltip of a module: its full path, phase and what it holds. */
+export function moduleTooltip(tree: ModuleTree, m: number): string {
+  const mod = tree.modules[m];
+  const where = mod.path === '' ? `${mod.phase} (ops outside any module)` : `${mod.path} [${mod.phase}]`;
+  return `${where}\n${mod.total} ops, ${mod.recomputed} recomputed`;
+}
+
+/** The tooltip of an op: name, ATen op, phase, run count, module, source line and what it reads. */
+export function computeTooltip(doc: PlanDoc, tree: ModuleTree, c: number): string {
+  const op = doc.graph.computes[c];
+  const runs = tree.runs[c] ?? 0;
+  const lines = [
+    `${op.name}: ${op.op} [${phaseOf(op)}]${runs > 1 ? ` run ${runs} times` : runs ? '' : ' not run'}`
+  ];
+  if (op.module) {
+    lines.push(`module: ${op.module}`);
+  }
+  if (op.source) {
+    lines.push(op.source);
+  }
+  const reads = (op.inputs ?? []).map(i => doc.graph.datas[i]).filter(d => d !== undefined);
+  if (reads.length) {
+    lines.push(`reads: ${reads.map(d => d.name).join(', ')}`);
+  }
+  const writes = (op.outputs ?? []).map(i => doc.graph.datas[i]).filter(d => d !== undefined);
+  if (writes.length) {
+    lines.push(`writes: ${writes.map(d => `${d.name} (${formatBytes(d.bytes)})`).join(', ')}`);
+  }
+  return lines.join('\n');
+}
+
+/** The tooltip of a tensor: name, kind, size, shape and dtype. */
+export function dataTooltip(doc: PlanDoc, d: number): string {
+  const data = doc.graph.datas[d];
+  const shape = Array.isArray(data.shape) ? ` [${data.shape.join(', ')}]` : '';
+  return `${data.name}: ${data.kind} ${formatBytes(data.bytes)}${shape}${data.dtype ? ` ${data.dtype}` : ''}`;
+}
+
+/** The tooltip for an SVG id drawn by `toDot`, or null for an id it does not write. */
+export function tooltipFor(doc: PlanDoc, tree: ModuleTree, ref: NodeRef): string {
+  return ref.kind === 'module'
+    ? moduleTooltip(tree, ref.id)
+    : ref.kind === 'compute'
+      ? computeTooltip(doc, tree, ref.id)
+      : dataTooltip(doc, ref.id);
+}
+
+/** Map an SVG id written by `toDot` ("c12", "d34", "m3") back to its node; null otherwise. */
+export function parseNodeId(svgId: string | null | undefined): NodeRef | null {
+  const m = /^([cdm])(\d+)$/.exec(svgId ?? '');
+  if (!m) {
+    return null;
+  }
+  const kind = m[1] === 'c' ? 'compute' : m[1] === 'd' ? 'data' : 'module';
+  return { kind, id: Number(m[2]) };
+}
+
+/** The SVG id `toDot` gives `ref`'s node. */
+export function refId(ref: NodeRef): string {
+  return `${ref.kind[0]}${ref.id}`;
+}
+
+/**
+ * DOT for `expanded`: expanded modules as clusters (id `m<n>`), collapsed ones as box3d nodes, ops as
+ * rounded boxes (`c<n>`), drawn tensors as ellipses (`d<n>`); edges producer -> tensor -> reader, or
+ * straight between the nodes standing for producer and reader when the tensor is not drawn.  Dot's
+ * crossing minimisation and network simplex are capped (`mclimit`, `nslimit`): a slightly worse
+ * drawing, laid out in a bounded time.
+ */
+export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string {
+  const lines = [
+    'digraph memviz {',
+    '  graph [rankdir=TB, nodesep=0.15, ranksep=0.3, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
+    '         fontname="Helvetica", fontsize=11, labeljust=l, style="rounded", color="#90a4ae"];',
+    '  node [fontname="Helvetica", fontsize=10, height=0.3, style=filled];',
+    '  edge [color="#888888", arrowsize=0.6];'
+  ];
+  const drawnData = new Set<number>();
+  for (const d of doc.graph.datas) {
+    if (dataDrawn(doc, tree, expanded, d)) {
+      drawnData.add(d.id);
+    }
+  }
+  const inputsAt = new Map<number, number[]>();
+  for (const d of drawnData) {
+    const data = doc.graph.datas[d];
+    const at = data.producer ?? (data.consumers ?? [])[0];
+    if (at !== undefined && at !== null) {
+      inputsAt.set(at, [...(inputsAt.get(at) ?? []), d]);
+    }
+  }
+  const emit = (m: number, indent: string): void => {
+    const mod = tree.modules[m];
+    if (!expanded.has(m)) {
+      const fill = mod.recomputed > 0 ? COLOR.recomputed : COLOR.module;
+      const label = `${moduleLabel(tree, m)}\n${mod.total} ops${mod.recomputed ? `, ${mod.recomputed} recomputed` : ''}`;
+      lines.push(
+        `${indent}"m${m}" [id="m${m}", class="module", shape=box3d, fillcolor="${fill}", label="${dotString(label)}"];`
+      );
+      return;
+    }
+    lines.push(`${indent}subgraph "cluster_m${m}" {`);
+    // a module's frame is filled so a click anywhere on it (not on a node) closes it; a phase's frame is
+    // not, or a click on the background would close the whole phase (its label still does)
+    const fill = mod.parent === null ? 'style="rounded"' : `style="rounded,filled"; fillcolor="${OPEN_FILL}"`;
+    lines.push(
+      `${indent}  id="m${m}"; class="module-open"; ${fill}; label="${dotString(mod.path || mod.phase)}";`
+    );
+    for (const c of mod.computes) {
+      const op = doc.graph.computes[c];
+      const fate = computeFate(tree, c);
+      const runs = tree.runs[c] > 1 ? ` (x${tree.runs[c]})` : '';
+      lines.push(
+        `${indent}  "c${c}" [id="c${c}", class="${fate}", shape=box, style="filled,rounded", ` +
+          `fillcolor="${COLOR[fate]}", label="${dotString(op.name + runs)}"];`
+      );
+      for (const d of inputsAt.get(c) ?? []) {
+        const data = doc.graph.datas[d];
+        const fate = dataFate(doc, tree, data);
+        lines.push(
+          `${indent}  "d${d}" [id="d${d}", class="${fate}", shape=ellipse, fillcolor="${COLOR[fate]}", ` +
+            `label="${dotString(`${data.name}\n${formatBytes(data.bytes)}`)}"];`
+        );
+      }
+    }
+    for (const child of mod.children) {
+      emit(child, indent + '  ');
+    }
+    lines.push(`${indent}}`);
+  };
+  for (const r of tree.roots) {
+    emit(r, '  ');
+  }
+  const seen = new Set<string>();
+  // The backward runs the forward's layers in reverse: its edges are laid out reversed (drawn with
+  // the arrow still at the reader), so each layer's backward ranks beside its forward and a saved
+  // activation is a short rung of a ladder, not an edge across the whole drawing (which made dot
+  // route thousands of virtual nodes: minutes at 1k nodes).
+  const edge = (a: string, b: string, from: string, to: string): void => {
+    const key = `${a}>${b}`;
+    if (a === b || seen.has(key)) {
+      return;
+    }
+    seen.add(key);
+    if (from === 'backward' && to === 'backward') {
+      lines.push(`  "${b}" -> "${a}" [dir=back];`);
+    } else {
+      lines.push(from !== to ? `  "${a}" -> "${b}" [${CROSS_EDGE}];` : `  "${a}" -> "${b}";`);
+    }
+  };
+  for (const op of doc.graph.computes) {
+    const target = refId(representative(tree, expanded, op.id));
+    const phase = phaseOf(op);
+    for (const i of op.inputs ?? []) {
+      const producer = doc.graph.datas[i]?.producer;
+      if (producer === null || producer === undefined) {
+        if (drawnData.has(i)) {
+          edge(`d${i}`, target, 'forward', phase);
+        }
+        continue;
+      }
+      const from = phaseOf(doc.graph.computes[producer]);
+      edge(drawnData.has(i) ? `d${i}` : refId(representative(tree, expanded, producer)), target, from, phase);
+    }
+    for (const o of op.outputs ?? []) {
+      if (drawnData.has(o) && doc.graph.datas[o].producer === op.id) {
+        edge(target, `d${o}`, phase, phase);
+      }
+    }
+  }
+  lines.push('}');
+  return lines.join('\n');
+}

@@ -714,7 +714,7 @@ def _with_costs(graph: Graph, times: dict[int, float], temps: dict[int, int],
     computes = tuple(
         ComputeNode(c.id, c.name, c.op, c.phase, c.inputs, c.outputs, time=times.get(c.id, c.time),
                     temp_bytes=temps.get(c.id, c.temp_bytes), module=c.module, source=c.source, block=c.block,
-                    flops=(flops or {}).get(c.id, c.flops))
+                    flops=(flops or {}).get(c.id, c.flops), mutates=c.mutates)
         for c in graph.computes
     )
     return Graph(computes, graph.datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
@@ -1017,7 +1017,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
                  "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
     b._computes = [{"name": c.name, "op": c.op, "phase": c.phase, "inputs": c.inputs, "outputs": c.outputs,
                     "time": c.time, "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
-                    "block": c.block, "flops": c.flops} for c in graph.computes]
+                    "block": c.block, "flops": c.flops, "mutates": c.mutates} for c in graph.computes]
     b.outputs = list(graph.outputs)
     # torch.optim skips a parameter whose gradient is None (frozen, or reached only through outputs the
     # loss does not use): no update, no state

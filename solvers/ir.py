@@ -59,6 +59,11 @@ class ComputeNode:
     source: str = ""
     block: int | None = None
     flops: float = 0.0
+    #: inputs this node overwrites in place: a gradient summed into the buffer of its first
+    #: contribution, as autograd's input buffer accumulates (`simulate` runs such a node once and lets
+    #: nothing produce what it wrote again; the written storage holds the sum, the node's own output
+    #: is a 0-byte token)
+    mutates: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ class Graph:
             and min(map(attrgetter("bytes"), datas), default=0) >= 0
             and set(map(type, refs)) <= {int}
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
+            and all(set(c.mutates) <= set(c.inputs) for c in computes if c.mutates)
         ):
             return False
         # each data node names as producer exactly the compute node that outputs it
@@ -142,6 +148,10 @@ class Graph:
             for d in (*c.inputs, *c.outputs):
                 if not 0 <= d < n_data:
                     raise GraphError(f"compute node {c.name!r} refers to unknown data id {d}")
+            for d in c.mutates:
+                if d not in c.inputs:
+                    raise GraphError(f"compute node {c.name!r} writes data id {d} in place but does not "
+                                     "read it")
             for d in c.outputs:
                 if self.datas[d].producer != c.id:
                     raise GraphError(
@@ -236,6 +246,8 @@ class Graph:
                     "source": c.source,
                     "block": c.block,
                     "flops": c.flops,
+                    # only where there is one: a plan file's 100k computes carry no empty lists
+                    **({"mutates": list(c.mutates)} if c.mutates else {}),
                 }
                 for c in self.computes
             ],
@@ -275,6 +287,7 @@ class Graph:
             _column(cs, "source", ""),
             _column(cs, "block", None),
             map(float, _column(cs, "flops", 0.0)),
+            map(tuple, _column(cs, "mutates", ())),
         )
         datas = _frozen_nodes(
             DataNode,

@@ -1037,7 +1037,12 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
         else:
             key = (tuple(p.shape), p.dtype)
             seconds = timed[key] if key in timed else timed.setdefault(key, _time_update(cls, p, timer))
-        b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *states], [], op=f"{cls.__name__}.step",
+        # a gradient summed in place (`capture.accumulate_in_place`) lives in the storage its sum wrote:
+        # the update reads that storage, after the sum (whose 0-byte output `g` is)
+        summed = graph.datas[g].producer
+        written = graph.computes[summed].mutates if summed is not None else ()
+        b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *written, *states], [],
+                  op=f"{cls.__name__}.step",
                   phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)) + held,
                   module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")
     return b.build(**graph.meta, optimizer=cls.__name__)

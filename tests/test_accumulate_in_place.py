@@ -113,3 +113,19 @@ def test_the_plan_at_the_minimum_exports_exact_and_measures_its_peak(tied):
         peak, _ = measure_peak(lambda: default_loss(module(*args)).backward(), tensors_of(module, args))
     assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
     assert abs(peak - plan.peak_bytes) <= 0.01 * plan.peak_bytes, (peak, plan.peak_bytes)
+
+
+def test_the_update_reads_the_summed_storage_after_the_sum(tied):
+    """The optimizer's update of the tied weight reads the sum's token (it runs after the sum) and the
+    storage the sum wrote: OLLA's freed-after-update view (`free_updated_gradients`) then frees that
+    gradient after its update, not after the sum, which would drop what the update reads."""
+    from memviz.devices import named_device
+    from memviz.profile import add_optimizer
+    from solvers.olla import free_updated_gradients
+
+    _, _, prof = tied
+    g = add_optimizer(prof.graph, prof.captured.grad_data, torch.optim.SGD, named_device("fake:v100"))
+    (add,) = [c for c in g.computes if c.mutates]
+    (update,) = [c for c in g.computes if add.outputs[0] in c.inputs]
+    assert add.mutates[0] in update.inputs
+    assert add.mutates[0] not in free_updated_gradients(g).outputs

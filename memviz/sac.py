@@ -122,7 +122,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
                 baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
                 budget_bytes=budget_bytes, solver_stats=stats, model=_model_info(prof, graph),
-                device=_device_info(prof), profile=prof)
+                device=_device_info(prof), profile=prof, baseline_graph=prof.baseline_graph)
 
 
 def to_sac(plan: Any) -> Any:

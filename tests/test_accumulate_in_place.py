@@ -7,7 +7,6 @@ of every plan on GPT2-large."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
@@ -15,11 +14,11 @@ from torch import nn
 
 import memviz
 from examples import models
-from memviz.capture import default_loss
+from memviz.capture import default_loss, summed_as_eager
 from memviz.planning import minimum_budget
 from memviz.profile import profile
 from memviz.tracker import measure_peak, tensors_of
-from solvers import DataKind, Graph
+from solvers import DataKind
 from solvers.result import InfeasibleBudget
 
 VOCAB, D = 1024, 32
@@ -33,20 +32,6 @@ def tied():
     after the backward, which is what the plan decides)."""
     model, args = models.gpt(batch=2, seq=16, d=D, heads=4, layers=2, vocab=VOCAB, dropout=0.0)
     return model, args, profile(model, args, repeats=1, warmup=0, measure=False)
-
-
-def summed_out_of_place(graph: Graph) -> Graph:
-    """`graph` as capture built it before: each in-place sum's output its own storage, its first
-    contribution an ordinary gradient that dies at the sum."""
-    datas, computes, outputs = list(graph.datas), list(graph.computes), list(graph.outputs)
-    for c in graph.computes:
-        if c.mutates:
-            (first,) = c.mutates
-            datas[c.outputs[0]] = dataclasses.replace(datas[c.outputs[0]], bytes=datas[first].bytes)
-            datas[first] = dataclasses.replace(datas[first], kind=DataKind.GRADIENT)
-            computes[c.id] = dataclasses.replace(c, mutates=())
-            outputs.remove(first)
-    return Graph(tuple(computes), tuple(datas), tuple(outputs), name=graph.name, meta=graph.meta)
 
 
 def test_the_tied_gradient_sum_writes_its_first_contribution(tied):
@@ -66,7 +51,7 @@ def test_the_tied_gradient_sum_writes_its_first_contribution(tied):
 @pytest.mark.parametrize("strategy", ["rotor", "rockmate"])
 def test_the_minimum_drops_by_one_gradient(tied, strategy):
     _, _, prof = tied
-    before, after = (minimum_budget(x, strategy, 20.0) for x in (summed_out_of_place(prof.graph), prof.graph))
+    before, after = (minimum_budget(x, strategy, 20.0) for x in (summed_as_eager(prof.graph), prof.graph))
     assert 0.9 * WTE <= before - after <= WTE, (before, after)
 
 
@@ -97,7 +82,7 @@ def test_the_plan_at_the_minimum_exports_exact_and_measures_its_peak(tied):
         plan = memviz.plan(prof, err.minimum_bytes, strategy="rockmate", time_limit=10, frontier=False,
                            packing=False)
     # below what any plan of the out-of-place graph reaches
-    assert plan.peak_bytes <= minimum_budget(summed_out_of_place(prof.graph), "rockmate", 20.0) - 0.9 * WTE
+    assert plan.peak_bytes <= minimum_budget(summed_as_eager(prof.graph), "rockmate", 20.0) - 0.9 * WTE
     reference = copy.deepcopy(model)
     exported = memviz.export(plan, model=copy.deepcopy(model))
     assert "= torch.ops.aten.add_.Tensor" in exported.program.source  # the sum runs in place
@@ -129,3 +114,19 @@ def test_the_update_reads_the_summed_storage_after_the_sum(tied):
     (update,) = [c for c in g.computes if add.outputs[0] in c.inputs]
     assert add.mutates[0] in update.inputs
     assert add.mutates[0] not in free_updated_gradients(g).outputs
+
+
+def test_the_baseline_is_eager_and_a_saved_plan_loads(tied, tmp_path):
+    """Eager sums into lm_head's transposed contribution and copies the sum into the parameter's layout
+    (one gradient more at the backward's end): the profile's baseline, the eager schedule simulated on
+    `summed_as_eager`, is what eager measures; the same order on the plan's graph is what the exported
+    module measures, one gradient less.  A plan file carries the baseline's graph and loads."""
+    model, args, prof = tied
+    assert prof.baseline_graph is not None
+    model.zero_grad(set_to_none=True)
+    eager, _ = measure_peak(lambda: default_loss(model(*args)).backward(), tensors_of(model, args))
+    assert eager == prof.baseline.peak_bytes
+    plan = memviz.plan(prof, None, strategy="none", frontier=False, packing=False)
+    assert 0.9 * WTE <= plan.baseline.peak_bytes - plan.peak_bytes <= WTE
+    loaded = memviz.load_plan(plan.save(tmp_path / "plan.json"))
+    assert loaded.baseline.peak_bytes == plan.baseline.peak_bytes and loaded.peak_bytes == plan.peak_bytes

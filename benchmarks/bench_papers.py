@@ -303,24 +303,27 @@ def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
         "with roofline times, where recomputing element-wise ops is cheaper relative to matmuls than "
         "measured.",
         f"Where the minimum is ({(floor['peak'] - fixed) / 1e6:.1f} MB, issue 21 item 1): the rockmate plan "
-        f"at its minimum peaks at `{floor['step']}`, where, above the fixed bytes, "
+        f"at its minimum ({floor['recomputes']} recomputations) peaks at `{floor['step']}` "
+        f"({floor['module']}'s backward), where {floor['held_bytes'] / 1e6:.1f} MB that are not fixed are "
+        "alive, largest "
         + ", ".join(f"{name} ({kind}) {size / 1e6:.1f} MB" for name, kind, size in floor["held"])
-        + f" are the largest of {floor['held_bytes'] / 1e6:.2f} MB alive. "
-        "The tied embedding's two gradient contributions (lm_head's and the embedding's, 257 MB each) are "
-        "summed in place into the first one's buffer, as autograd's input buffer does: capture marks the "
+        + f", and only {floor['grads_alive'] / 1e6:.1f} MB of the "
+        f"{(fixed - g.persistent_bytes()) / 1e6:.1f} MB of parameter gradients exist. So 'minimum "
+        "activation budget' (the plan's peak minus the fixed bytes, every parameter gradient counted from "
+        "the start, as in session 17) is not the activations the plan holds: those are the difference "
+        "plus the gradients not yet made. The tied embedding's two gradient contributions (lm_head's and "
+        "the embedding's, 257 MB each) are summed in place into the first one's buffer: capture marks the "
         "joint graph's out-of-place `add` (`ComputeNode.mutates`) and the exported module runs `add_`. "
         "Before that (session 17) the floor was that sum, holding both contributions and their sum: "
-        "514.6 / 549.6 MB (rockmate / rotor); before capture freed the logits after the loss, 720.5 MB. "
-        "'Minimum activation budget' is the plan's peak minus the fixed bytes (every parameter gradient "
-        "counted from the start), so a plan peaking early in the backward, before most parameter "
-        "gradients exist, holds more activations than that difference.",
+        "514.6 / 549.6 MB (rockmate / rotor); before capture freed the logits after the loss, 720.5 MB.",
     ]
     return rows, notes
 
 
 def minimum_floor(graph: Graph, fixed: int, strategy: str = "rockmate") -> dict[str, Any]:
-    """The `strategy` plan at its minimum budget: its peak, the step where it peaks, and the data alive
-    there that are not fixed (sources, parameter gradients), largest first (the three largest named)."""
+    """The `strategy` plan at its minimum budget: its peak, the step where it peaks (and its module), the
+    data alive there that are not fixed (sources, parameter gradients), largest first (the three largest
+    named), the parameter gradients that exist there and the plan's recomputations."""
     minimum = minimum_budget(graph, strategy, 120.0)
     result, tl = solve_checked(graph, strategy, minimum, 120.0)
     steps = result.schedule[: tl.peak_step + 1]
@@ -341,7 +344,11 @@ def minimum_floor(graph: Graph, fixed: int, strategy: str = "rockmate") -> dict[
     return {"peak": tl.peak_bytes, "step": step_name,
             "held": [(graph.datas[d].name, graph.datas[d].kind.value, graph.datas[d].bytes)
                      for d in held[:3]],
-            "held_bytes": sum(graph.datas[d].bytes for d in held)}
+            "held_bytes": sum(graph.datas[d].bytes for d in held),
+            "grads_alive": sum(graph.datas[d].bytes for d in alive
+                               if graph.datas[d].kind is DataKind.PARAMETER_GRADIENT),
+            "module": graph.computes[peak_step.node].module if peak_step.op == "compute" else "",
+            "recomputes": tl.recomputes}
 
 
 # --- 3. OLLA on the example models ----------------------------------------------------------------

@@ -47,7 +47,15 @@ from torch import nn
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
 from memviz import accelerator
-from memviz.capture import Captured, capture, constant_values, fingerprint, is_random, replay_view
+from memviz.capture import (
+    Captured,
+    capture,
+    constant_values,
+    fingerprint,
+    is_random,
+    replay_view,
+    summed_as_eager,
+)
 from memviz.compiled import caller_backend, compiled_code
 from memviz.replay import check_replay
 from solvers import Graph, Phase, simulate
@@ -508,6 +516,8 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
         fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        if not any(c.mutates for c in graph.computes):  # a plan for eager autograd (strategy "sac")
+            fresh = summed_as_eager(fresh)
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
@@ -749,7 +759,10 @@ class _Codegen:
         node = self.nodes[cap.compute_fx[c]]
         self.emit(f"# compute {_str(gc.name)}{where}")
         # binds the views it reads before anything is replaced
-        call = self.call(node) if c not in cap.accumulates else self.accumulate(node, cap.accumulates[c])
+        # a gradient sum runs in place where the plan's graph says so (a plan made for eager autograd,
+        # `capture.summed_as_eager`, sums out of place as eager does)
+        in_place = c in cap.accumulates and bool(gc.mutates)
+        call = self.accumulate(node, cap.accumulates[c]) if in_place else self.call(node)
         elems = cap.elem_fx.get(node.name)
         outs = [node.name] if elems is None else [g for _, g in elems]
         for name in outs:

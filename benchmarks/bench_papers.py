@@ -21,7 +21,6 @@ paper-sized models run on a 2-core CPU.  Each row gives the paper's number, ours
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -295,7 +294,6 @@ def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
                 )
             )
     floor = minimum_floor(g, fixed)
-    rows += what_if_rows(g, setup)
     notes = [
         f"GPT2 graph: {len(g.computes)} compute nodes, fake profile {profile_s:.1f} s; parameters "
         f"{params / GiB:.2f} GiB, fixed (parameters + their gradients + inputs) {fixed / GiB:.2f} GiB. "
@@ -304,29 +302,28 @@ def bench_rockmate(quick: bool) -> tuple[list[dict], list[str]]:
         "measures time; ours is the examples GPT (nanoGPT-style, tied embeddings, sum of logits as loss) "
         "with roofline times, where recomputing element-wise ops is cheaper relative to matmuls than "
         "measured.",
-        f"Why the minimum is {(floor['peak'] - fixed) / 1e6:.1f} MB (issue 21 item 1): the rockmate plan at "
-        f"its minimum peaks at `{floor['step']}`, where, above the fixed bytes, "
+        f"Where the minimum is ({(floor['peak'] - fixed) / 1e6:.1f} MB, issue 21 item 1): the rockmate plan "
+        f"at its minimum ({floor['recomputes']} recomputations) peaks at `{floor['step']}` "
+        f"({floor['module']}'s backward), where {floor['held_bytes'] / 1e6:.1f} MB that are not fixed are "
+        "alive, largest "
         + ", ".join(f"{name} ({kind}) {size / 1e6:.1f} MB" for name, kind, size in floor["held"])
-        + f" are alive ({floor['held_bytes'] / 1e6:.2f} MB of {(floor['peak'] - fixed) / 1e6:.2f}). "
-        "That step "
-        "sums the tied embedding's two gradient contributions (lm_head's and the embedding's, 257 MB each) "
-        "out of place, as the captured joint graph does. The logits are not held there: capture frees the "
-        "model's outputs once the loss has read them, as eager does (before that change the floor was "
-        "720.5 MB, the logits' 205.9 MB on top). Rotor's and Rockmate's plans all pass that step after "
-        "every other parameter gradient exists (the embedding's backward is the chain's last). The "
-        "'what-if' rows remove that cause, plan-only (memviz.export does not run it): the tied gradient "
-        "accumulated in place into its buffer, as PyTorch's autograd engine does. Read them with care: "
-        "'minimum activation budget' is the plan's peak minus the fixed bytes (every parameter gradient "
-        "counted), and once the cause is gone the minimum plan can peak earlier in the backward, before "
-        "most parameter gradients exist, holding more activations than the difference (its row says how "
-        "much).",
+        + f", and only {floor['grads_alive'] / 1e6:.1f} MB of the "
+        f"{(fixed - g.persistent_bytes()) / 1e6:.1f} MB of parameter gradients exist. So 'minimum "
+        "activation budget' (the plan's peak minus the fixed bytes, every parameter gradient counted from "
+        "the start, as in session 17) is not the activations the plan holds: those are the difference "
+        "plus the gradients not yet made. The tied embedding's two gradient contributions (lm_head's and "
+        "the embedding's, 257 MB each) are summed in place into the first one's buffer: capture marks the "
+        "joint graph's out-of-place `add` (`ComputeNode.mutates`) and the exported module runs `add_`. "
+        "Before that (session 17) the floor was that sum, holding both contributions and their sum: "
+        "514.6 / 549.6 MB (rockmate / rotor); before capture freed the logits after the loss, 720.5 MB.",
     ]
     return rows, notes
 
 
 def minimum_floor(graph: Graph, fixed: int, strategy: str = "rockmate") -> dict[str, Any]:
-    """The `strategy` plan at its minimum budget: its peak, the step where it peaks, and the data alive
-    there that are not fixed (sources, parameter gradients), largest first (the three largest named)."""
+    """The `strategy` plan at its minimum budget: its peak, the step where it peaks (and its module), the
+    data alive there that are not fixed (sources, parameter gradients), largest first (the three largest
+    named), the parameter gradients that exist there and the plan's recomputations."""
     minimum = minimum_budget(graph, strategy, 120.0)
     result, tl = solve_checked(graph, strategy, minimum, 120.0)
     steps = result.schedule[: tl.peak_step + 1]
@@ -347,52 +344,11 @@ def minimum_floor(graph: Graph, fixed: int, strategy: str = "rockmate") -> dict[
     return {"peak": tl.peak_bytes, "step": step_name,
             "held": [(graph.datas[d].name, graph.datas[d].kind.value, graph.datas[d].bytes)
                      for d in held[:3]],
-            "held_bytes": sum(graph.datas[d].bytes for d in held)}
-
-
-def accumulate_gradients_in_place(graph: Graph) -> Graph:
-    """What-if (plan-only): each parameter gradient summed from two contributions (a tied weight's) is
-    accumulated in place into the contribution produced first, as PyTorch's autograd engine accumulates
-    into the gradient's input buffer, instead of by the captured joint graph's out-of-place ``add``.  The
-    first contribution becomes the parameter gradient (kept to the end); the sum's output becomes a 0-byte
-    required token, so the sum still runs after both contributions.  Only a sum whose first
-    contribution has no other reader, the gradient's size and no reader of its own qualifies."""
-    datas = list(graph.datas)
-    outputs = list(graph.outputs)
-    for c in graph.computes:
-        if c.phase is not Phase.BACKWARD or len(c.outputs) != 1 or len(set(c.inputs)) != 2 \
-                or not c.op.startswith("aten.add."):
-            continue
-        out = graph.datas[c.outputs[0]]
-        parts = [graph.datas[d] for d in c.inputs]
-        if out.kind is not DataKind.PARAMETER_GRADIENT or graph.consumers(out.id) \
-                or any(p.producer is None for p in parts):
-            continue
-        first = min(parts, key=lambda p: p.producer)
-        if graph.consumers(first.id) != (c.id,) or first.bytes != out.bytes or first.id in outputs:
-            continue
-        datas[first.id] = dataclasses.replace(first, kind=DataKind.PARAMETER_GRADIENT)
-        datas[out.id] = dataclasses.replace(out, bytes=0, kind=DataKind.OUTPUT)
-        outputs.append(first.id)
-    return Graph(graph.computes, tuple(datas), tuple(outputs), name=graph.name, meta=graph.meta)
-
-
-def what_if_rows(graph: Graph, setup: str) -> list[dict]:
-    """Rotor's and Rockmate's minima on the GPT2 graph with the cause of its floor removed
-    (`accumulate_gradients_in_place`).  The logits no longer need a what-if: capture frees the model's
-    outputs once the loss has read them, as eager does."""
-    rows = []
-    for label, g in (("tied gradient summed in place", accumulate_gradients_in_place(graph)),):
-        fixed = fixed_bytes(g)
-        for strategy in ("rockmate", "rotor"):
-            start = time.perf_counter()
-            floor = minimum_floor(g, fixed, strategy)
-            rows.append(_row("rockmate", f"what-if ({label}): {strategy} minimum activation budget (MB)",
-                             440 if strategy == "rockmate" else 720, round((floor["peak"] - fixed) / 1e6, 1),
-                             "MB", f"{setup}; plan-only graph edit, not exported; peaks at {floor['step']} "
-                             f"holding {floor['held_bytes'] / 1e6:.0f} MB of non-fixed data",
-                             seconds=round(time.perf_counter() - start, 1)))
-    return rows
+            "held_bytes": sum(graph.datas[d].bytes for d in held),
+            "grads_alive": sum(graph.datas[d].bytes for d in alive
+                               if graph.datas[d].kind is DataKind.PARAMETER_GRADIENT),
+            "module": graph.computes[peak_step.node].module if peak_step.op == "compute" else "",
+            "recomputes": tl.recomputes}
 
 
 # --- 3. OLLA on the example models ----------------------------------------------------------------

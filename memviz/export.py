@@ -47,7 +47,15 @@ from torch import nn
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
 from memviz import accelerator
-from memviz.capture import Captured, capture, constant_values, fingerprint, is_random, replay_view
+from memviz.capture import (
+    Captured,
+    capture,
+    constant_values,
+    fingerprint,
+    is_random,
+    replay_view,
+    summed_as_eager,
+)
 from memviz.compiled import caller_backend, compiled_code
 from memviz.replay import check_replay
 from solvers import Graph, Phase, simulate
@@ -514,6 +522,8 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
         fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        if not any(c.mutates for c in graph.computes):  # a plan for eager autograd (strategy "sac")
+            fresh = summed_as_eager(fresh)
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
@@ -543,7 +553,7 @@ def check_plan_matches_capture(plan_graph: Graph, captured: Graph) -> None:
 
 
 _DATA_FIELDS = ("kind", "shape", "dtype", "bytes", "producer", "aliases")
-_COMPUTE_FIELDS = ("name", "op", "phase", "inputs", "outputs")
+_COMPUTE_FIELDS = ("name", "op", "phase", "inputs", "outputs", "mutates")
 _LOSS_OPS = frozenset({"loss_fn", "loss_fn.backward"})  # the synthetic loss nodes (`capture.add_loss_nodes`)
 
 
@@ -551,9 +561,9 @@ def plan_capture_difference(plan_graph: Graph, captured: Graph) -> str | None:
     """The first difference between a plan's graph and a fresh capture of the model, or None.
 
     Compared: every data node's kind, shape, dtype, bytes, producer and aliases, every compute's name,
-    op, phase and edges, and the outputs (each parameter gradient among them).  Times, workspace
-    sizes and the bytes of the loss's own nodes are measurements and may differ; names of data nodes
-    are labels.  A profile with an optimizer appends optimizer-phase computes and their state after the
+    op, phase, edges and in-place writes, and the outputs (each parameter gradient among them).  Times,
+    workspace sizes and the bytes of the loss's own nodes are measurements and may differ; names of data
+    nodes are labels.  A profile with an optimizer appends optimizer-phase computes and their state after the
     captured nodes."""
     if len(plan_graph.datas) < len(captured.datas) or len(plan_graph.computes) < len(captured.computes):
         return (f"it has {len(plan_graph.computes)} computes and {len(plan_graph.datas)} data nodes, the "
@@ -754,7 +764,11 @@ class _Codegen:
             return
         node = self.nodes[cap.compute_fx[c]]
         self.emit(f"# compute {_str(gc.name)}{where}")
-        call = self.call(node)  # binds the views it reads before anything is replaced
+        # binds the views it reads before anything is replaced
+        # a gradient sum runs in place where the plan's graph says so (a plan made for eager autograd,
+        # `capture.summed_as_eager`, sums out of place as eager does)
+        in_place = c in cap.accumulates and bool(gc.mutates)
+        call = self.accumulate(node, cap.accumulates[c]) if in_place else self.call(node)
         elems = cap.elem_fx.get(node.name)
         outs = [node.name] if elems is None else [g for _, g in elems]
         for name in outs:
@@ -777,6 +791,13 @@ class _Codegen:
         if first:  # mutated buffers (BatchNorm statistics) are written back once per step
             for fx, fqn in self.p.buffer_updates.get(c, ()):
                 self.emit(f"buffers[{_str(fqn)}].copy_({self.value(self.nodes[fx])})")
+
+    def accumulate(self, node: torch.fx.Node, slot: int) -> str:
+        """A gradient sum (``aten.add``, alpha 1) as ``add_`` into its argument `slot`, the buffer the
+        sum reuses (`capture.accumulate_in_place`); the operands swap when `slot` is the second, which
+        changes no bit (IEEE addition commutes)."""
+        a, b = node.args if slot == 0 else node.args[::-1]
+        return f"{self.op(torch.ops.aten.add_.Tensor)}({self.read(a)}, {self.read(b)})"
 
     def assign(self, name: str) -> None:
         """`name` gets a new value here: views of its storage and an older value of it go first."""

@@ -433,6 +433,8 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         return plan_sac(prof, budget, time_limit=time_limit)
     deadline = Deadline.after(time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)
+    # eager's own run may hold more than the same order on `graph` (`Profile.baseline_graph`)
+    base_graph = getattr(prof, "baseline_graph", None)
     budget_bytes = None if budget is None else parse_budget(budget, baseline.peak_bytes)
     effective = baseline.peak_bytes if budget_bytes is None else budget_bytes
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
@@ -468,13 +470,15 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
     if timeline.total_time > baseline.total_time and baseline.peak_bytes <= effective:
         # never worse than PyTorch's own order when that order already fits
         result = SolveResult(base_schedule, SolverStats("none", "heuristic", result.stats.seconds))
-        timeline, name = baseline, "none"
+        timeline = baseline if base_graph is None else simulate(graph, base_schedule).check()
+        name = "none"
     the_plan = Plan(
         graph=graph,
         schedule=result.schedule,
         timeline=timeline,
         baseline_schedule=base_schedule,
         baseline=baseline,
+        baseline_graph=base_graph,
         strategy=name,
         budget_bytes=budget_bytes,
         solver_stats=result.stats,

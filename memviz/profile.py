@@ -51,6 +51,7 @@ from memviz.capture import (
     fingerprint,
     forward_calls,
     op_key,
+    summed_as_eager,
     with_loss_memory,
     with_output_views,
 )
@@ -94,6 +95,9 @@ class Profile:
     optimizer: Any = field(default=None, repr=False)
     fallback: bool = False
     input_spec: list[tuple[tuple[int, ...], torch.dtype] | None] = field(default_factory=list)
+    #: the graph `baseline` runs on when eager holds what `graph`'s plans do not (`capture.summed_as_eager`:
+    #: a tied weight's gradient sum); None: `graph`
+    baseline_graph: Graph | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -175,7 +179,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
     step_schedule = python_eager_schedule(graph, cap, requires_grad)
-    step_peak = simulate(graph, step_schedule).peak_bytes
+    step_peak = simulate(summed_as_eager(graph), step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
     if cap.loss_probe is not None and not info.estimated and not info.per_graph:
@@ -186,7 +190,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             with accelerator.fork_rng(accelerator.as_list(info.torch_device)):
                 graph = with_loss_memory(graph, cap, cap.loss_probe(
                     real=True, preexisting=tensors_of(model, args, kwargs)))
-            step_peak = simulate(graph, step_schedule).peak_bytes
+            step_peak = simulate(summed_as_eager(graph), step_schedule).peak_bytes
         except Exception as err:  # noqa: BLE001 - a loss that refuses stand-in values: fake figures stand
             warnings.warn(ProfileWarning(
                 f"loss_fn failed on stand-in outputs ({type(err).__name__}: {err}): its memory is the "
@@ -206,7 +210,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
     schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap, requires_grad)
-    baseline = simulate(graph, schedule).check()
+    eager_graph = summed_as_eager(graph)
+    baseline = simulate(eager_graph, schedule).check()
     measured = None
     if per_graph is not None:
         measured = per_graph.peak_bytes
@@ -225,7 +230,9 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                                      info.torch_device, repeats, warmup)
             graph = Graph(graph.computes, graph.datas, graph.outputs, name=graph.name,
                           meta={**graph.meta, **fixed})
+            eager_graph = summed_as_eager(graph)
     return Profile(graph=graph, baseline=baseline, baseline_schedule=schedule, measured_peak_bytes=measured,
+                   baseline_graph=None if eager_graph is graph else eager_graph,
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fp, captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
@@ -739,7 +746,7 @@ def _with_costs(graph: Graph, times: dict[int, float], temps: dict[int, int],
     computes = tuple(
         ComputeNode(c.id, c.name, c.op, c.phase, c.inputs, c.outputs, time=times.get(c.id, c.time),
                     temp_bytes=temps.get(c.id, c.temp_bytes), module=c.module, source=c.source, block=c.block,
-                    flops=(flops or {}).get(c.id, c.flops))
+                    flops=(flops or {}).get(c.id, c.flops), mutates=c.mutates)
         for c in graph.computes
     )
     return Graph(computes, graph.datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
@@ -1042,7 +1049,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
                  "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
     b._computes = [{"name": c.name, "op": c.op, "phase": c.phase, "inputs": c.inputs, "outputs": c.outputs,
                     "time": c.time, "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
-                    "block": c.block, "flops": c.flops} for c in graph.computes]
+                    "block": c.block, "flops": c.flops, "mutates": c.mutates} for c in graph.computes]
     b.outputs = list(graph.outputs)
     # torch.optim skips a parameter whose gradient is None (frozen, or reached only through outputs the
     # loss does not use): no update, no state
@@ -1062,7 +1069,12 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
         else:
             key = (tuple(p.shape), p.dtype)
             seconds = timed[key] if key in timed else timed.setdefault(key, _time_update(cls, p, timer))
-        b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *states], [], op=f"{cls.__name__}.step",
+        # a gradient summed in place (`capture.accumulate_in_place`) lives in the storage its sum wrote:
+        # the update reads that storage, after the sum (whose 0-byte output `g` is)
+        summed = graph.datas[g].producer
+        written = graph.computes[summed].mutates if summed is not None else ()
+        b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *written, *states], [],
+                  op=f"{cls.__name__}.step",
                   phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)) + held,
                   module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")
     return b.build(**graph.meta, optimizer=cls.__name__)

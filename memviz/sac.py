@@ -109,7 +109,9 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
                             "mode='train') (its capture and model), not a bare graph or a loaded plan")
     if prof.mode != "train":
         raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")
-    graph = prof.graph
+    # `memviz.apply` runs eager autograd, which sums a tied weight's gradient as eager does: the plan runs
+    # on the baseline's graph (`capture.summed_as_eager`), not on the in-place sum `memviz.export` runs
+    graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
     budget_bytes = None if budget is None else parse_budget(budget, prof.baseline.peak_bytes)
     holds = eager_holds(prof.captured)
     blocks = candidate_blocks(prof.model, graph)
@@ -130,6 +132,7 @@ def to_sac(plan: Any) -> Any:
     plan recomputes is checkpointed; in it, the countable ops the plan keeps are MUST_SAVE and every
     other op is recomputed (a per-op policy cannot keep the rest).  Re-simulated: the returned plan's
     peak is what `memviz.apply` will really hold, which may exceed the original plan's budget."""
+    from memviz.capture import summed_as_eager
     from memviz.planning import PlanningError
 
     prof = plan.profile
@@ -143,7 +146,7 @@ def to_sac(plan: Any) -> Any:
             f"a {plan.strategy!r} plan cannot run as PyTorch checkpointing without its profile (a loaded "
             f"plan has none): plans of strategies {', '.join(EXPRESSIBLE)} apply as they are; make one with "
             "memviz.plan(profile, budget, strategy='sac'), or run this one with memviz.export(plan)")
-    graph = plan.graph
+    graph = summed_as_eager(plan.graph)  # checkpointing runs eager autograd's gradient sums
     runs: dict[int, int] = {}
     for s in plan.schedule:
         if s.op == "compute":
@@ -164,5 +167,6 @@ def to_sac(plan: Any) -> Any:
             f"the {plan.strategy!r} plan as PyTorch checkpointing peaks at {timeline.peak_bytes} bytes, over "
             f"its budget of {plan.budget_bytes} (the plan itself: {plan.peak_bytes}); plan with "
             "strategy='sac' for a plan that checkpointing runs within the budget", stacklevel=3)
-    return dataclasses.replace(plan, schedule=schedule, timeline=timeline, strategy="sac", solver_stats=stats,
-                               packing=None, frontier=[], frontier_points=[])
+    return dataclasses.replace(plan, graph=graph, schedule=schedule, timeline=timeline, strategy="sac",
+                               solver_stats=stats, packing=None, frontier=[], frontier_points=[],
+                               baseline_graph=None if plan.baseline_graph == graph else plan.baseline_graph)

@@ -100,7 +100,10 @@ def steady_costs(prof: Any) -> Any:
     if first == measured:
         return prof
     steady = _with_times(graph, first)
-    return dataclasses.replace(prof, graph=steady, baseline=simulate(steady, prof.baseline_schedule).check())
+    base_graph = getattr(prof, "baseline_graph", None)
+    eager = steady if base_graph is None else _with_times(base_graph, first)
+    return dataclasses.replace(prof, graph=steady, baseline=simulate(eager, prof.baseline_schedule).check(),
+                               baseline_graph=None if base_graph is None else eager)
 
 
 def _with_times(graph: Graph, times: Any) -> Graph:

@@ -64,6 +64,11 @@ class ComputeNode:
     source: str = ""
     block: int | None = None
     flops: float = 0.0
+    #: inputs this node overwrites in place: a gradient summed into the buffer of its first
+    #: contribution, as autograd's input buffer accumulates (`simulate` runs such a node once and lets
+    #: nothing produce what it wrote again; the written storage holds the sum, the node's own output
+    #: is a 0-byte token)
+    mutates: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,7 @@ class Graph:
             and min(map(attrgetter("bytes"), datas), default=0) >= 0
             and set(map(type, refs)) <= {int}
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
+            and all(set(c.mutates) <= set(c.inputs) for c in computes if c.mutates)
         ):
             return False
         # each data node names as producer exactly the compute node that outputs it (ids are positions)
@@ -147,6 +153,10 @@ class Graph:
             for d in (*c.inputs, *c.outputs):
                 if not 0 <= d < n_data:
                     raise GraphError(f"compute node {c.name!r} refers to unknown data id {d}")
+            for d in c.mutates:
+                if d not in c.inputs:
+                    raise GraphError(f"compute node {c.name!r} writes data id {d} in place but does not "
+                                     "read it")
             for d in c.outputs:
                 if self.datas[d].producer != c.id:
                     raise GraphError(
@@ -246,6 +256,8 @@ class Graph:
                     "source": c.source,
                     "block": c.block,
                     "flops": c.flops,
+                    # only where there is one: a plan file's 100k computes carry no empty lists
+                    **({"mutates": list(c.mutates)} if c.mutates else {}),
                 }
                 for c in self.computes
             ],
@@ -280,6 +292,7 @@ class Graph:
             ComputeNode, c["id"], c["name"], c["op"], _members(_PHASES, Phase, c["phase"]),
             map(tuple, c["inputs"]), map(tuple, c["outputs"]), map(float, c["time"]),
             map(int, c["temp_bytes"]), c["module"], c["source"], c["block"], map(float, c["flops"]),
+            map(tuple, c["mutates"]),
         )
         d = _with_defaults(columns.get("datas") or node_columns(obj["datas"], DataNode), DataNode)
         datas = frozen_instances(
@@ -297,9 +310,13 @@ class Graph:
 
 #: the node fields a graph dict may leave out (`Graph.from_dict`), with the value they then take
 _OPTIONAL: dict[type, dict[str, Any]] = {
-    ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0},
+    ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0, "mutates": ()},
     DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": ()},
 }
+
+
+#: optional node fields `Graph.to_dict` leaves out where they hold their default
+_SPARSE = frozenset({"mutates"})
 
 
 def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[Any]]:
@@ -307,12 +324,17 @@ def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[
     them), field by field; an item without an optional field takes its default, one without another
     field is a KeyError.  One transposing pass when every item has every field (a third faster than a
     pass per field over 100k dicts), else a pass per field."""
-    names = [f.name for f in fields(node)]
     optional = _OPTIONAL[node]
+    # fields `to_dict` writes only where they are set (`mutates`) are read apart, so the transposing
+    # pass still serves the graphs that never set them
+    sparse = [f.name for f in fields(node) if f.name in _SPARSE]
+    names = [f.name for f in fields(node) if f.name not in _SPARSE]
     try:
-        return dict(zip(names, list(zip(*map(itemgetter(*names), items), strict=True)) or [()] * len(names),
-                        strict=True))
+        dense = dict(zip(names, list(zip(*map(itemgetter(*names), items), strict=True)) or [()] * len(names),
+                         strict=True))
+        return {**dense, **{k: list(map(dict.get, items, repeat(k), repeat(optional[k]))) for k in sparse}}
     except KeyError:
+        names += sparse
         return {k: list(map(dict.get, items, repeat(k), repeat(optional[k]))) if k in optional
                 else list(map(itemgetter(k), items)) for k in names}
 

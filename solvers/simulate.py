@@ -4,6 +4,11 @@ Every solver's schedule passes through `simulate` before memviz returns it.  Mem
 Checkmate and Rockmate use, Rockmate Appendix B.2): while compute node `c` runs, the live set, the
 outputs of `c` not already alive and `c`'s transient workspace are all resident; afterwards the
 outputs stay until an explicit `free`.
+
+A node that writes an input in place (`ComputeNode.mutates`: a gradient accumulated into its first
+contribution's buffer) allocates nothing for that input.  Its effect must happen exactly once: the
+schedule may not run it again (the sum would be added twice), nor produce the written data node again
+after it (the recomputed value would lack the sum).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import add, attrgetter, is_
 
-from solvers.ir import DataKind, Graph
+from solvers.ir import ComputeNode, DataKind, DataNode, Graph
 from solvers.schedule import Step
 
 #: Breakdown categories shown by every view, in stacking order.
@@ -138,6 +143,8 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     workspace = changes[column["workspace"]]
     change = [0] * n  # of the live total
     done = [False] * len(computes)
+    written: dict[int, str] = {}  # data node -> the node that wrote it in place (`ComputeNode.mutates`)
+    writes = any(c.mutates for c in computes)  # (a local test per step: plan files have 100k of them)
     total_time = 0.0
     n_run = 0  # compute steps of known nodes, recomputations included
 
@@ -161,6 +168,8 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                                 f"compute {c.name!r} reads {datas[d].name!r}, which is not alive ({why})",
                             )
                         )
+            if writes and (c.mutates or written):
+                issues.extend(_in_place_issues(i, c, done[node], written, datas))
             n_run += 1
             done[node] = True
             total_time += c.time
@@ -219,6 +228,20 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
         recomputes=n_run - n_compute,
         issues=tuple(issues),
     )
+
+
+def _in_place_issues(i: int, c: ComputeNode, ran: bool, written: dict[int, str],
+                     datas: tuple[DataNode, ...]) -> list[ScheduleIssue]:
+    """What is wrong with running `c` at step `i` given the in-place writes so far (`written`, which
+    records `c`'s own writes)."""
+    issues = [ScheduleIssue(i, c.id, f"compute {c.name!r} produces {datas[d].name!r} again after "
+                                     f"{written[d]!r} wrote it in place: the write would be lost")
+              for d in c.outputs if d in written]
+    if c.mutates and ran:
+        issues.append(ScheduleIssue(i, c.id, f"compute {c.name!r} writes its input in place and runs again: "
+                                             "its update would be applied twice"))
+    written.update(dict.fromkeys(c.mutates, c.name))
+    return issues
 
 
 def _running(changes: list[int], start: int) -> tuple[int, ...]:

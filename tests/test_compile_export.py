@@ -54,7 +54,9 @@ def _executed_ops(plan: Any, program: Any) -> tuple[collections.Counter, int]:
     for s in plan.schedule:
         if s.op == "compute" and s.node < len(cap.compute_fx) and cap.compute_fx[s.node] is not None \
                 and s.node != cap.loss_backward_compute:
-            ops[cap.nodes[cap.compute_fx[s.node]].target] += 1
+            # a tied gradient's sum runs in place (`capture.accumulate_in_place`)
+            in_place = s.node in cap.accumulates
+            ops[torch.ops.aten.add_.Tensor if in_place else cap.nodes[cap.compute_fx[s.node]].target] += 1
             nodes.add(s.node)
     return ops, len(nodes)
 

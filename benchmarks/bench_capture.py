@@ -40,7 +40,7 @@ TARGETS = {"gpt2_small_s": 60.0, "fake_1p5b_s": 30.0, "fake_1p5b_rss_gib": 2.0, 
 # --- jobs (each runs in a fresh process) ----------------------------------------------------------
 def _timed_stages() -> dict[str, float]:
     """Wrap the profiler's stages with wall-clock timers (this process only)."""
-    import memviz.profile as P
+    import memviz.profiling.profile as P
 
     stages: dict[str, float] = {}
 
@@ -79,7 +79,7 @@ def job_gpt2(layers: int, d: int, heads: int, vocab: int, seq: int, batch: int) 
     import torch
 
     from examples.models import gpt
-    from memviz.profile import profile
+    from memviz.profiling.profile import profile
 
     stages = _timed_stages()
     model, args = gpt(batch=batch, seq=seq, d=d, heads=heads, layers=layers, vocab=vocab)
@@ -97,7 +97,7 @@ def job_fake(layers: int, d: int, heads: int, vocab: int, seq: int, batch: int) 
     import torch
 
     from examples.models import gpt
-    from memviz.profile import profile
+    from memviz.profiling.profile import profile
 
     stages = _timed_stages()
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -116,7 +116,7 @@ def job_fake(layers: int, d: int, heads: int, vocab: int, seq: int, batch: int) 
 
 def job_examples() -> dict[str, Any]:
     from examples.models import EXAMPLES
-    from memviz.profile import profile
+    from memviz.profiling.profile import profile
 
     rows = []
     for name, make in EXAMPLES.items():

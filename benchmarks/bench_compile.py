@@ -10,14 +10,14 @@ loss, backward) of:
 1. eager PyTorch, the reference (1.000);
 2. memviz's eager schedule exported (``strategy="none"``: no recomputation), and memviz plans at 75 / 50
    / 25 % of the range [rotor minimum, eager peak] (``strategy="auto"``), each run by ``memviz.export``
-   as is and under ``torch.compile(..., backend="inductor")`` (`memviz.compiled`: the plan's step
+   as is and under ``torch.compile(..., backend="inductor")`` (`memviz.runtime.compiled`: the plan's step
    functions compiled as forward graphs, cut at random ops), with the plan's predicted overhead beside;
 3. ``torch.compile(model, backend="inductor")`` under ``torch._functorch.config.activation_memory_budget``
    1.0 (its default), 0.75, 0.5, 0.25 and 0.0: Inductor's own rematerialising min-cut, fused.
 
 Every row is measured the same way: the median of back-to-back (candidate, eager) step-time ratios, the
-CPU allocator's peak during one step (`memviz.tracker.allocator_peak`: torch.profiler's memory events,
-which see Inductor's allocations; parameters, gradients and inputs included; it also counts what the
+CPU allocator's peak during one step (`memviz.profiling.tracker.allocator_peak`: torch.profiler's memory
+events, which see Inductor's allocations; parameters, gradients and inputs included; it also counts what the
 live-storage tracker cannot see, such as the RNG states kept for dropout replay and kernel workspaces),
 and the largest relative gradient difference from eager after a step with the same seed.  The first
 step of a compiled contender compiles it; its wall time is reported apart.  The equal-memory table
@@ -45,8 +45,8 @@ from bench_remat import GRAD_TOLERANCE, _step, _timed_step, gradient_error  # no
 
 import memviz  # noqa: E402
 from examples import models  # noqa: E402
-from memviz.planning import minimum_budget  # noqa: E402
-from memviz.tracker import allocator_peak, tensors_of  # noqa: E402
+from memviz.plans.planning import minimum_budget  # noqa: E402
+from memviz.profiling.tracker import allocator_peak, tensors_of  # noqa: E402
 
 MiB = 2**20
 
@@ -233,12 +233,13 @@ def markdown(result: dict) -> str:
         "Training steps on CPU, one intra-op thread. Step time: median of "
         f"{result['steps']} back-to-back (candidate, eager) pair ratios; the eager copy's ratio is the "
         "noise floor. Peak: the CPU allocator's high-water mark during one step (torch.profiler memory "
-        "events, `memviz.tracker.allocator_peak`), the same for every row; it counts the RNG states the "
+        "events, `memviz.profiling.tracker.allocator_peak`), the same for every row; it counts the RNG "
+        "states the "
         "export keeps for dropout replay and kernel workspaces, which plans do not. Predicted: the plan's "
         "time overhead against eager (the cost model knows neither the executor's fixed cost nor fusion). "
         "memviz budgets are fractions of [rotor minimum, eager peak]. Compiled memviz: "
         "`torch.compile(memviz.export(plan), backend=\"inductor\")`, the plan's step functions compiled as "
-        "forward graphs cut at random ops (`memviz.compiled`; Inductor fuses inside a segment, its "
+        "forward graphs cut at random ops (`memviz.runtime.compiled`; Inductor fuses inside a segment, its "
         "reordering passes are off: they moved kernels against the plan's order). torch.compile: "
         "`activation_memory_budget` "
         "set while it compiles. Gradient error: max |g - g_eager| / max |g_eager| after a step with the "

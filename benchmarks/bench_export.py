@@ -16,8 +16,8 @@ The executor's own cost (issue 22): the eager schedule (``strategy="none"``: no 
 order and frees) exported for bench_remat's GPT (12 layers) and ResNet, whose steps take tens to
 hundreds of milliseconds: its step time over eager's and its measured peak against eager's measured
 peak.  The predicted overhead is the plan's ``time_overhead``: op times plus the fixed per-step costs
-of eager and of the exported module, measured at profile time (`memviz.profile.step_fixed_costs`), so
-on a small model it predicts the executor's fixed cost too.  Predicted and measured come from the same
+of eager and of the exported module, measured at profile time (`memviz.profiling.profile.step_fixed_costs`),
+so on a small model it predicts the executor's fixed cost too.  Predicted and measured come from the same
 run; "within 2 points" counts |predicted - measured| <= 0.02.
 """
 
@@ -39,8 +39,8 @@ from bench_remat import _step, example_models, gradient_error, measured_peak  # 
 
 import memviz  # noqa: E402
 from examples.models import EXAMPLES  # noqa: E402
-from memviz import accelerator  # noqa: E402
-from memviz.planning import minimum_budget  # noqa: E402
+from memviz.hardware import accelerator  # noqa: E402
+from memviz.plans.planning import minimum_budget  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
@@ -147,7 +147,7 @@ def markdown(result: dict) -> str:
            "These models run a step in a few milliseconds, so the measured overheads are dominated by the "
            "exported module's fixed cost per step (the walk over parameters and buffers, the two autograd "
            "Functions), not by recomputation; the predicted overhead counts it as measured at profile time "
-           "(`memviz.profile.step_fixed_costs`).", "",
+           "(`memviz.profiling.profile.step_fixed_costs`).", "",
            "| model | budget | strategy | plan peak MiB | measured peak MiB | peak error | "
            "eager measured MiB | predicted overhead | measured overhead | wall-clock | gradient error |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -38,7 +38,7 @@ import torch.distributed as dist  # noqa: E402
 from distributed_worker import MODELS, loss_of, user_wrap  # noqa: E402
 
 import memviz  # noqa: E402
-from memviz.distributed import Parallel  # noqa: E402
+from memviz.parallel.distributed import Parallel  # noqa: E402
 
 WORLD = 2
 #: (model, kind): FSDP2 for both models, tensor parallel for both (no anchor)

@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/bench_papers.py [--quick]``; prints a markdown section and writes
 ``benchmarks/results/papers.json``.  Every model is profiled with ``device="fake:<target>"``
-(FakeTensorMode: nothing is allocated, times come from the roofline of `memviz.devices`), so the
+(FakeTensorMode: nothing is allocated, times come from the roofline of `memviz.hardware.devices`), so the
 paper-sized models run on a 2-core CPU.  Each row gives the paper's number, ours and the ratio.
 
 1. Checkmate (Jain et al., MLSys 2020, Sec. 6.3 / slides "How much can we increase batch size?"):
@@ -40,9 +40,9 @@ from paper_models import vgg19  # noqa: E402
 
 import memviz  # noqa: E402
 from examples import models  # noqa: E402
-from memviz.devices import TARGETS  # noqa: E402
-from memviz.planning import minimum_budget, solve_checked  # noqa: E402
-from memviz.profile import add_optimizer, python_eager_schedule  # noqa: E402
+from memviz.hardware.devices import TARGETS  # noqa: E402
+from memviz.plans.planning import minimum_budget, solve_checked  # noqa: E402
+from memviz.profiling.profile import add_optimizer, python_eager_schedule  # noqa: E402
 from solvers import DataKind, Graph, Phase, simulate  # noqa: E402
 from solvers import checkmate as checkmate_solver  # noqa: E402
 from solvers.allocator import simulate_caching_allocator  # noqa: E402

@@ -64,7 +64,7 @@ def save_plan(steps: int, folder: Path) -> Path:
     behind it is quadratic in the forward ops), and the loader reads that entry as one string."""
     graph = chain_graph(max(1, steps // 4))
     empty = {"dot": "", "collapsed_dot": None, "nodes": 0}
-    with mock.patch("memviz.planning.cdgraph_dict", return_value=empty):
+    with mock.patch("memviz.plans.planning.cdgraph_dict", return_value=empty):
         plan = memviz.plan(graph, frontier=False, packing=False)
         return plan.save(folder / f"plan{steps}.json")
 

@@ -10,7 +10,7 @@ exists); at 50% of the range [auto's minimum feasible budget, eager peak], ``mem
 then ``memviz.export(plan, verify=True)``: the plan's peak, the budget and the verified measured peak,
 and the plan's predicted time overhead against the measured one (median over back-to-back pairs of
 exported/eager step times, optimizer step included, same process).  Autochunk columns come from
-``memviz.chunking.max_length_gain`` for the language models when that function exists ("-" otherwise).
+``memviz.plans.chunking.max_length_gain`` for the language models when that function exists ("-" otherwise).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 import memviz  # noqa: E402
-from memviz.tracker import measure_peak, tensors_of  # noqa: E402
+from memviz.profiling.tracker import measure_peak, tensors_of  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 from tests.real_models import LANGUAGE_MODELS, REAL, RealCase, rotating_loss  # noqa: E402
 from tests.test_zoo import _fresh  # noqa: E402
@@ -88,7 +88,7 @@ def chunk_columns(name: str, quick: bool) -> dict[str, Any]:
     the unchunked activation peak (`plan_chunks`, its measured check included): the measured activation
     cut against eager's, the estimate against the measurement, and the max-length gain at eager's
     activation peak for `CHUNK_LENGTH` tokens (`max_length_gain`, every length run)."""
-    from memviz import chunking
+    from memviz.plans import chunking
 
     if name not in LANGUAGE_MODELS or quick:
         return {"chunk_cut": None, "chunk_error": None, "length_gain": None, "chunk_note": "not measured"}

@@ -39,9 +39,9 @@ from torch._dynamo.backends.debugging import boxed_nop  # noqa: E402
 
 import memviz  # noqa: E402
 from examples import models  # noqa: E402
-from memviz.capture import default_loss  # noqa: E402
-from memviz.planning import budget_frontier, minimum_budget, solve_checked  # noqa: E402
-from memviz.tracker import measure_peak, tensors_of  # noqa: E402
+from memviz.plans.planning import budget_frontier, minimum_budget, solve_checked  # noqa: E402
+from memviz.profiling.capture import default_loss  # noqa: E402
+from memviz.profiling.tracker import measure_peak, tensors_of  # noqa: E402
 from solvers import eager_schedule, simulate  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 
@@ -179,7 +179,7 @@ def _plan_row(prof: Any, name: str, args: tuple, eager: torch.nn.Module, strateg
         return {**row, "not_run": f"predicted overhead above {MAX_RUN_OVERHEAD}x"}
     key = tuple(result.schedule)
     if key not in runs:
-        plan = memviz.planning.Plan(
+        plan = memviz.plans.planning.Plan(
             graph=graph, schedule=result.schedule, timeline=timeline,
             baseline_schedule=prof.baseline_schedule, baseline=base, strategy=strategy,
             budget_bytes=budget, solver_stats=result.stats,

@@ -21,7 +21,7 @@ micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the dev
 checked.  ``--quick`` keeps 2 layers (the smoke size).
 
 Each row also gives the estimated step time and the part of it the collectives take
-(`memviz.collectives`: alpha-beta over the H100's NVLink / InfiniBand, without overlap).
+(`memviz.hardware.collectives`: alpha-beta over the H100's NVLink / InfiniBand, without overlap).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _model(name: str, batch: int, layers: int | None) -> tuple[Any, Any, Any]:
     import torch
     import transformers
 
-    from memviz.distributed import Parallel
+    from memviz.parallel.distributed import Parallel
 
     fields, world, tp, _ = SETTINGS[name]
     fields = {**fields, **({"num_hidden_layers": layers} if layers else {})}
@@ -92,8 +92,8 @@ def child(name: str, batch: int, layers: int | None) -> dict:
 def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
     """`child`'s row and the profile it made."""
     import memviz
-    from memviz.collectives import collective_time
-    from memviz.planning import minimum_budget
+    from memviz.hardware.collectives import collective_time
+    from memviz.plans.planning import minimum_budget
 
     start = time.perf_counter()
     prof = _profile(name, batch, layers)
@@ -147,8 +147,8 @@ def search(name: str, layers: int | None, seconds: float = float("inf")) -> dict
     on the eager peak and on Rotor's minimum, guesses from micro-batch 1 and 2), and the checked Rotor
     plan at the device's capacity for the largest micro-batch it fits."""
     import memviz
-    from memviz.devices import resolve_device
-    from memviz.planning import minimum_budget
+    from memviz.hardware.devices import resolve_device
+    from memviz.plans.planning import minimum_budget
 
     probes: dict[int, tuple[int, int]] = {}
     graphs: dict[int, Any] = {}
@@ -226,7 +226,7 @@ def markdown(result: dict) -> str:
                    f"{r['compute_nodes']} | {r['eager_peak'] / GiB:.2f} | {r['rotor_minimum'] / GiB:.2f} | "
                    f"{r['plan_peak'] / GiB:.2f} ({r['plan_recomputes']}) | {r['profile_s']:.1f} | "
                    f"{r['plan_s']:.1f} | {r['total_s']:.1f} | {r['maxrss_bytes'] / GiB:.2f} |")
-    out += ["", "Estimated step time of the same rows (roofline op times plus `memviz.collectives`' "
+    out += ["", "Estimated step time of the same rows (roofline op times plus `memviz.hardware.collectives`' "
             "alpha-beta time of every FSDP2 / TP collective over NVLink or InfiniBand as its group spans "
             "nodes; summed in order: overlap of communication with compute is not modelled, so this is an "
             "upper bound):", "",

@@ -26,8 +26,8 @@ import torch  # noqa: E402
 
 import memviz  # noqa: E402
 from examples import models  # noqa: E402
-from memviz.capture import default_loss  # noqa: E402
-from memviz.planning import minimum_budget  # noqa: E402
+from memviz.plans.planning import minimum_budget  # noqa: E402
+from memviz.profiling.capture import default_loss  # noqa: E402
 
 IMPORT_S = time.perf_counter() - _start
 

@@ -1,4 +1,4 @@
-// The offline report's script (memviz/report.py inlines it): src/standalone.ts with plotly.js,
+// The offline report's script (memviz/views/report.py inlines it): src/standalone.ts with plotly.js,
 // Graphviz (its wasm is embedded in @hpcc-js/wasm-graphviz) and the styles in ONE file.  An IIFE
 // without code splitting, so every dynamic import() of the views is inlined and the report fetches
 // nothing; `memvizReport.renderReportFrom(...)` is its entry point.

@@ -8,24 +8,28 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-import types
 from typing import Any
 
-from memviz.planning import Plan, load_plan, plan
+from memviz.plans.planning import Plan, load_plan, plan
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "profile": ("memviz.profile", "profile"),
-    "Profile": ("memviz.profile", "Profile"),
-    "export": ("memviz.export", "export"),
-    "apply": ("memviz.apply", "apply"),
-    "backend": ("memviz.export", "backend"),
-    "Planner": ("memviz.widget", "Planner"),
-    "ChunkEditor": ("memviz.chunk_editor", "ChunkEditor"),
-    "WhatIf": ("memviz.whatif", "WhatIf"),
-    "Parallel": ("memviz.distributed", "Parallel"),
+    "profile": ("memviz.profiling.profile", "profile"),
+    "Profile": ("memviz.profiling.profile", "Profile"),
+    "export": ("memviz.runtime.export", "export"),
+    "apply": ("memviz.runtime.apply", "apply"),
+    "backend": ("memviz.runtime.export", "backend"),
+    "Planner": ("memviz.views.widget", "Planner"),
+    "ChunkEditor": ("memviz.views.chunk_editor", "ChunkEditor"),
+    "WhatIf": ("memviz.views.whatif", "WhatIf"),
+    "Parallel": ("memviz.parallel.distributed", "Parallel"),
+}
+
+# modules README documents by their path before the regroup: `memviz.chunking.plan_chunks(...)`
+_MODULES = {
+    "chunking": "memviz.plans.chunking",
+    "verify": "memviz.runtime.verify",
 }
 
 __all__ = [
@@ -46,22 +50,9 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     if importlib.util.find_spec(f"memviz.{name}") is not None:
-        # `memviz.chunking.plan_chunks(...)` works without importing memviz.chunking first
+        # `memviz.views.widget` works without importing memviz.views first
         return importlib.import_module(f"memviz.{name}")
     raise AttributeError(f"module 'memviz' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """`memviz.apply` stays the function when its module is imported first (``from memviz.apply import
-    ApplyWarning``): Python's import system sets the package attribute named after a submodule once it
-    has loaded it, which would shadow the function of the same name.  (`profile` and `export` are also
-    used as modules, ``memviz.export.StalePlanError``, so they are left to Python's rule.)"""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "apply" and isinstance(value, types.ModuleType) and value.__name__ == "memviz.apply":
-            value = value.apply
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

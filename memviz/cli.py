@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from memviz.budget import budget_spec, format_bytes
-from memviz.planning import STRATEGIES, budget_frontier, is_training
+from memviz.plans.planning import STRATEGIES, budget_frontier, is_training
 from solvers.result import InfeasibleBudget
 
 
@@ -135,7 +135,7 @@ def check_budget(budget: str | None) -> None:
 def check_device(device: str | None) -> None:
     """A device this process cannot use is refused before the model is even built."""
     if device is not None:
-        from memviz.devices import DeviceUnavailable, named_device
+        from memviz.hardware.devices import DeviceUnavailable, named_device
 
         try:
             named_device(device)
@@ -194,7 +194,7 @@ def preflight(*, budget: str | None, device: str | None, outputs: dict[str, Path
     for flag, target in output_files(outputs):
         check_output(flag, target, overwrite)
     if outputs.get("--report") or outputs.get("--output"):
-        from memviz.report import require_bundle
+        from memviz.views.report import require_bundle
 
         require_bundle()  # an unbuilt checkout fails now, not after minutes of profiling
 
@@ -220,8 +220,8 @@ def run_plan(
     """Profile, plan and write what was asked.  `export_as`: "apply" (the plan JSON and a snippet running
     `memviz.apply` on the user's model: PyTorch's own checkpointing, which composes with torch.compile,
     DDP and FSDP2) or "module" (`memviz.export`'s module source); None picks "apply" when the plan runs
-    as checkpointing as it is (`memviz.apply.applies_as_is`), else "module".  `factory` (MODULE.py:NAME)
-    is what the apply snippet's ``load()`` builds."""
+    as checkpointing as it is (`memviz.runtime.apply.applies_as_is`), else "module".  `factory`
+    (MODULE.py:NAME) is what the apply snippet's ``load()`` builds."""
     import memviz
 
     with stage(f"capturing and profiling ({mode})"):
@@ -269,7 +269,7 @@ def run_plan(
         plan.save(plan_out, overwrite=overwrite)
         print(f"plan: {plan_out}")
     if report is not None:
-        from memviz.report import write_report
+        from memviz.views.report import write_report
 
         with stage("writing the offline report"):
             write_report(plan, report, overwrite=overwrite, command=" ".join(["memviz", *sys.argv[1:]]),
@@ -289,20 +289,20 @@ def _absolute_factory(spec: str) -> str:
 
 
 def _default_export(plan: Any) -> str:
-    from memviz.apply import applies_as_is
+    from memviz.runtime.apply import applies_as_is
 
     return "apply" if applies_as_is(plan) else "module"
 
 
 def export_applied(plan: Any, path: Path, *, factory: str | None, overwrite: bool, verify: bool) -> Any:
-    """The "apply" export of `plan` (`memviz.apply.write_applied`) once it is known to fit: another
-    strategy's plan is converted to checkpointing first (`memviz.sac.to_sac`), and refused when that no
-    longer fits the budget; with `verify`, one measured step of the applied model (`memviz.verify`).
+    """The "apply" export of `plan` (`memviz.runtime.apply.write_applied`) once it is known to fit: another
+    strategy's plan is converted to checkpointing first (`memviz.plans.sac.to_sac`), and refused when that no
+    longer fits the budget; with `verify`, one measured step of the applied model (`memviz.runtime.verify`).
     Returns the plan written."""
     import warnings
 
-    from memviz.apply import write_applied
-    from memviz.sac import EXPRESSIBLE, to_sac
+    from memviz.plans.sac import EXPRESSIBLE, to_sac
+    from memviz.runtime.apply import write_applied
 
     budget_text = "none" if plan.budget_bytes is None else format_bytes(plan.budget_bytes)
     if plan.strategy not in EXPRESSIBLE:
@@ -316,7 +316,7 @@ def export_applied(plan: Any, path: Path, *, factory: str | None, overwrite: boo
         plan = dataclasses.replace(converted, frontier=plan.frontier)
     with stage("applying and verifying (one measured step)" if verify else "applying"):
         if verify:
-            from memviz.verify import verified_apply
+            from memviz.runtime.verify import verified_apply
 
             module = verified_apply(plan)
             frontier, plan = plan.frontier, module.plan
@@ -330,7 +330,7 @@ def export_applied(plan: Any, path: Path, *, factory: str | None, overwrite: boo
 
 def main(argv: Sequence[str] | None = None) -> int:
     from memviz import __version__
-    from memviz.devices import TARGETS, DeviceUnavailable
+    from memviz.hardware.devices import TARGETS, DeviceUnavailable
 
     parser = _Parser(prog="memviz", description="Plan a PyTorch model's memory.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -8,8 +8,8 @@ Here the forward keeps nothing of that size (the logits are the model's output, 
 backward recomputes each slice's log-probabilities, so only one slice of them exists at a time.
 
 Pass it as the loss like any other (``memviz.profile(model, args, loss_fn=lambda out:
-chunked_cross_entropy(out.logits, labels, chunks=8))``): `memviz.capture.loss_memory` measures what it
-holds, so the baseline and every plan include its smaller footprint.
+chunked_cross_entropy(out.logits, labels, chunks=8))``): `memviz.profiling.capture.loss_memory` measures what
+it holds, so the baseline and every plan include its smaller footprint.
 """
 
 from __future__ import annotations

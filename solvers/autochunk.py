@@ -2,7 +2,7 @@
 
 Torch-free.  The input is an *op graph*: the inference graph as a list of `OpNode` (one per ATen call,
 in execution order) with output shapes, element sizes, storage aliasing and the literal arguments the
-dimension rules need.  ``memviz.chunking`` builds it from ``torch.export`` and turns a `ChunkRegion`
+dimension rules need.  ``memviz.plans.chunking`` builds it from ``torch.export`` and turns a `ChunkRegion`
 back into a loop.
 
 * Chunk flow (Sec. 3.3): `flow_region` traces a chunk dimension from the outputs of a node range back

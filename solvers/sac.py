@@ -171,7 +171,7 @@ OPTIONS: dict[str, Callable[[frozenset[int]], frozenset[int]]] = {
 class Choice:
     """A solved menu: per candidate block its option ("none" = not checkpointed).  `graph`: the graph
     `schedule` runs on when the candidate's step was recorded as a graph of its own (a per-rank plan,
-    `memviz.distributed`); None: the graph the menu was solved on."""
+    `memviz.parallel.distributed`); None: the graph the menu was solved on."""
 
     options: tuple[str, ...]
     regions: tuple[Region, ...]

@@ -57,7 +57,7 @@ def _calls(model: nn.Module) -> Callable[[], int]:
 def train(model: nn.Module, kind: str, idx: torch.Tensor) -> tuple[list[list[torch.Tensor]], int, int]:
     """Each step's local gradients, the first block's submodule calls over `STEPS` AdamW steps, and the
     last step's measured peak (forward and backward, this rank's live storages)."""
-    from memviz.distributed import ShardedStorageTracker, local_tensors
+    from memviz.parallel.distributed import ShardedStorageTracker, local_tensors
 
     calls = _calls(model)
     wrapped = _wrap(model, kind)
@@ -74,7 +74,7 @@ def train(model: nn.Module, kind: str, idx: torch.Tensor) -> tuple[list[list[tor
 
 
 def compare(kind: str, plan: Any) -> dict[str, Any]:
-    from memviz.apply import ApplyWarning, apply
+    from memviz.runtime.apply import ApplyWarning, apply
 
     model, (idx,) = tiny_gpt()
     # each rank its own batch, so the gradients only agree after the all-reduce / reduce-scatter

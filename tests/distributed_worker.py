@@ -2,7 +2,7 @@
 multi-process tests of tests/test_distributed.py and benchmarks/bench_fsdp.py spawn (gloo on CPU): each
 rank wraps the model itself, the way a user would (``parallelize_module`` / ``fully_shard``, not through
 memviz), and measures one training step's live-storage peak with
-`memviz.distributed.ShardedStorageTracker`."""
+`memviz.parallel.distributed.ShardedStorageTracker`."""
 
 from __future__ import annotations
 
@@ -125,8 +125,8 @@ def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.M
 def measure(name: str, kind: str, world: int) -> dict[str, int]:
     """One rank's measured AdamW training step of the user-wrapped model, and memviz's profile of it."""
     import memviz
-    from memviz.collectives import collective_time
-    from memviz.distributed import ShardedStorageTracker, local_tensors
+    from memviz.hardware.collectives import collective_time
+    from memviz.parallel.distributed import ShardedStorageTracker, local_tensors
 
     model, args = MODELS[name]()
     model = user_wrap(model, kind, world)

@@ -34,7 +34,7 @@ SETUPS = {"fsdp": (True, 1, False), "tp": (False, 0, False), "tpsp": (False, 0, 
 
 
 def parallel_of(setup: str, world: int, rank: int = 0) -> Any:
-    from memviz.distributed import Parallel
+    from memviz.parallel.distributed import Parallel
 
     fsdp, tp, sp = SETUPS[setup]
     return Parallel(world_size=world, fsdp=fsdp, tp=tp or world, sp=sp, rank=rank)
@@ -56,7 +56,7 @@ def user_wrap(model: nn.Module, name: str, setup: str, world: int) -> nn.Module:
         parallelize_module,
     )
 
-    from memviz.distributed import is_norm
+    from memviz.parallel.distributed import is_norm
 
     fsdp, tp, sp = SETUPS[setup]
     tp = tp or world
@@ -105,7 +105,7 @@ def train(model: nn.Module, args: tuple[Any, ...],
     recorded step holds it), and with `whole` the first step's loss and whole (gathered) gradients by name."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from memviz.distributed import ShardedStorageTracker, local_tensors
+    from memviz.parallel.distributed import ShardedStorageTracker, local_tensors
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     grads, first = [], None
@@ -146,7 +146,7 @@ def predict(name: str, setup: str, world: int, rank: int, plan: Any) -> dict[str
     """This rank's predictions on the fake process group: the unplanned step and the step under `plan`.
     Rank 0's are the plan's own (it was made from rank 0's profile: its baseline and its peak)."""
     import memviz
-    from memviz.distributed_sac import rank_timeline
+    from memviz.parallel.distributed_sac import rank_timeline
 
     if rank == 0:
         return {"predicted": plan.baseline.peak_bytes, "planned_predicted": plan.peak_bytes}
@@ -158,7 +158,7 @@ def predict(name: str, setup: str, world: int, rank: int, plan: Any) -> dict[str
 
 def run(name: str, setup: str, world: int, plan: Any) -> dict[str, Any]:
     """The unplanned and the planned (applied, then wrapped) runs on the gloo group."""
-    from memviz.apply import ApplyWarning, apply
+    from memviz.runtime.apply import ApplyWarning, apply
 
     model, args = MODELS[name](**SHAPE)
     # on a 1-D mesh only: the 4-rank launch with the gathers on a dp x tp mesh ran past its 600 s limit on a

@@ -10,9 +10,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from memviz import accelerator
-from memviz.devices import DeviceInfo, DeviceUnavailable, available_memory, estimated_on, resolve_device
-from memviz.tracker import measure_peak
+from memviz.hardware import accelerator
+from memviz.hardware.devices import (
+    DeviceInfo,
+    DeviceUnavailable,
+    available_memory,
+    estimated_on,
+    resolve_device,
+)
+from memviz.profiling.tracker import measure_peak
 
 
 class FakeAllocator:

@@ -14,10 +14,10 @@ from torch import nn
 
 import memviz
 from examples import models
-from memviz.capture import default_loss, summed_as_eager
-from memviz.planning import minimum_budget
-from memviz.profile import profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.plans.planning import minimum_budget
+from memviz.profiling.capture import default_loss, summed_as_eager
+from memviz.profiling.profile import profile
+from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers import DataKind
 from solvers.result import InfeasibleBudget
 
@@ -104,8 +104,8 @@ def test_the_update_reads_the_summed_storage_after_the_sum(tied):
     """The optimizer's update of the tied weight reads the sum's token (it runs after the sum) and the
     storage the sum wrote: OLLA's freed-after-update view (`free_updated_gradients`) then frees that
     gradient after its update, not after the sum, which would drop what the update reads."""
-    from memviz.devices import named_device
-    from memviz.profile import add_optimizer
+    from memviz.hardware.devices import named_device
+    from memviz.profiling.profile import add_optimizer
     from solvers.olla import free_updated_gradients
 
     _, _, prof = tied

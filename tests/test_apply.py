@@ -18,9 +18,9 @@ import torch.utils._pytree as pytree
 
 import memviz
 from examples.models import EXAMPLES
-from memviz.planning import PlanningError
-from memviz.profile import Profile, profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.plans.planning import PlanningError
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
 from tests.test_zoo import Untracked
 
@@ -125,8 +125,8 @@ def test_sac_plan_runs_as_planned(name: str, fraction: float) -> None:
 @pytest.mark.parametrize("name", ["gpt", "bert_ce"])
 def test_sac_schedule_without_regions_is_the_eager_baseline(name: str) -> None:
     """bert_ce: a user loss beside the model's own ``labels=`` loss, whose autograd nodes never run their
-    backward and hold what they saved to the step's end (`memviz.saved.autograd_saved_holds`)."""
-    from memviz.sac import eager_holds
+    backward and hold what they saved to the step's end (`memviz.profiling.saved.autograd_saved_holds`)."""
+    from memviz.plans.sac import eager_holds
     from solvers import simulate
     from solvers.sac import sac_schedule
 
@@ -182,7 +182,7 @@ def test_under_torch_compile() -> None:
 def test_other_strategies_convert_or_refuse(tmp_path: Any) -> None:
     model, args, prof = _example("gpt")
     plan = memviz.plan(prof, 0.85, strategy="rockmate", time_limit=10.0, frontier=False, packing=False)
-    from memviz.sac import to_sac
+    from memviz.plans.sac import to_sac
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -205,15 +205,16 @@ def test_other_strategies_convert_or_refuse(tmp_path: Any) -> None:
 
 
 def test_memviz_apply_stays_the_function_after_its_module_is_imported() -> None:
-    """``from memviz.apply import ApplyWarning`` first must not make ``memviz.apply`` the module (Python
-    sets a package attribute after each submodule it loads); a fresh interpreter, so the order is real."""
+    """``from memviz.runtime.apply import ApplyWarning`` first must not make ``memviz.apply`` the module
+    (Python sets a package attribute after each submodule it loads); a fresh interpreter, so the order is
+    real."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    code = ("from memviz.apply import ApplyWarning\nimport memviz\nimport memviz.apply as m\n"
-            "assert memviz.apply is m and m.__module__ == 'memviz.apply' and callable(m), memviz.apply")
+    code = ("from memviz.runtime.apply import ApplyWarning\nimport memviz\nm = memviz.apply\n"
+            "assert m.__module__ == 'memviz.runtime.apply' and callable(m), m")
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root)})
@@ -226,7 +227,7 @@ def test_region_that_saves_nothing_runs_plain_checkpointing(monkeypatch: pytest.
     (the same region forced through the policy by a save decision for an op that never runs)."""
     import sys
 
-    from memviz.apply import wrap
+    from memviz.runtime.apply import wrap
 
     applying = sys.modules[wrap.__module__]  # the module: `memviz.apply` is the function
     model, args, prof = _example("gpt")

@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch import nn
 
-from memviz.apply import ApplyWarning, apply
-from memviz.profile import profile
-from memviz.tracker import allocator_peak, measure_peak, tensors_of
+from memviz.profiling.profile import profile
+from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
+from memviz.runtime.apply import ApplyWarning, apply
 from tests.test_apply import sac_plan
 
 ROOT = Path(__file__).resolve().parents[1]

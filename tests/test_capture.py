@@ -13,8 +13,8 @@ from torch import nn
 
 import memviz
 from examples.models import gpt, mlp, resnet
-from memviz.capture import CaptureError, Runner, capture, default_loss
-from memviz.profile import profile
+from memviz.profiling.capture import CaptureError, Runner, capture, default_loss
+from memviz.profiling.profile import profile
 from solvers import DataKind, Phase, eager_schedule, simulate
 
 

@@ -9,8 +9,8 @@ from gpt_chain import gpt_graph
 from graphs import training_chain
 
 import memviz
-from memviz.cdgraph import FATES, cdgraph_dict, compute_fates, dot_escape, legend, repeats, report_html
-from memviz.planfile import PlanFileError, validate_document
+from memviz.plans.cdgraph import FATES, cdgraph_dict, compute_fates, dot_escape, legend, repeats, report_html
+from memviz.plans.planfile import PlanFileError, validate_document
 from solvers import GraphBuilder, Phase
 from solvers.result import InfeasibleBudget
 

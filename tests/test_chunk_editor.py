@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from examples.models import GPT
-from memviz.chunk_editor import ChunkEditor
-from memviz.chunking import plan_chunks
+from memviz.plans.chunking import plan_chunks
+from memviz.views.chunk_editor import ChunkEditor
 from solvers import autochunk as ac
 
 

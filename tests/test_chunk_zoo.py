@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten
 
-from memviz import chunking as ch
-from memviz.tracker import StorageTracker, tensors_of
+from memviz.plans import chunking as ch
+from memviz.profiling.tracker import StorageTracker, tensors_of
 from solvers import autochunk as ac
 from tests import chunk_zoo_models as zoo
 

@@ -1,4 +1,4 @@
-"""memviz.chunking: capture, chunk selection, generated loops equal to eager, measured memory."""
+"""memviz.plans.chunking: capture, chunk selection, generated loops equal to eager, measured memory."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from memviz import chunking as ch
+from memviz.plans import chunking as ch
 from solvers import autochunk as ac
 
 try:  # the project's live-storage tracker, when it has landed: an independent check of ours
-    from memviz.tracker import StorageTracker, tensors_of
+    from memviz.profiling.tracker import StorageTracker, tensors_of
 except ImportError:
     StorageTracker = None
 
@@ -371,7 +371,7 @@ def test_plan_with_chunks_revalidates_and_names_the_breaking_op(gpt_inference):
 def test_plan_autochunk_save_load_export(gpt_inference, tmp_path):
     import memviz
     from examples.models import gpt
-    from memviz.export import StalePlanError
+    from memviz.runtime.export import StalePlanError
 
     model, args, _, plan = gpt_inference
     path = plan.save(tmp_path / "chunked.json")
@@ -397,14 +397,14 @@ def test_plan_autochunk_save_load_export(gpt_inference, tmp_path):
 def test_plan_autochunk_refuses_training_profiles():
     import memviz
     from examples.models import gpt
-    from memviz.planning import PlanningError
+    from memviz.plans.planning import PlanningError
 
     model, args = gpt(batch=1, seq=16, d=32, heads=4, layers=1, vocab=64, dropout=0.0)
     prof = memviz.profile(model, args, mode="train", measure=False)
     with pytest.raises(PlanningError, match="inference") as e:
         memviz.plan(prof, 0.5, strategy="autochunk")
     assert "rockmate" in str(e.value)
-    with pytest.raises(PlanningError, match="memviz.profile"):
+    with pytest.raises(PlanningError, match="memviz.profiling.profile"):
         memviz.plan(prof.graph, 0.5, strategy="autochunk")
 
 
@@ -419,7 +419,7 @@ def test_auto_chunks_inference_that_reordering_cannot_fit(gpt_inference):
 def test_benchmark_allocator_counter_agrees_with_the_storage_tracker():
     """bench_autochunk measures inductor's compiled code with the CPU allocator's profiler events (a
     dispatch-mode tracker cannot see inside it): on eager code both must give the same peak."""
-    from memviz.tracker import allocator_peak
+    from memviz.profiling.tracker import allocator_peak
 
     torch.manual_seed(0)
     plan = ch.plan_chunks(GPTBlock().eval(), (torch.randn(1, 256, 64),), budget=0.3, speed=SPEED)

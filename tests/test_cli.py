@@ -94,9 +94,9 @@ def test_demo_writes_offline_report_and_refuses_overwrite(tmp_path: Path, capsys
 
 
 def test_report_without_built_views_fails_before_profiling(tmp_path: Path, monkeypatch, capsys) -> None:
-    import memviz.report
+    import memviz.views.report
 
-    monkeypatch.setattr(memviz.report, "BUNDLE", tmp_path / "static" / "report.js")
+    monkeypatch.setattr(memviz.views.report, "BUNDLE", tmp_path / "static" / "report.js")
     out = tmp_path / "demo.html"
     assert main(["demo", "--output", str(out)]) == 2
     err = capsys.readouterr().err
@@ -106,7 +106,7 @@ def test_report_without_built_views_fails_before_profiling(tmp_path: Path, monke
 
 
 def embedded_plan(html: str) -> dict:
-    """The plan document a report embeds for its views (memviz.report.render_html)."""
+    """The plan document a report embeds for its views (memviz.views.report.render_html)."""
     match = re.search(r'<script type="application/json" id="memviz-plan">(.*?)</script>', html, re.DOTALL)
     assert match, "the report embeds its plan"
     return json.loads(match.group(1))

@@ -1,5 +1,6 @@
-"""`memviz.collectives`: the alpha-beta cost of collectives, and the estimated per-rank profile's collective
-nodes carrying it (issue 20 item 1: the TP/SP/FSDP collectives are compute nodes with estimated time)."""
+"""`memviz.hardware.collectives`: the alpha-beta cost of collectives, and the estimated per-rank profile's
+collective nodes carrying it (issue 20 item 1: the TP/SP/FSDP collectives are compute nodes with estimated
+time)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import torch
 from distributed_worker import MODELS, loss_of
 
 import memviz
-from memviz.collectives import (
+from memviz.hardware.collectives import (
     INTERCONNECTS,
     Link,
     collective_kind,
     collective_seconds,
     collective_time,
 )
-from memviz.devices import TARGETS
-from memviz.distributed import Parallel
+from memviz.hardware.devices import TARGETS
+from memviz.parallel.distributed import Parallel
 
 H100 = INTERCONNECTS["h100"]
 
@@ -124,7 +125,7 @@ def test_a_real_groups_collective_is_timed_to_its_end() -> None:
     object later, outside any dispatch mode: the recorder waits for it inside the operator's timing."""
     import torch.distributed as dist
 
-    from memviz.distributed import _wait
+    from memviz.parallel.distributed import _wait
 
     class Work(dist.distributed_c10d.Work):
         waited = False

@@ -1,5 +1,5 @@
 """``torch.compile(memviz.export(plan))``: compiled by the caller's backend, the plan keeps its memory,
-its recomputations and its dropout masks (`memviz.compiled`)."""
+its recomputations and its dropout masks (`memviz.runtime.compiled`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch
 
 import memviz
 from examples.models import gpt
-from memviz.capture import default_loss
-from memviz.planning import minimum_budget
-from memviz.tracker import allocator_peak, measure_peak, tensors_of
+from memviz.plans.planning import minimum_budget
+from memviz.profiling.capture import default_loss
+from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
 
 STEPS = 3
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import memviz
-from memviz.distributed import COLWISE, ROWWISE, Parallel, ParallelError
+from memviz.parallel.distributed import COLWISE, ROWWISE, Parallel, ParallelError
 from solvers import DataKind, Phase, simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -161,8 +161,8 @@ def test_recorded_recomputation_frees_what_the_run_frees() -> None:
     not held to the step's end by the recorder's module tracker (which over-predicted by 11%)."""
     from distributed_worker import loss_of, tiny_llama
 
-    from memviz.distributed import record_parallel
-    from memviz.distributed_sac import op_counts, region_spec
+    from memviz.parallel.distributed import record_parallel
+    from memviz.parallel.distributed_sac import op_counts, region_spec
 
     model, args = tiny_llama(batch=2, seq=32)
     prof = memviz.profile(model, args, loss_fn=loss_of, parallel=Parallel(world_size=2, tp=2, sp=True))
@@ -252,7 +252,7 @@ def test_gloo_ranks_match_the_per_rank_prediction(tmp_path) -> None:
 def test_a_model_the_user_wrapped_is_profiled_as_is_and_left_unchanged() -> None:
     from distributed_worker import user_wrap
 
-    from memviz.distributed import fake_process_group, local
+    from memviz.parallel.distributed import fake_process_group, local
 
     model, args = tiny_gpt()
     with fake_process_group(2, 0):
@@ -290,7 +290,7 @@ def test_estimated_parallel_profile_runs_on_fake_tensors() -> None:
     with pytest.raises(ParallelError, match="unwrapped"):
         from distributed_worker import user_wrap
 
-        from memviz.distributed import fake_process_group
+        from memviz.parallel.distributed import fake_process_group
 
         with fake_process_group(2, 0):
             memviz.profile(user_wrap(tiny_gpt()[0], "fsdp", 2), args, device="fake:h100")
@@ -302,7 +302,7 @@ def test_recorded_llama_chains_into_blocks_and_in_place_writes_order_their_reade
     so Rotor plans well under the eager peak."""
     from distributed_worker import loss_of, tiny_llama
 
-    from memviz.planning import minimum_budget
+    from memviz.plans.planning import minimum_budget
     from solvers.chain import decompose
 
     model, args = tiny_llama(num_hidden_layers=4)

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from examples.models import EXAMPLES, gpt, mlp, resnet
-from memviz.capture import default_loss
-from memviz.export import StalePlanError, export, load_source
-from memviz.profile import Profile, profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.profiling.capture import default_loss
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import measure_peak, tensors_of
+from memviz.runtime.export import StalePlanError, export, load_source
 from solvers import DataKind, Graph, eager_schedule, simulate
 from solvers.schedule import Schedule, Step
 from tests.test_zoo import Untracked
@@ -380,8 +380,8 @@ def test_torch_compile_backend_runs_a_plan():
 def test_public_api_callable_after_submodule_imports():
     """`memviz.profile(...)` and `memviz.export(...)` work even when the submodules were imported first."""
     import memviz
-    import memviz.export
-    import memviz.profile
+    import memviz.profiling.profile
+    import memviz.runtime.export
 
     model, args = mlp()
     prof = memviz.profile(model, args, repeats=1, warmup=0, measure=False)

@@ -1,7 +1,7 @@
 """The exported step's measured peak honours its plan: one regression test per way the two disagreed.
 
-`solvers.simulate` is the plan's timeline; `memviz.tracker.measure_peak` what the exported module and
-the user's optimizer really hold.  Each test is a small model reproducing one cause."""
+`solvers.simulate` is the plan's timeline; `memviz.profiling.tracker.measure_peak` what the exported module
+and the user's optimizer really hold.  Each test is a small model reproducing one cause."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import memviz
-from memviz.profile import Profile, profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers import Phase, simulate
 from solvers.result import InfeasibleBudget
 from solvers.schedule import Step
@@ -109,7 +109,7 @@ def test_the_eager_schedule_exported_holds_what_eager_holds(name, loss):
     exactly eager's peak, which the profile predicts.  ``pow`` saves the logits in the loss's own
     autograd graph: there they stay until the loss's backward, in eager as in the plan."""
     from examples.models import EXAMPLES
-    from memviz.capture import default_loss
+    from memviz.profiling.capture import default_loss
 
     model, args = EXAMPLES[name](vocab=512) if name == "gpt" else EXAMPLES[name]()
     loss_fn = default_loss if loss == "sum" else (lambda out: (out ** 2).sum())
@@ -152,8 +152,8 @@ def test_the_loss_runs_once_right_before_its_backward():
     (tests/test_plan_truth.py).  Export refuses such a schedule; memviz.plan rewrites every solver's
     schedule into the form the export runs (`run_turn_once`), whose simulation is what it measures."""
     from examples.models import EXAMPLES
-    from memviz.capture import default_loss
-    from memviz.planning import as_exported
+    from memviz.plans.planning import as_exported
+    from memviz.profiling.capture import default_loss
     from solvers.schedule import turn_issue
 
     model, args = EXAMPLES["gpt"](vocab=512)

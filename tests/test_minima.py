@@ -10,7 +10,7 @@ from graphs import chain_of_blocks, random_training_dag, training_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memviz.planning import minimum_budget, plan, solve_checked
+from memviz.plans.planning import minimum_budget, plan, solve_checked
 from solvers import Graph, checkmate, eager_schedule, rotor, simulate
 from solvers.chain import decompose, store_all
 from solvers.result import InfeasibleBudget

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from memviz import neuron
-from memviz.neuron import (
+from memviz.hardware import neuron
+from memviz.hardware.neuron import (
     NEURON_CHECKPOINT_WARNING,
     NeuronCheckpointWarning,
     NeuronFormatError,

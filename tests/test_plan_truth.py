@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import memviz
-from memviz.profile import Profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.profiling.profile import Profile
+from memviz.profiling.tracker import measure_peak, tensors_of
 from tests.test_real_models import PLAN_TOLERANCE, _step, profiled
 from tests.test_zoo import _fresh
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import memviz
 from memviz.budget import parse_budget
-from memviz.planfile import PlanFileError, parse_document, read_document
+from memviz.plans.planfile import PlanFileError, parse_document, read_document
 from solvers import GraphBuilder, Phase
 
 
@@ -187,7 +187,7 @@ def test_plan_json_is_parsed_as_json_loads_parses_it(text, as_bytes):
     """memviz parses plan files with msgspec's decoder (twice as fast as json on a 100k-step plan), and
     with json.loads whatever msgspec refuses: the result is json.loads's (NaN and Infinity refused) on
     every text, the value or the kind of error."""
-    from memviz.planfile import _loads, _reject_constant
+    from memviz.plans.planfile import _loads, _reject_constant
 
     if as_bytes:
         try:
@@ -198,7 +198,7 @@ def test_plan_json_is_parsed_as_json_loads_parses_it(text, as_bytes):
 
 
 def test_a_plan_file_is_parsed_without_json_loads(tmp_path, monkeypatch):
-    import memviz.planfile as planfile
+    import memviz.plans.planfile as planfile
 
     path = memviz.plan(tiny_training_graph(), frontier=False, packing=False).save(tmp_path / "plan.json")
 

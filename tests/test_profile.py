@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from examples.models import EXAMPLES, gpt, mlp, vit
-from memviz.devices import TARGETS, DeviceUnavailable, resolve_device
-from memviz.profile import measure_eager_peak, optimizer_layout, profile
+from memviz.hardware.devices import TARGETS, DeviceUnavailable, resolve_device
+from memviz.profiling.profile import measure_eager_peak, optimizer_layout, profile
 from solvers import DataKind, Phase
 
 
@@ -127,7 +127,7 @@ def test_measure_eager_peak_leaves_model_untouched():
 def test_timer_budget_bounds_repeats():
     """A kernel longer than the budget runs once (its warm-up is its measurement); short ones get the
     warm-up plus every repeat."""
-    from memviz.profile import _Timer
+    from memviz.profiling.profile import _Timer
 
     calls = []
     timer = _Timer(torch.device("cpu"), budget_s=0.01)
@@ -141,7 +141,7 @@ def test_timer_budget_bounds_repeats():
 
 def test_timer_stops_when_samples_agree():
     """Two samples within the spread settle the median: no further repeats."""
-    from memviz.profile import _Timer
+    from memviz.profiling.profile import _Timer
 
     durations = iter([0.02, 0.01, 0.01, 0.1, 0.1])  # warm-up, then two agreeing samples
     calls = []
@@ -155,7 +155,7 @@ def test_timer_stops_when_samples_agree():
 
 
 def test_identical_ops_share_one_measurement():
-    from memviz.profile import op_key
+    from memviz.profiling.profile import op_key
 
     a, b = torch.zeros(4, 8), torch.zeros(4, 8)
     assert op_key(torch.ops.aten.mm.default, (a, b.t()), {}) == op_key(torch.ops.aten.mm.default,
@@ -174,8 +174,8 @@ def test_identical_ops_share_one_measurement():
 def test_chunked_graph_module_is_reported_not_silently_captured():
     """torch.export reads gm.graph, not the loops ChunkCodeGen emits: the profile says so, and the
     measured peak (what the loops really hold) disagrees with the predicted one."""
-    from memviz import chunking as ch
-    from memviz.profile import ProfileWarning
+    from memviz.plans import chunking as ch
+    from memviz.profiling.profile import ProfileWarning
     from solvers import autochunk as ac
 
     model, args = gpt(batch=1, seq=256, d=64, heads=4, layers=1, vocab=128, dropout=0.0)
@@ -192,7 +192,7 @@ def test_chunked_graph_module_is_reported_not_silently_captured():
 def test_plain_model_gives_no_profile_warning():
     import warnings
 
-    from memviz.profile import ProfileWarning
+    from memviz.profiling.profile import ProfileWarning
 
     model, args = gpt()
     with warnings.catch_warnings():
@@ -202,7 +202,7 @@ def test_plain_model_gives_no_profile_warning():
 
 
 def test_predicted_vs_measured_disagreement_warns(monkeypatch):
-    import memviz.profile as P
+    import memviz.profiling.profile as P
 
     model, args = mlp()
     true_peak = measure_eager_peak(model, args)
@@ -218,8 +218,8 @@ def test_predicted_vs_measured_disagreement_warns(monkeypatch):
 
 
 def test_model_too_big_for_the_device_is_estimated_not_run(monkeypatch):
-    import memviz.devices as D
-    import memviz.profile as P
+    import memviz.hardware.devices as D
+    import memviz.profiling.profile as P
 
     def must_not_run(*a, **k):
         raise AssertionError("the model was run although it does not fit")
@@ -241,7 +241,7 @@ def test_model_too_big_for_the_device_is_estimated_not_run(monkeypatch):
 
 
 def test_model_that_fits_is_measured(monkeypatch):
-    import memviz.devices as D
+    import memviz.hardware.devices as D
 
     model, args = mlp()
     monkeypatch.setattr(D, "available_memory", lambda info: 1 << 40)
@@ -250,7 +250,7 @@ def test_model_that_fits_is_measured(monkeypatch):
 
 
 def test_available_memory_and_estimate_targets(tmp_path):
-    from memviz.devices import DeviceInfo, GiB, _meminfo_available, available_memory, estimated_on
+    from memviz.hardware.devices import DeviceInfo, GiB, _meminfo_available, available_memory, estimated_on
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    1234 kB\n")
@@ -276,8 +276,8 @@ def test_repeated_ops_are_timed_once_and_not_rerun():
     and takes the first one's time."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memviz.capture import capture
-    from memviz.profile import _measure_costs, op_key
+    from memviz.profiling.capture import capture
+    from memviz.profiling.profile import _measure_costs, op_key
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -318,7 +318,7 @@ class _Lookup(torch.nn.Module):
 def test_baseline_holds_what_eager_autograd_saves():
     """gather's autograd node keeps its input until gather's backward has run (the joint graph's
     backward reads only the index): the predicted eager peak counts it, and matches the measurement."""
-    from memviz.saved import autograd_saved_holds
+    from memviz.profiling.saved import autograd_saved_holds
 
     torch.manual_seed(0)
     model = _Lookup().double()
@@ -336,7 +336,7 @@ def test_saved_tensors_of_identical_ops_are_looked_up_not_rerun(monkeypatch):
     """The positions autograd saves are cached per op signature (the layers of a GPT run one fake
     pass): the cached holds equal running every operator, and repeated layers run it once."""
     from examples import models
-    from memviz import saved
+    from memviz.profiling import saved
 
     model, args = models.gpt(layers=3)[:2]
     cap = profile(model, args, repeats=1, warmup=0, measure=False).captured
@@ -376,7 +376,7 @@ def test_inference_baseline_sees_locals_inside_torch_functionals():
 
 
 def test_statement_at_spans_continuation_lines(tmp_path):
-    from memviz.profile import _statement_at
+    from memviz.profiling.profile import _statement_at
 
     src = tmp_path / "m.py"
     src.write_text("def f(a):\n    b = (a.view(2)\n         .reshape(1, 2))\n    del a\n    return b\n")
@@ -446,7 +446,7 @@ def test_inference_baseline_holds_locals_bound_in_loops():
 
 
 def test_iterations_split_a_periodic_run_of_operators():
-    from memviz.profile import _iterations
+    from memviz.profiling.profile import _iterations
 
     assert _iterations(["mm", "tanh", "mul"] * 3) == 3
     assert _iterations(["mm", "tanh", "mul", "mm", "tanh"]) == 1
@@ -478,7 +478,7 @@ def test_inference_baseline_holds_autocast_cached_weights(frozen):
 
 
 def test_deleted_names_reads_del_and_none_assignments():
-    from memviz.profile import _deleted_names
+    from memviz.profiling.profile import _deleted_names
 
     assert _deleted_names("del q, k") == ["q", "k"]
     assert _deleted_names("relu = torch.relu(linear);  linear = None", skip_first=True) == ["linear"]
@@ -492,7 +492,7 @@ def test_the_predicted_overhead_counts_the_fixed_step_costs():
     own ratio, a recomputation adds its op time over the measured eager step.  (How close the
     prediction comes is measured in benchmarks/bench_export.py: no wall-clock assertion here.)"""
     import memviz
-    from memviz.planning import Plan, minimum_budget
+    from memviz.plans.planning import Plan, minimum_budget
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.BatchNorm1d(64), torch.nn.Tanh(),
@@ -528,8 +528,8 @@ def test_device_runtime_bytes_are_held_by_every_plan(tmp_path: Path) -> None:
     persistent node that every plan holds, the plan file keeps and the exported module ignores.  On the
     CPU nothing is measured."""
     import memviz
-    from memviz.accelerator import runtime_bytes
-    from memviz.profile import with_runtime
+    from memviz.hardware.accelerator import runtime_bytes
+    from memviz.profiling.profile import with_runtime
     from solvers import simulate
 
     assert runtime_bytes(lambda: 7, "cpu") == (0, 7)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import memviz
-import memviz.planning as planning
+import memviz.plans.planning as planning
 from tests.graphs import training_chain
 
 

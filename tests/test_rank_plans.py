@@ -55,8 +55,8 @@ def test_per_rank_plan_exports_through_apply(fsdp2: Any, tmp_path: Path) -> None
     what the plan says, below the unplanned rank."""
     from distributed_worker import user_wrap
 
-    from memviz.apply import apply
-    from memviz.distributed import ShardedStorageTracker, fake_process_group, local_tensors
+    from memviz.parallel.distributed import ShardedStorageTracker, fake_process_group, local_tensors
+    from memviz.runtime.apply import apply
 
     model, args, prof, plan = fsdp2
     assert plan.strategy == "sac" and plan.recomputations > 0
@@ -89,8 +89,8 @@ def test_per_rank_plan_exports_through_apply(fsdp2: Any, tmp_path: Path) -> None
 def test_per_rank_refusals(fsdp2: Any) -> None:
     """memviz.export (an FX program) and converting another strategy's per-rank plan are refused, naming
     the way that works."""
-    from memviz.apply import apply
-    from memviz.planning import PlanningError
+    from memviz.plans.planning import PlanningError
+    from memviz.runtime.apply import apply
 
     model, _, prof, plan = fsdp2
     with pytest.raises(ValueError, match="strategy='sac'"):
@@ -105,7 +105,7 @@ def test_plan_of_a_model_the_user_wrapped(fsdp2: Any) -> None:
     run on it, so afterwards it is as it was: no checkpointed forward left, the same shards."""
     from distributed_worker import tiny_gpt, user_wrap
 
-    from memviz.distributed import fake_process_group, local
+    from memviz.parallel.distributed import fake_process_group, local
 
     _, args, _, plan = fsdp2
     with fake_process_group(2, 0):

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import memviz
-from memviz.capture import capture
-from memviz.export import load_source
-from memviz.profile import ProfileWarning, profile
+from memviz.profiling.capture import capture
+from memviz.profiling.profile import ProfileWarning, profile
+from memviz.runtime.export import load_source
 from solvers import DataKind
 from tests.real_models import REAL, RealCase
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
-from memviz import chunking as ch
+from memviz.plans import chunking as ch
 from solvers import autochunk as ac
 from tests.real_models import LANGUAGE_MODELS, REAL, timm
 from tests.test_chunk_zoo import _measure

@@ -1,5 +1,5 @@
 """The user's loss in the memory model: what it saves for backward and its transient peaks are measured
-(`memviz.capture.loss_memory`), so the eager baseline and every plan include them.
+(`memviz.profiling.capture.loss_memory`), so the eager baseline and every plan include them.
 
 The model is an LM whose cross-entropy over a 4096-token vocabulary (and a regression head's MSE) is a
 large part of the step, as in LM training."""
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import memviz
-from memviz.tracker import measure_peak, tensors_of
+from memviz.profiling.tracker import measure_peak, tensors_of
 
 V, D, B, S, L = 4096, 32, 2, 64, 8
 

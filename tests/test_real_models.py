@@ -25,8 +25,8 @@ import pytest
 import torch
 
 import memviz
-from memviz.profile import Profile, profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
 from tests.real_models import REAL, RealCase, rotating_loss
 from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh

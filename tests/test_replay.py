@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import memviz
-from memviz.capture import CaptureError, capture
-from memviz.replay import ReplayWarning, UnfaithfulReplay, data_globals, hooks
+from memviz.profiling.capture import CaptureError, capture
+from memviz.runtime.replay import ReplayWarning, UnfaithfulReplay, data_globals, hooks
 
 SCALE = 2.0  # module-level data Scaled.forward reads: the trace takes its value as a constant
 

@@ -13,8 +13,8 @@ from html.parser import HTMLParser
 import pytest
 
 import memviz
-import memviz.report as report
-from memviz.report import ReportBundleMissing, render_html, write_report
+import memviz.views.report as report
+from memviz.views.report import ReportBundleMissing, render_html, write_report
 from solvers import GraphBuilder, Phase
 
 HOSTILE = "<img src=x onerror=alert(1)>"

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from graphs import training_chain
 
-from memviz.devices import uses_caching_allocator
-from memviz.planning import plan
+from memviz.hardware.devices import uses_caching_allocator
+from memviz.plans.planning import plan
 from solvers import eager_schedule, simulate
 from solvers.result import InfeasibleBudget
 

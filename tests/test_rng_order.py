@@ -10,8 +10,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import memviz
-from memviz.capture import is_random
-from memviz.profile import profile
+from memviz.profiling.capture import is_random
+from memviz.profiling.profile import profile
 from solvers import GraphBuilder, Phase, compute, eager_schedule, free, simulate, with_order_chain
 from solvers.ir import GraphError
 from solvers.olla import reorder

@@ -1,4 +1,4 @@
-"""The compiled predicates of `memviz.schema_fast` agree with jsonschema on plan documents whose arrays
+"""The compiled predicates of `memviz.plans.schema_fast` agree with jsonschema on plan documents whose arrays
 are long enough to take the fast path (issue 17 item 4: validation in linear time)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memviz
-from memviz.planfile import PlanFileError, check_values, parse_document, plan_schema
-from memviz.schema_fast import MIN_ITEMS, stripped
+from memviz.plans.planfile import PlanFileError, check_values, parse_document, plan_schema
+from memviz.plans.schema_fast import MIN_ITEMS, stripped
 from solvers import DataKind, GraphBuilder, Phase
 
 

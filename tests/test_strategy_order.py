@@ -13,7 +13,7 @@ import pytest
 
 import memviz
 from examples import models
-from memviz.planning import minimum_budget, solve_checked
+from memviz.plans.planning import minimum_budget, solve_checked
 from solvers.result import InfeasibleBudget
 
 LIMIT = 8.0  # seconds per plan, every strategy
@@ -76,7 +76,7 @@ def test_plans_keep_model_outputs_and_export_runs(strategy):
 def test_auto_keeps_rockmate_when_a_time_limited_checkmate_incumbent_is_worse(monkeypatch):
     from graphs import transformer_blocks
 
-    from memviz import planning
+    from memviz.plans import planning
     from solvers import sqrt
     from solvers.result import SolveResult, SolverStats
 

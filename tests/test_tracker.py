@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from memviz.tracker import StorageTracker, measure_peak, tensors_of
+from memviz.profiling.tracker import StorageTracker, measure_peak, tensors_of
 
 
 def test_counts_allocations_and_frees():
@@ -51,7 +51,7 @@ def test_tensors_of_optimizer_state():
 def test_allocator_peak_sees_compiled_code():
     """A dispatch-mode tracker makes torch.compile run eagerly; the profiler's allocator events do not,
     and agree with the tracker on an eager run."""
-    from memviz.tracker import allocator_peak
+    from memviz.profiling.tracker import allocator_peak
 
     def f(x: torch.Tensor) -> torch.Tensor:
         y = x * 2  # +40000

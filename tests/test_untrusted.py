@@ -14,8 +14,8 @@ from torch import nn
 
 import memviz
 from examples.models import mlp
-from memviz.export import export, load_source, program_source
-from memviz.profile import profile
+from memviz.profiling.profile import profile
+from memviz.runtime.export import export, load_source, program_source
 from solvers import Graph
 
 # The payload sets a builtin: if any generated line runs it, `builtins.memviz_pwned` exists afterwards.
@@ -199,7 +199,7 @@ def test_export_path_leaves_nothing_when_the_plan_json_fails(tmp_path, profiled)
 
 # --- item 2: DOT from a document is never shown ---------------------------------------------------------
 def test_report_rebuilds_the_cdgraph_from_the_validated_graph(tmp_path, monkeypatch, profiled):
-    from memviz import report
+    from memviz.views import report
 
     fake = tmp_path / "report.js"
     fake.write_text("var memvizReport = {};")
@@ -227,7 +227,7 @@ def _edited(plan: memviz.Plan, g: dict) -> memviz.Plan:
 def _refused(tmp_path, model, plan: memviz.Plan, match: str) -> None:
     path = plan.save(tmp_path / "edited.json", overwrite=True)
     loaded = memviz.load_plan(path)  # self-consistent: the file itself is accepted
-    with pytest.raises(memviz.export.StalePlanError, match=match):
+    with pytest.raises(memviz.runtime.export.StalePlanError, match=match):
         export(loaded, model=model)
 
 
@@ -307,7 +307,7 @@ def _load_text(tmp_path, text: str) -> memviz.Plan:
     ("device/name", lambda d: d["device"].update(name="\udfff"), None),
 ])
 def test_edge_values_are_plan_file_errors_naming_the_path(tmp_path, tiny_doc, where, edit, raw):
-    from memviz.planfile import PlanFileError
+    from memviz.plans.planfile import PlanFileError
 
     edit(tiny_doc)
     text = json.dumps(tiny_doc)  # ensure_ascii: the surrogate and NUL travel as \\u escapes
@@ -320,8 +320,8 @@ def test_edge_values_are_plan_file_errors_naming_the_path(tmp_path, tiny_doc, wh
 
 
 def test_save_and_report_refuse_what_they_cannot_write(tmp_path, monkeypatch, tiny_doc):
-    from memviz import report
-    from memviz.planfile import PlanFileError
+    from memviz.plans.planfile import PlanFileError
+    from memviz.views import report
 
     fake = tmp_path / "report.js"
     fake.write_text("var memvizReport = {};")
@@ -343,7 +343,7 @@ def test_save_and_report_refuse_what_they_cannot_write(tmp_path, monkeypatch, ti
 
 # --- item 5: a plan is validated once on load ---------------------------------------------------------------
 def test_loading_validates_and_simulates_once(tmp_path, monkeypatch):
-    from memviz import planfile, planning
+    from memviz.plans import planfile, planning
     from solvers import GraphBuilder
 
     b = GraphBuilder("chain")
@@ -392,8 +392,8 @@ def test_fuzzed_plan_files_load_or_fail_cleanly(tiny_doc, tmp_path_factory):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from memviz import report
-    from memviz.planfile import PlanFileError, parse_document
+    from memviz.plans.planfile import PlanFileError, parse_document
+    from memviz.views import report
 
     base = json.dumps(tiny_doc)
     paths = [p for p in _paths(tiny_doc) if p and p[0] != "cdgraph"]
@@ -427,7 +427,7 @@ def test_fuzzed_plan_files_load_or_fail_cleanly(tiny_doc, tmp_path_factory):
         # whatever loads can be summarised, saved and reported
         plan.summary()
         new = plan.to_dict()
-        memviz.planfile.document_text(new)
+        memviz.plans.planfile.document_text(new)
         report.trusted_document(new)
         report.report_header(new)
         report.timeline_csv(new)
@@ -439,7 +439,7 @@ def test_fuzzed_plan_files_load_or_fail_cleanly(tiny_doc, tmp_path_factory):
 def test_apply_snippet_holds_names_as_literals(tmp_path, breakout):
     """The "apply" export's snippet: the plan file's name and the factory (a path and a function name, from
     the command line) reach it only as string literals; running it runs none of them."""
-    from memviz.apply import applied_source
+    from memviz.runtime.apply import applied_source
 
     hostile = EVERY_BREAKOUT if breakout == "every" else BREAKOUTS[breakout].format(p=PAYLOAD)
     plan_name, factory = f"{hostile}.plan.json", f"/models/{hostile}.py:{hostile}"

@@ -16,10 +16,10 @@ from torch import nn
 
 import memviz
 from memviz.cli import main
-from memviz.export import BudgetExceededError
-from memviz.profile import Profile, profile
-from memviz.verify import VerifyWarning
-from memviz.widget import Planner
+from memviz.profiling.profile import Profile, profile
+from memviz.runtime.export import BudgetExceededError
+from memviz.runtime.verify import VerifyWarning
+from memviz.views.widget import Planner
 
 F64 = torch.float64
 
@@ -43,7 +43,7 @@ def profiled(optimizer: bool) -> tuple[nn.Module, torch.Tensor, Profile]:
 
 def half_way(prof: Profile, strategy: str = "rotor") -> Any:
     """A plan at the middle of [the strategy's minimum, the eager peak]."""
-    from memviz.planning import minimum_budget
+    from memviz.plans.planning import minimum_budget
 
     low = minimum_budget(prof.graph, strategy)
     return memviz.plan(prof, (low + prof.baseline.peak_bytes) // 2, strategy=strategy, frontier=False)
@@ -78,7 +78,7 @@ def test_verified_plan_passes_and_leaves_the_user_state_alone() -> None:
 
 def test_verify_measures_what_a_training_step_holds() -> None:
     """The figure is the one an AdamW training step of the exported module measures (state exists)."""
-    from memviz.tracker import measure_peak, tensors_of
+    from memviz.profiling.tracker import measure_peak, tensors_of
 
     model, x, prof = profiled(True)
     plan = half_way(prof, "rockmate")
@@ -111,7 +111,7 @@ def _hiding_loss(cache: list[torch.Tensor], hidden_bytes: int) -> Any:
 
 
 def test_memory_hidden_from_the_profile_is_replanned_with_its_excess_as_margin() -> None:
-    from memviz.planning import minimum_budget
+    from memviz.plans.planning import minimum_budget
 
     model, x, prof = profiled(False)
     low = minimum_budget(prof.graph, "rotor")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from memviz.devices import TARGETS
-from memviz.whatif import WhatIf, config_from
+from memviz.hardware.devices import TARGETS
+from memviz.views.whatif import WhatIf, config_from
 from solvers import analytic
 
 CFG = {"layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, "batch": 4, "vocab": 50304, "dtype": "bf16"}
@@ -81,7 +81,7 @@ def _hf():
 
 
 def test_from_hugging_face_configs():
-    from memviz.whatif import config_from_hf
+    from memviz.views.whatif import config_from_hf
 
     tf = _hf()
     gpt2 = config_from_hf(tf.GPT2Config(), seq=1024, batch=4, dtype="bf16")
@@ -229,7 +229,7 @@ def test_formula_next_to_a_captured_tensor_parallel_rank():
     sys.path.insert(0, str(Path(__file__).parent))
     from distributed_worker import loss_of, tiny_gpt, tiny_llama
 
-    from memviz.whatif import compare_captured
+    from memviz.views.whatif import compare_captured
 
     model, args = tiny_gpt()
     cmp = compare_captured(model, args, tp=2, loss_fn=loss_of,

@@ -10,10 +10,10 @@ import pytest
 from graphs import training_chain
 from test_planfile import tiny_training_graph
 
-import memviz.planning
-import memviz.widget
-from memviz.planning import Plan, budget_frontier, plan
-from memviz.widget import SHARED, Planner, split_document
+import memviz.plans.planning
+import memviz.views.widget
+from memviz.plans.planning import Plan, budget_frontier, plan
+from memviz.views.widget import SHARED, Planner, split_document
 from solvers import simulate
 
 
@@ -68,13 +68,14 @@ def test_the_output_carries_the_plan_shown_for_a_notebook_without_kernel():
     w = Planner(p, strategy="rotor", time_limit=5)
     bundle = w._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.model_id
-    saved = bundle[memviz.widget.PLANNER_MIME]
+    saved = bundle[memviz.views.widget.PLANNER_MIME]
     assert saved["model_id"] == w.model_id
     assert Plan.from_dict(json.loads(json.dumps(saved["plan"]))).peak_bytes == p.peak_bytes
     assert saved["plan"]["frontier"] == p.frontier
     assert "<img" not in bundle["text/html"] and "&lt;img src=x" in bundle["text/html"]
     w.budget_index = 0  # the slider moved: a later display (a saved output) holds the plan shown now
-    assert w._repr_mimebundle_()[memviz.widget.PLANNER_MIME]["plan"]["planned"] == w.document()["planned"]
+    assert (w._repr_mimebundle_()[memviz.views.widget.PLANNER_MIME]["plan"]["planned"]
+            == w.document()["planned"])
     w.close()
 
 
@@ -101,7 +102,7 @@ def chain_plan(strategy: str = "rotor"):
 
 
 class CountingPlan:
-    """Stands in for `memviz.widget.plan`: counts the solves and can hold them until released."""
+    """Stands in for `memviz.views.widget.plan`: counts the solves and can hold them until released."""
 
     def __init__(self) -> None:
         self.budgets: list[int] = []
@@ -111,13 +112,13 @@ class CountingPlan:
     def __call__(self, source, budget, **kwargs):
         self.budgets.append(budget)
         assert self.release.wait(30)
-        return memviz.planning.plan(source, budget, **kwargs)
+        return memviz.plans.planning.plan(source, budget, **kwargs)
 
 
 @pytest.fixture
 def solves(monkeypatch):
     counting = CountingPlan()
-    monkeypatch.setattr(memviz.widget, "plan", counting)
+    monkeypatch.setattr(memviz.views.widget, "plan", counting)
     return counting
 
 
@@ -276,7 +277,7 @@ def test_a_solve_already_started_finishes_into_the_cache_but_is_not_shown(solves
 
 def test_a_loaded_plan_without_frontier_runs_says_it_is_solving(solves, tmp_path):
     p = chain_plan()
-    loaded = memviz.planning.load_plan(p.save(tmp_path / "p.plan.json"))
+    loaded = memviz.plans.planning.load_plan(p.save(tmp_path / "p.plan.json"))
     assert loaded.frontier == p.frontier and loaded.frontier_points == []
     w = Planner(loaded, strategy="sqrt", time_limit=5)
     before = w.plan_json
@@ -335,13 +336,13 @@ def test_a_typed_budget_below_every_plan_is_an_error_naming_the_minimum(solves):
 
 
 def test_device_capacity_presets_start_with_the_plans_own_device():
-    presets = memviz.widget.capacity_presets({"name": "cuda:0", "capacity_bytes": 24 << 30})
+    presets = memviz.views.widget.capacity_presets({"name": "cuda:0", "capacity_bytes": 24 << 30})
     assert presets[0] == {"label": "this device (cuda:0)", "bytes": 24 << 30}
     sizes = [p["bytes"] for p in presets[1:]]
     assert sizes == sorted(sizes) and 80 << 30 in sizes and 141 << 30 in sizes
     labels = [p["label"] for p in presets]
     assert len(labels) == len(set(labels))  # aliases (a100 = a100-80gb) once
-    unknown = memviz.widget.capacity_presets({"name": "cpu", "capacity_bytes": None})
+    unknown = memviz.views.widget.capacity_presets({"name": "cpu", "capacity_bytes": None})
     assert not unknown[0]["label"].startswith("this device")
 
 

@@ -1,4 +1,4 @@
-"""The legacy torch-xla device, measured per graph (`memviz.xla`).
+"""The legacy torch-xla device, measured per graph (`memviz.hardware.xla`).
 
 torch-xla 2.9 (its last release) cannot be installed beside torch 2.13, so the profile path runs here
 against a fake runtime with torch-xla's API (``torch_xla.sync``, ``xm.wait_device_ops``,
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import memviz
-from memviz import neuron, xla
-from memviz.devices import DeviceUnavailable, resolve_device
-from memviz.profile import ProfileWarning
+from memviz.hardware import neuron, xla
+from memviz.hardware.devices import DeviceUnavailable, resolve_device
+from memviz.profiling.profile import ProfileWarning
 
 EXECUTE_NS = 2_000_000  # each executed graph takes 2 ms
 COMPILE_NS = 500_000_000
@@ -116,7 +116,7 @@ def test_the_step_time_is_measured_per_graph_and_shared_by_the_roofline(
     assert runtime.seed == 7  # the device's random seed is left as it was
     doc = memviz.plan(prof, None).to_dict()
     assert doc["device"]["timing"] == "per-graph"
-    memviz.planfile.validate_document(doc)
+    memviz.plans.planfile.validate_document(doc)
 
 
 def test_warm_up_lasts_while_runs_compile_and_the_wall_clock_stands_in(

@@ -15,10 +15,10 @@ import torch
 import torch.utils._pytree as pytree
 
 import memviz
-from memviz.capture import CaptureError
-from memviz.export import export
-from memviz.profile import Profile, profile
-from memviz.tracker import measure_peak, tensors_of
+from memviz.profiling.capture import CaptureError
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import measure_peak, tensors_of
+from memviz.runtime.export import export
 from solvers.result import InfeasibleBudget
 from tests.zoo_models import ZOO, ZooCase, data_dependent
 
@@ -236,7 +236,7 @@ def test_loss_gradients_are_planned_as_autograd_holds_them() -> None:
 
 
 def test_changed_constant_input_is_refused() -> None:
-    from memviz.export import StalePlanError
+    from memviz.runtime.export import StalePlanError
 
     case, prof = _profiled("kwargs_dict", F64, "inference")
     exported = export(memviz.plan(prof, None, strategy="none", frontier=False))

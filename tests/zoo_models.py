@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.nn import functional as F
 
-from memviz.capture import default_loss
+from memviz.profiling.capture import default_loss
 
 
 @dataclass

@@ -1,5 +1,5 @@
 /**
- * The chunk-region editor widget (Python side memviz/chunk_editor.py).  The kernel owns every
+ * The chunk-region editor widget (Python side memviz/views/chunk_editor.py).  The kernel owns every
  * estimate; this view draws `doc_json` and writes the user's region edits to `regions_json`.
  *
  * Synced traits: doc_json (str: curves, regions, estimate), regions_json (str: [{start, end, chunks,

@@ -1,5 +1,5 @@
 /**
- * Pure data transforms of the chunk-region editor (memviz/chunk_editor.py computes every number):
+ * Pure data transforms of the chunk-region editor (memviz/views/chunk_editor.py computes every number):
  * parse the kernel's document, build the plotly figure (curves + shaded, draggable regions), turn a
  * user's edit into the region list sent back.  Node and op names are untrusted: escaped for plotly.
  */

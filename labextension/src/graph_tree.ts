@@ -262,7 +262,7 @@ export function search(doc: PlanDoc, query: string): SearchHit[] {
   return hits;
 }
 
-/** The fate color of a drawn op (memviz/cdgraph.py FATES). */
+/** The fate color of a drawn op (memviz/plans/cdgraph.py FATES). */
 export function computeFate(tree: ModuleTree, c: number): Fate {
   const n = tree.runs[c] ?? 0;
   return n === 0 ? 'unused' : n > 1 ? 'recomputed' : 'kept';
@@ -291,7 +291,7 @@ export interface LegendRow {
   text: string;
 }
 
-/** Fill colors; the fates' match memviz/cdgraph.py FATES. */
+/** Fill colors; the fates' match memviz/plans/cdgraph.py FATES. */
 export const LEGEND: readonly LegendRow[] = [
   { fate: 'module', color: '#e3f2fd', text: 'module (click to open)' },
   { fate: 'kept', color: '#c6e2ff', text: 'computed once, kept until last use' },
@@ -312,7 +312,7 @@ const COLOR = Object.fromEntries(LEGEND.map(r => [r.fate, r.color])) as Record<L
  * `text` as the inside of a DOT double-quoted string whose content Graphviz writes into SVG: `& < >`
  * become entities (Graphviz decodes entities in labels, so a name never opens a tag or an entity),
  * backslashes are doubled (`\N`, `\l` ... are DOT escapes), quotes escaped, line breaks DOT's `\n`.
- * The same rules as memviz/cdgraph.py `dot_escape`.
+ * The same rules as memviz/plans/cdgraph.py `dot_escape`.
  */
 export function dotString(text: string): string {
   return String(text)

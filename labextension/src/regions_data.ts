@@ -1,6 +1,6 @@
 /**
  * Where the chunk regions of an autochunk plan run in its planned schedule, as x ranges of the memory
- * chart.  The plan's `chunks` name a region by its op graph nodes (memviz/chunking.py `ChunkPlan.chunks`);
+ * chart.  The plan's `chunks` name a region by its op graph nodes (memviz/plans/chunking.py `ChunkPlan.chunks`);
  * the planned CD-graph (solvers.autochunk `chunked_run`) runs a region as its hoisted ops (whole), one
  * `<output>.buffer` per chunked output, then every body op once per chunk as `<op>[lo:hi]`, then frees
  * what died in it.  A region spans the steps from the first of those computes up to the next compute

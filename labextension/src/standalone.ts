@@ -1,5 +1,5 @@
 /**
- * The offline report (memviz/report.py): the plan shell of views.ts (Memory with the step inspector,
+ * The offline report (memviz/views/report.py): the plan shell of views.ts (Memory with the step inspector,
  * time axis and readouts, Packing, the wasm-Graphviz Graph, chunk regions shaded when the plan has
  * them) drawn into a plain page, as the MIME renderer of mime.ts draws it into JupyterLab, without
  * JupyterLab or lumino.  labextension/build-report.mjs bundles this module, plotly.js and Graphviz

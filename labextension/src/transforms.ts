@@ -854,7 +854,7 @@ export function exportOutcome(text: string): ExportOutcome {
 
 /**
  * Whether the Planner's status line is an error: the kernel words a failed solve `error: ...`
- * (memviz/widget.py), and the view's own parse failures `memviz: cannot ...`.
+ * (memviz/views/widget.py), and the view's own parse failures `memviz: cannot ...`.
  */
 export function isErrorStatus(status: string): boolean {
   return /^(error:|memviz: cannot )/.test(status);

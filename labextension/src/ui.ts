@@ -58,7 +58,7 @@ export function observeTheme(redraw: () => void): () => void {
   return () => observer.disconnect();
 }
 
-/** The `_model_*` / `_view_*` defaults of a memviz widget model (Python side: memviz.widget). */
+/** The `_model_*` / `_view_*` defaults of a memviz widget model (Python side: memviz.views.widget). */
 export function widgetDefaults(modelName: string, viewName: string): Record<string, string> {
   return {
     _model_name: modelName,

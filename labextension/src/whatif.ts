@@ -1,5 +1,5 @@
 /**
- * The transformer what-if widget (Python side memviz/whatif.py).  Controls write tp, sp, recompute,
+ * The transformer what-if widget (Python side memviz/views/whatif.py).  Controls write tp, sp, recompute,
  * pp, micro_batch and device; the kernel answers with `result_json` (bytes per category from
  * solvers.analytic, capacity, verdict, the estimate's assumptions).  "Pin" appends the current settings
  * to the synced `pinned` list, which the kernel answers in `compare_json`; the view draws the pinned

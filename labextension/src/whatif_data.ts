@@ -1,6 +1,6 @@
 /**
  * Pure data transforms of the transformer what-if panel.  Every byte count, verdict and assumption comes
- * from the kernel (memviz/whatif.py over solvers.analytic); nothing here computes memory, it only lays out
+ * from the kernel (memviz/views/whatif.py over solvers.analytic); nothing here computes memory, it only lays out
  * the bars of the pinned configurations and the current one side by side, and the comparison table.
  */
 import { ThemeColors, themedAxis, themedLayout } from './theme';

@@ -1,5 +1,5 @@
 /**
- * The planner widget (ipywidgets DOMWidget, Python side memviz/widget.py): the plan chart of chart.ts,
+ * The planner widget (ipywidgets DOMWidget, Python side memviz/views/widget.py): the plan chart of chart.ts,
  * a budget slider over the plan's precomputed frontier, a strategy selector and an export button.  The
  * kernel owns the planning; the view draws `plan_json` and writes the user's choices back.
  *

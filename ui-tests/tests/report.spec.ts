@@ -1,5 +1,5 @@
 /**
- * The offline report (memviz/report.py) opened from disk in system Chromium with every network request
+ * The offline report (memviz/views/report.py) opened from disk in system Chromium with every network request
  * refused: the bundled views (standalone.ts) must draw the memory curve, the inspector, the packing and
  * the Graphviz CD-graph from the one HTML file alone.  No JupyterLab here: plain Playwright.
  */
@@ -18,7 +18,7 @@ const HOSTILE = '<img src=x onerror=alert(1)>';
 const WRITE_REPORT = `
 import sys
 import memviz
-from memviz.report import write_report
+from memviz.views.report import write_report
 from solvers import GraphBuilder, Phase
 from solvers.result import InfeasibleBudget
 
@@ -150,7 +150,7 @@ test('an autochunk report shades its chunk regions on the memory chart', async (
     process.env.PYTHON ?? 'python3',
     [
       '-c',
-      'import json, sys\nfrom memviz.report import write_report\n' +
+      'import json, sys\nfrom memviz.views.report import write_report\n' +
         'write_report(json.load(sys.stdin)["doc"], sys.argv[1], overwrite=True)',
       report
     ],

@@ -14,7 +14,7 @@ JSON path, as without this module (a message that quotes an object holding an em
 it emptied).  A schema keyword the compiler does not know makes its
 array's predicate absent, and that array, too, is left to `jsonschema`.
 
-An emptied array also holds no value `memviz.planfile.check_values` refuses (an integer beyond 64 bits,
+An emptied array also holds no value `memviz.plans.planfile.check_values` refuses (an integer beyond 64 bits,
 a float that is not finite, text with a NUL or a lone surrogate), so that check, too, needs to see only
 the stripped copy.  Long arrays are checked column by column first (`_column_check`: one C loop per item
 property -- `set(map(type, ...))`, `min`, `max`, a join of the strings -- instead of a Python call per
@@ -248,7 +248,7 @@ def _only_branch(schema: dict[str, Any], doc: Any, root: dict[str, Any]) -> dict
     return open_branches[0] if len(open_branches) == 1 else {}
 
 
-# --- values JSON allows but no writer can take back (`memviz.planfile.check_values`) ------------------------
+# --- values JSON allows but no writer can take back (`memviz.plans.planfile.check_values`) ------------------
 #: Every integer a plan holds (bytes, ids, steps) fits a signed 64-bit integer; a larger one is not a
 #: plan we wrote, and would crash float formatting (summary, report) with an OverflowError.
 MAX_INT = (1 << 63) - 1

@@ -9,7 +9,7 @@ Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its mem
   run again.  On CUDA the transient workspace is the allocator's peak during the op minus what the op
   returns; on CPU it is not observable and recorded as 0.
 * ``device="fake:<target>"``: FLOPs from ``FlopCounterMode`` on fake tensors and bytes read+written,
-  through the target's roofline (`memviz.devices`).  Nothing runs and no real memory is allocated.
+  through the target's roofline (`memviz.hardware.devices`).  Nothing runs and no real memory is allocated.
   A real device whose available memory cannot hold one step (predicted from the fake-tensor capture)
   gets the same estimate for itself, with a `ProfileWarning`.
 
@@ -39,9 +39,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memviz import accelerator, devices, xla
 from memviz.budget import format_bytes
-from memviz.capture import (
+from memviz.hardware import accelerator, devices, xla
+from memviz.hardware.devices import DeviceInfo, count_flops, resolve_device
+from memviz.profiling.capture import (
     Captured,
     CaptureError,
     LossFn,
@@ -55,9 +56,8 @@ from memviz.capture import (
     with_loss_memory,
     with_output_views,
 )
-from memviz.devices import DeviceInfo, count_flops, resolve_device
-from memviz.saved import autograd_saved_holds
-from memviz.tracker import StorageTracker, measure_peak, tensors_of
+from memviz.profiling.saved import autograd_saved_holds
+from memviz.profiling.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import (
     ComputeNode,
     DataKind,
@@ -119,19 +119,20 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
 
     mode: ``"train"`` (forward, loss, backward, and the optimizer step when `optimizer` is given) or
     ``"inference"`` (forward under ``no_grad``; the model's own train/eval state is kept).
-    loss_fn: ``loss_fn(output) -> scalar``; default `memviz.capture.default_loss` (the sum of every
+    loss_fn: ``loss_fn(output) -> scalar``; default `memviz.profiling.capture.default_loss` (the sum of every
     floating output tensor, like ``out.sum()``).
     optimizer: a ``torch.optim.Optimizer`` class or instance; its state and step are added per parameter
     from the state layout the optimizer really creates (measured on a tiny tensor), not traced.
     device: ``None`` (where the model lives), ``"cpu"``, ``"cuda"``, ``"neuron"``, ``"xla"`` (torch-xla: the
-    step is measured per graph, `memviz.xla`) or ``"fake:<target>"``.
+    step is measured per graph, `memviz.hardware.xla`) or ``"fake:<target>"``.
     fallback: when the model cannot be traced, warn and return a coarse module-level profile built from
     forward/backward hooks (``Profile.fallback`` is True; it cannot be exported).  With ``False`` the
     `CaptureError` (naming the module and source line) is raised.
 
     parallel: a `memviz.Parallel` (world size, FSDP2, tensor/sequence parallelism): one rank of that step,
-    recorded on a fake process group (`memviz.distributed`); a model already wrapped with ``fully_shard``
-    / ``parallelize_module`` (DTensor parameters, initialised process group) is recorded as is.
+    recorded on a fake process group (`memviz.parallel.distributed`); a model already wrapped with
+    ``fully_shard`` / ``parallelize_module`` (DTensor parameters, initialised process group) is recorded as
+    is.
 
     `ProfileWarning` says when the figures may not be what runs: the model is a GraphModule with its own
     code generation (profiled as its plain graph), the predicted eager peak is more than 5% off the
@@ -145,7 +146,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
     if mode == "inference" and optimizer is not None:
         raise ValueError("an optimizer only makes sense with mode='train'")
-    from memviz import distributed  # torch.distributed loads only here
+    from memviz.parallel import distributed  # torch.distributed loads only here
 
     if parallel is not None or distributed.is_parallel_model(model):
         return distributed.profile_parallel(model, args, kwargs, mode=mode, loss_fn=loss_fn,
@@ -263,7 +264,7 @@ MEMORY_HEADROOM = 0.9
 
 def custom_codegen(model: nn.Module) -> str:
     """The first (sub)module that is a GraphModule whose graph emits code through a non-default
-    ``CodeGen`` (memviz.chunking's loops, ...), named with its codegen class; "" when none."""
+    ``CodeGen`` (memviz.plans.chunking's loops, ...), named with its codegen class; "" when none."""
     from torch.fx.graph import CodeGen, _PyTreeCodeGen
 
     default = (CodeGen, _PyTreeCodeGen)
@@ -324,7 +325,7 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     exported module's step time over eager's, not only the ratio of op times.  Nothing in the model
     changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
     exported (the ratio of op times stands)."""
-    from memviz.export import PlannedModule, compile_program
+    from memviz.runtime.export import PlannedModule, compile_program
 
     try:
         module = PlannedModule(model, compile_program(graph, cap, schedule, fp))
@@ -367,7 +368,7 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
 
 
 def _estimated_if_too_big(peak: int, resident: int, info: DeviceInfo) -> DeviceInfo:
-    """`info`, or an estimate for the same device (`memviz.devices.estimated_on`) when one step's
+    """`info`, or an estimate for the same device (`memviz.hardware.devices.estimated_on`) when one step's
     activations (`peak`, the eager peak predicted from the fake-tensor capture, less the `resident`
     parameters, buffers and inputs already allocated) would not fit `MEMORY_HEADROOM` of the memory
     still available there: running it to time the ops would exhaust the machine."""
@@ -586,7 +587,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
     rebound or its function returns.  Each forward FX node's stack trace gives, per frame (module path,
     file, function), the statement it belongs to; the statement's last node is its value, bound to the
     names the statement assigns (parsed with ``ast``)."""
-    from memviz.capture import _FRAME
+    from memviz.profiling.capture import _FRAME
 
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     hold: dict[int, int] = {}
@@ -959,7 +960,7 @@ def _grad_mode(mode: str) -> contextlib.AbstractContextManager[Any]:
 def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
                          kwargs: dict[str, Any] | None, mode: str, loss_fn: LossFn | None, info: DeviceInfo,
                          repeats: int, warmup: int) -> tuple[Graph, xla.GraphMeasurement]:
-    """Costs on a device that runs whole graphs (torch-xla, `memviz.xla`): the eager step is run and
+    """Costs on a device that runs whole graphs (torch-xla, `memviz.hardware.xla`): the eager step is run and
     measured as the graphs it executes, and its time is shared out over the operators in proportion to
     their roofline estimates on the device's target."""
     estimated = _estimate_costs(graph, cap, info)
@@ -1182,15 +1183,3 @@ def _hooks_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
                    measured_peak_bytes=None, device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fingerprint(model, args, kwargs, mode), captured=None, model=model,
                    loss_fn=loss_fn, fallback=True)
-
-
-class _CallableModule(type(sys)):
-    """`memviz.profile` is both this module and the function (DESIGN.md API): importing the submodule
-    first (``from memviz.profile import ...``) makes the package attribute the module, so the module
-    forwards calls to `profile`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Profile:
-        return profile(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

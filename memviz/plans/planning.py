@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes, parse_budget
-from memviz.cdgraph import cdgraph_dict
-from memviz.neuron import warn_neuron_checkpointing
-from memviz.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
+from memviz.hardware.neuron import warn_neuron_checkpointing
+from memviz.plans.cdgraph import cdgraph_dict
+from memviz.plans.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.deadline import Deadline
 from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
@@ -69,7 +69,7 @@ class Plan:
     profile: Any = field(default=None, repr=False, compare=False)
     #: the graph the baseline schedule runs on, when the plan rewrote the model (autochunk); else `graph`
     baseline_graph: Graph | None = None
-    #: autochunk: the `memviz.chunking.ChunkPlan` (or its JSON, after loading) regions are checked on
+    #: autochunk: the `memviz.plans.chunking.ChunkPlan` (or its JSON, after loading) regions are checked on
     chunking: Any = field(default=None, repr=False, compare=False)
     #: the solved run behind each `frontier` row, kept in the kernel only (never in the plan JSON) so
     #: the Planner can show a frontier budget's plan without solving it again
@@ -89,7 +89,7 @@ class Plan:
     def collective_seconds(self) -> float:
         """Predicted seconds of the plan's collectives (a parallel profile's all-gathers, reduce-scatters,
         all-reduces; 0 on one device), part of the step time `time_overhead` compares."""
-        from memviz.collectives import collective_time
+        from memviz.hardware.collectives import collective_time
 
         return collective_time(self.graph, self.schedule)
 
@@ -143,7 +143,7 @@ class Plan:
         )
 
     def chunk_plan(self) -> Any:
-        """The `memviz.chunking.ChunkPlan` of an autochunk plan (rebuilt from the JSON after loading,
+        """The `memviz.plans.chunking.ChunkPlan` of an autochunk plan (rebuilt from the JSON after loading,
         without its GraphModule: export then captures the model again)."""
         if self.strategy != "autochunk" or self.chunking is None:
             raise PlanningError(
@@ -151,7 +151,7 @@ class Plan:
                 "memviz.plan(profile, budget, strategy='autochunk') on an inference profile"
             )
         if isinstance(self.chunking, dict):
-            from memviz.chunking import ChunkPlan
+            from memviz.plans.chunking import ChunkPlan
 
             self.chunking = ChunkPlan.from_dict({**self.chunking, "chunks": self.chunks})
         return self.chunking
@@ -210,7 +210,7 @@ class Plan:
     @property
     def recomputations(self) -> int:
         """Operators run again: repeated computes of the schedule, or, in a per-rank plan whose graph is a
-        recorded step (`memviz.distributed_sac`), the recomputation's own compute nodes."""
+        recorded step (`memviz.parallel.distributed_sac`), the recomputation's own compute nodes."""
         return self.timeline.recomputes or self.solver_stats.extra.get("sac", {}).get("recomputed_ops", 0)
 
     def __repr__(self) -> str:
@@ -274,7 +274,7 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float) -> float:
     """A schedule's predicted step time over the eager step's: its op times `planned_s` plus what the
     exported module costs per step beyond them, over the baseline's `baseline_s` plus what eager costs
     beyond them.  Both fixed costs are measured on the device at profile time
-    (`memviz.profile.step_fixed_costs`; 0 where nothing was measured: the plain ratio of op times).
+    (`memviz.profiling.profile.step_fixed_costs`; 0 where nothing was measured: the plain ratio of op times).
     Recomputations add their measured op times; the fixed costs only scale the ratio, so no solver's
     choice depends on them (solvers compare op times)."""
     def fixed(key: str) -> float:
@@ -427,8 +427,8 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
           packing: bool) -> Plan:
     if strategy == "autochunk":
         return plan_autochunk(prof, budget, packing=packing, time_limit=time_limit)
-    if strategy == "sac":  # PyTorch's own selective checkpointing, run by memviz.apply (memviz.sac)
-        from memviz.sac import plan_sac
+    if strategy == "sac":  # PyTorch's own selective checkpointing, run by memviz.apply (memviz.plans.sac)
+        from memviz.plans.sac import plan_sac
 
         return plan_sac(prof, budget, time_limit=time_limit)
     deadline = Deadline.after(time_limit)
@@ -699,13 +699,13 @@ def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *, time
                deadline: Deadline | None = None) -> dict[str, Any] | None:
     """Address packing of the schedule (by `time_limit` seconds or `deadline`, the earlier), plus
     PyTorch's caching allocator on the same schedule when the device uses one
-    (`memviz.devices.uses_caching_allocator`: CUDA; not the CPU)."""
+    (`memviz.hardware.devices.uses_caching_allocator`: CUDA; not the CPU)."""
     try:
         from solvers.allocator import simulate_caching_allocator
         from solvers.olla import pack_schedule
     except ImportError:
         return None
-    from memviz.devices import uses_caching_allocator
+    from memviz.hardware.devices import uses_caching_allocator
 
     packed = pack_schedule(graph, schedule, time_limit=time_limit, deadline=deadline).to_dict()
     if not uses_caching_allocator(str(device.get("name", ""))):
@@ -723,7 +723,7 @@ def _baseline_of(prof: Any) -> tuple[Graph, Schedule, Timeline]:
         return prof.graph, prof.baseline_schedule, prof.baseline
     except AttributeError:
         raise TypeError(
-            f"memviz.plan needs a profile from memviz.profile(model, args) or a solvers.Graph, "
+            f"memviz.plan needs a profile from memviz.profiling.profile(model, args) or a solvers.Graph, "
             f"not {type(prof).__name__}"
         ) from None
 
@@ -743,7 +743,7 @@ def _device_info(prof: Any) -> dict[str, Any]:
         "estimated": bool(getattr(dev, "estimated", False)),
         "capacity_bytes": getattr(dev, "capacity_bytes", None),
     }
-    timing = getattr(dev, "timing", None)  # memviz.devices.DeviceInfo.timing
+    timing = getattr(dev, "timing", None)  # memviz.hardware.devices.DeviceInfo.timing
     return info if timing is None else {**info, "timing": timing}
 
 
@@ -772,7 +772,7 @@ def plan_autochunk(
             "for a backward); profile with mode='inference' to chunk, or fit training with "
             "rematerialization: strategy 'auto', 'rockmate', 'checkmate' or 'rotor'"
         )
-    from memviz.chunking import unchunked_plan
+    from memviz.plans.chunking import unchunked_plan
     from solvers.autochunk import chunked_run
 
     start = time.perf_counter()

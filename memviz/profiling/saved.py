@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from memviz.capture import Captured, is_backward, op_key
-from memviz.capture import _storage_key as storage_key
+from memviz.profiling.capture import Captured, is_backward, op_key
+from memviz.profiling.capture import _storage_key as storage_key
 
 
 def _source_grads(cap: Captured) -> set[str]:

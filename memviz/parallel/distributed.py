@@ -20,7 +20,7 @@ schedule is the recorded order with every free where the step released it, so it
 the recorded rank's live-storage peak.
 
 Collective times: estimated (``device="fake:<target>"``), each collective takes the alpha-beta time of
-`memviz.collectives` over the target's interconnect and the ranks of its group; recorded on a real
+`memviz.hardware.collectives` over the target's interconnect and the ranks of its group; recorded on a real
 gloo / NCCL group, the time the operator took, as for every operator (an asynchronous collective's
 launch: the wait is no operator); recorded on CPU over the fake group, the fake's (next to none).
 
@@ -48,9 +48,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
-from memviz.collectives import INTERCONNECTS, collective_kind, collective_seconds, link_of
-from memviz.profile import Profile, _check_measured
-from memviz.tracker import StorageTracker, tensors_of
+from memviz.hardware.collectives import INTERCONNECTS, collective_kind, collective_seconds, link_of
+from memviz.profiling.profile import Profile, _check_measured
+from memviz.profiling.tracker import StorageTracker, tensors_of
 from solvers import DataKind, Graph, GraphBuilder, Phase, simulate
 from solvers.schedule import Schedule, Step
 
@@ -123,7 +123,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def local_tensors(*objs: Any) -> list[torch.Tensor]:
-    """`memviz.tracker.tensors_of` with DTensors replaced by their local shards."""
+    """`memviz.profiling.tracker.tensors_of` with DTensors replaced by their local shards."""
     return [local(t) for t in tensors_of(*objs)]
 
 
@@ -164,8 +164,8 @@ def _not_memory(t: torch.Tensor, fake_mode: Any = None) -> bool:
 
 
 class ShardedStorageTracker(StorageTracker):
-    """`memviz.tracker.StorageTracker` for parallel models: DTensor operators are let through to run as
-    their local operators (which the mode then sees), and storage resizes count as allocations and
+    """`memviz.profiling.tracker.StorageTracker` for parallel models: DTensor operators are let through to run
+    as their local operators (which the mode then sees), and storage resizes count as allocations and
     frees.  Pass ``local_tensors(model, optimizer, inputs)`` as `preexisting`."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -236,20 +236,20 @@ class _Compute:
 
 class _ForwardOnlyInRecomputation(ModuleTracker):
     """torch's ModuleTracker, registering no backward hooks on the tensors of a checkpointed region's
-    recomputation (`memviz.apply.recomputing`): the tracker holds its hooks to its exit, and theirs keep the
-    recomputed autograd graph and its saved tensors (the re-gathered inputs under sequence parallelism)
-    alive for the rest of the step, where the user's run, without the tracker, frees them after their
-    backward (Llama's last layer checkpointed: 1,082,236 B recorded against 972,412 B measured).  The
+    recomputation (`memviz.runtime.apply.recomputing`): the tracker holds its hooks to its exit, and theirs
+    keep the recomputed autograd graph and its saved tensors (the re-gathered inputs under sequence
+    parallelism) alive for the rest of the step, where the user's run, without the tracker, frees them after
+    their backward (Llama's last layer checkpointed: 1,082,236 B recorded against 972,412 B measured).  The
     recomputation runs inside the backward of its region, whose module names the tracker already holds."""
 
     def _fw_pre_hook(self, mod: nn.Module, input: Any) -> None:
-        from memviz.apply import recomputing
+        from memviz.runtime.apply import recomputing
 
         if not recomputing():
             super()._fw_pre_hook(mod, input)
 
     def _fw_post_hook(self, mod: nn.Module, input: Any, output: Any) -> None:
-        from memviz.apply import recomputing
+        from memviz.runtime.apply import recomputing
 
         if not recomputing():
             super()._fw_post_hook(mod, input, output)
@@ -261,12 +261,12 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, sources: dict[str, list[tuple[str, torch.Tensor]]], fake_mode: Any = None,
                  target: Any = None) -> None:
-        from memviz.apply import recomputing
+        from memviz.runtime.apply import recomputing
 
         super().__init__()
         self.recomputing = recomputing  # a checkpointed region (memviz.apply) re-running its forward
         self.fake_mode = fake_mode  # an estimated step: its fake tensors are memory, its times estimated
-        self.target = target  # memviz.devices.Target giving each operator's roofline time
+        self.target = target  # memviz.hardware.devices.Target giving each operator's roofline time
         self.datas: list[_Data] = []
         self.computes: list[_Compute] = []
         self.steps: list[tuple[str, int]] = []
@@ -425,8 +425,8 @@ def _wait(out: Any) -> None:
 
 def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any], out: Any,
                        ins: list[torch.Tensor]) -> float:
-    """Time of one operator on `target`: a collective's from `memviz.collectives`' alpha-beta model over
-    its process group (the fake group moves no data); any other operator's roofline, with FLOPs from
+    """Time of one operator on `target`: a collective's from `memviz.hardware.collectives`' alpha-beta model
+    over its process group (the fake group moves no data); any other operator's roofline, with FLOPs from
     torch's flop formulas (0 where it has none: elementwise work is bandwidth-bound) and bytes moved =
     inputs read + outputs written."""
     from torch.utils.flop_counter import flop_registry
@@ -459,7 +459,7 @@ def _group_ranks(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
 
 def _collective_seconds(target: Any, kind: str, func: Any, args: Any, kwargs: dict[str, Any],
                         out: Any) -> float:
-    """`memviz.collectives.collective_seconds` of one collective on `target`'s interconnect, over the
+    """`memviz.hardware.collectives.collective_seconds` of one collective on `target`'s interconnect, over the
     link its group crosses, for the full tensor: the largest of its arguments and its result (an
     all-gather's output, a reduce-scatter's input; a list argument counts its tensors together)."""
     ranks = _group_ranks(func, args, kwargs)
@@ -824,7 +824,7 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     roofline times.  `regions`: `memviz.apply`'s checkpointed regions (plan specs), applied before the
     model is sharded, as a user applies a plan and then wraps the model (on a model the user wrapped:
     applied for the step and removed again).  `quick`: `record_step`'s."""
-    from memviz.apply import unwrap_module, wrap
+    from memviz.runtime.apply import unwrap_module, wrap
 
     if parallel is None:
         with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
@@ -865,8 +865,8 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
                      parallel: Parallel | None) -> Any:
     """`memviz.profile` for one rank of a parallel step (module docstring).  `parallel` None: `model` is
     already wrapped (fully_shard / parallelize_module) on an initialised process group, profiled as is."""
-    from memviz.capture import default_loss, fingerprint
-    from memviz.devices import resolve_device
+    from memviz.hardware.devices import resolve_device
+    from memviz.profiling.capture import default_loss, fingerprint
     estimated = isinstance(device, str) and device.startswith("fake:")
     if device not in (None, "cpu") and str(device) != "cpu" and not estimated:
         raise ParallelError(f"parallel profiles are recorded on CPU (fake process group) or estimated for a "
@@ -904,8 +904,8 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 class ParallelProfile(Profile):
-    """A `memviz.profile.Profile` of one rank of a parallel step; `parallel` is the `Parallel` it ran as
-    (None: a model the user wrapped).  Recorded, not captured: `memviz.export` refuses it."""
+    """A `memviz.profiling.profile.Profile` of one rank of a parallel step; `parallel` is the `Parallel` it
+    ran as (None: a model the user wrapped).  Recorded, not captured: `memviz.export` refuses it."""
 
     parallel: Parallel | None = None
     inputs: tuple[tuple[Any, ...], dict[str, Any] | None] = ((), None)  # (args, kwargs) it ran on

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from memviz.schema_fast import MAX_INT, ColumnsByPath, bad_text, stripped, values_acceptable
+from memviz.plans.schema_fast import MAX_INT, ColumnsByPath, bad_text, stripped, values_acceptable
 from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
 from solvers.schedule import Schedule, steps_from_columns, steps_from_json

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from memviz import accelerator
+from memviz.hardware import accelerator
 
 GiB = 1024**3
 TFLOP = 1e12
@@ -82,7 +82,7 @@ class DeviceUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class DeviceInfo:
     """The device a profile belongs to.  `estimated`: times (and peaks) come from the roofline model.
-    `per_graph`: the device runs whole graphs (torch-xla, `memviz.xla`): the step's time and peak are
+    `per_graph`: the device runs whole graphs (torch-xla, `memviz.hardware.xla`): the step's time and peak are
     measured, each operator's time is its roofline share (`target`) of the measured step."""
 
     name: str
@@ -139,7 +139,7 @@ def named_device(device: str | torch.device) -> DeviceInfo:
         t = TARGETS[key]
         return DeviceInfo(f"fake:{t.name}", True, t.capacity_bytes, torch.device("cpu"), t)
     if str(device).split(":")[0] == "xla":  # also a model already moved to the XLA device
-        from memviz import xla
+        from memviz.hardware import xla
 
         return xla.resolve(device)
     if isinstance(device, str) and device.split(":")[0] == "neuron":
@@ -170,7 +170,7 @@ def _unsupported(device: Any) -> str:
 
 def _neuron_device(device: str) -> DeviceInfo:
     """The eager TorchNeuron device: importing ``torch_neuronx`` registers ``neuron`` as PyTorch's
-    PrivateUse1 backend, measured like CUDA through ``torch.accelerator`` (`memviz.accelerator`)."""
+    PrivateUse1 backend, measured like CUDA through ``torch.accelerator`` (`memviz.hardware.accelerator`)."""
     if importlib.util.find_spec("torch_neuronx") is None:
         raise DeviceUnavailable("device 'neuron' needs torch_neuronx (AWS Neuron SDK), which is not "
                                 "installed here; profile with device='fake:trn1' / 'fake:trn2' / "
@@ -208,7 +208,7 @@ def available_memory(info: DeviceInfo) -> int | None:
         return None
     dev = info.torch_device
     if dev.type == "xla":
-        from memviz import xla
+        from memviz.hardware import xla
 
         return xla.available_bytes(dev)
     if accelerator.is_accelerator(dev):

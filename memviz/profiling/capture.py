@@ -58,6 +58,10 @@ class CaptureError(RuntimeError):
         super().__init__(f"{message}{where}")
 
 
+class StalePlanError(ValueError):
+    """The plan does not belong to this model or these inputs (changed since profiling)."""
+
+
 def default_loss(output: Any) -> torch.Tensor:
     """The loss memviz differentiates when none is given: the sum of every floating tensor in the
     output (tuples, lists and dicts included), each summed in its own dtype except float16/bfloat16,
@@ -255,7 +259,7 @@ def _raising_user_frame(err: BaseException) -> str:
     library: where the user's code called what failed (``.numpy()`` on a traced tensor)."""
     import traceback
 
-    here, stdlib = str(Path(__file__).parent), str(Path(contextlib.__file__).parent)
+    here, stdlib = str(Path(__file__).parents[1]), str(Path(contextlib.__file__).parent)
     frames = [f for f in traceback.extract_tb(err.__traceback__)
               if not f.filename.startswith((_TORCH_DIR, here, stdlib))]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
@@ -434,7 +438,7 @@ def library_frames_in_stack_traces() -> Any:
 
     torch.export records only ``forward`` frames, so the statements of a functional such as
     ``F.multi_head_attention_forward`` are invisible, yet its locals (``q``, ``attn_mask``) hold
-    tensors until it returns in eager mode: `memviz.profile.python_local_holds` reads them there."""
+    tensors until it returns in eager mode: `memviz.profiling.profile.python_local_holds` reads them there."""
     import torch.fx.proxy as fx_proxy
     from torch import functional as torch_functional
     from torch.nn import functional as nn_functional
@@ -630,7 +634,7 @@ def _model_tensors(model: nn.Module, args: Any, kwargs: Any) -> list[torch.Tenso
 
 @contextlib.contextmanager
 def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
-    from memviz import accelerator
+    from memviz.hardware import accelerator
 
     with accelerator.fork_rng(accelerator.devices_of(list(tensors))):
         yield
@@ -752,7 +756,7 @@ def _user_code_line() -> str:
     """``file:line code`` of the innermost frame on the stack outside torch and memviz."""
     import traceback
 
-    here = str(Path(__file__).parent)
+    here = str(Path(__file__).parents[1])
     for frame in reversed(traceback.extract_stack()):
         if not frame.filename.startswith((_TORCH_DIR, here)) and "contextlib" not in frame.filename:
             return f"{frame.filename}:{frame.lineno} `{(frame.line or '').strip()}`"
@@ -1163,7 +1167,7 @@ def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], d
                   out_spec: pytree.TreeSpec, loss_fn: LossFn, real: bool,
                   preexisting: Sequence[torch.Tensor] = ()) -> LossMemory:
     """`loss_memory` on the prepared outputs `flat` and `bases`."""
-    from memviz.tracker import memory_meter
+    from memviz.profiling.tracker import memory_meter
 
     device = next((x.device for x in flat if isinstance(x, torch.Tensor)), torch.device("cpu"))
     # the outputs and bases exist before the loss runs: only what the loss creates counts

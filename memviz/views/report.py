@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from memviz.budget import format_bytes
-from memviz.planfile import check_values, validate_document, write_text_safely
+from memviz.plans.planfile import check_values, validate_document, write_text_safely
 
 #: The bundled views, built with the package (git-ignored: a source checkout has it once built).
-BUNDLE = Path(__file__).with_name("static") / "report.js"
+BUNDLE = Path(__file__).parents[1] / "static" / "report.js"
 
 
 class ReportBundleMissing(FileNotFoundError):
@@ -62,7 +62,7 @@ def trusted_document(plan_or_doc: Any) -> dict[str, Any]:
         doc = plan_or_doc.to_dict()  # to_dict builds the DOT from the graph (cdgraph_dict)
         check_values(doc, "plan")  # a name with a NUL or a lone surrogate cannot be written as UTF-8
         return doc
-    from memviz.cdgraph import cdgraph_dict
+    from memviz.plans.cdgraph import cdgraph_dict
 
     doc = validate_document(plan_or_doc, "plan document")
     return {**doc, "cdgraph": cdgraph_dict(doc)}

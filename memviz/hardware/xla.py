@@ -11,11 +11,11 @@ allocation to observe: the step is measured per graph instead.
   Without the metric, the wall clock of sync + ``wait_device_ops``.
 - Memory: the runtime allocator's peak (``xm.get_memory_info``: ``peak_bytes_used``) where the PJRT
   plugin implements allocator statistics; on Neuron hardware otherwise the NeuronCores' device-memory
-  peak counters (`memviz.neuron.read_sysfs`).  Both count since the runtime started, so a step profiled
-  first in a fresh process is what they measure.  Elsewhere (XLA:CPU) the peak is not measurable and the
-  measurement says why.
+  peak counters (`memviz.hardware.neuron.read_sysfs`).  Both count since the runtime started, so a step
+  profiled first in a fresh process is what they measure.  Elsewhere (XLA:CPU) the peak is not measurable and
+  the measurement says why.
 - Per-operator times: the measured graph time shared out in proportion to each operator's roofline
-  estimate (FLOPs and bytes moved, `memviz.devices`).  The total is measured, the split is estimated;
+  estimate (FLOPs and bytes moved, `memviz.hardware.devices`).  The total is measured, the split is estimated;
   the profile says so (``DeviceInfo.per_graph``, plan documents' ``device.timing == "per-graph"``).
 
 The XLA compiler orders and fuses the whole graph itself, so its peak is its own buffer assignment, not
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from memviz import neuron
-from memviz.devices import TARGETS, DeviceInfo, DeviceUnavailable
+from memviz.hardware import neuron
+from memviz.hardware.devices import TARGETS, DeviceInfo, DeviceUnavailable
 
 #: The roofline target whose op-time ratios share out a measured graph time, per XLA hardware kind
 #: (``xm.xla_device_hw``); other kinds (TPU, custom PJRT plugins) use the H100's as a stated stand-in.

@@ -38,9 +38,10 @@ def op_name(op: str) -> str:
 def eager_holds(cap: Any) -> EagerHolds:
     """What eager PyTorch holds beyond the joint graph's reads, from the capture: Python locals and
     module arguments (`memviz.profile`), and per forward op what its autograd node saves and when that
-    node's backward runs (`memviz.saved.autograd_nodes`, the walk the eager baseline's holds come from)."""
-    from memviz.profile import module_argument_holds, python_local_holds
-    from memviz.saved import autograd_nodes
+    node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
+    from)."""
+    from memviz.profiling.profile import module_argument_holds, python_local_holds
+    from memviz.profiling.saved import autograd_nodes
 
     local = python_local_holds(cap)
     for d, at in module_argument_holds(cap).items():
@@ -97,15 +98,15 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     """`memviz.plan(prof, budget, strategy="sac")`: per block none / save-matmuls / full recompute,
     searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
     from memviz.budget import parse_budget
-    from memviz.distributed import ParallelProfile
-    from memviz.planning import Plan, PlanningError, _device_info, _model_info
+    from memviz.parallel.distributed import ParallelProfile
+    from memviz.plans.planning import Plan, PlanningError, _device_info, _model_info
 
     if isinstance(prof, ParallelProfile):  # one rank of FSDP2 / tensor parallelism: recorded candidates
-        from memviz.distributed_sac import plan_parallel_sac
+        from memviz.parallel.distributed_sac import plan_parallel_sac
 
         return plan_parallel_sac(prof, budget, time_limit=time_limit)
     if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
-        raise PlanningError("strategy 'sac' needs the profile from memviz.profile(model, args, "
+        raise PlanningError("strategy 'sac' needs the profile from memviz.profiling.profile(model, args, "
                             "mode='train') (its capture and model), not a bare graph or a loaded plan")
     if prof.mode != "train":
         raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")
@@ -132,8 +133,8 @@ def to_sac(plan: Any) -> Any:
     plan recomputes is checkpointed; in it, the countable ops the plan keeps are MUST_SAVE and every
     other op is recomputed (a per-op policy cannot keep the rest).  Re-simulated: the returned plan's
     peak is what `memviz.apply` will really hold, which may exceed the original plan's budget."""
-    from memviz.capture import summed_as_eager
-    from memviz.planning import PlanningError
+    from memviz.plans.planning import PlanningError
+    from memviz.profiling.capture import summed_as_eager
 
     prof = plan.profile
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile: plan it as sac directly

@@ -22,7 +22,7 @@ from typing import Any
 
 import traitlets
 
-from memviz.widget import MemvizWidget
+from memviz.views.widget import MemvizWidget
 from solvers import DataKind, analytic
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
@@ -136,8 +136,8 @@ def _gpt_fields(model: Any) -> dict[str, Any]:
 
 
 def device_presets() -> dict[str, int]:
-    """Capacity (bytes) of each named device target in memviz.devices."""
-    from memviz.devices import TARGETS
+    """Capacity (bytes) of each named device target in memviz.hardware.devices."""
+    from memviz.hardware.devices import TARGETS
 
     return {name: t.capacity_bytes for name, t in TARGETS.items() if name != "cpu"}
 
@@ -386,7 +386,7 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     default ``model.config`` (Hugging Face) with seq and batch from the first input's shape and the
     parameters' dtype.  Pipeline parallelism is not recorded, so it has no captured side."""
     import memviz
-    from memviz.distributed import Parallel, blocks_of
+    from memviz.parallel.distributed import Parallel, blocks_of
 
     config = _comparison_config(model, args, config)
     formula = analytic.layer_activation_breakdown(config, tp=tp, sp=sp)

@@ -96,7 +96,7 @@ _NVLINK_STEP, _NET_STEP = 3.4 * US, 14.0 * US
 _HOPPER = Interconnect(Link(450 * GB, _NVLINK_STEP), Link(50 * GB, _NET_STEP), 8)
 _AMPERE = Interconnect(Link(300 * GB, _NVLINK_STEP), Link(25 * GB, _NET_STEP), 8)
 
-#: per named target of `memviz.devices.TARGETS` (module docstring: values and sources)
+#: per named target of `memviz.hardware.devices.TARGETS` (module docstring: values and sources)
 INTERCONNECTS: dict[str, Interconnect] = {
     "h100": _HOPPER,
     "h200": _HOPPER,

@@ -6,7 +6,7 @@ backend, so ``torch.accelerator`` reaches its caching allocator) expose the same
 and timing events.  Both allocators are asynchronous, so every read synchronizes first (the Neuron
 memory-profiling guide asks for ``torch.neuron.synchronize()`` before any memory statistic).
 
-The CPU has no such allocator statistics: its peaks come from `memviz.tracker.StorageTracker`.
+The CPU has no such allocator statistics: its peaks come from `memviz.profiling.tracker.StorageTracker`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 def is_accelerator(device: torch.device | str) -> bool:
     """Whether `device` is measured through ``torch.accelerator``: anything but the CPU, meta and XLA
-    (torch-xla runs whole graphs and has its own runtime statistics: `memviz.xla`)."""
+    (torch-xla runs whole graphs and has its own runtime statistics: `memviz.hardware.xla`)."""
     return torch.device(device).type not in ("cpu", "meta", "xla")
 
 

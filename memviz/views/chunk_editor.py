@@ -1,4 +1,4 @@
-"""`memviz.ChunkEditor`: the chunk-region editor (issue 8 item 5) over `memviz.chunking.ChunkPlan`.
+"""`memviz.ChunkEditor`: the chunk-region editor (issue 8 item 5) over `memviz.plans.chunking.ChunkPlan`.
 
 Python owns every estimate: the view shows the inference activation curve (AutoChunk Sec. 3.1's
 estimate, `solvers.autochunk.estimate_memory`) with the regions shaded, and sends back the regions the
@@ -15,8 +15,8 @@ from typing import Any
 
 import traitlets
 
-from memviz.chunking import ChunkPlan, plan_chunks
-from memviz.widget import MemvizWidget, refuse_clobber
+from memviz.plans.chunking import ChunkPlan, plan_chunks
+from memviz.views.widget import MemvizWidget, refuse_clobber
 from solvers import autochunk as ac
 
 
@@ -85,7 +85,7 @@ def _plan_of(source: Any, args: tuple | None, budget: Any) -> ChunkPlan:
     if model is None or args is None:
         raise TypeError(
             "ChunkEditor(model, args): pass an nn.Module and its example inputs, a ChunkPlan from "
-            "memviz.chunking.plan_chunks, or an inference profile that kept its model and args"
+            "memviz.plans.chunking.plan_chunks, or an inference profile that kept its model and args"
         )
     return plan_chunks(model, tuple(args), budget)
 

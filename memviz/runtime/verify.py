@@ -4,13 +4,13 @@ A plan is only as good as its graph: memory the capture does not see (a kernel's
 allocation outside the traced code, a loss or optimizer that behaves unlike its model) makes the real
 peak exceed the predicted one.  Verification runs one step of the exported module on the plan's example
 inputs -- forward, the user's loss, backward and, when the plan models one, the optimizer step -- and
-measures its peak the way the profile measured the eager step (`memviz.tracker.measure_peak`: live
+measures its peak the way the profile measured the eager step (`memviz.profiling.tracker.measure_peak`: live
 storages on CPU, the caching allocator's peak on an accelerator).
 
 * Measured over the budget: the plan is solved again, same strategy, under the budget minus the
   measured excess (the memory the prediction misses), exported and measured again, at most
   `MAX_TRIES` times; a `VerifyWarning` names the numbers.  No schedule under the reduced budget, or
-  still over after the last try: `memviz.export.BudgetExceededError` with the measured, planned and
+  still over after the last try: `memviz.runtime.export.BudgetExceededError` with the measured, planned and
   budget bytes.  A module that measured over the budget is never returned.
 * Measured within the budget but more than `TOLERANCE` over the prediction: returned, with a
   `VerifyWarning` (the plan's figures are off, its budget is honoured).  Re-planning would not help: a
@@ -33,10 +33,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memviz import accelerator
 from memviz.budget import format_bytes
-from memviz.export import BudgetExceededError, _example_inputs, build, split_inputs
-from memviz.tracker import measure_peak, tensors_of
+from memviz.hardware import accelerator
+from memviz.profiling.tracker import measure_peak, tensors_of
+from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
 from solvers.ir import Phase
 from solvers.result import InfeasibleBudget
 
@@ -78,7 +78,7 @@ def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = N
                    optimizer: Any = None) -> nn.Module:
     """`memviz.apply` of a "sac" `plan` (a copy of the model, checkpointed) after one measured step, as
     `verified_export`: a step over the budget is re-planned ("sac" again) or refused."""
-    from memviz.apply import apply
+    from memviz.runtime.apply import apply
 
     target = _model_of(plan, model)
     spec = step_spec(plan, target, inputs, loss_fn, optimizer)
@@ -137,8 +137,8 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
 def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int, none_as: str = "auto") -> Any:
     """`plan` solved again under `budget` with its own strategy (the eager order "none" as `none_as`: it
     has no tighter schedule); refusals become `BudgetExceededError` with the numbers."""
-    from memviz.planning import PlanningError
-    from memviz.planning import plan as make_plan
+    from memviz.plans.planning import PlanningError
+    from memviz.plans.planning import plan as make_plan
 
     strategy = none_as if plan.strategy == "none" else plan.strategy
     prof = getattr(plan, "profile", None)
@@ -231,7 +231,7 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
 def _step(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
           opt: torch.optim.Optimizer | None) -> Callable[[], None]:
     """One step returning nothing, so every tensor it made is released when it returns."""
-    from memviz.capture import default_loss
+    from memviz.profiling.capture import default_loss
 
     def step() -> None:
         if spec.mode == "inference":

@@ -32,9 +32,9 @@ import ipywidgets as widgets
 import traitlets
 
 from memviz.budget import format_bytes
-from memviz.devices import TARGETS
-from memviz.planning import Plan, fit_reserved, frontier_plan, plan, with_packing
-from memviz.report import write_report
+from memviz.hardware.devices import TARGETS
+from memviz.plans.planning import Plan, fit_reserved, frontier_plan, plan, with_packing
+from memviz.views.report import write_report
 from solvers import Graph, simulate
 from solvers.memo import RecentMemo
 
@@ -113,7 +113,7 @@ def _with_times(graph: Graph, times: Any) -> Graph:
 
 def capacity_presets(device: dict[str, Any]) -> list[dict[str, Any]]:
     """Budgets the Planner offers besides the slider: the plan's own device capacity when known, then
-    each named target's (`memviz.devices.TARGETS`, aliases once), smallest first."""
+    each named target's (`memviz.hardware.devices.TARGETS`, aliases once), smallest first."""
     presets: list[dict[str, Any]] = []
     if device.get("capacity_bytes"):
         own = f"this device ({device.get('name', '')})"
@@ -185,7 +185,7 @@ class Planner(MemvizWidget):
     export_overwrite = traitlets.Bool(False).tag(sync=True)
     export_request = traitlets.Int(0).tag(sync=True)
     export_result = traitlets.Unicode("").tag(sync=True)
-    #: Export runs one measured step first and never writes a module over the budget (`memviz.verify`)
+    #: Export runs one measured step first and never writes a module over the budget (`memviz.runtime.verify`)
     verify = traitlets.Bool(True).tag(sync=True)
     #: what Export writes: "apply" (a `memviz.apply` snippet), "module" (`memviz.export`'s source), or ""
     #: for `default_export` (apply when the plan runs as checkpointing as it is)
@@ -245,7 +245,7 @@ class Planner(MemvizWidget):
             return source.profile
         if hasattr(source, "graph") and hasattr(source, "baseline"):
             return source
-        from memviz.profile import profile
+        from memviz.profiling.profile import profile
 
         if args is None:
             raise TypeError("Planner(model, args): pass the model's example inputs")
@@ -455,7 +455,7 @@ class Planner(MemvizWidget):
         What code (`export_as`, or when empty `default_export`): "apply", a snippet whose
         ``applied(model)`` runs `memviz.apply` with the plan JSON (PyTorch's own checkpointing, composing
         with torch.compile, DDP and FSDP2), or "module", the scheduled module's source (`memviz.export`).
-        With `verify` (the default) the code first runs one measured step (`memviz.verify`): a plan
+        With `verify` (the default) the code first runs one measured step (`memviz.runtime.verify`): a plan
         whose step measured over the budget is re-planned, and the files describe the plan that passed
         (the reply's ``verified_peak_bytes`` and ``message`` say what was measured)."""
         target = Path(path)
@@ -468,7 +468,7 @@ class Planner(MemvizWidget):
             return {"ok": False, "message": f"export_as must be 'apply', 'module' or '', not {kind!r}"}
         extra: dict[str, Any] = {"export_as": kind}
         try:
-            from memviz.verify import VerifyWarning
+            from memviz.runtime.verify import VerifyWarning
 
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", VerifyWarning)
@@ -491,7 +491,7 @@ class Planner(MemvizWidget):
     def default_export(self) -> str:
         """"apply" when the shown plan runs as PyTorch checkpointing as it is and its model is at hand,
         else "module"."""
-        from memviz.apply import applies_as_is
+        from memviz.runtime.apply import applies_as_is
 
         has_model = getattr(self.profile, "model", None) is not None
         return "apply" if has_model and applies_as_is(self.plan) else "module"
@@ -499,7 +499,7 @@ class Planner(MemvizWidget):
     def _export_module(self, target: Path, overwrite: bool) -> tuple[Plan, list[str], int | None]:
         if self.profile is None:
             return self.plan, [], None  # a loaded plan without its model: the JSON and the report
-        from memviz.export import export
+        from memviz.runtime.export import export
 
         module = export(self.plan, path=target, overwrite=overwrite, verify=self.verify)
         final = getattr(module, "plan", None) or self.plan
@@ -508,8 +508,8 @@ class Planner(MemvizWidget):
     def _export_applied(self, target: Path, overwrite: bool) -> tuple[Plan, list[str], int | None]:
         """The "apply" export: another strategy's plan converted to checkpointing first and refused when
         that no longer fits the budget; with `verify`, one measured step of the applied model."""
-        from memviz.apply import write_applied
-        from memviz.sac import EXPRESSIBLE, to_sac
+        from memviz.plans.sac import EXPRESSIBLE, to_sac
+        from memviz.runtime.apply import write_applied
 
         final, measured = self.plan, None
         if final.strategy not in EXPRESSIBLE:
@@ -521,7 +521,7 @@ class Planner(MemvizWidget):
                                  f"{final.peak_bytes} bytes, over the budget of {final.budget_bytes}: choose "
                                  "strategy sac, or export it as a module")
         if self.verify:
-            from memviz.verify import verified_apply
+            from memviz.runtime.verify import verified_apply
 
             module = verified_apply(final)
             final, measured = module.plan, module.verified_peak_bytes

@@ -29,8 +29,8 @@ from torch.fx.graph import CodeGen, PythonCode, _format_target
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from memviz import accelerator
-from memviz.capture import eager_attention_masks
+from memviz.hardware import accelerator
+from memviz.profiling.capture import StalePlanError, eager_attention_masks
 from solvers import autochunk as ac
 
 __all__ = [
@@ -58,7 +58,7 @@ def capture(
     The model runs as given: call ``model.eval()`` first for inference semantics.  Library output
     containers (Hugging Face's ``DynamicCache``) are registered as pytree nodes first, as the training
     capture does."""
-    from memviz.capture import register_library_pytrees
+    from memviz.profiling.capture import register_library_pytrees
 
     register_library_pytrees(model)
     with torch.no_grad(), eager_attention_masks():
@@ -985,9 +985,9 @@ def _measured_activation_bytes(
     fn: Callable[..., Any], flat: Sequence[Any], kwargs: dict[str, Any] | None = None
 ) -> int:
     """Peak bytes `fn(*flat, **kwargs)` allocates beyond what exists before the call (parameters,
-    buffers, inputs; outputs count): `memviz.tracker.measure_peak` (CPU storages, or the device
+    buffers, inputs; outputs count): `memviz.profiling.tracker.measure_peak` (CPU storages, or the device
     allocator)."""
-    from memviz.tracker import measure_peak, tensors_of
+    from memviz.profiling.tracker import measure_peak, tensors_of
 
     pre = tensors_of(fn, tuple(flat), kwargs or {})
     device = next((t.device for t in pre), torch.device("cpu"))
@@ -1183,8 +1183,6 @@ class ChunkedModule(torch.nn.Module):
         self._kwarg_names = tuple(kwarg_names)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from memviz.export import StalePlanError
-
         if set(kwargs) != set(self._kwarg_names) and kwargs:
             raise StalePlanError(
                 f"the chunk plan was made for keyword inputs {list(self._kwarg_names)}, got {sorted(kwargs)}"
@@ -1213,9 +1211,8 @@ def export_chunks(
     Sec. 3.2 code generation, `ChunkCodeGen`).  A plan from
     `memviz.plan` reuses its capture; a loaded plan (or another model) is captured again on the
     planned input shapes, checked against the plan's fingerprint, and its regions re-validated."""
-    from memviz.capture import fingerprint
-    from memviz.export import StalePlanError
-    from memviz.planfile import write_text_safely
+    from memviz.plans.planfile import write_text_safely
+    from memviz.profiling.capture import fingerprint
 
     prof = getattr(plan, "profile", None)
     target = model if model is not None else getattr(prof, "model", None)

@@ -1,9 +1,9 @@
 """`memviz.export`: run a plan's schedule -- recomputations and frees included -- as an nn.Module.
 
 Mechanism (ARCHITECTURE.md, "export"): the exported module calls one ``torch.autograd.Function``
-over the captured, functional joint graph (`memviz.capture`).  Its ``forward`` executes the schedule's
-steps up to the first backward step (the synthetic ``loss_backward`` node, where the output gradients
-enter) and keeps exactly the tensors the schedule keeps alive across that boundary; its ``backward``
+over the captured, functional joint graph (`memviz.profiling.capture`).  Its ``forward`` executes the
+schedule's steps up to the first backward step (the synthetic ``loss_backward`` node, where the output
+gradients enter) and keeps exactly the tensors the schedule keeps alive across that boundary; its ``backward``
 binds the incoming output gradients and executes the remaining steps, recomputations included, then
 returns every parameter's gradient.  The steps run as generated Python (`_Codegen`: one function per
 phase, compiled once, the very code ``path=`` writes): a ``compute`` step is one FX operator call into a
@@ -46,9 +46,10 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
-from memviz import accelerator
-from memviz.capture import (
+from memviz.hardware import accelerator
+from memviz.profiling.capture import (
     Captured,
+    StalePlanError,
     capture,
     constant_values,
     fingerprint,
@@ -56,14 +57,10 @@ from memviz.capture import (
     replay_view,
     summed_as_eager,
 )
-from memviz.compiled import caller_backend, compiled_code
-from memviz.replay import check_replay
+from memviz.runtime.compiled import caller_backend, compiled_code
+from memviz.runtime.replay import check_replay
 from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step, turn_issue
-
-
-class StalePlanError(ValueError):
-    """The plan does not belong to this model or these inputs (changed since profiling)."""
 
 
 class BudgetExceededError(ValueError):
@@ -344,7 +341,8 @@ class PlannedModule(nn.Module):
         self._program = program
         self._param_shapes = {n: tuple(p.shape) for n, p in _model_state(model)[0].items()}
         self._generated: Any = None  # a module written by write_source, when loaded by load_source
-        self._compiled: dict[int, tuple[Any, Any]] = {}  # torch.compile backend -> `memviz.compiled` code
+        # torch.compile backend -> `memviz.runtime.compiled` code
+        self._compiled: dict[int, tuple[Any, Any]] = {}
 
     @property
     def program(self) -> Program:
@@ -353,7 +351,7 @@ class PlannedModule(nn.Module):
     @torch._dynamo.disable(recursive=False)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # Dynamo skips this frame but not its callees: under torch.compile its callback is set here, and
-        # names the backend that then compiles the plan's steps (`memviz.compiled`); `_step` runs with
+        # names the backend that then compiles the plan's steps (`memviz.runtime.compiled`); `_step` runs with
         # Dynamo off, so nothing else of the driver is traced
         return self._step(get_eval_frame_callback(), args, kwargs)
 
@@ -445,12 +443,12 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
 
     plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).  An
-    autochunk plan gives a `memviz.chunking.ChunkedModule` (regions as loops; ``path`` gets their code).
+    autochunk plan gives a `memviz.plans.chunking.ChunkedModule` (regions as loops; ``path`` gets their code).
     path: also write readable Python source of the scheduled steps there, and the plan JSON beside it
     (``<path>.plan.json``); existing files are never overwritten unless ``overwrite=True``.
     model: the model to run (default: the profiled one).  A model whose parameters, or a plan whose
     inputs, differ from what was profiled raises `StalePlanError`.
-    verify: run one measured step of the exported module first (`memviz.verify`): a step over the
+    verify: run one measured step of the exported module first (`memviz.runtime.verify`): a step over the
     budget is re-planned with the measured excess as margin, or raises `BudgetExceededError`; the
     returned module's ``verified_peak_bytes`` is the measured peak and ``plan`` the plan it runs.  Off
     by default: it costs one training step (plus, with an optimizer, a host copy of the parameters),
@@ -462,7 +460,7 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     plan the default loss and the ``torch.optim`` class its optimizer nodes name).
     """
     if verify:
-        from memviz.verify import verified_export
+        from memviz.runtime.verify import verified_export
 
         module = verified_export(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer)
         if path is not None:
@@ -478,7 +476,7 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
 def _write_exported(plan: Any, module: nn.Module, path: str | Path, model: nn.Module | None,
                     overwrite: bool) -> None:
     if getattr(plan, "strategy", None) == "autochunk":
-        from memviz.chunking import export_chunks
+        from memviz.plans.chunking import export_chunks
 
         export_chunks(plan, path, model=model, overwrite=overwrite)  # writes its loops' code
     else:
@@ -490,19 +488,19 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
 
     A `ReplayWarning` names what the replayed graph cannot reproduce of the model's own code (forward hooks,
     module-level data its forward reads); backward hooks, whose gradient changes it would drop, raise
-    `memviz.replay.UnfaithfulReplay` (`memviz.replay.check_replay`)."""
+    `memviz.runtime.replay.UnfaithfulReplay` (`memviz.runtime.replay.check_replay`)."""
     prof = getattr(plan, "profile", None)
     target = model if model is not None else getattr(prof, "model", None)
     mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
     if getattr(plan, "strategy", None) == "autochunk":
         # a chunk plan rewrites the model into loops instead of scheduling the captured graph
-        from memviz.chunking import export_chunks
+        from memviz.plans.chunking import export_chunks
 
         if target is not None:
             check_replay(target, training=False, stacklevel=3)
         return export_chunks(plan, None, model=model)
     graph: Graph = plan.graph
-    if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.distributed)
+    if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.parallel.distributed)
         raise ValueError(prof.not_exportable)
     if prof is not None and prof.captured is None:
         raise ValueError("this plan comes from a hook-based fallback profile (the model could not be "
@@ -868,7 +866,7 @@ class _Codegen:
             "",
             "import torch",
             "",
-            "import memviz.capture  # noqa: F401  (registers torch.ops.memviz.*)",
+            "import memviz.profiling.capture  # noqa: F401  (registers torch.ops.memviz.*)",
             "",
             f"FINGERPRINT = {_str(p.fingerprint)}",
             f"MODE = {_str(p.mode)}",
@@ -979,7 +977,7 @@ def program_source(program: Program, plan: Any) -> str:
         "Each step is one operator of the captured joint graph, each value a local variable; a `del` is a",
         "free; `env` carries what a later phase reads; `rng.save(c)` records the random state of operator c",
         "before its first run, `rng.replay(c)` restores it for a recomputation.",
-        "Load it with memviz.export.load_source(path, model).",
+        "Load it with memviz.runtime.export.load_source(path, model).",
         '"""',
         "",
         f"MODEL = {_str(plan.graph.name)}",
@@ -997,7 +995,7 @@ def write_source(plan: Any, program: Program, path: Path, *, overwrite: bool = F
     Both texts are made (and checked) before either file is written; each is written atomically by
     `planfile.write_text_safely` (missing folders created, a symlink at the target replaced, never
     followed); when the plan JSON cannot be written, a source file this call created is removed."""
-    from memviz.planfile import document_text, write_text_safely
+    from memviz.plans.planfile import document_text, write_text_safely
 
     plan_path = path.with_suffix(".plan.json")
     for p in (path, plan_path):
@@ -1032,7 +1030,7 @@ def load_source(path: str | Path, model: nn.Module, plan: Any = None) -> Planned
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     if plan is None:
-        from memviz.planning import load_plan
+        from memviz.plans.planning import load_plan
 
         plan = load_plan(path.with_suffix(".plan.json"))
     exported = export(plan, model=model)
@@ -1059,8 +1057,8 @@ def backend(budget: int | float | str | None = None, *, strategy: str = "auto", 
     require grad, whose gradients the planned module returns), planned with `memviz.plan` and exported.
     Budgets as in `memviz.plan` (bytes, "1.5GiB", or a fraction of the graph's eager peak); a budget no
     schedule fits raises the planner's error.  Shapes are specialised: use ``dynamic=False``."""
-    from memviz.planning import plan as make_plan
-    from memviz.profile import profile
+    from memviz.plans.planning import plan as make_plan
+    from memviz.profiling.profile import profile
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         if any(isinstance(x, torch.SymInt) for x in example_inputs):
@@ -1075,15 +1073,3 @@ def backend(budget: int | float | str | None = None, *, strategy: str = "auto", 
 
     compile_graph.plans = []  # type: ignore[attr-defined]  # the exported modules, for inspection
     return compile_graph
-
-
-class _CallableModule(type(sys)):
-    """`memviz.export` is both this module and the function (DESIGN.md API): importing the submodule
-    first (``from memviz.export import ...``) makes the package attribute the module, so the module
-    forwards calls to `export`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> PlannedModule:
-        return export(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

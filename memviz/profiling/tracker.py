@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memviz import accelerator
+from memviz.hardware import accelerator
 
 
 class StorageTracker(TorchDispatchMode):
@@ -28,7 +28,8 @@ class StorageTracker(TorchDispatchMode):
 
     def __init__(self, preexisting: Iterable[torch.Tensor] = (), *, fake: bool = False) -> None:
         """`fake`: count fake tensors (their meta storages live and die like real ones) instead of real
-        ones, to measure what a function would hold without running it (`memviz.capture.loss_memory`)."""
+        ones, to measure what a function would hold without running it
+        (`memviz.profiling.capture.loss_memory`)."""
         super().__init__()
         self.fake = fake
         self.live_bytes = 0

@@ -1,10 +1,10 @@
 """`memviz.plan(parallel_profile, budget, strategy="sac")`: a per-rank plan that `memviz.apply` runs as
 PyTorch's own selective activation checkpointing, under FSDP2 and tensor/sequence parallelism.
 
-A single-device SAC plan (`memviz.sac`) predicts its schedule from the captured joint graph
+A single-device SAC plan (`memviz.plans.sac`) predicts its schedule from the captured joint graph
 (`solvers.sac.sac_schedule`).  One rank of a parallel step is recorded, not captured
-(`memviz.distributed`), and what checkpointing does there depends on the wrapping: a checkpointed block
-recomputes its forward in the backward after FSDP2 has gathered its parameters again, so the
+(`memviz.parallel.distributed`), and what checkpointing does there depends on the wrapping: a checkpointed
+block recomputes its forward in the backward after FSDP2 has gathered its parameters again, so the
 recomputation reads the backward's unsharded parameters (other storages than the forward's), and the
 cut between what the block keeps and what FSDP2 frees moves with it.  So each candidate is measured
 the only way that sees all of it: the blocks are checkpointed with `memviz.apply`'s own wrapper (the
@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from memviz.budget import parse_budget
-from memviz.distributed import RECOMPUTED, ParallelError, blocks_of, record_parallel
-from memviz.sac import MATMULS
+from memviz.parallel.distributed import RECOMPUTED, ParallelError, blocks_of, record_parallel
+from memviz.plans.sac import MATMULS
 from solvers import Graph, Timeline, simulate
 from solvers.sac import Choice, solve_by_options
 from solvers.schedule import Schedule
@@ -40,7 +40,7 @@ _COUNT_ONLY = [["memviz-count-only", 0]]
 
 def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule]:
     """One recorded step of the profile's rank with `regions` checkpointed: its graph and schedule."""
-    from memviz.capture import default_loss
+    from memviz.profiling.capture import default_loss
 
     args, kwargs = prof.inputs
     target = prof.device.target if prof.device.estimated else None
@@ -74,7 +74,7 @@ def region_spec(block: str, option: str, counts: dict[str, int]) -> dict[str, An
 def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0) -> Any:
     """The per-rank SAC plan of a parallel profile at `budget` (module docstring), every candidate a
     recorded step of this rank checked by `solvers.simulate`."""
-    from memviz.planning import Plan, PlanningError, _device_info, _model_info
+    from memviz.plans.planning import Plan, PlanningError, _device_info, _model_info
 
     if prof.mode != "train":
         raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")

@@ -42,7 +42,7 @@ NEURON_CHECKPOINT_WARNING = (
     "a rematerialization plan frees stay resident and the planned peak is not reached on the device. "
     'Compile with NEURON_CC_FLAGS="-O1" (set it in the environment before the first compilation, e.g. '
     "os.environ['NEURON_CC_FLAGS'] = '-O1') to keep the recomputation, and check the device peak with "
-    "neuron-monitor or the sysfs counters (memviz.neuron.read_sysfs)."
+    "neuron-monitor or the sysfs counters (memviz.hardware.neuron.read_sysfs)."
 )
 
 

@@ -361,7 +361,7 @@ def test_gpt_layer_profile_graph_matches_cpu_formula(device):
     Conventions, as in the paper: the layer's own input counts (LayerNorm 1 saves it; in the graph it
     is an "input" node read by the backward pass, not a "saved" one), LayerNorm's per-token mean and
     rstd are left out, views are merged into their storage by the capture itself."""
-    from memviz.profiling import profile
+    from memviz import profile
     from solvers import DataKind, Phase
 
     s, b, h, a = 16, 2, 32, 4

@@ -723,7 +723,7 @@ def _baseline_of(prof: Any) -> tuple[Graph, Schedule, Timeline]:
         return prof.graph, prof.baseline_schedule, prof.baseline
     except AttributeError:
         raise TypeError(
-            f"memviz.plan needs a profile from memviz.profiling.profile(model, args) or a solvers.Graph, "
+            f"memviz.plan needs a profile from memviz.profile(model, args) or a solvers.Graph, "
             f"not {type(prof).__name__}"
         ) from None
 

@@ -106,7 +106,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
 
         return plan_parallel_sac(prof, budget, time_limit=time_limit)
     if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
-        raise PlanningError("strategy 'sac' needs the profile from memviz.profiling.profile(model, args, "
+        raise PlanningError("strategy 'sac' needs the profile from memviz.profile(model, args, "
                             "mode='train') (its capture and model), not a bare graph or a loaded plan")
     if prof.mode != "train":
         raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")

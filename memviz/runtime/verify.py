@@ -90,8 +90,8 @@ def _accelerator_bytes(model: nn.Module) -> int:
     """Bytes of `model`'s parameters, gradients and buffers on an accelerator: its allocator counts them
     in a step of a copy, which does not hold them (on the CPU the tracker counts only the step's own)."""
     storages = {}
-    for t in [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters())]:
-        if isinstance(t, torch.Tensor) and accelerator.is_accelerator(t.device):
+    for t in tensors_of(model):
+        if accelerator.is_accelerator(t.device):
             storage = t.untyped_storage()
             storages[(t.device, storage.data_ptr())] = storage.nbytes()
     return sum(storages.values())

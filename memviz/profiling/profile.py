@@ -211,8 +211,6 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
     schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap, requires_grad)
-    eager_graph = summed_as_eager(graph)
-    baseline = simulate(eager_graph, schedule).check()
     measured = None
     if per_graph is not None:
         measured = per_graph.peak_bytes
@@ -223,7 +221,6 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             info.torch_device)
         if runtime:
             graph = with_runtime(graph, runtime)
-            baseline = simulate(graph, schedule).check()
             step_peak += runtime
         _check_measured(step_peak, measured, bool(codegen))
         if mode == "train" and cap.loss_compute is not None:
@@ -231,7 +228,9 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                                      info.torch_device, repeats, warmup)
             graph = Graph(graph.computes, graph.datas, graph.outputs, name=graph.name,
                           meta={**graph.meta, **fixed})
-            eager_graph = summed_as_eager(graph)
+    # after the measurements: the runtime node and the fixed costs are part of the graph it simulates
+    eager_graph = summed_as_eager(graph)
+    baseline = simulate(eager_graph, schedule).check()
     return Profile(graph=graph, baseline=baseline, baseline_schedule=schedule, measured_peak_bytes=measured,
                    baseline_graph=None if eager_graph is graph else eager_graph,
                    device=info, mode=mode, model_name=type(model).__name__,

@@ -218,3 +218,24 @@ def test_grouped_query_attention_is_not_chunked_along_heads():
     sdpa = "scaled_dot_product_attention"
     with pytest.raises(ValueError, match="grouped key/value heads"):
         plan.with_chunks([{"start": sdpa, "end": sdpa, "chunks": 2, "outputs": {sdpa: 1}}])
+
+
+def test_capture_answers_transformers_mask_guards_as_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.17 asks ``is_tracing(padding_mask)`` (true under export with no padding mask), 5.24
+    ``is_torchdynamo_exporting()``: inside the capture both answer as eager does for no mask, and a mask
+    tensor (or a bare call) still gets the library's own answer."""
+    import sys
+    import types
+
+    from memviz.profiling.capture import eager_attention_masks
+
+    mu = types.ModuleType("transformers.masking_utils")
+    mu.is_tracing = lambda tensor=None: True  # as under torch.export
+    mu.is_torchdynamo_exporting = lambda: True
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", mu)
+    with eager_attention_masks():
+        assert mu.is_tracing(None) is False
+        assert mu.is_tracing(torch.ones(1)) is True
+        assert mu.is_tracing() is True
+        assert mu.is_torchdynamo_exporting() is False
+    assert mu.is_tracing(None) is True and mu.is_torchdynamo_exporting() is True

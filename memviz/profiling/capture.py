@@ -578,17 +578,31 @@ def eager_attention_masks() -> Iterator[None]:
     so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
     guard against exporting protects graphs reused for other inputs; a captured graph is specialised to
     the captured shapes, and a padding mask given as an input is still traced (``is_tracing``), so
-    the capture takes eager's branch for these shapes."""
+    the capture takes eager's branch for these shapes.
+
+    transformers 5.24 asks ``is_torchdynamo_exporting()``; earlier releases (5.17) ask
+    ``is_tracing(padding_mask)``, which is true under export even when there is no padding mask.  The
+    mask then also changes the kernel: a grouped-query model repeats its keys and values instead of
+    SDPA's ``enable_gqa``, so on CUDA in fp32 the capture ran memory-efficient attention while eager ran
+    the math kernel (an H100 measured eager 1534 MiB against a 1110 MiB capture).  Both guards are
+    answered as eager answers them: no mask is not traced; a mask tensor still is."""
     mu = sys.modules.get("transformers.masking_utils")
-    if mu is None or not hasattr(mu, "is_torchdynamo_exporting"):
+    if mu is None:
         yield
         return
-    saved = mu.is_torchdynamo_exporting
-    mu.is_torchdynamo_exporting = lambda: False
+    guards = ("is_torchdynamo_exporting", "is_tracing")
+    saved = {name: getattr(mu, name) for name in guards if hasattr(mu, name)}
+    if "is_torchdynamo_exporting" in saved:
+        mu.is_torchdynamo_exporting = lambda: False
+    if "is_tracing" in saved:
+        is_tracing = saved["is_tracing"]
+        # only an explicit None (no padding mask) changes: a bare is_tracing() may guard a data read
+        mu.is_tracing = lambda *tensor: is_tracing(*tensor) if tensor != (None,) else False
     try:
         yield
     finally:
-        mu.is_torchdynamo_exporting = saved
+        for name, fn in saved.items():
+            setattr(mu, name, fn)
 
 
 def register_library_pytrees(model: nn.Module) -> None:

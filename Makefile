@@ -69,7 +69,7 @@ test-ts:
 	jlpm test
 
 test-py:
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=25
 
 test-ui:
 	cd ui-tests && CHROMIUM=$(CHROMIUM) jlpm playwright test

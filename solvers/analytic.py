@@ -71,7 +71,9 @@ class TransformerConfig:
     ``logits_bytes`` the dtype of the cross-entropy logits (fp32 in the paper); ``vocab`` enables
     the embedding and output-layer terms; ``kv_heads`` the key/value heads of grouped-query attention
     (Ainslie et al. 2023; Megatron's ``num_query_groups``: K and V are ``kv_heads/heads`` as wide as Q),
-    None for one per query head.
+    None for one per query head; ``gated_mlp`` a gated MLP (SwiGLU, Shazeer 2020: Llama, Mistral, Qwen)
+    with three ``h x f`` matrices, ``down(act(gate(x)) * up(x))``; ``tied_output=False`` an output layer
+    with its own ``v x h`` weights instead of the embedding's (Megatron's default is tied).
     """
 
     layers: int
@@ -87,6 +89,8 @@ class TransformerConfig:
     logits_bytes: int = 4
     ffn_size: int | None = None
     kv_heads: int | None = None
+    gated_mlp: bool = False
+    tied_output: bool = True
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes"):
@@ -145,7 +149,8 @@ def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, 
     """The per-tensor breakdown of one layer's stored activations without parallelism or recompute.
 
     Korthikanti et al. Sec. 4.1 (attention, MLP, LayerNorm paragraphs); sizes in elements with the
-    dtype each one is stored in.  Summing ``.bytes`` gives ``sbh(16d + 2m) + as^2b(2d + m)``.
+    dtype each one is stored in.  Summing ``.bytes`` gives ``sbh(16d + 2m) + as^2b(2d + m)``; a gated
+    MLP keeps two more MLP-wide tensors (``2 sbf d`` more).
     """
     s, b, h, a = cfg.seq, cfg.batch, cfg.hidden, cfg.heads
     sbh, scores, ffn = s * b * h, a * s * s * b, s * b * cfg.ffn_hidden
@@ -175,9 +180,22 @@ def layer_activation_tensors(cfg: TransformerConfig) -> tuple[ActivationTensor, 
     tensors += [
         T("ln2.input", "layernorm", sbh, d, False),
         T("fc1.input", "mlp", sbh, d, False),
-        T("gelu.input", "mlp", ffn, d, True),
-        T("fc2.input", "mlp", ffn, d, True),
     ]
+    if cfg.gated_mlp:
+        # autograd keeps, for down(act(gate(x)) * up(x)): the activation's input (gate's output), both
+        # operands of the product (the activation's output, up's output) and down's input (the product);
+        # gate and up share their input x, counted once as fc1.input.
+        tensors += [
+            T("mlp.gate_output", "mlp", ffn, d, True),
+            T("mlp.activation_output", "mlp", ffn, d, True),
+            T("mlp.up_output", "mlp", ffn, d, True),
+            T("fc2.input", "mlp", ffn, d, True),
+        ]
+    else:
+        tensors += [
+            T("gelu.input", "mlp", ffn, d, True),
+            T("fc2.input", "mlp", ffn, d, True),
+        ]
     if cfg.dropout:
         tensors.append(T("mlp.dropout_mask", "mlp", sbh, m, False))
     return tuple(tensors)
@@ -275,13 +293,15 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
     vocabulary-parallel word embedding ``vh/t`` and learned positions ``sh``; with ``pp == 1`` it is
     also the last stage and holds the final LayerNorm (the output layer is tied to the embedding).
     With grouped-query attention (K and V ``g`` = `kv_width` channels wide) the QKV weight and bias are
-    ``h(h + 2g)`` and ``h + 2g``.
+    ``h(h + 2g)`` and ``h + 2g``.  A gated MLP adds its third ``h x f`` matrix (tensor-parallel); an
+    untied output layer its ``v h / t`` weights on the last stage.
     """
     _check_parallel(cfg, tp, False)
     in_flight_layers(cfg.layers, pp)  # validates pp
     h, f, g = cfg.hidden, cfg.ffn_hidden, cfg.kv_width
     # h, f and g are multiples of tp (checked), so the sharded count divides exactly.
-    sharded, replicated = h * (h + 2 * g) + h * h + 2 * h * f + h + 2 * g + f, 6 * h
+    mlp_matrices = 3 if cfg.gated_mlp else 2
+    sharded, replicated = h * (h + 2 * g) + h * h + mlp_matrices * h * f + h + 2 * g + f, 6 * h
     per_layer = sharded // tp + replicated
     count = (cfg.layers // pp) * per_layer
     if cfg.vocab is not None:
@@ -291,7 +311,7 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
             )
         count += cfg.vocab * h // tp + cfg.seq * h
         if pp == 1:
-            count += 2 * h
+            count += 2 * h + (0 if cfg.tied_output else cfg.vocab * h // tp)
     return count
 
 
@@ -432,9 +452,10 @@ def assumptions(
     else:
         where = ("this stage is also the last one: final norm input, output-layer input and logits counted"
                  if pp == 1 else "the output layer and logits live on the last stage, not on this first one")
-        vocab = (f"vocab {cfg.vocab}: vocabulary-parallel word embedding (v h / t parameters) tied to the "
-                 f"output layer, learned positions (s h); logits {cfg.logits_bytes} B per value, split over "
-                 f"t; {where}")
+        output = ("tied to the output layer" if cfg.tied_output else
+                  "and an untied output layer (v h / t more, on the last stage)")
+        vocab = (f"vocab {cfg.vocab}: vocabulary-parallel word embedding (v h / t parameters) {output}, "
+                 f"learned positions (s h); logits {cfg.logits_bytes} B per value, split over t; {where}")
     if pp == 1:
         in_flight = "L layers"
     elif interleave == 1:
@@ -453,7 +474,9 @@ def assumptions(
         {"name": "attention", "value": f"{cfg.heads} query heads, "
          + ("K and V as wide as Q" if cfg.kv_heads is None else
             f"{cfg.kv_heads} key/value heads (grouped-query: K, V and their weights {cfg.kv_width} wide)")},
-        {"name": "MLP", "value": f"inner size {cfg.ffn_hidden}, two matrices"},
+        {"name": "MLP", "value": f"inner size {cfg.ffn_hidden}, "
+         + ("three matrices (gated: gate, up, down; four MLP-wide tensors saved)" if cfg.gated_mlp
+            else "two matrices")},
         {"name": "vocabulary", "value": vocab},
     ]
 

@@ -82,8 +82,8 @@ def config_from_hf(hf_config: Any, *, seq: int, batch: int, dtype: Any = None) -
     micro-batch of `batch` sequences of `seq` tokens.  The MLP width is ``intermediate_size`` / ``n_inner``
     (4 x hidden when unset); dropout is on when any of the config's dropout probabilities is positive;
     the activation dtype is `dtype`, else the config's ``dtype`` / ``torch_dtype``, else float32;
-    ``num_key_value_heads`` gives grouped-query attention.  What the formula does not model (a gated
-    MLP's third matrix, an untied output layer) is not read: see `hf_notes`."""
+    ``num_key_value_heads`` gives grouped-query attention, a gated ``hidden_act`` (SiLU: SwiGLU) a gated
+    MLP, ``tie_word_embeddings=False`` an untied output layer."""
     def first(names: tuple[str, ...]) -> Any:
         return next((getattr(hf_config, n) for n in names if getattr(hf_config, n, None) is not None), None)
 
@@ -95,20 +95,29 @@ def config_from_hf(hf_config: Any, *, seq: int, batch: int, dtype: Any = None) -
     ffn = first(("n_inner", "intermediate_size")) or 4 * fields["hidden"]
     dtype = dtype or getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
     dropout = any(float(getattr(hf_config, n, 0) or 0) > 0 for n in _HF_DROPOUT)
+    gated = _hf_act(hf_config).lower() in _GATED_ACTS
+    tied = getattr(hf_config, "tie_word_embeddings", True) is not False
     return config_from({**fields, "seq": seq, "batch": batch, "dtype": dtype, "dropout": dropout,
+                        "gated_mlp": gated, "tied_output": tied,
                         **({"ffn_mult": ffn // fields["hidden"]} if ffn % fields["hidden"] == 0
                            else {"ffn_size": ffn})})
+
+
+def _hf_act(hf_config: Any) -> str:
+    return str(getattr(hf_config, "hidden_act", getattr(hf_config, "activation_function", "")) or "")
+
+
+#: Hugging Face config attributes that give a mixture-of-experts MLP (Mixtral, Qwen-MoE, DeepSeek)
+_HF_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def hf_notes(hf_config: Any) -> list[str]:
     """What a Hugging Face config says that `solvers.analytic` does not model, and which way it errs."""
     notes = []
-    act = str(getattr(hf_config, "hidden_act", getattr(hf_config, "activation_function", "")) or "")
-    if act.lower() in _GATED_ACTS:
-        notes.append(f"hidden_act {act!r}: a gated MLP (SwiGLU) has a third matrix and saves more "
-                     "activations than the two-matrix MLP counted (an under-estimate)")
-    if getattr(hf_config, "tie_word_embeddings", True) is False:
-        notes.append("untied output layer: its vocab x hidden weights are not counted (an under-estimate)")
+    experts = next((getattr(hf_config, n) for n in _HF_EXPERTS if getattr(hf_config, n, None)), None)
+    if experts:
+        notes.append(f"mixture of experts ({experts} experts): one MLP per layer is counted, not every "
+                     "expert's weights and the routed tokens' activations (an under-estimate)")
     return notes
 
 
@@ -432,10 +441,14 @@ def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str
                      "softmax and dropout are absent")
     ffn_local = cfg.ffn_hidden // tp
     wide = [t for t in tensors if t["shape"] and t["shape"][-1] == ffn_local]
-    if len(wide) != 2 and ffn_local not in (cfg.hidden, cfg.hidden // tp):  # else widths are ambiguous
-        notes.append(f"{len(wide)} saved tensors of the MLP's width {ffn_local}, where the formula counts 2 "
-                     "(GELU input, second linear's input): a gated MLP (SwiGLU: gate, up, activation, "
-                     "product) or an activation made of elementwise ops (GPT-2's gelu_new) saves more")
+    mlp_wide = cfg.seq * cfg.batch * cfg.ffn_hidden
+    counted = sum(1 for t in analytic.layer_activation_tensors(cfg) if t.elements == mlp_wide)
+    if len(wide) != counted and ffn_local not in (cfg.hidden, cfg.hidden // tp):  # else widths are ambiguous
+        what = ("gate output, activation output, up output, product" if cfg.gated_mlp
+                else "GELU input, second linear's input")
+        notes.append(f"{len(wide)} saved tensors of the MLP's width {ffn_local}, where the formula counts "
+                     f"{counted} ({what}): an activation made of elementwise ops (GPT-2's gelu_new) "
+                     "saves more")
     stats = [t for t in tensors if t["shape"] and t["shape"][-1] == 1]
     if stats:
         notes.append(f"{len(stats)} per-token normalisation statistics ({sum(t['bytes'] for t in stats)} B: "

@@ -38,10 +38,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from run import auto_minimum  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import memviz  # noqa: E402
-from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
 Case = tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Callable[[Any], torch.Tensor]]
@@ -180,12 +180,7 @@ class Bench:
                   "predicted_reserved": None, "eager_step_s": eager_s,
                   "runtime_bytes": sum(d.bytes for d in prof.graph.datas if d.kind.value == "runtime"),
                   "device": str(prof.device.name) if hasattr(prof, "device") else ""})
-        try:
-            memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy="auto", time_limit=10.0,
-                        frontier=False, packing=False)
-            low = prof.graph.persistent_bytes() + 1
-        except InfeasibleBudget as exc:
-            low = exc.minimum_bytes
+        low = auto_minimum(prof)
         cases = [("none", 1.0), ("auto", 0.75), ("auto", 0.5), ("auto", 0.25), ("rotor", 0.5),
                  ("rockmate", 0.5), ("rockmate", 0.25), ("checkmate", 0.5), ("sac", 0.75), ("sac", 0.5)]
         for strategy, frac in cases:

@@ -30,10 +30,10 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
+from run import auto_minimum  # noqa: E402
 
 import memviz  # noqa: E402
 from memviz.profiling.tracker import measure_peak, tensors_of  # noqa: E402
-from solvers.result import InfeasibleBudget  # noqa: E402
 from tests.real_models import LANGUAGE_MODELS, REAL, RealCase, rotating_loss  # noqa: E402
 from tests.test_zoo import _fresh  # noqa: E402
 
@@ -126,12 +126,7 @@ def bench_model(name: str, index: int, pairs: int, quick: bool) -> dict[str, Any
         return {**row, **chunk_columns(name, quick)}
     row.update(capture="ok", profile_s=time.perf_counter() - t0, predicted_eager=prof.baseline.peak_bytes,
                measured_eager=eager_peak(case.model, case.losses[loss], case))
-    try:
-        memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy="auto", time_limit=10.0,
-                    frontier=False, packing=False)
-        low = prof.graph.persistent_bytes() + 1
-    except InfeasibleBudget as exc:
-        low = exc.minimum_bytes
+    low = auto_minimum(prof)
     budget = low + (prof.baseline.peak_bytes - low) // 2
     eager = copy.deepcopy(case.model)
     try:

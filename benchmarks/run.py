@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 #: name -> (extra arguments for a full run, extra arguments for --quick); default ([], ["--quick"])
@@ -48,6 +49,20 @@ QUICK_BUDGET_S = 300.0
 #: every bench_*.py here; remat first: the longest, and the one the headline leads with
 BENCHMARKS = sorted((p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py")),
                     key=lambda n: (n != "remat", n))
+
+
+def auto_minimum(prof: Any) -> int:
+    """The smallest budget `memviz.plan`'s auto strategy reaches on a profile (it is asked for one byte
+    over the persistent bytes and names its minimum when refusing)."""
+    import memviz
+    from solvers.result import InfeasibleBudget
+
+    low = prof.graph.persistent_bytes() + 1
+    try:
+        memviz.plan(prof, low, strategy="auto", time_limit=10.0, frontier=False, packing=False)
+    except InfeasibleBudget as exc:
+        return exc.minimum_bytes
+    return low
 
 
 def bench_main(run: Callable[[bool], dict], name: str, doc: str, argv: list[str] | None = None,

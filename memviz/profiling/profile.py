@@ -206,7 +206,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     else:
         graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
     if optimizer is not None:
-        graph = add_optimizer(graph, cap.grad_data, optimizer, info)
+        graph = add_optimizer(graph, cap.grad_data, optimizer, info, model)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
@@ -981,14 +981,7 @@ def optimizer_layout(optimizer: Any) -> tuple[type, dict[str, Any], float, float
     two tensors shows what one update leaves behind for the next: the single-tensor Adam loop rebinds
     its local ``denom`` only when the next parameter's is computed, so one parameter-sized temporary is
     alive during the next update."""
-    if isinstance(optimizer, torch.optim.Optimizer):
-        cls = type(optimizer)
-        group = optimizer.param_groups[0]
-        hyper = {k: v for k, v in group.items() if k != "params"}
-    elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        cls, hyper = optimizer, {}
-    else:
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+    cls, hyper = optimizer_hyper(optimizer)
     # a param group also holds entries its class's constructor does not take (AdamW's
     # decoupled_weight_decay, a scheduler's initial_lr): only the accepted ones are passed back
     accepted = inspect.signature(cls.__init__).parameters
@@ -1036,13 +1029,89 @@ def fixed_state_bytes(optimizer: Any, device: torch.device) -> int:
                if isinstance(v, torch.Tensor) and v.numel() != w.numel())
 
 
-def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo) -> Graph:
-    """Append the optimizer step: one compute node per parameter with a gradient (phase optimizer)
-    reading the parameter, its gradient and its state (optimizer_state data nodes, alive from the
-    start, as in every step after the first).  Updates are in place: no new storage, only the
-    measured transient, plus what the previous update still holds (the user's optimizer runs in its
-    own parameter order whatever the plan's order of these nodes)."""
+def update_kind(optimizer: Any, info: DeviceInfo) -> str:
+    """How the user's optimizer runs its step on `info`'s device: ``"fused"`` (one kernel per parameter
+    group), ``"foreach"`` (list operations over a parameter group: its temporaries are allocated for every
+    parameter of the group at once) or ``"for-loop"`` (one parameter after another).  Explicit ``fused`` /
+    ``foreach`` hyper-parameters win; when both are unset the default is decided as torch.optim's step
+    functions decide it (``_default_to_fused_or_foreach``: foreach on CUDA and other devices with foreach
+    kernels, for-loop on the CPU).  An estimated CUDA target (``fake:h100``) decides as CUDA does."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach, _get_foreach_kernels_supported_devices
+
+    cls, hyper = optimizer_hyper(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    if "foreach" not in accepted and "fused" not in accepted:
+        return "for-loop"
+    fused, foreach = hyper.get("fused"), hyper.get("foreach")
+    if fused is None and foreach is None:
+        differentiable = bool(hyper.get("differentiable"))
+        device = torch.device("cuda") if info.estimated and devices.uses_caching_allocator(info.name) \
+            else info.torch_device
+        try:
+            _, foreach = _default_to_fused_or_foreach([torch.empty(0, device=device)], differentiable,
+                                                      use_fused=False)
+        except (RuntimeError, AssertionError):  # a target estimated on a host without its device
+            foreach = not differentiable and device.type in _get_foreach_kernels_supported_devices()
+        # torch.optim.adam: "Do not flip on foreach for the unsupported case where lr is a Tensor"
+        if foreach and isinstance(hyper.get("lr"), torch.Tensor) and not hyper.get("capturable"):
+            foreach = False
+    return "fused" if fused else "foreach" if foreach else "for-loop"
+
+
+def optimizer_hyper(optimizer: Any) -> tuple[type, dict[str, Any]]:
+    """(class, hyper-parameters of its first parameter group) of an optimizer class or instance."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return type(optimizer), {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return optimizer, {}
+    raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+
+
+def group_transient(optimizer: Any, kind: str) -> tuple[float, float]:
+    """(bytes per byte of the whole group, bytes per byte of its largest tensor) a ``foreach`` or ``fused``
+    step allocates above its start, measured as `optimizer_layout` measures the for-loop: the second step
+    over one and over two float32 tensors with the storage tracker (a foreach Adam holds one square root
+    per parameter of the group at once: 1.0 and 0.0)."""
+    cls, hyper = optimizer_hyper(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    hyper_ok = {k: v for k, v in hyper.items()
+                if k in accepted and k not in ("foreach", "fused", "capturable", "differentiable")}
+    hyper_ok[kind] = True
+    n = 4096
+    one, _ = _update_transient(cls, hyper_ok, n, 1)
+    two, _ = _update_transient(cls, hyper_ok, n, 2)
+    per_group = max(two - one, 0) / (4 * n)
+    return per_group, max(one / (4 * n) - per_group, 0.0)
+
+
+def _groups(params: list[DataNode], optimizer: Any, model: nn.Module | None) -> list[list[DataNode]]:
+    """`params` split as the optimizer's step splits them into one foreach / fused call each: by parameter
+    group (an instance's, matched to names through `model`; otherwise one group), then by dtype
+    (torch.optim groups tensors by device and dtype)."""
+    group_of: dict[str, int] = {}
+    if isinstance(optimizer, torch.optim.Optimizer) and model is not None:
+        name_of = {id(p): n for n, p in model.named_parameters()}
+        for i, g in enumerate(optimizer.param_groups):
+            group_of.update({name_of[id(p)]: i for p in g["params"] if id(p) in name_of})
+    out: dict[tuple[int, str], list[DataNode]] = {}
+    for p in params:
+        out.setdefault((group_of.get(p.name, len(optimizer.param_groups) if group_of else 0), p.dtype),
+                       []).append(p)
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], min(p.id for p in out[k])))]
+
+
+def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info: DeviceInfo,
+                  model: nn.Module | None = None) -> Graph:
+    """Append the optimizer step as the user's optimizer runs it (`update_kind`): a for-loop step is one
+    compute node per parameter with a gradient (phase optimizer) reading the parameter, its gradient and
+    its state (optimizer_state data nodes, alive from the start, as in every step after the first); a
+    foreach or fused step is one compute node per parameter group and dtype reading all of theirs, whose
+    workspace is the group's temporaries (`group_transient`), all alive at once.  Updates are in place: no
+    new storage, only the measured transient, plus (for-loop) what the previous update still holds (the
+    user's optimizer runs in its own parameter order whatever the plan's order of these nodes).
+    `model`: the profiled model, which names an optimizer instance's parameter groups."""
     cls, _, state_ratio, temp_ratio, held_ratio = optimizer_layout(optimizer)
+    kind = update_kind(optimizer, info)
     fixed = fixed_state_bytes(optimizer, info.torch_device)
     b = GraphBuilder(graph.name)
     b._datas = [{"name": d.name, "bytes": d.bytes, "kind": d.kind, "producer": d.producer, "shape": d.shape,
@@ -1056,37 +1125,55 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
     params = [d for d in graph.datas if d.kind is DataKind.PARAMETER and d.name in grad_data]
     timer = _Timer(info.torch_device)
     timed: dict[tuple[Any, ...], float] = {}  # (shape, dtype) -> seconds: repeated blocks timed once
-    for i, p in enumerate(params):
+    impl = {} if kind == "for-loop" else {kind: True}
+    reads: dict[int, list[int]] = {}
+    seconds: dict[int, float] = {}
+    for p in params:
         g = grad_data[p.name]
-        held = int(round(params[i - 1].bytes * held_ratio)) if i else 0
         states = []
         if state_ratio or fixed:
             states.append(b.data(f"{p.name}.optimizer_state", int(round(p.bytes * state_ratio)) + fixed,
                                  DataKind.OPTIMIZER_STATE, shape=p.shape, dtype=p.dtype))
         if info.estimated:  # an update reads parameter, gradient and state and writes parameter and state
             moved = p.bytes * (3 + 2 * state_ratio)
-            seconds = info.target.op_time(0.0, moved, p.dtype) if info.target else 0.0
+            seconds[p.id] = info.target.op_time(0.0, moved, p.dtype) if info.target else 0.0
         else:
             key = (tuple(p.shape), p.dtype)
-            seconds = timed[key] if key in timed else timed.setdefault(key, _time_update(cls, p, timer))
+            if key not in timed:
+                timed[key] = _time_update(cls, p, timer, impl)
+            seconds[p.id] = timed[key]
         # a gradient summed in place (`capture.accumulate_in_place`) lives in the storage its sum wrote:
         # the update reads that storage, after the sum (whose 0-byte output `g` is)
         summed = graph.datas[g].producer
         written = graph.computes[summed].mutates if summed is not None else ()
-        b.compute(f"{cls.__name__}.step[{p.name}]", [p.id, g, *written, *states], [],
-                  op=f"{cls.__name__}.step",
-                  phase=Phase.OPTIMIZER, time=seconds, temp_bytes=int(round(p.bytes * temp_ratio)) + held,
-                  module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")
-    return b.build(**graph.meta, optimizer=cls.__name__)
+        reads[p.id] = [p.id, g, *written, *states]
+    if kind == "for-loop":
+        for i, p in enumerate(params):
+            held = int(round(params[i - 1].bytes * held_ratio)) if i else 0
+            b.compute(f"{cls.__name__}.step[{p.name}]", reads[p.id], [], op=f"{cls.__name__}.step",
+                      phase=Phase.OPTIMIZER, time=seconds[p.id],
+                      temp_bytes=int(round(p.bytes * temp_ratio)) + held,
+                      module=p.name.rsplit(".", 1)[0], source=f"torch.optim.{cls.__name__}.step")
+    else:
+        per_group, per_largest = group_transient(optimizer, kind)
+        for group in _groups(params, optimizer, model):
+            total, largest = sum(p.bytes for p in group), max(p.bytes for p in group)
+            b.compute(f"{cls.__name__}.step[{kind}: {len(group)} {group[0].dtype} parameters]",
+                      [d for p in group for d in reads[p.id]], [], op=f"{cls.__name__}.step",
+                      phase=Phase.OPTIMIZER, time=sum(seconds[p.id] for p in group),
+                      temp_bytes=int(round(total * per_group + largest * per_largest)),
+                      module="", source=f"torch.optim.{cls.__name__}.step ({kind})")
+    return b.build(**graph.meta, optimizer=cls.__name__, optimizer_update=kind)
 
 
-def _time_update(cls: type, p: Any, timer: _Timer) -> float:
-    """Median time of one real update of a tensor shaped like parameter `p` (on a copy)."""
+def _time_update(cls: type, p: Any, timer: _Timer, impl: dict[str, bool]) -> float:
+    """Median time of one real update of a tensor shaped like parameter `p` (on a copy), run as the
+    user's optimizer runs it (`impl`: ``foreach=True`` or ``fused=True``, or nothing for the for-loop)."""
     dtype = getattr(torch, p.dtype, torch.float32)
     dev = timer.device
     w = torch.zeros(p.shape, dtype=dtype, device=dev, requires_grad=True)
     w.grad = torch.ones_like(w)
-    opt = cls([w])
+    opt = cls([w], **impl)
     opt.step()
     seconds, _ = timer(opt.step, repeats=3, warmup=1)
     return seconds

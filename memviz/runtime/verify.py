@@ -25,6 +25,7 @@ storages on CPU, the caching allocator's peak on an accelerator).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,7 @@ from memviz.budget import format_bytes
 from memviz.hardware import accelerator
 from memviz.profiling.tracker import measure_peak, tensors_of
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
-from solvers.ir import Phase
+from solvers.ir import DataKind, Phase
 from solvers.result import InfeasibleBudget
 
 #: The measured peak may exceed the predicted one by this fraction of it before it is reported: the
@@ -172,8 +173,9 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
         args, kwargs = pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x,
                                        (args, kwargs))
     mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
-    updated = frozenset(c.name[c.name.index("[") + 1:-1] for c in plan.graph.computes
-                        if c.phase is Phase.OPTIMIZER and "[" in c.name)
+    # the parameters the optimizer nodes read (one node per parameter, or per group for foreach / fused)
+    updated = frozenset(plan.graph.datas[d].name for c in plan.graph.computes if c.phase is Phase.OPTIMIZER
+                        for d in c.inputs if plan.graph.datas[d].kind is DataKind.PARAMETER)
     return StepSpec(args=args, kwargs=kwargs, mode=mode,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated)
@@ -184,7 +186,9 @@ def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:
     instance), else the profile's, else the ``torch.optim`` class the graph names with its defaults."""
     opt = optimizer if optimizer is not None else getattr(getattr(plan, "profile", None), "optimizer", None)
     if isinstance(opt, torch.optim.Optimizer):
-        return type(opt), {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+        # a param group also holds what its constructor does not take (AdamW's decoupled_weight_decay)
+        accepted = inspect.signature(type(opt)).parameters
+        return type(opt), {k: v for k, v in opt.param_groups[0].items() if k != "params" and k in accepted}
     if isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
         return opt, {}
     name = plan.graph.meta.get("optimizer") or next(
@@ -193,7 +197,10 @@ def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
         raise ValueError(f"the plan models a {name} optimizer step, which is not a torch.optim class: "
                          "pass optimizer= (the class or instance it was profiled with)")
-    return cls, {}
+    # the step as the plan models it (`profile.update_kind`), not this device's default
+    kind = plan.graph.meta.get("optimizer_update")
+    return cls, {"foreach": False} if kind == "for-loop" and "foreach" in inspect.signature(cls).parameters \
+        else {kind: True} if kind in ("foreach", "fused") else {}
 
 
 def measure_step(module: nn.Module, spec: StepSpec) -> int:

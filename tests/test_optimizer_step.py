@@ -1,0 +1,102 @@
+"""The optimizer step planned as the user's optimizer runs it: for-loop, foreach (torch's default on CUDA:
+list operations whose temporaries exist for a whole parameter group at once) or fused."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import memviz
+from memviz.hardware.devices import named_device
+from memviz.profiling.profile import profile, update_kind
+from memviz.profiling.tracker import measure_peak, tensors_of
+from memviz.runtime.verify import optimizer_spec
+from solvers import Phase
+
+
+def _model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Four square weights and a batch of two: the step's peak is in the optimizer's update."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(4)]), (torch.randn(2, 256),)
+
+
+def _measured_step(model: nn.Module, args: tuple[Any, ...], opt: torch.optim.Optimizer) -> int:
+    """Peak bytes of the second real training step (the first creates the optimizer's state, which the
+    plan holds from the start)."""
+    def step() -> None:
+        model(*args).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    peak = 0
+    for _ in range(2):
+        peak, _ = measure_peak(step, tensors_of(model, opt, args))
+    return peak
+
+
+@pytest.mark.parametrize("impl", [{"foreach": True}, {"fused": True}, {"foreach": False}])
+def test_update_peak_is_predicted_as_the_users_optimizer_runs_it(impl: dict[str, bool]) -> None:
+    """AdamW foreach holds one square root per parameter of the group at once (4 weights here), fused
+    none, the for-loop two of one weight: each predicted to the byte but for the loss scalars the graph
+    holds through the step."""
+    model, args = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1, **impl)
+    prof = profile(model, args, optimizer=opt, repeats=1, warmup=0)
+    kind = next(iter(k for k, v in impl.items() if v), "for-loop")
+    peak_step = prof.baseline_schedule[prof.baseline.peak_step]
+    assert (prof.graph.computes[peak_step.node].phase is Phase.OPTIMIZER) is (kind != "fused")
+    measured = _measured_step(model, args, opt)
+    scalars = sum(d.bytes for d in prof.graph.datas if d.name in ("loss", "loss_grad"))
+    assert 0 <= prof.baseline.peak_bytes - measured <= scalars, (impl, prof.baseline.peak_bytes, measured)
+    assert prof.graph.meta["optimizer_update"] == kind
+
+
+def test_default_is_decided_as_torch_optim_decides_it() -> None:
+    """Unset foreach/fused: foreach on CUDA (an estimated CUDA target too), the for-loop on the CPU; an
+    explicit choice wins; an optimizer without foreach kernels runs its for-loop."""
+    cpu, h100 = named_device("cpu"), named_device("fake:h100")
+    assert update_kind(torch.optim.AdamW, cpu) == "for-loop"
+    assert update_kind(torch.optim.AdamW, h100) == "foreach"
+    assert update_kind(torch.optim.SGD, h100) == "foreach"
+    w = [nn.Parameter(torch.zeros(2))]
+    assert update_kind(torch.optim.AdamW(w, foreach=False), h100) == "for-loop"
+    assert update_kind(torch.optim.AdamW(w, fused=True), cpu) == "fused"
+    assert update_kind(torch.optim.Adam(w, fused=False), h100) == "for-loop"  # as torch.optim.adam decides
+    assert update_kind(torch.optim.LBFGS, h100) == "for-loop"
+
+
+def test_groups_and_estimated_cuda_target() -> None:
+    """On an estimated CUDA target the default AdamW step is one foreach node per parameter group whose
+    workspace is every square root of the group; an instance's two groups are two nodes."""
+    model, args = _model()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    prof = profile(model, args, optimizer=torch.optim.AdamW, device="fake:h100")
+    (node,) = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
+    assert node.temp_bytes == params
+    weights = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": weights[:1]}, {"params": weights[1:]}], foreach=True)
+    prof = profile(model, args, optimizer=opt, repeats=1, warmup=0)
+    nodes = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
+    assert [c.temp_bytes for c in nodes] == [params // 4, 3 * params // 4]
+    measured = _measured_step(model, args, opt)
+    assert 0 <= prof.baseline.peak_bytes - measured <= 8, (prof.baseline.peak_bytes, measured)
+
+
+def test_export_verifies_with_the_modelled_update(tmp_path: Any) -> None:
+    """export(verify=True) runs the profiled optimizer (foreach), within the plan; a loaded plan verifies
+    with the update its graph models, not this device's default."""
+    model, args = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    prof = profile(model, args, optimizer=opt, repeats=1, warmup=0)
+    plan = memviz.plan(prof, budget=None)  # the peak is the update: no remat lowers it
+    module = memviz.export(plan, verify=True)
+    assert module.verified_peak_bytes <= plan.peak_bytes
+    path = tmp_path / "p.plan.json"
+    plan.save(path)
+    loaded = memviz.load_plan(path)
+    assert optimizer_spec(loaded, None) == (torch.optim.AdamW, {"foreach": True})
+    assert functools.reduce(lambda a, c: a + (c.phase is Phase.OPTIMIZER), loaded.graph.computes, 0) == 1

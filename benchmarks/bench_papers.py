@@ -465,7 +465,11 @@ def _with_updates(prof: memviz.Profile, optimizer: str) -> tuple[Graph, int]:
     and each gradient freed after its update, and the peak of PyTorch's eager order over it."""
     if prof.captured is None:
         raise ValueError("a hooks (fallback) profile has no captured graph to add an optimizer to")
-    graph = add_optimizer(prof.graph, prof.captured.grad_data, getattr(torch.optim, optimizer), prof.device)
+    # the paper's update is per parameter (freeing each gradient after it), not the foreach step torch
+    # runs by default on the CUDA target: the for-loop, asked for explicitly
+    one = [torch.zeros(1, requires_grad=True)]
+    per_parameter = getattr(torch.optim, optimizer)(one, lr=0.01, foreach=False)
+    graph = add_optimizer(prof.graph, prof.captured.grad_data, per_parameter, prof.device)
     graph = free_updated_gradients(graph)
     return graph, simulate(graph, python_eager_schedule(graph, prof.captured)).check().peak_bytes
 

@@ -371,10 +371,6 @@ def test_reentrant_checkpoint_trains_the_block():
     check_train(case, memviz.plan(prof, None, strategy="none", frontier=False), steps=1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the eager baseline (capture.summed_as_eager) holds one gradient more after a reused parameter's "
-    "in-place sum, as eager does for a tied Linear's transposed contribution (measured); on these raw "
-    "parameters eager keeps the summed buffer: predicted 25,376 B vs measured 25,232 (+144 B, safe side)"))
 def test_adamw_weight_decay_step_is_planned_as_measured():
     """`optimizer=` an AdamW instance with weight decay on raw nn.Parameters: the planned step (its state
     and update) is the measured eager step, and the exported module trained by AdamW follows eager."""

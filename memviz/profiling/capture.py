@@ -1569,27 +1569,28 @@ def accumulate_in_place(graph: Graph, cap: Captured) -> Graph:
 
 
 def summed_as_eager(graph: Graph) -> Graph:
-    """`graph` with each in-place gradient sum (`accumulate_in_place`) as eager PyTorch holds it: the
-    sum's output a storage of its own, its first contribution an ordinary gradient kept where the
-    schedule keeps it (never freed by the eager schedule of `graph`, where it is the parameter gradient).
+    """`graph` with each in-place gradient sum (`accumulate_in_place`) as eager PyTorch runs it: out of
+    place, its result a third gradient-sized storage alive while the sum runs, beside both contributions.
 
-    Eager autograd does sum a tied weight's contributions in place, but into the first one as it
-    arrives, which for a Linear's weight is the transposed view of a matmul; ``AccumulateGrad`` then
-    copies the sum into the parameter's layout (``clone_obey_contract``): at the end of the backward one
-    gradient more is alive.  The eager schedule simulated on this graph holds exactly that (measured on
-    CPU, torch 2.13: a tied GPT 732,424 B predicted = measured, where `graph` gives 605,448 B; a Linear
-    used twice 93,256 B predicted, 93,000 measured).  The profile's baseline runs on it; plans run on
-    `graph`, what the exported module measures.  `graph` itself when nothing was rewritten."""
-    if not any(c.mutates for c in graph.computes):
+    Eager autograd's input buffer sums in place only into a contribution nothing else holds that is not
+    a view (``InputBuffer::accumulate``, ``can_accumulate_inplace``); a tied Linear's contribution is a
+    transposed view, and on raw parameters the engine still holds the buffer: traced on CPU (torch 2.13)
+    with a dispatch mode, both a tied GPT and `scale` of the zoo's raw-parameter model run
+    ``aten.add.Tensor``, and ``AccumulateGrad`` then keeps that result as ``.grad`` (no copy), while both
+    contributions are released.  So the sum's workspace is one more gradient and nothing else changes:
+    after it one gradient is alive, as in `graph` (the written contribution standing for eager's result),
+    and the same schedule is eager's on this graph and the exported module's on `graph`.  (Before: the
+    first contribution was kept as an ordinary gradient beside an out-of-place sum to the end of the step,
+    one gradient too many after the sum: +144 B on the raw-parameter model's AdamW step.)  The profile's
+    baseline runs on it; plans run on `graph`, what the exported module measures; a plan for eager autograd
+    (``sac``) runs on it too, and exported it runs the sum in place, within its model.  `graph` itself when
+    nothing was rewritten."""
+    if not any(c.mutates for c in graph.computes) or graph.meta.get("eager_sums"):
         return graph
-    datas, computes = list(graph.datas), list(graph.computes)
-    for c in graph.computes:
-        if c.mutates:
-            (first,) = c.mutates
-            datas[c.outputs[0]] = dataclasses.replace(datas[c.outputs[0]], bytes=datas[first].bytes)
-            datas[first] = dataclasses.replace(datas[first], kind=DataKind.GRADIENT)
-            computes[c.id] = dataclasses.replace(c, mutates=())
-    return Graph(tuple(computes), tuple(datas), graph.outputs, name=graph.name, meta=dict(graph.meta))
+    computes = [dataclasses.replace(c, temp_bytes=c.temp_bytes + graph.datas[c.mutates[0]].bytes)
+                if c.mutates else c for c in graph.computes]
+    return Graph(tuple(computes), graph.datas, graph.outputs, name=graph.name,
+                 meta={**graph.meta, "eager_sums": True})
 
 
 def _accumulating_operand(graph: Graph, cap: Captured, node: torch.fx.Node, cid: int, out: int) -> int | None:

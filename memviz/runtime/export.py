@@ -55,7 +55,6 @@ from memviz.profiling.capture import (
     fingerprint,
     is_random,
     replay_view,
-    summed_as_eager,
 )
 from memviz.runtime.compiled import caller_backend, compiled_code
 from memviz.runtime.replay import check_replay
@@ -520,8 +519,6 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
         fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
-        if not any(c.mutates for c in graph.computes):  # a plan for eager autograd (strategy "sac")
-            fresh = summed_as_eager(fresh)
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
@@ -763,8 +760,8 @@ class _Codegen:
         node = self.nodes[cap.compute_fx[c]]
         self.emit(f"# compute {_str(gc.name)}{where}")
         # binds the views it reads before anything is replaced
-        # a gradient sum runs in place where the plan's graph says so (a plan made for eager autograd,
-        # `capture.summed_as_eager`, sums out of place as eager does)
+        # a gradient sum runs in place where the plan's graph says so (also in a plan made for eager
+        # autograd, `capture.summed_as_eager`, whose model holds eager's out-of-place result beside it)
         in_place = c in cap.accumulates and bool(gc.mutates)
         call = self.accumulate(node, cap.accumulates[c]) if in_place else self.call(node)
         elems = cap.elem_fx.get(node.name)

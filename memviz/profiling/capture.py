@@ -30,6 +30,7 @@ import inspect
 import operator
 import re
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,7 @@ class Captured:
     input_consts: dict[int, Any] = field(default_factory=dict)
     tangent_fx: dict[int, str] = field(default_factory=dict)  # flat output index -> its gradient's FX input
     held_fx: dict[int, tuple[str, ...]] = field(default_factory=dict)  # data id -> more FX values it holds
+    output_data: dict[int, int] = field(default_factory=dict)  # flat output index -> data id the loss reads
     # flat output index -> (its base, the FX view ops from the base to it): an output that aliases another
     # output, an input, a parameter or a buffer, regenerated outside the joint graph (`OutputView`)
     output_views: dict[int, OutputView] = field(default_factory=dict)
@@ -1113,6 +1115,11 @@ class LossMemory:
     # flat output indices whose storage the loss's autograd graph keeps until its backward (MSE saves its
     # input): eager frees every other output once the loss returns and the user drops it
     saved_outputs: frozenset[int] = frozenset()
+    # eager releases an output the loss saved inside the loss's backward, once the autograd node that
+    # saved it has run: (flat output indices released before the phase, peak above the backward's start
+    # in it) per phase between such releases, and the bytes of the gradients the backward returns
+    backward_phases: tuple[tuple[frozenset[int], int], ...] = ()
+    backward_returned: int = 0
 
 
 def loss_memory(tangents: dict[int, torch.fx.Node], out_vals: dict[int, torch.Tensor],
@@ -1189,12 +1196,15 @@ def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], d
                          fake=not real, device=device)
     start = meter.mark()
     saved_keys: set[int] = set()
+    outputs = {_storage_key(x) for x in flat if isinstance(x, torch.Tensor)}
+    releases = _Releases(meter)
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        saved_keys.add(_storage_key(t))
-        return t
+    def pack(t: torch.Tensor) -> Any:
+        key = _storage_key(t)
+        saved_keys.add(key)
+        return releases.hold(t, key) if key in outputs else t
 
-    with meter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with meter, torch.autograd.graph.saved_tensors_hooks(pack, _Releases.unpack):
         loss = _scalar_loss(loss_fn(pytree.tree_unflatten(flat, out_spec)))
     saved_outputs = frozenset(i for i, x in enumerate(flat)
                               if isinstance(x, torch.Tensor) and _storage_key(x) in saved_keys)
@@ -1209,13 +1219,17 @@ def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], d
     meter.add(root)
     before, mark = meter.live_bytes, meter.mark()
     meter.reset_peak()
+    releases.start(before)
     with meter:
         grads = torch.autograd.grad(loss, [*diff, *(bases[k] for k in leaf_bases)], grad_outputs=root,
                                     allow_unused=True)
+    phases = releases.finish()
     # the gradients it returns are the node's outputs (data nodes); the rest of its peak is workspace
     returned = sum({_storage_key(g): storage_nbytes(g) for g in grads
                     if g is not None and meter.counted_since(g, mark)}.values())
-    backward_temp = max(0, meter.peak_bytes - before - returned)
+    backward_temp = max(0, max(peak for _, peak in phases) - returned)
+    by_key = {k: frozenset(i for i, x in enumerate(flat)
+                           if isinstance(x, torch.Tensor) and _storage_key(x) in k) for k, _ in phases}
     counted = {_storage_key(root)}
     sizes = {}
     for i, g in zip(diff_idx, grads, strict=False):
@@ -1233,7 +1247,61 @@ def _measure_loss(flat: list[Any], bases: dict[tuple[str, Any], torch.Tensor], d
             held += storage_nbytes(bases[k])
         counted.add(_storage_key(g))
     return LossMemory(storage_nbytes(loss), sizes, held, saved, forward_temp, backward_temp,
-                      storage_nbytes(root), saved_outputs)
+                      storage_nbytes(root), saved_outputs,
+                      tuple((by_key[k], peak) for k, peak in phases) if len(phases) > 1 else (), returned)
+
+
+class _Saved:
+    """A reference autograd saved to one of the loss's inputs (the model's outputs), boxed so that its
+    release, when the node that saved it has run, can be seen (`_Releases`)."""
+
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class _Releases:
+    """When the loss's backward drops its last saved reference to each output (eager frees that output
+    there when only the loss held it), and the peak of each phase between such drops."""
+
+    def __init__(self, meter: Any) -> None:
+        self.meter, self.refs = meter, {}
+        self.released: frozenset[int] = frozenset()
+        self.phases: list[tuple[frozenset[int], int]] = []
+        self.before: int | None = None
+
+    def hold(self, tensor: torch.Tensor, key: int) -> _Saved:
+        box = _Saved(tensor)
+        self.refs[key] = self.refs.get(key, 0) + 1
+        weakref.finalize(box, self._dropped, key)
+        return box
+
+    @staticmethod
+    def unpack(x: Any) -> Any:
+        return x.tensor if isinstance(x, _Saved) else x
+
+    def start(self, before: int) -> None:
+        self.before = before
+
+    def _dropped(self, key: int) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] or self.before is None:
+            return
+        self.phases.append((self.released, _peak_now(self.meter) - self.before))
+        self.released |= {key}
+        self.meter.reset_peak()
+
+    def finish(self) -> list[tuple[frozenset[int], int]]:
+        phases = [*self.phases, (self.released, _peak_now(self.meter) - (self.before or 0))]
+        self.before = None
+        return phases
+
+
+def _peak_now(meter: Any) -> int:
+    """The meter's peak so far, inside its run (an allocator meter reads the device's statistic)."""
+    current = getattr(meter, "current_peak", None)
+    return current() if current is not None else meter.peak_bytes
 
 
 def with_loss_memory(graph: Graph, cap: Captured, lmem: LossMemory) -> Graph:
@@ -1247,7 +1315,35 @@ def with_loss_memory(graph: Graph, cap: Captured, lmem: LossMemory) -> Graph:
     datas = tuple(dataclasses.replace(d, bytes=sizes[d.id]) if d.id in sizes else d for d in graph.datas)
     computes = tuple(dataclasses.replace(c, temp_bytes=temps[c.id]) if c.id in temps else c
                      for c in graph.computes)
-    return Graph(computes, datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
+    meta = {k: v for k, v in graph.meta.items() if k != "eager_loss_backward_temp"}
+    eager = _eager_loss_backward_temp(graph, cap, lmem)
+    if eager != lmem.backward_temp:
+        meta["eager_loss_backward_temp"] = eager
+    return Graph(computes, datas, graph.outputs, name=graph.name, meta=meta)
+
+
+def _eager_loss_backward_temp(graph: Graph, cap: Captured, lmem: LossMemory) -> int:
+    """The loss backward's workspace as eager runs it: an output the loss saved is released inside
+    the loss's backward, once the autograd node that saved it has run (`LossMemory.backward_phases`),
+    when nothing else holds it (no other node reads it, it is no graph output).  The backward's peak
+    is then the largest of its phases, each less the outputs released before it (the chunked
+    cross-entropy of a shifted view, ``logits[:, :-1]``, frees the logits before ``SliceBackward``
+    builds their full-size gradient).  The exported module's step holds its outputs until its own
+    backward starts, so plans keep `lmem.backward_temp`; `summed_as_eager` puts this one in the eager
+    graph."""
+    if not lmem.backward_phases:  # nothing the loss saved was released inside its backward
+        return lmem.backward_temp
+    bwd = graph.computes[cap.loss_backward_compute]
+    loss_nodes = {cap.loss_compute, cap.loss_backward_compute}
+    alone = {d for d in bwd.inputs if d not in graph.outputs and set(graph.consumers(d)) <= loss_nodes}
+    views = cap.output_views
+    best = 0
+    for released, peak in lmem.backward_phases:
+        bases = {views[i].base[1] if i in views else i for i in released
+                 if i not in views or views[i].base[0] == "output"}
+        freed = {cap.output_data[i] for i in bases if cap.output_data.get(i) in alone}
+        best = max(best, peak - sum(graph.datas[d].bytes for d in freed))
+    return max(0, best - lmem.backward_returned)
 
 
 class _Builder:
@@ -1484,6 +1580,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         kept_idx = [views[i].base[1] if i in views else i for i in lmem.saved_outputs
                     if i not in views or views[i].base[0] == "output"]
         kept = sorted({data_of_out[j] for j in kept_idx if j in data_of_out})
+        captured.output_data = data_of_out
         captured.loss_backward_compute = bld.b.compute("loss_backward", [dl, *saved, *kept], [*tds, root],
                                                        op="loss_fn.backward", phase=Phase.BACKWARD,
                                                        source="loss_fn", temp_bytes=lmem.backward_temp)
@@ -1519,6 +1616,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
                         if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
     graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode, captured.loss_compute is not None)
     graph = accumulate_in_place(graph, captured)
+    graph = with_loss_memory(graph, captured, lmem)  # the eager loss backward's workspace (graph known)
     return _in_random_order(graph, captured), captured
 
 
@@ -1583,12 +1681,19 @@ def summed_as_eager(graph: Graph) -> Graph:
     first contribution was kept as an ordinary gradient beside an out-of-place sum to the end of the step,
     one gradient too many after the sum: +144 B on the raw-parameter model's AdamW step.)  The profile's
     baseline runs on it; plans run on `graph`, what the exported module measures; a plan for eager autograd
-    (``sac``) runs on it too, and exported it runs the sum in place, within its model.  `graph` itself when
-    nothing was rewritten."""
-    if not any(c.mutates for c in graph.computes) or graph.meta.get("eager_sums"):
+    (``sac``) runs on it too, and exported it runs the sum in place, within its model.
+
+    Likewise the loss's backward gets eager's workspace (``eager_loss_backward_temp``, set by
+    `with_loss_memory` where the loss saves an output that eager releases inside it).  `graph` itself
+    when neither applies."""
+    loss_temp = graph.meta.get("eager_loss_backward_temp")
+    if graph.meta.get("eager_sums") or (loss_temp is None and not any(c.mutates for c in graph.computes)):
         return graph
     computes = [dataclasses.replace(c, temp_bytes=c.temp_bytes + graph.datas[c.mutates[0]].bytes)
                 if c.mutates else c for c in graph.computes]
+    if loss_temp is not None:  # the loss's backward releases an output it saved (`with_loss_memory`)
+        computes = [dataclasses.replace(c, temp_bytes=int(loss_temp)) if c.op == "loss_fn.backward" else c
+                    for c in computes]
     return Graph(tuple(computes), graph.datas, graph.outputs, name=graph.name,
                  meta={**graph.meta, "eager_sums": True})
 

@@ -105,6 +105,11 @@ class AllocatorMeter:
     def __enter__(self) -> AllocatorMeter:
         return self
 
+    def current_peak(self) -> int:
+        """The peak so far, inside a run (`peak_bytes` is read when it ends)."""
+        index = accelerator.index(self.device)
+        return max(self.peak_bytes, int(torch.accelerator.max_memory_allocated(index)))
+
     def __exit__(self, *exc: object) -> None:
         self.live_bytes = self._allocated()
         self.peak_bytes = max(self.peak_bytes, int(torch.accelerator.max_memory_allocated(

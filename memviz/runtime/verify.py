@@ -64,6 +64,9 @@ class StepSpec:
     loss_fn: Callable[[Any], torch.Tensor] | None
     optimizer: tuple[type, dict[str, Any]] | None
     updated: frozenset[str]  # parameter names the plan's optimizer step updates
+    # the parameter groups a foreach / fused step runs over, one per optimizer node (`profile.add_optimizer`):
+    # its temporaries are one group's; empty: one group (a for-loop step holds one parameter's)
+    groups: tuple[tuple[str, ...], ...] = ()
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -174,11 +177,15 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
                                        (args, kwargs))
     mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
     # the parameters the optimizer nodes read (one node per parameter, or per group for foreach / fused)
-    updated = frozenset(plan.graph.datas[d].name for c in plan.graph.computes if c.phase is Phase.OPTIMIZER
-                        for d in c.inputs if plan.graph.datas[d].kind is DataKind.PARAMETER)
+    groups = tuple(tuple(plan.graph.datas[d].name for d in c.inputs
+                         if plan.graph.datas[d].kind is DataKind.PARAMETER)
+                   for c in plan.graph.computes if c.phase is Phase.OPTIMIZER)
+    updated = frozenset(n for g in groups for n in g)
+    grouped = plan.graph.meta.get("optimizer_update") in ("foreach", "fused")
     return StepSpec(args=args, kwargs=kwargs, mode=mode,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
-                    optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated)
+                    optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
+                    groups=groups if grouped else ())
 
 
 def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:
@@ -262,7 +269,8 @@ def _primed_optimizer(spec: StepSpec, params: dict[str, nn.Parameter]) -> torch.
     chosen = [p for n, p in params.items() if n in spec.updated and p.requires_grad]
     if not chosen:
         return None
-    opt = cls(chosen, **hyper)
+    groups = [[params[n] for n in g if n in params and params[n].requires_grad] for g in spec.groups]
+    opt = cls([{"params": g} for g in groups if g] if groups else chosen, **hyper)
     for p in chosen:
         p.grad = torch.zeros_like(p)
     opt.step()

@@ -1125,7 +1125,8 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
     params = [d for d in graph.datas if d.kind is DataKind.PARAMETER and d.name in grad_data]
     timer = _Timer(info.torch_device)
     timed: dict[tuple[Any, ...], float] = {}  # (shape, dtype) -> seconds: repeated blocks timed once
-    impl = {} if kind == "for-loop" else {kind: True}
+    impl = {kind: True} if kind != "for-loop" else \
+        {"foreach": False} if "foreach" in inspect.signature(cls.__init__).parameters else {}
     reads: dict[int, list[int]] = {}
     seconds: dict[int, float] = {}
     for p in params:
@@ -1168,7 +1169,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
 
 def _time_update(cls: type, p: Any, timer: _Timer, impl: dict[str, bool]) -> float:
     """Median time of one real update of a tensor shaped like parameter `p` (on a copy), run as the
-    user's optimizer runs it (`impl`: ``foreach=True`` or ``fused=True``, or nothing for the for-loop)."""
+    user's optimizer runs it (`impl`: ``foreach=True``, ``fused=True`` or ``foreach=False``)."""
     dtype = getattr(torch, p.dtype, torch.float32)
     dev = timer.device
     w = torch.zeros(p.shape, dtype=dtype, device=dev, requires_grad=True)

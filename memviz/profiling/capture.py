@@ -1274,7 +1274,7 @@ class _Releases:
     def hold(self, tensor: torch.Tensor, key: int) -> _Saved:
         box = _Saved(tensor)
         self.refs[key] = self.refs.get(key, 0) + 1
-        weakref.finalize(box, self._dropped, key)
+        weakref.finalize(box, self._dropped, key).atexit = False
         return box
 
     @staticmethod

@@ -11,14 +11,17 @@ so `solvers.simulate` predicts what `memviz.apply` runs.
 
 The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, save the
 matmul-class ops, recompute everything), and the cheapest combination that fits is searched over the
-blocks; memory does not add up across blocks, so every candidate is simulated.
+blocks; memory does not add up across blocks, so every candidate is simulated.  Time is the simulated
+op times plus what checkpointing itself costs (`Overheads`, measured by the caller): a selective
+region's policy runs in Python on every op it dispatches, which can make "save the matmuls" slower
+than recomputing everything, and the menu then prefers the cheaper option at the same memory.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from solvers.ir import Graph, Phase
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
@@ -50,6 +53,48 @@ class Region:
     name: str
     nodes: tuple[int, ...]
     save: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Seconds checkpointing costs beyond the simulated times of the ops it runs (measured by the caller
+    on the device), so that candidates compare as they run.
+
+    `region`: per checkpointed region call (the checkpoint frame, its RNG state, its contexts).
+    `saved`: per tensor a checkpointed region's ops save for backward: checkpointing's pack and unpack
+    hooks (Python, one pair per saved tensor, with or without recomputation) and the op's Python run
+    again.  `rerun`: per operator a recomputation dispatches, the Python around it (the module's own
+    code run again; eager's per-operator share of its step beyond the op times).  `policy`: per op a
+    selective region dispatches, per pass (the forward and the
+    recomputation): the policy's Python dispatch modes; a region that keeps nothing runs plain
+    checkpointing, without them.  `dispatched`: compute id -> how many operators it stands for as the
+    dispatcher sees them (views and detaches folded into the next op; 1 where absent)."""
+
+    region: float = 0.0
+    saved: float = 0.0
+    policy: float = 0.0
+    rerun: float = 0.0
+    dispatched: Mapping[int, int] = field(default_factory=dict)
+
+    def seconds(self, graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> float:
+        """What checkpointing `regions` costs per step beyond the schedule's op times."""
+        if not regions or not (self.region or self.saved or self.policy or self.rerun):
+            return 0.0
+        member = {c: r.name for r in regions for c in r.nodes}
+        saves: dict[str, int] = {}
+        for savers in holds.saved_by.values():
+            for c in savers:
+                if c in member:
+                    saves[member[c]] = saves.get(member[c], 0) + 1
+        last_of = {run.region.name: run.last for run in _runs(graph, regions, holds)}
+        total = 0.0
+        for r in regions:
+            last = last_of.get(r.name, -1)  # the recomputation stops after the last saving op (none: -1)
+            rerun = sum(self.dispatched.get(c, 1) for c in r.nodes if c <= last)
+            total += self.region + self.saved * saves.get(r.name, 0) + self.rerun * rerun
+            if r.save:  # the policy's modes: every op in the forward, the re-run ones again
+                total += self.policy * (sum(self.dispatched.get(c, 1) for c in r.nodes) + rerun)
+        return total
 
 
 @dataclass(frozen=True)
@@ -178,32 +223,43 @@ class Choice:
     schedule: Schedule
     timeline: Timeline
     graph: Graph | None = None
+    #: seconds checkpointing costs beyond the timeline's op times (`Overheads.seconds`)
+    overhead_s: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """The predicted step time the menu compares: op times plus checkpointing's own costs."""
+        return self.timeline.total_time + self.overhead_s
 
 
 def _choose(graph: Graph, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
-            options: tuple[str, ...], holds: EagerHolds) -> Choice:
+            options: tuple[str, ...], holds: EagerHolds, overheads: Overheads) -> Choice:
     regions = tuple(Region(name, nodes, OPTIONS[o](mm)) for (name, nodes, mm), o in zip(blocks, options,
                                                                                        strict=True)
                     if o != "none")
     schedule = sac_schedule(graph, regions, holds)
-    return Choice(options, regions, schedule, simulate(graph, schedule).check())
+    return Choice(options, regions, schedule, simulate(graph, schedule).check(),
+                  overhead_s=overheads.seconds(graph, regions, holds))
 
 
 def solve_menu(graph: Graph, budget: int, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
-               holds: EagerHolds, *, time_limit: float = 60.0) -> tuple[SolveResult, Choice]:
-    """`solve_by_options` with every candidate's schedule from `sac_schedule` over `graph`."""
-    return solve_by_options(len(blocks), budget, lambda opts: _choose(graph, blocks, opts, holds),
+               holds: EagerHolds, *, time_limit: float = 60.0,
+               overheads: Overheads = Overheads()) -> tuple[SolveResult, Choice]:
+    """`solve_by_options` with every candidate's schedule from `sac_schedule` over `graph`, its time
+    the schedule's op times plus `overheads`."""
+    return solve_by_options(len(blocks), budget, lambda opts: _choose(graph, blocks, opts, holds, overheads),
                             time_limit=time_limit)
 
 
 def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ...]], Choice], *,
                      time_limit: float = 60.0) -> tuple[SolveResult, Choice]:
-    """Per-block options (none -> matmuls -> full) chosen greedily: while over budget, strengthen the
-    block whose next option cuts the simulated peak most per second of recomputation; then relax every
-    block that can go back a step and still fit (the time it saves first).  `choose` turns one option per
-    block into a `Choice` whose timeline `solvers.simulate` checked, so the result is what runs.  Raises
-    `InfeasibleBudget` with the smallest peak found (all blocks fully recomputed is not always the lowest,
-    so not proven)."""
+    """Per-block options (none < matmuls < full, by memory) chosen greedily: while over budget, move the
+    block to whichever stronger option cuts the simulated peak most per second of step time (`Choice.step_s`:
+    recomputation and checkpointing's own costs, so "full" straight from "none" when the per-op policy
+    makes "matmuls" the slower of the two); then move any block to a weaker option, or to "full" from
+    "matmuls", when that still fits and is faster.  `choose` turns one option per block into a `Choice`
+    whose timeline `solvers.simulate` checked, so the result is what runs.  Raises `InfeasibleBudget` with
+    the smallest peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
     start = time.perf_counter()
     ladder = ("none", "matmuls", "full")
     best = choose(("none",) * n_blocks)
@@ -211,13 +267,11 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
     while best.timeline.peak_bytes > budget and time.perf_counter() - start < time_limit:
         moves = []
         for i, o in enumerate(best.options):
-            if o == ladder[-1]:
-                continue
-            opts = (*best.options[:i], ladder[ladder.index(o) + 1], *best.options[i + 1:])
-            cand = choose(opts)
-            cut = best.timeline.peak_bytes - cand.timeline.peak_bytes
-            cost = cand.timeline.total_time - best.timeline.total_time
-            moves.append((cut / max(cost, 1e-12) if cut > 0 else cut, cut, cand))
+            for stronger in ladder[ladder.index(o) + 1:]:
+                cand = choose((*best.options[:i], stronger, *best.options[i + 1:]))
+                cut = best.timeline.peak_bytes - cand.timeline.peak_bytes
+                cost = cand.step_s - best.step_s
+                moves.append((cut / max(cost, 1e-12) if cut > 0 else cut, cut, cand))
         if not moves:
             break
         _, _, best = max(moves, key=lambda m: (m[1] > 0, m[0], m[1]))
@@ -228,11 +282,13 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
     while improved and time.perf_counter() - start < time_limit:
         improved = False
         for i, o in enumerate(best.options):
-            if o == "none":
-                continue
-            opts = (*best.options[:i], ladder[ladder.index(o) - 1], *best.options[i + 1:])
-            cand = choose(opts)
-            if cand.timeline.peak_bytes <= budget and cand.timeline.total_time <= best.timeline.total_time:
-                best, improved = cand, True
-    stats = SolverStats("sac", "heuristic", time.perf_counter() - start, objective=best.timeline.total_time)
+            for other in ladder:
+                weaker = ladder.index(other) < ladder.index(o)
+                if not weaker and (other, o) != ("full", "matmuls"):
+                    continue  # weaker options, or "full" for "matmuls" (the policy may cost more)
+                cand = choose((*best.options[:i], other, *best.options[i + 1:]))
+                faster = cand.step_s <= best.step_s if weaker else cand.step_s < best.step_s
+                if cand.timeline.peak_bytes <= budget and faster:
+                    best, improved, o = cand, True, other
+    stats = SolverStats("sac", "heuristic", time.perf_counter() - start, objective=best.step_s)
     return SolveResult(best.schedule, stats), best

@@ -83,6 +83,10 @@ class Plan:
     def time_overhead(self) -> float:
         """Predicted step time of the exported plan over eager's (1.0 = no slowdown): the op times, plus
         the fixed per-step costs the profile measured (`step_time_ratio`)."""
+        if self.strategy == "sac":  # `memviz.apply` runs eager PyTorch, not the exported executor
+            from memviz.plans.sac import time_ratio
+
+            return time_ratio(self)
         return step_time_ratio(self.graph, self.timeline.total_time, self.baseline.total_time)
 
     @property

@@ -6,18 +6,22 @@ Sequential: the repeated blocks) and, inside each, saves the outputs of a chosen
 (MUST_SAVE) and recomputes the rest.  Its schedule is `solvers.sac.sac_schedule`: the order and the
 frees non-reentrant checkpointing really has, so the plan's timeline is what `memviz.apply` runs.
 The per-block options are Rockmate's option menus (Sec. 4) reduced to what a per-op policy expresses.
+The menu's time counts what checkpointing itself costs on the device (`overheads`, measured once per
+process and device): the selective policy is Python in every op a region dispatches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import time
 import warnings
 from typing import Any
 
 from solvers import Graph, Phase, simulate
 from solvers.result import SolverStats
-from solvers.sac import EagerHolds, Region, sac_schedule, solve_menu
+from solvers.sac import EagerHolds, Overheads, Region, sac_schedule, solve_menu
 
 #: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
 #: node), so a policy can count them: the only ones a SAC plan may mark MUST_SAVE
@@ -33,6 +37,151 @@ def op_name(op: str) -> str:
     parts = op.split(".")
     base = parts[1] if len(parts) >= 3 else parts[0]
     return base[:-1] if base.endswith("_") and not base.endswith("__") else base
+
+
+def policy(save: dict[str, frozenset[int]], seen: dict[str, int], ctx: Any, func: Any, *args: Any,
+           **kwargs: Any) -> Any:
+    """The selective policy `memviz.apply` runs in a region (``create_selective_checkpoint_contexts``):
+    MUST_SAVE for the plan's kept ops (`save`: op name -> occurrences in this region call), else
+    recompute; `seen` counts the countable ops so far.  Called once per op of the forward, in order (the
+    recomputation replays the cache, not the policy).  It runs on every dispatched op of a selective
+    region (views included), so an op no plan keeps costs one dict lookup."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = _COUNTABLE.get(func, _UNSEEN)
+    if name is _UNSEEN:
+        name = _COUNTABLE[func] = _countable(func)
+    if name is None:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    k = seen.get(name, 0)
+    seen[name] = k + 1
+    kept = save.get(name)
+    return CheckpointPolicy.MUST_SAVE if kept is not None and k in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+#: operator overload -> its `op_name` when a plan may keep it (MATCHABLE), else None
+_COUNTABLE: dict[Any, str | None] = {}
+_UNSEEN = object()
+
+
+def _countable(func: Any) -> str | None:
+    name = op_name(str(func))
+    return name if name in MATCHABLE else None
+
+
+def dispatched_counts(cap: Any, graph: Graph) -> dict[int, int]:
+    """Forward compute id -> how many operators the dispatcher runs for it: the captured FX program's
+    calls (views, detaches, ... are no graph nodes) folded into the next compute node of the forward;
+    a selective policy's dispatch modes run once per dispatched operator."""
+    position = {fx: c for c, fx in enumerate(cap.compute_fx) if fx is not None}
+    counts: dict[int, int] = {}
+    pending = 0
+    for node in cap.gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        c = position.get(node.name)
+        if c is None:
+            pending += 1
+        elif c < len(graph.computes) and graph.computes[c].phase is Phase.FORWARD:
+            counts[c], pending = 1 + pending, 0
+        else:
+            pending = 0
+    return counts
+
+
+#: device -> (region, recompute, policy) seconds measured by `measured_overheads` in this process
+_MEASURED: dict[str, tuple[float, float, float]] = {}
+
+
+def measured_overheads(device: Any) -> tuple[float, float, float]:
+    """What checkpointing costs on `device` beyond its ops' own times, in seconds: per region call, per
+    tensor a region saves, per op a selective region dispatches per pass (`solvers.sac.Overheads`).
+    Measured once per process and device on chains of k one-element ``sin`` (each saves its input):
+    eager, plain non-reentrant checkpointing and the selective policy `policy`, at two k (a line through
+    both gives the per-call and the per-op parts), the fastest of 15 interleaved runs, less the ops' own
+    forward (the simulated recomputation counts it)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from memviz.hardware import accelerator
+
+    key = str(device)
+    if key in _MEASURED:
+        return _MEASURED[key]
+
+    def chain(x: Any, k: int) -> Any:
+        for _ in range(k):
+            x = x.sin()
+        return x
+
+    def forward(x: Any, k: int) -> Any:
+        with torch.no_grad():
+            chain(x, k)
+        return x.sum()
+
+    def selective() -> Any:
+        return create_selective_checkpoint_contexts(functools.partial(policy, {}, {}))
+
+    runs = {
+        "forward": forward,
+        "eager": lambda x, k: chain(x, k),
+        "plain": lambda x, k: checkpoint(chain, x, k, use_reentrant=False),
+        "selective": lambda x, k: checkpoint(chain, x, k, use_reentrant=False, context_fn=selective),
+    }
+    x = torch.ones(1, device=device, requires_grad=True)
+    times: dict[tuple[str, int], list[float]] = {}
+    with torch.enable_grad():
+        for rep in range(16):
+            for k in (8, 40):
+                for name, run in runs.items():
+                    t = accelerator.timed(lambda run=run, k=k: run(x, k).backward(), device)[0]
+                    if rep:  # the first round warms up
+                        times.setdefault((name, k), []).append(t)
+    t = {key_: min(v) for key_, v in times.items()}  # the least disturbed run: machines are shared
+
+    def slope(a: str, b: str) -> float:
+        return ((t[a, 40] - t[b, 40]) - (t[a, 8] - t[b, 8])) / 32
+
+    forward_op = (t["forward", 40] - t["forward", 8]) / 32
+    saved = max(0.0, slope("plain", "eager") - forward_op)
+    region = max(0.0, t["plain", 8] - t["eager", 8] - 8 * (saved + forward_op))
+    # two passes over each op: the forward's caching mode and the recomputation's cached one
+    per_hop = max(0.0, slope("selective", "plain") / 2)
+    _MEASURED[key] = (region, saved, per_hop)
+    return _MEASURED[key]
+
+
+def overheads(prof: Any, graph: Graph) -> Overheads:
+    """`solvers.sac.Overheads` for a profile: measured on its device (`measured_overheads`), with its
+    capture's dispatched-operator counts; none on an estimated device (no Python runs there)."""
+    dev = prof.device
+    if dev.estimated or dev.per_graph:
+        return Overheads()
+    region, saved, per_hop = measured_overheads(dev.torch_device)
+    counts = dispatched_counts(prof.captured, graph)
+    return Overheads(region, saved, per_hop, rerun_per_op(prof.captured, graph), counts)
+
+
+def rerun_per_op(cap: Any, graph: Graph) -> float:
+    """Seconds of Python eager PyTorch spends per dispatched operator of a step beyond the op times
+    (``eager_fixed_s``, measured at profile time, over the captured program's operator calls): what a
+    recomputation pays again per operator for the module code around it; 0 when not measured."""
+    fixed = graph.meta.get("eager_fixed_s", 0.0)
+    if not isinstance(fixed, (int, float)) or isinstance(fixed, bool) or fixed <= 0:
+        return 0.0
+    calls = sum(1 for n in cap.gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
+    return float(fixed) / max(calls, 1)
+
+
+def time_ratio(plan: Any) -> float:
+    """A sac plan's predicted step time over eager's, as `memviz.apply` runs it: the schedule's op times
+    plus checkpointing's own costs (``overhead_s``), over the baseline's, each plus the Python eager
+    PyTorch spends per step beyond its ops (``eager_fixed_s``, measured at profile time; 0 if not)."""
+    fixed = plan.graph.meta.get("eager_fixed_s", 0.0)
+    fixed = float(fixed) if isinstance(fixed, (int, float)) and not isinstance(fixed, bool) else 0.0
+    extra = float(plan.solver_stats.extra.get("sac", {}).get("overhead_s", 0.0))
+    eager = plan.baseline.total_time + fixed
+    return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
 
 
 def eager_holds(cap: Any) -> EagerHolds:
@@ -116,10 +265,16 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     budget_bytes = None if budget is None else parse_budget(budget, prof.baseline.peak_bytes)
     holds = eager_holds(prof.captured)
     blocks = candidate_blocks(prof.model, graph)
+    costs = overheads(prof, graph)
     result, choice = solve_menu(graph, prof.baseline.peak_bytes if budget_bytes is None else budget_bytes,
-                                blocks, holds, time_limit=time_limit)
+                                blocks, holds, time_limit=time_limit, overheads=costs)
     stats = dataclasses.replace(result.stats, extra={"sac": {
         "expressible": True,
+        # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
+        # measured constants they come from
+        "overhead_s": choice.overhead_s,
+        "costs": {"region_s": costs.region, "saved_s": costs.saved, "policy_s": costs.policy,
+                  "rerun_s": costs.rerun},
         "options": {name: o for (name, _, _), o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
@@ -157,10 +312,14 @@ def to_sac(plan: Any) -> Any:
                                                 and op_name(graph.computes[i].op) in MATCHABLE))
                     for name, ids, _ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
     start = time.perf_counter()
-    schedule = sac_schedule(graph, regions, eager_holds(prof.captured))
+    holds = eager_holds(prof.captured)
+    schedule = sac_schedule(graph, regions, holds)
     timeline = simulate(graph, schedule).check()
-    stats = SolverStats("sac", "heuristic", time.perf_counter() - start, objective=timeline.total_time,
+    extra_s = overheads(prof, graph).seconds(graph, regions, holds)
+    stats = SolverStats("sac", "heuristic", time.perf_counter() - start,
+                        objective=timeline.total_time + extra_s,
                         extra={"sac": {"expressible": True, "converted_from": plan.strategy,
+                                       "overhead_s": extra_s,
                                        "original_peak_bytes": plan.peak_bytes,
                                        "regions": region_specs(graph, regions)}})
     if plan.budget_bytes is not None and timeline.peak_bytes > plan.budget_bytes:

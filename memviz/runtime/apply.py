@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from memviz.plans.planning import Plan, PlanningError
-from memviz.plans.sac import EXPRESSIBLE, MATCHABLE, op_name, to_sac
+from memviz.plans.sac import EXPRESSIBLE, to_sac
+from memviz.plans.sac import policy as save_policy
 
 _SPEC = "_memviz_sac"
 #: the keyword arguments transformers' layers (and older ones) take their KV cache by: a checkpointed layer
@@ -158,7 +159,11 @@ def wrap(module: nn.Module, spec: dict[str, Any]) -> None:
     """Give `module` a checkpointed forward running `spec` (a `memviz.plans.sac.region_specs` entry)."""
     if _SPEC in module.__dict__:
         raise PlanningError(f"module {spec['module']!r} is already checkpointed by memviz.apply")
-    module.__dict__[_SPEC] = {"save": {(n, int(k)) for n, k in spec["save"]}, "counts": dict(spec["counts"]),
+    save: dict[str, set[int]] = {}
+    for n, k in spec["save"]:
+        save.setdefault(n, set()).add(int(k))
+    module.__dict__[_SPEC] = {"save": {n: frozenset(ks) for n, ks in save.items()},
+                              "counts": dict(spec["counts"]),
                               # a function: deep copies of the model (sharding one) keep calling it
                               **({"on_counts": spec["on_counts"]} if "on_counts" in spec else {})}
     # a bound method, so a deep copy of the applied model checkpoints its own copy of the module
@@ -193,10 +198,9 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         plain = functools.partial(_plain_contexts, self)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=plain, **kwargs)
     seen: dict[str, int] = {}
-    policy = functools.partial(_policy, spec["save"], seen)
+    policy = functools.partial(save_policy, spec["save"], seen)
     context_fn = functools.partial(_contexts, policy, None if compiling else self)
     out = checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-    seen = {k: v for k, v in seen.items() if k in MATCHABLE}
     # the per-rank planner counting the region's ops (memviz.parallel.distributed_sac)
     if "on_counts" in spec:
         spec["on_counts"](seen)
@@ -245,16 +249,6 @@ def _signature(cls: type) -> inspect.Signature:
     """The signature of ``cls.forward`` without ``self`` (wrappers followed to the function they wrap)."""
     signature = inspect.signature(cls.forward)
     return signature.replace(parameters=list(signature.parameters.values())[1:])
-
-
-def _policy(save: set[tuple[str, int]], seen: dict[str, int], ctx: Any, func: Any, *args: Any,
-            **kwargs: Any) -> CheckpointPolicy:
-    """MUST_SAVE for the plan's kept ops (op name, occurrence in this region call), else recompute.
-    Called once per op of the forward, in order (the recomputation replays the cache, not the policy)."""
-    name = op_name(str(func))
-    k = seen.get(name, 0)
-    seen[name] = k + 1
-    return CheckpointPolicy.MUST_SAVE if (name, k) in save else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _contexts(policy: Any, module: nn.Module | None) -> tuple[Any, Any]:

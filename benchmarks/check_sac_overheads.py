@@ -93,10 +93,13 @@ def ratio(candidate: torch.nn.Module, eager: torch.nn.Module, args: tuple, kwarg
                              for _ in range(pairs))
 
 
-def peak(candidate: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable) -> int | None:
-    """Peak allocated bytes of one step less the copy's parameters (the original's stay), CUDA only."""
+def peak(candidate: torch.nn.Module, eager: torch.nn.Module, args: tuple, kwargs: dict,
+         loss_fn: Callable) -> int | None:
+    """Peak allocated bytes of one step less the copy's parameters (the original's stay, without their
+    gradients), CUDA only."""
     if not CUDA:
         return None
+    eager.zero_grad(set_to_none=True)
     step(candidate, args, kwargs, loss_fn)
     candidate.zero_grad(set_to_none=True)
     _sync()
@@ -119,7 +122,7 @@ def blocks_checkpointed(model: torch.nn.Module, blocks: list[str]) -> torch.nn.M
 def row(label: str, candidate: torch.nn.Module, eager: torch.nn.Module, args: tuple, kwargs: dict,
         loss_fn: Callable, pairs: int, plan: Any = None) -> None:
     measured = ratio(candidate, eager, args, kwargs, loss_fn, pairs)
-    got = peak(candidate, args, kwargs, loss_fn)
+    got = peak(candidate, eager, args, kwargs, loss_fn)
     opts = "" if plan is None else "/".join(o[0] for o in plan.solver_stats.extra["sac"]["options"].values())
     planned = "" if plan is None else f"{plan.peak_bytes / MiB:9.2f}"
     predicted = "" if plan is None else f"{plan.time_overhead:6.3f}"

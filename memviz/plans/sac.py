@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
 import time
 import warnings
@@ -176,12 +177,20 @@ def rerun_per_op(cap: Any, graph: Graph) -> float:
 def time_ratio(plan: Any) -> float:
     """A sac plan's predicted step time over eager's, as `memviz.apply` runs it: the schedule's op times
     plus checkpointing's own costs (``overhead_s``), over the baseline's, each plus the Python eager
-    PyTorch spends per step beyond its ops (``eager_fixed_s``, measured at profile time; 0 if not)."""
-    fixed = plan.graph.meta.get("eager_fixed_s", 0.0)
-    fixed = float(fixed) if isinstance(fixed, (int, float)) and not isinstance(fixed, bool) else 0.0
-    extra = float(plan.solver_stats.extra.get("sac", {}).get("overhead_s", 0.0))
+    PyTorch spends per step beyond its ops (``eager_fixed_s``, measured at profile time; 0 if not, or if
+    it measured below 0: op times timed above the step, on a loaded machine)."""
+    sac = plan.solver_stats.extra.get("sac")
+    fixed = _seconds(plan.graph.meta.get("eager_fixed_s"))
+    extra = _seconds(sac.get("overhead_s") if isinstance(sac, dict) else None)
     eager = plan.baseline.total_time + fixed
     return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
+
+
+def _seconds(value: Any) -> float:
+    """A duration read from a plan (a loaded one is untrusted): a finite non-negative number, else 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return 0.0
+    return float(value) if math.isfinite(value) and value >= 0 else 0.0
 
 
 def eager_holds(cap: Any) -> EagerHolds:

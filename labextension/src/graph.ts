@@ -157,10 +157,13 @@ export class GraphView implements PlanView {
   private crossToggle(): HTMLElement {
     const label = document.createElement('label');
     label.className = 'jp-memviz-graph-cross';
-    label.title = 'edges from one phase to another (activations the backward reads) are shown for the node under the pointer; tick to show them all';
+    label.title =
+      'edges from one phase to another (activations the backward reads) are shown for the node under the pointer; tick to show them all';
     const box = document.createElement('input');
     box.type = 'checkbox';
-    box.addEventListener('change', () => this.stage.classList.toggle('jp-memviz-graph-cross-shown', box.checked));
+    box.addEventListener('change', () =>
+      this.stage.classList.toggle('jp-memviz-graph-cross-shown', box.checked)
+    );
     label.append(box, document.createTextNode(' all phase-crossing edges'));
     return label;
   }
@@ -177,7 +180,9 @@ export class GraphView implements PlanView {
     this.lit = id;
     if (id && parseNodeId(id)) {
       // ids are only c<n>, d<n>, m<n> (parseNodeId), so they are safe in a selector
-      for (const el of Array.from(this.stage.querySelectorAll(`g.edge.cross.from-${id}, g.edge.cross.to-${id}`))) {
+      for (const el of Array.from(
+        this.stage.querySelectorAll(`g.edge.cross.from-${id}, g.edge.cross.to-${id}`)
+      )) {
         el.classList.add('jp-memviz-graph-lit');
       }
     }

@@ -119,14 +119,31 @@ describe('chunk editor transforms', () => {
     for (let i = 0; i < 12; i++) {
       for (let j = i + 1; j < 12; j++) {
         const [a, b] = [box(i), box(j)];
-        assert.ok(rows[i] !== rows[j] || a[1] <= b[0] || b[1] <= a[0], `labels ${i + 1} and ${j + 1} overlap`);
+        assert.ok(
+          rows[i] !== rows[j] || a[1] <= b[0] || b[1] <= a[0],
+          `labels ${i + 1} and ${j + 1} overlap`
+        );
       }
     }
     // far apart labels share the first row; the figure's top margin makes room for every row
-    assert.deepEqual(labelRows([{ x0: 0, x1: 1 }, { x0: 300, x1: 301 }], ['a', 'b'], 400, 800), [0, 0]);
+    assert.deepEqual(
+      labelRows(
+        [
+          { x0: 0, x1: 1 },
+          { x0: 300, x1: 301 }
+        ],
+        ['a', 'b'],
+        400,
+        800
+      ),
+      [0, 0]
+    );
     const d = doc();
-    const many = { ...d, nodes: Array.from({ length: 400 }, (_, i) => ({ name: `n${i}`, op: 'mm' })),
-      regions: regions.map(r => ({ ...d.regions[0], ...r })) };
+    const many = {
+      ...d,
+      nodes: Array.from({ length: 400 }, (_, i) => ({ name: `n${i}`, op: 'mm' })),
+      regions: regions.map(r => ({ ...d.regions[0], ...r }))
+    };
     const fig = editorFigure(many, TEST_COLORS, 870);
     const shifts = (fig.layout.annotations as { yshift: number }[]).map(a => a.yshift);
     assert.ok(Math.max(...shifts) > 0);

@@ -247,7 +247,10 @@ test('an op without a module is drawn inside the module around it, and its toolt
   const tree = buildTree(doc);
   assert.equal(tree.placedIn[6], 'layers');
   assert.equal(tree.modules[tree.moduleOf[6]].path, 'layers');
-  assert.match(tooltipFor(doc, tree, { kind: 'compute', id: 6 }), /module: none \(drawn in layers, where it runs\)/);
+  assert.match(
+    tooltipFor(doc, tree, { kind: 'compute', id: 6 }),
+    /module: none \(drawn in layers, where it runs\)/
+  );
   // the loss ends the forward: nothing after it in its phase, so it stays at the root
   assert.equal(tree.placedIn[4], null);
   assert.equal(tree.modules[tree.moduleOf[4]].path, '');
@@ -279,6 +282,9 @@ test('closed siblings stack in forward order in every phase; phase-crossing edge
     assert.match(dot, new RegExp(`"m${a}" -> "m${b}" \\[style=invis, weight=10\\];`), phase);
   }
   // a saved activation read by the backward: dashed, constraint=false, classed by both ends
-  assert.match(dot, /-> "m\d+" \[style=dashed, color="#9e9e9e", constraint=false, class="cross from-m\d+ to-m\d+"\];/);
+  assert.match(
+    dot,
+    /-> "m\d+" \[style=dashed, color="#9e9e9e", constraint=false, class="cross from-m\d+ to-m\d+"\];/
+  );
   assert.ok(!/\[dir=back\][^\n]*constraint=false/.test(dot));
 });

@@ -101,7 +101,10 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
 });
 
 // chunks_many.ipynb: a 12-layer GPT with one chunk region per layer (12 region labels over the curve)
-test('chunk editor: 12 region labels are all visible and none overlaps another', async ({ page, tmpPath }) => {
+test('chunk editor: 12 region labels are all visible and none overlaps another', async ({
+  page,
+  tmpPath
+}) => {
   test.setTimeout(300000);
   await openAndRunAll(page, tmpPath, 'chunks_many.ipynb');
   const editor = page.locator('.jp-memviz-chunk-editor');
@@ -120,7 +123,8 @@ test('chunk editor: 12 region labels are all visible and none overlaps another',
     expect(a.x).toBeGreaterThanOrEqual(plot.x - 1);
     expect(a.x + a.width).toBeLessThanOrEqual(plot.x + plot.width + 1);
     boxes.slice(i + 1).forEach((b, j) => {
-      const apart = a.x + a.width <= b.x || b.x + b.width <= a.x || a.y + a.height <= b.y || b.y + b.height <= a.y;
+      const apart =
+        a.x + a.width <= b.x || b.x + b.width <= a.x || a.y + a.height <= b.y || b.y + b.height <= a.y;
       expect(apart, `labels ${i + 1} and ${i + j + 2} overlap`).toBe(true);
     });
   });

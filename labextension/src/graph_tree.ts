@@ -233,9 +233,11 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
 
 /**
  * The expansion a graph opens with: modules opened level by level (shallowest first, in graph order)
- * while the drawing stays within `limit` nodes.  The children of one module open together or not at
- * all: a drawing with blocks 0-4 open and 5-11 closed compares unlike things (the 12-layer drawing
- * did).  A 5k-op model opens at its layers, a toy fully open.
+ * while the drawing stays within `limit` nodes.  Alike siblings (children of one module with as many
+ * ops, a model's repeated blocks) open together or not at all: a drawing with blocks 0-4 open and 5-11
+ * closed compares unlike things (the 12-layer drawing did).  Siblings unlike each other open one by
+ * one, so a large one does not keep the small ones beside it closed.  A 5k-op model opens at its
+ * layers, a toy fully open.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
@@ -252,14 +254,22 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
       count += cost;
       for (const m of group) {
         expanded.add(m);
-        if (tree.modules[m].children.length) {
-          next.push(tree.modules[m].children);
-        }
+        next.push(...alikeGroups(tree, tree.modules[m].children));
       }
     }
     frontier = next;
   }
   return expanded;
+}
+
+/** `siblings` grouped by op count, each group in graph order, groups in order of their first member. */
+function alikeGroups(tree: ModuleTree, siblings: readonly number[]): number[][] {
+  const groups = new Map<number, number[]>();
+  for (const m of siblings) {
+    const total = tree.modules[m].total;
+    groups.set(total, [...(groups.get(total) ?? []), m]);
+  }
+  return [...groups.values()];
 }
 
 /** The modules to open so that compute `c` is drawn as an op of its own. */

@@ -256,14 +256,14 @@ test('an op without a module is drawn inside the module around it, and its toolt
   assert.equal(tree.modules[tree.moduleOf[4]].path, '');
 });
 
-test('sibling modules open together or not at all', () => {
+test('alike sibling modules open together or not at all; a large sibling keeps no small one closed', () => {
   const doc = layered();
   const tree = buildTree(doc);
   for (let limit = 1; limit < 40; limit++) {
     const open = defaultExpansion(doc, tree, limit);
     for (const m of tree.modules) {
       if (m.parent !== null && open.has(m.parent)) {
-        const siblings = tree.modules[m.parent].children;
+        const siblings = tree.modules[m.parent].children.filter(s => tree.modules[s].total === m.total);
         const opened = siblings.filter(s => open.has(s)).length;
         assert.ok(opened === 0 || opened === siblings.length, `limit ${limit}: ${m.phase}:${m.path}`);
       }
@@ -287,4 +287,37 @@ test('closed siblings stack in forward order in every phase; phase-crossing edge
     /-> "m\d+" \[style=dashed, color="#9e9e9e", constraint=false, class="cross from-m\d+ to-m\d+"\];/
   );
   assert.ok(!/\[dir=back\][^\n]*constraint=false/.test(dot));
+});
+
+test('a large module beside small ones: the small ones still open', () => {
+  const doc = layered();
+  // a third top-level module of 30 ops in the forward ("mixer"), after the layers
+  const { computes, datas } = doc.graph;
+  let prev = computes[3].outputs![0];
+  for (let i = 0; i < 30; i++) {
+    const id = computes.length;
+    datas.push({
+      id: datas.length,
+      name: `mix${i}.out`,
+      bytes: 1024,
+      kind: 'saved',
+      producer: id,
+      consumers: []
+    });
+    computes.push({
+      id,
+      name: `mix${i}`,
+      op: 'aten.mix',
+      phase: 'forward',
+      module: 'mixer',
+      inputs: [prev],
+      outputs: [datas.length - 1]
+    });
+    prev = datas.length - 1;
+  }
+  const tree = buildTree(doc);
+  const open = defaultExpansion(doc, tree, 20);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  assert.ok(open.has(path('forward:layers')));
+  assert.ok(!open.has(path('forward:mixer')));
 });

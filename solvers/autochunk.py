@@ -998,102 +998,142 @@ class MemoryEstimate:
     curve: tuple[tuple[str, int], ...]  # (node, resident bytes while it runs)
 
 
+@dataclass(frozen=True)
+class _Static:
+    """Per-graph tables `estimate_memory` reads on every call, by node position: the selection makes
+    thousands of estimates over the same graph, and name lookups were most of their time."""
+
+    names: tuple[str, ...]
+    skip: tuple[bool, ...]  # input and output nodes: nothing runs
+    alias: tuple[int, ...]  # position of the node whose storage this one views, or -1
+    nbytes: tuple[int, ...]
+    full: tuple[int, ...]  # bytes of the outputs even for a view (a region output's own buffer)
+    temps: tuple[int, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    outputs: tuple[int, ...]
+
+
+def _static(g: OpGraph) -> _Static:
+    st = g.__dict__.get("_estimate_static")
+    if st is None:
+        idx = g.index  # type: ignore[attr-defined]
+        st = _Static(
+            tuple(n.name for n in g.nodes),
+            tuple(n.op in ("input", "output") for n in g.nodes),
+            tuple(-1 if n.alias is None else idx[n.alias] for n in g.nodes),
+            tuple(n.nbytes for n in g.nodes),
+            tuple(_full_bytes(n) for n in g.nodes),
+            tuple(sum(n.temps) for n in g.nodes),
+            tuple(tuple(idx[v] for v in n.inputs) for n in g.nodes),
+            tuple(idx[o] for o in g.outputs),
+        )
+        g.__dict__["_estimate_static"] = st
+    return st
+
+
 def estimate_memory(
     g: OpGraph, regions: Sequence[ChunkRegion] = (), temp: Callable[[OpNode], int] | None = None
 ) -> MemoryEstimate:
     """Activation bytes while each node runs: new storages of the run (outputs included, inputs and
     parameters not), freed after their last reader.  A region runs its hoisted nodes, allocates its
     outputs whole, then one chunk of its chunked nodes at a time (Eq. 2)."""
-    temp = temp or (lambda n: sum(n.temps))
-    pos_of_region: dict[str, int] = {}
+    st = _static(g)
+    idx = g.index  # type: ignore[attr-defined]
+    temps = st.temps if temp is None else tuple(temp(n) for n in g.nodes)
+    # a region is one item, at its last position: a storage read inside it dies after the region
+    region_of: dict[int, int] = {}
+    end_of: list[int] = []
     for ri, r in enumerate(regions):
-        for name in region_nodes(g, r.flow.start, r.flow.end):
-            pos_of_region[name] = ri
-    # a storage dies after the last item (node or whole region) reading any alias of it
-    item_of = {
-        n.name: ("r", pos_of_region[n.name]) if n.name in pos_of_region else ("n", i)
-        for i, n in enumerate(g.nodes)
-    }
-    item_pos: dict[tuple, int] = {}
-    for n in g.nodes:
-        item_pos.setdefault(item_of[n.name], len(item_pos))
+        s, e = g.pos(r.flow.start), g.pos(r.flow.end)
+        for i in range(s, e + 1):
+            if not st.skip[i]:
+                region_of[i] = ri
+        end_of.append(e)
     # a chunked region output is reassembled in a buffer of its own, even where it was a view
-    buffers = {o for r in regions for o in r.flow.outputs}
+    buffers = {idx[o] for r in regions for o in r.flow.outputs}
+    alias, nbytes, full = st.alias, st.nbytes, st.full
+    if buffers:
+        roots = list(range(len(st.names)))
+        for i, a in enumerate(alias):
+            if a >= 0 and i not in buffers:
+                roots[i] = roots[a]  # aliases point backwards: the alias's root is already known
+    else:
+        roots = g.__dict__.get("_estimate_roots")
+        if roots is None:
+            roots = list(range(len(st.names)))
+            for i, a in enumerate(alias):
+                if a >= 0:
+                    roots[i] = roots[a]
+            g.__dict__["_estimate_roots"] = roots
 
-    roots: dict[str, str] = {}  # read for every operand of every node: followed once per value
+    def own(v: int) -> int:
+        return full[v] if v in buffers else nbytes[v]
 
-    def root(v: str) -> str:
-        if v not in roots:
-            r = v
-            while r not in buffers and g[r].alias is not None:
-                r = g[r].alias  # type: ignore[assignment]
-            roots[v] = r
-        return roots[v]
-
-    def own(v: str) -> int:
-        return _full_bytes(g[v]) if v in buffers else g[v].nbytes
-
-    last: dict[str, int] = {}
-    for n in g.nodes:
-        for v in n.inputs:
-            r = root(v)
-            last[r] = max(last.get(r, -1), item_pos[item_of[n.name]])
-    for o in g.outputs:
-        last[root(o)] = 1 << 60
-    live, cur, peak, peak_node = set(), 0, 0, ""
+    far = 1 << 60
+    last = [-1] * len(st.names)
+    for i, ins in enumerate(st.inputs):
+        at = end_of[region_of[i]] if i in region_of else i
+        for v in ins:
+            r = roots[v]
+            if last[r] < at:
+                last[r] = at
+    for o in st.outputs:
+        last[roots[o]] = far
+    live: set[int] = set()
+    cur, peak, peak_node = 0, 0, -1
     curve: list[tuple[str, int]] = []
-    dying: list[tuple[int, str]] = []  # (last reader, storage): a heap, so freeing is not a scan
+    dying: list[tuple[int, int]] = []  # (last reader, storage): a heap, so freeing is not a scan
 
-    def keep(v: str) -> None:
+    def keep(v: int) -> None:
         live.add(v)
-        heapq.heappush(dying, (last.get(v, -1), v))
+        heapq.heappush(dying, (last[v], v))
 
-    def free_dead(p: int) -> int:
+    def free_dead(p: int) -> None:
         nonlocal cur
         while dying and dying[0][0] <= p:
             s = heapq.heappop(dying)[1]
             if s in live:
                 live.discard(s)
                 cur -= own(s)
-        return cur
 
-    def run(name: str, extra: int = 0, nbytes: int | None = None) -> None:
+    def run(i: int, extra: int = 0, b: int | None = None) -> None:
         nonlocal cur, peak, peak_node
-        node = g[name]
-        b = node.nbytes if nbytes is None else nbytes
-        resident = cur + extra + b + temp(node)
-        curve.append((name, resident))
+        whole = b is None
+        b = nbytes[i] if whole else b
+        resident = cur + extra + b + temps[i]
+        curve.append((st.names[i], resident))
         if resident > peak:
-            peak, peak_node = resident, name
-        if nbytes is None:
+            peak, peak_node = resident, i
+        if whole:
             cur += b
-            keep(name) if b else None
+            if b:
+                keep(i)
 
     done_regions: set[int] = set()
-    for n in g.nodes:
-        key = item_of[n.name]
-        p = item_pos[key]
-        if n.op in ("input", "output"):
+    for p in range(len(st.names)):
+        if st.skip[p]:
             continue
-        if key[0] == "n":
-            run(n.name)
+        ri = region_of.get(p)
+        if ri is None:
+            run(p)
             free_dead(p)
             continue
-        ri = key[1]
         if ri in done_regions:
             continue
         done_regions.add(ri)
         r = regions[ri]
         f = r.flow
         for h in f.hoisted:
-            run(h)
+            run(idx[h])
         for h in hoisted_only(g, f):  # read only while hoisting (the ones/tril of a causal mask)
-            if h in live:
-                live.discard(h)
-                cur -= own(h)
+            v = idx[h]
+            if v in live:
+                live.discard(v)
+                cur -= own(v)
         for o in f.outputs:  # output buffers, filled chunk by chunk
-            cur += own(o)
-            keep(o)
+            v = idx[o]
+            cur += own(v)
+            keep(v)
         # one chunk: chunked nodes at chunk size, freed after their last reader inside the chunk
         body = [x for x in region_nodes(g, f.start, f.end) if x in f.dims]
         body_set = set(body)
@@ -1108,16 +1148,17 @@ def estimate_memory(
                 blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
         chunk_live: dict[str, int] = {}
         for i, x in enumerate(body):
-            b = _chunk_bytes(g[x], f.dims[x], r.step)
             node = g[x]
+            b = _chunk_bytes(node, f.dims[x], r.step)
             ws = chunk_workspace(g, node, f.dims[x], r.step, f.extent)
-            run(x, extra=sum(chunk_live.values()) + ws - temp(node), nbytes=b)
+            xi = idx[x]
+            run(xi, extra=sum(chunk_live.values()) + ws - temps[xi], b=b)
             if b:
                 chunk_live[x] = b
             for s in [s for s in chunk_live if blast.get(s, -1) <= i]:
                 del chunk_live[s]
-        free_dead(p)
-    return MemoryEstimate(peak, peak_node, tuple(curve))
+        free_dead(end_of[ri])
+    return MemoryEstimate(peak, st.names[peak_node] if peak_node >= 0 else "", tuple(curve))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1427,18 +1427,77 @@ def select_chunks(
         finished.extend(states)
         if all(s[1].peak_bytes <= budget_bytes for s in states):
             break
+        # a model of repeated blocks: the best plan's regions copied to every twin block may fit
+        # already, where the search would spend a round per block (at 115 layers, hours)
+        twins = with_twins(g, states[0][0])
+        if len(twins) > len(states[0][0]):
+            est = estimate_memory(g, twins, temp=temp)
+            if est.peak_bytes <= budget_bytes:
+                cost = sum(region_slowdown(g, r, model) for r in twins)
+                finished.append((twins, est, cost, est.peak_bytes))
+                break
     fitting = [s for s in finished if s[1].peak_bytes <= budget_bytes]
     best = (
         min(fitting, key=lambda s: (s[2], len(s[0])))
         if fitting
         else min(finished, key=lambda s: (s[1].peak_bytes, s[2]))
     )
-    regions = _relax(g, best[0], max(budget_bytes, best[1].peak_bytes), model, temp)
+    chosen = best[0]
+    if best[1].peak_bytes > budget_bytes:
+        # out of rounds (`max_regions`) or time before every repeated block had its region: a model of
+        # L alike blocks has L twin peaks, and one region lowers only its own (its twin's peak then
+        # ties the unchunked one).  The last round's plans, each with its regions copied to the twins.
+        low = best[1].peak_bytes
+        for regions, _, _, _ in states:
+            if regions:
+                twins = with_twins(g, regions)
+                peak = estimate_memory(g, twins, temp=temp).peak_bytes
+                if peak < low:
+                    chosen, low = twins, peak
+    reached = estimate_memory(g, chosen, temp=temp).peak_bytes
+    regions = _relax(g, chosen, max(budget_bytes, reached), model, temp)
     est = estimate_memory(g, regions, temp=temp)
     cost = sum(region_slowdown(g, r, model) for r in regions)
     return Selection(
         regions, est.peak_bytes, base.peak_bytes, budget_bytes, cost / total, est.peak_bytes <= budget_bytes
     )
+
+
+def with_twins(g: OpGraph, regions: Sequence[ChunkRegion]) -> tuple[ChunkRegion, ...]:
+    """`regions` plus a copy of each at every other place the graph repeats its ops (same op and
+    output shapes node for node: a model's repeated blocks), where the copy is a legal flow
+    (`flow_region`) with the same loop and overlaps no region; in graph order.  The beam search adds
+    one region per round around the current peak (Sec. 3.4), so a model of L alike blocks, with L twin
+    peaks, needs L rounds: the twins give every block the region found for one."""
+    taken = [False] * len(g.nodes)
+    for r in regions:
+        for i in range(g.pos(r.flow.start), g.pos(r.flow.end) + 1):
+            taken[i] = True
+    out = list(regions)
+    sig = [(n.op, n.shapes) for n in g.nodes]
+    for r in regions:
+        s, e = g.pos(r.flow.start), g.pos(r.flow.end)
+        span = sig[s : e + 1]
+        outs = {g.pos(o) - s: d for o, d in r.flow.outputs.items()}
+        p = 0
+        while p + len(span) <= len(g.nodes):
+            q = p + len(span)
+            if any(taken[p:q]) or sig[p:q] != span:
+                p += 1
+                continue
+            try:
+                f = flow_region(g, g.nodes[p].name, g.nodes[q - 1].name,
+                                {g.nodes[p + k].name: d for k, d in outs.items()})
+            except IllegalRegion:
+                p += 1
+                continue
+            if f.extent != r.flow.extent or len(f.dims) != len(r.flow.dims):
+                p += 1
+                continue
+            out.append(ChunkRegion(f, r.chunks))
+            taken[p:q] = [True] * len(span)
+            p = q
+    return tuple(sorted(out, key=lambda r: g.pos(r.flow.start)))
 
 
 def _relax(

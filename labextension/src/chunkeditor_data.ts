@@ -190,6 +190,46 @@ export function labelRows(
   return rows;
 }
 
+/** Label rows at most; more and the labels shorten, then thin out. */
+const MAX_LABEL_ROWS = 3;
+
+/**
+ * The region labels drawn: "region i: n chunks" in rows that keep them apart (`labelRows`); where
+ * that takes over `MAX_LABEL_ROWS` rows (a 115-layer model has 115 regions) the labels are the region
+ * numbers, and if those still need more, every second, fourth ... region is labelled.
+ */
+export function regionLabels(
+  regions: readonly { x0: number; x1: number; chunks: number }[],
+  nodes: number,
+  widthPx: number
+): { index: number; text: string; row: number }[] {
+  const layout = (shown: number[], text: (i: number) => string) => {
+    const texts = shown.map(text);
+    const rows = labelRows(
+      shown.map(i => regions[i]),
+      texts,
+      nodes,
+      widthPx
+    );
+    return shown.map((index, k) => ({ index, text: texts[k], row: rows[k] }));
+  };
+  const all = regions.map((_, i) => i);
+  const fits = (ls: { row: number }[]) => ls.every(l => l.row < MAX_LABEL_ROWS);
+  const full = layout(all, i => `region ${i + 1}: ${regions[i].chunks} chunks`);
+  if (fits(full)) {
+    return full;
+  }
+  for (let step = 1; ; step *= 2) {
+    const short = layout(
+      all.filter(i => i % step === 0),
+      i => String(i + 1)
+    );
+    if (fits(short) || step >= regions.length) {
+      return short;
+    }
+  }
+}
+
 /**
  * Plotly traces and layout: unchunked and chunked activation curves, regions as draggable rectangles,
  * their labels in as many rows above the plot as keep them apart (`labelRows`; `widthPx`: the plot's
@@ -227,19 +267,19 @@ export function editorFigure(
     opacity: 0.2,
     line: { width: 1, color: colors.region }
   }));
-  const texts = doc.regions.map((r, i) => `region ${i + 1}: ${r.chunks} chunks`);
   const margin = { t: 30, r: 10, b: 40, l: 60 };
-  const rows = labelRows(doc.regions, texts, doc.nodes.length, Math.max(100, widthPx - margin.l - margin.r));
-  const nrows = Math.max(1, ...rows.map(r => r + 1));
-  const annotations = doc.regions.map((r, i) => ({
+  const width = Math.max(100, widthPx - margin.l - margin.r);
+  const labels = regionLabels(doc.regions, doc.nodes.length, width);
+  const nrows = Math.max(1, ...labels.map(l => l.row + 1));
+  const annotations = labels.map(l => ({
     xref: 'x',
     yref: 'paper',
-    x: (r.x0 + r.x1) / 2,
+    x: (doc.regions[l.index].x0 + doc.regions[l.index].x1) / 2,
     y: 1,
     yanchor: 'bottom',
-    yshift: rows[i] * LABEL_ROW_PX,
+    yshift: l.row * LABEL_ROW_PX,
     showarrow: false,
-    text: texts[i],
+    text: l.text,
     font: { color: colors.font }
   }));
   return {

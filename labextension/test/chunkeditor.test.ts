@@ -9,6 +9,7 @@ import {
   editorFigure,
   estimateLines,
   labelRows,
+  regionLabels,
   parseEditorDoc,
   regionEdits,
   removeRegion
@@ -148,5 +149,24 @@ describe('chunk editor transforms', () => {
     const shifts = (fig.layout.annotations as { yshift: number }[]).map(a => a.yshift);
     assert.ok(Math.max(...shifts) > 0);
     assert.ok((fig.layout.margin as { t: number }).t >= 30 + Math.max(...shifts));
+  });
+
+  it('shortens and thins the labels of 115 regions to three rows, none overlapping', () => {
+    const regions = Array.from({ length: 115 }, (_, i) => ({ x0: 20 + 43 * i, x1: 27 + 43 * i, chunks: 4 }));
+    const labels = regionLabels(regions, 5000, 800);
+    assert.ok(labels.length > 10 && labels.length < 115);
+    assert.ok(labels.every(l => l.row < 3 && l.text === String(l.index + 1)));
+    const rows = labelRows(
+      labels.map(l => regions[l.index]),
+      labels.map(l => l.text),
+      5000,
+      800
+    );
+    assert.deepEqual(
+      rows,
+      labels.map(l => l.row)
+    );
+    // twelve fit with their full text
+    assert.ok(regionLabels(regions.slice(0, 12), 600, 800).every(l => l.text.startsWith('region ')));
   });
 });

@@ -21,6 +21,19 @@ for (const notebook of NOTEBOOKS) {
     await openAndRunAll(page, tmpPath, path.basename(notebook), path.dirname(notebook));
     const shot = (el: ReturnType<typeof page.locator>, file: string) =>
       el.screenshot({ path: path.join(OUT, `${name}-${file}.png`) });
+    const editor = page.locator('.jp-memviz-chunk-editor .js-plotly-plot');
+    await expect(
+      page.locator('.jp-memviz-plan, .jp-memviz-chunk-editor .js-plotly-plot').first()
+    ).toBeVisible({
+      timeout: 1100000
+    });
+    if (await editor.count()) {
+      // a ChunkEditor: its chart and the first region rows
+      await editor.scrollIntoViewIfNeeded();
+      await shot(editor, 'chunk-regions');
+      await shot(page.locator('.jp-memviz-chunk-editor'), 'chunk-editor');
+      return;
+    }
     const view = page.locator('.jp-memviz-plan').first();
     await expect(view.locator('.js-plotly-plot').first()).toBeVisible({ timeout: 600000 });
     await view.scrollIntoViewIfNeeded();

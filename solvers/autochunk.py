@@ -27,7 +27,9 @@ back into a loop.
 * Selection (Sec. 3.4): beam search over regions around the current peak, repeated until the budget
   is met (Eq. 11), each region with the cheapest chunk count that reaches the budget; then every
   region is relaxed to the cheapest count that keeps the graph's peak (the budget, or the lowest
-  peak found when the budget is out of reach).
+  peak found when the budget is out of reach).  A model of repeated blocks has one twin peak per
+  block: a plan's regions are copied to every twin (`with_twins`, not in the paper), so 115 layers
+  take one round, not 115.
 """
 
 from __future__ import annotations

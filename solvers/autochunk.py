@@ -27,7 +27,9 @@ back into a loop.
 * Selection (Sec. 3.4): beam search over regions around the current peak, repeated until the budget
   is met (Eq. 11), each region with the cheapest chunk count that reaches the budget; then every
   region is relaxed to the cheapest count that keeps the graph's peak (the budget, or the lowest
-  peak found when the budget is out of reach).
+  peak found when the budget is out of reach).  A model of repeated blocks has one twin peak per
+  block: a plan's regions are copied to every twin (`with_twins`, not in the paper), so 115 layers
+  take one round, not 115.
 """
 
 from __future__ import annotations
@@ -998,102 +1000,142 @@ class MemoryEstimate:
     curve: tuple[tuple[str, int], ...]  # (node, resident bytes while it runs)
 
 
+@dataclass(frozen=True)
+class _Static:
+    """Per-graph tables `estimate_memory` reads on every call, by node position: the selection makes
+    thousands of estimates over the same graph, and name lookups were most of their time."""
+
+    names: tuple[str, ...]
+    skip: tuple[bool, ...]  # input and output nodes: nothing runs
+    alias: tuple[int, ...]  # position of the node whose storage this one views, or -1
+    nbytes: tuple[int, ...]
+    full: tuple[int, ...]  # bytes of the outputs even for a view (a region output's own buffer)
+    temps: tuple[int, ...]
+    inputs: tuple[tuple[int, ...], ...]
+    outputs: tuple[int, ...]
+
+
+def _static(g: OpGraph) -> _Static:
+    st = g.__dict__.get("_estimate_static")
+    if st is None:
+        idx = g.index  # type: ignore[attr-defined]
+        st = _Static(
+            tuple(n.name for n in g.nodes),
+            tuple(n.op in ("input", "output") for n in g.nodes),
+            tuple(-1 if n.alias is None else idx[n.alias] for n in g.nodes),
+            tuple(n.nbytes for n in g.nodes),
+            tuple(_full_bytes(n) for n in g.nodes),
+            tuple(sum(n.temps) for n in g.nodes),
+            tuple(tuple(idx[v] for v in n.inputs) for n in g.nodes),
+            tuple(idx[o] for o in g.outputs),
+        )
+        g.__dict__["_estimate_static"] = st
+    return st
+
+
 def estimate_memory(
     g: OpGraph, regions: Sequence[ChunkRegion] = (), temp: Callable[[OpNode], int] | None = None
 ) -> MemoryEstimate:
     """Activation bytes while each node runs: new storages of the run (outputs included, inputs and
     parameters not), freed after their last reader.  A region runs its hoisted nodes, allocates its
     outputs whole, then one chunk of its chunked nodes at a time (Eq. 2)."""
-    temp = temp or (lambda n: sum(n.temps))
-    pos_of_region: dict[str, int] = {}
+    st = _static(g)
+    idx = g.index  # type: ignore[attr-defined]
+    temps = st.temps if temp is None else tuple(temp(n) for n in g.nodes)
+    # a region is one item, at its last position: a storage read inside it dies after the region
+    region_of: dict[int, int] = {}
+    end_of: list[int] = []
     for ri, r in enumerate(regions):
-        for name in region_nodes(g, r.flow.start, r.flow.end):
-            pos_of_region[name] = ri
-    # a storage dies after the last item (node or whole region) reading any alias of it
-    item_of = {
-        n.name: ("r", pos_of_region[n.name]) if n.name in pos_of_region else ("n", i)
-        for i, n in enumerate(g.nodes)
-    }
-    item_pos: dict[tuple, int] = {}
-    for n in g.nodes:
-        item_pos.setdefault(item_of[n.name], len(item_pos))
+        s, e = g.pos(r.flow.start), g.pos(r.flow.end)
+        for i in range(s, e + 1):
+            if not st.skip[i]:
+                region_of[i] = ri
+        end_of.append(e)
     # a chunked region output is reassembled in a buffer of its own, even where it was a view
-    buffers = {o for r in regions for o in r.flow.outputs}
+    buffers = {idx[o] for r in regions for o in r.flow.outputs}
+    alias, nbytes, full = st.alias, st.nbytes, st.full
+    if buffers:
+        roots = list(range(len(st.names)))
+        for i, a in enumerate(alias):
+            if a >= 0 and i not in buffers:
+                roots[i] = roots[a]  # aliases point backwards: the alias's root is already known
+    else:
+        roots = g.__dict__.get("_estimate_roots")
+        if roots is None:
+            roots = list(range(len(st.names)))
+            for i, a in enumerate(alias):
+                if a >= 0:
+                    roots[i] = roots[a]
+            g.__dict__["_estimate_roots"] = roots
 
-    roots: dict[str, str] = {}  # read for every operand of every node: followed once per value
+    def own(v: int) -> int:
+        return full[v] if v in buffers else nbytes[v]
 
-    def root(v: str) -> str:
-        if v not in roots:
-            r = v
-            while r not in buffers and g[r].alias is not None:
-                r = g[r].alias  # type: ignore[assignment]
-            roots[v] = r
-        return roots[v]
-
-    def own(v: str) -> int:
-        return _full_bytes(g[v]) if v in buffers else g[v].nbytes
-
-    last: dict[str, int] = {}
-    for n in g.nodes:
-        for v in n.inputs:
-            r = root(v)
-            last[r] = max(last.get(r, -1), item_pos[item_of[n.name]])
-    for o in g.outputs:
-        last[root(o)] = 1 << 60
-    live, cur, peak, peak_node = set(), 0, 0, ""
+    far = 1 << 60
+    last = [-1] * len(st.names)
+    for i, ins in enumerate(st.inputs):
+        at = end_of[region_of[i]] if i in region_of else i
+        for v in ins:
+            r = roots[v]
+            if last[r] < at:
+                last[r] = at
+    for o in st.outputs:
+        last[roots[o]] = far
+    live: set[int] = set()
+    cur, peak, peak_node = 0, 0, -1
     curve: list[tuple[str, int]] = []
-    dying: list[tuple[int, str]] = []  # (last reader, storage): a heap, so freeing is not a scan
+    dying: list[tuple[int, int]] = []  # (last reader, storage): a heap, so freeing is not a scan
 
-    def keep(v: str) -> None:
+    def keep(v: int) -> None:
         live.add(v)
-        heapq.heappush(dying, (last.get(v, -1), v))
+        heapq.heappush(dying, (last[v], v))
 
-    def free_dead(p: int) -> int:
+    def free_dead(p: int) -> None:
         nonlocal cur
         while dying and dying[0][0] <= p:
             s = heapq.heappop(dying)[1]
             if s in live:
                 live.discard(s)
                 cur -= own(s)
-        return cur
 
-    def run(name: str, extra: int = 0, nbytes: int | None = None) -> None:
+    def run(i: int, extra: int = 0, b: int | None = None) -> None:
         nonlocal cur, peak, peak_node
-        node = g[name]
-        b = node.nbytes if nbytes is None else nbytes
-        resident = cur + extra + b + temp(node)
-        curve.append((name, resident))
+        whole = b is None
+        b = nbytes[i] if whole else b
+        resident = cur + extra + b + temps[i]
+        curve.append((st.names[i], resident))
         if resident > peak:
-            peak, peak_node = resident, name
-        if nbytes is None:
+            peak, peak_node = resident, i
+        if whole:
             cur += b
-            keep(name) if b else None
+            if b:
+                keep(i)
 
     done_regions: set[int] = set()
-    for n in g.nodes:
-        key = item_of[n.name]
-        p = item_pos[key]
-        if n.op in ("input", "output"):
+    for p in range(len(st.names)):
+        if st.skip[p]:
             continue
-        if key[0] == "n":
-            run(n.name)
+        ri = region_of.get(p)
+        if ri is None:
+            run(p)
             free_dead(p)
             continue
-        ri = key[1]
         if ri in done_regions:
             continue
         done_regions.add(ri)
         r = regions[ri]
         f = r.flow
         for h in f.hoisted:
-            run(h)
+            run(idx[h])
         for h in hoisted_only(g, f):  # read only while hoisting (the ones/tril of a causal mask)
-            if h in live:
-                live.discard(h)
-                cur -= own(h)
+            v = idx[h]
+            if v in live:
+                live.discard(v)
+                cur -= own(v)
         for o in f.outputs:  # output buffers, filled chunk by chunk
-            cur += own(o)
-            keep(o)
+            v = idx[o]
+            cur += own(v)
+            keep(v)
         # one chunk: chunked nodes at chunk size, freed after their last reader inside the chunk
         body = [x for x in region_nodes(g, f.start, f.end) if x in f.dims]
         body_set = set(body)
@@ -1108,16 +1150,17 @@ def estimate_memory(
                 blast[g.root(x)] = max(blast.get(g.root(x), -1), i)
         chunk_live: dict[str, int] = {}
         for i, x in enumerate(body):
-            b = _chunk_bytes(g[x], f.dims[x], r.step)
             node = g[x]
+            b = _chunk_bytes(node, f.dims[x], r.step)
             ws = chunk_workspace(g, node, f.dims[x], r.step, f.extent)
-            run(x, extra=sum(chunk_live.values()) + ws - temp(node), nbytes=b)
+            xi = idx[x]
+            run(xi, extra=sum(chunk_live.values()) + ws - temps[xi], b=b)
             if b:
                 chunk_live[x] = b
             for s in [s for s in chunk_live if blast.get(s, -1) <= i]:
                 del chunk_live[s]
-        free_dead(p)
-    return MemoryEstimate(peak, peak_node, tuple(curve))
+        free_dead(end_of[ri])
+    return MemoryEstimate(peak, st.names[peak_node] if peak_node >= 0 else "", tuple(curve))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1386,18 +1429,77 @@ def select_chunks(
         finished.extend(states)
         if all(s[1].peak_bytes <= budget_bytes for s in states):
             break
+        # a model of repeated blocks: the best plan's regions copied to every twin block may fit
+        # already, where the search would spend a round per block (at 115 layers, hours)
+        twins = with_twins(g, states[0][0])
+        if len(twins) > len(states[0][0]):
+            est = estimate_memory(g, twins, temp=temp)
+            if est.peak_bytes <= budget_bytes:
+                cost = sum(region_slowdown(g, r, model) for r in twins)
+                finished.append((twins, est, cost, est.peak_bytes))
+                break
     fitting = [s for s in finished if s[1].peak_bytes <= budget_bytes]
     best = (
         min(fitting, key=lambda s: (s[2], len(s[0])))
         if fitting
         else min(finished, key=lambda s: (s[1].peak_bytes, s[2]))
     )
-    regions = _relax(g, best[0], max(budget_bytes, best[1].peak_bytes), model, temp)
+    chosen = best[0]
+    if best[1].peak_bytes > budget_bytes:
+        # out of rounds (`max_regions`) or time before every repeated block had its region: a model of
+        # L alike blocks has L twin peaks, and one region lowers only its own (its twin's peak then
+        # ties the unchunked one).  The last round's plans, each with its regions copied to the twins.
+        low = best[1].peak_bytes
+        for regions, _, _, _ in states:
+            if regions:
+                twins = with_twins(g, regions)
+                peak = estimate_memory(g, twins, temp=temp).peak_bytes
+                if peak < low:
+                    chosen, low = twins, peak
+    reached = estimate_memory(g, chosen, temp=temp).peak_bytes
+    regions = _relax(g, chosen, max(budget_bytes, reached), model, temp)
     est = estimate_memory(g, regions, temp=temp)
     cost = sum(region_slowdown(g, r, model) for r in regions)
     return Selection(
         regions, est.peak_bytes, base.peak_bytes, budget_bytes, cost / total, est.peak_bytes <= budget_bytes
     )
+
+
+def with_twins(g: OpGraph, regions: Sequence[ChunkRegion]) -> tuple[ChunkRegion, ...]:
+    """`regions` plus a copy of each at every other place the graph repeats its ops (same op and
+    output shapes node for node: a model's repeated blocks), where the copy is a legal flow
+    (`flow_region`) with the same loop and overlaps no region; in graph order.  The beam search adds
+    one region per round around the current peak (Sec. 3.4), so a model of L alike blocks, with L twin
+    peaks, needs L rounds: the twins give every block the region found for one."""
+    taken = [False] * len(g.nodes)
+    for r in regions:
+        for i in range(g.pos(r.flow.start), g.pos(r.flow.end) + 1):
+            taken[i] = True
+    out = list(regions)
+    sig = [(n.op, n.shapes) for n in g.nodes]
+    for r in regions:
+        s, e = g.pos(r.flow.start), g.pos(r.flow.end)
+        span = sig[s : e + 1]
+        outs = {g.pos(o) - s: d for o, d in r.flow.outputs.items()}
+        p = 0
+        while p + len(span) <= len(g.nodes):
+            q = p + len(span)
+            if any(taken[p:q]) or sig[p:q] != span:
+                p += 1
+                continue
+            try:
+                f = flow_region(g, g.nodes[p].name, g.nodes[q - 1].name,
+                                {g.nodes[p + k].name: d for k, d in outs.items()})
+            except IllegalRegion:
+                p += 1
+                continue
+            if f.extent != r.flow.extent or len(f.dims) != len(r.flow.dims):
+                p += 1
+                continue
+            out.append(ChunkRegion(f, r.chunks))
+            taken[p:q] = [True] * len(span)
+            p = q
+    return tuple(sorted(out, key=lambda r: g.pos(r.flow.start)))
 
 
 def _relax(

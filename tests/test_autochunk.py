@@ -298,3 +298,36 @@ def test_a_tuple_read_after_the_region_is_not_a_region_output():
         ac.flow_region(g, "e", "s", {"s": 0})
     flow = ac.flow_region(g, "e", "b", {"a": 0, "b": 0})
     assert flow.dims["s"] == 0 and set(flow.outputs) == {"a", "b"}
+
+
+def _stacked_attention(blocks: int, T: int = 128) -> ac.OpGraph:
+    """`blocks` copies of `_attention_graph`'s ops, each reading the shared input and weight: twin
+    attention peaks, one per block."""
+    one = _attention_graph(T=T)
+    nodes = list(one.nodes[:2])
+    for b in range(blocks):
+        rename = {n.name: f"{n.name}_{b}" for n in one.nodes[2:]}
+
+        def ref(a: object, rename: dict[str, str] = rename) -> object:
+            return f"%{rename.get(a[1:], a[1:])}" if isinstance(a, str) and a.startswith("%") else a
+
+        for n in one.nodes[2:]:
+            nodes.append(ac.OpNode(rename[n.name], n.op, tuple(rename.get(v, v) for v in n.inputs),
+                                   tuple(ref(a) for a in n.args), shapes=n.shapes,
+                                   alias=rename.get(n.alias, n.alias) if n.alias else None, multi=n.multi))
+    return ac.OpGraph(tuple(nodes), tuple(f"y_{b}" for b in range(blocks)))
+
+
+def test_twin_blocks_get_the_region_found_for_one():
+    g = _stacked_attention(6)
+    base = ac.estimate_memory(g).peak_bytes
+    # two rounds cannot chunk six twin peaks one by one; the twins of the first region can
+    sel = ac.select_chunks(g, base // 2, ac.SpeedModel(), max_regions=2)
+    assert sel.met and sel.peak_bytes <= base // 2
+    # every block's scores are chunked (a region may span two independent blocks)
+    assert all(any(f"s_{b}" in r.flow.dims for r in sel.regions) for b in range(6))
+    for r in sel.regions:  # each copy is a legal flow of its own block
+        assert ac.flow_region(g, r.flow.start, r.flow.end, r.flow.outputs).dims == r.flow.dims
+    assert ac.estimate_memory(g, sel.regions).peak_bytes == sel.peak_bytes
+    # a copy never overlaps a region
+    assert ac.with_twins(g, sel.regions) == tuple(sorted(sel.regions, key=lambda r: g.pos(r.flow.start)))

@@ -193,7 +193,7 @@ export class ChunkEditorView extends DOMWidgetView {
 
   private async _draw(doc: EditorDoc): Promise<void> {
     const Plotly = await loadPlotly();
-    const fig = editorFigure(doc, themeColors(this.el));
+    const fig = editorFigure(doc, themeColors(this.el), this._plot.clientWidth || this.el.clientWidth || 800);
     // Shapes are draggable: moving a region's edge sends the new start/end node to the kernel.
     await Plotly.react(
       this._plot,

@@ -153,10 +153,92 @@ export function estimateLines(doc: EditorDoc): string[] {
   ];
 }
 
-/** Plotly traces and layout: unchunked and chunked activation curves, regions as draggable rectangles. */
+/** Pixels per character of a region label (plotly's 12 px sans-serif, generously) and per label row. */
+const LABEL_CHAR_PX = 7;
+const LABEL_ROW_PX = 16;
+
+/**
+ * A row for each region label so that no two labels in a row overlap: labels are centered on their
+ * regions, `widthPx` is the plot area's width for `nodes` op positions, and each label goes to the
+ * lowest row where it clears the labels already there (greedy interval colouring, left to right).  At
+ * 12 layers the 12 labels, on one row, were written over each other.
+ */
+export function labelRows(
+  regions: readonly { x0: number; x1: number }[],
+  texts: readonly string[],
+  nodes: number,
+  widthPx: number
+): number[] {
+  const pxPerNode = widthPx / Math.max(1, nodes - 1);
+  const spans = regions.map((r, i) => {
+    const center = ((r.x0 + r.x1) / 2) * pxPerNode;
+    const half = (texts[i].length * LABEL_CHAR_PX) / 2 + 4;
+    return { i, lo: center - half, hi: center + half };
+  });
+  const rows = new Array<number>(regions.length).fill(0);
+  const ends: number[] = []; // right end of the last label in each row
+  for (const s of [...spans].sort((a, b) => a.lo - b.lo)) {
+    let row = ends.findIndex(end => end <= s.lo);
+    if (row < 0) {
+      row = ends.length;
+      ends.push(s.hi);
+    } else {
+      ends[row] = s.hi;
+    }
+    rows[s.i] = row;
+  }
+  return rows;
+}
+
+/** Label rows at most; more and the labels shorten, then thin out. */
+const MAX_LABEL_ROWS = 3;
+
+/**
+ * The region labels drawn: "region i: n chunks" in rows that keep them apart (`labelRows`); where
+ * that takes over `MAX_LABEL_ROWS` rows (a 115-layer model has 115 regions) the labels are the region
+ * numbers, and if those still need more, every second, fourth ... region is labelled.
+ */
+export function regionLabels(
+  regions: readonly { x0: number; x1: number; chunks: number }[],
+  nodes: number,
+  widthPx: number
+): { index: number; text: string; row: number }[] {
+  const layout = (shown: number[], text: (i: number) => string) => {
+    const texts = shown.map(text);
+    const rows = labelRows(
+      shown.map(i => regions[i]),
+      texts,
+      nodes,
+      widthPx
+    );
+    return shown.map((index, k) => ({ index, text: texts[k], row: rows[k] }));
+  };
+  const all = regions.map((_, i) => i);
+  const fits = (ls: { row: number }[]) => ls.every(l => l.row < MAX_LABEL_ROWS);
+  const full = layout(all, i => `region ${i + 1}: ${regions[i].chunks} chunks`);
+  if (fits(full)) {
+    return full;
+  }
+  for (let step = 1; ; step *= 2) {
+    const short = layout(
+      all.filter(i => i % step === 0),
+      i => String(i + 1)
+    );
+    if (fits(short) || step >= regions.length) {
+      return short;
+    }
+  }
+}
+
+/**
+ * Plotly traces and layout: unchunked and chunked activation curves, regions as draggable rectangles,
+ * their labels in as many rows above the plot as keep them apart (`labelRows`; `widthPx`: the plot's
+ * width on the page).
+ */
 export function editorFigure(
   doc: EditorDoc,
-  colors: ThemeColors
+  colors: ThemeColors,
+  widthPx = 800
 ): { data: unknown[]; layout: Record<string, unknown> } {
   const x = doc.nodes.map((_, i) => i);
   const hover = doc.nodes.map(n => `${escapeHtml(n.op)} ${escapeHtml(n.name)}`);
@@ -185,14 +267,19 @@ export function editorFigure(
     opacity: 0.2,
     line: { width: 1, color: colors.region }
   }));
-  const annotations = doc.regions.map((r, i) => ({
+  const margin = { t: 30, r: 10, b: 40, l: 60 };
+  const width = Math.max(100, widthPx - margin.l - margin.r);
+  const labels = regionLabels(doc.regions, doc.nodes.length, width);
+  const nrows = Math.max(1, ...labels.map(l => l.row + 1));
+  const annotations = labels.map(l => ({
     xref: 'x',
     yref: 'paper',
-    x: (r.x0 + r.x1) / 2,
+    x: (doc.regions[l.index].x0 + doc.regions[l.index].x1) / 2,
     y: 1,
     yanchor: 'bottom',
+    yshift: l.row * LABEL_ROW_PX,
     showarrow: false,
-    text: `region ${i + 1}: ${r.chunks} chunks`,
+    text: l.text,
     font: { color: colors.font }
   }));
   return {
@@ -206,7 +293,7 @@ export function editorFigure(
       annotations,
       xaxis: { ...themedAxis(colors), title: { text: 'op index' } },
       yaxis: { ...themedAxis(colors), title: { text: `activations (${unitName})` }, rangemode: 'tozero' },
-      margin: { t: 30, r: 10, b: 40, l: 60 },
+      margin: { ...margin, t: margin.t + (nrows - 1) * LABEL_ROW_PX },
       legend: { orientation: 'h' }
     }
   };

@@ -70,6 +70,8 @@ export class GraphView implements PlanView {
   private size = { w: 0, h: 0 };
   private drag: { x: number; y: number; moved: boolean } | null = null;
   private generation = 0;
+  /** the node whose phase-crossing edges are lit */
+  private lit: string | null = null;
 
   constructor(private readonly onSelectCompute: (computeId: number) => void) {
     this.node = document.createElement('div');
@@ -105,7 +107,8 @@ export class GraphView implements PlanView {
       button('fit', 'Fit', 'fit the drawing to the view', () => this.fit()),
       button('zoom-in', '+', 'zoom in', () => this.zoom(1.5, ...canvasCenter())),
       button('zoom-out', '\u2212', 'zoom out', () => this.zoom(1 / 1.5, ...canvasCenter())),
-      button('collapse', 'Collapse all', 'close every module', () => this.collapseAll())
+      button('collapse', 'Collapse all', 'close every module', () => this.collapseAll()),
+      this.crossToggle()
     );
     this.status = document.createElement('span');
     this.status.className = 'jp-memviz-graph-status';
@@ -128,6 +131,7 @@ export class GraphView implements PlanView {
     this.canvas.addEventListener('pointerdown', this.onPointerDown);
     this.canvas.addEventListener('pointermove', this.onPointerMove);
     this.canvas.addEventListener('pointerup', this.onPointerUp);
+    this.canvas.addEventListener('pointerover', this.onPointerOver);
   }
 
   update(doc: PlanDoc): Promise<void> {
@@ -148,6 +152,41 @@ export class GraphView implements PlanView {
     this.canvas.removeEventListener('wheel', this.onWheel);
     this.node.remove();
   }
+
+  /** "saved-activation edges": show every edge between phases (else only those of the node pointed at). */
+  private crossToggle(): HTMLElement {
+    const label = document.createElement('label');
+    label.className = 'jp-memviz-graph-cross';
+    label.title =
+      'edges from one phase to another (activations the backward reads) are shown for the node under the pointer; tick to show them all';
+    const box = document.createElement('input');
+    box.type = 'checkbox';
+    box.addEventListener('change', () =>
+      this.stage.classList.toggle('jp-memviz-graph-cross-shown', box.checked)
+    );
+    label.append(box, document.createTextNode(' all phase-crossing edges'));
+    return label;
+  }
+
+  /** Light the phase-crossing edges touching the node under the pointer (hidden otherwise). */
+  private readonly onPointerOver = (e: PointerEvent): void => {
+    const id = (e.target as Element | null)?.closest?.('g.node')?.getAttribute('id') ?? null;
+    if (id === this.lit) {
+      return;
+    }
+    for (const el of Array.from(this.stage.querySelectorAll('g.edge.jp-memviz-graph-lit'))) {
+      el.classList.remove('jp-memviz-graph-lit');
+    }
+    this.lit = id;
+    if (id && parseNodeId(id)) {
+      // ids are only c<n>, d<n>, m<n> (parseNodeId), so they are safe in a selector
+      for (const el of Array.from(
+        this.stage.querySelectorAll(`g.edge.cross.from-${id}, g.edge.cross.to-${id}`)
+      )) {
+        el.classList.add('jp-memviz-graph-lit');
+      }
+    }
+  };
 
   private legend(): HTMLElement {
     const box = document.createElement('span');
@@ -211,6 +250,7 @@ export class GraphView implements PlanView {
     const drawing = document.importNode(parsed, true) as unknown as SVGSVGElement;
     this.titleNodes(drawing);
     this.stage.replaceChildren(drawing);
+    this.lit = null;
     this.drawn = new Set(this.expanded);
     const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length;
     this.status.textContent =

@@ -30,17 +30,18 @@ export function fitView(drawing: { w: number; h: number }, box: { w: number; h: 
 }
 
 /** The smallest scale a drawing opens at: labels stay legible (Fit shows the whole drawing). */
-export const READABLE_SCALE = 0.5;
+export const READABLE_SCALE = 0.75;
 
 /**
- * The view a drawing opens with: the whole drawing when it is legible so (`fitView`), else shrunk no
- * further than `READABLE_SCALE` (or the box's width, if narrower), its top in view.
+ * The view a drawing opens with: the whole drawing when it is legible so (`fitView`), else at
+ * `READABLE_SCALE` with its top-left corner in view (drag to pan; Fit shows all of it).  A wide
+ * drawing is not shrunk to the box's width: at 12 layers that gave labels nobody could read.
  */
 export function openView(drawing: { w: number; h: number }, box: { w: number; h: number }, margin = 8): View {
   const fit = fitView(drawing, box, margin);
   if (fit.k >= READABLE_SCALE || drawing.w <= 0) {
     return fit;
   }
-  const k = Math.max(fit.k, Math.min(READABLE_SCALE, (box.w - 2 * margin) / drawing.w));
+  const k = READABLE_SCALE;
   return { k, x: Math.max(margin, (box.w - drawing.w * k) / 2), y: margin };
 }

@@ -45,6 +45,8 @@ export interface ModuleTree {
   runs: number[];
   /** data id -> produced more than once by the plan */
   freedEarly: boolean[];
+  /** compute id -> the module it is drawn in when it has none of its own (`placedModule`), else null */
+  placedIn: (string | null)[];
 }
 
 /** What an SVG id drawn here stands for. */
@@ -56,8 +58,14 @@ const DRAWN_KINDS = new Set(['activation', 'saved', 'gradient', 'parameter_gradi
 
 const PHASES = ['forward', 'backward', 'optimizer'];
 
-/** Attributes of an edge from one phase to another (a saved activation read by the backward). */
-const CROSS_EDGE = 'style=dashed, color="#bbbbbb"';
+/**
+ * Attributes of an edge from one phase to another (a saved activation read by the backward).  It does
+ * not rank its ends (`constraint=false`): each phase stacks its own layers, and the edges' fan across
+ * the drawing is hidden until one of its ends is pointed at (class `cross`, graph.ts).
+ */
+function crossEdge(a: string, b: string): string {
+  return `style=dashed, color="#9e9e9e", constraint=false, class="cross from-${a} to-${b}"`;
+}
 
 /** The module tree of `doc`'s graph with each op's run count in the planned schedule. */
 export function buildTree(doc: PlanDoc): ModuleTree {
@@ -95,10 +103,11 @@ export function buildTree(doc: PlanDoc): ModuleTree {
   for (const p of phases.filter(p => present.has(p))) {
     node(p, '', null, 0);
   }
+  const placedIn = placedModules(computes);
   const moduleOf = computes.map(c => {
     const phase = phaseOf(c);
     let at = node(phase, '', null, 0);
-    const parts = (c.module ?? '').split('.').filter(s => s.length > 0);
+    const parts = (placedIn[c.id] ?? c.module ?? '').split('.').filter(s => s.length > 0);
     for (let i = 0; i < parts.length; i++) {
       at = node(phase, parts.slice(0, i + 1).join('.'), at, i + 1);
     }
@@ -109,7 +118,42 @@ export function buildTree(doc: PlanDoc): ModuleTree {
     }
     return at;
   });
-  return { modules, roots, moduleOf, runs, freedEarly: made.map(n => n > 1) };
+  return { modules, roots, moduleOf, runs, freedEarly: made.map(n => n > 1), placedIn };
+}
+
+/**
+ * Where each op without a module of its own is drawn: inside the deepest module holding both the
+ * nearest op before it and the nearest op after it in its phase (graph order), or null (left at the
+ * phase's root).  Autograd's residual-gradient sums carry no module, yet run in the middle of one
+ * block's backward: left at the root, each tied two blocks together, and dot laid every collapsed
+ * backward block on one rank beside a column of sums (issue 18 item 2, the 12-layer drawing).
+ */
+export function placedModules(computes: readonly ComputeDoc[]): (string | null)[] {
+  const out = new Array<string | null>(computes.length).fill(null);
+  const own = (c: ComputeDoc): string => c.module ?? '';
+  const nearest = (i: number, step: number): string => {
+    for (let j = i + step; j >= 0 && j < computes.length; j += step) {
+      if (phaseOf(computes[j]) !== phaseOf(computes[i])) {
+        return '';
+      }
+      if (own(computes[j])) {
+        return own(computes[j]);
+      }
+    }
+    return '';
+  };
+  computes.forEach((c, i) => {
+    if (own(c)) {
+      return;
+    }
+    const [a, b] = [nearest(i, -1).split('.'), nearest(i, 1).split('.')];
+    let n = 0;
+    while (n < a.length && n < b.length && a[n] === b[n] && a[n] !== '') {
+      n++;
+    }
+    out[c.id] = n > 0 ? a.slice(0, n).join('.') : null;
+  });
+  return out;
 }
 
 function phaseOf(c: ComputeDoc): string {
@@ -188,28 +232,44 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
 }
 
 /**
- * The expansion a graph opens with: modules opened level by level (shallowest first, in graph order),
- * each one that keeps the drawing within `limit` nodes.  A 5k-op model opens at its layers, a toy
- * fully open.
+ * The expansion a graph opens with: modules opened level by level (shallowest first, in graph order)
+ * while the drawing stays within `limit` nodes.  Alike siblings (children of one module with as many
+ * ops, a model's repeated blocks) open together or not at all: a drawing with blocks 0-4 open and 5-11
+ * closed compares unlike things (the 12-layer drawing did).  Siblings unlike each other open one by
+ * one, so a large one does not keep the small ones beside it closed.  A 5k-op model opens at its
+ * layers, a toy fully open.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
   let count = tree.roots.length;
-  let frontier = [...tree.roots];
+  // the phases open one by one; below them, siblings as a group
+  let frontier: number[][] = tree.roots.map(r => [r]);
   while (frontier.length > 0) {
-    const next: number[] = [];
-    for (const m of frontier) {
-      const cost = openCost(doc, tree, m);
+    const next: number[][] = [];
+    for (const group of frontier) {
+      const cost = group.reduce((n, m) => n + openCost(doc, tree, m), 0);
       if (count + cost > limit) {
-        continue; // stays closed; a smaller module further on may still open
+        continue; // stays closed; a smaller group further on may still open
       }
       count += cost;
-      expanded.add(m);
-      next.push(...tree.modules[m].children);
+      for (const m of group) {
+        expanded.add(m);
+        next.push(...alikeGroups(tree, tree.modules[m].children));
+      }
     }
     frontier = next;
   }
   return expanded;
+}
+
+/** `siblings` grouped by op count, each group in graph order, groups in order of their first member. */
+function alikeGroups(tree: ModuleTree, siblings: readonly number[]): number[][] {
+  const groups = new Map<number, number[]>();
+  for (const m of siblings) {
+    const total = tree.modules[m].total;
+    groups.set(total, [...(groups.get(total) ?? []), m]);
+  }
+  return [...groups.values()];
 }
 
 /** The modules to open so that compute `c` is drawn as an op of its own. */
@@ -348,6 +408,8 @@ export function computeTooltip(doc: PlanDoc, tree: ModuleTree, c: number): strin
   ];
   if (op.module) {
     lines.push(`module: ${op.module}`);
+  } else if (tree.placedIn[c]) {
+    lines.push(`module: none (drawn in ${tree.placedIn[c]}, where it runs)`);
   }
   if (op.source) {
     lines.push(op.source);
@@ -479,7 +541,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     if (from === 'backward' && to === 'backward') {
       lines.push(`  "${b}" -> "${a}" [dir=back];`);
     } else {
-      lines.push(from !== to ? `  "${a}" -> "${b}" [${CROSS_EDGE}];` : `  "${a}" -> "${b}";`);
+      lines.push(from !== to ? `  "${a}" -> "${b}" [${crossEdge(a, b)}];` : `  "${a}" -> "${b}";`);
     }
   };
   for (const op of doc.graph.computes) {
@@ -502,6 +564,51 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       }
     }
   }
+  lines.push(...siblingChain(doc, tree, expanded));
   lines.push('}');
   return lines.join('\n');
+}
+
+/** The first op of each module path in the forward phase: the order siblings stack in every phase. */
+function forwardOrder(doc: PlanDoc, tree: ModuleTree): Map<string, number> {
+  const order = new Map<string, number>();
+  for (const c of doc.graph.computes) {
+    const mod = tree.modules[tree.moduleOf[c.id]];
+    if (mod.phase !== 'forward') {
+      continue;
+    }
+    const parts = mod.path.split('.');
+    for (let i = 1; i <= parts.length; i++) {
+      const path = parts.slice(0, i).join('.');
+      if (!order.has(path)) {
+        order.set(path, c.id);
+      }
+    }
+  }
+  return order;
+}
+
+/**
+ * Invisible edges stacking each open module's closed children top to bottom in the forward's order
+ * (block 0 above block 1 in the backward too, beside its forward twin): without them dot put siblings
+ * joined only through their parent's ops on one rank, a row across the page.
+ */
+function siblingChain(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string[] {
+  const order = forwardOrder(doc, tree);
+  const out: string[] = [];
+  for (const m of expanded) {
+    const mod = tree.modules[m];
+    const closed = mod.children.filter(ch => !expanded.has(ch));
+    const first = (ch: number): number => {
+      const at = order.get(tree.modules[ch].path);
+      // modules the forward lacks keep their own order (reversed in the backward, which runs it so)
+      const own = Math.min(...tree.modules[ch].computes, Infinity);
+      return at ?? (mod.phase === 'backward' ? -own : own);
+    };
+    closed.sort((a, b) => first(a) - first(b));
+    for (let i = 1; i < closed.length; i++) {
+      out.push(`  "m${closed[i - 1]}" -> "m${closed[i]}" [style=invis, weight=10];`);
+    }
+  }
+  return out;
 }

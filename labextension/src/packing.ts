@@ -7,6 +7,7 @@
  * second.  Tensor names reach the tooltip through textContent only.
  */
 import {
+  changingRange,
   hitTest,
   PackingPanel,
   packingFigure,
@@ -67,6 +68,11 @@ export class PackingView implements PlanView {
   private readonly _plot: PlotDiv = element('div', 'jp-memviz-plot');
   private readonly _message = element('div', 'jp-memviz-packing-message');
   private readonly _tip = element('div', 'jp-memviz-packing-tip');
+  /** the outline of the tensor under the cursor: a sliver among bands is seen whole */
+  private readonly _outline = element('div', 'jp-memviz-packing-outline');
+  private readonly _zoomChanging = element('button', 'jp-memviz-packing-zoom-changing jp-mod-styled');
+  private readonly _zoomAll = element('button', 'jp-memviz-packing-zoom-all jp-mod-styled', 'All addresses');
+  private readonly _tools = element('div', 'jp-memviz-packing-tools');
   private readonly _stopTheme: () => void;
   private _disposed = false;
   private _drawn = false;
@@ -78,9 +84,16 @@ export class PackingView implements PlanView {
 
   constructor() {
     this._tip.hidden = true;
-    this.node.append(this._message, this._plot, this._tip);
+    this._outline.hidden = true;
+    this._tools.append(this._zoomChanging, this._zoomAll);
+    this._zoomChanging.addEventListener('click', () => void this._zoomTo(this._changing()));
+    this._zoomAll.addEventListener('click', () => void this._zoomTo(null));
+    this.node.append(this._message, this._tools, this._plot, this._tip, this._outline);
     this._plot.addEventListener('mousemove', event => this._hover(event));
-    this._plot.addEventListener('mouseleave', () => (this._tip.hidden = true));
+    this._plot.addEventListener('mouseleave', () => {
+      this._tip.hidden = true;
+      this._outline.hidden = true;
+    });
     this._stopTheme = observeTheme(() => {
       if (this._doc) {
         void this.draw(this._doc);
@@ -102,10 +115,19 @@ export class PackingView implements PlanView {
     if (figure.panels.length === 0) {
       this._message.textContent = 'This plan has no packing (plan with a strategy that packs, e.g. "olla").';
       this._plot.hidden = true;
+      this._tools.hidden = true;
       return;
     }
     this._message.textContent = '';
     this._plot.hidden = false;
+    this._tools.hidden = false;
+    const changing = this._changing();
+    this._zoomChanging.disabled = changing === null;
+    this._zoomChanging.textContent = changing
+      ? `Addresses that change: ${changing[0].toFixed(1)}\u2013${changing[1].toFixed(1)} ${figure.unit.name}`
+      : 'Addresses that change: all of them';
+    this._zoomChanging.title =
+      'zoom the address axis to where tensors come and go, above what every step holds';
     const colors = themeColors(this.node);
     const axis = themedAxis(colors);
     const two = figure.panels.length > 1;
@@ -168,6 +190,23 @@ export class PackingView implements PlanView {
     await this._repaint(Plotly);
   }
 
+  /** The changing address range over every panel (the planned one first), or null. */
+  private _changing(): [number, number] | null {
+    const ranges = this._panels.map(changingRange).filter((r): r is [number, number] => r !== null);
+    return ranges.length ? [Math.min(...ranges.map(r => r[0])), Math.max(...ranges.map(r => r[1]))] : null;
+  }
+
+  /** Set the address axis to `range` (null: all addresses); the image repaints on plotly's relayout. */
+  private async _zoomTo(range: [number, number] | null): Promise<void> {
+    const Plotly = loadedPlotly();
+    if (!Plotly || !this._drawn) {
+      return;
+    }
+    const ymax = Math.max(...this._panels.map(p => p.ymax), 1e-9);
+    this._outline.hidden = true;
+    await (await Plotly).relayout(this._plot, { 'yaxis.range': range ?? [0, ymax] });
+  }
+
   /** Repaint the rectangles for the axes' current ranges and pixel sizes. */
   private async _repaint(Plotly: PlotlyModule): Promise<void> {
     const full = this._plot._fullLayout;
@@ -210,6 +249,7 @@ export class PackingView implements PlanView {
     const full = this._plot._fullLayout;
     const doc = this._doc;
     this._tip.hidden = true;
+    this._outline.hidden = true;
     if (!full || !doc || event.buttons !== 0) {
       return;
     }
@@ -240,7 +280,27 @@ export class PackingView implements PlanView {
       this._tip.style.transform = right ? 'translateX(-100%)' : '';
       this._tip.style.top = `${py + this._plot.offsetTop + 12}px`;
       this._tip.hidden = false;
+      this._outlineBox(panel, panel.placements.indexOf(hit), xa, ya);
     });
+  }
+
+  /** Outline placement `index` of `panel` (clipped to the plot area), over the image. */
+  private _outlineBox(panel: PackingPanel, index: number, xa: FullAxis, ya: FullAxis): void {
+    const b = panel.boxes.slice(4 * index, 4 * index + 4);
+    const px = (v: number): number =>
+      xa._offset + ((v - xa.range[0]) / (xa.range[1] - xa.range[0])) * xa._length;
+    const py = (v: number): number =>
+      ya._offset + (1 - (v - ya.range[0]) / (ya.range[1] - ya.range[0])) * ya._length;
+    const clampX = (v: number): number => Math.min(Math.max(v, xa._offset), xa._offset + xa._length);
+    const clampY = (v: number): number => Math.min(Math.max(v, ya._offset), ya._offset + ya._length);
+    const [left, right] = [clampX(px(b[0])), clampX(px(b[2]))];
+    const [top, bottom] = [clampY(py(b[3])), clampY(py(b[1]))];
+    const s = this._outline.style;
+    s.left = `${this._plot.offsetLeft + left - 2}px`;
+    s.top = `${this._plot.offsetTop + top - 2}px`;
+    s.width = `${Math.max(right - left, 1)}px`;
+    s.height = `${Math.max(bottom - top, 1)}px`;
+    this._outline.hidden = false;
   }
 
   /**

@@ -181,8 +181,12 @@ export class PlannerView extends DOMWidgetView {
     );
     solving.append(this._progress, this._cancel, this._refining);
 
+    // The solve's progress sits beside the solver it runs, not on a row of its own: idle, that row kept
+    // its height empty (so nothing moves when a solve starts), a gap above the export field.
+    const solveRow = element('div', 'jp-memviz-solve-row');
+    solveRow.append(strategy, solving);
     const controls = element('div', 'jp-memviz-controls');
-    controls.append(budget, typed, strategy, solving, this._exporter.row);
+    controls.append(budget, typed, solveRow, this._exporter.row);
     this._chart = new PlanTabs();
     this.el.append(controls, this._status, this._exporter.result, this._chart.node);
 

@@ -8,6 +8,8 @@ import {
   EditorDoc,
   editorFigure,
   estimateLines,
+  labelRows,
+  regionLabels,
   parseEditorDoc,
   regionEdits,
   removeRegion
@@ -103,5 +105,68 @@ describe('chunk editor transforms', () => {
     assert.ok(!text.includes('<img'), 'untrusted names must be escaped');
     assert.ok(text.includes('&lt;img'));
     assert.equal((fig.layout.shapes as unknown[]).length, 1);
+  });
+
+  it('puts region labels in rows so that no two overlap on the page', () => {
+    // 12 regions of 8 ops every 31 ops over 400 ops (a 12-layer GPT's attention), on an 870 px plot
+    const regions = Array.from({ length: 12 }, (_, i) => ({ x0: 18 + 31 * i, x1: 25 + 31 * i }));
+    const texts = regions.map((_, i) => `region ${i + 1}: 4 chunks`);
+    const rows = labelRows(regions, texts, 400, 800);
+    assert.ok(Math.max(...rows) >= 1, 'one row cannot hold them');
+    const box = (i: number): [number, number] => {
+      const c = ((regions[i].x0 + regions[i].x1) / 2) * (800 / 399);
+      return [c - texts[i].length * 3.5, c + texts[i].length * 3.5];
+    };
+    for (let i = 0; i < 12; i++) {
+      for (let j = i + 1; j < 12; j++) {
+        const [a, b] = [box(i), box(j)];
+        assert.ok(
+          rows[i] !== rows[j] || a[1] <= b[0] || b[1] <= a[0],
+          `labels ${i + 1} and ${j + 1} overlap`
+        );
+      }
+    }
+    // far apart labels share the first row; the figure's top margin makes room for every row
+    assert.deepEqual(
+      labelRows(
+        [
+          { x0: 0, x1: 1 },
+          { x0: 300, x1: 301 }
+        ],
+        ['a', 'b'],
+        400,
+        800
+      ),
+      [0, 0]
+    );
+    const d = doc();
+    const many = {
+      ...d,
+      nodes: Array.from({ length: 400 }, (_, i) => ({ name: `n${i}`, op: 'mm' })),
+      regions: regions.map(r => ({ ...d.regions[0], ...r }))
+    };
+    const fig = editorFigure(many, TEST_COLORS, 870);
+    const shifts = (fig.layout.annotations as { yshift: number }[]).map(a => a.yshift);
+    assert.ok(Math.max(...shifts) > 0);
+    assert.ok((fig.layout.margin as { t: number }).t >= 30 + Math.max(...shifts));
+  });
+
+  it('shortens and thins the labels of 115 regions to three rows, none overlapping', () => {
+    const regions = Array.from({ length: 115 }, (_, i) => ({ x0: 20 + 43 * i, x1: 27 + 43 * i, chunks: 4 }));
+    const labels = regionLabels(regions, 5000, 800);
+    assert.ok(labels.length > 10 && labels.length < 115);
+    assert.ok(labels.every(l => l.row < 3 && l.text === String(l.index + 1)));
+    const rows = labelRows(
+      labels.map(l => regions[l.index]),
+      labels.map(l => l.text),
+      5000,
+      800
+    );
+    assert.deepEqual(
+      rows,
+      labels.map(l => l.row)
+    );
+    // twelve fit with their full text
+    assert.ok(regionLabels(regions.slice(0, 12), 600, 800).every(l => l.text.startsWith('region ')));
   });
 });

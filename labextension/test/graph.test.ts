@@ -233,8 +233,91 @@ test('a drawing opens whole when legible so, else at a legible scale with its to
   assert.equal(tall.k, READABLE_SCALE);
   assert.equal(tall.y, 8);
   assert.equal(tall.x, (800 - 300 * READABLE_SCALE) / 2);
-  // a drawing too wide for the box at that scale is shrunk to the box's width
+  // a drawing too wide for the box at that scale is not shrunk below it: its top-left corner shows
   const wide = openView({ w: 4000, h: 20000 }, { w: 800, h: 600 });
-  assert.ok(Math.abs(wide.k - 784 / 4000) < 1e-12);
+  assert.equal(wide.k, READABLE_SCALE);
   assert.equal(wide.x, 8);
+  assert.ok(READABLE_SCALE * 10 * (4 / 3) >= 10); // Graphviz's 10 pt labels at >= 10 CSS px
+});
+
+test('an op without a module is drawn inside the module around it, and its tooltip says so', () => {
+  const doc = layered();
+  // a gradient sum with no module between layers.1.mlp's and layers.0.mlp's backward: in `layers`
+  doc.graph.computes[6].module = '';
+  const tree = buildTree(doc);
+  assert.equal(tree.placedIn[6], 'layers');
+  assert.equal(tree.modules[tree.moduleOf[6]].path, 'layers');
+  assert.match(
+    tooltipFor(doc, tree, { kind: 'compute', id: 6 }),
+    /module: none \(drawn in layers, where it runs\)/
+  );
+  // the loss ends the forward: nothing after it in its phase, so it stays at the root
+  assert.equal(tree.placedIn[4], null);
+  assert.equal(tree.modules[tree.moduleOf[4]].path, '');
+});
+
+test('alike sibling modules open together or not at all; a large sibling keeps no small one closed', () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  for (let limit = 1; limit < 40; limit++) {
+    const open = defaultExpansion(doc, tree, limit);
+    for (const m of tree.modules) {
+      if (m.parent !== null && open.has(m.parent)) {
+        const siblings = tree.modules[m.parent].children.filter(s => tree.modules[s].total === m.total);
+        const opened = siblings.filter(s => open.has(s)).length;
+        assert.ok(opened === 0 || opened === siblings.length, `limit ${limit}: ${m.phase}:${m.path}`);
+      }
+    }
+  }
+});
+
+test('closed siblings stack in forward order in every phase; phase-crossing edges do not rank', () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const open = new Set([tree.roots[0], tree.roots[1], path('forward:layers'), path('backward:layers')]);
+  const dot = toDot(doc, tree, open);
+  for (const phase of ['forward', 'backward']) {
+    const [a, b] = [path(`${phase}:layers.0`), path(`${phase}:layers.1`)];
+    assert.match(dot, new RegExp(`"m${a}" -> "m${b}" \\[style=invis, weight=10\\];`), phase);
+  }
+  // a saved activation read by the backward: dashed, constraint=false, classed by both ends
+  assert.match(
+    dot,
+    /-> "m\d+" \[style=dashed, color="#9e9e9e", constraint=false, class="cross from-m\d+ to-m\d+"\];/
+  );
+  assert.ok(!/\[dir=back\][^\n]*constraint=false/.test(dot));
+});
+
+test('a large module beside small ones: the small ones still open', () => {
+  const doc = layered();
+  // a third top-level module of 30 ops in the forward ("mixer"), after the layers
+  const { computes, datas } = doc.graph;
+  let prev = computes[3].outputs![0];
+  for (let i = 0; i < 30; i++) {
+    const id = computes.length;
+    datas.push({
+      id: datas.length,
+      name: `mix${i}.out`,
+      bytes: 1024,
+      kind: 'saved',
+      producer: id,
+      consumers: []
+    });
+    computes.push({
+      id,
+      name: `mix${i}`,
+      op: 'aten.mix',
+      phase: 'forward',
+      module: 'mixer',
+      inputs: [prev],
+      outputs: [datas.length - 1]
+    });
+    prev = datas.length - 1;
+  }
+  const tree = buildTree(doc);
+  const open = defaultExpansion(doc, tree, 20);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  assert.ok(open.has(path('forward:layers')));
+  assert.ok(!open.has(path('forward:mixer')));
 });

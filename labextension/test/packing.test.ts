@@ -2,6 +2,7 @@ import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
 import {
+  changingRange,
   hitTest,
   kindCategory,
   packingFigure,
@@ -179,5 +180,24 @@ describe('kindCategory', () => {
       assert.equal(kindCategory(kind), category, kind);
       assert.ok(CATEGORIES.includes(category), category);
     }
+  });
+});
+
+describe('changingRange', () => {
+  const panel = (boxes: number[]): Parameters<typeof changingRange>[0] => ({
+    layers: [],
+    placements: [],
+    boxes,
+    categories: boxes.filter((_, i) => i % 4 === 0).map(() => 'x'),
+    xmax: 10,
+    ymax: Math.max(...boxes.filter((_, i) => i % 4 === 3))
+  });
+  it('starts above what every step holds and ends at the top', () => {
+    // a parameter over the whole schedule at [0, 4), a gradient from step 6 at [4, 5), an activation at [5, 9)
+    assert.deepEqual(changingRange(panel([0, 0, 10, 4, 6, 4, 10, 5, 1, 5, 6, 9])), [4, 9]);
+  });
+  it('is null when nothing is fixed at the bottom', () => {
+    assert.equal(changingRange(panel([0, 0, 5, 4, 5, 0, 10, 4])), null);
+    assert.equal(changingRange(panel([0, 0, 10, 4])), null);
   });
 });

@@ -99,3 +99,35 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   const heights = (d: string): string[] => d.match(/V[\d.]+/g) ?? [];
   await expect.poll(async () => heights(await tops())).toEqual(heights(barsBefore));
 });
+
+// chunks_many.ipynb: a 12-layer GPT with one chunk region per layer (12 region labels over the curve)
+test('chunk editor: 12 region labels are all visible and none overlaps another', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(300000);
+  await openAndRunAll(page, tmpPath, 'chunks_many.ipynb');
+  const editor = page.locator('.jp-memviz-chunk-editor');
+  await expect(editor.locator('.js-plotly-plot')).toBeVisible({ timeout: 180000 });
+  await expect(editor.locator('.jp-memviz-chunk-region')).toHaveCount(12);
+  const labels = editor.locator('.js-plotly-plot .annotation-text');
+  await expect(labels).toHaveCount(12);
+  const boxes = [];
+  for (const label of await labels.all()) {
+    boxes.push((await label.boundingBox())!);
+  }
+  const plot = (await editor.locator('.js-plotly-plot').boundingBox())!;
+  boxes.forEach((a, i) => {
+    // inside the plot's box: not cut off at its top or sides
+    expect(a.y).toBeGreaterThanOrEqual(plot.y - 1);
+    expect(a.x).toBeGreaterThanOrEqual(plot.x - 1);
+    expect(a.x + a.width).toBeLessThanOrEqual(plot.x + plot.width + 1);
+    boxes.slice(i + 1).forEach((b, j) => {
+      const apart =
+        a.x + a.width <= b.x || b.x + b.width <= a.x || a.y + a.height <= b.y || b.y + b.height <= a.y;
+      expect(apart, `labels ${i + 1} and ${i + j + 2} overlap`).toBe(true);
+    });
+  });
+  await editor.locator('.js-plotly-plot').scrollIntoViewIfNeeded();
+  await editor.locator('.js-plotly-plot').screenshot({ path: test.info().outputPath('chunks-many.png') });
+});

@@ -98,3 +98,52 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
   await view.locator('.jp-memviz-tab[data-tab="Memory"]').click();
   await view.screenshot({ path: test.info().outputPath('memory-dark.png') });
 });
+
+// packing_gpt.ipynb: a 2-layer GPT with AdamW, packed: parameters and optimizer state fill the bottom.
+test('the packing zooms to the addresses that change and outlines the tensor under the cursor', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(300000);
+  await openAndRunAll(page, tmpPath, 'packing_gpt.ipynb');
+  const view = page.locator('.jp-memviz-plan');
+  await expect(view.locator('.js-plotly-plot').first()).toBeVisible({ timeout: 180000 });
+  await view.locator('.jp-memviz-tab[data-tab="Packing"]').click();
+  const packing = view.locator('.jp-memviz-tabpanel[data-tab="Packing"]');
+  await expect(packing.locator('image').first()).toBeAttached({ timeout: 60000 });
+  const yrange = (): Promise<number[]> =>
+    packing.evaluate(el => {
+      const gd = el.querySelector('.js-plotly-plot') as unknown as {
+        _fullLayout: { yaxis: { range: number[] } };
+      };
+      return [...gd._fullLayout.yaxis.range];
+    });
+  expect((await yrange())[0]).toBe(0);
+  const zoom = packing.locator('.jp-memviz-packing-zoom-changing');
+  await expect(zoom).toBeEnabled();
+  await expect(zoom).toContainText('Addresses that change');
+  const image = packing.locator('image').first();
+  const before = await image.getAttribute('href');
+  await zoom.click();
+  await expect.poll(async () => (await yrange())[0]).toBeGreaterThan(0);
+  const [lo, hi] = await yrange();
+  expect(hi).toBeGreaterThan(lo);
+  await expect.poll(() => image.getAttribute('href')).not.toEqual(before);
+  // hovering a tensor in the zoomed range names it and outlines its rectangle
+  const box = (await packing.locator('.nsewdrag').first().boundingBox())!;
+  const outline = packing.locator('.jp-memviz-packing-outline');
+  const tip = packing.locator('.jp-memviz-packing-tip');
+  let found = false;
+  for (let fy = 0.95; fy > 0.05 && !found; fy -= 0.05) {
+    await page.mouse.move(box.x + box.width * 0.3, box.y + box.height * fy);
+    found = await tip.isVisible();
+  }
+  expect(found).toBe(true);
+  await expect(outline).toBeVisible();
+  const o = (await outline.boundingBox())!;
+  expect(o.width).toBeGreaterThan(0);
+  expect(o.x).toBeGreaterThanOrEqual(box.x - 3);
+  await packing.screenshot({ path: test.info().outputPath('packing-changing.png') });
+  await packing.locator('.jp-memviz-packing-zoom-all').click();
+  await expect.poll(async () => (await yrange())[0]).toBe(0);
+});

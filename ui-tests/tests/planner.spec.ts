@@ -40,6 +40,9 @@ test('the planner widget sends slider, strategy and export requests and redraws'
     xtitle.y + xtitle.height <= legend.y ||
     legend.y + legend.height <= xtitle.y;
   expect(apart).toBe(true);
+  // No empty row between the solver and the export field: the idle progress sits beside the solver.
+  const [solver, exportField] = [await box('.jp-memviz-strategy-select'), await box('.jp-memviz-export')];
+  expect(exportField.y - (solver.y + solver.height)).toBeLessThan(16);
   await view.screenshot({ path: test.info().outputPath('planner.png') });
 
   // Where every control sits: nothing may move when the plan changes.

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import gc
 import statistics
 import sys
 import time
@@ -102,6 +103,7 @@ def peak(candidate: torch.nn.Module, eager: torch.nn.Module, args: tuple, kwargs
     eager.zero_grad(set_to_none=True)
     step(candidate, args, kwargs, loss_fn)
     candidate.zero_grad(set_to_none=True)
+    gc.collect()  # earlier candidates' reference cycles: every allocated byte on the device counts
     _sync()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()

@@ -37,7 +37,7 @@ import numpy as np
 
 from solvers import block_milp
 from solvers.chain import Block, BlockOption, Chain, block_option, sequence_option, store_all
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, note_cut, timed_out
 from solvers.ir import Graph
 from solvers.memo import RecentMemo
 from solvers.result import OutOfTime, SolveResult
@@ -101,8 +101,12 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
     return chosen
 
 
-#: total seconds for the block MILPs of one `solve` (capped at a quarter of its time limit)
+#: the block MILPs' safety cap in seconds for one `solve` (at most a quarter of its time limit); their
+#: work is `MILP_SOLVES`, counted, so that a slow machine gets the same menus (issue 18 item 4)
 MILP_SECONDS = 3.0
+#: budget-pair MILPs solved for one graph's menus, over all classes: about what `MILP_SECONDS` allowed
+#: on the 12-layer GPT of bench_remat (64 solves on the 2-core CI machine) when it was the limit
+MILP_SOLVES = 64
 #: kept-byte and peak levels of the rk-Checkmate budget-pair grids, coarse to fine (each one nests
 #: the previous: levels 2^k + 1); the paper uses 20 x 20
 MILP_LEVELS = (5, 9, 17)
@@ -140,60 +144,64 @@ def _positions(block: Block, o: BlockOption) -> Positions:
     return tuple(index[c] for c in o.forward), tuple(index[c] for c in o.backward)
 
 
-def _past(deadline: Deadline | None) -> bool:
-    return deadline is not None and deadline.passed()
-
-
 def _enumerated(chain: Chain, b: Block, grid: int, deadline: Deadline | None
-                ) -> tuple[list[BlockOption], list[BlockOption]]:
-    """(every measured kept-subset option, store-all first; the ones picked over the grid).  Past
-    `deadline` no more are measured (keeping every candidate is always measured)."""
+                ) -> tuple[list[BlockOption], list[BlockOption], bool]:
+    """(every measured kept-subset option, store-all first; the ones picked over the grid; whether
+    `deadline` cut the list).  Past `deadline` no more are measured (keeping every candidate is)."""
     everything = frozenset(_candidates(chain, b))
     opts = [store_all(chain, b)]
+    cut = False
     for k in _kept_sets(chain, b):
-        if k == everything or not _past(deadline):
+        cut = cut or (deadline is not None and deadline.expired("rockmate: block options not enumerated"))
+        if k == everything or not cut:
             opts.append(block_option(chain, b, k))
-    return opts, [opts[i] for i in _menu(opts, grid)]
+    return opts, [opts[i] for i in _menu(opts, grid)], cut
 
 
 def class_menus(chain: Chain, *, grid: int = GRID, deadline: Deadline | None = None,
-                milp_seconds: float = 0.0, until: Deadline | None = None
+                milp_seconds: float = 0.0, until: Deadline | None = None, milp_solves: int = MILP_SOLVES
                 ) -> tuple[dict[int, list[Positions]], dict[str, float]]:
     """Per class: the menu of its first block as positions (store-all first), and statistics.  Past
-    `deadline` the classes left get only the kept-subset options of keeping everything; the MILPs stop
-    after `milp_seconds` or at `until` (the solve's own deadline), whichever comes first."""
+    `deadline` the classes left get only the kept-subset options of keeping everything.  The MILPs
+    (none when `milp_seconds` is 0) solve `milp_solves` budget pairs in all, shared by model size; as a
+    safety cap they stop after `milp_seconds` or at `until` (the solve's own deadline)."""
     firsts: dict[int, Block] = {}
     for b in chain.blocks:
         firsts.setdefault(b.klass, b)
     enumerated = {k: _enumerated(chain, b, grid, deadline) for k, b in firsts.items()}
-    menus = {k: picked for k, (_, picked) in enumerated.items()}
+    menus = {k: picked for k, (_, picked, _) in enumerated.items()}
     stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "milp_solves": 0,
-             "enumeration_cut": _past(deadline)}
-    if milp_seconds > 0 and not _past(until):
+             "enumeration_cut": any(cut for _, _, cut in enumerated.values())}
+    if milp_seconds > 0 and not (until is not None and until.expired("rockmate: block MILPs skipped")):
         started = _time.perf_counter()
         end = started + milp_seconds if until is None else min(started + milp_seconds,
                                                                 started + until.left())
-        models = {k: block_milp.build(chain, b) for k, b in firsts.items() if _time.perf_counter() < end}
+        models = {}
+        for k, b in firsts.items():
+            if timed_out(end, "rockmate: block MILPs not built", _time.perf_counter()):
+                break
+            models[k] = block_milp.build(chain, b)
         searches = {k: block_milp.PairSearch(chain, bm, enumerated[k][0])
                     for k, bm in models.items() if bm is not None and bm.model.num_vars}
+        left = milp_solves
         for levels in MILP_LEVELS:  # coarse grids for every class first, then finer ones
             pending = sorted(searches, key=lambda k: (searches[k].bm.model.num_vars, k))
             total = sum(searches[k].bm.model.num_vars for k in pending)
-            for k in pending:  # smallest models first: time a class leaves unused goes to larger ones
-                left = end - _time.perf_counter()
+            for k in pending:  # smallest models first: solves a class leaves unused go to larger ones
                 weight = searches[k].bm.model.num_vars
-                share, total = left * weight / total, total - weight
-                if share <= 0:
-                    break
-                searches[k].run(levels, _time.perf_counter() + share)
+                share, total = left * weight // total, total - weight
+                before = searches[k].solves
+                searches[k].run(levels, end, max_solves=share)
+                left -= searches[k].solves - before
         for k, search in searches.items():
             menus[k] = pareto([*menus[k], *search.found])
             stats["milp_options"] += sum(any(o is f for f in search.found) for o in menus[k])
         stats["milp_classes"] = sum(bool(s.solves) for s in searches.values())
         stats["milp_solves"] = sum(s.solves for s in searches.values())
         stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
-        # a search cut short by the solve's deadline found less than `milp_seconds` would: not cached
-        stats["enumeration_cut"] = stats["enumeration_cut"] or (until is not None and until.passed())
+        # a search cut short by the time cap found less than its counted work would: not cached
+        stats["enumeration_cut"] = stats["enumeration_cut"] or any(s.cut for s in searches.values()) \
+            or len(models) < len(firsts)
     return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
 
 
@@ -201,7 +209,8 @@ def _measure(chain: Chain, b: Block, menu: list[Positions],
              deadline: Deadline | None = None) -> list[BlockOption]:
     """The menu's options measured on block `b`; past `deadline` only its first, store-all (rotor's)."""
     nodes = (*b.forward, *b.backward)
-    menu = menu[:1] if _past(deadline) else menu
+    if deadline is not None and deadline.expired("rockmate: block menus not measured"):
+        menu = menu[:1]
     opts = [sequence_option(chain, b, [nodes[i] for i in f], [nodes[i] for i in bw]) for f, bw in menu]
     if opts[0].kept != store_all(chain, b).kept:  # index 0: rotor's store-all, on every block
         raise AssertionError(f"block {b.index}: the menu lost the store-all option")
@@ -262,6 +271,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
             solvers.insert(0, _menus_solver(chain, key if complete else None, menus, deadline))
         except OutOfTime:
             stats["menus_dp_cut"] = True  # the best plan found in time is rotor's
+            note_cut("rockmate: DP over the block menus")
         plans = [p for p in (s.plan(budget_bytes, deadline) for s in solvers) if p is not None]
     except OutOfTime as exc:
         raise exc.within(budget_bytes, "rockmate") from None

@@ -7,11 +7,12 @@ position to every member block, where each option is measured again:
 - rk-Checkmate (`solvers.block_milp`, Sec. 3.3 and Appendix B): the Checkmate MILP restricted to the
   block, solved over grids of (kept bytes, block peak) budget pairs spanning the known options,
   `MILP_LEVELS` x `MILP_LEVELS` from coarse to fine; its options may recompute forward nodes several
-  times inside the backward.  Each MILP is time-limited and warm-started from the fastest known
-  option meeting its pair; per grid the classes share what is left of the total MILP time
-  (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes, smallest
-  first so that time left unused goes to the larger ones.  The search stops at the finest grid or
-  when the time is spent, whichever comes first.
+  times inside the backward.  Each MILP is node-limited and warm-started from the fastest known
+  option meeting its pair; per grid the classes share what is left of `MILP_SOLVES` pair solves in
+  proportion to their model sizes, smallest first so that solves left unused go to the larger ones.
+  The search stops at the finest grid or when the solves are spent, whichever comes first: counted
+  work, so a loaded machine gets the same menus (issue 18 item 4).  `MILP_SECONDS` (at most half the
+  time limit) is only a safety cap.
 - kept-subset options: the backward regenerates the dropped data by recomputing, right before the
   first backward node that needs them, the forward nodes that produce them.  For blocks with at most
   `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
@@ -101,9 +102,9 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
     return chosen
 
 
-#: the block MILPs' safety cap in seconds for one `solve` (at most a quarter of its time limit); their
+#: the block MILPs' safety cap in seconds for one `solve` (at most half of its time limit); their
 #: work is `MILP_SOLVES`, counted, so that a slow machine gets the same menus (issue 18 item 4)
-MILP_SECONDS = 3.0
+MILP_SECONDS = 30.0
 #: budget-pair MILPs solved for one graph's menus, over all classes: about what `MILP_SECONDS` allowed
 #: on the 12-layer GPT of bench_remat (64 solves on the 2-core CI machine) when it was the limit
 MILP_SOLVES = 64
@@ -113,11 +114,11 @@ MILP_LEVELS = (5, 9, 17)
 
 Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as positions in its block
 
-#: class menus of the last few graphs planned, per MILP time: one graph planned at several budgets
-#: gets one menu, so its plans stay monotone in the budget although the MILPs are time-limited
+#: class menus of the last few graphs planned, per MILP work (`MILP_SOLVES`, 0 without MILPs): one
+#: graph planned at several budgets gets one menu (menus the time cap cut are not kept)
 CACHED_GRAPHS = 4
 Menus = tuple[dict[int, list[Positions]], dict[str, float]]  # options per block class, statistics
-_MENUS: RecentMemo[tuple[Graph, float], Menus] = RecentMemo(CACHED_GRAPHS)
+_MENUS: RecentMemo[tuple[Graph, int], Menus] = RecentMemo(CACHED_GRAPHS)
 
 
 def _cost(o: BlockOption) -> tuple[float, int, int, int]:
@@ -218,19 +219,19 @@ def _measure(chain: Chain, b: Block, menu: list[Positions],
 
 
 def milp_time(time_limit: float) -> float:
-    """The block MILPs' total time for a solve limited to `time_limit` seconds: `MILP_SECONDS`, at most a
-    quarter of the limit, rounded so that calls with nearly the same time left share cached menus."""
-    return round(min(MILP_SECONDS, time_limit / 4), 1)
+    """The block MILPs' safety cap for a solve limited to `time_limit` seconds: `MILP_SECONDS`, at most
+    half the limit."""
+    return min(MILP_SECONDS, time_limit / 2)
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
           milp_seconds: float | None = None, deadline: Deadline | None = None) -> SolveResult:
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
-    `milp_seconds`: total time for the block MILPs (default `MILP_SECONDS`, at most a quarter of
-    `time_limit`; 0 leaves the menus to the kept-subset options).  Returns by `time_limit` seconds (or
-    `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even it does not finish), then
-    the block menus, cut to what was measured past half of the time left; when the DP over the menus
-    does not finish, Rotor's plan is the answer."""
+    `milp_seconds`: the block MILPs' safety cap (default `MILP_SECONDS`, at most half of `time_limit`;
+    0 leaves the menus to the kept-subset options); their work is `MILP_SOLVES` pair solves.  Returns
+    by `time_limit` seconds (or `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even
+    it does not finish), then the block menus, cut to what was measured past half of the time left;
+    when the DP over the menus does not finish, Rotor's plan is the answer."""
     started = _time.monotonic()
     deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
@@ -246,7 +247,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         raise exc.within(budget_bytes, "rockmate") from None
     if milp_seconds is None:
         milp_seconds = milp_time(min(time_limit, deadline.left()))
-    key = (graph, milp_seconds)
+    key = (graph, MILP_SOLVES if milp_seconds > 0 else 0)
     cached = _MENUS.get(key)
     if cached is None:
         # past half the time left, remaining classes get only rotor's two options (the DP is fast)
@@ -284,10 +285,10 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
 
 
 #: the DPs over the menus of `_MENUS` (same keys): a graph planned at several budgets solves each once
-_DPS: RecentMemo[tuple[Graph, float], ChainSolver] = RecentMemo(CACHED_GRAPHS)
+_DPS: RecentMemo[tuple[Graph, int], ChainSolver] = RecentMemo(CACHED_GRAPHS)
 
 
-def _menus_solver(chain: Chain, key: tuple[Graph, float] | None, menus: list[list[BlockOption]],
+def _menus_solver(chain: Chain, key: tuple[Graph, int] | None, menus: list[list[BlockOption]],
                   deadline: Deadline) -> ChainSolver:
     """The DP over `menus`, kept under `key` unless it is None (menus cut short by the deadline)."""
     found = None if key is None else _DPS.get(key)

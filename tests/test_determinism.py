@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import memviz
+import solvers.rockmate
 from examples import models
 from memviz.plans.planning import minimum_budget
 from solvers import Graph, eager_schedule, simulate
@@ -70,18 +71,22 @@ def outcome(graph: Graph, strategy: str, budget: int) -> tuple[Any, list[str]]:
             p = memviz.plan(graph, budget, strategy)
         except InfeasibleBudget as exc:
             return ("refused", exc.minimum_bytes), list(cuts)
-    seen = (p.strategy, tuple(p.schedule), p.packing and p.packing.offsets, tuple(map(str, p.frontier)))
+    packing = p.packing and {k: v for k, v in p.packing.items() if k != "seconds"}
+    seen = (p.strategy, tuple(p.schedule), packing, p.frontier)
     assert p.time_cuts == cuts
     return seen, p.time_cuts
 
 
+#: (model, strategy) pairs; not the GPT's Checkmate: its MILP runs into the cap on a 2-core machine
+#: (HiGHS has no work limit for the root node, where it spends that time: its node limit counts the tree)
+CASES = [(m, s) for m in ("gpt", "resnet") for s in ("auto", "rockmate", "checkmate", "rotor", "olla")
+         if (m, s) != ("gpt", "checkmate")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["auto", "rockmate", "checkmate", "rotor", "olla"])
-@pytest.mark.parametrize("model", ["gpt", "resnet"])
+@pytest.mark.parametrize(("model", "strategy"), CASES)
 def test_same_plan_on_a_slower_machine(graphs: dict[str, Graph], fast_clock: Any, model: str,
                                        strategy: str) -> None:
-    if strategy == "checkmate" and model == "gpt":
-        pytest.skip("the GPT's Checkmate MILP needs the safety cap: tested on the ResNet")
     graph = graphs[model]
     budget = midway(graph)
     first, first_cuts = outcome(cold(graph, "first"), strategy, budget)
@@ -91,12 +96,13 @@ def test_same_plan_on_a_slower_machine(graphs: dict[str, Graph], fast_clock: Any
     assert first == second
 
 
-def test_a_plan_says_when_the_time_limit_stopped_it(graphs: dict[str, Graph], fast_clock: Any) -> None:
-    """The cap reached: the plan names where, and its summary says it may differ between runs."""
-    budget = midway(graphs["gpt"])
-    fast_clock(50.0)  # a 60 s limit lasts 1.2 s: the rotor DP is done, the block MILPs are not
-    p = memviz.plan(cold(graphs["gpt"], "capped"), budget, "rockmate")
-    assert p.time_cuts and all(c.startswith(("rockmate", "rotor", "olla")) for c in p.time_cuts)
+def test_a_plan_says_when_the_time_limit_stopped_it(graphs: dict[str, Graph],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap reached (Rockmate's block MILPs get a microsecond): the plan names where, and its
+    summary says it may differ between runs."""
+    monkeypatch.setattr(solvers.rockmate, "MILP_SECONDS", 1e-6)
+    p = memviz.plan(cold(graphs["gpt"], "capped"), midway(graphs["gpt"]), "rockmate")
+    assert p.time_cuts and all(c.startswith("rockmate: block MILP") for c in p.time_cuts), p.time_cuts
     assert "may differ between runs" in p.summary()
     again = memviz.plans.planning.Plan.from_dict(p.to_dict())
     assert again.time_cuts == p.time_cuts  # the note survives the plan file

@@ -674,7 +674,7 @@ def solve_frontier(
         bar.update()
         budget = low + (high - low) * i // (points - 1)
         run = eager if i == points - 1 else None
-        if run is None and not deadline.passed():
+        if run is None and not deadline.expired("frontier: budgets not solved"):
             try:
                 result, tl = solve_checked(graph, strategy, budget, deadline.left(), deadline)
                 run = FrontierPoint(budget, strategy, result, tl)

@@ -536,7 +536,7 @@ def reorder(
         cp_status = "windows"
         if peaks["windows"] < peaks[best_name]:
             best_name, best = "windows", order
-    elif n > 1 and end.left() > reserve + 0.1:
+    elif n > 1 and not timed_out(end.at - reserve - 0.1, "olla: reordering CP-SAT skipped"):
         # keep a little of the limit for the eager schedule and the simulator check afterwards
         left = end.left() - reserve - 0.1
         order, cp_bound, cp_status = _cp_sat(

@@ -86,7 +86,10 @@ class Deadline:
 
     def expired(self, where: str) -> bool:
         """`passed()`, recorded as a cut at `where` when true: for checks that skip or stop work."""
-        return timed_out(self.at, where)
+        late = self.passed()
+        if late:
+            note_cut(where)
+        return late
 
     def part(self, share: float) -> Deadline:
         """A deadline `share` (0..1) of the way from now to this one: for a step that must leave the rest

@@ -86,6 +86,7 @@ class MilpSolution:
     backend: Backend
     seconds: float
     cut: bool = False  # the time limit, not the search or the node limit, stopped the solver
+    iterations: int = 0  # simplex iterations, counted work (HiGHS; 0 from CBC, which does not say)
 
     @property
     def gap(self) -> float | None:
@@ -115,12 +116,14 @@ def solve(
     backend = backend or default_backend()
     t0 = time.perf_counter()
     if backend == "highs":
-        status, x, obj, bound, cut = _solve_highs(model, max(time_limit, 0.01), relax, start, nodes)
+        status, x, obj, bound, cut, iterations = _solve_highs(model, max(time_limit, 0.01), relax, start,
+                                                              nodes)
     else:
         status, x, obj, bound, cut = _solve_cbc(model, max(time_limit, 0.01), relax, start, nodes)
+        iterations = 0
     if cut:
         note_cut(where)
-    return MilpSolution(status, x, obj, bound, backend, time.perf_counter() - t0, cut)
+    return MilpSolution(status, x, obj, bound, backend, time.perf_counter() - t0, cut, iterations)
 
 
 def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None,
@@ -158,18 +161,19 @@ def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[f
     ms = h.getModelStatus()
     cut = ms == highspy.HighsModelStatus.kTimeLimit
     info = h.getInfo()
+    its = max(int(info.simplex_iteration_count), 0)
     has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
     if ms == highspy.HighsModelStatus.kInfeasible:
-        return "infeasible", None, None, None, cut
+        return "infeasible", None, None, None, cut, its
     if not has_x:
         bound = info.mip_dual_bound if not relax and math.isfinite(info.mip_dual_bound) else None
-        return "no_solution", None, None, bound, cut
+        return "no_solution", None, None, bound, cut, its
     x = tuple(h.getSolution().col_value)
     obj = info.objective_function_value
     if ms == highspy.HighsModelStatus.kOptimal:
-        return "optimal", x, obj, obj if relax else info.mip_dual_bound, cut
+        return "optimal", x, obj, obj if relax else info.mip_dual_bound, cut, its
     bound = info.mip_dual_bound if not relax and math.isfinite(info.mip_dual_bound) else None
-    return "feasible", x, obj, bound, cut
+    return "feasible", x, obj, bound, cut, its
 
 
 def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None,

@@ -8,11 +8,11 @@ position to every member block, where each option is measured again:
   block, solved over grids of (kept bytes, block peak) budget pairs spanning the known options,
   `MILP_LEVELS` x `MILP_LEVELS` from coarse to fine; its options may recompute forward nodes several
   times inside the backward.  Each MILP is node-limited and warm-started from the fastest known
-  option meeting its pair; per grid the classes share what is left of `MILP_SOLVES` pair solves in
-  proportion to their model sizes, smallest first so that solves left unused go to the larger ones.
-  The search stops at the finest grid or when the solves are spent, whichever comes first: counted
-  work, so a loaded machine gets the same menus (issue 18 item 4).  `MILP_SECONDS` (at most half the
-  time limit) is only a safety cap.
+  option meeting its pair; per grid the classes share what is left of `MILP_WORK` (counted: each pair
+  solve's simplex iterations and a fixed cost) in proportion to their model sizes, smallest first so
+  that work left unused goes to the larger ones.  The search stops at the finest grid or when the
+  work is spent, whichever comes first: a loaded machine gets the same menus (issue 18 item 4).
+  `MILP_SECONDS` (at most half the time limit) is only a safety cap.
 - kept-subset options: the backward regenerates the dropped data by recomputing, right before the
   first backward node that needs them, the forward nodes that produce them.  For blocks with at most
   `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
@@ -103,18 +103,20 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
 
 
 #: the block MILPs' safety cap in seconds for one `solve` (at most half of its time limit); their
-#: work is `MILP_SOLVES`, counted, so that a slow machine gets the same menus (issue 18 item 4)
+#: work is `MILP_WORK`, counted, so that a slow machine gets the same menus (issue 18 item 4)
 MILP_SECONDS = 30.0
-#: budget-pair MILPs solved for one graph's menus, over all classes: about what `MILP_SECONDS` allowed
-#: on the 12-layer GPT of bench_remat (64 solves on the 2-core CI machine) when it was the limit
-MILP_SOLVES = 64
+#: the block MILPs' work for one graph's menus, over all classes, in `block_milp.PairSearch.work` units
+#: (simplex iterations + `block_milp.SOLVE_BASE_WORK` per solve; about 1 ms each on the 2-core CI
+#: machine): about the 64 pair solves that 3 s allowed on bench_remat's 12-layer GPT when time was the
+#: limit (57 units per solve there; 800 per solve on tests' gpt_graph(2, seq=32, hidden=64))
+MILP_WORK = 4000
 #: kept-byte and peak levels of the rk-Checkmate budget-pair grids, coarse to fine (each one nests
 #: the previous: levels 2^k + 1); the paper uses 20 x 20
 MILP_LEVELS = (5, 9, 17)
 
 Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as positions in its block
 
-#: class menus of the last few graphs planned, per MILP work (`MILP_SOLVES`, 0 without MILPs): one
+#: class menus of the last few graphs planned, per MILP work (`MILP_WORK`, 0 without MILPs): one
 #: graph planned at several budgets gets one menu (menus the time cap cut are not kept)
 CACHED_GRAPHS = 4
 Menus = tuple[dict[int, list[Positions]], dict[str, float]]  # options per block class, statistics
@@ -160,11 +162,11 @@ def _enumerated(chain: Chain, b: Block, grid: int, deadline: Deadline | None
 
 
 def class_menus(chain: Chain, *, grid: int = GRID, deadline: Deadline | None = None,
-                milp_seconds: float = 0.0, until: Deadline | None = None, milp_solves: int = MILP_SOLVES
+                milp_seconds: float = 0.0, until: Deadline | None = None, milp_work: int | None = None
                 ) -> tuple[dict[int, list[Positions]], dict[str, float]]:
     """Per class: the menu of its first block as positions (store-all first), and statistics.  Past
     `deadline` the classes left get only the kept-subset options of keeping everything.  The MILPs
-    (none when `milp_seconds` is 0) solve `milp_solves` budget pairs in all, shared by model size; as a
+    (none when `milp_seconds` is 0) do `milp_work` (default `MILP_WORK`) in all, shared by model size; as a
     safety cap they stop after `milp_seconds` or at `until` (the solve's own deadline)."""
     firsts: dict[int, Block] = {}
     for b in chain.blocks:
@@ -184,25 +186,26 @@ def class_menus(chain: Chain, *, grid: int = GRID, deadline: Deadline | None = N
             models[k] = block_milp.build(chain, b)
         searches = {k: block_milp.PairSearch(chain, bm, enumerated[k][0])
                     for k, bm in models.items() if bm is not None and bm.model.num_vars}
-        left = milp_solves
+        left = MILP_WORK if milp_work is None else milp_work
         for levels in MILP_LEVELS:  # coarse grids for every class first, then finer ones
             pending = sorted(searches, key=lambda k: (searches[k].bm.model.num_vars, k))
             total = sum(searches[k].bm.model.num_vars for k in pending)
             for k in pending:  # smallest models first: solves a class leaves unused go to larger ones
                 weight = searches[k].bm.model.num_vars
                 share, total = left * weight // total, total - weight
-                before = searches[k].solves
-                searches[k].run(levels, end, max_solves=share)
-                left -= searches[k].solves - before
+                before = searches[k].work
+                searches[k].run(levels, end, max_work=share)
+                left -= searches[k].work - before
         for k, search in searches.items():
             menus[k] = pareto([*menus[k], *search.found])
             stats["milp_options"] += sum(any(o is f for f in search.found) for o in menus[k])
         stats["milp_classes"] = sum(bool(s.solves) for s in searches.values())
         stats["milp_solves"] = sum(s.solves for s in searches.values())
+        stats["milp_work"] = sum(s.work for s in searches.values())
         stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
-        # a search cut short by the time cap found less than its counted work would: not cached
-        stats["enumeration_cut"] = stats["enumeration_cut"] or any(s.cut for s in searches.values()) \
-            or len(models) < len(firsts)
+        # a search the time cap cut short found less than its counted work would: kept (so the plans
+        # of one process agree), but every plan made with these menus says so (`solve`)
+        stats["milp_cut"] = any(s.cut for s in searches.values()) or len(models) < len(firsts)
     return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
 
 
@@ -228,7 +231,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
           milp_seconds: float | None = None, deadline: Deadline | None = None) -> SolveResult:
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
     `milp_seconds`: the block MILPs' safety cap (default `MILP_SECONDS`, at most half of `time_limit`;
-    0 leaves the menus to the kept-subset options); their work is `MILP_SOLVES` pair solves.  Returns
+    0 leaves the menus to the kept-subset options); their work is `MILP_WORK`.  Returns
     by `time_limit` seconds (or `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even
     it does not finish), then the block menus, cut to what was measured past half of the time left;
     when the DP over the menus does not finish, Rotor's plan is the answer."""
@@ -247,7 +250,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         raise exc.within(budget_bytes, "rockmate") from None
     if milp_seconds is None:
         milp_seconds = milp_time(min(time_limit, deadline.left()))
-    key = (graph, MILP_SOLVES if milp_seconds > 0 else 0)
+    key = (graph, MILP_WORK if milp_seconds > 0 else 0)
     cached = _MENUS.get(key)
     if cached is None:
         # past half the time left, remaining classes get only rotor's two options (the DP is fast)
@@ -258,6 +261,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     else:
         _MENUS.put(key, cached)  # used again: the most recent
         by_class, stats = cached
+        if stats.get("milp_cut"):
+            note_cut("rockmate: block MILPs (menus kept from an earlier solve)")
     stats = {**stats, "menus_cached": cached is not None}
     menus = [_measure(chain, b, by_class[b.klass], deadline) for b in chain.blocks]
     # The DP rounds sizes to slots and its proposals are re-costed in bytes (`ChainSolver`), so the

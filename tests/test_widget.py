@@ -371,19 +371,27 @@ def test_cancel_leaves_the_shown_plan_and_frees_the_planner_at_once(solves):
 def test_rerunning_a_planner_cell_on_the_same_model_plans_the_same_graph():
     """Issue 18 item 4: a second Planner for the same model and inputs (a re-run cell) re-measures op
     times that differ by up to 2x on CPU; it plans with the first times, so its graph is the same, and
-    so is its plan: the solvers bound their work by counted measures, not by the clock (the time limit
-    is a safety cap, far from reached here: `Plan.time_cuts` would name where it stopped them)."""
+    so is its plan: Rockmate bounds its work by counted measures, not by the clock (the time limit is a
+    safety cap, not reached here: `Plan.time_cuts` would name where it stopped it).  Not 'auto': on
+    this small graph that is Checkmate, whose MILP spends the whole limit at HiGHS's root node, which
+    no work limit bounds (its plan then says it may differ between runs)."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh())
                                   for _ in range(6)])
     args = (torch.randn(512, 32),)  # activations well above the parameters: checkmate recomputes
-    first = Planner(model, args, budget=0.7, time_limit=60)
-    again = Planner(model, args, budget=0.7, time_limit=60)
+    first = Planner(model, args, budget=0.7, strategy="rockmate", time_limit=60)
+    again = Planner(model, args, budget=0.7, strategy="rockmate", time_limit=60)
     assert first.plan.timeline.recomputes > 0
     assert again.profile.graph == first.profile.graph
     assert first.plan.time_cuts == [] and again.plan.time_cuts == []
-    assert again.plan.schedule == first.plan.schedule and again.plan.frontier == first.plan.frontier
+    assert again.plan.schedule == first.plan.schedule
+    # the frontier's budgets, peaks and strategies; not its overheads: they include the fixed step
+    # costs each profile measures anew (graph.meta, outside graph equality)
+    def points(p: Plan) -> list[tuple]:
+        return [(r["budget_bytes"], r["peak_bytes"], r["strategy"]) for r in p.frontier]
+
+    assert points(again.plan) == points(first.plan)
     first.close()
     again.close()
 

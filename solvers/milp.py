@@ -107,17 +107,20 @@ def default_backend() -> Backend:
 
 def solve(
     model: Model, *, time_limit: float, backend: Backend | None = None, relax: bool = False,
-    start: Sequence[float] | None = None, nodes: int | None = None, where: str = "milp",
+    start: Sequence[float] | None = None, nodes: int | None = None, checks: int | None = None,
+    where: str = "milp",
 ) -> MilpSolution:
     """Solve `model` (its LP relaxation when `relax`) from MIP start `start`, exploring at most `nodes`
-    branch-and-bound nodes (None: no limit) and stopping after `time_limit` seconds.  The node limit is
-    counted work, so the answer is the same on a slow machine; the time limit is the safety cap, and
+    branch-and-bound nodes and stopping at HiGHS's `checks`-th interrupt check (None: no limit), or
+    after `time_limit` seconds.  Nodes and checks are counted work, so the answer is the same on a slow
+    machine (HiGHS checks at fixed points of its search, the root node's cut rounds included, which the
+    node limit does not bound; CBC gets the node limit only); the time limit is the safety cap, and
     when it is what stopped the solver, `solvers.deadline.note_cut(where)` records it."""
     backend = backend or default_backend()
     t0 = time.perf_counter()
     if backend == "highs":
         status, x, obj, bound, cut, iterations = _solve_highs(model, max(time_limit, 0.01), relax, start,
-                                                              nodes)
+                                                              nodes, checks)
     else:
         status, x, obj, bound, cut = _solve_cbc(model, max(time_limit, 0.01), relax, start, nodes)
         iterations = 0
@@ -127,7 +130,7 @@ def solve(
 
 
 def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None,
-                 nodes: int | None):
+                 nodes: int | None, checks: int | None):
     import highspy
 
     t0 = time.perf_counter()
@@ -136,6 +139,15 @@ def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[f
     h.setOptionValue("random_seed", 0)
     if nodes is not None and not relax:
         h.setOptionValue("mip_max_nodes", max(int(nodes), 1))
+    if checks is not None and not relax:
+        seen = [0]
+
+        def stop_at_checks(event: highspy.HighsCallbackEvent) -> None:
+            seen[0] += 1
+            if seen[0] >= checks:
+                event.interrupt()
+
+        h.cbMipInterrupt.subscribe(stop_at_checks)
     # Brute-force comparisons need true optima, not HiGHS's default 1e-4 relative gap.
     h.setOptionValue("mip_rel_gap", 1e-7)
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)

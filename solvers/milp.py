@@ -142,7 +142,7 @@ def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[f
     if checks is not None and not relax:
         seen = [0]
 
-        def stop_at_checks(event: highspy.HighsCallbackEvent) -> None:
+        def stop_at_checks(event: highspy.highs.HighsCallbackEvent) -> None:
             seen[0] += 1
             if seen[0] >= checks:
                 event.interrupt()

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from solvers.deadline import timed_out
 from solvers.ir import DataKind, Graph, GraphBuilder
 from solvers.schedule import Schedule, Step
 
@@ -1389,7 +1390,7 @@ def select_chunks(
     finished = list(states)
     cache: dict[tuple, list[Flow]] = {}
     for _ in range(max_regions):
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and timed_out(deadline, "autochunk: region search", time.perf_counter()):
             break
         nxt: list[tuple[tuple[ChunkRegion, ...], MemoryEstimate, float, int]] = []
         for regions, est, cost, _ in states:
@@ -1400,7 +1401,8 @@ def select_chunks(
             if key not in cache:
                 cache[key] = candidates_around(g, est.peak_node, regions, window)
             for f in cache[key]:
-                if deadline is not None and time.perf_counter() > deadline and nxt:
+                if deadline is not None and nxt and timed_out(deadline, "autochunk: region search",
+                                                               time.perf_counter()):
                     break  # out of time: rank what this round found
                 trial = _best_count(g, regions, f, budget_bytes, model, temp)
                 if trial is not None and trial[1].peak_bytes <= est.peak_bytes and _moved(trial[1], est):

@@ -47,11 +47,18 @@ from dataclasses import dataclass
 
 from solvers import milp
 from solvers.chain import Block, BlockOption, Chain, liveness_frees, sequence_option
+from solvers.deadline import timed_out
 from solvers.ir import Graph
 
-#: per-MILP time limit in seconds (a GPT attention block's model has under a thousand binaries)
-SOLVE_SECONDS = 0.5
-#: larger block models are not built: within `SOLVE_SECONDS` HiGHS would not get past the root
+#: per-MILP safety cap in seconds (a GPT attention block's model has under a thousand binaries and
+#: is solved at the root in about 1 s on the 2-core CI machine at a load of 13)
+SOLVE_SECONDS = 10.0
+#: per-MILP branch-and-bound nodes: the work limit, the same on any machine (issue 18 item 4)
+SOLVE_NODES = 500
+#: the work one pair solve counts (`PairSearch.work`): its simplex iterations plus this, for the
+#: fixed cost of a solve (on the 2-core CI machine about 1 ms per iteration and 5 ms per solve)
+SOLVE_BASE_WORK = 5
+#: larger block models are not built: HiGHS would not get past the root within a few seconds
 MAX_VARS = 20_000
 
 
@@ -315,6 +322,8 @@ class PairResult:
     status: milp.MilpStatus
     seconds: float
     warm_start: bool
+    cut: bool = False  # stopped by its time cap (`SOLVE_SECONDS`), not by its node limit or an answer
+    iterations: int = 0  # HiGHS's simplex iterations: the solve's counted work
 
 
 def solve_pair(chain: Chain, bm: BlockMilp, m_save: int, m_peak: int, *, time_limit: float = SOLVE_SECONDS,
@@ -331,16 +340,18 @@ def solve_pair(chain: Chain, bm: BlockMilp, m_save: int, m_peak: int, *, time_li
     x0 = start_values(chain, bm, start) if start is not None else None
     if x0 is not None and model.violation(x0) > 1e-9:
         x0 = None  # outside the model (it over-counts some schedule): solve without it
-    sol = milp.solve(model, time_limit=time_limit, start=x0)
+    sol = milp.solve(model, time_limit=time_limit, start=x0, nodes=SOLVE_NODES,
+                     where="rockmate: a block MILP")
     if sol.x is None:
-        return PairResult(None, sol.status, _time.perf_counter() - t0, x0 is not None)
+        return PairResult(None, sol.status, _time.perf_counter() - t0, x0 is not None, sol.cut,
+                          sol.iterations)
     block = bm.block
     bseq: list[int] = []
     for st, b in zip(bm.stages, block.backward, strict=True):
         bseq.extend(block.forward[j] for j, v in sorted(st.R.items()) if sol.x[v] > 0.5)
         bseq.append(b)
     option = sequence_option(chain, block, block.forward, bseq)
-    return PairResult(option, sol.status, _time.perf_counter() - t0, x0 is not None)
+    return PairResult(option, sol.status, _time.perf_counter() - t0, x0 is not None, sol.cut, sol.iterations)
 
 
 def budget_pairs(bm: BlockMilp, known: Sequence[BlockOption], levels: int) -> list[tuple[int, int]]:
@@ -379,18 +390,26 @@ class PairSearch:
     known: Sequence[BlockOption]
     found: list[BlockOption] = dataclasses.field(default_factory=list)
     solves: int = 0
+    work: int = 0  # counted work of the solves so far (`SOLVE_BASE_WORK` + simplex iterations each)
+    cut: bool = False  # the time cap stopped a `run` before its work was done
     _visited: set[tuple[int, int]] = dataclasses.field(default_factory=set)
     _proven: list[tuple[tuple[int, int], BlockOption]] = dataclasses.field(default_factory=list)
     _infeasible: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     _in_class: dict[int, bool] = dataclasses.field(default_factory=dict)  # id(option) -> a valid start
 
-    def run(self, levels: int, deadline: float) -> bool:
-        """Visit the `levels` x `levels` grid until `deadline` (time.perf_counter()); True when done."""
+    def run(self, levels: int, deadline: float, max_work: int | None = None) -> bool:
+        """Visit the `levels` x `levels` grid, starting no MILP once this run's `work` reached
+        `max_work` (None: no limit; the work bound, the same on any machine), until `deadline`
+        (time.perf_counter(); the safety cap, which sets `cut`); True when done."""
         if not self.bm.model.num_vars:
             return True  # nothing to choose: the block saves nothing but its output
+        spent = self.work
         for s, p in budget_pairs(self.bm, self.known, levels):
             left = deadline - _time.perf_counter()
-            if left <= 0:
+            if timed_out(deadline, "rockmate: block MILP grid", _time.perf_counter()):
+                self.cut = True
+                return False
+            if max_work is not None and self.work - spent >= max_work and (s, p) not in self._visited:
                 return False
             if (s, p) in self._visited:
                 continue
@@ -402,6 +421,8 @@ class PairSearch:
             res = solve_pair(self.chain, self.bm, s, p, time_limit=min(SOLVE_SECONDS, left),
                              start=self._start(s, p))
             self.solves += 1
+            self.work += SOLVE_BASE_WORK + res.iterations
+            self.cut = self.cut or res.cut
             if res.status == "infeasible":
                 self._infeasible.append((s, p))
             elif res.option is not None:

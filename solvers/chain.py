@@ -416,7 +416,7 @@ def _crossing_lp(graph: Graph, bwd: list[int], free_nodes: list[int], lo: dict[i
     for coef, bound in rows:
         lp.row(coef.items(), hi=bound)
     # HiGHS's simplex returns a vertex (as scipy's highs-ds did before); rounding maps it to blocks
-    res = solve_milp(lp, time_limit=LP_SECONDS, relax=True)
+    res = solve_milp(lp, time_limit=LP_SECONDS, relax=True, where="chain: backward-assignment LP")
     if res.status != "optimal" or res.x is None:
         return {b: lo[b] for b in free_nodes}
     return {b: int(round(res.x[var[b]])) for b in free_nodes}

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solvers import milp
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, timed_out
 from solvers.ir import Graph, GraphError, Phase
 from solvers.memo import RecentMemo
 from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
@@ -164,7 +164,7 @@ def _closure_sequence(st: _Stages, keep: Sequence[set[int]], deadline: float = m
     Raises `_Timeout` past `deadline` (quadratic in the stages: large graphs take seconds)."""
     seq: list[int] = []
     for t in range(st.n):
-        if t % 64 == 0 and time.monotonic() > deadline:
+        if t % 64 == 0 and timed_out(deadline, "checkmate: dependency closure"):
             raise _Timeout
         # required outputs are carried from their production on (S[t, d] = 1 in the MILP)
         nxt = (keep[t + 1] | {d for d in st.outputs if st.prod[d] <= t}) if t + 1 < st.n else st.outputs
@@ -213,7 +213,7 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
              else max(st.readers[d], default=st.prod[d]) for d in st.datas}
     V = _Vars([], [], [], [])
     for t in range(n):
-        if time.monotonic() > deadline:  # the variables alone are quadratic in the graph
+        if timed_out(deadline, "checkmate: building the MILP"):  # the variables alone are quadratic
             raise _Timeout
         V.R.append([m.var(cost=graph.computes[st.order[j]].time / tscale, lb=1.0 if j == t else 0.0,
                           ub=1.0 if j == t or j in redo else 0.0)
@@ -223,7 +223,7 @@ def _build(st: _Stages, graph: Graph, cap: float, deadline: float, *,
         V.S.append({d: m.var(lb=1.0 if d in st.outputs else 0.0, ub=1.0 if t <= until[d] else 0.0)
                     for d in st.datas if st.prod[d] < t and d in useful})
     for t in range(n):
-        if time.monotonic() > deadline:
+        if timed_out(deadline, "checkmate: building the MILP"):
             raise _Timeout
         R, S = V.R[t], V.S[t]
         Snext = V.S[t + 1] if t + 1 < n else {}
@@ -515,13 +515,13 @@ def _prune(graph: Graph, plan: _Plan, budget: int, deadline: float) -> _Plan:
     seq = [s.node for s in plan.schedule if s.op == "compute"]
     if len(set(seq)) == len(seq) or plan.pruned_at >= budget:  # less room removes nothing more
         return plan
-    if time.monotonic() + _step_seconds(graph) > deadline:  # no time to simulate a pruned schedule
+    if timed_out(deadline - _step_seconds(graph), "checkmate: pruning"):  # no time to simulate one
         return plan
     n = len(seq)
     orders = (range(n), range(n - 1, -1, -1), sorted(range(n), key=lambda q: -graph.computes[seq[q]].time))
     best = plan
     for k, order in enumerate(orders):
-        if k and time.monotonic() > deadline:
+        if k and timed_out(deadline, "checkmate: pruning"):
             break
         res = _Residency(graph, seq)
         removed = done = True
@@ -531,7 +531,7 @@ def _prune(graph: Graph, plan: _Plan, budget: int, deadline: float) -> _Plan:
             for i, q in enumerate(order):
                 if res.removable(q) and res.remove(q, budget):
                     removed = True
-                if i % 64 == 0 and time.monotonic() > deadline:
+                if i % 64 == 0 and timed_out(deadline, "checkmate: pruning"):
                     done = False
                     break
             sweeps += 1
@@ -553,7 +553,7 @@ def _prune_fastest(graph: Graph, plans: Sequence[_Plan], budget: int, deadline: 
     fits = sorted({p.schedule: p for p in plans if p.peak <= budget}.values(), key=lambda p: p.time)
     pruned: list[_Plan] = []
     for p in fits[:count]:
-        if pruned and time.monotonic() > deadline:
+        if pruned and timed_out(deadline, "checkmate: pruning"):
             break
         pruned.append(_prune(graph, p, budget, deadline))
     return min(pruned, key=lambda p: p.time, default=None)
@@ -599,12 +599,12 @@ def _drop_plans(graph: Graph, st: _Stages, keep: Sequence[set[int]], candidates:
             took[0] = _note_step(graph, time.monotonic() - started)
         return plans.get(k)
 
-    if time.monotonic() + took[0] > deadline:
+    if timed_out(deadline - took[0], f"checkmate: {source} plans"):
         return []
     top = evaluate(len(candidates))
     if top is not None and top.peak <= budget:
         lo, hi = -1, len(candidates)  # invariant: hi fits
-        while hi - lo > 1 and time.monotonic() + took[0] < deadline:
+        while hi - lo > 1 and not timed_out(deadline - took[0], f"checkmate: {source} plans"):
             mid = (lo + hi) // 2
             p = evaluate(mid)
             if p is not None and p.peak <= budget:
@@ -626,11 +626,11 @@ def _checkpoint_plans(graph: Graph, st: _Stages, budget: int, deadline: float) -
         made[st.prod[d]].append(d)
     keep = [set()]
     for t in range(1, st.n):  # stage t holds everything produced before it (copies: quadratic, in C)
-        if t % 256 == 0 and time.monotonic() > deadline:
+        if t % 256 == 0 and timed_out(deadline, "checkmate: checkpoint plans"):
             return []
         keep.append(keep[-1] | set(made[t - 1]))
     plans = _drop_plans(graph, st, keep, fwd, budget, deadline, "checkpoint")
-    if all(p.peak > budget for p in plans) and time.monotonic() < deadline:
+    if all(p.peak > budget for p in plans) and not timed_out(deadline, "checkmate: checkpoint plans"):
         plans += _drop_plans(graph, st, keep, fwd, budget, deadline, "checkpoint-everywhere", everywhere=True)
     return plans
 
@@ -688,7 +688,7 @@ def _refusal(budget: int, known: list[_Plan], solver: str, graph: Graph, end: fl
     """`_infeasible`'s error, or `OutOfTime` (with the same smallest peak known) when the search stopped
     at the deadline `end` rather than running out of ideas."""
     exc = _infeasible(budget, known, solver, graph)
-    if time.monotonic() < end:
+    if not timed_out(end, f"{solver}: search"):
         return exc
     return OutOfTime(f"{solver} search", budget, solver, exc.minimum_bytes)
 
@@ -741,7 +741,8 @@ def _min_peak_milp(graph: Graph, st: _Stages, best: _Plan, t0: float, time_limit
         start[0] = max(start[u] + graph.computes[st.order[k]].temp_bytes / unit * start[V.R[t][k]]
                        for t in range(st.n) for k, u in enumerate(V.U[t]))  # Z is variable 0
     sol = milp.solve(model, time_limit=max(time_limit - (time.monotonic() - t0), 0.05), start=start,
-                     backend=backend)
+                     backend=backend, nodes=MILP_NODES, checks=MILP_CHECKS,
+                     where="checkmate: min-peak MILP")
     if sol.x is None:
         return best, False
     seq = [st.order[j] for t in range(st.n) for j in range(t + 1) if sol.x[V.R[t][j]] > 0.5]
@@ -775,6 +776,12 @@ def _remembered(graph: Graph) -> list[_Plan]:
 # --- public entry points --------------------------------------------------------------------------
 #: the part of the time left that Checkmate gives Rockmate and Rotor for its MIP starts
 HIERARCHY_SHARE = 0.6
+#: the work limit of one Checkmate MILP, the same on any machine (issue 18 item 4; the time limit is
+#: the safety cap): branch-and-bound nodes, and HiGHS's interrupt checks, which also bound the root
+#: node (a 52-op ResNet's 7.5k-variable MILP took 184 checks, 21 s on a quiet 2-core machine, to prove
+#: optimality; 100 checks took 15 s there, 48 s at three times the load, stopping at the same point)
+MILP_NODES = 2000
+MILP_CHECKS = 100
 
 
 def _hierarchy_plans(graph: Graph, budget: int, time_limit: float, end: float) -> list[_Plan]:
@@ -914,7 +921,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
             return incumbent_result("time limit while building the MILP", None)
         extra.update(variables=model.num_vars, constraints=model.num_rows, nonzeros=len(model.row_index),
                      build_seconds=round(time.monotonic() - now, 3))
-        if end - time.monotonic() < 0.1 * time_limit:
+        if timed_out(end - 0.1 * time_limit, "checkmate: MILP not solved"):
             return incumbent_result("time limit: too little left after building the MILP", None)
         start = None
         if seed_stages is not None:
@@ -923,7 +930,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0, relax: b
                 start = None  # a bug here must not poison the search; the MILP still runs
         extra["warm_start"] = start is not None
         sol = milp.solve(model, time_limit=max(end - time.monotonic(), 0.05), start=start,
-                         backend=backend)
+                         backend=backend, nodes=MILP_NODES, checks=MILP_CHECKS, where="checkmate: MILP")
         extra["backend"] = sol.backend
         bound = sol.bound * tscale if sol.bound is not None else None
         if sol.status == "infeasible":
@@ -983,7 +990,7 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
     def rounded(rule: Callable[[float], bool]) -> list[set[int]]:
         return [{d for d, v in values[t].items() if rule(v)} for t in range(st.n)]
 
-    if time.monotonic() + _step_seconds(graph) > deadline:
+    if timed_out(deadline - _step_seconds(graph), "checkmate: LP rounding"):
         return plans
     half = rounded(lambda v: v >= 0.5)
     p = evaluate(half, "theta=0.5")
@@ -997,11 +1004,11 @@ def _rounded_plans(graph: Graph, st: _Stages, values: list[dict[int, float]], bu
                                                   / max(graph.datas[d].bytes, 1)))
         plans += _drop_plans(graph, st, half, candidates, budget, deadline, f"{source} theta=0.5 repaired")
     for theta in (0.6, 0.7, 0.8, 0.9, 0.95, 0.99):
-        if time.monotonic() + _step_seconds(graph) > deadline:
+        if timed_out(deadline - _step_seconds(graph), "checkmate: LP rounding"):
             return plans
         evaluate(rounded(lambda v, th=theta: v >= th), f"theta={theta}")
     for _ in range(samples):
-        if time.monotonic() + _step_seconds(graph) > deadline:
+        if timed_out(deadline - _step_seconds(graph), "checkmate: LP rounding"):
             break
         evaluate(rounded(lambda v: rng.random() < v), "random")
     return plans
@@ -1045,7 +1052,7 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         extra["stopped"] = "all budget scales rounded"
         for scale in scales:
             now = time.monotonic()
-            if end - now < 0.15 * time_limit:
+            if timed_out(end - 0.15 * time_limit, "checkmate-lp: LP scales", now):
                 extra["stopped"] = "time limit"
                 break
             try:
@@ -1055,7 +1062,8 @@ def solve_lp(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
                 extra["stopped"] = "time limit while building the LP"
                 break
             # keep a tenth of the limit for rounding this LP's solution
-            sol = milp.solve(model, time_limit=end - time.monotonic() - 0.1 * time_limit, relax=True)
+            sol = milp.solve(model, time_limit=end - time.monotonic() - 0.1 * time_limit, relax=True,
+                             where="checkmate-lp: LP")
             backend = sol.backend
             if sol.x is None:
                 extra["stopped"] = "time limit while solving the LP" if sol.status != "infeasible" else \

@@ -18,6 +18,8 @@ from typing import Literal
 
 import numpy as np
 
+from solvers.deadline import note_cut
+
 Backend = Literal["highs", "cbc"]
 MilpStatus = Literal["optimal", "feasible", "infeasible", "no_solution"]
 
@@ -83,6 +85,8 @@ class MilpSolution:
     bound: float | None
     backend: Backend
     seconds: float
+    cut: bool = False  # the time limit, not the search or the node limit, stopped the solver
+    iterations: int = 0  # simplex iterations, counted work (HiGHS; 0 from CBC, which does not say)
 
     @property
     def gap(self) -> float | None:
@@ -103,25 +107,47 @@ def default_backend() -> Backend:
 
 def solve(
     model: Model, *, time_limit: float, backend: Backend | None = None, relax: bool = False,
-    start: Sequence[float] | None = None,
+    start: Sequence[float] | None = None, nodes: int | None = None, checks: int | None = None,
+    where: str = "milp",
 ) -> MilpSolution:
-    """Solve `model` (its LP relaxation when `relax`) within `time_limit` seconds, from MIP start `start`."""
+    """Solve `model` (its LP relaxation when `relax`) from MIP start `start`, exploring at most `nodes`
+    branch-and-bound nodes and stopping at HiGHS's `checks`-th interrupt check (None: no limit), or
+    after `time_limit` seconds.  Nodes and checks are counted work, so the answer is the same on a slow
+    machine (HiGHS checks at fixed points of its search, the root node's cut rounds included, which the
+    node limit does not bound; CBC gets the node limit only); the time limit is the safety cap, and
+    when it is what stopped the solver, `solvers.deadline.note_cut(where)` records it."""
     backend = backend or default_backend()
     t0 = time.perf_counter()
     if backend == "highs":
-        status, x, obj, bound = _solve_highs(model, max(time_limit, 0.01), relax, start)
+        status, x, obj, bound, cut, iterations = _solve_highs(model, max(time_limit, 0.01), relax, start,
+                                                              nodes, checks)
     else:
-        status, x, obj, bound = _solve_cbc(model, max(time_limit, 0.01), relax, start)
-    return MilpSolution(status, x, obj, bound, backend, time.perf_counter() - t0)
+        status, x, obj, bound, cut = _solve_cbc(model, max(time_limit, 0.01), relax, start, nodes)
+        iterations = 0
+    if cut:
+        note_cut(where)
+    return MilpSolution(status, x, obj, bound, backend, time.perf_counter() - t0, cut, iterations)
 
 
-def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None):
+def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None,
+                 nodes: int | None, checks: int | None):
     import highspy
 
     t0 = time.perf_counter()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("random_seed", 0)
+    if nodes is not None and not relax:
+        h.setOptionValue("mip_max_nodes", max(int(nodes), 1))
+    if checks is not None and not relax:
+        seen = [0]
+
+        def stop_at_checks(event: highspy.highs.HighsCallbackEvent) -> None:
+            seen[0] += 1
+            if seen[0] >= checks:
+                event.interrupt()
+
+        h.cbMipInterrupt.subscribe(stop_at_checks)
     # Brute-force comparisons need true optima, not HiGHS's default 1e-4 relative gap.
     h.setOptionValue("mip_rel_gap", 1e-7)
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
@@ -145,22 +171,25 @@ def _solve_highs(model: Model, time_limit: float, relax: bool, start: Sequence[f
     h.setOptionValue("time_limit", max(time_limit - (time.perf_counter() - t0), 0.01))
     h.run()
     ms = h.getModelStatus()
+    cut = ms == highspy.HighsModelStatus.kTimeLimit
     info = h.getInfo()
+    its = max(int(info.simplex_iteration_count), 0)
     has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
     if ms == highspy.HighsModelStatus.kInfeasible:
-        return "infeasible", None, None, None
+        return "infeasible", None, None, None, cut, its
     if not has_x:
         bound = info.mip_dual_bound if not relax and math.isfinite(info.mip_dual_bound) else None
-        return "no_solution", None, None, bound
+        return "no_solution", None, None, bound, cut, its
     x = tuple(h.getSolution().col_value)
     obj = info.objective_function_value
     if ms == highspy.HighsModelStatus.kOptimal:
-        return "optimal", x, obj, obj if relax else info.mip_dual_bound
+        return "optimal", x, obj, obj if relax else info.mip_dual_bound, cut, its
     bound = info.mip_dual_bound if not relax and math.isfinite(info.mip_dual_bound) else None
-    return "feasible", x, obj, bound
+    return "feasible", x, obj, bound, cut, its
 
 
-def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None):
+def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[float] | None,
+               nodes: int | None):
     import pulp
 
     prob = pulp.LpProblem("milp", pulp.LpMinimize)
@@ -190,16 +219,20 @@ def _solve_cbc(model: Model, time_limit: float, relax: bool, start: Sequence[flo
     with warnings.catch_warnings():
         # pulp 3.3 flags its bundled CBC as deprecated for 4.0, which needs Python >= 3.12 (TOOLCHAIN.md)
         warnings.simplefilter("ignore", DeprecationWarning)
+        options = [] if nodes is None or relax else [f"maxNodes {max(int(nodes), 1)}"]
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, warmStart=start is not None and not relax,
-                                   gapRel=1e-7)
+                                   gapRel=1e-7, threads=1, options=options)
+    t0 = time.perf_counter()
     prob.solve(solver)
+    # PuLP does not say which limit stopped CBC: a run that lasted the whole time limit was the clock's
+    cut = time.perf_counter() - t0 >= 0.95 * time_limit
     if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
-        return "infeasible", None, None, None
+        return "infeasible", None, None, None, cut
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return "no_solution", None, None, None
+        return "no_solution", None, None, None, cut
     x = tuple(float(v.varValue or 0.0) for v in xs)
     obj = float(sum(c * x[j] for j, c in enumerate(model.cost)))
     if prob.sol_status == pulp.LpSolutionOptimal:
-        return "optimal", x, obj, obj
+        return "optimal", x, obj, obj, cut
     # CBC through PuLP reports no dual bound: the gap stays unknown rather than invented.
-    return "feasible", x, obj, None
+    return "feasible", x, obj, None, cut

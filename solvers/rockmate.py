@@ -7,11 +7,12 @@ position to every member block, where each option is measured again:
 - rk-Checkmate (`solvers.block_milp`, Sec. 3.3 and Appendix B): the Checkmate MILP restricted to the
   block, solved over grids of (kept bytes, block peak) budget pairs spanning the known options,
   `MILP_LEVELS` x `MILP_LEVELS` from coarse to fine; its options may recompute forward nodes several
-  times inside the backward.  Each MILP is time-limited and warm-started from the fastest known
-  option meeting its pair; per grid the classes share what is left of the total MILP time
-  (`MILP_SECONDS`, at most a quarter of the time limit) in proportion to their model sizes, smallest
-  first so that time left unused goes to the larger ones.  The search stops at the finest grid or
-  when the time is spent, whichever comes first.
+  times inside the backward.  Each MILP is node-limited and warm-started from the fastest known
+  option meeting its pair; per grid the classes share what is left of `MILP_WORK` (counted: each pair
+  solve's simplex iterations and a fixed cost) in proportion to their model sizes, smallest first so
+  that work left unused goes to the larger ones.  The search stops at the finest grid or when the
+  work is spent, whichever comes first: a loaded machine gets the same menus (issue 18 item 4).
+  `MILP_SECONDS` (at most half the time limit) is only a safety cap.
 - kept-subset options: the backward regenerates the dropped data by recomputing, right before the
   first backward node that needs them, the forward nodes that produce them.  For blocks with at most
   `EXACT_SUBSETS` saved data every subset is measured; larger blocks get nested greedy families of up
@@ -37,7 +38,7 @@ import numpy as np
 
 from solvers import block_milp
 from solvers.chain import Block, BlockOption, Chain, block_option, sequence_option, store_all
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, note_cut, timed_out
 from solvers.ir import Graph
 from solvers.memo import RecentMemo
 from solvers.result import OutOfTime, SolveResult
@@ -101,19 +102,25 @@ def _menu(options: list[BlockOption], grid: int) -> list[int]:
     return chosen
 
 
-#: total seconds for the block MILPs of one `solve` (capped at a quarter of its time limit)
-MILP_SECONDS = 3.0
+#: the block MILPs' safety cap in seconds for one `solve` (at most half of its time limit); their
+#: work is `MILP_WORK`, counted, so that a slow machine gets the same menus (issue 18 item 4)
+MILP_SECONDS = 30.0
+#: the block MILPs' work for one graph's menus, over all classes, in `block_milp.PairSearch.work` units
+#: (simplex iterations + `block_milp.SOLVE_BASE_WORK` per solve; about 1 ms each on the 2-core CI
+#: machine): about the 64 pair solves that 3 s allowed on bench_remat's 12-layer GPT when time was the
+#: limit (57 units per solve there; 800 per solve on tests' gpt_graph(2, seq=32, hidden=64))
+MILP_WORK = 4000
 #: kept-byte and peak levels of the rk-Checkmate budget-pair grids, coarse to fine (each one nests
 #: the previous: levels 2^k + 1); the paper uses 20 x 20
 MILP_LEVELS = (5, 9, 17)
 
 Positions = tuple[tuple[int, ...], tuple[int, ...]]  # an option's sequences as positions in its block
 
-#: class menus of the last few graphs planned, per MILP time: one graph planned at several budgets
-#: gets one menu, so its plans stay monotone in the budget although the MILPs are time-limited
+#: class menus of the last few graphs planned, per MILP work (`MILP_WORK`, 0 without MILPs): one
+#: graph planned at several budgets gets one menu (menus the time cap cut are not kept)
 CACHED_GRAPHS = 4
 Menus = tuple[dict[int, list[Positions]], dict[str, float]]  # options per block class, statistics
-_MENUS: RecentMemo[tuple[Graph, float], Menus] = RecentMemo(CACHED_GRAPHS)
+_MENUS: RecentMemo[tuple[Graph, int], Menus] = RecentMemo(CACHED_GRAPHS)
 
 
 def _cost(o: BlockOption) -> tuple[float, int, int, int]:
@@ -140,60 +147,65 @@ def _positions(block: Block, o: BlockOption) -> Positions:
     return tuple(index[c] for c in o.forward), tuple(index[c] for c in o.backward)
 
 
-def _past(deadline: Deadline | None) -> bool:
-    return deadline is not None and deadline.passed()
-
-
 def _enumerated(chain: Chain, b: Block, grid: int, deadline: Deadline | None
-                ) -> tuple[list[BlockOption], list[BlockOption]]:
-    """(every measured kept-subset option, store-all first; the ones picked over the grid).  Past
-    `deadline` no more are measured (keeping every candidate is always measured)."""
+                ) -> tuple[list[BlockOption], list[BlockOption], bool]:
+    """(every measured kept-subset option, store-all first; the ones picked over the grid; whether
+    `deadline` cut the list).  Past `deadline` no more are measured (keeping every candidate is)."""
     everything = frozenset(_candidates(chain, b))
     opts = [store_all(chain, b)]
+    cut = False
     for k in _kept_sets(chain, b):
-        if k == everything or not _past(deadline):
+        cut = cut or (deadline is not None and deadline.expired("rockmate: block options not enumerated"))
+        if k == everything or not cut:
             opts.append(block_option(chain, b, k))
-    return opts, [opts[i] for i in _menu(opts, grid)]
+    return opts, [opts[i] for i in _menu(opts, grid)], cut
 
 
 def class_menus(chain: Chain, *, grid: int = GRID, deadline: Deadline | None = None,
-                milp_seconds: float = 0.0, until: Deadline | None = None
+                milp_seconds: float = 0.0, until: Deadline | None = None, milp_work: int | None = None
                 ) -> tuple[dict[int, list[Positions]], dict[str, float]]:
     """Per class: the menu of its first block as positions (store-all first), and statistics.  Past
-    `deadline` the classes left get only the kept-subset options of keeping everything; the MILPs stop
-    after `milp_seconds` or at `until` (the solve's own deadline), whichever comes first."""
+    `deadline` the classes left get only the kept-subset options of keeping everything.  The MILPs
+    (none when `milp_seconds` is 0) do `milp_work` (default `MILP_WORK`) in all, shared by model size; as a
+    safety cap they stop after `milp_seconds` or at `until` (the solve's own deadline)."""
     firsts: dict[int, Block] = {}
     for b in chain.blocks:
         firsts.setdefault(b.klass, b)
     enumerated = {k: _enumerated(chain, b, grid, deadline) for k, b in firsts.items()}
-    menus = {k: picked for k, (_, picked) in enumerated.items()}
+    menus = {k: picked for k, (_, picked, _) in enumerated.items()}
     stats = {"milp_options": 0, "milp_seconds": 0.0, "milp_classes": 0, "milp_solves": 0,
-             "enumeration_cut": _past(deadline)}
-    if milp_seconds > 0 and not _past(until):
+             "enumeration_cut": any(cut for _, _, cut in enumerated.values())}
+    if milp_seconds > 0 and not (until is not None and until.expired("rockmate: block MILPs skipped")):
         started = _time.perf_counter()
         end = started + milp_seconds if until is None else min(started + milp_seconds,
                                                                 started + until.left())
-        models = {k: block_milp.build(chain, b) for k, b in firsts.items() if _time.perf_counter() < end}
+        models = {}
+        for k, b in firsts.items():
+            if timed_out(end, "rockmate: block MILPs not built", _time.perf_counter()):
+                break
+            models[k] = block_milp.build(chain, b)
         searches = {k: block_milp.PairSearch(chain, bm, enumerated[k][0])
                     for k, bm in models.items() if bm is not None and bm.model.num_vars}
+        left = MILP_WORK if milp_work is None else milp_work
         for levels in MILP_LEVELS:  # coarse grids for every class first, then finer ones
             pending = sorted(searches, key=lambda k: (searches[k].bm.model.num_vars, k))
             total = sum(searches[k].bm.model.num_vars for k in pending)
-            for k in pending:  # smallest models first: time a class leaves unused goes to larger ones
-                left = end - _time.perf_counter()
+            for k in pending:  # smallest models first: solves a class leaves unused go to larger ones
                 weight = searches[k].bm.model.num_vars
-                share, total = left * weight / total, total - weight
-                if share <= 0:
-                    break
-                searches[k].run(levels, _time.perf_counter() + share)
+                share, total = left * weight // total, total - weight
+                before = searches[k].work
+                searches[k].run(levels, end, max_work=share)
+                left -= searches[k].work - before
         for k, search in searches.items():
             menus[k] = pareto([*menus[k], *search.found])
             stats["milp_options"] += sum(any(o is f for f in search.found) for o in menus[k])
         stats["milp_classes"] = sum(bool(s.solves) for s in searches.values())
         stats["milp_solves"] = sum(s.solves for s in searches.values())
+        stats["milp_work"] = sum(s.work for s in searches.values())
         stats["milp_seconds"] = round(_time.perf_counter() - started, 3)
-        # a search cut short by the solve's deadline found less than `milp_seconds` would: not cached
-        stats["enumeration_cut"] = stats["enumeration_cut"] or (until is not None and until.passed())
+        # a search the time cap cut short found less than its counted work would: kept (so the plans
+        # of one process agree), but every plan made with these menus says so (`solve`)
+        stats["milp_cut"] = any(s.cut for s in searches.values()) or len(models) < len(firsts)
     return {k: [_positions(firsts[k], o) for o in menu] for k, menu in menus.items()}, stats
 
 
@@ -201,7 +213,8 @@ def _measure(chain: Chain, b: Block, menu: list[Positions],
              deadline: Deadline | None = None) -> list[BlockOption]:
     """The menu's options measured on block `b`; past `deadline` only its first, store-all (rotor's)."""
     nodes = (*b.forward, *b.backward)
-    menu = menu[:1] if _past(deadline) else menu
+    if deadline is not None and deadline.expired("rockmate: block menus not measured"):
+        menu = menu[:1]
     opts = [sequence_option(chain, b, [nodes[i] for i in f], [nodes[i] for i in bw]) for f, bw in menu]
     if opts[0].kept != store_all(chain, b).kept:  # index 0: rotor's store-all, on every block
         raise AssertionError(f"block {b.index}: the menu lost the store-all option")
@@ -209,19 +222,19 @@ def _measure(chain: Chain, b: Block, menu: list[Positions],
 
 
 def milp_time(time_limit: float) -> float:
-    """The block MILPs' total time for a solve limited to `time_limit` seconds: `MILP_SECONDS`, at most a
-    quarter of the limit, rounded so that calls with nearly the same time left share cached menus."""
-    return round(min(MILP_SECONDS, time_limit / 4), 1)
+    """The block MILPs' safety cap for a solve limited to `time_limit` seconds: `MILP_SECONDS`, at most
+    half the limit."""
+    return min(MILP_SECONDS, time_limit / 2)
 
 
 def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
           milp_seconds: float | None = None, deadline: Deadline | None = None) -> SolveResult:
     """Rockmate: block menus + rk-Rotor; InfeasibleBudget carries the smallest budget it reaches.
-    `milp_seconds`: total time for the block MILPs (default `MILP_SECONDS`, at most a quarter of
-    `time_limit`; 0 leaves the menus to the kept-subset options).  Returns by `time_limit` seconds (or
-    `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even it does not finish), then
-    the block menus, cut to what was measured past half of the time left; when the DP over the menus
-    does not finish, Rotor's plan is the answer."""
+    `milp_seconds`: the block MILPs' safety cap (default `MILP_SECONDS`, at most half of `time_limit`;
+    0 leaves the menus to the kept-subset options); their work is `MILP_WORK`.  Returns
+    by `time_limit` seconds (or `deadline`, the earlier): Rotor's DP runs first (`OutOfTime` when even
+    it does not finish), then the block menus, cut to what was measured past half of the time left;
+    when the DP over the menus does not finish, Rotor's plan is the answer."""
     started = _time.monotonic()
     deadline = Deadline.of(time_limit, deadline)
     quick = no_recompute_result(graph, budget_bytes, "rockmate", started)
@@ -237,7 +250,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
         raise exc.within(budget_bytes, "rockmate") from None
     if milp_seconds is None:
         milp_seconds = milp_time(min(time_limit, deadline.left()))
-    key = (graph, milp_seconds)
+    key = (graph, MILP_WORK if milp_seconds > 0 else 0)
     cached = _MENUS.get(key)
     if cached is None:
         # past half the time left, remaining classes get only rotor's two options (the DP is fast)
@@ -248,6 +261,8 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
     else:
         _MENUS.put(key, cached)  # used again: the most recent
         by_class, stats = cached
+        if stats.get("milp_cut"):
+            note_cut("rockmate: block MILPs (menus kept from an earlier solve)")
     stats = {**stats, "menus_cached": cached is not None}
     menus = [_measure(chain, b, by_class[b.klass], deadline) for b in chain.blocks]
     # The DP rounds sizes to slots and its proposals are re-costed in bytes (`ChainSolver`), so the
@@ -262,6 +277,7 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
             solvers.insert(0, _menus_solver(chain, key if complete else None, menus, deadline))
         except OutOfTime:
             stats["menus_dp_cut"] = True  # the best plan found in time is rotor's
+            note_cut("rockmate: DP over the block menus")
         plans = [p for p in (s.plan(budget_bytes, deadline) for s in solvers) if p is not None]
     except OutOfTime as exc:
         raise exc.within(budget_bytes, "rockmate") from None
@@ -274,10 +290,10 @@ def solve(graph: Graph, budget_bytes: int, *, time_limit: float = 60.0,
 
 
 #: the DPs over the menus of `_MENUS` (same keys): a graph planned at several budgets solves each once
-_DPS: RecentMemo[tuple[Graph, float], ChainSolver] = RecentMemo(CACHED_GRAPHS)
+_DPS: RecentMemo[tuple[Graph, int], ChainSolver] = RecentMemo(CACHED_GRAPHS)
 
 
-def _menus_solver(chain: Chain, key: tuple[Graph, float] | None, menus: list[list[BlockOption]],
+def _menus_solver(chain: Chain, key: tuple[Graph, int] | None, menus: list[list[BlockOption]],
                   deadline: Deadline) -> ChainSolver:
     """The DP over `menus`, kept under `key` unless it is None (menus cut short by the deadline)."""
     found = None if key is None else _DPS.get(key)

@@ -170,7 +170,7 @@ def dp(model: ChainModel, size: int, deadline: Deadline | None = None) -> Tables
     choice: dict[tuple[int, int], np.ndarray] = {}
     for length in range(n):
         for s in range(n - length):
-            if deadline is not None and deadline.passed():
+            if deadline is not None and deadline.expired("rotor: DP"):
                 raise OutOfTime("rotor dynamic program")
             t = s + length
             best = np.full(size, np.inf)
@@ -403,7 +403,7 @@ class ChainSolver:
             peak = self._peak(int(m))
             if best is None or peak < best[1]:
                 best = (int(m), peak)
-            if deadline is not None and deadline.passed():
+            if deadline is not None and deadline.expired("rotor: minimum budget search"):
                 break
         if best is not None:
             self._found(best[0])
@@ -422,7 +422,7 @@ class ChainSolver:
         if bounded is not None:
             return self._found(bounded)
         for m in window:
-            if deadline is not None and deadline.passed():
+            if deadline is not None and deadline.expired("rotor: plan search"):
                 out_of_time = True
                 break
             if self._peak(m) <= budget:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from solvers.deadline import timed_out
 from solvers.ir import Graph, Phase
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
 from solvers.schedule import Schedule, Step, compute, free
@@ -264,7 +265,8 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
     ladder = ("none", "matmuls", "full")
     best = choose(("none",) * n_blocks)
     lowest = best
-    while best.timeline.peak_bytes > budget and time.perf_counter() - start < time_limit:
+    while best.timeline.peak_bytes > budget and not timed_out(start + time_limit, "sac: strengthening",
+                                                              time.perf_counter()):
         moves = []
         for i, o in enumerate(best.options):
             for stronger in ladder[ladder.index(o) + 1:]:
@@ -279,7 +281,7 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
     if best.timeline.peak_bytes > budget:
         raise InfeasibleBudget(budget, lowest.timeline.peak_bytes, "sac", proven=False)
     improved = True
-    while improved and time.perf_counter() - start < time_limit:
+    while improved and not timed_out(start + time_limit, "sac: relaxing", time.perf_counter()):
         improved = False
         for i, o in enumerate(best.options):
             for other in ladder:

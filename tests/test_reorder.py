@@ -126,8 +126,8 @@ def test_window_model_over_everything_is_exact(seed: int) -> None:
     lt = R._lifetimes(g)
     n = len(g.computes)
     masks = R._ancestor_masks(g)
-    assert order_peak(g, R._improve_window(g, lt, list(range(n)), 0, n, 5.0, 2, masks), lt) == best
-    inner = R._improve_window(g, lt, list(range(n)), 1, n - 1, 5.0, 2, masks)
+    assert order_peak(g, R._improve_window(g, lt, list(range(n)), 0, n, 5.0, masks), lt) == best
+    inner = R._improve_window(g, lt, list(range(n)), 1, n - 1, 5.0, masks)
     assert g.is_topological(inner) and inner[0] == 0 and inner[-1] == n - 1
 
 

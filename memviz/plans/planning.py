@@ -21,7 +21,7 @@ from memviz.hardware.neuron import warn_neuron_checkpointing
 from memviz.plans.cdgraph import cdgraph_dict
 from memviz.plans.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
 from solvers import Graph, Phase, Timeline, eager_schedule, simulate
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, recording_cuts
 from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule, keep_outputs_alive, run_turn_once
 
@@ -201,8 +201,18 @@ class Plan:
             f"memviz plan [{self.strategy}, {self.solver_stats.status}{gap}] {self.model.get('name', '')}: "
             f"peak {format_bytes(self.peak_bytes)} (baseline {format_bytes(self.baseline.peak_bytes)}), "
             f"{budget}, time x{self.time_overhead:.3f}, {self.recomputations} recomputations"
-            f"{self._comm_note()}"
+            f"{self._comm_note()}{self._time_cut_note()}"
         )
+
+    @property
+    def time_cuts(self) -> list[str]:
+        """Where the time limit stopped the planning (`memviz.plan`); empty when the plan is the same on
+        any machine (the solvers' own counted work decided it)."""
+        return list(self.solver_stats.extra.get("time_cuts", []))
+
+    def _time_cut_note(self) -> str:
+        cuts = self.time_cuts
+        return f"; stopped by the time limit ({', '.join(cuts)}): may differ between runs" if cuts else ""
 
     def _comm_note(self) -> str:
         """The collectives' share of the planned step, for plans of a parallel profile."""
@@ -415,16 +425,27 @@ def plan(
     follows); autochunk and sac pass it to their selection.
     """
     try:
-        deadline = Deadline.after(time_limit)
-        first = _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
-        # re-plans against the allocator's reserved peak share what the first plan left of the limit
-        def replan(at: int) -> Plan:
-            return _plan(prof, at, strategy, max(deadline.left(), 0.1), frontier=False, packing=True)
+        with recording_cuts() as cuts:
+            deadline = Deadline.after(time_limit)
+            first = _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
+            # re-plans against the allocator's reserved peak share what the first plan left of the limit
+            def replan(at: int) -> Plan:
+                return _plan(prof, at, strategy, max(deadline.left(), 0.1), frontier=False, packing=True)
 
-        return fit_reserved(first, replan)
+            chosen = fit_reserved(first, replan)
+        return with_time_cuts(chosen, cuts)
     except InfeasibleBudget as exc:
         # the refusal in the user's units too: a "50%" budget's minimum as a share of the eager peak
         raise exc.with_eager_peak(_baseline_of(prof)[2].peak_bytes) from exc.__cause__
+
+
+def with_time_cuts(the_plan: Plan, cuts: list[str]) -> Plan:
+    """`the_plan` with `solver_stats.extra["time_cuts"]`: where the time limit, not the solvers' counted
+    work, stopped something while planning it (`solvers.deadline.recording_cuts`).  Empty: the plan
+    depends on the profile and the budget alone, and re-planning returns the same plan."""
+    stats = dataclasses.replace(the_plan.solver_stats,
+                                extra={**the_plan.solver_stats.extra, "time_cuts": list(cuts)})
+    return dataclasses.replace(the_plan, solver_stats=stats)
 
 
 def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit: float, *, frontier: bool,
@@ -657,7 +678,7 @@ def solve_frontier(
         bar.update()
         budget = low + (high - low) * i // (points - 1)
         run = eager if i == points - 1 else None
-        if run is None and not deadline.passed():
+        if run is None and not deadline.expired("frontier: budgets not solved"):
             try:
                 result, tl = solve_checked(graph, strategy, budget, deadline.left(), deadline)
                 run = FrontierPoint(budget, strategy, result, tl)

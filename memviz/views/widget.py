@@ -138,6 +138,8 @@ def plan_html(p: Plan) -> str:
         ("planned peak", format_bytes(p.peak_bytes)),
         ("eager peak", format_bytes(p.baseline.peak_bytes)),
         ("time", f"x{p.time_overhead:.3f}, {p.timeline.recomputes} recomputations"),
+        *([("time limit", f"stopped the planning ({', '.join(p.time_cuts)}): may differ between runs")]
+          if p.time_cuts else []),
     ]
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f"<table><caption>memviz plan (static: run the cell to re-plan)</caption>{body}</table>"

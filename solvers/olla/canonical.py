@@ -51,7 +51,7 @@ from solvers.deadline import Deadline
 #: preorders tried in turn (MiniMalloc's defaults in the order TAW, TWA, WAT: fewest nodes on A-D)
 PREORDERS: tuple[str, ...] = ("TAW", "TWA", "WAT")
 
-Outcome = Literal["fits", "infeasible", "out-of-time"]
+Outcome = Literal["fits", "infeasible", "out-of-time", "out-of-work"]
 
 #: above this many (buffer, section) pairs the section member lists are not built (~8 bytes each) and
 #: the floors of sections rise only under the placed buffer (no unplaced-floor inference); above this
@@ -67,8 +67,8 @@ _BIG = np.iinfo(np.int64).max // 4  # the lowest offset of a placed buffer: neve
 @dataclass(frozen=True)
 class CanonicalResult:
     """`offsets` (same order as the buffers) when `outcome` is "fits"; "infeasible" is proved by the
-    exhausted search; "out-of-time" proves nothing.  `nodes`: search nodes visited in all rounds (of
-    a portfolio, those of the processes that reported)."""
+    exhausted search; "out-of-time" and "out-of-work" prove nothing.  `nodes`: search nodes visited in
+    all rounds (of a portfolio, those of the processes that reported)."""
 
     outcome: Outcome
     offsets: tuple[int, ...] | None
@@ -199,7 +199,7 @@ class _Search:
         self.nodes_left -= 1
         if self.nodes_left < 0:
             raise _Abort
-        if self.deadline.passed():
+        if self.deadline.expired("olla: canonical packing search"):
             raise _OutOfTime
         offs = self.min_off[order]
         live = offs < _BIG
@@ -288,10 +288,12 @@ class _Search:
 
 
 def _round_robin(inst: _Instance, capacity: int, preorders: Sequence[str],
-                 deadline: Deadline) -> tuple[Outcome, list[int] | None, int]:
+                 deadline: Deadline, max_nodes: int | None = None) -> tuple[Outcome, list[int] | None, int]:
     """The preorders in turn, each with a node limit that doubles every round (as MiniMalloc does; a
-    single preorder gets no limit): (outcome, offsets of the instance's buffers or None, nodes)."""
-    limit = len(inst.size) if len(preorders) > 1 else sys.maxsize // 2
+    single preorder gets no limit), `max_nodes` in all (None: no limit; "out-of-work" past it):
+    (outcome, offsets of the instance's buffers or None, nodes)."""
+    total = sys.maxsize // 4 if max_nodes is None else max_nodes
+    limit = len(inst.size) if len(preorders) > 1 else total
     nodes = 0
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 10 * len(inst.size) + 1000))  # three frames per placed buffer
@@ -299,15 +301,18 @@ def _round_robin(inst: _Instance, capacity: int, preorders: Sequence[str],
         while True:
             limit *= 2
             for name in preorders:
-                search = _Search(inst, capacity, name, limit, deadline)
+                if nodes >= total:
+                    return "out-of-work", None, nodes
+                allowed = min(limit, total - nodes)
+                search = _Search(inst, capacity, name, allowed, deadline)
                 try:
                     found = search.solve()
                 except _Abort:
-                    nodes += limit
+                    nodes += allowed
                     continue
                 except _OutOfTime:
-                    return "out-of-time", None, nodes + limit - search.nodes_left
-                nodes += limit - search.nodes_left
+                    return "out-of-time", None, nodes + allowed - search.nodes_left
+                nodes += allowed - search.nodes_left
                 return ("infeasible" if found is None else "fits"), found, nodes
     finally:
         sys.setrecursionlimit(old)
@@ -350,9 +355,11 @@ def _portfolio(inst: _Instance, capacity: int, preorders: Sequence[str], deadlin
 
 
 def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadline: Deadline,
-                  *, preorders: Sequence[str] = PREORDERS, processes: int = 1) -> CanonicalResult:
+                  *, preorders: Sequence[str] = PREORDERS, processes: int = 1,
+                  max_nodes: int | None = None) -> CanonicalResult:
     """Offsets with every ``offset + size <= capacity`` and no two time-overlapping buffers sharing an
-    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time.
+    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time; or, in
+    one process, out of work (`max_nodes` search nodes: a bound that is the same on any machine).
 
     With `processes` > 1 (and where processes can be forked), an instance not settled within
     `SOLO_SECONDS` in this process goes to that many processes racing each other over the preorders
@@ -383,7 +390,7 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
             outcome, found, more = _portfolio(inst, capacity, preorders, deadline, processes)
             nodes += more
     else:
-        outcome, found, nodes = _round_robin(inst, capacity, preorders, deadline)
+        outcome, found, nodes = _round_robin(inst, capacity, preorders, deadline, max_nodes)
     if found is None:
         return CanonicalResult(outcome, None, nodes)
     offsets = [0] * len(buffers)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, limit_cp_sat, note_cp_sat_cut, note_cut, timed_out
 from solvers.ir import Graph
 from solvers.olla.canonical import canonical_fit
 from solvers.schedule import Step
@@ -241,7 +241,8 @@ def _greedy(
     m = peak = 0
     ranked = sorted(range(len(buffers)), key=keys[order])
     for count, i in enumerate(ranked):
-        if deadline is not None and count % 256 == 0 and time.perf_counter() > deadline:
+        if deadline is not None and count % 256 == 0 and timed_out(deadline, "olla: greedy packing",
+                                                                     time.perf_counter()):
             if not stack_rest:
                 return None
             peak = _stack_above(buffers, ranked[count:], peak, offsets)
@@ -321,14 +322,19 @@ def _greedy_segments(
 def _canonical(
     sub: Sequence[Buffer], capacity: int, seconds: float, processes: int
 ) -> tuple[list[int] | None, bool]:
-    """`canonical_fit` of one segment within `seconds` (a portfolio of up to `processes` processes):
-    (offsets or None, proved infeasible)."""
-    found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=processes)
+    """`canonical_fit` of one segment in `CANONICAL_NODES` search nodes within `seconds` (a portfolio
+    of up to `processes` processes): (offsets or None, proved infeasible)."""
+    found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=processes,
+                          max_nodes=CANONICAL_NODES)
     return (list(found.offsets) if found.offsets is not None else None), found.outcome == "infeasible"
 
 
 #: CP-SAT's NoOverlap2D found nothing better than greedy within 10 s above ~1700 buffers in one segment
 CP_SAT_MAX_BUFFERS = 800
+#: the work of one search, the same on any machine (issue 18 item 4; the time limit is a safety cap):
+#: canonical search nodes per target, and CP-SAT's deterministic time per segment
+CANONICAL_NODES = 20_000
+CP_SAT_WORK = 2.0
 
 
 def _cp_sat(
@@ -338,7 +344,6 @@ def _cp_sat(
     upper: int,
     fit_only: bool,
     seconds: float,
-    workers: int,
 ) -> tuple[list[int] | None, int]:
     """Exact packing of one segment with peak <= `upper`: (offsets or None, proven bound on the peak).
     `fit_only` stops at the first placement instead of minimising."""
@@ -358,9 +363,9 @@ def _cp_sat(
     if not fit_only:
         m.Minimize(peak)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, seconds)
-    solver.parameters.num_workers = workers
+    limit_cp_sat(solver, seconds, CP_SAT_WORK)
     status = solver.Solve(m)
+    note_cp_sat_cut(solver, status in (cp_model.OPTIMAL, cp_model.INFEASIBLE), "olla: packing CP-SAT")
     if status == cp_model.INFEASIBLE:
         return None, upper + 1
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -381,7 +386,6 @@ def _solve_segment(
     lower: int,
     room: int | None,
     seconds: float,
-    workers: int,
     processes: int,
 ) -> tuple[list[int], int, int, str]:
     """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
@@ -405,7 +409,8 @@ def _solve_segment(
             return offsets, peak, room + 1, "canonical-infeasible"
     else:
         target = lower
-        while lower <= target < peak and time.perf_counter() < deadline - 0.05:
+        while lower <= target < peak and not timed_out(deadline - 0.05, "olla: packing search",
+                                                       time.perf_counter()):
             left = deadline - time.perf_counter()
             found, infeasible = _canonical(sub, target, 0.5 * left, processes)
             if found is not None:  # fits: aim lower
@@ -414,15 +419,16 @@ def _solve_segment(
             elif infeasible:  # proved: the bound rises
                 lower = target + 1
                 target = (lower + peak) // 2
-            else:  # out of time at this target: aim at an easier one
+            else:  # out of work (or time) at this target: aim at an easier one
                 target = (target + peak + 1) // 2
         if peak == lower:
             return offsets, peak, lower, how
     left = deadline - time.perf_counter()
-    if len(sub) > CP_SAT_MAX_BUFFERS or left < 0.1:
+    if len(sub) > CP_SAT_MAX_BUFFERS or timed_out(deadline - 0.1, "olla: packing CP-SAT skipped",
+                                                  time.perf_counter()):
         return offsets, peak, lower, how
     upper = peak if room is None else room
-    solved, bound = _cp_sat(sub, offsets, lower, upper, room is not None, left, workers)
+    solved, bound = _cp_sat(sub, offsets, lower, upper, room is not None, left)
     if solved is None:
         return offsets, peak, max(lower, bound), how
     return solved, peak_of(solved), max(lower, bound), "cp-sat"
@@ -433,7 +439,6 @@ def pack(
     capacity: int | None = None,
     *,
     time_limit: float = 10.0,
-    workers: int = 4,
     processes: int = 3,
 ) -> Packing:
     """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
@@ -441,8 +446,9 @@ def pack(
     Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
-    `workers`: CP-SAT's threads; `processes`: forked processes racing in the canonical search (at
-    most one per preorder; 1 searches in this process only).
+    Each search is bounded by counted work (`CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs one worker),
+    `time_limit` is the safety cap.  `processes`: forked processes racing in the canonical search (at
+    most one per preorder; the first to finish wins, so only 1, in this process, is deterministic).
     """
     started = time.perf_counter()
     deadline = started + time_limit
@@ -477,7 +483,8 @@ def pack(
         # (decomposition), and whole it fitted instances of MiniMalloc's set that the segments above,
         # searched one by one under reordered preorders, did not within 30 s (E of the set)
         whole = canonical_fit(
-            bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes
+            bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes,
+            max_nodes=CANONICAL_NODES,
         )
     if whole is not None and whole.outcome == "infeasible":
         raise PackingError(
@@ -508,9 +515,10 @@ def pack(
                 share = (deadline - time.perf_counter()) / (len(todo) - n)
                 if share > 0.05:
                     placed[k], peaks[k], lowers[k], how[k] = _solve_segment(
-                        subs[k], placed[k], peaks[k], lowers[k], room, share, workers, processes
+                        subs[k], placed[k], peaks[k], lowers[k], room, share, processes
                     )
                 else:
+                    note_cut("olla: packing segments not searched")
                     how.setdefault(k, "out-of-time")  # the greedy placement stays, with its gap
         for seg, seg_offsets in zip(segments, placed, strict=True):
             for i, o in zip(seg, seg_offsets, strict=True):

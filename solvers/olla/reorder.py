@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, limit_cp_sat, note_cp_sat_cut, timed_out
 from solvers.ir import DataKind, Graph, Phase
 from solvers.memo import RecentMemo
 from solvers.result import SolveResult, SolverStats
@@ -245,7 +245,7 @@ def lower_bound(graph: Graph) -> int:
 
 
 def _cp_sat(
-    graph: Graph, lt: _Lifetimes, hint: Sequence[int], upper: int, lower: int, seconds: float, workers: int,
+    graph: Graph, lt: _Lifetimes, hint: Sequence[int], upper: int, lower: int, seconds: float,
     relative_gap: float = 0.0,
 ) -> tuple[list[int] | None, int, str]:
     """Solve the exact one-step-per-op model; returns (order or None, proven bound, status name).
@@ -301,12 +301,12 @@ def _cp_sat(
     m.Minimize(capacity)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, solve_by - time.monotonic())
-    solver.parameters.num_workers = workers
+    limit_cp_sat(solver, solve_by - time.monotonic(), EXACT_WORK)
     solver.parameters.relative_gap_limit = relative_gap
     if n > PROBING_MAX_NODES:
         solver.parameters.cp_model_probing_level = 0
     status = solver.Solve(m)
+    note_cp_sat_cut(solver, status in (cp_model.OPTIMAL, cp_model.INFEASIBLE), "olla: reordering CP-SAT")
     name = solver.StatusName(status)
     bound = lower
     if status != cp_model.UNKNOWN:
@@ -327,6 +327,13 @@ PROBING_MAX_NODES = 64
 EXACT_MAX_NODES = 800
 #: Window (consecutive positions of the incumbent order) re-optimised exactly at a time.
 WINDOW = 240
+#: CP-SAT's work per exact model / per window, in its deterministic time units (issue 18 item 4: the
+#: same order on any machine).  The 591-op GPT and 121-op ResNet of bench_remat solve to optimality
+#: in about 0.3 units (5-10 s of wall time on the 2-core CI machine, mostly building the model)
+EXACT_WORK = 5.0
+WINDOW_WORK = 1.0
+#: windows re-optimised at most by one `reorder` on a graph too large for one model
+MAX_WINDOWS = 60
 
 
 def _window_peak(graph: Graph, lt: _Lifetimes, order: Sequence[int]) -> tuple[int, int]:
@@ -348,7 +355,7 @@ def _window_peak(graph: Graph, lt: _Lifetimes, order: Sequence[int]) -> tuple[in
 
 
 def _improve_window(
-    graph: Graph, lt: _Lifetimes, order: list[int], a: int, b: int, seconds: float, workers: int,
+    graph: Graph, lt: _Lifetimes, order: list[int], a: int, b: int, seconds: float,
     masks: tuple[list[int], list[int]],
 ) -> list[int] | None:
     """Exactly re-order positions [a, b) of `order`, everything else fixed (a large-neighbourhood
@@ -414,28 +421,33 @@ def _improve_window(
     m.AddCumulative(intervals, demands, capacity)
     m.Minimize(capacity)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, solve_by - time.monotonic())
-    solver.parameters.num_workers = workers
-    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    limit_cp_sat(solver, solve_by - time.monotonic(), WINDOW_WORK)
+    status = solver.Solve(m)
+    note_cp_sat_cut(solver, status in (cp_model.OPTIMAL, cp_model.INFEASIBLE),
+                    "olla: reordering window CP-SAT")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     window_order = sorted(free_nodes, key=lambda c: solver.Value(var[c]))
     return [*order[:a], *window_order, *order[b:]]
 
 
 def _large_neighbourhood(
-    graph: Graph, lt: _Lifetimes, order: list[int], deadline: float, workers: int
+    graph: Graph, lt: _Lifetimes, order: list[int], deadline: float
 ) -> list[int]:
-    """Repeatedly re-optimise the window around the current peak until the time is up or no window
-    position around the peak improves it (decomposition for graphs too large for one model)."""
+    """Repeatedly re-optimise the window around the current peak until no window position around the
+    peak improves it, at most `MAX_WINDOWS` windows (decomposition for graphs too large for one
+    model); the deadline is a safety cap."""
     masks = _ancestor_masks(graph)
     peak, where = _window_peak(graph, lt, order)
     shifts = (0, WINDOW // 3, -WINDOW // 3)
     stuck = 0
-    while time.monotonic() < deadline - 0.3 and stuck < len(shifts):
+    for _ in range(MAX_WINDOWS):
+        if stuck >= len(shifts) or timed_out(deadline - 0.3, "olla: reordering windows"):
+            break
         a = min(max(0, where - WINDOW // 2 + shifts[stuck]), max(0, lt.n - WINDOW))
         b = min(lt.n, a + WINDOW)
         left = deadline - time.monotonic() - 0.2
-        candidate = _improve_window(graph, lt, order, a, b, min(left, 2.0), workers, masks)
+        candidate = _improve_window(graph, lt, order, a, b, left, masks)
         if candidate is not None and graph.is_topological(candidate):
             new_peak, new_where = _window_peak(graph, lt, candidate)
             if new_peak < peak:
@@ -473,7 +485,7 @@ def _head(graph: Graph, last: Sequence[int]) -> Graph:
 
 
 def reorder(
-    graph: Graph, *, time_limit: float = 10.0, workers: int = 4, relative_gap: float = 1e-4,
+    graph: Graph, *, time_limit: float = 10.0, relative_gap: float = 1e-4,
     last: Sequence[int] = (), deadline: Deadline | None = None,
 ) -> SolveResult:
     """A peak-minimising topological order, returned as its eager schedule (OLLA Sec. 3.1, exact).
@@ -481,8 +493,9 @@ def reorder(
     Never worse than the capture (eager) order: the eager order is a candidate and the solver is
     warm-started from the best candidate.  `stats.status` is "optimal" when the peak equals a proven
     bound, else "feasible" with `gap` = (peak - bound) / peak; `stats.extra` holds the eager and
-    heuristic peaks.  The returned schedule always passes `solvers.simulate`.  `workers`: CP-SAT
-    search threads (4 proved a 400-node training graph optimal in ~2.5 s on 2 cores; 8 was slower).
+    heuristic peaks.  The returned schedule always passes `solvers.simulate`.  CP-SAT runs
+    one worker for `EXACT_WORK` units of deterministic time (the same order on any machine; the time
+    limit is a safety cap, recorded by `solvers.deadline.note_cut` when it stops the search).
     `relative_gap`: the search stops once the peak is within this fraction of a proven bound (1e-4 is
     Gurobi's default MIPGap, the solver and setting of OLLA Sec. 5.1; 0 asks for proven optimality);
     the status stays "feasible" unless the gap is exactly 0.
@@ -493,7 +506,7 @@ def reorder(
     """
     end = Deadline.of(time_limit, deadline)
     if last:
-        return _reorder_before(graph, tuple(last), deadline=end, workers=workers, relative_gap=relative_gap)
+        return _reorder_before(graph, tuple(last), deadline=end, relative_gap=relative_gap)
     started = time.monotonic()
     n = len(graph.computes)
     lt = _lifetimes(graph)
@@ -504,7 +517,7 @@ def reorder(
     # the search: a few order evaluations' worth, kept from its time
     reserve = 0.05 + 4 * (time.monotonic() - evaluated)
     for name, key in _HEURISTIC_KEYS.items():
-        if not end.passed():
+        if not end.expired("olla: reordering heuristics"):
             candidates[name] = list_schedule(graph, key)
     earlier = _BEST_ORDER.get(graph)
     if earlier is not None:
@@ -518,16 +531,16 @@ def reorder(
     if peaks[best_name] - bound <= relative_gap * peaks[best_name]:
         pass  # the best candidate is already within the requested gap of the bound
     elif n > EXACT_MAX_NODES:
-        order = _large_neighbourhood(graph, lt, best, end.at - reserve, workers)
+        order = _large_neighbourhood(graph, lt, best, end.at - reserve)
         peaks["windows"] = order_peak(graph, order, lt)
         cp_status = "windows"
         if peaks["windows"] < peaks[best_name]:
             best_name, best = "windows", order
-    elif n > 1 and end.left() > reserve + 0.1:
+    elif n > 1 and not timed_out(end.at - reserve - 0.1, "olla: reordering CP-SAT skipped"):
         # keep a little of the limit for the eager schedule and the simulator check afterwards
         left = end.left() - reserve - 0.1
         order, cp_bound, cp_status = _cp_sat(
-            graph, lt, best, peaks[best_name], bound, left, workers, relative_gap
+            graph, lt, best, peaks[best_name], bound, left, relative_gap
         )
         bound = max(bound, cp_bound)
         if order is not None and graph.is_topological(order):
@@ -559,11 +572,11 @@ def reorder(
     return SolveResult(schedule, stats)
 
 
-def _reorder_before(graph: Graph, last: tuple[int, ...], *, deadline: Deadline, workers: int,
+def _reorder_before(graph: Graph, last: tuple[int, ...], *, deadline: Deadline,
                     relative_gap: float) -> SolveResult:
     """`reorder` of everything but `last`, then `last` in its order: the tail's peak does not depend on
     the head's order (`_head`), so the best head order is the best order with that tail."""
-    head = reorder(_head(graph, last), time_limit=deadline.left(), deadline=deadline, workers=workers,
+    head = reorder(_head(graph, last), time_limit=deadline.left(), deadline=deadline,
                    relative_gap=relative_gap)
     order = [s.node for s in head.schedule if s.op == "compute"] + list(last)
     schedule = eager_schedule(graph, order)

@@ -291,6 +291,11 @@ def test_exported_module_runs_the_source_path_writes(tmp_path):
         bound = re.findall(r"^ {4}(_\w+) = ", body, flags=re.M)
         assert bound and len(bound) == len(set(bound)), "a value was bound twice without a recomputation"
     assert re.search(r"^ {4}del _\w+.*# free ", source, flags=re.M)
+    # each operator is the C++ operator itself, bound once: no OpOverload.__call__ frame per call
+    ops = re.findall(r"^(\w+) = (torch\.ops\.\S+)$", source, flags=re.M)
+    assert ops and all(path.endswith("._op") for _, path in ops)
+    assert all(type(getattr(exported.program.code, name)).__name__ == "builtin_function_or_method"
+               for name, _ in ops)
     _assert_same(_train_step(copy.deepcopy(model), args, 0), _train_step(exported, args, 0), "output")
 
 

@@ -310,11 +310,12 @@ def _report_graph_measurement(m: xla.GraphMeasurement, predicted: int, info: Dev
             stacklevel=3)
 
 
-#: at least this many interleaved pairs of steps time the executor against eager (`step_fixed_costs`):
-#: with the 3-7 of ``repeats`` the median ratio of a ResNet's steps moved by 5 points from run to run
-#: on a loaded machine (issue 22); more pairs are added only while `FIXED_COST_BUDGET_S` lasts
+#: up to this many interleaved pairs of steps time the executor against eager (`step_fixed_costs`)
+#: where ``repeats`` > 1: with the 3-7 of ``repeats`` the median ratio of a ResNet's steps moved by 5
+#: points from run to run on a loaded machine (issue 22); pairs beyond ``repeats`` are added only
+#: while `FIXED_COST_BUDGET_S` lasts, and ``repeats=1`` (a quick profile) times one pair
 FIXED_COST_PAIRS = 11
-FIXED_COST_BUDGET_S = 4.0
+FIXED_COST_BUDGET_S = 3.0
 
 
 def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, model: nn.Module,
@@ -333,10 +334,10 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
       It may be negative where an operator's measured time holds more host time than the generated
       call (on the CPU each op is timed through its Python wrapper).
 
-    Measured in interleaved triples of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
-    steps each): eager, the exported module, and the exported module with its phase functions timed (on an
-    accelerator the phase timers synchronise, so that step is kept out of the ratio); at least
-    `FIXED_COST_PAIRS` or `repeats` triples, whichever is more, medians throughout (the exported step as
+    Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
+    steps each): eager, then the exported module with its phase functions timed (on an accelerator the
+    phase timers synchronise, so there a third, untimed-phase step gives the ratio); `repeats` pairs, more
+    up to `FIXED_COST_PAIRS` within `FIXED_COST_BUDGET_S`, medians throughout (the exported step as
     eager's median times the median ratio of the pairs: a burst of load slows both steps of a pair).
     `memviz.Plan.time_overhead` adds them to the planned and the baseline op times.  Nothing in the model
     changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
@@ -360,17 +361,22 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             t.grad = None
         fn(m(*args, **kwargs)).backward()
 
-    def timed_phases() -> float:
+    def phased_step() -> tuple[float, float]:
+        """The exported step with its phase functions timed: (the step's time, the phases' time)."""
         module._generated, phases.seconds = phases, 0.0
         try:
-            step(module)
+            seconds = accelerator.timed(functools.partial(step, module), device)[0]
         finally:
             module._generated = None
-        return phases.seconds
+        return seconds, phases.seconds
 
+    # on the CPU a phase timer costs two clock reads: the exported step timed is the one with its phases
+    # timed; an accelerator's timers synchronise, so there that step is a third one, kept out of the ratio
+    inline = not accelerator.is_accelerator(device)
     eager: list[float] = []
     executor: list[float] = []
     in_phases: list[float] = []
+    target = FIXED_COST_PAIRS if repeats > 1 else 1
     try:
         with accelerator.fork_rng(accelerator.as_list(device)):
             for _ in range(warmup):
@@ -378,10 +384,13 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
                 step(module)
             start = time.perf_counter()
             while len(eager) < max(1, repeats) or (
-                    len(eager) < FIXED_COST_PAIRS and time.perf_counter() - start < FIXED_COST_BUDGET_S):
+                    len(eager) < target and time.perf_counter() - start < FIXED_COST_BUDGET_S):
                 eager.append(accelerator.timed(functools.partial(step, model), device)[0])
-                executor.append(accelerator.timed(functools.partial(step, module), device)[0])
-                in_phases.append(timed_phases())
+                seconds, in_phase = phased_step()
+                in_phases.append(in_phase)
+                if not inline:
+                    seconds = accelerator.timed(functools.partial(step, module), device)[0]
+                executor.append(seconds)
     finally:
         with torch.no_grad():
             for b, saved in buffers:

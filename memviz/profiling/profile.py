@@ -330,15 +330,17 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     * ``executor_op_s``: what the exported module adds per operator it runs, over the operator's
       measured time: the generated phase functions' time less their operators' times, over how many they
       run (``executor_ops``).  A recomputation pays it again (`memviz.plans.planning.step_time_ratio`):
-      on a launch-bound accelerator an operator costs its host-side launch, not only its kernel time.
-      It may be negative where an operator's measured time holds more host time than the generated
-      call (on the CPU each op is timed through its Python wrapper).
+      on a launch-bound accelerator an operator costs its host-side launch, not only its kernel time
+      (device events).  0 on the CPU: there each op's time is read on the host clock around its Python
+      call, launch included, and charging the in-step extra again over-predicted recomputing plans
+      (tiny 12-layer GPT, 25/51 recomputations: 1.150/1.191 predicted against 1.121/1.155 measured, 1.129/
+      1.149 without it; bench_export's examples likewise, issue 22).
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
-    steps each): eager, then the exported module with its phase functions timed (on an accelerator the
-    phase timers synchronise, so there a third, untimed-phase step gives the ratio); `repeats` pairs, more
-    up to `FIXED_COST_PAIRS` within `FIXED_COST_BUDGET_S`, medians throughout (the exported step as
-    eager's median times the median ratio of the pairs: a burst of load slows both steps of a pair).
+    steps each): eager, then the exported module, and on an accelerator a third step with the exported
+    module's phase functions timed (their timers synchronise, so it is kept out of the ratio); `repeats`
+    pairs, more up to `FIXED_COST_PAIRS` within `FIXED_COST_BUDGET_S`, medians throughout (the exported
+    step as eager's median times the median ratio of the pairs: a burst of load slows both steps of a pair).
     `memviz.Plan.time_overhead` adds them to the planned and the baseline op times.  Nothing in the model
     changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
     exported (the ratio of op times stands)."""
@@ -361,18 +363,16 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             t.grad = None
         fn(m(*args, **kwargs)).backward()
 
-    def phased_step() -> tuple[float, float]:
-        """The exported step with its phase functions timed: (the step's time, the phases' time)."""
+    def phased_step() -> float:
+        """The exported step with its phase functions timed: the phases' time."""
         module._generated, phases.seconds = phases, 0.0
         try:
-            seconds = accelerator.timed(functools.partial(step, module), device)[0]
+            step(module)
         finally:
             module._generated = None
-        return seconds, phases.seconds
+        return phases.seconds
 
-    # on the CPU a phase timer costs two clock reads: the exported step timed is the one with its phases
-    # timed; an accelerator's timers synchronise, so there that step is a third one, kept out of the ratio
-    inline = not accelerator.is_accelerator(device)
+    accelerated = accelerator.is_accelerator(device)
     eager: list[float] = []
     executor: list[float] = []
     in_phases: list[float] = []
@@ -386,11 +386,9 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             while len(eager) < max(1, repeats) or (
                     len(eager) < target and time.perf_counter() - start < FIXED_COST_BUDGET_S):
                 eager.append(accelerator.timed(functools.partial(step, model), device)[0])
-                seconds, in_phase = phased_step()
-                in_phases.append(in_phase)
-                if not inline:
-                    seconds = accelerator.timed(functools.partial(step, module), device)[0]
-                executor.append(seconds)
+                executor.append(accelerator.timed(functools.partial(step, module), device)[0])
+                if accelerated:
+                    in_phases.append(phased_step())
     finally:
         with torch.no_grad():
             for b, saved in buffers:
@@ -402,7 +400,8 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     generated = [c for c in graph.computes[:len(cap.compute_fx)] if cap.compute_fx[c.id] is not None]
     step_s = statistics.median(eager)
     ratio = statistics.median(x / e for x, e in zip(executor, eager, strict=True) if e > 0)
-    per_op = (statistics.median(in_phases) - sum(c.time for c in generated)) / max(1, len(generated))
+    per_op = 0.0 if not in_phases else \
+        (statistics.median(in_phases) - sum(c.time for c in generated)) / max(1, len(generated))
     return {"eager_fixed_s": step_s - ops, "executor_fixed_s": ratio * step_s - ops,
             "executor_op_s": per_op, "executor_ops": len(generated)}
 

@@ -17,10 +17,10 @@ order and frees) exported for bench_remat's GPT (12 layers) and ResNet, whose st
 hundreds of milliseconds: its step time over eager's and its measured peak against eager's measured
 peak.  The predicted overhead is the plan's ``time_overhead``: op times plus the fixed per-step costs
 of eager and of the exported module and, on an accelerator, the exported module's cost per operator it
-runs (charged again to each recomputation; 0 on the CPU), measured at profile time (`memviz.profiling.profile.step_fixed_costs`), so on a
-small model it predicts the executor's own cost too; "without per-op term" is the prediction before
-that term (issue 22).  Predicted and measured come from the same
-run; "within 2 points" counts |predicted - measured| <= 0.02.
+runs (charged again to each recomputation; 0 on the CPU), measured at profile time
+(`memviz.profiling.profile.step_fixed_costs`), so on a small model it predicts the executor's own cost
+too; "without per-op term" is the prediction without that term (issue 22; the same on the CPU).
+Predicted and measured come from the same run; "within 2 points" counts |predicted - measured| <= 0.02.
 """
 
 from __future__ import annotations

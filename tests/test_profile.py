@@ -489,7 +489,8 @@ def test_the_predicted_overhead_counts_the_fixed_step_costs():
     """Issue 22 item 2: a training profile measures what eager and the exported module cost per step
     beyond their operators' times (interleaved steps of both), leaving the model as it was, and
     `Plan.time_overhead` adds those costs to the op times: the eager schedule predicts the executor's
-    own ratio, a recomputation adds its op time over the measured eager step.  (How close the
+    own ratio, a recomputation adds its op time and the executor's measured cost per operator over the
+    measured eager step.  (How close the
     prediction comes is measured in benchmarks/bench_export.py: no wall-clock assertion here.)"""
     import memviz
     from memviz.plans.planning import Plan, minimum_budget
@@ -514,12 +515,35 @@ def test_the_predicted_overhead_counts_the_fixed_step_costs():
     plan = memviz.plan(prof, (low + prof.baseline.peak_bytes) // 2, strategy="rotor", frontier=False,
                        packing=False)
     assert plan.timeline.recomputes > 0
-    extra = plan.timeline.total_time - ops
+    # a recomputation adds its op time and what the exported module adds to every operator it runs: on
+    # the CPU nothing (an op's measured time holds its host-side call), on an accelerator its launch
+    per_op = prof.graph.meta["executor_op_s"]
+    assert per_op == 0.0  # the loss runs outside the generated code: not counted among its ops
+    assert prof.graph.meta["executor_ops"] == sum(fx is not None for fx in prof.captured.compute_fx)
+    extra = plan.timeline.total_time - ops + plan.timeline.recomputes * per_op
     assert plan.time_overhead - none.time_overhead == pytest.approx(extra / (ops + eager))
     assert Plan.from_dict(plan.to_dict()).time_overhead == pytest.approx(plan.time_overhead)
     # without a measurement (an estimated device) the ratio of op times stands
     est = memviz.plan(profile(model, args, device="fake:a100"), None, strategy="none", frontier=False)
     assert "executor_fixed_s" not in est.graph.meta and est.time_overhead == 1.0
+
+
+def test_the_executor_cost_per_operator_is_charged_to_each_recomputation():
+    """Issue 22 item 2: on a launch-bound accelerator an operator costs its host-side launch, so the
+    exported module's measured cost per operator it runs (``executor_op_s``) is paid again by every
+    recomputation, beside its op time; the fixed per-step costs stay as they were."""
+    from memviz.plans.planning import step_time_ratio
+    from solvers import Graph
+
+    meta = {"eager_fixed_s": 0.004, "executor_fixed_s": 0.005, "executor_op_s": 2e-5}
+    graph = Graph((), (), (), meta=meta)
+    eager = 0.010 + 0.004
+    assert step_time_ratio(graph, 0.010, 0.010) == pytest.approx((0.010 + 0.005) / eager)
+    for n in (1, 10, 100):
+        assert step_time_ratio(graph, 0.012, 0.010, n) == pytest.approx((0.012 + 0.005 + n * 2e-5) / eager)
+    # a plan file from before the term, or a device that measured none: the ratio of the fixed costs stands
+    old = Graph((), (), (), meta={k: v for k, v in meta.items() if k != "executor_op_s"})
+    assert step_time_ratio(old, 0.012, 0.010, 100) == pytest.approx((0.012 + 0.005) / eager)
 
 
 def test_device_runtime_bytes_are_held_by_every_plan(tmp_path: Path) -> None:

@@ -82,12 +82,13 @@ class Plan:
     @property
     def time_overhead(self) -> float:
         """Predicted step time of the exported plan over eager's (1.0 = no slowdown): the op times, plus
-        the fixed per-step costs the profile measured (`step_time_ratio`)."""
+        the per-step and per-operator costs the profile measured (`step_time_ratio`)."""
         if self.strategy == "sac":  # `memviz.apply` runs eager PyTorch, not the exported executor
             from memviz.plans.sac import time_ratio
 
             return time_ratio(self)
-        return step_time_ratio(self.graph, self.timeline.total_time, self.baseline.total_time)
+        return step_time_ratio(self.graph, self.timeline.total_time, self.baseline.total_time,
+                               self.timeline.recomputes)
 
     @property
     def collective_seconds(self) -> float:
@@ -284,19 +285,22 @@ def _run_dict(schedule: Schedule, timeline: Timeline) -> dict[str, Any]:
     return {"schedule": [s.to_json() for s in schedule], "timeline": timeline.to_dict()}
 
 
-def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float) -> float:
+def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputations: int = 0) -> float:
     """A schedule's predicted step time over the eager step's: its op times `planned_s` plus what the
     exported module costs per step beyond them, over the baseline's `baseline_s` plus what eager costs
     beyond them.  Both fixed costs are measured on the device at profile time
     (`memviz.profiling.profile.step_fixed_costs`; 0 where nothing was measured: the plain ratio of op times).
-    Recomputations add their measured op times; the fixed costs only scale the ratio, so no solver's
-    choice depends on them (solvers compare op times)."""
+    The exported module's also holds what it adds to each operator it runs, once each; each of the
+    schedule's `recomputations` pays that again (``executor_op_s``: on a launch-bound GPU an operator costs
+    its launch, not only its kernel time).  Recomputations add their measured op times; the fixed costs
+    only scale the ratio, so no solver's choice depends on them (solvers compare op times)."""
     def fixed(key: str) -> float:
         v = graph.meta.get(key, 0.0)
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
     eager = baseline_s + fixed("eager_fixed_s")
-    return (planned_s + fixed("executor_fixed_s")) / eager if eager > 0 else 1.0
+    executor = planned_s + fixed("executor_fixed_s") + recomputations * fixed("executor_op_s")
+    return executor / eager if eager > 0 else 1.0
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -711,7 +715,8 @@ def _eager_point(graph: Graph, schedule: Schedule | None, budget: int) -> Fronti
 
 
 def _frontier_row(graph: Graph, point: FrontierPoint, baseline: Timeline) -> dict[str, Any]:
-    overhead = step_time_ratio(graph, point.timeline.total_time, baseline.total_time)
+    overhead = step_time_ratio(graph, point.timeline.total_time, baseline.total_time,
+                               point.timeline.recomputes)
     return {
         "budget_bytes": point.budget_bytes,
         "peak_bytes": point.timeline.peak_bytes,

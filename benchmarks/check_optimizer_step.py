@@ -36,8 +36,10 @@ def _model(device: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return model, (torch.randn(4, width, device=device),)
 
 
-def _measured(model: nn.Module, args: tuple[torch.Tensor, ...], opt: torch.optim.Optimizer,
-              device: str) -> int:
+def measured_step(model: nn.Module, args: tuple[torch.Tensor, ...], opt: torch.optim.Optimizer,
+                  device: str = "cpu") -> int:
+    """Peak bytes of the second real training step (the first creates the optimizer's state, which the
+    plan holds from the start)."""
     def step() -> None:
         model(*args).sum().backward()
         opt.step()
@@ -68,7 +70,7 @@ def main() -> None:
         kind = update_kind(opt, prof.device)
         step = prof.baseline_schedule[prof.baseline.peak_step]
         where = prof.graph.computes[step.node].phase.value if step.op == "compute" else "free"
-        measured = _measured(model, args, opt, device)
+        measured = measured_step(model, args, opt, device)
         predicted = prof.baseline.peak_bytes
         print(f"{name:<24} {kind:<9} {predicted:>12,} {measured:>12,} {predicted - measured:>+10,}  {where}"
               + ("" if where == Phase.OPTIMIZER.value else " (not the update)"))

@@ -4,6 +4,8 @@ list operations whose temporaries exist for a whole parameter group at once) or 
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,29 +15,17 @@ from torch import nn
 import memviz
 from memviz.hardware.devices import named_device
 from memviz.profiling.profile import profile, update_kind
-from memviz.profiling.tracker import measure_peak, tensors_of
 from memviz.runtime.verify import optimizer_spec
 from solvers import Phase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from check_optimizer_step import measured_step  # noqa: E402  (the device check measures it the same way)
 
 
 def _model() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """Four square weights and a batch of two: the step's peak is in the optimizer's update."""
     torch.manual_seed(0)
     return nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(4)]), (torch.randn(2, 256),)
-
-
-def _measured_step(model: nn.Module, args: tuple[Any, ...], opt: torch.optim.Optimizer) -> int:
-    """Peak bytes of the second real training step (the first creates the optimizer's state, which the
-    plan holds from the start)."""
-    def step() -> None:
-        model(*args).sum().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    peak = 0
-    for _ in range(2):
-        peak, _ = measure_peak(step, tensors_of(model, opt, args))
-    return peak
 
 
 @pytest.mark.parametrize("impl", [{"foreach": True}, {"fused": True}, {"foreach": False}])
@@ -49,7 +39,7 @@ def test_update_peak_is_predicted_as_the_users_optimizer_runs_it(impl: dict[str,
     kind = next(iter(k for k, v in impl.items() if v), "for-loop")
     peak_step = prof.baseline_schedule[prof.baseline.peak_step]
     assert (prof.graph.computes[peak_step.node].phase is Phase.OPTIMIZER) is (kind != "fused")
-    measured = _measured_step(model, args, opt)
+    measured = measured_step(model, args, opt)
     scalars = sum(d.bytes for d in prof.graph.datas if d.name in ("loss", "loss_grad"))
     assert 0 <= prof.baseline.peak_bytes - measured <= scalars, (impl, prof.baseline.peak_bytes, measured)
     assert prof.graph.meta["optimizer_update"] == kind
@@ -82,7 +72,7 @@ def test_groups_and_estimated_cuda_target() -> None:
     prof = profile(model, args, optimizer=opt, repeats=1, warmup=0)
     nodes = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
     assert [c.temp_bytes for c in nodes] == [params // 4, 3 * params // 4]
-    measured = _measured_step(model, args, opt)
+    measured = measured_step(model, args, opt)
     assert 0 <= prof.baseline.peak_bytes - measured <= 8, (prof.baseline.peak_bytes, measured)
 
 

@@ -268,6 +268,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out += ["", "Exported plans' step time predicted within 2 points of measured: "
             f"{within[0]} of {len(timed)} (the executor's per-op cost charged to recomputations), "
             f"{within[1]} of {len(timed)} without it."]
+    # what the person who ran it on the device adds afterwards (meta["notes"]: what moved since the last run)
+    out += ["", *(f"- {n}" for n in meta.get("notes", []))] if meta.get("notes") else []
     return "\n".join(out)
 
 

@@ -115,8 +115,12 @@ def test_plan_of_a_model_the_user_wrapped(fsdp2: Any) -> None:
         mine = memviz.plan(prof, BUDGET, strategy="sac")
     assert not any("_memviz_sac" in m.__dict__ for m in wrapped.modules())
     assert all(torch.equal(local(p), b) for p, b in zip(wrapped.parameters(), before, strict=True))
-    assert mine.peak_bytes == plan.peak_bytes
-    assert mine.solver_stats.extra["sac"]["regions"] == plan.solver_stats.extra["sac"]["regions"]
+    # which blocks are checkpointed, and how, is ranked by each profile's own measured op times and
+    # checkpointing costs (the costed sac menu), so the two choices may differ, each within the budget
+    blocks = {n for n, _ in wrapped.named_modules() if n.startswith("blocks.") and n.count(".") == 1}
+    for p in (mine, plan):
+        assert p.peak_bytes <= p.budget_bytes
+        assert {r["module"] for r in p.solver_stats.extra["sac"]["regions"]} <= blocks
 
 
 def _free_port() -> int:

@@ -441,8 +441,8 @@ def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str
                      "softmax and dropout are absent")
     ffn_local = cfg.ffn_hidden // tp
     wide = [t for t in tensors if t["shape"] and t["shape"][-1] == ffn_local]
-    mlp_wide = cfg.seq * cfg.batch * cfg.ffn_hidden
-    counted = sum(1 for t in analytic.layer_activation_tensors(cfg) if t.elements == mlp_wide)
+    # the MLP-wide tensors are the MLP's tensor-parallel ones (split with its inner width)
+    counted = sum(1 for t in analytic.layer_activation_tensors(cfg) if t.block == "mlp" and t.tensor_parallel)
     if len(wide) != counted and ffn_local not in (cfg.hidden, cfg.hidden // tp):  # else widths are ambiguous
         what = ("gate output, activation output, up output, product" if cfg.gated_mlp
                 else "GELU input, second linear's input")

@@ -629,7 +629,9 @@ def _packed_in_example(find: Callable[[torch.Tensor], Any], model: nn.Module | N
         bound = inspect.signature(model.forward).bind_partial(*args, **(kwargs or {}))
     except (TypeError, ValueError):
         return True
-    given = bound.arguments.get("position_ids")
+    sig = bound.signature.parameters
+    extra = next((bound.arguments.get(n, {}) for n, prm in sig.items() if prm.kind is prm.VAR_KEYWORD), {})
+    given = bound.arguments.get("position_ids", extra.get("position_ids"))
     if given is None:
         return False  # derived from the cache position: 0, 1, 2... in every row
     if not isinstance(given, torch.Tensor) or isinstance(given, torch._subclasses.FakeTensor) \

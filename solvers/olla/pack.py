@@ -335,6 +335,10 @@ CP_SAT_MAX_BUFFERS = 800
 #: canonical search nodes per target, and CP-SAT's deterministic time per segment
 CANONICAL_NODES = 20_000
 CP_SAT_WORK = 2.0
+#: canonical search nodes for the whole instance when a capacity is given (the decision problem
+#: MiniMalloc solves): its challenging set needs up to 54k (E: three preorders' searches in turn), and
+#: 3x that is still about 10 s of Python on one core
+FIT_NODES = 160_000
 
 
 def _cp_sat(
@@ -439,16 +443,17 @@ def pack(
     capacity: int | None = None,
     *,
     time_limit: float = 10.0,
-    processes: int = 3,
+    processes: int = 1,
 ) -> Packing:
     """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
 
     Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
-    Each search is bounded by counted work (`CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs one worker),
-    `time_limit` is the safety cap.  `processes`: forked processes racing in the canonical search (at
-    most one per preorder; the first to finish wins, so only 1, in this process, is deterministic).
+    Each search is bounded by counted work (`FIT_NODES`, `CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs
+    one worker), `time_limit` is the safety cap.  `processes`: forked processes racing in the canonical
+    search (at most one per preorder; the first to finish wins, so only the default, 1, in this
+    process, is deterministic and bounded by node counts).
     """
     started = time.perf_counter()
     deadline = started + time_limit
@@ -484,7 +489,7 @@ def pack(
         # searched one by one under reordered preorders, did not within 30 s (E of the set)
         whole = canonical_fit(
             bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes,
-            max_nodes=CANONICAL_NODES,
+            max_nodes=FIT_NODES,
         )
     if whole is not None and whole.outcome == "infeasible":
         raise PackingError(
@@ -553,7 +558,10 @@ def pack(
         capacity=capacity,
         # how each searched segment ended: canonical, canonical-infeasible, cp-sat, greedy (searched,
         # nothing better found) or out-of-time (no time left to search: greedy kept)
-        extra={"bound": bound, "spanning_buffers": len(spanning), "segments": statuses},
+        extra={"bound": bound, "spanning_buffers": len(spanning), "segments": statuses,
+               # canonical search nodes of the whole-instance fit (capacity given; 0 when greedy fitted):
+               # the search's work, the same on any machine
+               "fit_nodes": whole.nodes if whole is not None else 0},
     )
 
 

@@ -87,12 +87,23 @@ def test_preorders_take_turns_without_visiting_a_node_twice() -> None:
 def test_portfolio_of_processes(monkeypatch: pytest.MonkeyPatch, capacity: int, outcome: str) -> None:
     """With no in-process head start, forked processes race over the preorders; a fit comes back
     checked, and one process's exhausted search is the proof."""
-    monkeypatch.setattr(canonical, "SOLO_SECONDS", 0.0)
+    monkeypatch.setattr(canonical, "SOLO_NODES", 0)
     _, buffers = read_csv(MINIMALLOC / "input.12.csv")
     found = canonical_fit(buffers, capacity, later(), processes=3)
     assert found.outcome == outcome
     if outcome == "fits":
         assert validate_packing(buffers, found.offsets, capacity) == []
+
+
+def test_portfolio_answers_as_its_fewest_nodes_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes race, but the answer does not depend on which finishes first: it is the fit of
+    the preorder that needs the fewest nodes (TWA on A: 4,920; the others need 14,000 and 95,000),
+    found again on every run."""
+    monkeypatch.setattr(canonical, "SOLO_NODES", 0)
+    _, buffers = read_csv(MINIMALLOC / "A.1048576.csv")
+    alone = canonical_fit(buffers, 1048576, later(), preorders=("TWA",))
+    raced = canonical_fit(buffers, 1048576, later(), preorders=("WAT", "TWA", "TAW"), processes=3)
+    assert raced.outcome == "fits" and (raced.nodes, raced.offsets) == (alone.nodes, alone.offsets)
 
 
 def test_first_greedy_pass_keeps_the_time_limit() -> None:

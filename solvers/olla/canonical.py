@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, note_cut
 
 #: preorders tried in turn (MiniMalloc's defaults in the order TAW, TWA, WAT: fewest nodes on A-D)
 PREORDERS: tuple[str, ...] = ("TAW", "TWA", "WAT")
@@ -64,8 +64,8 @@ Outcome = Literal["fits", "infeasible", "out-of-time", "out-of-work"]
 #: many overlapping pairs the overlap lists are not kept (found by a vector test at each placement)
 MAX_SECTION_ENTRIES = 4_000_000
 
-#: seconds of search in the calling process before a portfolio of processes takes over
-SOLO_SECONDS = 0.25
+#: search nodes in the calling process before a portfolio of processes takes over (about 0.2 s)
+SOLO_NODES = 3 * 1024
 
 #: nodes a preorder's search runs before the next preorder's search takes its turn: large enough that
 #: resuming a suspended search (one step per frame of its depth) costs nothing next to the turn
@@ -308,12 +308,14 @@ class _Search:
             cuts += 1
 
 
-def _interleave(inst: _Instance, capacity: int, preorders: Sequence[str],
-                deadline: Deadline, max_nodes: int | None = None) -> tuple[Outcome, list[int] | None, int]:
+def _interleave(inst: _Instance, capacity: int, preorders: Sequence[str], deadline: Deadline,
+                max_nodes: int | None = None, progress: Any = None,
+                slot: int = 0) -> tuple[Outcome, list[int] | None, int]:
     """One search per preorder, taking turns of `SLICE_NODES` nodes (each resumed where its last turn
     ended) until one fits or proves the instance infeasible (each search is complete, so either
     settles it), `max_nodes` in all (None: no limit; "out-of-work" past it): (outcome, offsets of the
-    instance's buffers or None, nodes)."""
+    instance's buffers or None, nodes).  `progress[slot]` (a shared array, in a portfolio) is set to
+    the nodes visited after every turn."""
     total = sys.maxsize // 4 if max_nodes is None else max_nodes
     searches = [_Search(inst, capacity, name, deadline) for name in preorders]
     runs = [search.solve() for search in searches]
@@ -336,41 +338,63 @@ def _interleave(inst: _Instance, capacity: int, preorders: Sequence[str],
                 except _OutOfTime:
                     return "out-of-time", None, nodes + search.nodes - before
                 nodes += search.nodes - before
+                if progress is not None:
+                    progress[slot] = nodes
     finally:
         for run in runs:
             run.close()
         sys.setrecursionlimit(old)
 
 
-def _worker(inst: _Instance, capacity: int, preorders: Sequence[str], at: float, queue: Any) -> None:
-    queue.put(_interleave(inst, capacity, preorders, Deadline(at)))
+def _worker(inst: _Instance, capacity: int, preorders: Sequence[str], at: float, max_nodes: int | None,
+            progress: Any, slot: int, queue: Any) -> None:
+    queue.put((slot, *_interleave(inst, capacity, preorders, Deadline(at), max_nodes, progress, slot)))
 
 
 def _portfolio(inst: _Instance, capacity: int, preorders: Sequence[str], deadline: Deadline,
-               processes: int) -> tuple[Outcome, list[int] | None, int]:
-    """`_interleave` over disjoint groups of the preorders in `processes` forked processes; the first
-    fit or proof wins and the others are stopped.  Each preorder's search is complete, so any
-    process's "infeasible" is a proof."""
+               processes: int, max_nodes: int | None) -> tuple[Outcome, list[int] | None, int]:
+    """`_interleave` over disjoint groups of the preorders in `processes` forked processes, each with
+    its share of `max_nodes`: (outcome, offsets, nodes of the group that settled it).
+
+    Deterministic although the processes race: the answer is that of the group that settles the
+    instance in the fewest nodes (ties: the first group), which is known once every other group has
+    either finished or gone past that many nodes without settling it (each group's search is the same
+    on any machine, and each publishes its node count after every turn).  Each preorder's search is
+    complete, so a group's "infeasible" is a proof."""
     import multiprocessing
     import queue as queues
 
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(inst, capacity, preorders[k::processes], deadline.at, results),
-                         daemon=True) for k in range(processes)]
+    progress = ctx.Array("q", processes, lock=False)  # nodes each group has visited so far
+    groups = [preorders[k::processes] for k in range(processes)]
+    # each group's share of the work
+    budgets = [None if max_nodes is None else max_nodes * len(g) // len(preorders) for g in groups]
+    procs = [ctx.Process(target=_worker, args=(inst, capacity, group, deadline.at, budget, progress, k,
+                                               results), daemon=True)
+             for k, (group, budget) in enumerate(zip(groups, budgets, strict=True))]
     for proc in procs:
         proc.start()
-    nodes = 0
+    done: dict[int, tuple[Outcome, list[int] | None, int]] = {}
     try:
-        for _ in procs:
+        while True:
+            settled = sorted((nodes, k) for k, (outcome, _, nodes) in done.items()
+                             if outcome in ("fits", "infeasible"))
+            if settled and all(k in done or progress[k] > settled[0][0] for k in range(processes)):
+                return done[settled[0][1]]
+            if len(done) == processes:  # none settled it: every group ran out of work
+                return "out-of-work", None, max(nodes for _, _, nodes in done.values())
             try:
-                outcome, found, visited = results.get(timeout=deadline.left() + 1.0)
+                k, outcome, found, nodes = results.get(timeout=0.01 if settled else deadline.left() + 1.0)
             except queues.Empty:
-                break  # a worker died or overran: what is known is that nothing was found in time
-            nodes += visited
-            if outcome != "out-of-time":
-                return outcome, found, nodes
-        return "out-of-time", None, nodes
+                if settled:
+                    continue  # waiting for the other groups to pass the winner's node count
+                note_cut("olla: canonical packing search")
+                return "out-of-time", None, 0  # a worker died or overran its deadline
+            if outcome == "out-of-time":
+                note_cut("olla: canonical packing search")  # recorded in the worker, lost with it
+                return "out-of-time", None, nodes
+            done[k] = (outcome, found, nodes)
     finally:
         for proc in procs:
             proc.terminate()
@@ -382,13 +406,15 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
                   *, preorders: Sequence[str] = PREORDERS, processes: int = 1,
                   max_nodes: int | None = None) -> CanonicalResult:
     """Offsets with every ``offset + size <= capacity`` and no two time-overlapping buffers sharing an
-    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time; or, in
-    one process, out of work (`max_nodes` search nodes: a bound that is the same on any machine).
+    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time; or out of
+    work (`max_nodes` search nodes, shared by the processes: a bound that is the same on any machine).
 
     With `processes` > 1 (and where processes can be forked), an instance not settled within
-    `SOLO_SECONDS` in this process goes to that many processes racing each other over the preorders
-    (a portfolio: one preorder often needs 10x fewer nodes than another, and which one differs by
-    instance; the first seconds in-process spare easy instances the cost of forking).  Zero-size
+    `SOLO_NODES` in this process goes to that many processes, each searching its share of the
+    preorders with `max_nodes` (a portfolio: one preorder often needs 10x fewer nodes than another,
+    and which one differs by instance; the first nodes in-process spare easy instances the cost of
+    forking).  For a given `processes` the answer is the same on any machine and under any load
+    (`_portfolio`); the `nodes` of a portfolio are those of the group that settled it.  Zero-size
     buffers get offset 0.  Offsets are checked by `validate_packing` before they are returned (a
     failed check is a bug and raises)."""
     import multiprocessing
@@ -408,11 +434,10 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
         return CanonicalResult("infeasible", None, 0)
     processes = min(processes, len(preorders))
     if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
-        solo = Deadline(min(deadline.at, Deadline.after(SOLO_SECONDS).at))
-        outcome, found, nodes = _interleave(inst, capacity, preorders, solo)
-        if outcome == "out-of-time":
-            outcome, found, more = _portfolio(inst, capacity, preorders, deadline, processes)
-            nodes += more
+        solo = SOLO_NODES if max_nodes is None else min(SOLO_NODES, max_nodes)
+        outcome, found, nodes = _interleave(inst, capacity, preorders, deadline, solo)
+        if outcome == "out-of-work" and solo != max_nodes:
+            outcome, found, nodes = _portfolio(inst, capacity, preorders, deadline, processes, max_nodes)
     else:
         outcome, found, nodes = _interleave(inst, capacity, preorders, deadline, max_nodes)
     if found is None:

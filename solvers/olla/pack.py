@@ -443,7 +443,7 @@ def pack(
     capacity: int | None = None,
     *,
     time_limit: float = 10.0,
-    processes: int = 1,
+    processes: int = 3,
 ) -> Packing:
     """Place `buffers` (``(start, end, size)``, alive during ``[start, end)``) at integer offsets.
 
@@ -451,9 +451,9 @@ def pack(
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
     Each search is bounded by counted work (`FIT_NODES`, `CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs
-    one worker), `time_limit` is the safety cap.  `processes`: forked processes racing in the canonical
-    search (at most one per preorder; the first to finish wins, so only the default, 1, in this
-    process, is deterministic and bounded by node counts).
+    one worker), `time_limit` is the safety cap.  `processes`: forked processes sharing the canonical
+    search's preorders (at most one per preorder; for a given count the answer is the same on any
+    machine, `solvers.olla.canonical._portfolio`).
     """
     started = time.perf_counter()
     deadline = started + time_limit

@@ -387,13 +387,14 @@ def _portfolio(inst: _Instance, capacity: int, preorders: Sequence[str], deadlin
             try:
                 k, outcome, found, nodes = results.get(timeout=0.01 if settled else deadline.left() + 1.0)
             except queues.Empty:
-                if settled:
+                if settled and not deadline.passed():
                     continue  # waiting for the other groups to pass the winner's node count
-                note_cut("olla: canonical packing search")
-                return "out-of-time", None, 0  # a worker died or overran its deadline
+                k, outcome, found, nodes = -1, "out-of-time", None, 0  # overran, or a worker died
             if outcome == "out-of-time":
-                note_cut("olla: canonical packing search")  # recorded in the worker, lost with it
-                return "out-of-time", None, nodes
+                # the clock stopped a group (recorded in the worker, lost with it): the fewest-nodes
+                # answer among those that came may not be the one a faster machine would give
+                note_cut("olla: canonical packing search")
+                return done[settled[0][1]] if settled else ("out-of-time", None, nodes)
             done[k] = (outcome, found, nodes)
     finally:
         for proc in procs:

@@ -336,8 +336,8 @@ CP_SAT_MAX_BUFFERS = 800
 CANONICAL_NODES = 20_000
 CP_SAT_WORK = 2.0
 #: canonical search nodes for the whole instance when a capacity is given (the decision problem
-#: MiniMalloc solves): its challenging set needs up to 54k (E: three preorders' searches in turn), and
-#: 3x that is still about 10 s of Python on one core
+#: MiniMalloc solves): its challenging set needs up to 54k in one process (E: three preorders' searches
+#: in turn), and up to 18k per preorder raced in three processes (a third of this each)
 FIT_NODES = 160_000
 
 

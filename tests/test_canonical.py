@@ -106,6 +106,19 @@ def test_portfolio_answers_as_its_fewest_nodes_group(monkeypatch: pytest.MonkeyP
     assert raced.outcome == "fits" and (raced.nodes, raced.offsets) == (alone.nodes, alone.offsets)
 
 
+def test_the_sections_are_built_once_for_several_capacities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pack` asks about one segment at several capacities; building its overlap lists is quadratic and
+    outside the search's deadline (0.3-0.7 s a call at 4k buffers took `pack_schedule` past its limit)."""
+    built: list[int] = []
+    real = canonical._Instance
+    monkeypatch.setattr(canonical, "_Instance", lambda b: built.append(len(b)) or real(b))
+    canonical._instance.cache_clear()
+    _, buffers = read_csv(MINIMALLOC / "input.12.csv")
+    assert canonical_fit(buffers, 12, later()).outcome == "fits"
+    assert canonical_fit(buffers, 11, later()).outcome == "infeasible"
+    assert built == [len(buffers)]
+
+
 def test_first_greedy_pass_keeps_the_time_limit() -> None:
     """Issue 21: the first greedy pass ignored the deadline.  With no time left it now places the
     buffers by the O(n log n) stacking sweep (valid, at once) instead of finishing its best-fit pass."""

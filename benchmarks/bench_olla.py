@@ -236,12 +236,13 @@ def markdown(result: dict) -> str:
            f"(load average {result['machine']['load_average_1min']} at the end of the run). Target (issue "
            f"21): each fits within {FIT_TARGET_S:.0f} s on 2 cores, as MiniMalloc's C++ solver does; before "
            "the canonical search of `solvers.olla.canonical`, A-D took 4-16 s and E-K did not fit "
-           f"within 60 s. Met by {met} of {len(rows)} (wall time on this shared machine; one process, "
-           "so on a loaded machine the wall time is well above the CPU time, which is what an idle core "
-           "would need). MiniMalloc: its published result (the C++ solver fits every instance of the "
-           "set). Nodes: canonical search nodes (the three preorders' searches in turn), the work of a "
-           "deterministic search, the same on any machine. Search: how the fit was found (canonical = "
-           "canonical search). Greedy = TFLite's greedy-by-size best fit.", "",
+           f"within 60 s. Met by {met} of {len(rows)} (wall time on this shared machine). CPU s: all "
+           "processes of the call (the three preorders race in three processes), so CPU s / 2 is about "
+           "the wall time 2 idle cores would need. MiniMalloc: its published result (the C++ solver fits "
+           "every instance of the set). Nodes: canonical search nodes of the preorder that settled it; "
+           "the race is deterministic (the fewest-nodes preorder's answer, whichever process finishes "
+           "first), so nodes and offsets are the same on any machine. Search: how the fit was found "
+           "(canonical = canonical search). Greedy = TFLite's greedy-by-size best fit.", "",
            "| instance | buffers | fits | MiniMalloc | peak | lower bound | time s | CPU s | within target "
            "| nodes | search | greedy-by-size needs |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -108,7 +108,8 @@ def test_portfolio_answers_as_its_fewest_nodes_group(monkeypatch: pytest.MonkeyP
 
 def test_the_sections_are_built_once_for_several_capacities(monkeypatch: pytest.MonkeyPatch) -> None:
     """`pack` asks about one segment at several capacities; building its overlap lists is quadratic and
-    outside the search's deadline (0.3-0.7 s a call at 4k buffers took `pack_schedule` past its limit)."""
+    outside the search's deadline (0.3-0.7 s a call at 4k buffers took `pack_schedule` past its limit).
+    They are not kept past `pack` (tens of MB at 10k buffers)."""
     built: list[int] = []
     real = canonical._Instance
     monkeypatch.setattr(canonical, "_Instance", lambda b: built.append(len(b)) or real(b))
@@ -117,6 +118,8 @@ def test_the_sections_are_built_once_for_several_capacities(monkeypatch: pytest.
     assert canonical_fit(buffers, 12, later()).outcome == "fits"
     assert canonical_fit(buffers, 11, later()).outcome == "infeasible"
     assert built == [len(buffers)]
+    pack(buffers, time_limit=5.0)
+    assert canonical._instance.cache_info().currsize == 0  # pack lets them go when it returns
 
 
 def test_first_greedy_pass_keeps_the_time_limit() -> None:

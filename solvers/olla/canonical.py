@@ -133,10 +133,15 @@ class _Instance:
 
 @functools.lru_cache(maxsize=1)
 def _instance(buffers: tuple[tuple[int, int, int], ...]) -> _Instance:
-    """The sections of `buffers`, kept for the next call: `pack` asks about the same buffers at several
-    capacities in turn, and building the overlap lists is quadratic (0.3-0.7 s at 4k buffers, outside
-    any search's deadline).  The search only reads it."""
+    """The sections of `buffers`, kept for the next call (until `clear_cache`): `pack` asks about the
+    same buffers at several capacities in turn, and building the overlap lists is quadratic (0.3-0.7 s
+    at 4k buffers, outside any search's deadline).  The search only reads it."""
     return _Instance(buffers)
+
+
+def clear_cache() -> None:
+    """Drop the kept sections (tens of MB at 10k buffers): `pack` calls this when it returns."""
+    _instance.cache_clear()
 
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

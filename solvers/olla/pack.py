@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from solvers.deadline import Deadline, limit_cp_sat, note_cp_sat_cut, note_cut, timed_out
 from solvers.ir import Graph
-from solvers.olla.canonical import canonical_fit, range_max
+from solvers.olla.canonical import canonical_fit, clear_cache, range_max
 from solvers.schedule import Step
 from solvers.simulate import simulate
 
@@ -482,6 +482,14 @@ def pack(
     search's preorders (at most one per preorder; for a given count the answer is the same on any
     machine, `solvers.olla.canonical._portfolio`).
     """
+    try:
+        return _pack(buffers, capacity, time_limit, processes)
+    finally:
+        clear_cache()  # the canonical search's sections of these buffers: not needed past this call
+
+
+def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: float,
+          processes: int) -> Packing:
     started = time.perf_counter()
     deadline = started + time_limit
     bufs = _check_buffers(buffers)

@@ -7,17 +7,17 @@ lifetimes intersect never share an address; its peak is ``max(offset + size)``. 
 *max-live lower bound* (the largest total size alive at one step), and fragmentation is
 ``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
 
-Method: greedy best fit (TFLite's GreedyBySize, and the same placement rule in lifetime and area
-order) gives an incumbent (its first pass keeps the time limit: what it has not placed by then is
-stacked by an O(n log n) sweep); when it does not meet the target (the capacity, else the lower bound),
-MiniMalloc's canonical search (`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the
-exact model (NoOverlap2D over fixed time intervals and variable address intervals), warm-started
-from the best offsets, in the time left.  Two exact reductions shrink the model: buffers alive over
-the whole horizon go to the bottom (removing such a buffer's address range from any packing and
-stacking it below keeps the packing valid with the same peak), and the rest splits at steps no
-buffer crosses into independent segments.  Offsets are integer solver values, never floats (OLLA's
-tool truncated floats and produced overlapping plans); `validate_packing` checks every result independently.
-"""
+Method: greedy best fit (first in MiniMalloc's TAW preorder, Sec. 5: the buffers alive at the
+busiest steps first; then TFLite's GreedyBySize order, lifetime and area) gives an incumbent (its
+first pass keeps the time limit: what it has not placed by then is stacked by an O(n log n) sweep);
+when it does not meet the target (the capacity, else the lower bound), MiniMalloc's canonical search
+(`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the exact model (NoOverlap2D over
+fixed time intervals and variable address intervals), warm-started from the best offsets, in the
+time left.  Two exact reductions shrink the model: buffers alive over the whole horizon go to the
+bottom (removing such a buffer's address range from any packing and stacking it below keeps the
+packing valid with the same peak), and the rest splits at steps no buffer crosses into independent
+segments.  Offsets are integer solver values, never floats (OLLA's tool truncated floats and
+produced overlapping plans); `validate_packing` checks every result independently. """
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ time left.  Two exact reductions shrink the model: buffers alive over the whole 
 bottom (removing such a buffer's address range from any packing and stacking it below keeps the
 packing valid with the same peak), and the rest splits at steps no buffer crosses into independent
 segments.  Offsets are integer solver values, never floats (OLLA's tool truncated floats and
-produced overlapping plans); `validate_packing` checks every result independently. """
+produced overlapping plans); `validate_packing` checks every result independently.
+"""
 
 from __future__ import annotations
 

@@ -19,8 +19,10 @@ const REPORTS = (process.env.MEMVIZ_SHOTS_REPORTS ?? '').split(',').filter(s => 
 
 for (const report of REPORTS) {
   const name = path.basename(report, '.html');
-  test(`views of the report ${name}`, async ({ page }) => {
+  test(`views of the report ${name}`, async ({ context }) => {
     test.setTimeout(600000);
+    // a plain page: galata's own resolves every address against JupyterLab's
+    const page = await context.newPage();
     await page.setViewportSize({ width: 1280, height: 1000 });
     await page.goto(pathToFileURL(report).href);
     const view = page.locator('.jp-memviz-plan');
@@ -64,9 +66,9 @@ for (const notebook of NOTEBOOKS) {
       const rows = whatif.locator('.jp-memviz-whatif-row');
       for (const tp of ['2', '4']) {
         const count = await rows.count();
-        await whatif.locator('.jp-memviz-whatif-pin').click();
+        await whatif.locator('.jp-memviz-whatif-pin').click({ timeout: 60000 });
         await expect(rows).toHaveCount(count + 1, { timeout: 60000 });
-        await whatif.locator('.jp-memviz-whatif-tp').selectOption(tp);
+        await whatif.locator('.jp-memviz-whatif-tp').selectOption(tp, { timeout: 60000 });
         await page.waitForTimeout(1500);
       }
       await shot(whatif, 'whatif-compare');

@@ -143,6 +143,17 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
     });
   await expect(svg.locator(`g.node#${id}`)).toBeVisible({ timeout: 60000 });
 
+  // the size cap: opening the 900-op "mixer [backward]" would draw 1927 nodes, above the 1500-node
+  // cap; it is refused before any layout and the drawing stays as it is
+  const mixer = modules.filter({ has: page.locator('title', { hasText: /^mixer \[backward\]/ }) });
+  const shownBefore = await svg.locator('g.node').count();
+  await mixer.click();
+  await expect(graph.locator('.jp-memviz-graph-status')).toHaveText(
+    'Opening it would draw 1927 nodes, above the 1500-node cap: close another module first.'
+  );
+  expect(await graph.getAttribute('data-layout')).toBeNull();
+  expect(await svg.locator('g.node').count()).toBe(shownBefore);
+
   // search by tensor name: a parameter is not drawn, its first reader is found and outlined
   const search = graph.locator('.jp-memviz-graph-search');
   await search.fill('layers.3.mlp.fc1.weight');

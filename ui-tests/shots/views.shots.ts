@@ -60,16 +60,17 @@ for (const notebook of NOTEBOOKS) {
       timeout: 1100000
     });
     if (await whatif.count()) {
-      // a WhatIf: the first configuration, then two more pinned side by side (TP 2 and 4)
+      // a WhatIf: the first configuration, then it and two more pinned side by side (recompute
+      // selective and full: any TP degree is refused for GPT-2's own vocabulary of 50257)
       await whatif.scrollIntoViewIfNeeded();
       await shot(whatif, 'whatif');
       const rows = whatif.locator('.jp-memviz-whatif-row');
-      for (const tp of ['2', '4']) {
+      for (const recompute of ['selective', 'full']) {
         const count = await rows.count();
         await whatif.locator('.jp-memviz-whatif-pin').click({ timeout: 60000 });
         await expect(rows).toHaveCount(count + 1, { timeout: 60000 });
-        await whatif.locator('.jp-memviz-whatif-tp').selectOption(tp, { timeout: 60000 });
-        await page.waitForTimeout(1500);
+        await whatif.locator('.jp-memviz-whatif-recompute').selectOption(recompute, { timeout: 60000 });
+        await expect(rows.last()).toContainText(`recompute ${recompute}`, { timeout: 60000 });
       }
       await shot(whatif, 'whatif-compare');
       return;

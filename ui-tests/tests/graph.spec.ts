@@ -147,7 +147,15 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   // cap; it is refused before any layout and the drawing stays as it is
   const mixer = modules.filter({ has: page.locator('title', { hasText: /^mixer \[backward\]/ }) });
   const shownBefore = await svg.locator('g.node').count();
-  await mixer.click();
+  // (dispatched on the node: at the readable scale it may lie outside the canvas, which does not scroll)
+  await mixer
+    .locator('path, polygon')
+    .first()
+    .evaluate(el => {
+      for (const type of ['pointerdown', 'pointerup']) {
+        el.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
+      }
+    });
   await expect(graph.locator('.jp-memviz-graph-status')).toHaveText(
     'Opening it would draw 1927 nodes, above the 1500-node cap: close another module first.'
   );

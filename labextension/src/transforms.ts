@@ -128,7 +128,14 @@ export interface PlanDoc {
   graph: { computes: ComputeDoc[]; datas: DataDoc[] };
   baseline?: ScheduledTimeline | null;
   planned: ScheduledTimeline;
-  solver_stats?: { solver?: string; status?: string; gap?: number | null; seconds?: number } | null;
+  solver_stats?: {
+    solver?: string;
+    status?: string;
+    gap?: number | null;
+    seconds?: number;
+    /** where the wall-clock safety cap, not counted work, stopped a solver (`Plan.time_cuts`) */
+    extra?: { time_cuts?: unknown } | null;
+  } | null;
   frontier?: FrontierEntry[];
   packing?: PackingDoc | null;
 }
@@ -657,10 +664,12 @@ export function planFigure(
   return { traces, unit, steps: Math.max(n, m), xTitle, xscale: xunit.scale };
 }
 
-/** One header readout: a label and its value, both plain text (set with textContent). */
+/** One header readout: a label and its value, both plain text (set with textContent); a warning is
+ * shown as one. */
 export interface Readout {
   label: string;
   value: string;
+  warning?: boolean;
 }
 
 function percent(x: number): string {
@@ -693,7 +702,28 @@ export function planReadouts(doc: PlanDoc, selected: string | null = null): Read
   if (doc.solver_stats?.status) {
     out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
   }
+  const cuts = timeCuts(doc);
+  if (cuts.length) {
+    out.push({
+      label: 'time limit',
+      value: `stopped by the time limit in ${cuts.join(', ')}: may differ between runs`,
+      warning: true
+    });
+  }
   return out;
+}
+
+/**
+ * Where the wall-clock safety cap cut a solver while planning (`solver_stats.extra.time_cuts`, a list
+ * of strings in the schema): a plan file is untrusted, so anything but strings is dropped, and repeats
+ * are named once.
+ */
+export function timeCuts(doc: PlanDoc): string[] {
+  const cuts = doc.solver_stats?.extra?.time_cuts;
+  if (!Array.isArray(cuts)) {
+    return [];
+  }
+  return [...new Set(cuts.filter((c): c is string => typeof c === 'string' && c.trim() !== ''))];
 }
 
 /**

@@ -30,6 +30,7 @@ import {
   parsePlan,
   planFigure,
   planReadouts,
+  timeCuts,
   planTitle,
   solverSummary,
   stepEdges,
@@ -331,6 +332,23 @@ describe('planFigure', () => {
 });
 
 describe('planReadouts', () => {
+  it('warns once, as text, where the time limit cut a solver; nothing when it cut none', () => {
+    assert.equal(planReadouts(SAMPLE).filter(x => x.warning).length, 0);
+    const cut = clone() as unknown as PlanDoc;
+    const hostile = '<img src=x onerror=alert(1)>';
+    cut.solver_stats = { ...cut.solver_stats, extra: { time_cuts: ['rotor: DP', hostile, 'rotor: DP', 7] } };
+    const warnings = planReadouts(cut).filter(x => x.warning);
+    assert.deepEqual(warnings, [
+      {
+        label: 'time limit',
+        value: `stopped by the time limit in rotor: DP, ${hostile}: may differ between runs`,
+        warning: true
+      }
+    ]);
+    // a malformed file (time_cuts not a list) shows no warning rather than failing
+    cut.solver_stats = { ...cut.solver_stats, extra: { time_cuts: -1 } };
+    assert.deepEqual(timeCuts(cut), []);
+  });
   it('reports strategy, peak vs eager, overhead, recomputes and budget', () => {
     const r = Object.fromEntries(planReadouts(SAMPLE).map(x => [x.label, x.value]));
     assert.equal(r.strategy, 'checkmate');

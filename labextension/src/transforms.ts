@@ -123,6 +123,8 @@ export interface PlanDoc {
   schema: string;
   strategy: string;
   budget_bytes: number | null;
+  /** predicted step time over eager's (`Plan.time_overhead`; absent in older plan files) */
+  time_overhead?: number;
   model?: { name?: string; mode?: string };
   device?: { name?: string; estimated?: boolean; capacity_bytes?: number | null };
   graph: { computes: ComputeDoc[]; datas: DataDoc[] };
@@ -689,8 +691,16 @@ export function planReadouts(doc: PlanDoc, selected: string | null = null): Read
     peak += ` (${percent(planned.peak_bytes / baseline.peak_bytes - 1)} vs eager ${formatBytes(baseline.peak_bytes)})`;
   }
   out.push({ label: 'peak', value: peak });
-  if (baseline && baseline.total_time > 0) {
-    out.push({ label: 'overhead', value: percent(planned.total_time / baseline.total_time - 1) });
+  // the kernel's prediction (op times plus the measured fixed costs) when the plan carries it, as
+  // Plan.summary() says it; older plan files: the ratio of op times
+  const overhead =
+    typeof doc.time_overhead === 'number' && Number.isFinite(doc.time_overhead)
+      ? doc.time_overhead
+      : baseline && baseline.total_time > 0
+        ? planned.total_time / baseline.total_time
+        : null;
+  if (overhead !== null) {
+    out.push({ label: 'overhead', value: percent(overhead - 1) });
   }
   if (typeof planned.recomputes === 'number') {
     out.push({ label: 'recomputes', value: String(planned.recomputes) });

@@ -355,6 +355,9 @@ describe('planReadouts', () => {
     assert.equal(planReadouts(SAMPLE, 'auto')[0].value, 'checkmate (chosen by auto)');
     assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
     assert.equal(r.overhead, '+12.5%');
+    // the kernel's Plan.time_overhead (op times and measured fixed costs) when the plan carries it
+    const predicted = { ...clone(), time_overhead: 1.291 } as unknown as PlanDoc;
+    assert.equal(Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead, '+29.1%');
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');

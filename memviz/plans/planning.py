@@ -109,6 +109,7 @@ class Plan:
             "device": self.device,
             "strategy": self.strategy,
             "budget_bytes": self.budget_bytes,
+            "time_overhead": self.time_overhead,  # the views show this one number, not their own
             "graph": {**self.graph.to_dict(), "meta": _json_meta(self.graph.meta)},
             "baseline": {
                 **_run_dict(self.baseline_schedule, self.baseline),
@@ -293,10 +294,14 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     The exported module's also holds what it adds to each operator it runs, once each; each of the
     schedule's `recomputations` pays that again (``executor_op_s``: on a launch-bound GPU an operator costs
     its launch, not only its kernel time).  Recomputations add their measured op times; the fixed costs
-    only scale the ratio, so no solver's choice depends on them (solvers compare op times)."""
+    only scale the ratio, so no solver's choice depends on them (solvers compare op times).
+
+    A fixed cost measured below 0 (a step timed shorter than its operators' separately timed sum, as on
+    a loaded machine: -6.8 s on a 100-layer GPT) is no cost the step has: it counts 0.  Left as it was,
+    it divided by nearly nothing, and the plan said x2.85 where its op times said +16%."""
     def fixed(key: str) -> float:
         v = graph.meta.get(key, 0.0)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+        return max(0.0, float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
     eager = baseline_s + fixed("eager_fixed_s")
     executor = planned_s + fixed("executor_fixed_s") + recomputations * fixed("executor_op_s")

@@ -124,7 +124,8 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     if not blocks:
         return {}
     path, ids, mm = blocks[0]
-    keep = mm or frozenset(i for i in ids[:1] if op_name(graph.computes[i].op) in MATCHABLE)
+    # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
+    keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
     called: list[tuple[Any, Any]] = []
     handle = model.get_submodule(path).register_forward_pre_hook(

@@ -96,9 +96,10 @@ def dispatched_counts(cap: Any, graph: Graph) -> dict[int, int]:
 #: them (or of another version) plans with none counted
 COSTS_VERSION = 1
 #: seconds `checkpoint_costs` may spend timing a block beyond its first `COST_ROUNDS` rounds, and its most
-#: rounds: a median of 5 interleaved rounds moved by a few percent on the loaded 2-core machine
+#: rounds: a transformer block of bench_apply's runs in 10-20 ms on one CPU thread, so about 21 rounds;
+#: the floor keeps a profile of a slow model short (every training profile pays it)
 COST_BUDGET_S = 1.0
-COST_ROUNDS = 5
+COST_ROUNDS = 3
 COST_MAX_ROUNDS = 21
 
 

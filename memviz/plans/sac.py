@@ -107,19 +107,20 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
                      device: Any, repeats: int, warmup: int) -> dict[str, Any]:
     """What `memviz.apply`'s checkpointing costs on `device` beyond the ops it runs, measured at profile
     time (`memviz.profile`) so a sac plan is a function of its profile: the model's first checkpointable
-    block (`candidate_blocks`) with the arguments it gets in one eager forward, run alone (forward and
-    backward of the sum of its outputs) as it is, checkpointed by `memviz.apply` keeping nothing, and
-    keeping its matmuls through the policy; medians of interleaved rounds (`COST_ROUNDS` at least, more
-    within `COST_BUDGET_S`; one round with ``repeats=1``), turned into per-operator costs by
-    `solvers.sac.calibrate`.  The model, its buffers and the RNG streams are left as they were.  Graph
-    metadata (plain numbers, saved with plans); empty when the model has no checkpointable block."""
+    block (`candidate_blocks`) with the arguments it gets in one eager forward (its KV cache off, as apply
+    runs a checkpointed layer), run alone (forward and backward of the sum of its outputs) as it is,
+    checkpointed by `memviz.apply` keeping nothing, and keeping its matmuls through the policy; medians
+    of interleaved rounds (`COST_ROUNDS` at least, more within `COST_BUDGET_S`; one round with
+    ``repeats=1``), turned into per-operator costs by `solvers.sac.calibrate`.  The model, its buffers
+    and the RNG streams are left as they were.  Graph metadata (plain numbers, saved with plans); empty
+    when the model has no checkpointable block."""
     import copy
 
     import torch
     import torch.utils._pytree as pytree
 
     from memviz.hardware import accelerator
-    from memviz.runtime.apply import ApplyWarning, wrap
+    from memviz.runtime.apply import ApplyWarning, _without_cache, wrap
 
     blocks = candidate_blocks(model, graph)
     if not blocks:
@@ -141,9 +142,13 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)
+    # without a KV cache, as apply runs a checkpointed layer (the runs would append to one cache object)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ApplyWarning)
+        uncached = _without_cache(model.get_submodule(path), {}, *called[0])
     block_args = pytree.tree_map_only(
         torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad and t.is_floating_point()),
-        called[0])
+        uncached)
     leaves = [t for t in pytree.tree_leaves(block_args) if isinstance(t, torch.Tensor) and t.requires_grad]
     runs = {"eager": copy.deepcopy(model.get_submodule(path))}
     for name, region in (("full", full), ("selective", selective)):

@@ -3,7 +3,9 @@
 A selective region runs PyTorch's caching dispatch modes and memviz's policy in Python on every operator
 it dispatches; measured on CPU (tiny GPT-2), saving the matmuls that way was slower than recomputing
 them.  The menu compares candidates by op times plus `solvers.sac.Overheads`, so at equal memory it
-prefers the option that runs faster, and a sac plan's `time_overhead` includes those costs."""
+prefers the option that runs faster, and a sac plan's `time_overhead` includes those costs.  The costs
+are calibrated at profile time on one of the model's blocks run alone (`memviz.plans.sac.checkpoint_costs`,
+`solvers.sac.calibrate`) and kept in the profile, so planning times nothing (issue 18 item 4)"""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
+from memviz.plans.planning import MIN_STEP_SHARE
 from memviz.plans.sac import (
     COSTS_VERSION,
-    MIN_STEP_SHARE,
     candidate_blocks,
     dispatched_counts,
     eager_holds,

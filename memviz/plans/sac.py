@@ -197,22 +197,16 @@ def overheads(prof: Any, graph: Graph) -> Overheads:
 def time_ratio(plan: Any) -> float:
     """A sac plan's predicted step time over eager's, as `memviz.apply` runs it: the schedule's op times
     plus checkpointing's own costs (``overhead_s``), over the baseline's, each plus what eager PyTorch
-    spends per step beyond its ops (``eager_fixed_s``, measured at profile time).  That can be below 0:
-    each op timed alone took longer than in the step (a CPU ResNet's convolutions, 1.23x), and the step
-    as measured is still eager's time (the recomputation's costs were calibrated against the same op
-    times, `checkpoint_costs`), unless it is under `MIN_STEP_SHARE` of the op times (not a step: a
-    measurement spoilt by load), then 0."""
+    spends per step beyond its ops (``eager_fixed_s``, measured at profile time, as
+    `memviz.plans.planning.fixed_costs` counts it: the recomputation's costs were calibrated against the
+    same op times, `checkpoint_costs`)."""
+    from memviz.plans.planning import fixed_costs
+
     sac = plan.solver_stats.extra.get("sac")
-    fixed = _finite(plan.graph.meta.get("eager_fixed_s"))
-    if fixed < 0 and plan.baseline.total_time + fixed < MIN_STEP_SHARE * plan.baseline.total_time:
-        fixed = 0.0
+    fixed = fixed_costs(plan.graph, plan.baseline.total_time)["eager_fixed_s"]
     extra = _seconds(sac.get("overhead_s") if isinstance(sac, dict) else None)
     eager = plan.baseline.total_time + fixed
     return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
-
-
-#: the least share of the summed op times an eager step may measure for `time_ratio` to take it as the step
-MIN_STEP_SHARE = 0.5
 
 
 def _finite(value: Any) -> float:

@@ -333,6 +333,10 @@ def test_scale_benchmark_smoke() -> None:
     # the rank's step holds ~8 GiB at its peak (two 128256 x 4096 embeddings, their gradients and AdamW state,
     # 4096-token activations); the process holds a fraction of it: nothing was allocated
     assert r["maxrss_bytes"] < r["eager_peak"] / 4
+    assert r["profile_cpu_s"] > 0 and r["plan_cpu_s"] > 0 and r["load"] >= 0
+    # the collectives' share: the serial step time bounds the overlapped one from above, the collectives below
+    overlapped = bench_scale.overlapped_s(r["eager_step_s"], r["eager_comm_s"])
+    assert 0 < r["eager_comm_s"] <= overlapped < r["eager_step_s"]
     for limit in (0, 1, 5, 17, 40):
         for value in (lambda b: 10 * b, lambda b: b * b + 3 * b):
             cap = value(limit) if limit else value(1) - 1

@@ -150,6 +150,35 @@ def _resize_hook(on_resize: Callable[[torch.UntypedStorage, int, int], None]) ->
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _unrecorded_sharding_propagation(rec: _Recorder) -> Iterator[None]:
+    """Tell `rec` when DTensor's sharding propagation runs an operator only to learn its output's shape
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``: "not part of the real (local)
+    computation"), so it records none of it.  On fake tensors that run uses the step's own FakeTensorMode
+    (``detect_fake_mode``), so its tensors look like the step's: an estimated tensor-parallel step, whose
+    propagation cache is cold (no warm-up step), recorded TinyGPT's first such profile in a process with
+    79 extra operators and a 10% higher peak than the next one.  No-op where torch has no such method."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = getattr(ShardingPropagator, "_propagate_tensor_meta_non_cached", None)
+    if original is None:
+        yield
+        return
+
+    def propagate(self: Any, op_schema: Any) -> Any:
+        rec.propagating += 1
+        try:
+            return original(self, op_schema)
+        finally:
+            rec.propagating -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+
+
 def _is_dtensor_call(types: Iterable[type]) -> bool:
     dtensor = _dtensor_type()
     return dtensor is not None and any(issubclass(t, dtensor) for t in types)
@@ -276,6 +305,7 @@ class _Recorder(TorchDispatchMode):
         self.keep: list[Any] = []  # finalizer handles
         self.tokens: dict[int, int] = {}  # data id -> token of its last in-place write
         self.token_ids: list[int] = []
+        self.propagating = 0  # inside DTensor's shape-only sharding propagation (not the step's work)
         for kind, tensors in sources.items():
             for name, t in tensors:
                 self._source(name, t, DataKind(kind))
@@ -351,6 +381,8 @@ class _Recorder(TorchDispatchMode):
         if _is_dtensor_call(types):
             return NotImplemented  # DTensor runs as local operators, which come back through this mode
         kwargs = kwargs or {}
+        if self.propagating:
+            return func(*args, **kwargs)
         ins = [leaf for leaf in pytree.tree_leaves((args, kwargs))
                if isinstance(leaf, torch.Tensor) and not _not_memory(leaf, self.fake_mode)]
         before = {t.untyped_storage()._cdata for t in ins}
@@ -651,10 +683,13 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
 
 
 # --- one rank's step ----------------------------------------------------------------------------------------
-def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
+def make_optimizer(optimizer: Any, model: nn.Module,
+                   update: str | None = None) -> torch.optim.Optimizer | None:
     """`optimizer` over `model`'s (sharded) parameters: an instance already over them is used as is; a class,
     or an instance over other parameters (the user's unsharded model), gives the same class and
-    hyper-parameters over these."""
+    hyper-parameters over these.  `update` "foreach": the step runs as list operations (``foreach=True``),
+    as torch.optim runs it by default on the estimated target's device (an accelerator) though the
+    recorded tensors are fake CPU tensors, whose default is the for-loop."""
     if optimizer is None:
         return None
     params = list(model.parameters())
@@ -662,12 +697,16 @@ def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | 
         mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if mine == {id(p) for p in params}:
             return optimizer
-        accepted = inspect.signature(type(optimizer).__init__).parameters
+        cls = type(optimizer)
+        accepted = inspect.signature(cls.__init__).parameters
         hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params" and k in accepted}
-        return type(optimizer)(params, **hyper)
-    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        return optimizer(params)
-    raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+    elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        cls, hyper = optimizer, {}
+    else:
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+    if update == "foreach":
+        hyper["foreach"] = True
+    return cls(params, **hyper)
 
 
 def train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
@@ -707,17 +746,19 @@ def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, li
 
 def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
                 loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, fake_mode: Any = None,
-                target: Any = None, quick: bool = False) -> tuple[Graph, Schedule, int | None]:
+                target: Any = None, quick: bool = False,
+                update: str | None = None) -> tuple[Graph, Schedule, int | None]:
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
     ran, measured live-storage peak of a second, unrecorded run of the same step; None for an estimated
     step, whose tensors are `fake_mode`'s and whose operator times come from `target`'s roofline).
+    `update`: how the optimizer runs its step (`make_optimizer`).
 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
     before each step, as ``zero_grad()`` does.  `quick`: the steady state from `_prime_optimizer` instead of a
     first step, and no measured run (None): the per-rank planner's candidates, each a variant of a
     profile whose prediction was measured."""
-    opt = make_optimizer(optimizer, model)
+    opt = make_optimizer(optimizer, model, update)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
         if (fake_mode is not None or quick) and mode == "train" and opt is not None:
@@ -728,7 +769,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         gc.collect()
         rec = _Recorder(_sources(model, args, kwargs, opt), fake_mode, target)
         step = train_step(model, args, kwargs, mode, loss_fn, opt, phase=lambda p: setattr(rec, "phase", p))
-        with rec.modules, _resize_hook(rec._resized), rec:
+        with rec.modules, _resize_hook(rec._resized), _unrecorded_sharding_propagation(rec), rec:
             result = step()
         grads = {rec.alive[local(p.grad).untyped_storage()._cdata] for p in model.parameters()
                  if p.grad is not None and local(p.grad).untyped_storage()._cdata in rec.alive}
@@ -757,12 +798,13 @@ def _prime_optimizer(model: nn.Module, opt: torch.optim.Optimizer) -> None:
 
 
 def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
-                      loss_fn: Callable[[Any], torch.Tensor], optimizer: Any,
-                      target: Any) -> tuple[Graph, Schedule, None]:
+                      loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, target: Any,
+                      update: str | None) -> tuple[Graph, Schedule, None]:
     """`record_step` without memory: the sharded model's parameters and buffers become fake tensors
     (``to_empty`` under a FakeTensorMode, FSDP2's meta-device initialisation path), the inputs fake tensors
     of the same shapes, and the step runs on them: exact local shapes and allocation order, no weights
-    allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`."""
+    allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`, the optimizer
+    run as `update` says (the target's way, `memviz.profiling.profile.update_kind`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     # non-fake inputs allowed: a model given with real weights has them replaced by empty fake tensors here
@@ -771,7 +813,7 @@ def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         fake_args, fake_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype), (args, kwargs))
         return record_step(work, fake_args, fake_kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
-                           fake_mode=fake, target=target)
+                           fake_mode=fake, target=target, update=update)
 
 
 @contextlib.contextmanager
@@ -817,13 +859,13 @@ def meta_copy(model: nn.Module) -> nn.Module:
 def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                     parallel: Parallel | None, *, mode: str, loss_fn: Callable[[Any], torch.Tensor],
                     optimizer: Any, target: Any = None, regions: list[dict[str, Any]] = (),
-                    quick: bool = False) -> tuple[Graph, Schedule, int | None]:
+                    quick: bool = False, update: str | None = None) -> tuple[Graph, Schedule, int | None]:
     """`record_step` of one rank: `model` sharded as `parallel` says on the fake process group (its copy:
     the user's model is not touched), or, `parallel` None, the model the user wrapped, as it is on the
     initialised group (its state restored afterwards).  `target`: estimate on fake tensors with its
     roofline times.  `regions`: `memviz.apply`'s checkpointed regions (plan specs), applied before the
     model is sharded, as a user applies a plan and then wraps the model (on a model the user wrapped:
-    applied for the step and removed again).  `quick`: `record_step`'s."""
+    applied for the step and removed again).  `quick`: `record_step`'s; `update`: `_record_estimated`'s."""
     from memviz.runtime.apply import unwrap_module, wrap
 
     if parallel is None:
@@ -847,7 +889,7 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         try:
             if target is not None:
                 return _record_estimated(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
-                                         target=target)
+                                         target=target, update=update)
             return record_step(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
                                quick=quick)
         except RuntimeError as err:
@@ -858,6 +900,15 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
                 f"memviz divides the head-count attributes {HEAD_ATTRS} by tp; the forward must take "
                 "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
                 "full d)") from err
+
+
+def estimated_update(optimizer: Any, info: Any) -> str | None:
+    """How an estimated rank's optimizer runs its step on the target (`update_kind`: "foreach" on an
+    accelerator when the user left it unset); None for a recorded CPU step, which runs the optimizer as
+    the user built it."""
+    from memviz.profiling.profile import update_kind
+
+    return update_kind(optimizer, info) if info.estimated and optimizer is not None else None
 
 
 def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
@@ -885,7 +936,8 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         meta = {**parallel.to_dict(), "wrapped_by_user": False}
     graph, schedule, measured = record_parallel(model, args, kwargs, parallel, mode=mode,
                                                 loss_fn=loss_fn or default_loss, optimizer=optimizer,
-                                                target=info.target if estimated else None)
+                                                target=info.target if estimated else None,
+                                                update=estimated_update(optimizer, info))
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={"mode": mode, "estimated": estimated, "device": info.name, "recorded": True,
                         "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(

@@ -237,13 +237,9 @@ def _found(lo: int, hi: int | None) -> str:
     return str(lo) if hi == lo + 1 else f">= {lo} (< {hi})" if hi else f">= {lo}"
 
 
-def overlapped_s(step_s: float, comm_s: float) -> float:
-    """The step time if every collective overlapped compute (or compute the collectives): the longer of the
-    two streams, from a serial step time that sums both."""
-    return max(step_s - comm_s, comm_s)
-
-
 def markdown(result: dict) -> str:
+    from memviz.hardware.collectives import overlapped_time
+
     out = ["## Scale: Llama-3-8B on 8 FSDP2 ranks, Llama-3-70B on 64 ranks (FSDP2 x TP=8), estimated", "",
            f"One rank, {result['device']} (80 GiB), seq {result['seq']}, bf16 weights and AdamW state, "
            "`logits.float().sum()` loss; model built on the meta device, step recorded on fake tensors. "
@@ -276,8 +272,8 @@ def markdown(result: dict) -> str:
     for r in result["rows"]:
         if "eager_comm_s" not in r:  # a result kept from before the collective model
             continue
-        eager = overlapped_s(r["eager_step_s"], r["eager_comm_s"])
-        planned = overlapped_s(r["plan_step_s"], r["plan_comm_s"])
+        eager = overlapped_time(r["eager_step_s"], r["eager_comm_s"])
+        planned = overlapped_time(r["plan_step_s"], r["plan_comm_s"])
         out.append(f"| {r['setting']} (world {r['world_size']}, tp {r['tp']}) | {r['batch']} | "
                    f"{r['eager_step_s'] * 1e3:.1f} / {eager * 1e3:.1f} | {r['eager_comm_s'] * 1e3:.1f} "
                    f"({r['eager_comm_s'] / r['eager_step_s']:.0%}) | {r['plan_step_s'] * 1e3:.1f} / "

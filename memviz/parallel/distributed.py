@@ -683,13 +683,10 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
 
 
 # --- one rank's step ----------------------------------------------------------------------------------------
-def make_optimizer(optimizer: Any, model: nn.Module,
-                   update: str | None = None) -> torch.optim.Optimizer | None:
+def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
     """`optimizer` over `model`'s (sharded) parameters: an instance already over them is used as is; a class,
     or an instance over other parameters (the user's unsharded model), gives the same class and
-    hyper-parameters over these.  `update` "foreach": the step runs as list operations (``foreach=True``),
-    as torch.optim runs it by default on the estimated target's device (an accelerator) though the
-    recorded tensors are fake CPU tensors, whose default is the for-loop."""
+    hyper-parameters over these."""
     if optimizer is None:
         return None
     params = list(model.parameters())
@@ -697,16 +694,12 @@ def make_optimizer(optimizer: Any, model: nn.Module,
         mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if mine == {id(p) for p in params}:
             return optimizer
-        cls = type(optimizer)
-        accepted = inspect.signature(cls.__init__).parameters
+        accepted = inspect.signature(type(optimizer).__init__).parameters
         hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params" and k in accepted}
-    elif isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
-        cls, hyper = optimizer, {}
-    else:
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
-    if update == "foreach":
-        hyper["foreach"] = True
-    return cls(params, **hyper)
+        return type(optimizer)(params, **hyper)
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        return optimizer(params)
+    raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
 
 
 def train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
@@ -746,19 +739,17 @@ def _sources(model: nn.Module, args: Any, kwargs: Any, opt: Any) -> dict[str, li
 
 def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
                 loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, fake_mode: Any = None,
-                target: Any = None, quick: bool = False,
-                update: str | None = None) -> tuple[Graph, Schedule, int | None]:
+                target: Any = None, quick: bool = False) -> tuple[Graph, Schedule, int | None]:
     """Record one step of an already sharded `model` on the current process group: (graph, schedule as it
     ran, measured live-storage peak of a second, unrecorded run of the same step; None for an estimated
     step, whose tensors are `fake_mode`'s and whose operator times come from `target`'s roofline).
-    `update`: how the optimizer runs its step (`make_optimizer`).
 
     One step runs first, unrecorded: the steady state, where the optimizer's state exists and one-time
     work (lazy initialisation, DTensor's cached sharding propagation) is done; gradients are set to None
     before each step, as ``zero_grad()`` does.  `quick`: the steady state from `_prime_optimizer` instead of a
     first step, and no measured run (None): the per-rank planner's candidates, each a variant of a
     profile whose prediction was measured."""
-    opt = make_optimizer(optimizer, model, update)
+    opt = make_optimizer(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
         if (fake_mode is not None or quick) and mode == "train" and opt is not None:
@@ -798,13 +789,12 @@ def _prime_optimizer(model: nn.Module, opt: torch.optim.Optimizer) -> None:
 
 
 def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
-                      loss_fn: Callable[[Any], torch.Tensor], optimizer: Any, target: Any,
-                      update: str | None) -> tuple[Graph, Schedule, None]:
+                      loss_fn: Callable[[Any], torch.Tensor], optimizer: Any,
+                      target: Any) -> tuple[Graph, Schedule, None]:
     """`record_step` without memory: the sharded model's parameters and buffers become fake tensors
     (``to_empty`` under a FakeTensorMode, FSDP2's meta-device initialisation path), the inputs fake tensors
     of the same shapes, and the step runs on them: exact local shapes and allocation order, no weights
-    allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`, the optimizer
-    run as `update` says (the target's way, `memviz.profiling.profile.update_kind`)."""
+    allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     # non-fake inputs allowed: a model given with real weights has them replaced by empty fake tensors here
@@ -813,7 +803,7 @@ def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         fake_args, fake_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype), (args, kwargs))
         return record_step(work, fake_args, fake_kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
-                           fake_mode=fake, target=target, update=update)
+                           fake_mode=fake, target=target)
 
 
 @contextlib.contextmanager
@@ -859,13 +849,13 @@ def meta_copy(model: nn.Module) -> nn.Module:
 def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                     parallel: Parallel | None, *, mode: str, loss_fn: Callable[[Any], torch.Tensor],
                     optimizer: Any, target: Any = None, regions: list[dict[str, Any]] = (),
-                    quick: bool = False, update: str | None = None) -> tuple[Graph, Schedule, int | None]:
+                    quick: bool = False) -> tuple[Graph, Schedule, int | None]:
     """`record_step` of one rank: `model` sharded as `parallel` says on the fake process group (its copy:
     the user's model is not touched), or, `parallel` None, the model the user wrapped, as it is on the
     initialised group (its state restored afterwards).  `target`: estimate on fake tensors with its
     roofline times.  `regions`: `memviz.apply`'s checkpointed regions (plan specs), applied before the
     model is sharded, as a user applies a plan and then wraps the model (on a model the user wrapped:
-    applied for the step and removed again).  `quick`: `record_step`'s; `update`: `_record_estimated`'s."""
+    applied for the step and removed again).  `quick`: `record_step`'s."""
     from memviz.runtime.apply import unwrap_module, wrap
 
     if parallel is None:
@@ -889,7 +879,7 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         try:
             if target is not None:
                 return _record_estimated(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
-                                         target=target, update=update)
+                                         target=target)
             return record_step(work, args, kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
                                quick=quick)
         except RuntimeError as err:
@@ -900,15 +890,6 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
                 f"memviz divides the head-count attributes {HEAD_ATTRS} by tp; the forward must take "
                 "every other width from its tensors (reshape(b, t, -1), not reshape(b, t, d) with the "
                 "full d)") from err
-
-
-def estimated_update(optimizer: Any, info: Any) -> str | None:
-    """How an estimated rank's optimizer runs its step on the target (`update_kind`: "foreach" on an
-    accelerator when the user left it unset); None for a recorded CPU step, which runs the optimizer as
-    the user built it."""
-    from memviz.profiling.profile import update_kind
-
-    return update_kind(optimizer, info) if info.estimated and optimizer is not None else None
 
 
 def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
@@ -936,8 +917,7 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         meta = {**parallel.to_dict(), "wrapped_by_user": False}
     graph, schedule, measured = record_parallel(model, args, kwargs, parallel, mode=mode,
                                                 loss_fn=loss_fn or default_loss, optimizer=optimizer,
-                                                target=info.target if estimated else None,
-                                                update=estimated_update(optimizer, info))
+                                                target=info.target if estimated else None)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={"mode": mode, "estimated": estimated, "device": info.name, "recorded": True,
                         "parallel": meta, **({"optimizer": type(optimizer).__name__ if not isinstance(

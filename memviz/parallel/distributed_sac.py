@@ -27,13 +27,7 @@ import time
 from typing import Any
 
 from memviz.budget import parse_budget
-from memviz.parallel.distributed import (
-    RECOMPUTED,
-    ParallelError,
-    blocks_of,
-    estimated_update,
-    record_parallel,
-)
+from memviz.parallel.distributed import RECOMPUTED, ParallelError, blocks_of, record_parallel
 from memviz.plans.sac import MATMULS
 from solvers import Graph, Timeline, simulate
 from solvers.sac import Choice, solve_by_options
@@ -52,8 +46,7 @@ def _record(prof: Any, regions: list[dict[str, Any]]) -> tuple[Graph, Schedule]:
     target = prof.device.target if prof.device.estimated else None
     graph, schedule, _ = record_parallel(prof.model, args, kwargs, prof.parallel, mode=prof.mode,
                                          loss_fn=prof.loss_fn or default_loss, optimizer=prof.optimizer,
-                                         target=target, regions=regions, quick=True,
-                                         update=estimated_update(prof.optimizer, prof.device))
+                                         target=target, regions=regions, quick=True)
     return graph, schedule
 
 

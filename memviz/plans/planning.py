@@ -99,6 +99,15 @@ class Plan:
 
         return collective_time(self.graph, self.schedule)
 
+    @property
+    def overlapped_seconds(self) -> float:
+        """The plan's step time were every collective overlapped with compute
+        (`memviz.hardware.collectives.overlapped_time`): a lower bound of the step whose
+        `timeline.total_time` runs the collectives in order, without overlap (an upper bound)."""
+        from memviz.hardware.collectives import overlapped_time
+
+        return overlapped_time(self.timeline.total_time, self.collective_seconds)
+
     def to_dict(self) -> dict[str, Any]:
         from memviz import __version__
 
@@ -222,7 +231,9 @@ class Plan:
         comm = self.collective_seconds
         if not comm:
             return ""
-        return f", collectives {comm * 1e3:.3g} ms of {self.timeline.total_time * 1e3:.3g} ms op time"
+        step = self.timeline.total_time
+        return (f", collectives {comm * 1e3:.3g} ms of {step * 1e3:.3g} ms op time (run in order, not "
+                f"overlapped; {self.overlapped_seconds * 1e3:.3g} ms if all overlapped compute)")
 
     @property
     def recomputations(self) -> int:

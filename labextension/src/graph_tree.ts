@@ -236,14 +236,20 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
  * while the drawing stays within `limit` nodes.  Alike siblings (children of one module with as many
  * ops, a model's repeated blocks) open together or not at all: a drawing with blocks 0-4 open and 5-11
  * closed compares unlike things (the 12-layer drawing did).  Siblings unlike each other open one by
- * one, so a large one does not keep the small ones beside it closed.  A 5k-op model opens at its
- * layers, a toy fully open.
+ * one, so a large one does not keep the small ones beside it closed.  A module and its twins in the
+ * other phases (the same path: a block's forward and its backward) open together too: at 100 layers the
+ * forward's blocks opened and the backward's stayed one "2899 ops" box, lopsided.  A 5k-op model opens
+ * at its layers, a toy fully open.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
   let count = tree.roots.length;
-  // the phases open one by one; below them, siblings as a group
-  let frontier: number[][] = tree.roots.map(r => [r]);
+  // the forward and backward roots are twins (path ""), so those two phases open together and each
+  // level opens in step across them: a module's twin sits at its depth, under its parent's twin
+  let frontier: number[][] = mergeTwins(
+    tree,
+    tree.roots.map(r => [r])
+  );
   while (frontier.length > 0) {
     const next: number[][] = [];
     for (const group of frontier) {
@@ -257,9 +263,42 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
         next.push(...alikeGroups(tree, tree.modules[m].children));
       }
     }
-    frontier = next;
+    frontier = mergeTwins(tree, next);
   }
   return expanded;
+}
+
+/** Phases whose modules mirror each other (a block's forward and its backward). */
+const TWIN_PHASES = new Set(['forward', 'backward']);
+
+/**
+ * `groups` (one level of every phase) with the forward and backward groups holding a module path in
+ * common merged into the first of them, so that a module's backward twin opens with it or stays closed
+ * with it.  The optimizer's modules stay apart: its step is often many ops at its root.
+ */
+function mergeTwins(tree: ModuleTree, groups: number[][]): number[][] {
+  const merged: number[][] = [];
+  const byPath = new Map<string, number[]>();
+  const key = (m: number): string | null =>
+    TWIN_PHASES.has(tree.modules[m].phase) ? tree.modules[m].path : null;
+  for (const group of groups) {
+    const target = group
+      .map(m => key(m))
+      .map(k => (k === null ? undefined : byPath.get(k)))
+      .find(g => g !== undefined);
+    const into = target ?? [];
+    if (!target) {
+      merged.push(into);
+    }
+    into.push(...group);
+    for (const m of group) {
+      const k = key(m);
+      if (k !== null) {
+        byPath.set(k, into);
+      }
+    }
+  }
+  return merged;
 }
 
 /** `siblings` grouped by op count, each group in graph order, groups in order of their first member. */

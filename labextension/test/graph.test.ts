@@ -303,6 +303,21 @@ test('alike sibling modules open together or not at all; a large sibling keeps n
   }
 });
 
+test("a module's backward twin opens with its forward one or stays closed with it", () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const [forward, backward] = [path('forward:layers'), path('backward:layers')];
+  const opened: boolean[] = [];
+  for (let limit = 1; limit < 40; limit++) {
+    const open = defaultExpansion(doc, tree, limit);
+    assert.equal(open.has(forward), open.has(backward), `limit ${limit}`);
+    assert.ok(visibleCount(doc, tree, open) <= Math.max(limit, tree.roots.length), `limit ${limit}`);
+    opened.push(open.has(forward));
+  }
+  assert.ok(opened.includes(true) && opened.includes(false));
+});
+
 test('closed siblings stack in forward order in every phase; phase-crossing edges do not rank', () => {
   const doc = layered();
   const tree = buildTree(doc);

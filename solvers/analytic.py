@@ -73,7 +73,10 @@ class TransformerConfig:
     (Ainslie et al. 2023; Megatron's ``num_query_groups``: K and V are ``kv_heads/heads`` as wide as Q),
     None for one per query head; ``gated_mlp`` a gated MLP (SwiGLU, Shazeer 2020: Llama, Mistral, Qwen)
     with three ``h x f`` matrices, ``down(act(gate(x)) * up(x))``; ``tied_output=False`` an output layer
-    with its own ``v x h`` weights instead of the embedding's (Megatron's default is tied).
+    with its own ``v x h`` weights instead of the embedding's (Megatron's default is tied);
+    ``vocab_divisible_by`` Megatron's ``--make-vocab-size-divisible-by`` (default 128): the embedding,
+    output layer and logits are ``padded_vocab`` wide, ``vocab`` rounded up to a multiple of
+    ``vocab_divisible_by * t`` (1 and ``t = 1`` count ``vocab`` as given).
     """
 
     layers: int
@@ -91,9 +94,11 @@ class TransformerConfig:
     kv_heads: int | None = None
     gated_mlp: bool = False
     tied_output: bool = True
+    vocab_divisible_by: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes"):
+        for name in ("layers", "hidden", "heads", "seq", "batch", "ffn_mult", "dtype_bytes", "logits_bytes",
+                     "vocab_divisible_by"):
             _check_positive_int(name, getattr(self, name))
         _check_int("dropout_mask_bytes", self.dropout_mask_bytes)
         if self.dropout_mask_bytes < 0:
@@ -121,6 +126,17 @@ class TransformerConfig:
     def kv_width(self) -> int:
         """Channels of K (and of V): ``hidden`` without grouped-query attention."""
         return self.hidden if self.kv_heads is None else self.kv_heads * (self.hidden // self.heads)
+
+
+def padded_vocab(cfg: TransformerConfig, tp: int = 1) -> int | None:
+    """The vocabulary the embedding, output layer and logits hold on ``tp`` ranks: ``cfg.vocab`` rounded
+    up to a multiple of ``vocab_divisible_by * tp``, as Megatron-LM's ``_vocab_size_with_padding`` does so
+    that every rank holds an equal vocabulary slice (GPT-2's 50257 is 50304 at ``tp = 1``, 50432 at 4).
+    None without a vocabulary."""
+    if cfg.vocab is None:
+        return None
+    multiple = cfg.vocab_divisible_by * tp
+    return -(-cfg.vocab // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -267,15 +283,14 @@ def output_activation_bytes(cfg: TransformerConfig, tp: int = 1, sp: bool = Fals
     """Final LayerNorm input, output-projection input and fp32 logits (Korthikanti Sec. 4.3).
 
     ``2sbh/t + 2sbh/t + 4sbv/t`` = ``4sbh/t (1 + v/h)`` with sequence parallelism; the logits are
-    always vocabulary-parallel (split by ``t``).  Empty when ``cfg.vocab`` is None.
+    always vocabulary-parallel (split by ``t``), ``v`` the `padded_vocab`.  Empty when ``cfg.vocab`` is None.
     """
     _check_parallel(cfg, tp, sp)
-    if cfg.vocab is None:
+    vocab = padded_vocab(cfg, tp)
+    if vocab is None:
         return {}
-    if cfg.vocab % tp:
-        raise ValueError(f"vocab ({cfg.vocab}) must be divisible by tp ({tp}) for vocabulary-parallel logits")
     sbh = cfg.seq * cfg.batch * cfg.hidden * cfg.dtype_bytes
-    logits = cfg.seq * cfg.batch * cfg.vocab * cfg.logits_bytes
+    logits = cfg.seq * cfg.batch * vocab * cfg.logits_bytes
     split = tp if sp else 1
     return {
         "final_ln.input": _shard(sbh, split, "final_ln.input"),
@@ -294,7 +309,8 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
     also the last stage and holds the final LayerNorm (the output layer is tied to the embedding).
     With grouped-query attention (K and V ``g`` = `kv_width` channels wide) the QKV weight and bias are
     ``h(h + 2g)`` and ``h + 2g``.  A gated MLP adds its third ``h x f`` matrix (tensor-parallel); an
-    untied output layer its ``v h / t`` weights on the last stage.
+    untied output layer its ``v h / t`` weights on the last stage.  ``v`` is the `padded_vocab`
+    (Megatron pads the vocabulary so every rank holds ``v/t`` rows).
     """
     _check_parallel(cfg, tp, False)
     in_flight_layers(cfg.layers, pp)  # validates pp
@@ -304,14 +320,11 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
     sharded, replicated = h * (h + 2 * g) + h * h + mlp_matrices * h * f + h + 2 * g + f, 6 * h
     per_layer = sharded // tp + replicated
     count = (cfg.layers // pp) * per_layer
-    if cfg.vocab is not None:
-        if cfg.vocab % tp:
-            raise ValueError(
-                f"vocab ({cfg.vocab}) must be divisible by tp ({tp}) for the vocabulary-parallel embedding"
-            )
-        count += cfg.vocab * h // tp + cfg.seq * h
+    vocab = padded_vocab(cfg, tp)
+    if vocab is not None:  # padded to a multiple of tp: each rank holds an equal slice
+        count += vocab * h // tp + cfg.seq * h
         if pp == 1:
-            count += 2 * h + (0 if cfg.tied_output else cfg.vocab * h // tp)
+            count += 2 * h + (0 if cfg.tied_output else vocab * h // tp)
     return count
 
 
@@ -454,7 +467,11 @@ def assumptions(
                  if pp == 1 else "the output layer and logits live on the last stage, not on this first one")
         output = ("tied to the output layer" if cfg.tied_output else
                   "and an untied output layer (v h / t more, on the last stage)")
-        vocab = (f"vocab {cfg.vocab}: vocabulary-parallel word embedding (v h / t parameters) {output}, "
+        padded = padded_vocab(cfg, tp)
+        size = (f"vocab {cfg.vocab}" if padded == cfg.vocab else
+                f"vocab {cfg.vocab} padded to {padded} (Megatron: a multiple of {cfg.vocab_divisible_by} x t "
+                f"= {cfg.vocab_divisible_by * tp})")
+        vocab = (f"{size}: vocabulary-parallel word embedding (v h / t parameters) {output}, "
                  f"learned positions (s h); logits {cfg.logits_bytes} B per value, split over t; {where}")
     if pp == 1:
         in_flight = "L layers"

@@ -412,3 +412,28 @@ def test_grouped_query_attention_narrows_k_v_and_their_weights():
         analytic.estimate_memory(gqa, tp=4)
     with pytest.raises(ValueError, match="divisible by kv_heads"):
         replace(base, kv_heads=3)
+
+
+def test_vocabulary_padded_as_megatron_for_any_tp():
+    """GPT-2's 50257 tokens: Megatron pads the vocabulary to a multiple of 128 x t
+    (`_vocab_size_with_padding`), so every tensor-parallel degree has an estimate, at the padded size."""
+    from solvers.analytic import assumptions, padded_vocab
+
+    gpt2 = TransformerConfig(layers=12, hidden=768, heads=12, seq=1024, batch=1, vocab=50257)
+    assert [padded_vocab(gpt2, t) for t in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
+    no_vocab = replace(gpt2, vocab=None)
+    for tp in (1, 2, 4):  # (12 heads: 8 ranks cannot split them)
+        v = padded_vocab(gpt2, tp)
+        logits = output_activation_bytes(gpt2, tp=tp)["logits"]
+        assert logits == 1024 * v * 4 // tp
+        params = parameter_count_per_device(gpt2, tp=tp) - parameter_count_per_device(no_vocab, tp=tp)
+        assert params == v * 768 // tp + 1024 * 768 + 2 * 768
+        rows = {r["name"]: r["value"] for r in assumptions(gpt2, tp=tp)}
+        want = f"vocab 50257 padded to {v} (Megatron: a multiple of 128 x t = {128 * tp})"
+        assert want in rows["vocabulary"]
+    # divisible-by 1 at t = 1 counts the vocabulary as given
+    exact = replace(gpt2, vocab_divisible_by=1)
+    assert padded_vocab(exact) == 50257 and padded_vocab(exact, 2) == 50258
+    assert "padded" not in {r["name"]: r["value"] for r in assumptions(exact)}["vocabulary"]
+    with pytest.raises(ValueError, match="vocab_divisible_by"):
+        replace(gpt2, vocab_divisible_by=0)

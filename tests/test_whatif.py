@@ -152,6 +152,9 @@ def test_pinned_configurations_answered_by_the_kernel():
     w.tp, w.recompute = 8, "full"
     rows = w.comparison()
     assert [r["name"] for r in rows] == ["pinned 1", "pinned 2", "current"]
+    # each configuration is named by its settings (the chart's x labels)
+    assert [r["label"] for r in rows] == ["tp1 pp1 mb4 no-recompute", "tp4 pp1 mb4 no-recompute",
+                                          "tp8 pp1 mb4 full-recompute"]
     assert [r["settings"]["tp"] for r in rows] == [1, 4, 8]
     assert [r["device"] for r in rows] == ["a100-40gb", "v100-16gb", "v100-16gb"]
     for row in rows:
@@ -259,3 +262,16 @@ def test_formula_next_to_a_captured_tensor_parallel_rank():
     assert [r["layer"] for r in cmp.layers] == ["model.layers.0", "model.layers.1"]
     # the gated formula counts SwiGLU's four MLP-wide tensors, as the captured layer saves them
     assert cmp.config.gated_mlp and not any("MLP's width" in n for n in cmp.notes), cmp.notes
+
+
+def test_gpt2_vocabulary_any_tensor_parallel_degree():
+    """GPT-2's 50257 tokens are padded as Megatron pads them (a multiple of 128 x tp), not refused."""
+    w = WhatIf({**CFG, "vocab": 50257}, device="a100-80gb")
+    for tp, padded in ((1, 50304), (2, 50432), (4, 50688), (8, 51200)):
+        w.tp = tp
+        assert w.error == ""
+        rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
+        assert f"vocab 50257 padded to {padded}" in rows["vocabulary"]
+    w.sp = True
+    w.pin()
+    assert w.comparison()[0]["label"] == "tp8 sp pp1 mb4 no-recompute" and w.comparison()[0]["error"] == ""

@@ -32,7 +32,8 @@ import {
   search,
   toDot,
   tooltipFor,
-  visibleCount
+  visibleCount,
+  withTwins
 } from './graph_tree';
 import { allowedElement, sanitizeSvg } from './svg_sanitize';
 import { PlanDoc } from './transforms';
@@ -360,18 +361,24 @@ export class GraphView implements PlanView {
     void this.render();
   }
 
-  /** Open module `m` unless the drawing would pass the cap. */
+  /**
+   * Open module `m`, with its twins in the other phases while the drawing stays within the cap (else
+   * `m` alone), unless `m` alone would pass it.
+   */
   private open(m: number): void {
     const { doc, tree } = this;
     if (!doc || !tree) {
       return;
     }
-    const after = visibleCount(doc, tree, this.expanded) + openCost(doc, tree, m);
+    const before = visibleCount(doc, tree, this.expanded);
+    const after = before + openCost(doc, tree, m);
     if (after > MAX_NODES) {
       this.status.textContent = `Opening it would draw ${after} nodes, above the ${MAX_NODES}-node cap: close another module first.`;
       return;
     }
-    this.expanded = new Set([...this.expanded, m]);
+    const twins = withTwins(tree, this.expanded, m);
+    const all = before + twins.reduce((n, t) => n + openCost(doc, tree, t), 0);
+    this.expanded = new Set([...this.expanded, ...(all <= MAX_NODES ? twins : [m])]);
     this.focus = { kind: 'module', id: m };
     void this.render();
   }

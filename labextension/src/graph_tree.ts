@@ -236,13 +236,16 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
  * while the drawing stays within `limit` nodes.  Alike siblings (children of one module with as many
  * ops, a model's repeated blocks) open together or not at all: a drawing with blocks 0-4 open and 5-11
  * closed compares unlike things (the 12-layer drawing did).  Siblings unlike each other open one by
- * one, so a large one does not keep the small ones beside it closed.  A 5k-op model opens at its
- * layers, a toy fully open.
+ * one, so a large one does not keep the small ones beside it closed.  A module and its twins in the
+ * other phases (the same path: a block's forward and its backward) open together too: at 100 layers the
+ * forward's blocks opened and the backward's stayed one "2899 ops" box, lopsided.  A 5k-op model opens
+ * at its layers, a toy fully open.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
   let count = tree.roots.length;
-  // the phases open one by one; below them, siblings as a group
+  // the phases open one by one (a phase's root may be many ops: the optimizer's step); below them each
+  // level opens in step across the open phases: a module's twin sits at its depth, under its parent's
   let frontier: number[][] = tree.roots.map(r => [r]);
   while (frontier.length > 0) {
     const next: number[][] = [];
@@ -257,9 +260,31 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
         next.push(...alikeGroups(tree, tree.modules[m].children));
       }
     }
-    frontier = next;
+    frontier = mergeTwins(tree, next);
   }
   return expanded;
+}
+
+/**
+ * `groups` (one level of every open phase) with the groups holding a module path in common merged into
+ * the first of them, so that a module's twins in the other phases (its backward, its parameters'
+ * optimizer step) open with it or stay closed with it.
+ */
+function mergeTwins(tree: ModuleTree, groups: number[][]): number[][] {
+  const merged: number[][] = [];
+  const byPath = new Map<string, number[]>();
+  for (const group of groups) {
+    const target = group.map(m => byPath.get(tree.modules[m].path)).find(g => g !== undefined);
+    const into = target ?? [];
+    if (!target) {
+      merged.push(into);
+    }
+    into.push(...group);
+    for (const m of group) {
+      byPath.set(tree.modules[m].path, into);
+    }
+  }
+  return merged;
 }
 
 /** `siblings` grouped by op count, each group in graph order, groups in order of their first member. */
@@ -270,6 +295,18 @@ function alikeGroups(tree: ModuleTree, siblings: readonly number[]): number[][] 
     groups.set(total, [...(groups.get(total) ?? []), m]);
   }
   return [...groups.values()];
+}
+
+/**
+ * `m` and its closed twins in the other phases that are drawn (their parent open): what a click on
+ * `m` opens, so a block's forward and backward open together, as `defaultExpansion` opens them.
+ */
+export function withTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: number): number[] {
+  const path = tree.modules[m].path;
+  const twins = tree.modules.filter(
+    o => o.id !== m && o.path === path && !expanded.has(o.id) && (o.parent === null || expanded.has(o.parent))
+  );
+  return [m, ...twins.map(o => o.id)];
 }
 
 /** The modules to open so that compute `c` is drawn as an op of its own. */

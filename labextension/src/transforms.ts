@@ -811,6 +811,31 @@ export function frontierEnds(
   return { minimum: lowest.peak_bytes, minimumBudget: lowest.budget_bytes, eager: highest.budget_bytes };
 }
 
+/** Positions of the slider when it stands for bytes rather than frontier rows (no frontier). */
+export const BYTE_SLIDER_STEPS = 1000;
+
+/**
+ * The slider of a plan without a frontier (`frontier=False`, or not computed yet): no smallest feasible
+ * budget is known, so its ends are 0 B and the eager peak, and it sits where the plan's budget lies
+ * between them (at its left end it said "60% of eager" at 100 layers).  `value` is in
+ * 0..`BYTE_SLIDER_STEPS`; null without a budget or an eager peak to place it by.
+ */
+export function sliderWithoutFrontier(
+  budget: number | null,
+  eagerPeak: number | null
+): { value: number; minimumText: string; eagerText: string; note: string } | null {
+  if (budget === null || eagerPeak === null || !(eagerPeak > 0)) {
+    return null;
+  }
+  const share = Math.min(Math.max(budget / eagerPeak, 0), 1);
+  return {
+    value: Math.round(share * BYTE_SLIDER_STEPS),
+    minimumText: formatBytes(0),
+    eagerText: `eager ${formatBytes(eagerPeak)}`,
+    note: 'no frontier: the smallest feasible budget is not known; type a budget to plan another'
+  };
+}
+
 /**
  * A chart readout for the strategy of the plan drawn, saying how it relates to the selector's choice
  * (`selected`): chosen by auto, or the frontier's plan shown while the selected strategy is solved or

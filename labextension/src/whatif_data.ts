@@ -88,7 +88,8 @@ export function compareFigure(
   rows: WhatIfRow[],
   colors: ThemeColors
 ): { data: unknown[]; layout: Record<string, unknown> } {
-  const x = rows.map(r => r.name);
+  // by position: two configurations may carry the same settings (a category axis would stack them)
+  const x = rows.map((_, i) => i);
   const categories = rows.find(r => r.bars)?.bars?.map(b => b.label) ?? [];
   const hover = rows.map(r => escapeHtml([r.label, r.device].filter(Boolean).join(' · ')));
   const data = categories.map(category => ({
@@ -139,11 +140,39 @@ export function compareFigure(
         ...themedAxis(colors),
         tickmode: 'array',
         tickvals: x,
-        ticktext: rows.map(r => `${escapeHtml(r.name)}<br>${escapeHtml(r.device)}`)
+        ticktext: rows.map(tickText)
       },
-      margin: { t: 20, r: 10, b: 40, l: 60 }
+      margin: { t: 20, r: 10, b: 70, l: 60 }
     }
   };
+}
+
+/**
+ * A bar's x label: the configuration named by its settings (the kernel's `label`, "tp2 sp pp1 mb4
+ * full-recompute", wrapped to fit under a bar), its device, and "current" for the controls' one.  Every
+ * piece is escaped: plotly renders tick text as HTML.
+ */
+export function tickText(r: WhatIfRow): string {
+  const lines = wrapWords(r.label || r.name, 16);
+  const device = r.name === 'current' ? [r.device, 'current'].filter(Boolean).join(' · ') : r.device;
+  if (device) {
+    lines.push(device);
+  }
+  return lines.map(escapeHtml).join('<br>');
+}
+
+/** `text` cut at spaces into lines of at most `width` characters (a longer word is a line of its own). */
+export function wrapWords(text: string, width: number): string[] {
+  const lines: string[] = [];
+  for (const word of text.split(' ').filter(Boolean)) {
+    const last = lines.length - 1;
+    if (last >= 0 && lines[last].length + 1 + word.length <= width) {
+      lines[last] += ` ${word}`;
+    } else {
+      lines.push(word);
+    }
+  }
+  return lines;
 }
 
 /** The comparison table's text cells: configuration, settings, device, total, capacity, headroom, verdict. */

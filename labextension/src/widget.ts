@@ -30,6 +30,8 @@ import {
   chooseUnit,
   formatBytes,
   frontierEnds,
+  sliderWithoutFrontier,
+  BYTE_SLIDER_STEPS,
   isErrorStatus,
   mergePlanParts,
   nearestFrontierIndex,
@@ -262,15 +264,17 @@ export class PlannerView extends DOMWidgetView {
     }
     this.el.classList.remove('jp-mod-pending');
     const frontier = this._doc?.frontier ?? [];
-    this._slider.max = String(Math.max(frontier.length - 1, 0));
-    this._slider.disabled = frontier.length < 2;
     const ends = frontierEnds(frontier);
-    this._minimum.textContent = ends ? `min ${formatBytes(ends.minimum)}` : '';
+    const unplaced = ends ? null : this._withoutFrontier();
+    this._slider.max = String(unplaced ? BYTE_SLIDER_STEPS : Math.max(frontier.length - 1, 0));
+    this._slider.disabled = frontier.length < 2;
+    this._minimum.textContent = ends ? `min ${formatBytes(ends.minimum)}` : (unplaced?.minimumText ?? '');
     this._minimum.title = ends
       ? `the smallest budget with a checked plan: ${formatBytes(ends.minimum)} (the slider's left end, ` +
         `${formatBytes(ends.minimumBudget)}, is the frontier's smallest budget)`
-      : '';
-    this._eager.textContent = ends ? `eager ${formatBytes(ends.eager)}` : '';
+      : (unplaced?.note ?? '');
+    this._eager.textContent = ends ? `eager ${formatBytes(ends.eager)}` : (unplaced?.eagerText ?? '');
+    this._slider.title = unplaced?.note ?? '';
     if (ends && !this._unitChosen) {
       // the typed budget's unit follows the model's size until the user picks one
       this._unit.value = chooseUnit(ends.eager).name === 'GiB' ? 'GiB' : 'MiB';
@@ -289,7 +293,22 @@ export class PlannerView extends DOMWidgetView {
     return this._base.value;
   }
 
+  /** The slider's placement for a plan without a frontier (`sliderWithoutFrontier`), else null. */
+  private _withoutFrontier(): ReturnType<typeof sliderWithoutFrontier> {
+    if (!this._doc || (this._doc.frontier ?? []).length > 0) {
+      return null;
+    }
+    return sliderWithoutFrontier(this._doc.budget_bytes, this._doc.baseline?.timeline.peak_bytes ?? null);
+  }
+
   private _budgetChanged(): void {
+    const unplaced = this._withoutFrontier();
+    if (unplaced && this._doc) {
+      // no frontier rows to index: the slider stands for bytes from 0 to eager, at the plan's budget
+      this._slider.value = String(unplaced.value);
+      this._setBudgetText(this._doc.budget_bytes, ' · no frontier');
+      return;
+    }
     let index: number = this.model.get('budget_index');
     if (index < 0 && this._doc) {
       // The plan as first made, or a typed budget: place the slider where its budget sits on the frontier.
@@ -307,9 +326,9 @@ export class PlannerView extends DOMWidgetView {
     this._setBudgetText(entry ? entry.budget_bytes : null);
   }
 
-  private _setBudgetText(budget: number | null): void {
+  private _setBudgetText(budget: number | null, suffix = ''): void {
     const eager = this._doc?.baseline?.timeline.peak_bytes ?? null;
-    const text = budget === null ? '' : budgetLabel(budget, eager);
+    const text = budget === null ? '' : budgetLabel(budget, eager) + suffix;
     this._sliderLabel.textContent = text;
     this._slider.setAttribute('aria-valuetext', text);
   }

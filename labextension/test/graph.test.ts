@@ -14,7 +14,8 @@ import {
   search,
   toDot,
   tooltipFor,
-  visibleCount
+  visibleCount,
+  withTwins
 } from '../src/graph_tree';
 import { PlanDoc } from '../src/transforms';
 import { HOSTILE, samplePlan } from './sample';
@@ -301,6 +302,44 @@ test('alike sibling modules open together or not at all; a large sibling keeps n
       }
     }
   }
+});
+
+test("a module's backward twin opens with its forward one or stays closed with it", () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const [forward, backward] = [path('forward:layers'), path('backward:layers')];
+  const opened: boolean[] = [];
+  for (let limit = 1; limit < 40; limit++) {
+    const open = defaultExpansion(doc, tree, limit);
+    if (!tree.roots.every(r => open.has(r))) {
+      continue; // a closed phase is one box: nothing of it to compare
+    }
+    assert.equal(open.has(forward), open.has(backward), `limit ${limit}`);
+    assert.ok(visibleCount(doc, tree, open) <= Math.max(limit, tree.roots.length), `limit ${limit}`);
+    opened.push(open.has(forward));
+  }
+  assert.ok(opened.includes(true) && opened.includes(false));
+});
+
+test("a click opens a module's drawn twins in the other phases", () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const roots = new Set(tree.roots);
+  assert.deepEqual(withTwins(tree, roots, path('forward:layers')), [
+    path('forward:layers'),
+    path('backward:layers')
+  ]);
+  // a twin already open, or not drawn (its parent closed), is left as it is
+  const open = new Set([...roots, path('forward:layers'), path('backward:layers')]);
+  assert.deepEqual(withTwins(tree, open, path('forward:layers.0')), [
+    path('forward:layers.0'),
+    path('backward:layers.0')
+  ]);
+  assert.deepEqual(withTwins(tree, new Set([tree.roots[0]]), path('forward:layers')), [
+    path('forward:layers')
+  ]);
 });
 
 test('closed siblings stack in forward order in every phase; phase-crossing edges do not rank', () => {

@@ -22,6 +22,8 @@ import {
   budgetLabel,
   recomputeSteps,
   frontierEnds,
+  sliderWithoutFrontier,
+  BYTE_SLIDER_STEPS,
   strategyReadout,
   hasStepTimes,
   isErrorStatus,
@@ -424,6 +426,15 @@ describe('frontier', () => {
   it('puts the smallest checked plan and the eager peak at the slider ends, in any row order', () => {
     assert.deepEqual(frontierEnds(frontier), { minimum: 23 * MiB, minimumBudget: 24 * MiB, eager: 40 * MiB });
     assert.equal(frontierEnds([]), null);
+  });
+
+  it('places a slider without a frontier at the budget between 0 B and the eager peak', () => {
+    const at = sliderWithoutFrontier(0.6 * 246 * MiB, 246 * MiB);
+    assert.deepEqual(at && [at.value, at.minimumText, at.eagerText], [600, '0 B', 'eager 246.00 MiB']);
+    assert.match(at?.note ?? '', /not known/);
+    assert.equal(sliderWithoutFrontier(300 * MiB, 246 * MiB)?.value, BYTE_SLIDER_STEPS);
+    assert.equal(sliderWithoutFrontier(null, 246 * MiB), null);
+    assert.equal(sliderWithoutFrontier(1, null), null);
   });
 
   it('relates the strategy drawn to the one selected', () => {

@@ -7,7 +7,9 @@ import {
   comparisonCells,
   parseComparison,
   parseWhatIf,
-  shortVerdict
+  shortVerdict,
+  tickText,
+  wrapWords
 } from '../src/whatif_data';
 import { TEST_COLORS } from './colors';
 
@@ -16,7 +18,7 @@ const GIB = 2 ** 30;
 describe('what-if transforms', () => {
   const current = parseWhatIf({
     name: 'current',
-    label: 'tp 2 · recompute none · pp 1 · mb 4',
+    label: 'tp2 pp1 mb4 no-recompute',
     bars: [
       { label: 'parameters', bytes: 2 * GIB },
       { label: 'activations', bytes: 6 * GIB }
@@ -32,7 +34,7 @@ describe('what-if transforms', () => {
   const pinned = parseComparison([
     {
       name: 'pinned 1',
-      label: 'tp 1 · recompute none · pp 1 · mb 4',
+      label: 'tp1 sp pp1 mb4 full-recompute',
       device: 'a100-40gb',
       bars: [
         { label: 'parameters', bytes: 4 * GIB },
@@ -57,7 +59,13 @@ describe('what-if transforms', () => {
       traces.map(t => t.name),
       ['parameters', 'activations']
     );
-    assert.deepEqual(traces[0].x, ['pinned 1', 'pinned 2', 'current']);
+    assert.deepEqual(traces[0].x, [0, 1, 2]);
+    // each bar is named by its settings, not 'pinned 1'; the device escaped
+    assert.deepEqual((fig.layout.xaxis as { ticktext: string[] }).ticktext, [
+      'tp1 sp pp1 mb4<br>full-recompute<br>a100-40gb',
+      'pinned 2',
+      'tp2 pp1 mb4<br>no-recompute<br>&lt;b&gt;v100&lt;/b&gt; · current'
+    ]);
     // bytes as sent, a rejected pinned configuration has no bar
     assert.deepEqual(traces[1].y, [40, null, 6]);
     const lines = fig.layout.shapes as { x0: number; x1: number; y0: number }[];
@@ -77,7 +85,7 @@ describe('what-if transforms', () => {
   it('fills the table from the kernel numbers and says why a pinned configuration failed', () => {
     assert.deepEqual(comparisonCells(pinned[0]), [
       'pinned 1',
-      'tp 1 · recompute none · pp 1 · mb 4',
+      'tp1 sp pp1 mb4 full-recompute',
       'a100-40gb',
       '44.00 GiB',
       '40.00 GiB',
@@ -95,5 +103,19 @@ describe('what-if transforms', () => {
     assert.throws(() => parseWhatIf({ bars: [] }), /what-if/);
     assert.throws(() => parseComparison({}), /comparison/);
     assert.throws(() => parseComparison([{ label: 'x' }]), /name missing/);
+  });
+
+  it('wraps a settings name at spaces and escapes a hostile one', () => {
+    assert.deepEqual(wrapWords('tp2 sp pp1 mb4 selective-recompute', 16), [
+      'tp2 sp pp1 mb4',
+      'selective-recompute'
+    ]);
+    const hostile = tickText({
+      name: 'pinned 1',
+      label: '<img src=x onerror=alert(1)>',
+      device: 'h100',
+      error: ''
+    });
+    assert.ok(!hostile.includes('<img'), hostile);
   });
 });

@@ -197,10 +197,12 @@ def clean_settings(raw: Any) -> dict[str, Any]:
 
 
 def settings_label(settings: dict[str, Any]) -> str:
-    """``tp 2 · sp · selective · pp 1 · mb 4`` (the device is shown on its own)."""
-    parts = [f"tp {settings['tp']}", *(["sp"] if settings["sp"] else []),
-             f"recompute {settings['recompute']}", f"pp {settings['pp']}", f"mb {settings['micro_batch']}"]
-    return " · ".join(parts)
+    """A configuration named by its settings, ``tp2 sp pp1 mb4 full-recompute`` (``no-recompute`` without;
+    the device is shown on its own): the chart's x labels and the table's settings column."""
+    recompute = "no-recompute" if settings["recompute"] == "none" else f"{settings['recompute']}-recompute"
+    parts = [f"tp{settings['tp']}", *(["sp"] if settings["sp"] else []), f"pp{settings['pp']}",
+             f"mb{settings['micro_batch']}", recompute]
+    return " ".join(parts)
 
 
 class WhatIf(MemvizWidget):
@@ -423,9 +425,12 @@ def _comparison_config(model: Any, args: tuple[Any, ...], config: Any) -> analyt
         if config is None:
             raise TypeError(f"{type(model).__name__} has no Hugging Face .config: pass config=")
     if hasattr(config, "to_dict") and not isinstance(config, dict):  # a Hugging Face config
-        return config_from_hf(config, seq=seq, batch=batch, dtype=dtype)
-    return config_from({"seq": seq, "batch": batch, "dtype": dtype, **(config if isinstance(config, dict) else
-                                                                        dataclasses.asdict(config))})
+        cfg = config_from_hf(config, seq=seq, batch=batch, dtype=dtype)
+    else:
+        cfg = config_from({"seq": seq, "batch": batch, "dtype": dtype,
+                           **(config if isinstance(config, dict) else dataclasses.asdict(config))})
+    # the recorded model holds its own vocabulary, unpadded (Megatron's padding is the formula's alone)
+    return dataclasses.replace(cfg, vocab_divisible_by=1)
 
 
 def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str, int],

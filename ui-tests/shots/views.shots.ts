@@ -60,18 +60,25 @@ for (const notebook of NOTEBOOKS) {
       timeout: 1100000
     });
     if (await whatif.count()) {
-      // a WhatIf: the first configuration, then it and two more pinned side by side (recompute
-      // selective and full: any TP degree is refused for GPT-2's own vocabulary of 50257)
+      // a WhatIf: the first configuration, then it and three more pinned side by side (recompute
+      // selective, then TP 2 with sequence parallelism: GPT-2's 50257 tokens padded as Megatron pads them)
       await whatif.scrollIntoViewIfNeeded();
       await shot(whatif, 'whatif');
       const rows = whatif.locator('.jp-memviz-whatif-row');
-      for (const recompute of ['selective', 'full']) {
+      const steps: [string, string, string][] = [
+        ['.jp-memviz-whatif-recompute', 'selective', 'selective-recompute'],
+        ['.jp-memviz-whatif-tp', '2', 'tp2'],
+        ['.jp-memviz-whatif-recompute', 'full', 'full-recompute']
+      ];
+      for (const [control, value, label] of steps) {
         const count = await rows.count();
         await whatif.locator('.jp-memviz-whatif-pin').click({ timeout: 60000 });
         await expect(rows).toHaveCount(count + 1, { timeout: 60000 });
-        await whatif.locator('.jp-memviz-whatif-recompute').selectOption(recompute, { timeout: 60000 });
-        await expect(rows.last()).toContainText(`recompute ${recompute}`, { timeout: 60000 });
+        await whatif.locator(control).selectOption(value, { timeout: 60000 });
+        await expect(rows.last()).toContainText(label, { timeout: 60000 });
       }
+      await whatif.locator('.jp-memviz-whatif-sp').check({ timeout: 60000 });
+      await expect(rows.last()).toContainText('tp2 sp', { timeout: 60000 });
       await shot(whatif, 'whatif-compare');
       return;
     }

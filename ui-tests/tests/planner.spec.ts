@@ -311,3 +311,28 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   const median = sorted[Math.floor(sorted.length / 2)];
   console.log(`planner slider: plan drawn in ${median.toFixed(0)} ms (median of ${drawn.length} moves)`);
 });
+
+// planner_nofrontier.ipynb: memviz.Planner on a 12-layer chain planned at 60% of eager with
+// frontier=False.  With no frontier the slider sat at its left end, unlabelled, while its label said
+// "60% of eager" (issue 18 at 100 layers): it now sits at the budget between 0 B and eager, both ends
+// labelled, and says the range is not known.
+test('a plan without a frontier: the slider sits at its budget between 0 B and eager', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(300000);
+  await openAndRunAll(page, tmpPath, 'planner_nofrontier.ipynb');
+  const planner = page.locator('.jp-memviz-planner').first();
+  await expect(planner.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  await expect(planner.locator('.jp-memviz-budget-label')).toHaveText(/\(60% of eager\) · no frontier$/);
+  await expect(planner.locator('.jp-memviz-budget-min')).toHaveText('0 B');
+  await expect(planner.locator('.jp-memviz-budget-max')).toHaveText(/^eager \d+\.\d\d MiB$/);
+  const slider = planner.locator('.jp-memviz-budget-slider');
+  await expect(slider).toBeDisabled();
+  await expect(slider).toHaveAttribute('title', /smallest feasible budget is not known/);
+  const position = Number(await slider.inputValue()) / Number(await slider.getAttribute('max'));
+  expect(position).toBeCloseTo(0.6, 2);
+  await planner
+    .locator('.jp-memviz-budget')
+    .screenshot({ path: test.info().outputPath('planner-no-frontier.png') });
+});

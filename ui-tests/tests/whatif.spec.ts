@@ -33,7 +33,8 @@ test('what-if compares pinned configurations side by side and shows its assumpti
   const assumptions = panel.locator('.jp-memviz-whatif-assumptions');
   await expect(assumptions).toContainText('fp32 master weights');
   await expect(assumptions).toContainText('34sbh + 5as^2b');
-  await expect(assumptions).toContainText('vocab 50304');
+  // GPT-2's 50257 tokens padded as Megatron pads them (a multiple of 128 x tp), not refused for tp > 1
+  await expect(assumptions).toContainText('vocab 50257 padded to 50304');
 
   const rows = panel.locator('.jp-memviz-whatif-row');
   const ticks = panel.locator('.xtick');
@@ -44,19 +45,29 @@ test('what-if compares pinned configurations side by side and shows its assumpti
   await expect(rows).toHaveCount(2, { timeout: 30000 });
   const tp = panel.locator('.jp-memviz-whatif-tp');
   await tp.selectOption('2');
-  await expect(verdict).toContainText('fits: 6.07 GiB free');
+  await expect(verdict).toContainText('fits: 6.06 GiB free');
+  await expect(assumptions).toContainText(
+    'vocab 50257 padded to 50432 (Megatron: a multiple of 128 x t = 256)'
+  );
+  await expect(panel.locator('.jp-memviz-whatif-error')).toHaveText('');
   await panel.locator('.jp-memviz-whatif-pin').click();
   await expect(rows).toHaveCount(3, { timeout: 30000 });
   await tp.selectOption('4');
-  await expect(rows.nth(2)).toContainText('tp 4', { timeout: 30000 });
+  await expect(rows.nth(2)).toContainText('tp4', { timeout: 30000 });
 
   // three bars (one per configuration, four categories each), each with its verdict
   await expect(ticks).toHaveCount(3);
   await expect(panel.locator('.barlayer path')).toHaveCount(12);
-  await expect(rows.nth(0)).toContainText('tp 1');
+  await expect(rows.nth(0)).toContainText('tp1 pp1 mb4 no-recompute');
   await expect(rows.nth(0).locator('td').nth(6)).toHaveText('does not fit');
-  await expect(rows.nth(1)).toContainText('tp 2');
+  await expect(rows.nth(1)).toContainText('tp2 pp1 mb4 no-recompute');
   await expect(rows.nth(1).locator('td').nth(6)).toHaveText('fits');
+  // each bar is named by its settings and device, not "pinned 1"
+  await expect(ticks).toHaveText([
+    'tp1 pp1 mb4no-recomputea100-40gb',
+    'tp2 pp1 mb4no-recomputea100-40gb',
+    'tp4 pp1 mb4no-recomputea100-40gb · current'
+  ]);
   await expect(rows.nth(2).locator('td').nth(6)).toHaveText('fits');
   await expect(panel.locator('.annotation-text')).toHaveText(['does not fit', 'fits', 'fits']);
   await panel
@@ -73,7 +84,7 @@ test('what-if compares pinned configurations side by side and shows its assumpti
   // remove the first pinned configuration
   await rows.nth(0).locator('.jp-memviz-whatif-unpin').click();
   await expect(rows).toHaveCount(2, { timeout: 30000 });
-  await expect(rows.nth(0)).toContainText('tp 2');
+  await expect(rows.nth(0)).toContainText('tp2');
   await expect(ticks).toHaveCount(2);
   await expect(other.locator('.jp-memviz-whatif-row')).toHaveCount(2);
   await panel.screenshot({ path: test.info().outputPath('whatif-unpinned.png') });

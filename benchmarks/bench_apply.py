@@ -59,6 +59,7 @@ import memviz  # noqa: E402
 # torchvision's op-schema shim: it must run before torchvision (or transformers, which imports it) loads,
 # so those two are imported where they are used, after this
 import tests.real_models  # noqa: E402, F401
+from memviz.hardware import accelerator  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
@@ -352,14 +353,15 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
         plan = memviz.plan(prof, budget, strategy="sac")
         row = {"contender": "memviz", "setting": "min" if fraction == 0 else f"{int(fraction * 100)}%",
                "fraction": fraction, "budget": budget, "plan_peak": plan.peak_bytes,
-               "plan_s": time.perf_counter() - start,
+               "plan_s": time.perf_counter() - start, "predicted_overhead": plan.time_overhead,
                "options": plan.solver_stats.extra["sac"]["options"]}
         key = repr(row["options"])
         if key not in seen:
             seen[key] = measure(memviz.apply(plan, model), eager, args, settings.steps)
         rows.append({**row, **seen[key]})
         _log(f"memviz {row['setting']}: plan {row['plan_peak'] / MiB:.2f} MiB, measured "
-             f"{rows[-1]['measured_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x")
+             f"{rows[-1]['measured_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x "
+             f"(predicted {row['predicted_overhead']:.3f}x)")
     return {"profile_s": profile_s, "minimum_s": minimum_s, "minimum": low, "eager_predicted": peak}, rows
 
 
@@ -466,8 +468,9 @@ def _rows_table(m: dict) -> list[str]:
             out.append(f"| {r['contender']} | {r['setting']} | {r['plan_s']:.2f} | not run: {r['not_run']} "
                        "| | | | |")
             continue
+        predicted = f" (predicted {r['predicted_overhead']:.3f})" if "predicted_overhead" in r else ""
         out.append(f"| {r['contender']} | {r['setting']} | {r['plan_s']:.2f} | {_mib(r['measured_peak'])} | "
-                   f"{r['measured_peak'] / m['eager_peak']:.2f} | {r['measured_overhead']:.3f} | "
+                   f"{r['measured_peak'] / m['eager_peak']:.2f} | {r['measured_overhead']:.3f}{predicted} | "
                    f"{r['grad_error']:.1e} | {r['buffer_error']:.1e} |")
     return out
 
@@ -579,6 +582,10 @@ def run(quick: bool = False) -> dict:
     # one intra-op thread, as bench_remat: two OpenMP threads on the shared 2-core machine made steps
     # far slower and noisier; every contender runs under the same setting
     torch.set_num_threads(1)
+    # the profile's op times, fixed costs and checkpointing costs on this process's CPU time, which other
+    # processes' load does not inflate (as bench_real and bench_export): the plans' predicted step times
+    # are then comparable with the measured ratios
+    accelerator.cpu_clock = time.process_time
     settings = SMOKE if quick else FULL
     models = []
     for name in settings.models:

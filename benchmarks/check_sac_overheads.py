@@ -7,15 +7,19 @@ Hugging Face GPT-2 and Llama of ``bench_cuda``, 6 x 512, seq 512, batch 4; CPU: 
 ``bench_apply``, one intra-op thread), profiled once, at 50% of [sac minimum, eager peak] and at the
 minimum:
 
-- "costed": ``memviz.plan(strategy="sac")`` as it is (`memviz.plans.sac.overheads` measured on the
-  device: per region call, per saved tensor, the selective policy per dispatched op and pass, the
-  module's Python re-run);
+- "costed": ``memviz.plan(strategy="sac")`` as it is (`memviz.plans.sac.overheads`: the costs the profile
+  measured on one block run alone, `memviz.plans.sac.checkpoint_costs`: per operator a recomputation
+  re-runs, and the selective policy's dispatch modes per operator and pass);
 - "uncosted": the same menu with those costs set to zero (the planner before this change);
 - per-block full checkpointing (what users write by hand) as the peer.
 
 Printed per row: the blocks' options, the plan's peak and predicted step time over eager
 (``Plan.time_overhead``), the measured peak (CUDA: max allocated during the step less the copy's
 parameters, as bench_cuda) and the measured step time over eager (median of interleaved pairs).
+``--options n/f/m,...`` adds rows for those per-block options (n none, m matmuls, f full), planned
+without a budget: the accounting on chosen plans (the menu at 50% picked m/m/m/m/m/n for GPT-2 on an
+H100, measured 2.87x against 1.02 predicted).  On the CPU the profile and the steps are timed on this
+process's CPU time, which other processes' load does not inflate.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import memviz  # noqa: E402
 import memviz.plans.sac as sac  # noqa: E402
-from solvers.result import InfeasibleBudget  # noqa: E402
+import solvers.sac  # noqa: E402
+from memviz.hardware import accelerator  # noqa: E402
+from solvers.result import InfeasibleBudget, SolveResult, SolverStats  # noqa: E402
 from solvers.sac import Overheads  # noqa: E402
 
 MiB = 2**20
@@ -69,6 +75,22 @@ def case(name: str) -> tuple[torch.nn.Module, tuple, dict, Callable[[Any], torch
 def _sync() -> None:
     if CUDA:
         torch.cuda.synchronize()
+
+
+def planned(prof: Any, options: str) -> Any:
+    """A sac plan with the given per-block options ("n/m/f"), whatever its memory: the menu replaced by
+    that one candidate (its schedule, simulation and costs as the menu would have them)."""
+    names = {"n": "none", "m": "matmuls", "f": "full"}
+    chosen = tuple(names[o] for o in options.split("/"))
+
+    def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float,
+            overheads: Overheads) -> Any:
+        choice = solvers.sac._choose(graph, blocks, chosen, holds, overheads)
+        stats = SolverStats("sac", "heuristic", 0.0, objective=choice.step_s)
+        return SolveResult(choice.schedule, stats), choice
+
+    with unittest.mock.patch.object(sac, "solve_menu", one):
+        return memviz.plan(prof, None, strategy="sac")
 
 
 def step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, seed: int = 0) -> None:
@@ -132,7 +154,7 @@ def row(label: str, candidate: torch.nn.Module, eager: torch.nn.Module, args: tu
           f"{measured:6.3f} |", flush=True)
 
 
-def run(name: str, pairs: int) -> None:
+def run(name: str, pairs: int, options: list[str], budgets: bool = True) -> None:
     model, args, kwargs, loss_fn, blocks = case(name)
     eager = model
     prof = memviz.profile(model, args, kwargs, loss_fn=loss_fn if CUDA else None, mode="train",
@@ -142,14 +164,20 @@ def run(name: str, pairs: int) -> None:
         raise AssertionError("a 1-byte sac plan was accepted")
     except InfeasibleBudget as exc:
         low = exc.minimum_bytes
-    costs = sac.overheads(prof, prof.graph if prof.baseline_graph is None else prof.baseline_graph)
+    meta = (prof.graph if prof.baseline_graph is None else prof.baseline_graph).meta
+    block = {k: meta.get(f"sac_block_{k}_s", 0.0) * 1e3 for k in ("eager", "full", "selective")}
     print(f"\n{name} on {prof.device.name}: eager plan peak {prof.baseline.peak_bytes / MiB:.2f} MiB, sac "
-          f"minimum {low / MiB:.2f} MiB; measured costs: region {costs.region * 1e6:.1f} us, saved tensor "
-          f"{costs.saved * 1e6:.2f} us, policy {costs.policy * 1e6:.2f} us per op and pass, re-run "
-          f"{costs.rerun * 1e6:.2f} us per op\n")
+          f"minimum {low / MiB:.2f} MiB; eager step {prof.baseline.total_time * 1e3:.2f} ms of ops + "
+          f"{meta.get('eager_fixed_s', 0.0) * 1e3:.2f} ms fixed; costs measured on {meta.get('sac_block')} "
+          f"alone (eager {block['eager']:.3f} / full {block['full']:.3f} / selective "
+          f"{block['selective']:.3f} ms): re-run {meta.get('sac_rerun_s', 0.0) * 1e6:.2f} us per op, policy "
+          f"{meta.get('sac_policy_s', 0.0) * 1e6:.2f} us per op and pass\n")
     print("| plan | options | plan MiB | measured MiB | predicted | measured |\n|---|---|---|---|---|---|")
     row("per-block checkpoint", blocks_checkpointed(model, blocks), eager, args, kwargs, loss_fn, pairs)
-    for fraction in (0.5, 0.0):
+    for chosen in options:
+        plan = planned(prof, chosen)
+        row(f"options {chosen}", memviz.apply(plan, model), eager, args, kwargs, loss_fn, pairs, plan)
+    for fraction in (0.5, 0.0) if budgets else ():
         budget = low + int(fraction * (prof.baseline.peak_bytes - low))
         for label, patch in (("costed", None), ("uncosted", Overheads())):
             uncosted = unittest.mock.patch.object(sac, "overheads", lambda *a, patch=patch: patch)
@@ -170,11 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt2,llama")
     ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--options", default="", help="comma-separated per-block options to run too, e.g. "
+                    "m/m/m/m/m/n,f/f/f/f/f/n (n none, m matmuls, f full); one list for every model")
+    ap.add_argument("--no-budgets", action="store_true", help="only the per-block rows and --options")
     a = ap.parse_args(argv)
     if not CUDA:
         torch.set_num_threads(1)
+        accelerator.cpu_clock = time.process_time
     for name in a.models.split(","):
-        run(name, a.pairs)
+        run(name, a.pairs, [o for o in a.options.split(",") if o], not a.no_budgets)
     return 0
 
 

@@ -58,44 +58,61 @@ class Region:
 
 @dataclass(frozen=True)
 class Overheads:
-    """Seconds checkpointing costs beyond the simulated times of the ops it runs (measured by the caller
-    on the device), so that candidates compare as they run.
+    """Seconds checkpointing costs beyond the simulated times of the ops it runs, so that candidates
+    compare as they run (calibrated on the device by the caller, `calibrate`).
 
-    `region`: per checkpointed region call (the checkpoint frame, its RNG state, its contexts).
-    `saved`: per tensor a checkpointed region's ops save for backward: checkpointing's pack and unpack
-    hooks (Python, one pair per saved tensor, with or without recomputation) and the op's Python run
-    again.  `rerun`: per operator a recomputation dispatches, the Python around it (the module's own
-    code run again; eager's per-operator share of its step beyond the op times).  `policy`: per op a
-    selective region dispatches, per pass (the forward and the
-    recomputation): the policy's Python dispatch modes; a region that keeps nothing runs plain
+    `rerun`: per operator a region's recomputation dispatches: everything a recomputation costs beyond
+    its ops' measured times (the module's Python run again, autograd recording the ops again,
+    checkpointing's pack and unpack hooks on what they save, its frame and RNG state).  `policy`: per
+    operator a selective region dispatches, per pass: its forward runs every operator through the
+    caching dispatch mode and the policy, its recomputation every re-run one through the cached mode,
+    kept ones included (they return the cached value); a region that keeps nothing runs plain
     checkpointing, without them.  `dispatched`: compute id -> how many operators it stands for as the
     dispatcher sees them (views and detaches folded into the next op; 1 where absent)."""
 
-    region: float = 0.0
-    saved: float = 0.0
-    policy: float = 0.0
     rerun: float = 0.0
+    policy: float = 0.0
     dispatched: Mapping[int, int] = field(default_factory=dict)
+
+    def passes(self, graph: Graph, region: Region, holds: EagerHolds) -> tuple[int, int, float]:
+        """(operators `region`'s forward dispatches, operators its recomputation dispatches, seconds of
+        the ops it recomputes): the recomputation runs up to the last op that saved something (early
+        stop; nothing when none did) and skips the kept ops' kernels, not their dispatch."""
+        runs = _runs(graph, (region,), holds)
+        forward = sum(self.dispatched.get(c, 1) for c in region.nodes)
+        if not runs:
+            return forward, 0, 0.0
+        run = runs[0]
+        rerun = sum(self.dispatched.get(c, 1) for c in region.nodes if c <= run.last)
+        return forward, rerun, sum(graph.computes[c].time for c in run.rec)
+
+    def region_seconds(self, graph: Graph, region: Region, holds: EagerHolds) -> float:
+        """What checkpointing `region` costs per step beyond its recomputed ops' times."""
+        forward, rerun, _ = self.passes(graph, region, holds)
+        return self.rerun * rerun + (self.policy * (forward + rerun) if region.save else 0.0)
 
     def seconds(self, graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> float:
         """What checkpointing `regions` costs per step beyond the schedule's op times."""
-        if not regions or not (self.region or self.saved or self.policy or self.rerun):
+        if not (self.rerun or self.policy):
             return 0.0
-        member = {c: r.name for r in regions for c in r.nodes}
-        saves: dict[str, int] = {}
-        for savers in holds.saved_by.values():
-            for c in savers:
-                if c in member:
-                    saves[member[c]] = saves.get(member[c], 0) + 1
-        last_of = {run.region.name: run.last for run in _runs(graph, regions, holds)}
-        total = 0.0
-        for r in regions:
-            last = last_of.get(r.name, -1)  # the recomputation stops after the last saving op (none: -1)
-            rerun = sum(self.dispatched.get(c, 1) for c in r.nodes if c <= last)
-            total += self.region + self.saved * saves.get(r.name, 0) + self.rerun * rerun
-            if r.save:  # the policy's modes: every op in the forward, the re-run ones again
-                total += self.policy * (sum(self.dispatched.get(c, 1) for c in r.nodes) + rerun)
-        return total
+        return sum(self.region_seconds(graph, r, holds) for r in regions)
+
+
+def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, dispatched: Mapping[int, int],
+              *, eager_s: float, full_s: float, selective_s: float) -> Overheads:
+    """`Overheads` from one block timed three ways on the device (its forward and backward alone):
+    `eager_s` as it is, `full_s` checkpointed keeping nothing (`full`), `selective_s` checkpointed with the
+    policy keeping `selective.save`.  `rerun`: what `full` costs beyond eager and beyond its recomputed
+    ops' simulated times, per operator it re-runs; `policy`: what `selective` costs beyond that, per
+    operator and pass.  Negative leftovers (timing noise) count as none."""
+    base = Overheads(dispatched=dispatched)
+    _, full_rerun, full_ops = base.passes(graph, full, holds)
+    rerun = max(0.0, full_s - eager_s - full_ops) / full_rerun if full_rerun else 0.0
+    forward, sel_rerun, sel_ops = base.passes(graph, selective, holds)
+    policy = 0.0
+    if selective.save and forward + sel_rerun:
+        policy = max(0.0, selective_s - eager_s - sel_ops - rerun * sel_rerun) / (forward + sel_rerun)
+    return Overheads(rerun, policy, dispatched)
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,9 @@ from memviz.plans.planning import PlanningError
 from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
-from tests.test_zoo import Untracked
+from tests.test_zoo import Untracked, _fresh
 
 TOLERANCE = 0.02
-
-
-def _fresh(tree: Any) -> Any:
-    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _close(a: Any, b: Any, what: str) -> None:

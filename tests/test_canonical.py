@@ -72,16 +72,54 @@ def test_the_deadline_is_checked_at_every_node(monkeypatch: pytest.MonkeyPatch) 
     assert found.outcome == "out-of-time" and found.nodes == 51
 
 
+def test_preorders_take_turns_without_visiting_a_node_twice() -> None:
+    """Issue 21: each preorder's search resumes where its last turn stopped instead of restarting with a
+    doubled node limit, so a preorder given twice costs at most twice its nodes alone (the restarts
+    cost 14,160 nodes on A, where TWA alone needs 4,920), and the fit is the one it finds alone."""
+    _, buffers = read_csv(MINIMALLOC / "A.1048576.csv")
+    alone = canonical_fit(buffers, 1048576, later(), preorders=("TWA",))
+    twice = canonical_fit(buffers, 1048576, later(), preorders=("TWA", "TWA"))
+    assert alone.outcome == twice.outcome == "fits"
+    assert twice.nodes <= 2 * alone.nodes and twice.offsets == alone.offsets
+
+
 @pytest.mark.parametrize("capacity, outcome", [(12, "fits"), (11, "infeasible")])
 def test_portfolio_of_processes(monkeypatch: pytest.MonkeyPatch, capacity: int, outcome: str) -> None:
     """With no in-process head start, forked processes race over the preorders; a fit comes back
     checked, and one process's exhausted search is the proof."""
-    monkeypatch.setattr(canonical, "SOLO_SECONDS", 0.0)
+    monkeypatch.setattr(canonical, "SOLO_NODES", 0)
     _, buffers = read_csv(MINIMALLOC / "input.12.csv")
     found = canonical_fit(buffers, capacity, later(), processes=3)
     assert found.outcome == outcome
     if outcome == "fits":
         assert validate_packing(buffers, found.offsets, capacity) == []
+
+
+def test_portfolio_answers_as_its_fewest_nodes_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes race, but the answer does not depend on which finishes first: it is the fit of
+    the preorder that needs the fewest nodes (TWA on A: 4,920; the others need 14,000 and 95,000),
+    found again on every run."""
+    monkeypatch.setattr(canonical, "SOLO_NODES", 0)
+    _, buffers = read_csv(MINIMALLOC / "A.1048576.csv")
+    alone = canonical_fit(buffers, 1048576, later(), preorders=("TWA",))
+    raced = canonical_fit(buffers, 1048576, later(), preorders=("WAT", "TWA", "TAW"), processes=3)
+    assert raced.outcome == "fits" and (raced.nodes, raced.offsets) == (alone.nodes, alone.offsets)
+
+
+def test_the_sections_are_built_once_for_several_capacities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pack` asks about one segment at several capacities; building its overlap lists is quadratic and
+    outside the search's deadline (0.3-0.7 s a call at 4k buffers took `pack_schedule` past its limit).
+    They are not kept past `pack` (tens of MB at 10k buffers)."""
+    built: list[int] = []
+    real = canonical._Instance
+    monkeypatch.setattr(canonical, "_Instance", lambda b: built.append(len(b)) or real(b))
+    canonical._instance.cache_clear()
+    _, buffers = read_csv(MINIMALLOC / "input.12.csv")
+    assert canonical_fit(buffers, 12, later()).outcome == "fits"
+    assert canonical_fit(buffers, 11, later()).outcome == "infeasible"
+    assert built == [len(buffers)]
+    pack(buffers, time_limit=5.0)
+    assert canonical._instance.cache_info().currsize == 0  # pack lets them go when it returns
 
 
 def test_first_greedy_pass_keeps_the_time_limit() -> None:

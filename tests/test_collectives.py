@@ -117,7 +117,11 @@ def test_per_rank_plan_reports_its_collective_time(fsdp_tp_profiles) -> None:
     plan = memviz.plan(prof, int(prof.baseline.peak_bytes * 0.95), strategy="sac")
     assert plan.collective_seconds == pytest.approx(collective_time(plan.graph, plan.schedule))
     assert 0 < plan.collective_seconds <= plan.timeline.total_time
-    assert "collectives" in plan.summary()
+    assert "collectives" in plan.summary() and "not overlapped" in plan.summary()
+    # overlapped with compute: the longer stream, below the in-order step and at least the collectives
+    compute = plan.timeline.total_time - plan.collective_seconds
+    assert plan.overlapped_seconds == pytest.approx(max(compute, plan.collective_seconds))
+    assert plan.collective_seconds <= plan.overlapped_seconds < plan.timeline.total_time
 
 
 def test_a_real_groups_collective_is_timed_to_its_end() -> None:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -296,6 +297,28 @@ def test_estimated_parallel_profile_runs_on_fake_tensors() -> None:
             memviz.profile(user_wrap(tiny_gpt()[0], "fsdp", 2), args, device="fake:h100")
 
 
+def test_estimated_tensor_parallel_step_records_no_sharding_propagation() -> None:
+    """An estimated profile has no warm-up step, so DTensor's sharding-propagation cache may be cold: its
+    shape-only operators run on the step's own fake tensors and must not be recorded (the first TinyGPT
+    TP+SP profile in a process had 79 extra operators and a 10% higher peak than the next)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    args = tiny_gpt()[1]
+    parallel = Parallel(world_size=4, tp=2, sp=True)
+
+    def estimated() -> Any:
+        with torch.device("meta"):
+            model = tiny_gpt()[0]
+        return memviz.profile(model, args, optimizer=torch.optim.AdamW, parallel=parallel, device="fake:h100")
+
+    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    cold, warm = estimated(), estimated()
+    assert [c.name for c in cold.graph.computes] == [c.name for c in warm.graph.computes]
+    assert cold.baseline.peak_bytes == warm.baseline.peak_bytes
+
+
 def test_recorded_llama_chains_into_blocks_and_in_place_writes_order_their_readers() -> None:
     """FSDP2 copies the all-gathered parameters out in place and HF Llama reads one rotary table and mask in
     every layer: with write tokens and step constants the recorded graph still cuts between the layers,
@@ -327,12 +350,18 @@ def test_scale_benchmark_smoke() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_scale
 
+    from memviz.hardware.collectives import overlapped_time
+
     r = bench_scale.child("llama3-8b", 1, layers=2)
     assert r["layers"] == 2 and r["world_size"] == 8
     assert r["rotor_minimum"] <= r["plan_peak"] <= r["plan_budget"] < r["eager_peak"] <= r["capacity"]
     # the rank's step holds ~8 GiB at its peak (two 128256 x 4096 embeddings, their gradients and AdamW state,
     # 4096-token activations); the process holds a fraction of it: nothing was allocated
     assert r["maxrss_bytes"] < r["eager_peak"] / 4
+    assert r["profile_cpu_s"] > 0 and r["plan_cpu_s"] > 0 and r["load"] >= 0
+    # the collectives' share: the serial step time bounds the overlapped one from above, the collectives below
+    overlapped = overlapped_time(r["eager_step_s"], r["eager_comm_s"])
+    assert 0 < r["eager_comm_s"] <= overlapped < r["eager_step_s"]
     for limit in (0, 1, 5, 17, 40):
         for value in (lambda b: 10 * b, lambda b: b * b + 3 * b):
             cap = value(limit) if limit else value(1) - 1

@@ -32,10 +32,18 @@ export interface Region {
 const INSPECT_LIMIT = 10;
 
 /** Readouts as labelled spans (the chart header's). */
-export function readoutSpans(readouts: readonly { label: string; value: string }[]): HTMLElement[] {
+export function readoutSpans(
+  readouts: readonly { label: string; value: string; warning?: boolean }[]
+): HTMLElement[] {
   return readouts.map(r => {
-    const item = element('span', 'jp-memviz-readout');
+    const item = element(
+      'span',
+      r.warning ? 'jp-memviz-readout jp-memviz-readout-warning' : 'jp-memviz-readout'
+    );
     item.dataset.readout = r.label;
+    if (r.warning) {
+      item.setAttribute('role', 'note');
+    }
     item.append(
       element('span', 'jp-memviz-readout-label', `${r.label}: `),
       element('span', 'jp-memviz-readout-value', r.value)

@@ -68,12 +68,14 @@ export class ChunkEditorView extends DOMWidgetView {
         this._sendRegions(edits);
       }
     });
+    // The chart first, then the regions in a box of their own height: at 115 regions the rows ran to
+    // 9,000 px and pushed the chart out of sight below them (issue 18's screenshots at 5k ops).
     this.el.append(
       this._estimate,
       this._error,
+      this._plot,
       this._table,
       this._add,
-      this._plot,
       this._exporter.row,
       this._exporter.result
     );

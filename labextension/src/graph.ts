@@ -15,7 +15,7 @@
  * SVG Graphviz writes, cut down to an allow-list of elements and attributes (svg_sanitize.ts); titles
  * are set as text.
  */
-import { fitView, openView, zoomAt, View } from './graph_data';
+import { MIN_LABEL_PX, fitReadable, fitView, openView, zoomAt, View } from './graph_data';
 import { LayoutClient, LayoutError } from './graph_layout';
 import {
   LEGEND,
@@ -51,6 +51,8 @@ export class GraphView implements PlanView {
   private readonly status: HTMLSpanElement;
   private readonly searchBox: HTMLInputElement;
   private readonly searchStatus: HTMLSpanElement;
+  /** what Fit did when it could not show the whole drawing legibly */
+  private readonly fitNote: HTMLSpanElement;
   private readonly canvas: HTMLDivElement;
   private readonly stage: HTMLDivElement;
   private readonly layouts = new LayoutClient();
@@ -104,7 +106,12 @@ export class GraphView implements PlanView {
     toolbar.append(
       this.searchBox,
       this.searchStatus,
-      button('fit', 'Fit', 'fit the drawing to the view', () => this.fit()),
+      button(
+        'fit',
+        'Fit',
+        `fit the drawing to the view, labels at least ${MIN_LABEL_PX} px high (a larger drawing: its width, then pan)`,
+        () => this.fit()
+      ),
       button('zoom-in', '+', 'zoom in', () => this.zoom(1.5, ...canvasCenter())),
       button('zoom-out', '\u2212', 'zoom out', () => this.zoom(1 / 1.5, ...canvasCenter())),
       button('collapse', 'Collapse all', 'close every module', () => this.collapseAll()),
@@ -115,7 +122,9 @@ export class GraphView implements PlanView {
     this.status.setAttribute('role', 'status');
     const info = document.createElement('div');
     info.className = 'jp-memviz-graph-info';
-    info.append(this.status, this.legend());
+    this.fitNote = document.createElement('span');
+    this.fitNote.className = 'jp-memviz-graph-fit-note';
+    info.append(this.status, this.fitNote, this.legend());
     this.canvas = document.createElement('div');
     this.canvas.className = 'jp-memviz-graph-canvas';
     this.canvas.style.overflow = 'hidden';
@@ -300,8 +309,20 @@ export class GraphView implements PlanView {
 
   private fit(): void {
     this.focus = null;
-    this.view = fitView(this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
+    const { view, kind } = fitReadable(
+      this.size,
+      { w: this.canvas.clientWidth, h: this.canvas.clientHeight },
+      this.view
+    );
+    this.view = view;
     this.applyView();
+    this.node.dataset.fit = kind;
+    const scale = `${Math.round(100 * view.k)}%`;
+    this.fitNote.textContent =
+      kind === 'whole'
+        ? ''
+        : `Fit: ${kind === 'width' ? `its full width at ${scale}` : `the smallest readable scale, ${scale}`}; ` +
+          `the whole drawing would put labels under ${MIN_LABEL_PX} px. Drag to pan, \u2212 to zoom out further.`;
   }
 
   /** Show all of `el` (an opened module's frame, a search hit) centered, at most at 1:1. */
@@ -327,6 +348,8 @@ export class GraphView implements PlanView {
 
   private applyView(): void {
     const { x, y, k } = this.view;
+    this.fitNote.textContent = ''; // a later zoom, pan or drawing replaces what Fit did
+    delete this.node.dataset.fit;
     this.stage.style.transform = `translate(${x}px, ${y}px) scale(${k})`;
     this.node.dataset.scale = k.toFixed(4);
   }

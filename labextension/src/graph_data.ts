@@ -45,3 +45,52 @@ export function openView(drawing: { w: number; h: number }, box: { w: number; h:
   const k = READABLE_SCALE;
   return { k, x: Math.max(margin, (box.w - drawing.w * k) / 2), y: margin };
 }
+
+/**
+ * The smallest scale Fit goes down to: Graphviz's 10 pt labels (13.3 CSS px at 1:1) stay at least 8 px
+ * high.  Below it a 12-layer drawing fitted whole showed labels nobody could read (issue 18); the zoom
+ * buttons and the wheel still go lower when the user asks.
+ */
+export const MIN_LABEL_PX = 8;
+export const FIT_MIN_SCALE = MIN_LABEL_PX / (10 * (4 / 3));
+
+/** How `fitReadable` showed the drawing: all of it, or its full width / a readable part of it to pan. */
+export type FitKind = 'whole' | 'width' | 'readable';
+
+/** Clamp a translation so the drawing (extent `size` at the view's scale) covers as much of `box` as it
+ * can: no empty band beside an edge of a drawing larger than the box; a smaller one is centered. */
+function clampAxis(t: number, size: number, box: number, margin: number): number {
+  if (size + 2 * margin <= box) {
+    return (box - size) / 2;
+  }
+  return Math.min(margin, Math.max(box - margin - size, t));
+}
+
+/**
+ * Fit to view with a floor on the label size: the whole drawing when it is legible so (`fitView`);
+ * else its full width when that is legible (scale >= `FIT_MIN_SCALE`), else `FIT_MIN_SCALE`.  The
+ * drawing point at the box's center stays there (Fit does not jump away from what the user looks at),
+ * clamped so no empty band shows beside the drawing; drag to pan the rest.
+ */
+export function fitReadable(
+  drawing: { w: number; h: number },
+  box: { w: number; h: number },
+  current: View,
+  margin = 8
+): { view: View; kind: FitKind } {
+  const whole = fitView(drawing, box, margin);
+  if (whole.k >= FIT_MIN_SCALE || drawing.w <= 0 || drawing.h <= 0 || box.w <= 0 || box.h <= 0) {
+    return { view: whole, kind: 'whole' };
+  }
+  const widthK = Math.min(1, (box.w - 2 * margin) / drawing.w);
+  const k = Math.max(FIT_MIN_SCALE, widthK);
+  // the drawing point under the box's center, kept there
+  const cx = (box.w / 2 - current.x) / current.k;
+  const cy = (box.h / 2 - current.y) / current.k;
+  const view = {
+    k,
+    x: clampAxis(box.w / 2 - cx * k, drawing.w * k, box.w, margin),
+    y: clampAxis(box.h / 2 - cy * k, drawing.h * k, box.h, margin)
+  };
+  return { view, kind: widthK >= FIT_MIN_SCALE ? 'width' : 'readable' };
+}

@@ -123,12 +123,21 @@ export interface PlanDoc {
   schema: string;
   strategy: string;
   budget_bytes: number | null;
+  /** predicted step time over eager's (`Plan.time_overhead`; absent in older plan files) */
+  time_overhead?: number;
   model?: { name?: string; mode?: string };
   device?: { name?: string; estimated?: boolean; capacity_bytes?: number | null };
   graph: { computes: ComputeDoc[]; datas: DataDoc[] };
   baseline?: ScheduledTimeline | null;
   planned: ScheduledTimeline;
-  solver_stats?: { solver?: string; status?: string; gap?: number | null; seconds?: number } | null;
+  solver_stats?: {
+    solver?: string;
+    status?: string;
+    gap?: number | null;
+    seconds?: number;
+    /** where the wall-clock safety cap, not counted work, stopped a solver (`Plan.time_cuts`) */
+    extra?: { time_cuts?: unknown } | null;
+  } | null;
   frontier?: FrontierEntry[];
   packing?: PackingDoc | null;
 }
@@ -657,10 +666,12 @@ export function planFigure(
   return { traces, unit, steps: Math.max(n, m), xTitle, xscale: xunit.scale };
 }
 
-/** One header readout: a label and its value, both plain text (set with textContent). */
+/** One header readout: a label and its value, both plain text (set with textContent); a warning is
+ * shown as one. */
 export interface Readout {
   label: string;
   value: string;
+  warning?: boolean;
 }
 
 function percent(x: number): string {
@@ -680,8 +691,16 @@ export function planReadouts(doc: PlanDoc, selected: string | null = null): Read
     peak += ` (${percent(planned.peak_bytes / baseline.peak_bytes - 1)} vs eager ${formatBytes(baseline.peak_bytes)})`;
   }
   out.push({ label: 'peak', value: peak });
-  if (baseline && baseline.total_time > 0) {
-    out.push({ label: 'overhead', value: percent(planned.total_time / baseline.total_time - 1) });
+  // the kernel's prediction (op times plus the measured fixed costs) when the plan carries it, as
+  // Plan.summary() says it; older plan files: the ratio of op times
+  const overhead =
+    typeof doc.time_overhead === 'number' && Number.isFinite(doc.time_overhead)
+      ? doc.time_overhead
+      : baseline && baseline.total_time > 0
+        ? planned.total_time / baseline.total_time
+        : null;
+  if (overhead !== null) {
+    out.push({ label: 'overhead', value: percent(overhead - 1) });
   }
   if (typeof planned.recomputes === 'number') {
     out.push({ label: 'recomputes', value: String(planned.recomputes) });
@@ -693,7 +712,28 @@ export function planReadouts(doc: PlanDoc, selected: string | null = null): Read
   if (doc.solver_stats?.status) {
     out.push({ label: 'solver', value: solverSummary(doc.solver_stats) });
   }
+  const cuts = timeCuts(doc);
+  if (cuts.length) {
+    out.push({
+      label: 'time limit',
+      value: `stopped by the time limit in ${cuts.join(', ')}: may differ between runs`,
+      warning: true
+    });
+  }
   return out;
+}
+
+/**
+ * Where the wall-clock safety cap cut a solver while planning (`solver_stats.extra.time_cuts`, a list
+ * of strings in the schema): a plan file is untrusted, so anything but strings is dropped, and repeats
+ * are named once.
+ */
+export function timeCuts(doc: PlanDoc): string[] {
+  const cuts = doc.solver_stats?.extra?.time_cuts;
+  if (!Array.isArray(cuts)) {
+    return [];
+  }
+  return [...new Set(cuts.filter((c): c is string => typeof c === 'string' && c.trim() !== ''))];
 }
 
 /**

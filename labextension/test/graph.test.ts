@@ -1,7 +1,7 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
-import { READABLE_SCALE, fitView, openView, zoomAt } from '../src/graph_data';
+import { FIT_MIN_SCALE, READABLE_SCALE, fitReadable, fitView, openView, zoomAt } from '../src/graph_data';
 import {
   LEGEND,
   buildTree,
@@ -238,6 +238,38 @@ test('a drawing opens whole when legible so, else at a legible scale with its to
   assert.equal(wide.k, READABLE_SCALE);
   assert.equal(wide.x, 8);
   assert.ok(READABLE_SCALE * 10 * (4 / 3) >= 10); // Graphviz's 10 pt labels at >= 10 CSS px
+});
+
+test('Fit never shrinks labels below the floor: whole, else full width, else the floor, kept centered', () => {
+  const box = { w: 800, h: 600 };
+  // small enough to show whole at a legible scale: plain fitView
+  assert.deepEqual(fitReadable({ w: 1000, h: 700 }, box, { x: 0, y: 0, k: 1 }), {
+    view: fitView({ w: 1000, h: 700 }, box),
+    kind: 'whole'
+  });
+  // the 12-layer drawing (2007 x 2886 pt drawn as CSS px): whole it would be at 0.2, below the floor
+  assert.ok(fitView({ w: 2676, h: 3848 }, box).k < FIT_MIN_SCALE);
+  const open = openView({ w: 2676, h: 3848 }, box);
+  const fit = fitReadable({ w: 2676, h: 3848 }, box, open);
+  assert.equal(fit.kind, 'readable');
+  assert.equal(fit.view.k, FIT_MIN_SCALE);
+  assert.ok(FIT_MIN_SCALE * 10 * (4 / 3) >= 8 - 1e-9); // 10 pt labels at >= 8 CSS px
+  // no empty band: the drawing covers the box on both axes
+  assert.ok(fit.view.x <= 8 && fit.view.x + 2676 * fit.view.k >= 800 - 8);
+  assert.ok(fit.view.y <= 8 && fit.view.y + 3848 * fit.view.k >= 600 - 8);
+  // a narrow tall drawing: its full width, centered on what the user looked at
+  const tall = { w: 700, h: 9000 };
+  const at = { x: 0, y: -3000, k: 1 }; // looking at drawing y = 3300 in the box's center
+  const byWidth = fitReadable(tall, box, at);
+  assert.equal(byWidth.kind, 'width');
+  assert.equal(byWidth.view.k, 1);
+  assert.equal(byWidth.view.x, 50);
+  assert.equal((300 - byWidth.view.y) / byWidth.view.k, 3300);
+  const wider = fitReadable({ w: 1200, h: 9000 }, box, at);
+  assert.equal(wider.view.k, (800 - 16) / 1200);
+  assert.ok(Math.abs((300 - wider.view.y) / wider.view.k - 3300) < 1e-6);
+  // near the top edge the view is clamped: no blank above the drawing
+  assert.equal(fitReadable(tall, box, { x: 0, y: 500, k: 1 }).view.y, 8);
 });
 
 test('an op without a module is drawn inside the module around it, and its tooltip says so', () => {

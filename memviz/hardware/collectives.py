@@ -67,7 +67,7 @@ from solvers import Graph
 from solvers.schedule import Schedule
 
 __all__ = ["COLLECTIVES", "INTERCONNECTS", "Interconnect", "Link", "collective_kind", "collective_seconds",
-           "collective_time", "link_of"]
+           "collective_time", "link_of", "overlapped_time"]
 
 GB = 1e9
 US = 1e-6
@@ -161,6 +161,15 @@ def collective_seconds(kind: str, nbytes: int, group_size: int, link: Link, base
     else:
         raise ValueError(f"unknown collective {kind!r}; known: {sorted(set(COLLECTIVES.values()))}")
     return base_latency + steps * link.step_latency + sent / link.bandwidth
+
+
+def overlapped_time(step_seconds: float, collective_seconds: float) -> float:
+    """The step time if every collective ran beside compute instead of in order: the longer of the two
+    streams.  A predicted step time sums each operator and collective in the order the step ran them, as if
+    none overlapped (an upper bound); FSDP2 prefetches its all-gathers and reduce-scatters during the
+    backward, while tensor parallelism's all-reduces sit between the operators that need them, so a real
+    step lies between the two."""
+    return max(step_seconds - collective_seconds, collective_seconds)
 
 
 def collective_time(graph: Graph, schedule: Schedule) -> float:

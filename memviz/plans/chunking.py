@@ -61,7 +61,7 @@ def capture(
     from memviz.profiling.capture import register_library_pytrees
 
     register_library_pytrees(model)
-    with torch.no_grad(), eager_attention_masks():
+    with torch.no_grad(), eager_attention_masks(model, args, kwargs):
         ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
     gm = ep.module()
     return gm, translate(gm.graph)

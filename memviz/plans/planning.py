@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -102,6 +103,15 @@ class Plan:
 
         return collective_time(self.graph, self.schedule)
 
+    @property
+    def overlapped_seconds(self) -> float:
+        """The plan's step time were every collective overlapped with compute
+        (`memviz.hardware.collectives.overlapped_time`): a lower bound of the step whose
+        `timeline.total_time` runs the collectives in order, without overlap (an upper bound)."""
+        from memviz.hardware.collectives import overlapped_time
+
+        return overlapped_time(self.timeline.total_time, self.collective_seconds)
+
     def to_dict(self) -> dict[str, Any]:
         from memviz import __version__
 
@@ -113,6 +123,7 @@ class Plan:
             "device": self.device,
             "strategy": self.strategy,
             "budget_bytes": self.budget_bytes,
+            "time_overhead": self.time_overhead,  # the views show this one number, not their own
             "graph": {**self.graph.to_dict(), "meta": _json_meta(self.graph.meta)},
             "baseline": {
                 **_run_dict(self.baseline_schedule, self.baseline),
@@ -224,7 +235,9 @@ class Plan:
         comm = self.collective_seconds
         if not comm:
             return ""
-        return f", collectives {comm * 1e3:.3g} ms of {self.timeline.total_time * 1e3:.3g} ms op time"
+        step = self.timeline.total_time
+        return (f", collectives {comm * 1e3:.3g} ms of {step * 1e3:.3g} ms op time (run in order, not "
+                f"overlapped; {self.overlapped_seconds * 1e3:.3g} ms if all overlapped compute)")
 
     @property
     def recomputations(self) -> int:
@@ -289,22 +302,42 @@ def _run_dict(schedule: Schedule, timeline: Timeline) -> dict[str, Any]:
     return {"schedule": [s.to_json() for s in schedule], "timeline": timeline.to_dict()}
 
 
+#: the least share of the summed op times an eager step may measure for the fixed costs measured with it to
+#: count: below it the step is no step but a measurement spoilt by load (`fixed_costs`)
+MIN_STEP_SHARE = 0.5
+
+
+def fixed_costs(graph: Graph, baseline_s: float) -> dict[str, float]:
+    """The per-step costs beyond the op times that the profile measured (``eager_fixed_s``,
+    ``executor_fixed_s``, ``executor_op_s``: `memviz.profiling.profile.step_fixed_costs`), 0 where not
+    measured.  One may be below 0: each op timed alone took longer than inside the step (a CPU ResNet's
+    convolutions, 1.23x), and the step as measured is still the step.  All count 0 when the eager step
+    measured under `MIN_STEP_SHARE` of its op times `baseline_s` (a 100-layer GPT profiled under load:
+    -6.8 s, which made a plan of +16% in op times read x2.85)."""
+    def value(key: str) -> float:
+        v = graph.meta.get(key, 0.0)
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return float(v) if number else 0.0
+
+    costs = {key: value(key) for key in ("eager_fixed_s", "executor_fixed_s", "executor_op_s")}
+    if baseline_s + costs["eager_fixed_s"] < MIN_STEP_SHARE * baseline_s:
+        return dict.fromkeys(costs, 0.0)
+    return costs
+
+
 def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputations: int = 0) -> float:
     """A schedule's predicted step time over the eager step's: its op times `planned_s` plus what the
     exported module costs per step beyond them, over the baseline's `baseline_s` plus what eager costs
-    beyond them.  Both fixed costs are measured on the device at profile time
-    (`memviz.profiling.profile.step_fixed_costs`; 0 where nothing was measured: the plain ratio of op times).
-    The exported module's also holds what it adds to each operator it runs, once each; each of the
-    schedule's `recomputations` pays that again (``executor_op_s``: on a launch-bound GPU an operator costs
-    its launch, not only its kernel time).  Recomputations add their measured op times; the fixed costs
-    only scale the ratio, so no solver's choice depends on them (solvers compare op times)."""
-    def fixed(key: str) -> float:
-        v = graph.meta.get(key, 0.0)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-
-    eager = baseline_s + fixed("eager_fixed_s")
-    executor = planned_s + fixed("executor_fixed_s") + recomputations * fixed("executor_op_s")
-    return executor / eager if eager > 0 else 1.0
+    beyond them (`fixed_costs`, measured on the device at profile time; 0 where nothing was measured: the
+    plain ratio of op times).  The exported module's also holds what it adds to each operator it runs,
+    once each; each of the schedule's `recomputations` pays that again (``executor_op_s``: on a
+    launch-bound GPU an operator costs its launch, not only its kernel time).  Recomputations add their
+    measured op times; the fixed costs only scale the ratio, so no solver's choice depends on them
+    (solvers compare op times)."""
+    fixed = fixed_costs(graph, baseline_s)
+    eager = baseline_s + fixed["eager_fixed_s"]
+    executor = planned_s + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
+    return executor / eager if eager > 0 and executor > 0 else 1.0
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:

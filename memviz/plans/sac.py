@@ -6,8 +6,9 @@ Sequential: the repeated blocks) and, inside each, saves the outputs of a chosen
 (MUST_SAVE) and recomputes the rest.  Its schedule is `solvers.sac.sac_schedule`: the order and the
 frees non-reentrant checkpointing really has, so the plan's timeline is what `memviz.apply` runs.
 The per-block options are Rockmate's option menus (Sec. 4) reduced to what a per-op policy expresses.
-The menu's time counts what checkpointing itself costs on the device (`overheads`, measured once per
-process and device): the selective policy is Python in every op a region dispatches.
+The menu's time counts what checkpointing itself costs on the device (`overheads`: measured at profile
+time on one of the model's blocks by `checkpoint_costs`, so a plan is a function of its profile and
+budget): the selective policy is Python in every op a region dispatches.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import dataclasses
 import functools
 import math
 import operator
+import statistics
 import time
 import warnings
 from typing import Any
 
 from solvers import Graph, Phase, simulate
 from solvers.result import SolverStats
-from solvers.sac import EagerHolds, Overheads, Region, sac_schedule, solve_menu
+from solvers.sac import EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
 
 #: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
 #: node), so a policy can count them: the only ones a SAC plan may mark MUST_SAVE
@@ -90,100 +92,128 @@ def dispatched_counts(cap: Any, graph: Graph) -> dict[int, int]:
     return counts
 
 
-#: device -> (region, recompute, policy) seconds measured by `measured_overheads` in this process
-_MEASURED: dict[str, tuple[float, float, float]] = {}
+#: the version of the checkpointing costs a profile holds (``graph.meta["sac_costs"]``); a profile without
+#: them (or of another version) plans with none counted
+COSTS_VERSION = 1
+#: seconds `checkpoint_costs` may spend timing a block beyond its first `COST_ROUNDS` rounds, and its most
+#: rounds: a transformer block of bench_apply's runs in 10-20 ms on one CPU thread, so about 21 rounds;
+#: the floor keeps a profile of a slow model short (every training profile pays it)
+COST_BUDGET_S = 1.0
+COST_ROUNDS = 3
+COST_MAX_ROUNDS = 21
 
 
-def measured_overheads(device: Any) -> tuple[float, float, float]:
-    """What checkpointing costs on `device` beyond its ops' own times, in seconds: per region call, per
-    tensor a region saves, per op a selective region dispatches per pass (`solvers.sac.Overheads`).
-    Measured once per process and device on chains of k one-element ``sin`` (each saves its input):
-    eager, plain non-reentrant checkpointing and the selective policy `policy`, at two k (a line through
-    both gives the per-call and the per-op parts), the fastest of 15 interleaved runs, less the ops' own
-    forward (the simulated recomputation counts it)."""
+def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                     device: Any, repeats: int, warmup: int) -> dict[str, Any]:
+    """What `memviz.apply`'s checkpointing costs on `device` beyond the ops it runs, measured at profile
+    time (`memviz.profile`) so a sac plan is a function of its profile: the model's first checkpointable
+    block (`candidate_blocks`) with the arguments it gets in one eager forward (its KV cache off, as apply
+    runs a checkpointed layer), run alone (forward and backward of the sum of its outputs) as it is,
+    checkpointed by `memviz.apply` keeping nothing, and keeping its matmuls through the policy; medians
+    of interleaved rounds (`COST_ROUNDS` at least, more within `COST_BUDGET_S`; one round with
+    ``repeats=1``), turned into per-operator costs by `solvers.sac.calibrate`.  The model, its buffers
+    and the RNG streams are left as they were.  Graph metadata (plain numbers, saved with plans); empty
+    when the model has no checkpointable block."""
+    import copy
+
     import torch
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    import torch.utils._pytree as pytree
 
     from memviz.hardware import accelerator
+    from memviz.runtime.apply import ApplyWarning, _without_cache, wrap
 
-    key = str(device)
-    if key in _MEASURED:
-        return _MEASURED[key]
-
-    def chain(x: Any, k: int) -> Any:
-        for _ in range(k):
-            x = x.sin()
-        return x
-
-    def forward(x: Any, k: int) -> Any:
+    blocks = candidate_blocks(model, graph)
+    if not blocks:
+        return {}
+    path, ids, mm = blocks[0]
+    # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
+    keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
+    full, selective = Region(path, ids), Region(path, ids, keep)
+    called: list[tuple[Any, Any]] = []
+    handle = model.get_submodule(path).register_forward_pre_hook(
+        lambda _m, a, k: called.append((a, k)) if not called else None, with_kwargs=True)
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = accelerator.as_list(device)
+    try:
+        with accelerator.fork_rng(devices), torch.enable_grad():
+            model(*args, **(kwargs or {}))
+    finally:
+        handle.remove()
         with torch.no_grad():
-            chain(x, k)
-        return x.sum()
+            for b, saved in buffers:
+                b.copy_(saved)
+    # without a KV cache, as apply runs a checkpointed layer (the runs would append to one cache object)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ApplyWarning)
+        uncached = _without_cache(model.get_submodule(path), {}, *called[0])
+    block_args = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad and t.is_floating_point()),
+        uncached)
+    leaves = [t for t in pytree.tree_leaves(block_args) if isinstance(t, torch.Tensor) and t.requires_grad]
+    runs = {"eager": copy.deepcopy(model.get_submodule(path))}
+    for name, region in (("full", full), ("selective", selective)):
+        runs[name] = copy.deepcopy(runs["eager"])
+        wrap(runs[name], region_specs(graph, [region])[0])
 
-    def selective() -> Any:
-        return create_selective_checkpoint_contexts(functools.partial(policy, {}, {}))
+    def step(module: Any) -> None:
+        for t in (*leaves, *module.parameters()):
+            t.grad = None
+        out = module(*block_args[0], **block_args[1])
+        grads = [t.sum() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if grads:
+            torch.stack(grads).sum().backward()
 
-    runs = {
-        "forward": forward,
-        "eager": lambda x, k: chain(x, k),
-        "plain": lambda x, k: checkpoint(chain, x, k, use_reentrant=False),
-        "selective": lambda x, k: checkpoint(chain, x, k, use_reentrant=False, context_fn=selective),
-    }
-    x = torch.ones(1, device=device, requires_grad=True)
-    times: dict[tuple[str, int], list[float]] = {}
-    with torch.enable_grad():
-        for rep in range(16):
-            for k in (8, 40):
-                for name, run in runs.items():
-                    t = accelerator.timed(lambda run=run, k=k: run(x, k).backward(), device)[0]
-                    if rep:  # the first round warms up
-                        times.setdefault((name, k), []).append(t)
-    t = {key_: min(v) for key_, v in times.items()}  # the least disturbed run: machines are shared
-
-    def slope(a: str, b: str) -> float:
-        return ((t[a, 40] - t[b, 40]) - (t[a, 8] - t[b, 8])) / 32
-
-    forward_op = (t["forward", 40] - t["forward", 8]) / 32
-    saved = max(0.0, slope("plain", "eager") - forward_op)
-    region = max(0.0, t["plain", 8] - t["eager", 8] - 8 * (saved + forward_op))
-    # two passes over each op: the forward's caching mode and the recomputation's cached one
-    per_hop = max(0.0, slope("selective", "plain") / 2)
-    _MEASURED[key] = (region, saved, per_hop)
-    return _MEASURED[key]
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    least = COST_ROUNDS if repeats > 1 else 1
+    with warnings.catch_warnings(), accelerator.fork_rng(devices):
+        warnings.simplefilter("ignore", ApplyWarning)  # the cache turned off: apply says so when it runs
+        for _ in range(max(1, warmup)):
+            for module in runs.values():
+                step(module)
+        start = time.perf_counter()
+        while len(times["eager"]) < least or (len(times["eager"]) < COST_MAX_ROUNDS and repeats > 1
+                                              and time.perf_counter() - start < COST_BUDGET_S):
+            for name, module in runs.items():  # interleaved: a burst of load slows all three alike
+                times[name].append(accelerator.timed(functools.partial(step, module), device)[0])
+    median = {name: statistics.median(v) for name, v in times.items()}
+    costs = calibrate(graph, full, selective, eager_holds(cap), dispatched_counts(cap, graph),
+                      eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"])
+    return {"sac_costs": COSTS_VERSION, "sac_rerun_s": costs.rerun, "sac_policy_s": costs.policy,
+            "sac_block": path, "sac_block_eager_s": median["eager"], "sac_block_full_s": median["full"],
+            "sac_block_selective_s": median["selective"]}
 
 
 def overheads(prof: Any, graph: Graph) -> Overheads:
-    """`solvers.sac.Overheads` for a profile: measured on its device (`measured_overheads`), with its
-    capture's dispatched-operator counts; none on an estimated device (no Python runs there)."""
-    dev = prof.device
-    if dev.estimated or dev.per_graph:
+    """`solvers.sac.Overheads` of a profile: the per-operator costs `checkpoint_costs` measured when it was
+    made (in `graph`'s metadata), with its capture's dispatched-operator counts; none when not measured
+    (an estimated device, ``measure=False``, a profile from before they were, a model with no block)."""
+    meta = graph.meta
+    if meta.get("sac_costs") != COSTS_VERSION:
         return Overheads()
-    region, saved, per_hop = measured_overheads(dev.torch_device)
-    counts = dispatched_counts(prof.captured, graph)
-    return Overheads(region, saved, per_hop, rerun_per_op(prof.captured, graph), counts)
-
-
-def rerun_per_op(cap: Any, graph: Graph) -> float:
-    """Seconds of Python eager PyTorch spends per dispatched operator of a step beyond the op times
-    (``eager_fixed_s``, measured at profile time, over the captured program's operator calls): what a
-    recomputation pays again per operator for the module code around it; 0 when not measured."""
-    fixed = graph.meta.get("eager_fixed_s", 0.0)
-    if not isinstance(fixed, (int, float)) or isinstance(fixed, bool) or fixed <= 0:
-        return 0.0
-    calls = sum(1 for n in cap.gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
-    return float(fixed) / max(calls, 1)
+    return Overheads(_seconds(meta.get("sac_rerun_s")), _seconds(meta.get("sac_policy_s")),
+                     dispatched_counts(prof.captured, graph))
 
 
 def time_ratio(plan: Any) -> float:
     """A sac plan's predicted step time over eager's, as `memviz.apply` runs it: the schedule's op times
-    plus checkpointing's own costs (``overhead_s``), over the baseline's, each plus the Python eager
-    PyTorch spends per step beyond its ops (``eager_fixed_s``, measured at profile time; 0 if not, or if
-    it measured below 0: op times timed above the step, on a loaded machine)."""
+    plus checkpointing's own costs (``overhead_s``), over the baseline's, each plus what eager PyTorch
+    spends per step beyond its ops (``eager_fixed_s``, measured at profile time, as
+    `memviz.plans.planning.fixed_costs` counts it: the recomputation's costs were calibrated against the
+    same op times, `checkpoint_costs`)."""
+    from memviz.plans.planning import fixed_costs
+
     sac = plan.solver_stats.extra.get("sac")
-    fixed = _seconds(plan.graph.meta.get("eager_fixed_s"))
+    fixed = fixed_costs(plan.graph, plan.baseline.total_time)["eager_fixed_s"]
     extra = _seconds(sac.get("overhead_s") if isinstance(sac, dict) else None)
     eager = plan.baseline.total_time + fixed
     return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
+
+
+def _finite(value: Any) -> float:
+    """A number read from a plan (a loaded one is untrusted): a finite number, else 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return 0.0
+    return float(value) if math.isfinite(value) else 0.0
 
 
 def _seconds(value: Any) -> float:
@@ -282,8 +312,8 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
         # measured constants they come from
         "overhead_s": choice.overhead_s,
-        "costs": {"region_s": costs.region, "saved_s": costs.saved, "policy_s": costs.policy,
-                  "rerun_s": costs.rerun},
+        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy,
+                  "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
         "options": {name: o for (name, _, _), o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,

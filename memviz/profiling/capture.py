@@ -574,7 +574,8 @@ def detach_outputs(gm: torch.fx.GraphModule, indices: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def eager_attention_masks() -> Iterator[None]:
+def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = (),
+                          kwargs: dict[str, Any] | None = None) -> Iterator[None]:
     """Hugging Face builds the S x S causal mask only while exporting: eager skips it and calls SDPA with
     ``is_causal=True`` when no padding mask needs reading (``masking_utils._ignore_causal_mask_sdpa``),
     so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
@@ -587,12 +588,19 @@ def eager_attention_masks() -> Iterator[None]:
     mask then also changes the kernel: a grouped-query model repeats its keys and values instead of
     SDPA's ``enable_gqa``, so on CUDA in fp32 the capture ran memory-efficient attention while eager ran
     the math kernel (an H100 measured eager 1534 MiB against a 1110 MiB capture).  Both guards are
-    answered as eager answers them: no mask is not traced; a mask tensor still is."""
+    answered as eager answers them: no mask is not traced; a mask tensor still is.
+
+    Without a key/value cache (``use_cache=False``, training) both releases also look for packed
+    sequences in the position ids (``find_packed_sequence_indices``), which reads tensor values and so
+    under export always reports packing: the mask came back (Llama with ``use_cache=False`` on an H100:
+    eager 1233 MiB against a 889 MiB capture, and ``memviz.apply`` plans up to 24% over).  The answer is
+    eager's on the example (`model`, `args`, `kwargs`): position ids the model derives itself count
+    0, 1, 2... in every row (never packed); given ones are read when they hold real values."""
     mu = sys.modules.get("transformers.masking_utils")
     if mu is None:
         yield
         return
-    guards = ("is_torchdynamo_exporting", "is_tracing")
+    guards = ("is_torchdynamo_exporting", "is_tracing", "find_packed_sequence_indices")
     saved = {name: getattr(mu, name) for name in guards if hasattr(mu, name)}
     if "is_torchdynamo_exporting" in saved:
         mu.is_torchdynamo_exporting = lambda: False
@@ -600,11 +608,37 @@ def eager_attention_masks() -> Iterator[None]:
         is_tracing = saved["is_tracing"]
         # only an explicit None (no padding mask) changes: a bare is_tracing() may guard a data read
         mu.is_tracing = lambda *tensor: is_tracing(*tensor) if tensor != (None,) else False
+    if "find_packed_sequence_indices" in saved and not _packed_in_example(
+            saved["find_packed_sequence_indices"], model, args, kwargs):
+        mu.find_packed_sequence_indices = lambda position_ids: None
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(mu, name, fn)
+
+
+def _packed_in_example(find: Callable[[torch.Tensor], Any], model: nn.Module | None, args: Sequence[Any],
+                       kwargs: dict[str, Any] | None) -> bool:
+    """Whether eager Hugging Face finds packed sequences in the example's position ids (`find`, its
+    ``find_packed_sequence_indices``); True (the library's own traced answer) when that cannot be told:
+    no model, arguments that do not bind to its forward, or position ids without values (fake, meta)."""
+    if model is None:
+        return True
+    try:
+        bound = inspect.signature(model.forward).bind_partial(*args, **(kwargs or {}))
+    except (TypeError, ValueError):
+        return True
+    sig = bound.signature.parameters
+    extra = next((bound.arguments.get(n, {}) for n, prm in sig.items() if prm.kind is prm.VAR_KEYWORD), {})
+    given = bound.arguments.get("position_ids", extra.get("position_ids"))
+    if given is None:
+        return False  # derived from the cache position: 0, 1, 2... in every row
+    if not isinstance(given, torch.Tensor) or isinstance(given, torch._subclasses.FakeTensor) \
+            or given.device.type == "meta":
+        return True
+    with torch.no_grad():
+        return find(given) is not None
 
 
 def register_library_pytrees(model: nn.Module) -> None:
@@ -802,7 +836,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     try:
         with (grad_ctx, library_frames_in_stack_traces(), _quiet_data_dependent_logs(),
-              eager_attention_masks()):
+              eager_attention_masks(model, args, kwargs)):
             return _trace_joint(model, args, kwargs, mode, loss_fn, functions, contextlib.nullcontext())
     except CaptureError as err:
         if not _data_dependent(err):
@@ -812,7 +846,8 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move
     with _forked_rng(leaves):
         eager = eager_reads(model, args, kwargs)
-    with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), eager_attention_masks():
+    with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
+            eager_attention_masks(model, args, kwargs):
         return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
                             specialising_on_example_values(specialised, eager), specialised)
 

@@ -226,6 +226,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         if mode == "train" and cap.loss_compute is not None:
             fixed = step_fixed_costs(graph, cap, schedule, fp, model, args, kwargs, loss_fn,
                                      info.torch_device, repeats, warmup)
+            fixed.update(_checkpoint_costs(graph, cap, model, args, kwargs, info, repeats, warmup))
             graph = Graph(graph.computes, graph.datas, graph.outputs, name=graph.name,
                           meta={**graph.meta, **fixed})
     # after the measurements: the runtime node and the fixed costs are part of the graph it simulates
@@ -236,6 +237,24 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fp, captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+
+
+def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
+                      kwargs: dict[str, Any] | None, info: DeviceInfo, repeats: int,
+                      warmup: int) -> dict[str, Any]:
+    """`memviz.plans.sac.checkpoint_costs` on the graph eager autograd runs (a call up the flow: what
+    `memviz.apply` costs is measured with the profile, so sac plans do not time anything); a block that
+    cannot run alone is said in a `ProfileWarning` and sac plans then count no checkpointing costs."""
+    from memviz.plans.sac import checkpoint_costs
+
+    try:
+        return checkpoint_costs(summed_as_eager(graph), cap, model, args, kwargs, info.torch_device, repeats,
+                                warmup)
+    except Exception as err:  # noqa: BLE001 - any failure of the block run alone: plans count no costs
+        warnings.warn(ProfileWarning(
+            f"checkpointing's own costs could not be measured on one block run alone ({type(err).__name__}: "
+            f"{err}): strategy='sac' plans count only the ops they recompute"), stacklevel=3)
+        return {}
 
 
 def with_runtime(graph: Graph, nbytes: int) -> Graph:

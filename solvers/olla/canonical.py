@@ -26,9 +26,17 @@ the switch that names each rule in MiniMalloc's solver, src/solver.h):
 - *Decomposition* [dynamic_decomposition]: once no unplaced buffer crosses the boundary between two
   sections, the two sides are independent and are solved one after the other; a failure of either
   fails both.
-- *Preorders with restarts* [preordering_heuristics]: the static orders TAW, TWA and WAT
-  (descending by T = the largest unplaced total of a buffer's sections, A = area, W = lifetime
-  width) are tried in turn with a node limit that doubles each round.
+- *Preorders* [preordering_heuristics]: the static orders TAW, TWA and WAT (descending by T = the
+  largest unplaced total of a buffer's sections, A = area, W = lifetime width).  Which one needs the
+  fewest nodes differs by instance, often by 10-100x (on the challenging set A-K: TWA 4,920 nodes on A
+  where WAT needs 94,944; TAW 16,669 on B where the others pass 280,000).  MiniMalloc tries them in
+  turn with a node limit that doubles each round, restarting each search from scratch; here the three
+  searches are suspended and resumed instead (generators), taking turns of `SLICE_NODES` nodes, so no
+  node is visited twice and a fit costs about three times the best preorder's nodes (B: 81k nodes by
+  restarts, 50k resumed; E: 127k and 55k).  The turns are counted in nodes, so the search is the same
+  on any machine and under any load.  With several processes (`canonical_fit(processes=...)`) the
+  preorders race, one group each, and the answer is still fixed: that of the group needing the fewest
+  nodes (`_portfolio`), which costs about that group's nodes in wall time (E: 18k).
 
 The search is exact: "infeasible" is a proof, a placement is returned only after an independent
 overlap and capacity check (`solvers.olla.pack.validate_packing`), and the `Deadline` is checked at
@@ -39,14 +47,15 @@ over the buffers it overlaps and the sections they cover.
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from solvers.deadline import Deadline
+from solvers.deadline import Deadline, note_cut
 
 #: preorders tried in turn (MiniMalloc's defaults in the order TAW, TWA, WAT: fewest nodes on A-D)
 PREORDERS: tuple[str, ...] = ("TAW", "TWA", "WAT")
@@ -58,10 +67,17 @@ Outcome = Literal["fits", "infeasible", "out-of-time", "out-of-work"]
 #: many overlapping pairs the overlap lists are not kept (found by a vector test at each placement)
 MAX_SECTION_ENTRIES = 4_000_000
 
-#: seconds of search in the calling process before a portfolio of processes takes over
-SOLO_SECONDS = 0.25
+#: search nodes in the calling process before a portfolio of processes takes over (about 0.2 s)
+SOLO_NODES = 3 * 1024
+
+#: nodes a preorder's search runs before the next preorder's search takes its turn: large enough that
+#: resuming a suspended search (one step per frame of its depth) costs nothing next to the turn
+SLICE_NODES = 1024
 
 _BIG = np.iinfo(np.int64).max // 4  # the lowest offset of a placed buffer: never a candidate
+# the ufuncs' reductions called directly: ndarray.max / .min go through a Python wrapper, a
+# microsecond each, several times per node
+_max, _min = np.maximum.reduce, np.minimum.reduce
 
 
 @dataclass(frozen=True)
@@ -73,10 +89,6 @@ class CanonicalResult:
     outcome: Outcome
     offsets: tuple[int, ...] | None
     nodes: int
-
-
-class _Abort(Exception):
-    """The node limit of this round ran out."""
 
 
 class _OutOfTime(Exception):
@@ -95,9 +107,10 @@ class _Instance:
         self.lo = np.searchsorted(ends, start, side="right")
         self.hi = np.searchsorted(ends, end, side="left") + 1
         self.sections = len(ends)
+        self.spans = list(zip(self.lo.tolist(), self.hi.tolist(), strict=True))  # Python ints, read per node
+        self.sizes = self.size.tolist()
         spans = self.hi - self.lo
         self.members: np.ndarray | None = None  # None: too large to list (no unplaced-floor inference)
-        self.reach = list(zip(self.lo.tolist(), self.hi.tolist(), strict=True))
         # overlaps[b]: the buffers alive together with b, b included (they share a section); kept
         # while small, else found by a vector test at each placement
         self.overlaps: list[np.ndarray] | None = None
@@ -108,11 +121,9 @@ class _Instance:
             section = np.arange(buffer.size) - np.repeat(np.cumsum(spans) - spans, spans) + self.lo[buffer]
             self.members = buffer[np.argsort(section, kind="stable")]
             self.first = np.concatenate(([0], np.cumsum(np.bincount(section, minlength=self.sections))))
-            # reach[b]: the sections of b and of every buffer alive together with it
             overlaps, kept = [], 0
-            for b, (lo, hi) in enumerate(self.reach):
+            for lo, hi in zip(self.lo.tolist(), self.hi.tolist(), strict=True):
                 near = ((self.lo < hi) & (self.hi > lo)).nonzero()[0]
-                self.reach[b] = (int(self.lo[near].min()), int(self.hi[near].max()))
                 overlaps.append(near)
                 kept += near.size
             self.overlaps = overlaps if kept <= MAX_SECTION_ENTRIES else None
@@ -120,7 +131,20 @@ class _Instance:
         self.area = self.size * self.width
 
 
-def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+@functools.lru_cache(maxsize=1)
+def _instance(buffers: tuple[tuple[int, int, int], ...]) -> _Instance:
+    """The sections of `buffers`, kept for the next call (until `clear_cache`): `pack` asks about the
+    same buffers at several capacities in turn, and building the overlap lists is quadratic (0.3-0.7 s
+    at 4k buffers, outside any search's deadline).  The search only reads it."""
+    return _Instance(buffers)
+
+
+def clear_cache() -> None:
+    """Drop the kept sections (tens of MB at 10k buffers): `pack` calls this when it returns."""
+    _instance.cache_clear()
+
+
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """max(values[lo[i]:hi[i]]) for every i (each range non-empty), by a sparse table: the max over
     the two power-of-two windows that cover each range."""
     table = [values]
@@ -135,15 +159,20 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
     return out
 
 
-class _Search:
-    """One round of the depth-first search under one preorder and a node limit."""
+#: a part of a resumable search: yields (nothing) when its turn is over; returns whether it placed its part
+_Run = Generator[None, None, bool]
 
-    def __init__(self, inst: _Instance, capacity: int, preorder: str, node_limit: int,
-                 deadline: Deadline) -> None:
+
+class _Search:
+    """The depth-first search under one preorder, suspended (it yields) each time its visited `nodes`
+    reach `pause_at`, and resumed by whoever drives it (`_interleave`)."""
+
+    def __init__(self, inst: _Instance, capacity: int, preorder: str, deadline: Deadline) -> None:
         self.inst = inst
         self.capacity = capacity
         self.preorder = preorder
-        self.nodes_left = node_limit
+        self.nodes = 0
+        self.pause_at = 0
         self.deadline = deadline
         n = len(inst.size)
         self.solution = [-1] * n
@@ -161,10 +190,11 @@ class _Search:
         np.add.at(cuts, inst.hi - 1, -1)
         self.cuts = np.cumsum(cuts)[: max(inst.sections - 1, 0)]
 
-    def solve(self) -> list[int] | None:
+    def solve(self) -> Generator[None, None, list[int] | None]:
+        """The search (a generator: see `_interleave`): the offsets, or None when none fits."""
         everyone = np.arange(len(self.inst.size))
         for members, s0, s1 in self._split(everyone, 0, self.inst.sections, np.flatnonzero(self.cuts == 0)):
-            if not self._subsolve(members, s0, s1):
+            if not (yield from self._subsolve(members, s0, s1)):
                 return None
         return self.solution
 
@@ -180,11 +210,11 @@ class _Search:
                 parts.append((group, a, z))
         return parts
 
-    def _subsolve(self, members: np.ndarray, s0: int, s1: int) -> bool:
+    def _subsolve(self, members: np.ndarray, s0: int, s1: int) -> _Run:
         """A fresh canonical search of one independent part, preordered by its current totals."""
         inst = self.inst
         keys = {
-            "T": _range_max(self.total, inst.lo[members], inst.hi[members]),
+            "T": range_max(self.total, inst.lo[members], inst.hi[members]),
             "A": inst.area[members],
             "W": inst.width[members],
         }
@@ -192,13 +222,13 @@ class _Search:
         order = members[np.lexsort((members, *(-keys[c] for c in reversed(self.preorder))))]
         rank = np.empty(len(inst.size) + 1, dtype=np.int64)
         rank[order] = np.arange(order.size)
-        return self._search(order, rank, s0, s1, 0, -1)
+        return (yield from self._search(order, rank, s0, s1, 0, -1))
 
     def _search(self, order: np.ndarray, rank: np.ndarray, s0: int, s1: int, last_off: int,
-                last_rank: int) -> bool:
-        self.nodes_left -= 1
-        if self.nodes_left < 0:
-            raise _Abort
+                last_rank: int) -> _Run:
+        self.nodes += 1
+        if self.nodes > self.pause_at:
+            yield  # this search's turn is over; the driver resumes it here
         if self.deadline.expired("olla: canonical packing search"):
             raise _OutOfTime
         offs = self.min_off[order]
@@ -209,8 +239,8 @@ class _Search:
         # dominance: nothing goes at or above the lowest top an unplaced buffer can reach (it would
         # fit in the gap below); inference: all later offsets are >= off, so every section of the
         # part must hold its unplaced total above off
-        ceiling = min(int((offs + self.inst.size[todo]).min()),
-                      self.capacity - int(self.total[s0:s1].max()) + 1)
+        ceiling = min(int(_min(offs + self.inst.size[todo])),
+                      self.capacity - int(_max(self.total[s0:s1])) + 1)
         # canonical: (offset, preorder rank) never goes down; one key orders both (ranks < n)
         n = self.min_off.size
         key = offs * n + rank[todo]
@@ -221,7 +251,7 @@ class _Search:
         for first in range(0, by.size, 32):
             chunk = by[first : first + 32]
             for b, off in zip(todo[chunk].tolist(), offs[chunk].tolist(), strict=True):
-                found, hatless = self._place(b, off, order, rank, s0, s1)
+                found, hatless = yield from self._place(b, off, order, rank, s0, s1)
                 if found:
                     return True
                 if hatless:
@@ -229,13 +259,13 @@ class _Search:
         return False
 
     def _place(self, b: int, off: int, order: np.ndarray, rank: np.ndarray, s0: int,
-               s1: int) -> tuple[bool, bool]:
+               s1: int) -> Generator[None, None, tuple[bool, bool]]:
         """Place `b` at `off`, search on, undo: (a placement of the part was found, b is hatless:
         no unplaced buffer overlaps it)."""
         inst, min_off, floor, total = self.inst, self.min_off, self.floor, self.total
-        z = int(inst.size[b])
+        z = inst.sizes[b]
         top = off + z
-        lo, hi = int(inst.lo[b]), int(inst.hi[b])
+        lo, hi = inst.spans[b]
         min_off[b] = _BIG
         self.solution[b] = off
         # the unplaced buffers alive together with b (they share a section); those below b's top rise
@@ -245,9 +275,16 @@ class _Search:
         below = was < top
         raised, old = near[below], was[below]
         min_off[raised] = top
-        # the sections whose floor can move: those of b and of every buffer overlapping it, within this
-        # part (beyond it lie parts solved on their own, whose offsets start again from 0)
-        a0, a1 = max(inst.reach[b][0], s0), min(inst.reach[b][1], s1)
+        # the sections whose floor can move: those of b and of the buffers it raised (the lowest offset
+        # of their other members is unchanged), within this part (beyond it lie parts solved on their
+        # own, whose offsets start again from 0).  Elsewhere neither floor nor total moved, so the
+        # inference below held there at the parent node and still holds (the ceiling of `_search`
+        # keeps off + total <= capacity in every section of the part).
+        if raised.size:
+            a0 = max(min(lo, int(_min(inst.lo[raised]))), s0)
+            a1 = min(max(hi, int(_max(inst.hi[raised]))), s1)
+        else:
+            a0, a1 = lo, hi
         saved = floor[a0:a1].copy()
         floor[lo:hi] = top
         total[lo:hi] -= z
@@ -260,93 +297,121 @@ class _Search:
             new = np.maximum(new, np.where(lowest < _BIG, lowest, 0))
             floor[a0:a1] = new
         # inference: each section's unplaced buffers stack above its floor (and above off)
-        found = int((np.maximum(new, off) + total[a0:a1]).max()) <= self.capacity and self._descend(
-            b, off, order, rank, s0, s1)
+        found = int(_max(np.maximum(new, off) + total[a0:a1])) <= self.capacity and (
+            yield from self._descend(b, off, order, rank, s0, s1))
         floor[a0:a1] = saved
         total[lo:hi] += z
         min_off[raised] = old
         min_off[b] = off
-        return found, bool((was == _BIG).all())  # b's own entry was _BIG too
+        return found, not found and int(_min(was)) == _BIG  # b's own entry was _BIG too
 
-    def _descend(self, b: int, off: int, order: np.ndarray, rank: np.ndarray, s0: int, s1: int) -> bool:
+    def _descend(self, b: int, off: int, order: np.ndarray, rank: np.ndarray, s0: int, s1: int) -> _Run:
         """Go on in the same part, or in each independent part once `b` was the last buffer joining
         two sections (decomposition)."""
-        lo, hi = int(self.inst.lo[b]), int(self.inst.hi[b])
+        lo, hi = self.inst.spans[b]
         cuts = self.cuts[lo : hi - 1]
         cuts -= 1
         try:
             cutpoints = (cuts == 0).nonzero()[0]
             if not cutpoints.size:
-                return self._search(order, rank, s0, s1, off, int(rank[b]))
+                return (yield from self._search(order, rank, s0, s1, off, int(rank[b])))
             left = order[self.min_off[order] < _BIG]
             for members, a, z in self._split(left, s0, s1, cutpoints + lo):
-                if not self._subsolve(members, a, z):
+                if not (yield from self._subsolve(members, a, z)):
                     return False
             return True
         finally:
             cuts += 1
 
 
-def _round_robin(inst: _Instance, capacity: int, preorders: Sequence[str],
-                 deadline: Deadline, max_nodes: int | None = None) -> tuple[Outcome, list[int] | None, int]:
-    """The preorders in turn, each with a node limit that doubles every round (as MiniMalloc does; a
-    single preorder gets no limit), `max_nodes` in all (None: no limit; "out-of-work" past it):
-    (outcome, offsets of the instance's buffers or None, nodes)."""
+def _interleave(inst: _Instance, capacity: int, preorders: Sequence[str], deadline: Deadline,
+                max_nodes: int | None = None, progress: Any = None,
+                slot: int = 0) -> tuple[Outcome, list[int] | None, int]:
+    """One search per preorder, taking turns of `SLICE_NODES` nodes (each resumed where its last turn
+    ended) until one fits or proves the instance infeasible (each search is complete, so either
+    settles it), `max_nodes` in all (None: no limit; "out-of-work" past it): (outcome, offsets of the
+    instance's buffers or None, nodes).  `progress[slot]` (a shared array, in a portfolio) is set to
+    the nodes visited after every turn."""
     total = sys.maxsize // 4 if max_nodes is None else max_nodes
-    limit = len(inst.size) if len(preorders) > 1 else total
+    searches = [_Search(inst, capacity, name, deadline) for name in preorders]
+    runs = [search.solve() for search in searches]
     nodes = 0
     old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 10 * len(inst.size) + 1000))  # three frames per placed buffer
+    # four frames per placed buffer (search, place, descend and the generator machinery between them)
+    sys.setrecursionlimit(max(old, 20 * len(inst.size) + 1000))
     try:
         while True:
-            limit *= 2
-            for name in preorders:
+            for search, run in zip(searches, runs, strict=True):
                 if nodes >= total:
                     return "out-of-work", None, nodes
-                allowed = min(limit, total - nodes)
-                search = _Search(inst, capacity, name, allowed, deadline)
+                before = search.nodes
+                search.pause_at = before + min(SLICE_NODES, total - nodes)
                 try:
-                    found = search.solve()
-                except _Abort:
-                    nodes += allowed
-                    continue
+                    next(run)
+                except StopIteration as done:
+                    nodes += search.nodes - before
+                    return ("infeasible" if done.value is None else "fits"), done.value, nodes
                 except _OutOfTime:
-                    return "out-of-time", None, nodes + allowed - search.nodes_left
-                nodes += allowed - search.nodes_left
-                return ("infeasible" if found is None else "fits"), found, nodes
+                    return "out-of-time", None, nodes + search.nodes - before
+                nodes += search.nodes - before
+                if progress is not None:
+                    progress[slot] = nodes
     finally:
+        for run in runs:
+            run.close()
         sys.setrecursionlimit(old)
 
 
-def _worker(inst: _Instance, capacity: int, preorders: Sequence[str], at: float, queue: Any) -> None:
-    queue.put(_round_robin(inst, capacity, preorders, Deadline(at)))
+def _worker(inst: _Instance, capacity: int, preorders: Sequence[str], at: float, max_nodes: int | None,
+            progress: Any, slot: int, queue: Any) -> None:
+    queue.put((slot, *_interleave(inst, capacity, preorders, Deadline(at), max_nodes, progress, slot)))
 
 
 def _portfolio(inst: _Instance, capacity: int, preorders: Sequence[str], deadline: Deadline,
-               processes: int) -> tuple[Outcome, list[int] | None, int]:
-    """`_round_robin` over disjoint groups of the preorders in `processes` forked processes; the first
-    fit or proof wins and the others are stopped.  Each preorder's search is complete, so any
-    process's "infeasible" is a proof."""
+               processes: int, max_nodes: int | None) -> tuple[Outcome, list[int] | None, int]:
+    """`_interleave` over disjoint groups of the preorders in `processes` forked processes, each with
+    its share of `max_nodes`: (outcome, offsets, nodes of the group that settled it).
+
+    Deterministic although the processes race: the answer is that of the group that settles the
+    instance in the fewest nodes (ties: the first group), which is known once every other group has
+    either finished or gone past that many nodes without settling it (each group's search is the same
+    on any machine, and each publishes its node count after every turn).  Each preorder's search is
+    complete, so a group's "infeasible" is a proof."""
     import multiprocessing
     import queue as queues
 
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(inst, capacity, preorders[k::processes], deadline.at, results),
-                         daemon=True) for k in range(processes)]
+    progress = ctx.Array("q", processes, lock=False)  # nodes each group has visited so far
+    groups = [preorders[k::processes] for k in range(processes)]
+    # each group's share of the work
+    budgets = [None if max_nodes is None else max_nodes * len(g) // len(preorders) for g in groups]
+    procs = [ctx.Process(target=_worker, args=(inst, capacity, group, deadline.at, budget, progress, k,
+                                               results), daemon=True)
+             for k, (group, budget) in enumerate(zip(groups, budgets, strict=True))]
     for proc in procs:
         proc.start()
-    nodes = 0
+    done: dict[int, tuple[Outcome, list[int] | None, int]] = {}
     try:
-        for _ in procs:
+        while True:
+            settled = sorted((nodes, k) for k, (outcome, _, nodes) in done.items()
+                             if outcome in ("fits", "infeasible"))
+            if settled and all(k in done or progress[k] > settled[0][0] for k in range(processes)):
+                return done[settled[0][1]]
+            if len(done) == processes:  # none settled it: every group ran out of work
+                return "out-of-work", None, max(nodes for _, _, nodes in done.values())
             try:
-                outcome, found, visited = results.get(timeout=deadline.left() + 1.0)
+                k, outcome, found, nodes = results.get(timeout=0.01 if settled else deadline.left() + 1.0)
             except queues.Empty:
-                break  # a worker died or overran: what is known is that nothing was found in time
-            nodes += visited
-            if outcome != "out-of-time":
-                return outcome, found, nodes
-        return "out-of-time", None, nodes
+                if settled and not deadline.passed():
+                    continue  # waiting for the other groups to pass the winner's node count
+                k, outcome, found, nodes = -1, "out-of-time", None, 0  # overran, or a worker died
+            if outcome == "out-of-time":
+                # the clock stopped a group (recorded in the worker, lost with it): the fewest-nodes
+                # answer among those that came may not be the one a faster machine would give
+                note_cut("olla: canonical packing search")
+                return done[settled[0][1]] if settled else ("out-of-time", None, nodes)
+            done[k] = (outcome, found, nodes)
     finally:
         for proc in procs:
             proc.terminate()
@@ -358,13 +423,15 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
                   *, preorders: Sequence[str] = PREORDERS, processes: int = 1,
                   max_nodes: int | None = None) -> CanonicalResult:
     """Offsets with every ``offset + size <= capacity`` and no two time-overlapping buffers sharing an
-    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time; or, in
-    one process, out of work (`max_nodes` search nodes: a bound that is the same on any machine).
+    address, by MiniMalloc's canonical search; or a proof that none exists; or out of time; or out of
+    work (`max_nodes` search nodes, shared by the processes: a bound that is the same on any machine).
 
     With `processes` > 1 (and where processes can be forked), an instance not settled within
-    `SOLO_SECONDS` in this process goes to that many processes racing each other over the preorders
-    (a portfolio: one preorder often needs 10x fewer nodes than another, and which one differs by
-    instance; the first seconds in-process spare easy instances the cost of forking).  Zero-size
+    `SOLO_NODES` in this process goes to that many processes, each searching its share of the
+    preorders with `max_nodes` (a portfolio: one preorder often needs 10x fewer nodes than another,
+    and which one differs by instance; the first nodes in-process spare easy instances the cost of
+    forking).  For a given `processes` the answer is the same on any machine and under any load
+    (`_portfolio`); the `nodes` of a portfolio are those of the group that settled it.  Zero-size
     buffers get offset 0.  Offsets are checked by `validate_packing` before they are returned (a
     failed check is a bug and raises)."""
     import multiprocessing
@@ -379,18 +446,17 @@ def canonical_fit(buffers: Sequence[tuple[int, int, int]], capacity: int, deadli
         return CanonicalResult("fits", tuple(0 for _ in buffers), 0)
     if capacity >= _BIG // (len(sub) + 1):  # the search's (offset, rank) keys must fit in int64
         raise ValueError(f"capacity {capacity} is too large for {len(sub)} buffers")
-    inst = _Instance(sub)  # type: ignore[arg-type]
-    if int(_Search(inst, capacity, preorders[0], 1, deadline).total.max()) > capacity:
+    inst = _instance(tuple(sub))  # type: ignore[arg-type]
+    if int(_Search(inst, capacity, preorders[0], deadline).total.max()) > capacity:
         return CanonicalResult("infeasible", None, 0)
     processes = min(processes, len(preorders))
     if processes > 1 and "fork" in multiprocessing.get_all_start_methods():
-        solo = Deadline(min(deadline.at, Deadline.after(SOLO_SECONDS).at))
-        outcome, found, nodes = _round_robin(inst, capacity, preorders, solo)
-        if outcome == "out-of-time":
-            outcome, found, more = _portfolio(inst, capacity, preorders, deadline, processes)
-            nodes += more
+        solo = SOLO_NODES if max_nodes is None else min(SOLO_NODES, max_nodes)
+        outcome, found, nodes = _interleave(inst, capacity, preorders, deadline, solo)
+        if outcome == "out-of-work" and solo != max_nodes:
+            outcome, found, nodes = _portfolio(inst, capacity, preorders, deadline, processes, max_nodes)
     else:
-        outcome, found, nodes = _round_robin(inst, capacity, preorders, deadline, max_nodes)
+        outcome, found, nodes = _interleave(inst, capacity, preorders, deadline, max_nodes)
     if found is None:
         return CanonicalResult(outcome, None, nodes)
     offsets = [0] * len(buffers)

@@ -7,16 +7,17 @@ lifetimes intersect never share an address; its peak is ``max(offset + size)``. 
 *max-live lower bound* (the largest total size alive at one step), and fragmentation is
 ``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
 
-Method: greedy best fit (TFLite's GreedyBySize, and the same placement rule in lifetime and area
-order) gives an incumbent (its first pass keeps the time limit: what it has not placed by then is
-stacked by an O(n log n) sweep); when it does not meet the target (the capacity, else the lower bound),
-MiniMalloc's canonical search (`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the
-exact model (NoOverlap2D over fixed time intervals and variable address intervals), warm-started
-from the best offsets, in the time left.  Two exact reductions shrink the model: buffers alive over
-the whole horizon go to the bottom (removing such a buffer's address range from any packing and
-stacking it below keeps the packing valid with the same peak), and the rest splits at steps no
-buffer crosses into independent segments.  Offsets are integer solver values, never floats (OLLA's
-tool truncated floats and produced overlapping plans); `validate_packing` checks every result independently.
+Method: greedy best fit (first in MiniMalloc's TAW preorder, Sec. 5: the buffers alive at the
+busiest steps first; then TFLite's GreedyBySize order, lifetime and area) gives an incumbent (its
+first pass keeps the time limit: what it has not placed by then is stacked by an O(n log n) sweep);
+when it does not meet the target (the capacity, else the lower bound), MiniMalloc's canonical search
+(`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the exact model (NoOverlap2D over
+fixed time intervals and variable address intervals), warm-started from the best offsets, in the
+time left.  Two exact reductions shrink the model: buffers alive over the whole horizon go to the
+bottom (removing such a buffer's address range from any packing and stacking it below keeps the
+packing valid with the same peak), and the rest splits at steps no buffer crosses into independent
+segments.  Offsets are integer solver values, never floats (OLLA's tool truncated floats and
+produced overlapping plans); `validate_packing` checks every result independently.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from typing import Any, Literal
 
 from solvers.deadline import Deadline, limit_cp_sat, note_cp_sat_cut, note_cut, timed_out
 from solvers.ir import Graph
-from solvers.olla.canonical import canonical_fit
+from solvers.olla.canonical import canonical_fit, clear_cache, range_max
 from solvers.schedule import Step
 from solvers.simulate import simulate
 
 Buffer = tuple[int, int, int]  # (start, end, size): alive during [start, end)
-GreedyOrder = Literal["size", "lifetime", "area"]
-GREEDY_ORDERS: tuple[GreedyOrder, ...] = ("size", "lifetime", "area")
+GreedyOrder = Literal["taw", "size", "lifetime", "area"]
+#: the first gets most of the time (`_greedy_segments`): MiniMalloc's TAW preorder, whose best fit met the
+#: max-live bound on a 4.9k-buffer training schedule where greedy by size stayed 2.2% above it
+GREEDY_ORDERS: tuple[GreedyOrder, ...] = ("taw", "size", "lifetime", "area")
 
 
 class PackingError(ValueError):
@@ -209,9 +212,10 @@ def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
 
 
 def greedy_pack(buffers: Sequence[Buffer], order: GreedyOrder = "size") -> tuple[list[int], int]:
-    """Best-fit placement in a fixed order (TFLite GreedyBySize for ``"size"``): each buffer goes into
-    the smallest gap between already placed, lifetime-overlapping buffers that holds it, else on top
-    of them.  Returns (offsets, peak)."""
+    """Best-fit placement in a fixed order (TFLite GreedyBySize for ``"size"``; ``"taw"``: MiniMalloc's
+    preorder, the buffers alive at the busiest steps first, `_busiest`): each buffer goes into the
+    smallest gap between already placed, lifetime-overlapping buffers that holds it, else on top of
+    them.  Returns (offsets, peak)."""
     placed = _greedy(buffers, order, None)
     assert placed is not None  # no deadline: always completes
     return placed
@@ -230,7 +234,10 @@ def _greedy(
     that way; OLLA Sec. 4.2 needs an incumbent fast, whatever the size)."""
     import numpy as np
 
+    busiest = _busiest(buffers) if order == "taw" else []
     keys = {
+        "taw": lambda i: (-busiest[i], -(buffers[i][1] - buffers[i][0]) * buffers[i][2],
+                          -(buffers[i][1] - buffers[i][0]), i),
         "size": lambda i: (-buffers[i][2], buffers[i][0], i),
         "lifetime": lambda i: (-(buffers[i][1] - buffers[i][0]), -buffers[i][2], i),
         "area": lambda i: (-(buffers[i][1] - buffers[i][0]) * buffers[i][2], i),
@@ -270,6 +277,23 @@ def _greedy(
     return offsets, peak
 
 
+def _busiest(buffers: Sequence[Buffer]) -> list[int]:
+    """Per buffer, the largest total size alive at one step of its lifetime (MiniMalloc's T, Sec. 5:
+    the buffers that make the max-live bound go first, so best fit packs them tight).  The total is
+    largest at some buffer's start, so only starts are summed; a sparse-table range max per buffer."""
+    import numpy as np
+
+    if not buffers:
+        return []
+    start, end, size = (np.array(c, dtype=np.int64) for c in zip(*buffers, strict=True))
+    points = np.unique(start)
+    lo, hi = np.searchsorted(points, start), np.searchsorted(points, end)  # alive at points[lo:hi]
+    change = np.zeros(points.size + 1, dtype=np.int64)
+    np.add.at(change, lo, size)
+    np.add.at(change, hi, -size)
+    return range_max(np.cumsum(change)[:-1], lo, hi).tolist()
+
+
 def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
     """Split `ids` where no buffer's lifetime crosses a step boundary: segments pack independently."""
     groups: list[list[int]] = []
@@ -293,8 +317,10 @@ def _greedy_segments(
     gets 80% of the time left (the rest is for the search and the final `validate_packing`); when
     that runs out, the buffers it has not placed are stacked above the others (a valid placement,
     returned in time, whatever its peak).  The other orders only run while `deadline`, less the first
-    pass's time (left to the search), has not passed."""
+    pass's time (left to the search), has not passed, and while some segment is above its max-live
+    bound (nothing beats a placement at the bound)."""
     sub = [buffers[i] for i in ids]
+    bounds = [max_live([buffers[i] for i in seg]) for seg in segments]
     pos = {i: k for k, i in enumerate(ids)}
     best: list[tuple[list[int], int]] | None = None
     first = 0.0
@@ -316,6 +342,8 @@ def _greedy_segments(
             if best is None
             else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
         )
+        if all(peak <= bound for (_, peak), bound in zip(best, bounds, strict=True)):
+            break
     return best or []
 
 
@@ -335,6 +363,10 @@ CP_SAT_MAX_BUFFERS = 800
 #: canonical search nodes per target, and CP-SAT's deterministic time per segment
 CANONICAL_NODES = 20_000
 CP_SAT_WORK = 2.0
+#: canonical search nodes for the whole instance when a capacity is given (the decision problem
+#: MiniMalloc solves): its challenging set needs up to 54k in one process (E: three preorders' searches
+#: in turn), and up to 18k per preorder raced in three processes (a third of this each)
+FIT_NODES = 160_000
 
 
 def _cp_sat(
@@ -446,10 +478,19 @@ def pack(
     Without `capacity`: minimise the peak within `time_limit` seconds.  With `capacity`: find a
     placement with peak <= capacity (stopping at the first one) or raise `PackingError` saying the
     smallest peak found and the lower bound.  Never returns a packing `validate_packing` rejects.
-    Each search is bounded by counted work (`CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs one worker),
-    `time_limit` is the safety cap.  `processes`: forked processes racing in the canonical search (at
-    most one per preorder; the first to finish wins, so only 1, in this process, is deterministic).
+    Each search is bounded by counted work (`FIT_NODES`, `CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs
+    one worker), `time_limit` is the safety cap.  `processes`: forked processes sharing the canonical
+    search's preorders (at most one per preorder; for a given count the answer is the same on any
+    machine, `solvers.olla.canonical._portfolio`).
     """
+    try:
+        return _pack(buffers, capacity, time_limit, processes)
+    finally:
+        clear_cache()  # the canonical search's sections of these buffers: not needed past this call
+
+
+def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: float,
+          processes: int) -> Packing:
     started = time.perf_counter()
     deadline = started + time_limit
     bufs = _check_buffers(buffers)
@@ -484,7 +525,7 @@ def pack(
         # searched one by one under reordered preorders, did not within 30 s (E of the set)
         whole = canonical_fit(
             bufs, capacity, Deadline.after(0.85 * (deadline - time.perf_counter())), processes=processes,
-            max_nodes=CANONICAL_NODES,
+            max_nodes=FIT_NODES,
         )
     if whole is not None and whole.outcome == "infeasible":
         raise PackingError(
@@ -553,7 +594,10 @@ def pack(
         capacity=capacity,
         # how each searched segment ended: canonical, canonical-infeasible, cp-sat, greedy (searched,
         # nothing better found) or out-of-time (no time left to search: greedy kept)
-        extra={"bound": bound, "spanning_buffers": len(spanning), "segments": statuses},
+        extra={"bound": bound, "spanning_buffers": len(spanning), "segments": statuses,
+               # canonical search nodes of the whole-instance fit (capacity given; 0 when greedy fitted):
+               # the search's work, the same on any machine
+               "fit_nodes": whole.nodes if whole is not None else 0},
     )
 
 

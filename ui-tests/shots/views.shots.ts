@@ -1,11 +1,13 @@
 /**
  * Screenshots of every view of a plan at a given size, to look at (issue 18: "screenshots of every
  * view at 12 layers and at 5k ops are looked at").  Not a test: nothing is asserted beyond the views
- * being drawn.  MEMVIZ_SHOTS_NOTEBOOKS: comma-separated notebook paths, each showing a plan document
- * (first output) and a Planner (second); MEMVIZ_SHOTS_OUT: the folder the PNGs go to.
+ * being drawn.  MEMVIZ_SHOTS_NOTEBOOKS: comma-separated notebook paths, each showing either a plan
+ * document (first output) and a Planner (second), or a ChunkEditor, or a WhatIf; MEMVIZ_SHOTS_REPORTS:
+ * comma-separated offline report files (`memviz report`); MEMVIZ_SHOTS_OUT: the folder the PNGs go to.
  */
 import { expect, test } from '@jupyterlab/galata';
 import * as path from 'path';
+import { pathToFileURL } from 'url';
 
 import { SETTINGS, openAndRunAll } from '../tests/helpers';
 
@@ -13,6 +15,31 @@ test.use({ mockSettings: SETTINGS, viewport: { width: 1280, height: 1400 } });
 
 const OUT = process.env.MEMVIZ_SHOTS_OUT ?? 'shots';
 const NOTEBOOKS = (process.env.MEMVIZ_SHOTS_NOTEBOOKS ?? '').split(',').filter(s => s);
+const REPORTS = (process.env.MEMVIZ_SHOTS_REPORTS ?? '').split(',').filter(s => s);
+
+for (const report of REPORTS) {
+  const name = path.basename(report, '.html');
+  test(`views of the report ${name}`, async ({ context }) => {
+    test.setTimeout(600000);
+    // a plain page: galata's own resolves every address against JupyterLab's
+    const page = await context.newPage();
+    await page.setViewportSize({ width: 1280, height: 1000 });
+    await page.goto(pathToFileURL(report).href);
+    const view = page.locator('.jp-memviz-plan');
+    await expect(view.locator('.js-plotly-plot').first()).toBeVisible({ timeout: 300000 });
+    await page.screenshot({ path: path.join(OUT, `${name}-report-memory.png`), fullPage: true });
+    await view.locator('.jp-memviz-tab[data-tab="Packing"]').click();
+    await expect(view.locator('.jp-memviz-tabpanel[data-tab="Packing"] image').first()).toBeAttached({
+      timeout: 120000
+    });
+    await page.screenshot({ path: path.join(OUT, `${name}-report-packing.png`) });
+    await view.locator('.jp-memviz-tab[data-tab="Graph"]').click();
+    const graph = view.locator('.jp-memviz-graph');
+    await expect(graph.locator('svg')).toBeVisible({ timeout: 300000 });
+    await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 300000 });
+    await page.screenshot({ path: path.join(OUT, `${name}-report-graph.png`) });
+  });
+}
 
 for (const notebook of NOTEBOOKS) {
   const name = path.basename(notebook, '.ipynb');
@@ -22,11 +49,32 @@ for (const notebook of NOTEBOOKS) {
     const shot = (el: ReturnType<typeof page.locator>, file: string) =>
       el.screenshot({ path: path.join(OUT, `${name}-${file}.png`) });
     const editor = page.locator('.jp-memviz-chunk-editor .js-plotly-plot');
+    const whatif = page.locator('.jp-memviz-whatif');
     await expect(
-      page.locator('.jp-memviz-plan, .jp-memviz-chunk-editor .js-plotly-plot').first()
+      page
+        .locator(
+          '.jp-memviz-plan, .jp-memviz-chunk-editor .js-plotly-plot, .jp-memviz-whatif .js-plotly-plot'
+        )
+        .first()
     ).toBeVisible({
       timeout: 1100000
     });
+    if (await whatif.count()) {
+      // a WhatIf: the first configuration, then it and two more pinned side by side (recompute
+      // selective and full: any TP degree is refused for GPT-2's own vocabulary of 50257)
+      await whatif.scrollIntoViewIfNeeded();
+      await shot(whatif, 'whatif');
+      const rows = whatif.locator('.jp-memviz-whatif-row');
+      for (const recompute of ['selective', 'full']) {
+        const count = await rows.count();
+        await whatif.locator('.jp-memviz-whatif-pin').click({ timeout: 60000 });
+        await expect(rows).toHaveCount(count + 1, { timeout: 60000 });
+        await whatif.locator('.jp-memviz-whatif-recompute').selectOption(recompute, { timeout: 60000 });
+        await expect(rows.last()).toContainText(`recompute ${recompute}`, { timeout: 60000 });
+      }
+      await shot(whatif, 'whatif-compare');
+      return;
+    }
     if (await editor.count()) {
       // a ChunkEditor: its chart and the first region rows
       await editor.scrollIntoViewIfNeeded();

@@ -128,6 +128,11 @@ test('chunk editor: 12 region labels are all visible and none overlaps another',
       expect(apart, `labels ${i + 1} and ${i + j + 2} overlap`).toBe(true);
     });
   });
+  // the chart comes first; the regions follow in a box of bounded height that scrolls (115 regions
+  // made a 9,000 px list that hid the chart below it)
+  const list = editor.locator('.jp-memviz-chunk-regions');
+  expect((await list.boundingBox())!.y).toBeGreaterThan(plot.y + plot.height - 1);
+  expect(await list.evaluate(el => el.scrollHeight > el.clientHeight)).toBe(true);
   await editor.locator('.js-plotly-plot').scrollIntoViewIfNeeded();
   await editor.locator('.js-plotly-plot').screenshot({ path: test.info().outputPath('chunks-many.png') });
 });

@@ -17,6 +17,10 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
   // Registered views (the CD graph) follow the two built-in tabs.
   await expect(view.locator('.jp-memviz-tab').nth(0)).toHaveText('Memory');
   await expect(view.locator('.jp-memviz-tab').nth(1)).toHaveText('Packing');
+  // The allocator's layer on the memory chart is named for what it is (issue 18 item 1); the verdict
+  // judged on the reserved peak is fitVerdict's (transforms.test.ts): this plan has no budget.
+  await expect(view.locator('.legendtext', { hasText: 'reserved by the allocator' })).toHaveCount(1);
+  await expect(view.locator('.legendtext', { hasText: 'fragmentation' })).toHaveCount(0);
 
   // Time from the click to the drawn packing chart (plotly is already loaded by the memory tab).
   const ms = await page.evaluate(async () => {
@@ -31,8 +35,9 @@ test('the packing tab draws 10k tensors, planned and allocator side by side', as
     await frame();
     return performance.now() - t0;
   });
+  // printed, never asserted: a wall-clock bound is flaky on a loaded machine (issue 18 item 10); the wait
+  // above is the behaviour (the chart is drawn), the test's time limit its only bound
   console.log(`packing chart, 10001 planned tensors + 10001 allocator blocks: ${ms.toFixed(0)} ms to draw`);
-  expect(ms).toBeLessThan(10000);
 
   const packing = view.locator('.jp-memviz-tabpanel[data-tab="Packing"]');
   await expect(packing.locator('.annotation-text').first()).toContainText('planned packing');

@@ -26,6 +26,14 @@ test('the planner widget sends slider, strategy and export requests and redraws'
   await expect(view.locator('[data-readout="peak"]')).toHaveCount(1);
   await expect(view.locator('[data-readout="strategy"]')).toHaveCount(1);
   await expect(view.locator('.jp-memviz-slider-readout')).toHaveCount(0);
+  // Where the time limit cut a solver (Plan.time_cuts) is a warning beside the description, once, as text.
+  const cut = view.locator('.jp-memviz-readout-warning');
+  await expect(cut).toHaveCount(1);
+  await expect(cut).toHaveAttribute('data-readout', 'time limit');
+  await expect(cut).toHaveText(
+    'time limit: stopped by the time limit in rotor: DP, <img src=x onerror=alert(1)>: may differ between runs'
+  );
+  expect(await view.locator('img').count()).toBe(0);
   // budget_index is -1 (the plan as made): the slider sits on the frontier point covering its budget.
   await expect(label).toHaveText('32.00 MiB (86% of eager)');
   await expect(view.locator('.jp-memviz-budget-min')).toHaveText('min 29.00 MiB');
@@ -70,6 +78,7 @@ test('the planner widget sends slider, strategy and export requests and redraws'
   await expect(peak).toHaveText('37.00 MiB (+0.0% vs eager 37.00 MiB)');
   // the plan drawn is the frontier's eager one, not the selected checkmate: the readout says so
   await expect(strategy).toHaveText("none (the frontier's plan; checkmate selected)");
+  await expect(cut).toHaveCount(0); // the eager plan: nothing was cut
   await expect(view).not.toHaveClass(/jp-mod-pending/);
   expect(await view.locator('.scatterlayer .trace path.js-fill').count()).toBeGreaterThanOrEqual(6);
   expect(await places()).toEqual(before);

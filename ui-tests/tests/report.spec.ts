@@ -5,6 +5,7 @@
  */
 import { expect, test } from '@playwright/test';
 import { execFileSync } from 'node:child_process';
+import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
@@ -49,7 +50,9 @@ try:
     memviz.plan(graph, 0.05, strategy="rotor", frontier=False, packing=False)
 except InfeasibleBudget as exc:
     budget = exc.minimum_bytes
-write_report(memviz.plan(graph, budget, strategy="rotor", frontier=False), sys.argv[1], overwrite=True)
+import torch  # noqa: F401 (the header names the torch the report was made with, when loaded)
+write_report(memviz.plan(graph, budget, strategy="rotor", frontier=False), sys.argv[1], overwrite=True,
+             command="memviz report chain.json " + HOSTILE)
 `;
 
 test('the offline report draws every view from disk with the network blocked', async ({ page }) => {
@@ -88,6 +91,33 @@ test('the offline report draws every view from disk with the network blocked', a
   expect(await view.locator('.gtitle').textContent()).toContain(HOSTILE);
   await expect(page).toHaveTitle(`memviz report: chain ${HOSTILE}`);
   await page.screenshot({ path: test.info().outputPath('report-memory.png') });
+
+  // The header says what the report describes and how it was made (issue 18 item 9), all as text.
+  const header = page.locator('header.memviz-report-header');
+  const row = (key: string) =>
+    header.locator('tr', { has: page.locator('th', { hasText: new RegExp(`^${key}$`) }) }).locator('td');
+  await expect(row('command')).toHaveText(`memviz report chain.json ${HOSTILE}`);
+  await expect(row('date')).toHaveText(/^\d{4}-\d\d-\d\d \d\d:\d\d UTC$/);
+  await expect(row('model')).toContainText(`chain ${HOSTILE} (`);
+  await expect(row('budget')).toHaveText(/^\d+\.\d\d (KiB|MiB)$/);
+  await expect(row('device')).toHaveText('unspecified (estimated)');
+  await expect(row('memviz')).toHaveText(/^\d+\.\d+/);
+  await expect(row('torch')).toHaveText(/^\d+\.\d+/);
+  // ... and offers the timeline as CSV: one row per planned and per eager step, totals in bytes
+  const [download] = await Promise.all([
+    page.waitForEvent('download'),
+    header.locator('a[download]', { hasText: 'timeline as CSV' }).click()
+  ]);
+  expect(download.suggestedFilename()).toBe('memviz-timeline.csv');
+  const csv = fs
+    .readFileSync((await download.path())!, 'utf-8')
+    .trim()
+    .split(/\r?\n/);
+  expect(csv[0]).toMatch(/^run,step,op,.*,total_bytes$/);
+  const runs = csv.slice(1).map(line => line.split(',')[0]);
+  expect(runs.filter(r => r === 'planned').length).toBeGreaterThan(26); // 26 computes and the frees
+  expect(runs.filter(r => r === 'baseline').length).toBeGreaterThan(26);
+  expect(csv.slice(1).every(line => /,\d+$/.test(line))).toBe(true);
 
   // Clicking the peak's step lists the tensors resident there, hostile names as text.
   const peak = await view.locator('.scatterlayer .trace:last-child .points path').first().boundingBox();

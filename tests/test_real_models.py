@@ -18,7 +18,6 @@ that fits.  Models memviz cannot capture yet are strict xfails: they turn red wh
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 from typing import Any
 
@@ -29,7 +28,6 @@ import memviz
 from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
-from tests.counted import CAP_S, counted_work
 from tests.real_models import REAL, RealCase, rotating_loss
 from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh
 
@@ -39,6 +37,7 @@ POINTS = (0.75, 0.5, 0.25, 0.0)
 STEPS = 3
 EAGER_TOLERANCE = 0.02
 PLAN_TOLERANCE = 0.01
+TIME_LIMIT = 5.0
 
 #: models memviz cannot capture: strict xfails with the reason, red as soon as capture succeeds
 NOT_YET: dict[str, str] = {}
@@ -57,27 +56,17 @@ def profiled(name: str) -> tuple[RealCase, str, Profile]:
     return case, loss, prof
 
 
-#: Checkmate's own stated minimum comes from its min-peak MILP, whose root LP no counted work bounds at
-#: these sizes: it depended on the clock (ci2: BART's was the eager peak at one moment, 833,084 B at
-#: another).  Its search starts from Rotor's plans (the hierarchy), so its range starts at Rotor's minimum.
-RANGE_OF = {"checkmate": "rotor"}
-#: Checkmate's time limit in `planned` (every other plan here is bounded by counted work alone)
-CHECKMATE_SECONDS = 5.0
-
-
 @functools.cache
 def minimum(name: str, strategy: str) -> int:
-    """The smallest budget `strategy` (for Checkmate, Rotor: `RANGE_OF`) finds feasible (its
-    `InfeasibleBudget` answer to one byte above the persistent tensors), by counted work alone
-    (`tests/counted.py`), so the same on a loaded machine."""
+    """The smallest budget `strategy` finds feasible (its `InfeasibleBudget` answer to one byte above
+    the persistent tensors)."""
     _, _, prof = profiled(name)
-    with counted_work():
-        try:
-            memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy=RANGE_OF.get(strategy, strategy),
-                        time_limit=CAP_S, frontier=False, packing=False)
-        except InfeasibleBudget as err:
-            assert err.minimum_bytes is not None, str(err)
-            return err.minimum_bytes
+    try:
+        memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy=strategy, time_limit=TIME_LIMIT,
+                    frontier=False, packing=False)
+    except InfeasibleBudget as err:
+        assert err.minimum_bytes is not None, str(err)
+        return err.minimum_bytes
     return prof.graph.persistent_bytes() + 1
 
 
@@ -85,27 +74,6 @@ def budget_at(name: str, strategy: str, point: float) -> int:
     _, _, prof = profiled(name)
     low, high = minimum(name, strategy), prof.baseline.peak_bytes
     return low + int(point * max(0, high - low))
-
-
-def planned(name: str, strategy: str, budget: int) -> memviz.Plan:
-    """The plan the contract is checked on, by counted work alone (`tests/counted.py`), except
-    Checkmate's: its MILPs' root LPs are bounded by no counted work at these sizes, and by counted work
-    alone it took 55-300 s on BART.  It gets `CHECKMATE_SECONDS`, so its plan may differ with the
-    machine's speed (any plan it returns must meet the contract), but not whether it has one: Rotor's
-    plan at `budget`, which Checkmate's search starts from (its hierarchy), is made first by counted
-    work and kept by Rotor, so Checkmate finds it even past its deadline (checked with a 0.05 s limit)."""
-    _, _, prof = profiled(name)
-    kw = {"time_limit": CAP_S, "frontier": False, "packing": False}
-    if strategy != "checkmate":
-        with counted_work():
-            return memviz.plan(prof, budget, strategy=strategy, **kw)
-    # on a copy of the graph under its own name: what the clock cut in this call (Rockmate's menus, kept
-    # per graph) must not feed the counted-work plans of the profiled graph in other tests
-    graph = dataclasses.replace(prof.graph, name=f"{prof.graph.name}-checkmate")
-    own = dataclasses.replace(prof, graph=graph)
-    with counted_work():
-        memviz.plan(own, budget, strategy=RANGE_OF[strategy], **kw)
-    return memviz.plan(own, budget, strategy=strategy, **{**kw, "time_limit": CHECKMATE_SECONDS})
 
 
 def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, inputs: Any, seed: int) -> Any:
@@ -124,7 +92,7 @@ def check_contract(name: str, strategy: str, point: float, budget: int | None = 
     case, loss, prof = profiled(name)
     loss_fn = case.losses[loss]
     budget = budget_at(name, strategy, point) if budget is None else budget
-    plan = planned(name, strategy, budget)
+    plan = memviz.plan(prof, budget, strategy=strategy, time_limit=TIME_LIMIT, frontier=False, packing=False)
     assert plan.peak_bytes <= budget, (plan.peak_bytes, budget)
     # the exported module trains the profiled model itself (reusing the capture); the eager reference is
     # a copy, and the cached case gets its weights back afterwards

@@ -139,12 +139,13 @@ def test_bart_trains_like_eager(strategy: str) -> None:
     """BART (dropout on): rockmate, rotor and sqrt ran the decoder's embedding dropout before the
     encoder's (the chain put the decoder's embedding, which reads only inputs, in its first blocks), and
     checkmate's MILP may start from their schedules: equal to eager over 3 AdamW steps at 50% of the
-    strategy's range (`tests/test_real_models.py`'s contract and its `planned`)."""
-    from tests.test_real_models import budget_at, check_contract, planned, profiled
+    strategy's range (`tests/test_real_models.py`'s contract)."""
+    from tests.test_real_models import budget_at, check_contract, profiled
 
     _, _, prof = profiled("bart")
     cap = prof.captured
     random = {c for c, fx in enumerate(cap.compute_fx) if fx is not None and is_random(cap.nodes[fx])}
-    plan = planned("bart", strategy, budget_at("bart", strategy, 0.5))
+    plan = memviz.plan(prof, budget_at("bart", strategy, 0.5), strategy=strategy, time_limit=5.0,
+                       frontier=False, packing=False)
     assert _first_order(plan.schedule, random) == sorted(random)
     check_contract("bart", strategy, 0.5)

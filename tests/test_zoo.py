@@ -20,7 +20,6 @@ from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import measure_peak, tensors_of
 from memviz.runtime.export import export
 from solvers.result import InfeasibleBudget
-from tests.counted import CAP_S, counted_work
 from tests.zoo_models import ZOO, ZooCase, data_dependent
 
 STRATEGIES = ("auto", "rotor", "rockmate", "sqrt", "olla", "checkmate")
@@ -33,19 +32,15 @@ def _profiled(name: str, dtype: torch.dtype, mode: str) -> tuple[ZooCase, Profil
     return case, prof
 
 
-def plan_or_minimum(prof: Profile, fraction: float, strategy: str) -> Any:
-    """memviz.plan at `fraction` of the baseline peak, or at the minimum the refusal names; bounded by
-    counted work alone (`tests/counted.py`: a loaded machine plans the same).  Without the address
-    packing, which these tests do not read (export does not use it; tests/test_pack.py covers it)."""
+def plan_or_minimum(prof: Profile, fraction: float, strategy: str, time_limit: float = 5.0) -> Any:
+    """memviz.plan at `fraction` of the baseline peak, or at the minimum the refusal names."""
     budget = int(prof.baseline.peak_bytes * fraction)
-    kw = {"strategy": strategy, "time_limit": CAP_S, "frontier": False, "packing": False}
-    with counted_work():
-        try:
-            return memviz.plan(prof, budget, **kw)
-        except InfeasibleBudget as err:
-            assert err.minimum_bytes is not None and "smallest feasible budget" in str(err), str(err)
-            assert err.minimum_bytes > budget, (err.minimum_bytes, budget)
-            return memviz.plan(prof, err.minimum_bytes, **kw)
+    try:
+        return memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
+    except InfeasibleBudget as err:
+        assert err.minimum_bytes is not None and "smallest feasible budget" in str(err), str(err)
+        assert err.minimum_bytes > budget, (err.minimum_bytes, budget)
+        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=time_limit, frontier=False)
 
 
 def _fresh(tree: Any) -> Any:
@@ -254,8 +249,8 @@ def test_changed_constant_input_is_refused() -> None:
 
 def test_infeasible_budget_states_the_minimum() -> None:
     _, prof = _profiled("bn_dropout_p0", F64, "train")
-    with counted_work(), pytest.raises(InfeasibleBudget, match="smallest feasible budget") as info:
-        memviz.plan(prof, 1024, strategy="rockmate", time_limit=CAP_S, frontier=False)
+    with pytest.raises(InfeasibleBudget, match="smallest feasible budget") as info:
+        memviz.plan(prof, 1024, strategy="rockmate", time_limit=5, frontier=False)
     assert info.value.minimum_bytes > 1024
 
 
@@ -281,9 +276,8 @@ def test_auto_inference_that_cannot_chunk_states_the_reordering_minimum():
     """`auto` on inference tries chunking when reordering cannot fit; a model autochunk cannot capture
     (a float keyword input) still gets the budget refusal with its minimum, not chunking's complaint."""
     case, prof = _profiled("kwargs_dict", torch.float64, "inference")
-    with counted_work(), pytest.raises(InfeasibleBudget, match="smallest feasible budget") as err:
-        memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy="auto", time_limit=CAP_S,
-                    frontier=False)
+    with pytest.raises(InfeasibleBudget, match="smallest feasible budget") as err:
+        memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy="auto", time_limit=5, frontier=False)
     assert isinstance(err.value.__cause__, ValueError) and "not a tensor" in str(err.value.__cause__)
 
 

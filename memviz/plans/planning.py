@@ -44,10 +44,6 @@ FRONTIER_POINTS = 20
 SOLVE_SHARE = 0.6
 #: the part of what is left after the solve that the packing may use before the frontier
 PACKING_SHARE = 0.3
-#: safety caps in seconds of the packing and the frontier within `plan` (their work is counted: the
-#: canonical search's nodes, CP-SAT's deterministic time, the frontier's DP); tests raise them
-PACKING_SECONDS = 10.0
-FRONTIER_SECONDS = 30.0
 
 
 class PlanningError(ValueError):
@@ -557,11 +553,11 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         warn_neuron_checkpointing(the_plan.device["name"], stacklevel=4)  # user -> plan -> _plan
     if packing:
         share = deadline.part(PACKING_SHARE) if frontier and is_training(graph) else deadline
-        the_plan.packing = packing_of(graph, result.schedule, the_plan.device, time_limit=PACKING_SECONDS,
+        the_plan.packing = packing_of(graph, result.schedule, the_plan.device, time_limit=10.0,
                                       deadline=share)
     if frontier and is_training(graph):
         the_plan.frontier, the_plan.frontier_points = solve_frontier(
-            graph, baseline, baseline_schedule=base_schedule, time_limit=FRONTIER_SECONDS, deadline=deadline
+            graph, baseline, baseline_schedule=base_schedule, time_limit=30.0, deadline=deadline
         )
     return the_plan
 
@@ -926,5 +922,5 @@ def chunked_plan(
             stacklevel=3,
         )
     if packing:
-        the_plan.packing = packing_of(run.graph, run.schedule, the_plan.device, time_limit=PACKING_SECONDS)
+        the_plan.packing = packing_of(run.graph, run.schedule, the_plan.device)
     return the_plan

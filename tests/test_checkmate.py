@@ -152,13 +152,34 @@ def test_cbc_backend_agrees():
         assert r.stats.backend in ("cbc", "")
 
 
-def test_milp_time_limit_reports_feasible():
+def _knapsack() -> milp.Model:
+    """A 30-item, 3-constraint knapsack whose optimum takes HiGHS and CBC more than one node to prove."""
+    rng = random.Random(0)
     m = milp.Model()
-    xs = [m.var(cost=-(i % 7 + 1)) for i in range(30)]
-    m.row([(x, float(i % 5 + 2)) for i, x in enumerate(xs)], hi=20.5)
+    xs = [m.var(cost=-rng.randint(20, 60)) for _ in range(30)]
+    for r in range(3):
+        m.row([(x, float(rng.randint(10, 50))) for x in xs], hi=30 * 6.5 + r)
+    return m
+
+
+def test_milp_solved_reports_optimal():
+    """The time limit is a safety cap far beyond the work (a loaded machine must not reach it)."""
+    m = _knapsack()
     for backend in ("highs", "cbc"):
-        sol = milp.solve(m, time_limit=5, backend=backend)
-        assert sol.status == "optimal" and sol.gap == 0.0 and m.violation(sol.x) < 1e-6
+        sol = milp.solve(m, time_limit=120, backend=backend)
+        assert sol.status == "optimal" and sol.gap == 0.0 and not sol.cut and m.violation(sol.x) < 1e-6
+
+
+def test_milp_work_limit_reports_feasible():
+    """Stopped by counted work (one branch-and-bound node), not by the clock, so on any machine the
+    answer is the incumbent, 'feasible' and not proven, with HiGHS's gap above zero."""
+    m = _knapsack()
+    optimum = milp.solve(m, time_limit=120).objective
+    for backend in ("highs", "cbc"):
+        sol = milp.solve(m, time_limit=120, backend=backend, nodes=1)
+        assert sol.status == "feasible" and not sol.cut and m.violation(sol.x) < 1e-6, (backend, sol.status)
+        assert sol.objective >= optimum - 1e-9
+    assert milp.solve(m, time_limit=120, backend="highs", nodes=1).gap > 0
 
 
 def test_time_limit_on_150_nodes_returns_feasible():

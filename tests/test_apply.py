@@ -105,9 +105,11 @@ def _example(name: str) -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
 @pytest.mark.parametrize("name, fraction", [
     ("gpt", 0.85), ("resnet", 0.85),
     # known: with blocks.0 on "matmuls" the measured peak is one [2, 17, 32] activation (1.5%) above the
-    # plan, which sits exactly at its minimum budget: a lifetime sac_schedule does not model yet
-    pytest.param("vit", 0.85,
-                 marks=pytest.mark.xfail(strict=True, reason="1.5% under-prediction, over budget")),
+    # plan, which sits exactly at its minimum budget: a lifetime sac_schedule does not model yet.  Whether
+    # the menu picks that option now depends on the checkpointing costs the profile measured on this
+    # machine (`sac.checkpoint_costs`), so the case passes or fails with them: not strict
+    pytest.param("vit", 0.85, marks=pytest.mark.xfail(
+        strict=False, reason="1.5% under-prediction when the measured costs pick matmuls on blocks.0")),
 ])
 def test_sac_plan_runs_as_planned(name: str, fraction: float) -> None:
     """Dropout (GPT, ViT) replays its masks, BatchNorm (ResNet) moves its statistics once per step."""

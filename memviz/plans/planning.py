@@ -298,6 +298,13 @@ def _run_dict(schedule: Schedule, timeline: Timeline) -> dict[str, Any]:
     return {"schedule": [s.to_json() for s in schedule], "timeline": timeline.to_dict()}
 
 
+def _finite(value: Any) -> float:
+    """A number read from a plan (a loaded one is untrusted): a finite number, else 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return 0.0
+    return float(value) if math.isfinite(value) else 0.0
+
+
 #: the least share of the summed op times an eager step may measure for the fixed costs measured with it to
 #: count: below it the step is no step but a measurement spoilt by load (`fixed_costs`)
 MIN_STEP_SHARE = 0.5
@@ -310,12 +317,8 @@ def fixed_costs(graph: Graph, baseline_s: float) -> dict[str, float]:
     convolutions, 1.23x), and the step as measured is still the step.  All count 0 when the eager step
     measured under `MIN_STEP_SHARE` of its op times `baseline_s` (a 100-layer GPT profiled under load:
     -6.8 s, which made a plan of +16% in op times read x2.85)."""
-    def value(key: str) -> float:
-        v = graph.meta.get(key, 0.0)
-        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        return float(v) if number else 0.0
-
-    costs = {key: value(key) for key in ("eager_fixed_s", "executor_fixed_s", "executor_op_s")}
+    keys = ("eager_fixed_s", "executor_fixed_s", "executor_op_s")
+    costs = {key: _finite(graph.meta.get(key)) for key in keys}
     if baseline_s + costs["eager_fixed_s"] < MIN_STEP_SHARE * baseline_s:
         return dict.fromkeys(costs, 0.0)
     return costs

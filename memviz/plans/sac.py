@@ -209,13 +209,6 @@ def time_ratio(plan: Any) -> float:
     return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
 
 
-def _finite(value: Any) -> float:
-    """A number read from a plan (a loaded one is untrusted): a finite number, else 0."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return 0.0
-    return float(value) if math.isfinite(value) else 0.0
-
-
 def _seconds(value: Any) -> float:
     """A duration read from a plan (a loaded one is untrusted): a finite non-negative number, else 0."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):

@@ -82,7 +82,7 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   const tp = whatif.locator('.jp-memviz-whatif-tp');
   await tp.selectOption('8');
   await tp.selectOption('2');
-  await expect(verdict).toContainText('fits: 6.07 GiB free');
+  await expect(verdict).toContainText('fits: 6.06 GiB free per device');
   await expect(whatif.locator('.barlayer path')).toHaveCount(4);
   await tp.selectOption('32');
   await expect(whatifError).toHaveText('heads (16) must be divisible by the tensor-parallel degree tp (32)');

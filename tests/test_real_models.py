@@ -28,6 +28,7 @@ import memviz
 from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
+from tests.patience import patient_plan
 from tests.real_models import REAL, RealCase, rotating_loss
 from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh
 
@@ -62,8 +63,8 @@ def minimum(name: str, strategy: str) -> int:
     the persistent tensors)."""
     _, _, prof = profiled(name)
     try:
-        memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy=strategy, time_limit=TIME_LIMIT,
-                    frontier=False, packing=False)
+        patient_plan(prof, prof.graph.persistent_bytes() + 1, strategy=strategy, time_limit=TIME_LIMIT,
+                     frontier=False, packing=False)
     except InfeasibleBudget as err:
         assert err.minimum_bytes is not None, str(err)
         return err.minimum_bytes
@@ -92,7 +93,7 @@ def check_contract(name: str, strategy: str, point: float, budget: int | None = 
     case, loss, prof = profiled(name)
     loss_fn = case.losses[loss]
     budget = budget_at(name, strategy, point) if budget is None else budget
-    plan = memviz.plan(prof, budget, strategy=strategy, time_limit=TIME_LIMIT, frontier=False, packing=False)
+    plan = patient_plan(prof, budget, strategy=strategy, time_limit=TIME_LIMIT, frontier=False, packing=False)
     assert plan.peak_bytes <= budget, (plan.peak_bytes, budget)
     # the exported module trains the profiled model itself (reusing the capture); the eager reference is
     # a copy, and the cached case gets its weights back afterwards

@@ -15,6 +15,7 @@ from memviz.profiling.profile import profile
 from solvers import GraphBuilder, Phase, compute, eager_schedule, free, simulate, with_order_chain
 from solvers.ir import GraphError
 from solvers.olla import reorder
+from tests.patience import patient_plan
 from tests.test_zoo import STRATEGIES, ZooCase, check_train, plan_or_minimum
 
 
@@ -145,7 +146,7 @@ def test_bart_trains_like_eager(strategy: str) -> None:
     _, _, prof = profiled("bart")
     cap = prof.captured
     random = {c for c, fx in enumerate(cap.compute_fx) if fx is not None and is_random(cap.nodes[fx])}
-    plan = memviz.plan(prof, budget_at("bart", strategy, 0.5), strategy=strategy, time_limit=5.0,
-                       frontier=False, packing=False)
+    plan = patient_plan(prof, budget_at("bart", strategy, 0.5), strategy=strategy, time_limit=5.0,
+                        frontier=False, packing=False)
     assert _first_order(plan.schedule, random) == sorted(random)
     check_contract("bart", strategy, 0.5)

@@ -20,6 +20,7 @@ from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import measure_peak, tensors_of
 from memviz.runtime.export import export
 from solvers.result import InfeasibleBudget
+from tests.patience import patient_plan
 from tests.zoo_models import ZOO, ZooCase, data_dependent
 
 STRATEGIES = ("auto", "rotor", "rockmate", "sqrt", "olla", "checkmate")
@@ -36,11 +37,11 @@ def plan_or_minimum(prof: Profile, fraction: float, strategy: str, time_limit: f
     """memviz.plan at `fraction` of the baseline peak, or at the minimum the refusal names."""
     budget = int(prof.baseline.peak_bytes * fraction)
     try:
-        return memviz.plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
+        return patient_plan(prof, budget, strategy=strategy, time_limit=time_limit, frontier=False)
     except InfeasibleBudget as err:
         assert err.minimum_bytes is not None and "smallest feasible budget" in str(err), str(err)
         assert err.minimum_bytes > budget, (err.minimum_bytes, budget)
-        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=time_limit, frontier=False)
+        return patient_plan(prof, err.minimum_bytes, strategy=strategy, time_limit=time_limit, frontier=False)
 
 
 def _fresh(tree: Any) -> Any:

@@ -3,7 +3,7 @@
 Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its memory):
 
 * real device: the captured joint graph is replayed node by node in capture order; each operator runs
-  ``warmup`` times, then ``repeats`` times timed (``perf_counter`` on CPU, CUDA events on GPU) and the
+  ``warmup`` times, then ``repeats`` times timed (`accelerator.host_clock` on CPU, CUDA events on GPU) and the
   median is kept, stopping early within a time budget per operator or once samples agree (`_Timer`);
   operators identical in op, shapes, strides and dtypes share one measurement (`op_key`) and are not
   run again.  On CUDA the transient workspace is the allocator's peak during the op minus what the op

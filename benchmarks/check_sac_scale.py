@@ -29,6 +29,7 @@ import check_sac_overheads as check  # noqa: E402
 import torch  # noqa: E402
 
 import memviz  # noqa: E402
+import memviz.plans.sac  # noqa: E402
 from memviz.hardware import accelerator  # noqa: E402
 from memviz.plans.sac import MATCHABLE, candidate_blocks, dispatched_counts, eager_holds, op_name  # noqa: E402
 from solvers.sac import Overheads, Region  # noqa: E402
@@ -51,7 +52,8 @@ def unscaled(prof: Any) -> Any:
     old = {**{k: v for k, v in meta.items() if k != "sac_scale"}, "sac_rerun_s": rerun,
            "sac_policy_s": policy}
     eager_graph = None if prof.baseline_graph is None else dataclasses.replace(prof.baseline_graph, meta=old)
-    return dataclasses.replace(prof, graph=dataclasses.replace(prof.graph, meta={**prof.graph.meta, **old}),
+    kept = {k: v for k, v in prof.graph.meta.items() if k != "sac_scale"}
+    return dataclasses.replace(prof, graph=dataclasses.replace(prof.graph, meta={**kept, **old}),
                                baseline_graph=eager_graph)
 
 
@@ -65,6 +67,7 @@ def run(name: str, pairs: int, options: list[str]) -> None:
           f"fixed {meta.get('eager_fixed_s', 0.0) * 1e3:.2f} ms; {meta['sac_block']} alone: eager "
           f"{block['eager']:.2f} / full {block['full']:.2f} / selective {block['selective']:.2f} ms, scale "
           f"{meta['sac_scale']:.3f}\n")
+    assert memviz.plans.sac.overheads(old, old.graph).scale == 1.0
     print("| options | predicted before | predicted now | measured | measured again |\n|---|---|---|---|---|")
     for chosen in options:
         now, before = check.planned(prof, chosen), check.planned(old, chosen)

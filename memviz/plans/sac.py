@@ -179,6 +179,7 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     costs = calibrate(graph, full, selective, eager_holds(cap), dispatched_counts(cap, graph),
                       eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"])
     return {"sac_costs": COSTS_VERSION, "sac_rerun_s": costs.rerun, "sac_policy_s": costs.policy,
+            "sac_scale": costs.scale,
             "sac_block": path, "sac_block_eager_s": median["eager"], "sac_block_full_s": median["full"],
             "sac_block_selective_s": median["selective"]}
 
@@ -190,8 +191,9 @@ def overheads(prof: Any, graph: Graph) -> Overheads:
     meta = graph.meta
     if meta.get("sac_costs") != COSTS_VERSION:
         return Overheads()
+    # no ``sac_scale`` (a profile from before it was measured): its costs were calibrated at scale 1
     return Overheads(_seconds(meta.get("sac_rerun_s")), _seconds(meta.get("sac_policy_s")),
-                     dispatched_counts(prof.captured, graph))
+                     dispatched_counts(prof.captured, graph), _seconds(meta.get("sac_scale")) or 1.0)
 
 
 def time_ratio(plan: Any) -> float:
@@ -200,11 +202,13 @@ def time_ratio(plan: Any) -> float:
     spends per step beyond its ops (``eager_fixed_s``, measured at profile time, as
     `memviz.plans.planning.fixed_costs` counts it: the recomputation's costs were calibrated against the
     same op times, `checkpoint_costs`)."""
-    from memviz.plans.planning import fixed_costs
+    from memviz.plans.planning import _finite, fixed_costs
 
     sac = plan.solver_stats.extra.get("sac")
     fixed = fixed_costs(plan.graph, plan.baseline.total_time)["eager_fixed_s"]
-    extra = _seconds(sac.get("overhead_s") if isinstance(sac, dict) else None)
+    # below 0 where the recomputed ops ran faster in step than timed alone (`solvers.sac.Overheads.scale`)
+    extra = max(_finite(sac.get("overhead_s") if isinstance(sac, dict) else None),
+                plan.baseline.total_time - plan.timeline.total_time)  # never faster than recomputing nothing
     eager = plan.baseline.total_time + fixed
     return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
 
@@ -305,7 +309,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
         # measured constants they come from
         "overhead_s": choice.overhead_s,
-        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy,
+        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy, "scale": costs.scale,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
         "options": {name: o for (name, _, _), o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})

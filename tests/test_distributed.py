@@ -368,6 +368,7 @@ def test_scale_benchmark_smoke() -> None:
             assert bench_scale.largest_fitting(value, cap) == (limit, limit + 1)
 
 
+@pytest.mark.slow
 def test_fsdp_mem_tracker_anchors_fsdp2_x_tp() -> None:
     """benchmarks/bench_fsdp.py's anchor on FSDP2 x TP (dp=2 x tp=2, 4 fake ranks): FSDPMemTracker runs on
     the 2-D mesh (the wrapping, which joins the meshes, with FakeTensorMode paused) and its per-rank peak

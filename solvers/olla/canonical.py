@@ -302,10 +302,9 @@ class _Search:
             up = raised.tolist()
             a0 = min(a0, min(map(inst.los.__getitem__, up)))
             a1 = max(a1, max(map(inst.his.__getitem__, up)))
-        saved = floor[a0:a1].copy()
-        floor[lo:hi] = top
-        total[lo:hi] -= z
-        new = floor[a0:a1]  # a view: updated in place
+        # the floors after the placement, checked before any is written (most placements fail here)
+        new = floor[a0:a1].copy()
+        new[lo - a0 : hi - a0] = top
         if inst.members is not None:
             # a section's floor is at least the lowest offset any of its unplaced buffers can take;
             # sections with none (_BIG) count the capacity, which their zero total keeps feasible
@@ -315,10 +314,16 @@ class _Search:
             np.maximum(new, lowest, out=new)
         # inference: each section's unplaced buffers stack above its floor.  Above off too, but the
         # ceiling of `_search` already keeps off + total <= capacity in every section of the part.
-        found = int(_max(new + total[a0:a1])) <= self.capacity and (
-            yield from self._descend(b, off, key, part))
-        floor[a0:a1] = saved
-        total[lo:hi] += z
+        stack = new + total[a0:a1]
+        stack[lo - a0 : hi - a0] -= z
+        found = False
+        if int(_max(stack)) <= self.capacity:
+            saved = floor[a0:a1].copy()
+            floor[a0:a1] = new
+            total[lo:hi] -= z
+            found = yield from self._descend(b, off, key, part)
+            floor[a0:a1] = saved
+            total[lo:hi] += z
         if raised.size:
             min_off[raised] = old
         min_off[b] = off

@@ -37,11 +37,12 @@ NEEDS_CUDA = frozenset({"cuda"})
 #: wall-time target of a full run, seconds (45 minutes: the apply, scaling, planfile, fsdp and scale
 #: benches came on top of a run that filled 30; 50 since olla packs all eleven MiniMalloc instances,
 #: papers proves the reordering bounds and the UI-latency bench came; plus 37 for compile, whose Inductor
-#: compiles are slow; 8 more for cuda on a GPU machine)
-TARGET_S = 96 * 60
+#: compiles are slow; 8 more for cuda on a GPU machine; 11 more for papers, whose GPT2-large and per-model
+#: OLLA rows took it from 240 s to 722 s at load 9, past its budget, so no full run had its rows)
+TARGET_S = 107 * 60
 #: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load; the sum
 #: stays within TARGET_S
-BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 240,
+BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 900,
                              "export": 100, "user": 40, "real": 520, "apply": 330, "planfile": 130,
                              "scaling": 220, "fsdp": 180, "scale": 340, "ui": 180, "compile": 2200,
                              "cuda": 500}
@@ -126,14 +127,7 @@ def headline(name: str, result: dict) -> list[tuple[str, str, str, str]]:
         return [tuple(map(str, (h["metric"], h["ours"], h["baseline"], h["ratio"])))
                 for h in result["headline"]]
     rows: list[tuple[str, str, str, str]] = []
-    if name == "olla":
-        r = result["reorder"]
-        rows.append((f"OLLA reordering, {r['compute_nodes']}-op training graph: peak vs eager order",
-                     f"-{r['reduction_pct']:.1f}% ({r['seconds']:.2f} s)", "paper -22.5% / -10.1%",
-                     _r((r["peak"]) / r["eager_peak"])))
-        rows.append(("address packing fragmentation", f"{r['packing']['fragmentation_pct']:.2f}%",
-                     f"caching allocator model {r['caching_allocator']['fragmentation_pct']:.1f}%", ""))
-    elif name == "autochunk" and result.get("max_length"):
+    if name == "autochunk" and result.get("max_length"):
         m = result["max_length"]
         rows.append((f"AutoChunk max sequence length at {m['budget_bytes'] / 2**20:.0f} MiB",
                      str(m["max_seq_chunked"]), f"unchunked {m['max_seq_unchunked']} (paper 3.2x-11.7x)",

@@ -42,7 +42,10 @@ The search is exact: "infeasible" is a proof, a placement is returned only after
 overlap and capacity check (`solvers.olla.pack.validate_packing`), and the `Deadline` is checked at
 every node.  Python with numpy: the state (lowest offsets, section floors and totals) lives in arrays
 changed in place and restored from undo logs, and each placement is a handful of vector operations
-over the buffers it overlaps and the sections they cover.
+over the buffers it overlaps and the sections they cover.  Most placements fail the inference (about
+two of the three per node on the challenging set), so it is computed on copies before any floor or
+total is written; numpy's per-call overhead, not the arithmetic, is most of the cost of a node (about
+40-75 us of CPU on A-K).
 """
 
 from __future__ import annotations

@@ -37,12 +37,13 @@ NEEDS_CUDA = frozenset({"cuda"})
 #: wall-time target of a full run, seconds (45 minutes: the apply, scaling, planfile, fsdp and scale
 #: benches came on top of a run that filled 30; 50 since olla packs all eleven MiniMalloc instances,
 #: papers proves the reordering bounds and the UI-latency bench came; plus 37 for compile, whose Inductor
-#: compiles are slow; 8 more for cuda on a GPU machine; 11 more for papers, whose GPT2-large and per-model
-#: OLLA rows took it from 240 s to 722 s at load 9, past its budget, so no full run had its rows)
-TARGET_S = 107 * 60
+#: compiles are slow; 8 more for cuda on a GPU machine; 16 more for papers, whose GPT2-large and per-model
+#: OLLA rows took it from 240 s to 722 s at load 9 and 900 s at load 15-18, past its budget, so no full
+#: run had its rows)
+TARGET_S = 112 * 60
 #: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load; the sum
 #: stays within TARGET_S
-BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 900,
+BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 1200,
                              "export": 100, "user": 40, "real": 520, "apply": 330, "planfile": 130,
                              "scaling": 220, "fsdp": 180, "scale": 340, "ui": 180, "compile": 2200,
                              "cuda": 500}

@@ -39,13 +39,13 @@ NEEDS_CUDA = frozenset({"cuda"})
 #: papers proves the reordering bounds and the UI-latency bench came; plus 37 for compile, whose Inductor
 #: compiles are slow; 8 more for cuda on a GPU machine; 16 more for papers, whose GPT2-large and per-model
 #: OLLA rows took it from 240 s to 722 s at load 9 and 900 s at load 15-18, past its budget, so no full
-#: run had its rows)
-TARGET_S = 112 * 60
+#: run had its rows; 3 more for scaling, 88 s at load 4 but past its 220 s at load 13-15)
+TARGET_S = 115 * 60
 #: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load; the sum
 #: stays within TARGET_S
 BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 1200,
                              "export": 100, "user": 40, "real": 520, "apply": 330, "planfile": 130,
-                             "scaling": 220, "fsdp": 180, "scale": 340, "ui": 180, "compile": 2200,
+                             "scaling": 400, "fsdp": 180, "scale": 340, "ui": 180, "compile": 2200,
                              "cuda": 500}
 QUICK_BUDGET_S = 300.0
 #: every bench_*.py here; remat first: the longest, and the one the headline leads with

@@ -155,6 +155,25 @@ BEFORE = {"commit": "d751e9d", "plan_curve": [{"ops": 1017, "seconds": 42.56, "l
                      {"ops": 4041, "before_s": 44.56, "after_s": 14.71, "load": 6.1}]}
 
 
+def headline(result: dict) -> list[dict]:
+    """The RESULTS.md headline rows (benchmarks/run.py): issue 21 items 4 (plan time at 4k and 10k ops)
+    and 3 (the worst overrun of any solver's time limit), each against its target."""
+    out = [{"metric": f"issue 21 item 4: default memviz.plan at {r['ops']} ops (synthetic GPT, "
+                      f"{BUDGET_FRACTION:.0%} of eager peak)",
+            "ours": f"{r['seconds']:.1f} s (load {r['load_average_1min']})",
+            "baseline": f"target <= {r['target_s']:.0f} s", "ratio": f"{r['seconds'] / r['target_s']:.2f}"}
+           for r in result["plan_curve"] if r["target_s"] is not None]
+    rows = result["limits"]
+    worst = max(rows, key=lambda r: r["overrun_s"])
+    limits = "/".join(f"{x:g}" for x in sorted({r["time_limit"] for r in rows}))
+    out.append({"metric": f"issue 21 item 3: time limits {limits} s, {len({r['solver'] for r in rows})} "
+                          f"solvers, {rows[0]['ops']}-op graph: worst overrun",
+                "ours": f"{worst['overrun_s']:+.2f} s ({worst['solver']} at {worst['time_limit']:g} s); "
+                        f"{sum(r['within_target'] for r in rows)} of {len(rows)} within",
+                "baseline": f"target <= +{OVERRUN_TARGET_S} s", "ratio": ""})
+    return out
+
+
 def run(quick: bool) -> dict:
     layers = LAYERS[:2] if quick else LAYERS
     result = {"name": "scaling", "title": "Big graphs and time limits",
@@ -162,6 +181,7 @@ def run(quick: bool) -> dict:
               "limits": limit_overruns(LAYERS[1], (1.0,) if quick else (1.0, 3.0, 10.0)),
               "before": BEFORE if BEFORE["plan_curve"] else None}
     result["markdown"] = markdown(result)
+    result["headline"] = headline(result)
     return result
 
 

@@ -221,3 +221,31 @@ def test_ui_graph_open_rows_use_their_own_target():
                               "graph_rows": graph})
     assert "### Graph view open" in text and "| 600 ops | 2 | 1400 |" in text and "| NO |" in text
 
+
+
+def test_issue21_items_each_have_a_headline_row_against_their_anchor():
+    """Issue 21's "done when": one run (`python benchmarks/run.py --only papers olla scaling`) puts each
+    item in the headline against its anchor: items 1 and 5 from papers' rows (the Rockmate and OLLA
+    papers), 2 from olla (MiniMalloc's published result, the 10 s target), 3 and 4 from scaling (the
+    limit + 0.5 s promise, the 15 s / 60 s plan targets).  The saved results' headlines are what the
+    benches make of them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_olla
+    import bench_scaling
+    import run
+
+    saved = {n: json.loads((ROOT / "benchmarks" / "results" / f"{n}.json").read_text())
+             for n in ("papers", "olla", "scaling")}
+    assert bench_olla.headline(saved["olla"]) == saved["olla"]["headline"]
+    assert bench_scaling.headline(saved["scaling"]) == saved["scaling"]["headline"]
+    rows = {n: [" | ".join(r) for r in run.headline(n, saved[n])] for n in saved}
+    expected = [("rockmate minimum activation budget", "papers", "paper 440"),
+                ("rockmate time overhead at 0.85 GiB", "papers", "paper 1.234"),
+                ("item 2: MiniMalloc challenging set A-K", "olla", "MiniMalloc C++: all 11 fit"),
+                ("item 3: time limits 1/3/10 s", "scaling", "target <= +0.5 s"),
+                ("item 4: default memviz.plan at 4041 ops", "scaling", "target <= 15 s"),
+                ("item 4: default memviz.plan at 10017 ops", "scaling", "target <= 60 s"),
+                ("batch 1, SGD step in graph (mean %)", "papers", "paper 22.5"),
+                ("batch 32, SGD step in graph (mean %)", "papers", "paper 10.1")]
+    for item, name, anchor in expected:
+        assert any(item in r and anchor in r for r in rows[name]), (item, rows[name])

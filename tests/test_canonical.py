@@ -144,3 +144,15 @@ def test_stacking_fallback_is_valid_and_reaches_max_live_on_nested_lifetimes(see
     nested = [(i, 100 - i, 1 + (i * 7) % 5) for i in range(30)]  # a forward pass's saved activations
     offsets = [0] * len(nested)
     assert _stack_above(nested, range(len(nested)), 0, offsets) == max_live(nested)
+
+
+@pytest.mark.parametrize("name, preorder, nodes", [("A", "TWA", 4920), ("K", "TWA", 1921),
+                                                   ("K", "WAT", 1938)])
+def test_node_counts_of_the_challenging_set_are_pinned(name: str, preorder: str, nodes: int) -> None:
+    """The search is counted work: each preorder's search visits the same nodes on any machine, and the
+    per-node rewrites (fewer numpy calls, the inference checked before any floor is written) kept
+    every node and offset of A-K.  A change of these counts is a change of the search, not of speed."""
+    _, buffers = read_csv(MINIMALLOC / f"{name}.1048576.csv")
+    fit = canonical_fit(buffers, 1048576, later(), preorders=(preorder,))
+    assert (fit.outcome, fit.nodes) == ("fits", nodes)
+    assert validate_packing(buffers, fit.offsets, 1048576) == []

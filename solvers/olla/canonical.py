@@ -42,7 +42,10 @@ The search is exact: "infeasible" is a proof, a placement is returned only after
 overlap and capacity check (`solvers.olla.pack.validate_packing`), and the `Deadline` is checked at
 every node.  Python with numpy: the state (lowest offsets, section floors and totals) lives in arrays
 changed in place and restored from undo logs, and each placement is a handful of vector operations
-over the buffers it overlaps and the sections they cover.
+over the buffers it overlaps and the sections they cover.  Most placements fail the inference (about
+two of the three per node on the challenging set), so it is computed on copies before any floor or
+total is written; numpy's per-call overhead, not the arithmetic, is most of the cost of a node (about
+40-75 us of CPU on A-K).
 """
 
 from __future__ import annotations
@@ -107,7 +110,9 @@ class _Instance:
         self.lo = np.searchsorted(ends, start, side="right")
         self.hi = np.searchsorted(ends, end, side="left") + 1
         self.sections = len(ends)
-        self.spans = list(zip(self.lo.tolist(), self.hi.tolist(), strict=True))  # Python ints, read per node
+        # Python ints, read per placement (a numpy scalar costs more than the lookup)
+        self.los, self.his = self.lo.tolist(), self.hi.tolist()
+        self.spans = list(zip(self.los, self.his, strict=True))
         self.sizes = self.size.tolist()
         spans = self.hi - self.lo
         self.members: np.ndarray | None = None  # None: too large to list (no unplaced-floor inference)
@@ -121,6 +126,7 @@ class _Instance:
             section = np.arange(buffer.size) - np.repeat(np.cumsum(spans) - spans, spans) + self.lo[buffer]
             self.members = buffer[np.argsort(section, kind="stable")]
             self.first = np.concatenate(([0], np.cumsum(np.bincount(section, minlength=self.sections))))
+            self.firsts = self.first.tolist()
             overlaps, kept = [], 0
             for lo, hi in zip(self.lo.tolist(), self.hi.tolist(), strict=True):
                 near = ((self.lo < hi) & (self.hi > lo)).nonzero()[0]
@@ -163,6 +169,18 @@ def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 _Run = Generator[None, None, bool]
 
 
+@dataclass(frozen=True)
+class _Part:
+    """An independent part being searched: its buffers in preorder (`order`, and as Python ints in
+    `buffers`), their sizes in that order, and its sections ``[s0, s1)``."""
+
+    order: np.ndarray
+    buffers: list[int]
+    size: np.ndarray
+    s0: int
+    s1: int
+
+
 class _Search:
     """The depth-first search under one preorder, suspended (it yields) each time its visited `nodes`
     reach `pause_at`, and resumed by whoever drives it (`_interleave`)."""
@@ -179,6 +197,9 @@ class _Search:
         # lowest offset each unplaced buffer can take (_BIG once placed; slot n is a sentinel)
         self.min_off = np.zeros(n + 1, dtype=np.int64)
         self.min_off[n] = _BIG
+        # a canonical key is offset * stride + position in the part's preorder (positions < stride)
+        self.stride = n + 1
+        self.positions = np.arange(n + 1, dtype=np.int64)
         self.floor = np.zeros(inst.sections, dtype=np.int64)
         self.total = np.zeros(inst.sections + 1, dtype=np.int64)
         np.add.at(self.total, inst.lo, inst.size)
@@ -220,48 +241,47 @@ class _Search:
         }
         # lexsort: last key first; ties by buffer index
         order = members[np.lexsort((members, *(-keys[c] for c in reversed(self.preorder))))]
-        rank = np.empty(len(inst.size) + 1, dtype=np.int64)
-        rank[order] = np.arange(order.size)
-        return (yield from self._search(order, rank, s0, s1, 0, -1))
+        part = _Part(order, order.tolist(), inst.size[order], s0, s1)
+        return (yield from self._search(part, 0))
 
-    def _search(self, order: np.ndarray, rank: np.ndarray, s0: int, s1: int, last_off: int,
-                last_rank: int) -> _Run:
+    def _search(self, part: _Part, last_key: int) -> _Run:
+        """One node: try the part's unplaced buffers whose (offset, preorder position) key is at least
+        `last_key` (canonical order), each at its lowest offset, lowest key first."""
         self.nodes += 1
         if self.nodes > self.pause_at:
             yield  # this search's turn is over; the driver resumes it here
         if self.deadline.expired("olla: canonical packing search"):
             raise _OutOfTime
-        offs = self.min_off[order]
-        live = offs < _BIG
-        todo, offs = order[live], offs[live]
-        if not todo.size:
-            return True
+        offs = self.min_off[part.order]  # placed buffers: _BIG
+        lowest_top = int(_min(offs + part.size))
+        if lowest_top >= _BIG:
+            return True  # every buffer of the part is placed
         # dominance: nothing goes at or above the lowest top an unplaced buffer can reach (it would
         # fit in the gap below); inference: all later offsets are >= off, so every section of the
         # part must hold its unplaced total above off
-        ceiling = min(int(_min(offs + self.inst.size[todo])),
-                      self.capacity - int(_max(self.total[s0:s1])) + 1)
-        # canonical: (offset, preorder rank) never goes down; one key orders both (ranks < n)
-        n = self.min_off.size
-        key = offs * n + rank[todo]
-        ok = (offs < ceiling) & (key >= last_off * n + last_rank)
-        todo, offs, key = todo[ok], offs[ok], key[ok]
-        by = np.argsort(key)  # by offset, ties in preorder
+        ceiling = min(lowest_top, self.capacity - int(_max(self.total[part.s0:part.s1])) + 1)
+        # canonical: the key offset * n + position in the preorder never goes down (positions < n);
+        # buffers at or above the ceiling (placed ones too) get a key past every candidate's
+        n = self.stride
+        keys = np.minimum(offs, ceiling)
+        keys *= n
+        keys += self.positions[: keys.size]
+        keys = keys[(keys >= last_key) & (keys < ceiling * n)]
+        keys.sort()  # by offset, ties in preorder
         # in chunks: a node rarely tries more than a few children, and a part can have thousands
-        for first in range(0, by.size, 32):
-            chunk = by[first : first + 32]
-            for b, off in zip(todo[chunk].tolist(), offs[chunk].tolist(), strict=True):
-                found, hatless = yield from self._place(b, off, order, rank, s0, s1)
+        for first in range(0, keys.size, 32):
+            for key in keys[first : first + 32].tolist():
+                off, at = divmod(key, n)
+                found, hatless = yield from self._place(part.buffers[at], off, key, part)
                 if found:
                     return True
                 if hatless:
                     return False  # nothing unplaced overlaps b, so no alternative here can fare better
         return False
 
-    def _place(self, b: int, off: int, order: np.ndarray, rank: np.ndarray, s0: int,
-               s1: int) -> Generator[None, None, tuple[bool, bool]]:
-        """Place `b` at `off`, search on, undo: (a placement of the part was found, b is hatless:
-        no unplaced buffer overlaps it)."""
+    def _place(self, b: int, off: int, key: int, part: _Part) -> Generator[None, None, tuple[bool, bool]]:
+        """Place `b` at `off` (its canonical `key`), search on, undo: (a placement of the part was
+        found, b is hatless: no unplaced buffer overlaps it)."""
         inst, min_off, floor, total = self.inst, self.min_off, self.floor, self.total
         z = inst.sizes[b]
         top = off + z
@@ -273,39 +293,46 @@ class _Search:
                 else ((inst.lo < hi) & (inst.hi > lo)).nonzero()[0])
         was = min_off[near]
         below = was < top
-        raised, old = near[below], was[below]
-        min_off[raised] = top
+        raised = near[below]
         # the sections whose floor can move: those of b and of the buffers it raised (the lowest offset
-        # of their other members is unchanged), within this part (beyond it lie parts solved on their
-        # own, whose offsets start again from 0).  Elsewhere neither floor nor total moved, so the
-        # inference below held there at the parent node and still holds (the ceiling of `_search`
-        # keeps off + total <= capacity in every section of the part).
+        # of their other members is unchanged).  Elsewhere neither floor nor total moved, so the
+        # inference below held there at the parent node and still holds.  Unplaced buffers lie
+        # within the part, so these sections do too.
+        a0, a1 = lo, hi
         if raised.size:
-            a0 = max(min(lo, int(_min(inst.lo[raised]))), s0)
-            a1 = min(max(hi, int(_max(inst.hi[raised]))), s1)
-        else:
-            a0, a1 = lo, hi
-        saved = floor[a0:a1].copy()
-        floor[lo:hi] = top
-        total[lo:hi] -= z
-        # a section's floor is at least the lowest offset any of its unplaced buffers can take
-        new = floor[a0:a1]
+            old = was[below]
+            min_off[raised] = top
+            up = raised.tolist()
+            a0 = min(a0, min(map(inst.los.__getitem__, up)))
+            a1 = max(a1, max(map(inst.his.__getitem__, up)))
+        # the floors after the placement, checked before any is written (most placements fail here)
+        new = floor[a0:a1].copy()
+        new[lo - a0 : hi - a0] = top
         if inst.members is not None:
-            first = inst.first
-            lowest = np.minimum.reduceat(min_off[inst.members[first[a0]:first[a1]]],
-                                         first[a0:a1] - first[a0])
-            new = np.maximum(new, np.where(lowest < _BIG, lowest, 0))
+            # a section's floor is at least the lowest offset any of its unplaced buffers can take;
+            # sections with none (_BIG) count the capacity, which their zero total keeps feasible
+            f0 = inst.firsts[a0]
+            lowest = np.minimum.reduceat(min_off[inst.members[f0:inst.firsts[a1]]], inst.first[a0:a1] - f0)
+            np.minimum(lowest, self.capacity, out=lowest)
+            np.maximum(new, lowest, out=new)
+        # inference: each section's unplaced buffers stack above its floor.  Above off too, but the
+        # ceiling of `_search` already keeps off + total <= capacity in every section of the part.
+        stack = new + total[a0:a1]
+        stack[lo - a0 : hi - a0] -= z
+        found = False
+        if int(_max(stack)) <= self.capacity:
+            saved = floor[a0:a1].copy()
             floor[a0:a1] = new
-        # inference: each section's unplaced buffers stack above its floor (and above off)
-        found = int(_max(np.maximum(new, off) + total[a0:a1])) <= self.capacity and (
-            yield from self._descend(b, off, order, rank, s0, s1))
-        floor[a0:a1] = saved
-        total[lo:hi] += z
-        min_off[raised] = old
+            total[lo:hi] -= z
+            found = yield from self._descend(b, off, key, part)
+            floor[a0:a1] = saved
+            total[lo:hi] += z
+        if raised.size:
+            min_off[raised] = old
         min_off[b] = off
         return found, not found and int(_min(was)) == _BIG  # b's own entry was _BIG too
 
-    def _descend(self, b: int, off: int, order: np.ndarray, rank: np.ndarray, s0: int, s1: int) -> _Run:
+    def _descend(self, b: int, off: int, key: int, part: _Part) -> _Run:
         """Go on in the same part, or in each independent part once `b` was the last buffer joining
         two sections (decomposition)."""
         lo, hi = self.inst.spans[b]
@@ -314,9 +341,9 @@ class _Search:
         try:
             cutpoints = (cuts == 0).nonzero()[0]
             if not cutpoints.size:
-                return (yield from self._search(order, rank, s0, s1, off, int(rank[b])))
-            left = order[self.min_off[order] < _BIG]
-            for members, a, z in self._split(left, s0, s1, cutpoints + lo):
+                return (yield from self._search(part, key))
+            left = part.order[self.min_off[part.order] < _BIG]
+            for members, a, z in self._split(left, part.s0, part.s1, cutpoints + lo):
                 if not (yield from self._subsolve(members, a, z)):
                     return False
             return True

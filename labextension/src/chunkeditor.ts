@@ -166,7 +166,11 @@ export class ChunkEditorView extends DOMWidgetView {
       return wrap;
     };
     const dims = Object.values(r.outputs);
-    const name = (pos: number): string => `${doc.nodes[pos]?.op ?? '?'} ${doc.nodes[pos]?.name ?? ''}`;
+    // the node's own name first ("matmul_10 (matmul)"): it is what tells the rows apart once shortened
+    const name = (pos: number): string => {
+      const node = doc.nodes[pos];
+      return node ? `${node.name} (${node.op})` : '?';
+    };
     // An edge's field and the node it names, side by side; the row is one line, only names shrink.
     const edge = (field: 'x0' | 'x1', label: string, pos: number): HTMLElement => {
       const group = element('span', 'jp-memviz-chunk-edge');

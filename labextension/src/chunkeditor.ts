@@ -166,8 +166,12 @@ export class ChunkEditorView extends DOMWidgetView {
       return wrap;
     };
     const dims = Object.values(r.outputs);
-    const name = (pos: number): string => `${doc.nodes[pos]?.op ?? '?'} ${doc.nodes[pos]?.name ?? ''}`;
-    // An edge's field and the node it names wrap together, never apart.
+    // the node's own name first ("matmul_10 (matmul)"): it is what tells the rows apart once shortened
+    const name = (pos: number): string => {
+      const node = doc.nodes[pos];
+      return node ? `${node.name} (${node.op})` : '?';
+    };
+    // An edge's field and the node it names, side by side; the row is one line, only names shrink.
     const edge = (field: 'x0' | 'x1', label: string, pos: number): HTMLElement => {
       const group = element('span', 'jp-memviz-chunk-edge');
       const node = element('span', 'jp-memviz-chunk-node', name(pos));
@@ -175,6 +179,10 @@ export class ChunkEditorView extends DOMWidgetView {
       group.append(number(field, label, pos, '0', last), node);
       return group;
     };
+    const estimate = `${(r.memory_bytes / 2 ** 20).toFixed(2)} MiB, +${(100 * r.slowdown).toFixed(1)}% time`;
+    // in a narrow output the estimate shrinks to an ellipsis too: the tooltip keeps it whole
+    const est = element('span', 'jp-memviz-chunk-est', estimate);
+    est.title = estimate;
     const remove = element('button', 'jp-memviz-chunk-remove jp-mod-styled', 'Remove');
     remove.addEventListener('click', () => this._sendRegions(removeRegion(doc, index)));
     row.append(
@@ -183,11 +191,7 @@ export class ChunkEditorView extends DOMWidgetView {
       edge('x1', 'end', r.x1),
       number('dim', 'dim', dims[0] ?? 0, '0'),
       number('chunks', 'chunks', r.chunks, '2', String(r.extent)),
-      element(
-        'span',
-        'jp-memviz-chunk-est',
-        `${(r.memory_bytes / 2 ** 20).toFixed(2)} MiB, +${(100 * r.slowdown).toFixed(1)}% time`
-      ),
+      est,
       remove
     );
     return row;

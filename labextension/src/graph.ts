@@ -15,7 +15,7 @@
  * SVG Graphviz writes, cut down to an allow-list of elements and attributes (svg_sanitize.ts); titles
  * are set as text.
  */
-import { MIN_LABEL_PX, fitReadable, fitView, openView, zoomAt, View } from './graph_data';
+import { MIN_LABEL_PX, Rect, fitReadable, focusView, zoomAt, View } from './graph_data';
 import { LayoutClient, LayoutError } from './graph_layout';
 import {
   LEGEND,
@@ -65,8 +65,11 @@ export class GraphView implements PlanView {
   private drawn = new Set<number>();
   private hits: SearchHit[] = [];
   private hitIndex = -1;
-  /** what the next drawing is centered on (an opened module, a search hit); null: fit the drawing */
-  private focus: NodeRef | null = null;
+  /**
+   * what the next drawing is centered on: an opened module with its twins, a search hit; empty: the
+   * forward and backward phases side by side
+   */
+  private focus: NodeRef[] = [];
   /** the search hit outlined in the drawing */
   private highlight: NodeRef | null = null;
   private view: View = { x: 0, y: 0, k: 1 };
@@ -151,7 +154,7 @@ export class GraphView implements PlanView {
     this.drawn = new Set();
     this.hits = [];
     this.hitIndex = -1;
-    this.focus = null;
+    this.focus = [];
     this.searchStatus.textContent = '';
     return this.render();
   }
@@ -269,14 +272,13 @@ export class GraphView implements PlanView {
         ? `; ${closed} modules closed: click one to open it, click an open module's frame to close it`
         : '');
     this.size = this.measure(drawing);
-    // an opened module's id is now its frame's: the whole frame is shown
-    const target = this.focus ? this.stage.querySelector(`#${refId(this.focus)}`) : null;
-    if (target) {
-      this.centerOn(target);
-    } else {
-      this.view = openView(this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
-      this.applyView();
-    }
+    // an opened module's id is now its frame's; on first drawing, the phases' frames (or boxes)
+    const focus = this.focus.length
+      ? this.focus
+      : tree.roots
+          .filter(r => tree.modules[r].phase !== 'optimizer')
+          .map(r => ({ kind: 'module', id: r }) as NodeRef);
+    this.land(focus.map(ref => this.stage.querySelector(`#${refId(ref)}`)).filter(el => el !== null));
   }
 
   /** Whether module `m` is on screen (its parent open). */
@@ -309,7 +311,7 @@ export class GraphView implements PlanView {
   }
 
   private fit(): void {
-    this.focus = null;
+    this.focus = [];
     const { view, kind } = fitReadable(
       this.size,
       { w: this.canvas.clientWidth, h: this.canvas.clientHeight },
@@ -326,19 +328,30 @@ export class GraphView implements PlanView {
           `the whole drawing would put labels under ${MIN_LABEL_PX} px. Drag to pan, \u2212 to zoom out further.`;
   }
 
-  /** Show all of `el` (an opened module's frame, a search hit) centered, at most at 1:1. */
-  private centerOn(el: Element): void {
+  /**
+   * Land on `els` (an opened module's frame and its twins', a search hit; none: the whole drawing):
+   * centered, readable (`focusView`); Fit and zoom out still reach the whole drawing.
+   */
+  private land(els: Element[]): void {
     const stage = this.stage.getBoundingClientRect();
-    const box = el.getBoundingClientRect();
-    // the element's box in drawing pixels (undo the stage's current transform)
     const k0 = this.view.k;
-    const bx = (box.left - stage.left) / k0;
-    const by = (box.top - stage.top) / k0;
-    const fit = fitView(
-      { w: box.width / k0, h: box.height / k0 },
-      { w: this.canvas.clientWidth, h: this.canvas.clientHeight }
-    );
-    this.view = { k: fit.k, x: fit.x - bx * fit.k, y: fit.y - by * fit.k };
+    // each element's box in drawing pixels (undo the stage's current transform), then their union
+    const boxes = els.map(el => el.getBoundingClientRect());
+    const target: Rect = boxes.length
+      ? (() => {
+          const x0 = Math.min(...boxes.map(b => b.left));
+          const y0 = Math.min(...boxes.map(b => b.top));
+          const x1 = Math.max(...boxes.map(b => b.right));
+          const y1 = Math.max(...boxes.map(b => b.bottom));
+          return {
+            x: (x0 - stage.left) / k0,
+            y: (y0 - stage.top) / k0,
+            w: (x1 - x0) / k0,
+            h: (y1 - y0) / k0
+          };
+        })()
+      : { x: 0, y: 0, ...this.size };
+    this.view = focusView(target, this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
     this.applyView();
   }
 
@@ -357,7 +370,7 @@ export class GraphView implements PlanView {
 
   private collapseAll(): void {
     this.expanded = new Set();
-    this.focus = null;
+    this.focus = [];
     void this.render();
   }
 
@@ -378,15 +391,16 @@ export class GraphView implements PlanView {
     }
     const twins = withTwins(tree, this.expanded, m);
     const all = before + twins.reduce((n, t) => n + openCost(doc, tree, t), 0);
-    this.expanded = new Set([...this.expanded, ...(all <= MAX_NODES ? twins : [m])]);
-    this.focus = { kind: 'module', id: m };
+    const opened = all <= MAX_NODES ? twins : [m];
+    this.expanded = new Set([...this.expanded, ...opened]);
+    this.focus = opened.map(id => ({ kind: 'module', id }) as NodeRef);
     void this.render();
   }
 
   private close(m: number): void {
     if (this.tree) {
       this.expanded = collapse(this.tree, this.expanded, m);
-      this.focus = { kind: 'module', id: m };
+      this.focus = [{ kind: 'module', id: m }];
       void this.render();
     }
   }
@@ -418,8 +432,10 @@ export class GraphView implements PlanView {
       this.expanded = opened;
     }
     const shownData = hit.data !== null && doc.graph.datas[hit.data]?.producer === hit.compute;
-    this.focus = shownData ? { kind: 'data', id: hit.data as number } : { kind: 'compute', id: hit.compute };
-    this.highlight = this.focus;
+    this.highlight = shownData
+      ? { kind: 'data', id: hit.data as number }
+      : { kind: 'compute', id: hit.compute };
+    this.focus = [this.highlight];
     void this.render().then(() => this.markHit());
   }
 

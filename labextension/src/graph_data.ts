@@ -29,23 +29,6 @@ export function fitView(drawing: { w: number; h: number }, box: { w: number; h: 
   return { x: (box.w - drawing.w * k) / 2, y: (box.h - drawing.h * k) / 2, k };
 }
 
-/** The smallest scale a drawing opens at: labels stay legible (Fit shows the whole drawing). */
-export const READABLE_SCALE = 0.75;
-
-/**
- * The view a drawing opens with: the whole drawing when it is legible so (`fitView`), else at
- * `READABLE_SCALE` with its top-left corner in view (drag to pan; Fit shows all of it).  A wide
- * drawing is not shrunk to the box's width: at 12 layers that gave labels nobody could read.
- */
-export function openView(drawing: { w: number; h: number }, box: { w: number; h: number }, margin = 8): View {
-  const fit = fitView(drawing, box, margin);
-  if (fit.k >= READABLE_SCALE || drawing.w <= 0) {
-    return fit;
-  }
-  const k = READABLE_SCALE;
-  return { k, x: Math.max(margin, (box.w - drawing.w * k) / 2), y: margin };
-}
-
 /**
  * The smallest scale Fit goes down to: Graphviz's 10 pt labels (13.3 CSS px at 1:1) stay at least 8 px
  * high.  Below it a 12-layer drawing fitted whole showed labels nobody could read (issue 18); the zoom
@@ -53,6 +36,40 @@ export function openView(drawing: { w: number; h: number }, box: { w: number; h:
  */
 export const MIN_LABEL_PX = 8;
 export const FIT_MIN_SCALE = MIN_LABEL_PX / (10 * (4 / 3));
+
+/** A part of a drawing, in drawing pixels at scale 1. */
+export interface Rect {
+  x: number;
+  y: number;
+  w: number;
+  h: number;
+}
+
+/**
+ * The view a drawing lands on, centered on `target` (what the user opened: a module with its twins in
+ * the other phases, a search hit, or on first drawing the forward and backward phases side by side):
+ * all of `target` when that keeps labels readable (scale >= `FIT_MIN_SCALE`, never above 1:1), else
+ * its full width when readable, else `FIT_MIN_SCALE` centered on it; a target too tall for the box
+ * shows its top.  Clamped so no empty band shows beside a drawing larger than the box.  Before, an
+ * opened module was fitted whole whatever the scale (its 110 layers at 5% scale), and the first
+ * drawing opened at its top-left corner with the backward column cut off (issue 18).
+ */
+export function focusView(
+  target: Rect,
+  drawing: { w: number; h: number },
+  box: { w: number; h: number },
+  margin = 8
+): View {
+  if (target.w <= 0 || target.h <= 0 || box.w <= 2 * margin || box.h <= 2 * margin) {
+    return { x: 0, y: 0, k: 1 };
+  }
+  const room = { w: box.w - 2 * margin, h: box.h - 2 * margin };
+  const whole = Math.min(1, room.w / target.w, room.h / target.h);
+  const k = whole >= FIT_MIN_SCALE ? whole : Math.max(FIT_MIN_SCALE, Math.min(1, room.w / target.w));
+  const x = box.w / 2 - (target.x + target.w / 2) * k;
+  const y = target.h * k <= room.h ? box.h / 2 - (target.y + target.h / 2) * k : margin - target.y * k;
+  return { k, x: clampAxis(x, drawing.w * k, box.w, margin), y: clampAxis(y, drawing.h * k, box.h, margin) };
+}
 
 /** How `fitReadable` showed the drawing: all of it, or its full width / a readable part of it to pan. */
 export type FitKind = 'whole' | 'width' | 'readable';

@@ -1,7 +1,7 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
-import { FIT_MIN_SCALE, READABLE_SCALE, fitReadable, fitView, openView, zoomAt } from '../src/graph_data';
+import { FIT_MIN_SCALE, fitReadable, fitView, focusView, zoomAt } from '../src/graph_data';
 import {
   LEGEND,
   buildTree,
@@ -225,20 +225,38 @@ test('fit shrinks a large drawing into the box, centered, and never magnifies a 
   assert.deepEqual(fitView({ w: 0, h: 0 }, { w: 800, h: 600 }), { x: 0, y: 0, k: 1 });
 });
 
-test('a drawing opens whole when legible so, else at a legible scale with its top in view', () => {
-  assert.deepEqual(
-    openView({ w: 400, h: 500 }, { w: 800, h: 600 }),
-    fitView({ w: 400, h: 500 }, { w: 800, h: 600 })
-  );
-  const tall = openView({ w: 300, h: 20000 }, { w: 800, h: 600 });
-  assert.equal(tall.k, READABLE_SCALE);
-  assert.equal(tall.y, 8);
-  assert.equal(tall.x, (800 - 300 * READABLE_SCALE) / 2);
-  // a drawing too wide for the box at that scale is not shrunk below it: its top-left corner shows
-  const wide = openView({ w: 4000, h: 20000 }, { w: 800, h: 600 });
-  assert.equal(wide.k, READABLE_SCALE);
-  assert.equal(wide.x, 8);
-  assert.ok(READABLE_SCALE * 10 * (4 / 3) >= 10); // Graphviz's 10 pt labels at >= 10 CSS px
+test('a drawing lands on what was opened: whole when readable, else readable and centered on it', () => {
+  const box = { w: 848, h: 600 };
+  // a small drawing: all of it, centered, never magnified
+  const small = { w: 400, h: 500 };
+  assert.deepEqual(focusView({ x: 0, y: 0, ...small }, small, box), fitView(small, box));
+  // the 12-layer drawing (2676 x 3848 px) opens on its forward and backward frames side by side
+  // (0..1900): both are too wide together for a readable scale, so the view is at the label floor,
+  // centered on them, at their top.  It opened at its top-left corner before, the backward cut off.
+  const drawing = { w: 2676, h: 3848 };
+  const phases = { x: 10, y: 10, w: 1890, h: 3830 };
+  const open = focusView(phases, drawing, box);
+  assert.equal(open.k, FIT_MIN_SCALE);
+  assert.ok(FIT_MIN_SCALE * 10 * (4 / 3) >= 8 - 1e-9); // Graphviz's 10 pt labels at >= 8 CSS px
+  assert.ok(Math.abs(open.x + (phases.x + phases.w / 2) * open.k - box.w / 2) < 1e-9);
+  assert.ok(Math.abs(open.y + phases.y * open.k - 8) < 1e-9);
+  // a module opened with its twin in the other phase: two 110-layer frames, 30,000 px tall; shown at
+  // 1:1 from their top with both frames across, not fitted whole at a 2% scale (issue 18)
+  const tall = { w: 700, h: 31000 };
+  const twins = { x: 100, y: 200, w: 420, h: 30000 };
+  const opened = focusView(twins, tall, box);
+  assert.equal(opened.k, 1);
+  assert.equal(opened.y, 8 - 200);
+  assert.ok(opened.x + twins.x >= 0 && opened.x + twins.x + twins.w <= box.w);
+  // wider than the box at 1:1 but readable at its full width: the full width
+  const wide = focusView({ x: 0, y: 0, w: 1200, h: 9000 }, { w: 1200, h: 9000 }, box);
+  assert.equal(wide.k, (848 - 16) / 1200);
+  // a search hit near the drawing's left edge: centered where it can be, with no blank band beside it
+  const hit = focusView({ x: 5, y: 2000, w: 80, h: 30 }, drawing, box);
+  assert.equal(hit.k, 1);
+  assert.equal(hit.x, 8);
+  assert.ok(Math.abs(hit.y + 2015 - 300) < 1e-9);
+  assert.deepEqual(focusView({ x: 0, y: 0, w: 0, h: 0 }, drawing, box), { x: 0, y: 0, k: 1 });
 });
 
 test('Fit never shrinks labels below the floor: whole, else full width, else the floor, kept centered', () => {
@@ -250,7 +268,7 @@ test('Fit never shrinks labels below the floor: whole, else full width, else the
   });
   // the 12-layer drawing (2007 x 2886 pt drawn as CSS px): whole it would be at 0.2, below the floor
   assert.ok(fitView({ w: 2676, h: 3848 }, box).k < FIT_MIN_SCALE);
-  const open = openView({ w: 2676, h: 3848 }, box);
+  const open = focusView({ x: 0, y: 0, w: 2676, h: 3848 }, { w: 2676, h: 3848 }, box);
   const fit = fitReadable({ w: 2676, h: 3848 }, box, open);
   assert.equal(fit.kind, 'readable');
   assert.equal(fit.view.k, FIT_MIN_SCALE);

@@ -135,4 +135,53 @@ test('chunk editor: 12 region labels are all visible and none overlaps another',
   expect(await list.evaluate(el => el.scrollHeight > el.clientHeight)).toBe(true);
   await editor.locator('.js-plotly-plot').scrollIntoViewIfNeeded();
   await editor.locator('.js-plotly-plot').screenshot({ path: test.info().outputPath('chunks-many.png') });
+
+  // Every region is one line, however narrow the output and long the op names (at 115 regions long
+  // names wrapped rows to uneven heights, issue 18): rows of one height, every field on the row's
+  // middle line, side by side; a name that does not fit ends in an ellipsis and its tooltip is the
+  // full name.  An output narrower than a row scrolls the list sideways to the Remove buttons.
+  const rows = editor.locator('.jp-memviz-chunk-region');
+  const oneLine = async (): Promise<void> => {
+    const shape = await rows.evaluateAll(rs =>
+      rs.map(r => {
+        const box = r.getBoundingClientRect();
+        const items = Array.from(
+          r.querySelectorAll(
+            '.jp-memviz-chunk-title, .jp-memviz-chunk-field, .jp-memviz-chunk-node, .jp-memviz-chunk-est, .jp-memviz-chunk-remove'
+          )
+        ).map(c => c.getBoundingClientRect());
+        const mids = items.map(b => b.top + b.height / 2);
+        // side by side, in order, none over another (a shrunk group once drew its inputs over each other)
+        const overlap = Math.max(...items.slice(1).map((b, i) => items[i].right - b.left));
+        return {
+          h: box.height,
+          spread: Math.max(...mids) - Math.min(...mids),
+          overlap
+        };
+      })
+    );
+    expect(new Set(shape.map(s => Math.round(s.h))).size).toBe(1);
+    for (const s of shape) {
+      expect(s.spread).toBeLessThan(3);
+      expect(s.overlap).toBeLessThanOrEqual(0.5);
+    }
+  };
+  await oneLine();
+  await editor.evaluate(el => {
+    (el as HTMLElement).style.width = '520px';
+  });
+  await oneLine();
+  const names = editor.locator('.jp-memviz-chunk-node');
+  const cut = await names.evaluateAll(ns =>
+    ns.filter(n => n.scrollWidth > n.clientWidth).map(n => [n.textContent, n.getAttribute('title')])
+  );
+  expect(cut.length).toBeGreaterThan(0);
+  for (const [text, title] of cut) {
+    expect(title).toBe(text);
+  }
+  expect(await names.first().evaluate(n => getComputedStyle(n).textOverflow)).toBe('ellipsis');
+  const remove = rows.last().locator('.jp-memviz-chunk-remove');
+  await remove.scrollIntoViewIfNeeded();
+  await expect(remove).toBeInViewport();
+  await list.screenshot({ path: test.info().outputPath('chunks-many-narrow.png') });
 });

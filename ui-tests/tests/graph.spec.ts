@@ -92,6 +92,22 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   await expect(phaseLayers('forward')).toHaveCount(1);
   await expect(phaseLayers('backward')).toHaveCount(1);
   await graph.screenshot({ path: test.info().outputPath('graph-scale-twins.png') });
+  // it lands readable (labels >= 8 px) with the forward and the backward both in view (it opened at
+  // its top-left corner, the backward cut off, issue 18)
+  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
+  const canvas = graph.locator('.jp-memviz-graph-canvas');
+  const inView = async (el: ReturnType<typeof svg.locator>): Promise<boolean> => {
+    const [c, b] = [(await canvas.boundingBox())!, (await el.boundingBox())!];
+    return b.x < c.x + c.width && b.x + b.width > c.x && b.y < c.y + c.height && b.y + b.height > c.y;
+  };
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  const phase = (name: string) =>
+    svg
+      .locator('g.cluster, g.node.module')
+      .filter({ has: page.locator(':scope > title', { hasText: new RegExp(`^${name} \\(`) }) });
+  for (const name of ['forward', 'backward']) {
+    expect(await inView(phase(name).first()), `${name} in view`).toBe(true);
+  }
   const layer = modules.filter({ has: page.locator('title', { hasText: 'layers.57 [forward]' }) });
   await expect(layer).toHaveCount(0);
   await phaseLayers('forward')
@@ -106,6 +122,21 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   // the click opened the backward's layers with the forward's: both phases show their 110 layers
   await expect(phaseLayers('backward')).toHaveCount(0);
   await expect(modules.locator('title', { hasText: /^layers\.57 \[backward\]/ })).toHaveCount(1);
+  // and lands on what it opened, readable: both 110-layer frames across the view from their top, not
+  // the two frames fitted whole at a 2% scale (issue 18)
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  const layerFrames = svg
+    .locator('g.cluster')
+    .filter({ has: page.locator(':scope > title', { hasText: /^layers \[(forward|backward)\]/ }) });
+  await expect(layerFrames).toHaveCount(2);
+  const c0 = (await canvas.boundingBox())!;
+  for (const frame of await layerFrames.all()) {
+    const b = (await frame.boundingBox())!;
+    expect(b.x).toBeGreaterThanOrEqual(c0.x - 1);
+    expect(b.x + b.width).toBeLessThanOrEqual(c0.x + c0.width + 1);
+    expect(b.y).toBeGreaterThanOrEqual(c0.y - 1);
+    expect(b.y).toBeLessThan(c0.y + c0.height / 2);
+  }
   await graph.screenshot({ path: test.info().outputPath('graph-scale-twins-opened.png') });
   await expect(layer.locator('title')).toContainText('ops, 0 recomputed');
   expect(await modules.locator('title').allTextContents()).not.toContain(expect.stringMatching(/^[cdm]\d+$/));
@@ -113,8 +144,6 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   // Fit honours a minimum label size (issue 18): this drawing whole would put its 10 pt labels under
   // 8 px, so Fit shows it at the smallest readable scale (or its full width, if that is readable) and
   // says so; the user pans the rest.  Zoom in magnifies, Fit comes back, zoom out still goes lower.
-  const canvas = graph.locator('.jp-memviz-graph-canvas');
-  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
   const fit = graph.locator('.jp-memviz-graph-fit');
   const note = graph.locator('.jp-memviz-graph-fit-note');
   await fit.click();

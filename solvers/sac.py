@@ -9,8 +9,9 @@ MUST_SAVE: their outputs are cached from the forward until that recomputation, w
 cached value instead of running them again.  `sac_schedule` writes exactly that as a CD-graph schedule
 so `solvers.simulate` predicts what `memviz.apply` runs.
 
-The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, save the
-matmul-class ops, recompute everything), and the cheapest combination that fits is searched over the
+The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, save every
+op a policy can name and recompute the cheap elementwise rest, save the matmul-class ops, recompute
+everything), and the cheapest combination that fits is searched over the
 blocks; memory does not add up across blocks, so every candidate is simulated.  Time is the simulated
 op times plus what checkpointing itself costs (`Overheads`, measured by the caller): a selective
 region's policy runs in Python on every op it dispatches, which can make "save the matmuls" slower
@@ -223,11 +224,20 @@ def _recompute_release(graph: Graph, d: int, p: int, run: _Run, holds: EagerHold
     return rel
 
 
-#: option name -> which of a region's nodes are MUST_SAVE, given the region's matmul-class nodes
-OPTIONS: dict[str, Callable[[frozenset[int]], frozenset[int]]] = {
-    "matmuls": lambda matmuls: matmuls,
-    "full": lambda matmuls: frozenset(),
+#: a candidate block: (module path, forward compute ids, matmul-class ids, ids its "pointwise" option keeps)
+Block = tuple[str, tuple[int, ...], frozenset[int], frozenset[int]]
+
+#: option name -> which of a region's nodes are MUST_SAVE, given the block's matmul-class nodes and the
+#: nodes its "pointwise" option keeps (every op a policy can name, so only cheap elementwise ops, dropout
+#: and views are recomputed: the lightest option, close to what torch.compile's min-cut does at its
+#: default budget)
+OPTIONS: dict[str, Callable[[frozenset[int], frozenset[int]], frozenset[int]]] = {
+    "pointwise": lambda matmuls, kept: kept,
+    "matmuls": lambda matmuls, kept: matmuls,
+    "full": lambda matmuls, kept: frozenset(),
 }
+#: the options by memory, weakest (keeps most) first
+LADDER = ("none", "pointwise", "matmuls", "full")
 
 
 @dataclass(frozen=True)
@@ -250,36 +260,35 @@ class Choice:
         return self.timeline.total_time + self.overhead_s
 
 
-def _choose(graph: Graph, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
-            options: tuple[str, ...], holds: EagerHolds, overheads: Overheads) -> Choice:
-    regions = tuple(Region(name, nodes, OPTIONS[o](mm)) for (name, nodes, mm), o in zip(blocks, options,
-                                                                                       strict=True)
-                    if o != "none")
+def _choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], holds: EagerHolds,
+            overheads: Overheads) -> Choice:
+    regions = tuple(Region(name, nodes, OPTIONS[o](mm, kept))
+                    for (name, nodes, mm, kept), o in zip(blocks, options, strict=True) if o != "none")
     schedule = sac_schedule(graph, regions, holds)
     return Choice(options, regions, schedule, simulate(graph, schedule).check(),
                   overhead_s=overheads.seconds(graph, regions, holds))
 
 
-def solve_menu(graph: Graph, budget: int, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
-               holds: EagerHolds, *, time_limit: float = 60.0,
-               overheads: Overheads = Overheads()) -> tuple[SolveResult, Choice]:
-    """`solve_by_options` with every candidate's schedule from `sac_schedule` over `graph`, its time
-    the schedule's op times plus `overheads`."""
+def solve_menu(graph: Graph, budget: int, blocks: Sequence[Block], holds: EagerHolds, *,
+               time_limit: float = 60.0, overheads: Overheads = Overheads()) -> tuple[SolveResult, Choice]:
+    """`solve_by_options` over `LADDER` with every candidate's schedule from `sac_schedule` over `graph`,
+    its time the schedule's op times plus `overheads`."""
     return solve_by_options(len(blocks), budget, lambda opts: _choose(graph, blocks, opts, holds, overheads),
-                            time_limit=time_limit)
+                            time_limit=time_limit, ladder=LADDER)
 
 
 def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ...]], Choice], *,
-                     time_limit: float = 60.0) -> tuple[SolveResult, Choice]:
-    """Per-block options (none < matmuls < full, by memory) chosen greedily: while over budget, move the
+                     time_limit: float = 60.0,
+                     ladder: tuple[str, ...] = ("none", "matmuls", "full")) -> tuple[SolveResult, Choice]:
+    """Per-block options (`ladder`: weakest first, by memory) chosen greedily: while over budget, move the
     block to whichever stronger option cuts the simulated peak most per second of step time (`Choice.step_s`:
     recomputation and checkpointing's own costs, so "full" straight from "none" when the per-op policy
-    makes "matmuls" the slower of the two); then move any block to a weaker option, or to "full" from
-    "matmuls", when that still fits and is faster.  `choose` turns one option per block into a `Choice`
-    whose timeline `solvers.simulate` checked, so the result is what runs.  Raises `InfeasibleBudget` with
-    the smallest peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
+    makes the selective options the slower ones); then move any block to any other option when that still
+    fits and is faster (a weaker one also at equal time: a stronger one can be faster, having no policy).
+    `choose` turns one option per block into a `Choice` whose timeline `solvers.simulate` checked, so the
+    result is what runs.  Raises `InfeasibleBudget` with the smallest
+    peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
     start = time.perf_counter()
-    ladder = ("none", "matmuls", "full")
     best = choose(("none",) * n_blocks)
     lowest = best
     while best.timeline.peak_bytes > budget and not timed_out(start + time_limit, "sac: strengthening",
@@ -302,9 +311,9 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
         improved = False
         for i, o in enumerate(best.options):
             for other in ladder:
+                if other == o:
+                    continue
                 weaker = ladder.index(other) < ladder.index(o)
-                if not weaker and (other, o) != ("full", "matmuls"):
-                    continue  # weaker options, or "full" for "matmuls" (the policy may cost more)
                 cand = choose((*best.options[:i], other, *best.options[i + 1:]))
                 faster = cand.step_s <= best.step_s if weaker else cand.step_s < best.step_s
                 if cand.timeline.peak_bytes <= budget and faster:

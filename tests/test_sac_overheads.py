@@ -38,8 +38,8 @@ def _menu(name: str) -> tuple[Any, Any, list, Any]:
 
 
 def _regions(blocks: list, options: tuple[str, ...]) -> tuple[Region, ...]:
-    return tuple(Region(n, ids, OPTIONS[o](mm)) for (n, ids, mm), o in zip(blocks, options, strict=True)
-                 if o != "none")
+    return tuple(Region(n, ids, OPTIONS[o](mm, kept))
+                 for (n, ids, mm, kept), o in zip(blocks, options, strict=True) if o != "none")
 
 
 def test_policy_cost_moves_the_menu_from_saved_matmuls_to_full_recomputation() -> None:
@@ -65,7 +65,7 @@ def test_overheads_count_reruns_and_policy_passes() -> None:
     dispatched operator of its forward and again on every one its recomputation runs, kept ones
     included (they are dispatched, their kernels are not), and `rerun` on the same ones."""
     _, graph, blocks, holds = _menu("gpt")
-    name, ids, mm = blocks[0]
+    name, ids, mm, _ = blocks[0]
     last = max(c for c in ids if c in holds.release)
     assert last < ids[-1] and mm & {c for c in ids if c <= last}  # early stop, and kept ops it re-runs
     dispatched = {c: 2 + c % 3 for c in ids}
@@ -89,7 +89,7 @@ def test_calibrate_inverts_the_accounting() -> None:
     """`calibrate` reads the two per-operator costs back from a block's three measured times: what the
     checkpointed runs cost beyond eager, less their recomputed op times, over the operators counted."""
     _, graph, blocks, holds = _menu("gpt")
-    name, ids, mm = blocks[0]
+    name, ids, mm, _ = blocks[0]
     dispatched = {c: 1 + c % 2 for c in ids}
     truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched)
     full, selective = Region(name, ids), Region(name, ids, mm)

@@ -24,14 +24,15 @@ from typing import Any
 
 from solvers import Graph, Phase, simulate
 from solvers.result import SolverStats
-from solvers.sac import EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
+from solvers.sac import Block, EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
 
 #: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
 #: node), so a policy can count them: the only ones a SAC plan may mark MUST_SAVE
 ATTENTION = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution"}) | ATTENTION
-MATCHABLE = MATMULS | {"native_layer_norm", "_softmax", "gelu"}
+#: `_safe_softmax`: the softmax of PyTorch's math attention (CPU with dropout), dispatched as it is
+MATCHABLE = MATMULS | {"native_layer_norm", "_softmax", "_safe_softmax", "gelu"}
 EXPRESSIBLE = ("sac", "none")
 
 
@@ -125,7 +126,7 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     blocks = candidate_blocks(model, graph)
     if not blocks:
         return {}
-    path, ids, mm = blocks[0]
+    path, ids, mm, _ = blocks[0]
     # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
     keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
@@ -233,9 +234,12 @@ def eager_holds(cap: Any) -> EagerHolds:
     return EagerHolds(local, {d: tuple(sorted(set(cs))) for d, cs in walk.saved_by.items()}, release, unpack)
 
 
-def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...], frozenset[int]]]:
-    """(module path, forward compute ids, matmul-class ids) of each checkpointable block: the children of
-    the outermost ModuleList / Sequential containers whose two or more ops ran as one contiguous call."""
+def candidate_blocks(model: Any, graph: Graph) -> list[Block]:
+    """(module path, forward compute ids, matmul-class ids, ids the "pointwise" option keeps) of each
+    checkpointable block: the children of the outermost ModuleList / Sequential containers whose two or
+    more ops ran as one contiguous call.  "pointwise" keeps every op a policy can match (`MATCHABLE`:
+    matmuls, attention, norms, softmax, GELU) and so recomputes only elementwise ops, dropout (its mask
+    replayed from checkpointing's saved RNG state) and views, from what it keeps and the region's inputs."""
     from torch import nn
 
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
@@ -251,8 +255,9 @@ def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...
                 # one op: nothing to gain, and an in-place activation (ReLU(inplace=True)) would modify
                 # the input the checkpoint keeps; not contiguous: called twice, not one checkpoint frame
                 continue
-            mm = frozenset(i for i in ids if op_name(graph.computes[i].op) in MATMULS)
-            blocks.append((path, ids, mm))
+            names = {i: op_name(graph.computes[i].op) for i in ids}
+            blocks.append((path, ids, frozenset(i for i in ids if names[i] in MATMULS),
+                           frozenset(i for i in ids if names[i] in MATCHABLE)))
     return blocks
 
 
@@ -276,8 +281,8 @@ def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> li
 
 
 def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0) -> Any:
-    """`memviz.plan(prof, budget, strategy="sac")`: per block none / save-matmuls / full recompute,
-    searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
+    """`memviz.plan(prof, budget, strategy="sac")`: per block none / pointwise / save-matmuls / full
+    recompute, searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
     from memviz.budget import parse_budget
     from memviz.parallel.distributed import ParallelProfile
     from memviz.plans.planning import Plan, PlanningError, _device_info, _model_info
@@ -307,7 +312,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         "overhead_s": choice.overhead_s,
         "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
-        "options": {name: o for (name, _, _), o in zip(blocks, choice.options, strict=True)},
+        "options": {name: o for (name, _, _, _), o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
                 baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
@@ -342,7 +347,7 @@ def to_sac(plan: Any) -> Any:
     recomputed = {c for c, k in runs.items() if k > 1 and graph.computes[c].phase is Phase.FORWARD}
     regions = tuple(Region(name, ids, frozenset(i for i in ids if i not in recomputed
                                                 and op_name(graph.computes[i].op) in MATCHABLE))
-                    for name, ids, _ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
+                    for name, ids, _, _ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
     start = time.perf_counter()
     holds = eager_holds(prof.captured)
     schedule = sac_schedule(graph, regions, holds)

@@ -16,8 +16,8 @@ minimum:
 Printed per row: the blocks' options, the plan's peak and predicted step time over eager
 (``Plan.time_overhead``), the measured peak (CUDA: max allocated during the step less the copy's
 parameters, as bench_cuda) and the measured step time over eager (median of interleaved pairs).
-``--options n/f/m,...`` adds rows for those per-block options (n none, m matmuls, f full), planned
-without a budget: the accounting on chosen plans (the menu at 50% picked m/m/m/m/m/n for GPT-2 on an
+``--options n/f/m,...`` adds rows for those per-block options (n none, p pointwise, m matmuls, f full),
+planned without a budget: the accounting on chosen plans (the menu at 50% picked m/m/m/m/m/n for GPT-2 on an
 H100, measured 2.87x against 1.02 predicted).  On the CPU the profile and the steps are timed on this
 process's CPU time, which other processes' load does not inflate.
 """
@@ -80,7 +80,7 @@ def _sync() -> None:
 def planned(prof: Any, options: str) -> Any:
     """A sac plan with the given per-block options ("n/m/f"), whatever its memory: the menu replaced by
     that one candidate (its schedule, simulation and costs as the menu would have them)."""
-    names = {"n": "none", "m": "matmuls", "f": "full"}
+    names = {"n": "none", "p": "pointwise", "m": "matmuls", "f": "full"}
     chosen = tuple(names[o] for o in options.split("/"))
 
     def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float,

@@ -110,7 +110,7 @@ def test_dispatched_counts_fold_views_into_ops() -> None:
     more operators than it has graph nodes (what the policy's modes run on)."""
     prof, graph, blocks, _ = _menu("gpt")
     counts = dispatched_counts(prof.captured, graph)
-    _, ids, _ = blocks[0]
+    _, ids, _, _ = blocks[0]
     assert all(counts.get(c, 1) >= 1 for c in ids)
     assert sum(counts.get(c, 1) for c in ids) > len(ids)
 

@@ -9,9 +9,9 @@ MUST_SAVE: their outputs are cached from the forward until that recomputation, w
 cached value instead of running them again.  `sac_schedule` writes exactly that as a CD-graph schedule
 so `solvers.simulate` predicts what `memviz.apply` runs.
 
-The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, save every
-op a policy can name and recompute the cheap elementwise rest, save the matmul-class ops, recompute
-everything), and the cheapest combination that fits is searched over the
+The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, recompute
+only its elementwise sub-modules, save every op a policy can name and recompute the elementwise rest,
+save the matmul-class ops, recompute everything), and the cheapest combination that fits is searched over the
 blocks; memory does not add up across blocks, so every candidate is simulated.  Time is the simulated
 op times plus what checkpointing itself costs (`Overheads`, measured by the caller): a selective
 region's policy runs in Python on every op it dispatches, which can make "save the matmuls" slower
@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from solvers.deadline import timed_out
 from solvers.ir import Graph, Phase
@@ -224,20 +225,41 @@ def _recompute_release(graph: Graph, d: int, p: int, run: _Run, holds: EagerHold
     return rel
 
 
-#: a candidate block: (module path, forward compute ids, matmul-class ids, ids its "pointwise" option keeps)
-Block = tuple[str, tuple[int, ...], frozenset[int], frozenset[int]]
+class Block(NamedTuple):
+    """A candidate block: a module call the menu may checkpoint."""
 
-#: option name -> which of a region's nodes are MUST_SAVE, given the block's matmul-class nodes and the
-#: nodes its "pointwise" option keeps (every op a policy can name, so only cheap elementwise ops, dropout
-#: and views are recomputed: the lightest option, close to what torch.compile's min-cut does at its
-#: default budget)
-OPTIONS: dict[str, Callable[[frozenset[int], frozenset[int]], frozenset[int]]] = {
-    "pointwise": lambda matmuls, kept: kept,
-    "matmuls": lambda matmuls, kept: matmuls,
-    "full": lambda matmuls, kept: frozenset(),
+    name: str
+    #: its forward compute ids (contiguous, capture order)
+    nodes: tuple[int, ...]
+    #: its matmul-class nodes ("matmuls" keeps them)
+    matmuls: frozenset[int]
+    #: every node a selective policy can match ("matchable" keeps them, recomputing the elementwise rest)
+    matchable: frozenset[int] = frozenset()
+    #: its elementwise sub-modules (no matmul-class op, two or more ops, one contiguous call each) as
+    #: (module path, forward compute ids): "pointwise" checkpoints each of them alone, without a policy
+    pieces: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+#: option name -> which of a region's nodes are MUST_SAVE, given its block
+OPTIONS: dict[str, Callable[[Block], frozenset[int]]] = {
+    "matchable": lambda block: block.matchable,
+    "matmuls": lambda block: block.matmuls,
+    "full": lambda block: frozenset(),
 }
-#: the options by memory, weakest (keeps most) first
-LADDER = ("none", "pointwise", "matmuls", "full")
+#: the options by memory, weakest (keeps most) first.  "pointwise" is torch.compile's min-cut at its
+#: default budget as PyTorch checkpointing runs it: only cheap elementwise chains (an activation function,
+#: a norm's float32 arithmetic) are recomputed, from their inputs, which stay, by plain checkpointing
+#: (no per-op policy: "matchable", the same as a policy, runs Python on every op the block dispatches)
+LADDER = ("none", "pointwise", "matchable", "matmuls", "full")
+
+
+def block_regions(block: Block, option: str) -> tuple[Region, ...]:
+    """The regions `option` checkpoints in `block`."""
+    if option == "none":
+        return ()
+    if option == "pointwise":
+        return tuple(Region(path, ids) for path, ids in block.pieces)
+    return (Region(block.name, block.nodes, OPTIONS[option](block)),)
 
 
 @dataclass(frozen=True)
@@ -262,8 +284,7 @@ class Choice:
 
 def _choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], holds: EagerHolds,
             overheads: Overheads) -> Choice:
-    regions = tuple(Region(name, nodes, OPTIONS[o](mm, kept))
-                    for (name, nodes, mm, kept), o in zip(blocks, options, strict=True) if o != "none")
+    regions = tuple(r for b, o in zip(blocks, options, strict=True) for r in block_regions(b, o))
     schedule = sac_schedule(graph, regions, holds)
     return Choice(options, regions, schedule, simulate(graph, schedule).check(),
                   overhead_s=overheads.seconds(graph, regions, holds))

@@ -27,7 +27,7 @@ from memviz.plans.sac import (
     time_ratio,
 )
 from solvers import simulate
-from solvers.sac import OPTIONS, Overheads, Region, calibrate, sac_schedule, solve_menu
+from solvers.sac import Overheads, Region, block_regions, calibrate, sac_schedule, solve_menu
 from tests.test_apply import _example, sac_plan
 
 
@@ -38,8 +38,7 @@ def _menu(name: str) -> tuple[Any, Any, list, Any]:
 
 
 def _regions(blocks: list, options: tuple[str, ...]) -> tuple[Region, ...]:
-    return tuple(Region(n, ids, OPTIONS[o](mm, kept))
-                 for (n, ids, mm, kept), o in zip(blocks, options, strict=True) if o != "none")
+    return tuple(r for b, o in zip(blocks, options, strict=True) for r in block_regions(b, o))
 
 
 def test_policy_cost_moves_the_menu_from_saved_matmuls_to_full_recomputation() -> None:
@@ -65,7 +64,7 @@ def test_overheads_count_reruns_and_policy_passes() -> None:
     dispatched operator of its forward and again on every one its recomputation runs, kept ones
     included (they are dispatched, their kernels are not), and `rerun` on the same ones."""
     _, graph, blocks, holds = _menu("gpt")
-    name, ids, mm, _ = blocks[0]
+    name, ids, mm = blocks[0][:3]
     last = max(c for c in ids if c in holds.release)
     assert last < ids[-1] and mm & {c for c in ids if c <= last}  # early stop, and kept ops it re-runs
     dispatched = {c: 2 + c % 3 for c in ids}
@@ -89,7 +88,7 @@ def test_calibrate_inverts_the_accounting() -> None:
     """`calibrate` reads the two per-operator costs back from a block's three measured times: what the
     checkpointed runs cost beyond eager, less their recomputed op times, over the operators counted."""
     _, graph, blocks, holds = _menu("gpt")
-    name, ids, mm, _ = blocks[0]
+    name, ids, mm = blocks[0][:3]
     dispatched = {c: 1 + c % 2 for c in ids}
     truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched)
     full, selective = Region(name, ids), Region(name, ids, mm)
@@ -110,7 +109,7 @@ def test_dispatched_counts_fold_views_into_ops() -> None:
     more operators than it has graph nodes (what the policy's modes run on)."""
     prof, graph, blocks, _ = _menu("gpt")
     counts = dispatched_counts(prof.captured, graph)
-    _, ids, _, _ = blocks[0]
+    ids = blocks[0].nodes
     assert all(counts.get(c, 1) >= 1 for c in ids)
     assert sum(counts.get(c, 1) for c in ids) > len(ids)
 

@@ -126,7 +126,7 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     blocks = candidate_blocks(model, graph)
     if not blocks:
         return {}
-    path, ids, mm, _ = blocks[0]
+    path, ids, mm = blocks[0][:3]
     # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
     keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
@@ -235,11 +235,10 @@ def eager_holds(cap: Any) -> EagerHolds:
 
 
 def candidate_blocks(model: Any, graph: Graph) -> list[Block]:
-    """(module path, forward compute ids, matmul-class ids, ids the "pointwise" option keeps) of each
-    checkpointable block: the children of the outermost ModuleList / Sequential containers whose two or
-    more ops ran as one contiguous call.  "pointwise" keeps every op a policy can match (`MATCHABLE`:
-    matmuls, attention, norms, softmax, GELU) and so recomputes only elementwise ops, dropout (its mask
-    replayed from checkpointing's saved RNG state) and views, from what it keeps and the region's inputs."""
+    """Each checkpointable block: the children of the outermost ModuleList / Sequential containers whose
+    two or more ops ran as one contiguous call, with their matmul-class ops, the ops a policy can match
+    ("matchable" keeps them: `MATCHABLE`), and their elementwise sub-modules ("pointwise" checkpoints each
+    alone: `_pieces`)."""
     from torch import nn
 
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
@@ -250,15 +249,48 @@ def candidate_blocks(model: Any, graph: Graph) -> list[Block]:
     for cont in outer:
         for child, _ in model.get_submodule(cont).named_children():
             path = f"{cont}.{child}" if cont else child
-            ids = tuple(c.id for c in forward if c.module == path or c.module.startswith(path + "."))
-            if len(ids) < 2 or ids != tuple(range(ids[0], ids[-1] + 1)):
+            ids = _call_ids(forward, path)
+            if ids is None:
                 # one op: nothing to gain, and an in-place activation (ReLU(inplace=True)) would modify
                 # the input the checkpoint keeps; not contiguous: called twice, not one checkpoint frame
                 continue
             names = {i: op_name(graph.computes[i].op) for i in ids}
-            blocks.append((path, ids, frozenset(i for i in ids if names[i] in MATMULS),
-                           frozenset(i for i in ids if names[i] in MATCHABLE)))
+            blocks.append(Block(path, ids, frozenset(i for i in ids if names[i] in MATMULS),
+                                frozenset(i for i in ids if names[i] in MATCHABLE),
+                                _pieces(model, graph, forward, path)))
     return blocks
+
+
+def _call_ids(forward: list[Any], path: str) -> tuple[int, ...] | None:
+    """The forward compute ids module `path` ran, when two or more in one contiguous call; else None."""
+    ids = tuple(c.id for c in forward if c.module == path or c.module.startswith(path + "."))
+    return ids if len(ids) >= 2 and ids == tuple(range(ids[0], ids[-1] + 1)) else None
+
+
+def _pieces(model: Any, graph: Graph, forward: list[Any],
+            block: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The outermost sub-modules of `block` that checkpointing alone recomputes cheaply: two or more ops in
+    one call, none matmul-class and none in place (it would modify an input the checkpoint keeps), e.g. an
+    activation written as arithmetic (GPT-2's GELU) or a norm's float32 arithmetic (Llama's RMSNorm)."""
+    pieces: list[tuple[str, tuple[int, ...]]] = []
+    for sub, _ in model.get_submodule(block).named_modules():
+        path = f"{block}.{sub}"
+        if not sub or any(path.startswith(p + ".") for p, _ in pieces):
+            continue
+        ids = _call_ids(forward, path)
+        if ids is None:
+            continue
+        ops = [graph.computes[i].op for i in ids]
+        if not any(op_name(op) in MATMULS or _in_place(op) for op in ops):
+            pieces.append((path, ids))
+    return tuple(pieces)
+
+
+def _in_place(op: str) -> bool:
+    """'aten.relu_.default' -> True."""
+    parts = op.split(".")
+    base = parts[1] if len(parts) >= 3 else parts[0]
+    return base.endswith("_") and not base.endswith("__")
 
 
 def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> list[dict[str, Any]]:
@@ -281,8 +313,9 @@ def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> li
 
 
 def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0) -> Any:
-    """`memviz.plan(prof, budget, strategy="sac")`: per block none / pointwise / save-matmuls / full
-    recompute, searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
+    """`memviz.plan(prof, budget, strategy="sac")`: per block none / pointwise / matchable / save-matmuls /
+    full recompute (`solvers.sac.LADDER`), searched by `solvers.sac.solve_menu`, as a Plan whose schedule
+    is the SAC schedule."""
     from memviz.budget import parse_budget
     from memviz.parallel.distributed import ParallelProfile
     from memviz.plans.planning import Plan, PlanningError, _device_info, _model_info
@@ -312,7 +345,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         "overhead_s": choice.overhead_s,
         "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
-        "options": {name: o for (name, _, _, _), o in zip(blocks, choice.options, strict=True)},
+        "options": {b.name: o for b, o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
                 baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
@@ -347,7 +380,7 @@ def to_sac(plan: Any) -> Any:
     recomputed = {c for c, k in runs.items() if k > 1 and graph.computes[c].phase is Phase.FORWARD}
     regions = tuple(Region(name, ids, frozenset(i for i in ids if i not in recomputed
                                                 and op_name(graph.computes[i].op) in MATCHABLE))
-                    for name, ids, _, _ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
+                    for name, ids, *_ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
     start = time.perf_counter()
     holds = eager_holds(prof.captured)
     schedule = sac_schedule(graph, regions, holds)

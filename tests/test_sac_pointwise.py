@@ -37,6 +37,7 @@ def _own_loss(out: Any) -> Any:
     return out.loss
 
 
+@pytest.mark.slow  # 80 s per model on 2 loaded cores: a profile and two 3-step truth loops
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_light_options_run_as_planned(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-2 with few positions (the zoo's 4096 position embeddings would be its peak) and the zoo's Llama,

@@ -75,6 +75,9 @@ class Overheads:
     rerun: float = 0.0
     policy: float = 0.0
     dispatched: Mapping[int, int] = field(default_factory=dict)
+    #: per checkpointed call that recomputes: the checkpoint frame itself (its RNG state saved and restored,
+    #: its hooks), which a block's small elementwise pieces ("pointwise") pay once each
+    region: float = 0.0
 
     def passes(self, graph: Graph, region: Region, holds: EagerHolds) -> tuple[int, int, float]:
         """(operators `region`'s forward dispatches, operators its recomputation dispatches, seconds of
@@ -91,30 +94,47 @@ class Overheads:
     def region_seconds(self, graph: Graph, region: Region, holds: EagerHolds) -> float:
         """What checkpointing `region` costs per step beyond its recomputed ops' times."""
         forward, rerun, _ = self.passes(graph, region, holds)
-        return self.rerun * rerun + (self.policy * (forward + rerun) if region.save else 0.0)
+        return (self.rerun * rerun + (self.region if rerun else 0.0)
+                + (self.policy * (forward + rerun) if region.save else 0.0))
 
     def seconds(self, graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> float:
         """What checkpointing `regions` costs per step beyond the schedule's op times."""
-        if not (self.rerun or self.policy):
+        if not (self.rerun or self.policy or self.region):
             return 0.0
         return sum(self.region_seconds(graph, r, holds) for r in regions)
 
 
 def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, dispatched: Mapping[int, int],
-              *, eager_s: float, full_s: float, selective_s: float) -> Overheads:
-    """`Overheads` from one block timed three ways on the device (its forward and backward alone):
-    `eager_s` as it is, `full_s` checkpointed keeping nothing (`full`), `selective_s` checkpointed with the
-    policy keeping `selective.save`.  `rerun`: what `full` costs beyond eager and beyond its recomputed
-    ops' simulated times, per operator it re-runs; `policy`: what `selective` costs beyond that, per
-    operator and pass.  Negative leftovers (timing noise) count as none."""
+              *, eager_s: float, full_s: float, selective_s: float, pieces: Sequence[Region] = (),
+              pieces_s: float | None = None) -> Overheads:
+    """`Overheads` from one block timed on the device (its forward and backward alone): `eager_s` as it
+    is, `full_s` checkpointed keeping nothing (`full`), `selective_s` checkpointed with the policy keeping
+    `selective.save`, and `pieces_s` with each of `pieces` (its elementwise sub-modules) checkpointed alone.
+    `rerun` (per operator re-run) and `region` (per checkpoint call) from `full` and `pieces`: what each
+    costs beyond eager and beyond its recomputed ops' simulated times (without pieces, all of `full`'s
+    is per operator); `policy`: what `selective` costs beyond that, per operator and pass.  Negative
+    leftovers (timing noise) count as none."""
     base = Overheads(dispatched=dispatched)
     _, full_rerun, full_ops = base.passes(graph, full, holds)
-    rerun = max(0.0, full_s - eager_s - full_ops) / full_rerun if full_rerun else 0.0
+    full_left = max(0.0, full_s - eager_s - full_ops)
+    rerun = full_left / full_rerun if full_rerun else 0.0
+    region = 0.0
+    passes = [base.passes(graph, p, holds) for p in pieces]
+    calls = sum(1 for _, r, _ in passes if r)
+    piece_rerun = sum(r for _, r, _ in passes)
+    if pieces_s is not None and calls and full_rerun:
+        # full_left = rerun * full_rerun + region; pieces_left = rerun * piece_rerun + region * calls
+        pieces_left = max(0.0, pieces_s - eager_s - sum(t for _, _, t in passes))
+        share = piece_rerun / full_rerun
+        if calls > share:
+            region = max(0.0, min(full_left, (pieces_left - full_left * share) / (calls - share)))
+            rerun = (full_left - region) / full_rerun
     forward, sel_rerun, sel_ops = base.passes(graph, selective, holds)
     policy = 0.0
     if selective.save and forward + sel_rerun:
-        policy = max(0.0, selective_s - eager_s - sel_ops - rerun * sel_rerun) / (forward + sel_rerun)
-    return Overheads(rerun, policy, dispatched)
+        left = selective_s - eager_s - sel_ops - rerun * sel_rerun - region
+        policy = max(0.0, left) / (forward + sel_rerun)
+    return Overheads(rerun, policy, dispatched, region)
 
 
 @dataclass(frozen=True)

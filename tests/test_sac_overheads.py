@@ -104,6 +104,31 @@ def test_calibrate_inverts_the_accounting() -> None:
     assert (low.rerun, low.policy) == (0.0, 0.0)
 
 
+def test_calibrate_separates_the_cost_per_checkpoint_call() -> None:
+    """With small pieces of the block timed checkpointed alone (its elementwise sub-modules, "pointwise";
+    here any two pairs of ops that save something), `calibrate` tells the cost per checkpoint call from
+    the cost per re-run operator, so the menu does not price many small regions as a few operators."""
+    _, graph, blocks, holds = _menu("gpt")
+    name, ids, mm = blocks[0][:3]
+    pairs = [Region(f"piece{i}", ids[i:i + 2]) for i in range(0, len(ids) - 1, 2)]
+    parts = [r for r in pairs if Overheads().passes(graph, r, holds)[1]][:2]
+    assert len(parts) == 2
+    dispatched = {c: 1 + c % 2 for c in ids}
+    truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched, region=4e-4)
+    full, selective = Region(name, ids), Region(name, ids, mm)
+    eager = 0.01
+
+    def timed(regions: list[Region]) -> float:
+        return eager + sum(truth.passes(graph, r, holds)[2] + truth.region_seconds(graph, r, holds)
+                           for r in regions)
+
+    got = calibrate(graph, full, selective, holds, dispatched, eager_s=eager, full_s=timed([full]),
+                    selective_s=timed([selective]), pieces=parts, pieces_s=timed(parts))
+    assert (got.rerun, got.policy, got.region) == pytest.approx((truth.rerun, truth.policy, truth.region),
+                                                                rel=1e-9)
+    assert got.seconds(graph, parts, holds) == pytest.approx(truth.seconds(graph, parts, holds), rel=1e-9)
+
+
 def test_dispatched_counts_fold_views_into_ops() -> None:
     """Every forward op of a block stands for itself and the views before it: the block dispatches
     more operators than it has graph nodes (what the policy's modes run on)."""
@@ -131,7 +156,8 @@ def test_sac_plan_time_overhead_counts_checkpointing_costs() -> None:
     prof = _costed(prof, 2e-5, 1e-5)
     plan = sac_plan(prof, 0.85)
     sac = plan.solver_stats.extra["sac"]
-    assert sac["regions"] and sac["costs"] == {"rerun_s": 2e-5, "policy_s": 1e-5, "measured": True}
+    assert sac["regions"] and sac["costs"] == {"rerun_s": 2e-5, "policy_s": 1e-5, "region_s": 0.0,
+                                                "measured": True}
     regions = [Region(r.name, r.nodes, r.save) for r in _regions(candidate_blocks(prof.model, graph),
                                                                  tuple(sac["options"].values()))]
     costed = prof.graph if prof.baseline_graph is None else prof.baseline_graph

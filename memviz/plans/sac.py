@@ -95,7 +95,7 @@ def dispatched_counts(cap: Any, graph: Graph) -> dict[int, int]:
 
 #: the version of the checkpointing costs a profile holds (``graph.meta["sac_costs"]``); a profile without
 #: them (or of another version) plans with none counted
-COSTS_VERSION = 1
+COSTS_VERSION = 2
 #: seconds `checkpoint_costs` may spend timing a block beyond its first `COST_ROUNDS` rounds, and its most
 #: rounds: a transformer block of bench_apply's runs in 10-20 ms on one CPU thread, so about 21 rounds;
 #: the floor keeps a profile of a slow model short (every training profile pays it)
@@ -110,7 +110,8 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     time (`memviz.profile`) so a sac plan is a function of its profile: the model's first checkpointable
     block (`candidate_blocks`) with the arguments it gets in one eager forward (its KV cache off, as apply
     runs a checkpointed layer), run alone (forward and backward of the sum of its outputs) as it is,
-    checkpointed by `memviz.apply` keeping nothing, and keeping its matmuls through the policy; medians
+    checkpointed by `memviz.apply` keeping nothing, keeping its matmuls through the policy, and (when it
+    has any) with its elementwise pieces checkpointed alone (`candidate_blocks`); medians
     of interleaved rounds (`COST_ROUNDS` at least, more within `COST_BUDGET_S`; one round with
     ``repeats=1``), turned into per-operator costs by `solvers.sac.calibrate`.  The model, its buffers
     and the RNG streams are left as they were.  Graph metadata (plain numbers, saved with plans); empty
@@ -126,10 +127,11 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     blocks = candidate_blocks(model, graph)
     if not blocks:
         return {}
-    path, ids, mm = blocks[0][:3]
+    path, ids, mm, _, pieces = blocks[0]
     # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
     keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
+    piece_regions = [Region(p, p_ids) for p, p_ids in pieces]
     called: list[tuple[Any, Any]] = []
     handle = model.get_submodule(path).register_forward_pre_hook(
         lambda _m, a, k: called.append((a, k)) if not called else None, with_kwargs=True)
@@ -155,6 +157,10 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     for name, region in (("full", full), ("selective", selective)):
         runs[name] = copy.deepcopy(runs["eager"])
         wrap(runs[name], region_specs(graph, [region])[0])
+    if piece_regions:  # each elementwise piece checkpointed alone: what a checkpoint call costs
+        runs["pointwise"] = copy.deepcopy(runs["eager"])
+        for spec in region_specs(graph, piece_regions):
+            wrap(runs["pointwise"].get_submodule(spec["module"][len(path) + 1:]), spec)
 
     def step(module: Any) -> None:
         for t in (*leaves, *module.parameters()):
@@ -178,10 +184,12 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
                 times[name].append(accelerator.timed(functools.partial(step, module), device)[0])
     median = {name: statistics.median(v) for name, v in times.items()}
     costs = calibrate(graph, full, selective, eager_holds(cap), dispatched_counts(cap, graph),
-                      eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"])
+                      eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"],
+                      pieces=piece_regions, pieces_s=median.get("pointwise"))
     return {"sac_costs": COSTS_VERSION, "sac_rerun_s": costs.rerun, "sac_policy_s": costs.policy,
-            "sac_block": path, "sac_block_eager_s": median["eager"], "sac_block_full_s": median["full"],
-            "sac_block_selective_s": median["selective"]}
+            "sac_region_s": costs.region, "sac_block": path, "sac_block_eager_s": median["eager"],
+            "sac_block_full_s": median["full"], "sac_block_selective_s": median["selective"],
+            **({"sac_block_pointwise_s": median["pointwise"]} if "pointwise" in median else {})}
 
 
 def overheads(prof: Any, graph: Graph) -> Overheads:
@@ -192,7 +200,7 @@ def overheads(prof: Any, graph: Graph) -> Overheads:
     if meta.get("sac_costs") != COSTS_VERSION:
         return Overheads()
     return Overheads(_seconds(meta.get("sac_rerun_s")), _seconds(meta.get("sac_policy_s")),
-                     dispatched_counts(prof.captured, graph))
+                     dispatched_counts(prof.captured, graph), _seconds(meta.get("sac_region_s")))
 
 
 def time_ratio(plan: Any) -> float:
@@ -343,7 +351,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
         # measured constants they come from
         "overhead_s": choice.overhead_s,
-        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy,
+        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy, "region_s": costs.region,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
         "options": {b.name: o for b, o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})

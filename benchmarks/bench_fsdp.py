@@ -1,31 +1,35 @@
-"""Per-rank peak of an FSDP2 / tensor-parallel training step: memviz against torch's FSDPMemTracker and
-a real 2-process gloo run (issue 20 item 4).
+"""Per-rank peak of an FSDP2 / tensor-parallel / FSDP2 x TP training step: memviz against torch's
+FSDPMemTracker and a real gloo run of 2 or 4 processes (issue 20 item 4).
 
 Run: ``python benchmarks/bench_fsdp.py [--quick] [--out FILE]``; prints a markdown section and writes
 ``benchmarks/results/fsdp.json``.
 
 Models: the tiny GPT of tests/distributed_worker.py and transformers' LlamaForCausalLM from a small
 random-init config, one AdamW step (forward, ``logits.sum()``, backward, optimizer step) in the steady
-state (the optimizer's state exists).  Per rank of 2:
+state (the optimizer's state exists).  Per rank of 2 (FSDP2, TP) or 4 (FSDP2 x TP on a dp=2 x tp=2 mesh):
 
-* measured: two gloo processes (tests/distributed_worker.py) wrap the model themselves (``fully_shard``
-  per block then the root, or a Megatron ``parallelize_module`` plan) and track the second step's live
-  storages (including FSDP2's storage resizes);
-* memviz: ``memviz.profile(model, parallel=Parallel(2, rank=r))`` on the fake process group;
+* measured: gloo processes (tests/distributed_worker.py) wrap the model themselves (``fully_shard``
+  per block then the root, a Megatron ``parallelize_module`` plan, or both as tests/rank_plan_worker.py
+  does) and track the second step's live storages (including FSDP2's storage resizes);
+* memviz: ``memviz.profile(model, parallel=Parallel(world, ..., rank=r))`` on the fake process group;
 * FSDPMemTracker (``torch.distributed._tools.fsdp2_mem_tracker``): the usage its docs and tests show,
   under FakeTensorMode on the fake process group, two iterations, peak of the run.  It needs an
-  ``FSDPModule`` root, so the tensor-parallel rows have no anchor.
+  ``FSDPModule`` root, so the tensor-parallel rows have no anchor.  For FSDP2 x TP the model is built
+  under FakeTensorMode but wrapped with the mode paused: fully_shard joins the dp and tp meshes into a
+  new DeviceMesh, which cannot be built under FakeTensorMode (its parameters are fake already).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,29 +40,40 @@ for p in (ROOT, ROOT / "tests"):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from distributed_worker import MODELS, loss_of, user_wrap  # noqa: E402
+from rank_plan_worker import meshes_of, parallel_of  # noqa: E402
+from rank_plan_worker import user_wrap as user_wrap_2d  # noqa: E402
 
 import memviz  # noqa: E402
-from memviz.parallel.distributed import Parallel  # noqa: E402
 
-WORLD = 2
-#: (model, kind): FSDP2 for both models, tensor parallel for both (no anchor)
-CASES = [("gpt", "fsdp"), ("llama", "fsdp"), ("gpt", "tp"), ("llama", "tp")]
+#: (model, kind, processes): FSDP2 and tensor parallel (no anchor) on 2, FSDP2 x TP on dp=2 x tp=2
+CASES = [("gpt", "fsdp", 2), ("llama", "fsdp", 2), ("gpt", "tp", 2), ("llama", "tp", 2),
+         ("gpt", "fsdp_tp", 4), ("llama", "fsdp_tp", 4)]
+#: ranks per tensor-parallel group where it is not the world (rank_plan_worker.SETUPS' tp degree)
+TP_GROUP = {"fsdp_tp": 2}
+#: FSDPMemTracker anchors an FSDPModule root
+ANCHORED = frozenset({"fsdp", "fsdp_tp"})
 
 
-def fsdp_mem_tracker_peak(name: str, rank: int) -> int:
+def fsdp_mem_tracker_peak(name: str, kind: str, world: int, rank: int) -> int:
     """FSDPMemTracker's peak for `rank`: the model built and wrapped under FakeTensorMode on the fake
-    group (the mesh is made first: a DeviceMesh cannot be built under FakeTensorMode)."""
+    group (the meshes are made first: a DeviceMesh cannot be built under FakeTensorMode, which is also
+    why the 2-D wrapping, which joins the meshes, runs with the mode paused)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import _disable_current_modes
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (WORLD,))
+        mesh = init_device_mesh("cpu", (world,)) if kind == "fsdp" else meshes_of(kind, world)
         with FakeTensorMode():
             model, args = MODELS[name]()
-            model = user_wrap(model, "fsdp", WORLD, mesh=mesh)
+            if kind == "fsdp":
+                model = user_wrap(model, "fsdp", world, mesh=mesh)
+            else:
+                with _disable_current_modes():
+                    model = user_wrap_2d(model, name, kind, world, mesh)
             opt = torch.optim.AdamW(model.parameters())
             tracker = FSDPMemTracker(model, opt)
             tracker.track_inputs(args)
@@ -77,13 +92,21 @@ def fsdp_mem_tracker_peak(name: str, rank: int) -> int:
         dist.destroy_process_group()
 
 
-def memviz_peak(name: str, kind: str, rank: int) -> tuple[int, float]:
+def memviz_peak(name: str, kind: str, world: int, rank: int) -> tuple[int, float]:
     model, args = MODELS[name]()
-    parallel = (Parallel(WORLD, rank=rank) if kind == "fsdp"
-                else Parallel(WORLD, fsdp=False, tp=WORLD, rank=rank))
     t = time.perf_counter()
-    prof = memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_of, parallel=parallel)
+    prof = memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_of,
+                          parallel=parallel_of(kind, world, rank))
     return prof.baseline.peak_bytes, time.perf_counter() - t
+
+
+def predictions(name: str, kind: str, world: int,
+                ranks: tuple[int, ...]) -> list[tuple[int, float, int | None]]:
+    """Per rank of `ranks`: memviz's peak, its profile's wall seconds and FSDPMemTracker's peak (None: no
+    anchor)."""
+    return [(*memviz_peak(name, kind, world, rank),
+             fsdp_mem_tracker_peak(name, kind, world, rank) if kind in ANCHORED else None)
+            for rank in ranks]
 
 
 def _free_port() -> int:
@@ -92,14 +115,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def gloo_measured(cases: list[tuple[str, str]]) -> list[dict]:
-    """Each rank's measured peak per case, from two real gloo processes."""
+def gloo_measured(cases: list[tuple[str, str]], world: int) -> list[dict]:
+    """Each rank's measured peak per case, from `world` real gloo processes."""
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         subprocess.run([sys.executable, str(ROOT / "tests" / "distributed_worker.py"),
-                        ",".join(f"{m}:{k}" for m, k in cases), str(WORLD), str(_free_port()), out],
-                       env=env, check=True, timeout=600)
-        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(WORLD)]
+                        ",".join(f"{m}:{k}" for m, k in cases), str(world), str(_free_port()), out,
+                        "--measure-only"], env=env, check=True, timeout=600)
+        return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def _err(x: int | None, real: int) -> float | None:
@@ -108,21 +131,30 @@ def _err(x: int | None, real: int) -> float | None:
 
 def run(quick: bool = False) -> dict:
     cases = CASES[:2] if quick else CASES
-    measured = gloo_measured(cases)
+    measured = {world: gloo_measured([(m, k) for m, k, w in cases if w == world], world)
+                for world in sorted({w for _, _, w in cases})}
+    # fresh processes, two at a time (the machine's cores), each running the ranks of one tensor-parallel
+    # group of a case: in one process, memviz's profile of FSDP2 x TP rank 2 after ranks 0 and 1 fails
+    # ("Could not resolve the process group registered under the name 3": state DTensor keeps from the
+    # earlier fake groups, not traced), while ranks of one tp group in turn profile correctly
+    tasks = [(name, kind, world, tuple(range(first, first + TP_GROUP.get(kind, world))))
+             for name, kind, world in cases for first in range(0, world, TP_GROUP.get(kind, world))]
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=spawn, max_tasks_per_child=1) as pool:
+        predicted = dict(zip(tasks, pool.map(predictions, *zip(*tasks, strict=True)), strict=True))
     rows = []
-    for name, kind in cases:
-        for rank in range(WORLD):
-            real = measured[rank][f"{name}:{kind}"]["measured"]
-            ours, seconds = memviz_peak(name, kind, rank)
-            anchor = fsdp_mem_tracker_peak(name, rank) if kind == "fsdp" else None
-            rows.append({"model": name, "parallel": kind, "rank": rank, "measured": real, "memviz": ours,
+    for name, kind, world, ranks in tasks:
+        for rank, (ours, seconds, anchor) in zip(ranks, predicted[name, kind, world, ranks], strict=True):
+            real = measured[world][rank][f"{name}:{kind}"]["measured"]
+            rows.append({"model": name, "parallel": kind, "world": world, "rank": rank, "measured": real,
+                         "memviz": ours,
                          "memviz_s": round(seconds, 2), "fsdp_mem_tracker": anchor,
                          "memviz_err_pct": _err(ours, real), "anchor_err_pct": _err(anchor, real)})
     anchored = [r for r in rows if r["fsdp_mem_tracker"] is not None]
     ours = max(abs(r["memviz_err_pct"]) for r in anchored)
     theirs = max(abs(r["anchor_err_pct"]) for r in anchored)
-    result = {"rows": rows, "world_size": WORLD,
-              "headline": [{"metric": "FSDP2 per-rank peak error vs 2 gloo ranks (GPT, Llama), worst row",
+    result = {"rows": rows,
+              "headline": [{"metric": "FSDP2 (x TP) per-rank peak error vs gloo ranks (GPT, Llama), worst",
                             "ours": f"{ours:.2f}%", "baseline": f"FSDPMemTracker {theirs:.2f}%",
                             "ratio": ""}]}
     result["markdown"] = markdown(result)
@@ -134,18 +166,21 @@ def _pct(x: float | None) -> str:
 
 
 def markdown(result: dict) -> str:
-    out = ["## FSDP2 / TP per-rank peak: memviz vs torch's FSDPMemTracker vs 2 gloo ranks", "",
-           "One steady-state AdamW step (`logits.sum()` loss) per rank of 2. Measured: two gloo processes "
+    out = ["## FSDP2 / TP per-rank peak: memviz vs torch's FSDPMemTracker vs 2-4 gloo ranks", "",
+           "One steady-state AdamW step (`logits.sum()` loss) per rank of 2 (fsdp, tp) or 4 (fsdp_tp: FSDP2 "
+           "x TP on a dp=2 x tp=2 mesh). Measured: gloo processes "
            "that wrap the model themselves and track live storages (FSDP2's storage resizes included). "
-           "memviz: `profile(..., parallel=Parallel(2, ...))` on the fake process group. FSDPMemTracker: "
+           "memviz: `profile(..., parallel=Parallel(world, ...))` on the fake process group. FSDPMemTracker: "
            "torch.distributed._tools, under FakeTensorMode on the fake group (FSDP2 roots only: no anchor "
-           "for tensor parallelism). Bytes; error relative to the measured peak.", "",
+           "for tensor parallelism alone; for fsdp_tp the wrapping runs with the mode paused, as fully_shard "
+           "builds a joined DeviceMesh). Bytes; error relative to the measured peak.", "",
            "| model | parallel | rank | measured | memviz (err) | FSDPMemTracker (err) | memviz profile s |",
            "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        anchor = ("n/a" if r["fsdp_mem_tracker"] is None
+        anchor = ("n/a (no FSDPModule root)" if r["fsdp_mem_tracker"] is None
                   else f"{r['fsdp_mem_tracker']} ({_pct(r['anchor_err_pct'])})")
-        out.append(f"| {r['model']} | {r['parallel']} | {r['rank']} | {r['measured']} | {r['memviz']} "
+        out.append(f"| {r['model']} | {r['parallel']} | {r['rank']}/{r.get('world', 2)} | {r['measured']} "
+                   f"| {r['memviz']} "
                    f"({_pct(r['memviz_err_pct'])}) | {anchor} | {r['memviz_s']:.1f} |")
     return "\n".join(out + [""])
 

@@ -37,13 +37,14 @@ NEEDS_CUDA = frozenset({"cuda"})
 #: wall-time target of a full run, seconds (45 minutes: the apply, scaling, planfile, fsdp and scale
 #: benches came on top of a run that filled 30; 50 since olla packs all eleven MiniMalloc instances,
 #: papers proves the reordering bounds and the UI-latency bench came; plus 37 for compile, whose Inductor
-#: compiles are slow; 8 more for cuda on a GPU machine)
-TARGET_S = 96 * 60
-#: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load; the sum
-#: stays within TARGET_S
+#: compiles are slow; 8 more for cuda on a GPU machine; 1 more for fsdp's 4-rank FSDP2 x TP rows)
+TARGET_S = 97 * 60
+#: wall-time budget of each bench, seconds, about 1.2x its last recorded wall time under load (fsdp: 1.6x
+#: its 155 CPU seconds, as its last run, 903 s of wall at load 13-16, was mostly waiting for a core);
+#: the sum stays within TARGET_S
 BUDGET_S: dict[str, float] = {"remat": 330, "capture": 80, "olla": 130, "autochunk": 170, "papers": 240,
                              "export": 100, "user": 40, "real": 520, "apply": 330, "planfile": 130,
-                             "scaling": 220, "fsdp": 180, "scale": 340, "ui": 180, "compile": 2200,
+                             "scaling": 220, "fsdp": 250, "scale": 340, "ui": 180, "compile": 2200,
                              "cuda": 500}
 QUICK_BUDGET_S = 300.0
 #: every bench_*.py here; remat first: the longest, and the one the headline leads with

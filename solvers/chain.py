@@ -17,13 +17,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
-from solvers.ir import DataKind, Graph, GraphError, Phase
+from solvers.ir import DataKind, Graph, GraphError, Phase, frozen_instances
 from solvers.milp import Model
 from solvers.milp import solve as solve_milp
-from solvers.schedule import Schedule, Step, compute, free
+from solvers.schedule import Schedule, Step
 
 #: seconds for the backward-assignment LP (a few hundred variables: milliseconds in practice)
 LP_SECONDS = 10.0
@@ -122,11 +123,17 @@ def schedule_with_frees(graph: Graph, seq: Sequence[int]) -> Schedule:
     """The full schedule for a compute sequence over the whole graph: sources stay, outputs stay."""
     sources = graph.sources()
     start, after = liveness_frees(graph, seq, sources, graph.outputs, sources)
-    steps: list[Step] = [free(d) for d in start]
+    # the steps as two columns, made into Step objects in C loops (`frozen_instances`): one Python call
+    # per step was most of a Rotor plan's time on an 18.6k-operator rank (a schedule per proposal)
+    ops: list[str] = ["free"] * len(start)
+    nodes: list[int] = list(start)
     for i, c in enumerate(seq):
-        steps.append(compute(c))
-        steps.extend(free(d) for d in sorted(after[i]))
-    return tuple(steps)
+        frees = sorted(after[i])
+        ops.append("compute")
+        ops.extend(repeat("free", len(frees)))
+        nodes.append(c)
+        nodes.extend(frees)
+    return frozen_instances(Step, ops, nodes)
 
 
 def replay(graph: Graph, seq: Sequence[int], counted: set[int], alive: Iterable[int],

@@ -70,11 +70,16 @@ class Overheads:
     caching dispatch mode and the policy, its recomputation every re-run one through the cached mode,
     kept ones included (they return the cached value); a region that keeps nothing runs plain
     checkpointing, without them.  `dispatched`: compute id -> how many operators it stands for as the
-    dispatcher sees them (views and detaches folded into the next op; 1 where absent)."""
+    dispatcher sees them (views and detaches folded into the next op; 1 where absent).  `scale`: what a
+    recomputed op costs per second of its measured time, as the block ran in step (the block's eager run
+    over its ops' summed times): ops are timed alone at another moment than the steps, and on a loaded
+    CPU a GPT-2's summed op times moved 44 to 80 ms between two profiles while its measured step stayed
+    at 66-67 ms, so an op-time sum priced a recomputation up to 1.8x off (exec23)."""
 
     rerun: float = 0.0
     policy: float = 0.0
     dispatched: Mapping[int, int] = field(default_factory=dict)
+    scale: float = 1.0
     #: per checkpointed call that recomputes: the checkpoint frame itself (its RNG state saved and restored,
     #: its hooks), which a block's small elementwise pieces ("pointwise") pay once each
     region: float = 0.0
@@ -92,14 +97,15 @@ class Overheads:
         return forward, rerun, sum(graph.computes[c].time for c in run.rec)
 
     def region_seconds(self, graph: Graph, region: Region, holds: EagerHolds) -> float:
-        """What checkpointing `region` costs per step beyond its recomputed ops' times."""
-        forward, rerun, _ = self.passes(graph, region, holds)
-        return (self.rerun * rerun + (self.region if rerun else 0.0)
+        """What checkpointing `region` costs per step beyond its recomputed ops' measured times (their
+        re-pricing by `scale` included, so below 0 where the ops ran faster in step than timed alone)."""
+        forward, rerun, ops = self.passes(graph, region, holds)
+        return ((self.scale - 1.0) * ops + self.rerun * rerun + (self.region if rerun else 0.0)
                 + (self.policy * (forward + rerun) if region.save else 0.0))
 
     def seconds(self, graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> float:
         """What checkpointing `regions` costs per step beyond the schedule's op times."""
-        if not (self.rerun or self.policy or self.region):
+        if not (self.rerun or self.policy or self.region or self.scale != 1.0):
             return 0.0
         return sum(self.region_seconds(graph, r, holds) for r in regions)
 
@@ -110,13 +116,18 @@ def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, 
     """`Overheads` from one block timed on the device (its forward and backward alone): `eager_s` as it
     is, `full_s` checkpointed keeping nothing (`full`), `selective_s` checkpointed with the policy keeping
     `selective.save`, and `pieces_s` with each of `pieces` (its elementwise sub-modules) checkpointed alone.
+    `scale`: `eager_s` over the summed times of the block's ops (its forward and backward computes, by
+    module path), so the recomputed ops are priced as the block runs them, not as they were timed alone;
     `rerun` (per operator re-run) and `region` (per checkpoint call) from `full` and `pieces`: what each
-    costs beyond eager and beyond its recomputed ops' simulated times (without pieces, all of `full`'s
-    is per operator); `policy`: what `selective` costs beyond that, per operator and pass.  Negative
-    leftovers (timing noise) count as none."""
+    costs beyond eager and beyond its recomputed ops so priced (without pieces, all of `full`'s is per
+    operator); `policy`: what `selective` costs beyond that, per operator and pass.  Negative leftovers
+    (timing noise) count as none."""
+    block = sum(c.time for c in graph.computes
+                if c.module == full.name or c.module.startswith(full.name + "."))
+    scale = eager_s / block if eager_s > 0 and block > 0 else 1.0
     base = Overheads(dispatched=dispatched)
     _, full_rerun, full_ops = base.passes(graph, full, holds)
-    full_left = max(0.0, full_s - eager_s - full_ops)
+    full_left = max(0.0, full_s - eager_s - scale * full_ops)
     rerun = full_left / full_rerun if full_rerun else 0.0
     region = 0.0
     passes = [base.passes(graph, p, holds) for p in pieces]
@@ -124,7 +135,7 @@ def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, 
     piece_rerun = sum(r for _, r, _ in passes)
     if pieces_s is not None and calls and full_rerun:
         # full_left = rerun * full_rerun + region; pieces_left = rerun * piece_rerun + region * calls
-        pieces_left = max(0.0, pieces_s - eager_s - sum(t for _, _, t in passes))
+        pieces_left = max(0.0, pieces_s - eager_s - scale * sum(t for _, _, t in passes))
         share = piece_rerun / full_rerun
         if calls > share:
             region = max(0.0, min(full_left, (pieces_left - full_left * share) / (calls - share)))
@@ -132,9 +143,9 @@ def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, 
     forward, sel_rerun, sel_ops = base.passes(graph, selective, holds)
     policy = 0.0
     if selective.save and forward + sel_rerun:
-        left = selective_s - eager_s - sel_ops - rerun * sel_rerun - region
+        left = selective_s - eager_s - scale * sel_ops - rerun * sel_rerun - region
         policy = max(0.0, left) / (forward + sel_rerun)
-    return Overheads(rerun, policy, dispatched, region)
+    return Overheads(rerun, policy, dispatched, scale, region)
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,14 @@ def blocks(model: nn.Module) -> nn.ModuleList:
 
 def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.Module:
     """What a user writes: FSDP2 per block then the root, or a Megatron tensor-parallel plan per block
-    (`mesh`: one made beforehand, e.g. outside a FakeTensorMode, which cannot build one)."""
+    (`mesh`: one made beforehand, e.g. outside a FakeTensorMode, which cannot build one); "fsdp_tp" is
+    rank_plan_worker's FSDP2 x TP on a (world/2) x 2 mesh."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    if kind == "fsdp_tp":
+        from rank_plan_worker import user_wrap as wrap_2d
+
+        return wrap_2d(model, "gpt" if hasattr(model, "blocks") else "llama", kind, world)
 
     mesh = mesh if mesh is not None else init_device_mesh("cpu", (world,))
     if kind == "fsdp":
@@ -122,8 +128,9 @@ def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.M
     return model
 
 
-def measure(name: str, kind: str, world: int) -> dict[str, int]:
-    """One rank's measured AdamW training step of the user-wrapped model, and memviz's profile of it."""
+def measure(name: str, kind: str, world: int, profile: bool = True) -> dict[str, int]:
+    """One rank's measured AdamW training step of the user-wrapped model, and (`profile`) memviz's profile
+    of it."""
     import memviz
     from memviz.hardware.collectives import collective_time
     from memviz.parallel.distributed import ShardedStorageTracker, local_tensors
@@ -144,19 +151,23 @@ def measure(name: str, kind: str, world: int) -> dict[str, int]:
     with tracker:
         step()
     opt.zero_grad(set_to_none=True)
+    if not profile:
+        return {"measured": tracker.peak_bytes}
     # memviz on the model the user wrapped, on the real gloo group
     prof = memviz.profile(model, args, optimizer=opt, loss_fn=loss_of)
     return {"measured": tracker.peak_bytes, "wrapped_predicted": prof.baseline.peak_bytes,
             "collective_s": collective_time(prof.graph, prof.baseline_schedule)}
 
 
-def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str) -> None:
-    """`cases`: "model:kind" items, e.g. "gpt:fsdp", "llama:tp"; the JSON is keyed by them."""
+def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str, profile: bool = True) -> None:
+    """`cases`: "model:kind" items, e.g. "gpt:fsdp", "llama:tp"; the JSON is keyed by them.  Without
+    `profile`, the measured peaks alone (bench_fsdp predicts each rank on the fake group)."""
     import torch.distributed as dist
 
+    torch.set_num_threads(1)  # world processes share the machine's cores
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        result = {case: measure(*case.split(":"), world) for case in cases}
+        result = {case: measure(*case.split(":"), world, profile) for case in cases}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
@@ -167,4 +178,5 @@ if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     cases, world, port, out_dir = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    mp.spawn(worker, args=(world, cases, port, out_dir), nprocs=world, join=True)
+    profile = sys.argv[5:] != ["--measure-only"]
+    mp.spawn(worker, args=(world, cases, port, out_dir, profile), nprocs=world, join=True)

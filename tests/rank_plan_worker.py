@@ -41,11 +41,27 @@ def parallel_of(setup: str, world: int, rank: int = 0) -> Any:
     return Parallel(world_size=world, fsdp=fsdp, tp=tp or world, sp=sp, rank=rank)
 
 
-def user_wrap(model: nn.Module, name: str, setup: str, world: int) -> nn.Module:
+def meshes_of(setup: str, world: int) -> tuple[Any, Any]:
+    """The (data-parallel, tensor-parallel) meshes of `setup`, None where it has no such dimension."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fsdp, tp, _ = SETUPS[setup]
+    tp = tp or world
+    if fsdp and tp > 1:
+        mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        return mesh["dp"], mesh["tp"]
+    if tp > 1:
+        return None, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+    return init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)), None
+
+
+def user_wrap(model: nn.Module, name: str, setup: str, world: int,
+              meshes: tuple[Any, Any] | None = None) -> nn.Module:
     """What a user writes (torchtitan's recipe): the Megatron plan of `TP_PLANS` per block, with sequence
     parallelism its norms run on sequence shards and the residual stream stays split between the first
-    block and the last; then FSDP2 on every block and the root, over the data-parallel mesh dimension."""
-    from torch.distributed.device_mesh import init_device_mesh
+    block and the last; then FSDP2 on every block and the root, over the data-parallel mesh dimension.
+    `meshes`: those of `meshes_of`, made beforehand (e.g. outside a FakeTensorMode, under which a mesh
+    can be neither built nor sliced)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -61,13 +77,7 @@ def user_wrap(model: nn.Module, name: str, setup: str, world: int) -> nn.Module:
 
     fsdp, tp, sp = SETUPS[setup]
     tp = tp or world
-    if fsdp and tp > 1:
-        mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
-    elif tp > 1:
-        dp_mesh, tp_mesh = None, init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-    else:
-        dp_mesh, tp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)), None
+    dp_mesh, tp_mesh = meshes if meshes is not None else meshes_of(setup, world)
     layers = list(blocks(model))
     if tp_mesh is not None:
         for i, block in enumerate(layers):

@@ -111,3 +111,56 @@ def test_a_neuron_profile_too_big_is_estimated_for_trainium2() -> None:
     info = DeviceInfo("neuron:0", False, 96 << 30, SimpleNamespace(type="neuron"))  # no such device here
     estimate = estimated_on(info)
     assert estimate.estimated and estimate.target.name == "trn2" and estimate.capacity_bytes == 96 << 30
+
+
+@pytest.fixture
+def threads() -> object:
+    """Restores torch's intra-op thread count and any clock a test pinned."""
+    before, clock = torch.get_num_threads(), accelerator.cpu_clock
+    yield
+    torch.set_num_threads(before)
+    accelerator.cpu_clock = clock
+
+
+def test_a_one_thread_cpu_step_is_timed_on_this_process_cpu_time(threads: object) -> None:
+    """With one intra-op thread the CPU step is this thread's work: time spent off the CPU (a sleep here,
+    other processes' turns on a loaded machine) is not the step's cost, so the profile's op times and
+    fixed costs leave it out (issue 22 item 2 / exec23).  The wall clock would read at least the sleep."""
+    import time
+
+    accelerator.cpu_clock = None
+    torch.set_num_threads(1)
+    assert accelerator.host_clock() is time.process_time
+    seconds, out = accelerator.timed(lambda: time.sleep(0.05) or "out", "cpu")
+    assert out == "out" and seconds < 0.025
+
+
+def test_a_multithreaded_cpu_step_is_timed_on_the_wall_clock(threads: object) -> None:
+    """Several intra-op threads: process CPU time would sum the workers', so the wall clock stays; a
+    clock the caller pins wins either way."""
+    import time
+
+    accelerator.cpu_clock = None
+    torch.set_num_threads(2)
+    assert accelerator.host_clock() is time.perf_counter
+    assert accelerator.timed(lambda: time.sleep(0.02), "cpu")[0] >= 0.02
+    accelerator.cpu_clock = time.process_time
+    assert accelerator.host_clock() is time.process_time
+
+
+def test_cpu_timings_take_off_what_the_clock_reads_for_itself(threads: object) -> None:
+    """A clock that advances 5 units on every read (the process clock's system call: 0.6 us per reading on
+    the project's VM) times nothing as 0 and a 10-unit call as 10, not 15."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 5.0
+        return now[0]
+
+    def work() -> str:
+        now[0] += 10.0
+        return "out"
+
+    accelerator.cpu_clock = clock
+    assert accelerator.timed(lambda: None, "cpu")[0] == 0.0
+    assert accelerator.timed(work, "cpu") == (10.0, "out")

@@ -366,3 +366,16 @@ def test_scale_benchmark_smoke() -> None:
         for value in (lambda b: 10 * b, lambda b: b * b + 3 * b):
             cap = value(limit) if limit else value(1) - 1
             assert bench_scale.largest_fitting(value, cap) == (limit, limit + 1)
+
+
+@pytest.mark.slow
+def test_fsdp_mem_tracker_anchors_fsdp2_x_tp() -> None:
+    """benchmarks/bench_fsdp.py's anchor on FSDP2 x TP (dp=2 x tp=2, 4 fake ranks): FSDPMemTracker runs on
+    the 2-D mesh (the wrapping, which joins the meshes, with FakeTensorMode paused) and its per-rank peak
+    is memviz's for the same rank within 5% (both on the fake group; the gloo ranks are the benchmark's)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_fsdp
+
+    theirs = bench_fsdp.fsdp_mem_tracker_peak("gpt", "fsdp_tp", 4, 0)
+    ours, _ = bench_fsdp.memviz_peak("gpt", "fsdp_tp", 4, 0)
+    assert abs(theirs - ours) <= 0.05 * ours, (theirs, ours)

@@ -227,3 +227,26 @@ def test_a_loaded_plan_goes_to_the_oldest_gc_generation(tmp_path):
         assert not any(o is mine for o in gc.get_objects())  # still frozen (the three generations lack it)
     finally:
         gc.unfreeze()
+
+
+def test_solvers_plan_without_cyclic_collection(monkeypatch):
+    """memviz.plan's solve and minimum_budget run the solvers with the cyclic GC paused (`gc_paused`: the
+    schedules they build would make each collection rescan the profile's heap), and turn it back on."""
+    import gc
+
+    from memviz.plans import planning
+
+    seen: list[bool] = []
+    solve = planning.solve_checked
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "solve_checked", spy)
+    graph = tiny_training_graph()
+    low = planning.minimum_budget(graph, "rotor")
+    memviz.plan(graph, max(low, graph.persistent_bytes() + 1), strategy="rotor", frontier=False,
+                packing=False)
+    assert len(seen) >= 2 and not any(seen)
+    assert gc.isenabled() and gc.get_freeze_count() == 0

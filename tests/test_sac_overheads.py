@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from memviz.plans.planning import MIN_STEP_SHARE
+from memviz.plans.planning import MIN_STEP_SHARE, fixed_costs
 from memviz.plans.sac import (
     COSTS_VERSION,
     candidate_blocks,
@@ -90,15 +90,22 @@ def test_calibrate_inverts_the_accounting() -> None:
     _, graph, blocks, holds = _menu("gpt")
     name, ids, mm = blocks[0][:3]
     dispatched = {c: 1 + c % 2 for c in ids}
-    truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched)
     full, selective = Region(name, ids), Region(name, ids, mm)
-    eager = 0.01
-    full_s = eager + truth.passes(graph, full, holds)[2] + truth.region_seconds(graph, full, holds)
-    sel_s = eager + truth.passes(graph, selective, holds)[2] + truth.region_seconds(graph, selective, holds)
-    got = calibrate(graph, full, selective, holds, dispatched, eager_s=eager, full_s=full_s,
-                    selective_s=sel_s)
-    assert got.rerun == pytest.approx(truth.rerun, rel=1e-9)
-    assert got.policy == pytest.approx(truth.policy, rel=1e-9)
+    block = sum(c.time for c in graph.computes if c.module == name or c.module.startswith(name + "."))
+    for scale in (1.0, 0.5, 1.8):  # the block ran in step as fast as its ops timed alone, 2x, 1/1.8x
+        truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched, scale=scale)
+        eager = scale * block
+        full_s = eager + truth.passes(graph, full, holds)[2] + truth.region_seconds(graph, full, holds)
+        sel_s = (eager + truth.passes(graph, selective, holds)[2]
+                 + truth.region_seconds(graph, selective, holds))
+        got = calibrate(graph, full, selective, holds, dispatched, eager_s=eager, full_s=full_s,
+                        selective_s=sel_s)
+        assert got.scale == pytest.approx(scale, rel=1e-9)
+        assert got.rerun == pytest.approx(truth.rerun, rel=1e-9)
+        assert got.policy == pytest.approx(truth.policy, rel=1e-9)
+        # what the region costs beyond eager is what the block measured, at any drift of the op times
+        ops = got.passes(graph, full, holds)[2]
+        assert ops + got.region_seconds(graph, full, holds) == pytest.approx(full_s - eager, rel=1e-9)
     # timing noise below the op times: no negative cost
     low = calibrate(graph, full, selective, holds, dispatched, eager_s=eager, full_s=eager, selective_s=eager)
     assert (low.rerun, low.policy) == (0.0, 0.0)
@@ -114,9 +121,9 @@ def test_calibrate_separates_the_cost_per_checkpoint_call() -> None:
     parts = [r for r in pairs if Overheads().passes(graph, r, holds)[1]][:2]
     assert len(parts) == 2
     dispatched = {c: 1 + c % 2 for c in ids}
-    truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched, region=4e-4)
+    truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched, scale=1.5, region=4e-4)
     full, selective = Region(name, ids), Region(name, ids, mm)
-    eager = 0.01
+    eager = 1.5 * sum(c.time for c in graph.computes if c.module == name or c.module.startswith(name + "."))
 
     def timed(regions: list[Region]) -> float:
         return eager + sum(truth.passes(graph, r, holds)[2] + truth.region_seconds(graph, r, holds)
@@ -124,8 +131,8 @@ def test_calibrate_separates_the_cost_per_checkpoint_call() -> None:
 
     got = calibrate(graph, full, selective, holds, dispatched, eager_s=eager, full_s=timed([full]),
                     selective_s=timed([selective]), pieces=parts, pieces_s=timed(parts))
-    assert (got.rerun, got.policy, got.region) == pytest.approx((truth.rerun, truth.policy, truth.region),
-                                                                rel=1e-9)
+    assert (got.rerun, got.policy, got.scale, got.region) == pytest.approx(
+        (truth.rerun, truth.policy, truth.scale, truth.region), rel=1e-9)
     assert got.seconds(graph, parts, holds) == pytest.approx(truth.seconds(graph, parts, holds), rel=1e-9)
 
 
@@ -139,11 +146,14 @@ def test_dispatched_counts_fold_views_into_ops() -> None:
     assert sum(counts.get(c, 1) for c in ids) > len(ids)
 
 
-def _costed(prof: Any, rerun: float, policy: float) -> Any:
-    """`prof` holding the checkpointing costs `rerun` and `policy` (as `checkpoint_costs` stores them)."""
+def _costed(prof: Any, rerun: float, policy: float, scale: float | None = None) -> Any:
+    """`prof` holding the checkpointing costs `rerun`, `policy` and `scale` (as `checkpoint_costs` stores
+    them; None: a profile from before the scale was measured)."""
     def meta(graph: Any) -> Any:
         costs = {"sac_costs": COSTS_VERSION, "sac_rerun_s": rerun, "sac_policy_s": policy}
-        return dataclasses.replace(graph, meta={**graph.meta, **costs})
+        kept = {k: v for k, v in graph.meta.items() if k != "sac_scale"}
+        scaled = {} if scale is None else {"sac_scale": scale}
+        return dataclasses.replace(graph, meta={**kept, **costs, **scaled})
 
     eager = None if prof.baseline_graph is None else meta(prof.baseline_graph)
     return dataclasses.replace(prof, graph=meta(prof.graph), baseline_graph=eager)
@@ -156,8 +166,8 @@ def test_sac_plan_time_overhead_counts_checkpointing_costs() -> None:
     prof = _costed(prof, 2e-5, 1e-5)
     plan = sac_plan(prof, 0.85)
     sac = plan.solver_stats.extra["sac"]
-    assert sac["regions"] and sac["costs"] == {"rerun_s": 2e-5, "policy_s": 1e-5, "region_s": 0.0,
-                                                "measured": True}
+    assert sac["regions"] and sac["costs"] == {"rerun_s": 2e-5, "policy_s": 1e-5, "scale": 1.0,
+                                                "region_s": 0.0, "measured": True}
     regions = [Region(r.name, r.nodes, r.save) for r in _regions(candidate_blocks(prof.model, graph),
                                                                  tuple(sac["options"].values()))]
     costed = prof.graph if prof.baseline_graph is None else prof.baseline_graph
@@ -277,6 +287,28 @@ def test_time_ratio_ignores_what_a_loaded_plan_should_not_hold() -> None:
     clean = time_ratio(plan)
     sac["overhead_s"] = 1e-3
     assert time_ratio(plan) > clean
-    for bad in ("1e9", float("nan"), float("inf"), -1.0, True, None):
+    for bad in ("1e9", float("nan"), float("inf"), True, None):
         sac["overhead_s"] = bad
         assert time_ratio(plan) == clean
+    sac["overhead_s"] = -1.0  # below 0 is a re-pricing of the recomputed ops, never below running none
+    assert time_ratio(plan) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_recomputed_ops_are_priced_at_the_rate_the_block_ran_in_step() -> None:
+    """The profile's `sac_scale` (the block's eager run over its ops' summed times) prices every recomputed
+    op: at 0.5 a plan's recomputation costs half its op times, so its predicted step is that much
+    shorter; a profile without it prices them at their measured times (exec23, issue 22 item 2)."""
+    prof, graph, _, holds = _menu("gpt")
+    plans = {scale: sac_plan(_costed(prof, 2e-5, 1e-5, scale), 0.01) for scale in (None, 1.0, 0.5)}
+    options = tuple(plans[1.0].solver_stats.extra["sac"]["options"].values())
+    assert all(tuple(p.solver_stats.extra["sac"]["options"].values()) == options for p in plans.values())
+    regions = _regions(candidate_blocks(prof.model, graph), options)
+    recomputed = sum(Overheads().passes(graph, r, holds)[2] for r in regions)
+    assert recomputed > 0
+    extra = {k: p.solver_stats.extra["sac"]["overhead_s"] for k, p in plans.items()}
+    assert extra[None] == extra[1.0]
+    assert extra[0.5] == pytest.approx(extra[1.0] - 0.5 * recomputed, rel=1e-9)
+    eager = plans[1.0].baseline.total_time + fixed_costs(plans[1.0].graph, plans[1.0].baseline.total_time)[
+        "eager_fixed_s"]
+    assert plans[0.5].time_overhead == pytest.approx(plans[1.0].time_overhead - 0.5 * recomputed / eager,
+                                                     rel=1e-9)

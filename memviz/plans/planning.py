@@ -506,7 +506,10 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
     more = packing or (frontier and is_training(graph))
     solve_by = deadline.part(SOLVE_SHARE) if more else deadline
     try:
-        with progress(len(candidates), f"memviz: planning ({strategy})") as bar:
+        # the solvers alone, without cyclic collection (`gc_paused`): each schedule they build and
+        # simulate allocates ~10^5 acyclic objects, whose collections rescanned the profile's whole heap
+        # (a 70B rank's Rotor plan: 9.1 CPU s, 6.3 with that heap out of the collector's reach)
+        with progress(len(candidates), f"memviz: planning ({strategy})") as bar, gc_paused():
             result, timeline, name = _solve_first(graph, candidates, effective, solve_by, bar.update)
     except InfeasibleBudget as exc:
         known = _known_minimum(graph) if strategy == "auto" and "checkmate" not in candidates else None
@@ -654,9 +657,10 @@ def _solve_first(
 def minimum_budget(graph: Graph, strategy: str, time_limit: float = 10.0,
                    deadline: Deadline | None = None) -> int:
     """The smallest budget a strategy reports feasible (asks it for 1 byte and reads its answer);
-    `OutOfTime` when it could not answer by the deadline."""
+    `OutOfTime` when it could not answer by the deadline.  Without cyclic collection, as `_plan`'s solve."""
     try:
-        solve_checked(graph, strategy, graph.persistent_bytes() or 1, time_limit, deadline)
+        with gc_paused():
+            solve_checked(graph, strategy, graph.persistent_bytes() or 1, time_limit, deadline)
     except OutOfTime:
         raise
     except InfeasibleBudget as exc:

@@ -187,8 +187,9 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
                       eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"],
                       pieces=piece_regions, pieces_s=median.get("pointwise"))
     return {"sac_costs": COSTS_VERSION, "sac_rerun_s": costs.rerun, "sac_policy_s": costs.policy,
-            "sac_region_s": costs.region, "sac_block": path, "sac_block_eager_s": median["eager"],
-            "sac_block_full_s": median["full"], "sac_block_selective_s": median["selective"],
+            "sac_scale": costs.scale, "sac_region_s": costs.region,
+            "sac_block": path, "sac_block_eager_s": median["eager"], "sac_block_full_s": median["full"],
+            "sac_block_selective_s": median["selective"],
             **({"sac_block_pointwise_s": median["pointwise"]} if "pointwise" in median else {})}
 
 
@@ -199,8 +200,10 @@ def overheads(prof: Any, graph: Graph) -> Overheads:
     meta = graph.meta
     if meta.get("sac_costs") != COSTS_VERSION:
         return Overheads()
+    # no ``sac_scale`` (a profile from before it was measured): its costs were calibrated at scale 1
     return Overheads(_seconds(meta.get("sac_rerun_s")), _seconds(meta.get("sac_policy_s")),
-                     dispatched_counts(prof.captured, graph), _seconds(meta.get("sac_region_s")))
+                     dispatched_counts(prof.captured, graph), _seconds(meta.get("sac_scale")) or 1.0,
+                     _seconds(meta.get("sac_region_s")))
 
 
 def time_ratio(plan: Any) -> float:
@@ -209,11 +212,13 @@ def time_ratio(plan: Any) -> float:
     spends per step beyond its ops (``eager_fixed_s``, measured at profile time, as
     `memviz.plans.planning.fixed_costs` counts it: the recomputation's costs were calibrated against the
     same op times, `checkpoint_costs`)."""
-    from memviz.plans.planning import fixed_costs
+    from memviz.plans.planning import _finite, fixed_costs
 
     sac = plan.solver_stats.extra.get("sac")
     fixed = fixed_costs(plan.graph, plan.baseline.total_time)["eager_fixed_s"]
-    extra = _seconds(sac.get("overhead_s") if isinstance(sac, dict) else None)
+    # below 0 where the recomputed ops ran faster in step than timed alone (`solvers.sac.Overheads.scale`)
+    extra = max(_finite(sac.get("overhead_s") if isinstance(sac, dict) else None),
+                plan.baseline.total_time - plan.timeline.total_time)  # never faster than recomputing nothing
     eager = plan.baseline.total_time + fixed
     return (plan.timeline.total_time + extra + fixed) / eager if eager > 0 else 1.0
 
@@ -351,7 +356,8 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
         # measured constants they come from
         "overhead_s": choice.overhead_s,
-        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy, "region_s": costs.region,
+        "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy, "scale": costs.scale,
+                  "region_s": costs.region,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
         "options": {b.name: o for b, o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})

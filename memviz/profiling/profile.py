@@ -3,7 +3,7 @@
 Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its memory):
 
 * real device: the captured joint graph is replayed node by node in capture order; each operator runs
-  ``warmup`` times, then ``repeats`` times timed (``perf_counter`` on CPU, CUDA events on GPU) and the
+  ``warmup`` times, then ``repeats`` times timed (`accelerator.host_clock` on CPU, CUDA events on GPU) and the
   median is kept, stopping early within a time budget per operator or once samples agree (`_Timer`);
   operators identical in op, shapes, strides and dtypes share one measurement (`op_key`) and are not
   run again.  On CUDA the transient workspace is the allocator's peak during the op minus what the op
@@ -331,9 +331,10 @@ def _report_graph_measurement(m: xla.GraphMeasurement, predicted: int, info: Dev
 
 #: up to this many interleaved pairs of steps time the executor against eager (`step_fixed_costs`)
 #: where ``repeats`` > 1: with the 3-7 of ``repeats`` the median ratio of a ResNet's steps moved by 5
-#: points from run to run on a loaded machine (issue 22); pairs beyond ``repeats`` are added only
-#: while `FIXED_COST_BUDGET_S` lasts, and ``repeats=1`` (a quick profile) times one pair
-FIXED_COST_PAIRS = 11
+#: points from run to run on a loaded machine (issue 22), and medians of 11 pairs of the example GPT's
+#: 4 ms steps ranged 1.12-1.30 within one run of 60 (load 11, exec23); pairs beyond ``repeats`` are
+#: added only while `FIXED_COST_BUDGET_S` lasts, and ``repeats=1`` (a quick profile) times one pair
+FIXED_COST_PAIRS = 51
 FIXED_COST_BUDGET_S = 3.0
 
 

@@ -16,10 +16,10 @@ minimum:
 Printed per row: the blocks' options, the plan's peak and predicted step time over eager
 (``Plan.time_overhead``), the measured peak (CUDA: max allocated during the step less the copy's
 parameters, as bench_cuda) and the measured step time over eager (median of interleaved pairs).
-``--options n/f/m,...`` adds rows for those per-block options (n none, m matmuls, f full), planned
-without a budget: the accounting on chosen plans (the menu at 50% picked m/m/m/m/m/n for GPT-2 on an
-H100, measured 2.87x against 1.02 predicted).  On the CPU the profile and the steps are timed on this
-process's CPU time, which other processes' load does not inflate.
+``--options n/f/m,...`` adds rows for those per-block options (n none, p pointwise, k matchable,
+m matmuls, f full), planned without a budget: the accounting on chosen plans (the menu at 50% picked
+m/m/m/m/m/n for GPT-2 on an H100, measured 2.87x against 1.02 predicted).  On the CPU the profile and
+the steps are timed on this process's CPU time, which other processes' load does not inflate.
 """
 
 from __future__ import annotations
@@ -77,10 +77,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+#: option -> its letter in ``--options``
+LETTERS = {"none": "n", "pointwise": "p", "matchable": "k", "matmuls": "m", "full": "f"}
+
+
 def planned(prof: Any, options: str) -> Any:
     """A sac plan with the given per-block options ("n/m/f"), whatever its memory: the menu replaced by
     that one candidate (its schedule, simulation and costs as the menu would have them)."""
-    names = {"n": "none", "m": "matmuls", "f": "full"}
+    names = {v: k for k, v in LETTERS.items()}
     chosen = tuple(names[o] for o in options.split("/"))
 
     def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float,
@@ -147,7 +151,8 @@ def row(label: str, candidate: torch.nn.Module, eager: torch.nn.Module, args: tu
         loss_fn: Callable, pairs: int, plan: Any = None) -> None:
     measured = ratio(candidate, eager, args, kwargs, loss_fn, pairs)
     got = peak(candidate, eager, args, kwargs, loss_fn)
-    opts = "" if plan is None else "/".join(o[0] for o in plan.solver_stats.extra["sac"]["options"].values())
+    chosen = {} if plan is None else plan.solver_stats.extra["sac"]["options"]
+    opts = "/".join(LETTERS[o] for o in chosen.values())
     planned = "" if plan is None else f"{plan.peak_bytes / MiB:9.2f}"
     predicted = "" if plan is None else f"{plan.time_overhead:6.3f}"
     print(f"| {label} | {opts} | {planned} | {'' if got is None else f'{got / MiB:9.2f}'} | {predicted} | "

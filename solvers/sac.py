@@ -9,8 +9,9 @@ MUST_SAVE: their outputs are cached from the forward until that recomputation, w
 cached value instead of running them again.  `sac_schedule` writes exactly that as a CD-graph schedule
 so `solvers.simulate` predicts what `memviz.apply` runs.
 
-The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, save the
-matmul-class ops, recompute everything), and the cheapest combination that fits is searched over the
+The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, recompute
+only its elementwise sub-modules, save every op a policy can name and recompute the elementwise rest,
+save the matmul-class ops, recompute everything), and the cheapest combination that fits is searched over the
 blocks; memory does not add up across blocks, so every candidate is simulated.  Time is the simulated
 op times plus what checkpointing itself costs (`Overheads`, measured by the caller): a selective
 region's policy runs in Python on every op it dispatches, which can make "save the matmuls" slower
@@ -22,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from solvers.deadline import timed_out
 from solvers.ir import Graph, Phase
@@ -78,6 +80,9 @@ class Overheads:
     policy: float = 0.0
     dispatched: Mapping[int, int] = field(default_factory=dict)
     scale: float = 1.0
+    #: per checkpointed call that recomputes: the checkpoint frame itself (its RNG state saved and restored,
+    #: its hooks), which a block's small elementwise pieces ("pointwise") pay once each
+    region: float = 0.0
 
     def passes(self, graph: Graph, region: Region, holds: EagerHolds) -> tuple[int, int, float]:
         """(operators `region`'s forward dispatches, operators its recomputation dispatches, seconds of
@@ -95,36 +100,52 @@ class Overheads:
         """What checkpointing `region` costs per step beyond its recomputed ops' measured times (their
         re-pricing by `scale` included, so below 0 where the ops ran faster in step than timed alone)."""
         forward, rerun, ops = self.passes(graph, region, holds)
-        return ((self.scale - 1.0) * ops + self.rerun * rerun
+        return ((self.scale - 1.0) * ops + self.rerun * rerun + (self.region if rerun else 0.0)
                 + (self.policy * (forward + rerun) if region.save else 0.0))
 
     def seconds(self, graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> float:
         """What checkpointing `regions` costs per step beyond the schedule's op times."""
-        if not (self.rerun or self.policy or self.scale != 1.0):
+        if not (self.rerun or self.policy or self.region or self.scale != 1.0):
             return 0.0
         return sum(self.region_seconds(graph, r, holds) for r in regions)
 
 
 def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, dispatched: Mapping[int, int],
-              *, eager_s: float, full_s: float, selective_s: float) -> Overheads:
-    """`Overheads` from one block timed three ways on the device (its forward and backward alone):
-    `eager_s` as it is, `full_s` checkpointed keeping nothing (`full`), `selective_s` checkpointed with the
-    policy keeping `selective.save`.  `scale`: `eager_s` over the summed times of the block's ops (its
-    forward and backward computes, by module path), so the recomputed ops are priced as the block runs
-    them, not as they were timed alone; `rerun`: what `full` costs beyond eager and beyond its recomputed
-    ops so priced, per operator it re-runs; `policy`: what `selective` costs beyond that, per operator
-    and pass.  Negative leftovers (timing noise) count as none."""
+              *, eager_s: float, full_s: float, selective_s: float, pieces: Sequence[Region] = (),
+              pieces_s: float | None = None) -> Overheads:
+    """`Overheads` from one block timed on the device (its forward and backward alone): `eager_s` as it
+    is, `full_s` checkpointed keeping nothing (`full`), `selective_s` checkpointed with the policy keeping
+    `selective.save`, and `pieces_s` with each of `pieces` (its elementwise sub-modules) checkpointed alone.
+    `scale`: `eager_s` over the summed times of the block's ops (its forward and backward computes, by
+    module path), so the recomputed ops are priced as the block runs them, not as they were timed alone;
+    `rerun` (per operator re-run) and `region` (per checkpoint call) from `full` and `pieces`: what each
+    costs beyond eager and beyond its recomputed ops so priced (without pieces, all of `full`'s is per
+    operator); `policy`: what `selective` costs beyond that, per operator and pass.  Negative leftovers
+    (timing noise) count as none."""
     block = sum(c.time for c in graph.computes
                 if c.module == full.name or c.module.startswith(full.name + "."))
     scale = eager_s / block if eager_s > 0 and block > 0 else 1.0
     base = Overheads(dispatched=dispatched)
     _, full_rerun, full_ops = base.passes(graph, full, holds)
-    rerun = max(0.0, full_s - eager_s - scale * full_ops) / full_rerun if full_rerun else 0.0
+    full_left = max(0.0, full_s - eager_s - scale * full_ops)
+    rerun = full_left / full_rerun if full_rerun else 0.0
+    region = 0.0
+    passes = [base.passes(graph, p, holds) for p in pieces]
+    calls = sum(1 for _, r, _ in passes if r)
+    piece_rerun = sum(r for _, r, _ in passes)
+    if pieces_s is not None and calls and full_rerun:
+        # full_left = rerun * full_rerun + region; pieces_left = rerun * piece_rerun + region * calls
+        pieces_left = max(0.0, pieces_s - eager_s - scale * sum(t for _, _, t in passes))
+        share = piece_rerun / full_rerun
+        if calls > share:
+            region = max(0.0, min(full_left, (pieces_left - full_left * share) / (calls - share)))
+            rerun = (full_left - region) / full_rerun
     forward, sel_rerun, sel_ops = base.passes(graph, selective, holds)
     policy = 0.0
     if selective.save and forward + sel_rerun:
-        policy = max(0.0, selective_s - eager_s - scale * sel_ops - rerun * sel_rerun) / (forward + sel_rerun)
-    return Overheads(rerun, policy, dispatched, scale)
+        left = selective_s - eager_s - scale * sel_ops - rerun * sel_rerun - region
+        policy = max(0.0, left) / (forward + sel_rerun)
+    return Overheads(rerun, policy, dispatched, scale, region)
 
 
 @dataclass(frozen=True)
@@ -235,11 +256,41 @@ def _recompute_release(graph: Graph, d: int, p: int, run: _Run, holds: EagerHold
     return rel
 
 
-#: option name -> which of a region's nodes are MUST_SAVE, given the region's matmul-class nodes
-OPTIONS: dict[str, Callable[[frozenset[int]], frozenset[int]]] = {
-    "matmuls": lambda matmuls: matmuls,
-    "full": lambda matmuls: frozenset(),
+class Block(NamedTuple):
+    """A candidate block: a module call the menu may checkpoint."""
+
+    name: str
+    #: its forward compute ids (contiguous, capture order)
+    nodes: tuple[int, ...]
+    #: its matmul-class nodes ("matmuls" keeps them)
+    matmuls: frozenset[int]
+    #: every node a selective policy can match ("matchable" keeps them, recomputing the elementwise rest)
+    matchable: frozenset[int] = frozenset()
+    #: its elementwise sub-modules (no matmul-class op, two or more ops, one contiguous call each) as
+    #: (module path, forward compute ids): "pointwise" checkpoints each of them alone, without a policy
+    pieces: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+#: option name -> which of a region's nodes are MUST_SAVE, given its block
+OPTIONS: dict[str, Callable[[Block], frozenset[int]]] = {
+    "matchable": lambda block: block.matchable,
+    "matmuls": lambda block: block.matmuls,
+    "full": lambda block: frozenset(),
 }
+#: the options by memory, weakest (keeps most) first.  "pointwise" is torch.compile's min-cut at its
+#: default budget as PyTorch checkpointing runs it: only cheap elementwise chains (an activation function,
+#: a norm's float32 arithmetic) are recomputed, from their inputs, which stay, by plain checkpointing
+#: (no per-op policy: "matchable", the same as a policy, runs Python on every op the block dispatches)
+LADDER = ("none", "pointwise", "matchable", "matmuls", "full")
+
+
+def block_regions(block: Block, option: str) -> tuple[Region, ...]:
+    """The regions `option` checkpoints in `block`."""
+    if option == "none":
+        return ()
+    if option == "pointwise":
+        return tuple(Region(path, ids) for path, ids in block.pieces)
+    return (Region(block.name, block.nodes, OPTIONS[option](block)),)
 
 
 @dataclass(frozen=True)
@@ -262,36 +313,34 @@ class Choice:
         return self.timeline.total_time + self.overhead_s
 
 
-def _choose(graph: Graph, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
-            options: tuple[str, ...], holds: EagerHolds, overheads: Overheads) -> Choice:
-    regions = tuple(Region(name, nodes, OPTIONS[o](mm)) for (name, nodes, mm), o in zip(blocks, options,
-                                                                                       strict=True)
-                    if o != "none")
+def _choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], holds: EagerHolds,
+            overheads: Overheads) -> Choice:
+    regions = tuple(r for b, o in zip(blocks, options, strict=True) for r in block_regions(b, o))
     schedule = sac_schedule(graph, regions, holds)
     return Choice(options, regions, schedule, simulate(graph, schedule).check(),
                   overhead_s=overheads.seconds(graph, regions, holds))
 
 
-def solve_menu(graph: Graph, budget: int, blocks: Sequence[tuple[str, tuple[int, ...], frozenset[int]]],
-               holds: EagerHolds, *, time_limit: float = 60.0,
-               overheads: Overheads = Overheads()) -> tuple[SolveResult, Choice]:
-    """`solve_by_options` with every candidate's schedule from `sac_schedule` over `graph`, its time
-    the schedule's op times plus `overheads`."""
+def solve_menu(graph: Graph, budget: int, blocks: Sequence[Block], holds: EagerHolds, *,
+               time_limit: float = 60.0, overheads: Overheads = Overheads()) -> tuple[SolveResult, Choice]:
+    """`solve_by_options` over `LADDER` with every candidate's schedule from `sac_schedule` over `graph`,
+    its time the schedule's op times plus `overheads`."""
     return solve_by_options(len(blocks), budget, lambda opts: _choose(graph, blocks, opts, holds, overheads),
-                            time_limit=time_limit)
+                            time_limit=time_limit, ladder=LADDER)
 
 
 def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ...]], Choice], *,
-                     time_limit: float = 60.0) -> tuple[SolveResult, Choice]:
-    """Per-block options (none < matmuls < full, by memory) chosen greedily: while over budget, move the
+                     time_limit: float = 60.0,
+                     ladder: tuple[str, ...] = ("none", "matmuls", "full")) -> tuple[SolveResult, Choice]:
+    """Per-block options (`ladder`: weakest first, by memory) chosen greedily: while over budget, move the
     block to whichever stronger option cuts the simulated peak most per second of step time (`Choice.step_s`:
     recomputation and checkpointing's own costs, so "full" straight from "none" when the per-op policy
-    makes "matmuls" the slower of the two); then move any block to a weaker option, or to "full" from
-    "matmuls", when that still fits and is faster.  `choose` turns one option per block into a `Choice`
-    whose timeline `solvers.simulate` checked, so the result is what runs.  Raises `InfeasibleBudget` with
-    the smallest peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
+    makes the selective options the slower ones); then move any block to any other option when that still
+    fits and is faster (a weaker one also at equal time: a stronger one can be faster, having no policy).
+    `choose` turns one option per block into a `Choice` whose timeline `solvers.simulate` checked, so the
+    result is what runs.  Raises `InfeasibleBudget` with the smallest
+    peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
     start = time.perf_counter()
-    ladder = ("none", "matmuls", "full")
     best = choose(("none",) * n_blocks)
     lowest = best
     while best.timeline.peak_bytes > budget and not timed_out(start + time_limit, "sac: strengthening",
@@ -314,9 +363,9 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
         improved = False
         for i, o in enumerate(best.options):
             for other in ladder:
+                if other == o:
+                    continue
                 weaker = ladder.index(other) < ladder.index(o)
-                if not weaker and (other, o) != ("full", "matmuls"):
-                    continue  # weaker options, or "full" for "matmuls" (the policy may cost more)
                 cand = choose((*best.options[:i], other, *best.options[i + 1:]))
                 faster = cand.step_s <= best.step_s if weaker else cand.step_s < best.step_s
                 if cand.timeline.peak_bytes <= budget and faster:

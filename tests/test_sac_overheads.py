@@ -27,7 +27,7 @@ from memviz.plans.sac import (
     time_ratio,
 )
 from solvers import simulate
-from solvers.sac import OPTIONS, Overheads, Region, calibrate, sac_schedule, solve_menu
+from solvers.sac import Overheads, Region, block_regions, calibrate, sac_schedule, solve_menu
 from tests.test_apply import _example, sac_plan
 
 
@@ -38,8 +38,7 @@ def _menu(name: str) -> tuple[Any, Any, list, Any]:
 
 
 def _regions(blocks: list, options: tuple[str, ...]) -> tuple[Region, ...]:
-    return tuple(Region(n, ids, OPTIONS[o](mm)) for (n, ids, mm), o in zip(blocks, options, strict=True)
-                 if o != "none")
+    return tuple(r for b, o in zip(blocks, options, strict=True) for r in block_regions(b, o))
 
 
 def test_policy_cost_moves_the_menu_from_saved_matmuls_to_full_recomputation() -> None:
@@ -65,7 +64,7 @@ def test_overheads_count_reruns_and_policy_passes() -> None:
     dispatched operator of its forward and again on every one its recomputation runs, kept ones
     included (they are dispatched, their kernels are not), and `rerun` on the same ones."""
     _, graph, blocks, holds = _menu("gpt")
-    name, ids, mm = blocks[0]
+    name, ids, mm = blocks[0][:3]
     last = max(c for c in ids if c in holds.release)
     assert last < ids[-1] and mm & {c for c in ids if c <= last}  # early stop, and kept ops it re-runs
     dispatched = {c: 2 + c % 3 for c in ids}
@@ -89,7 +88,7 @@ def test_calibrate_inverts_the_accounting() -> None:
     """`calibrate` reads the two per-operator costs back from a block's three measured times: what the
     checkpointed runs cost beyond eager, less their recomputed op times, over the operators counted."""
     _, graph, blocks, holds = _menu("gpt")
-    name, ids, mm = blocks[0]
+    name, ids, mm = blocks[0][:3]
     dispatched = {c: 1 + c % 2 for c in ids}
     full, selective = Region(name, ids), Region(name, ids, mm)
     block = sum(c.time for c in graph.computes if c.module == name or c.module.startswith(name + "."))
@@ -112,12 +111,37 @@ def test_calibrate_inverts_the_accounting() -> None:
     assert (low.rerun, low.policy) == (0.0, 0.0)
 
 
+def test_calibrate_separates_the_cost_per_checkpoint_call() -> None:
+    """With small pieces of the block timed checkpointed alone (its elementwise sub-modules, "pointwise";
+    here any two pairs of ops that save something), `calibrate` tells the cost per checkpoint call from
+    the cost per re-run operator, so the menu does not price many small regions as a few operators."""
+    _, graph, blocks, holds = _menu("gpt")
+    name, ids, mm = blocks[0][:3]
+    pairs = [Region(f"piece{i}", ids[i:i + 2]) for i in range(0, len(ids) - 1, 2)]
+    parts = [r for r in pairs if Overheads().passes(graph, r, holds)[1]][:2]
+    assert len(parts) == 2
+    dispatched = {c: 1 + c % 2 for c in ids}
+    truth = Overheads(rerun=3e-5, policy=2e-5, dispatched=dispatched, scale=1.5, region=4e-4)
+    full, selective = Region(name, ids), Region(name, ids, mm)
+    eager = 1.5 * sum(c.time for c in graph.computes if c.module == name or c.module.startswith(name + "."))
+
+    def timed(regions: list[Region]) -> float:
+        return eager + sum(truth.passes(graph, r, holds)[2] + truth.region_seconds(graph, r, holds)
+                           for r in regions)
+
+    got = calibrate(graph, full, selective, holds, dispatched, eager_s=eager, full_s=timed([full]),
+                    selective_s=timed([selective]), pieces=parts, pieces_s=timed(parts))
+    assert (got.rerun, got.policy, got.scale, got.region) == pytest.approx(
+        (truth.rerun, truth.policy, truth.scale, truth.region), rel=1e-9)
+    assert got.seconds(graph, parts, holds) == pytest.approx(truth.seconds(graph, parts, holds), rel=1e-9)
+
+
 def test_dispatched_counts_fold_views_into_ops() -> None:
     """Every forward op of a block stands for itself and the views before it: the block dispatches
     more operators than it has graph nodes (what the policy's modes run on)."""
     prof, graph, blocks, _ = _menu("gpt")
     counts = dispatched_counts(prof.captured, graph)
-    _, ids, _ = blocks[0]
+    ids = blocks[0].nodes
     assert all(counts.get(c, 1) >= 1 for c in ids)
     assert sum(counts.get(c, 1) for c in ids) > len(ids)
 
@@ -143,7 +167,7 @@ def test_sac_plan_time_overhead_counts_checkpointing_costs() -> None:
     plan = sac_plan(prof, 0.85)
     sac = plan.solver_stats.extra["sac"]
     assert sac["regions"] and sac["costs"] == {"rerun_s": 2e-5, "policy_s": 1e-5, "scale": 1.0,
-                                                   "measured": True}
+                                                "region_s": 0.0, "measured": True}
     regions = [Region(r.name, r.nodes, r.save) for r in _regions(candidate_blocks(prof.model, graph),
                                                                  tuple(sac["options"].values()))]
     costed = prof.graph if prof.baseline_graph is None else prof.baseline_graph

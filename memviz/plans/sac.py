@@ -24,14 +24,15 @@ from typing import Any
 
 from solvers import Graph, Phase, simulate
 from solvers.result import SolverStats
-from solvers.sac import EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
+from solvers.sac import Block, EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
 
 #: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
 #: node), so a policy can count them: the only ones a SAC plan may mark MUST_SAVE
 ATTENTION = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
                        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "convolution"}) | ATTENTION
-MATCHABLE = MATMULS | {"native_layer_norm", "_softmax", "gelu"}
+#: `_safe_softmax`: the softmax of PyTorch's math attention (CPU with dropout), dispatched as it is
+MATCHABLE = MATMULS | {"native_layer_norm", "_softmax", "_safe_softmax", "gelu"}
 EXPRESSIBLE = ("sac", "none")
 
 
@@ -94,7 +95,7 @@ def dispatched_counts(cap: Any, graph: Graph) -> dict[int, int]:
 
 #: the version of the checkpointing costs a profile holds (``graph.meta["sac_costs"]``); a profile without
 #: them (or of another version) plans with none counted
-COSTS_VERSION = 1
+COSTS_VERSION = 2
 #: seconds `checkpoint_costs` may spend timing a block beyond its first `COST_ROUNDS` rounds, and its most
 #: rounds: a transformer block of bench_apply's runs in 10-20 ms on one CPU thread, so about 21 rounds;
 #: the floor keeps a profile of a slow model short (every training profile pays it)
@@ -109,7 +110,8 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     time (`memviz.profile`) so a sac plan is a function of its profile: the model's first checkpointable
     block (`candidate_blocks`) with the arguments it gets in one eager forward (its KV cache off, as apply
     runs a checkpointed layer), run alone (forward and backward of the sum of its outputs) as it is,
-    checkpointed by `memviz.apply` keeping nothing, and keeping its matmuls through the policy; medians
+    checkpointed by `memviz.apply` keeping nothing, keeping its matmuls through the policy, and (when it
+    has any) with its elementwise pieces checkpointed alone (`candidate_blocks`); medians
     of interleaved rounds (`COST_ROUNDS` at least, more within `COST_BUDGET_S`; one round with
     ``repeats=1``), turned into per-operator costs by `solvers.sac.calibrate`.  The model, its buffers
     and the RNG streams are left as they were.  Graph metadata (plain numbers, saved with plans); empty
@@ -125,10 +127,11 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     blocks = candidate_blocks(model, graph)
     if not blocks:
         return {}
-    path, ids, mm = blocks[0]
+    path, ids, mm, _, pieces = blocks[0]
     # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
     keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
+    piece_regions = [Region(p, p_ids) for p, p_ids in pieces]
     called: list[tuple[Any, Any]] = []
     handle = model.get_submodule(path).register_forward_pre_hook(
         lambda _m, a, k: called.append((a, k)) if not called else None, with_kwargs=True)
@@ -154,6 +157,10 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     for name, region in (("full", full), ("selective", selective)):
         runs[name] = copy.deepcopy(runs["eager"])
         wrap(runs[name], region_specs(graph, [region])[0])
+    if piece_regions:  # each elementwise piece checkpointed alone: what a checkpoint call costs
+        runs["pointwise"] = copy.deepcopy(runs["eager"])
+        for spec in region_specs(graph, piece_regions):
+            wrap(runs["pointwise"].get_submodule(spec["module"][len(path) + 1:]), spec)
 
     def step(module: Any) -> None:
         for t in (*leaves, *module.parameters()):
@@ -177,11 +184,13 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
                 times[name].append(accelerator.timed(functools.partial(step, module), device)[0])
     median = {name: statistics.median(v) for name, v in times.items()}
     costs = calibrate(graph, full, selective, eager_holds(cap), dispatched_counts(cap, graph),
-                      eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"])
+                      eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"],
+                      pieces=piece_regions, pieces_s=median.get("pointwise"))
     return {"sac_costs": COSTS_VERSION, "sac_rerun_s": costs.rerun, "sac_policy_s": costs.policy,
-            "sac_scale": costs.scale,
+            "sac_scale": costs.scale, "sac_region_s": costs.region,
             "sac_block": path, "sac_block_eager_s": median["eager"], "sac_block_full_s": median["full"],
-            "sac_block_selective_s": median["selective"]}
+            "sac_block_selective_s": median["selective"],
+            **({"sac_block_pointwise_s": median["pointwise"]} if "pointwise" in median else {})}
 
 
 def overheads(prof: Any, graph: Graph) -> Overheads:
@@ -193,7 +202,8 @@ def overheads(prof: Any, graph: Graph) -> Overheads:
         return Overheads()
     # no ``sac_scale`` (a profile from before it was measured): its costs were calibrated at scale 1
     return Overheads(_seconds(meta.get("sac_rerun_s")), _seconds(meta.get("sac_policy_s")),
-                     dispatched_counts(prof.captured, graph), _seconds(meta.get("sac_scale")) or 1.0)
+                     dispatched_counts(prof.captured, graph), _seconds(meta.get("sac_scale")) or 1.0,
+                     _seconds(meta.get("sac_region_s")))
 
 
 def time_ratio(plan: Any) -> float:
@@ -237,9 +247,11 @@ def eager_holds(cap: Any) -> EagerHolds:
     return EagerHolds(local, {d: tuple(sorted(set(cs))) for d, cs in walk.saved_by.items()}, release, unpack)
 
 
-def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...], frozenset[int]]]:
-    """(module path, forward compute ids, matmul-class ids) of each checkpointable block: the children of
-    the outermost ModuleList / Sequential containers whose two or more ops ran as one contiguous call."""
+def candidate_blocks(model: Any, graph: Graph) -> list[Block]:
+    """Each checkpointable block: the children of the outermost ModuleList / Sequential containers whose
+    two or more ops ran as one contiguous call, with their matmul-class ops, the ops a policy can match
+    ("matchable" keeps them: `MATCHABLE`), and their elementwise sub-modules ("pointwise" checkpoints each
+    alone: `_pieces`)."""
     from torch import nn
 
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
@@ -250,14 +262,48 @@ def candidate_blocks(model: Any, graph: Graph) -> list[tuple[str, tuple[int, ...
     for cont in outer:
         for child, _ in model.get_submodule(cont).named_children():
             path = f"{cont}.{child}" if cont else child
-            ids = tuple(c.id for c in forward if c.module == path or c.module.startswith(path + "."))
-            if len(ids) < 2 or ids != tuple(range(ids[0], ids[-1] + 1)):
+            ids = _call_ids(forward, path)
+            if ids is None:
                 # one op: nothing to gain, and an in-place activation (ReLU(inplace=True)) would modify
                 # the input the checkpoint keeps; not contiguous: called twice, not one checkpoint frame
                 continue
-            mm = frozenset(i for i in ids if op_name(graph.computes[i].op) in MATMULS)
-            blocks.append((path, ids, mm))
+            names = {i: op_name(graph.computes[i].op) for i in ids}
+            blocks.append(Block(path, ids, frozenset(i for i in ids if names[i] in MATMULS),
+                                frozenset(i for i in ids if names[i] in MATCHABLE),
+                                _pieces(model, graph, forward, path)))
     return blocks
+
+
+def _call_ids(forward: list[Any], path: str) -> tuple[int, ...] | None:
+    """The forward compute ids module `path` ran, when two or more in one contiguous call; else None."""
+    ids = tuple(c.id for c in forward if c.module == path or c.module.startswith(path + "."))
+    return ids if len(ids) >= 2 and ids == tuple(range(ids[0], ids[-1] + 1)) else None
+
+
+def _pieces(model: Any, graph: Graph, forward: list[Any],
+            block: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The outermost sub-modules of `block` that checkpointing alone recomputes cheaply: two or more ops in
+    one call, none matmul-class and none in place (it would modify an input the checkpoint keeps), e.g. an
+    activation written as arithmetic (GPT-2's GELU) or a norm's float32 arithmetic (Llama's RMSNorm)."""
+    pieces: list[tuple[str, tuple[int, ...]]] = []
+    for sub, _ in model.get_submodule(block).named_modules():
+        path = f"{block}.{sub}"
+        if not sub or any(path.startswith(p + ".") for p, _ in pieces):
+            continue
+        ids = _call_ids(forward, path)
+        if ids is None:
+            continue
+        ops = [graph.computes[i].op for i in ids]
+        if not any(op_name(op) in MATMULS or _in_place(op) for op in ops):
+            pieces.append((path, ids))
+    return tuple(pieces)
+
+
+def _in_place(op: str) -> bool:
+    """'aten.relu_.default' -> True."""
+    parts = op.split(".")
+    base = parts[1] if len(parts) >= 3 else parts[0]
+    return base.endswith("_") and not base.endswith("__")
 
 
 def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> list[dict[str, Any]]:
@@ -280,8 +326,9 @@ def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> li
 
 
 def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0) -> Any:
-    """`memviz.plan(prof, budget, strategy="sac")`: per block none / save-matmuls / full recompute,
-    searched by `solvers.sac.solve_menu`, as a Plan whose schedule is the SAC schedule."""
+    """`memviz.plan(prof, budget, strategy="sac")`: per block none / pointwise / matchable / save-matmuls /
+    full recompute (`solvers.sac.LADDER`), searched by `solvers.sac.solve_menu`, as a Plan whose schedule
+    is the SAC schedule."""
     from memviz.budget import parse_budget
     from memviz.parallel.distributed import ParallelProfile
     from memviz.plans.planning import Plan, PlanningError, _device_info, _model_info
@@ -310,8 +357,9 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         # measured constants they come from
         "overhead_s": choice.overhead_s,
         "costs": {"rerun_s": costs.rerun, "policy_s": costs.policy, "scale": costs.scale,
+                  "region_s": costs.region,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
-        "options": {name: o for (name, _, _), o in zip(blocks, choice.options, strict=True)},
+        "options": {b.name: o for b, o in zip(blocks, choice.options, strict=True)},
         "regions": region_specs(graph, choice.regions)}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
                 baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
@@ -346,7 +394,7 @@ def to_sac(plan: Any) -> Any:
     recomputed = {c for c, k in runs.items() if k > 1 and graph.computes[c].phase is Phase.FORWARD}
     regions = tuple(Region(name, ids, frozenset(i for i in ids if i not in recomputed
                                                 and op_name(graph.computes[i].op) in MATCHABLE))
-                    for name, ids, _ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
+                    for name, ids, *_ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
     start = time.perf_counter()
     holds = eager_holds(prof.captured)
     schedule = sac_schedule(graph, regions, holds)

@@ -134,9 +134,8 @@ def run(quick: bool = False) -> dict:
     measured = {world: gloo_measured([(m, k) for m, k, w in cases if w == world], world)
                 for world in sorted({w for _, _, w in cases})}
     # fresh processes, two at a time (the machine's cores), each running the ranks of one tensor-parallel
-    # group of a case: in one process, memviz's profile of FSDP2 x TP rank 2 after ranks 0 and 1 fails
-    # ("Could not resolve the process group registered under the name 3": state DTensor keeps from the
-    # earlier fake groups, not traced), while ranks of one tp group in turn profile correctly
+    # group of a case (one process once had to: DTensor's sharding-propagation caches handed FSDP2 x TP
+    # rank 2 rank 0's mesh, fixed in memviz.parallel.distributed.fake_process_group)
     tasks = [(name, kind, world, tuple(range(first, first + TP_GROUP.get(kind, world))))
              for name, kind, world in cases for first in range(0, world, TP_GROUP.get(kind, world))]
     spawn = multiprocessing.get_context("spawn")

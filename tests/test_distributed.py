@@ -111,6 +111,16 @@ def test_peak_shrinks_with_the_world_size() -> None:
     assert peaks[0] > peaks[1] > peaks[2]
 
 
+def test_ranks_of_other_tensor_parallel_groups_profile_in_one_process() -> None:
+    """Rank 0 and then rank 2 of a dp=2 x tp=2 job, profiled in one process: their tp groups differ, and
+    DTensor's sharding-propagation caches (which compare meshes by layout, not by group) once handed rank 2
+    rank 0's mesh ("Could not resolve the process group registered under the name 3")."""
+    model, args = tiny_gpt()
+    peaks = [memviz.profile(model, args, parallel=Parallel(world_size=4, tp=2, rank=rank), measure=False)
+             .baseline.peak_bytes for rank in (0, 2)]
+    assert peaks[0] == peaks[1]
+
+
 def test_tensor_and_sequence_parallel() -> None:
     model, args = tiny_gpt()
     tp = memviz.profile(model, args, parallel=Parallel(world_size=2, fsdp=False, tp=2))

@@ -675,11 +675,24 @@ def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
         return
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    _forget_sharding_propagation()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_sharding_propagation()
+
+
+def _forget_sharding_propagation() -> None:
+    """Empty DTensor's sharding-propagation caches (Python and C++).  They key on the operator's specs, whose
+    DeviceMesh compares by layout and dimension names, not by this process's rank or its groups; an entry
+    from another world hands back output specs on that world's mesh.  Profiling ranks 0, 1 and 2 of a
+    dp=2 x tp=2 job in one process failed on rank 2 (its tp group is not rank 0's) with "Could not resolve
+    the process group registered under the name 3"."""
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
 
 
 # --- one rank's step ----------------------------------------------------------------------------------------

@@ -17,14 +17,22 @@ training step (forward, loss, backward) is measured for:
 4. AOTAutograd's min-cut partitioner (what torch.compile uses) at several
    ``activation_memory_budget`` values (`bench_remat.TorchMinCut`: aot_eager-style, no Inductor);
 5. memviz: ``memviz.profile`` + ``memviz.plan(strategy="sac")`` at 75 / 50 / 25 % of the range from
-   its minimum to the eager peak and at the minimum, run by ``memviz.apply``.
+   its minimum to the eager peak and at the minimum, run by ``memviz.apply``;
+6. the like-for-like pair on min-cut's own compiler stack: each memviz plan's applied model under
+   ``torch.compile(backend="aot_eager")`` ("memviz+compile": the selective policy is decided at trace
+   time, the recomputation is the compiled backward's), and ``torch.compile(backend="aot_eager")`` of the
+   plain model under ``activation_memory_budget`` (dynamo in front of the same min-cut as 4).
 
-Every contender is measured the same way, in the same process (`bench_remat.measure_vs`): the peak of
-live tensor bytes (CPU storage tracker, parameters, gradients and inputs included), the median step
-time ratio over back-to-back (candidate, eager) pairs with an eager copy's ratio as the noise floor,
-and the largest relative gradient difference against eager after a step with the same seed.  Plan time
-is what a contender costs before its first step.  The "at equal or lower measured memory" table gives,
-for each peer point, memviz's fastest point whose measured peak is no higher, and the time ratio.
+Every contender is measured the same way, in the same process (`bench_remat.measure_vs`), on one
+intra-op thread with the process's CPU time as the clock (the machine is shared: other processes' load
+does not inflate it): the peak of live tensor bytes (CPU storage tracker, parameters, gradients and
+inputs included), the allocator's peak (torch.profiler memory events, `allocator_peak`: the only peak a
+compiled model has here, since dynamo runs the model eagerly while the tracker's dispatch mode is on),
+the median step time ratio over back-to-back (candidate, eager) pairs with an eager copy's ratio as the
+noise floor, and the largest relative gradient difference against eager after a step with the same
+seed.  Plan time is what a contender costs before its first step.  The "at equal or lower measured
+memory" tables give, for each peer point, memviz's fastest point whose measured peak is no higher, and
+the time ratio: by tracker peak (memviz eager), and by allocator peak (memviz eager or compiled).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import os
 import statistics
 import sys
 import time
@@ -60,9 +69,13 @@ import memviz  # noqa: E402
 # so those two are imported where they are used, after this
 import tests.real_models  # noqa: E402, F401
 from memviz.hardware import accelerator  # noqa: E402
+from memviz.profiling.tracker import allocator_peak, tensors_of  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 
 MiB = 2**20
+#: the step clock: with one intra-op thread the process's CPU time is the step's own work, and a
+#: process descheduled by other load spends none of it (`memviz.hardware.accelerator.host_clock`)
+CLOCK = time.process_time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +91,14 @@ class Settings:
     ilp_budgets: tuple[float, ...]
     #: memviz budgets as fractions of the range [sac minimum, eager peak]; 0.0 = the minimum
     fractions: tuple[float, ...]
+    #: activation_memory_budget values of the torch.compile(backend="aot_eager") peer
+    compile_budgets: tuple[float, ...]
 
 
 FULL = Settings(("gpt2", "llama", "resnet18"), 4, (1.0, 0.75, 0.5, 0.25, 0.0), (0.75, 0.5, 0.25, 0.0),
-                (0.75, 0.5, 0.25, 0.0))
+                (0.75, 0.5, 0.25, 0.0), (1.0, 0.5))
 #: --quick: a tiny GPT-2, one point per contender below eager
-SMOKE = Settings(("gpt2",), 1, (0.5,), (0.25,), (0.0,))
+SMOKE = Settings(("gpt2",), 1, (0.5,), (0.25,), (0.0,), (1.0,))
 
 
 # --- models: each a module whose forward(*args) returns the scalar training loss --------------------------
@@ -323,18 +338,46 @@ def buffer_error(eager: nn.Module, candidate: nn.Module, args: tuple) -> float:
     return max((float((a - b).abs().max()) for a, b in pairs), default=0.0)
 
 
-def measure(candidate: nn.Module, eager: nn.Module, args: tuple, steps: int) -> dict:
-    """`bench_remat.measure_vs` plus `buffer_error` (0.0 without BatchNorm: no statistics move)."""
-    row = measure_vs(candidate, eager, args, steps)
+def measure(candidate: nn.Module, eager: nn.Module, args: tuple, steps: int, compiled: bool = False) -> dict:
+    """`bench_remat.measure_vs` on `CLOCK`, plus `buffer_error` (0.0 without BatchNorm: no statistics
+    move) and the allocator's peak (`alloc_peak`).  A `compiled` candidate has no tracker peak: dynamo
+    runs it eagerly under the tracker's dispatch mode, so that figure would be the uncompiled model's."""
+    row = measure_vs(candidate, eager, args, steps, clock=CLOCK)
+    if compiled:
+        del row["measured_peak"]
+    row["alloc_peak"] = alloc_peak(candidate, args)
     moving = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in eager.modules())
     row["buffer_error"] = buffer_error(eager, candidate, args) if moving else 0.0
     return row
 
 
+def alloc_peak(model: nn.Module, args: tuple) -> int:
+    """The CPU allocator's peak over one training step, parameters and inputs counted from the start
+    (`memviz.profiling.tracker.allocator_peak`: it sees compiled code's allocations too)."""
+    model.zero_grad(set_to_none=True)
+    return allocator_peak(lambda: _step(model, args, 0), tensors_of(model, args))[0]
+
+
+def compiled(model: nn.Module, args: tuple) -> nn.Module:
+    """``torch.compile(model, backend="aot_eager")``, compiled by one step here, dynamo's caches emptied
+    first (another model's graphs are never reused).  Run it under `compile_budget`."""
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="aot_eager")
+    _step(out, args, 0)
+    return out
+
+
+def compile_budget(budget: float) -> Any:
+    """AOTAutograd's ``activation_memory_budget`` while a compiled model compiles and runs (a recompile
+    then partitions under the same budget), with its cache off (each budget is partitioned anew)."""
+    return torch._functorch.config.patch(activation_memory_budget=budget, enable_autograd_cache=False)
+
+
 def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
                 settings: Settings) -> tuple[dict, list[dict]]:
     """Profile once, plan (strategy "sac") at `settings.fractions` of [minimum, eager peak] (0: the minimum),
-    apply and measure each distinct plan."""
+    apply and measure each distinct plan, eager and under ``torch.compile(backend="aot_eager")``
+    ("memviz+compile" rows, after the eager ones)."""
     start = time.perf_counter()
     prof = memviz.profile(model, args, mode="train")
     profile_s = time.perf_counter() - start
@@ -346,7 +389,7 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
         low = exc.minimum_bytes
     minimum_s = time.perf_counter() - start
     peak = prof.baseline.peak_bytes
-    rows, seen = [], {}
+    rows, compiled_rows, seen = [], [], {}
     for fraction in settings.fractions:
         budget = low + int(fraction * (peak - low))
         start = time.perf_counter()
@@ -357,12 +400,23 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
                "options": plan.solver_stats.extra["sac"]["options"]}
         key = repr(row["options"])
         if key not in seen:
-            seen[key] = measure(memviz.apply(plan, model), eager, args, settings.steps)
-        rows.append({**row, **seen[key]})
+            applied = measure(memviz.apply(plan, model), eager, args, settings.steps)
+            start = time.perf_counter()
+            with compile_budget(1.0):  # torch's default: the plan decides what the regions keep
+                candidate = compiled(memviz.apply(plan, model), args)
+                compile_s = time.perf_counter() - start
+                seen[key] = applied, {**measure(candidate, eager, args, settings.steps, compiled=True),
+                                      "compile_s": compile_s}
+        applied, with_compile = seen[key]
+        rows.append({**row, **applied})
         _log(f"memviz {row['setting']}: plan {row['plan_peak'] / MiB:.2f} MiB, measured "
              f"{rows[-1]['measured_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x "
              f"(predicted {row['predicted_overhead']:.3f}x)")
-    return {"profile_s": profile_s, "minimum_s": minimum_s, "minimum": low, "eager_predicted": peak}, rows
+        compiled_rows.append({**row, **with_compile, "contender": "memviz+compile"})
+        _log(f"memviz+compile {row['setting']}: allocator {with_compile['alloc_peak'] / MiB:.2f} MiB (eager "
+             f"apply {applied['alloc_peak'] / MiB:.2f}), {with_compile['measured_overhead']:.3f}x")
+    return {"profile_s": profile_s, "minimum_s": minimum_s, "minimum": low, "eager_predicted": peak}, \
+        rows + compiled_rows
 
 
 def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module,
@@ -400,6 +454,15 @@ def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module
         rows.append({"contender": "torch min-cut", "setting": f"activation_memory_budget {budget}",
                      "budget": budget, "plan_s": plan_s, **measure(candidate, eager, args, steps)})
         _log(f"torch min-cut {budget}: {rows[-1]['measured_overhead']:.3f}x")
+    for budget in settings.compile_budgets:
+        start = time.perf_counter()
+        with compile_budget(budget):
+            candidate = compiled(copy.deepcopy(model), args)
+            plan_s = time.perf_counter() - start
+            row = measure(candidate, eager, args, steps, compiled=True)
+        rows.append({"contender": "torch.compile min-cut", "setting": f"activation_memory_budget {budget}",
+                     "budget": budget, "plan_s": plan_s, **row})
+        _log(f"torch.compile min-cut {budget}: {rows[-1]['measured_overhead']:.3f}x")
     return info, rows
 
 
@@ -416,20 +479,22 @@ def _eager_packing_answer() -> Iterator[None]:
         yield
 
 
-def at_equal_memory(ours: list[dict], peers: list[dict]) -> list[dict]:
-    """For each measured peer point, memviz's fastest measured point (with eager's gradients) whose
-    measured peak is no higher, and our/their step-time ratio (< 1: memviz faster)."""
-    good = [r for r in ours if "measured_peak" in r and r["grad_error"] <= GRAD_TOLERANCE]
+def at_equal_memory(ours: list[dict], peers: list[dict], key: str = "measured_peak") -> list[dict]:
+    """For each peer point measured by `key` (the tracker's peak, or ``alloc_peak``), memviz's fastest
+    point (with eager's gradients) whose `key` peak is no higher, and our/their step-time ratio (< 1:
+    memviz faster)."""
+    good = [r for r in ours if key in r and r["grad_error"] <= GRAD_TOLERANCE]
     out = []
     for p in peers:
-        if "measured_peak" not in p:
+        if key not in p:
             continue
-        fits = [r for r in good if r["measured_peak"] <= p["measured_peak"]]
+        fits = [r for r in good if r[key] <= p[key]]
         best = min(fits, key=lambda r: r["measured_overhead"], default=None)
-        out.append({"peer": p["contender"], "setting": p["setting"], "peer_peak": p["measured_peak"],
+        out.append({"peer": p["contender"], "setting": p["setting"], "peer_peak": p[key],
                     "peer_overhead": p["measured_overhead"], "peer_grad_error": p["grad_error"],
-                    "ours": None if best is None else {k: best[k] for k in ("setting", "measured_peak",
-                                                                            "measured_overhead")},
+                    "ours": None if best is None else {
+                        "contender": best["contender"], "setting": best["setting"],
+                        "measured_peak": best[key], "measured_overhead": best["measured_overhead"]},
                     "ratio": None if best is None else best["measured_overhead"] / p["measured_overhead"]})
     return out
 
@@ -437,19 +502,24 @@ def at_equal_memory(ours: list[dict], peers: list[dict]) -> list[dict]:
 def bench_model(name: str, quick: bool, settings: Settings) -> dict:
     model, args, blocks = MODELS[name](quick)
     steps = settings.steps
+    load = os.getloadavg()[0]
     eager = copy.deepcopy(model)
     _step(eager, args, 0)  # warm: every measurement pairs its steps with this model's
-    eager_s = statistics.median(_timed_step(eager, args, i) for i in range(steps))
+    eager_s = statistics.median(_timed_step(eager, args, i, CLOCK) for i in range(steps))
     eager_peak = measured_peak(eager, args)
+    eager_alloc = alloc_peak(eager, args)
     noise = measure(copy.deepcopy(model), eager, args, steps)["measured_overhead"]
     _log(f"{name}: eager {eager_s * 1e3:.1f} ms, {eager_peak / MiB:.2f} MiB, noise {noise:.3f}")
     info, peers = peer_rows(model, args, blocks, eager, settings)
     mv, ours = memviz_rows(model, args, eager, settings)
     lowest_peer = min((p["measured_peak"] for p in peers if "measured_peak" in p), default=None)
-    lowest_ours = min((r["measured_peak"] for r in ours if r["grad_error"] <= GRAD_TOLERANCE), default=None)
+    lowest_ours = min((r["measured_peak"] for r in ours if "measured_peak" in r
+                       and r["grad_error"] <= GRAD_TOLERANCE), default=None)
     return {"model": name, "params": sum(p.numel() for p in model.parameters()), "blocks": blocks,
-            "eager_step_s": eager_s, "eager_peak": eager_peak, "eager_vs_eager": noise, **info,
+            "eager_step_s": eager_s, "eager_peak": eager_peak, "eager_alloc_peak": eager_alloc,
+            "eager_vs_eager": noise, **info, "load": [load, os.getloadavg()[0]],
             "memviz": mv, "peers": peers, "ours": ours, "equal_memory": at_equal_memory(ours, peers),
+            "equal_alloc": at_equal_memory(ours, peers, "alloc_peak"),
             "lowest_peer_peak": lowest_peer, "lowest_memviz_peak": lowest_ours}
 
 
@@ -459,19 +529,22 @@ def _mib(b: int) -> str:
 
 
 def _rows_table(m: dict) -> list[str]:
-    out = ["| contender | setting | plan s | measured peak MiB | vs eager peak | step time vs eager | "
-           "gradient error | buffer error |", "|---|---|---|---|---|---|---|---|",
-           f"| eager | | 0 | {_mib(m['eager_peak'])} | 1.00 | 1.000 (noise: eager copy "
-           f"{m['eager_vs_eager']:.3f}) | 0 | 0 |"]
+    out = ["| contender | setting | plan s | measured peak MiB | vs eager peak | allocator peak MiB | "
+           "step time vs eager | gradient error | buffer error |", "|---|---|---|---|---|---|---|---|---|",
+           f"| eager | | 0 | {_mib(m['eager_peak'])} | 1.00 | {_mib(m['eager_alloc_peak'])} | 1.000 (noise: "
+           f"eager copy {m['eager_vs_eager']:.3f}) | 0 | 0 |"]
     for r in m["peers"] + m["ours"]:
         if "not_run" in r:
             out.append(f"| {r['contender']} | {r['setting']} | {r['plan_s']:.2f} | not run: {r['not_run']} "
-                       "| | | | |")
+                       "| | | | | |")
             continue
         predicted = f" (predicted {r['predicted_overhead']:.3f})" if "predicted_overhead" in r else ""
-        out.append(f"| {r['contender']} | {r['setting']} | {r['plan_s']:.2f} | {_mib(r['measured_peak'])} | "
-                   f"{r['measured_peak'] / m['eager_peak']:.2f} | {r['measured_overhead']:.3f}{predicted} | "
-                   f"{r['grad_error']:.1e} | {r['buffer_error']:.1e} |")
+        plan_s = f"{r['plan_s']:.2f}" + (f" + compile {r['compile_s']:.1f}" if "compile_s" in r else "")
+        tracked = (f"{_mib(r['measured_peak'])} | {r['measured_peak'] / m['eager_peak']:.2f}"
+                   if "measured_peak" in r else "compiled: none | ")
+        out.append(f"| {r['contender']} | {r['setting']} | {plan_s} | {tracked} | {_mib(r['alloc_peak'])} | "
+                   f"{r['measured_overhead']:.3f}{predicted} | {r['grad_error']:.1e} | "
+                   f"{r['buffer_error']:.1e} |")
     return out
 
 
@@ -481,27 +554,31 @@ def verdict(ratio: float, noise: float) -> str:
     return "faster" if ratio < 1 - band else "SLOWER" if ratio > 1 + band else "within noise"
 
 
-def _equal_table(m: dict) -> list[str]:
+def _equal_table(m: dict, key: str = "equal_memory") -> list[str]:
     out = ["| peer | setting | peer peak MiB | peer time | peer grad error | memviz point | "
            "memviz peak MiB | memviz time | memviz / peer |", "|---|---|---|---|---|---|---|---|---|"]
-    for e in m["equal_memory"]:
+    for e in m[key]:
         head = (f"| {e['peer']} | {e['setting']} | {_mib(e['peer_peak'])} | {e['peer_overhead']:.3f} | "
                 f"{e['peer_grad_error']:.1e} |")
         o = e["ours"]
         if o is None:
             out.append(f"{head} none at or below this peak: memviz LOSES | | | |")
             continue
-        out.append(f"{head} {o['setting']} | {_mib(o['measured_peak'])} | {o['measured_overhead']:.3f} | "
+        point = o["setting"] if o["contender"] == "memviz" else f"{o['contender']} {o['setting']}"
+        out.append(f"{head} {point} | {_mib(o['measured_peak'])} | {o['measured_overhead']:.3f} | "
                    f"{e['ratio']:.2f} ({verdict(e['ratio'], m['eager_vs_eager'])}) |")
     return out
 
 
 def markdown(result: dict) -> str:
     method = (
-        "Training steps (forward, loss, backward) on CPU, one intra-op thread. Step time: median of "
-        f"{result['steps']} back-to-back (candidate, eager) pair ratios; the eager copy's ratio is the noise "
-        "floor. Peaks: live tensor bytes from the CPU storage tracker (parameters, gradients, inputs "
-        "included), the same for every contender. Gradient error: max |g - g_eager| / max |g_eager| after "
+        "Training steps (forward, loss, backward) on CPU, one intra-op thread. Step time: the process's CPU "
+        f"time, median of {result['steps']} back-to-back (candidate, eager) pair ratios; the eager copy's "
+        "ratio is the noise floor. Peaks: live tensor bytes from the CPU storage tracker (parameters, "
+        "gradients, inputs included), the same for every contender; the allocator peak (torch.profiler's "
+        "memory events, the same tensors counted from the start) is the only one a compiled model has "
+        "(dynamo runs a model eagerly while the tracker's dispatch mode is on). Gradient error: "
+        "max |g - g_eager| / max |g_eager| after "
         "a step with the same seed (dropout is on: a contender that replays the RNG state matches eager; "
         f"tolerance {GRAD_TOLERANCE:.0e}). Buffer error: largest BatchNorm statistic difference from eager "
         "after one step from the same statistics. Plan s: what a contender costs before its first step "
@@ -527,13 +604,21 @@ def markdown(result: dict) -> str:
         "`min_cut_rematerialization_partition` under `activation_memory_budget`, aot_eager (no-op, boxed) "
         "compilers, no dynamo and no Inductor (see the rematerialization section); transformers' "
         "packed-sequence check reads a tensor value, so while tracing it gets eager's answer (None). It "
-        "recomputes dropout with a fresh mask: its gradient error where it recomputes dropout.")
+        "recomputes dropout with a fresh mask: its gradient error where it recomputes dropout. "
+        "torch.compile min-cut: `torch.compile(model, backend=\"aot_eager\")` under the budget, dynamo in "
+        "front of the same partitioner. memviz+compile: each plan's applied model under "
+        "`torch.compile(backend=\"aot_eager\")` at torch's default budget, the like-for-like pair: the "
+        "policy runs once at trace time, the regions' ops are tagged, and the partitioner recomputes them "
+        "(and, as at budget 1.0 without a plan, the cheap ops it picks outside them); a recomputed random op "
+        "replays its RNG state (`functionalize_rng_ops`: the forward saves the generator state, the "
+        "backward runs the op with it), hence eager's gradients with dropout.")
     out = ["## memviz.apply vs PyTorch's own memory tools", "", method, "", peers, ""]
     for m in result["models"]:
         mv = m["memviz"]
         out += [f"### {m['model']} ({m['params'] / 1e6:.2f} M parameters, blocks: {len(m['blocks'])})", "",
                 f"Eager: {_mib(m['eager_peak'])} MiB measured ({_mib(mv['eager_predicted'])} predicted), "
-                f"{m['eager_step_s'] * 1e3:.1f} ms per step. memviz profile {mv['profile_s']:.1f} s, minimum "
+                f"{m['eager_step_s'] * 1e3:.1f} ms CPU per step; load average {m['load'][0]:.1f} at the "
+                f"start, {m['load'][1]:.1f} at the end. memviz profile {mv['profile_s']:.1f} s, minimum "
                 f"budget search {mv['minimum_s']:.2f} s (minimum {_mib(mv['minimum'])} MiB). sac_ilp: "
                 + (f"failed: `{m['sac_ilp_error']}`." if "sac_ilp_error" in m else
                    f"SACEstimator {m['sac_estimate_s']:.1f} s; module-level `sac_milp` "
@@ -542,6 +627,8 @@ def markdown(result: dict) -> str:
                                  "fastest point whose measured peak is no higher (faster / SLOWER: beyond "
                                  f"the noise floor, {abs(m['eager_vs_eager'] - 1):.3f}):", ""]
         out += _equal_table(m)
+        out += ["", "At equal or lower allocator peak, memviz eager or compiled against every peer:", ""]
+        out += _equal_table(m, "equal_alloc")
         low_p, low_o = m["lowest_peer_peak"], m["lowest_memviz_peak"]
         if low_p is not None and low_o is not None:
             verdict = "reaches lower" if low_o < low_p else "does NOT reach lower"
@@ -556,20 +643,22 @@ def headline(result: dict) -> list[dict]:
     slower / no memviz point that low, over the peer points), the worst ratio, and the lowest peaks."""
     rows = []
     for m in result["models"]:
-        eq = m["equal_memory"]
-        counts = {"faster": 0, "within noise": 0, "SLOWER": 0}
-        for e in eq:
-            if e["ratio"] is not None:
-                counts[verdict(e["ratio"], m["eager_vs_eager"])] += 1
-        lost = sum(e["ours"] is None for e in eq)
-        worst = max((e for e in eq if e["ratio"] is not None), key=lambda e: e["ratio"], default=None)
-        tally = ", ".join(f"{n} {k}" for k, n in counts.items()) + (f", {lost} below memviz's lowest peak"
-                                                                     if lost else "")
-        rows.append({"metric": f"apply {m['model']}: memviz step time at equal or lower measured memory, "
-                               f"{len(eq)} peer points (noise {abs(m['eager_vs_eager'] - 1):.3f})",
-                     "ours": tally, "baseline": "" if worst is None else
-                     f"worst: {worst['peer']} {worst['setting']}",
-                     "ratio": "" if worst is None else f"{worst['ratio']:.2f}"})
+        for key, what in (("equal_memory", "measured memory"),
+                          ("equal_alloc", "allocator peak (memviz eager or compiled)")):
+            eq = m.get(key, [])
+            counts = {"faster": 0, "within noise": 0, "SLOWER": 0}
+            for e in eq:
+                if e["ratio"] is not None:
+                    counts[verdict(e["ratio"], m["eager_vs_eager"])] += 1
+            lost = sum(e["ours"] is None for e in eq)
+            worst = max((e for e in eq if e["ratio"] is not None), key=lambda e: e["ratio"], default=None)
+            tally = ", ".join(f"{n} {k}" for k, n in counts.items()) + (f", {lost} below memviz's lowest peak"
+                                                                         if lost else "")
+            rows.append({"metric": f"apply {m['model']}: memviz step time at equal or lower {what}, "
+                                   f"{len(eq)} peer points (noise {abs(m['eager_vs_eager'] - 1):.3f})",
+                         "ours": tally, "baseline": "" if worst is None else
+                         f"worst: {worst['peer']} {worst['setting']}",
+                         "ratio": "" if worst is None else f"{worst['ratio']:.2f}"})
         if m["lowest_peer_peak"] and m["lowest_memviz_peak"]:
             rows.append({"metric": f"apply {m['model']}: lowest measured peak, memviz vs best peer",
                          "ours": f"{_mib(m['lowest_memviz_peak'])} MiB",
@@ -578,7 +667,7 @@ def headline(result: dict) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, models: tuple[str, ...] | None = None) -> dict:
     # one intra-op thread, as bench_remat: two OpenMP threads on the shared 2-core machine made steps
     # far slower and noisier; every contender runs under the same setting
     torch.set_num_threads(1)
@@ -587,6 +676,8 @@ def run(quick: bool = False) -> dict:
     # are then comparable with the measured ratios
     accelerator.cpu_clock = time.process_time
     settings = SMOKE if quick else FULL
+    if models:
+        settings = dataclasses.replace(settings, models=models)
     models = []
     for name in settings.models:
         start = time.perf_counter()
@@ -602,7 +693,18 @@ def run(quick: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from run import bench_main
 
-    return bench_main(run, "apply", __doc__, argv, "smoke run: a tiny GPT-2, one point per contender")
+    # ``--models gpt2,llama``: a narrower run (the runner's own flags are bench_main's)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    models = None
+    if "--models" in argv:
+        at = argv.index("--models")
+        models = tuple(argv[at + 1].split(","))
+        unknown = set(models) - set(MODELS)
+        if unknown:
+            raise SystemExit(f"--models: unknown {sorted(unknown)}; known: {sorted(MODELS)}")
+        del argv[at:at + 2]
+    return bench_main(functools.partial(run, models=models), "apply", __doc__, argv,
+                      "smoke run: a tiny GPT-2, one point per contender")
 
 
 if __name__ == "__main__":

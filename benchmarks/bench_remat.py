@@ -24,6 +24,7 @@ import copy
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,11 @@ def _step(model: torch.nn.Module, args: tuple, seed: int) -> torch.Tensor:
     return loss
 
 
-def _timed_step(model: torch.nn.Module, args: tuple, seed: int) -> float:
-    start = time.perf_counter()
+def _timed_step(model: torch.nn.Module, args: tuple, seed: int,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     _step(model, args, seed)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measured_peak(model: torch.nn.Module, args: tuple) -> int:
@@ -94,17 +96,18 @@ def measured_peak(model: torch.nn.Module, args: tuple) -> int:
     return peak
 
 
-def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tuple, steps: int) -> dict:
+def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tuple, steps: int,
+               clock: Callable[[], float] = time.perf_counter) -> dict:
     """One candidate run against a warm `reference` (eager): the gradient error after a step with the
-    same seed (which also warms the candidate up), `steps` back-to-back step pairs, the candidate's
-    peak.  Returns step_s (candidate median), measured_overhead (median candidate/reference pair
-    ratio), measured_peak and grad_error."""
+    same seed (which also warms the candidate up), `steps` back-to-back step pairs timed by `clock`, the
+    candidate's peak.  Returns step_s (candidate median), measured_overhead (median candidate/reference
+    pair ratio), measured_peak and grad_error."""
     error = gradient_error(reference, candidate, args)
     times, ratios = [], []
     for i in range(steps):
-        t = _timed_step(candidate, args, i)
+        t = _timed_step(candidate, args, i, clock)
         times.append(t)
-        ratios.append(t / _timed_step(reference, args, i))
+        ratios.append(t / _timed_step(reference, args, i, clock))
     return {"step_s": statistics.median(times), "measured_overhead": statistics.median(ratios),
             "measured_peak": measured_peak(candidate, args), "grad_error": error}
 

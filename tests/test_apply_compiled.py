@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -19,10 +20,19 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 import memviz
 from examples.models import EXAMPLES
-from memviz.plans.sac import MATMULS, op_name
+from memviz.plans.sac import MATMULS, candidate_blocks, op_name, region_specs
 from memviz.profiling.capture import default_loss
-from memviz.profiling.profile import profile
+from memviz.profiling.profile import Profile, profile
+from memviz.runtime.apply import wrap
+from solvers.sac import Region
 from tests.test_apply import sac_plan
+
+
+@functools.cache
+def _profiled() -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
+    # dropout 0.1: a recomputed block replays its masks or its gradients differ
+    model, args = EXAMPLES["gpt"]()
+    return model, args, profile(model, args, repeats=1, warmup=0)
 
 
 def _recording_aot_eager(backward: list[torch.fx.GraphModule]) -> Any:
@@ -38,8 +48,8 @@ def _recording_aot_eager(backward: list[torch.fx.GraphModule]) -> Any:
 
 
 def _backward_ops(model: torch.nn.Module, args: tuple[Any, ...]) -> collections.Counter:
-    """ATen op names (`op_name`) the backward graphs of one compiled training step run, and the
-    compiled model's parameter gradients after that step (seed 0)."""
+    """ATen op names (`op_name`) the backward graphs of one compiled training step (seed 0) run; the
+    step leaves its gradients in `model`."""
     torch._dynamo.reset()  # another model's graphs are not reused
     graphs: list[torch.fx.GraphModule] = []
     compiled = torch.compile(model, backend=_recording_aot_eager(graphs))
@@ -49,7 +59,8 @@ def _backward_ops(model: torch.nn.Module, args: tuple[Any, ...]) -> collections.
     for g in graphs:
         for n in g.graph.nodes:
             if n.op == "call_function":
-                ops[op_name(str(n.target)) if isinstance(n.target, torch._ops.OpOverload) else str(n.target)] += 1
+                aten = isinstance(n.target, torch._ops.OpOverload)
+                ops[op_name(str(n.target)) if aten else str(n.target)] += 1
     return ops
 
 
@@ -66,23 +77,48 @@ def _recomputed_matmuls(plan: Any) -> int:
     return again
 
 
-def test_compiled_apply_recomputes_what_the_plan_says_and_replays_dropout() -> None:
-    model, args = EXAMPLES["gpt"]()  # dropout 0.1: a recomputed block replays its masks or its gradients differ
-    prof = profile(model, args, repeats=1, warmup=0)
-    plan = sac_plan(prof, 1e-3)  # refused: planned at the minimum, where blocks recompute their matmuls
-    expected = _recomputed_matmuls(plan)
-    assert expected > 0, plan.solver_stats.extra["sac"]["options"]
-    plain, applied = copy.deepcopy(model), memviz.apply(plan, model)
-    base = _backward_ops(plain, args)
-    ops = _backward_ops(applied, args)
-    extra = sum(ops[m] - base[m] for m in MATMULS)
-    assert extra == expected, (plan.solver_stats.extra["sac"]["options"], ops, base)
-    # the recomputed dropout runs with the generator state its forward saved (`functionalize_rng_ops`)
-    assert not any("run_with_rng_state" in k for k in base)
-    assert any("run_with_rng_state" in k for k in ops), ops
-    # gradients: eager PyTorch's, dropout included (the compiled step above ran with seed 0)
+def _check_eager_gradients(model: torch.nn.Module, applied: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    """`applied`'s gradients (left by `_backward_ops`'s step, seed 0) equal eager PyTorch's, dropout
+    included."""
     eager = copy.deepcopy(model)
     torch.manual_seed(0)
     default_loss(eager(*args)).backward()
     for (name, a), b in zip(eager.named_parameters(), applied.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=0, msg=name)
+
+
+def _replays_dropout(ops: collections.Counter) -> bool:
+    """Whether a backward runs a random op with the generator state its forward saved
+    (the partitioner's `functionalize_rng_ops`)."""
+    return any("run_with_rng_state" in k for k in ops)
+
+
+def test_compiled_apply_recomputes_what_the_plan_says_and_replays_dropout() -> None:
+    model, args, prof = _profiled()
+    plan = sac_plan(prof, 1e-3)  # refused: planned at the minimum, where blocks recompute their matmuls
+    expected = _recomputed_matmuls(plan)
+    assert expected > 0, plan.solver_stats.extra["sac"]["options"]
+    base = _backward_ops(copy.deepcopy(model), args)
+    applied = memviz.apply(plan, model)
+    ops = _backward_ops(applied, args)
+    options = plan.solver_stats.extra["sac"]["options"]
+    assert sum(ops[m] - base[m] for m in MATMULS) == expected, (options, ops)
+    assert not _replays_dropout(base) and _replays_dropout(ops), ops
+    _check_eager_gradients(model, applied, args)
+
+
+def test_compiled_apply_keeps_what_the_policy_saves() -> None:
+    """A region whose policy keeps its matmuls (MUST_SAVE) recomputes none of them compiled, while its
+    dropout is still recomputed (PREFER_RECOMPUTE) from the saved RNG state."""
+    model, args, prof = _profiled()
+    graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
+    block = candidate_blocks(prof.model, graph)[0]
+    assert block.matmuls
+    (spec,) = region_specs(graph, [Region(block.name, block.nodes, block.matmuls)])
+    applied = copy.deepcopy(model)
+    wrap(applied.get_submodule(block.name), spec)
+    base = _backward_ops(copy.deepcopy(model), args)
+    ops = _backward_ops(applied, args)
+    assert all(ops[m] == base[m] for m in MATMULS), (ops, base)
+    assert _replays_dropout(ops), ops
+    _check_eager_gradients(model, applied, args)

@@ -197,14 +197,20 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         plain = functools.partial(_plain_contexts, self)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=plain, **kwargs)
+    if compiling:
+        # torch.compile calls context_fn each time it traces the region (dynamo's speculation, then
+        # AOTAutograd's trace of the joint graph): each trace counts the region's ops from zero, or the
+        # occurrences run past the plan's and every kept op is recomputed
+        return checkpoint(forward, *args, use_reentrant=False,
+                          context_fn=functools.partial(_counting_contexts, spec["save"]), **kwargs)
     seen: dict[str, int] = {}
     policy = functools.partial(save_policy, spec["save"], seen)
-    context_fn = functools.partial(_contexts, policy, None if compiling else self)
+    context_fn = functools.partial(_contexts, policy, self)
     out = checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     # the per-rank planner counting the region's ops (memviz.parallel.distributed_sac)
     if "on_counts" in spec:
         spec["on_counts"](seen)
-    elif not compiling and seen != spec["counts"] and not spec.get("warned"):
+    elif seen != spec["counts"] and not spec.get("warned"):
         spec["warned"] = True
         warnings.warn(ApplyWarning(
             f"{type(self).__name__} ran its countable ops as {seen}, the plan's capture as {spec['counts']}: "
@@ -255,6 +261,11 @@ def _contexts(policy: Any, module: nn.Module | None) -> tuple[Any, Any]:
     fwd, rec = create_selective_checkpoint_contexts(policy)
     # under torch.compile the recomputation is the compiled backward's (functional: no buffer writes)
     return fwd, (rec if module is None else _RestoringBuffers(rec, module))
+
+
+def _counting_contexts(save: dict[str, frozenset[int]]) -> tuple[Any, Any]:
+    """The selective contexts of one compiled trace of a region: its own op counts, from zero."""
+    return _contexts(functools.partial(save_policy, save, {}), None)
 
 
 def _plain_contexts(module: nn.Module) -> tuple[Any, Any]:

@@ -64,6 +64,13 @@ def _backward_ops(model: torch.nn.Module, args: tuple[Any, ...]) -> collections.
     return ops
 
 
+@functools.cache
+def _plain_backward_ops() -> collections.Counter:
+    """`_backward_ops` of the model without a plan (torch.compile's own min-cut alone)."""
+    model, args, _ = _profiled()
+    return _backward_ops(copy.deepcopy(model), args)
+
+
 def _recomputed_matmuls(plan: Any) -> int:
     """How many matmul-class computes the plan's schedule runs a second time (its recomputations)."""
     seen: set[int] = set()
@@ -98,7 +105,7 @@ def test_compiled_apply_recomputes_what_the_plan_says_and_replays_dropout() -> N
     plan = sac_plan(prof, 1e-3)  # refused: planned at the minimum, where blocks recompute their matmuls
     expected = _recomputed_matmuls(plan)
     assert expected > 0, plan.solver_stats.extra["sac"]["options"]
-    base = _backward_ops(copy.deepcopy(model), args)
+    base = _plain_backward_ops()
     applied = memviz.apply(plan, model)
     ops = _backward_ops(applied, args)
     options = plan.solver_stats.extra["sac"]["options"]
@@ -117,7 +124,7 @@ def test_compiled_apply_keeps_what_the_policy_saves() -> None:
     (spec,) = region_specs(graph, [Region(block.name, block.nodes, block.matmuls)])
     applied = copy.deepcopy(model)
     wrap(applied.get_submodule(block.name), spec)
-    base = _backward_ops(copy.deepcopy(model), args)
+    base = _plain_backward_ops()
     ops = _backward_ops(applied, args)
     assert all(ops[m] == base[m] for m in MATMULS), (ops, base)
     assert _replays_dropout(ops), ops

@@ -97,11 +97,11 @@ def measured_peak(model: torch.nn.Module, args: tuple) -> int:
 
 
 def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tuple, steps: int,
-               clock: Callable[[], float] = time.perf_counter) -> dict:
+               clock: Callable[[], float] = time.perf_counter, peak: bool = True) -> dict:
     """One candidate run against a warm `reference` (eager): the gradient error after a step with the
     same seed (which also warms the candidate up), `steps` back-to-back step pairs timed by `clock`, the
-    candidate's peak.  Returns step_s (candidate median), measured_overhead (median candidate/reference
-    pair ratio), measured_peak and grad_error."""
+    candidate's peak (not with ``peak=False``).  Returns step_s (candidate median), measured_overhead
+    (median candidate/reference pair ratio), measured_peak and grad_error."""
     error = gradient_error(reference, candidate, args)
     times, ratios = [], []
     for i in range(steps):
@@ -109,7 +109,7 @@ def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tup
         times.append(t)
         ratios.append(t / _timed_step(reference, args, i, clock))
     return {"step_s": statistics.median(times), "measured_overhead": statistics.median(ratios),
-            "measured_peak": measured_peak(candidate, args), "grad_error": error}
+            **({"measured_peak": measured_peak(candidate, args)} if peak else {}), "grad_error": error}
 
 
 def gradient_error(reference: torch.nn.Module, candidate: torch.nn.Module, args: tuple) -> float:

@@ -634,8 +634,18 @@ def markdown(result: dict) -> str:
             verdict = "reaches lower" if low_o < low_p else "does NOT reach lower"
             out += ["", f"Lowest measured peak: memviz {_mib(low_o)} MiB, peers {_mib(low_p)} MiB "
                         f"({low_o / low_p:.2f}x: memviz {verdict})."]
+        low_p, low_o = lowest_alloc(m["peers"]), lowest_alloc(m["ours"])
+        if low_p is not None and low_o is not None:
+            out += ["", f"Lowest allocator peak (memviz eager or compiled, peers with any gradients): memviz "
+                        f"{_mib(low_o)} MiB, peers {_mib(low_p)} MiB ({low_o / low_p:.2f}x)."]
         out.append("")
     return "\n".join(out)
+
+
+def lowest_alloc(rows: list[dict]) -> int | None:
+    """The lowest allocator peak among `rows` (memviz's: only those with eager's gradients)."""
+    exact = [r for r in rows if not r["contender"].startswith("memviz") or r["grad_error"] <= GRAD_TOLERANCE]
+    return min((r["alloc_peak"] for r in exact if "alloc_peak" in r), default=None)
 
 
 def headline(result: dict) -> list[dict]:

@@ -179,7 +179,9 @@ def measure_peak(fn: Callable[[], Any], preexisting: Iterable[torch.Tensor] = ()
 def allocator_peak(fn: Callable[[], Any], preexisting: Iterable[torch.Tensor] = ()) -> tuple[int, Any]:
     """(peak bytes, result) of `fn()` on CPU from torch.profiler's memory events, which see what the CPU
     allocator hands out inside compiled code: torch.compile runs eagerly while a dispatch mode such as
-    `StorageTracker` is active, and inductor's generated wrapper allocates without dispatching.  The
+    `StorageTracker` is active (and, measured with aot_eager on a GPT-2, keeps running that model eagerly
+    on later calls: never track a compiled model you measure afterwards), and inductor's generated
+    wrapper allocates without dispatching.  The
     peak is the allocator's high-water mark above its level when `fn` started, plus the storages of
     `preexisting` (counted once, as `StorageTracker` counts them)."""
     import json

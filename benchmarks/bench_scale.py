@@ -17,12 +17,18 @@ load, the CPU time much less), the 1-minute load average, and its own peak RSS
 after the model is built on the meta device (the user's code, with its imports of transformers and of
 this benchmark's helpers): it times ``memviz.profile`` and the planning.
 
-Max micro-batch on an 80 GiB device, searched on real (estimated) profiles in the same child: micro-batch
-1 and 2 give a linear guess; the eager peak (without a plan) and Rotor's smallest feasible budget (with
-the plan) are then probed, growing past the guess while it fits and bisecting below it otherwise (Rotor's
-minimum grows faster than linearly: the guess from 1 and 2 over-promises 3x), and at the largest
-micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's capacity is solved and
-checked.  ``--quick`` keeps 2 layers (the smoke size).
+Max micro-batch on an 80 GiB device, in the same child (`search`): micro-batch 2 is profiled too, and since
+every buffer's size is affine in the micro-batch (a batch dimension or none), `scaled_graph` builds the graph
+of any micro-batch from those two, exactly (checked: same operators on the same buffers).  On those
+predicted graphs `largest_fitting` finds where the eager peak (without a plan) and Rotor's smallest feasible
+budget (with the plan) cross the device's capacity (Rotor's minimum is not affine in the micro-batch at
+small sizes: 13.0, 14.1 and 15.9 GiB at 1-3 for the 8B shape, then 2.9 GiB more per sample, so the secant
+from 1 and 2 over-promises 3x; each guess is solved on its predicted graph).  Each answer is then
+confirmed on real profiles of its own micro-batch, the answer (fits) and the answer + 1 (does not fit), and
+at the largest micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's
+capacity is solved and checked.  No time limit: the search's CPU seconds are reported (it was wall-time
+limited, and read ">= 24" on a loaded machine); `MAX_BATCH` is its stated cap.
+``--quick`` keeps 2 layers (the smoke size).
 
 Each row also gives the estimated step time and the part of it the collectives take
 (`memviz.hardware.collectives`: alpha-beta over the H100's NVLink / InfiniBand).  The step time sums every

@@ -357,11 +357,9 @@ def test_recorded_llama_chains_into_blocks_and_in_place_writes_order_their_reade
 def test_scale_benchmark_smoke() -> None:
     """benchmarks/bench_scale.py's child at two layers of the Llama-3-8B shape: profile, Rotor's minimum and
     a checked Rotor plan on 8 estimated FSDP2 ranks, no weights allocated (timings live in the benchmark)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_scale
-
     from memviz.hardware.collectives import overlapped_time
 
+    bench_scale = _bench_scale()
     r = bench_scale.child("llama3-8b", 1, layers=2)
     assert r["layers"] == 2 and r["world_size"] == 8
     assert r["rotor_minimum"] <= r["plan_peak"] <= r["plan_budget"] < r["eager_peak"] <= r["capacity"]
@@ -372,10 +370,57 @@ def test_scale_benchmark_smoke() -> None:
     # the collectives' share: the serial step time bounds the overlapped one from above, the collectives below
     overlapped = overlapped_time(r["eager_step_s"], r["eager_comm_s"])
     assert 0 < r["eager_comm_s"] <= overlapped < r["eager_step_s"]
+
+
+def _bench_scale() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_scale
+
+    return bench_scale
+
+
+def test_scale_search_brackets_the_max_micro_batch() -> None:
+    """bench_scale's search: `largest_fitting` on a predicted value, then `confirmed` on the real one from
+    that guess, each returning (fits, does not fit) one apart, or the stated cap when even that fits."""
+    bench_scale = _bench_scale()
     for limit in (0, 1, 5, 17, 40):
-        for value in (lambda b: 10 * b, lambda b: b * b + 3 * b):
+        for value in (lambda b: 10 * b, lambda b: b * b + 3 * b, lambda b: max(50 + b, 7 * b)):
             cap = value(limit) if limit else value(1) - 1
             assert bench_scale.largest_fitting(value, cap) == (limit, limit + 1)
+            for guess in (0, 1, limit - 2, limit, limit + 1, limit + 3):
+                probed: list[int] = []
+                real = lambda b, v=value, p=probed: p.append(b) or v(b)  # noqa: E731
+                assert bench_scale.confirmed(real, guess, cap) == (limit, limit + 1)
+                if guess == limit and limit:  # a right guess: the answer and the next, nothing else
+                    assert sorted(set(probed)) == [limit, limit + 1]
+    assert bench_scale.largest_fitting(lambda b: b, 10**6, most=64) == (64, None)
+    assert bench_scale.confirmed(lambda b: b, 60, 10**6, most=64) == (64, None)
+
+
+@pytest.mark.slow
+def test_scale_prediction_from_two_micro_batches_is_exact() -> None:
+    """`bench_scale.scaled_graph`: the graph of micro-batch 3 of a two-layer Llama-3-8B-shaped FSDP2 rank,
+    made from the profiles of micro-batch 1 and 2, holds every buffer and workspace at micro-batch 3's
+    recorded size, so its eager peak and Rotor's minimum are the real profile's; different steps are
+    refused."""
+    from dataclasses import replace
+
+    from memviz.plans.planning import minimum_budget
+    from solvers.ir import Graph
+
+    bench_scale = _bench_scale()
+    one, two, three = (bench_scale._profile("llama3-8b", b, layers=2) for b in (1, 2, 3))
+    got = bench_scale.scaled_graph(one.graph, two.graph, 3)
+    assert [d.bytes for d in got.datas] == [d.bytes for d in three.graph.datas]
+    assert [d.shape for d in got.datas] == [d.shape for d in three.graph.datas]
+    assert [c.temp_bytes for c in got.computes] == [c.temp_bytes for c in three.graph.computes]
+    assert any(d.bytes != e.bytes for d, e in zip(one.graph.datas, got.datas, strict=True))
+    assert simulate(got, one.baseline_schedule).peak_bytes == three.baseline.peak_bytes
+    assert minimum_budget(got, "rotor") == minimum_budget(three.graph, "rotor")
+    other = Graph((replace(two.graph.computes[0], op="other"), *two.graph.computes[1:]), two.graph.datas,
+                  two.graph.outputs)
+    with pytest.raises(ValueError, match="different steps"):
+        bench_scale.scaled_graph(one.graph, other, 3)
 
 
 @pytest.mark.slow

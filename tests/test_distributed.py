@@ -434,3 +434,21 @@ def test_fsdp_mem_tracker_anchors_fsdp2_x_tp() -> None:
     theirs = bench_fsdp.fsdp_mem_tracker_peak("gpt", "fsdp_tp", 4, 0)
     ours, _ = bench_fsdp.memviz_peak("gpt", "fsdp_tp", 4, 0)
     assert abs(theirs - ours) <= 0.05 * ours, (theirs, ours)
+
+
+def test_fsdp_benchmark_says_where_memviz_is_closer() -> None:
+    """benchmarks/bench_fsdp.py's item-4 sentence: a case where both are exact reads 'equally close', not
+    'closer'; a case the tracker cannot anchor is named as such."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_fsdp
+
+    def row(model: str, kind: str, anchor: int | None) -> dict[str, Any]:
+        return {"model": model, "parallel": kind, "measured": 100, "memviz": 100, "fsdp_mem_tracker": anchor}
+
+    text = bench_fsdp.verdict([row("gpt", "fsdp", 100), row("gpt", "fsdp", 100), row("llama", "fsdp", 103),
+                               row("llama", "tp", None)])
+    assert "closer to the measured peak on llama fsdp;" in text
+    assert "equally close on gpt fsdp (both exact to the byte" in text
+    assert "farther on none" in text and "no number for llama tp" in text
+    worse = {**row("gpt", "fsdp", 100), "memviz": 102}
+    assert "farther on gpt fsdp." in bench_fsdp.verdict([worse])

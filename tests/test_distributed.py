@@ -96,6 +96,23 @@ def test_fsdp_rank_holds_shards_buffers_and_collectives(fsdp4) -> None:
     assert g.meta["parallel"]["world_size"] == 4
 
 
+def test_blocks_kept_gathered_after_forward() -> None:
+    """`Parallel(reshard_after_forward=False)`: fully_shard keeps each block's gathered parameters from its
+    forward to its backward, so no block gathers twice and the rank's peak grows; the recorded step still
+    predicts the tracked one to the byte."""
+    model, args = tiny_gpt()
+    resharded, kept = (memviz.profile(model, args, optimizer=torch.optim.AdamW,
+                                      parallel=Parallel(world_size=4, reshard_after_forward=r))
+                       for r in (True, False))
+    gathers = [[c.name for c in p.graph.computes].count("c10d._allgather_base_") for p in (resharded, kept)]
+    assert gathers == [2 * len(model.blocks) + 1, len(model.blocks) + 1]
+    assert kept.baseline.peak_bytes > resharded.baseline.peak_bytes
+    assert kept.measured_peak_bytes == kept.baseline.peak_bytes
+    assert kept.graph.meta["parallel"]["reshard_after_forward"] is False
+    with pytest.raises(ParallelError, match="needs fsdp=True"):
+        Parallel(world_size=2, fsdp=False, tp=2, reshard_after_forward=False)
+
+
 def test_recorded_schedule_predicts_the_tracked_step(fsdp4) -> None:
     _, _, _, prof = fsdp4
     # baseline: simulate over the recorded graph and frees; measured: a separate run of the same step

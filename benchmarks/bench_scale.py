@@ -185,8 +185,9 @@ def scaled_graph(one: Graph, two: Graph, batch: int) -> Graph:
     """The graph of micro-batch `batch` from the recorded graphs of micro-batch 1 and 2 of the same step.
     Every buffer and workspace holds a batch dimension or none, so its size is affine in the micro-batch:
     size(b) = size(1) + (b - 1) * (size(2) - size(1)), exact when the two steps recorded the same operators
-    on the same buffers (checked; ValueError otherwise).  Roofline op times are extrapolated the same way
-    (an estimate: the memory search does not read them)."""
+    on the same buffers (checked; ValueError otherwise).  Roofline op times are extrapolated the same way,
+    an estimate (Rotor's proposals read them, one per time level): hence each answer is confirmed on a real
+    profile."""
     from solvers.ir import Graph
 
     k = batch - 1

@@ -357,10 +357,12 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
       1.149 without it; bench_export's examples likewise, issue 22).
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
-    steps each): eager, then the exported module, and on an accelerator a third step with the exported
-    module's phase functions timed (their timers synchronise, so it is kept out of the ratio); `repeats`
-    pairs, more up to `FIXED_COST_PAIRS` within `FIXED_COST_BUDGET_S`, medians throughout (the exported
-    step as eager's median times the median ratio of the pairs: a burst of load slows both steps of a pair).
+    steps each), eager and the exported module in alternating order with cyclic collection paused
+    (`accelerator.alternating_pairs`: the order alone moved a sub-ms step's ratio by 40 points), then on an
+    accelerator as many steps with the exported module's phase functions timed (their timers synchronise,
+    so they are kept out of the ratio); `repeats` pairs, more up to `FIXED_COST_PAIRS` within
+    `FIXED_COST_BUDGET_S`, medians throughout (the exported step as eager's median times the median
+    ratio of the pairs: a burst of load slows both steps of a pair).
     `memviz.Plan.time_overhead` adds them to the planned and the baseline op times.  Nothing in the model
     changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
     exported (the ratio of op times stands)."""
@@ -392,10 +394,6 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             module._generated = None
         return phases.seconds
 
-    accelerated = accelerator.is_accelerator(device)
-    eager: list[float] = []
-    executor: list[float] = []
-    in_phases: list[float] = []
     target = FIXED_COST_PAIRS if repeats > 1 else 1
     try:
         with accelerator.fork_rng(accelerator.as_list(device)):
@@ -403,12 +401,13 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
                 step(model)
                 step(module)
             start = time.perf_counter()
-            while len(eager) < max(1, repeats) or (
-                    len(eager) < target and time.perf_counter() - start < FIXED_COST_BUDGET_S):
-                eager.append(accelerator.timed(functools.partial(step, model), device)[0])
-                executor.append(accelerator.timed(functools.partial(step, module), device)[0])
-                if accelerated:
-                    in_phases.append(phased_step())
+            eager, executor = accelerator.alternating_pairs(
+                lambda: accelerator.timed(functools.partial(step, model), device)[0],
+                lambda: accelerator.timed(functools.partial(step, module), device)[0],
+                lambda n: n < max(1, repeats) or (
+                    n < target and time.perf_counter() - start < FIXED_COST_BUDGET_S))
+            # timed apart from the pairs: the phase timers synchronise the device
+            in_phases = [phased_step() for _ in eager] if accelerator.is_accelerator(device) else []
     finally:
         with torch.no_grad():
             for b, saved in buffers:

@@ -3,12 +3,12 @@
 Run: ``python benchmarks/bench_export.py [--quick] [--out FILE]``; prints a markdown section and writes
 ``benchmarks/results/export.json``.
 
-For every example model (examples/models.py, default sizes) in training mode, at budgets 75 % and 50 %
+For every example model (examples/models.py at `SIZES`: a 15-40 ms step) in training mode, at budgets 75 % and 50 %
 (plus 25 % in a full run) of the way from Rotor's minimum feasible budget to the eager peak (a fraction
 of the whole peak is infeasible for the small examples, whose parameters dominate),
 ``memviz.plan(strategy="auto")`` then
 ``memviz.export``: the measured CPU step time of the exported module over the eager model's (median of
-N back-to-back step pairs, `bench_remat.measure_vs`) against the plan's predicted time overhead (the cost
+`PAIRS` step pairs in alternating order, `measure_vs`) against the plan's predicted time overhead (the cost
 model), the measured peak (live-storage tracker, DESIGN.md "Correctness means") against
 ``plan.peak_bytes``, and the largest relative gradient error against eager with the same seed.
 
@@ -146,8 +146,8 @@ def bench_eager_schedule(name: str, model: torch.nn.Module, args: tuple, steps: 
 
 def _eager_schedule_table(rows: list[dict]) -> list[str]:
     out = ["### The eager schedule exported (the executor's own cost)", "",
-           "No recomputation, eager's order and frees (`strategy=\"none\"`), bench_remat's sizes; median of "
-           "back-to-back step pairs against eager, one intra-op thread. Target: step time within 1% of "
+           "No recomputation, eager's order and frees (`strategy=\"none\"`), bench_remat's sizes, measured "
+           "as above. Target: step time within 1% of "
            "eager, predicted overhead within 2 points of measured, measured peak equal to eager's.", "",
            "| model | eager step ms | predicted overhead | measured overhead | wall-clock | plan peak MiB | "
            "measured peak MiB | eager measured MiB | peak - eager KiB | gradient error |",
@@ -175,16 +175,20 @@ def _fixed_only(plan: memviz.Plan) -> float:
 
 def markdown(result: dict) -> str:
     out = ["## Exported module vs its plan (CPU, training step)", "",
-           "Predicted = the plan (cost model, simulator); measured = the exported module's median step over "
-           "the eager model's (median of back-to-back step pairs; CPU time, one intra-op thread, as the "
-           "profile's op times and fixed costs in this run; wall-clock beside it), its peak from the "
-           "live-storage tracker, "
-           "its gradients against eager's with the same seed (largest relative error). Target: peak within "
-           "5% of the plan and under the budget. Budget = fraction of the range [rotor minimum, eager peak]. "
-           "These models run a step in a few milliseconds, so the measured overheads are dominated by the "
-           "exported module's fixed cost per step (the walk over parameters and buffers, the two autograd "
-           "Functions), not by recomputation; the predicted overhead counts it as measured at profile time "
-           "(`memviz.profiling.profile.step_fixed_costs`).", "",
+           "Predicted = the plan (cost model, simulator); measured = the exported module's step over the "
+           "eager model's, its peak from the live-storage tracker, its gradients against eager's with the "
+           "same seed (largest relative error). Target: peak within 5% of the plan and under the budget. "
+           "Budget = fraction of the range [rotor minimum, eager peak]. The examples run at sizes where a "
+           "step takes 15-40 ms (`bench_export.SIZES`): at their default sizes (0.25-0.5 ms) one unchanged "
+           "plan's ratio spread over 1.06-1.85 between repeated measurements on this shared machine.", "",
+           f"Method, the same for every row of both tables and for the profile's fixed costs "
+           f"(`accelerator.alternating_pairs`): one intra-op thread; CPU time of this process "
+           f"(`time.process_time`; wall-clock beside it); a gradient-check step and {WARMUP_PAIRS} untimed "
+           f"pairs first; then {result.get('pairs', PAIRS)} pairs of steps, eager and exported in "
+           f"alternating order (the order alone moved a sub-ms step's median ratio by 40 points), cyclic "
+           f"garbage collection paused and what was pending collected before; the median of the pairs' "
+           f"ratios. The predicted overhead counts the fixed per-step costs measured at profile time the "
+           f"same way (`memviz.profiling.profile.step_fixed_costs`).", "",
            "| model | budget | strategy | plan peak MiB | measured peak MiB | peak error | "
            "eager measured MiB | recomputes | predicted overhead | without per-op term | measured overhead | "
            "wall-clock | gradient error |",
@@ -226,6 +230,7 @@ def run(quick: bool = False) -> dict:
                   for name, (model, args) in example_models(quick).items()]
     load.append(os.getloadavg()[0])
     result = {"name": "export", "title": "Exported module vs its plan", "rows": rows, "notes": [],
+              "pairs": PAIRS // 2 if quick else PAIRS,
               "eager_schedule": eager_rows, "load": f"{min(load):.1f}-{max(load):.1f}",
               "headline": [{"metric": "exported plans with measured peak within 5% of predicted "
                                       "(examples x 75/50/25% of range)",

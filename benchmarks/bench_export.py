@@ -3,9 +3,9 @@
 Run: ``python benchmarks/bench_export.py [--quick] [--out FILE]``; prints a markdown section and writes
 ``benchmarks/results/export.json``.
 
-For every example model (examples/models.py at `SIZES`: a 15-40 ms step) in training mode, at budgets 75 % and 50 %
-(plus 25 % in a full run) of the way from Rotor's minimum feasible budget to the eager peak (a fraction
-of the whole peak is infeasible for the small examples, whose parameters dominate),
+For every example model (examples/models.py at `SIZES`: a 15-40 ms step) in training mode, at budgets
+75 % and 50 % (plus 25 % in a full run) of the way from Rotor's minimum feasible budget to the eager
+peak (a fraction of the whole peak is infeasible for the small examples, whose parameters dominate),
 ``memviz.plan(strategy="auto")`` then
 ``memviz.export``: the measured CPU step time of the exported module over the eager model's (median of
 `PAIRS` step pairs in alternating order, `measure_vs`) against the plan's predicted time overhead (the cost

@@ -653,3 +653,35 @@ def test_fixed_costs_time_eager_and_exported_steps_in_alternating_order(
     assert "executor_fixed_s" in prof.graph.meta
     pairs = [tuple(order[i:i + 2]) for i in range(0, len(order), 2)]
     assert pairs[:4] == [(True, False), (False, True), (True, False), (False, True)], pairs[:4]
+
+
+def test_the_fixed_cost_budget_is_spent_on_the_step_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one intra-op thread the fixed-cost pairs stop when `FIXED_COST_BUDGET_S` of CPU time is spent,
+    not wall time: on a loaded machine the wall clock cut a 25 ms step to the 7 pairs of ``repeats``
+    (exec24).  Here the step clock stands still and the wall clock runs past a 1 ns budget: every pair
+    up to `FIXED_COST_PAIRS` is taken."""
+    import functools
+
+    import memviz.profiling.profile as profiling
+    from memviz.hardware import accelerator
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    args = (torch.randn(8, 16),)
+    steps = []
+
+    def fixed_time(fn: object, device: object) -> tuple[float, object]:
+        if isinstance(fn, functools.partial) and fn.func.__name__ == "step":
+            steps.append(fn)
+        return 1e-3, fn()  # type: ignore[operator]
+
+    monkeypatch.setattr(accelerator, "timed", fixed_time)
+    monkeypatch.setattr(accelerator, "host_clock", lambda: lambda: 0.0)
+    monkeypatch.setattr(profiling, "FIXED_COST_BUDGET_S", 1e-9)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        profile(model, args, repeats=3, warmup=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(steps) == 2 * profiling.FIXED_COST_PAIRS

@@ -355,6 +355,10 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
       call, launch included, and charging the in-step extra again over-predicted recomputing plans
       (tiny 12-layer GPT, 25/51 recomputations: 1.150/1.191 predicted against 1.121/1.155 measured, 1.129/
       1.149 without it; bench_export's examples likewise, issue 22).
+    * ``recompute_scale``: on the host clock, eager's step over its operators' summed times: the rate
+      they run at inside the step, at which `memviz.plans.planning.step_time_ratio` prices recomputed
+      operators (bench_export's GPT at 25%, 30 recomputations: 1.165 predicted at the rate timed alone,
+      1.215 at this one, 1.197 / 1.208 measured; exec24).  1.0 on an accelerator.
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
     steps each), eager and the exported module in alternating order with cyclic collection paused
@@ -424,8 +428,11 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     ratio = statistics.median(x / e for x, e in zip(executor, eager, strict=True) if e > 0)
     per_op = 0.0 if not in_phases else \
         (statistics.median(in_phases) - sum(c.time for c in generated)) / max(1, len(generated))
+    # host-timed ops: the eager step over its ops timed alone is the rate they run at in the step, which a
+    # recomputation pays too (an accelerator's per-op term above prices its launches instead)
+    scale = step_s / ops if not in_phases and ops > 0 and step_s > 0 else 1.0
     return {"eager_fixed_s": step_s - ops, "executor_fixed_s": ratio * step_s - ops,
-            "executor_op_s": per_op, "executor_ops": len(generated)}
+            "executor_op_s": per_op, "executor_ops": len(generated), "recompute_scale": scale}
 
 
 class _PhaseClock:

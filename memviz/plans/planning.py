@@ -313,15 +313,16 @@ MIN_STEP_SHARE = 0.5
 def fixed_costs(graph: Graph, baseline_s: float) -> dict[str, float]:
     """The per-step costs beyond the op times that the profile measured (``eager_fixed_s``,
     ``executor_fixed_s``, ``executor_op_s``: `memviz.profiling.profile.step_fixed_costs`), 0 where not
-    measured.  One may be below 0: each op timed alone took longer than inside the step (a CPU ResNet's
+    measured, and ``recompute_scale`` (1 where not measured).  One may be below 0: each op timed alone
+    took longer than inside the step (a CPU ResNet's
     convolutions, 1.23x), and the step as measured is still the step.  All count 0 when the eager step
     measured under `MIN_STEP_SHARE` of its op times `baseline_s` (a 100-layer GPT profiled under load:
     -6.8 s, which made a plan of +16% in op times read x2.85)."""
     keys = ("eager_fixed_s", "executor_fixed_s", "executor_op_s")
     costs = {key: _finite(graph.meta.get(key)) for key in keys}
     if baseline_s + costs["eager_fixed_s"] < MIN_STEP_SHARE * baseline_s:
-        return dict.fromkeys(costs, 0.0)
-    return costs
+        return {**dict.fromkeys(costs, 0.0), "recompute_scale": 1.0}
+    return {**costs, "recompute_scale": _finite(graph.meta.get("recompute_scale")) or 1.0}
 
 
 def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputations: int = 0) -> float:
@@ -331,11 +332,14 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     plain ratio of op times).  The exported module's also holds what it adds to each operator it runs,
     once each; each of the schedule's `recomputations` pays that again (``executor_op_s``: on a
     launch-bound GPU an operator costs its launch, not only its kernel time).  Recomputations add their
-    measured op times; the fixed costs only scale the ratio, so no solver's choice depends on them
+    measured op times at the rate ops ran inside the eager step (``recompute_scale``, host-timed
+    profiles); the fixed costs only scale the ratio, so no solver's choice depends on them
     (solvers compare op times)."""
     fixed = fixed_costs(graph, baseline_s)
     eager = baseline_s + fixed["eager_fixed_s"]
-    executor = planned_s + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
+    # the recomputed op time again at the in-step rate's excess over the rate timed alone
+    in_step = (fixed["recompute_scale"] - 1.0) * max(0.0, planned_s - baseline_s)
+    executor = planned_s + in_step + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
     return executor / eager if eager > 0 and executor > 0 else 1.0
 
 

@@ -309,7 +309,7 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
 
 def _greedy_segments(
     buffers: Sequence[Buffer], ids: Sequence[int], segments: Sequence[Sequence[int]], deadline: float,
-    gap: float = 0.0,
+    slacks: Sequence[int] | None = None,
 ) -> list[tuple[list[int], int]]:
     """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`.
 
@@ -319,7 +319,7 @@ def _greedy_segments(
     that runs out, the buffers it has not placed are stacked above the others (a valid placement,
     returned in time, whatever its peak).  The other orders only run while `deadline`, less the first
     pass's time (left to the search), has not passed, and while some segment is above its max-live
-    bound by more than `gap` (a fraction of its peak; nothing beats a placement at the bound)."""
+    bound by more than its `slacks` bytes (default 0: nothing beats a placement at the bound)."""
     sub = [buffers[i] for i in ids]
     bounds = [max_live([buffers[i] for i in seg]) for seg in segments]
     pos = {i: k for k, i in enumerate(ids)}
@@ -343,7 +343,8 @@ def _greedy_segments(
             if best is None
             else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
         )
-        if all(within_gap(peak, bound, gap) for (_, peak), bound in zip(best, bounds, strict=True)):
+        slack = slacks or [0] * len(segments)
+        if all(peak - bound <= z for (_, peak), bound, z in zip(best, bounds, slack, strict=True)):
             break
     return best or []
 
@@ -420,7 +421,7 @@ def _solve_segment(
     room: int | None,
     seconds: float,
     processes: int,
-    gap: float = 0.0,
+    slack: int = 0,
 ) -> tuple[list[int], int, int, str]:
     """Improve the greedy placement of one segment: (offsets, peak, proven lower bound, how).
 
@@ -428,7 +429,7 @@ def _solve_segment(
     Without: the canonical search at the max-live bound (a fit proves zero fragmentation), and when
     that runs out of time, at targets halfway between the bound and the best peak so far; CP-SAT then
     minimises from the best placement (segments up to `CP_SAT_MAX_BUFFERS`).  Without a capacity the
-    search stops once the peak is within `gap` (a fraction of the peak) of the proven bound."""
+    search stops once the peak is within `slack` bytes of the proven bound."""
     started = time.perf_counter()
     deadline = started + seconds
     how = "greedy"
@@ -444,7 +445,7 @@ def _solve_segment(
             return offsets, peak, room + 1, "canonical-infeasible"
     else:
         target = lower
-        while (lower <= target < peak and not within_gap(peak, lower, gap)
+        while (lower <= target < peak and peak - lower > slack
                and not timed_out(deadline - 0.05, "olla: packing search", time.perf_counter())):
             left = deadline - time.perf_counter()
             found, infeasible = _canonical(sub, target, 0.5 * left, processes)
@@ -456,7 +457,7 @@ def _solve_segment(
                 target = (lower + peak) // 2
             else:  # out of work (or time) at this target: aim at an easier one
                 target = (target + peak + 1) // 2
-        if within_gap(peak, lower, gap):
+        if peak - lower <= slack:
             return offsets, peak, lower, how
     left = deadline - time.perf_counter()
     if len(sub) > CP_SAT_MAX_BUFFERS or timed_out(deadline - 0.1, "olla: packing CP-SAT skipped",
@@ -467,11 +468,6 @@ def _solve_segment(
     if solved is None:
         return offsets, peak, max(lower, bound), how
     return solved, peak_of(solved), max(lower, bound), "cp-sat"
-
-
-def within_gap(peak: int, bound: int, gap: float) -> bool:
-    """Whether a peak is within `gap` (a fraction of the peak; 0: equal) of a proven lower bound."""
-    return peak - bound <= gap * peak
 
 
 def pack(
@@ -490,9 +486,11 @@ def pack(
     Each search is bounded by counted work (`FIT_NODES`, `CANONICAL_NODES`, `CP_SAT_WORK`; CP-SAT runs
     one worker), `time_limit` is the safety cap.  `processes`: forked processes sharing the canonical
     search's preorders (at most one per preorder; for a given count the answer is the same on any
-    machine, `solvers.olla.canonical._portfolio`).  `gap`: without a capacity, a segment whose peak is
-    within this fraction of its max-live bound is not searched further (a relative gap tolerance, as a
-    MILP solver's; 0: search until the bound is met, proven, or the work or time is spent).
+    machine, `solvers.olla.canonical._portfolio`).  `gap`: without a capacity, a segment of over
+    `CP_SAT_MAX_BUFFERS` buffers whose peak is within this fraction of the whole max-live bound of its
+    own bound is not searched further (a relative gap tolerance, as a MILP solver's); smaller segments,
+    whose search is cheap, and `gap` 0 search until the bound is met, proven, or the work or time is
+    spent.
     """
     try:
         return _pack(buffers, capacity, time_limit, processes, gap)
@@ -527,7 +525,10 @@ def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: fl
     in_base = set(spanning)
     rest = [i for i in nonzero if i not in in_base]
     segments = _segments(bufs, rest)
-    seg_greedy = _greedy_segments(bufs, rest, segments, deadline, gap if capacity is None else 0.0)
+    # the tolerance in bytes per segment: the packing's peak is the base plus the largest segment's
+    slacks = [int(gap * lower) if capacity is None and len(seg) > CP_SAT_MAX_BUFFERS else 0
+              for seg in segments]
+    seg_greedy = _greedy_segments(bufs, rest, segments, deadline, slacks)
     greedy_peak = base + max((p for _, p in seg_greedy), default=0)
     whole = None
     if capacity is not None and greedy_peak > capacity:
@@ -560,7 +561,7 @@ def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: fl
         # fails the whole packing, so no time should go unused).
         for again in (False, True):
             todo = [k for k in range(len(segments))
-                    if (not within_gap(peaks[k], lowers[k], gap) if room is None else peaks[k] > room)
+                    if (peaks[k] - lowers[k] > slacks[k] if room is None else peaks[k] > room)
                     and (not again or how.get(k) == "greedy")]
             if again and room is None:
                 break
@@ -568,7 +569,7 @@ def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: fl
                 share = (deadline - time.perf_counter()) / (len(todo) - n)
                 if share > 0.05:
                     placed[k], peaks[k], lowers[k], how[k] = _solve_segment(
-                        subs[k], placed[k], peaks[k], lowers[k], room, share, processes, gap
+                        subs[k], placed[k], peaks[k], lowers[k], room, share, processes, slacks[k]
                     )
                 else:
                     note_cut("olla: packing segments not searched")

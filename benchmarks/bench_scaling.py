@@ -52,6 +52,9 @@ def fresh(graph: Graph, tag: str) -> Graph:
 
 
 def plan_curve(layers: tuple[int, ...]) -> list[dict]:
+    # imported by the plan's packing (the device's allocator), once per process: not the first row's time
+    import memviz.hardware.devices  # noqa: F401
+
     rows = []
     for n in layers:
         graph = gpt_graph(n)

@@ -350,12 +350,12 @@ def _greedy_segments(
 
 
 def _canonical(
-    sub: Sequence[Buffer], capacity: int, seconds: float, processes: int
+    sub: Sequence[Buffer], capacity: int, seconds: float, processes: int, nodes: int | None = None,
 ) -> tuple[list[int] | None, bool]:
-    """`canonical_fit` of one segment in `CANONICAL_NODES` search nodes within `seconds` (a portfolio
-    of up to `processes` processes): (offsets or None, proved infeasible)."""
+    """`canonical_fit` of one segment in `nodes` (default `CANONICAL_NODES`) search nodes within `seconds`
+    (a portfolio of up to `processes` processes): (offsets or None, proved infeasible)."""
     found = canonical_fit(sub, capacity, Deadline.after(seconds), processes=processes,
-                          max_nodes=CANONICAL_NODES)
+                          max_nodes=CANONICAL_NODES if nodes is None else nodes)
     return (list(found.offsets) if found.offsets is not None else None), found.outcome == "infeasible"
 
 
@@ -364,6 +364,11 @@ CP_SAT_MAX_BUFFERS = 800
 #: the work of one search, the same on any machine (issue 18 item 4; the time limit is a safety cap):
 #: canonical search nodes per target, and CP-SAT's deterministic time per segment
 CANONICAL_NODES = 20_000
+#: canonical search nodes of a segment searched with a gap tolerance (`pack`'s `gap`: segments of over
+#: `CP_SAT_MAX_BUFFERS` buffers), at its max-live bound only, where a fit proves the packing optimal: on
+#: default plans of 1k-10k-op GPTs (1.5k-14k buffers, 1-3 ms a node) the full search, bound and easier
+#: targets, never beat greedy before its 10 s cap
+TOLERANT_NODES = 1_000
 CP_SAT_WORK = 2.0
 #: canonical search nodes for the whole instance when a capacity is given (the decision problem
 #: MiniMalloc solves): its challenging set needs up to 54k in one process (E: three preorders' searches
@@ -429,7 +434,8 @@ def _solve_segment(
     Without: the canonical search at the max-live bound (a fit proves zero fragmentation), and when
     that runs out of time, at targets halfway between the bound and the best peak so far; CP-SAT then
     minimises from the best placement (segments up to `CP_SAT_MAX_BUFFERS`).  Without a capacity the
-    search stops once the peak is within `slack` bytes of the proven bound."""
+    search stops once the peak is within `slack` bytes of the proven bound; a segment with a slack (a
+    large one, `pack`'s `gap`) is searched at its bound only, in `TOLERANT_NODES` nodes."""
     started = time.perf_counter()
     deadline = started + seconds
     how = "greedy"
@@ -444,11 +450,13 @@ def _solve_segment(
         if infeasible:
             return offsets, peak, room + 1, "canonical-infeasible"
     else:
-        target = lower
-        while (lower <= target < peak and peak - lower > slack
+        target, targets = lower, 0
+        while (lower <= target < peak and peak - lower > slack and not (slack and targets)
                and not timed_out(deadline - 0.05, "olla: packing search", time.perf_counter())):
             left = deadline - time.perf_counter()
-            found, infeasible = _canonical(sub, target, 0.5 * left, processes)
+            found, infeasible = _canonical(sub, target, 0.5 * left, processes,
+                                           TOLERANT_NODES if slack else CANONICAL_NODES)
+            targets += 1
             if found is not None:  # fits: aim lower
                 offsets, peak, how = found, peak_of(found), "canonical"
                 target = (lower + peak) // 2

@@ -142,11 +142,10 @@ def markdown(result: dict) -> str:
                    f"{r['frontier_points']} | {r['packing']} | {r['load_average_1min']} |")
     before = result.get("before")
     if before:
-        out += ["", f"Before (main at {before['commit']}, same graphs and budgets, same machine): "
-                + ", ".join(f"{r['ops']} ops {r['seconds']} s (load {r['load']})"
-                            for r in before["plan_curve"]) + ".  Back to back at the same load: "
-                + ", ".join(f"{r['ops']} ops {r['before_s']} s before, {r['after_s']} s after "
-                            f"(load {r['load']})" for r in before.get("paired", [])) + "."]
+        out += ["", f"Before (main at {before['commit']}, same graphs and budgets, run side by side with the "
+                "rows above, at the same load): " + ", ".join(
+                    f"{r['ops']} ops {r['seconds']} s, {r['cpu_seconds']} CPU s (load {r['load']})"
+                    for r in before["plan_curve"]) + "."]
     out += ["", f"Time limits on the {result['limits'][0]['ops']}-op graph (target: limit + "
             f"{OVERRUN_TARGET_S} s; each call starts with cold caches):", "",
             "| solver | limit s | took s | overrun s | within target | answer | load |",
@@ -157,15 +156,14 @@ def markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-#: the default plan's times on main before this work (d751e9d, same graphs and budgets; measured on this
-#: shared 2-core machine under a load average of 6-9, like the rows above): ops -> seconds
-BEFORE = {"commit": "d751e9d", "plan_curve": [{"ops": 1017, "seconds": 42.56, "load": 8.6},
-                                              {"ops": 2025, "seconds": 56.42, "load": 8.8},
-                                              {"ops": 4041, "seconds": 70.97, "load": 11.6},
-                                              {"ops": 10017, "seconds": 96.93, "load": 9.6}],
-          # main, then this code, back to back at the same load (5-6), on the 2k and 4k graphs
-          "paired": [{"ops": 2025, "before_s": 44.9, "after_s": 10.8, "load": 6.4},
-                     {"ops": 4041, "before_s": 44.56, "after_s": 14.71, "load": 6.1}]}
+#: the default plan on main before this work (1da3dc1, same graphs and budgets), measured by this file's
+#: `plan_curve` run on main's memviz and solvers in a second process side by side with the committed
+#: rows (`benchmarks/results/scaling.json`), so at the same load: wall and CPU seconds per graph
+BEFORE = {"commit": "1da3dc1",
+          "plan_curve": [{"ops": 1017, "seconds": 44.41, "cpu_seconds": 4.12, "load": 11.57},
+                         {"ops": 2025, "seconds": 53.82, "cpu_seconds": 5.85, "load": 10.67},
+                         {"ops": 4041, "seconds": 60.47, "cpu_seconds": 6.94, "load": 10.45},
+                         {"ops": 10017, "seconds": 60.78, "cpu_seconds": 5.66, "load": 11.35}]}
 
 
 def headline(result: dict) -> list[dict]:

@@ -50,8 +50,8 @@ PACKING_SHARE = 0.3
 PACKING_SECONDS = 10.0
 #: the packing's search stops once its peak is within this fraction of the max-live bound (a relative
 #: gap tolerance, as a MILP solver's): the export runs the plan through the framework's allocator, not at
-#: the packed addresses (`Plan.fits`), so the packing is a layout bound; the last 0.037% (37 KB of
-#: 101 MB) of a 1k-op GPT's greedy packing took the whole 10 s cap and was never closed
+#: the packed addresses (`Plan.fits`), so the packing is a layout bound; closing the last 0.064% (64 KB of
+#: 101 MB) of a 1k-op GPT's greedy packing took the search 12.6 CPU s (its 10 s cap, under load, did not)
 PACKING_GAP = 1e-3
 #: the budget frontier's safety cap in seconds (`solve_frontier`): its `FRONTIER_POINTS` solves of one
 #: strategy share a DP (`solvers.rotor`), a few seconds at 10k ops; inside `plan` it also ends with

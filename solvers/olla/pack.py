@@ -366,8 +366,8 @@ CP_SAT_MAX_BUFFERS = 800
 CANONICAL_NODES = 20_000
 #: canonical search nodes of a segment searched with a gap tolerance (`pack`'s `gap`: segments of over
 #: `CP_SAT_MAX_BUFFERS` buffers), at its max-live bound only, where a fit proves the packing optimal: on
-#: default plans of 1k-10k-op GPTs (1.5k-14k buffers, 1-3 ms a node) the full search, bound and easier
-#: targets, never beat greedy before its 10 s cap
+#: default plans of 4k- and 10k-op GPTs (5.7k-14k buffers) the full search, bound and easier targets,
+#: never beat greedy before its 10 s cap (32 CPU s at 4k with the caps scaled up)
 TOLERANT_NODES = 1_000
 CP_SAT_WORK = 2.0
 #: canonical search nodes for the whole instance when a capacity is given (the decision problem

@@ -164,6 +164,29 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.2f}%"
 
 
+def verdict(rows: list[dict]) -> str:
+    """Issue 20 item 4 ("ours must be closer"), case by case: where memviz is closer to the measured peak
+    than FSDPMemTracker, where both are equally close (not closer), where the tracker is closer, and where
+    it has no number.  A case whose ranks differ is named under each."""
+    cases: dict[str, list[str]] = {"closer": [], "as close": [], "farther": [], "no anchor": []}
+    exact = True
+    for r in rows:
+        if r["fsdp_mem_tracker"] is None:
+            key = "no anchor"
+        else:
+            ours, theirs = abs(r["memviz"] - r["measured"]), abs(r["fsdp_mem_tracker"] - r["measured"])
+            key = "closer" if ours < theirs else "as close" if ours == theirs else "farther"
+            exact = exact and (key != "as close" or ours == 0)
+        case = f"{r['model']} {r['parallel']}"
+        if case not in cases[key]:
+            cases[key].append(case)
+    named = {k: ", ".join(v) or "none" for k, v in cases.items()}
+    both = " (both exact to the byte: memviz is not closer there)" if cases["as close"] and exact else ""
+    return (f"Against FSDPMemTracker (issue 20 item 4), memviz is closer to the measured peak on "
+            f"{named['closer']}; equally close on {named['as close']}{both}; farther on {named['farther']}. "
+            f"FSDPMemTracker has no number for {named['no anchor']} (no FSDPModule root).")
+
+
 def markdown(result: dict) -> str:
     out = ["## FSDP2 / TP per-rank peak: memviz vs torch's FSDPMemTracker vs 2-4 gloo ranks", "",
            "One steady-state AdamW step (`logits.sum()` loss) per rank of 2 (fsdp, tp) or 4 (fsdp_tp: FSDP2 "
@@ -181,7 +204,7 @@ def markdown(result: dict) -> str:
         out.append(f"| {r['model']} | {r['parallel']} | {r['rank']}/{r.get('world', 2)} | {r['measured']} "
                    f"| {r['memviz']} "
                    f"({_pct(r['memviz_err_pct'])}) | {anchor} | {r['memviz_s']:.1f} |")
-    return "\n".join(out + [""])
+    return "\n".join(out + ["", verdict(result["rows"]), ""])
 
 
 if __name__ == "__main__":

@@ -17,12 +17,18 @@ load, the CPU time much less), the 1-minute load average, and its own peak RSS
 after the model is built on the meta device (the user's code, with its imports of transformers and of
 this benchmark's helpers): it times ``memviz.profile`` and the planning.
 
-Max micro-batch on an 80 GiB device, searched on real (estimated) profiles in the same child: micro-batch
-1 and 2 give a linear guess; the eager peak (without a plan) and Rotor's smallest feasible budget (with
-the plan) are then probed, growing past the guess while it fits and bisecting below it otherwise (Rotor's
-minimum grows faster than linearly: the guess from 1 and 2 over-promises 3x), and at the largest
-micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's capacity is solved and
-checked.  ``--quick`` keeps 2 layers (the smoke size).
+Max micro-batch on an 80 GiB device, in the same child (`search`): micro-batch 2 is profiled too, and since
+every buffer's size is affine in the micro-batch (a batch dimension or none), `scaled_graph` builds the graph
+of any micro-batch from those two, exactly (checked: same operators on the same buffers).  On those
+predicted graphs `largest_fitting` finds where the eager peak (without a plan) and Rotor's smallest feasible
+budget (with the plan) cross the device's capacity (Rotor's minimum is not affine in the micro-batch at
+small sizes: 13.0, 14.1 and 15.9 GiB at 1-3 for the 8B shape, then 2.9 GiB more per sample, so the secant
+from 1 and 2 over-promises 3x; each guess is solved on its predicted graph).  Each answer is then
+confirmed on real profiles of its own micro-batch, the answer (fits) and the answer + 1 (does not fit), and
+at the largest micro-batch that fits with the plan ``memviz.plan(strategy="rotor")`` at the device's
+capacity is solved and checked.  No time limit: the search's CPU seconds are reported (it was wall-time
+limited, and read ">= 24" on a loaded machine); `MAX_BATCH` is its stated cap.
+``--quick`` keeps 2 layers (the smoke size).
 
 Each row also gives the estimated step time and the part of it the collectives take
 (`memviz.hardware.collectives`: alpha-beta over the H100's NVLink / InfiniBand).  The step time sums every
@@ -40,13 +46,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(p))
+
+if TYPE_CHECKING:
+    from solvers.ir import Graph
 
 GiB = 2**30
 SEQ = 4096
@@ -65,8 +75,8 @@ SETTINGS = {
 #: at load 16 (the 70B minimum simulates ~23 proposals of an 18.6k-op graph: 70 s there); the search is timed
 #: in the row, not limited by it
 MINIMUM_LIMIT_S = 600.0
-#: seconds of probing for the max micro-batch in a full run (the benchmark's budget in run.py is 340 s)
-SEARCH_S = {"llama3-8b": 90.0, "llama3-70b": 120.0}
+#: the largest micro-batch the max-micro-batch search considers (a stated cap: an answer at it reads ">=")
+MAX_BATCH = 1024
 
 
 def _model(name: str, batch: int, layers: int | None) -> tuple[Any, Any, Any]:
@@ -132,72 +142,151 @@ def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, prof
 
 
-def largest_fitting(value: Callable[[int], int], cap: int,
-                    deadline: float = float("inf")) -> tuple[int, int | None]:
+def largest_fitting(value: Callable[[int], int], cap: int, most: int = MAX_BATCH) -> tuple[int, int | None]:
     """(lo, hi): value(lo) <= cap < value(hi) with hi == lo + 1 (the largest micro-batch that fits is lo;
-    lo = 0: not even 1), `value` increasing.  Each probe is the secant guess through the last two probed
-    points, kept strictly inside (lo, hi): a linear value is found in two probes.  Past `deadline`
-    (time.perf_counter()) the bracket so far is returned (hi None: no misfit probed yet)."""
+    lo = 0: not even 1), `value` increasing; (most, None) when value(most) still fits.  Each probe is the
+    secant guess through the last two probed points, kept strictly inside (lo, hi): a linear value is found
+    in two probes."""
     if value(1) > cap:
         return 0, 1
     lo, hi = 1, None
-    a, b = 1, 2
+    a, b = 1, min(2, most)
     while hi is None or hi - lo > 1:
         if b > lo and (hi is None or b < hi):
             if value(b) <= cap:
                 lo = b
             else:
                 hi = b
-        if time.perf_counter() > deadline:
+        if hi is None and lo == most:
             break
         slope = (value(b) - value(a)) / (b - a) if b != a else 0
         guess = b + int((cap - value(b)) // slope) if slope > 0 else 2 * b
-        guess = max(guess, lo + 1) if hi is None else min(max(guess, lo + 1), hi - 1)
+        guess = min(max(guess, lo + 1), most) if hi is None else min(max(guess, lo + 1), hi - 1)
         a, b = b, guess
     return lo, hi
 
 
-def search(name: str, layers: int | None, seconds: float = float("inf")) -> dict:
-    """Max micro-batch with and without the plan, from estimated profiles in this process (`largest_fitting`
-    on the eager peak and on Rotor's minimum, guesses from micro-batch 1 and 2), and the checked Rotor
-    plan at the device's capacity for the largest micro-batch it fits."""
+def confirmed(value: Callable[[int], int], guess: int, cap: int,
+              most: int = MAX_BATCH) -> tuple[int, int | None]:
+    """`largest_fitting`'s (lo, hi) on an increasing `value` whose answer is near `guess`: value(guess) and
+    value(guess + 1) when the guess is right (it fits, the next does not), else one step at a time from it
+    until the fit's edge is probed on both sides."""
+    b = min(max(guess, 1), most)
+    if value(b) > cap:
+        while b > 1 and value(b - 1) > cap:
+            b -= 1
+        return b - 1, b
+    while b < most and value(b + 1) <= cap:
+        b += 1
+    return b, (b + 1 if b < most else None)
+
+
+def scaled_graph(one: Graph, two: Graph, batch: int) -> Graph:
+    """The graph of micro-batch `batch` from the recorded graphs of micro-batch 1 and 2 of the same step.
+    Every buffer and workspace holds a batch dimension or none, so its size is affine in the micro-batch:
+    size(b) = size(1) + (b - 1) * (size(2) - size(1)), exact when the two steps recorded the same operators
+    on the same buffers (checked; ValueError otherwise).  Roofline op times are extrapolated the same way,
+    an estimate (Rotor's proposals read them, one per time level): hence each answer is confirmed on a real
+    profile."""
+    from solvers.ir import Graph
+
+    k = batch - 1
+    same = (len(one.computes) == len(two.computes) and len(one.datas) == len(two.datas)
+            and all(x.op == y.op and x.phase == y.phase and set(x.inputs) == set(y.inputs)
+                    and x.outputs == y.outputs for x, y in zip(one.computes, two.computes, strict=True))
+            and all(x.name == y.name and x.kind == y.kind and x.producer == y.producer
+                    for x, y in zip(one.datas, two.datas, strict=True)))
+    if not same:
+        raise ValueError(f"micro-batch 1 and 2 recorded different steps ({len(one.computes)} and "
+                         f"{len(two.computes)} operators): no affine prediction")
+    datas = tuple(replace(x, bytes=x.bytes + k * (y.bytes - x.bytes),
+                          shape=tuple(d + k * (e - d) for d, e in zip(x.shape, y.shape, strict=True)))
+                  for x, y in zip(one.datas, two.datas, strict=True))
+    computes = tuple(replace(x, temp_bytes=x.temp_bytes + k * (y.temp_bytes - x.temp_bytes),
+                             time=max(0.0, x.time + k * (y.time - x.time)))
+                     for x, y in zip(one.computes, two.computes, strict=True))
+    return Graph(computes, datas, one.outputs, name=one.name, meta=one.meta)
+
+
+def search(name: str, layers: int | None) -> dict:
+    """Max micro-batch with and without the plan: predicted, then confirmed on real (estimated) profiles.
+
+    Micro-batch 1 (the timed row, first in a fresh process for its RSS) and 2 are profiled; `scaled_graph`
+    predicts every other micro-batch's graph from them, on which `largest_fitting` finds where the eager
+    peak and Rotor's smallest feasible budget cross the device's capacity.  Each answer is then `confirmed`
+    on profiles of its own micro-batch: the answer fits and the next does not (a wrong prediction walks on
+    from there, probing for real).  At the largest micro-batch that fits with the plan, `memviz.plan(
+    strategy="rotor")` at the device's capacity is solved and checked.  No time limit: the search's cost is
+    its probes, reported with the CPU seconds they took."""
     import memviz
     from memviz.hardware.devices import resolve_device
     from memviz.plans.planning import minimum_budget
-
-    probes: dict[int, tuple[int, int]] = {}
-    graphs: dict[int, Any] = {}
-
-    def probe(b: int) -> tuple[int, int]:
-        if b not in probes:
-            prof = _profile(name, b, layers)
-            graphs[b] = prof
-            probes[b] = (prof.baseline.peak_bytes, minimum_budget(prof.graph, "rotor", MINIMUM_LIMIT_S))
-        return probes[b]
+    from solvers.simulate import simulate
 
     cap = resolve_device(DEVICE, None, ()).capacity_bytes
-    row, graphs[1] = _timed(name, 1, layers)  # first, in a fresh process: the timed row and its RSS
-    probes[1] = (row["eager_peak"], row["rotor_minimum"])
-    deadline = time.perf_counter() + seconds / 2
-    eager, eager_hi = largest_fitting(lambda b: probe(b)[0], cap, deadline)
-    planned, planned_hi = largest_fitting(lambda b: probe(b)[1], cap, deadline + seconds / 2)
+    row, first = _timed(name, 1, layers)
+    cpu = time.process_time()  # the search's own CPU seconds, after the timed row
+    profiles = {1: first}
+    minima = {1: row["rotor_minimum"]}
+
+    def real(b: int) -> Any:
+        if b not in profiles:
+            profiles[b] = _profile(name, b, layers)
+        return profiles[b]
+
+    def real_minimum(b: int) -> int:
+        if b not in minima:
+            minima[b] = minimum_budget(real(b).graph, "rotor", MINIMUM_LIMIT_S)
+        return minima[b]
+
+    guessed_peaks: dict[int, int] = {}
+    guessed_minima: dict[int, int] = {}
+
+    def guess_eager(b: int) -> int:  # micro-batch 1 and 2: the profiles the prediction comes from
+        if b <= 2:
+            return real(b).baseline.peak_bytes
+        if b not in guessed_peaks:
+            g = scaled_graph(first.graph, real(2).graph, b)
+            guessed_peaks[b] = simulate(g, first.baseline_schedule).peak_bytes
+        return guessed_peaks[b]
+
+    def guess_minimum(b: int) -> int:
+        if b <= 2:
+            return real_minimum(b)
+        if b not in guessed_minima:
+            guessed_minima[b] = minimum_budget(scaled_graph(first.graph, real(2).graph, b), "rotor",
+                                               MINIMUM_LIMIT_S)
+        return guessed_minima[b]
+
+    eager_guess, _ = largest_fitting(guess_eager, cap)
+    plan_guess, _ = largest_fitting(guess_minimum, cap)
+    predict_cpu = time.process_time() - cpu
+    eager, eager_hi = confirmed(lambda b: real(b).baseline.peak_bytes, eager_guess, cap)
+    planned, planned_hi = confirmed(real_minimum, plan_guess, cap)
     plan_peak = None
     if planned:
-        plan = memviz.plan(graphs[planned], cap, strategy="rotor", frontier=False, packing=False)
+        plan = memviz.plan(real(planned), cap, strategy="rotor", frontier=False, packing=False)
         plan_peak = plan.peak_bytes
+    probes = {str(b): {"eager_peak": p.baseline.peak_bytes, "rotor_minimum": minima.get(b),
+                       "predicted_eager_peak": guessed_peaks.get(b), "predicted_rotor_minimum":
+                           guessed_minima.get(b)} for b, p in sorted(profiles.items())}
+    predicted = {str(b): {"eager_peak": guessed_peaks.get(b), "rotor_minimum": guessed_minima.get(b)}
+                 for b in sorted({*guessed_peaks, *guessed_minima})}
     return {"row": row, "setting": name, "max_batch_eager": eager, "max_batch_plan": planned,
-            "eager_misfit": eager_hi, "plan_misfit": planned_hi,
-            "plan_peak": plan_peak, "capacity": cap, "probes": {str(b): {"eager_peak": e, "rotor_minimum": m}
-                                        for b, (e, m) in sorted(probes.items())}}
+            "eager_misfit": eager_hi, "plan_misfit": planned_hi, "guess_eager": eager_guess,
+            "guess_plan": plan_guess, "plan_peak": plan_peak, "capacity": cap, "max_batch_cap": MAX_BATCH,
+            "probes": probes, "predicted": predicted,
+            "predict_cpu_s": predict_cpu, "search_cpu_s": time.process_time() - cpu,
+            "load": os.getloadavg()[0]}
 
 
-def _run_child(name: str, batch: int | None, layers: int | None, seconds: float = 0) -> dict:
-    """`child` (a micro-batch) or `search` (None, for about `seconds` of probing) in a process of its own."""
+def _run_child(name: str, batch: int | None, layers: int | None) -> dict:
+    """`child` (a micro-batch) or `search` (None) in a process of its own."""
     cmd = [sys.executable, __file__, "--child", name]
-    cmd += ["--batch", str(batch)] if batch else ["--search", "--seconds", str(seconds)]
+    cmd += ["--batch", str(batch)] if batch else ["--search"]
     if layers:
         cmd += ["--layers", str(layers)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -205,7 +294,7 @@ def run(quick: bool = False) -> dict:
     layers = 2 if quick else None
     rows, fits = [], []
     for name in SETTINGS:
-        found = _run_child(name, None, layers, SEARCH_S[name] if not quick else 60)
+        found = _run_child(name, None, layers)
         rows.append(found.pop("row"))
         fits.append({**found, "layers": rows[-1]["layers"]})
     result = {"rows": rows, "fits": fits, "seq": SEQ, "device": DEVICE, "quick": quick}
@@ -232,9 +321,13 @@ def headline(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _found(lo: int, hi: int | None) -> str:
-    """The max micro-batch, or the bracket the search time allowed."""
-    return str(lo) if hi == lo + 1 else f">= {lo} (< {hi})" if hi else f">= {lo}"
+def _found(lo: int, hi: int | None, most: int) -> str:
+    """The max micro-batch, with the search's cap when even that fitted."""
+    return str(lo) if hi == lo + 1 else f">= {lo} (the search's cap {most})"
+
+
+def _gib(x: int | None) -> str:
+    return "-" if x is None else f"{x / GiB:.2f}"
 
 
 def markdown(result: dict) -> str:
@@ -278,17 +371,29 @@ def markdown(result: dict) -> str:
                    f"{r['eager_step_s'] * 1e3:.1f} / {eager * 1e3:.1f} | {r['eager_comm_s'] * 1e3:.1f} "
                    f"({r['eager_comm_s'] / r['eager_step_s']:.0%}) | {r['plan_step_s'] * 1e3:.1f} / "
                    f"{planned * 1e3:.1f} | {r['plan_comm_s'] * 1e3:.1f} | x{r['time_overhead']:.3f} |")
-    out += ["", "Max micro-batch on an 80 GiB device, searched on estimated profiles (eager peak; Rotor's "
-            "smallest feasible budget, then a checked Rotor plan at 80 GiB for that micro-batch):", "",
-            "| setting | without a plan (eager) | with the plan (Rotor) | plan peak GiB | "
-            "probed micro-batches (eager / Rotor min GiB) |", "|---|---|---|---|---|"]
+    out += ["", "Max micro-batch on an 80 GiB device: the eager peak (without a plan) and Rotor's smallest "
+            "feasible budget (with the plan) predicted for every micro-batch from the profiles of "
+            "micro-batch 1 and 2 (each buffer's size is affine in the micro-batch: `scaled_graph`), then "
+            "confirmed on profiles of the answer (fits) and the answer + 1 (does not), and a checked Rotor "
+            "plan at 80 GiB for the answer with the plan. Profiled: GiB measured on that micro-batch's own "
+            "profile (predicted before it in brackets). CPU s: the search after the timed row.", "",
+            "| setting | without a plan (eager) | with the plan (Rotor) | predicted (eager / Rotor) | "
+            "plan peak GiB at 80 GiB | profiled micro-batches: eager peak / Rotor min GiB (predicted) | "
+            "search CPU s (load) |", "|---|---|---|---|---|---|---|"]
     for f in result["fits"]:
-        probes = ", ".join(f"{b}: {p['eager_peak'] / GiB:.0f} / {p['rotor_minimum'] / GiB:.0f}"
-                           for b, p in f["probes"].items())
+        most = f.get("max_batch_cap", 0)
+        probes = ", ".join(
+            f"{b}: {_gib(p['eager_peak'])}"
+            + (f" ({_gib(p['predicted_eager_peak'])})" if p.get("predicted_eager_peak") else "")
+            + f" / {_gib(p['rotor_minimum'])}"
+            + (f" ({_gib(p['predicted_rotor_minimum'])})" if p.get("predicted_rotor_minimum") else "")
+            for b, p in f["probes"].items())
         peak = "n/a" if f["plan_peak"] is None else f"{f['plan_peak'] / GiB:.2f}"
-        eager = _found(f["max_batch_eager"], f["eager_misfit"])
-        planned = _found(f["max_batch_plan"], f["plan_misfit"])
-        out.append(f"| {f['setting']} ({f['layers']} layers) | {eager} | {planned} | {peak} | {probes} |")
+        eager = _found(f["max_batch_eager"], f["eager_misfit"], most)
+        planned = _found(f["max_batch_plan"], f["plan_misfit"], most)
+        out.append(f"| {f['setting']} ({f['layers']} layers) | {eager} | {planned} | "
+                   f"{f.get('guess_eager')} / {f.get('guess_plan')} | {peak} | {probes} | "
+                   f"{f.get('search_cpu_s', 0):.0f} ({f.get('load', 0):.1f}) |")
     return "\n".join(out + [""])
 
 
@@ -301,9 +406,8 @@ if __name__ == "__main__":
         ap.add_argument("--batch", type=int, default=1)
         ap.add_argument("--layers", type=int, default=None)
         ap.add_argument("--search", action="store_true")
-        ap.add_argument("--seconds", type=float, default=float("inf"))
         a = ap.parse_args()
-        found = search(a.child, a.layers, a.seconds) if a.search else child(a.child, a.batch, a.layers)
+        found = search(a.child, a.layers) if a.search else child(a.child, a.batch, a.layers)
         print(json.dumps(found))
         raise SystemExit(0)
     from run import bench_main

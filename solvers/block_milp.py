@@ -58,6 +58,11 @@ SOLVE_NODES = 500
 #: the work one pair solve counts (`PairSearch.work`): its simplex iterations plus this, for the
 #: fixed cost of a solve (on the 2-core CI machine about 1 ms per iteration and 5 ms per solve)
 SOLVE_BASE_WORK = 5
+#: simplex iterations per HiGHS MIP interrupt check on block models (21-52 measured on a 1k-op GPT's
+#: 776-variable attention block): a pair solve given the work w stops at its w / this-th check, so no
+#: one solve runs past the work its search has left (before, one took 42k iterations, 10 s, and met
+#: `SOLVE_SECONDS`)
+ITERATIONS_PER_CHECK = 40
 #: larger block models are not built: HiGHS would not get past the root within a few seconds
 MAX_VARS = 20_000
 
@@ -327,10 +332,12 @@ class PairResult:
 
 
 def solve_pair(chain: Chain, bm: BlockMilp, m_save: int, m_peak: int, *, time_limit: float = SOLVE_SECONDS,
-               start: BlockOption | None = None) -> PairResult:
+               start: BlockOption | None = None, work: int | None = None) -> PairResult:
     """The fastest block option with keep <= m_save and block peak <= m_peak (within the model's
     class), measured by replay; `option` None when the pair is infeasible or no solution was found.
-    `start`, a known option meeting the pair, is handed to the solver as its first incumbent."""
+    `start`, a known option meeting the pair, is handed to the solver as its first incumbent.  `work`
+    (simplex iterations, None: no bound) stops the solve at HiGHS's interrupt check that many
+    iterations in (`ITERATIONS_PER_CHECK`): counted, so the same on any machine."""
     t0 = _time.perf_counter()
     hi = list(bm.model.row_hi)
     hi[bm.save_row] = (m_save - bm.save_const) / bm.unit
@@ -340,7 +347,8 @@ def solve_pair(chain: Chain, bm: BlockMilp, m_save: int, m_peak: int, *, time_li
     x0 = start_values(chain, bm, start) if start is not None else None
     if x0 is not None and model.violation(x0) > 1e-9:
         x0 = None  # outside the model (it over-counts some schedule): solve without it
-    sol = milp.solve(model, time_limit=time_limit, start=x0, nodes=SOLVE_NODES,
+    checks = None if work is None else max(1, work // ITERATIONS_PER_CHECK)
+    sol = milp.solve(model, time_limit=time_limit, start=x0, nodes=SOLVE_NODES, checks=checks,
                      where="rockmate: a block MILP")
     if sol.x is None:
         return PairResult(None, sol.status, _time.perf_counter() - t0, x0 is not None, sol.cut,
@@ -418,8 +426,10 @@ class PairSearch:
                 continue
             if any(s <= s2 and p <= p2 and o.keep <= s and peak(o) <= p for (s2, p2), o in self._proven):
                 continue
+            # the solve gets the work this run has left, so the run ends within its share
             res = solve_pair(self.chain, self.bm, s, p, time_limit=min(SOLVE_SECONDS, left),
-                             start=self._start(s, p))
+                             start=self._start(s, p),
+                             work=None if max_work is None else max_work - (self.work - spent))
             self.solves += 1
             self.work += SOLVE_BASE_WORK + res.iterations
             self.cut = self.cut or res.cut

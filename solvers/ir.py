@@ -107,6 +107,20 @@ class Graph:
             self._check_each_node()
         self._check_acyclic()
 
+    def __hash__(self) -> int:
+        # the dataclass hash of the compared fields, computed once: the solvers' per-graph caches
+        # (`solvers.memo`) hash the graph on every call, and hashing a 4k-op graph's nodes anew each time
+        # took 2 of the default plan's CPU seconds (frozen: the fields never change)
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.computes, self.datas, self.outputs, self.name))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # str hashes differ between processes (PYTHONHASHSEED): another process computes its own
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @cached_property
     def _consumers(self) -> tuple[tuple[int, ...], ...]:
         # on first use, not at construction: loading a plan file builds a 100k-node graph that asks none

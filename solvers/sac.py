@@ -5,9 +5,11 @@ option menu solved against a budget.
 not keep what autograd saves inside it: each saved tensor becomes a placeholder, and the first
 placeholder unpacked in the backward recomputes the region's forward (from its inputs, which the
 checkpoint keeps) up to the last op that saved something (early stop).  A selective policy marks ops
-MUST_SAVE: their outputs are cached from the forward until that recomputation, which returns the
-cached value instead of running them again.  `sac_schedule` writes exactly that as a CD-graph schedule
-so `solvers.simulate` predicts what `memviz.apply` runs.
+MUST_SAVE: their outputs are cached from the forward until that recomputation, which pops the cached
+value instead of running them again (from there it lives as a recomputed value; the last saving op's
+is never popped: autograd packs that op's inputs, which ends the re-run, before it dispatches).
+`sac_schedule` writes exactly that as a CD-graph schedule so `solvers.simulate` predicts what
+`memviz.apply` runs.
 
 The menu follows Rockmate (Sec. 4): every block gets a few options (here: not checkpointed, recompute
 only its elementwise sub-modules, save every op a policy can name and recompute the elementwise rest,
@@ -201,13 +203,21 @@ def sac_schedule(graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> 
         fwd = _forward_release(graph, d.id, p, run, run_of, holds)
         if run is not None and fwd < run.trigger:
             frees.setdefault(at_run[fwd], []).append(d.id)
-            frees.setdefault(_recompute_release(graph, d.id, p, run, holds, at_run, at_rec), []).append(d.id)
+            again = _recompute_release(graph, d.id, at_rec[(id(run), p)], run, holds, at_run, at_rec)
+            frees.setdefault(again, []).append(d.id)
             continue
         # kept from the forward (outside regions, MUST_SAVE, or still alive when the region recomputes)
         rel = max([fwd, *graph.consumers(d.id)])
         for s in holds.saved_by.get(d.id, ()):
             rel = max(rel, holds.release.get(s, -1))
-        frees.setdefault(at_run[rel], []).append(d.id)
+        at = at_run[rel]
+        own = run_of.get(p)
+        if own is not None and p in own.region.save and p < own.last:
+            # the recomputation pops the cached value when it reaches p; from there it lives as a
+            # recomputed value does (no longer than its re-run readers, unless autograd saves it again)
+            at = max(at, _recompute_release(graph, d.id, _popped_at(own, p, at_run, at_rec), own, holds,
+                                            at_run, at_rec))
+        frees.setdefault(at, []).append(d.id)
     steps: list[Step] = []
     for i, (c, _) in enumerate(items):
         steps.append(compute(c))
@@ -230,17 +240,30 @@ def _forward_release(graph: Graph, d: int, p: int, run: _Run | None, run_of: Map
         if d in other.inputs:
             rel = max(rel, other.death)  # the checkpoint keeps its region's inputs for recomputation
     own = run_of.get(p)
-    if own is not None and p in own.region.save:
-        # the policy's cache holds it until the recomputation consumes it (never, after early stop)
-        rel = max(rel, own.trigger if p <= own.last else own.death)
+    if own is not None and p in own.region.save and p >= own.last:
+        # the policy's cache holds it until the checkpoint frame dies: early stop never reaches it (autograd
+        # packs the last saver's inputs, which ends the recomputation, before it dispatches the op)
+        rel = max(rel, own.death)
     return rel
 
 
-def _recompute_release(graph: Graph, d: int, p: int, run: _Run, holds: EagerHolds,
+def _popped_at(run: _Run, p: int, at_run: Mapping[int, int], at_rec: Mapping[tuple[int, int], int]) -> int:
+    """Position (in the schedule's items) at which `run`'s recomputation reaches kept op `p` and pops its
+    output from the policy's cache: after the last recomputed op before it (else just before the
+    recomputation starts)."""
+    before = [c for c in run.rec if c < p]
+    if before:
+        return at_rec[(id(run), before[-1])]
+    first = at_rec[(id(run), run.rec[0])] if run.rec else at_run[run.trigger]
+    return first - 1
+
+
+def _recompute_release(graph: Graph, d: int, start: int, run: _Run, holds: EagerHolds,
                        at_run: Mapping[int, int], at_rec: Mapping[tuple[int, int], int]) -> int:
-    """Position (in the schedule's items) after which the recomputed instance of `d` is released."""
+    """Position (in the schedule's items) after which the instance of `d` the recomputation holds from
+    position `start` on (recomputed there, or popped from the policy's cache) is released."""
     key = id(run)
-    rel = at_rec[(key, p)]
+    rel = start
     for r in graph.consumers(d):
         if (key, r) in at_rec:
             rel = max(rel, at_rec[(key, r)])
@@ -249,7 +272,7 @@ def _recompute_release(graph: Graph, d: int, p: int, run: _Run, holds: EagerHold
     local = holds.local.get(d)
     if local is not None:  # a Python local of the re-run forward: mapped onto the recomputation
         ran = [c for c in run.rec if c <= local]
-        rel = max(rel, at_rec[(key, ran[-1] if ran else run.rec[0])])
+        rel = max(rel, at_rec[(key, ran[-1])] if ran else start)
     for s in holds.saved_by.get(d, ()):
         if s in run.region.nodes and s in holds.release:
             rel = max(rel, at_run[holds.release[s]])  # re-saved, held until its node's backward ends

@@ -93,7 +93,8 @@ def test_same_plan_on_a_slower_machine(graphs: dict[str, Graph], fast_clock: Any
     first, first_cuts = outcome(cold(graph, "first"), strategy, budget)
     fast_clock(FAST)
     second, second_cuts = outcome(cold(graph, "second"), strategy, budget)
-    assert first_cuts == [] and second_cuts == [], "the safety cap was reached: these sizes must not reach it"
+    assert first_cuts == [] and second_cuts == [], (
+        f"the safety cap was reached ({first_cuts} / {second_cuts}): these sizes must not reach it")
     assert first == second
 
 

@@ -96,6 +96,23 @@ def test_fsdp_rank_holds_shards_buffers_and_collectives(fsdp4) -> None:
     assert g.meta["parallel"]["world_size"] == 4
 
 
+def test_blocks_kept_gathered_after_forward() -> None:
+    """`Parallel(reshard_after_forward=False)`: fully_shard keeps each block's gathered parameters from its
+    forward to its backward, so no block gathers twice and the rank's peak grows; the recorded step still
+    predicts the tracked one to the byte."""
+    model, args = tiny_gpt()
+    resharded, kept = (memviz.profile(model, args, optimizer=torch.optim.AdamW,
+                                      parallel=Parallel(world_size=4, reshard_after_forward=r))
+                       for r in (True, False))
+    gathers = [[c.name for c in p.graph.computes].count("c10d._allgather_base_") for p in (resharded, kept)]
+    assert gathers == [2 * len(model.blocks) + 1, len(model.blocks) + 1]
+    assert kept.baseline.peak_bytes > resharded.baseline.peak_bytes
+    assert kept.measured_peak_bytes == kept.baseline.peak_bytes
+    assert kept.graph.meta["parallel"]["reshard_after_forward"] is False
+    with pytest.raises(ParallelError, match="needs fsdp=True"):
+        Parallel(world_size=2, fsdp=False, tp=2, reshard_after_forward=False)
+
+
 def test_recorded_schedule_predicts_the_tracked_step(fsdp4) -> None:
     _, _, _, prof = fsdp4
     # baseline: simulate over the recorded graph and frees; measured: a separate run of the same step
@@ -357,11 +374,9 @@ def test_recorded_llama_chains_into_blocks_and_in_place_writes_order_their_reade
 def test_scale_benchmark_smoke() -> None:
     """benchmarks/bench_scale.py's child at two layers of the Llama-3-8B shape: profile, Rotor's minimum and
     a checked Rotor plan on 8 estimated FSDP2 ranks, no weights allocated (timings live in the benchmark)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench_scale
-
     from memviz.hardware.collectives import overlapped_time
 
+    bench_scale = _bench_scale()
     r = bench_scale.child("llama3-8b", 1, layers=2)
     assert r["layers"] == 2 and r["world_size"] == 8
     assert r["rotor_minimum"] <= r["plan_peak"] <= r["plan_budget"] < r["eager_peak"] <= r["capacity"]
@@ -372,10 +387,57 @@ def test_scale_benchmark_smoke() -> None:
     # the collectives' share: the serial step time bounds the overlapped one from above, the collectives below
     overlapped = overlapped_time(r["eager_step_s"], r["eager_comm_s"])
     assert 0 < r["eager_comm_s"] <= overlapped < r["eager_step_s"]
+
+
+def _bench_scale() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_scale
+
+    return bench_scale
+
+
+def test_scale_search_brackets_the_max_micro_batch() -> None:
+    """bench_scale's search: `largest_fitting` on a predicted value, then `confirmed` on the real one from
+    that guess, each returning (fits, does not fit) one apart, or the stated cap when even that fits."""
+    bench_scale = _bench_scale()
     for limit in (0, 1, 5, 17, 40):
-        for value in (lambda b: 10 * b, lambda b: b * b + 3 * b):
+        for value in (lambda b: 10 * b, lambda b: b * b + 3 * b, lambda b: max(50 + b, 7 * b)):
             cap = value(limit) if limit else value(1) - 1
             assert bench_scale.largest_fitting(value, cap) == (limit, limit + 1)
+            for guess in (0, 1, limit - 2, limit, limit + 1, limit + 3):
+                probed: list[int] = []
+                real = lambda b, v=value, p=probed: p.append(b) or v(b)  # noqa: E731
+                assert bench_scale.confirmed(real, guess, cap) == (limit, limit + 1)
+                if guess == limit and limit:  # a right guess: the answer and the next, nothing else
+                    assert sorted(set(probed)) == [limit, limit + 1]
+    assert bench_scale.largest_fitting(lambda b: b, 10**6, most=64) == (64, None)
+    assert bench_scale.confirmed(lambda b: b, 60, 10**6, most=64) == (64, None)
+
+
+@pytest.mark.slow
+def test_scale_prediction_from_two_micro_batches_is_exact() -> None:
+    """`bench_scale.scaled_graph`: the graph of micro-batch 3 of a two-layer Llama-3-8B-shaped FSDP2 rank,
+    made from the profiles of micro-batch 1 and 2, holds every buffer and workspace at micro-batch 3's
+    recorded size, so its eager peak and Rotor's minimum are the real profile's; different steps are
+    refused."""
+    from dataclasses import replace
+
+    from memviz.plans.planning import minimum_budget
+    from solvers.ir import Graph
+
+    bench_scale = _bench_scale()
+    one, two, three = (bench_scale._profile("llama3-8b", b, layers=2) for b in (1, 2, 3))
+    got = bench_scale.scaled_graph(one.graph, two.graph, 3)
+    assert [d.bytes for d in got.datas] == [d.bytes for d in three.graph.datas]
+    assert [d.shape for d in got.datas] == [d.shape for d in three.graph.datas]
+    assert [c.temp_bytes for c in got.computes] == [c.temp_bytes for c in three.graph.computes]
+    assert any(d.bytes != e.bytes for d, e in zip(one.graph.datas, got.datas, strict=True))
+    assert simulate(got, one.baseline_schedule).peak_bytes == three.baseline.peak_bytes
+    assert minimum_budget(got, "rotor") == minimum_budget(three.graph, "rotor")
+    other = Graph((replace(two.graph.computes[0], op="other"), *two.graph.computes[1:]), two.graph.datas,
+                  two.graph.outputs)
+    with pytest.raises(ValueError, match="different steps"):
+        bench_scale.scaled_graph(one.graph, other, 3)
 
 
 @pytest.mark.slow
@@ -389,3 +451,21 @@ def test_fsdp_mem_tracker_anchors_fsdp2_x_tp() -> None:
     theirs = bench_fsdp.fsdp_mem_tracker_peak("gpt", "fsdp_tp", 4, 0)
     ours, _ = bench_fsdp.memviz_peak("gpt", "fsdp_tp", 4, 0)
     assert abs(theirs - ours) <= 0.05 * ours, (theirs, ours)
+
+
+def test_fsdp_benchmark_says_where_memviz_is_closer() -> None:
+    """benchmarks/bench_fsdp.py's item-4 sentence: a case where both are exact reads 'equally close', not
+    'closer'; a case the tracker cannot anchor is named as such."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_fsdp
+
+    def row(model: str, kind: str, anchor: int | None) -> dict[str, Any]:
+        return {"model": model, "parallel": kind, "measured": 100, "memviz": 100, "fsdp_mem_tracker": anchor}
+
+    text = bench_fsdp.verdict([row("gpt", "fsdp", 100), row("gpt", "fsdp", 100), row("llama", "fsdp", 103),
+                               row("llama", "tp", None)])
+    assert "closer to the measured peak on llama fsdp;" in text
+    assert "equally close on gpt fsdp (both exact to the byte" in text
+    assert "farther on none" in text and "no number for llama tp" in text
+    worse = {**row("gpt", "fsdp", 100), "memviz": 102}
+    assert "farther on gpt fsdp." in bench_fsdp.verdict([worse])

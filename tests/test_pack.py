@@ -346,3 +346,24 @@ def test_minimalloc_csv_bad_rows_name_the_line(tmp_path: Path, text: str, line: 
     path.write_text(text)
     with pytest.raises(PackingError, match=rf"in\.csv:{line}: .*{re.escape(what)}"):
         read_csv(path)
+
+
+def test_gap_tolerance_stops_the_search(monkeypatch):
+    """Without a capacity, a large segment within `gap` (a fraction of the whole max-live bound) of its
+    own bound is not searched further (the relative gap tolerance `memviz.plan` packs with); at gap 0,
+    or in a small segment, the search runs and closes part of the same gap."""
+    import importlib
+
+    from gpt_chain import gpt_graph
+
+    pack_module = importlib.import_module("solvers.olla.pack")  # `solvers.olla.pack` is also the function
+    g = gpt_graph(1, seq=32, hidden=64)
+    buffers, _ = pack_module.schedule_buffers(g, eager_schedule(g))
+    exact = pack(buffers, time_limit=30.0, processes=1)
+    small = pack(buffers, time_limit=30.0, processes=1, gap=0.01)  # its one segment is small: searched
+    monkeypatch.setattr(pack_module, "CP_SAT_MAX_BUFFERS", 10)  # as if the segment were large
+    tolerant = pack(buffers, time_limit=30.0, processes=1, gap=0.01)
+    assert exact.extra["segments"] and small.peak_bytes == exact.peak_bytes < tolerant.peak_bytes
+    assert tolerant.extra["segments"] == [] and tolerant.peak_bytes == tolerant.greedy_peak
+    assert tolerant.peak_bytes - tolerant.lower_bound <= 0.01 * tolerant.lower_bound
+    assert validate_packing(buffers, tolerant.offsets) == []

@@ -236,3 +236,29 @@ def test_menus_cached_per_graph_and_milp_work():
     other = rockmate.solve(g, low, milp_seconds=0).stats.extra
     assert first["menus_cached"] and again["menus_cached"] and not other["menus_cached"]
     assert first["options"] == again["options"]
+
+
+def test_pair_solves_stop_at_the_work_left():
+    """A pair solve given `work` stops at the HiGHS interrupt check that many simplex iterations in
+    (counted, not timed), and a pair search gives each solve the work its run has left, so a run ends
+    within its share (plus about a check's iterations), never a whole solve past it (on a 1k-op GPT one
+    solve took 42k iterations on a share of a few thousand, until its 10 s cap)."""
+    g = gpt_graph(2, seq=32, hidden=64)
+    ch = chain.decompose(g)
+    b = max(ch.blocks, key=lambda x: len(x.saved))
+    every = [chain.store_all(ch, b), *(chain.block_option(ch, b, k) for k in rockmate._kept_sets(ch, b))]
+    bm = block_milp.build(ch, b)
+    in_class = [o for o in every if block_milp.start_values(ch, bm, o) is not None]
+    share = 100
+    for s, p in block_milp.budget_pairs(bm, every, 5):  # a pair whose solve needs more than the share
+        start = block_milp._fastest(in_class, s, p)
+        if block_milp.solve_pair(ch, bm, s, p, time_limit=30.0, start=start).iterations > 2 * share:
+            break
+    else:
+        raise AssertionError("no pair needs more work than the share: the bound below would be vacuous")
+    capped = block_milp.solve_pair(ch, bm, s, p, time_limit=30.0, start=start, work=share)
+    slack = 2 * block_milp.ITERATIONS_PER_CHECK
+    assert capped.iterations <= share + slack and not capped.cut  # its incumbent, if any, is kept
+    search = block_milp.PairSearch(ch, bm, every)
+    search.run(5, float("inf"), max_work=share)
+    assert search.solves >= 1 and search.work <= share + block_milp.SOLVE_BASE_WORK + slack

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import statistics
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -124,6 +125,48 @@ def timed(fn: Callable[[], Any], device: torch.device | str) -> tuple[float, Any
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3, out
+
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside, what was pending collected first: a young collection
+    triggered inside a timed step would be charged to whichever step allocated the 700th object (the
+    exported step leaves 7 cyclic objects of torch's pytree per call), an old one costs tens of ms."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def alternating_pairs(first: Callable[[], T], second: Callable[[], T],
+                      keep_going: Callable[[int], bool]) -> tuple[list[T], list[T]]:
+    """The results of `first()` and `second()` (each a timing of one step) called in pairs while
+    ``keep_going(pairs so far)``, their order swapped every pair (first second, second first, ...) and
+    cyclic garbage collection paused (`collection_paused`).
+
+    Why swapped: on a shared 2-vCPU VM the median ratio of back-to-back pairs of the same 900 sub-ms steps
+    (the example MLP, eager and exported) read 1.87 paired as (exported, eager) and 1.44 paired as
+    (eager, exported), the following step's CPU time depending on the one before (issue 22, exec24);
+    the profile paired one way and the benchmark the other.  Alternating the order gives both the same
+    share of either position."""
+    a: list[T] = []
+    b: list[T] = []
+    with collection_paused():
+        while keep_going(len(a)):
+            if len(a) % 2 == 0:
+                a.append(first())
+                b.append(second())
+            else:
+                b.append(second())
+                a.append(first())
+    return a, b
 
 
 def memory_info(device: torch.device | str) -> tuple[int, int]:

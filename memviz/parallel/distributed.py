@@ -66,13 +66,16 @@ class Parallel:
     """How one rank runs: `world_size` ranks in all; FSDP2 over ``world_size // tp`` of them when
     `fsdp`; tensor parallelism of degree `tp` (``tp == world_size`` without FSDP); `sp`: sequence
     parallelism inside the tensor-parallel blocks (norms and dropout on ``seq / tp`` tokens).  `rank`
-    is the rank profiled (shard sizes can differ on the last rank when a dimension does not divide)."""
+    is the rank profiled (shard sizes can differ on the last rank when a dimension does not divide).
+    `reshard_after_forward`: ``fully_shard``'s, for every block: False keeps each block's gathered
+    parameters from its forward to its backward (no second all-gather, more memory: ZeRO-2)."""
 
     world_size: int
     fsdp: bool = True
     tp: int = 1
     sp: bool = False
     rank: int = 0
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.tp < 1:
@@ -87,6 +90,8 @@ class Parallel:
             raise ParallelError("sp=True (sequence parallelism) needs tp > 1")
         if not 0 <= self.rank < self.world_size:
             raise ParallelError(f"rank {self.rank} is not in range(world_size={self.world_size})")
+        if not self.reshard_after_forward and not self.fsdp:
+            raise ParallelError("reshard_after_forward=False is fully_shard's: it needs fsdp=True")
 
     @property
     def dp(self) -> int:
@@ -95,7 +100,7 @@ class Parallel:
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "fsdp": self.fsdp, "tp": self.tp, "sp": self.sp,
-                "rank": self.rank}
+                "rank": self.rank, "reshard_after_forward": self.reshard_after_forward}
 
 
 # --- is the model already parallel? -----------------------------------------------------------------------
@@ -657,7 +662,7 @@ def shard_model(model: nn.Module, parallel: Parallel, *, inplace: bool = False) 
         from torch.distributed.fsdp import fully_shard
 
         for _, block in blocks:
-            fully_shard(block, mesh=dp_mesh)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=parallel.reshard_after_forward)
         fully_shard(work, mesh=dp_mesh)
     return work
 

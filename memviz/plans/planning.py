@@ -44,6 +44,21 @@ FRONTIER_POINTS = 20
 SOLVE_SHARE = 0.6
 #: the part of what is left after the solve that the packing may use before the frontier
 PACKING_SHARE = 0.3
+#: the address packing's safety cap in seconds (`packing_of`, `with_packing`, `plan`): its search is
+#: bounded by counted work (`solvers.olla.pack`) and by `PACKING_GAP`; the cap only stops it on a slow
+#: machine, and inside `plan` the packing gets at most `PACKING_SHARE` of the time left anyway
+PACKING_SECONDS = 10.0
+#: the packing's search stops once its peak is within this fraction of the max-live bound (a relative
+#: gap tolerance, as a MILP solver's): the export runs the plan through the framework's allocator, not at
+#: the packed addresses (`Plan.fits`), so the packing is a layout bound; closing the last 0.064% (64 KB of
+#: 101 MB) of a 1k-op GPT's greedy packing took the search 12.6 CPU s (its 10 s cap, under load, did not)
+PACKING_GAP = 1e-3
+#: the budget frontier's safety cap in seconds (`solve_frontier`): its `FRONTIER_POINTS` solves of one
+#: strategy share a DP (`solvers.rotor`), a few seconds at 10k ops; inside `plan` it also ends with
+#: `plan`'s own deadline
+FRONTIER_SECONDS = 30.0
+#: `minimum_budget`'s safety cap in seconds: one solve of the strategy at a 1-byte budget
+MINIMUM_SECONDS = 10.0
 
 
 class PlanningError(ValueError):
@@ -275,7 +290,7 @@ def frontier_plan(base: Plan, point: FrontierPoint) -> Plan:
     )
 
 
-def with_packing(the_plan: Plan, *, time_limit: float = 10.0) -> Plan:
+def with_packing(the_plan: Plan, *, time_limit: float = PACKING_SECONDS) -> Plan:
     """A copy of `the_plan` with its address packing solved (the original is left as it is)."""
     packing = packing_of(the_plan.graph, the_plan.schedule, the_plan.device, time_limit=time_limit)
     return dataclasses.replace(the_plan, packing=packing)
@@ -313,15 +328,16 @@ MIN_STEP_SHARE = 0.5
 def fixed_costs(graph: Graph, baseline_s: float) -> dict[str, float]:
     """The per-step costs beyond the op times that the profile measured (``eager_fixed_s``,
     ``executor_fixed_s``, ``executor_op_s``: `memviz.profiling.profile.step_fixed_costs`), 0 where not
-    measured.  One may be below 0: each op timed alone took longer than inside the step (a CPU ResNet's
+    measured, and ``recompute_scale`` (1 where not measured).  One may be below 0: each op timed alone
+    took longer than inside the step (a CPU ResNet's
     convolutions, 1.23x), and the step as measured is still the step.  All count 0 when the eager step
     measured under `MIN_STEP_SHARE` of its op times `baseline_s` (a 100-layer GPT profiled under load:
     -6.8 s, which made a plan of +16% in op times read x2.85)."""
     keys = ("eager_fixed_s", "executor_fixed_s", "executor_op_s")
     costs = {key: _finite(graph.meta.get(key)) for key in keys}
     if baseline_s + costs["eager_fixed_s"] < MIN_STEP_SHARE * baseline_s:
-        return dict.fromkeys(costs, 0.0)
-    return costs
+        return {**dict.fromkeys(costs, 0.0), "recompute_scale": 1.0}
+    return {**costs, "recompute_scale": _finite(graph.meta.get("recompute_scale")) or 1.0}
 
 
 def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputations: int = 0) -> float:
@@ -331,11 +347,14 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     plain ratio of op times).  The exported module's also holds what it adds to each operator it runs,
     once each; each of the schedule's `recomputations` pays that again (``executor_op_s``: on a
     launch-bound GPU an operator costs its launch, not only its kernel time).  Recomputations add their
-    measured op times; the fixed costs only scale the ratio, so no solver's choice depends on them
+    measured op times at the rate ops ran inside the eager step (``recompute_scale``, host-timed
+    profiles); the fixed costs only scale the ratio, so no solver's choice depends on them
     (solvers compare op times)."""
     fixed = fixed_costs(graph, baseline_s)
     eager = baseline_s + fixed["eager_fixed_s"]
-    executor = planned_s + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
+    # the recomputed op time again at the in-step rate's excess over the rate timed alone
+    in_step = (fixed["recompute_scale"] - 1.0) * max(0.0, planned_s - baseline_s)
+    executor = planned_s + in_step + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
     return executor / eager if eager > 0 and executor > 0 else 1.0
 
 
@@ -559,11 +578,11 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         warn_neuron_checkpointing(the_plan.device["name"], stacklevel=4)  # user -> plan -> _plan
     if packing:
         share = deadline.part(PACKING_SHARE) if frontier and is_training(graph) else deadline
-        the_plan.packing = packing_of(graph, result.schedule, the_plan.device, time_limit=10.0,
+        the_plan.packing = packing_of(graph, result.schedule, the_plan.device, time_limit=PACKING_SECONDS,
                                       deadline=share)
     if frontier and is_training(graph):
         the_plan.frontier, the_plan.frontier_points = solve_frontier(
-            graph, baseline, baseline_schedule=base_schedule, time_limit=30.0, deadline=deadline
+            graph, baseline, baseline_schedule=base_schedule, time_limit=FRONTIER_SECONDS, deadline=deadline
         )
     return the_plan
 
@@ -654,7 +673,7 @@ def _solve_first(
     raise errors[-1]
 
 
-def minimum_budget(graph: Graph, strategy: str, time_limit: float = 10.0,
+def minimum_budget(graph: Graph, strategy: str, time_limit: float = MINIMUM_SECONDS,
                    deadline: Deadline | None = None) -> int:
     """The smallest budget a strategy reports feasible (asks it for 1 byte and reads its answer);
     `OutOfTime` when it could not answer by the deadline.  Without cyclic collection, as `_plan`'s solve."""
@@ -676,7 +695,7 @@ def budget_frontier(
     *,
     strategy: str = "rotor",
     points: int = FRONTIER_POINTS,
-    time_limit: float = 30.0,
+    time_limit: float = FRONTIER_SECONDS,
     deadline: Deadline | None = None,
 ) -> list[dict[str, Any]]:
     """`points` budgets from the strategy's minimum to the baseline peak -> (peak, time overhead): the
@@ -693,7 +712,7 @@ def solve_frontier(
     baseline_schedule: Schedule | None = None,
     strategy: str = "rotor",
     points: int = FRONTIER_POINTS,
-    time_limit: float = 30.0,
+    time_limit: float = FRONTIER_SECONDS,
     deadline: Deadline | None = None,
 ) -> tuple[list[dict[str, Any]], list[FrontierPoint]]:
     """The frontier rows (`budget_bytes`, `peak_bytes`, `time_overhead`, `strategy`: what the plan JSON
@@ -765,9 +784,11 @@ def _frontier_row(graph: Graph, point: FrontierPoint, baseline: Timeline) -> dic
     }
 
 
-def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *, time_limit: float = 10.0,
-               deadline: Deadline | None = None) -> dict[str, Any] | None:
-    """Address packing of the schedule (by `time_limit` seconds or `deadline`, the earlier), plus
+def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *,
+               time_limit: float = PACKING_SECONDS, deadline: Deadline | None = None,
+               gap: float = PACKING_GAP) -> dict[str, Any] | None:
+    """Address packing of the schedule (by `time_limit` seconds or `deadline`, the earlier; its search
+    stops within `gap` of the max-live bound: `solvers.olla.pack.pack`), plus
     PyTorch's caching allocator on the same schedule when the device uses one
     (`memviz.hardware.devices.uses_caching_allocator`: CUDA; not the CPU)."""
     try:
@@ -777,7 +798,7 @@ def packing_of(graph: Graph, schedule: Schedule, device: dict[str, Any], *, time
         return None
     from memviz.hardware.devices import uses_caching_allocator
 
-    packed = pack_schedule(graph, schedule, time_limit=time_limit, deadline=deadline).to_dict()
+    packed = pack_schedule(graph, schedule, time_limit=time_limit, deadline=deadline, gap=gap).to_dict()
     if not uses_caching_allocator(str(device.get("name", ""))):
         return packed
     return {**packed, "allocator": simulate_caching_allocator(graph, schedule).to_dict()}

@@ -355,12 +355,19 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
       call, launch included, and charging the in-step extra again over-predicted recomputing plans
       (tiny 12-layer GPT, 25/51 recomputations: 1.150/1.191 predicted against 1.121/1.155 measured, 1.129/
       1.149 without it; bench_export's examples likewise, issue 22).
+    * ``recompute_scale``: on the host clock, eager's step over its operators' summed times: the rate
+      they run at inside the step, at which `memviz.plans.planning.step_time_ratio` prices recomputed
+      operators (bench_export's GPT at 25%, 30 recomputations: 1.165 predicted at the rate timed alone,
+      1.215 at this one, 1.197 / 1.208 measured; exec24).  1.0 on an accelerator.
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
-    steps each): eager, then the exported module, and on an accelerator a third step with the exported
-    module's phase functions timed (their timers synchronise, so it is kept out of the ratio); `repeats`
-    pairs, more up to `FIXED_COST_PAIRS` within `FIXED_COST_BUDGET_S`, medians throughout (the exported
-    step as eager's median times the median ratio of the pairs: a burst of load slows both steps of a pair).
+    steps each), eager and the exported module in alternating order with cyclic collection paused
+    (`accelerator.alternating_pairs`: the order alone moved a sub-ms step's ratio by 40 points), then on an
+    accelerator as many steps with the exported module's phase functions timed (their timers synchronise,
+    so they are kept out of the ratio); `repeats` pairs, more up to `FIXED_COST_PAIRS` within
+    `FIXED_COST_BUDGET_S` (of CPU time on the CPU, `accelerator.host_clock`), medians throughout (the
+    exported step as eager's median times the median ratio of the pairs: a burst of load slows both
+    steps of a pair).
     `memviz.Plan.time_overhead` adds them to the planned and the baseline op times.  Nothing in the model
     changes: gradients, buffers and the RNG streams are restored.  Empty when the schedule cannot be
     exported (the ratio of op times stands)."""
@@ -392,23 +399,22 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             module._generated = None
         return phases.seconds
 
-    accelerated = accelerator.is_accelerator(device)
-    eager: list[float] = []
-    executor: list[float] = []
-    in_phases: list[float] = []
     target = FIXED_COST_PAIRS if repeats > 1 else 1
     try:
         with accelerator.fork_rng(accelerator.as_list(device)):
             for _ in range(warmup):
                 step(model)
                 step(module)
-            start = time.perf_counter()
-            while len(eager) < max(1, repeats) or (
-                    len(eager) < target and time.perf_counter() - start < FIXED_COST_BUDGET_S):
-                eager.append(accelerator.timed(functools.partial(step, model), device)[0])
-                executor.append(accelerator.timed(functools.partial(step, module), device)[0])
-                if accelerated:
-                    in_phases.append(phased_step())
+            # the budget on the clock the steps are timed on: on a loaded machine the wall clock cut a
+            # 25 ms step's pairs to the 7 of `repeats` (exec24), whose median ratio then moved by points
+            clock = accelerator.host_clock() if not accelerator.is_accelerator(device) else time.perf_counter
+            start = clock()
+            eager, executor = accelerator.alternating_pairs(
+                lambda: accelerator.timed(functools.partial(step, model), device)[0],
+                lambda: accelerator.timed(functools.partial(step, module), device)[0],
+                lambda n: n < max(1, repeats) or (n < target and clock() - start < FIXED_COST_BUDGET_S))
+            # timed apart from the pairs: the phase timers synchronise the device
+            in_phases = [phased_step() for _ in eager] if accelerator.is_accelerator(device) else []
     finally:
         with torch.no_grad():
             for b, saved in buffers:
@@ -422,8 +428,11 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     ratio = statistics.median(x / e for x, e in zip(executor, eager, strict=True) if e > 0)
     per_op = 0.0 if not in_phases else \
         (statistics.median(in_phases) - sum(c.time for c in generated)) / max(1, len(generated))
+    # host-timed ops: the eager step over its ops timed alone is the rate they run at in the step, which a
+    # recomputation pays too (an accelerator's per-op term above prices its launches instead)
+    scale = step_s / ops if not in_phases and ops > 0 and step_s > 0 else 1.0
     return {"eager_fixed_s": step_s - ops, "executor_fixed_s": ratio * step_s - ops,
-            "executor_op_s": per_op, "executor_ops": len(generated)}
+            "executor_op_s": per_op, "executor_ops": len(generated), "recompute_scale": scale}
 
 
 class _PhaseClock:

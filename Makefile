@@ -68,8 +68,12 @@ lint-ts:
 test-ts:
 	jlpm test
 
+# Two pytest-xdist workers (one intra-op thread each, tests/conftest.py) on CI's 2 cores.  worksteal: a
+# worker that runs dry takes half of the other's queue, so the slow tests left at the end are shared and
+# each module mostly stays on one worker (its module fixtures and caches are built once).
+PYTEST_WORKERS ?= 2
 test-py:
-	$(PYTHON) -m pytest -q --durations=25
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=25
 
 test-ui:
 	cd ui-tests && CHROMIUM=$(CHROMIUM) jlpm playwright test

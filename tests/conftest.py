@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -33,3 +34,14 @@ def example(example_name: str, example_dtype: torch.dtype) -> tuple[str, torch.n
     """(name, model, args) for every example model at test size, in float32 and float64."""
     model, args = EXAMPLES[example_name](dtype=example_dtype)
     return example_name, model, args
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test-py` runs two workers) each worker computes on one intra-op thread, and
+    so do the subprocesses its tests start (OMP_NUM_THREADS is inherited): two workers of two threads each
+    would oversubscribe a 2-core machine and stall each other's OpenMP barriers (tests/test_apply.py under
+    `-n 2` at load 15: 51 CPU s with one thread, 99 CPU s with torch's default).  MEMVIZ_TEST_THREADS_KEPT=1
+    keeps torch's default, to measure that again."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("MEMVIZ_TEST_THREADS_KEPT"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)

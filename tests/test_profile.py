@@ -124,7 +124,19 @@ def test_measure_eager_peak_leaves_model_untouched():
     assert torch.equal(rng, torch.get_rng_state())
 
 
-def test_timer_budget_bounds_repeats():
+@pytest.fixture
+def wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer tests' kernels are sleeps: timed on the wall clock, whatever the thread count (with one
+    intra-op thread, as under pytest-xdist, the CPU clock would be this process's CPU time, which a sleep
+    does not spend)."""
+    import time
+
+    from memviz.hardware import accelerator
+
+    monkeypatch.setattr(accelerator, "cpu_clock", time.perf_counter)
+
+
+def test_timer_budget_bounds_repeats(wall_clock: None):
     """A kernel longer than the budget runs once (its warm-up is its measurement); short ones get the
     warm-up plus every repeat."""
     from memviz.profiling.profile import _Timer
@@ -139,7 +151,7 @@ def test_timer_budget_bounds_repeats():
     assert len(calls) == 7  # every sample differs: all repeats run
 
 
-def test_timer_stops_when_samples_agree():
+def test_timer_stops_when_samples_agree(wall_clock: None):
     """Two samples within the spread settle the median: no further repeats."""
     from memviz.profiling.profile import _Timer
 

@@ -9,6 +9,8 @@ hence it is never slower than rockmate (and so neither is its lower bound, cost 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 import memviz
@@ -46,6 +48,13 @@ def test_strategies_ordered_on_example_models(name):
         assert exact <= rockmate + 1e-9, (name, fraction, exact, gap, rockmate)
 
 
+@functools.cache
+def _two_layer_gpt() -> tuple:
+    """One capture for the five strategies below: each only reads the model (deep copies are exported)."""
+    model, args = models.gpt(layers=2)[:2]
+    return model, args, memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["checkmate-lp", "checkmate", "rockmate", "rotor", "sqrt"])
 def test_plans_keep_model_outputs_and_export_runs(strategy):
@@ -55,8 +64,7 @@ def test_plans_keep_model_outputs_and_export_runs(strategy):
 
     import torch
 
-    model, args = models.gpt(layers=2)[:2]
-    prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+    model, args, prof = _two_layer_gpt()
     low, high = minimum_budget(prof.graph, "rotor"), prof.baseline.peak_bytes
     outputs = set(prof.graph.outputs)
     for fraction in (0.5, 0.25):

@@ -322,6 +322,7 @@ def _greedy_segments(
     bound by more than its `slacks` bytes (default 0: nothing beats a placement at the bound)."""
     sub = [buffers[i] for i in ids]
     bounds = [max_live([buffers[i] for i in seg]) for seg in segments]
+    slack = slacks or [0] * len(segments)
     pos = {i: k for k, i in enumerate(ids)}
     best: list[tuple[list[int], int]] | None = None
     first = 0.0
@@ -343,7 +344,6 @@ def _greedy_segments(
             if best is None
             else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
         )
-        slack = slacks or [0] * len(segments)
         if all(peak - bound <= z for (_, peak), bound, z in zip(best, bounds, slack, strict=True)):
             break
     return best or []

@@ -16,7 +16,12 @@ from solvers.chain import decompose, store_all
 from solvers.result import InfeasibleBudget
 
 CHAIN_STRATEGIES = ("rotor", "rockmate", "sqrt")
-SECONDS = 5.0
+#: a safety cap no loaded machine reaches: the hierarchy's searches are bounded by counted work, so under
+#: load they return the same minima, later (at 5 s a 4x slower clock cut rockmate's rotor search short)
+SECONDS = 600.0
+#: Checkmate's min-peak MILP is bounded by time alone: whatever it finds in that time is remembered, and
+#: the test holds for any value it finds
+CHECKMATE_SECONDS = 5.0
 
 
 def _auto_minimum(graph: Graph) -> int:
@@ -73,7 +78,7 @@ def test_auto_states_and_reaches_checkmates_remembered_minimum() -> None:
     for it, auto names the smaller of that and the hierarchy's minimum, and plans at it."""
     g = random_training_dag(random.Random(3), 32)
     assert len(g.computes) > 60
-    known = checkmate.minimum_budget(g, time_limit=SECONDS).peak_bytes
+    known = checkmate.minimum_budget(g, time_limit=CHECKMATE_SECONDS).peak_bytes
     hierarchy = min(minimum_budget(g, s, SECONDS) for s in ("rockmate", "rotor"))
     auto = _auto_minimum(g)
     assert auto == min(known, hierarchy)

@@ -12,9 +12,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed import pipelining
-
 from distributed_worker import loss_of, tiny_gpt
+from torch.distributed import pipelining
 
 BATCH, LAYERS, MICROBATCHES = 4, 4, 4
 
@@ -46,7 +45,8 @@ def measure(rank: int, world: int, schedule: str) -> int:
     # the receive buffers torch's stage allocated once, per micro-batch: alive through every step
     buffers = [r.buffer for infos in (stage.args_recv_info, stage.grad_recv_info) for recvs in infos.values()
                for r in recvs if not r.is_root_arg and isinstance(r.buffer, torch.Tensor)]
-    tracker = ShardedStorageTracker([*tensors_of(stage.submod, opt), *buffers, *([x] if stage.is_first else [])])
+    inputs = [x] if stage.is_first else []
+    tracker = ShardedStorageTracker([*tensors_of(stage.submod, opt), *buffers, *inputs])
     with tracker:
         step()
     opt.zero_grad(set_to_none=True)

@@ -82,7 +82,8 @@ def test_gloo_pipeline_stages_match_the_prediction(tmp_path) -> None:
                                                         os.environ.get("PYTHONPATH", "")])}
     workers = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pipeline_worker.py"), "1f1b,gpipe", "2",
                                 str(_free_port()), str(tmp_path)], env=env)
-    predicted = {(rank, s): _stage(rank, s).baseline.peak_bytes for rank in range(2) for s in ("1f1b", "gpipe")}
+    predicted = {(rank, s): _stage(rank, s).baseline.peak_bytes
+                 for rank in range(2) for s in ("1f1b", "gpipe")}
     assert workers.wait(timeout=300) == 0
     for rank in range(2):
         measured = json.loads((tmp_path / f"rank{rank}.json").read_text())

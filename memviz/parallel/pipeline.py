@@ -24,6 +24,7 @@ schedules, estimated (fake-tensor) stages, and export (a recorded graph is no FX
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections.abc import Callable
 from typing import Any
@@ -80,7 +81,10 @@ def build_stage(model: nn.Module, args: tuple[Any, ...], parallel: Any,
     from torch.distributed import pipelining
 
     split_spec = {name: pipelining.SplitPoint.BEGINNING for name in split_points(model, parallel.pp)}
-    pipe = pipelining.pipeline(model, mb_args=_microbatch(args, parallel.microbatches), split_spec=split_spec)
+    # the frontend patches the forward of each split block in place, for good: a copy keeps the user's
+    # model as it was (a second split of the same model recursed through the first one's patches)
+    pipe = pipelining.pipeline(copy.deepcopy(model), mb_args=_microbatch(args, parallel.microbatches),
+                               split_spec=split_spec)
     stage = pipe.build_stage(parallel.rank, torch.device("cpu"))
     schedule_cls = getattr(pipelining, SCHEDULES[parallel.schedule])
     schedule = schedule_cls(stage, parallel.microbatches, loss_fn=lambda out, _target: loss_fn(out))

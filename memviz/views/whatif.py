@@ -400,7 +400,7 @@ class FormulaComparison:
 
 def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool = False, pp: int = 1,
                      microbatches: int | None = None, schedule: str = "1f1b", config: Any = None,
-                     loss_fn: Any = None) -> FormulaComparison:
+                     loss_fn: Any = None, device: str | None = None) -> FormulaComparison:
     """Record one training step of `model` on `args` as one rank of ``tp``-way tensor parallelism
     (sequence parallel when `sp`; ``memviz.profile(..., parallel=Parallel(tp, fsdp=False, tp=tp))``, or an
     unsharded FSDP2 rank for ``tp == 1``) and compare each block's saved activation bytes with the
@@ -412,7 +412,8 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     `schedule` over `microbatches` (default `pp`) micro-batches of ``batch / microbatches`` sequences: the
     rows are its blocks, each micro-batch's saved bytes (the formula at the micro-batch size), and `stage`
     puts the saved activations the stage holds at its peak next to Megatron's PP term (the first stage
-    holds `pp` micro-batches of its ``L / pp`` layers: ``L`` layers' worth, Korthikanti Sec. 4.2.3)."""
+    holds `pp` micro-batches of its ``L / pp`` layers: ``L`` layers' worth, Korthikanti Sec. 4.2.3).
+    `device`: ``"fake:<target>"`` records the rank on fake tensors (`compare_config`)."""
     import memviz
     from memviz.parallel.distributed import Parallel, ParallelError, blocks_of
 
@@ -425,7 +426,7 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
         parallel = Parallel(pp, fsdp=False, pp=pp, microbatches=microbatches, schedule=schedule)
     else:
         parallel = Parallel(tp, fsdp=False, tp=tp, sp=sp) if tp > 1 else Parallel(1)
-    prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel)
+    prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel, device=device)
     graph = prof.graph
     rows, tensors = [], []
     for i, (path, _) in enumerate(blocks_of(model)[:config.layers // pp]):
@@ -446,6 +447,25 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
         stage = _stage_row(config, prof, pp, microbatches, schedule, sum(formula.values()))
         notes += _stage_notes(pp, microbatches, schedule)
     return FormulaComparison(config, tp, sp, formula, rows, tensors, notes, pp, stage)
+
+
+def compare_config(hf_config: Any, *, seq: int, batch: int, tp: int = 1, sp: bool = False, dtype: Any = None,
+                   device: str = "h100", loss_fn: Any = None) -> FormulaComparison:
+    """`compare_captured` from a Hugging Face config alone: transformers' ``AutoModelForCausalLM.from_config``
+    builds the random-init model on the meta device (no weight is allocated, so any size works), and its
+    rank is recorded in estimated mode (``device="fake:<device>"``: one step on fake tensors, exact local
+    shapes) on `batch` sequences of `seq` tokens.  `dtype`: the weights' (default the config's, else
+    float32).  Pipeline stages are recorded on real tensors only, so `pp` is not offered here."""
+    import torch
+    import transformers
+
+    dtype = dtype or getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+    dtype = getattr(torch, str(dtype).replace("torch.", "")) if not isinstance(dtype, torch.dtype) else dtype
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config).to(dtype)
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    return compare_captured(model, (ids,), tp=tp, sp=sp, config=hf_config, loss_fn=loss_fn,
+                            device=f"fake:{device}")
 
 
 def _stage_row(cfg: analytic.TransformerConfig, prof: Any, pp: int, microbatches: int, schedule: str,
@@ -501,7 +521,14 @@ def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str
     notes = []
     core_names = {t.name for t in analytic.layer_activation_tensors(cfg) if t.attention_core}
     core = sum(v for k, v in formula.items() if k in core_names)
-    scores = [t for t in tensors if len(t["shape"]) >= 2 and tuple(t["shape"][-2:]) == (cfg.seq, cfg.seq)]
+    square = [t for t in tensors if len(t["shape"]) >= 3 and tuple(t["shape"][-2:]) == (cfg.seq, cfg.seq)]
+    masks = [t for t in square if t["shape"][-3] == 1]  # broadcast over the heads: a mask, not scores
+    scores = [t for t in square if t not in masks]
+    if masks:
+        notes.append(f"{len(masks)} attention mask(s) of shape {masks[0]['shape']} saved "
+                     f"({sum(t['bytes'] for t in masks)} B), which the formula leaves out: Hugging Face "
+                     "builds an explicit causal mask on fake tensors (its is_tracing check) where an eager "
+                     "step passes is_causal to SDPA, so an estimated rank over-counts them")
     if core and not scores:
         notes.append(f"no seq x seq attention tensor is saved (a fused attention kernel, e.g. SDPA's flash "
                      f"kernel, saves its output and log-sum-exp instead): the formula's {core} B of scores, "

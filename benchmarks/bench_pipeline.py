@@ -86,7 +86,8 @@ def markdown(result: dict) -> str:
            "TinyGPT, 4 blocks in 2 stages (torch's `pipeline()` split at `blocks.2`), batch 4 x 16 tokens in "
            "4 micro-batches, one steady-state AdamW step per rank. Measured: gloo processes building their "
            "stage themselves (tests/pipeline_worker.py). memviz: `profile(..., parallel=Parallel(2, "
-           f"fsdp=False, pp=2, microbatches=4, schedule=...))` on the fake process group. {result['wall_s']:.0f} s wall, "
+           "fsdp=False, pp=2, microbatches=4, schedule=...))` on the fake process group. "
+           f"{result['wall_s']:.0f} s wall, "
            f"load {result['load_before']:.1f} before, {result['load_after']:.1f} after.", "",
            "| schedule | stage | measured B | memviz B (err) |", "|---|---|---|---|"]
     for r in result["rows"]:

@@ -62,7 +62,7 @@ def run(quick: bool = False) -> dict:
     for schedule in SCHEDULES:  # predictions while the gloo ranks run
         model, args = tiny_gpt(batch=BATCH, layers=LAYERS)
         cmp = compare_captured(model, args, pp=2, microbatches=MICROBATCHES, schedule=schedule,
-                               loss_fn=loss_of, config=cfg)
+                               loss_fn=loss_of, config=cfg, optimizer=torch.optim.AdamW)
         stages.append(cmp.stage)
         rows.append({"schedule": schedule, "rank": 0, "predicted": cmp.stage["peak"]})
         prof = memviz.profile(*tiny_gpt(batch=BATCH, layers=LAYERS), optimizer=torch.optim.AdamW,

@@ -285,13 +285,15 @@ def test_formula_against_a_recorded_pipeline_stage():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
+    import torch
     from distributed_worker import loss_of, tiny_gpt
 
     from memviz.views.whatif import compare_captured
 
     model, args = tiny_gpt(batch=4, layers=4)
     cfg = {"layers": 4, "hidden": 32, "heads": 4, "vocab": 64, "dropout": False}
-    cmp = compare_captured(model, args, pp=2, microbatches=4, loss_fn=loss_of, config=cfg)
+    cmp = compare_captured(model, args, pp=2, microbatches=4, loss_fn=loss_of, config=cfg,
+                           optimizer=torch.optim.AdamW)
     assert cmp.config.batch == 1 and cmp.pp == 2
     assert [r["layer"] for r in cmp.layers] == ["blocks.0", "blocks.1"]
     per_layer = analytic.activation_bytes_per_layer(cmp.config)
@@ -303,6 +305,10 @@ def test_formula_against_a_recorded_pipeline_stage():
     assert stage["captured"] == 2 * (sum(r["captured"] for r in cmp.layers) + hidden_state)
     assert stage["difference"] == stage["captured"] - stage["formula"] and stage["peak"] > stage["captured"]
     assert "first stage of 2 (1f1b" in repr(cmp)
+    # the stage's step holds its parameters, their gradients and AdamW's two states besides the activations
+    held = [model.wte, *model.blocks[:2]]
+    param_bytes = sum(p.numel() * p.element_size() for m in held for p in m.parameters())
+    assert stage["peak"] >= 4 * param_bytes + stage["captured"]
     with pytest.raises(ValueError, match="pipeline x tensor"):
         compare_captured(model, args, pp=2, tp=2, loss_fn=loss_of, config=cfg)
 

@@ -400,7 +400,8 @@ class FormulaComparison:
 
 def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool = False, pp: int = 1,
                      microbatches: int | None = None, schedule: str = "1f1b", config: Any = None,
-                     loss_fn: Any = None, device: str | None = None) -> FormulaComparison:
+                     loss_fn: Any = None, device: str | None = None,
+                     optimizer: Any = None) -> FormulaComparison:
     """Record one training step of `model` on `args` as one rank of ``tp``-way tensor parallelism
     (sequence parallel when `sp`; ``memviz.profile(..., parallel=Parallel(tp, fsdp=False, tp=tp))``, or an
     unsharded FSDP2 rank for ``tp == 1``) and compare each block's saved activation bytes with the
@@ -413,7 +414,8 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     rows are its blocks, each micro-batch's saved bytes (the formula at the micro-batch size), and `stage`
     puts the saved activations the stage holds at its peak next to Megatron's PP term (the first stage
     holds `pp` micro-batches of its ``L / pp`` layers: ``L`` layers' worth, Korthikanti Sec. 4.2.3).
-    `device`: ``"fake:<target>"`` records the rank on fake tensors (`compare_config`)."""
+    `device`: ``"fake:<target>"`` records the rank on fake tensors (`compare_config`); `optimizer`:
+    `memviz.profile`'s (the step's optimizer, in the stage's per-rank peak; none by default)."""
     import memviz
     from memviz.parallel.distributed import Parallel, ParallelError, blocks_of
 
@@ -426,7 +428,8 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
         parallel = Parallel(pp, fsdp=False, pp=pp, microbatches=microbatches, schedule=schedule)
     else:
         parallel = Parallel(tp, fsdp=False, tp=tp, sp=sp) if tp > 1 else Parallel(1)
-    prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel, device=device)
+    prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel, device=device,
+                          optimizer=optimizer)
     graph = prof.graph
     rows, tensors = [], []
     for i, (path, _) in enumerate(blocks_of(model)[:config.layers // pp]):

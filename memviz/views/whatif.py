@@ -2,7 +2,9 @@
 (issue 20 item 5): `WhatIf.from_config(hf_config, seq=, batch=)` reads a Hugging Face config, and
 `compare_captured(model, args, tp=, sp=)` puts the formula's per-layer activation bytes next to the
 saved tensors of each layer of one recorded tensor-parallel rank (`memviz.profile(..., parallel=)`), or
-of the first pipeline stage (``pp=``), whose in-flight micro-batches meet Megatron's PP term.
+of the first pipeline stage (``pp=``), whose in-flight micro-batches meet Megatron's PP term;
+`compare_config(hf_config, seq=, batch=, tp=, sp=)` gives both sides from a Hugging Face config alone (the
+model built on the meta device, its rank recorded on fake tensors).
 
 Issue 18 item 7: `WhatIf(model.config, seq=, batch=)` / `WhatIf(hf_model, ...)`, pinned configurations
 compared side by side (the `pinned` trait; the kernel answers every one in `compare_json`), and the

@@ -119,6 +119,7 @@ def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
     from memviz.plans.planning import minimum_budget
 
     built = _model(name, batch, layers)
+    waits = _waits()
     start, cpu = time.perf_counter(), time.process_time()
     prof = _profile_of(*built)
     profile_s, profile_cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -127,6 +128,7 @@ def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
     budget = max(low, int(0.75 * prof.baseline.peak_bytes))
     plan = memviz.plan(prof, budget, strategy="rotor", frontier=False, packing=False)
     plan_s, plan_cpu = time.perf_counter() - t, time.process_time() - cpu
+    after = _waits()
     _, world, tp, _ = SETTINGS[name]
     return {"setting": name, "batch": batch, "layers": layers or SETTINGS[name][0]["num_hidden_layers"],
             "world_size": world, "tp": tp,
@@ -139,6 +141,8 @@ def _timed(name: str, batch: int, layers: int | None) -> tuple[dict, Any]:
             "capacity": prof.device.capacity_bytes,
             "profile_s": profile_s, "plan_s": plan_s, "total_s": profile_s + plan_s,
             "profile_cpu_s": profile_cpu, "plan_cpu_s": plan_cpu, "load": os.getloadavg()[0],
+            **({"runqueue_s": after[0] - waits[0], "blocked_switches": after[1] - waits[1]}
+               if waits and after else {}),
             "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, prof
 
 
@@ -280,6 +284,24 @@ def search(name: str, layers: int | None) -> dict:
             "load": os.getloadavg()[0]}
 
 
+def _waits() -> tuple[float, int] | None:
+    """(seconds this process's threads have waited on the run queue, runnable but not running; times they
+    blocked: voluntary context switches, I/O, locks, a child process), from Linux's per-thread
+    ``/proc/self/task/*/schedstat`` (its second field) and ``getrusage``; None elsewhere.  Over a span,
+    wall = CPU + run-queue wait + blocked time: the 8B row at load 16 waited 38 of its 50 s on the run queue
+    and never blocked, so its wall time beyond CPU is the machine's load."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None
+    waited = 0
+    for task in tasks.iterdir():
+        try:
+            waited += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstats
+            continue
+    return waited / 1e9, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 def _run_child(name: str, batch: int | None, layers: int | None) -> dict:
     """`child` (a micro-batch) or `search` (None) in a process of its own."""
     cmd = [sys.executable, __file__, "--child", name]
@@ -339,19 +361,23 @@ def markdown(result: dict) -> str:
            "Each row is its own process: wall seconds of `memviz.profile` and of Rotor's minimum-budget "
            "search + `memviz.plan(strategy='rotor')` at max(minimum, 75% of eager) (the model built on the "
            "meta device before the timer starts), the process's CPU seconds over the same span (the wall "
-           "time on this shared 2-core machine grows with the load, given at the row's end), and the "
-           "process's peak RSS." + (" **Quick run: 2 layers.**" if result["quick"] else ""), "",
+           "time on this shared 2-core machine grows with the load, given at the row's end), the seconds "
+           "its threads waited on the run queue, runnable but not running, and how often they blocked "
+           "(`_waits`: wall = CPU + run-queue wait + blocked time), and the process's peak RSS."
+           + (" **Quick run: 2 layers.**" if result["quick"] else ""), "",
            "| setting | layers | micro-batch | ops | eager peak GiB | Rotor min GiB | "
-           "plan peak GiB (recomputes) | profile s | plan s | total s | total CPU s | load | RSS GiB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "plan peak GiB (recomputes) | profile s | plan s | total s | total CPU s | run-queue wait s "
+           "(blocked) | load | RSS GiB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         cpu = f"{r['profile_cpu_s'] + r['plan_cpu_s']:.1f}" if "plan_cpu_s" in r else "n/a"
+        wait = f"{r['runqueue_s']:.1f} ({r['blocked_switches']})" if "runqueue_s" in r else "n/a"
         load = f"{r['load']:.1f}" if "load" in r else "n/a"
         out.append(f"| {r['setting']} (world {r['world_size']}, tp {r['tp']}) | {r['layers']} | "
                    f"{r['batch']} | "
                    f"{r['compute_nodes']} | {r['eager_peak'] / GiB:.2f} | {r['rotor_minimum'] / GiB:.2f} | "
                    f"{r['plan_peak'] / GiB:.2f} ({r['plan_recomputes']}) | {r['profile_s']:.1f} | "
-                   f"{r['plan_s']:.1f} | {r['total_s']:.1f} | {cpu} | {load} | "
+                   f"{r['plan_s']:.1f} | {r['total_s']:.1f} | {cpu} | {wait} | {load} | "
                    f"{r['maxrss_bytes'] / GiB:.2f} |")
     out += ["", "Estimated step time of the same rows (roofline op times plus `memviz.hardware.collectives`' "
             "alpha-beta time of every FSDP2 / TP collective over NVLink or InfiniBand as its group spans "

@@ -384,6 +384,10 @@ def test_scale_benchmark_smoke() -> None:
     # 4096-token activations); the process holds a fraction of it: nothing was allocated
     assert r["maxrss_bytes"] < r["eager_peak"] / 4
     assert r["profile_cpu_s"] > 0 and r["plan_cpu_s"] > 0 and r["load"] >= 0
+    # where the wall time beyond CPU went (Linux): on the run queue, or blocked
+    assert r["runqueue_s"] >= 0 and r["blocked_switches"] >= 0
+    assert "run-queue wait" in bench_scale.markdown({"rows": [r], "fits": [], "device": "fake:h100",
+                                                     "seq": 4096, "quick": True})
     # the collectives' share: the serial step time bounds the overlapped one from above, the collectives below
     overlapped = overlapped_time(r["eager_step_s"], r["eager_comm_s"])
     assert 0 < r["eager_comm_s"] <= overlapped < r["eager_step_s"]

@@ -275,3 +275,61 @@ def test_gpt2_vocabulary_any_tensor_parallel_degree():
     w.sp = True
     w.pin()
     assert w.comparison()[0]["label"] == "tp8 sp pp1 mb4 no-recompute" and w.comparison()[0]["error"] == ""
+
+
+def test_formula_against_a_recorded_pipeline_stage():
+    """TinyGPT's first of 2 pipeline stages under torch's Schedule1F1B over 4 micro-batches: each of its 2
+    blocks per micro-batch next to the formula at the micro-batch size, and the saved activations at the
+    stage's peak (2 micro-batches in flight) next to Megatron's PP term (L layers' worth)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import torch
+    from distributed_worker import loss_of, tiny_gpt
+
+    from memviz.views.whatif import compare_captured
+
+    model, args = tiny_gpt(batch=4, layers=4)
+    cfg = {"layers": 4, "hidden": 32, "heads": 4, "vocab": 64, "dropout": False}
+    cmp = compare_captured(model, args, pp=2, microbatches=4, loss_fn=loss_of, config=cfg,
+                           optimizer=torch.optim.AdamW)
+    assert cmp.config.batch == 1 and cmp.pp == 2
+    assert [r["layer"] for r in cmp.layers] == ["blocks.0", "blocks.1"]
+    per_layer = analytic.activation_bytes_per_layer(cmp.config)
+    hidden_state = 1 * 16 * 32 * 4  # the stage's output: sent, saved by the next stage's receive buffer
+    assert cmp.layers[1]["captured"] == cmp.layers[0]["captured"] - hidden_state
+    stage = cmp.stage
+    assert stage["in_flight"] == 2 and stage["formula"] == per_layer * 4  # pp micro-batches x L/pp layers
+    # per micro-batch: the blocks' saved tensors and the embedding's output (block 0's input, saved by it)
+    assert stage["captured"] == 2 * (sum(r["captured"] for r in cmp.layers) + hidden_state)
+    assert stage["difference"] == stage["captured"] - stage["formula"] and stage["peak"] > stage["captured"]
+    assert "first stage of 2 (1f1b" in repr(cmp)
+    # the stage's step holds its parameters, their gradients and AdamW's two states besides the activations
+    held = [model.wte, *model.blocks[:2]]
+    param_bytes = sum(p.numel() * p.element_size() for m in held for p in m.parameters())
+    assert stage["peak"] >= 4 * param_bytes + stage["captured"]
+    with pytest.raises(ValueError, match="pipeline x tensor"):
+        compare_captured(model, args, pp=2, tp=2, loss_fn=loss_of, config=cfg)
+
+
+def test_a_hugging_face_config_alone_gives_both_sides():
+    """compare_config builds the tiny Llama from its config on the meta device and records tensor-parallel
+    rank 0 on fake tensors: per layer it saves what the real recorded rank saves plus the explicit causal mask
+    Hugging Face makes on fake tensors (noted), against the same formula."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from distributed_worker import loss_of, tiny_llama
+
+    from memviz.views.whatif import compare_captured, compare_config
+
+    llama, args = tiny_llama(intermediate_size=96)
+    real = compare_captured(llama, args, tp=2, loss_fn=loss_of)
+    est = compare_config(llama.config, seq=16, batch=2, tp=2, loss_fn=loss_of)
+    mask = 2 * 1 * 16 * 16 * 4  # (batch, 1, seq, seq) float32
+    assert est.formula == real.formula and est.config == real.config
+    assert [r["captured"] for r in est.layers] == [r["captured"] + mask for r in real.layers]
+    assert any("explicit causal mask" in n for n in est.notes)
+    assert any("fused attention" in n for n in est.notes)

@@ -25,7 +25,8 @@ gloo / NCCL group, the time the operator took, as for every operator (an asynchr
 launch: the wait is no operator); recorded on CPU over the fake group, the fake's (next to none).
 
 What is absent: export (a recorded graph is no FX program: `memviz.export` refuses),
-other ranks' asymmetries beyond the local shard sizes (pass ``rank=``), and pipeline parallelism.
+other ranks' asymmetries beyond the local shard sizes (pass ``rank=``).  Pipeline stages
+(``Parallel(pp=)``) are recorded by `memviz.parallel.pipeline`.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ class Parallel:
     parallelism inside the tensor-parallel blocks (norms and dropout on ``seq / tp`` tokens).  `rank`
     is the rank profiled (shard sizes can differ on the last rank when a dimension does not divide).
     `reshard_after_forward`: ``fully_shard``'s, for every block: False keeps each block's gathered
-    parameters from its forward to its backward (no second all-gather, more memory: ZeRO-2)."""
+    parameters from its forward to its backward (no second all-gather, more memory: ZeRO-2).
+    `pp`: pipeline stages (`memviz.parallel.pipeline`; rank i runs stage i, with ``fsdp=False``, ``tp=1``
+    and ``world_size == pp``), `microbatches` per step (default `pp`), `schedule` "1f1b" or "gpipe"."""
 
     world_size: int
     fsdp: bool = True
@@ -76,13 +79,18 @@ class Parallel:
     sp: bool = False
     rank: int = 0
     reshard_after_forward: bool = True
+    pp: int = 1
+    microbatches: int | None = None
+    schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
-        if self.world_size < 1 or self.tp < 1:
-            raise ParallelError(f"world_size and tp must be positive, not {self.world_size} and {self.tp}")
+        if self.world_size < 1 or self.tp < 1 or self.pp < 1:
+            raise ParallelError(f"world_size, tp and pp must be positive, not {self.world_size}, {self.tp} "
+                                f"and {self.pp}")
         if self.world_size % self.tp:
             raise ParallelError(f"tp={self.tp} does not divide world_size={self.world_size}")
-        if not self.fsdp and self.world_size != self.tp:
+        self._check_pipeline()
+        if not self.fsdp and self.world_size != self.tp * self.pp:
             raise ParallelError(
                 f"world_size={self.world_size} with tp={self.tp} and fsdp=False means data-parallel replicas "
                 "(DDP), which memviz does not model: use fsdp=True or world_size == tp")
@@ -93,6 +101,20 @@ class Parallel:
         if not self.reshard_after_forward and not self.fsdp:
             raise ParallelError("reshard_after_forward=False is fully_shard's: it needs fsdp=True")
 
+    def _check_pipeline(self) -> None:
+        from memviz.parallel.pipeline import SCHEDULES
+
+        if self.microbatches is None:
+            object.__setattr__(self, "microbatches", self.pp)  # frozen: the default is pp micro-batches
+        if self.microbatches < 1:
+            raise ParallelError(f"microbatches must be positive, not {self.microbatches}")
+        if self.schedule not in SCHEDULES:
+            raise ParallelError(f"schedule {self.schedule!r}: one of {sorted(SCHEDULES)}")
+        if self.pp > 1 and (self.fsdp or self.tp > 1 or self.world_size != self.pp):
+            raise ParallelError(
+                f"pp={self.pp}: memviz records pipeline stages alone (fsdp=False, tp=1, world_size == pp); "
+                "pipeline x FSDP2 / tensor parallelism is not modelled")
+
     @property
     def dp(self) -> int:
         """Ranks one parameter is sharded over by FSDP2 (1 without FSDP)."""
@@ -100,7 +122,8 @@ class Parallel:
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "fsdp": self.fsdp, "tp": self.tp, "sp": self.sp,
-                "rank": self.rank, "reshard_after_forward": self.reshard_after_forward}
+                "rank": self.rank, "reshard_after_forward": self.reshard_after_forward, "pp": self.pp,
+                "microbatches": self.microbatches, "schedule": self.schedule}
 
 
 # --- is the model already parallel? -----------------------------------------------------------------------
@@ -876,6 +899,15 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     applied for the step and removed again).  `quick`: `record_step`'s."""
     from memviz.runtime.apply import unwrap_module, wrap
 
+    if parallel is not None and parallel.pp > 1:
+        from memviz.parallel.pipeline import record_stage
+
+        if kwargs or mode != "train":
+            raise ParallelError("a pipeline stage is recorded for a training step on positional inputs only")
+        if target is not None or regions or quick:
+            raise ParallelError("a pipeline stage is recorded on CPU, without a plan's regions: estimated "
+                                "(device='fake:...') and planned pipeline stages are not modelled")
+        return record_stage(model, args, parallel, loss_fn=loss_fn, optimizer=optimizer)
     if parallel is None:
         with _restored(model, optimizer):  # the steps run on the user's own model and optimizer
             wrapped = []

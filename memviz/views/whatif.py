@@ -1,7 +1,10 @@
 """`memviz.WhatIf`: the transformer what-if panel (issue 8 item 6), and the formula against a real model
 (issue 20 item 5): `WhatIf.from_config(hf_config, seq=, batch=)` reads a Hugging Face config, and
 `compare_captured(model, args, tp=, sp=)` puts the formula's per-layer activation bytes next to the
-saved tensors of each layer of one recorded tensor-parallel rank (`memviz.profile(..., parallel=)`).
+saved tensors of each layer of one recorded tensor-parallel rank (`memviz.profile(..., parallel=)`), or
+of the first pipeline stage (``pp=``), whose in-flight micro-batches meet Megatron's PP term;
+`compare_config(hf_config, seq=, batch=, tp=, sp=)` gives both sides from a Hugging Face config alone (the
+model built on the meta device, its rank recorded on fake tensors).
 
 Issue 18 item 7: `WhatIf(model.config, seq=, batch=)` / `WhatIf(hf_model, ...)`, pinned configurations
 compared side by side (the `pinned` trait; the kernel answers every one in `compare_json`), and the
@@ -366,6 +369,9 @@ class FormulaComparison:
     layers: list[dict[str, Any]]
     captured_tensors: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    pp: int = 1
+    #: pipeline only: the first stage against Megatron's PP term (`_stage_row`); None without pipeline
+    stage: dict[str, Any] | None = None
 
     @property
     def mean_captured(self) -> float:
@@ -381,44 +387,125 @@ class FormulaComparison:
         c = self.config
         head = (f"FormulaComparison(layers={c.layers}, hidden={c.hidden}, heads={c.heads}, seq={c.seq}, "
                 f"batch={c.batch}, dtype_bytes={c.dtype_bytes}, dropout={c.dropout}, tp={self.tp}, "
-                f"sp={self.sp})")
+                f"sp={self.sp}, pp={self.pp})")
         rows = [f"{'layer':<32} {'captured B':>12} {'formula B':>12} {'diff B':>10} {'ratio':>6}"]
         rows += [f"{r['layer']:<32} {r['captured']:>12} {r['formula']:>12} {r['difference']:>10} "
                  f"{r['ratio']:>6.3f}" for r in self.layers]
+        if self.stage is not None:
+            st = self.stage
+            rows.append(f"first stage of {self.pp} ({st['schedule']}, {st['microbatches']} micro-batches): "
+                        f"saved activations at its peak captured {st['captured']} B, Megatron's PP term "
+                        f"{st['formula']} B, difference {st['difference']} B ({st['ratio']:.3f}); "
+                        f"per-rank peak {st['peak']} B")
         return "\n".join([head, *rows, *(f"note: {n}" for n in self.notes)])
 
 
-def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool = False,
-                     config: Any = None, loss_fn: Any = None) -> FormulaComparison:
+def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool = False, pp: int = 1,
+                     microbatches: int | None = None, schedule: str = "1f1b", config: Any = None,
+                     loss_fn: Any = None, device: str | None = None,
+                     optimizer: Any = None) -> FormulaComparison:
     """Record one training step of `model` on `args` as one rank of ``tp``-way tensor parallelism
     (sequence parallel when `sp`; ``memviz.profile(..., parallel=Parallel(tp, fsdp=False, tp=tp))``, or an
     unsharded FSDP2 rank for ``tp == 1``) and compare each block's saved activation bytes with the
     formula for the same setting.  `config`: anything `config_from` takes, or a Hugging Face config;
     default ``model.config`` (Hugging Face) with seq and batch from the first input's shape and the
-    parameters' dtype.  Pipeline parallelism is not recorded, so it has no captured side."""
-    import memviz
-    from memviz.parallel.distributed import Parallel, blocks_of
+    parameters' dtype.
 
-    config = _comparison_config(model, args, config)
+    `pp` > 1: the first of `pp` pipeline stages (`memviz.parallel.pipeline`, ``tp == 1``), run by torch's
+    `schedule` over `microbatches` (default `pp`) micro-batches of ``batch / microbatches`` sequences: the
+    rows are its blocks, each micro-batch's saved bytes (the formula at the micro-batch size), and `stage`
+    puts the saved activations the stage holds at its peak next to Megatron's PP term (the first stage
+    holds `pp` micro-batches of its ``L / pp`` layers: ``L`` layers' worth, Korthikanti Sec. 4.2.3).
+    `device`: ``"fake:<target>"`` records the rank on fake tensors (`compare_config`); `optimizer`:
+    `memviz.profile`'s (the step's optimizer, in the stage's per-rank peak; none by default)."""
+    import memviz
+    from memviz.parallel.distributed import Parallel, ParallelError, blocks_of
+
+    if pp > 1 and tp > 1:
+        raise ParallelError("pipeline x tensor parallelism is not recorded: compare pp with tp=1")
+    microbatches = microbatches or pp
+    config = _comparison_config(model, args, config, microbatches)
     formula = analytic.layer_activation_breakdown(config, tp=tp, sp=sp)
-    parallel = Parallel(tp, fsdp=False, tp=tp, sp=sp) if tp > 1 else Parallel(1)
-    graph = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel).graph
+    if pp > 1:
+        parallel = Parallel(pp, fsdp=False, pp=pp, microbatches=microbatches, schedule=schedule)
+    else:
+        parallel = Parallel(tp, fsdp=False, tp=tp, sp=sp) if tp > 1 else Parallel(1)
+    prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel, device=device,
+                          optimizer=optimizer)
+    graph = prof.graph
     rows, tensors = [], []
-    for i, (path, _) in enumerate(blocks_of(model)):
+    for i, (path, _) in enumerate(blocks_of(model)[:config.layers // pp]):
         # module names start with the root's class name, which fully_shard changes (FSDPGPT): skip it
         saved = [d for d in graph.datas if d.kind is DataKind.SAVED and d.producer is not None
                  and (graph.computes[d.producer].module.partition(".")[2] + ".").startswith(path + ".")]
-        captured, expected = sum(d.bytes for d in saved), sum(formula.values())
+        # a stage runs every micro-batch through the same blocks: one micro-batch's share
+        captured, expected = sum(d.bytes for d in saved) // microbatches, sum(formula.values())
         rows.append({"layer": path, "captured": captured, "formula": expected,
                      "difference": captured - expected, "ratio": captured / expected})
         if i == 0:
             tensors = [{"op": graph.computes[d.producer].name, "module": graph.computes[d.producer].module,
-                        "shape": d.shape, "dtype": d.dtype, "bytes": d.bytes} for d in saved]
-    return FormulaComparison(config, tp, sp, formula, rows, tensors, _notes(config, tp, sp, formula, tensors))
+                        "shape": d.shape, "dtype": d.dtype, "bytes": d.bytes} for d in saved[:len(saved) //
+                                                                                           microbatches]]
+    notes = _notes(config, tp, sp, formula, tensors)
+    stage = None
+    if pp > 1:
+        stage = _stage_row(config, prof, pp, microbatches, schedule, sum(formula.values()))
+        notes += _stage_notes(pp, microbatches, schedule)
+    return FormulaComparison(config, tp, sp, formula, rows, tensors, notes, pp, stage)
 
 
-def _comparison_config(model: Any, args: tuple[Any, ...], config: Any) -> analytic.TransformerConfig:
+def compare_config(hf_config: Any, *, seq: int, batch: int, tp: int = 1, sp: bool = False, dtype: Any = None,
+                   device: str = "h100", loss_fn: Any = None) -> FormulaComparison:
+    """`compare_captured` from a Hugging Face config alone: transformers' ``AutoModelForCausalLM.from_config``
+    builds the random-init model on the meta device (no weight is allocated, so any size works), and its
+    rank is recorded in estimated mode (``device="fake:<device>"``: one step on fake tensors, exact local
+    shapes) on `batch` sequences of `seq` tokens.  `dtype`: the weights' (default the config's, else
+    float32).  Pipeline stages are recorded on real tensors only, so `pp` is not offered here."""
+    import torch
+    import transformers
+
+    dtype = dtype or getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+    dtype = getattr(torch, str(dtype).replace("torch.", "")) if not isinstance(dtype, torch.dtype) else dtype
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config).to(dtype)
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    return compare_captured(model, (ids,), tp=tp, sp=sp, config=hf_config, loss_fn=loss_fn,
+                            device=f"fake:{device}")
+
+
+def _stage_row(cfg: analytic.TransformerConfig, prof: Any, pp: int, microbatches: int, schedule: str,
+               per_layer: int) -> dict[str, Any]:
+    """The first stage's saved activations at its peak (`memviz.parallel.pipeline.peak_live_bytes`) against
+    Megatron's PP term: the per-layer formula times `solvers.analytic.in_flight_layers` (the first stage
+    holds pp micro-batches of its L / pp layers), and the recorded per-rank peak."""
+    from memviz.parallel.pipeline import in_flight_microbatches, peak_live_bytes
+
+    captured = peak_live_bytes(prof.graph, prof.baseline_schedule)
+    expected = int(per_layer * analytic.in_flight_layers(cfg.layers, pp))
+    return {"schedule": schedule, "microbatches": microbatches,
+            "in_flight": in_flight_microbatches(schedule, pp, 0, microbatches), "captured": captured,
+            "formula": expected, "difference": captured - expected, "ratio": captured / expected,
+            "peak": prof.baseline.peak_bytes}
+
+
+def _stage_notes(pp: int, microbatches: int, schedule: str) -> list[str]:
+    """Where the recorded schedule departs from the PP term's 1F1B with at least pp micro-batches."""
+    from memviz.parallel.pipeline import in_flight_microbatches
+
+    notes = ["the stage's last block saves no output of its own: the stage sends it, and the next stage "
+             "holds it in its receive buffer (communication)"]
+    held = in_flight_microbatches(schedule, pp, 0, microbatches)
+    if held == pp:
+        return notes
+    why = "GPipe runs every forward before any backward" if schedule == "gpipe" else \
+        f"only {microbatches} micro-batches exist"
+    return [*notes, f"the first stage holds {held} micro-batches, not the formula's pp={pp}: {why}"]
+
+
+def _comparison_config(model: Any, args: tuple[Any, ...], config: Any,
+                       microbatches: int = 1) -> analytic.TransformerConfig:
     batch, seq = args[0].shape[:2]
+    batch //= microbatches  # the formula counts one micro-batch
     dtype = str(next(model.parameters()).dtype)
     if config is None:
         config = getattr(model, "config", None)
@@ -439,7 +526,14 @@ def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str
     notes = []
     core_names = {t.name for t in analytic.layer_activation_tensors(cfg) if t.attention_core}
     core = sum(v for k, v in formula.items() if k in core_names)
-    scores = [t for t in tensors if len(t["shape"]) >= 2 and tuple(t["shape"][-2:]) == (cfg.seq, cfg.seq)]
+    square = [t for t in tensors if len(t["shape"]) >= 3 and tuple(t["shape"][-2:]) == (cfg.seq, cfg.seq)]
+    masks = [t for t in square if t["shape"][-3] == 1]  # broadcast over the heads: a mask, not scores
+    scores = [t for t in square if t not in masks]
+    if masks:
+        notes.append(f"{len(masks)} attention mask(s) of shape {masks[0]['shape']} saved "
+                     f"({sum(t['bytes'] for t in masks)} B), which the formula leaves out: Hugging Face "
+                     "builds an explicit causal mask on fake tensors (its is_tracing check) where an eager "
+                     "step passes is_causal to SDPA, so an estimated rank over-counts them")
     if core and not scores:
         notes.append(f"no seq x seq attention tensor is saved (a fused attention kernel, e.g. SDPA's flash "
                      f"kernel, saves its output and log-sum-exp instead): the formula's {core} B of scores, "

@@ -1,0 +1,203 @@
+"""One pipeline stage of a training step as a CD-graph (`memviz.profile(..., parallel=Parallel(pp=N))`).
+
+The model is split the way ``torch.distributed.pipelining`` splits it: its tracing frontend
+(``pipeline(model, mb_args, split_spec)``, torch.export underneath) cuts the repeated blocks
+(`memviz.parallel.distributed.blocks_of`) into `pp` equal runs, ``SplitPoint.BEGINNING`` at each run's
+first block, so stage 0 also holds what comes before the blocks (embeddings) and the last stage what comes
+after (final norm, head, loss).  This process builds stage `rank` with ``Pipe.build_stage`` on PyTorch's
+fake process group (the other stages' sends and receives allocate their buffers and move no data) and
+runs torch's own schedule on it (``Schedule1F1B`` or ``ScheduleGPipe`` over `microbatches`
+micro-batches), recorded operator by operator by `memviz.parallel.distributed._Recorder`.
+
+So the schedule's in-flight micro-batches are in the per-rank graph as they happen, not scaled: under 1F1B
+stage i runs ``min(pp - i, microbatches)`` forwards before its first backward (torch's warm-up, then one
+backward before each further forward), so its peak holds that many micro-batches' saved activations
+(Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+Sec. 2.2.1; Korthikanti et al. Sec. 4.2.3: the first stage holds ``pp`` micro-batches); under GPipe every
+stage holds all `microbatches` (Huang et al., "GPipe", Sec. 2.2).  The activations a stage receives
+and the gradients it receives for its outputs are the buffers of ``c10d.recv_``: kind ``communication``;
+what it sends are its outputs and input gradients, held as torch's stage holds them.
+
+What is absent: pipeline parallelism combined with FSDP2 or tensor parallelism, interleaved / zero-bubble
+schedules, estimated (fake-tensor) stages, plans of a stage, export (a recorded graph is no FX program), and
+the sends and receives as compute nodes with a time: the fake group's point-to-point operations do not
+pass through the dispatcher, so only their buffers are in the graph.  On 2 gloo ranks a stage measured up
+to one micro-batch's hidden state (2048 B, +0.3%) above the prediction: a sent tensor held by its gloo
+work until the schedule waits for it, which the fake group completes at once (our reading, not proven).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from solvers import DataKind, Graph, Phase
+from solvers.schedule import Schedule
+
+__all__ = ["SCHEDULES", "in_flight_microbatches", "peak_live_bytes", "record_stage", "split_points"]
+
+#: the schedules a `Parallel.schedule` names, by torch.distributed.pipelining class
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
+
+
+def in_flight_microbatches(schedule: str, pp: int, stage: int, microbatches: int) -> int:
+    """Micro-batches whose activations stage `stage` of `pp` holds at its peak: ``min(pp - stage,
+    microbatches)`` under 1F1B (its warm-up forwards), all `microbatches` under GPipe."""
+    if schedule == "gpipe":
+        return microbatches
+    return min(pp - stage, microbatches)
+
+
+def split_points(model: nn.Module, pp: int) -> list[str]:
+    """The blocks that begin stages 1 .. pp-1: `pp` equal runs of the model's blocks."""
+    from memviz.parallel.distributed import ParallelError, blocks_of
+
+    blocks = blocks_of(model)
+    if len(blocks) < pp or len(blocks) % pp:
+        raise ParallelError(f"pp={pp} stages need a block count divisible by pp; {type(model).__name__} has "
+                            f"{len(blocks)} blocks")
+    per = len(blocks) // pp
+    return [blocks[i * per][0] for i in range(1, pp)]
+
+
+def _microbatch(args: tuple[Any, ...], microbatches: int) -> tuple[Any, ...]:
+    """The first micro-batch of `args` (each tensor chunked on dim 0, as the schedule splits them)."""
+    from memviz.parallel.distributed import ParallelError
+
+    def first(t: torch.Tensor) -> torch.Tensor:
+        if t.shape[0] % microbatches:
+            raise ParallelError(f"batch {t.shape[0]} does not split into {microbatches} micro-batches")
+        return t.chunk(microbatches)[0]
+
+    return pytree.tree_map_only(torch.Tensor, first, args)
+
+
+def build_stage(model: nn.Module, args: tuple[Any, ...], parallel: Any,
+                loss_fn: Callable[[Any], torch.Tensor]) -> tuple[Any, Any]:
+    """(stage, schedule) of rank `parallel.rank` on the initialised process group, through torch's pipelining
+    frontend (module docstring).  The schedule's loss is `loss_fn` of each micro-batch's output."""
+    from torch.distributed import pipelining
+
+    split_spec = {name: pipelining.SplitPoint.BEGINNING for name in split_points(model, parallel.pp)}
+    # the frontend patches the forward of each split block in place, for good: a copy keeps the user's
+    # model as it was (a second split of the same model recursed through the first one's patches)
+    pipe = pipelining.pipeline(copy.deepcopy(model), mb_args=_microbatch(args, parallel.microbatches),
+                               split_spec=split_spec)
+    stage = pipe.build_stage(parallel.rank, torch.device("cpu"))
+    schedule_cls = getattr(pipelining, SCHEDULES[parallel.schedule])
+    schedule = schedule_cls(stage, parallel.microbatches, loss_fn=lambda out, _target: loss_fn(out))
+    return stage, schedule
+
+
+def stage_step(stage: Any, schedule: Any, args: tuple[Any, ...], opt: torch.optim.Optimizer | None,
+               phase: Callable[[Phase], None] = lambda p: None) -> Callable[[], None]:
+    """One training step of this stage as its rank runs it: the schedule's forwards and backwards (the
+    first stage feeds `args`, the last computes the loss against a placeholder target that only gives the
+    micro-batch count), then the optimizer.  `phase` is told when each micro-batch's forward or backward
+    starts, and when the optimizer does."""
+    batch = pytree.tree_leaves(args)[0].shape[0]
+
+    def forward(*a: Any, **k: Any) -> Any:
+        phase(Phase.FORWARD)
+        return forward_one_chunk(*a, **k)
+
+    def backward(*a: Any, **k: Any) -> Any:
+        phase(Phase.BACKWARD)
+        return backward_one_chunk(*a, **k)
+
+    forward_one_chunk, backward_one_chunk = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def step() -> None:
+        stage.forward_one_chunk, stage.backward_one_chunk = forward, backward
+        try:
+            if stage.is_first:
+                schedule.step(*args)
+            elif stage.is_last:
+                schedule.step(target=torch.zeros(batch))
+            else:
+                schedule.step()
+        finally:
+            del stage.forward_one_chunk, stage.backward_one_chunk
+        if opt is not None:
+            phase(Phase.OPTIMIZER)
+            opt.step()
+
+    return step
+
+
+def record_stage(model: nn.Module, args: tuple[Any, ...], parallel: Any, *,
+                 loss_fn: Callable[[Any], torch.Tensor],
+                 optimizer: Any) -> tuple[Graph, Schedule, int]:
+    """`memviz.parallel.distributed.record_step` for one pipeline stage: (graph, schedule as it ran, the
+    live-storage peak of a second, unrecorded step of the same stage).  A first step runs unrecorded (the
+    optimizer's state, the stage's lazy initialisation: shape inference and its receive metadata)."""
+    from memviz.parallel.distributed import (
+        ShardedStorageTracker,
+        _Recorder,
+        _sources,
+        _zero,
+        fake_process_group,
+        make_optimizer,
+        recorded_graph,
+    )
+
+    with fake_process_group(parallel.world_size, parallel.rank), torch.random.fork_rng():
+        stage, schedule = build_stage(model, args, parallel, loss_fn)
+        opt = make_optimizer(optimizer, stage.submod)
+        feed = args if stage.is_first else ()
+        stage_step(stage, schedule, args, opt)()
+        _zero(stage.submod, opt)
+        gc.collect()
+        rec = _Recorder({**_sources(stage.submod, feed, None, opt), "communication": recv_buffers(stage)})
+        with rec.modules, rec:
+            stage_step(stage, schedule, args, opt, phase=lambda p: setattr(rec, "phase", p))()
+        grads = {rec.alive[p.grad.untyped_storage()._cdata] for p in stage.submod.parameters()
+                 if p.grad is not None and p.grad.untyped_storage()._cdata in rec.alive}
+        graph, recorded = recorded_graph(rec, type(model).__name__, grads)
+        _zero(stage.submod, opt)
+        gc.collect()
+        tracker = ShardedStorageTracker([*_preexisting(stage.submod, opt), *pytree.tree_leaves(feed),
+                                         *(t for _, t in recv_buffers(stage))])
+        with tracker:
+            stage_step(stage, schedule, args, opt)()
+        _zero(stage.submod, opt)
+    return graph, recorded, tracker.peak_bytes
+
+
+def recv_buffers(stage: Any) -> list[tuple[str, torch.Tensor]]:
+    """The stage's receive buffers: one per micro-batch for each activation it receives from the previous
+    stage (the stage's input, kept as the autograd leaf its backward differentiates) and for each gradient
+    it receives from the next stage.  torch's stage allocates them once (``_make_tensor_from_meta``) and
+    ``irecv`` writes into them every step, so they live through the whole step."""
+    found = []
+    for kind, infos in (("activation", stage.args_recv_info), ("gradient", stage.grad_recv_info)):
+        for chunk, recvs in infos.items():
+            found += [(f"recv {kind} {chunk}.{i}", r.buffer) for i, r in enumerate(recvs)
+                      if not r.is_root_arg and isinstance(r.buffer, torch.Tensor)]
+    return found
+
+
+def _preexisting(module: nn.Module, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    from memviz.profiling.tracker import tensors_of
+
+    return tensors_of(module, *([opt] if opt is not None else []))
+
+
+def peak_live_bytes(graph: Graph, schedule: Schedule, kind: DataKind = DataKind.SAVED) -> int:
+    """The most bytes of `kind` alive at once over `schedule` (a stage's saved activations at their peak:
+    its in-flight micro-batches)."""
+    live = peak = 0
+    for step in schedule:
+        if step.op == "compute":
+            live += sum(graph.datas[d].bytes for d in graph.computes[step.node].outputs
+                        if graph.datas[d].kind is kind)
+            peak = max(peak, live)
+        elif graph.datas[step.node].kind is kind:
+            live -= graph.datas[step.node].bytes
+    return peak

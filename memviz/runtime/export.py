@@ -460,7 +460,7 @@ def _check_constant(i: int, value: Any, traced: Any) -> None:
 # --- entry points -----------------------------------------------------------------------------------
 def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None = None,
            overwrite: bool = False, verify: bool = False, inputs: Any = None, loss_fn: Any = None,
-           optimizer: Any = None) -> nn.Module:
+           optimizer: Any = None, backend: Any = None) -> nn.Module:
     """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
 
     plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).  An
@@ -479,11 +479,18 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     planned shapes on the model's device -- memory depends on shapes only).
     loss_fn, optimizer: the verifying step's loss and optimizer (default: the profile's; for a loaded
     plan the default loss and the ``torch.optim`` class its optimizer nodes name).
+    backend: with ``verify=True``, the torch.compile backend (``"inductor"``) the module will run under:
+    the step verified is the compiled one (`memviz.runtime.verify`), and ``torch.compile(module,
+    backend=backend)`` runs the compiled code that was measured.
     """
+    if backend is not None and not verify:
+        raise ValueError("backend= names what a verifying step compiles with: pass verify=True too (to "
+                         "compile without verifying, call torch.compile on the exported module)")
     if verify:
         from memviz.runtime.verify import verified_export
 
-        module = verified_export(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer)
+        module = verified_export(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer,
+                                 backend=backend)
         if path is not None:
             # the source of the plan that passed, written only once it passed
             _write_exported(module.plan, module, path, model, overwrite)

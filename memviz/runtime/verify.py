@@ -15,6 +15,18 @@ storages on CPU, the caching allocator's peak on an accelerator).
 * Measured within the budget but more than `TOLERANCE` over the prediction: returned, with a
   `VerifyWarning` (the plan's figures are off, its budget is honoured).  Re-planning would not help: a
   step under the budget already fits any margin its own excess asks for.
+* ``backend=`` (``export(plan, verify=True, backend="inductor")``): the step measured is that of
+  ``torch.compile(module, backend=backend)`` (`memviz.runtime.compiled`), after one step that compiles
+  it; on an accelerator by its caching allocator as always, on CPU by the allocator's own peak
+  (`memviz.profiling.tracker.allocator_peak`: compiled code allocates outside the dispatcher, and
+  torch.compile runs eagerly under the live-storage tracker) less what the allocator also counts in a
+  step of the uncompiled module beyond the live-storage tracker's peak (kernel workspaces, the RNG
+  states kept for dropout replay: memory no plan models, and which the uncompiled export's
+  verification does not count either).  What remains is the plan's memory plus what the backend adds
+  to it (buffers its fused kernels keep alive, copies in other layouts): a compiled step over the
+  budget is re-planned with that excess as margin, or refused, like any other.  The module returned
+  is the uncompiled one, whose compiled code for that backend is cached: ``torch.compile(module,
+  backend=backend)`` runs the code that was measured.
 * Nothing the user sees changes: parameters, their ``.grad``, buffers (BatchNorm statistics) and the
   RNG streams are as before (buffers and, with an optimizer, parameters are copied to host memory and
   copied back; the RNG is forked).  The optimizer is a fresh one of the profiled class whose state is
@@ -36,7 +48,7 @@ from torch import nn
 
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator
-from memviz.profiling.tracker import measure_peak, tensors_of
+from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
 from solvers.ir import DataKind, Phase
 from solvers.result import InfeasibleBudget
@@ -67,15 +79,19 @@ class StepSpec:
     # the parameter groups a foreach / fused step runs over, one per optimizer node (`profile.add_optimizer`):
     # its temporaries are one group's; empty: one group (a for-loop step holds one parameter's)
     groups: tuple[tuple[str, ...], ...] = ()
+    # torch.compile's backend the module is measured under (`memviz.runtime.compiled`); None: eagerly
+    backend: Any = None
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
-                    optimizer: Any = None) -> nn.Module:
-    """`memviz.export` of `plan` after one measured step (module docstring); the module's ``plan`` is
-    the plan it runs (a re-planned one when the first measured over budget) and its
-    ``verified_peak_bytes`` the step's measured peak."""
-    spec = step_spec(plan, _model_of(plan, model), inputs, loss_fn, optimizer)
-    return verified(plan, lambda p: build(p, model=model, inputs=inputs), spec, "memviz.export(verify=True)")
+                    optimizer: Any = None, backend: Any = None) -> nn.Module:
+    """`memviz.export` of `plan` after one measured step (module docstring), compiled by `backend` when
+    one is given; the module's ``plan`` is the plan it runs (a re-planned one when the first measured
+    over budget) and its ``verified_peak_bytes`` the step's measured peak."""
+    spec = dataclasses.replace(step_spec(plan, _model_of(plan, model), inputs, loss_fn, optimizer),
+                               backend=backend)
+    caller = "memviz.export(verify=True" + ("" if backend is None else f", backend={backend!r}") + ")"
+    return verified(plan, lambda p: build(p, model=model, inputs=inputs), spec, caller)
 
 
 def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -229,8 +245,11 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
             for p in params.values():
                 p.grad = None
             opt = _primed_optimizer(spec, params)
-            step = _step(module, spec, args, kwargs, opt)
-            peak, _ = measure_peak(step, tensors_of(module, opt, (args, kwargs)), device)
+            if spec.backend is None:
+                step = _step(module, spec, args, kwargs, opt)
+                peak, _ = measure_peak(step, tensors_of(module, opt, (args, kwargs)), device)
+            else:
+                peak = _compiled_peak(module, spec, args, kwargs, opt, device)
     finally:
         with torch.no_grad():
             for b, saved in zip(buffers, saved_buffers, strict=True):
@@ -240,6 +259,34 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
         for n, p in params.items():
             p.grad = grads[n]
     return peak
+
+
+def _compiled_peak(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   opt: torch.optim.Optimizer | None, device: torch.device) -> int:
+    """Peak bytes of a step of ``torch.compile(module, backend=spec.backend)``, measured after a first
+    step that compiles it (whose memory is the compiler's), on CPU less the allocator's excess over the
+    live-storage tracker in an uncompiled step (module docstring); only the measured step runs the
+    optimizer (the caller restores the parameters it moved)."""
+    preexisting = tensors_of(module, opt, (args, kwargs))
+    if accelerator.is_accelerator(device):
+        unmodelled = 0
+    else:  # before anything is compiled: a tracked step of a compiled module would run eagerly
+        seen = allocator_peak(_step(module, spec, args, kwargs, None), preexisting)[0]
+        _clear_grads(module)
+        unmodelled = max(0, seen - measure_peak(_step(module, spec, args, kwargs, None), preexisting)[0])
+        _clear_grads(module)
+    compiled = torch.compile(module, backend=spec.backend)
+    _step(compiled, spec, args, kwargs, None)()
+    _clear_grads(module)
+    step = _step(compiled, spec, args, kwargs, opt)
+    if accelerator.is_accelerator(device):
+        return measure_peak(step, preexisting, device)[0]
+    return allocator_peak(step, preexisting)[0] - unmodelled
+
+
+def _clear_grads(module: nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
 
 
 def _step(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],

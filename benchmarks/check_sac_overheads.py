@@ -89,7 +89,7 @@ def planned(prof: Any, options: str) -> Any:
 
     def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float,
             overheads: Overheads) -> Any:
-        choice = solvers.sac._choose(graph, blocks, chosen, holds, overheads)
+        choice = solvers.sac.choose(graph, blocks, chosen, holds, overheads)
         stats = SolverStats("sac", "heuristic", 0.0, objective=choice.step_s)
         return SolveResult(choice.schedule, stats), choice
 

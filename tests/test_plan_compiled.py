@@ -1,0 +1,115 @@
+"""`memviz.plan(..., strategy="sac", compiled=True)`: SAC plans against the step torch.compile runs.
+
+Compiled, AOTAutograd's min-cut recomputes cheap ops on its own, so the compiled baseline holds less
+than eager PyTorch: a budget between the two needs no checkpointing at all, and a lower one needs less
+than an eager-terms plan picks.  The plan must still honour its budget when its applied model is
+measured under ``torch.compile(backend="aot_eager")``, and replay dropout (eager's gradients)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+import memviz
+import tests.real_models  # noqa: F401  (torchvision's op shim, before transformers loads)
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import allocator_peak, tensors_of
+from solvers.sac import LADDER, CompiledSavings, Overheads, choose, solve_menu
+from tests.test_sac_overheads import _menu
+
+
+class _LossOf(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, labels=ids, use_cache=False).loss
+
+
+@functools.cache
+def _profiled() -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
+    """A tiny LlamaForCausalLM (2 layers, hidden 32, attention dropout 0.1) trained on its own loss."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   attention_dropout=0.1)
+    torch.manual_seed(0)
+    model = _LossOf(transformers.LlamaForCausalLM(cfg).train())
+    args = (torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0)),)
+    return model, args, profile(model, args, repeats=1, warmup=0)
+
+
+def _compiled_step(model: torch.nn.Module, args: tuple[Any, ...]) -> int:
+    """Allocator peak of one ``torch.compile(backend="aot_eager")`` training step (after a compiling one,
+    seed 0); the step's gradients are left in `model`."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        compiled(*args).backward()
+
+    step()
+    model.zero_grad(set_to_none=True)
+    peak = allocator_peak(step, tensors_of(model, args))[0]
+    torch._dynamo.reset()
+    return peak
+
+
+def test_compiled_savings_turn_uniform_measurements_into_per_block_shares() -> None:
+    simulated = {"none": 1000, "pointwise": 900, "matchable": 700, "matmuls": 600, "full": 300}
+    measured = {"none": 790, "pointwise": 700, "matchable": 540, "matmuls": 500, "full": 290}
+    s = CompiledSavings.from_uniform(simulated, measured, 4)
+    assert s.outside == 10 and s.per_block["full"] == 0
+    assert s.per_block["none"] == 50 and s.per_block["matmuls"] == 22  # 90 / 4 rounded down: errs high
+    assert s.peak(1000, ("none",) * 4) == 790
+    assert s.peak(800, ("none", "none", "full", "full")) == 800 - 10 - 100
+
+
+def test_the_menu_compares_compiled_peaks() -> None:
+    """Just under eager's peak, the eager-terms menu must checkpoint something; with savings that bring
+    the unchecked step under the budget it leaves every block alone: no recomputation is bought for what
+    the compiler frees.  The schedule stays the one `solvers.simulate` checked."""
+    _, graph, blocks, holds = _menu("gpt")
+    eager = choose(graph, blocks, ("none",) * len(blocks), holds, Overheads())
+    budget = eager.timeline.peak_bytes - 1
+    _, planned = solve_menu(graph, budget, blocks, holds, time_limit=20.0)
+    assert set(planned.options) != {"none"}
+    saving = CompiledSavings(0, {o: 1 for o in LADDER})
+    _, compiled = solve_menu(graph, budget, blocks, holds, time_limit=20.0, savings=saving)
+    assert set(compiled.options) == {"none"}
+    assert compiled.peak_bytes == eager.timeline.peak_bytes - len(blocks) <= budget
+    assert compiled.timeline.peak_bytes == eager.timeline.peak_bytes
+
+
+@pytest.mark.slow
+def test_compiled_plan_is_cheaper_than_the_eager_one_and_honours_its_budget_compiled() -> None:
+    model, args, prof = _profiled()
+    base = memviz.plan(prof, None, strategy="sac", compiled=True).solver_stats.extra["sac"]["compiled"]
+    compiled_base = base["baseline_peak_bytes"]
+    assert compiled_base < prof.baseline.peak_bytes, base  # min-cut frees cheap ops with no plan at all
+    # at the compiled baseline's peak: nothing to checkpoint compiled, while an eager-terms plan must
+    at_base = memviz.plan(prof, compiled_base, strategy="sac", compiled=True)
+    assert set(at_base.solver_stats.extra["sac"]["options"].values()) == {"none"}
+    eager_plan = memviz.plan(prof, compiled_base, strategy="sac")
+    assert set(eager_plan.solver_stats.extra["sac"]["options"].values()) != {"none"}
+    # a lower budget: some blocks recompute; measured compiled (real inputs, dropout) within it
+    low = base["measured"]["full"]
+    budget = low + (compiled_base - low) // 3
+    plan = memviz.plan(prof, budget, strategy="sac", compiled=True)
+    assert plan.peak_bytes <= budget and plan.timeline.peak_bytes > budget  # eager terms it would not fit
+    assert set(plan.solver_stats.extra["sac"]["options"].values()) != {"none"}
+    applied = memviz.apply(plan, model)
+    assert _compiled_step(applied, args) <= budget
+    eager = copy.deepcopy(model)
+    torch.manual_seed(0)
+    eager(*args).backward()
+    for (name, a), b in zip(eager.named_parameters(), applied.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=0, msg=name)

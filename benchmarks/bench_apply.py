@@ -447,8 +447,10 @@ def compiled_plan_rows(model: nn.Module, args: tuple, eager: nn.Module, prof: An
     top = base["baseline_peak_bytes"]
     budgets = [("min" if f == 0 else f"{int(f * 100)}%", low + int(f * (top - low)))
                for f in settings.compiled_fractions]
-    budgets += [(f"at {p['contender']} {p['setting'].split()[-1]}", p["alloc_peak"]) for p in peers
-                if p["contender"] in MIN_CUT and "alloc_peak" in p and p["alloc_peak"] >= low]
+    for p in peers:  # a peak planned once already (min-cut and torch.compile at 1.0 hold the same) is not
+        if p["contender"] in MIN_CUT and p.get("alloc_peak", -1) >= low and \
+                all(p["alloc_peak"] != b for _, b in budgets):
+            budgets.append((f"at {p['contender']} {p['setting'].split()[-1]}", p["alloc_peak"]))
     rows, seen = [], {}
     for setting, budget in budgets:
         start = time.perf_counter()

@@ -165,20 +165,20 @@ class CompiledSavings:
     that."""
 
     outside: int = 0
-    per_block: Mapping[str, int] = field(default_factory=dict)
+    #: fractional: a uniform choice then predicts exactly the peak it was measured at
+    per_block: Mapping[str, float] = field(default_factory=dict)
 
     def peak(self, simulated: int, options: Sequence[str]) -> int:
         """The compiled peak of a choice whose SAC schedule simulates to `simulated` bytes."""
-        return simulated - self.outside - sum(self.per_block.get(o, 0) for o in options)
+        return simulated - self.outside - round(sum(self.per_block.get(o, 0.0) for o in options))
 
     @classmethod
     def from_uniform(cls, simulated: Mapping[str, int], measured: Mapping[str, int],
                      n_blocks: int) -> CompiledSavings:
         """Savings from one compiled step per option with every block on it: `simulated` and `measured`
-        peaks by option ("full" must be there: it sets `outside`).  Per-block shares are rounded down, so
-        the predicted peak errs high."""
+        peaks by option ("full" must be there: it sets `outside`)."""
         outside = simulated["full"] - measured["full"]
-        return cls(outside, {o: (simulated[o] - measured[o] - outside) // max(n_blocks, 1)
+        return cls(outside, {o: (simulated[o] - measured[o] - outside) / max(n_blocks, 1)
                              for o in simulated if o in measured})
 
 

@@ -68,8 +68,9 @@ def test_compiled_savings_turn_uniform_measurements_into_per_block_shares() -> N
     measured = {"none": 790, "pointwise": 700, "matchable": 540, "matmuls": 500, "full": 290}
     s = CompiledSavings.from_uniform(simulated, measured, 4)
     assert s.outside == 10 and s.per_block["full"] == 0
-    assert s.per_block["none"] == 50 and s.per_block["matmuls"] == 22  # 90 / 4 rounded down: errs high
-    assert s.peak(1000, ("none",) * 4) == 790
+    assert s.per_block["none"] == 50 and s.per_block["matmuls"] == 22.5
+    for option in simulated:  # each measurement is predicted back exactly
+        assert s.peak(simulated[option], (option,) * 4) == measured[option]
     assert s.peak(800, ("none", "none", "full", "full")) == 800 - 10 - 100
 
 

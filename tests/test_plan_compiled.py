@@ -8,6 +8,7 @@ measured under ``torch.compile(backend="aot_eager")``, and replay dropout (eager
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Any
 
@@ -16,9 +17,11 @@ import torch
 
 import memviz
 import tests.real_models  # noqa: F401  (torchvision's op shim, before transformers loads)
+from memviz.plans.planning import PlanningError
 from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import allocator_peak, tensors_of
 from solvers.sac import LADDER, CompiledSavings, Overheads, choose, solve_menu
+from tests.test_apply import _example, sac_plan
 from tests.test_sac_overheads import _menu
 
 
@@ -88,6 +91,18 @@ def test_the_menu_compares_compiled_peaks() -> None:
     assert set(compiled.options) == {"none"}
     assert compiled.peak_bytes == eager.timeline.peak_bytes - len(blocks) <= budget
     assert compiled.timeline.peak_bytes == eager.timeline.peak_bytes
+
+
+def test_a_compiled_plan_is_not_verified_eagerly() -> None:
+    """verify=True measures an eager step, which holds what the compiler would have freed: refused."""
+    _, _, prof = _example("gpt")
+    plan = sac_plan(prof, 0.9)
+    sac = {**plan.solver_stats.extra["sac"], "compiled": {"peak_bytes": plan.timeline.peak_bytes - 1}}
+    compiled = dataclasses.replace(plan, solver_stats=dataclasses.replace(
+        plan.solver_stats, extra={**plan.solver_stats.extra, "sac": sac}))
+    assert compiled.peak_bytes == plan.timeline.peak_bytes - 1
+    with pytest.raises(PlanningError, match="compiled="):
+        memviz.apply(compiled, prof.model, verify=True)
 
 
 @pytest.mark.slow

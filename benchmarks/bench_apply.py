@@ -22,6 +22,10 @@ training step (forward, loss, backward) is measured for:
    ``torch.compile(backend="aot_eager")`` ("memviz+compile": the selective policy is decided at trace
    time, the recomputation is the compiled backward's), and ``torch.compile(backend="aot_eager")`` of the
    plain model under ``activation_memory_budget`` (dynamo in front of the same min-cut as 4).
+7. memviz planned against that compiled step ("memviz compiled-plan": ``memviz.plan(..., strategy="sac",
+   compiled=True)``, whose peaks are the compiled step's, measured per option, and whose recomputation is
+   priced as compiled), at fractions of its own range and at each min-cut point's allocator peak, run
+   under ``torch.compile(backend="aot_eager")``; its measured allocator peak is asserted within the budget.
 
 Every contender is measured the same way, in the same process (`bench_remat.measure_vs`), on one
 intra-op thread with the process's CPU time as the clock (the machine is shared: other processes' load
@@ -683,7 +687,9 @@ def markdown(result: dict) -> str:
         "policy runs once at trace time, the regions' ops are tagged, and the partitioner recomputes them "
         "(and, as at budget 1.0 without a plan, the cheap ops it picks outside them); a recomputed random op "
         "replays its RNG state (`functionalize_rng_ops`: the forward saves the generator state, the "
-        "backward runs the op with it), hence eager's gradients with dropout.")
+        "backward runs the op with it), hence eager's gradients with dropout. memviz compiled-plan: the "
+        "same, but planned against the compiled step (`memviz.plan(..., strategy=\"sac\", compiled=True)`), "
+        "at fractions of its own range and at each min-cut point's allocator peak.")
     out = ["## memviz.apply vs PyTorch's own memory tools", "", method, "", peers, ""]
     for m in result["models"]:
         mv = m["memviz"]

@@ -20,6 +20,7 @@ import tests.real_models  # noqa: F401  (torchvision's op shim, before transform
 from memviz.plans.planning import PlanningError
 from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import allocator_peak, tensors_of
+from solvers.result import InfeasibleBudget
 from solvers.sac import LADDER, CompiledSavings, Overheads, choose, solve_menu
 from tests.test_apply import _example, sac_plan
 from tests.test_sac_overheads import _menu
@@ -106,24 +107,28 @@ def test_a_compiled_plan_is_not_verified_eagerly() -> None:
 
 
 @pytest.mark.slow
-def test_compiled_plan_is_cheaper_than_the_eager_one_and_honours_its_budget_compiled() -> None:
+@pytest.mark.timeout(1200)  # about eight compiles of a tiny Llama: minutes of wall on a loaded machine
+def test_compiled_plan_recomputes_less_than_the_eager_one_and_honours_its_budget_compiled() -> None:
     model, args, prof = _profiled()
     base = memviz.plan(prof, None, strategy="sac", compiled=True).solver_stats.extra["sac"]["compiled"]
     compiled_base = base["baseline_peak_bytes"]
     assert compiled_base < prof.baseline.peak_bytes, base  # min-cut frees cheap ops with no plan at all
-    # at the compiled baseline's peak: nothing to checkpoint compiled, while an eager-terms plan must
-    at_base = memviz.plan(prof, compiled_base, strategy="sac", compiled=True)
-    assert set(at_base.solver_stats.extra["sac"]["options"].values()) == {"none"}
-    eager_plan = memviz.plan(prof, compiled_base, strategy="sac")
-    assert set(eager_plan.solver_stats.extra["sac"]["options"].values()) != {"none"}
-    # a lower budget: some blocks recompute; measured compiled (real inputs, dropout) within it
     low = base["measured"]["full"]
     budget = low + (compiled_base - low) // 3
     plan = memviz.plan(prof, budget, strategy="sac", compiled=True)
-    assert plan.peak_bytes <= budget and plan.timeline.peak_bytes > budget  # eager terms it would not fit
-    assert set(plan.solver_stats.extra["sac"]["options"].values()) != {"none"}
+    options = plan.solver_stats.extra["sac"]["options"]
+    assert plan.peak_bytes <= budget < plan.timeline.peak_bytes  # in eager terms it would not fit
+    assert set(options.values()) != {"none"}
+    # planned in eager terms the same budget buys more recomputation than the compiled step needs
+    try:
+        eager_plan = memviz.plan(prof, budget, strategy="sac")
+    except InfeasibleBudget:  # or cannot reach it at all
+        pass
+    else:
+        assert eager_plan.solver_stats.extra["sac"]["options"] != options
+        assert eager_plan.timeline.total_time > plan.timeline.total_time
     applied = memviz.apply(plan, model)
-    assert _compiled_step(applied, args) <= budget
+    assert _compiled_step(applied, args) <= budget  # real inputs, dropout on
     eager = copy.deepcopy(model)
     torch.manual_seed(0)
     eager(*args).backward()

@@ -46,6 +46,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import statistics
 import sys
@@ -744,7 +745,9 @@ def _compiled_plan_section(m: dict) -> list[str]:
 
 def lowest_alloc(rows: list[dict]) -> int | None:
     """The lowest allocator peak among `rows` (memviz's: only those with eager's gradients)."""
-    exact = [r for r in rows if not r["contender"].startswith("memviz") or r["grad_error"] <= GRAD_TOLERANCE]
+    # a refused memviz point (not run) has no gradients, nor a peak
+    exact = [r for r in rows
+             if not r["contender"].startswith("memviz") or r.get("grad_error", math.inf) <= GRAD_TOLERANCE]
     return min((r["alloc_peak"] for r in exact if "alloc_peak" in r), default=None)
 
 

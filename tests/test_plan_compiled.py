@@ -135,3 +135,18 @@ def test_compiled_plan_recomputes_less_than_the_eager_one_and_honours_its_budget
     eager(*args).backward()
     for (name, a), b in zip(eager.named_parameters(), applied.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=0, msg=name)
+
+
+def test_apply_bench_counts_a_refused_compiled_plan_as_no_point() -> None:
+    """A compiled-plan budget the planner refused (its measured step over) is a row without a peak: the
+    lowest-peak line skips it (it crashed bench_apply's report once)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_apply
+
+    rows = [{"contender": "memviz compiled-plan", "setting": "min", "plan_s": 1.0, "not_run": "refused"},
+            {"contender": "memviz+compile", "setting": "75%", "alloc_peak": 7, "grad_error": 0.0},
+            {"contender": "memviz", "setting": "50%", "alloc_peak": 5, "grad_error": 1.0}]
+    assert bench_apply.lowest_alloc(rows) == 7

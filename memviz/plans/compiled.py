@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +38,10 @@ from solvers.sac import LADDER, Block, CompiledSavings, EagerHolds, Overheads, R
 DEFAULT_BACKEND = "aot_eager"
 #: re-solves after a compiled step measured over the budget; each costs a solve and a compile
 MAX_TRIES = 3
-#: (id(profile), backend) -> (the profile, its savings and measurements): the savings cost one compile
-#: per option, every budget of a profile shares them
-_CALIBRATED: dict[tuple[int, str], tuple[Any, CompiledSavings, dict[str, Any]]] = {}
+#: (id(profile), backend) -> (a weak reference to the profile, its savings and measurements): the savings
+#: cost one compile per option, every budget of a profile shares them; the profile (and its model) is not
+#: kept alive by the cache
+_CALIBRATED: dict[tuple[int, str], tuple[weakref.ref, CompiledSavings, dict[str, Any]]] = {}
 
 
 def backend_of(compiled: bool | str) -> str | None:
@@ -99,7 +101,7 @@ def savings(prof: Any, graph: Graph, blocks: Sequence[Block], holds: EagerHolds,
     profile and backend."""
     key = (id(prof), backend)
     hit = _CALIBRATED.get(key)
-    if hit is not None and hit[0] is prof:
+    if hit is not None and hit[0]() is prof:
         return hit[1], hit[2]
     simulated, measured = {}, {}
     for option in LADDER:
@@ -109,7 +111,9 @@ def savings(prof: Any, graph: Graph, blocks: Sequence[Block], holds: EagerHolds,
     found = CompiledSavings.from_uniform(simulated, measured, len(blocks))
     info = {"backend": backend, "simulated": simulated, "measured": measured, "outside": found.outside,
             "per_block": dict(found.per_block), "baseline_peak_bytes": measured["none"]}
-    _CALIBRATED[key] = (prof, found, info)
+    for k in [k for k, v in _CALIBRATED.items() if v[0]() is None]:  # profiles since collected
+        del _CALIBRATED[k]
+    _CALIBRATED[key] = (weakref.ref(prof), found, info)
     return found, info
 
 

@@ -22,6 +22,10 @@ training step (forward, loss, backward) is measured for:
    ``torch.compile(backend="aot_eager")`` ("memviz+compile": the selective policy is decided at trace
    time, the recomputation is the compiled backward's), and ``torch.compile(backend="aot_eager")`` of the
    plain model under ``activation_memory_budget`` (dynamo in front of the same min-cut as 4).
+7. memviz planned against that compiled step ("memviz compiled-plan": ``memviz.plan(..., strategy="sac",
+   compiled=True)``, whose peaks are the compiled step's, measured per option, and whose recomputation is
+   priced as compiled), at fractions of its own range and at each min-cut point's allocator peak, run
+   under ``torch.compile(backend="aot_eager")``; its measured allocator peak is asserted within the budget.
 
 Every contender is measured the same way, in the same process (`bench_remat.measure_vs`), on one
 intra-op thread with the process's CPU time as the clock (the machine is shared: other processes' load
@@ -42,6 +46,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import math
 import os
 import statistics
 import sys
@@ -93,10 +98,13 @@ class Settings:
     fractions: tuple[float, ...]
     #: activation_memory_budget values of the torch.compile(backend="aot_eager") peer
     compile_budgets: tuple[float, ...]
+    #: compiled-baseline memviz plans (``memviz.plan(..., compiled=True)``) at these fractions of the range
+    #: [their minimum, the compiled baseline's peak], and at each min-cut peer's allocator peak
+    compiled_fractions: tuple[float, ...] = ()
 
 
 FULL = Settings(("gpt2", "llama", "resnet18"), 4, (1.0, 0.75, 0.5, 0.25, 0.0), (0.75, 0.5, 0.25, 0.0),
-                (0.75, 0.5, 0.25, 0.0), (1.0, 0.5))
+                (0.75, 0.5, 0.25, 0.0), (1.0, 0.5), (0.75, 0.5, 0.25, 0.0))
 #: --quick: a tiny GPT-2, one point per contender below eager
 SMOKE = Settings(("gpt2",), 1, (0.5,), (0.25,), (0.0,), (1.0,))
 
@@ -374,10 +382,10 @@ def compile_budget(budget: float) -> Any:
 
 
 def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
-                settings: Settings) -> tuple[dict, list[dict]]:
+                settings: Settings) -> tuple[dict, list[dict], Any]:
     """Profile once, plan (strategy "sac") at `settings.fractions` of [minimum, eager peak] (0: the minimum),
     apply and measure each distinct plan, eager and under ``torch.compile(backend="aot_eager")``
-    ("memviz+compile" rows, after the eager ones)."""
+    ("memviz+compile" rows, after the eager ones); and the profile."""
     start = time.perf_counter()
     prof = memviz.profile(model, args, mode="train")
     profile_s = time.perf_counter() - start
@@ -416,7 +424,71 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
         _log(f"memviz+compile {row['setting']}: allocator {with_compile['alloc_peak'] / MiB:.2f} MiB (eager "
              f"apply {applied['alloc_peak'] / MiB:.2f}), {with_compile['measured_overhead']:.3f}x")
     return {"profile_s": profile_s, "minimum_s": minimum_s, "minimum": low, "eager_predicted": peak}, \
-        rows + compiled_rows
+        rows + compiled_rows, prof
+
+
+#: the peers whose allocator peaks the compiled-baseline plans are budgeted at (the partitioner they share)
+MIN_CUT = ("torch min-cut", "torch.compile min-cut")
+
+
+def compiled_plan_rows(model: nn.Module, args: tuple, eager: nn.Module, prof: Any, peers: list[dict],
+                       settings: Settings) -> tuple[dict, list[dict]]:
+    """memviz plans against the compiled baseline (``memviz.plan(prof, budget, strategy="sac",
+    compiled=True)``: the compiled step's peaks, measured per option, and its recomputation prices) at
+    `settings.compiled_fractions` of [their minimum, the compiled baseline's peak] and at each min-cut
+    peer point's allocator peak, each applied and run under ``torch.compile(backend="aot_eager")``
+    ("memviz compiled-plan").  Asserts what the plan promises: the measured compiled peak is within the
+    budget."""
+    if not settings.compiled_fractions:
+        return {}, []
+    start = time.perf_counter()
+    try:
+        memviz.plan(prof, 1, strategy="sac", compiled=True)
+        raise AssertionError("a 1-byte compiled sac plan was accepted")
+    except InfeasibleBudget as exc:
+        low = exc.minimum_bytes
+    calibrate_s = time.perf_counter() - start  # the per-option compiles, once per profile, and a solve
+    base = memviz.plan(prof, None, strategy="sac", compiled=True).solver_stats.extra["sac"]["compiled"]
+    top = base["baseline_peak_bytes"]
+    budgets = [("min" if f == 0 else f"{int(f * 100)}%", low + int(f * (top - low)))
+               for f in settings.compiled_fractions]
+    for p in peers:  # a peak planned once already (min-cut and torch.compile at 1.0 hold the same) is not
+        if p["contender"] in MIN_CUT and p.get("alloc_peak", -1) >= low and \
+                all(p["alloc_peak"] != b for _, b in budgets):
+            budgets.append((f"at {p['contender']} {p['setting'].split()[-1]}", p["alloc_peak"]))
+    rows, seen = [], {}
+    for setting, budget in budgets:
+        start = time.perf_counter()
+        try:
+            plan = memviz.plan(prof, budget, strategy="sac", compiled=True)
+        except InfeasibleBudget as exc:
+            rows.append({"contender": "memviz compiled-plan", "setting": setting, "budget": budget,
+                         "plan_s": time.perf_counter() - start, "not_run": f"refused: {exc}"})
+            continue
+        c = plan.solver_stats.extra["sac"]["compiled"]
+        row = {"contender": "memviz compiled-plan", "setting": setting, "budget": budget,
+               "plan_peak": plan.peak_bytes, "plan_measured_peak": c["measured_peak_bytes"],
+               "plan_s": time.perf_counter() - start, "predicted_overhead": plan.time_overhead,
+               "tries": len(c["tries"]), "options": plan.solver_stats.extra["sac"]["options"]}
+        key = repr(row["options"])
+        if key not in seen:
+            cstart = time.perf_counter()
+            with compile_budget(1.0):
+                candidate = compiled(memviz.apply(plan, model), args)
+                compile_s = time.perf_counter() - cstart
+                seen[key] = {**measure(candidate, eager, args, settings.steps, compiled=True),
+                             "compile_s": compile_s}
+        rows.append({**row, **seen[key]})
+        # the plan's promise, checked on the benchmark's own step (real inputs, its own measurement)
+        assert rows[-1]["alloc_peak"] <= budget, (setting, rows[-1]["alloc_peak"], budget)
+        _log(f"memviz compiled-plan {setting}: budget {budget / MiB:.2f} MiB, plan "
+             f"{plan.peak_bytes / MiB:.2f}, "
+             f"allocator {rows[-1]['alloc_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x "
+             f"(predicted {row['predicted_overhead']:.3f}x), options {sorted(set(row['options'].values()))}")
+    info = {"calibrate_s": calibrate_s, "compiled_minimum": low, "compiled_baseline": top,
+            "simulated": base["simulated"], "measured": base["measured"], "outside": base["outside"],
+            "per_block": base["per_block"]}
+    return info, rows
 
 
 def peer_rows(model: nn.Module, args: tuple, blocks: list[str], eager: nn.Module,
@@ -511,7 +583,9 @@ def bench_model(name: str, quick: bool, settings: Settings) -> dict:
     noise = measure(copy.deepcopy(model), eager, args, steps)["measured_overhead"]
     _log(f"{name}: eager {eager_s * 1e3:.1f} ms, {eager_peak / MiB:.2f} MiB, noise {noise:.3f}")
     info, peers = peer_rows(model, args, blocks, eager, settings)
-    mv, ours = memviz_rows(model, args, eager, settings)
+    mv, ours, prof = memviz_rows(model, args, eager, settings)
+    cinfo, compiled_plans = compiled_plan_rows(model, args, eager, prof, peers, settings)
+    ours += compiled_plans
     lowest_peer = min((p["measured_peak"] for p in peers if "measured_peak" in p), default=None)
     lowest_ours = min((r["measured_peak"] for r in ours if "measured_peak" in r
                        and r["grad_error"] <= GRAD_TOLERANCE), default=None)
@@ -520,6 +594,9 @@ def bench_model(name: str, quick: bool, settings: Settings) -> dict:
             "eager_vs_eager": noise, **info, "load": [load, os.getloadavg()[0]],
             "memviz": mv, "peers": peers, "ours": ours, "equal_memory": at_equal_memory(ours, peers),
             "equal_alloc": at_equal_memory(ours, peers, "alloc_peak"),
+            "compiled_plan": cinfo,
+            "equal_compiled": at_equal_memory([r for r in ours if r["contender"] == "memviz compiled-plan"],
+                                              [p for p in peers if p["contender"] in MIN_CUT], "alloc_peak"),
             "lowest_peer_peak": lowest_peer, "lowest_memviz_peak": lowest_ours}
 
 
@@ -611,7 +688,9 @@ def markdown(result: dict) -> str:
         "policy runs once at trace time, the regions' ops are tagged, and the partitioner recomputes them "
         "(and, as at budget 1.0 without a plan, the cheap ops it picks outside them); a recomputed random op "
         "replays its RNG state (`functionalize_rng_ops`: the forward saves the generator state, the "
-        "backward runs the op with it), hence eager's gradients with dropout.")
+        "backward runs the op with it), hence eager's gradients with dropout. memviz compiled-plan: the "
+        "same, but planned against the compiled step (`memviz.plan(..., strategy=\"sac\", compiled=True)`), "
+        "at fractions of its own range and at each min-cut point's allocator peak.")
     out = ["## memviz.apply vs PyTorch's own memory tools", "", method, "", peers, ""]
     for m in result["models"]:
         mv = m["memviz"]
@@ -629,6 +708,7 @@ def markdown(result: dict) -> str:
         out += _equal_table(m)
         out += ["", "At equal or lower allocator peak, memviz eager or compiled against every peer:", ""]
         out += _equal_table(m, "equal_alloc")
+        out += _compiled_plan_section(m)
         low_p, low_o = m["lowest_peer_peak"], m["lowest_memviz_peak"]
         if low_p is not None and low_o is not None:
             verdict = "reaches lower" if low_o < low_p else "does NOT reach lower"
@@ -642,9 +722,32 @@ def markdown(result: dict) -> str:
     return "\n".join(out)
 
 
+def _compiled_plan_section(m: dict) -> list[str]:
+    """How the compiled-baseline plans were priced, and the table against the min-cut points."""
+    c = m.get("compiled_plan")
+    if not c:
+        return []
+    per = ", ".join(f"{o} {c['per_block'][o] / MiB:.2f}" for o in c["per_block"])
+    measured = ", ".join(f"{o} {c['measured'][o] / MiB:.2f} (simulated eager {c['simulated'][o] / MiB:.2f})"
+                         for o in c["measured"])
+    return ["", "Compiled-baseline plans (`memviz.plan(..., strategy=\"sac\", compiled=True)`): one "
+                f"compiled step per option with every block on it ({c['calibrate_s']:.1f} s, once per "
+                f"profile), MiB: {measured}; what the partitioner frees beyond the SAC schedule: "
+                f"{c['outside'] / MiB:.2f} MiB outside the blocks, per block by option {per}. Compiled "
+                f"baseline {c['compiled_baseline'] / MiB:.2f} MiB, lowest plan "
+                f"{c['compiled_minimum'] / MiB:.2f} MiB. "
+                "Each plan's compiled step is measured before it is returned (re-solved with the excess as "
+                "margin when over); the benchmark asserts its own measured allocator peak is within the "
+                "budget.", "",
+            "At equal or lower allocator peak, memviz compiled-plan points against min-cut:", ""] \
+        + _equal_table(m, "equal_compiled")
+
+
 def lowest_alloc(rows: list[dict]) -> int | None:
     """The lowest allocator peak among `rows` (memviz's: only those with eager's gradients)."""
-    exact = [r for r in rows if not r["contender"].startswith("memviz") or r["grad_error"] <= GRAD_TOLERANCE]
+    # a refused memviz point (not run) has no gradients, nor a peak
+    exact = [r for r in rows
+             if not r["contender"].startswith("memviz") or r.get("grad_error", math.inf) <= GRAD_TOLERANCE]
     return min((r["alloc_peak"] for r in exact if "alloc_peak" in r), default=None)
 
 
@@ -654,7 +757,10 @@ def headline(result: dict) -> list[dict]:
     rows = []
     for m in result["models"]:
         for key, what in (("equal_memory", "measured memory"),
-                          ("equal_alloc", "allocator peak (memviz eager or compiled)")):
+                          ("equal_alloc", "allocator peak (memviz eager or compiled)"),
+                          ("equal_compiled", "allocator peak, compiled-baseline plans vs min-cut")):
+            if key == "equal_compiled" and not m.get(key):
+                continue
             eq = m.get(key, [])
             counts = {"faster": 0, "within noise": 0, "SLOWER": 0}
             for e in eq:

@@ -88,8 +88,8 @@ def planned(prof: Any, options: str) -> Any:
     chosen = tuple(names[o] for o in options.split("/"))
 
     def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float,
-            overheads: Overheads) -> Any:
-        choice = solvers.sac._choose(graph, blocks, chosen, holds, overheads)
+            overheads: Overheads, savings: Any = None) -> Any:
+        choice = solvers.sac.choose(graph, blocks, chosen, holds, overheads)
         stats = SolverStats("sac", "heuristic", 0.0, objective=choice.step_s)
         return SolveResult(choice.schedule, stats), choice
 

@@ -151,6 +151,38 @@ def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, 
 
 
 @dataclass(frozen=True)
+class CompiledSavings:
+    """What a compiler's partitioner frees beyond the SAC schedule's peak, so the menu compares the peaks
+    the compiled step has (measured by the caller: ``memviz.plans.compiled``).
+
+    Compiled, the checkpointed regions keep and recompute what the plan says, but outside them (and
+    between the saved values) AOTAutograd's min-cut still recomputes cheap ops on its own: torch.compile
+    at its default ``activation_memory_budget`` freed 3.6 of a Llama's 18.7 MiB with no plan at all.
+    Memory does not add up across blocks in general; in a stack of like blocks the peak is at the start
+    of the backward, where every block's kept values are live, so a block's share adds up there.
+    `outside`: bytes freed with every block fully recomputed (nothing of a block is left to free: the
+    loss, the head, the region inputs).  `per_block`: option -> bytes each block on it frees beyond
+    that."""
+
+    outside: int = 0
+    #: fractional: a uniform choice then predicts exactly the peak it was measured at
+    per_block: Mapping[str, float] = field(default_factory=dict)
+
+    def peak(self, simulated: int, options: Sequence[str]) -> int:
+        """The compiled peak of a choice whose SAC schedule simulates to `simulated` bytes."""
+        return simulated - self.outside - round(sum(self.per_block.get(o, 0.0) for o in options))
+
+    @classmethod
+    def from_uniform(cls, simulated: Mapping[str, int], measured: Mapping[str, int],
+                     n_blocks: int) -> CompiledSavings:
+        """Savings from one compiled step per option with every block on it: `simulated` and `measured`
+        peaks by option ("full" must be there: it sets `outside`)."""
+        outside = simulated["full"] - measured["full"]
+        return cls(outside, {o: (simulated[o] - measured[o] - outside) / max(n_blocks, 1)
+                             for o in simulated if o in measured})
+
+
+@dataclass(frozen=True)
 class _Run:
     """A region as the checkpoint runs it: `rec` recomputed before backward compute `trigger`; the
     checkpoint frame (and with it the region's inputs) lives until backward compute `death`."""
@@ -329,6 +361,13 @@ class Choice:
     graph: Graph | None = None
     #: seconds checkpointing costs beyond the timeline's op times (`Overheads.seconds`)
     overhead_s: float = 0.0
+    #: the peak the compiled step has (`CompiledSavings.peak`); None: the timeline's, as eager runs it
+    compiled_peak: int | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """The peak the menu compares against the budget."""
+        return self.timeline.peak_bytes if self.compiled_peak is None else self.compiled_peak
 
     @property
     def step_s(self) -> float:
@@ -336,19 +375,24 @@ class Choice:
         return self.timeline.total_time + self.overhead_s
 
 
-def _choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], holds: EagerHolds,
-            overheads: Overheads) -> Choice:
+def choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], holds: EagerHolds,
+           overheads: Overheads, savings: CompiledSavings | None = None) -> Choice:
+    """One option per block as a `Choice`: its SAC schedule, checked by `solvers.simulate`, and (with
+    `savings`) the peak the compiled step has."""
     regions = tuple(r for b, o in zip(blocks, options, strict=True) for r in block_regions(b, o))
     schedule = sac_schedule(graph, regions, holds)
-    return Choice(options, regions, schedule, simulate(graph, schedule).check(),
-                  overhead_s=overheads.seconds(graph, regions, holds))
+    timeline = simulate(graph, schedule).check()
+    return Choice(options, regions, schedule, timeline, overhead_s=overheads.seconds(graph, regions, holds),
+                  compiled_peak=None if savings is None else savings.peak(timeline.peak_bytes, options))
 
 
 def solve_menu(graph: Graph, budget: int, blocks: Sequence[Block], holds: EagerHolds, *,
-               time_limit: float = 60.0, overheads: Overheads = Overheads()) -> tuple[SolveResult, Choice]:
+               time_limit: float = 60.0, overheads: Overheads = Overheads(),
+               savings: CompiledSavings | None = None) -> tuple[SolveResult, Choice]:
     """`solve_by_options` over `LADDER` with every candidate's schedule from `sac_schedule` over `graph`,
-    its time the schedule's op times plus `overheads`."""
-    return solve_by_options(len(blocks), budget, lambda opts: _choose(graph, blocks, opts, holds, overheads),
+    its time the schedule's op times plus `overheads`, its peak the compiled step's with `savings`."""
+    return solve_by_options(len(blocks), budget,
+                            lambda opts: choose(graph, blocks, opts, holds, overheads, savings),
                             time_limit=time_limit, ladder=LADDER)
 
 
@@ -366,21 +410,21 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
     start = time.perf_counter()
     best = choose(("none",) * n_blocks)
     lowest = best
-    while best.timeline.peak_bytes > budget and not timed_out(start + time_limit, "sac: strengthening",
+    while best.peak_bytes > budget and not timed_out(start + time_limit, "sac: strengthening",
                                                               time.perf_counter()):
         moves = []
         for i, o in enumerate(best.options):
             for stronger in ladder[ladder.index(o) + 1:]:
                 cand = choose((*best.options[:i], stronger, *best.options[i + 1:]))
-                cut = best.timeline.peak_bytes - cand.timeline.peak_bytes
+                cut = best.peak_bytes - cand.peak_bytes
                 cost = cand.step_s - best.step_s
                 moves.append((cut / max(cost, 1e-12) if cut > 0 else cut, cut, cand))
         if not moves:
             break
         _, _, best = max(moves, key=lambda m: (m[1] > 0, m[0], m[1]))
-        lowest = min(lowest, best, key=lambda ch: ch.timeline.peak_bytes)
-    if best.timeline.peak_bytes > budget:
-        raise InfeasibleBudget(budget, lowest.timeline.peak_bytes, "sac", proven=False)
+        lowest = min(lowest, best, key=lambda ch: ch.peak_bytes)
+    if best.peak_bytes > budget:
+        raise InfeasibleBudget(budget, lowest.peak_bytes, "sac", proven=False)
     improved = True
     while improved and not timed_out(start + time_limit, "sac: relaxing", time.perf_counter()):
         improved = False
@@ -391,7 +435,7 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
                 weaker = ladder.index(other) < ladder.index(o)
                 cand = choose((*best.options[:i], other, *best.options[i + 1:]))
                 faster = cand.step_s <= best.step_s if weaker else cand.step_s < best.step_s
-                if cand.timeline.peak_bytes <= budget and faster:
+                if cand.peak_bytes <= budget and faster:
                     best, improved, o = cand, True, other
     stats = SolverStats("sac", "heuristic", time.perf_counter() - start, objective=best.step_s)
     return SolveResult(best.schedule, stats), best

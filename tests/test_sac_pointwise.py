@@ -24,8 +24,9 @@ from tests.test_apply import check_applied
 def _planned(prof: Any, option: str) -> Any:
     """A sac plan with every block on `option`, whatever its memory (the menu replaced by that candidate)."""
 
-    def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float, overheads: Any) -> Any:
-        choice = solvers.sac._choose(graph, blocks, (option,) * len(blocks), holds, overheads)
+    def one(graph: Any, budget: int, blocks: Any, holds: Any, *, time_limit: float, overheads: Any,
+            savings: Any = None) -> Any:
+        choice = solvers.sac.choose(graph, blocks, (option,) * len(blocks), holds, overheads)
         stats = SolverStats("sac", "heuristic", 0.0, objective=choice.step_s)
         return SolveResult(choice.schedule, stats), choice
 

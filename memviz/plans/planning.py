@@ -93,6 +93,11 @@ class Plan:
 
     @property
     def peak_bytes(self) -> int:
+        """The predicted peak: the timeline's, or for a plan made with ``compiled=`` the compiled step's
+        (`memviz.plans.compiled`: the timeline less what the compiler's partitioner frees, measured)."""
+        compiled = self.solver_stats.extra.get("sac", {}).get("compiled") if self.strategy == "sac" else None
+        if isinstance(compiled, dict) and isinstance(compiled.get("peak_bytes"), int):
+            return compiled["peak_bytes"]
         return self.timeline.peak_bytes
 
     @property
@@ -473,6 +478,7 @@ def plan(
     *,
     frontier: bool = True,
     packing: bool = True,
+    compiled: bool | str = False,
 ) -> Plan:
     """Solve a memory plan for a profile (from `memviz.profile`) or a bare `solvers.Graph`.
 
@@ -482,14 +488,19 @@ def plan(
     `time_limit` bounds the whole call for graph strategies (solve, packing and frontier share one
     `solvers.deadline.Deadline`; the solve may use `SOLVE_SHARE` of it when a packing or frontier
     follows); autochunk and sac pass it to their selection.
+    `compiled` (strategy "sac" only; True or a torch.compile backend name, True meaning "aot_eager"):
+    plan for the applied model under ``torch.compile``, whose own partitioner already recomputes cheap
+    ops; peaks and prices are the compiled step's, measured (`memviz.plans.compiled`).
     """
     try:
         with recording_cuts() as cuts:
             deadline = Deadline.after(time_limit)
-            first = _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing)
+            first = _plan(prof, budget, strategy, time_limit, frontier=frontier, packing=packing,
+                          compiled=compiled)
             # re-plans against the allocator's reserved peak share what the first plan left of the limit
             def replan(at: int) -> Plan:
-                return _plan(prof, at, strategy, max(deadline.left(), 0.1), frontier=False, packing=True)
+                return _plan(prof, at, strategy, max(deadline.left(), 0.1), frontier=False, packing=True,
+                             compiled=compiled)
 
             chosen = fit_reserved(first, replan)
         return with_time_cuts(chosen, cuts)
@@ -508,13 +519,16 @@ def with_time_cuts(the_plan: Plan, cuts: list[str]) -> Plan:
 
 
 def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit: float, *, frontier: bool,
-          packing: bool) -> Plan:
+          packing: bool, compiled: bool | str = False) -> Plan:
+    if compiled and strategy != "sac":
+        raise PlanningError(f"compiled= plans memviz.apply under torch.compile: strategy 'sac', not "
+                            f"{strategy!r}")
     if strategy == "autochunk":
         return plan_autochunk(prof, budget, packing=packing, time_limit=time_limit)
     if strategy == "sac":  # PyTorch's own selective checkpointing, run by memviz.apply (memviz.plans.sac)
         from memviz.plans.sac import plan_sac
 
-        return plan_sac(prof, budget, time_limit=time_limit)
+        return plan_sac(prof, budget, time_limit=time_limit, compiled=compiled)
     deadline = Deadline.after(time_limit)
     graph, base_schedule, baseline = _baseline_of(prof)
     # eager's own run may hold more than the same order on `graph` (`Profile.baseline_graph`)

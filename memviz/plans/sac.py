@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from solvers import Graph, Phase, simulate
-from solvers.result import SolverStats
+from solvers.result import InfeasibleBudget, SolverStats
 from solvers.sac import Block, EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
 
 #: ops whose eager dispatch matches the captured graph one for one (same ATen op, once per graph
@@ -325,17 +325,26 @@ def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> li
     return specs
 
 
-def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0) -> Any:
+def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float = 60.0,
+             compiled: bool | str = False) -> Any:
     """`memviz.plan(prof, budget, strategy="sac")`: per block none / pointwise / matchable / save-matmuls /
     full recompute (`solvers.sac.LADDER`), searched by `solvers.sac.solve_menu`, as a Plan whose schedule
-    is the SAC schedule."""
+    is the SAC schedule.  `compiled` (True, or a torch.compile backend name): peaks and prices are the
+    compiled step's (`memviz.plans.compiled`); a fraction or percentage budget is then of the compiled
+    baseline's peak, the plan's `peak_bytes` is its predicted compiled peak, and the returned plan's
+    compiled step measured within the budget."""
     from memviz.budget import parse_budget
     from memviz.parallel.distributed import ParallelProfile
+    from memviz.plans.compiled import backend_of
     from memviz.plans.planning import Plan, PlanningError, _device_info, _model_info
 
+    backend = backend_of(compiled)
     if isinstance(prof, ParallelProfile):  # one rank of FSDP2 / tensor parallelism: recorded candidates
         from memviz.parallel.distributed_sac import plan_parallel_sac
 
+        if backend is not None:
+            raise PlanningError("compiled= plans one process's compiled step; a parallel profile's is not "
+                                "measured")
         return plan_parallel_sac(prof, budget, time_limit=time_limit)
     if getattr(prof, "captured", None) is None or getattr(prof, "model", None) is None:
         raise PlanningError("strategy 'sac' needs the profile from memviz.profile(model, args, "
@@ -345,12 +354,30 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     # `memviz.apply` runs eager autograd, which sums a tied weight's gradient as eager does: the plan runs
     # on the baseline's graph (`capture.summed_as_eager`), not on the in-place sum `memviz.export` runs
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
-    budget_bytes = None if budget is None else parse_budget(budget, prof.baseline.peak_bytes)
     holds = eager_holds(prof.captured)
     blocks = candidate_blocks(prof.model, graph)
     costs = overheads(prof, graph)
-    result, choice = solve_menu(graph, prof.baseline.peak_bytes if budget_bytes is None else budget_bytes,
-                                blocks, holds, time_limit=time_limit, overheads=costs)
+    savings, compiled_info = None, None
+    base_peak = prof.baseline.peak_bytes
+    if backend is not None:
+        from memviz.plans.compiled import compiled_overheads
+        from memviz.plans.compiled import savings as compiled_savings
+
+        if prof.device.torch_device.type != "cpu":
+            raise PlanningError("compiled= measures the compiled step with the CPU allocator (not yet an "
+                                "accelerator's): profile on the CPU")
+        savings, compiled_info = compiled_savings(prof, graph, blocks, holds, backend)
+        costs = compiled_overheads(costs)
+        base_peak = compiled_info["baseline_peak_bytes"]
+    budget_bytes = None if budget is None else parse_budget(budget, base_peak)
+    target = base_peak if budget_bytes is None else budget_bytes
+    result, choice = solve_menu(graph, target, blocks, holds, time_limit=time_limit, overheads=costs,
+                                savings=savings)
+    extra: dict[str, Any] = {}
+    if backend is not None:
+        result, choice, extra = _measured_within(prof, graph, blocks, holds, costs, savings, backend,
+                                                 budget_bytes, result, choice, time_limit)
+        extra = {"compiled": {**compiled_info, **extra, "peak_bytes": choice.peak_bytes}}
     stats = dataclasses.replace(result.stats, extra={"sac": {
         "expressible": True,
         # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
@@ -360,11 +387,35 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
                   "region_s": costs.region,
                   "measured": graph.meta.get("sac_costs") == COSTS_VERSION},
         "options": {b.name: o for b, o in zip(blocks, choice.options, strict=True)},
-        "regions": region_specs(graph, choice.regions)}})
+        "regions": region_specs(graph, choice.regions), **extra}})
     return Plan(graph=graph, schedule=choice.schedule, timeline=choice.timeline,
                 baseline_schedule=prof.baseline_schedule, baseline=prof.baseline, strategy="sac",
                 budget_bytes=budget_bytes, solver_stats=stats, model=_model_info(prof, graph),
                 device=_device_info(prof), profile=prof)
+
+
+def _measured_within(prof: Any, graph: Graph, blocks: list[Block], holds: EagerHolds, costs: Overheads,
+                     savings: Any, backend: str, budget: int | None, result: Any, choice: Any,
+                     time_limit: float) -> tuple[Any, Any, dict[str, Any]]:
+    """(result, choice, measurements) once the chosen plan's compiled step measured within `budget`:
+    over it, solved again under the budget less the largest excess over the prediction so far, at most
+    `memviz.plans.compiled.MAX_TRIES` times; still over: `InfeasibleBudget` (not proven: the prediction,
+    not the schedule, missed)."""
+    from memviz.plans.compiled import MAX_TRIES, compiled_peak
+
+    margin, tries = 0, []
+    for attempt in range(MAX_TRIES + 1):
+        measured = compiled_peak(prof, graph, choice.regions, backend)
+        tries.append({"planned_at": None if budget is None else budget - margin,
+                      "predicted": choice.peak_bytes, "measured": measured})
+        if budget is None or measured <= budget:
+            return result, choice, {"measured_peak_bytes": measured, "tries": tries}
+        if attempt == MAX_TRIES:
+            break
+        margin = max(margin, measured - choice.peak_bytes)
+        result, choice = solve_menu(graph, budget - margin, blocks, holds, time_limit=time_limit,
+                                    overheads=costs, savings=savings)
+    raise InfeasibleBudget(budget, None, "sac", proven=False)
 
 
 def to_sac(plan: Any) -> Any:

@@ -54,6 +54,10 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
     `BudgetExceededError` (measured on an H100, Llama's attention ran another kernel under checkpointing
     than its capture and held 24% over the plan).  Not with ``inplace``: a re-plan wraps a fresh copy."""
     if verify:
+        if plan.strategy == "sac" and "compiled" in plan.solver_stats.extra.get("sac", {}):
+            raise PlanningError("this plan was made with compiled=: its peak is the compiled step's, which "
+                                "planning already measured; verify=True measures an eager step, which holds "
+                                "more.  Apply it without verify and run it under torch.compile")
         if inplace:
             raise ValueError("apply(verify=True) measures and may re-plan on copies of the model: drop "
                              "inplace=True, or verify first and apply the returned plan in place")

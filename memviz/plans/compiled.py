@@ -1,0 +1,123 @@
+"""SAC plans for the step torch.compile runs: ``memviz.plan(prof, budget, strategy="sac", compiled=True)``.
+
+Compiled, `memviz.apply`'s selective policy runs once, at trace time: it tags the regions' ops and
+AOTAutograd's min-cut partitioner (``min_cut_rematerialization_partition``, at torch's default
+``activation_memory_budget`` 1.0) recomputes the tagged ones; everywhere else it still recomputes the
+cheap ops it picks itself.  On a Llama that alone took 18.67 MiB to 15.03 MiB, so a plan budgeted in
+eager terms overshoots and pays for recomputation the compiler did for free.
+
+This module measures what the compiler frees and prices the menu the way the compiled step runs:
+
+* peaks: one compiled step per option of `solvers.sac.LADDER` with every block on it, measured by the
+  CPU allocator (`memviz.profiling.tracker.allocator_peak`: the tracker cannot see compiled code), turned
+  into per-option savings (`solvers.sac.CompiledSavings`) over the SAC schedule `solvers.simulate`
+  checks, which stays the plan's schedule;
+* times: the op times the schedule recomputes (re-priced by the measured in-step rate,
+  `solvers.sac.Overheads.scale`), with no per-op policy, re-run or frame costs: those are Python in
+  eager checkpointing and are traced away when compiled;
+* the chosen plan is compiled and measured once more; a step over the budget is re-solved with the
+  excess as margin (as ``memviz.export(verify=True)`` does), so a returned plan measured within it.
+
+Compiling resets dynamo's caches (``torch._dynamo.reset``): a model the user compiled before recompiles
+on its next call.  Measured on the CPU only.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from solvers import Graph
+from solvers.sac import LADDER, Block, CompiledSavings, EagerHolds, Overheads, Region, choose
+
+#: the backend `compiled=True` plans for: the partitioner torch.compile uses, with no kernel compiler,
+#: so it runs on any machine
+DEFAULT_BACKEND = "aot_eager"
+#: re-solves after a compiled step measured over the budget; each costs a solve and a compile
+MAX_TRIES = 3
+#: (id(profile), backend) -> (a weak reference to the profile, its savings and measurements): the savings
+#: cost one compile per option, every budget of a profile shares them; the profile (and its model) is not
+#: kept alive by the cache
+_CALIBRATED: dict[tuple[int, str], tuple[weakref.ref, CompiledSavings, dict[str, Any]]] = {}
+
+
+def backend_of(compiled: bool | str) -> str | None:
+    """The torch.compile backend `compiled` names (True: `DEFAULT_BACKEND`), None when not compiled."""
+    if compiled is True:
+        return DEFAULT_BACKEND
+    if compiled is False or compiled is None:
+        return None
+    if not isinstance(compiled, str) or not compiled:
+        raise ValueError(f"compiled= takes True, False or a torch.compile backend name, not {compiled!r}")
+    return compiled
+
+
+def compiled_peak(prof: Any, graph: Graph, regions: Sequence[Region], backend: str) -> int:
+    """The CPU allocator's peak over one compiled training step of a copy of the profiled model with
+    `regions` applied (`memviz.apply`'s wrapping), on the profiled call's shapes (zeros), under
+    ``torch.compile(backend=backend)`` at torch's default ``activation_memory_budget``; parameters and
+    inputs counted from the start, as the plan's peak counts them.  The first step compiles; the second
+    is measured.  The user's model and RNG streams are left as they were."""
+    import torch
+
+    from memviz.hardware import accelerator
+    from memviz.plans.sac import region_specs
+    from memviz.profiling.capture import default_loss
+    from memviz.profiling.tracker import allocator_peak, tensors_of
+    from memviz.runtime.apply import ApplyWarning, wrap
+    from memviz.runtime.export import _example_inputs
+
+    model = copy.deepcopy(prof.model)
+    for spec in region_specs(graph, regions):
+        wrap(model.get_submodule(spec["module"]), spec)
+    args, kwargs = _example_inputs(graph, prof)
+    loss_fn = prof.loss_fn if prof.loss_fn is not None else default_loss
+    torch._dynamo.reset()  # another model's (or option's) graphs are never reused
+    step_model = torch.compile(model, backend=backend)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        loss_fn(step_model(*args, **kwargs)).backward()
+
+    try:
+        with (torch._functorch.config.patch(activation_memory_budget=1.0, enable_autograd_cache=False),
+              accelerator.fork_rng([]), warnings.catch_warnings()):
+            warnings.simplefilter("ignore", ApplyWarning)  # the KV cache turned off: apply says so when run
+            step()
+            model.zero_grad(set_to_none=True)
+            return allocator_peak(step, tensors_of(model, args, kwargs))[0]
+    finally:
+        torch._dynamo.reset()
+
+
+def savings(prof: Any, graph: Graph, blocks: Sequence[Block], holds: EagerHolds,
+            backend: str) -> tuple[CompiledSavings, dict[str, Any]]:
+    """What the compiled step frees beyond the SAC schedule, per option (`CompiledSavings.from_uniform`),
+    and the measurements behind it: per option, the simulated and the measured compiled peak with every
+    block on it ("none": the compiled baseline, the plain model under torch.compile).  Cached per
+    profile and backend."""
+    key = (id(prof), backend)
+    hit = _CALIBRATED.get(key)
+    if hit is not None and hit[0]() is prof:
+        return hit[1], hit[2]
+    simulated, measured = {}, {}
+    for option in LADDER:
+        chosen = choose(graph, blocks, (option,) * len(blocks), holds, Overheads())
+        simulated[option] = chosen.timeline.peak_bytes
+        measured[option] = compiled_peak(prof, graph, chosen.regions, backend)
+    found = CompiledSavings.from_uniform(simulated, measured, len(blocks))
+    info = {"backend": backend, "simulated": simulated, "measured": measured, "outside": found.outside,
+            "per_block": dict(found.per_block), "baseline_peak_bytes": measured["none"]}
+    for k in [k for k, v in _CALIBRATED.items() if v[0]() is None]:  # profiles since collected
+        del _CALIBRATED[k]
+    _CALIBRATED[key] = (weakref.ref(prof), found, info)
+    return found, info
+
+
+def compiled_overheads(costs: Overheads) -> Overheads:
+    """`costs` as the compiled step pays them: the recomputed ops at the measured in-step rate, and none
+    of eager checkpointing's Python (the policy, the re-run's dispatch, the frame): traced away."""
+    return Overheads(dispatched=costs.dispatched, scale=costs.scale)

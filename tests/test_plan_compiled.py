@@ -1,0 +1,152 @@
+"""`memviz.plan(..., strategy="sac", compiled=True)`: SAC plans against the step torch.compile runs.
+
+Compiled, AOTAutograd's min-cut recomputes cheap ops on its own, so the compiled baseline holds less
+than eager PyTorch: a budget between the two needs no checkpointing at all, and a lower one needs less
+than an eager-terms plan picks.  The plan must still honour its budget when its applied model is
+measured under ``torch.compile(backend="aot_eager")``, and replay dropout (eager's gradients)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+import memviz
+import tests.real_models  # noqa: F401  (torchvision's op shim, before transformers loads)
+from memviz.plans.planning import PlanningError
+from memviz.profiling.profile import Profile, profile
+from memviz.profiling.tracker import allocator_peak, tensors_of
+from solvers.result import InfeasibleBudget
+from solvers.sac import LADDER, CompiledSavings, Overheads, choose, solve_menu
+from tests.test_apply import _example, sac_plan
+from tests.test_sac_overheads import _menu
+
+
+class _LossOf(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, labels=ids, use_cache=False).loss
+
+
+@functools.cache
+def _profiled() -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
+    """A tiny LlamaForCausalLM (2 layers, hidden 32, attention dropout 0.1) trained on its own loss."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   attention_dropout=0.1)
+    torch.manual_seed(0)
+    model = _LossOf(transformers.LlamaForCausalLM(cfg).train())
+    args = (torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0)),)
+    return model, args, profile(model, args, repeats=1, warmup=0)
+
+
+def _compiled_step(model: torch.nn.Module, args: tuple[Any, ...]) -> int:
+    """Allocator peak of one ``torch.compile(backend="aot_eager")`` training step (after a compiling one,
+    seed 0); the step's gradients are left in `model`."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager")
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        compiled(*args).backward()
+
+    step()
+    model.zero_grad(set_to_none=True)
+    peak = allocator_peak(step, tensors_of(model, args))[0]
+    torch._dynamo.reset()
+    return peak
+
+
+def test_compiled_savings_turn_uniform_measurements_into_per_block_shares() -> None:
+    simulated = {"none": 1000, "pointwise": 900, "matchable": 700, "matmuls": 600, "full": 300}
+    measured = {"none": 790, "pointwise": 700, "matchable": 540, "matmuls": 500, "full": 290}
+    s = CompiledSavings.from_uniform(simulated, measured, 4)
+    assert s.outside == 10 and s.per_block["full"] == 0
+    assert s.per_block["none"] == 50 and s.per_block["matmuls"] == 22.5
+    for option in simulated:  # each measurement is predicted back exactly
+        assert s.peak(simulated[option], (option,) * 4) == measured[option]
+    assert s.peak(800, ("none", "none", "full", "full")) == 800 - 10 - 100
+
+
+def test_the_menu_compares_compiled_peaks() -> None:
+    """Just under eager's peak, the eager-terms menu must checkpoint something; with savings that bring
+    the unchecked step under the budget it leaves every block alone: no recomputation is bought for what
+    the compiler frees.  The schedule stays the one `solvers.simulate` checked."""
+    _, graph, blocks, holds = _menu("gpt")
+    eager = choose(graph, blocks, ("none",) * len(blocks), holds, Overheads())
+    budget = eager.timeline.peak_bytes - 1
+    _, planned = solve_menu(graph, budget, blocks, holds, time_limit=20.0)
+    assert set(planned.options) != {"none"}
+    saving = CompiledSavings(0, {o: 1 for o in LADDER})
+    _, compiled = solve_menu(graph, budget, blocks, holds, time_limit=20.0, savings=saving)
+    assert set(compiled.options) == {"none"}
+    assert compiled.peak_bytes == eager.timeline.peak_bytes - len(blocks) <= budget
+    assert compiled.timeline.peak_bytes == eager.timeline.peak_bytes
+
+
+def test_a_compiled_plan_is_not_verified_eagerly() -> None:
+    """verify=True measures an eager step, which holds what the compiler would have freed: refused."""
+    _, _, prof = _example("gpt")
+    plan = sac_plan(prof, 0.9)
+    sac = {**plan.solver_stats.extra["sac"], "compiled": {"peak_bytes": plan.timeline.peak_bytes - 1}}
+    compiled = dataclasses.replace(plan, solver_stats=dataclasses.replace(
+        plan.solver_stats, extra={**plan.solver_stats.extra, "sac": sac}))
+    assert compiled.peak_bytes == plan.timeline.peak_bytes - 1
+    with pytest.raises(PlanningError, match="compiled="):
+        memviz.apply(compiled, prof.model, verify=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # about eight compiles of a tiny Llama: minutes of wall on a loaded machine
+def test_compiled_plan_recomputes_less_than_the_eager_one_and_honours_its_budget_compiled() -> None:
+    model, args, prof = _profiled()
+    base = memviz.plan(prof, None, strategy="sac", compiled=True).solver_stats.extra["sac"]["compiled"]
+    compiled_base = base["baseline_peak_bytes"]
+    assert compiled_base < prof.baseline.peak_bytes, base  # min-cut frees cheap ops with no plan at all
+    low = base["measured"]["full"]
+    # a quarter of the way from the compiled baseline down to the lowest compiled peak
+    budget = low + (compiled_base - low) * 3 // 4
+    plan = memviz.plan(prof, budget, strategy="sac", compiled=True)
+    options = plan.solver_stats.extra["sac"]["options"]
+    assert plan.peak_bytes <= budget < plan.timeline.peak_bytes, (base, options)  # eager terms: over
+    assert set(options.values()) != {"none"}
+    # planned in eager terms the same budget buys more recomputation than the compiled step needs
+    try:
+        eager_plan = memviz.plan(prof, budget, strategy="sac")
+    except InfeasibleBudget:  # or cannot reach it at all
+        pass
+    else:
+        assert eager_plan.solver_stats.extra["sac"]["options"] != options
+        assert eager_plan.timeline.total_time > plan.timeline.total_time
+    applied = memviz.apply(plan, model)
+    assert _compiled_step(applied, args) <= budget  # real inputs, dropout on
+    eager = copy.deepcopy(model)
+    torch.manual_seed(0)
+    eager(*args).backward()
+    for (name, a), b in zip(eager.named_parameters(), applied.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=0, msg=name)
+
+
+def test_apply_bench_counts_a_refused_compiled_plan_as_no_point() -> None:
+    """A compiled-plan budget the planner refused (its measured step over) is a row without a peak: the
+    lowest-peak line skips it (it crashed bench_apply's report once)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_apply
+
+    rows = [{"contender": "memviz compiled-plan", "setting": "min", "plan_s": 1.0, "not_run": "refused"},
+            {"contender": "memviz+compile", "setting": "75%", "alloc_peak": 7, "grad_error": 0.0},
+            {"contender": "memviz", "setting": "50%", "alloc_peak": 5, "grad_error": 1.0}]
+    assert bench_apply.lowest_alloc(rows) == 7

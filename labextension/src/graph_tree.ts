@@ -269,7 +269,12 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
         expanded.add(m);
         const children = tree.modules[m].children;
         leaves.push(...children.filter(c => tree.modules[c].children.length === 0));
-        next.push(...alikeGroups(tree, children.filter(c => tree.modules[c].children.length > 0)));
+        next.push(
+          ...alikeGroups(
+            tree,
+            children.filter(c => tree.modules[c].children.length > 0)
+          )
+        );
       }
     }
     frontier = mergeTwins(tree, next);

@@ -135,13 +135,10 @@ export class PackingView implements PlanView {
     const layout: Record<string, unknown> = {
       ...themedLayout(colors),
       height: 460,
-      // Fixed margins, the legend in the bottom one (container coordinates): plotly's margin push for a
-      // legend below the plot was redone on a legend click, 35 px taller under load, and the x-axis
-      // title then overlapped the legend and the painted image changed size (packing.spec, busy run).
-      margin: { l: 60, r: 20, t: 56, b: 84, autoexpand: false },
+      margin: { l: 60, r: 20, t: 56, b: 40 },
       // The view hovers itself (see _hover): plotly has no points to hover.
       hovermode: false,
-      legend: { orientation: 'h', x: 0, xanchor: 'left', yref: 'container', y: 0, yanchor: 'bottom' },
+      legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
       // Explicit ranges: the image is not data plotly autoranges over, and double-click returns here.
       xaxis: {
         ...axis,

@@ -181,7 +181,14 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   const described = async (): Promise<string[]> =>
     Promise.all(['strategy', 'peak', 'recomputes', 'overhead'].map(name => readout(name).innerText()));
   const first = await described();
-  await page.notebook.runCell(0);
+  const shown = (await view.elementHandle())!;
+  // (galata's runCell looks for the current tab by role and also finds the plan view's tabs)
+  await page.evaluate(() =>
+    (
+      window as unknown as { jupyterapp: { commands: { execute(id: string): Promise<unknown> } } }
+    ).jupyterapp.commands.execute('notebook:run-all-cells')
+  );
+  await shown.waitForElementState('hidden', { timeout: 60000 }); // the first view goes with its output
   await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
   await expect(peak).toHaveText(/vs eager/, { timeout: 120000 });
   expect(await described()).toEqual(first);

@@ -162,6 +162,7 @@ test('the planner widget sends slider, strategy and export requests and redraws'
 
 // End to end with the real memviz.Planner on `memviz demo`'s model: dragging re-plans in the kernel.
 test('memviz.Planner re-plans when the budget slider is dragged', async ({ page, tmpPath }) => {
+  test.setTimeout(300000); // the cell runs twice (same plan for the same inputs), then ten timed moves
   await openAndRunAll(page, tmpPath, 'planner_demo.ipynb');
 
   const view = page.locator('.jp-memviz-planner');

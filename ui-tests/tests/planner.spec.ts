@@ -177,10 +177,12 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   await expect(status).toHaveText('');
   await expect(label).toHaveText(/^\d+\.\d\d (KiB|MiB) \(\d+% of eager\)$/);
   await expect(view.locator('.jp-memviz-budget-min')).toHaveText(/^min \d+\.\d\d (KiB|MiB)$/);
-  // The same inputs give the same plan: the cell run again draws the same readouts (re-running a cell
-  // once gave 35 recomputes, then 15: issue 18 item 4).
+  // The same inputs give the same plan: the cell run again draws the same strategy, peak and
+  // recomputations (re-running a cell once gave 35 recomputes, then 15: issue 18 item 4).  Not the
+  // overhead: it comes from op times measured by this run's profile (+10.9% then +53.5% on a busy
+  // machine, the same plan).
   const described = async (): Promise<string[]> =>
-    Promise.all(['strategy', 'peak', 'recomputes', 'overhead'].map(name => readout(name).innerText()));
+    Promise.all(['strategy', 'peak', 'recomputes'].map(name => readout(name).innerText()));
   const first = await described();
   const shown = (await view.elementHandle())!;
   // (galata's runCell looks for the current tab by role and also finds the plan view's tabs)

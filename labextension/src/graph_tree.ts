@@ -232,18 +232,27 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
 }
 
 /**
- * The expansion a graph opens with: modules opened level by level (shallowest first, in graph order)
- * while the drawing stays within `limit` nodes.  Alike siblings (children of one module with as many
- * ops, a model's repeated blocks) open together or not at all: a drawing with blocks 0-4 open and 5-11
- * closed compares unlike things (the 12-layer drawing did).  Siblings unlike each other open one by
- * one, so a large one does not keep the small ones beside it closed.  A module and its twins in the
- * other phases (the same path: a block's forward and its backward) open together too: at 100 layers the
- * forward's blocks opened and the backward's stayed one "2899 ops" box, lopsided.  A 5k-op model opens
- * at its layers, a toy fully open.
+ * The expansion a graph opens with: the module hierarchy first, then its leaves' ops.
+ *
+ * Modules holding sub-modules (and the phases) open level by level (shallowest first, in graph order)
+ * while the drawing stays within `limit` nodes; leaf modules (a layer's ops and their tensors) open
+ * only when the whole hierarchy opened and every leaf fits too, so a toy opens fully and a real model shows its structure as
+ * closed boxes.  Opening the leaves a level allowed put a 12-layer GPT's LayerNorm and dropout frames,
+ * each op's tensors side by side, into a drawing 1.3x wider than a notebook at the smallest readable
+ * scale, the phases' outer halves cut off (issue 18).
+ *
+ * Alike siblings (children of one module with as many ops, a model's repeated blocks) open together
+ * or not at all: a drawing with blocks 0-4 open and 5-11 closed compares unlike things (the 12-layer
+ * drawing did).  Siblings unlike each other open one by one, so a large one does not keep the small
+ * ones beside it closed.  A module and its twins in the other phases (the same path: a block's forward
+ * and its backward) open together too: at 100 layers the forward's blocks opened and the backward's
+ * stayed one "2899 ops" box, lopsided.  A 5k-op model opens at its layers, a toy fully open.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
   let count = tree.roots.length;
+  const leaves: number[] = [];
+  let closedHierarchy = false;
   // the phases open one by one (a phase's root may be many ops: the optimizer's step); below them each
   // level opens in step across the open phases: a module's twin sits at its depth, under its parent's
   let frontier: number[][] = tree.roots.map(r => [r]);
@@ -252,15 +261,27 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
     for (const group of frontier) {
       const cost = group.reduce((n, m) => n + openCost(doc, tree, m), 0);
       if (count + cost > limit) {
+        closedHierarchy = true;
         continue; // stays closed; a smaller group further on may still open
       }
       count += cost;
       for (const m of group) {
         expanded.add(m);
-        next.push(...alikeGroups(tree, tree.modules[m].children));
+        const children = tree.modules[m].children;
+        leaves.push(...children.filter(c => tree.modules[c].children.length === 0));
+        next.push(
+          ...alikeGroups(
+            tree,
+            children.filter(c => tree.modules[c].children.length > 0)
+          )
+        );
       }
     }
     frontier = mergeTwins(tree, next);
+  }
+  const leafCost = leaves.reduce((n, m) => n + openCost(doc, tree, m), 0);
+  if (!closedHierarchy && count + leafCost <= limit) {
+    leaves.forEach(m => expanded.add(m));
   }
   return expanded;
 }
@@ -503,7 +524,7 @@ export function refId(ref: NodeRef): string {
 export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string {
   const lines = [
     'digraph memviz {',
-    '  graph [rankdir=TB, nodesep=0.15, ranksep=0.3, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
+    '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.3, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
     '         fontname="Helvetica", fontsize=11, labeljust=l, style="rounded", color="#90a4ae"];',
     '  node [fontname="Helvetica", fontsize=10, height=0.3, style=filled];',
     '  edge [color="#888888", arrowsize=0.6];'
@@ -602,8 +623,30 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     }
   }
   lines.push(...siblingChain(doc, tree, expanded));
+  lines.push(...twinRanks(tree, expanded));
   lines.push('}');
   return lines.join('\n');
+}
+
+/**
+ * A closed module and its closed twins in the other phases (the same path: a block's forward and its
+ * backward) on one rank, so block i's backward sits beside block i's forward: a ladder whose rungs are
+ * the activations the backward reads, and a block opened with its twin opens beside it.  Without
+ * this the backward's residual-gradient sums (an op and a tensor between each two blocks) made its
+ * column three times as tall as the forward's, and a block's twin landed 700 px below it, off-screen
+ * (issue 18, 12 layers).  Needs `newrank`: ranks across clusters.
+ */
+function twinRanks(tree: ModuleTree, expanded: ReadonlySet<number>): string[] {
+  const byPath = new Map<string, number[]>();
+  for (const m of tree.modules) {
+    const drawn = m.parent !== null && expanded.has(m.parent) && !expanded.has(m.id);
+    if (drawn && m.phase !== 'optimizer') {
+      byPath.set(m.path, [...(byPath.get(m.path) ?? []), m.id]);
+    }
+  }
+  return [...byPath.values()]
+    .filter(ms => ms.length > 1)
+    .map(ms => `  { rank=same; ${ms.map(m => `"m${m}"`).join('; ')}; }`);
 }
 
 /** The first op of each module path in the forward phase: the order siblings stack in every phase. */

@@ -461,23 +461,39 @@ export function backwardStart(doc: PlanDoc): number | null {
 /**
  * For each planned step, the eager baseline step that runs the same op (compute node; a recomputation
  * maps to the op's one eager run), or for a free step the one of the last compute before it; -1 before
- * any.  Null when the baseline runs another graph (an autochunk plan's unchunked model): no op is shared.
+ * any.  A baseline carrying a graph of its own (a captured model's eager run, whose in-place ops hold
+ * other bytes) is matched by op name when it names every planned op, once each: its ids are its own.
+ * Null when no op is shared (an autochunk plan's unchunked model): the baseline keeps its own hover.
+ * Matching ids alone left a captured GPT's hover comparing planned "bmm_44" with eager's "free
+ * addmm_18" at the same step index (issue 18 item 3, seen at 12 layers).
  */
 export function baselineStepsByOp(doc: PlanDoc): number[] | null {
   const baseline = doc.baseline;
-  if (!baseline || baseline.graph) {
+  if (!baseline) {
     return null;
   }
-  const eagerStep = new Map<number, number>();
+  // the key of a compute node shared by both graphs: its id, or its name across two graphs
+  let key = (id: number): number | string | undefined => id;
+  let baseKey = key;
+  if (baseline.graph) {
+    const names = baseline.graph.computes.map(c => c.name);
+    const known = new Set(names);
+    if (known.size !== names.length || !doc.graph.computes.every(c => known.has(c.name))) {
+      return null;
+    }
+    key = id => doc.graph.computes[id]?.name;
+    baseKey = id => baseline.graph!.computes[id]?.name;
+  }
+  const eagerStep = new Map<number | string | undefined, number>();
   baseline.schedule.forEach(([kind, id], i) => {
-    if (kind === 'compute' && !eagerStep.has(id)) {
-      eagerStep.set(id, i);
+    if (kind === 'compute' && !eagerStep.has(baseKey(id))) {
+      eagerStep.set(baseKey(id), i);
     }
   });
   let last = -1;
   return doc.planned.schedule.map(([kind, id]) => {
     if (kind === 'compute') {
-      last = eagerStep.get(id) ?? last;
+      last = eagerStep.get(key(id)) ?? last;
     }
     return last;
   });

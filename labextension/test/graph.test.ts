@@ -410,3 +410,47 @@ test('a large module beside small ones: the small ones still open', () => {
   assert.ok(open.has(path('forward:layers')));
   assert.ok(!open.has(path('forward:mixer')));
 });
+
+test("a closed module's twin ranks beside it; leaf modules stay closed while the hierarchy is", () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const open = new Set([tree.roots[0], tree.roots[1], path('forward:layers'), path('backward:layers')]);
+  const dot = toDot(doc, tree, open);
+  // ranks across clusters need newrank; block i's backward on block i's forward rank (a ladder)
+  assert.match(dot, /newrank=true/);
+  for (const i of [0, 1]) {
+    const [f, b] = [path(`forward:layers.${i}`), path(`backward:layers.${i}`)];
+    assert.ok(dot.includes(`{ rank=same; "m${f}"; "m${b}"; }`), `layers.${i}`);
+  }
+  // a one-op leaf module at the top ("head") beside the layers: while the layers' blocks stay closed
+  // (a limit their ops pass), the leaf stays a box too; its ops and tensors side by side made a 12-layer
+  // GPT's first drawing wider than a notebook
+  const { computes, datas } = doc.graph;
+  const id = computes.length;
+  datas.push({ id: datas.length, name: 'head.out', bytes: 1024, kind: 'saved', producer: id, consumers: [] });
+  computes.push({
+    id,
+    name: 'head',
+    op: 'aten.mm',
+    phase: 'forward',
+    module: 'head',
+    inputs: [computes[3].outputs![0]],
+    outputs: [datas.length - 1]
+  });
+  const withHead = buildTree(doc);
+  const head = withHead.modules.findIndex(m => m.phase === 'forward' && m.path === 'head');
+  const layers = withHead.modules.findIndex(m => m.phase === 'forward' && m.path === 'layers');
+  const block = withHead.modules.findIndex(m => m.phase === 'forward' && m.path === 'layers.0');
+  const limit =
+    visibleCount(
+      doc,
+      withHead,
+      new Set([...withHead.roots, ...withHead.modules.filter(m => m.path === 'layers').map(m => m.id)])
+    ) + 2;
+  const first = defaultExpansion(doc, withHead, limit);
+  assert.ok(first.has(layers) && !first.has(block));
+  assert.ok(!first.has(head));
+  // a toy opens fully
+  assert.ok(defaultExpansion(doc, withHead, 1000).has(head));
+});

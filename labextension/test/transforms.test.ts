@@ -325,6 +325,26 @@ describe('planFigure', () => {
     assert.equal(fig.traces.find(t => t.name === 'baseline (eager)')!.hoverinfo, 'skip');
   });
 
+  it("aligns by op name a baseline run on a graph of its own (a captured model's eager run)", () => {
+    // the eager graph numbers the same ops otherwise (here reversed): matched by name, not by id
+    const doc = clone() as unknown as PlanDoc;
+    const n = doc.graph.computes.length;
+    const own = doc.graph.computes.map(c => ({ ...c, id: n - 1 - c.id })).reverse();
+    doc.baseline = {
+      ...doc.baseline!,
+      graph: { ...doc.graph, computes: own },
+      schedule: doc.baseline!.schedule.map(([kind, id]) =>
+        kind === 'compute' ? [kind, n - 1 - id] : [kind, id]
+      ) as NonNullable<PlanDoc['baseline']>['schedule']
+    };
+    assert.deepEqual(baselineStepsByOp(doc), baselineStepsByOp(SAMPLE));
+    const total = planFigure(doc, COLORS).traces.find(t => t.name === 'planned total')!;
+    assert.ok(total.hovertext![11].endsWith('(eager step 9)'));
+    // an op the eager graph does not have (an autochunk plan's unchunked model): no alignment
+    doc.baseline.graph!.computes[0] = { ...own[0], name: 'unchunked' };
+    assert.equal(baselineStepsByOp(doc), null);
+  });
+
   it('draws a plan without baseline or budget', () => {
     const doc = parsePlan({ ...clone(), baseline: null, budget_bytes: null });
     const names = planFigure(doc, COLORS).traces.map(t => t.name);

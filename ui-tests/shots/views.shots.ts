@@ -93,6 +93,16 @@ for (const notebook of NOTEBOOKS) {
     await expect(view.locator('.js-plotly-plot').first()).toBeVisible({ timeout: 600000 });
     await view.scrollIntoViewIfNeeded();
     await shot(view, 'memory');
+    // point into the backward (60% across the plot): the hover names the step's op and module and
+    // breaks the memory down by module
+    const plot = view.locator('.js-plotly-plot .nsewdrag').first();
+    const area = await plot.boundingBox();
+    if (area) {
+      await page.mouse.move(area.x + area.width * 0.6, area.y + area.height * 0.5);
+      await page.waitForTimeout(500);
+      await shot(view, 'memory-hover');
+      await page.mouse.move(0, 0);
+    }
     await view.locator('.jp-memviz-tab[data-tab="Packing"]').click();
     const packing = view.locator('.jp-memviz-tabpanel[data-tab="Packing"]');
     await expect(packing.locator('image').first()).toBeAttached({ timeout: 120000 });

@@ -142,21 +142,23 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   expect(await modules.locator('title').allTextContents()).not.toContain(expect.stringMatching(/^[cdm]\d+$/));
 
   // Fit honours a minimum label size (issue 18): this drawing whole would put its 10 pt labels under
-  // 8 px, so Fit shows it at the smallest readable scale (or its full width, if that is readable) and
-  // says so; the user pans the rest.  Zoom in magnifies, Fit comes back, zoom out still goes lower.
+  // 8 px, so Fit shows its full width (the phases' ladder is narrow: readable at that width) and says
+  // so; the user pans the rest.  Zoom in magnifies, Fit comes back, zoom out still goes lower.
   const fit = graph.locator('.jp-memviz-graph-fit');
   const note = graph.locator('.jp-memviz-graph-fit-note');
   await fit.click();
   const kind = await graph.getAttribute('data-fit');
-  expect(kind).toBe('readable');
+  expect(kind).toBe('width');
   const fitted = Number(await graph.getAttribute('data-scale'));
   expect(fitted).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
-  await expect(note).toContainText('the smallest readable scale, 60%');
+  await expect(note).toContainText(/^Fit: its full width at \d+%/);
   await expect(note).toContainText('Drag to pan');
-  // the drawing covers the canvas (no blank band beside it): it is larger than the view on both axes
+  // its whole width in view, and it covers the canvas's height (no blank band above or below it)
   const [c, d] = [(await canvas.boundingBox())!, (await svg.boundingBox())!];
-  expect(d.x).toBeLessThanOrEqual(c.x + 9);
-  expect(d.x + d.width).toBeGreaterThanOrEqual(c.x + c.width - 9);
+  expect(d.x).toBeGreaterThanOrEqual(c.x - 1);
+  expect(d.x + d.width).toBeLessThanOrEqual(c.x + c.width + 1);
+  expect(d.y).toBeLessThanOrEqual(c.y + 9);
+  expect(d.y + d.height).toBeGreaterThanOrEqual(c.y + c.height - 9);
   await graph.screenshot({ path: test.info().outputPath('graph-scale-fit.png') });
   await graph.locator('.jp-memviz-graph-zoom-in').click();
   await graph.locator('.jp-memviz-graph-zoom-in').click();
@@ -235,4 +237,72 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   await expect(hit.locator('title')).toContainText('mix_200: ', { timeout: 60000 });
   await expect(graph.locator('.jp-memviz-graph-search-status')).toContainText('1 of ');
   await graph.screenshot({ path: test.info().outputPath('graph-scale.png') });
+});
+
+test('a 12-layer GPT opens whole across an 848 px output, readable; an opened block lands beside its twin', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(240000);
+  // the output area of a notebook in JupyterLab's default layout on a 1280 px screen
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await openAndRunAll(page, tmpPath, 'graph_gpt.ipynb');
+  const view = page.locator('.jp-memviz-plan');
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+  const graph = view.locator('.jp-memviz-graph');
+  const svg = graph.locator('svg');
+  await expect(svg).toBeVisible({ timeout: 60000 });
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  const canvas = graph.locator('.jp-memviz-graph-canvas');
+  const c = (await canvas.boundingBox())!;
+  expect(c.width).toBeLessThanOrEqual(848);
+  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  // the collapsed hierarchy: every block of both phases is one box (a ladder: block i's backward
+  // beside its forward), and both phases' frames lie across the view whole, side to side (the
+  // phases side by side were 1.3-2.6x the output's width: the first view showed their inner halves)
+  const titled = (sel: string, re: RegExp) =>
+    svg.locator(sel).filter({ has: page.locator(':scope > title', { hasText: re }) });
+  for (const phase of ['forward', 'backward']) {
+    await expect(titled('g.node.module', new RegExp(`^blocks\\.\\d+ \\[${phase}\\]`))).toHaveCount(12);
+    const frame = (await titled('g.cluster', new RegExp(`^${phase} \\(`)).boundingBox())!;
+    expect(frame.x, `${phase} frame's left edge in view`).toBeGreaterThanOrEqual(c.x - 1);
+    expect(frame.x + frame.width, `${phase} frame's right edge in view`).toBeLessThanOrEqual(
+      c.x + c.width + 1
+    );
+    expect(frame.y, `${phase} frame's top in view`).toBeGreaterThanOrEqual(c.y - 1);
+    expect(frame.y).toBeLessThan(c.y + c.height);
+  }
+  const twin = async (phase: string) =>
+    (await titled('g.node.module', new RegExp(`^blocks\\.3 \\[${phase}\\]`)).boundingBox())!;
+  const [f, b] = [await twin('forward'), await twin('backward')];
+  expect(Math.abs(f.y - b.y), 'block 3 beside its backward').toBeLessThan(f.height);
+  await graph.screenshot({ path: test.info().outputPath('graph-gpt12.png') });
+
+  // open block 3: its backward opens with it, and the view lands on both, readable
+  await titled('g.node.module', /^blocks\.3 \[forward\]/)
+    .locator('path, polygon')
+    .first()
+    .evaluate(el => {
+      for (const type of ['pointerdown', 'pointerup']) {
+        el.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
+      }
+    });
+  for (const phase of ['forward', 'backward']) {
+    await expect(titled('g.cluster', new RegExp(`^blocks\\.3 \\[${phase}\\]`))).toHaveCount(1, {
+      timeout: 60000
+    });
+  }
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  const c2 = (await canvas.boundingBox())!; // the status line above it may have wrapped differently
+  for (const phase of ['forward', 'backward']) {
+    const frame = (await titled('g.cluster', new RegExp(`^blocks\\.3 \\[${phase}\\]`)).boundingBox())!;
+    expect(frame.x, `opened ${phase} block in view`).toBeGreaterThanOrEqual(c2.x - 1);
+    expect(frame.x + frame.width).toBeLessThanOrEqual(c2.x + c2.width + 1);
+    expect(frame.y, `opened ${phase} block's top in view`).toBeGreaterThanOrEqual(c2.y - 1);
+    expect(frame.y).toBeLessThan(c2.y + c2.height / 2);
+  }
+  await graph.screenshot({ path: test.info().outputPath('graph-gpt12-open.png') });
 });

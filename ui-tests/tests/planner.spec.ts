@@ -162,6 +162,7 @@ test('the planner widget sends slider, strategy and export requests and redraws'
 
 // End to end with the real memviz.Planner on `memviz demo`'s model: dragging re-plans in the kernel.
 test('memviz.Planner re-plans when the budget slider is dragged', async ({ page, tmpPath }) => {
+  test.setTimeout(300000); // the cell runs twice (same plan for the same inputs), then ten timed moves
   await openAndRunAll(page, tmpPath, 'planner_demo.ipynb');
 
   const view = page.locator('.jp-memviz-planner');
@@ -176,6 +177,24 @@ test('memviz.Planner re-plans when the budget slider is dragged', async ({ page,
   await expect(status).toHaveText('');
   await expect(label).toHaveText(/^\d+\.\d\d (KiB|MiB) \(\d+% of eager\)$/);
   await expect(view.locator('.jp-memviz-budget-min')).toHaveText(/^min \d+\.\d\d (KiB|MiB)$/);
+  // The same inputs give the same plan: the cell run again draws the same strategy, peak and
+  // recomputations (re-running a cell once gave 35 recomputes, then 15: issue 18 item 4).  Not the
+  // overhead: it comes from op times measured by this run's profile (+10.9% then +53.5% on a busy
+  // machine, the same plan).
+  const described = async (): Promise<string[]> =>
+    Promise.all(['strategy', 'peak', 'recomputes'].map(name => readout(name).innerText()));
+  const first = await described();
+  const shown = (await view.elementHandle())!;
+  // (galata's runCell looks for the current tab by role and also finds the plan view's tabs)
+  await page.evaluate(() =>
+    (
+      window as unknown as { jupyterapp: { commands: { execute(id: string): Promise<unknown> } } }
+    ).jupyterapp.commands.execute('notebook:run-all-cells')
+  );
+  await shown.waitForElementState('hidden', { timeout: 60000 }); // the first view goes with its output
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  await expect(peak).toHaveText(/vs eager/, { timeout: 120000 });
+  expect(await described()).toEqual(first);
   // Latency of the slider, timed in the browser: from the input event the view listens to until the
   // kernel's plan is drawn (readouts no longer pending, plotly has re-plotted the memory curve), and,
   // when the kernel refines the frontier's plan with the selected strategy, until that one is drawn.

@@ -349,6 +349,10 @@ def test_solver_plans_export_exactly(name, budget):
             pa.grad = pb.grad = None
         assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (peak, plan.peak_bytes)
         assert peak <= plan.budget_bytes, (peak, plan.budget_bytes)
+    # every buffer as eager left it, BatchNorm's num_batches_tracked too: nothing reads its new value,
+    # so a solver skipped computing it (`planning.with_buffer_updates`)
+    for (n, a), b in zip(original.named_buffers(), exported.buffers(), strict=True):
+        assert torch.equal(a, b), n
 
 
 def test_saved_plan_exports_with_the_model(tmp_path):
@@ -441,3 +445,30 @@ def test_olla_plans_reorder_and_export_exactly(name, mode):
         for ba, bb in zip(original.buffers(), exported.buffers(), strict=True):
             assert torch.equal(ba, bb)
         assert abs(peak - plan.peak_bytes) <= 0.05 * plan.peak_bytes, (peak, plan.peak_bytes)
+
+
+def test_checkmate_plans_move_every_buffer_as_eager():
+    """BatchNorm's ``num_batches_tracked + 1`` is read by nothing (eager adds in place), so Checkmate's
+    schedules never computed it and the exported module left the count at 0 in the state_dict.
+    `planning.with_buffer_updates` computes it first.  (With ``momentum=None`` BatchNorm reads the count
+    as a Python float: the capture takes the example's value and says so in a ProfileWarning.)"""
+    import memviz
+    from memviz.plans.planning import minimum_budget
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    c = 3
+    for w in (8, 16):
+        layers += [torch.nn.Conv2d(c, w, 3, padding=1, bias=False), torch.nn.BatchNorm2d(w), torch.nn.ReLU()]
+        c = w
+    model = torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 10))
+    args = (torch.randn(4, 3, 8, 8),)
+    prof = profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+    low, high = minimum_budget(prof.graph, "rotor", 600), prof.baseline.peak_bytes
+    plan = memviz.plan(prof, low + (high - low) // 2, strategy="checkmate", time_limit=600, frontier=False)
+    assert plan.timeline.recomputes > 0
+    original, exported = copy.deepcopy(model), export(plan, model=copy.deepcopy(model))
+    for step in range(2):
+        assert _equal(_train_step(original, args, step), _train_step(exported, args, step))
+    for (n, a), b in zip(original.named_buffers(), exported.buffers(), strict=True):
+        assert torch.equal(a, b), n

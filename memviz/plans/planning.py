@@ -21,10 +21,10 @@ from memviz.budget import format_bytes, parse_budget
 from memviz.hardware.neuron import warn_neuron_checkpointing
 from memviz.plans.cdgraph import cdgraph_dict
 from memviz.plans.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
-from solvers import Graph, Phase, Timeline, eager_schedule, simulate
+from solvers import DataKind, Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.deadline import Deadline, recording_cuts
 from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
-from solvers.schedule import Schedule, keep_outputs_alive, run_turn_once
+from solvers.schedule import Schedule, Step, keep_outputs_alive, run_turn_once
 
 #: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=..., deadline=...)
 #: -> SolveResult`, returning by the earlier of the two (`solvers.deadline`).
@@ -455,7 +455,7 @@ def as_exported(graph: Graph, schedule: Schedule) -> Schedule:
     hands them to the caller) and the loss computed once, right before its backward (the caller runs it
     once the forward has returned: `solvers.schedule.run_turn_once`).  Its simulation is the measured
     step's memory.  Raises `PlanningError` for a schedule the export cannot run."""
-    schedule = keep_outputs_alive(graph, schedule)
+    schedule = keep_outputs_alive(graph, with_buffer_updates(graph, schedule))
     turn = loss_turn(graph)
     if turn is None:
         return schedule
@@ -468,6 +468,28 @@ def as_exported(graph: Graph, schedule: Schedule) -> Schedule:
         raise PlanningError(f"the exported module cannot run this schedule: run with the loss once, "
                             f"{issues[0]}")
     return once
+
+
+def with_buffer_updates(graph: Graph, schedule: Schedule) -> Schedule:
+    """`schedule` with every buffer update computed once.  A buffer's new value that no node reads and
+    no output keeps (BatchNorm's ``num_batches_tracked + 1``) is dead code to a solver, which then skips
+    it, and the exported module never moves the buffer (eager counts it up every step: with
+    ``momentum=None`` it weighs the running statistics).  Such an update is computed first, when it reads
+    only persistent values (parameters, buffers, inputs), and its value freed as soon as it is written
+    back, so it adds its few bytes at the step's lowest point."""
+    computed = {s.node for s in schedule if s.op == "compute"}
+    required = set(graph.outputs)
+    first: list[Step] = []
+    for c in graph.computes:
+        if c.id in computed or not any(graph.datas[d].kind is DataKind.BUFFER for d in c.outputs):
+            continue
+        if any(d in required or graph.consumers(d) for d in c.outputs):
+            continue  # read by another node or kept: a valid schedule computes it
+        if any(graph.datas[d].producer is not None for d in c.inputs):
+            raise PlanningError(f"the schedule never computes {c.name!r}, the new value of a buffer, and it "
+                                "reads values the step makes: plan again with strategy='none'")
+        first += [Step("compute", c.id), *(Step("free", d) for d in c.outputs)]
+    return (*first, *schedule) if first else schedule
 
 
 def plan(

@@ -332,3 +332,31 @@ def test_a_hugging_face_config_alone_gives_both_sides():
     assert [r["captured"] for r in est.layers] == [r["captured"] for r in real.layers]
     assert not any("attention mask" in n for n in est.notes)
     assert any("fused attention" in n for n in est.notes)
+
+
+def test_an_explicit_attention_mask_is_noted():
+    """A padding mask with a padded position makes Hugging Face build the explicit (batch, 1, S, S) mask on
+    real tensors too: the comparison notes the saved masks the formula leaves out."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import torch
+    from distributed_worker import loss_of, tiny_llama
+
+    from memviz.views.whatif import compare_captured
+
+    llama, (ids,) = tiny_llama(intermediate_size=96)
+
+    class Padded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones_like(ids)
+            mask[:, 0] = 0  # the first position of every row is padding
+            return self.llama(ids, attention_mask=mask).logits
+
+    cmp = compare_captured(Padded(), (ids,), loss_fn=loss_of, config=llama.config)
+    assert any("attention mask(s) of shape" in n and "explicit mask" in n for n in cmp.notes)

@@ -37,6 +37,7 @@ import gc
 import inspect
 import sys
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -838,13 +839,42 @@ def _record_estimated(work: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     allocated (a Llama-3-8B rank holds none of its gigabytes), operator times from `target`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    # non-fake inputs allowed: a model given with real weights has them replaced by empty fake tensors here
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+    from memviz.profiling.capture import eager_attention_masks
+
+    # non-fake inputs allowed: a model given with real weights has them replaced by empty fake tensors here;
+    # Hugging Face's mask decisions are answered as on real tensors (the user's `args`: its example values)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake, _value_reads_refused(work, args, kwargs), \
+            eager_attention_masks(work, args, kwargs, fake=True):
         work.to_empty(device="cpu")
         fake_args, fake_kwargs = pytree.tree_map_only(
             torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype), (args, kwargs))
         return record_step(work, fake_args, fake_kwargs, mode=mode, loss_fn=loss_fn, optimizer=optimizer,
                            fake_mode=fake, target=target)
+
+
+@contextlib.contextmanager
+def _value_reads_refused(model: nn.Module, args: tuple[Any, ...],
+                         kwargs: dict[str, Any] | None) -> Iterator[None]:
+    """A step on fake tensors that reads a tensor's value (``bool(t)``, ``t.item()``: transformers reading a
+    padding mask to decide whether it needs a causal mask) has none to read: a `ParallelError` naming the
+    step's tensor inputs and the code that read, instead of the fake-tensor internals."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        yield
+    except DataDependentOutputException as err:
+        try:
+            bound = inspect.signature(model.forward).bind_partial(*args, **(kwargs or {})).arguments
+        except (TypeError, ValueError):
+            bound = {**{f"args[{i}]": a for i, a in enumerate(args)}, **(kwargs or {})}
+        names = [k for k, v in bound.items() if pytree.tree_any(lambda x: isinstance(x, torch.Tensor), v)]
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if "/torch/" not in f.filename]
+        where = f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else "the step"
+        raise ParallelError(
+            f"the estimated step (device='fake:...') reads the values of a tensor at {where}, but it runs on "
+            f"fake tensors of the inputs' shapes ({', '.join(names)}), which hold none; the branch would "
+            "depend on your inputs' values.  Give no input whose values the model reads (Hugging Face: no "
+            "attention_mask when it is all ones), or profile on CPU without device='fake:...'") from err
 
 
 @contextlib.contextmanager

@@ -575,7 +575,7 @@ def detach_outputs(gm: torch.fx.GraphModule, indices: set[int]) -> None:
 
 @contextlib.contextmanager
 def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = (),
-                          kwargs: dict[str, Any] | None = None) -> Iterator[None]:
+                          kwargs: dict[str, Any] | None = None, *, fake: bool = False) -> Iterator[None]:
     """Hugging Face builds the S x S causal mask only while exporting: eager skips it and calls SDPA with
     ``is_causal=True`` when no padding mask needs reading (``masking_utils._ignore_causal_mask_sdpa``),
     so the exported graph held an S x S mask (and its additive copy) that eager never allocates.  Its
@@ -595,7 +595,16 @@ def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = 
     under export always reports packing: the mask came back (Llama with ``use_cache=False`` on an H100:
     eager 1233 MiB against a 889 MiB capture, and ``memviz.apply`` plans up to 24% over).  The answer is
     eager's on the example (`model`, `args`, `kwargs`): position ids the model derives itself count
-    0, 1, 2... in every row (never packed); given ones are read when they hold real values."""
+    0, 1, 2... in every row (never packed); given ones are read when they hold real values.
+
+    `fake`: the step runs eagerly on fake tensors (an estimated parallel rank, `memviz.parallel.distributed`).
+    transformers' ``utils.import_utils.is_tracing(tensor)`` counts a FakeTensor as tracing, so on fake
+    tensors ``masking_utils`` (``_ignore_causal_mask_sdpa``'s cache offset and padding mask,
+    ``find_packed_sequence_indices``) built the S x S mask an eager step on real tensors skips (a Llama-3-8B
+    rank at 4096 tokens: 36 masks, 1.06 GiB).  Here a fake tensor is not a trace, as on real tensors: a
+    decision from shapes takes eager's branch, and one that reads values (``fast_all(padding_mask)``)
+    reaches a fake tensor's value, which raises (`memviz.parallel.distributed` names the inputs) instead
+    of taking the traced branch."""
     mu = sys.modules.get("transformers.masking_utils")
     if mu is None:
         yield
@@ -606,16 +615,37 @@ def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = 
         mu.is_torchdynamo_exporting = lambda: False
     if "is_tracing" in saved:
         is_tracing = saved["is_tracing"]
-        # only an explicit None (no padding mask) changes: a bare is_tracing() may guard a data read
-        mu.is_tracing = lambda *tensor: is_tracing(*tensor) if tensor != (None,) else False
+        # only an explicit None (no padding mask) changes: a bare is_tracing() may guard a data read;
+        # `fake`: a fake tensor alone asks only the global tests (dynamo, jit, stream capture)
+        mu.is_tracing = lambda *tensor: (
+            False if tensor == (None,)
+            else is_tracing() if fake and tensor and isinstance(tensor[0], torch._subclasses.FakeTensor)
+            else is_tracing(*tensor))
     if "find_packed_sequence_indices" in saved and not _packed_in_example(
             saved["find_packed_sequence_indices"], model, args, kwargs):
-        mu.find_packed_sequence_indices = lambda position_ids: None
+        mu.find_packed_sequence_indices = (_unpacked_as_eager(mu, saved["find_packed_sequence_indices"])
+                                           if fake else lambda position_ids: None)
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(mu, name, fn)
+
+
+def _unpacked_as_eager(mu: Any, find: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], None]:
+    """transformers' ``masking_utils.find_packed_sequence_indices`` as eager runs it on position ids that
+    are not packed: the same operators (the sequence ids, then the read of their last column, whose value
+    eager found to be 0 on the example), answering None (not packed) without reading a fake value."""
+    def unpacked(position_ids: torch.Tensor) -> None:
+        is_tracing = mu.is_tracing
+        mu.is_tracing = lambda *tensor: True  # `find` returns the sequence ids before its read
+        try:
+            ids = find(position_ids)
+        finally:
+            mu.is_tracing = is_tracing
+        (ids[:, -1] == 0).all()  # the read's own operators, as eager runs them (its answer: not packed)
+        return None
+    return unpacked
 
 
 def _packed_in_example(find: Callable[[torch.Tensor], Any], model: nn.Module | None, args: Sequence[Any],

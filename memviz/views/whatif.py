@@ -531,9 +531,9 @@ def _notes(cfg: analytic.TransformerConfig, tp: int, sp: bool, formula: dict[str
     scores = [t for t in square if t not in masks]
     if masks:
         notes.append(f"{len(masks)} attention mask(s) of shape {masks[0]['shape']} saved "
-                     f"({sum(t['bytes'] for t in masks)} B), which the formula leaves out: Hugging Face "
-                     "builds an explicit causal mask on fake tensors (its is_tracing check) where an eager "
-                     "step passes is_causal to SDPA, so an estimated rank over-counts them")
+                     f"({sum(t['bytes'] for t in masks)} B), which the formula leaves out: the attention "
+                     "is given an explicit mask (a padding mask, or a causal mask instead of SDPA's "
+                     "is_causal)")
     if core and not scores:
         notes.append(f"no seq x seq attention tensor is saved (a fused attention kernel, e.g. SDPA's flash "
                      f"kernel, saves its output and log-sum-exp instead): the formula's {core} B of scores, "

@@ -51,7 +51,7 @@ def test_the_tied_gradient_sum_writes_its_first_contribution(tied):
 @pytest.mark.parametrize("strategy", ["rotor", "rockmate"])
 def test_the_minimum_drops_by_one_gradient(tied, strategy):
     _, _, prof = tied
-    before, after = (minimum_budget(x, strategy, 20.0) for x in (summed_as_eager(prof.graph), prof.graph))
+    before, after = (minimum_budget(x, strategy, 600.0) for x in (summed_as_eager(prof.graph), prof.graph))
     assert 0.9 * WTE <= before - after <= WTE, (before, after)
 
 
@@ -76,13 +76,13 @@ def _adamw_steps(module: nn.Module, args: tuple, n: int) -> Steps:
 def test_the_plan_at_the_minimum_exports_exact_and_measures_its_peak(tied):
     model, args, prof = tied
     try:
-        plan = memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy="rockmate", time_limit=10,
+        plan = memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy="rockmate", time_limit=600,
                            frontier=False, packing=False)
     except InfeasibleBudget as err:
-        plan = memviz.plan(prof, err.minimum_bytes, strategy="rockmate", time_limit=10, frontier=False,
+        plan = memviz.plan(prof, err.minimum_bytes, strategy="rockmate", time_limit=600, frontier=False,
                            packing=False)
     # below what any plan of the out-of-place graph reaches
-    assert plan.peak_bytes <= minimum_budget(summed_as_eager(prof.graph), "rockmate", 20.0) - 0.9 * WTE
+    assert plan.peak_bytes <= minimum_budget(summed_as_eager(prof.graph), "rockmate", 600.0) - 0.9 * WTE
     reference = copy.deepcopy(model)
     exported = memviz.export(plan, model=copy.deepcopy(model))
     assert "= torch.ops.aten.add_.Tensor" in exported.program.source  # the sum runs in place

@@ -322,10 +322,10 @@ def _plan_at_minimum(prof: Profile, strategy: str) -> Any:
     from solvers.result import InfeasibleBudget
 
     try:
-        return memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy=strategy, time_limit=10)
+        return memviz.plan(prof, int(prof.baseline.peak_bytes * 0.3), strategy=strategy, time_limit=600)
     except InfeasibleBudget as err:
         assert err.minimum_bytes is not None
-        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=10)
+        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=600)
 
 
 @pytest.mark.parametrize(("name", "budget"), [("gpt", 0.9), ("gpt", 0.75), ("gpt", "min"), ("resnet", "min")])
@@ -335,7 +335,7 @@ def test_solver_plans_export_exactly(name, budget):
 
     model, args, prof = _profiled(name, torch.float64)
     plan = (_plan_at_minimum(prof, "rockmate") if budget == "min"
-            else memviz.plan(prof, budget, strategy="rockmate", time_limit=10))
+            else memviz.plan(prof, budget, strategy="rockmate", time_limit=600))
     assert plan.timeline.recomputes > 0
     exported = export(plan, model=copy.deepcopy(model))
     original = copy.deepcopy(model)
@@ -360,7 +360,7 @@ def test_saved_plan_exports_with_the_model(tmp_path):
     import memviz
 
     model, args, prof = _profiled("resnet", torch.float64)
-    plan = memviz.plan(prof, 0.9, strategy="rockmate", time_limit=10)
+    plan = memviz.plan(prof, 0.9, strategy="rockmate", time_limit=600)
     plan.save(tmp_path / "plan.json")
     loaded = memviz.load_plan(tmp_path / "plan.json")
     exported = export(loaded, model=copy.deepcopy(model))
@@ -391,7 +391,7 @@ def test_torch_compile_backend_runs_a_plan():
 
     model, args = gpt(dtype=torch.float64)
     original = copy.deepcopy(model)
-    compile_fn = memviz.backend(budget=0.9, strategy="rockmate", time_limit=10)
+    compile_fn = memviz.backend(budget=0.9, strategy="rockmate", time_limit=600)
     compiled = torch.compile(copy.deepcopy(model), backend=compile_fn, dynamic=False)
     for step in range(2):
         assert _equal(_train_step(original, args, step), _train_step(compiled, args, step))
@@ -422,7 +422,7 @@ def test_olla_plans_reorder_and_export_exactly(name, mode):
 
     model, args = EXAMPLES[name](dtype=torch.float64)
     prof = profile(model, args, mode=mode, repeats=1, warmup=0, measure=False)
-    plan = memviz.plan(prof, None, strategy="olla", time_limit=10, frontier=False, packing=False)
+    plan = memviz.plan(prof, None, strategy="olla", time_limit=600, frontier=False, packing=False)
     order = [s.node for s in plan.schedule if s.op == "compute"]
     assert order != [s.node for s in prof.baseline_schedule if s.op == "compute"]
     assert plan.peak_bytes < prof.baseline.peak_bytes

@@ -52,7 +52,7 @@ def test_plans_from_perturbed_op_times_measure_their_prediction(name: str, strat
     case, loss, prof = profiled(name)
     loss_fn = case.losses[loss]
     budget = int(fraction * prof.baseline.peak_bytes)
-    plan = memviz.plan(perturbed(prof, seed), budget, strategy=strategy, time_limit=5.0, frontier=False,
+    plan = memviz.plan(perturbed(prof, seed), budget, strategy=strategy, time_limit=600.0, frontier=False,
                        packing=False)
     saved = {k: v.clone() for k, v in case.model.state_dict().items()}
     try:

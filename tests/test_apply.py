@@ -196,7 +196,7 @@ def test_under_torch_compile() -> None:
 
 def test_other_strategies_convert_or_refuse(tmp_path: Any) -> None:
     model, args, prof = _example("gpt")
-    plan = memviz.plan(prof, 0.85, strategy="rockmate", time_limit=10.0, frontier=False, packing=False)
+    plan = memviz.plan(prof, 0.85, strategy="rockmate", time_limit=600.0, frontier=False, packing=False)
     from memviz.plans.sac import to_sac
 
     with warnings.catch_warnings():

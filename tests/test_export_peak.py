@@ -22,13 +22,16 @@ PLAN_TOLERANCE = 0.01
 
 
 def _plan_at_minimum(prof, strategy: str):
-    """memviz.plan at the smallest budget `strategy` reports feasible."""
+    """memviz.plan at the smallest budget `strategy` reports feasible.  The hierarchy's searches are
+    bounded by counted work, so 600 s is a safety cap no loaded machine reaches (they return the same
+    minimum, later); Checkmate's min-peak MILP is bounded by time alone and keeps 10 s."""
+    limit = 10 if strategy == "checkmate" else 600
     try:
-        return memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy=strategy, time_limit=10,
+        return memviz.plan(prof, prof.graph.persistent_bytes() + 1, strategy=strategy, time_limit=limit,
                            frontier=False, packing=False)
     except InfeasibleBudget as err:
         assert err.minimum_bytes is not None
-        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=10, frontier=False,
+        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=limit, frontier=False,
                            packing=False)
 
 

@@ -23,6 +23,7 @@ def _run(*args: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a benchmark subprocess, like the two above
 def test_runner_quick_writes_results(tmp_path):
     _run("--only", "olla", "--out", str(tmp_path))
     _run("--only", "autochunk", "--keep", "--out", str(tmp_path))  # olla's saved section is kept
@@ -102,6 +103,7 @@ def test_equal_memory_picks_our_fastest_plan_within_torch_peak():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 66 s quiet; past 300 s at load 10-20 (busy rehearsal ci26)
 def test_runner_quick_remat_section(tmp_path):
     _run("--only", "remat", "--out", str(tmp_path))
     text = (tmp_path / "RESULTS.md").read_text()
@@ -152,6 +154,7 @@ def test_apply_equal_memory_picks_memviz_fastest_point_within_each_peer_peak():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # past 300 s at load 10-20 (busy rehearsal ci26)
 def test_apply_bench_smoke(tmp_path):
     """bench_apply's --quick run (a tiny GPT-2, one point per contender) end to end: every contender
     measured, the checkpointing ones with eager's gradients, memviz's run within its budget and plan."""

@@ -299,7 +299,14 @@ def test_lp_rounding_honours_its_time_limit_and_beats_checkpointing():
             # while the solver did nothing wrong; CPU spent past the deadline is what a late check costs
             start = time.process_time()
             with recording_cuts() as cuts:
-                r = checkmate.solve_lp(g, b, time_limit=limit)
+                try:
+                    r = checkmate.solve_lp(g, b, time_limit=limit)
+                except InfeasibleBudget as refused:
+                    # at load 10-20 (CI rehearsal beside five other jobs) 3 s of wall clock were too few
+                    # for its checkpointing search: a refusal is honest only when the limit cut the search
+                    # and it claims no proof
+                    assert cuts and not refused.proven, (cuts, refused)
+                    continue
             assert time.process_time() - start <= 1.5 * limit + 1.0
             check(g, r, b)
             # its own checkpointing search is the one the limit may cut short (load 15 did: 9277 vs

@@ -45,3 +45,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("MEMVIZ_TEST_THREADS_KEPT"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slower-machine", type=float, default=1.0, metavar="N",
+        help="run every test as if on a machine N times slower: time.monotonic and time.perf_counter run N "
+             "times faster inside each test, so every wall-clock time limit is cut N-fold (finds the tests "
+             "whose outcome depends on the machine's load; measured times are scaled too)")
+
+
+@pytest.fixture(autouse=True)
+def _slower_machine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--slower-machine N`: a busy CI machine on a quiet one.  Solvers read these clocks for their
+    limits (`solvers.deadline`); HiGHS and CP-SAT keep their own wall clocks for what they are handed."""
+    factor = request.config.getoption("--slower-machine")
+    if factor == 1.0:
+        return
+    import time
+
+    real = time.monotonic, time.perf_counter
+    base = [f() for f in real]
+    monkeypatch.setattr(time, "monotonic", lambda: base[0] + factor * (real[0]() - base[0]))
+    monkeypatch.setattr(time, "perf_counter", lambda: base[1] + factor * (real[1]() - base[1]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -159,19 +160,26 @@ def measure(name: str, kind: str, world: int, profile: bool = True) -> dict[str,
             "collective_s": collective_time(prof.graph, prof.baseline_schedule)}
 
 
-def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str, profile: bool = True) -> None:
-    """`cases`: "model:kind" items, e.g. "gpt:fsdp", "llama:tp"; the JSON is keyed by them.  Without
-    `profile`, the measured peaks alone (bench_fsdp predicts each rank on the fake group)."""
+def run_rank(rank: int, world: int, port: int, out_dir: str, results: Callable[[], dict]) -> None:
+    """Join the gloo group as `rank` of `world`, write what `results` returns to ``rank<rank>.json`` in
+    `out_dir`, and leave the group (this file's worker and tests/pipeline_worker.py's)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # world processes share the machine's cores
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        result = {case: measure(*case.split(":"), world, profile) for case in cases}
+        result = results()
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
         dist.destroy_process_group()
+
+
+def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str, profile: bool = True) -> None:
+    """`cases`: "model:kind" items, e.g. "gpt:fsdp", "llama:tp"; the JSON is keyed by them.  Without
+    `profile`, the measured peaks alone (bench_fsdp predicts each rank on the fake group)."""
+    run_rank(rank, world, port, out_dir,
+             lambda: {case: measure(*case.split(":"), world, profile) for case in cases})
 
 
 if __name__ == "__main__":

@@ -6,13 +6,10 @@ group, and measures the second one's live-storage peak with
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import torch
-import torch.distributed as dist
-from distributed_worker import loss_of, tiny_gpt
+from distributed_worker import loss_of, run_rank, tiny_gpt
 from torch.distributed import pipelining
 
 BATCH, LAYERS, MICROBATCHES = 4, 4, 4
@@ -54,14 +51,7 @@ def measure(rank: int, world: int, schedule: str) -> int:
 
 
 def worker(rank: int, world: int, schedules: list[str], port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        result = {s: measure(rank, world, s) for s in schedules}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(result, f)
-    finally:
-        dist.destroy_process_group()
+    run_rank(rank, world, port, out_dir, lambda: {s: measure(rank, world, s) for s in schedules})
 
 
 if __name__ == "__main__":

@@ -160,6 +160,15 @@ def measure(name: str, kind: str, world: int, profile: bool = True) -> dict[str,
             "collective_s": collective_time(prof.graph, prof.baseline_schedule)}
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a gloo group's rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_rank(rank: int, world: int, port: int, out_dir: str, results: Callable[[], dict]) -> None:
     """Join the gloo group as `rank` of `world`, write what `results` returns to ``rank<rank>.json`` in
     `out_dir`, and leave the group (this file's worker and tests/pipeline_worker.py's)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from memviz.parallel.distributed import COLWISE, ROWWISE, Parallel, ParallelErro
 from solvers import DataKind, Phase, simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from distributed_worker import tiny_gpt  # noqa: E402
+from distributed_worker import free_port, tiny_gpt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,12 +236,6 @@ def _examples_gpt():
     return gpt(dropout=0.0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_gloo_ranks_match_the_per_rank_prediction(tmp_path) -> None:
     """Two gloo processes wrap TinyGPT (FSDP2, then Megatron TP) and a small Hugging Face Llama (FSDP2)
@@ -254,7 +247,7 @@ def test_gloo_ranks_match_the_per_rank_prediction(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     spec = ",".join(f"{m}:{k}" for m, k in cases)
     workers = subprocess.Popen([sys.executable, str(ROOT / "tests" / "distributed_worker.py"), spec, "2",
-                                str(_free_port()), str(tmp_path)], env=env)
+                                str(free_port()), str(tmp_path)], env=env)
     predicted = {}  # made while the workers start
     for rank in range(2):
         for name, kind in cases:

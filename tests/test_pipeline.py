@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from memviz.parallel.pipeline import in_flight_microbatches, peak_live_bytes
 from solvers import DataKind
 
 sys.path.insert(0, str(Path(__file__).parent))
-from distributed_worker import loss_of, tiny_gpt  # noqa: E402
+from distributed_worker import free_port, loss_of, tiny_gpt  # noqa: E402
 from pipeline_worker import BATCH, LAYERS, MICROBATCHES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,12 +67,6 @@ def test_stage_refuses_what_it_does_not_model() -> None:
                        parallel=Parallel(2, fsdp=False, pp=2))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_gloo_pipeline_stages_match_the_prediction(tmp_path) -> None:
     """Two gloo processes run TinyGPT's two stages with torch's Schedule1F1B and ScheduleGPipe over four
@@ -81,7 +74,7 @@ def test_gloo_pipeline_stages_match_the_prediction(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
     workers = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pipeline_worker.py"), "1f1b,gpipe", "2",
-                                str(_free_port()), str(tmp_path)], env=env)
+                                str(free_port()), str(tmp_path)], env=env)
     predicted = {(rank, s): _stage(rank, s).baseline.peak_bytes
                  for rank in range(2) for s in ("1f1b", "gpipe")}
     assert workers.wait(timeout=300) == 0

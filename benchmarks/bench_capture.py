@@ -57,7 +57,7 @@ def _timed_stages() -> dict[str, float]:
     import torch._functorch.aot_autograd as aot
 
     for attr, name in (("capture", "capture (torch.export + AOT joint + CD-graph)"),
-                       ("_measure_costs", "per-op timing"), ("_estimate_costs", "FLOPs + roofline"),
+                       ("_measure_costs", "per-op timing"), ("estimate_costs", "FLOPs + roofline"),
                        ("python_eager_schedule", "eager schedule"), ("simulate", "simulation"),
                        ("measure_eager_peak", "measured eager peak (tracker)")):
         setattr(P, attr, wrap(name, getattr(P, attr)))

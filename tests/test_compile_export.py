@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 from typing import Any
 
@@ -14,8 +15,10 @@ import torch
 
 import memviz
 from examples.models import gpt
+from memviz.hardware.devices import named_device
 from memviz.plans.planning import minimum_budget
 from memviz.profiling.capture import default_loss
+from memviz.profiling.profile import estimate_costs
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
 from memviz.runtime.export import BudgetExceededError
 from memviz.runtime.verify import TOLERANCE
@@ -26,13 +29,16 @@ STEPS = 3
 
 @functools.cache
 def _planned() -> tuple[torch.nn.Module, tuple, Any]:
-    """A 2-layer GPT with dropout 0.1, planned halfway between rotor's minimum and the eager peak (op
-    times from the cost model, and time limits no loaded machine reaches, so the plan does not depend on
-    the machine: with a 10 s limit, two pytest workers beside two busy processes once got a plan that
-    recomputes no dropout)."""
+    """A 2-layer GPT with dropout 0.1, planned halfway between rotor's minimum and the eager peak, so
+    that the plan does not depend on the machine: op times from V100's roofline (a measured op time
+    moves with the load, and so does the plan: CI once got one that recomputes no dropout), and time
+    limits no loaded machine reaches (with a 10 s limit, two pytest workers beside two busy processes
+    once got such a plan too)."""
     torch.manual_seed(0)
     model, args = gpt()
     prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+    v100 = named_device("fake:v100")
+    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
     with recording_cuts() as cuts:
         low, high = minimum_budget(prof.graph, "rotor", time_limit=600), prof.baseline.peak_bytes
         plan = memviz.plan(prof, low + (high - low) // 2, time_limit=600, frontier=False)

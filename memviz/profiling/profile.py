@@ -199,7 +199,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     fp = fingerprint(model, args, kwargs, mode)
     per_graph = None
     if info.estimated:
-        graph = _estimate_costs(graph, cap, info)
+        graph = estimate_costs(graph, cap, info)
     elif info.per_graph:
         graph, per_graph = _measure_graph_costs(graph, cap, model, args, kwargs, mode, loss_fn, info,
                                                 repeats, warmup)
@@ -965,7 +965,7 @@ def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], tim
 
 
 # --- estimated costs --------------------------------------------------------------------------------
-def _estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
+def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
     """FLOPs on fake tensors and bytes moved, through the target's roofline."""
     assert info.target is not None
     nodes = cap.nodes
@@ -1053,7 +1053,7 @@ def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tu
     """Costs on a device that runs whole graphs (torch-xla, `memviz.hardware.xla`): the eager step is run and
     measured as the graphs it executes, and its time is shared out over the operators in proportion to
     their roofline estimates on the device's target."""
-    estimated = _estimate_costs(graph, cap, info)
+    estimated = estimate_costs(graph, cap, info)
     step, _ = _eager_step(model, args, kwargs, mode, loss_fn)
     with accelerator.fork_rng([]), xla.fork_rng(info.torch_device), _grad_mode(mode):
         measured = xla.measure_step(step, info.torch_device, repeats=repeats, warmup=warmup)

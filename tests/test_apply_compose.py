@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -22,6 +21,7 @@ from memviz.plans.sac import COSTS_VERSION
 from memviz.profiling.profile import profile
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
 from memviz.runtime.apply import ApplyWarning, apply
+from tests.distributed_worker import free_port
 from tests.test_apply import sac_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,12 +89,6 @@ def test_compiled_applied_model_trains_as_uncompiled(backend: str) -> None:
 
 
 # --- DDP and FSDP2: two gloo processes (tests/apply_worker.py) ----------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Each rank's comparison of DDP and FSDP2 over the applied vs the unplanned TinyGPT (one spawn)."""
@@ -109,7 +103,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
     plan.save(out / "plan.json")  # the ranks apply the plan loaded from its file, as a launcher would
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "apply_worker.py"), "ddp,fsdp",
-                           str(out / "plan.json"), str(_free_port()), str(out)], env=env, timeout=300)
+                           str(out / "plan.json"), str(free_port()), str(out)], env=env, timeout=300)
     assert done.returncode == 0
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import memviz
 from solvers import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
+from distributed_worker import free_port  # noqa: E402
 from rank_plan_worker import SHAPE, parallel_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,12 +119,6 @@ def test_plan_of_a_model_the_user_wrapped(fsdp2: Any) -> None:
         assert {r["module"] for r in p.solver_stats.extra["sac"]["regions"]} <= blocks
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _plan(case: str, world: int, out: Path) -> dict[str, Any]:
     """Rank 0's profile and per-rank plan, checked and saved where the workers load it."""
     from distributed_worker import MODELS, loss_of
@@ -150,7 +144,7 @@ def launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     planned = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "rank_plan_worker.py"), ",".join(cases),
-                           str(world), str(out), str(_free_port()), str(out)], env=env, timeout=600)
+                           str(world), str(out), str(free_port()), str(out)], env=env, timeout=600)
     assert done.returncode == 0
     # reported, not asserted (shared machines): what this launch adds to the suite
     workers = time.perf_counter() - planned

@@ -49,11 +49,11 @@ def _profiled() -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
     return model, args, profile(model, args, repeats=1, warmup=0)
 
 
-def _compiled_step(model: torch.nn.Module, args: tuple[Any, ...], backend: str = "aot_eager") -> int:
-    """Allocator peak of one ``torch.compile(backend=backend)`` training step (after a compiling one,
+def _compiled_step(model: torch.nn.Module, args: tuple[Any, ...]) -> int:
+    """Allocator peak of one ``torch.compile(backend="aot_eager")`` training step (after a compiling one,
     seed 0); the step's gradients are left in `model`."""
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
+    compiled = torch.compile(model, backend="aot_eager")
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -135,25 +135,6 @@ def test_compiled_plan_recomputes_less_than_the_eager_one_and_honours_its_budget
     eager(*args).backward()
     for (name, a), b in zip(eager.named_parameters(), applied.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=0, msg=name)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # about eight Inductor compiles of a tiny Llama (C++ kernels): minutes under load
-def test_inductor_plan_honours_its_budget_compiled() -> None:
-    """``compiled="inductor"``: the calibration compiles and times each option with Inductor's kernels, and
-    the plan's applied model under ``torch.compile(backend="inductor")`` (real inputs, dropout on) stays
-    within the budget, a quarter of the way from the compiled baseline down to the lowest compiled peak."""
-    model, args, prof = _profiled()
-    base = memviz.plan(prof, None, strategy="sac", compiled="inductor").solver_stats.extra["sac"]["compiled"]
-    assert base["backend"] == "inductor" and set(base["time_ratio"]) == set(LADDER), base
-    low, top = base["measured"]["full"], base["baseline_peak_bytes"]
-    assert low < top, base
-    budget = low + (top - low) * 3 // 4
-    plan = memviz.plan(prof, budget, strategy="sac", compiled="inductor")
-    c = plan.solver_stats.extra["sac"]["compiled"]
-    assert plan.peak_bytes <= budget and c["measured_peak_bytes"] <= budget, c["tries"]
-    assert set(plan.solver_stats.extra["sac"]["options"].values()) != {"none"}
-    assert _compiled_step(memviz.apply(plan, model), args, "inductor") <= budget
 
 
 def test_apply_bench_counts_a_refused_compiled_plan_as_no_point() -> None:

@@ -199,3 +199,21 @@ def test_compiled_menu_prices_options_from_the_compiled_calibration_steps(
                          for b, o in zip(pieces, options, strict=True))
     assert plans[True].time_overhead == pytest.approx(expected)
     assert c["tries"][-1]["measured_ratio"] == pytest.approx(expected)
+
+
+def test_apply_bench_narrowed_run_keeps_the_other_models_saved_rows(tmp_path: Any) -> None:
+    """``bench_apply.py --models llama`` overwrites results/apply.json: the saved gpt2 and resnet18 entries
+    stay (in the full run's order), llama's is this run's, so the rebuilt section is whole and generated."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_apply
+
+    saved = tmp_path / "apply.json"
+    names = ("gpt2", "llama", "resnet18")
+    saved.write_text(json.dumps({"models": [{"model": m, "run": "old"} for m in names]}))
+    merged = bench_apply.kept_models(saved, [{"model": "llama", "run": "new"}])
+    assert [(m["model"], m["run"]) for m in merged] == list(zip(names, ("old", "new", "old"), strict=True))
+    assert bench_apply.kept_models(tmp_path / "none.json", [{"model": "llama"}]) == [{"model": "llama"}]

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import datetime
 import difflib
 import functools
 import math
@@ -469,6 +470,7 @@ def compiled_plan_rows(model: nn.Module, args: tuple, eager: nn.Module, prof: An
         row = {"contender": "memviz compiled-plan", "setting": setting, "budget": budget,
                "plan_peak": plan.peak_bytes, "plan_measured_peak": c["measured_peak_bytes"],
                "plan_s": time.perf_counter() - start, "predicted_overhead": plan.time_overhead,
+               "plan_measured_ratio": c["tries"][-1].get("measured_ratio"),
                "tries": len(c["tries"]), "options": plan.solver_stats.extra["sac"]["options"]}
         key = repr(row["options"])
         if key not in seen:
@@ -487,7 +489,7 @@ def compiled_plan_rows(model: nn.Module, args: tuple, eager: nn.Module, prof: An
              f"(predicted {row['predicted_overhead']:.3f}x), options {sorted(set(row['options'].values()))}")
     info = {"calibrate_s": calibrate_s, "compiled_minimum": low, "compiled_baseline": top,
             "simulated": base["simulated"], "measured": base["measured"], "outside": base["outside"],
-            "per_block": base["per_block"]}
+            "per_block": base["per_block"], "time_ratio": base.get("time_ratio", {})}
     return info, rows
 
 
@@ -589,7 +591,9 @@ def bench_model(name: str, quick: bool, settings: Settings) -> dict:
     lowest_peer = min((p["measured_peak"] for p in peers if "measured_peak" in p), default=None)
     lowest_ours = min((r["measured_peak"] for r in ours if "measured_peak" in r
                        and r["grad_error"] <= GRAD_TOLERANCE), default=None)
-    return {"model": name, "params": sum(p.numel() for p in model.parameters()), "blocks": blocks,
+    when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"model": name, "run_date": when, "params": sum(p.numel() for p in model.parameters()),
+            "blocks": blocks,
             "eager_step_s": eager_s, "eager_peak": eager_peak, "eager_alloc_peak": eager_alloc,
             "eager_vs_eager": noise, **info, "load": [load, os.getloadavg()[0]],
             "memviz": mv, "peers": peers, "ours": ours, "equal_memory": at_equal_memory(ours, peers),
@@ -697,7 +701,9 @@ def markdown(result: dict) -> str:
         out += [f"### {m['model']} ({m['params'] / 1e6:.2f} M parameters, blocks: {len(m['blocks'])})", "",
                 f"Eager: {_mib(m['eager_peak'])} MiB measured ({_mib(mv['eager_predicted'])} predicted), "
                 f"{m['eager_step_s'] * 1e3:.1f} ms CPU per step; load average {m['load'][0]:.1f} at the "
-                f"start, {m['load'][1]:.1f} at the end. memviz profile {mv['profile_s']:.1f} s, minimum "
+                f"start, {m['load'][1]:.1f} at the end"
+                + (f" (run {m['run_date']}, {m['wall_s']} s wall)" if "run_date" in m else "")
+                + f". memviz profile {mv['profile_s']:.1f} s, minimum "
                 f"budget search {mv['minimum_s']:.2f} s (minimum {_mib(mv['minimum'])} MiB). sac_ilp: "
                 + (f"failed: `{m['sac_ilp_error']}`." if "sac_ilp_error" in m else
                    f"SACEstimator {m['sac_estimate_s']:.1f} s; module-level `sac_milp` "
@@ -739,8 +745,36 @@ def _compiled_plan_section(m: dict) -> list[str]:
                 "Each plan's compiled step is measured before it is returned (re-solved with the excess as "
                 "margin when over); the benchmark asserts its own measured allocator peak is within the "
                 "budget.", "",
+            *_compiled_rows_table(m, c), "",
             "At equal or lower allocator peak, memviz compiled-plan points against min-cut:", ""] \
         + _equal_table(m, "equal_compiled")
+
+
+def _compiled_rows_table(m: dict, c: dict) -> list[str]:
+    """The calibration's measured step times (what prices the menu) and each compiled plan: its budget,
+    predicted and measured peaks and step times, and its options."""
+    ratios = c.get("time_ratio") or {}
+    out = []
+    if ratios:
+        out += ["", "The same compiled steps timed against eager (interleaved pairs, median ratio; they "
+                    "price each option per block, `CompiledSavings.per_block_ratio`): "
+                + ", ".join(f"{o} {r:.3f}" for o, r in ratios.items()) + "."]
+    out += ["", "| compiled plan | budget MiB | plan MiB (predicted) | plan's own compiled check MiB | "
+                "allocator MiB | time vs eager (predicted; plan's own check) | options |",
+            "|---|---|---|---|---|---|---|"]
+    for r in m["ours"]:
+        if r["contender"] != "memviz compiled-plan":
+            continue
+        if "not_run" in r:
+            out.append(f"| {r['setting']} | {_mib(r['budget'])} | {r['not_run']} | | | | |")
+            continue
+        check = r.get("plan_measured_ratio")
+        out.append(f"| {r['setting']} | {_mib(r['budget'])} | {_mib(r['plan_peak'])} | "
+                   f"{_mib(r['plan_measured_peak'])} | {_mib(r['alloc_peak'])} | "
+                   f"{r['measured_overhead']:.3f} ({r['predicted_overhead']:.3f}"
+                   + ("" if check is None else f"; {check:.3f}")
+                   + f") | {', '.join(sorted(set(r['options'].values())))} |")
+    return out
 
 
 def lowest_alloc(rows: list[dict]) -> int | None:
@@ -783,7 +817,21 @@ def headline(result: dict) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False, models: tuple[str, ...] | None = None) -> dict:
+def kept_models(saved: Path, models: list[dict]) -> list[dict]:
+    """`models` (this run's), with the saved result's other models in their order before them: a run
+    narrowed by ``--models`` replaces its models' entries in the saved JSON and keeps the rest (each
+    states its own run date), so the section stays whole and generated."""
+    if not saved.exists():
+        return models
+    import json
+
+    fresh = {m["model"] for m in models}
+    old = [m for m in json.loads(saved.read_text()).get("models", []) if m.get("model") not in fresh]
+    order = {n: i for i, n in enumerate(FULL.models)}
+    return sorted(old + models, key=lambda m: order.get(m["model"], len(order)))
+
+
+def run(quick: bool = False, models: tuple[str, ...] | None = None, keep_from: Path | None = None) -> dict:
     # one intra-op thread, as bench_remat: two OpenMP threads on the shared 2-core machine made steps
     # far slower and noisier; every contender runs under the same setting
     torch.set_num_threads(1)
@@ -797,8 +845,10 @@ def run(quick: bool = False, models: tuple[str, ...] | None = None) -> dict:
     models = []
     for name in settings.models:
         start = time.perf_counter()
-        models.append(bench_model(name, quick, settings))
+        models.append({**bench_model(name, quick, settings), "wall_s": round(time.perf_counter() - start)})
         _log(f"{name} done in {time.perf_counter() - start:.0f} s")
+    if keep_from is not None and not quick:
+        models = kept_models(keep_from, models)
     result = {"name": "apply", "title": "memviz.apply vs PyTorch's own memory tools", "steps": settings.steps,
               "quick": quick, "models": models}
     result["headline"] = headline(result)
@@ -811,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # ``--models gpt2,llama``: a narrower run (the runner's own flags are bench_main's)
     argv = list(sys.argv[1:] if argv is None else argv)
-    models = None
+    models, keep_from = None, None
     if "--models" in argv:
         at = argv.index("--models")
         models = tuple(argv[at + 1].split(","))
@@ -819,7 +869,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"--models: unknown {sorted(unknown)}; known: {sorted(MODELS)}")
         del argv[at:at + 2]
-    return bench_main(functools.partial(run, models=models), "apply", __doc__, argv,
+        # the other models' rows are kept from the JSON this run overwrites (`kept_models`)
+        keep_from = (Path(argv[argv.index("--out") + 1]) if "--out" in argv
+                     else ROOT / "benchmarks" / "results" / "apply.json")
+    return bench_main(functools.partial(run, models=models, keep_from=keep_from), "apply", __doc__, argv,
                       "smoke run: a tiny GPT-2, one point per contender")
 
 

@@ -152,8 +152,9 @@ def calibrate(graph: Graph, full: Region, selective: Region, holds: EagerHolds, 
 
 @dataclass(frozen=True)
 class CompiledSavings:
-    """What a compiler's partitioner frees beyond the SAC schedule's peak, so the menu compares the peaks
-    the compiled step has (measured by the caller: ``memviz.plans.compiled``).
+    """What a compiler's partitioner frees beyond the SAC schedule's peak, and what the compiled step
+    costs, so the menu compares the peaks and the step times the compiled step has (measured by the
+    caller: ``memviz.plans.compiled``).
 
     Compiled, the checkpointed regions keep and recompute what the plan says, but outside them (and
     between the saved values) AOTAutograd's min-cut still recomputes cheap ops on its own: torch.compile
@@ -162,24 +163,46 @@ class CompiledSavings:
     of the backward, where every block's kept values are live, so a block's share adds up there.
     `outside`: bytes freed with every block fully recomputed (nothing of a block is left to free: the
     loss, the head, the region inputs).  `per_block`: option -> bytes each block on it frees beyond
-    that."""
+    that.
+
+    Times, the same way (Rockmate, Sec. 4: an option's cost is its measured recomputation, per block):
+    `base_ratio` is the compiled step with no block checkpointed over the eager step, `per_block_ratio`
+    option -> what each block on it adds to that, in eager steps (`eager_s` seconds), both from one
+    compiled step per option with every block on it.  The compiled recomputation is not the eager one:
+    the partitioner fuses and reorders it, and a region it cannot cut through (a per-op policy's saved
+    values) recomputes more than the schedule's op times say (sac25: "matchable" predicted 1.07-1.12 at
+    the in-step eager rate, measured 1.16-1.26).  None: not measured, the caller's `Overheads` price it."""
 
     outside: int = 0
     #: fractional: a uniform choice then predicts exactly the peak it was measured at
     per_block: Mapping[str, float] = field(default_factory=dict)
+    base_ratio: float | None = None
+    per_block_ratio: Mapping[str, float] = field(default_factory=dict)
+    eager_s: float = 0.0
 
     def peak(self, simulated: int, options: Sequence[str]) -> int:
         """The compiled peak of a choice whose SAC schedule simulates to `simulated` bytes."""
         return simulated - self.outside - round(sum(self.per_block.get(o, 0.0) for o in options))
 
+    def step_ratio(self, options: Sequence[str]) -> float | None:
+        """The compiled step time of a choice over the eager step's (None: times not measured)."""
+        if self.base_ratio is None:
+            return None
+        return self.base_ratio + sum(self.per_block_ratio.get(o, 0.0) for o in options)
+
     @classmethod
-    def from_uniform(cls, simulated: Mapping[str, int], measured: Mapping[str, int],
-                     n_blocks: int) -> CompiledSavings:
+    def from_uniform(cls, simulated: Mapping[str, int], measured: Mapping[str, int], n_blocks: int,
+                     ratios: Mapping[str, float] | None = None, eager_s: float = 0.0) -> CompiledSavings:
         """Savings from one compiled step per option with every block on it: `simulated` and `measured`
-        peaks by option ("full" must be there: it sets `outside`)."""
+        peaks by option ("full" must be there: it sets `outside`), and (optionally) `ratios`: its step
+        time over the eager step's ("none" must be there: it sets `base_ratio`)."""
         outside = simulated["full"] - measured["full"]
-        return cls(outside, {o: (simulated[o] - measured[o] - outside) / max(n_blocks, 1)
-                             for o in simulated if o in measured})
+        n = max(n_blocks, 1)
+        per_block = {o: (simulated[o] - measured[o] - outside) / n for o in simulated if o in measured}
+        if not ratios or "none" not in ratios:
+            return cls(outside, per_block)
+        base = ratios["none"]
+        return cls(outside, per_block, base, {o: (r - base) / n for o, r in ratios.items()}, eager_s)
 
 
 @dataclass(frozen=True)
@@ -378,11 +401,15 @@ class Choice:
 def choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], holds: EagerHolds,
            overheads: Overheads, savings: CompiledSavings | None = None) -> Choice:
     """One option per block as a `Choice`: its SAC schedule, checked by `solvers.simulate`, and (with
-    `savings`) the peak the compiled step has."""
+    `savings`) the peak the compiled step has, and its time when `savings` measured one."""
     regions = tuple(r for b, o in zip(blocks, options, strict=True) for r in block_regions(b, o))
     schedule = sac_schedule(graph, regions, holds)
     timeline = simulate(graph, schedule).check()
-    return Choice(options, regions, schedule, timeline, overhead_s=overheads.seconds(graph, regions, holds),
+    ratio = None if savings is None else savings.step_ratio(options)
+    # compiled and timed: the step the measured prices predict, whatever the schedule's op times say
+    overhead_s = (overheads.seconds(graph, regions, holds) if ratio is None
+                  else ratio * savings.eager_s - timeline.total_time)
+    return Choice(options, regions, schedule, timeline, overhead_s=overhead_s,
                   compiled_peak=None if savings is None else savings.peak(timeline.peak_bytes, options))
 
 
@@ -390,7 +417,8 @@ def solve_menu(graph: Graph, budget: int, blocks: Sequence[Block], holds: EagerH
                time_limit: float = 60.0, overheads: Overheads = Overheads(),
                savings: CompiledSavings | None = None) -> tuple[SolveResult, Choice]:
     """`solve_by_options` over `LADDER` with every candidate's schedule from `sac_schedule` over `graph`,
-    its time the schedule's op times plus `overheads`, its peak the compiled step's with `savings`."""
+    its time the schedule's op times plus `overheads`, its peak (and its time, where measured) the compiled
+    step's with `savings`."""
     return solve_by_options(len(blocks), budget,
                             lambda opts: choose(graph, blocks, opts, holds, overheads, savings),
                             time_limit=time_limit, ladder=LADDER)

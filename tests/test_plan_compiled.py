@@ -150,3 +150,70 @@ def test_apply_bench_counts_a_refused_compiled_plan_as_no_point() -> None:
             {"contender": "memviz+compile", "setting": "75%", "alloc_peak": 7, "grad_error": 0.0},
             {"contender": "memviz", "setting": "50%", "alloc_peak": 5, "grad_error": 1.0}]
     assert bench_apply.lowest_alloc(rows) == 7
+
+
+def test_compiled_menu_prices_options_from_the_compiled_calibration_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the calibration's compiled steps time a selective region (one that keeps ops) dearer than
+    the eager in-step rate of its recomputed ops says, the compiled menu prices it so: at a budget where
+    the eager-rate prices keep matmuls (or every matchable op), the measured prices recompute plainly
+    instead, and the plan's predicted time is the one the measured ratios give.  The compiled steps are
+    replaced by their simulated peaks and set time ratios (no compile, no timing)."""
+    import memviz.plans.compiled as compiled_mod
+    from memviz.plans.sac import eager_holds
+    from solvers import simulate
+    from solvers.sac import sac_schedule
+
+    _, _, prof = _example("gpt")
+    graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
+    holds = eager_holds(prof.captured)
+    _, _, blocks, _ = _menu("gpt")
+
+    def fake(timed: bool) -> Any:
+        def step(prof: Any, graph: Any, regions: Any, backend: str,
+                 rounds: int = 9) -> tuple[int, float | None]:
+            peak = simulate(graph, sac_schedule(graph, tuple(regions), holds)).check().peak_bytes
+            # a region keeping ops costs 0.3 eager steps compiled, a plain one 0.05
+            ratio = 1.0 + sum(0.3 if r.save else 0.05 for r in regions)
+            return peak, (ratio if timed and rounds else None)
+        return step
+
+    def uniform(option: str) -> int:
+        return choose(graph, blocks, (option,) * len(blocks), holds, Overheads()).timeline.peak_bytes
+
+    budget = max(uniform("matmuls"), uniform("full"))
+    plans = {}
+    for timed in (False, True):
+        monkeypatch.setattr(compiled_mod, "_CALIBRATED", {})
+        monkeypatch.setattr(compiled_mod, "compiled_step", fake(timed))
+        plans[timed] = memviz.plan(prof, budget, strategy="sac", compiled=True, time_limit=20.0)
+    eager_rate = set(plans[False].solver_stats.extra["sac"]["options"].values())
+    options = list(plans[True].solver_stats.extra["sac"]["options"].values())
+    assert eager_rate & {"matmuls", "matchable"}, eager_rate  # cheap in op times
+    assert not set(options) & {"matmuls", "matchable"}, options
+    assert plans[True].peak_bytes <= budget
+    c = plans[True].solver_stats.extra["sac"]["compiled"]
+    assert c["time_ratio"]["matmuls"] == pytest.approx(1.0 + 0.3 * len(blocks))
+    pieces = {b.name: len(b.pieces) for b in blocks}
+    expected = 1.0 + sum(0.05 * (1 if o == "full" else pieces[b] if o == "pointwise" else 0)
+                         for b, o in zip(pieces, options, strict=True))
+    assert plans[True].time_overhead == pytest.approx(expected)
+    assert c["tries"][-1]["measured_ratio"] == pytest.approx(expected)
+
+
+def test_apply_bench_narrowed_run_keeps_the_other_models_saved_rows(tmp_path: Any) -> None:
+    """``bench_apply.py --models llama`` overwrites results/apply.json: the saved gpt2 and resnet18 entries
+    stay (in the full run's order), llama's is this run's, so the rebuilt section is whole and generated."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_apply
+
+    saved = tmp_path / "apply.json"
+    names = ("gpt2", "llama", "resnet18")
+    saved.write_text(json.dumps({"models": [{"model": m, "run": "old"} for m in names]}))
+    merged = bench_apply.kept_models(saved, [{"model": "llama", "run": "new"}])
+    assert [(m["model"], m["run"]) for m in merged] == list(zip(names, ("old", "new", "old"), strict=True))
+    assert bench_apply.kept_models(tmp_path / "none.json", [{"model": "llama"}]) == [{"model": "llama"}]

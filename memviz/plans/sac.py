@@ -211,10 +211,14 @@ def time_ratio(plan: Any) -> float:
     plus checkpointing's own costs (``overhead_s``), over the baseline's, each plus what eager PyTorch
     spends per step beyond its ops (``eager_fixed_s``, measured at profile time, as
     `memviz.plans.planning.fixed_costs` counts it: the recomputation's costs were calibrated against the
-    same op times, `checkpoint_costs`)."""
+    same op times, `checkpoint_costs`).  A compiled plan's is its prediction from the measured compiled
+    steps (`memviz.plans.compiled`)."""
     from memviz.plans.planning import _finite, fixed_costs
 
     sac = plan.solver_stats.extra.get("sac")
+    compiled = sac.get("compiled") if isinstance(sac, dict) else None
+    if isinstance(compiled, dict) and _seconds(compiled.get("predicted_ratio")) > 0:
+        return float(compiled["predicted_ratio"])  # priced from the measured compiled steps
     fixed = fixed_costs(plan.graph, plan.baseline.total_time)["eager_fixed_s"]
     # below 0 where the recomputed ops ran faster in step than timed alone (`solvers.sac.Overheads.scale`)
     extra = max(_finite(sac.get("overhead_s") if isinstance(sac, dict) else None),
@@ -366,7 +370,10 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         if prof.device.torch_device.type != "cpu":
             raise PlanningError("compiled= measures the compiled step with the CPU allocator (not yet an "
                                 "accelerator's): profile on the CPU")
-        savings, compiled_info = compiled_savings(prof, graph, blocks, holds, backend)
+        from memviz.plans.planning import fixed_costs
+
+        eager_s = prof.baseline.total_time + fixed_costs(graph, prof.baseline.total_time)["eager_fixed_s"]
+        savings, compiled_info = compiled_savings(prof, graph, blocks, holds, backend, eager_s)
         costs = compiled_overheads(costs)
         base_peak = compiled_info["baseline_peak_bytes"]
     budget_bytes = None if budget is None else parse_budget(budget, base_peak)
@@ -377,7 +384,8 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     if backend is not None:
         result, choice, extra = _measured_within(prof, graph, blocks, holds, costs, savings, backend,
                                                  budget_bytes, result, choice, time_limit)
-        extra = {"compiled": {**compiled_info, **extra, "peak_bytes": choice.peak_bytes}}
+        extra = {"compiled": {**compiled_info, **extra, "peak_bytes": choice.peak_bytes,
+                              "predicted_ratio": savings.step_ratio(choice.options)}}
     stats = dataclasses.replace(result.stats, extra={"sac": {
         "expressible": True,
         # seconds per step beyond the schedule's op times (`Plan.time_overhead` adds them) and the
@@ -401,13 +409,14 @@ def _measured_within(prof: Any, graph: Graph, blocks: list[Block], holds: EagerH
     over it, solved again under the budget less the largest excess over the prediction so far, at most
     `memviz.plans.compiled.MAX_TRIES` times; still over: `InfeasibleBudget` (not proven: the prediction,
     not the schedule, missed)."""
-    from memviz.plans.compiled import MAX_TRIES, compiled_peak
+    from memviz.plans.compiled import MAX_TRIES, compiled_step
 
     margin, tries = 0, []
     for attempt in range(MAX_TRIES + 1):
-        measured = compiled_peak(prof, graph, choice.regions, backend)
+        measured, ratio = compiled_step(prof, graph, choice.regions, backend)
         tries.append({"planned_at": None if budget is None else budget - margin,
-                      "predicted": choice.peak_bytes, "measured": measured})
+                      "predicted": choice.peak_bytes, "measured": measured,
+                      "predicted_ratio": savings.step_ratio(choice.options), "measured_ratio": ratio})
         if budget is None or measured <= budget:
             return result, choice, {"measured_peak_bytes": measured, "tries": tries}
         if attempt == MAX_TRIES:

@@ -71,8 +71,10 @@ class Parallel:
     is the rank profiled (shard sizes can differ on the last rank when a dimension does not divide).
     `reshard_after_forward`: ``fully_shard``'s, for every block: False keeps each block's gathered
     parameters from its forward to its backward (no second all-gather, more memory: ZeRO-2).
-    `pp`: pipeline stages (`memviz.parallel.pipeline`; rank i runs stage i, with ``fsdp=False``, ``tp=1``
-    and ``world_size == pp``), `microbatches` per step (default `pp`), `schedule` "1f1b" or "gpipe"."""
+    `pp`: pipeline stages (`memviz.parallel.pipeline`), `microbatches` per step (default `pp`), `schedule`
+    "1f1b" or "gpipe"; with ``fsdp=False`` rank i runs stage i (``world_size == pp``); with `fsdp` the ranks
+    form a (pp, dp) mesh, rank r runs stage ``r // dp`` fully_shard-ed over its ``dp = world_size / pp``
+    ranks (torchtitan's PP x FSDP2).  ``tp == 1`` with ``pp > 1``."""
 
     world_size: int
     fsdp: bool = True
@@ -111,15 +113,20 @@ class Parallel:
             raise ParallelError(f"microbatches must be positive, not {self.microbatches}")
         if self.schedule not in SCHEDULES:
             raise ParallelError(f"schedule {self.schedule!r}: one of {sorted(SCHEDULES)}")
-        if self.pp > 1 and (self.fsdp or self.tp > 1 or self.world_size != self.pp):
+        if self.pp > 1 and self.tp > 1:
+            # torch's pipeline() traces the model with torch.export: the stage is a graph of fixed shapes
+            # (view(b, t, heads, ...) with the full head count) and InterpreterModules, not nn.Linear layers,
+            # so parallelize_module has nothing to shard and the local shapes would contradict the graph
             raise ParallelError(
-                f"pp={self.pp}: memviz records pipeline stages alone (fsdp=False, tp=1, world_size == pp); "
-                "pipeline x FSDP2 / tensor parallelism is not modelled")
+                f"pp={self.pp} with tp={self.tp}: pipeline x tensor parallelism is not modelled (torch's "
+                "traced stages have fixed full-width shapes); pipeline x FSDP2 is (fsdp=True)")
+        if self.pp > 1 and self.world_size % self.pp:
+            raise ParallelError(f"pp={self.pp} does not divide world_size={self.world_size}")
 
     @property
     def dp(self) -> int:
         """Ranks one parameter is sharded over by FSDP2 (1 without FSDP)."""
-        return self.world_size // self.tp if self.fsdp else 1
+        return self.world_size // (self.tp * self.pp) if self.fsdp else 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "fsdp": self.fsdp, "tp": self.tp, "sp": self.sp,

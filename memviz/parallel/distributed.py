@@ -739,6 +739,26 @@ def _forget_sharding_propagation() -> None:
 
 
 # --- one rank's step ----------------------------------------------------------------------------------------
+def as_on_target(optimizer: Any, target: Any) -> Any:
+    """`optimizer` as `target` runs it.  An estimated step runs on fake CPU tensors, where torch.optim's
+    default update (``foreach`` and ``fused`` unset) is the CPU's per-parameter loop; a CUDA target runs the
+    foreach update, whose list temporaries (AdamW's ``exp_avg_sq.sqrt()`` of every parameter in the group)
+    are alive at once (`memviz.profiling.profile.update_kind`, the non-parallel path's rule).  Then this is
+    the same class and hyper-parameters with ``foreach=True``, over a stand-in parameter: `make_optimizer`
+    carries them over to the sharded model's parameters.  Anything else is returned as it is."""
+    from memviz.hardware.devices import named_device
+    from memviz.profiling.profile import optimizer_hyper, update_kind
+
+    cls, hyper = optimizer_hyper(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    if "foreach" not in accepted or hyper.get("foreach") is not None or hyper.get("fused"):
+        return optimizer
+    if update_kind(optimizer, named_device(f"fake:{target.name}")) != "foreach":
+        return optimizer
+    kept = {k: v for k, v in hyper.items() if k in accepted}
+    return cls([torch.zeros(1, requires_grad=True)], **{**kept, "foreach": True})
+
+
 def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
     """`optimizer` over `model`'s (sharded) parameters: an instance already over them is used as is; a class,
     or an instance over other parameters (the user's unsharded model), gives the same class and
@@ -961,6 +981,8 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     applied for the step and removed again).  `quick`: `record_step`'s."""
     from memviz.runtime.apply import unwrap_module, wrap
 
+    if target is not None and optimizer is not None:
+        optimizer = as_on_target(optimizer, target)
     if parallel is not None and parallel.pp > 1:
         from memviz.parallel.pipeline import record_stage
 

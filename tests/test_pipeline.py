@@ -37,7 +37,9 @@ def test_pipeline_settings_validate() -> None:
     for bad in ({"world_size": 4}, {"tp": 2}, {"schedule": "zb"}, {"microbatches": 0}):
         with pytest.raises(ParallelError):
             Parallel(**{"world_size": 2, "fsdp": False, "pp": 2, **bad})
-    assert Parallel(8, pp=2).dp == 4 and Parallel(2, pp=2).dp == 1  # PP x FSDP2: world = pp x dp
+    assert Parallel(8, pp=2).dp == 4  # PP x FSDP2: world = pp x dp
+    with pytest.raises(ParallelError, match="fsdp=False for pipeline alone"):
+        Parallel(2, pp=2)
     with pytest.raises(ParallelError, match="does not divide"):
         Parallel(6, pp=4)
     with pytest.raises(ParallelError, match="tensor parallelism is not modelled"):

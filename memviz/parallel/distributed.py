@@ -123,6 +123,11 @@ class Parallel:
                 "traced stages have fixed full-width shapes); pipeline x FSDP2 is (fsdp=True)")
         if self.pp > 1 and self.world_size % self.pp:
             raise ParallelError(f"pp={self.pp} does not divide world_size={self.world_size}")
+        if self.pp > 1 and self.fsdp and self.world_size == self.pp:
+            # fully_shard over one rank keeps a second, unsharded copy of every parameter: not what a
+            # pipeline-only user asks for by leaving fsdp at its default
+            raise ParallelError(f"pp={self.pp} on world_size={self.world_size} leaves one rank per stage: "
+                                "pass fsdp=False for pipeline alone, or world_size = pp x dp for PP x FSDP2")
 
     @property
     def dp(self) -> int:

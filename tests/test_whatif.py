@@ -311,6 +311,13 @@ def test_formula_against_a_recorded_pipeline_stage():
     assert stage["peak"] >= 4 * param_bytes + stage["captured"]
     with pytest.raises(ValueError, match="pipeline x tensor"):
         compare_captured(model, args, pp=2, tp=2, loss_fn=loss_of, config=cfg)
+    # PP x FSDP2 (dp=2): the same activations against the same PP term, the states halved in the peak
+    sharded = compare_captured(model, args, pp=2, dp=2, microbatches=4, loss_fn=loss_of, config=cfg,
+                               optimizer=torch.optim.AdamW)
+    assert sharded.stage["dp"] == 2 and "FSDP2 over dp=2" in repr(sharded)
+    assert [r["captured"] for r in sharded.layers] == [r["captured"] for r in cmp.layers]
+    assert (sharded.stage["captured"], sharded.stage["formula"]) == (stage["captured"], stage["formula"])
+    assert sharded.stage["peak"] < stage["peak"]
 
 
 def test_a_hugging_face_config_alone_gives_both_sides():

@@ -18,12 +18,20 @@ stage holds all `microbatches` (Huang et al., "GPipe", Sec. 2.2).  The activatio
 and the gradients it receives for its outputs are the buffers of ``c10d.recv_``: kind ``communication``;
 what it sends are its outputs and input gradients, held as torch's stage holds them.
 
-What is absent: pipeline parallelism combined with FSDP2 or tensor parallelism, interleaved / zero-bubble
-schedules, estimated (fake-tensor) stages, plans of a stage, export (a recorded graph is no FX program), and
-the sends and receives as compute nodes with a time: the fake group's point-to-point operations do not
-pass through the dispatcher, so only their buffers are in the graph.  On 2 gloo ranks a stage measured up
-to one micro-batch's hidden state (2048 B, +0.3%) above the prediction: a sent tensor held by its gloo
-work until the schedule waits for it, which the fake group completes at once (our reading, not proven).
+With ``Parallel(fsdp=True)`` the ranks form a ("pp", "dp") DeviceMesh and this rank's stage module is
+``fully_shard``-ed over its "dp" group, block by block and then whole, as torchtitan does (`shard_stage`);
+torch's stage then accumulates unsharded gradients over the micro-batches and reduce-scatters them after the
+last backward (``backward_maybe_with_nosync``, ``_PipelineStageBase.perform_reduce_grad``), all recorded as
+it runs: sharded parameters, gradients and optimizer state, FSDP2's all-gather / reduce-scatter buffers and
+unsharded parameters (``communication``), and the in-flight micro-batches.
+
+What is absent: pipeline parallelism combined with tensor parallelism (`Parallel` says why), interleaved /
+zero-bubble schedules, estimated (fake-tensor) stages, plans of a stage, export (a recorded graph is no FX
+program), and the sends and receives as compute nodes with a time: the fake group's point-to-point
+operations do not pass through the dispatcher, so only their buffers are in the graph. On 2 gloo ranks (and
+on 4, PP x FSDP2) a stage measured up to one micro-batch's hidden state (2048 B, +0.3%) above the
+prediction: a sent tensor held by its gloo work until the schedule waits for it, which the fake group
+completes at once (our reading, not proven).
 """
 
 from __future__ import annotations
@@ -89,10 +97,36 @@ def build_stage(model: nn.Module, args: tuple[Any, ...], parallel: Any,
     # model as it was (a second split of the same model recursed through the first one's patches)
     pipe = pipelining.pipeline(copy.deepcopy(model), mb_args=_microbatch(args, parallel.microbatches),
                                split_spec=split_spec)
-    stage = pipe.build_stage(parallel.rank, torch.device("cpu"))
+    if parallel.fsdp:
+        index, group = shard_stage(pipe, model, parallel)
+        stage = pipe.build_stage(index, torch.device("cpu"), group)
+    else:
+        stage = pipe.build_stage(parallel.rank, torch.device("cpu"))
     schedule_cls = getattr(pipelining, SCHEDULES[parallel.schedule])
     schedule = schedule_cls(stage, parallel.microbatches, loss_fn=lambda out, _target: loss_fn(out))
     return stage, schedule
+
+
+def shard_stage(pipe: Any, model: nn.Module, parallel: Any) -> tuple[int, Any]:
+    """torchtitan's PP x FSDP2 on torch's split: a ("pp", "dp") DeviceMesh over the initialised group, this
+    rank's stage module (its coordinate on "pp") ``fully_shard``-ed over its "dp" group, block by block (the
+    stage keeps the model's module paths) and then whole, with `parallel.reshard_after_forward` for the
+    blocks.  Returns (stage index, the "pp" group its sends and receives use)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from memviz.parallel.distributed import blocks_of
+
+    mesh = init_device_mesh("cpu", (parallel.pp, parallel.dp), mesh_dim_names=("pp", "dp"))
+    index = mesh["pp"].get_local_rank()
+    module = pipe.get_stage_module(index)
+    names = [name for name, _ in blocks_of(model)]
+    per = len(names) // parallel.pp
+    for name in names[index * per:(index + 1) * per]:
+        fully_shard(module.get_submodule(name), mesh=mesh["dp"],
+                    reshard_after_forward=parallel.reshard_after_forward)
+    fully_shard(module, mesh=mesh["dp"])
+    return index, mesh["pp"].get_group()
 
 
 def stage_step(stage: Any, schedule: Any, args: tuple[Any, ...], opt: torch.optim.Optimizer | None,
@@ -140,9 +174,13 @@ def record_stage(model: nn.Module, args: tuple[Any, ...], parallel: Any, *,
     from memviz.parallel.distributed import (
         ShardedStorageTracker,
         _Recorder,
+        _resize_hook,
         _sources,
+        _unrecorded_sharding_propagation,
         _zero,
         fake_process_group,
+        local,
+        local_tensors,
         make_optimizer,
         recorded_graph,
     )
@@ -155,15 +193,17 @@ def record_stage(model: nn.Module, args: tuple[Any, ...], parallel: Any, *,
         _zero(stage.submod, opt)
         gc.collect()
         rec = _Recorder({**_sources(stage.submod, feed, None, opt), "communication": recv_buffers(stage)})
-        with rec.modules, rec:
+        # FSDP2's unsharded parameters and gradients are storages it resizes (record_step's hooks)
+        with rec.modules, _resize_hook(rec._resized), _unrecorded_sharding_propagation(rec), rec:
             stage_step(stage, schedule, args, opt, phase=lambda p: setattr(rec, "phase", p))()
-        grads = {rec.alive[p.grad.untyped_storage()._cdata] for p in stage.submod.parameters()
-                 if p.grad is not None and p.grad.untyped_storage()._cdata in rec.alive}
+        held = [local(p.grad).untyped_storage()._cdata for p in stage.submod.parameters()
+                if p.grad is not None]
+        grads = {rec.alive[k] for k in held if k in rec.alive}
         graph, recorded = recorded_graph(rec, type(model).__name__, grads)
         _zero(stage.submod, opt)
         gc.collect()
-        tracker = ShardedStorageTracker([*_preexisting(stage.submod, opt), *pytree.tree_leaves(feed),
-                                         *(t for _, t in recv_buffers(stage))])
+        tracker = ShardedStorageTracker([*local_tensors(stage.submod, *([opt] if opt is not None else [])),
+                                         *pytree.tree_leaves(feed), *(t for _, t in recv_buffers(stage))])
         with tracker:
             stage_step(stage, schedule, args, opt)()
         _zero(stage.submod, opt)
@@ -181,12 +221,6 @@ def recv_buffers(stage: Any) -> list[tuple[str, torch.Tensor]]:
             found += [(f"recv {kind} {chunk}.{i}", r.buffer) for i, r in enumerate(recvs)
                       if not r.is_root_arg and isinstance(r.buffer, torch.Tensor)]
     return found
-
-
-def _preexisting(module: nn.Module, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    from memviz.profiling.tracker import tensors_of
-
-    return tensors_of(module, *([opt] if opt is not None else []))
 
 
 def peak_live_bytes(graph: Graph, schedule: Schedule, kind: DataKind = DataKind.SAVED) -> int:

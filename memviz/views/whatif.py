@@ -393,7 +393,9 @@ class FormulaComparison:
                  f"{r['ratio']:>6.3f}" for r in self.layers]
         if self.stage is not None:
             st = self.stage
-            rows.append(f"first stage of {self.pp} ({st['schedule']}, {st['microbatches']} micro-batches): "
+            dp = f", FSDP2 over dp={st['dp']}" if st.get("dp", 1) > 1 else ""
+            rows.append(f"first stage of {self.pp} ({st['schedule']}, {st['microbatches']} "
+                        f"micro-batches{dp}): "
                         f"saved activations at its peak captured {st['captured']} B, Megatron's PP term "
                         f"{st['formula']} B, difference {st['difference']} B ({st['ratio']:.3f}); "
                         f"per-rank peak {st['peak']} B")
@@ -403,7 +405,7 @@ class FormulaComparison:
 def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool = False, pp: int = 1,
                      microbatches: int | None = None, schedule: str = "1f1b", config: Any = None,
                      loss_fn: Any = None, device: str | None = None,
-                     optimizer: Any = None) -> FormulaComparison:
+                     optimizer: Any = None, dp: int = 1) -> FormulaComparison:
     """Record one training step of `model` on `args` as one rank of ``tp``-way tensor parallelism
     (sequence parallel when `sp`; ``memviz.profile(..., parallel=Parallel(tp, fsdp=False, tp=tp))``, or an
     unsharded FSDP2 rank for ``tp == 1``) and compare each block's saved activation bytes with the
@@ -417,7 +419,11 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     puts the saved activations the stage holds at its peak next to Megatron's PP term (the first stage
     holds `pp` micro-batches of its ``L / pp`` layers: ``L`` layers' worth, Korthikanti Sec. 4.2.3).
     `device`: ``"fake:<target>"`` records the rank on fake tensors (`compare_config`); `optimizer`:
-    `memviz.profile`'s (the step's optimizer, in the stage's per-rank peak; none by default)."""
+    `memviz.profile`'s (the step's optimizer, in the stage's per-rank peak; none by default).
+    `dp` > 1: the rank is FSDP2-sharded over `dp` ranks besides (``Parallel(dp * tp * pp, fsdp=True, ...)``;
+    with `pp`, torchtitan's PP x FSDP2 stage): its parameters, gradients and optimizer state are shards in
+    the per-rank peak, and the activations the formula counts are the same as at ``dp == 1`` (ZeRO
+    shards states, not activations)."""
     import memviz
     from memviz.parallel.distributed import Parallel, ParallelError, blocks_of
 
@@ -426,10 +432,11 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     microbatches = microbatches or pp
     config = _comparison_config(model, args, config, microbatches)
     formula = analytic.layer_activation_breakdown(config, tp=tp, sp=sp)
+    world, fsdp = dp * tp * pp, dp > 1
     if pp > 1:
-        parallel = Parallel(pp, fsdp=False, pp=pp, microbatches=microbatches, schedule=schedule)
+        parallel = Parallel(world, fsdp=fsdp, pp=pp, microbatches=microbatches, schedule=schedule)
     else:
-        parallel = Parallel(tp, fsdp=False, tp=tp, sp=sp) if tp > 1 else Parallel(1)
+        parallel = Parallel(world, fsdp=fsdp, tp=tp, sp=sp) if tp > 1 else Parallel(dp)
     prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel, device=device,
                           optimizer=optimizer)
     graph = prof.graph
@@ -449,8 +456,12 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     notes = _notes(config, tp, sp, formula, tensors)
     stage = None
     if pp > 1:
-        stage = _stage_row(config, prof, pp, microbatches, schedule, sum(formula.values()))
+        stage = {**_stage_row(config, prof, pp, microbatches, schedule, sum(formula.values())), "dp": dp}
         notes += _stage_notes(pp, microbatches, schedule)
+    if fsdp:
+        notes.append(f"FSDP2 over dp={dp}: the per-rank peak holds 1/{dp} of the parameters, gradients and "
+                     "optimizer state, plus FSDP2's all-gather / reduce-scatter buffers (communication); the "
+                     "formula's activations do not depend on dp")
     return FormulaComparison(config, tp, sp, formula, rows, tensors, notes, pp, stage)
 
 

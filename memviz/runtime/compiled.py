@@ -29,11 +29,14 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
 
 What the backend still changes is inside a segment: Inductor fuses operators (an intermediate that
 fusion keeps in registers never exists) and frees each buffer after the last kernel that reads it.
-A fused kernel holds all its inputs and outputs at once, and a horizontally fused one (two BatchNorm
-backward passes reading the same gradient) allocates the later branch's output early, so a segment's
-peak can exceed the plan's: measured +0.06 MiB over a 0.27 MiB plan on a small ResNet's backward.
+A fused kernel holds all its inputs and outputs at once, and fusing a producer with its consumers pulls
+a later branch's kernels forward (on bench_compile's ResNet, one kernel ran a residual block's two
+BatchNorm backward passes and the shortcut's recomputed convolution, allocating three outputs together:
++0.17 MiB over a 6.02 MiB plan).  So every compute within `PEAK_MARGIN` of the plan's peak runs in a
+segment of its own (`near_peak`), where no fusion reaches it: the same plan then measured +0.017 MiB.
+Away from the peak a fused kernel's extra memory has that margin; it is measured, not proven:
 ``memviz.export(plan, verify=True, backend="inductor")`` measures the compiled step and re-plans with
-that excess as margin, or refuses (`memviz.runtime.verify`).  `CompiledCode.graphs` are the traced
+any excess as margin, or refuses (`memviz.runtime.verify`).  `CompiledCode.graphs` are the traced
 segments, to count what each runs (recomputations included).
 """
 

@@ -267,7 +267,7 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
     phases = {"forward_steps": (0, program.forward_steps, "outputs"),
               "backward_steps": (len(program.forward_steps), program.backward_steps[:program.release], ""),
               "backward_rest": (release, program.backward_steps[program.release:], "grads")}
-    near = near_peak(program.graph, (*program.forward_steps, *program.backward_steps))
+    near = near_peak(program.graph, (*program.forward_steps, *program.backward_steps), PEAK_MARGIN)
     bodies: list[str] = []
     plan: dict[str, list[tuple[str, tuple[str, int] | None]]] = {}
     first_done: set[int] = set()

@@ -20,6 +20,7 @@ from memviz.plans.planning import minimum_budget
 from memviz.profiling.capture import default_loss
 from memviz.profiling.profile import estimate_costs
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
+from memviz.runtime.compiled import near_peak
 from memviz.runtime.export import BudgetExceededError
 from memviz.runtime.verify import TOLERANCE
 from solvers.deadline import recording_cuts
@@ -239,3 +240,28 @@ def test_verify_measures_the_compiled_step_and_refuses_one_over_budget() -> None
         memviz.export(plan, model=copy.deepcopy(model), verify=True, backend=_wasteful(plan.budget_bytes))
     with pytest.raises(ValueError, match="verify=True"):
         memviz.export(plan, model=copy.deepcopy(model), backend="aot_eager")
+
+
+def _ops(gm: torch.fx.GraphModule) -> list[Any]:
+    """The ATen operators a traced segment runs, leaving out tuple indexing and views (aliases)."""
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload)
+            and not any(r.alias_info is not None for r in n.target._schema.returns)]
+
+
+def test_compiled_segments_run_the_plans_peak_computes_alone() -> None:
+    """A fused kernel holds all its inputs and outputs at once and may run a later branch's kernels
+    early, so no fusion may span a compute near the plan's peak: each runs in a segment of its own."""
+    model, args, plan = _convbn_planned()
+    exported = memviz.export(plan, model=copy.deepcopy(model))
+    _step(torch.compile(exported, backend="aot_eager"), args, 0)
+    code = next(iter(exported._compiled.values()))[1]
+    program = exported.program
+    steps = [*program.forward_steps, *program.backward_steps]
+    cap = program.captured
+    near = [s.node for s, alone in zip(steps, near_peak(program.graph, steps), strict=True) if alone
+            and s.node < len(cap.compute_fx) and cap.compute_fx[s.node] is not None]
+    assert near, "no compute near the peak"
+    alone = collections.Counter(ops[0] for ops in map(_ops, code.graphs) if len(ops) == 1)
+    wanted = collections.Counter(cap.nodes[cap.compute_fx[c]].target for c in near)
+    assert not wanted - alone, (wanted, alone)

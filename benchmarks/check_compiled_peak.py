@@ -1,0 +1,76 @@
+"""What Inductor's fusion adds to a compiled plan's peak, with and without the near-peak cuts (issue 22).
+
+Run: ``python benchmarks/check_compiled_peak.py [--fraction 0.5] [--margin 0.05]`` (CPU, one thread; an
+Inductor compile: minutes).  bench_compile's ResNet, planned on V100-roofline op times (the same plan on
+every machine and load) at ``--fraction`` of [rotor minimum, eager peak]; the plan exported, compiled with
+``torch.compile(..., backend="inductor")`` and one step measured by the CPU allocator
+(`memviz.profiling.tracker.allocator_peak`), less what the uncompiled export's step counts beyond the
+live-storage tracker (convolution workspaces: memory no plan models).  It prints that against the plan's
+peak.  ``--margin`` sets `memviz.runtime.compiled.PEAK_MARGIN` (computes within it of the plan's peak run
+in segments of their own); ``--margin -1`` cuts none, as the code before exec26 did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+from bench_compile import MODELS  # noqa: E402
+from bench_remat import _step  # noqa: E402
+
+import memviz  # noqa: E402
+import memviz.runtime.compiled  # noqa: E402
+from memviz.hardware.devices import named_device  # noqa: E402
+from memviz.plans.planning import minimum_budget  # noqa: E402
+from memviz.profiling.profile import estimate_costs  # noqa: E402
+from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of  # noqa: E402
+
+MiB = 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fraction", type=float, default=0.5)
+    ap.add_argument("--margin", type=float, default=memviz.runtime.compiled.PEAK_MARGIN)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    memviz.runtime.compiled.PEAK_MARGIN = a.margin
+    torch.manual_seed(0)
+    model, args = MODELS["resnet"]()
+    prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+    v100 = named_device("fake:v100")
+    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    low = minimum_budget(prof.graph, "rotor", time_limit=600)
+    plan = memviz.plan(prof, low + int(a.fraction * (prof.baseline.peak_bytes - low)), time_limit=600,
+                       frontier=False)
+    uncompiled = memviz.export(plan, model=copy.deepcopy(model))
+    _step(uncompiled, args, 0)
+    uncompiled.zero_grad(set_to_none=True)
+    seen, _ = allocator_peak(lambda: _step(uncompiled, args, 0), tensors_of(uncompiled, args))
+    uncompiled.zero_grad(set_to_none=True)
+    tracked, _ = measure_peak(lambda: _step(uncompiled, args, 0), tensors_of(uncompiled, args))
+    exported = memviz.export(plan, model=copy.deepcopy(model))
+    compiled = torch.compile(exported, backend="inductor")
+    for _ in range(2):  # the first step compiles
+        _step(compiled, args, 0)
+        exported.zero_grad(set_to_none=True)
+    peak, _ = allocator_peak(lambda: _step(compiled, args, 0), tensors_of(exported, args))
+    segments = len(next(iter(exported._compiled.values()))[1].graphs)
+    print(f"resnet at {a.fraction:.0%}, {plan.strategy}, {plan.timeline.recomputes} recomputations, margin "
+          f"{a.margin}: {segments} segments; plan {plan.peak_bytes / MiB:.3f} MiB, compiled "
+          f"{peak / MiB:.3f} MiB less {(seen - tracked) / MiB:.3f} unmodelled: "
+          f"{(peak - seen + tracked - plan.peak_bytes) / MiB:+.3f} MiB over the plan")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -144,10 +144,13 @@ export class PackingView implements PlanView {
     const layout: Record<string, unknown> = {
       ...themedLayout(colors),
       height: PACKING_HEIGHT,
-      margin: { l: 60, r: 20, t: 56, b: 40 },
+      // the bottom margin holds the x-axis titles and, below them, the legend
+      margin: { l: 60, r: 20, t: 56, b: 76 },
       // The view hovers itself (see _hover): plotly has no points to hover.
       hovermode: false,
-      legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
+      // At the figure's bottom edge (plotly's container reference), not a fraction of the plot's height
+      // below it: there its top sat 8 px above the x-axis titles' bottom.
+      legend: { orientation: 'h', yref: 'container', y: 0, yanchor: 'bottom' },
       // Explicit ranges: the image is not data plotly autoranges over, and double-click returns here.
       xaxis: {
         ...axis,

@@ -422,6 +422,8 @@ test("a closed module's twin ranks beside it; leaf modules stay closed while the
   for (const i of [0, 1]) {
     const [f, b] = [path(`forward:layers.${i}`), path(`backward:layers.${i}`)];
     assert.ok(dot.includes(`{ rank=same; "m${f}"; "m${b}"; }`), `layers.${i}`);
+    // and the forward left of the backward, always (at 5.4k ops dot sometimes swapped the columns)
+    assert.ok(dot.includes(`"m${f}" -> "m${b}" [style=invis];`), `layers.${i} order`);
   }
   // a one-op leaf module at the top ("head") beside the layers: while the layers' blocks stay closed
   // (a limit their ops pass), the leaf stays a box too; its ops and tensors side by side made a 12-layer

@@ -524,7 +524,7 @@ export function refId(ref: NodeRef): string {
 export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string {
   const lines = [
     'digraph memviz {',
-    '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.3, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
+    '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.2, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
     '         fontname="Helvetica", fontsize=11, labeljust=l, style="rounded", color="#90a4ae"];',
     '  node [fontname="Helvetica", fontsize=10, height=0.3, style=filled];',
     '  edge [color="#888888", arrowsize=0.6];'
@@ -622,8 +622,9 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       }
     }
   }
-  lines.push(...siblingChain(doc, tree, expanded));
-  lines.push(...twinRanks(tree, expanded));
+  const rows = closedRows(doc, tree, expanded);
+  lines.push(...siblingChain(tree, rows));
+  lines.push(...twinRanks(tree, rows));
   lines.push('}');
   return lines.join('\n');
 }
@@ -634,29 +635,35 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
  * the activations the backward reads, and a block opened with its twin opens beside it.  Without
  * this the backward's residual-gradient sums (an op and a tensor between each two blocks) made its
  * column three times as tall as the forward's, and a block's twin landed 700 px below it, off-screen
- * (issue 18, 12 layers).  Needs `newrank`: ranks across clusters.
+ * (issue 18, 12 layers).  Needs `newrank`: ranks across clusters.  A wrapped row (`closedRows`) ranks
+ * with its twin rows the same way: blocks 0-5 of the forward and of the backward on one rank.
+ *
+ * In phase order, tied left to right by an invisible flat edge (dot lays a flat edge's tail left of its
+ * head): at 5.4k ops dot's crossing minimisation sometimes drew the backward column left of the
+ * forward, with nothing in the drawing to say the order had changed.
  */
-function twinRanks(tree: ModuleTree, expanded: ReadonlySet<number>): string[] {
-  const byPath = new Map<string, number[]>();
-  for (const m of tree.modules) {
-    const drawn = m.parent !== null && expanded.has(m.parent) && !expanded.has(m.id);
-    if (drawn && m.phase !== 'optimizer') {
-      byPath.set(m.path, [...(byPath.get(m.path) ?? []), m.id]);
-    }
+function twinRanks(tree: ModuleTree, rows: readonly number[][]): string[] {
+  const byPath = new Map<string, number[][]>();
+  for (const row of rows) {
+    const head = tree.modules[row[0]];
+    // the optimizer's modules are no twins: its step reads each parameter once, in no layer order
+    const key = head.phase === 'optimizer' ? `optimizer\u0000${head.path}` : head.path;
+    byPath.set(key, [...(byPath.get(key) ?? []), row]);
   }
-  // In phase order, tied left to right by an invisible flat edge (dot lays a flat edge's tail left of
-  // its head): at 5.4k ops dot's crossing minimisation sometimes drew the backward column left of the
-  // forward, with nothing in the drawing to say the order had changed.
-  const phaseIndex = (m: number): number => {
-    const i = PHASES.indexOf(tree.modules[m].phase);
+  const phaseIndex = (row: readonly number[]): number => {
+    const i = PHASES.indexOf(tree.modules[row[0]].phase);
     return i < 0 ? PHASES.length : i;
   };
   return [...byPath.values()]
-    .filter(ms => ms.length > 1)
-    .flatMap(ms => {
-      const ordered = [...ms].sort((a, b) => phaseIndex(a) - phaseIndex(b));
-      const names = ordered.map(m => `"m${m}"`);
-      return [`  { rank=same; ${names.join('; ')}; }`, `  ${names.join(' -> ')} [style=invis];`];
+    .filter(group => group.length > 1 || group[0].length > 1)
+    .flatMap(group => {
+      const ordered = [...group].sort((a, b) => phaseIndex(a) - phaseIndex(b));
+      const names = ordered.flat().map(m => `"m${m}"`);
+      const joins = ordered.slice(1).map((row, i) => {
+        const before = ordered[i];
+        return `  "m${before[before.length - 1]}" -> "m${row[0]}" [style=invis];`;
+      });
+      return [`  { rank=same; ${names.join('; ')}; }`, ...joins];
     });
 }
 
@@ -680,13 +687,20 @@ function forwardOrder(doc: PlanDoc, tree: ModuleTree): Map<string, number> {
 }
 
 /**
- * Invisible edges stacking each open module's closed children top to bottom in the forward's order
- * (block 0 above block 1 in the backward too, beside its forward twin): without them dot put siblings
- * joined only through their parent's ops on one rank, a row across the page.
+ * Consecutive closed siblings alike (as many ops each: a model's repeated blocks) beyond this many wrap
+ * into rows of about this many, read left to right, top to bottom: a 12-layer GPT's 12 blocks of both
+ * phases stacked were 1760 px tall, three times the Graph view's height at the smallest readable scale.
  */
-function siblingChain(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string[] {
+export const WRAP_COLUMNS = 6;
+
+/**
+ * The closed children of each open module in the forward's order (block 0 above block 1 in the
+ * backward too, beside its forward twin), in rows: a run of more than `WRAP_COLUMNS` alike siblings
+ * split into balanced rows (12 blocks: two rows of 6), every other child a row of its own.
+ */
+export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): number[][] {
   const order = forwardOrder(doc, tree);
-  const out: string[] = [];
+  const rows: number[][] = [];
   for (const m of expanded) {
     const mod = tree.modules[m];
     const closed = mod.children.filter(ch => !expanded.has(ch));
@@ -697,9 +711,38 @@ function siblingChain(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       return at ?? (mod.phase === 'backward' ? -own : own);
     };
     closed.sort((a, b) => first(a) - first(b));
-    for (let i = 1; i < closed.length; i++) {
-      out.push(`  "m${closed[i - 1]}" -> "m${closed[i]}" [style=invis, weight=10];`);
+    for (let i = 0; i < closed.length;) {
+      let j = i + 1;
+      while (j < closed.length && tree.modules[closed[j]].total === tree.modules[closed[i]].total) {
+        j++;
+      }
+      const run = closed.slice(i, j);
+      const cols =
+        run.length > WRAP_COLUMNS ? Math.ceil(run.length / Math.ceil(run.length / WRAP_COLUMNS)) : 1;
+      for (let r = 0; r < run.length; r += cols) {
+        rows.push(run.slice(r, r + cols));
+      }
+      i = j;
     }
   }
+  return rows;
+}
+
+/**
+ * Invisible edges laying each open module's closed children out in `rows` (consecutive within one
+ * module): a row left to right, its first member below the previous row's first.  Without them dot put
+ * siblings joined only through their parent's ops on one rank, a row across the page.
+ */
+function siblingChain(tree: ModuleTree, rows: readonly number[][]): string[] {
+  const out: string[] = [];
+  rows.forEach((row, r) => {
+    for (let i = 1; i < row.length; i++) {
+      out.push(`  "m${row[i - 1]}" -> "m${row[i]}" [style=invis];`);
+    }
+    const above = rows[r - 1];
+    if (above && tree.modules[above[0]].parent === tree.modules[row[0]].parent) {
+      out.push(`  "m${above[0]}" -> "m${row[0]}" [style=invis, weight=10];`);
+    }
+  });
   return out;
 }

@@ -582,8 +582,17 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     }
     lines.push(`${indent}}`);
   };
+  const firstNode = new Map<number, string>();
   for (const r of tree.roots) {
+    const from = lines.length;
     emit(r, '  ');
+    const first = lines
+      .slice(from)
+      .map(line => /^\s*"([cdm]\d+)" \[id=/.exec(line)?.[1])
+      .find(id => id !== undefined);
+    if (first) {
+      firstNode.set(r, first);
+    }
   }
   const seen = new Set<string>();
   // The backward runs the forward's layers in reverse: its edges are laid out reversed (drawn with
@@ -622,6 +631,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       }
     }
   }
+  lines.push(...phaseOrder(tree, firstNode));
   const rows = closedRows(doc, tree, expanded);
   lines.push(...siblingChain(tree, rows));
   lines.push(...twinRanks(tree, rows));
@@ -637,10 +647,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
  * column three times as tall as the forward's, and a block's twin landed 700 px below it, off-screen
  * (issue 18, 12 layers).  Needs `newrank`: ranks across clusters.  A wrapped row (`closedRows`) ranks
  * with its twin rows the same way: blocks 0-5 of the forward and of the backward on one rank.
- *
- * In phase order, tied left to right by an invisible flat edge (dot lays a flat edge's tail left of its
- * head): at 5.4k ops dot's crossing minimisation sometimes drew the backward column left of the
- * forward, with nothing in the drawing to say the order had changed.
+
  */
 function twinRanks(tree: ModuleTree, rows: readonly number[][]): string[] {
   const byPath = new Map<string, number[][]>();
@@ -657,13 +664,11 @@ function twinRanks(tree: ModuleTree, rows: readonly number[][]): string[] {
   return [...byPath.values()]
     .filter(group => group.length > 1 || group[0].length > 1)
     .flatMap(group => {
-      const ordered = [...group].sort((a, b) => phaseIndex(a) - phaseIndex(b));
-      const names = ordered.flat().map(m => `"m${m}"`);
-      const joins = ordered.slice(1).map((row, i) => {
-        const before = ordered[i];
-        return `  "m${before[before.length - 1]}" -> "m${row[0]}" [style=invis];`;
-      });
-      return [`  { rank=same; ${names.join('; ')}; }`, ...joins];
+      const names = [...group]
+        .sort((a, b) => phaseIndex(a) - phaseIndex(b))
+        .flat()
+        .map(m => `"m${m}"`);
+      return [`  { rank=same; ${names.join('; ')}; }`];
     });
 }
 
@@ -684,6 +689,23 @@ function forwardOrder(doc: PlanDoc, tree: ModuleTree): Map<string, number> {
     }
   }
   return order;
+}
+
+/**
+ * The phases left to right in phase order: an invisible point with an edge to a node of each phase, whose
+ * out-edges dot keeps in the order given (`ordering=out`).  At 5.4k ops dot sometimes drew the backward
+ * column left of the forward, with nothing in the drawing to say so; invisible flat edges between the
+ * phases' twins did not stop it (dot orders clusters as wholes).
+ */
+function phaseOrder(tree: ModuleTree, firstNode: ReadonlyMap<number, string>): string[] {
+  const anchors = tree.roots.map(r => firstNode.get(r)).filter((a): a is string => a !== undefined);
+  if (anchors.length < 2) {
+    return [];
+  }
+  return [
+    '  "phase-order" [shape=point, style=invis, width=0, height=0, ordering=out];',
+    ...anchors.map(a => `  "phase-order" -> "${a}" [style=invis];`)
+  ];
 }
 
 /**

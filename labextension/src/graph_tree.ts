@@ -716,9 +716,17 @@ function phaseOrder(tree: ModuleTree, firstNode: ReadonlyMap<number, string>): s
 export const WRAP_COLUMNS = 6;
 
 /**
+ * Runs up to this many wrap (four rows): a longer run needs panning wrapped or not, and its rows were
+ * too wide for both phases at a readable scale in a narrow output (110 layers: the frames were cut at
+ * both sides), where a column pans down.
+ */
+export const WRAP_MAX = 4 * WRAP_COLUMNS;
+
+/**
  * The closed children of each open module in the forward's order (block 0 above block 1 in the
- * backward too, beside its forward twin), in rows: a run of more than `WRAP_COLUMNS` alike siblings
- * split into balanced rows (12 blocks: two rows of 6), every other child a row of its own.
+ * backward too, beside its forward twin), in rows: a run of more than `WRAP_COLUMNS` (and at most
+ * `WRAP_MAX`) alike siblings split into balanced rows (12 blocks: two rows of 6), every other child a
+ * row of its own.
  */
 export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): number[][] {
   const order = forwardOrder(doc, tree);
@@ -739,8 +747,8 @@ export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet
         j++;
       }
       const run = closed.slice(i, j);
-      const cols =
-        run.length > WRAP_COLUMNS ? Math.ceil(run.length / Math.ceil(run.length / WRAP_COLUMNS)) : 1;
+      const wrap = run.length > WRAP_COLUMNS && run.length <= WRAP_MAX;
+      const cols = wrap ? Math.ceil(run.length / Math.ceil(run.length / WRAP_COLUMNS)) : 1;
       for (let r = 0; r < run.length; r += cols) {
         rows.push(run.slice(r, r + cols));
       }

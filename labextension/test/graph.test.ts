@@ -5,6 +5,7 @@ import { FIT_MIN_SCALE, fitReadable, fitView, focusView, zoomAt } from '../src/g
 import {
   LEGEND,
   WRAP_COLUMNS,
+  WRAP_MAX,
   buildTree,
   closedRows,
   collapse,
@@ -438,8 +439,15 @@ test('more than 6 alike closed blocks wrap into rows, each ranked with its twin 
     );
   }
   assert.ok(dot.includes(`${block('forward', 0)} -> ${block('forward', 6)} [style=invis, weight=10];`));
-  // 6 or fewer stay one column (the two-block sample below)
+  // 6 or fewer stay one column (the two-block sample below), and so do more than 24 (110 layers' rows
+  // were too wide for both phases in a narrow output; a column pans down)
   assert.equal(WRAP_COLUMNS, 6);
+  assert.equal(WRAP_MAX, 24);
+  const long = layered(25);
+  const longTree = buildTree(long);
+  const longPath = (p: string): number => longTree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const longOpen = new Set([...longTree.roots, longPath('forward:layers'), longPath('backward:layers')]);
+  assert.ok(closedRows(long, longTree, longOpen).every(row => row.length === 1));
   const small = layered();
   const smallTree = buildTree(small);
   const all = new Set(smallTree.modules.filter(m => m.children.length > 0).map(m => m.id));

@@ -730,6 +730,11 @@ export const WRAP_MAX = 4 * WRAP_COLUMNS;
  */
 export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): number[][] {
   const order = forwardOrder(doc, tree);
+  // Modules holding ops of their own in some phase (a captured GPT's backward "blocks": autograd's
+  // residual sums between the blocks): their children never wrap in any phase, as the ops and tensors
+  // between two rows made the captured 12-layer GPT's first view wider than the output, cut at both
+  // sides; a column keeps each block beside its twin.
+  const ownOps = new Set(tree.modules.filter(m => m.computes.length > 0).map(m => m.path));
   const rows: number[][] = [];
   for (const m of expanded) {
     const mod = tree.modules[m];
@@ -747,7 +752,7 @@ export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet
         j++;
       }
       const run = closed.slice(i, j);
-      const wrap = run.length > WRAP_COLUMNS && run.length <= WRAP_MAX;
+      const wrap = run.length > WRAP_COLUMNS && run.length <= WRAP_MAX && !ownOps.has(mod.path);
       const cols = wrap ? Math.ceil(run.length / Math.ceil(run.length / WRAP_COLUMNS)) : 1;
       for (let r = 0; r < run.length; r += cols) {
         rows.push(run.slice(r, r + cols));

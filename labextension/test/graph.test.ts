@@ -448,6 +448,13 @@ test('more than 6 alike closed blocks wrap into rows, each ranked with its twin 
   const longPath = (p: string): number => longTree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
   const longOpen = new Set([...longTree.roots, longPath('forward:layers'), longPath('backward:layers')]);
   assert.ok(closedRows(long, longTree, longOpen).every(row => row.length === 1));
+  // nor do blocks whose parent runs ops of its own in some phase (a captured GPT's backward residual
+  // sums between its blocks): in every phase, so each block stays beside its twin
+  const sums = layered(12);
+  const sumsTree = buildTree(sums);
+  const bwd = sumsTree.modules.findIndex(m => `${m.phase}:${m.path}` === 'backward:layers');
+  sumsTree.modules[bwd].computes.push(sums.graph.computes.length - 1);
+  assert.ok(closedRows(sums, sumsTree, open).every(row => row.length === 1));
   const small = layered();
   const smallTree = buildTree(small);
   const all = new Set(smallTree.modules.filter(m => m.children.length > 0).map(m => m.id));

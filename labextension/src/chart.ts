@@ -8,6 +8,7 @@
 import { inspectStep, MODULE_DEPTH, StepInspection } from './inspect_data';
 import {
   backwardStart,
+  categoryShares,
   escapeHtml,
   formatBytes,
   hasStepTimes,
@@ -53,13 +54,22 @@ export function readoutSpans(
 }
 
 /** The inspector table of one step: plain text cells. */
-function inspectionTable(inspection: StepInspection): HTMLElement[] {
+function inspectionTable(
+  inspection: StepInspection,
+  layers: { category: string; bytes: number }[]
+): HTMLElement[] {
   const caption = element(
     'div',
     'jp-memviz-inspect-caption',
     `step ${inspection.step}: ${inspection.action} — ${inspection.count} tensors resident, ` +
       `${formatBytes(inspection.totalBytes)}; the ${inspection.largest.length} largest:`
   );
+  // what the compact hover leaves out: the op's source line and the chart's layers at this step
+  const details = [
+    ...(inspection.source ? [`source: ${inspection.source}`] : []),
+    `layers: ${layers.map(l => `${l.category} ${formatBytes(l.bytes)}`).join(', ') || 'none'}`
+  ];
+  const layersLine = element('div', 'jp-memviz-inspect-layers', details.join(' · '));
   const table = element('table', 'jp-memviz-inspect-table');
   const head = element('tr', '');
   for (const title of ['tensor', 'kind', 'bytes', 'producer op', 'module']) {
@@ -77,7 +87,7 @@ function inspectionTable(inspection: StepInspection): HTMLElement[] {
     );
     table.append(tr);
   }
-  return [caption, table, ...moduleTable(inspection)];
+  return [caption, layersLine, table, ...moduleTable(inspection)];
 }
 
 /** The step's resident bytes per module (`moduleBreakdown`), the largest `INSPECT_LIMIT`; plain text. */
@@ -193,7 +203,9 @@ export class PlanChart {
     if (!this._doc) {
       return;
     }
-    this._inspector.replaceChildren(...inspectionTable(inspectStep(this._doc, step, INSPECT_LIMIT)));
+    this._inspector.replaceChildren(
+      ...inspectionTable(inspectStep(this._doc, step, INSPECT_LIMIT), categoryShares(this._doc, step))
+    );
     this._inspector.dataset.step = String(step);
     this.markStep(step);
   }

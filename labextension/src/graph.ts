@@ -15,10 +15,11 @@
  * SVG Graphviz writes, cut down to an allow-list of elements and attributes (svg_sanitize.ts); titles
  * are set as text.
  */
-import { MIN_LABEL_PX, Rect, fitReadable, focusView, zoomAt, View } from './graph_data';
+import { FIT_MIN_SCALE, MIN_LABEL_PX, Rect, fitReadable, focusView, zoomAt, View } from './graph_data';
 import { LayoutClient, LayoutError } from './graph_layout';
 import {
   LEGEND,
+  ancestors,
   ModuleTree,
   NodeRef,
   SearchHit,
@@ -278,7 +279,15 @@ export class GraphView implements PlanView {
       : tree.roots
           .filter(r => tree.modules[r].phase !== 'optimizer')
           .map(r => ({ kind: 'module', id: r }) as NodeRef);
-    this.land(focus.map(ref => this.stage.querySelector(`#${refId(ref)}`)).filter(el => el !== null));
+    const find = (ref: NodeRef): Element | null => this.stage.querySelector(`#${refId(ref)}`);
+    // the frames of the phases holding the focus: in view side to side when that stays readable
+    const phases = [
+      ...new Set(focus.flatMap(ref => (ref.kind === 'module' ? [ancestors(tree, ref.id)[0]] : [])))
+    ];
+    this.land(
+      focus.map(find).filter(el => el !== null),
+      phases.map(m => find({ kind: 'module', id: m })).filter(el => el !== null)
+    );
   }
 
   /** Whether module `m` is on screen (its parent open). */
@@ -332,26 +341,29 @@ export class GraphView implements PlanView {
    * Land on `els` (an opened module's frame and its twins', a search hit; none: the whole drawing):
    * centered, readable (`focusView`); Fit and zoom out still reach the whole drawing.
    */
-  private land(els: Element[]): void {
+  private land(els: Element[], frames: Element[] = []): void {
     const stage = this.stage.getBoundingClientRect();
     const k0 = this.view.k;
     // each element's box in drawing pixels (undo the stage's current transform), then their union
-    const boxes = els.map(el => el.getBoundingClientRect());
-    const target: Rect = boxes.length
-      ? (() => {
-          const x0 = Math.min(...boxes.map(b => b.left));
-          const y0 = Math.min(...boxes.map(b => b.top));
-          const x1 = Math.max(...boxes.map(b => b.right));
-          const y1 = Math.max(...boxes.map(b => b.bottom));
-          return {
-            x: (x0 - stage.left) / k0,
-            y: (y0 - stage.top) / k0,
-            w: (x1 - x0) / k0,
-            h: (y1 - y0) / k0
-          };
-        })()
-      : { x: 0, y: 0, ...this.size };
-    this.view = focusView(target, this.size, { w: this.canvas.clientWidth, h: this.canvas.clientHeight });
+    const union = (list: Element[]): Rect | null => {
+      const boxes = list.map(el => el.getBoundingClientRect());
+      if (!boxes.length) {
+        return null;
+      }
+      const x0 = Math.min(...boxes.map(b => b.left));
+      const y0 = Math.min(...boxes.map(b => b.top));
+      const x1 = Math.max(...boxes.map(b => b.right));
+      const y1 = Math.max(...boxes.map(b => b.bottom));
+      return { x: (x0 - stage.left) / k0, y: (y0 - stage.top) / k0, w: (x1 - x0) / k0, h: (y1 - y0) / k0 };
+    };
+    const box = { w: this.canvas.clientWidth, h: this.canvas.clientHeight };
+    const target = union(els) ?? { x: 0, y: 0, ...this.size };
+    const across = union([...els, ...frames]);
+    // The phases' frames side to side, the target's height: three twins opened at 6.5k ops landed on
+    // the twins alone, the optimizer's frame cut at the right edge.  Only where that width stays readable.
+    const widened =
+      across && across.w * FIT_MIN_SCALE <= box.w - 16 ? { ...target, x: across.x, w: across.w } : target;
+    this.view = focusView(widened, this.size, box);
     this.applyView();
   }
 

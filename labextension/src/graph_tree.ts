@@ -524,7 +524,7 @@ export function refId(ref: NodeRef): string {
 export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string {
   const lines = [
     'digraph memviz {',
-    '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.3, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
+    '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.2, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
     '         fontname="Helvetica", fontsize=11, labeljust=l, style="rounded", color="#90a4ae"];',
     '  node [fontname="Helvetica", fontsize=10, height=0.3, style=filled];',
     '  edge [color="#888888", arrowsize=0.6];'
@@ -582,8 +582,17 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     }
     lines.push(`${indent}}`);
   };
+  const firstNode = new Map<number, string>();
   for (const r of tree.roots) {
+    const from = lines.length;
     emit(r, '  ');
+    const first = lines
+      .slice(from)
+      .map(line => /^\s*"([cdm]\d+)" \[id=/.exec(line)?.[1])
+      .find(id => id !== undefined);
+    if (first) {
+      firstNode.set(r, first);
+    }
   }
   const seen = new Set<string>();
   // The backward runs the forward's layers in reverse: its edges are laid out reversed (drawn with
@@ -622,8 +631,10 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       }
     }
   }
-  lines.push(...siblingChain(doc, tree, expanded));
-  lines.push(...twinRanks(tree, expanded));
+  lines.push(...phaseOrder(tree, firstNode));
+  const rows = closedRows(doc, tree, expanded);
+  lines.push(...siblingChain(tree, rows));
+  lines.push(...twinRanks(tree, rows));
   lines.push('}');
   return lines.join('\n');
 }
@@ -634,19 +645,31 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
  * the activations the backward reads, and a block opened with its twin opens beside it.  Without
  * this the backward's residual-gradient sums (an op and a tensor between each two blocks) made its
  * column three times as tall as the forward's, and a block's twin landed 700 px below it, off-screen
- * (issue 18, 12 layers).  Needs `newrank`: ranks across clusters.
+ * (issue 18, 12 layers).  Needs `newrank`: ranks across clusters.  A wrapped row (`closedRows`) ranks
+ * with its twin rows the same way: blocks 0-5 of the forward and of the backward on one rank.
+
  */
-function twinRanks(tree: ModuleTree, expanded: ReadonlySet<number>): string[] {
-  const byPath = new Map<string, number[]>();
-  for (const m of tree.modules) {
-    const drawn = m.parent !== null && expanded.has(m.parent) && !expanded.has(m.id);
-    if (drawn && m.phase !== 'optimizer') {
-      byPath.set(m.path, [...(byPath.get(m.path) ?? []), m.id]);
-    }
+function twinRanks(tree: ModuleTree, rows: readonly number[][]): string[] {
+  const byPath = new Map<string, number[][]>();
+  for (const row of rows) {
+    const head = tree.modules[row[0]];
+    // the optimizer's modules are no twins: its step reads each parameter once, in no layer order
+    const key = head.phase === 'optimizer' ? `optimizer\u0000${head.path}` : head.path;
+    byPath.set(key, [...(byPath.get(key) ?? []), row]);
   }
+  const phaseIndex = (row: readonly number[]): number => {
+    const i = PHASES.indexOf(tree.modules[row[0]].phase);
+    return i < 0 ? PHASES.length : i;
+  };
   return [...byPath.values()]
-    .filter(ms => ms.length > 1)
-    .map(ms => `  { rank=same; ${ms.map(m => `"m${m}"`).join('; ')}; }`);
+    .filter(group => group.length > 1 || group[0].length > 1)
+    .flatMap(group => {
+      const names = [...group]
+        .sort((a, b) => phaseIndex(a) - phaseIndex(b))
+        .flat()
+        .map(m => `"m${m}"`);
+      return [`  { rank=same; ${names.join('; ')}; }`];
+    });
 }
 
 /** The first op of each module path in the forward phase: the order siblings stack in every phase. */
@@ -669,13 +692,50 @@ function forwardOrder(doc: PlanDoc, tree: ModuleTree): Map<string, number> {
 }
 
 /**
- * Invisible edges stacking each open module's closed children top to bottom in the forward's order
- * (block 0 above block 1 in the backward too, beside its forward twin): without them dot put siblings
- * joined only through their parent's ops on one rank, a row across the page.
+ * The phases left to right in phase order: an invisible point with an edge to a node of each phase, whose
+ * out-edges dot keeps in the order given (`ordering=out`).  At 5.4k ops dot sometimes drew the backward
+ * column left of the forward, with nothing in the drawing to say so; invisible flat edges between the
+ * phases' twins did not stop it (dot orders clusters as wholes).
  */
-function siblingChain(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string[] {
+function phaseOrder(tree: ModuleTree, firstNode: ReadonlyMap<number, string>): string[] {
+  const anchors = tree.roots.map(r => firstNode.get(r)).filter((a): a is string => a !== undefined);
+  if (anchors.length < 2) {
+    return [];
+  }
+  return [
+    '  "phase-order" [shape=point, style=invis, width=0, height=0, ordering=out];',
+    ...anchors.map(a => `  "phase-order" -> "${a}" [style=invis];`)
+  ];
+}
+
+/**
+ * Consecutive closed siblings alike (as many ops each: a model's repeated blocks) beyond this many wrap
+ * into rows of about this many, read left to right, top to bottom: a 12-layer GPT's 12 blocks of both
+ * phases stacked were 1760 px tall, three times the Graph view's height at the smallest readable scale.
+ */
+export const WRAP_COLUMNS = 6;
+
+/**
+ * Runs up to this many wrap (four rows): a longer run needs panning wrapped or not, and its rows were
+ * too wide for both phases at a readable scale in a narrow output (110 layers: the frames were cut at
+ * both sides), where a column pans down.
+ */
+export const WRAP_MAX = 4 * WRAP_COLUMNS;
+
+/**
+ * The closed children of each open module in the forward's order (block 0 above block 1 in the
+ * backward too, beside its forward twin), in rows: a run of more than `WRAP_COLUMNS` (and at most
+ * `WRAP_MAX`) alike siblings split into balanced rows (12 blocks: two rows of 6), every other child a
+ * row of its own.
+ */
+export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): number[][] {
   const order = forwardOrder(doc, tree);
-  const out: string[] = [];
+  // Modules holding ops of their own in some phase (a captured GPT's backward "blocks": autograd's
+  // residual sums between the blocks): their children never wrap in any phase, as the ops and tensors
+  // between two rows made the captured 12-layer GPT's first view wider than the output, cut at both
+  // sides; a column keeps each block beside its twin.
+  const ownOps = new Set(tree.modules.filter(m => m.computes.length > 0).map(m => m.path));
+  const rows: number[][] = [];
   for (const m of expanded) {
     const mod = tree.modules[m];
     const closed = mod.children.filter(ch => !expanded.has(ch));
@@ -686,9 +746,38 @@ function siblingChain(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
       return at ?? (mod.phase === 'backward' ? -own : own);
     };
     closed.sort((a, b) => first(a) - first(b));
-    for (let i = 1; i < closed.length; i++) {
-      out.push(`  "m${closed[i - 1]}" -> "m${closed[i]}" [style=invis, weight=10];`);
+    for (let i = 0; i < closed.length;) {
+      let j = i + 1;
+      while (j < closed.length && tree.modules[closed[j]].total === tree.modules[closed[i]].total) {
+        j++;
+      }
+      const run = closed.slice(i, j);
+      const wrap = run.length > WRAP_COLUMNS && run.length <= WRAP_MAX && !ownOps.has(mod.path);
+      const cols = wrap ? Math.ceil(run.length / Math.ceil(run.length / WRAP_COLUMNS)) : 1;
+      for (let r = 0; r < run.length; r += cols) {
+        rows.push(run.slice(r, r + cols));
+      }
+      i = j;
     }
   }
+  return rows;
+}
+
+/**
+ * Invisible edges laying each open module's closed children out in `rows` (consecutive within one
+ * module): a row left to right, its first member below the previous row's first.  Without them dot put
+ * siblings joined only through their parent's ops on one rank, a row across the page.
+ */
+function siblingChain(tree: ModuleTree, rows: readonly number[][]): string[] {
+  const out: string[] = [];
+  rows.forEach((row, r) => {
+    for (let i = 1; i < row.length; i++) {
+      out.push(`  "m${row[i - 1]}" -> "m${row[i]}" [style=invis];`);
+    }
+    const above = rows[r - 1];
+    if (above && tree.modules[above[0]].parent === tree.modules[row[0]].parent) {
+      out.push(`  "m${above[0]}" -> "m${row[0]}" [style=invis, weight=10];`);
+    }
+  });
   return out;
 }

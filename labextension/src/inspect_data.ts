@@ -20,6 +20,8 @@ export interface StepInspection {
   step: number;
   /** the step itself, e.g. "compute relu (aten.relu)" or "free a1" */
   action: string;
+  /** the running op's source line, '' when the capture recorded none (or the step is a free) */
+  source: string;
   /** resident bytes during the step, summed over every live tensor (equals timeline.step_bytes) */
   totalBytes: number;
   /** how many tensors are resident, the workspace included */
@@ -90,10 +92,12 @@ export function inspectStep(doc: PlanDoc, step: number, limit = 10): StepInspect
   const [kind, id] = schedule[step];
   const rows: LiveTensor[] = [];
   let action = `${kind} #${id}`;
+  let source = '';
   if (kind === 'compute') {
     const c = computes[id];
     c?.outputs?.forEach(d => live.add(d));
     action = c ? `compute ${c.name} (${c.op})` : action;
+    source = c?.source ?? '';
     if (c && (c.temp_bytes ?? 0) > 0) {
       rows.push({
         name: `workspace of ${c.name}`,
@@ -127,6 +131,7 @@ export function inspectStep(doc: PlanDoc, step: number, limit = 10): StepInspect
   return {
     step,
     action,
+    source,
     totalBytes: rows.reduce((sum, r) => sum + r.bytes, 0),
     count: rows.length,
     largest: rows.slice(0, limit),

@@ -36,6 +36,9 @@ type PlotDiv = HTMLDivElement & {
   ): void;
 };
 
+/** The packing figure's height in CSS pixels (the plot div is pinned to it: see `draw`). */
+const PACKING_HEIGHT = 460;
+
 /** Paint one panel's rectangles, as seen through `win`, into a PNG data URL of the given pixel size. */
 function paint(
   panel: PackingPanel,
@@ -132,13 +135,22 @@ export class PackingView implements PlanView {
     const axis = themedAxis(colors);
     const two = figure.panels.length > 1;
     const ymax = Math.max(...figure.panels.map(p => p.ymax), 1e-9);
+    // The div's own CSS height is the figure's.  plotly's resize (`Plots.resize`, on every tab switch
+    // and output resize) drops `layout.height` and turns autosize on; every later relayout, such as the
+    // repaint after a legend click, then reads the div's computed height.  Read during plotly's redraw
+    // of the legend, an unpinned div measured its CSS min-height (420 px), not 460: the figure shrank by
+    // 40 px and the x-axis titles sank onto the legend (reproduced with the CPU throttled: packing.spec).
+    this._plot.style.height = `${PACKING_HEIGHT}px`;
     const layout: Record<string, unknown> = {
       ...themedLayout(colors),
-      height: 460,
-      margin: { l: 60, r: 20, t: 56, b: 40 },
+      height: PACKING_HEIGHT,
+      // the bottom margin holds the x-axis titles and, below them, the legend
+      margin: { l: 60, r: 20, t: 56, b: 76 },
       // The view hovers itself (see _hover): plotly has no points to hover.
       hovermode: false,
-      legend: { orientation: 'h', y: -0.15, yanchor: 'top' },
+      // At the figure's bottom edge (plotly's container reference), not a fraction of the plot's height
+      // below it: there its top sat 8 px above the x-axis titles' bottom.
+      legend: { orientation: 'h', yref: 'container', y: 0, yanchor: 'bottom' },
       // Explicit ranges: the image is not data plotly autoranges over, and double-click returns here.
       xaxis: {
         ...axis,

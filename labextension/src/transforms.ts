@@ -306,8 +306,11 @@ function checkPacking(packing: PackingDoc): void {
   }
 }
 
-/** What a schedule step does, as escaped hover HTML: step index, op, module path and source line. */
-export function stepHover(doc: PlanDoc, step: StepDoc | undefined, index: number): string {
+/**
+ * What a schedule step does, as escaped hover HTML: step index, op and module path (`source`: and its
+ * source line, for the baseline of another graph, whose steps the inspector does not list).
+ */
+export function stepHover(doc: PlanDoc, step: StepDoc | undefined, index: number, source = false): string {
   const head = `step ${index}`;
   if (!step) {
     return head;
@@ -322,7 +325,7 @@ export function stepHover(doc: PlanDoc, step: StepDoc | undefined, index: number
     if (c.module) {
       lines.push(`module: ${escapeHtml(c.module)}`);
     }
-    if (c.source) {
+    if (source && c.source) {
       lines.push(`source: ${escapeHtml(c.source)}`);
     }
     return lines.join('<br>');
@@ -334,6 +337,17 @@ export function stepHover(doc: PlanDoc, step: StepDoc | undefined, index: number
       : `${head}: free #${escapeHtml(id)}`;
   }
   return `${head}: ${escapeHtml(kind)} #${escapeHtml(id)}`;
+}
+
+/**
+ * The planned bytes of each memory layer at `step` (the chart's stacked areas; plain text labels), the
+ * layers that hold nothing there left out: the click's inspection lists them, the hover does not.
+ */
+export function categoryShares(doc: PlanDoc, step: number): { category: string; bytes: number }[] {
+  const byCategory = doc.planned.timeline.by_category;
+  return categoryOrder(byCategory)
+    .map(cat => ({ category: cat.replace(/_/g, ' '), bytes: byCategory[cat][step] ?? 0 }))
+    .filter(share => share.bytes !== 0);
 }
 
 /** Categories present in a timeline, in `CATEGORIES` order, unknown future ones after them. */
@@ -559,8 +573,9 @@ export function planFigure(
   const plannedSteps = planned.schedule.map((s, i) => stepHover(doc, s, i));
   const traces: Trace[] = [];
 
-  const area = (name: string, series: number[], color: string, label: string): void => {
-    const head = `${escapeHtml(label)}: `; // once per layer, not once per point
+  // The layers stay out of the hover: one line per layer made the unified box cover half a 12-layer
+  // chart.  Their bytes at a step are in the click's inspection (`categoryShares`).
+  const area = (name: string, series: number[], color: string): void => {
     traces.push({
       type: 'scatter',
       name: escapeHtml(name),
@@ -570,19 +585,17 @@ export function planFigure(
       stackgroup: 'planned',
       fillcolor: color,
       line: { color, width: 0.5, shape: 'hv' },
-      hoverinfo: 'text',
-      hovertext: series.map(v => head + formatBytes(v))
+      hoverinfo: 'skip'
     });
   };
   for (const cat of categoryOrder(planned.timeline.by_category)) {
     const series = planned.timeline.by_category[cat];
     if (series.some(v => v !== 0)) {
-      const label = cat.replace(/_/g, ' ');
-      area(label, series, CATEGORY_COLORS[cat] ?? FALLBACK_COLOR, label);
+      area(cat.replace(/_/g, ' '), series, CATEGORY_COLORS[cat] ?? FALLBACK_COLOR);
     }
   }
   if (fragmentation) {
-    area(FRAGMENTATION, fragmentation, FRAGMENTATION_COLOR, 'reserved by the allocator beyond live');
+    area(FRAGMENTATION, fragmentation, FRAGMENTATION_COLOR);
   } else {
     // An empty slot: the trace list keeps its shape whether or not a plan has packing (the slider
     // alternates frontier plans without and refined plans with it), and plotly redraws a changed
@@ -590,16 +603,17 @@ export function planFigure(
     traces.push({ ...EMPTY_SLOT, name: FRAGMENTATION });
   }
 
-  // The planned total carries the step's op, module and source line (one entry in the unified hover),
-  // and what eager holds when it runs the same op: aligned by op, not by step index (a plan that
-  // recomputes or reorders runs a different op at eager's index).
+  // The planned total carries the whole hover, three short lines: the step's op (recomputed or not), its
+  // module, and planned against what eager holds when it runs the same op, aligned by op, not by step
+  // index (a plan that recomputes or reorders runs a different op at eager's index).  The source line,
+  // the layers and the tensors are in the click's inspection.
   const recomputed = recomputeSteps(planned.schedule);
   const isRecompute = new Set(recomputed);
   const byOp = baselineStepsByOp(doc);
   const eagerAt = (i: number): string => {
     const j = byOp?.[i] ?? -1;
     return byOp && j >= 0 && baseline
-      ? `<br>eager at this op: ${formatBytes(baseline.timeline.step_bytes[j])} (eager step ${j})`
+      ? ` · eager at this op ${formatBytes(baseline.timeline.step_bytes[j])} (eager step ${j})`
       : '';
   };
   traces.push({
@@ -610,11 +624,12 @@ export function planFigure(
     mode: 'lines',
     line: { color: colors.planned, width: 1, shape: 'hv' },
     hoverinfo: 'text',
-    hovertext: planned.timeline.step_bytes.map(
-      (v, i) =>
-        `planned ${plannedSteps[i]}${isRecompute.has(i) ? ' <i>recomputation</i>' : ''}` +
-        `<br>total: ${formatBytes(v)}${eagerAt(i)}`
-    )
+    hovertext: planned.timeline.step_bytes.map((v, i) => {
+      // the flag goes on the op's line (the first: names are escaped, so no '<br>' comes from the plan)
+      const [op, ...rest] = plannedSteps[i].split('<br>');
+      const flag = isRecompute.has(i) ? ' · <i>recomputed</i>' : '';
+      return [op + flag, ...rest, `planned ${formatBytes(v)}${eagerAt(i)}`].join('<br>');
+    })
   });
   // A mark on each recomputation (always one trace, empty when none: the trace list keeps its shape).
   traces.push({
@@ -642,7 +657,7 @@ export function planFigure(
     if (!byOp) {
       line.hovertext = baseline.schedule.map(
         (s, i) =>
-          `baseline ${stepHover(baseDoc, s, i)}<br>total: ${formatBytes(baseline.timeline.step_bytes[i])}`
+          `baseline ${stepHover(baseDoc, s, i, true)}<br>total: ${formatBytes(baseline.timeline.step_bytes[i])}`
       );
     }
     traces.push(line);
@@ -675,7 +690,8 @@ export function planFigure(
       text: [`peak ${formatBytes(peak)}`],
       textposition: 'top center',
       hoverinfo: 'text',
-      hovertext: [`<b>peak ${formatBytes(peak)}</b><br>${plannedSteps[peakStep] ?? ''}`]
+      // the planned total's entry beside it names the step
+      hovertext: [`<b>peak ${formatBytes(peak)}</b>`]
     });
   }
   const xTitle = axis === 'time' ? `estimated time (${xunit.name}, summed per-op times)` : 'schedule step';
@@ -692,6 +708,23 @@ export interface Readout {
 
 function percent(x: number): string {
   return `${x >= 0 ? '+' : ''}${(100 * x).toFixed(1)}%`;
+}
+
+/**
+ * The overhead readout of a plan whose predicted step time is `overhead` times eager's.  An eager plan
+ * ("none") is the eager step itself (`memviz.apply` leaves the model as it is): 0.  Its
+ * `Plan.time_overhead` is what `memviz.export`'s module is predicted to take, the executor's own per-step
+ * costs against eager's autograd as the profile measured them, which can be below eager's (a small MLP on
+ * a CPU: -15%); that figure is named as the exported module's, never as the plan's overhead.
+ */
+export function overheadReadout(strategy: string, overhead: number): string {
+  if (strategy !== 'none') {
+    return percent(overhead - 1);
+  }
+  // under 0.05 points it would print as +0.0% / -0.0%: nothing to add
+  return Math.abs(overhead - 1) < 0.0005
+    ? '0 (eager)'
+    : `0 (eager) · exported module ${percent(overhead - 1)}`;
 }
 
 /**
@@ -716,7 +749,7 @@ export function planReadouts(doc: PlanDoc, selected: string | null = null): Read
         ? planned.total_time / baseline.total_time
         : null;
   if (overhead !== null) {
-    out.push({ label: 'overhead', value: percent(overhead - 1) });
+    out.push({ label: 'overhead', value: overheadReadout(String(doc.strategy), overhead) });
   }
   if (typeof planned.recomputes === 'number') {
     out.push({ label: 'recomputes', value: String(planned.recomputes) });

@@ -4,7 +4,10 @@ import { test } from 'node:test';
 import { FIT_MIN_SCALE, fitReadable, fitView, focusView, zoomAt } from '../src/graph_data';
 import {
   LEGEND,
+  WRAP_COLUMNS,
+  WRAP_MAX,
   buildTree,
+  closedRows,
   collapse,
   defaultExpansion,
   dotString,
@@ -24,7 +27,7 @@ import { HOSTILE, samplePlan } from './sample';
  * Two layers (`layers.0`, `layers.1`, each `attn` + `mlp`) forward and backward, plus a root-level
  * loss; a parameter read by both layers' attention; op 2 recomputed by the plan.
  */
-function layered(): PlanDoc {
+function layered(layers = 2): PlanDoc {
   const computes: PlanDoc['graph']['computes'] = [];
   const datas: PlanDoc['graph']['datas'] = [];
   const data = (name: string, kind: string, producer: number | null): number => {
@@ -44,14 +47,14 @@ function layered(): PlanDoc {
   const w = data('shared.weight', 'parameter', null);
   let h = x;
   const acts: number[] = [];
-  for (const i of [0, 1]) {
+  for (let i = 0; i < layers; i++) {
     h = op(`attn${i}`, `layers.${i}.attn`, 'forward', [h, w]);
     acts.push(h);
     h = op(`mlp${i}`, `layers.${i}.mlp`, 'forward', [h]);
     acts.push(h);
   }
   let g = op('loss', '', 'forward', [h], 'output');
-  for (const [k, i] of [3, 2, 1, 0].entries()) {
+  for (const [k, i] of [...acts.keys()].reverse().entries()) {
     g = op(`grad${k}`, `layers.${i >> 1}.${i % 2 ? 'mlp' : 'attn'}`, 'backward', [g, acts[i]], 'gradient');
   }
   const schedule: [string, number][] = computes.map(c => ['compute', c.id]);
@@ -411,6 +414,53 @@ test('a large module beside small ones: the small ones still open', () => {
   assert.ok(!open.has(path('forward:mixer')));
 });
 
+test('more than 6 alike closed blocks wrap into rows, each ranked with its twin row, forward first', () => {
+  const doc = layered(12);
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const open = new Set([tree.roots[0], tree.roots[1], path('forward:layers'), path('backward:layers')]);
+  const block = (phase: string, i: number): string => `"m${path(`${phase}:layers.${i}`)}"`;
+  const rows = closedRows(doc, tree, open).filter(row => row.length > 1);
+  // 12 blocks per phase: two rows of 6 each (a 12-layer GPT's ladder was 1760 px tall, issue 18)
+  assert.deepEqual(
+    rows.map(row => row.map(m => tree.modules[m].path)),
+    ['forward', 'forward', 'backward', 'backward'].map((_, r) =>
+      [0, 1, 2, 3, 4, 5].map(i => `layers.${i + 6 * (r % 2)}`)
+    )
+  );
+  const dot = toDot(doc, tree, open);
+  for (const r of [0, 1]) {
+    const members = [0, 1, 2, 3, 4, 5].map(i => i + 6 * r);
+    const names = [...members.map(i => block('forward', i)), ...members.map(i => block('backward', i))];
+    assert.ok(dot.includes(`{ rank=same; ${names.join('; ')}; }`), `row ${r}`);
+    // each row read left to right; rows stacked
+    assert.ok(
+      dot.includes(`${block('backward', members[0])} -> ${block('backward', members[1])} [style=invis];`)
+    );
+  }
+  assert.ok(dot.includes(`${block('forward', 0)} -> ${block('forward', 6)} [style=invis, weight=10];`));
+  // 6 or fewer stay one column (the two-block sample below), and so do more than 24 (110 layers' rows
+  // were too wide for both phases in a narrow output; a column pans down)
+  assert.equal(WRAP_COLUMNS, 6);
+  assert.equal(WRAP_MAX, 24);
+  const long = layered(25);
+  const longTree = buildTree(long);
+  const longPath = (p: string): number => longTree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const longOpen = new Set([...longTree.roots, longPath('forward:layers'), longPath('backward:layers')]);
+  assert.ok(closedRows(long, longTree, longOpen).every(row => row.length === 1));
+  // nor do blocks whose parent runs ops of its own in some phase (a captured GPT's backward residual
+  // sums between its blocks): in every phase, so each block stays beside its twin
+  const sums = layered(12);
+  const sumsTree = buildTree(sums);
+  const bwd = sumsTree.modules.findIndex(m => `${m.phase}:${m.path}` === 'backward:layers');
+  sumsTree.modules[bwd].computes.push(sums.graph.computes.length - 1);
+  assert.ok(closedRows(sums, sumsTree, open).every(row => row.length === 1));
+  const small = layered();
+  const smallTree = buildTree(small);
+  const all = new Set(smallTree.modules.filter(m => m.children.length > 0).map(m => m.id));
+  assert.ok(closedRows(small, smallTree, all).every(row => row.length === 1));
+});
+
 test("a closed module's twin ranks beside it; leaf modules stay closed while the hierarchy is", () => {
   const doc = layered();
   const tree = buildTree(doc);
@@ -423,6 +473,18 @@ test("a closed module's twin ranks beside it; leaf modules stay closed while the
     const [f, b] = [path(`forward:layers.${i}`), path(`backward:layers.${i}`)];
     assert.ok(dot.includes(`{ rank=same; "m${f}"; "m${b}"; }`), `layers.${i}`);
   }
+  // and the phases left to right, always (at 5.4k ops dot sometimes swapped the columns): an invisible
+  // point whose edges to a node of each phase keep their order
+  assert.match(dot, /"phase-order" \[shape=point, style=invis, width=0, height=0, ordering=out\];/);
+  const anchors = [...dot.matchAll(/^ {2}"phase-order" -> "([cdm]\d+)" \[style=invis\];$/gm)].map(m => m[1]);
+  assert.equal(anchors.length, 2);
+  const phaseOf = (id: string): string => {
+    const ref = parseNodeId(id)!;
+    return ref.kind === 'compute'
+      ? (doc.graph.computes[ref.id].phase ?? 'forward')
+      : tree.modules[ref.id].phase;
+  };
+  assert.deepEqual(anchors.map(phaseOf), ['forward', 'backward']);
   // a one-op leaf module at the top ("head") beside the layers: while the layers' blocks stay closed
   // (a limit their ops pass), the leaf stays a box too; its ops and tensors side by side made a 12-layer
   // GPT's first drawing wider than a notebook

@@ -21,6 +21,9 @@ describe('inspectStep', () => {
     // step 1 runs relu (module named with markup) with a 2 MiB workspace; a1 is live, a2 is being written
     const step = inspectStep(SAMPLE, 1, 3);
     assert.equal(step.action, 'compute relu (aten.relu)');
+    // the compact hover leaves the source line to the inspection
+    assert.equal(step.source, 'model.py:11');
+    assert.equal(inspectStep(SAMPLE, 2).source, '');
     assert.equal(step.count, 5); // w, x, a1, a2 and the workspace
     assert.deepEqual(step.largest, [
       { name: 'a1', kind: 'saved', bytes: 8 * MiB, producer: 'aten.mm', module: 'net.fc1' },

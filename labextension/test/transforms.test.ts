@@ -18,6 +18,7 @@ import {
   FRAGMENTATION,
   fragmentationSeries,
   backwardStart,
+  categoryShares,
   baselineStepsByOp,
   budgetLabel,
   recomputeSteps,
@@ -31,6 +32,7 @@ import {
   nearestFrontierIndex,
   parsePlan,
   planFigure,
+  overheadReadout,
   planReadouts,
   timeCuts,
   planTitle,
@@ -139,11 +141,13 @@ describe('categories', () => {
 
 describe('stepHover', () => {
   it('names op, module and source of a compute step, escaped', () => {
-    const relu = stepHover(SAMPLE, ['compute', 1], 1);
+    const relu = stepHover(SAMPLE, ['compute', 1], 1, true);
     assert.equal(
       relu,
       'step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>source: model.py:11'
     );
+    // the planned chart's compact hover leaves the source line to the click's inspection
+    assert.ok(!stepHover(SAMPLE, ['compute', 1], 1).includes('source'));
     const hostile = stepHover(SAMPLE, ['compute', 6], 12);
     assert.ok(hostile.startsWith('step 12: <b>&lt;img src=x onerror=alert(1)&gt;</b> (aten.mul)'));
   });
@@ -209,12 +213,24 @@ describe('planFigure', () => {
     const total = fig.traces.find(t => t.name === 'planned total');
     assert.ok(total);
     assert.equal(total.hovertext!.length, planned.step_bytes.length);
+    // three short lines (op, module, planned vs eager at this op): the source line and the layers are
+    // in the click's inspection, out of the unified hover that covered half a 12-layer chart
     assert.equal(
       total.hovertext![1],
-      'planned step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>' +
-        'source: model.py:11<br>total: 23.00 MiB<br>eager at this op: 23.00 MiB (eager step 1)'
+      'step 1: <b>relu</b> (aten.relu)<br>module: &lt;img src=x onerror=alert(1)&gt;<br>' +
+        'planned 23.00 MiB · eager at this op 23.00 MiB (eager step 1)'
     );
-    assert.deepEqual(stacked[0].hovertext![1], 'parameters: 4.00 MiB');
+    assert.ok(stacked.every(t => t.hoverinfo === 'skip' && t.hovertext === undefined));
+    assert.deepEqual(categoryShares(SAMPLE, 1), [
+      { category: 'parameters', bytes: 4 * MiB },
+      ...categoryShares(SAMPLE, 1).slice(1)
+    ]);
+    const shares = categoryShares(SAMPLE, 1);
+    assert.equal(
+      shares.reduce((sum, x) => sum + x.bytes, 0),
+      planned.step_bytes[1]
+    );
+    assert.ok(shares.every(x => x.bytes !== 0));
     assert.equal(planTitle(SAMPLE), 'tiny &lt;img src=x onerror=alert(1)&gt; (train) on cpu');
   });
 
@@ -303,9 +319,9 @@ describe('planFigure', () => {
     const total = fig.traces.find(t => t.name === 'planned total')!;
     assert.match(
       total.hovertext![10],
-      /^planned step 10: <b>linear<\/b> \(aten.mm\)<br>module: net.fc1<br>source: model.py:10 <i>recomputation<\/i>/
+      /^step 10: <b>linear<\/b> \(aten.mm\) · <i>recomputed<\/i><br>module: net.fc1<br>planned /
     );
-    assert.ok(!total.hovertext![0].includes('recomputation'));
+    assert.ok(!total.hovertext![0].includes('recomputed'));
     // tanh_backward (node 4, the first backward op) runs at planned step 5
     assert.equal(backwardStart(SAMPLE), 5);
     const forwardOnly = clone() as unknown as PlanDoc;
@@ -319,7 +335,7 @@ describe('planFigure', () => {
     const total = fig.traces.find(t => t.name === 'planned total')!;
     // planned step 11 runs node 6 (the hostile-named mul), which eager runs at step 9, not 11
     const eager = SAMPLE.baseline!.timeline.step_bytes;
-    assert.ok(total.hovertext![11].endsWith(`eager at this op: ${formatBytes(eager[9])} (eager step 9)`));
+    assert.ok(total.hovertext![11].endsWith(`eager at this op ${formatBytes(eager[9])} (eager step 9)`));
     assert.notEqual(eager[9], eager[11]);
     // the index-aligned baseline entry is out of the unified hover
     assert.equal(fig.traces.find(t => t.name === 'baseline (eager)')!.hoverinfo, 'skip');
@@ -380,6 +396,13 @@ describe('planReadouts', () => {
     // the kernel's Plan.time_overhead (op times and measured fixed costs) when the plan carries it
     const predicted = { ...clone(), time_overhead: 1.291 } as unknown as PlanDoc;
     assert.equal(Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead, '+29.1%');
+    // an eager plan is the eager step: 0, and the exported module's prediction (below eager's on a small
+    // CPU model: its executor skips autograd's per-step work) is named as that (a saved one read -15.0%)
+    const eager = { ...clone(), strategy: 'none', time_overhead: 0.85 } as unknown as PlanDoc;
+    const eagerOverhead = planReadouts(eager).find(x => x.label === 'overhead')!.value;
+    assert.equal(eagerOverhead, '0 (eager) · exported module -15.0%');
+    assert.equal(overheadReadout('none', 1), '0 (eager)');
+    assert.equal(overheadReadout('rotor', 0.85), '-15.0%');
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');

@@ -108,6 +108,9 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   for (const name of ['forward', 'backward']) {
     expect(await inView(phase(name).first()), `${name} in view`).toBe(true);
   }
+  // the forward left of the backward, always (dot sometimes drew the backward column left here)
+  const phaseX = async (name: string) => (await phase(name).first().boundingBox())!.x;
+  expect(await phaseX('forward')).toBeLessThan(await phaseX('backward'));
   const layer = modules.filter({ has: page.locator('title', { hasText: 'layers.57 [forward]' }) });
   await expect(layer).toHaveCount(0);
   await phaseLayers('forward')
@@ -273,7 +276,14 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
     );
     expect(frame.y, `${phase} frame's top in view`).toBeGreaterThanOrEqual(c.y - 1);
     expect(frame.y).toBeLessThan(c.y + c.height);
+    // and its bottom: the whole collapsed hierarchy without panning (its 12 blocks stacked made it
+    // 1760 px tall; they wrap into two rows of 6 now, each beside its twin row)
+    expect(frame.y + frame.height, `${phase} frame's bottom in view`).toBeLessThanOrEqual(c.y + c.height + 1);
   }
+  // the forward left of the backward (dot once swapped the columns at 5.4k ops)
+  const left = async (phase: string) =>
+    (await titled('g.cluster', new RegExp(`^${phase} \\(`)).boundingBox())!.x;
+  expect(await left('forward')).toBeLessThan(await left('backward'));
   const twin = async (phase: string) =>
     (await titled('g.node.module', new RegExp(`^blocks\\.3 \\[${phase}\\]`)).boundingBox())!;
   const [f, b] = [await twin('forward'), await twin('backward')];

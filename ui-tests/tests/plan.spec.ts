@@ -44,9 +44,19 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   // it runs that same op (eager step 4: the plan runs an extra free first), not eager's step 5.
   const hover = view.locator('.hoverlayer');
   await expect(hover).toContainText('peak 29.00 MiB');
-  await expect(hover).toContainText('planned step 5: tanh_backward (aten.tanh_backward)');
-  await expect(hover).toContainText('eager at this op: 37.00 MiB (eager step 4)');
+  await expect(hover).toContainText('step 5: tanh_backward (aten.tanh_backward)');
+  await expect(hover).toContainText('planned 29.00 MiB · eager at this op 37.00 MiB (eager step 4)');
   await expect(hover).not.toContainText('baseline step');
+  // compact (issue 18: the box covered half a 12-layer chart): the peak and three lines of the step,
+  // no line per memory layer, no source line (both are in the click's inspection below)
+  await expect(hover).not.toContainText('activations');
+  await expect(hover).not.toContainText('source:');
+  // (plotly draws the unified box as a legend in the hover layer): under a third of the plot's height
+  const unified = hover.locator('.legend');
+  await expect(unified).toBeVisible();
+  const boxHeight = (await unified.boundingBox())!.height;
+  const plotHeight = (await view.locator('.nsewdrag').first().boundingBox())!.height;
+  expect(boxHeight).toBeLessThan(plotHeight / 3);
   expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
   expect(await view.locator('.gtitle').textContent()).toContain('<img src=x onerror=alert(1)>');
 
@@ -58,6 +68,8 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
   await expect(inspector.locator('.jp-memviz-inspect-caption')).toContainText(
     'step 5: compute tanh_backward (aten.tanh_backward) — 6 tensors resident, 29.00 MiB'
   );
+  // what the hover leaves out: the op's source line and the bytes of each layer at this step
+  await expect(inspector.locator('.jp-memviz-inspect-layers')).toContainText(/layers: parameters \d/);
   const rows = inspector.locator('.jp-memviz-inspect-row');
   await expect(rows).toHaveCount(6);
   await expect(rows.first().locator('td')).toHaveText(['a2', 'saved', '8.00 MiB', 'aten.relu', HOSTILE]);

@@ -107,9 +107,11 @@ def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     def noisy_costs(costs: dict, what: str) -> dict:
         return {k: v * noisy_factor(seed, what, k) if isinstance(v, float) else v for k, v in costs.items()}
 
-    measure, fixed, checkpoint, update = P._measure_costs, P.step_fixed_costs, P._checkpoint_costs, P._time_update
+    measure, fixed, checkpoint = P._measure_costs, P.step_fixed_costs, P._checkpoint_costs
+    update = P._time_update
     monkeypatch.setattr(P, "_measure_costs", lambda *a, **k: noisy_graph(measure(*a, **k)))
     monkeypatch.setattr(P, "step_fixed_costs", lambda *a, **k: noisy_costs(fixed(*a, **k), "fixed"))
-    monkeypatch.setattr(P, "_checkpoint_costs", lambda *a, **k: noisy_costs(checkpoint(*a, **k), "checkpoint"))
+    monkeypatch.setattr(P, "_checkpoint_costs",
+                        lambda *a, **k: noisy_costs(checkpoint(*a, **k), "checkpoint"))
     monkeypatch.setattr(P, "_time_update", lambda cls, p, *a, **k: update(cls, p, *a, **k) * noisy_factor(
         seed, "update", cls.__name__, p.name))

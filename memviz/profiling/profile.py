@@ -857,9 +857,9 @@ class _Timer:
     Runs stop once ``budget_s`` seconds are spent at the operator's fastest run (a stall does not use up
     the budget), and a warm-up run over the budget ends the warm-up: a kernel that alone takes longer
     than the budget runs twice and is measured by its timed run (a stall in the warm-up no longer stands
-    for the operator), where warm-up effects (first-touch allocation, cache misses) are small next to its own time.  They also
-    stop once the two fastest samples lie within ``spread`` of each other (max/min - 1): the minimum is
-    confirmed and more runs would not lower it."""
+    for the operator), where warm-up effects (first-touch allocation, cache misses) are small next to its
+    own time.  They also stop once the two fastest samples lie within ``spread`` of each other
+    (max/min - 1): the minimum is confirmed and more runs would not lower it."""
 
     def __init__(self, device: torch.device, budget_s: float = 0.05, spread: float = 0.05) -> None:
         self.device = device

@@ -3,8 +3,9 @@
 Costs (Checkmate Sec. 4.4 profiles each op's time; Rockmate Appendix B.2 its memory):
 
 * real device: the captured joint graph is replayed node by node in capture order; each operator runs
-  ``warmup`` times, then ``repeats`` times timed (`accelerator.host_clock` on CPU, CUDA events on GPU) and the
-  fastest run is kept, stopping early within a time budget per operator or once runs agree (`_Timer`);
+  ``warmup`` times, then ``repeats`` times timed (on the CPU on one intra-op thread, this process's CPU
+  time: `accelerator.timing_threads`; CUDA events on GPU) and the fastest run is kept, stopping early
+  within a time budget per operator or once runs agree (`_Timer`);
   operators identical in op, shapes, strides and dtypes share one measurement (`op_key`) and are not
   run again.  On CUDA the transient workspace is the allocator's peak during the op minus what the op
   returns; on CPU it is not observable and recorded as 0.
@@ -204,9 +205,11 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         graph, per_graph = _measure_graph_costs(graph, cap, model, args, kwargs, mode, loss_fn, info,
                                                 repeats, warmup)
     else:
-        graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
+        with accelerator.timing_threads(info.torch_device):
+            graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
     if optimizer is not None:
-        graph = add_optimizer(graph, cap.grad_data, optimizer, info, model)
+        with accelerator.timing_threads(info.torch_device):
+            graph = add_optimizer(graph, cap.grad_data, optimizer, info, model)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
@@ -224,9 +227,10 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             step_peak += runtime
         _check_measured(step_peak, measured, bool(codegen))
         if mode == "train" and cap.loss_compute is not None:
-            fixed = step_fixed_costs(graph, cap, schedule, fp, model, args, kwargs, loss_fn,
-                                     info.torch_device, repeats, warmup)
-            fixed.update(_checkpoint_costs(graph, cap, model, args, kwargs, info, repeats, warmup))
+            with accelerator.timing_threads(info.torch_device):
+                fixed = step_fixed_costs(graph, cap, schedule, fp, model, args, kwargs, loss_fn,
+                                         info.torch_device, repeats, warmup)
+                fixed.update(_checkpoint_costs(graph, cap, model, args, kwargs, info, repeats, warmup))
             graph = Graph(graph.computes, graph.datas, graph.outputs, name=graph.name,
                           meta={**graph.meta, **fixed})
     # after the measurements: the runtime node and the fixed costs are part of the graph it simulates

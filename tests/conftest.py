@@ -53,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run every test as if on a machine N times slower: time.monotonic and time.perf_counter run N "
              "times faster inside each test, so every wall-clock time limit is cut N-fold (finds the tests "
              "whose outcome depends on the machine's load; measured times are scaled too)")
+    parser.addoption(
+        "--noisy-timings", type=int, default=None, metavar="SEED",
+        help="multiply every op time and fixed cost a profile measures by a pseudo-random factor in [0.5, 2] "
+             "per op, drawn from SEED, as a loaded machine measures them (finds the tests that assert "
+             "something of one particular plan that measured times decide)")
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +73,45 @@ def _slower_machine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     base = [f() for f in real]
     monkeypatch.setattr(time, "monotonic", lambda: base[0] + factor * (real[0]() - base[0]))
     monkeypatch.setattr(time, "perf_counter", lambda: base[1] + factor * (real[1]() - base[1]))
+
+
+def noisy_factor(seed: int, *key: object) -> float:
+    """A factor in [0.5, 2] (log-uniform) that `seed` and `key` fix, the same in every run and process
+    (no salted `hash`): what a loaded machine may multiply one measured time by."""
+    import hashlib
+    import random
+
+    digest = hashlib.sha256(repr((seed, *key)).encode()).digest()
+    return 2.0 ** random.Random(digest).uniform(-1.0, 1.0)
+
+
+@pytest.fixture(autouse=True)
+def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--noisy-timings SEED`: what `memviz.profile` measures (each op's time, the optimizer's updates,
+    the step's fixed costs, checkpointing's costs) comes back multiplied per op by `noisy_factor`; the
+    estimated (``fake:``) costs are left exact, as they are on a loaded machine."""
+    seed = request.config.getoption("--noisy-timings")
+    if seed is None:
+        return
+    from memviz.profiling import profile as P
+    from solvers import ComputeNode, Graph
+
+    def noisy_graph(graph: Graph) -> Graph:
+        computes = tuple(
+            ComputeNode(c.id, c.name, c.op, c.phase, c.inputs, c.outputs,
+                        time=c.time * noisy_factor(seed, "op", c.name, c.op), temp_bytes=c.temp_bytes,
+                        module=c.module, source=c.source, block=c.block, flops=c.flops, mutates=c.mutates)
+            for c in graph.computes)
+        return Graph(computes, graph.datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
+
+    def noisy_costs(costs: dict, what: str) -> dict:
+        return {k: v * noisy_factor(seed, what, k) if isinstance(v, float) else v for k, v in costs.items()}
+
+    measure, fixed, checkpoint = P._measure_costs, P.step_fixed_costs, P._checkpoint_costs
+    update = P._time_update
+    monkeypatch.setattr(P, "_measure_costs", lambda *a, **k: noisy_graph(measure(*a, **k)))
+    monkeypatch.setattr(P, "step_fixed_costs", lambda *a, **k: noisy_costs(fixed(*a, **k), "fixed"))
+    monkeypatch.setattr(P, "_checkpoint_costs",
+                        lambda *a, **k: noisy_costs(checkpoint(*a, **k), "checkpoint"))
+    monkeypatch.setattr(P, "_time_update", lambda cls, p, *a, **k: update(cls, p, *a, **k) * noisy_factor(
+        seed, "update", cls.__name__, p.name))

@@ -97,6 +97,26 @@ def host_clock() -> Callable[[], float]:
     return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
+@contextlib.contextmanager
+def timing_threads(device: torch.device | str) -> Iterator[None]:
+    """Inside, CPU operators run on one intra-op thread (restored after), so `host_clock` reads this
+    process's CPU time: what the profile times on the CPU is timed there as ``torch.utils.benchmark.Timer``
+    times by default (``num_threads=1``).  With several threads on a busy machine every parallel region
+    waits at OpenMP's barrier for a descheduled thread, and the scheduler, not the step, sets the reading:
+    the demo GPT's training step read 0.9-7.8 s of wall time on 2 threads at load 14, against 17-25 ms of
+    CPU time on one (issue 18 item 4; its Planner showed +10.9% and +53.5% for one plan).  Accelerators
+    are timed by device events: nothing changes."""
+    threads = torch.get_num_threads()
+    if is_accelerator(device) or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @functools.cache
 def empty_window(clock: Callable[[], float]) -> float:
     """Seconds `clock` reads between two back-to-back calls (median of 101), which `timed` takes off each

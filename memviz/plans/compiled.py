@@ -77,7 +77,8 @@ def compiled_step(prof: Any, graph: Graph, regions: Sequence[Region], backend: s
     ``torch.compile(backend=backend)`` at torch's default ``activation_memory_budget``.  The peak: the
     CPU allocator's, parameters and inputs counted from the start, as the plan's peak counts them.  The
     ratio: the median over `rounds` interleaved pairs of the compiled step's time over the plain model's
-    eager step (`memviz.hardware.accelerator.timed`, the profile's clock); None with no rounds.  The first
+    eager step (`accelerator.alternating_pairs` of `accelerator.timed`: the order swapped every pair,
+    garbage collection paused, as the profile's own step ratios); None with no rounds.  The first
     step compiles; the second is measured.  The user's model and RNG streams are left as they were."""
     import statistics
 
@@ -115,12 +116,11 @@ def compiled_step(prof: Any, graph: Graph, regions: Sequence[Region], backend: s
                 return peak, None
             eager = functools.partial(step, reference)
             eager()  # warm, as the compiled step is
-            pairs = []
-            for _ in range(rounds):  # interleaved: a burst of load slows both steps of a pair alike
-                ours = accelerator.timed(step, "cpu")[0]
-                theirs = accelerator.timed(eager, "cpu")[0]
-                if theirs > 0:
-                    pairs.append(ours / theirs)
+            # interleaved (a burst of load slows both steps of a pair alike), the order swapped every pair
+            ours, theirs = accelerator.alternating_pairs(lambda: accelerator.timed(step, "cpu")[0],
+                                                         lambda: accelerator.timed(eager, "cpu")[0],
+                                                         lambda done: done < rounds)
+            pairs = [a / b for a, b in zip(ours, theirs, strict=True) if b > 0]
             return peak, statistics.median(pairs) if pairs else None
     finally:
         torch._dynamo.reset()

@@ -94,15 +94,11 @@ def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     if seed is None:
         return
     from memviz.profiling import profile as P
-    from solvers import ComputeNode, Graph
+    from solvers import Graph
 
     def noisy_graph(graph: Graph) -> Graph:
-        computes = tuple(
-            ComputeNode(c.id, c.name, c.op, c.phase, c.inputs, c.outputs,
-                        time=c.time * noisy_factor(seed, "op", c.name, c.op), temp_bytes=c.temp_bytes,
-                        module=c.module, source=c.source, block=c.block, flops=c.flops, mutates=c.mutates)
-            for c in graph.computes)
-        return Graph(computes, graph.datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
+        return P._with_costs(graph, {c.id: c.time * noisy_factor(seed, "op", c.name, c.op)
+                                     for c in graph.computes}, {})
 
     def noisy_costs(costs: dict, what: str) -> dict:
         return {k: v * noisy_factor(seed, what, k) if isinstance(v, float) else v for k, v in costs.items()}

@@ -362,7 +362,8 @@ export interface Trace {
   type: 'scatter';
   name: string;
   x: number[];
-  y: number[];
+  /** null: a gap in the line */
+  y: (number | null)[];
   mode: 'lines' | 'markers' | 'lines+markers' | 'markers+text';
   hovertext?: string[];
   hoverinfo?: 'text' | 'skip';
@@ -644,14 +645,20 @@ export function planFigure(
   });
 
   if (baseline) {
+    // Drawn by op, as the hover compares: at each planned step, eager's bytes while it runs the same
+    // op (a gap before the plan's first shared op).  Drawn by step index, the dotted line set eager's
+    // step i under the plan's step i, another op as soon as the plan recomputes or reorders one
+    // (issue 18 item 3).  Only a baseline sharing no op (an autochunk plan's unchunked model) keeps
+    // its own steps and its own hover.
     const line: Trace = {
       type: 'scatter',
       name: 'baseline (eager)',
-      x: baselineEdges.slice(0, m).map(x => x / xunit.scale),
-      y: baseline.timeline.step_bytes.map(v => v / unit.scale),
+      x: byOp ? px : baselineEdges.slice(0, m).map(x => x / xunit.scale),
+      y: byOp
+        ? byOp.map(j => (j >= 0 ? baseline.timeline.step_bytes[j] / unit.scale : null))
+        : baseline.timeline.step_bytes.map(v => v / unit.scale),
       mode: 'lines',
       line: { color: colors.baseline, width: 1.5, dash: 'dot', shape: 'hv' },
-      // aligned by op in the planned hover; only a baseline of another graph has its own hover
       hoverinfo: byOp ? 'skip' : 'text'
     };
     if (!byOp) {
@@ -664,7 +671,7 @@ export function planFigure(
   }
 
   if (typeof doc.budget_bytes === 'number') {
-    const last = axis === 'step' ? Math.max(n, m, 1) - 1 : end / xunit.scale;
+    const last = axis === 'step' ? Math.max(n, byOp ? 0 : m, 1) - 1 : end / xunit.scale;
     traces.push({
       type: 'scatter',
       name: 'budget',
@@ -695,7 +702,8 @@ export function planFigure(
     });
   }
   const xTitle = axis === 'time' ? `estimated time (${xunit.name}, summed per-op times)` : 'schedule step';
-  return { traces, unit, steps: Math.max(n, m), xTitle, xscale: xunit.scale };
+  // a baseline drawn by op spans the planned steps
+  return { traces, unit, steps: Math.max(n, byOp ? 0 : m), xTitle, xscale: xunit.scale };
 }
 
 /** One header readout: a label and its value, both plain text (set with textContent); a warning is

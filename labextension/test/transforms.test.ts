@@ -184,7 +184,7 @@ describe('planFigure', () => {
       planned.step_bytes.map(b => b / MiB)
     );
     planned.step_bytes.forEach((bytes, i) => {
-      const sum = stacked.reduce((acc, t) => acc + t.y[i], 0);
+      const sum = stacked.reduce((acc, t) => acc + (t.y[i] ?? 0), 0);
       assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != ${bytes}`);
     });
   });
@@ -192,10 +192,13 @@ describe('planFigure', () => {
   it('overlays the baseline, the budget and the peak', () => {
     const baseline = fig.traces.find(t => t.name === 'baseline (eager)');
     assert.ok(baseline);
+    // drawn at the planned steps, each at eager's bytes for the same op (baselineStepsByOp)
+    const eager = SAMPLE.baseline!.timeline.step_bytes;
     assert.deepEqual(
       baseline.y,
-      SAMPLE.baseline!.timeline.step_bytes.map(b => b / MiB)
+      baselineStepsByOp(SAMPLE)!.map(j => eager[j] / MiB)
     );
+    assert.deepEqual(baseline.x, fig.traces.find(t => t.name === 'planned total')!.x);
     const budget = fig.traces.find(t => t.name === 'budget');
     assert.deepEqual(budget?.y, [32, 32]);
     const peak = fig.traces.find(t => t.name === 'peak');
@@ -238,7 +241,7 @@ describe('planFigure', () => {
     const reserved = SAMPLE.packing!.allocator!.reserved!;
     assert.equal(reserved.length, planned.step_bytes.length);
     reserved.forEach((bytes, i) => {
-      const sum = layers.reduce((acc, t) => acc + t.y[i], 0);
+      const sum = layers.reduce((acc, t) => acc + (t.y[i] ?? 0), 0);
       assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != reserved ${bytes}`);
     });
     // the simulated allocator keeps its 20 MiB segments cached: fragmentation is not zero here
@@ -337,8 +340,13 @@ describe('planFigure', () => {
     const eager = SAMPLE.baseline!.timeline.step_bytes;
     assert.ok(total.hovertext![11].endsWith(`eager at this op ${formatBytes(eager[9])} (eager step 9)`));
     assert.notEqual(eager[9], eager[11]);
-    // the index-aligned baseline entry is out of the unified hover
-    assert.equal(fig.traces.find(t => t.name === 'baseline (eager)')!.hoverinfo, 'skip');
+    // the dotted line too: under planned step 11 it draws eager's step 9, and under the recomputation
+    // of linear (planned step 10) eager's step 0, where eager ran it
+    const line = fig.traces.find(t => t.name === 'baseline (eager)')!;
+    assert.equal(line.y[11], eager[9] / MiB);
+    assert.equal(line.y[10], eager[0] / MiB);
+    // aligned, its entry is out of the unified hover (the planned total's carries it)
+    assert.equal(line.hoverinfo, 'skip');
   });
 
   it("aligns by op name a baseline run on a graph of its own (a captured model's eager run)", () => {

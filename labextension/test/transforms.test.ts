@@ -33,6 +33,7 @@ import {
   parsePlan,
   planFigure,
   overheadReadout,
+  overheadSpread,
   planReadouts,
   timeCuts,
   planTitle,
@@ -400,17 +401,39 @@ describe('planReadouts', () => {
     assert.equal(r.strategy, 'checkmate');
     assert.equal(planReadouts(SAMPLE, 'auto')[0].value, 'checkmate (chosen by auto)');
     assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
-    assert.equal(r.overhead, '+12.5%');
+    assert.equal(r.overhead, '+12.5% (spread not measured)');
     // the kernel's Plan.time_overhead (op times and measured fixed costs) when the plan carries it
     const predicted = { ...clone(), time_overhead: 1.291 } as unknown as PlanDoc;
-    assert.equal(Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead, '+29.1%');
+    assert.equal(
+      Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead,
+      '+29.1% (spread not measured)'
+    );
+    // with the spread the profile measured (its step pairs' quartiles), never as exact
+    const spread = {
+      ...clone(),
+      time_overhead: 1.291,
+      time_overhead_range: [1.2, 1.35]
+    } as unknown as PlanDoc;
+    assert.equal(
+      planReadouts(spread).find(x => x.label === 'overhead')!.value,
+      "+29.1% (+20.0% to +35.0% at the measured steps' quartiles)"
+    );
+    // an untrusted range out of order or not numbers is no range
+    for (const bad of [[1.4, 1.2], ['1', 2], [1.2], [NaN, 2]]) {
+      const doc = { ...spread, time_overhead_range: bad } as unknown as PlanDoc;
+      assert.equal(overheadSpread(doc), null);
+    }
     // an eager plan is the eager step: 0, and the exported module's prediction (below eager's on a small
     // CPU model: its executor skips autograd's per-step work) is named as that (a saved one read -15.0%)
     const eager = { ...clone(), strategy: 'none', time_overhead: 0.85 } as unknown as PlanDoc;
     const eagerOverhead = planReadouts(eager).find(x => x.label === 'overhead')!.value;
-    assert.equal(eagerOverhead, '0 (eager) · exported module -15.0%');
+    assert.equal(eagerOverhead, '0 (eager) · exported module -15.0% (spread not measured)');
     assert.equal(overheadReadout('none', 1), '0 (eager)');
-    assert.equal(overheadReadout('rotor', 0.85), '-15.0%');
+    assert.equal(overheadReadout('none', 1, [0.9, 1.1]), '0 (eager)');
+    assert.equal(
+      overheadReadout('rotor', 0.85, [0.8, 0.9]),
+      "-15.0% (-20.0% to -10.0% at the measured steps' quartiles)"
+    );
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');

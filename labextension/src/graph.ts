@@ -275,7 +275,9 @@ export class GraphView implements PlanView {
     this.stage.replaceChildren(drawing);
     this.lit = null;
     this.drawn = new Set(this.expanded);
-    const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length;
+    // a run of repeated blocks is one closed node
+    const inRuns = this.runs.reduce((n, r) => n + r.members.length - 1, 0);
+    const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length - inRuns;
     this.status.textContent =
       `${nodes} nodes for ${ops} ops` +
       (closed
@@ -419,11 +421,13 @@ export class GraphView implements PlanView {
     void this.render();
   }
 
-  /** Draw the blocks of run `key` (in every phase) one by one, each a closed module. */
+  /**
+   * Draw the blocks of run `key` (in every phase) one by one, each a closed module; the view lands on
+   * the phases side by side, as on first drawing (the blocks wrap in rows beside their twins there).
+   */
   private unroll(key: string): void {
-    const run = this.runs.find(r => r.key === key);
     this.unrolled = new Set([...this.unrolled, key]);
-    this.focus = run ? [{ kind: 'module', id: run.members[0] }] : [];
+    this.focus = [];
     void this.render();
   }
 

@@ -259,7 +259,10 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
   const inRun = new Set(tree.modules.flatMap(m => childRuns(tree, m.id, order).flat()));
   let count = tree.roots.length;
   const leaves: number[] = [];
-  let closedHierarchy = false;
+  // a run stays closed, so the hierarchy is not all open: the leaves beside it stay closed too (opened,
+  // the 12-layer GPT's embeddings and head with their tensors made the drawing wider than the output
+  // once its blocks were unrolled)
+  let closedHierarchy = inRun.size > 0;
   // the phases open one by one (a phase's root may be many ops: the optimizer's step); below them each
   // level opens in step across the open phases: a module's twin sits at its depth, under its parent's
   let frontier: number[][] = tree.roots.map(r => [r]);

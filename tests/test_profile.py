@@ -784,3 +784,59 @@ def test_a_cpu_profile_measures_the_in_step_rate_of_its_ops() -> None:
     meta = prof.graph.meta
     ops = sum(c.time for c in prof.graph.computes if c.phase is not Phase.OPTIMIZER)
     assert meta["recompute_scale"] == pytest.approx((ops + meta["eager_fixed_s"]) / ops)
+
+
+def test_the_overhead_is_predicted_at_the_quartiles_of_the_measured_steps() -> None:
+    """Issue 18: the overhead readout was shown as exact, while the same plan's overhead moved by ~10
+    points across runs (benchmarks/check_overhead_spread.py).  The profile keeps its step pairs' quartiles
+    (eager's step, the exported step's ratio in its pair) and `step_time_range` predicts the plan at them;
+    no quartiles (an estimated device, an older plan file): no range."""
+    from memviz.plans.planning import step_time_range, step_time_ratio
+    from memviz.profiling.profile import _quartile_costs
+    from solvers import Graph
+
+    eager = [0.012, 0.013, 0.014, 0.015, 0.016, 0.017, 0.018]  # ops sum to 0.010
+    ratios = [1.00, 1.05, 1.10, 1.15, 1.20, 1.25, 1.30]
+    q = _quartile_costs(eager, ratios, 0.010, [])
+    assert q["eager_fixed_s_q1"] == pytest.approx(0.013 - 0.010)
+    assert q["executor_fixed_s_q3"] == pytest.approx(1.25 * 0.015 - 0.010)
+    assert q["recompute_scale_q3"] == pytest.approx(1.7)
+    assert _quartile_costs(eager[:3], ratios[:3], 0.010, []) == {}
+    meta = {"eager_fixed_s": 0.005, "executor_fixed_s": 1.15 * 0.015 - 0.010, "recompute_scale": 1.5, **q}
+    graph = Graph((), (), (), meta=meta)
+    for planned in (0.010, 0.013):
+        lo, hi = step_time_range(graph, planned, 0.010, 3)
+        assert lo < step_time_ratio(graph, planned, 0.010, 3) < hi
+    # an eager schedule: the exported step's ratio spread, over eager's step spread
+    lo, hi = step_time_range(graph, 0.010, 0.010)
+    assert lo == pytest.approx((0.010 + 1.05 * 0.015 - 0.010) / 0.017)
+    assert hi == pytest.approx((0.010 + 1.25 * 0.015 - 0.010) / 0.013)
+    assert step_time_range(Graph((), (), (), meta={"eager_fixed_s": 0.005}), 0.010, 0.010) is None
+
+
+def test_an_eager_plan_reads_x1_and_names_a_faster_exported_module() -> None:
+    """Issue 18: `Plan.summary()` printed x0.850 for an eager (no-recompute) plan on a small CPU MLP:
+    `time_overhead` of a "none" plan is `memviz.export`'s module, whose executor measured a lower per-step
+    cost than eager autograd.  The eager plan is the eager step, x1.000; the exported module's ratio is
+    named as such, with that reason.  Planned on fixed costs (no measured times)."""
+    import memviz
+    from memviz.hardware.devices import named_device
+    from memviz.profiling.profile import estimate_costs
+    from solvers import Graph
+
+    model, args = mlp()
+    prof = profile(model, args, measure=False)
+    costs = estimate_costs(prof.graph, prof.captured, named_device("fake:v100"))
+    prof = dataclasses.replace(prof, graph=costs)
+    plan = memviz.plan(prof, None, strategy="none", frontier=False)
+    # the profile's baseline was timed on the graph's costs before re-costing: the plan times it on the
+    # graph it plans (it read x0.002 here, its eager run timed on the CPU, the plan's on a V100)
+    assert plan.baseline.total_time == pytest.approx(plan.timeline.total_time)
+    assert plan.time_overhead == pytest.approx(1.0) and "time x1.000 (eager)," in plan.summary()
+    eager, planned, g = plan.baseline.total_time, plan.timeline.total_time, plan.graph
+    faster = dataclasses.replace(plan, graph=Graph(g.computes, g.datas, g.outputs, name=g.name, meta={
+        **g.meta, "eager_fixed_s": eager, "executor_fixed_s": 1.7 * eager - planned}))
+    assert faster.time_overhead == pytest.approx(0.85)
+    text = faster.summary()
+    assert "time x1.000 (eager; exported module x0.850: the exported module's per-step cost measured" in text
+    assert "x0.850, " not in text.replace("exported module x0.850", "")

@@ -3,7 +3,8 @@
  * node's fate in the planned schedule (issue 18 item 2).
  *
  * - Modules start collapsed beyond what draws in a glance (`OPEN_NODES`); a click on a module opens it,
- *   a click on an open module's frame closes it (graph_tree.ts).
+ *   a click on an open module's frame closes it (graph_tree.ts).  Repeated blocks start as one counted
+ *   node ("12 x h"); a click draws them one by one (`blockRuns`).
  * - Graphviz lays the drawing out in a Web Worker (graph_layout.ts): the page never waits on dot.  A
  *   drawing above `MAX_NODES` is refused before layout, and one that takes over `LAYOUT_TIMEOUT_MS` is
  *   abandoned, leaving the last drawing on screen.
@@ -18,8 +19,10 @@
 import { FIT_MIN_SCALE, MIN_LABEL_PX, Rect, fitReadable, focusView, zoomAt, View } from './graph_data';
 import { LayoutClient, LayoutError } from './graph_layout';
 import {
+  BlockRun,
   LEGEND,
   ancestors,
+  blockRuns,
   ModuleTree,
   NodeRef,
   SearchHit,
@@ -64,6 +67,10 @@ export class GraphView implements PlanView {
   private expanded = new Set<number>();
   /** the expansion last drawn, restored when a layout is refused or abandoned */
   private drawn = new Set<number>();
+  /** runs of repeated blocks drawn one by one (`BlockRun.key`); the others are one node each */
+  private unrolled = new Set<string>();
+  /** the runs on screen, for their tooltips */
+  private runs: BlockRun[] = [];
   private hits: SearchHit[] = [];
   private hitIndex = -1;
   /**
@@ -152,6 +159,7 @@ export class GraphView implements PlanView {
     this.doc = doc;
     this.tree = buildTree(doc);
     this.expanded = defaultExpansion(doc, this.tree, OPEN_NODES);
+    this.unrolled = new Set();
     this.drawn = new Set();
     this.hits = [];
     this.hitIndex = -1;
@@ -238,7 +246,7 @@ export class GraphView implements PlanView {
     this.node.dataset.layout = 'running';
     let svg: string;
     try {
-      svg = await this.layouts.layout(toDot(doc, tree, this.expanded), LAYOUT_TIMEOUT_MS);
+      svg = await this.layouts.layout(toDot(doc, tree, this.expanded, this.unrolled), LAYOUT_TIMEOUT_MS);
     } catch (err) {
       if (generation !== this.generation) {
         return; // a newer request cancelled this one
@@ -261,12 +269,15 @@ export class GraphView implements PlanView {
       return;
     }
     sanitizeSvg(parsed);
+    this.runs = blockRuns(doc, tree, this.expanded, this.unrolled);
     const drawing = document.importNode(parsed, true) as unknown as SVGSVGElement;
     this.titleNodes(drawing);
     this.stage.replaceChildren(drawing);
     this.lit = null;
     this.drawn = new Set(this.expanded);
-    const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length;
+    // a run of repeated blocks is one closed node
+    const inRuns = this.runs.reduce((n, r) => n + r.members.length - 1, 0);
+    const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length - inRuns;
     this.status.textContent =
       `${nodes} nodes for ${ops} ops` +
       (closed
@@ -306,7 +317,7 @@ export class GraphView implements PlanView {
       const ref = parseNodeId(g.getAttribute('id'));
       const title = g.querySelector(':scope > title');
       if (ref && title) {
-        title.textContent = tooltipFor(doc, tree, ref);
+        title.textContent = tooltipFor(doc, tree, ref, this.runs);
       }
     }
   }
@@ -382,6 +393,7 @@ export class GraphView implements PlanView {
 
   private collapseAll(): void {
     this.expanded = new Set();
+    this.unrolled = new Set();
     this.focus = [];
     void this.render();
   }
@@ -406,6 +418,16 @@ export class GraphView implements PlanView {
     const opened = all <= MAX_NODES ? twins : [m];
     this.expanded = new Set([...this.expanded, ...opened]);
     this.focus = opened.map(id => ({ kind: 'module', id }) as NodeRef);
+    void this.render();
+  }
+
+  /**
+   * Draw the blocks of run `key` (in every phase) one by one, each a closed module; the view lands on
+   * the phases side by side, as on first drawing (the blocks wrap in rows beside their twins there).
+   */
+  private unroll(key: string): void {
+    this.unrolled = new Set([...this.unrolled, key]);
+    this.focus = [];
     void this.render();
   }
 
@@ -498,6 +520,13 @@ export class GraphView implements PlanView {
     const node = parseNodeId(target?.closest?.('g.node')?.getAttribute('id'));
     if (node?.kind === 'module') {
       this.open(node.id);
+      return;
+    }
+    if (node?.kind === 'run') {
+      const run = this.runs.find(r => r.members[0] === node.id);
+      if (run) {
+        this.unroll(run.key);
+      }
       return;
     }
     if (node?.kind === 'compute') {

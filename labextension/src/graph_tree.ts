@@ -11,7 +11,7 @@
  * them and search finds them.
  *
  * Every name comes from the plan document, which is untrusted: `dotString` escapes it for a DOT quoted
- * string and for the SVG text Graphviz writes, and SVG ids are only `c<n>`, `d<n>` and `m<n>`.
+ * string and for the SVG text Graphviz writes, and SVG ids are only `c<n>`, `d<n>`, `m<n>` and `r<n>`.
  * Pure (no DOM), so it runs under node's test runner.
  */
 import { ComputeDoc, DataDoc, PlanDoc, formatBytes } from './transforms';
@@ -51,7 +51,10 @@ export interface ModuleTree {
 
 /** What an SVG id drawn here stands for. */
 export type NodeRef =
-  { kind: 'compute'; id: number } | { kind: 'data'; id: number } | { kind: 'module'; id: number };
+  | { kind: 'compute'; id: number }
+  | { kind: 'data'; id: number }
+  | { kind: 'module'; id: number }
+  | { kind: 'run'; id: number };
 
 /** Data kinds drawn as nodes of their own (the others appear in tooltips and search only). */
 const DRAWN_KINDS = new Set(['activation', 'saved', 'gradient', 'parameter_gradient', 'output', 'input']);
@@ -246,13 +249,20 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
  * drawing did).  Siblings unlike each other open one by one, so a large one does not keep the small
  * ones beside it closed.  A module and its twins in the other phases (the same path: a block's forward
  * and its backward) open together too: at 100 layers the forward's blocks opened and the backward's
- * stayed one "2899 ops" box, lopsided.  A 5k-op model opens at its layers, a toy fully open.
+ * stayed one "2899 ops" box, lopsided.  A 5k-op model opens at its layers, a toy fully open.  Runs
+ * of repeated blocks (`childRuns`) never open here: each is drawn as one counted node.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
+  // repeated blocks stay closed: each run is one node (`blockRuns`), opened by a click
+  const order = forwardOrder(doc, tree);
+  const inRun = new Set(tree.modules.flatMap(m => childRuns(tree, m.id, order).flat()));
   let count = tree.roots.length;
   const leaves: number[] = [];
-  let closedHierarchy = false;
+  // a run stays closed, so the hierarchy is not all open: the leaves beside it stay closed too (opened,
+  // the 12-layer GPT's embeddings and head with their tensors made the drawing wider than the output
+  // once its blocks were unrolled)
+  let closedHierarchy = inRun.size > 0;
   // the phases open one by one (a phase's root may be many ops: the optimizer's step); below them each
   // level opens in step across the open phases: a module's twin sits at its depth, under its parent's
   let frontier: number[][] = tree.roots.map(r => [r]);
@@ -268,11 +278,11 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
       for (const m of group) {
         expanded.add(m);
         const children = tree.modules[m].children;
-        leaves.push(...children.filter(c => tree.modules[c].children.length === 0));
+        leaves.push(...children.filter(c => tree.modules[c].children.length === 0 && !inRun.has(c)));
         next.push(
           ...alikeGroups(
             tree,
-            children.filter(c => tree.modules[c].children.length > 0)
+            children.filter(c => tree.modules[c].children.length > 0 && !inRun.has(c))
           )
         );
       }
@@ -491,7 +501,16 @@ export function dataTooltip(doc: PlanDoc, d: number): string {
 }
 
 /** The tooltip for an SVG id drawn by `toDot`, or null for an id it does not write. */
-export function tooltipFor(doc: PlanDoc, tree: ModuleTree, ref: NodeRef): string {
+export function tooltipFor(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  ref: NodeRef,
+  runs: readonly BlockRun[] = []
+): string {
+  if (ref.kind === 'run') {
+    const run = runs.find(r => r.members[0] === ref.id);
+    return run ? runTooltip(tree, run) : moduleTooltip(tree, ref.id);
+  }
   return ref.kind === 'module'
     ? moduleTooltip(tree, ref.id)
     : ref.kind === 'compute'
@@ -499,13 +518,13 @@ export function tooltipFor(doc: PlanDoc, tree: ModuleTree, ref: NodeRef): string
       : dataTooltip(doc, ref.id);
 }
 
-/** Map an SVG id written by `toDot` ("c12", "d34", "m3") back to its node; null otherwise. */
+/** Map an SVG id written by `toDot` ("c12", "d34", "m3", "r5") back to its node; null otherwise. */
 export function parseNodeId(svgId: string | null | undefined): NodeRef | null {
-  const m = /^([cdm])(\d+)$/.exec(svgId ?? '');
+  const m = /^([cdmr])(\d+)$/.exec(svgId ?? '');
   if (!m) {
     return null;
   }
-  const kind = m[1] === 'c' ? 'compute' : m[1] === 'd' ? 'data' : 'module';
+  const kind = ({ c: 'compute', d: 'data', m: 'module', r: 'run' } as const)[m[1] as 'c' | 'd' | 'm' | 'r'];
   return { kind, id: Number(m[2]) };
 }
 
@@ -521,7 +540,22 @@ export function refId(ref: NodeRef): string {
  * crossing minimisation and network simplex are capped (`mclimit`, `nslimit`): a slightly worse
  * drawing, laid out in a bounded time.
  */
-export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): string {
+export function toDot(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  expanded: ReadonlySet<number>,
+  unrolled: ReadonlySet<string> = new Set()
+): string {
+  const runs = blockRuns(doc, tree, expanded, unrolled);
+  const runOf = new Map<string, number>(); // "m<member>" / "c<absorbed op>" -> the run's first member
+  for (const run of runs) {
+    run.members.forEach(m => runOf.set(`m${m}`, run.members[0]));
+    run.absorbed.forEach(c => runOf.set(`c${c}`, run.members[0]));
+  }
+  const drawnAs = (ref: NodeRef): string => {
+    const head = runOf.get(refId(ref));
+    return head === undefined ? refId(ref) : `r${head}`;
+  };
   const lines = [
     'digraph memviz {',
     '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.2, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
@@ -531,7 +565,9 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
   ];
   const drawnData = new Set<number>();
   for (const d of doc.graph.datas) {
-    if (dataDrawn(doc, tree, expanded, d)) {
+    // a tensor placed at an op inside a run is the run's
+    const at = d.producer ?? (d.consumers ?? [])[0];
+    if (dataDrawn(doc, tree, expanded, d) && !(at !== undefined && runOf.has(`c${at}`))) {
       drawnData.add(d.id);
     }
   }
@@ -545,6 +581,18 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
   }
   const emit = (m: number, indent: string): void => {
     const mod = tree.modules[m];
+    const run = runs.find(r => r.members[0] === m);
+    if (run) {
+      const fill = run.members.some(x => tree.modules[x].recomputed > 0) ? COLOR.recomputed : COLOR.module;
+      lines.push(
+        `${indent}"r${m}" [id="r${m}", class="module run", shape=box3d, peripheries=2, fillcolor="${fill}", ` +
+          `label="${dotString(runLabel(tree, run))}"];`
+      );
+      return;
+    }
+    if (runOf.has(`m${m}`)) {
+      return; // drawn by its run's node
+    }
     if (!expanded.has(m)) {
       const fill = mod.recomputed > 0 ? COLOR.recomputed : COLOR.module;
       const label = `${moduleLabel(tree, m)}\n${mod.total} ops${mod.recomputed ? `, ${mod.recomputed} recomputed` : ''}`;
@@ -560,7 +608,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     lines.push(
       `${indent}  id="m${m}"; class="module-open"; ${fill}; label="${dotString(mod.path || mod.phase)}";`
     );
-    for (const c of mod.computes) {
+    for (const c of mod.computes.filter(c => !runOf.has(`c${c}`))) {
       const op = doc.graph.computes[c];
       const fate = computeFate(tree, c);
       const runs = tree.runs[c] > 1 ? ` (x${tree.runs[c]})` : '';
@@ -588,7 +636,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     emit(r, '  ');
     const first = lines
       .slice(from)
-      .map(line => /^\s*"([cdm]\d+)" \[id=/.exec(line)?.[1])
+      .map(line => /^\s*"([cdmr]\d+)" \[id=/.exec(line)?.[1])
       .find(id => id !== undefined);
     if (first) {
       firstNode.set(r, first);
@@ -612,7 +660,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     }
   };
   for (const op of doc.graph.computes) {
-    const target = refId(representative(tree, expanded, op.id));
+    const target = drawnAs(representative(tree, expanded, op.id));
     const phase = phaseOf(op);
     for (const i of op.inputs ?? []) {
       const producer = doc.graph.datas[i]?.producer;
@@ -623,7 +671,12 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
         continue;
       }
       const from = phaseOf(doc.graph.computes[producer]);
-      edge(drawnData.has(i) ? `d${i}` : refId(representative(tree, expanded, producer)), target, from, phase);
+      edge(
+        drawnData.has(i) ? `d${i}` : drawnAs(representative(tree, expanded, producer)),
+        target,
+        from,
+        phase
+      );
     }
     for (const o of op.outputs ?? []) {
       if (drawnData.has(o) && doc.graph.datas[o].producer === op.id) {
@@ -632,9 +685,10 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
     }
   }
   lines.push(...phaseOrder(tree, firstNode));
-  const rows = closedRows(doc, tree, expanded);
-  lines.push(...siblingChain(tree, rows));
-  lines.push(...twinRanks(tree, rows));
+  const rows = closedRows(doc, tree, expanded, runs);
+  const name = (m: number): string => (runs.some(r => r.members[0] === m) ? `"r${m}"` : `"m${m}"`);
+  lines.push(...siblingChain(tree, rows, name));
+  lines.push(...twinRanks(tree, rows, name));
   lines.push('}');
   return lines.join('\n');
 }
@@ -649,7 +703,7 @@ export function toDot(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<numb
  * with its twin rows the same way: blocks 0-5 of the forward and of the backward on one rank.
 
  */
-function twinRanks(tree: ModuleTree, rows: readonly number[][]): string[] {
+function twinRanks(tree: ModuleTree, rows: readonly number[][], name: (m: number) => string): string[] {
   const byPath = new Map<string, number[][]>();
   for (const row of rows) {
     const head = tree.modules[row[0]];
@@ -667,7 +721,7 @@ function twinRanks(tree: ModuleTree, rows: readonly number[][]): string[] {
       const names = [...group]
         .sort((a, b) => phaseIndex(a) - phaseIndex(b))
         .flat()
-        .map(m => `"m${m}"`);
+        .map(name);
       return [`  { rank=same; ${names.join('; ')}; }`];
     });
 }
@@ -728,8 +782,15 @@ export const WRAP_MAX = 4 * WRAP_COLUMNS;
  * `WRAP_MAX`) alike siblings split into balanced rows (12 blocks: two rows of 6), every other child a
  * row of its own.
  */
-export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet<number>): number[][] {
+export function closedRows(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  expanded: ReadonlySet<number>,
+  runs: readonly BlockRun[] = []
+): number[][] {
   const order = forwardOrder(doc, tree);
+  // a run of repeated blocks is one node: its first member stands for it, the others are not drawn
+  const hidden = new Set(runs.flatMap(r => r.members.slice(1)));
   // Modules holding ops of their own in some phase (a captured GPT's backward "blocks": autograd's
   // residual sums between the blocks): their children never wrap in any phase, as the ops and tensors
   // between two rows made the captured 12-layer GPT's first view wider than the output, cut at both
@@ -738,14 +799,12 @@ export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet
   const rows: number[][] = [];
   for (const m of expanded) {
     const mod = tree.modules[m];
-    const closed = mod.children.filter(ch => !expanded.has(ch));
-    const first = (ch: number): number => {
-      const at = order.get(tree.modules[ch].path);
-      // modules the forward lacks keep their own order (reversed in the backward, which runs it so)
-      const own = Math.min(...tree.modules[ch].computes, Infinity);
-      return at ?? (mod.phase === 'backward' ? -own : own);
-    };
-    closed.sort((a, b) => first(a) - first(b));
+    const closed = inForwardOrder(
+      tree,
+      order,
+      m,
+      mod.children.filter(ch => !expanded.has(ch) && !hidden.has(ch))
+    );
     for (let i = 0; i < closed.length;) {
       let j = i + 1;
       while (j < closed.length && tree.modules[closed[j]].total === tree.modules[closed[i]].total) {
@@ -768,16 +827,167 @@ export function closedRows(doc: PlanDoc, tree: ModuleTree, expanded: ReadonlySet
  * module): a row left to right, its first member below the previous row's first.  Without them dot put
  * siblings joined only through their parent's ops on one rank, a row across the page.
  */
-function siblingChain(tree: ModuleTree, rows: readonly number[][]): string[] {
+function siblingChain(tree: ModuleTree, rows: readonly number[][], name: (m: number) => string): string[] {
   const out: string[] = [];
   rows.forEach((row, r) => {
     for (let i = 1; i < row.length; i++) {
-      out.push(`  "m${row[i - 1]}" -> "m${row[i]}" [style=invis];`);
+      out.push(`  ${name(row[i - 1])} -> ${name(row[i])} [style=invis];`);
     }
     const above = rows[r - 1];
     if (above && tree.modules[above[0]].parent === tree.modules[row[0]].parent) {
-      out.push(`  "m${above[0]}" -> "m${row[0]}" [style=invis, weight=10];`);
+      out.push(`  ${name(above[0])} -> ${name(row[0])} [style=invis, weight=10];`);
     }
   });
   return out;
+}
+
+/** `children` of module `m` in the forward's order (`forwardOrder`). */
+function inForwardOrder(
+  tree: ModuleTree,
+  order: ReadonlyMap<string, number>,
+  m: number,
+  children: readonly number[]
+): number[] {
+  const first = (ch: number): number => {
+    const at = order.get(tree.modules[ch].path);
+    // modules the forward lacks keep their own order (reversed in the backward, which runs it so)
+    const own = Math.min(...tree.modules[ch].computes, Infinity);
+    return at ?? (tree.modules[m].phase === 'backward' ? -own : own);
+  };
+  return [...children].sort((a, b) => first(a) - first(b));
+}
+
+/**
+ * Repeated blocks this many or more in a row are drawn as one counted node ("12 x h"), opened by a
+ * click: a captured 12-layer GPT's blocks, one box each, were a column taller than the view (its
+ * backward's residual sums between the blocks keep them from wrapping into rows, `closedRows`), and
+ * twelve alike boxes say less than "12 x" (Rockmate Sec. 4 solves such identical blocks once, too).
+ */
+export const RUN_MIN = 3;
+
+/** A run of repeated blocks drawn as one node, id `r<its first member>`. */
+export interface BlockRun {
+  /** the closed sibling modules it stands for, in the forward's order */
+  members: number[];
+  /** the parent's ops without a module of their own that run between two members (autograd's
+   * residual-gradient sums between a backward's blocks): drawn inside the run, not between its rows */
+  absorbed: number[];
+  /** what a click unrolls: the whole run's first path, the same in every phase (its twins unroll too) */
+  key: string;
+}
+
+/** The structure two repeated blocks share: their op count and, child by child, name and op count. */
+function shape(tree: ModuleTree, m: number): string {
+  const mod = tree.modules[m];
+  const leaf = (p: string): string => p.slice(p.lastIndexOf('.') + 1);
+  return `${mod.total}:${mod.children.map(c => `${leaf(tree.modules[c].path)}=${tree.modules[c].total}`).join(',')}`;
+}
+
+/** A module path whose last part is an index (`h.3`, `layers.11`, `0`): a ModuleList's or Sequential's item. */
+function numbered(path: string): boolean {
+  return /(^|\.)\d+$/.test(path);
+}
+
+/**
+ * The runs of `RUN_MIN` or more consecutive children of module `m` (forward's order) that are numbered
+ * items of one container with the same `shape`: a model's repeated blocks.
+ */
+export function childRuns(tree: ModuleTree, m: number, order: ReadonlyMap<string, number>): number[][] {
+  const kids = inForwardOrder(tree, order, m, tree.modules[m].children);
+  const runs: number[][] = [];
+  for (let i = 0; i < kids.length;) {
+    let j = i + 1;
+    const key = shape(tree, kids[i]);
+    if (numbered(tree.modules[kids[i]].path)) {
+      while (j < kids.length && numbered(tree.modules[kids[j]].path) && shape(tree, kids[j]) === key) {
+        j++;
+      }
+    }
+    if (j - i >= RUN_MIN) {
+      runs.push(kids.slice(i, j));
+    }
+    i = j;
+  }
+  return runs;
+}
+
+/**
+ * The runs drawn as one node under `expanded`: in each open module, each `childRuns` run not in
+ * `unrolled` (by `BlockRun.key`); a member opened (a search hit inside it) splits its run, and the
+ * closed stretches either side of it stay runs when long enough.
+ */
+export function blockRuns(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  expanded: ReadonlySet<number>,
+  unrolled: ReadonlySet<string>
+): BlockRun[] {
+  const order = forwardOrder(doc, tree);
+  const out: BlockRun[] = [];
+  for (const m of expanded) {
+    for (const run of childRuns(tree, m, order)) {
+      const key = tree.modules[run[0]].path;
+      if (unrolled.has(key)) {
+        continue;
+      }
+      let part: number[] = [];
+      for (const member of [...run, -1]) {
+        if (member >= 0 && !expanded.has(member)) {
+          part.push(member);
+          continue;
+        }
+        if (part.length >= RUN_MIN) {
+          out.push({ members: part, absorbed: absorbedOps(doc, tree, m, part), key });
+        }
+        part = [];
+      }
+    }
+  }
+  return out;
+}
+
+/** The ops of module `m` without a module of their own whose nearest ops either side run inside `members`. */
+function absorbedOps(doc: PlanDoc, tree: ModuleTree, m: number, members: readonly number[]): number[] {
+  const computes = doc.graph.computes;
+  const paths = members.map(x => tree.modules[x].path);
+  const inside = (path: string): boolean => paths.some(p => path === p || path.startsWith(`${p}.`));
+  const nearest = (i: number, step: number): string => {
+    for (let j = i + step; j >= 0 && j < computes.length; j += step) {
+      if (phaseOf(computes[j]) !== phaseOf(computes[i])) {
+        return '';
+      }
+      if (computes[j].module) {
+        return computes[j].module as string;
+      }
+    }
+    return '';
+  };
+  return tree.modules[m].computes.filter(
+    c => !computes[c].module && inside(nearest(c, -1)) && inside(nearest(c, 1))
+  );
+}
+
+/** The label of a run: "12 x h", the members' first and last index, the ops each and recomputed. */
+export function runLabel(tree: ModuleTree, run: BlockRun): string {
+  const [first, last] = [tree.modules[run.members[0]], tree.modules[run.members[run.members.length - 1]]];
+  const container = first.path.includes('.') ? first.path.slice(0, first.path.lastIndexOf('.')) : first.phase;
+  const index = (p: string): string => p.slice(p.lastIndexOf('.') + 1);
+  const name = container.slice(container.lastIndexOf('.') + 1);
+  const recomputed = run.members.reduce((n, m) => n + tree.modules[m].recomputed, 0);
+  return (
+    `${run.members.length} x ${name} [${index(first.path)}..${index(last.path)}]\n` +
+    `${first.total} ops each${recomputed ? `, ${recomputed} recomputed` : ''}`
+  );
+}
+
+/** The tooltip of a run: its first and last path, phase, what each member holds, how to open it. */
+export function runTooltip(tree: ModuleTree, run: BlockRun): string {
+  const [first, last] = [tree.modules[run.members[0]], tree.modules[run.members[run.members.length - 1]]];
+  const recomputed = run.members.reduce((n, m) => n + tree.modules[m].recomputed, 0);
+  const between = run.absorbed.length ? `, ${run.absorbed.length} ops between them` : '';
+  return (
+    `${first.path} .. ${last.path} [${first.phase}]\n` +
+    `${run.members.length} alike blocks of ${first.total} ops each${between}, ${recomputed} recomputed\n` +
+    'click to draw them one by one'
+  );
 }

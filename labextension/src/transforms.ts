@@ -125,6 +125,8 @@ export interface PlanDoc {
   budget_bytes: number | null;
   /** predicted step time over eager's (`Plan.time_overhead`; absent in older plan files) */
   time_overhead?: number;
+  /** `time_overhead` at the quartiles of the step pairs the profile measured (`Plan.time_overhead_range`) */
+  time_overhead_range?: [number, number] | null;
   model?: { name?: string; mode?: string };
   device?: { name?: string; estimated?: boolean; capacity_bytes?: number | null };
   graph: { computes: ComputeDoc[]; datas: DataDoc[] };
@@ -362,7 +364,8 @@ export interface Trace {
   type: 'scatter';
   name: string;
   x: number[];
-  y: number[];
+  /** null: a gap in the line */
+  y: (number | null)[];
   mode: 'lines' | 'markers' | 'lines+markers' | 'markers+text';
   hovertext?: string[];
   hoverinfo?: 'text' | 'skip';
@@ -644,14 +647,20 @@ export function planFigure(
   });
 
   if (baseline) {
+    // Drawn by op, as the hover compares: at each planned step, eager's bytes while it runs the same
+    // op (a gap before the plan's first shared op).  Drawn by step index, the dotted line set eager's
+    // step i under the plan's step i, another op as soon as the plan recomputes or reorders one
+    // (issue 18 item 3).  Only a baseline sharing no op (an autochunk plan's unchunked model) keeps
+    // its own steps and its own hover.
     const line: Trace = {
       type: 'scatter',
       name: 'baseline (eager)',
-      x: baselineEdges.slice(0, m).map(x => x / xunit.scale),
-      y: baseline.timeline.step_bytes.map(v => v / unit.scale),
+      x: byOp ? px : baselineEdges.slice(0, m).map(x => x / xunit.scale),
+      y: byOp
+        ? byOp.map(j => (j >= 0 ? baseline.timeline.step_bytes[j] / unit.scale : null))
+        : baseline.timeline.step_bytes.map(v => v / unit.scale),
       mode: 'lines',
       line: { color: colors.baseline, width: 1.5, dash: 'dot', shape: 'hv' },
-      // aligned by op in the planned hover; only a baseline of another graph has its own hover
       hoverinfo: byOp ? 'skip' : 'text'
     };
     if (!byOp) {
@@ -664,7 +673,7 @@ export function planFigure(
   }
 
   if (typeof doc.budget_bytes === 'number') {
-    const last = axis === 'step' ? Math.max(n, m, 1) - 1 : end / xunit.scale;
+    const last = axis === 'step' ? Math.max(n, byOp ? 0 : m, 1) - 1 : end / xunit.scale;
     traces.push({
       type: 'scatter',
       name: 'budget',
@@ -695,7 +704,8 @@ export function planFigure(
     });
   }
   const xTitle = axis === 'time' ? `estimated time (${xunit.name}, summed per-op times)` : 'schedule step';
-  return { traces, unit, steps: Math.max(n, m), xTitle, xscale: xunit.scale };
+  // a baseline drawn by op spans the planned steps
+  return { traces, unit, steps: Math.max(n, byOp ? 0 : m), xTitle, xscale: xunit.scale };
 }
 
 /** One header readout: a label and its value, both plain text (set with textContent); a warning is
@@ -717,14 +727,34 @@ function percent(x: number): string {
  * costs against eager's autograd as the profile measured them, which can be below eager's (a small MLP on
  * a CPU: -15%); that figure is named as the exported module's, never as the plan's overhead.
  */
-export function overheadReadout(strategy: string, overhead: number): string {
+export function overheadReadout(
+  strategy: string,
+  overhead: number,
+  spread: [number, number] | null = null
+): string {
+  // how exact it is (issue 18: shown as exact, it moved ~10 points between runs of one plan): the
+  // prediction at the quartiles of the step pairs the profile timed, else that nothing measured it
+  const exact = spread
+    ? ` (${percent(spread[0] - 1)} to ${percent(spread[1] - 1)} at the measured steps' quartiles)`
+    : ' (spread not measured)';
   if (strategy !== 'none') {
-    return percent(overhead - 1);
+    return percent(overhead - 1) + exact;
   }
   // under 0.05 points it would print as +0.0% / -0.0%: nothing to add
   return Math.abs(overhead - 1) < 0.0005
     ? '0 (eager)'
-    : `0 (eager) · exported module ${percent(overhead - 1)}`;
+    : `0 (eager) · exported module ${percent(overhead - 1)}${exact}`;
+}
+
+/** A plan's `time_overhead_range` when it is two finite ratios in order (a plan file is untrusted). */
+export function overheadSpread(doc: PlanDoc): [number, number] | null {
+  const r = doc.time_overhead_range;
+  return Array.isArray(r) &&
+    r.length === 2 &&
+    r.every(x => typeof x === 'number' && Number.isFinite(x) && x >= 0) &&
+    r[0] <= r[1]
+    ? [r[0], r[1]]
+    : null;
 }
 
 /**
@@ -749,7 +779,10 @@ export function planReadouts(doc: PlanDoc, selected: string | null = null): Read
         ? planned.total_time / baseline.total_time
         : null;
   if (overhead !== null) {
-    out.push({ label: 'overhead', value: overheadReadout(String(doc.strategy), overhead) });
+    out.push({
+      label: 'overhead',
+      value: overheadReadout(String(doc.strategy), overhead, overheadSpread(doc))
+    });
   }
   if (typeof planned.recomputes === 'number') {
     out.push({ label: 'recomputes', value: String(planned.recomputes) });

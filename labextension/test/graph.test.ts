@@ -4,8 +4,10 @@ import { test } from 'node:test';
 import { FIT_MIN_SCALE, fitReadable, fitView, focusView, zoomAt } from '../src/graph_data';
 import {
   LEGEND,
+  RUN_MIN,
   WRAP_COLUMNS,
   WRAP_MAX,
+  blockRuns,
   buildTree,
   closedRows,
   collapse,
@@ -428,7 +430,8 @@ test('more than 6 alike closed blocks wrap into rows, each ranked with its twin 
       [0, 1, 2, 3, 4, 5].map(i => `layers.${i + 6 * (r % 2)}`)
     )
   );
-  const dot = toDot(doc, tree, open);
+  // drawn one by one once their run is unrolled (a click on "12 x layers")
+  const dot = toDot(doc, tree, open, new Set(['layers.0']));
   for (const r of [0, 1]) {
     const members = [0, 1, 2, 3, 4, 5].map(i => i + 6 * r);
     const names = [...members.map(i => block('forward', i)), ...members.map(i => block('backward', i))];
@@ -515,4 +518,104 @@ test("a closed module's twin ranks beside it; leaf modules stay closed while the
   assert.ok(!first.has(head));
   // a toy opens fully
   assert.ok(defaultExpansion(doc, withHead, 1000).has(head));
+});
+
+test('repeated blocks open as one counted node per phase, ranked with its twin; a click unrolls both', () => {
+  const doc = layered(12);
+  // autograd's residual sums between the backward's blocks, placed in `layers` (placedModules)
+  const g = doc.graph;
+  for (let i = 0; i < g.computes.length; i++) {
+    const c = g.computes[i];
+    if (c.phase === 'backward' && c.module === 'layers.5.attn') {
+      const out = g.datas.length;
+      g.datas.push({
+        id: out,
+        name: 'sum_5',
+        bytes: 64,
+        kind: 'gradient',
+        producer: g.computes.length,
+        consumers: []
+      });
+      g.computes.splice(i + 1, 0, {
+        id: -1,
+        name: 'sum_5',
+        op: 'aten.add',
+        phase: 'backward',
+        inputs: c.outputs,
+        outputs: [out]
+      });
+      break;
+    }
+  }
+  // ids are positions: renumber after the insertion
+  const old = g.computes.map(c => c.id);
+  g.computes.forEach((c, i) => (c.id = i));
+  const renumber = new Map(old.map((id, i) => [id, i] as const));
+  renumber.set(
+    -1,
+    g.computes.findIndex(c => c.name === 'sum_5')
+  );
+  g.datas.forEach(d => {
+    if (d.producer !== null && d.producer !== undefined) {
+      d.producer = d.name === 'sum_5' ? renumber.get(-1)! : renumber.get(d.producer)!;
+    }
+    d.consumers = (d.consumers ?? []).map(c => renumber.get(c)!);
+  });
+  doc.planned.schedule = g.computes.map(c => ['compute', c.id]) as PlanDoc['planned']['schedule'];
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const open = defaultExpansion(doc, tree, 150);
+  // the blocks stay closed (150 nodes would hold them), their parent opens
+  assert.ok(open.has(path('forward:layers')) && open.has(path('backward:layers')));
+  assert.ok(!open.has(path('forward:layers.0')));
+  const runs = blockRuns(doc, tree, open, new Set());
+  assert.equal(runs.length, 2);
+  assert.ok(RUN_MIN <= 12);
+  const [fwd, bwd] = [path('forward:layers.0'), path('backward:layers.0')];
+  assert.deepEqual(
+    runs.map(r => r.members.length),
+    [12, 12]
+  );
+  // the backward's sum between two blocks is drawn inside its run, not between its rows
+  const sum = g.computes.findIndex(c => c.name === 'sum_5');
+  assert.deepEqual(runs.find(r => r.members[0] === bwd)!.absorbed, [sum]);
+  const dot = toDot(doc, tree, open);
+  assert.match(
+    dot,
+    new RegExp(
+      `"r${fwd}" \\[id="r${fwd}", class="module run".*label="12 x layers \\[0\\.\\.11\\]\\\\n2 ops each`
+    )
+  );
+  assert.ok(dot.includes(`{ rank=same; "r${fwd}"; "r${bwd}"; }`));
+  assert.ok(
+    !/"m\d+" \[id=/.test(
+      dot
+        .split('\n')
+        .filter(l => l.includes('layers.'))
+        .join('\n')
+    )
+  );
+  assert.ok(!dot.includes(`"c${sum}"`) && !dot.includes('sum_5'));
+  assert.deepEqual(parseNodeId(`r${fwd}`), { kind: 'run', id: fwd });
+  assert.match(
+    tooltipFor(doc, tree, { kind: 'run', id: bwd }, runs),
+    /^layers\.0 \.\. layers\.11 \[backward\]\n12 alike blocks of 2 ops each, 1 ops between them/
+  );
+  // unrolled (by the first path, so both phases): 12 closed blocks per phase, no run node
+  const unrolled = toDot(doc, tree, open, new Set([runs[0].key]));
+  assert.ok(!/"r\d+"/.test(unrolled));
+  assert.ok(unrolled.includes(`"m${fwd}" [id="m${fwd}"`) && unrolled.includes(`"m${bwd}" [id="m${bwd}"`));
+  // a member opened (a search hit in block 5) splits the run: 0..4 and 6..11 stay runs
+  const hit = new Set([...open, path('forward:layers.5')]);
+  assert.deepEqual(
+    blockRuns(doc, tree, hit, new Set())
+      .filter(r => tree.modules[r.members[0]].phase === 'forward')
+      .map(r => r.members.map(m => tree.modules[m].path.split('.')[1]).join(',')),
+    ['0,1,2,3,4', '6,7,8,9,10,11']
+  );
+  // two blocks are no run: the toy opens fully, as before
+  const small = layered();
+  const smallTree = buildTree(small);
+  const all = defaultExpansion(small, smallTree, 1000);
+  assert.deepEqual(blockRuns(small, smallTree, all, new Set()), []);
 });

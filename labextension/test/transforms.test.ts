@@ -33,6 +33,7 @@ import {
   parsePlan,
   planFigure,
   overheadReadout,
+  overheadSpread,
   planReadouts,
   timeCuts,
   planTitle,
@@ -184,7 +185,7 @@ describe('planFigure', () => {
       planned.step_bytes.map(b => b / MiB)
     );
     planned.step_bytes.forEach((bytes, i) => {
-      const sum = stacked.reduce((acc, t) => acc + t.y[i], 0);
+      const sum = stacked.reduce((acc, t) => acc + (t.y[i] ?? 0), 0);
       assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != ${bytes}`);
     });
   });
@@ -192,10 +193,13 @@ describe('planFigure', () => {
   it('overlays the baseline, the budget and the peak', () => {
     const baseline = fig.traces.find(t => t.name === 'baseline (eager)');
     assert.ok(baseline);
+    // drawn at the planned steps, each at eager's bytes for the same op (baselineStepsByOp)
+    const eager = SAMPLE.baseline!.timeline.step_bytes;
     assert.deepEqual(
       baseline.y,
-      SAMPLE.baseline!.timeline.step_bytes.map(b => b / MiB)
+      baselineStepsByOp(SAMPLE)!.map(j => eager[j] / MiB)
     );
+    assert.deepEqual(baseline.x, fig.traces.find(t => t.name === 'planned total')!.x);
     const budget = fig.traces.find(t => t.name === 'budget');
     assert.deepEqual(budget?.y, [32, 32]);
     const peak = fig.traces.find(t => t.name === 'peak');
@@ -238,7 +242,7 @@ describe('planFigure', () => {
     const reserved = SAMPLE.packing!.allocator!.reserved!;
     assert.equal(reserved.length, planned.step_bytes.length);
     reserved.forEach((bytes, i) => {
-      const sum = layers.reduce((acc, t) => acc + t.y[i], 0);
+      const sum = layers.reduce((acc, t) => acc + (t.y[i] ?? 0), 0);
       assert.ok(Math.abs(sum * MiB - bytes) < 1e-6, `step ${i}: ${sum * MiB} != reserved ${bytes}`);
     });
     // the simulated allocator keeps its 20 MiB segments cached: fragmentation is not zero here
@@ -337,8 +341,13 @@ describe('planFigure', () => {
     const eager = SAMPLE.baseline!.timeline.step_bytes;
     assert.ok(total.hovertext![11].endsWith(`eager at this op ${formatBytes(eager[9])} (eager step 9)`));
     assert.notEqual(eager[9], eager[11]);
-    // the index-aligned baseline entry is out of the unified hover
-    assert.equal(fig.traces.find(t => t.name === 'baseline (eager)')!.hoverinfo, 'skip');
+    // the dotted line too: under planned step 11 it draws eager's step 9, and under the recomputation
+    // of linear (planned step 10) eager's step 0, where eager ran it
+    const line = fig.traces.find(t => t.name === 'baseline (eager)')!;
+    assert.equal(line.y[11], eager[9] / MiB);
+    assert.equal(line.y[10], eager[0] / MiB);
+    // aligned, its entry is out of the unified hover (the planned total's carries it)
+    assert.equal(line.hoverinfo, 'skip');
   });
 
   it("aligns by op name a baseline run on a graph of its own (a captured model's eager run)", () => {
@@ -392,17 +401,39 @@ describe('planReadouts', () => {
     assert.equal(r.strategy, 'checkmate');
     assert.equal(planReadouts(SAMPLE, 'auto')[0].value, 'checkmate (chosen by auto)');
     assert.equal(r.peak, '29.00 MiB (-21.6% vs eager 37.00 MiB)');
-    assert.equal(r.overhead, '+12.5%');
+    assert.equal(r.overhead, '+12.5% (spread not measured)');
     // the kernel's Plan.time_overhead (op times and measured fixed costs) when the plan carries it
     const predicted = { ...clone(), time_overhead: 1.291 } as unknown as PlanDoc;
-    assert.equal(Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead, '+29.1%');
+    assert.equal(
+      Object.fromEntries(planReadouts(predicted).map(x => [x.label, x.value])).overhead,
+      '+29.1% (spread not measured)'
+    );
+    // with the spread the profile measured (its step pairs' quartiles), never as exact
+    const spread = {
+      ...clone(),
+      time_overhead: 1.291,
+      time_overhead_range: [1.2, 1.35]
+    } as unknown as PlanDoc;
+    assert.equal(
+      planReadouts(spread).find(x => x.label === 'overhead')!.value,
+      "+29.1% (+20.0% to +35.0% at the measured steps' quartiles)"
+    );
+    // an untrusted range out of order or not numbers is no range
+    for (const bad of [[1.4, 1.2], ['1', 2], [1.2], [NaN, 2]]) {
+      const doc = { ...spread, time_overhead_range: bad } as unknown as PlanDoc;
+      assert.equal(overheadSpread(doc), null);
+    }
     // an eager plan is the eager step: 0, and the exported module's prediction (below eager's on a small
     // CPU model: its executor skips autograd's per-step work) is named as that (a saved one read -15.0%)
     const eager = { ...clone(), strategy: 'none', time_overhead: 0.85 } as unknown as PlanDoc;
     const eagerOverhead = planReadouts(eager).find(x => x.label === 'overhead')!.value;
-    assert.equal(eagerOverhead, '0 (eager) · exported module -15.0%');
+    assert.equal(eagerOverhead, '0 (eager) · exported module -15.0% (spread not measured)');
     assert.equal(overheadReadout('none', 1), '0 (eager)');
-    assert.equal(overheadReadout('rotor', 0.85), '-15.0%');
+    assert.equal(overheadReadout('none', 1, [0.9, 1.1]), '0 (eager)');
+    assert.equal(
+      overheadReadout('rotor', 0.85, [0.8, 0.9]),
+      "-15.0% (-20.0% to -10.0% at the measured steps' quartiles)"
+    );
     assert.equal(r.recomputes, '1');
     assert.equal(r.budget, '32.00 MiB');
     assert.equal(r.solver, 'hand heuristic, no optimality bound in 0.00 s');

@@ -12,7 +12,7 @@ import importlib
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,16 @@ class Plan:
                                self.timeline.recomputes)
 
     @property
+    def time_overhead_range(self) -> tuple[float, float] | None:
+        """`time_overhead` at the quartiles of the step pairs the profile measured (`step_time_range`);
+        None where nothing measured its spread (an estimated device, a sac plan: `memviz.plans.sac`
+        prices its own steps)."""
+        if self.strategy == "sac":
+            return None
+        return step_time_range(self.graph, self.timeline.total_time, self.baseline.total_time,
+                               self.timeline.recomputes)
+
+    @property
     def collective_seconds(self) -> float:
         """Predicted seconds of the plan's collectives (a parallel profile's all-gathers, reduce-scatters,
         all-reduces; 0 on one device), part of the step time `time_overhead` compares."""
@@ -140,6 +150,7 @@ class Plan:
             "strategy": self.strategy,
             "budget_bytes": self.budget_bytes,
             "time_overhead": self.time_overhead,  # the views show this one number, not their own
+            "time_overhead_range": None if (spread := self.time_overhead_range) is None else list(spread),
             "graph": {**self.graph.to_dict(), "meta": _json_meta(self.graph.meta)},
             "baseline": {
                 **_run_dict(self.baseline_schedule, self.baseline),
@@ -232,9 +243,35 @@ class Plan:
         return (
             f"memviz plan [{self.strategy}, {self.solver_stats.status}{gap}] {self.model.get('name', '')}: "
             f"peak {format_bytes(self.peak_bytes)} (baseline {format_bytes(self.baseline.peak_bytes)}), "
-            f"{budget}, time x{self.time_overhead:.3f}, {self.recomputations} recomputations"
+            f"{budget}, {self._time_text()}, {self.recomputations} recomputations"
             f"{self._comm_note()}{self._time_cut_note()}"
         )
+
+    def _time_text(self) -> str:
+        """The step time over eager's, with the spread the profile measured (`time_overhead_range`).
+
+        An eager plan ("none") is the eager step: x1.000 (`memviz.apply` leaves the model as it is, as
+        the views' readout says).  Its `time_overhead` is what `memviz.export`'s module would take, which
+        printed as the plan's own "x0.850" on a small CPU MLP: the executor's per-step cost (straight-line
+        ATen calls) measured under eager autograd's.  It is named as the exported module's, with that
+        reason; so is any other ratio below 1 (a plan never runs fewer ops than eager)."""
+        ratio, spread = self.time_overhead, self.time_overhead_range
+        text = f"x{ratio:.3f}" + ("" if spread is None else f" (x{spread[0]:.3f}-x{spread[1]:.3f} at the "
+                                                           "quartiles of the measured steps)")
+        planned_s, eager_s = self.timeline.total_time, self.baseline.total_time
+        fixed = fixed_costs(self.graph, eager_s)
+        if ratio >= 1 - 5e-4 or self.strategy == "sac":
+            why = ""
+        elif fixed["executor_fixed_s"] < fixed["eager_fixed_s"]:
+            why = (f": the exported module's per-step cost measured {fixed['executor_fixed_s'] * 1e3:.3g} ms "
+                   f"against eager's {fixed['eager_fixed_s'] * 1e3:.3g} ms")
+        elif planned_s < eager_s:  # the baseline was timed apart from the plan's graph
+            why = (f": its op times sum to {planned_s * 1e3:.3g} ms, the eager baseline's to "
+                   f"{eager_s * 1e3:.3g} ms")
+        if self.strategy == "none":
+            return "time x1.000 (eager)" if abs(ratio - 1) < 5e-4 else \
+                f"time x1.000 (eager; exported module {text}{why})"
+        return f"time {text}{why}"
 
     @property
     def time_cuts(self) -> list[str]:
@@ -331,6 +368,11 @@ MIN_STEP_SHARE = 0.5
 
 
 def fixed_costs(graph: Graph, baseline_s: float) -> dict[str, float]:
+    """`fixed_costs_of` the graph's metadata."""
+    return fixed_costs_of(graph.meta, baseline_s)
+
+
+def fixed_costs_of(meta: Mapping[str, Any], baseline_s: float) -> dict[str, float]:
     """The per-step costs beyond the op times that the profile measured (``eager_fixed_s``,
     ``executor_fixed_s``, ``executor_op_s``: `memviz.profiling.profile.step_fixed_costs`), 0 where not
     measured, and ``recompute_scale`` (1 where not measured).  One may be below 0: each op timed alone
@@ -339,10 +381,10 @@ def fixed_costs(graph: Graph, baseline_s: float) -> dict[str, float]:
     measured under `MIN_STEP_SHARE` of its op times `baseline_s` (a 100-layer GPT profiled under load:
     -6.8 s, which made a plan of +16% in op times read x2.85)."""
     keys = ("eager_fixed_s", "executor_fixed_s", "executor_op_s")
-    costs = {key: _finite(graph.meta.get(key)) for key in keys}
+    costs = {key: _finite(meta.get(key)) for key in keys}
     if baseline_s + costs["eager_fixed_s"] < MIN_STEP_SHARE * baseline_s:
         return {**dict.fromkeys(costs, 0.0), "recompute_scale": 1.0}
-    return {**costs, "recompute_scale": _finite(graph.meta.get("recompute_scale")) or 1.0}
+    return {**costs, "recompute_scale": _finite(meta.get("recompute_scale")) or 1.0}
 
 
 def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputations: int = 0) -> float:
@@ -355,12 +397,38 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     measured op times at the rate ops ran inside the eager step (``recompute_scale``, host-timed
     profiles); the fixed costs only scale the ratio, so no solver's choice depends on them
     (solvers compare op times)."""
-    fixed = fixed_costs(graph, baseline_s)
+    return _time_ratio(graph.meta, planned_s, baseline_s, recomputations)
+
+
+def _time_ratio(meta: Mapping[str, Any], planned_s: float, baseline_s: float, recomputations: int) -> float:
+    fixed = fixed_costs_of(meta, baseline_s)
     eager = baseline_s + fixed["eager_fixed_s"]
     # the recomputed op time again at the in-step rate's excess over the rate timed alone
     in_step = (fixed["recompute_scale"] - 1.0) * max(0.0, planned_s - baseline_s)
     executor = planned_s + in_step + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
     return executor / eager if eager > 0 and executor > 0 else 1.0
+
+
+def step_time_range(graph: Graph, planned_s: float, baseline_s: float,
+                    recomputations: int = 0) -> tuple[float, float] | None:
+    """`step_time_ratio` at the quartiles of the step pairs the profile measured (`profile._quartile_costs`:
+    eager's step and the exported step's ratio to it, each at its lower and upper quartile; the least and
+    the most of the four): how much the prediction moves with the steps' own spread on this machine.
+    None when the profile measured no pairs (estimated devices, older plans): then nothing says how exact
+    the ratio is.  Op times are each the fastest of several runs and not varied here."""
+    meta = graph.meta
+    keys = ("eager_fixed_s", "executor_fixed_s")
+    if not all(isinstance(meta.get(f"{key}_{q}"), (int, float)) for key in keys for q in ("q1", "q3")):
+        return None
+    corners = []
+    for e in ("q1", "q3"):
+        for x in ("q1", "q3"):
+            at = {**meta, "eager_fixed_s": meta[f"eager_fixed_s_{e}"],
+                  "executor_fixed_s": meta[f"executor_fixed_s_{x}"]}
+            if f"recompute_scale_{e}" in meta:
+                at["recompute_scale"] = meta[f"recompute_scale_{e}"]
+            corners.append(_time_ratio(at, planned_s, baseline_s, recomputations))
+    return min(corners), max(corners)
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -847,12 +915,26 @@ def _baseline_of(prof: Any) -> tuple[Graph, Schedule, Timeline]:
     if isinstance(prof, Plan):
         return prof.graph, prof.baseline_schedule, prof.baseline
     try:
-        return prof.graph, prof.baseline_schedule, prof.baseline
+        graph, schedule = prof.graph, prof.baseline_schedule
+        return graph, schedule, _timed_on(graph, schedule, prof.baseline)
     except AttributeError:
         raise TypeError(
             f"memviz.plan needs a profile from memviz.profile(model, args) or a solvers.Graph, "
             f"not {type(prof).__name__}"
         ) from None
+
+
+def _timed_on(graph: Graph, schedule: Schedule, baseline: Timeline) -> Timeline:
+    """`baseline` with the total time of `schedule`'s ops on `graph` (memory does not depend on times).
+
+    A profile whose graph was re-costed after profiling (``dataclasses.replace(prof, graph=estimate_costs(
+    ...))``, the fixed costs tests plan on) kept a baseline timed on the old op times, and every plan's
+    `time_overhead` compared its own op times with those: an eager plan read x0.850, or x0.002 when a
+    measured CPU baseline met a V100's estimates (issue 18)."""
+    eager_s = sum(graph.computes[s.node].time for s in schedule if s.op == "compute")
+    if math.isclose(eager_s, baseline.total_time, rel_tol=1e-9, abs_tol=1e-15):
+        return baseline
+    return dataclasses.replace(baseline, total_time=eager_s)
 
 
 def _model_info(prof: Any, graph: Graph) -> dict[str, Any]:

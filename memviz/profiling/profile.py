@@ -429,14 +429,36 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     # the operators the generated code runs (the loss and its backward run in the user's code: None)
     generated = [c for c in graph.computes[:len(cap.compute_fx)] if cap.compute_fx[c.id] is not None]
     step_s = statistics.median(eager)
-    ratio = statistics.median(x / e for x, e in zip(executor, eager, strict=True) if e > 0)
+    ratios = [x / e for x, e in zip(executor, eager, strict=True) if e > 0]
+    ratio = statistics.median(ratios)
     per_op = 0.0 if not in_phases else \
         (statistics.median(in_phases) - sum(c.time for c in generated)) / max(1, len(generated))
     # host-timed ops: the eager step over its ops timed alone is the rate they run at in the step, which a
     # recomputation pays too (an accelerator's per-op term above prices its launches instead)
     scale = step_s / ops if not in_phases and ops > 0 and step_s > 0 else 1.0
     return {"eager_fixed_s": step_s - ops, "executor_fixed_s": ratio * step_s - ops,
-            "executor_op_s": per_op, "executor_ops": len(generated), "recompute_scale": scale}
+            "executor_op_s": per_op, "executor_ops": len(generated), "recompute_scale": scale,
+            **_quartile_costs(eager, ratios, ops, in_phases)}
+
+
+def _quartile_costs(eager: list[float], ratios: list[float], ops: float,
+                    in_phases: list[float]) -> dict[str, float]:
+    """The fixed costs of `step_fixed_costs` at the lower and upper quartile (``_q1``, ``_q3``) of what the
+    pairs measured: eager's step, and the exported step's ratio to it in its pair.  How far the steps
+    spread within this one profile, run to run on the same machine: `memviz.plans.planning.
+    step_time_range` predicts a plan's step time at them (issue 18: the overhead readout was shown as
+    exact, while benchmarks/check_overhead_spread.py saw it move by ~10 points across runs).  Empty with
+    fewer than 4 pairs (no quartiles worth the name)."""
+    if len(eager) < 4 or len(ratios) < 4:
+        return {}
+    step_s = statistics.median(eager)
+    e1, _, e3 = statistics.quantiles(eager, n=4)
+    r1, _, r3 = statistics.quantiles(ratios, n=4)
+    out = {"eager_fixed_s_q1": e1 - ops, "eager_fixed_s_q3": e3 - ops,
+           "executor_fixed_s_q1": r1 * step_s - ops, "executor_fixed_s_q3": r3 * step_s - ops}
+    if not in_phases and ops > 0:  # host-timed: the in-step rate moves with eager's step
+        out.update(recompute_scale_q1=e1 / ops, recompute_scale_q3=e3 / ops)
+    return out
 
 
 class _PhaseClock:

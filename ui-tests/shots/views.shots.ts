@@ -49,7 +49,8 @@ for (const notebook of NOTEBOOKS) {
     const shot = (el: ReturnType<typeof page.locator>, file: string) =>
       el.screenshot({ path: path.join(OUT, `${name}-${file}.png`) });
     const editor = page.locator('.jp-memviz-chunk-editor .js-plotly-plot');
-    const whatif = page.locator('.jp-memviz-whatif');
+    // the first WhatIf (a notebook may show one panel twice)
+    const whatif = page.locator('.jp-memviz-whatif').first();
     await expect(
       page
         .locator(
@@ -59,6 +60,15 @@ for (const notebook of NOTEBOOKS) {
     ).toBeVisible({
       timeout: 1100000
     });
+    if (await editor.count()) {
+      // a ChunkEditor: its chart and the first region rows (a notebook may show a WhatIf after it)
+      await editor.first().scrollIntoViewIfNeeded();
+      await shot(editor.first(), 'chunk-regions');
+      await shot(page.locator('.jp-memviz-chunk-editor').first(), 'chunk-editor');
+      if (!(await whatif.count())) {
+        return;
+      }
+    }
     if (await whatif.count()) {
       // a WhatIf: the first configuration, then it and three more pinned side by side (recompute
       // selective, then TP 2 with sequence parallelism: GPT-2's 50257 tokens padded as Megatron pads them)
@@ -80,13 +90,6 @@ for (const notebook of NOTEBOOKS) {
       await whatif.locator('.jp-memviz-whatif-sp').check({ timeout: 60000 });
       await expect(rows.last()).toContainText('tp2 sp', { timeout: 60000 });
       await shot(whatif, 'whatif-compare');
-      return;
-    }
-    if (await editor.count()) {
-      // a ChunkEditor: its chart and the first region rows
-      await editor.scrollIntoViewIfNeeded();
-      await shot(editor, 'chunk-regions');
-      await shot(page.locator('.jp-memviz-chunk-editor'), 'chunk-editor');
       return;
     }
     const view = page.locator('.jp-memviz-plan').first();

@@ -113,15 +113,31 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   expect(await phaseX('forward')).toBeLessThan(await phaseX('backward'));
   const layer = modules.filter({ has: page.locator('title', { hasText: 'layers.57 [forward]' }) });
   await expect(layer).toHaveCount(0);
-  await phaseLayers('forward')
-    .locator('path, polygon')
-    .first()
-    .evaluate(el => {
-      for (const type of ['pointerdown', 'pointerup']) {
-        el.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
-      }
+  const press = async (el: ReturnType<typeof svg.locator>): Promise<void> =>
+    el
+      .locator('path, polygon')
+      .first()
+      .evaluate(e => {
+        for (const type of ['pointerdown', 'pointerup']) {
+          e.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
+        }
+      });
+  await press(phaseLayers('forward'));
+  // opened, the 110 alike layers of each phase are one counted node (issue 18), a click draws them
+  const runs = svg.locator('g.node.run');
+  const run = (phase: string) =>
+    runs.filter({
+      has: page.locator(':scope > title', {
+        hasText: new RegExp(`^layers\\.0 \\.\\. layers\\.109 \\[${phase}\\]`)
+      })
     });
+  await expect(run('forward')).toHaveCount(1, { timeout: 60000 });
+  await expect(run('backward')).toHaveCount(1);
+  await expect(run('forward')).toContainText('110 x layers [0..109]');
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  await press(run('forward'));
   await expect(layer).toHaveCount(1, { timeout: 60000 });
+  await expect(runs).toHaveCount(0);
   // the click opened the backward's layers with the forward's: both phases show their 110 layers
   await expect(phaseLayers('backward')).toHaveCount(0);
   await expect(modules.locator('title', { hasText: /^layers\.57 \[backward\]/ })).toHaveCount(1);
@@ -258,7 +274,7 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
   await expect(svg).toBeVisible({ timeout: 60000 });
   await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
   const canvas = graph.locator('.jp-memviz-graph-canvas');
-  const c = (await canvas.boundingBox())!;
+  let c = (await canvas.boundingBox())!;
   expect(c.width).toBeLessThanOrEqual(848);
   const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
   expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
@@ -267,6 +283,36 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
   // phases side by side were 1.3-2.6x the output's width: the first view showed their inner halves)
   const titled = (sel: string, re: RegExp) =>
     svg.locator(sel).filter({ has: page.locator(':scope > title', { hasText: re }) });
+  // the 12 alike blocks of each phase open as one counted node, beside its twin, whole in view
+  const run = (phase: string) =>
+    titled('g.node.run', new RegExp(`^blocks\\.0 \\.\\. blocks\\.11 \\[${phase}\\]`));
+  for (const phase of ['forward', 'backward']) {
+    await expect(run(phase)).toHaveCount(1);
+    await expect(run(phase)).toContainText('12 x blocks [0..11]');
+    await expect(titled('g.node.module', new RegExp(`^blocks\\.\\d+ \\[${phase}\\]`))).toHaveCount(0);
+    const r = (await run(phase).boundingBox())!;
+    expect(r.x, `${phase} run in view`).toBeGreaterThanOrEqual(c.x - 1);
+    expect(r.x + r.width).toBeLessThanOrEqual(c.x + c.width + 1);
+    expect(r.y).toBeGreaterThanOrEqual(c.y - 1);
+    expect(r.y + r.height).toBeLessThanOrEqual(c.y + c.height + 1);
+  }
+  const [rf, rb] = [(await run('forward').boundingBox())!, (await run('backward').boundingBox())!];
+  expect(Math.abs(rf.y - rb.y), 'the run beside its backward twin').toBeLessThan(rf.height);
+  await graph.screenshot({ path: test.info().outputPath('graph-gpt12-runs.png') });
+  // a click draws them one by one, in both phases
+  await run('forward')
+    .locator('path, polygon')
+    .first()
+    .evaluate(el => {
+      for (const type of ['pointerdown', 'pointerup']) {
+        el.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
+      }
+    });
+  await expect(svg.locator('g.node.run')).toHaveCount(0, { timeout: 60000 });
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  // the canvas again: the page may have scrolled while the new drawing replaced the old
+  c = (await canvas.boundingBox())!;
+  await graph.screenshot({ path: test.info().outputPath('graph-gpt12-unrolled.png') });
   for (const phase of ['forward', 'backward']) {
     await expect(titled('g.node.module', new RegExp(`^blocks\\.\\d+ \\[${phase}\\]`))).toHaveCount(12);
     const frame = (await titled('g.cluster', new RegExp(`^${phase} \\(`)).boundingBox())!;

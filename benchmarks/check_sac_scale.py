@@ -39,7 +39,7 @@ def unscaled(prof: Any) -> Any:
     """`prof` with the checkpointing costs as calibrated before exec23: scale 1, from the same block times."""
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
     meta = graph.meta
-    path, ids, mm = candidate_blocks(prof.model, graph)[0]
+    path, ids, mm, *_ = candidate_blocks(prof.model, graph, prof.captured)[0]
     keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
     holds = eager_holds(prof.captured)

@@ -7,6 +7,7 @@ training step is within 2% of the plan's and at or under its budget."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -278,3 +279,41 @@ def test_verify_measures_the_applied_copy_before_returning_it() -> None:
     assert applied.plan.strategy == "sac"
     with pytest.raises(ValueError, match="inplace"):
         memviz.apply(plan, model, inplace=True, verify=True)
+
+
+@pytest.mark.slow  # 55 s of CPU: a profile, the calibration and two 3-step truth loops
+def test_in_place_activations_checkpoint_as_planned() -> None:
+    """torchvision's mobilenet_v3_small runs ``nn.Hardswish(inplace=True)``, ``nn.ReLU(inplace=True)`` and
+    ``nn.Dropout(inplace=True)``; the capture is functionalized, so which values they overwrite comes
+    from the FX provenance (`memviz.plans.sac.in_place_writes`).  A piece or block whose input is
+    overwritten is no candidate (checkpointing keeps its inputs: a Hardswish alone, the classifier's
+    Dropout), so checkpointing's own costs are measured (a ProfileWarning said they could not be: the
+    Hardswish piece failed its backward) and every option runs exactly, within 2% of its plan (every
+    option failed its backward before: "pointwise" in the Hardswish, "full" in the classifier)."""
+    from memviz.hardware.devices import named_device
+    from memviz.plans.sac import candidate_blocks, checkpoint_costs, in_place_writes
+    from memviz.profiling.capture import summed_as_eager
+    from memviz.profiling.profile import estimate_costs
+    from tests.real_models import REAL
+    from tests.test_sac_pointwise import _planned
+
+    case = REAL["tv_mobilenet_v3"]()
+    loss_fn = case.losses["ce"]
+    prof = profile(case.model, case.args, case.kwargs, loss_fn=loss_fn, repeats=1, warmup=0, measure=False)
+    # fixed op costs: the plans do not move with the machine's load
+    v100 = named_device("fake:v100")
+    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    graph = summed_as_eager(prof.graph)
+    writes = in_place_writes(prof.captured, graph)
+    assert {graph.computes[c].module for c in writes} >= {"features.0.2", "classifier.2"}, writes
+    blocks = {b.name: b for b in candidate_blocks(prof.model, graph, prof.captured)}
+    assert "features.0" in blocks and "features.0.2" not in dict(blocks["features.0"].pieces)
+    # the classifier's Hardswish and Dropout overwrite their inputs: neither is a block (both were)
+    assert not {"classifier.1", "classifier.2"} & set(blocks), sorted(blocks)
+    costs = checkpoint_costs(graph, prof.captured, case.model, case.args, case.kwargs, torch.device("cpu"),
+                             repeats=1, warmup=0)
+    assert costs["sac_block"] == "features.0" and costs["sac_block_pointwise_s"] > 0
+    for option in ("pointwise", "full"):
+        plan = _planned(prof, option)
+        assert plan.timeline.recomputes > 0
+        check_applied(case.model, case.args, case.kwargs, loss_fn, plan, within_budget=False)

@@ -119,7 +119,7 @@ def test_compiled_apply_keeps_what_the_policy_saves() -> None:
     dropout is still recomputed (PREFER_RECOMPUTE) from the saved RNG state."""
     model, args, prof = _profiled()
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
-    block = candidate_blocks(prof.model, graph)[0]
+    block = candidate_blocks(prof.model, graph, prof.captured)[0]
     assert block.matmuls
     (spec,) = region_specs(graph, [Region(block.name, block.nodes, block.matmuls)])
     applied = copy.deepcopy(model)

@@ -233,3 +233,12 @@ def test_apply_bench_narrowed_run_keeps_the_other_models_saved_rows(tmp_path: An
     merged = bench_apply.kept_models(saved, [{"model": "llama", "run": "new"}])
     assert [(m["model"], m["run"]) for m in merged] == list(zip(names, ("old", "new", "old"), strict=True))
     assert bench_apply.kept_models(tmp_path / "none.json", [{"model": "llama"}]) == [{"model": "llama"}]
+
+
+
+def test_inductor_is_refused_with_its_reason() -> None:
+    """``compiled="inductor"`` planned within its own compiled check but not within what the user's
+    Inductor step holds (`memviz.plans.compiled.REFUSED`): refused before anything compiles."""
+    _, _, prof = _example("gpt")
+    with pytest.raises(PlanningError, match="inductor.*refused.*19% over"):
+        memviz.plan(prof, 0.8, strategy="sac", compiled="inductor")

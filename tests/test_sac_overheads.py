@@ -34,7 +34,7 @@ from tests.test_apply import _example, sac_plan
 def _menu(name: str) -> tuple[Any, Any, list, Any]:
     _, _, prof = _example(name)
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
-    return prof, graph, candidate_blocks(prof.model, graph), eager_holds(prof.captured)
+    return prof, graph, candidate_blocks(prof.model, graph, prof.captured), eager_holds(prof.captured)
 
 
 def _regions(blocks: list, options: tuple[str, ...]) -> tuple[Region, ...]:
@@ -168,8 +168,8 @@ def test_sac_plan_time_overhead_counts_checkpointing_costs() -> None:
     sac = plan.solver_stats.extra["sac"]
     assert sac["regions"] and sac["costs"] == {"rerun_s": 2e-5, "policy_s": 1e-5, "scale": 1.0,
                                                 "region_s": 0.0, "measured": True}
-    regions = [Region(r.name, r.nodes, r.save) for r in _regions(candidate_blocks(prof.model, graph),
-                                                                 tuple(sac["options"].values()))]
+    blocks = candidate_blocks(prof.model, graph, prof.captured)
+    regions = [Region(r.name, r.nodes, r.save) for r in _regions(blocks, tuple(sac["options"].values()))]
     costed = prof.graph if prof.baseline_graph is None else prof.baseline_graph
     expected_s = overheads(prof, costed).seconds(graph, regions, holds)
     assert sac["overhead_s"] == expected_s > 0
@@ -237,7 +237,7 @@ def test_profile_measures_checkpointing_costs_and_leaves_the_model_as_it_was() -
     torch.manual_seed(7)
     assert torch.equal(drawn, torch.rand(4))
     assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
-    blocks = candidate_blocks(model, graph)
+    blocks = candidate_blocks(model, graph, prof.captured)
     assert costs["sac_costs"] == COSTS_VERSION and costs["sac_block"] == blocks[0][0]
     assert costs["sac_rerun_s"] >= 0 and costs["sac_policy_s"] >= 0
     assert min(costs[f"sac_block_{k}_s"] for k in ("eager", "full", "selective")) > 0
@@ -302,7 +302,7 @@ def test_recomputed_ops_are_priced_at_the_rate_the_block_ran_in_step() -> None:
     plans = {scale: sac_plan(_costed(prof, 2e-5, 1e-5, scale), 0.01) for scale in (None, 1.0, 0.5)}
     options = tuple(plans[1.0].solver_stats.extra["sac"]["options"].values())
     assert all(tuple(p.solver_stats.extra["sac"]["options"].values()) == options for p in plans.values())
-    regions = _regions(candidate_blocks(prof.model, graph), options)
+    regions = _regions(candidate_blocks(prof.model, graph, prof.captured), options)
     recomputed = sum(Overheads().passes(graph, r, holds)[2] for r in regions)
     assert recomputed > 0
     extra = {k: p.solver_stats.extra["sac"]["overhead_s"] for k, p in plans.items()}

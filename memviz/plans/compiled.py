@@ -43,6 +43,18 @@ from solvers.sac import LADDER, Block, CompiledSavings, EagerHolds, Overheads, R
 #: the backend `compiled=True` plans for: the partitioner torch.compile uses, with no kernel compiler,
 #: so it runs on any machine
 DEFAULT_BACKEND = "aot_eager"
+#: backends `compiled=` refuses, and why (measured on this project's CPU runs, sac27)
+REFUSED = {
+    "inductor": "a plan's own compiled check does not bound what the user's Inductor step holds (a "
+                "3-block residual MLP: its check measured within a 334344-byte budget, the applied model "
+                "compiled again with torch.compile(backend='inductor') held 397704 bytes, 19% over, and "
+                "413448 in a rerun with AOTAutograd's cache off); its "
+                "per-option peaks do not order as the ladder does (a tiny Llama: 'matmuls' held more than "
+                "no checkpointing), and calibrating compiles C++ five times (617 s for that Llama on a "
+                "loaded CPU).  Plan with compiled=True (aot_eager: the same partitioner, no kernel "
+                "compiler) and measure the Inductor step, or use memviz.export(plan, verify=True, "
+                "backend='inductor'), which measures the step it returns",
+}
 #: re-solves after a compiled step measured over the budget; each costs a solve and a compile
 MAX_TRIES = 3
 #: interleaved (compiled step, eager step) pairs timed per calibration step: a Llama step of bench_apply's
@@ -62,6 +74,10 @@ def backend_of(compiled: bool | str) -> str | None:
         return None
     if not isinstance(compiled, str) or not compiled:
         raise ValueError(f"compiled= takes True, False or a torch.compile backend name, not {compiled!r}")
+    if compiled in REFUSED:
+        from memviz.plans.planning import PlanningError
+
+        raise PlanningError(f"compiled={compiled!r} is refused: {REFUSED[compiled]}")
     return compiled
 
 

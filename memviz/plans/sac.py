@@ -22,7 +22,7 @@ import time
 import warnings
 from typing import Any
 
-from solvers import Graph, Phase, simulate
+from solvers import DataKind, Graph, Phase, simulate
 from solvers.result import InfeasibleBudget, SolverStats
 from solvers.sac import Block, EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
 
@@ -124,12 +124,12 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     from memviz.hardware import accelerator
     from memviz.runtime.apply import ApplyWarning, _without_cache, wrap
 
-    blocks = candidate_blocks(model, graph)
+    blocks = candidate_blocks(model, graph, cap)
     if not blocks:
         return {}
-    path, ids, mm, _, pieces = blocks[0]
+    path, ids, mm, matchable, pieces = blocks[0]
     # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
-    keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
+    keep = mm or frozenset(sorted(matchable)[:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
     piece_regions = [Region(p, p_ids) for p, p_ids in pieces]
     called: list[tuple[Any, Any]] = []
@@ -251,13 +251,18 @@ def eager_holds(cap: Any) -> EagerHolds:
     return EagerHolds(local, {d: tuple(sorted(set(cs))) for d, cs in walk.saved_by.items()}, release, unpack)
 
 
-def candidate_blocks(model: Any, graph: Graph) -> list[Block]:
+def candidate_blocks(model: Any, graph: Graph, cap: Any) -> list[Block]:
     """Each checkpointable block: the children of the outermost ModuleList / Sequential containers whose
     two or more ops ran as one contiguous call, with their matmul-class ops, the ops a policy can match
     ("matchable" keeps them: `MATCHABLE`), and their elementwise sub-modules ("pointwise" checkpoints each
-    alone: `_pieces`)."""
+    alone: `_pieces`).  What eager PyTorch writes in place (`in_place_writes`, from the capture `cap`)
+    narrows them: a block with an input some op overwrites is no candidate (checkpointing keeps its
+    inputs and refuses to unpack one whose version moved: ``nn.ReLU(inplace=True)`` as a block's first
+    op), and an op whose output is overwritten later is never kept (the policy's cache refuses a mutated
+    entry: ``allow_cache_entry_mutation``)."""
     from torch import nn
 
+    mutated = frozenset(in_place_writes(cap, graph).values())
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
     outer = [c for c in containers
              if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
@@ -267,15 +272,58 @@ def candidate_blocks(model: Any, graph: Graph) -> list[Block]:
         for child, _ in model.get_submodule(cont).named_children():
             path = f"{cont}.{child}" if cont else child
             ids = _call_ids(forward, path)
-            if ids is None:
-                # one op: nothing to gain, and an in-place activation (ReLU(inplace=True)) would modify
-                # the input the checkpoint keeps; not contiguous: called twice, not one checkpoint frame
+            if ids is None or _input_overwritten(graph, ids, mutated):
+                # one op: nothing to gain; not contiguous: called twice, not one checkpoint frame
                 continue
             names = {i: op_name(graph.computes[i].op) for i in ids}
-            blocks.append(Block(path, ids, frozenset(i for i in ids if names[i] in MATMULS),
-                                frozenset(i for i in ids if names[i] in MATCHABLE),
-                                _pieces(model, graph, forward, path)))
+            keepable = [i for i in ids if mutated.isdisjoint(graph.computes[i].outputs)]
+            blocks.append(Block(path, ids, frozenset(i for i in keepable if names[i] in MATMULS),
+                                frozenset(i for i in keepable if names[i] in MATCHABLE),
+                                _pieces(model, graph, forward, path, mutated)))
     return blocks
+
+
+def in_place_writes(cap: Any, graph: Graph) -> dict[int, int]:
+    """Forward compute id -> the data node eager PyTorch overwrites when it runs that op's source: the
+    capture is functionalized (``hardswish_(x)`` became ``clone(x)`` and ``hardswish(x)``), so the op the
+    model ran is read from the FX provenance (``node.meta["from_node"]``, its first record: the exported
+    program's node), and what it overwrites is its first argument (an in-place op's ``self``).  Buffers
+    written in place (BatchNorm's ``num_batches_tracked``) count too."""
+    nodes = cap.nodes
+    writes = {}
+    for c, fx in enumerate(cap.compute_fx):
+        if fx is None or c >= len(graph.computes) or graph.computes[c].phase is not Phase.FORWARD:
+            continue
+        node = nodes[fx]
+        origin = _origin(node)
+        first = next((a for a in node.args if hasattr(a, "name")), None)
+        if origin is None or not _in_place(origin) or first is None:
+            continue
+        name = cap.reads_instead.get(first.name, first.name)
+        if name in cap.data_of_fx:
+            writes[c] = cap.data_of_fx[name]
+    return writes
+
+
+def _origin(node: Any) -> str | None:
+    """The operator the user's code ran for FX `node`: the target of the first record of its provenance
+    (each pass adds one in front), e.g. 'aten.hardswish_.default'; None without provenance."""
+    sources = node.meta.get("from_node")
+    if not sources:
+        return None
+    source = sources[0]
+    while source.from_node:
+        source = source.from_node[0]
+    return str(source.target)
+
+
+def _input_overwritten(graph: Graph, ids: tuple[int, ...], mutated: frozenset[int]) -> bool:
+    """Whether a value the ops `ids` read from outside them (not a parameter's or a buffer's: apply puts
+    a region's buffers back itself) is overwritten in place by some op (`in_place_writes`)."""
+    inside = set(ids)
+    return any(d in mutated and graph.datas[d].producer not in inside
+               and graph.datas[d].kind not in (DataKind.PARAMETER, DataKind.BUFFER)
+               for i in ids for d in graph.computes[i].inputs)
 
 
 def _call_ids(forward: list[Any], path: str) -> tuple[int, ...] | None:
@@ -284,11 +332,12 @@ def _call_ids(forward: list[Any], path: str) -> tuple[int, ...] | None:
     return ids if len(ids) >= 2 and ids == tuple(range(ids[0], ids[-1] + 1)) else None
 
 
-def _pieces(model: Any, graph: Graph, forward: list[Any],
-            block: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def _pieces(model: Any, graph: Graph, forward: list[Any], block: str,
+            mutated: frozenset[int]) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The outermost sub-modules of `block` that checkpointing alone recomputes cheaply: two or more ops in
-    one call, none matmul-class and none in place (it would modify an input the checkpoint keeps), e.g. an
-    activation written as arithmetic (GPT-2's GELU) or a norm's float32 arithmetic (Llama's RMSNorm)."""
+    one call, none matmul-class, and no input overwritten in place (`_input_overwritten`: checkpointing
+    keeps it), e.g. an activation written as arithmetic (GPT-2's GELU) or a norm's float32 arithmetic
+    (Llama's RMSNorm); not ``nn.Hardswish(inplace=True)``."""
     pieces: list[tuple[str, tuple[int, ...]]] = []
     for sub, _ in model.get_submodule(block).named_modules():
         path = f"{block}.{sub}"
@@ -297,8 +346,8 @@ def _pieces(model: Any, graph: Graph, forward: list[Any],
         ids = _call_ids(forward, path)
         if ids is None:
             continue
-        ops = [graph.computes[i].op for i in ids]
-        if not any(op_name(op) in MATMULS or _in_place(op) for op in ops):
+        if not any(op_name(graph.computes[i].op) in MATMULS for i in ids) and \
+                not _input_overwritten(graph, ids, mutated):
             pieces.append((path, ids))
     return tuple(pieces)
 
@@ -359,7 +408,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     # on the baseline's graph (`capture.summed_as_eager`), not on the in-place sum `memviz.export` runs
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
     holds = eager_holds(prof.captured)
-    blocks = candidate_blocks(prof.model, graph)
+    blocks = candidate_blocks(prof.model, graph, prof.captured)
     costs = overheads(prof, graph)
     savings, compiled_info = None, None
     base_peak = prof.baseline.peak_bytes
@@ -452,9 +501,8 @@ def to_sac(plan: Any) -> Any:
         if s.op == "compute":
             runs[s.node] = runs.get(s.node, 0) + 1
     recomputed = {c for c, k in runs.items() if k > 1 and graph.computes[c].phase is Phase.FORWARD}
-    regions = tuple(Region(name, ids, frozenset(i for i in ids if i not in recomputed
-                                                and op_name(graph.computes[i].op) in MATCHABLE))
-                    for name, ids, *_ in candidate_blocks(prof.model, graph) if recomputed & set(ids))
+    regions = tuple(Region(b.name, b.nodes, b.matchable - recomputed)
+                    for b in candidate_blocks(prof.model, graph, prof.captured) if recomputed & set(b.nodes))
     start = time.perf_counter()
     holds = eager_holds(prof.captured)
     schedule = sac_schedule(graph, regions, holds)

@@ -766,9 +766,12 @@ def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | 
     """`optimizer` over `model`'s (sharded) parameters: an instance already over them is used as is; a class,
     or an instance over other parameters (the user's unsharded model), gives the same class and
     hyper-parameters over these."""
+    return _optimizer_over(optimizer, list(model.parameters()))
+
+
+def _optimizer_over(optimizer: Any, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
     if optimizer is None:
         return None
-    params = list(model.parameters())
     if isinstance(optimizer, torch.optim.Optimizer):
         mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if mine == {id(p) for p in params}:
@@ -779,6 +782,35 @@ def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | 
     if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
         return optimizer(params)
     raise TypeError(f"optimizer must be a torch.optim.Optimizer class or instance, not {optimizer!r}")
+
+
+def local_shard_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
+    """`make_optimizer` over the local shards of `model`'s parameters (a DTensor's local tensor, a plain
+    parameter itself), each lent its parameter's local gradient for the duration of a step.  For a parameter
+    whose gradient has its placements (checked at each step), DTensor runs the update as the same operators
+    on the local shards, so the recorded update is the same; what this saves is DTensor's dispatch and its
+    sharding propagation of each foreach operator over every parameter, which no cache spares the one
+    update an estimated step runs before its recording (2.7 of a Llama-3-8B rank's 8.2 CPU seconds)."""
+    params = list(model.parameters())
+    shards = [local(p) for p in params]
+    opt = _optimizer_over(optimizer, shards)
+    if opt is None:
+        return None
+
+    def lend(*_: Any) -> None:
+        for p, shard in zip(params, shards, strict=True):
+            if p.grad is not None and getattr(p.grad, "placements", None) != getattr(p, "placements", None):
+                raise ParallelError(f"a gradient placed {p.grad.placements} on a parameter placed "
+                                    f"{getattr(p, 'placements', None)}: not an update of the local shards")
+            shard.grad = None if p.grad is None else local(p.grad)
+
+    def take_back(*_: Any) -> None:
+        for shard in shards:
+            shard.grad = None
+
+    opt.register_step_pre_hook(lend)
+    opt.register_step_post_hook(take_back)
+    return opt
 
 
 def train_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
@@ -828,7 +860,7 @@ def record_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     before each step, as ``zero_grad()`` does.  `quick`: the steady state from `_prime_optimizer` instead of a
     first step, and no measured run (None): the per-rank planner's candidates, each a variant of a
     profile whose prediction was measured."""
-    opt = make_optimizer(optimizer, model)
+    opt = (make_optimizer if fake_mode is None else local_shard_optimizer)(optimizer, model)
     step = train_step(model, args, kwargs, mode, loss_fn, opt)
     with torch.random.fork_rng():
         if (fake_mode is not None or quick) and mode == "train" and opt is not None:
@@ -956,9 +988,8 @@ def _restored(model: nn.Module, optimizer: Any) -> Iterator[None]:
 def _zero(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
     if opt is not None:
         opt.zero_grad(set_to_none=True)
-    else:
-        for p in model.parameters():
-            p.grad = None
+    for p in model.parameters():  # a `local_shard_optimizer`'s parameters are not the model's
+        p.grad = None
 
 
 def meta_copy(model: nn.Module) -> nn.Module:

@@ -138,10 +138,10 @@ def stage_index(parallel: Any) -> int:
 def split_eager(model: nn.Module, pp: int) -> list[Any]:
     """`model` traced by ``torch.fx`` with its blocks as leaf modules and split at `split_points` into its
     `pp` stages (``torch.fx.passes.split_module``).  Each stage is a GraphModule that calls the model's own
-    modules (the same objects, under their paths in the model), so the blocks run
-    eagerly: ``parallelize_module`` shards their ``nn.Linear`` layers and their forwards take the local
-    widths from their tensors, which torch's export-traced stages (fixed full-width views) cannot.  This is
-    torchtitan's manual split, made from the model's forward instead of by hand."""
+    modules (the same objects, under their paths in the model), so the blocks run eagerly:
+    ``parallelize_module`` shards their ``nn.Linear`` layers and their forwards take the local widths from
+    their tensors, which torch's export-traced stages (fixed full-width views) cannot.  This is torchtitan's
+    manual split, made from the model's forward instead of by hand."""
     from torch import fx
     from torch.fx.passes.split_module import split_module
 

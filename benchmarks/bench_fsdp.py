@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ for p in (ROOT, ROOT / "tests"):
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from distributed_worker import MODELS, loss_of, user_wrap  # noqa: E402
+from distributed_worker import MODELS, free_port, loss_of, user_wrap  # noqa: E402
 from rank_plan_worker import meshes_of, parallel_of  # noqa: E402
 from rank_plan_worker import user_wrap as user_wrap_2d  # noqa: E402
 
@@ -109,18 +108,12 @@ def predictions(name: str, kind: str, world: int,
             for rank in ranks]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def gloo_measured(cases: list[tuple[str, str]], world: int) -> list[dict]:
     """Each rank's measured peak per case, from `world` real gloo processes."""
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         subprocess.run([sys.executable, str(ROOT / "tests" / "distributed_worker.py"),
-                        ",".join(f"{m}:{k}" for m, k in cases), str(world), str(_free_port()), out,
+                        ",".join(f"{m}:{k}" for m, k in cases), str(world), str(free_port()), out,
                         "--measure-only"], env=env, check=True, timeout=600)
         return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,15 +39,9 @@ SCHEDULES = ("1f1b", "gpipe")
 FSDP_CASE = "fsdp:1f1b"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(quick: bool = False) -> dict:
     import torch
-    from distributed_worker import loss_of, tiny_gpt
+    from distributed_worker import free_port, loss_of, tiny_gpt
     from pipeline_worker import BATCH, LAYERS, MICROBATCHES
 
     import memviz
@@ -59,11 +52,11 @@ def run(quick: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
     worker = str(ROOT / "tests" / "pipeline_worker.py")
-    cmd = [sys.executable, worker, ",".join(SCHEDULES), "2", str(_free_port()), str(out)]
+    cmd = [sys.executable, worker, ",".join(SCHEDULES), "2", str(free_port()), str(out)]
     workers = subprocess.Popen(cmd, env=env)
     # PP x FSDP2 (pp=2 x dp=2) on 4 more gloo processes, in a folder of its own (same rank file names)
     fsdp_out = Path(tempfile.mkdtemp(prefix="memviz-pipeline-fsdp-"))
-    fsdp_cmd = [sys.executable, worker, FSDP_CASE, "4", str(_free_port()), str(fsdp_out)]
+    fsdp_cmd = [sys.executable, worker, FSDP_CASE, "4", str(free_port()), str(fsdp_out)]
     fsdp_workers = subprocess.Popen(fsdp_cmd, env=env)
     cfg = {"layers": LAYERS, "hidden": 32, "heads": 4, "vocab": 64, "dropout": False}
     rows, stages = [], []

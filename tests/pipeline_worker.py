@@ -3,21 +3,125 @@ pipeline stage of TinyGPT the way a user does with torch.distributed.pipelining 
 blocks, ``build_stage``, ``ScheduleGPipe`` / ``Schedule1F1B``; for "fsdp:" cases the stage module
 fully_shard-ed on a ("pp", "dp") mesh first, as torchtitan does), runs two AdamW steps over the real gloo
 group, and measures the second one's live-storage peak with
-`memviz.parallel.distributed.ShardedStorageTracker`."""
+`memviz.parallel.distributed.ShardedStorageTracker`.
+
+The "tp:<schedule>" case is PP x TP as torchtitan writes it: a ("pp", "tp") mesh, the stage split from the
+model by hand (`GPTStage`), a Megatron ``parallelize_module`` plan inside its blocks, torch's manual
+``PipelineStage``; it trains unplanned and with memviz's per-stage plan applied first (``stage<i>.plan.json``
+in the output folder), and reports both measured peaks and the largest gradient difference between them."""
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
 
 import torch
-from distributed_worker import loss_of, run_rank, tiny_gpt
+from distributed_worker import TP_PLANS, loss_of, run_rank, tiny_gpt
+from torch import nn
 from torch.distributed import pipelining
 
 BATCH, LAYERS, MICROBATCHES = 4, 4, 4
 
 
-#: stages of the "fsdp:<schedule>" cases (the other world // PP_STAGES ranks of each stage shard it)
+#: stages of the "fsdp:<schedule>" and "tp:<schedule>" cases (the other world // PP_STAGES ranks of each stage
+#: shard it)
 PP_STAGES = 2
+#: the "tp:" cases' TinyGPT input and micro-batches: a sequence long enough for activations to matter next
+#: to the parameters and AdamW's state, so that a stage's plan has something to save
+TP_SHAPE, TP_MICROBATCHES = {"batch": 4, "seq": 64}, 2
+#: steps of a "tp:" run: the first creates AdamW's state and the stage's metadata; the peak is the smallest
+#: of the others' (tests/rank_plan_worker.py's `train` says why)
+TP_STEPS = 3
+
+
+def recv_buffers(stage: pipelining.PipelineStage) -> list[torch.Tensor]:
+    """The receive buffers torch's stage allocated once, per micro-batch: alive through every step."""
+    return [r.buffer for infos in (stage.args_recv_info, stage.grad_recv_info) for recvs in infos.values()
+            for r in recvs if not r.is_root_arg and isinstance(r.buffer, torch.Tensor)]
+
+
+class GPTStage(nn.Module):
+    """torchtitan's manual split of TinyGPT: stage `index` of `stages` keeps its run of blocks (and the
+    embedding on the first stage, the final norm and head on the last) under the model's own paths."""
+
+    def __init__(self, model: nn.Module, index: int, stages: int) -> None:
+        super().__init__()
+        per = len(model.blocks) // stages
+        last = index == stages - 1
+        self.wte = model.wte if index == 0 else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(index * per, (index + 1) * per)})
+        self.ln_f, self.head = (model.ln_f, model.head) if last else (None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.wte is not None:
+            x = self.wte(x)
+        for block in self.blocks.values():
+            x = block(x)
+        return self.head(self.ln_f(x)) if self.head is not None else x
+
+
+def tp_stage(model: nn.Module, world: int) -> pipelining.PipelineStage:
+    """What a torchtitan user writes for PP x TP: this rank's `GPTStage` on a ("pp", "tp") mesh, the
+    Megatron plan of every block over "tp", the stage's sends and receives on the "pp" group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = world // PP_STAGES
+    mesh = init_device_mesh("cpu", (PP_STAGES, tp), mesh_dim_names=("pp", "tp"))
+    index = mesh["pp"].get_local_rank()
+    stage = GPTStage(model, index, PP_STAGES)
+    for block in stage.blocks.values():
+        block.attn.heads //= tp
+        parallelize_module(block, mesh["tp"], {k: ColwiseParallel() if v == "col" else RowwiseParallel()
+                                               for k, v in TP_PLANS["gpt"].items()})
+    return pipelining.PipelineStage(stage, index, PP_STAGES, torch.device("cpu"),
+                                    group=mesh["pp"].get_group())
+
+
+def tp_train(model: nn.Module, x: torch.Tensor, world: int,
+             schedule: str) -> tuple[list[list[torch.Tensor]], int]:
+    """`TP_STEPS` AdamW steps of this rank's PP x TP stage: each step's local gradients and the measured peak
+    (the smallest after the first step)."""
+    from memviz.parallel.distributed import ShardedStorageTracker, local, local_tensors
+
+    stage = tp_stage(model, world)
+    cls = {"1f1b": pipelining.Schedule1F1B, "gpipe": pipelining.ScheduleGPipe}[schedule]
+    sched = cls(stage, TP_MICROBATCHES, loss_fn=lambda out, _target: loss_of(out))
+    opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-2)
+    grads, peaks = [], []
+    for _ in range(TP_STEPS):
+        tracker = ShardedStorageTracker([*local_tensors(stage.submod, opt), *recv_buffers(stage),
+                                         *([x] if stage.is_first else [])])
+        with tracker:
+            if stage.is_first:
+                sched.step(x)
+            elif stage.is_last:
+                sched.step(target=torch.zeros(x.shape[0]))
+            else:
+                sched.step()
+            opt.step()
+        grads.append([local(p.grad).detach().clone() for p in stage.submod.parameters()])
+        opt.zero_grad(set_to_none=True)
+        peaks.append(tracker.peak_bytes)
+    return grads, min(peaks[1:])
+
+
+def tp_run(rank: int, world: int, schedule: str, plan_dir: str) -> dict[str, Any]:
+    """The unplanned and the planned (memviz's plan for this rank's stage applied, then split and wrapped)
+    PP x TP runs on the gloo group."""
+    import memviz
+    from memviz.runtime.apply import apply
+
+    plan = memviz.load_plan(os.path.join(plan_dir, f"stage{rank // (world // PP_STAGES)}.plan.json"))
+    model, (x,) = tiny_gpt(layers=LAYERS, **TP_SHAPE)
+    reference, measured = tp_train(model, x, world, schedule)
+    model, (x,) = tiny_gpt(layers=LAYERS, **TP_SHAPE)
+    planned, planned_measured = tp_train(apply(plan, model), x, world, schedule)
+    worst = max(((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item()
+                for ref_step, plan_step in zip(reference, planned, strict=True)
+                for a, b in zip(ref_step, plan_step, strict=True))
+    return {"measured": measured, "planned_measured": planned_measured, "max_relative_grad_difference": worst}
 
 
 def fsdp_stage(pipe: pipelining.Pipe, world: int) -> pipelining.PipelineStage:
@@ -63,11 +167,8 @@ def measure(rank: int, world: int, case: str) -> int:
 
     step()
     opt.zero_grad(set_to_none=True)
-    # the receive buffers torch's stage allocated once, per micro-batch: alive through every step
-    buffers = [r.buffer for infos in (stage.args_recv_info, stage.grad_recv_info) for recvs in infos.values()
-               for r in recvs if not r.is_root_arg and isinstance(r.buffer, torch.Tensor)]
     inputs = [x] if stage.is_first else []
-    tracker = ShardedStorageTracker([*local_tensors(stage.submod, opt), *buffers, *inputs])
+    tracker = ShardedStorageTracker([*local_tensors(stage.submod, opt), *recv_buffers(stage), *inputs])
     with tracker:
         step()
     opt.zero_grad(set_to_none=True)
@@ -75,7 +176,11 @@ def measure(rank: int, world: int, case: str) -> int:
 
 
 def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str) -> None:
-    run_rank(rank, world, port, out_dir, lambda: {c: measure(rank, world, c) for c in cases})
+    def case(c: str) -> Any:
+        return tp_run(rank, world, c.removeprefix("tp:"), out_dir) if c.startswith("tp:") else \
+            measure(rank, world, c)
+
+    run_rank(rank, world, port, out_dir, lambda: {c: case(c) for c in cases})
 
 
 if __name__ == "__main__":

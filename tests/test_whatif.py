@@ -309,8 +309,17 @@ def test_formula_against_a_recorded_pipeline_stage():
     held = [model.wte, *model.blocks[:2]]
     param_bytes = sum(p.numel() * p.element_size() for m in held for p in m.parameters())
     assert stage["peak"] >= 4 * param_bytes + stage["captured"]
-    with pytest.raises(ValueError, match="pipeline x tensor"):
-        compare_captured(model, args, pp=2, tp=2, loss_fn=loss_of, config=cfg)
+    # PP x TP (tp=2 inside the stage's blocks): the first block's micro-batch saves what a tp=2 rank's block
+    # saves per sequence, the stage's last block all but its (sent) output; the formula is tp=2's at the
+    # micro-batch size
+    both = compare_captured(model, args, pp=2, tp=2, microbatches=4, loss_fn=loss_of, config=cfg)
+    tp_only = compare_captured(model, args, tp=2, loss_fn=loss_of, config={**cfg, "batch": 4})
+    assert 4 * both.layers[0]["captured"] == tp_only.layers[0]["captured"]
+    assert both.layers[1]["captured"] == both.layers[0]["captured"] - hidden_state
+    assert [4 * r["formula"] for r in both.layers] == [r["formula"] for r in tp_only.layers[:2]]
+    assert both.stage["in_flight"] == 2 and both.stage["formula"] == both.layers[0]["formula"] * 4
+    with pytest.raises(ValueError, match="pipeline x tensor parallelism x FSDP2"):
+        compare_captured(model, args, pp=2, tp=2, dp=2, loss_fn=loss_of, config=cfg)
     # PP x FSDP2 (dp=2): the same activations against the same PP term, the states halved in the peak
     sharded = compare_captured(model, args, pp=2, dp=2, microbatches=4, loss_fn=loss_of, config=cfg,
                                optimizer=torch.optim.AdamW)

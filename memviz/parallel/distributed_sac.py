@@ -80,6 +80,10 @@ def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit
         raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")
     model = prof.model
     blocks = [name for name, _ in blocks_of(model)]
+    if prof.parallel is not None and prof.parallel.pp > 1:  # a pipeline stage checkpoints its own blocks
+        from memviz.parallel.pipeline import stage_blocks, stage_index
+
+        blocks = stage_blocks(model, prof.parallel.pp, stage_index(prof.parallel))
     if not blocks:
         raise ParallelError(f"{type(model).__name__} has no nn.ModuleList / nn.Sequential of blocks to "
                             "checkpoint")

@@ -413,7 +413,8 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     default ``model.config`` (Hugging Face) with seq and batch from the first input's shape and the
     parameters' dtype.
 
-    `pp` > 1: the first of `pp` pipeline stages (`memviz.parallel.pipeline`, ``tp == 1``), run by torch's
+    `pp` > 1: the first of `pp` pipeline stages (`memviz.parallel.pipeline`; with ``tp > 1`` its blocks
+    tensor-parallel inside, PP x TP, without `dp`), run by torch's
     `schedule` over `microbatches` (default `pp`) micro-batches of ``batch / microbatches`` sequences: the
     rows are its blocks, each micro-batch's saved bytes (the formula at the micro-batch size), and `stage`
     puts the saved activations the stage holds at its peak next to Megatron's PP term (the first stage
@@ -427,14 +428,16 @@ def compare_captured(model: Any, args: tuple[Any, ...], *, tp: int = 1, sp: bool
     import memviz
     from memviz.parallel.distributed import Parallel, ParallelError, blocks_of
 
-    if pp > 1 and tp > 1:
-        raise ParallelError("pipeline x tensor parallelism is not recorded: compare pp with tp=1")
+    if pp > 1 and tp > 1 and dp > 1:
+        raise ParallelError("pipeline x tensor parallelism x FSDP2 is not recorded: compare pp x tp with "
+                            "dp=1")
     microbatches = microbatches or pp
     config = _comparison_config(model, args, config, microbatches)
     formula = analytic.layer_activation_breakdown(config, tp=tp, sp=sp)
     world, fsdp = dp * tp * pp, dp > 1
     if pp > 1:
-        parallel = Parallel(world, fsdp=fsdp, pp=pp, microbatches=microbatches, schedule=schedule)
+        parallel = Parallel(world, fsdp=fsdp, pp=pp, tp=tp, sp=sp, microbatches=microbatches,
+                            schedule=schedule)
     else:
         parallel = Parallel(world, fsdp=fsdp, tp=tp, sp=sp) if tp > 1 else Parallel(dp)
     prof = memviz.profile(model, args, loss_fn=loss_fn, parallel=parallel, device=device,

@@ -89,9 +89,10 @@ def noisy_factor(seed: int, *key: object) -> float:
 def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--noisy-timings SEED`: every time a plan or a test reads from this process's clocks comes back
     multiplied per key by `noisy_factor`, as a loaded machine measures it: `memviz.profile`'s op times,
-    optimizer updates, step fixed costs and checkpointing costs, a hooks (fallback) profile's module
-    times, an in-process recorded parallel step's op times, the compiled calibration's time ratio per
-    option (`plans.compiled.compiled_step`), and chunking's speed-model probes and op times
+    optimizer updates, the step times its fixed costs come from (`profile.fixed_costs_of`, so what is
+    derived from them stays consistent), checkpointing costs, a hooks (fallback) profile's module times,
+    an in-process recorded parallel step's op times, the compiled calibration's time ratio per option
+    (`plans.compiled.compiled_step`), and chunking's speed-model probes and op times
     (`chunking._best_times`, `chunking.measure_times`).  Estimated (``fake:``) costs stay exact, as they
     do on a loaded machine; gloo ranks in subprocesses are not reached."""
     seed = request.config.getoption("--noisy-timings")
@@ -105,9 +106,13 @@ def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     from memviz.profiling import profile as P
     from solvers import Graph, simulate
 
-    def noisy_graph(graph: Graph) -> Graph:
-        return P._with_costs(graph, {c.id: c.time * noisy_factor(seed, "op", c.name, c.op)
+    def noisy_graph(graph: Graph) -> Graph:  # identical ops share one measurement, so one factor
+        return P._with_costs(graph, {c.id: c.time * noisy_factor(seed, "op", c.op, c.time)
                                      for c in graph.computes}, {})
+
+    def noisy_fixed(graph, cap, *timings):
+        return fixed(graph, cap, *([t * noisy_factor(seed, "fixed", i) for t in ts]
+                                   for i, ts in enumerate(timings)))
 
     def noisy_costs(costs: dict, what: str) -> dict:
         return {k: v * noisy_factor(seed, what, k) if isinstance(v, float) else v for k, v in costs.items()}
@@ -131,11 +136,11 @@ def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
         return dataclasses.replace(g, nodes=tuple(dataclasses.replace(
             n, time=n.time * noisy_factor(seed, "chunk op", n.name, n.op)) for n in g.nodes))
 
-    measure, fixed, checkpoint = P._measure_costs, P.step_fixed_costs, P._checkpoint_costs
+    measure, fixed, checkpoint = P._measure_costs, P.fixed_costs_of, P._checkpoint_costs
     update, hooks, recorded = P._time_update, P._hooks_profile, D.recorded_graph
     compiled_step, best_times, op_times = C.compiled_step, K._best_times, K.measure_times
     monkeypatch.setattr(P, "_measure_costs", lambda *a, **k: noisy_graph(measure(*a, **k)))
-    monkeypatch.setattr(P, "step_fixed_costs", lambda *a, **k: noisy_costs(fixed(*a, **k), "fixed"))
+    monkeypatch.setattr(P, "fixed_costs_of", noisy_fixed)
     monkeypatch.setattr(P, "_checkpoint_costs",
                         lambda *a, **k: noisy_costs(checkpoint(*a, **k), "checkpoint"))
     monkeypatch.setattr(P, "_time_update", lambda cls, p, *a, **k: update(cls, p, *a, **k) * noisy_factor(

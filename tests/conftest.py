@@ -87,27 +87,68 @@ def noisy_factor(seed: int, *key: object) -> float:
 
 @pytest.fixture(autouse=True)
 def _noisy_timings(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--noisy-timings SEED`: what `memviz.profile` measures (each op's time, the optimizer's updates,
-    the step's fixed costs, checkpointing's costs) comes back multiplied per op by `noisy_factor`; the
-    estimated (``fake:``) costs are left exact, as they are on a loaded machine."""
+    """`--noisy-timings SEED`: every time a plan or a test reads from this process's clocks comes back
+    multiplied per key by `noisy_factor`, as a loaded machine measures it: `memviz.profile`'s op times,
+    optimizer updates, the step times its fixed costs come from (`profile.fixed_costs_of`, so what is
+    derived from them stays consistent), checkpointing costs, a hooks (fallback) profile's module times,
+    an in-process recorded parallel step's op times, the compiled calibration's time ratio per option
+    (`plans.compiled.compiled_step`), and chunking's speed-model probes and op times
+    (`chunking._best_times`, `chunking.measure_times`).  Estimated (``fake:``) costs stay exact, as they
+    do on a loaded machine; gloo ranks in subprocesses are not reached."""
     seed = request.config.getoption("--noisy-timings")
     if seed is None:
         return
-    from memviz.profiling import profile as P
-    from solvers import Graph
+    import dataclasses
 
-    def noisy_graph(graph: Graph) -> Graph:
-        return P._with_costs(graph, {c.id: c.time * noisy_factor(seed, "op", c.name, c.op)
+    from memviz.parallel import distributed as D
+    from memviz.plans import chunking as K
+    from memviz.plans import compiled as C
+    from memviz.profiling import profile as P
+    from solvers import Graph, simulate
+
+    def noisy_graph(graph: Graph) -> Graph:  # identical ops share one measurement, so one factor
+        return P._with_costs(graph, {c.id: c.time * noisy_factor(seed, "op", c.op, c.time)
                                      for c in graph.computes}, {})
+
+    def noisy_fixed(graph, cap, *timings):
+        return fixed(graph, cap, *([t * noisy_factor(seed, "fixed", i) for t in ts]
+                                   for i, ts in enumerate(timings)))
 
     def noisy_costs(costs: dict, what: str) -> dict:
         return {k: v * noisy_factor(seed, what, k) if isinstance(v, float) else v for k, v in costs.items()}
 
-    measure, fixed, checkpoint = P._measure_costs, P.step_fixed_costs, P._checkpoint_costs
-    update = P._time_update
+    def noisy_hooks_profile(*a, **k):  # its baseline was simulated on the exact times: again
+        prof = hooks(*a, **k)
+        graph = noisy_graph(prof.graph)
+        baseline = simulate(graph, prof.baseline_schedule).check()
+        return dataclasses.replace(prof, graph=graph, baseline=baseline)
+
+    def noisy_recorded(rec, *a, **k):  # a step recorded for a `fake:` target has estimated times
+        graph, schedule = recorded(rec, *a, **k)
+        return (graph if rec.target is not None else noisy_graph(graph)), schedule
+
+    def noisy_compiled_step(prof, graph, regions, *a, **k):
+        peak, ratio = compiled_step(prof, graph, regions, *a, **k)
+        option = tuple((r.name, len(r.nodes), len(r.save)) for r in regions)
+        return peak, None if ratio is None else ratio * noisy_factor(seed, "compiled", option)
+
+    def noisy_op_times(g):
+        return dataclasses.replace(g, nodes=tuple(dataclasses.replace(
+            n, time=n.time * noisy_factor(seed, "chunk op", n.name, n.op)) for n in g.nodes))
+
+    measure, fixed, checkpoint = P._measure_costs, P.fixed_costs_of, P._checkpoint_costs
+    update, hooks, recorded = P._time_update, P._hooks_profile, D.recorded_graph
+    compiled_step, best_times, op_times = C.compiled_step, K._best_times, K.measure_times
     monkeypatch.setattr(P, "_measure_costs", lambda *a, **k: noisy_graph(measure(*a, **k)))
-    monkeypatch.setattr(P, "step_fixed_costs", lambda *a, **k: noisy_costs(fixed(*a, **k), "fixed"))
+    monkeypatch.setattr(P, "fixed_costs_of", noisy_fixed)
     monkeypatch.setattr(P, "_checkpoint_costs",
                         lambda *a, **k: noisy_costs(checkpoint(*a, **k), "checkpoint"))
     monkeypatch.setattr(P, "_time_update", lambda cls, p, *a, **k: update(cls, p, *a, **k) * noisy_factor(
         seed, "update", cls.__name__, p.name))
+    monkeypatch.setattr(P, "_hooks_profile", noisy_hooks_profile)
+    monkeypatch.setattr(D, "recorded_graph", noisy_recorded)
+    monkeypatch.setattr(C, "compiled_step", noisy_compiled_step)
+    # the speed model's probes, by position (`chunking.calibrate` caches what it builds from them per device)
+    monkeypatch.setattr(K, "_best_times", lambda fns, *a, **k: [
+        t * noisy_factor(seed, "probe", i) for i, t in enumerate(best_times(fns, *a, **k))])
+    monkeypatch.setattr(K, "measure_times", lambda *a, **k: noisy_op_times(op_times(*a, **k)))

@@ -17,7 +17,7 @@ from solvers.result import OutOfTime
 PATIENCE = 12
 
 
-def patient_plan(prof: Any, budget: int, *, time_limit: float, **options: Any) -> Any:
+def patient_plan(prof: Any, budget: int | float, *, time_limit: float, **options: Any) -> Any:
     try:
         return memviz.plan(prof, budget, time_limit=time_limit, **options)
     except OutOfTime:

@@ -425,6 +425,13 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
                 b.copy_(saved)
         for t, g in zip(leaves, grads, strict=True):
             t.grad = g
+    return fixed_costs_of(graph, cap, eager, executor, in_phases)
+
+
+def fixed_costs_of(graph: Graph, cap: Captured, eager: list[float], executor: list[float],
+                   in_phases: list[float]) -> dict[str, float]:
+    """`step_fixed_costs` from its timings: the eager and exported steps of each pair, and (on an
+    accelerator) the exported steps' phase functions; each cost against the op times in `graph`."""
     ops = sum(c.time for c in graph.computes if c.phase is not Phase.OPTIMIZER)
     # the operators the generated code runs (the loss and its backward run in the user's code: None)
     generated = [c for c in graph.computes[:len(cap.compute_fx)] if cap.compute_fx[c.id] is not None]

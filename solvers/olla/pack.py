@@ -7,10 +7,11 @@ lifetimes intersect never share an address; its peak is ``max(offset + size)``. 
 *max-live lower bound* (the largest total size alive at one step), and fragmentation is
 ``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
 
-Method: greedy best fit gives an incumbent: first in start order (an online allocator's sweep,
-O(n log n), always run to the end so that no time limit leaves a worse placement), then in MiniMalloc's
-TAW preorder (Sec. 5: the buffers alive at the busiest steps first), TFLite's GreedyBySize order,
-lifetime and area, O(n^2) passes the time limit may cut (a cut pass is dropped);
+Method: greedy best fit gives an incumbent: first in start order (an online allocator's sweep over
+a free list, O(n log n) searches, always run to the end so that no time limit leaves a worse
+placement), then in MiniMalloc's TAW preorder (Sec. 5: the buffers alive at the busiest steps first),
+TFLite's GreedyBySize order, lifetime and area: O(n^2) passes the time limit may cut (a cut pass is
+dropped);
 when it does not meet the target (the capacity, else the lower bound), MiniMalloc's canonical search
 (`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the exact model (NoOverlap2D over
 fixed time intervals and variable address intervals), warm-started from the best offsets, in the
@@ -177,57 +178,77 @@ def _sweep_fit(buffers: Sequence[Buffer], ids: Sequence[int]) -> tuple[list[int]
     the peak).  Sweeping by start, the placed buffers a new one overlaps in time are exactly those still
     alive, so the free ranges below the top of the live ones (the holes the ended ones left, merged
     with their free neighbours) are all the gaps best fit chooses from: each buffer goes to the low
-    end of the smallest hole that holds it (the lowest on ties), else on top.  A heap of ends and a
-    sorted list of holes: O(n log n) plus a scan of the holes per buffer, a few in training schedules,
-    where best fit over every placed buffer (`_greedy`) is O(n^2).  Always complete and fast, it is
-    the placement `pack` keeps when the time limit cuts its best-fit passes (issue pack27: stacking
-    the buffers a cut pass had not placed put a 92-layer GPT's packing at 6x its max-live bound)."""
+    end of the smallest hole that holds it (the lowest on ties), else on top.  A heap of ends and the
+    holes sorted by address (to merge) and by (size, address) (to choose): O(n log n) searches, where
+    best fit over every placed buffer (`_greedy`) is O(n^2).  Always complete and fast, it is the
+    placement `pack` keeps when the time limit cuts its best-fit passes (issue pack27: stacking the
+    buffers a cut pass had not placed put a 92-layer GPT's packing at 6x its max-live bound)."""
+    import bisect
     import heapq
 
     offsets = [0] * len(ids)
-    holes: list[list[int]] = []  # [low, high) free ranges below `top`, disjoint, by address
+    holes = _Holes()
     ends: list[tuple[int, int, int]] = []  # (end, offset, size) of the live buffers
-    top = peak = 0
+    top = peak = 0  # the top of the live buffers, and the highest it has been
     for k in sorted(range(len(ids)), key=lambda k: (buffers[ids[k]][0], k)):
         s, e, z = buffers[ids[k]]
         if z == 0:
             continue
         while ends and ends[0][0] <= s:
-            _, lo, size = heapq.heappop(ends)
-            top = _free(holes, lo, lo + size, top)
-        best = None
-        for h, (low, high) in enumerate(holes):
-            if high - low >= z and (best is None or high - low < holes[best][1] - holes[best][0]):
-                best = h
-        if best is None:
-            off, top = top, top + z
+            _, low, size = heapq.heappop(ends)
+            top = holes.free(low, low + size, top)
+        at = bisect.bisect_left(holes.by_size, (z, -1))
+        if at < len(holes.by_size):
+            size, off = holes.by_size[at]
+            holes.remove(off, off + size)
+            if size > z:
+                holes.add(off + z, off + size)
         else:
-            off = holes[best][0]
-            if holes[best][1] - off == z:
-                del holes[best]
-            else:
-                holes[best][0] += z
+            off, top = top, top + z
         heapq.heappush(ends, (e, off, z))
         offsets[k] = off
         peak = max(peak, top)
     return offsets, peak
 
 
-def _free(holes: list[list[int]], low: int, high: int, top: int) -> int:
-    """Return [low, high) to the sorted, disjoint `holes` below `top`, merged with the holes it touches;
-    the new top (lower when the range was the topmost live one)."""
-    import bisect
+class _Holes:
+    """Disjoint free ranges [low, high) below the live buffers' top, sorted by address and by
+    (size, address): `_sweep_fit`'s free list."""
 
-    at = bisect.bisect_left(holes, [low, high])
-    if at < len(holes) and holes[at][0] == high:  # the hole just above
-        high = holes.pop(at)[1]
-    if at > 0 and holes[at - 1][1] == low:  # the hole just below
-        at -= 1
-        low = holes.pop(at)[0]
-    if high == top:
-        return low
-    holes.insert(at, [low, high])
-    return top
+    def __init__(self) -> None:
+        self.by_address: list[tuple[int, int]] = []
+        self.by_size: list[tuple[int, int]] = []
+
+    def add(self, low: int, high: int) -> None:
+        import bisect
+
+        bisect.insort(self.by_address, (low, high))
+        bisect.insort(self.by_size, (high - low, low))
+
+    def remove(self, low: int, high: int) -> None:
+        import bisect
+
+        del self.by_address[bisect.bisect_left(self.by_address, (low, high))]
+        del self.by_size[bisect.bisect_left(self.by_size, (high - low, low))]
+
+    def free(self, low: int, high: int, top: int) -> int:
+        """Return [low, high) to the free list, merged with the holes it touches; the new top (lower
+        when the range was the topmost live one: then it is no hole)."""
+        import bisect
+
+        at = bisect.bisect_left(self.by_address, (low, high))
+        if at < len(self.by_address) and self.by_address[at][0] == high:  # the hole just above
+            above = self.by_address[at]
+            self.remove(*above)
+            high = above[1]
+        if at > 0 and self.by_address[at - 1][1] == low:  # the hole just below
+            below = self.by_address[at - 1]
+            self.remove(*below)
+            low = below[0]
+        if high == top:
+            return low
+        self.add(low, high)
+        return top
 
 
 def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
@@ -271,11 +292,10 @@ def _greedy(
 ) -> tuple[list[int], int] | None:
     """`greedy_pack` that gives up (None) once `deadline` (``perf_counter`` seconds) has passed.
 
-    The placed buffers are numpy columns in placement order: the ones a new buffer clashes with are
-    picked by one vectorised test and sorted by offset (a stable sort: equal offsets in placement
-    order), and the best-fit gap is a vectorised scan: O(n) numpy work per buffer instead of a Python
-    loop over every placed buffer (10k buffers took 16 s per order that way; OLLA Sec. 4.2 needs an
-    incumbent fast, whatever the size)."""
+    Placed buffers are kept in numpy arrays sorted by offset, so the buffers a new one clashes with
+    come out already in address order and the best-fit gap is a vectorised scan: O(n) numpy work per
+    buffer instead of a Python loop and sort over every placed buffer (10k buffers took 16 s per order
+    that way; OLLA Sec. 4.2 needs an incumbent fast, whatever the size)."""
     import numpy as np
 
     busiest = _busiest(buffers) if order == "taw" else []
@@ -287,10 +307,11 @@ def _greedy(
         "area": lambda i: (-(buffers[i][1] - buffers[i][0]) * buffers[i][2], i),
     }
     offsets = [0] * len(buffers)
-    # rows: start, end, offset, top (offset + size) of the placed buffers, in placement order
+    # rows: start, end, offset, top (offset + size) of the placed buffers, columns sorted by offset
     table = np.zeros((4, len(buffers)), dtype=np.int64)
     m = peak = 0
-    for count, i in enumerate(sorted(range(len(buffers)), key=keys[order])):
+    ranked = sorted(range(len(buffers)), key=keys[order])
+    for count, i in enumerate(ranked):
         if deadline is not None and count % 256 == 0 and timed_out(deadline, "olla: greedy packing",
                                                                      time.perf_counter()):
             return None
@@ -298,19 +319,19 @@ def _greedy(
         if z == 0:
             continue
         rows = table[:, :m]
-        clash = np.flatnonzero((rows[0] < e) & (rows[1] > s))
+        clash = (rows[0] < e) & (rows[1] > s)
         off = 0
-        if clash.size:
+        if clash.any():
             lo, hi = rows[2][clash], rows[3][clash]
-            by_offset = np.argsort(lo, kind="stable")
-            lo, hi = lo[by_offset], hi[by_offset]
             tops = np.maximum.accumulate(hi)
             below = np.concatenate(([0], tops[:-1]))  # highest top under each clashing buffer
             gaps = lo - below
             fits = np.flatnonzero(gaps >= z)
             # smallest gap that holds the buffer (lowest such on ties), else on top of everything
             off = int(below[fits[np.argmin(gaps[fits])]]) if fits.size else int(tops[-1])
-        table[:, m] = (s, e, off, off + z)
+        k = int(np.searchsorted(rows[2], off, side="right"))
+        table[:, k + 1 : m + 1] = table[:, k:m].copy()
+        table[:, k] = (s, e, off, off + z)
         m += 1
         offsets[i] = off
         peak = max(peak, off + z)

@@ -24,6 +24,7 @@ produced overlapping plans); `validate_packing` checks every result independentl
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -183,7 +184,6 @@ def _sweep_fit(buffers: Sequence[Buffer], ids: Sequence[int]) -> tuple[list[int]
     best fit over every placed buffer (`_greedy`) is O(n^2).  Always complete and fast, it is the
     placement `pack` keeps when the time limit cuts its best-fit passes (issue pack27: stacking the
     buffers a cut pass had not placed put a 92-layer GPT's packing at 6x its max-live bound)."""
-    import bisect
     import heapq
 
     offsets = [0] * len(ids)
@@ -220,22 +220,16 @@ class _Holes:
         self.by_size: list[tuple[int, int]] = []
 
     def add(self, low: int, high: int) -> None:
-        import bisect
-
         bisect.insort(self.by_address, (low, high))
         bisect.insort(self.by_size, (high - low, low))
 
     def remove(self, low: int, high: int) -> None:
-        import bisect
-
         del self.by_address[bisect.bisect_left(self.by_address, (low, high))]
         del self.by_size[bisect.bisect_left(self.by_size, (high - low, low))]
 
     def free(self, low: int, high: int, top: int) -> int:
         """Return [low, high) to the free list, merged with the holes it touches; the new top (lower
         when the range was the topmost live one: then it is no hole)."""
-        import bisect
-
         at = bisect.bisect_left(self.by_address, (low, high))
         if at < len(self.by_address) and self.by_address[at][0] == high:  # the hole just above
             above = self.by_address[at]
@@ -256,8 +250,6 @@ def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
     at equal steps: lifetimes are half-open), keeping the live buffers' (offset, top) sorted; the
     live ones are pairwise disjoint, so a new one collides with one of them exactly when it collides
     with its predecessor or successor by offset."""
-    import bisect
-
     events = sorted(
         (t, kind, i)
         for i, (s, e, z) in enumerate(buffers)

@@ -144,8 +144,9 @@ export class PackingView implements PlanView {
     const layout: Record<string, unknown> = {
       ...themedLayout(colors),
       height: PACKING_HEIGHT,
-      // the bottom margin holds the x-axis titles and, below them, the legend
-      margin: { l: 60, r: 20, t: 56, b: 76 },
+      // the bottom margin holds the x-axis titles and, below them, the legend; the top one a title's
+      // third line when it has one (what the time limit cut, packingCutNote)
+      margin: { l: 60, r: 20, t: figure.titles.some(t => t.split('<br>').length > 2) ? 72 : 56, b: 76 },
       // The view hovers itself (see _hover): plotly has no points to hover.
       hovermode: false,
       // At the figure's bottom edge (plotly's container reference), not a fraction of the plot's height

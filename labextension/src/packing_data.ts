@@ -18,6 +18,7 @@ import {
   escapeHtml,
   FALLBACK_COLOR,
   formatBytes,
+  PackingDoc,
   PlacementDoc,
   PlanDoc
 } from './transforms';
@@ -166,7 +167,8 @@ export function packingFigure(doc: PlanDoc): {
   const unit = chooseUnit(Math.max(top(packing.buffers), allocator ? top(allocator.blocks) : 0));
   const panels = [packingPanel(doc, packing.buffers, unit.scale)];
   const titles = [
-    `planned packing<br>${formatBytes(packing.peak_bytes)}, fragmentation ${(100 * packing.fragmentation).toFixed(1)}%`
+    `planned packing<br>${formatBytes(packing.peak_bytes)}, fragmentation ` +
+      `${(100 * packing.fragmentation).toFixed(1)}%${packingCutNote(packing)}`
   ];
   if (allocator) {
     panels.push(packingPanel(doc, allocator.blocks, unit.scale));
@@ -176,6 +178,22 @@ export function packingFigure(doc: PlanDoc): {
     );
   }
   return { panels, unit, titles };
+}
+
+/**
+ * What the time limit cut in the planned packing, for its title ('' when nothing): the packer always
+ * completes best fit in start order, so a cut leaves a complete greedy placement whose search (or other
+ * greedy orders) did not run to the end; a larger time limit may lower its peak.
+ */
+export function packingCutNote(packing: PackingDoc): string {
+  const cuts = (packing.time_cuts ?? []).filter(c => typeof c === 'string' && c.trim() !== '');
+  if (!cuts.length) {
+    return '';
+  }
+  const orders = packing.greedy_orders ?? [];
+  const what =
+    orders.length === 1 && orders[0] === 'start' ? 'greedy in start order only' : 'search cut short';
+  return `<br>time limit reached: ${what}`;
 }
 
 /**

@@ -95,6 +95,10 @@ export interface PackingDoc {
   peak_bytes: number;
   lower_bound?: number;
   fragmentation: number;
+  /** where the time limit stopped the packer (solvers.olla.pack): its answer may improve with time */
+  time_cuts?: string[];
+  /** the greedy orders that placed every buffer ("start" always: best fit in start order) */
+  greedy_orders?: string[];
   allocator?: AllocatorDoc | null;
 }
 

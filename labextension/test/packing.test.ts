@@ -61,6 +61,22 @@ describe('packingFigure', () => {
     assert.match(figure.titles[1], /caching allocator/);
   });
 
+  it('says in the title when the time limit cut the packer', () => {
+    assert.doesNotMatch(packingFigure(SAMPLE).titles[0], /time limit/);
+    const doc = clone();
+    doc.packing!.time_cuts = ['olla: greedy packing'];
+    doc.packing!.greedy_orders = ['start'];
+    assert.match(
+      packingFigure(doc).titles[0],
+      /fragmentation [0-9.]+%<br>time limit reached: greedy in start order only$/
+    );
+    doc.packing!.greedy_orders = ['start', 'taw'];
+    doc.packing!.time_cuts = ['olla: canonical packing search'];
+    assert.match(packingFigure(doc).titles[0], /time limit reached: search cut short$/);
+    doc.packing!.time_cuts = [];
+    assert.doesNotMatch(packingFigure(doc).titles[0], /time limit/);
+  });
+
   it('finds the tensor under the cursor and describes it in plain text', () => {
     const figure = packingFigure(SAMPLE);
     const panel = figure.panels[0];

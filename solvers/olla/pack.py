@@ -7,9 +7,11 @@ lifetimes intersect never share an address; its peak is ``max(offset + size)``. 
 *max-live lower bound* (the largest total size alive at one step), and fragmentation is
 ``(peak - lower_bound) / peak`` (a fraction; OLLA Sec. 5.4 measures the same ratio in %).
 
-Method: greedy best fit (first in MiniMalloc's TAW preorder, Sec. 5: the buffers alive at the
-busiest steps first; then TFLite's GreedyBySize order, lifetime and area) gives an incumbent (its
-first pass keeps the time limit: what it has not placed by then is stacked by an O(n log n) sweep);
+Method: greedy best fit gives an incumbent: first in start order (an online allocator's sweep over
+a free list, O(n log n) searches, always run to the end so that no time limit leaves a worse
+placement), then in MiniMalloc's TAW preorder (Sec. 5: the buffers alive at the busiest steps first),
+TFLite's GreedyBySize order, lifetime and area: O(n^2) passes the time limit may cut (a cut pass is
+dropped);
 when it does not meet the target (the capacity, else the lower bound), MiniMalloc's canonical search
 (`solvers.olla.canonical`) looks for a fit, and CP-SAT solves the exact model (NoOverlap2D over
 fixed time intervals and variable address intervals), warm-started from the best offsets, in the
@@ -22,13 +24,21 @@ produced overlapping plans); `validate_packing` checks every result independentl
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from solvers.deadline import Deadline, limit_cp_sat, note_cp_sat_cut, note_cut, timed_out
+from solvers.deadline import (
+    Deadline,
+    limit_cp_sat,
+    note_cp_sat_cut,
+    note_cut,
+    recording_cuts,
+    timed_out,
+)
 from solvers.ir import Graph
 from solvers.olla.canonical import canonical_fit, clear_cache, range_max
 from solvers.schedule import Step
@@ -87,6 +97,8 @@ class Packing:
             "gap": self.gap,
             "seconds": self.seconds,
             "greedy_peak_bytes": self.greedy_peak,
+            "greedy_orders": list(self.extra.get("greedy_orders", [])),
+            "time_cuts": list(self.extra.get("time_cuts", [])),
         }
 
 
@@ -162,27 +174,75 @@ def validate_packing(
     return problems
 
 
-def _stack_above(buffers: Sequence[Buffer], rest: Sequence[int], floor: int, offsets: list[int]) -> int:
-    """Place `rest` above `floor` in O(n log n), writing `offsets`; return the new peak.  A sweep in
-    start order puts each buffer on top of those of `rest` still alive (a stack allocator): never
-    below `floor`, so clear of everything placed before, and never inside a live one, so clear of
-    the rest.  The peak is at most `floor` plus the sum of their sizes, and for nested lifetimes (a
-    forward pass's saved activations) it is their max-live."""
+def _sweep_fit(buffers: Sequence[Buffer], ids: Sequence[int]) -> tuple[list[int], int]:
+    """Best fit in start order, an online allocator's placement: (offsets of `ids`, in that order, and
+    the peak).  Sweeping by start, the placed buffers a new one overlaps in time are exactly those still
+    alive, so the free ranges below the top of the live ones (the holes the ended ones left, merged
+    with their free neighbours) are all the gaps best fit chooses from: each buffer goes to the low
+    end of the smallest hole that holds it (the lowest on ties), else on top.  A heap of ends and the
+    holes sorted by address (to merge) and by (size, address) (to choose): O(n log n) searches, where
+    best fit over every placed buffer (`_greedy`) is O(n^2).  Always complete and fast, it is the
+    placement `pack` keeps when the time limit cuts its best-fit passes (issue pack27: stacking the
+    buffers a cut pass had not placed put a 92-layer GPT's packing at 6x its max-live bound)."""
     import heapq
 
-    peak = floor
-    live: list[tuple[int, int]] = []  # (-top, end) of the live buffers of `rest`: the top first
-    for i in sorted(rest, key=lambda i: (buffers[i][0], i)):
-        s, e, z = buffers[i]
-        while live and live[0][1] <= s:  # the topmost has ended: what lies below may be free too
-            heapq.heappop(live)
-        top = -live[0][0] if live else floor
-        # a buffer below the top may have ended: it stays in the heap until it surfaces (space below
-        # the top is never reused, so that is still valid)
-        offsets[i] = top
-        heapq.heappush(live, (-(top + z), e))
-        peak = max(peak, top + z)
-    return peak
+    offsets = [0] * len(ids)
+    holes = _Holes()
+    ends: list[tuple[int, int, int]] = []  # (end, offset, size) of the live buffers
+    top = peak = 0  # the top of the live buffers, and the highest it has been
+    for k in sorted(range(len(ids)), key=lambda k: (buffers[ids[k]][0], k)):
+        s, e, z = buffers[ids[k]]
+        if z == 0:
+            continue
+        while ends and ends[0][0] <= s:
+            _, low, size = heapq.heappop(ends)
+            top = holes.free(low, low + size, top)
+        at = bisect.bisect_left(holes.by_size, (z, -1))
+        if at < len(holes.by_size):
+            size, off = holes.by_size[at]
+            holes.remove(off, off + size)
+            if size > z:
+                holes.add(off + z, off + size)
+        else:
+            off, top = top, top + z
+        heapq.heappush(ends, (e, off, z))
+        offsets[k] = off
+        peak = max(peak, top)
+    return offsets, peak
+
+
+class _Holes:
+    """Disjoint free ranges [low, high) below the live buffers' top, sorted by address and by
+    (size, address): `_sweep_fit`'s free list."""
+
+    def __init__(self) -> None:
+        self.by_address: list[tuple[int, int]] = []
+        self.by_size: list[tuple[int, int]] = []
+
+    def add(self, low: int, high: int) -> None:
+        bisect.insort(self.by_address, (low, high))
+        bisect.insort(self.by_size, (high - low, low))
+
+    def remove(self, low: int, high: int) -> None:
+        del self.by_address[bisect.bisect_left(self.by_address, (low, high))]
+        del self.by_size[bisect.bisect_left(self.by_size, (high - low, low))]
+
+    def free(self, low: int, high: int, top: int) -> int:
+        """Return [low, high) to the free list, merged with the holes it touches; the new top (lower
+        when the range was the topmost live one: then it is no hole)."""
+        at = bisect.bisect_left(self.by_address, (low, high))
+        if at < len(self.by_address) and self.by_address[at][0] == high:  # the hole just above
+            above = self.by_address[at]
+            self.remove(*above)
+            high = above[1]
+        if at > 0 and self.by_address[at - 1][1] == low:  # the hole just below
+            below = self.by_address[at - 1]
+            self.remove(*below)
+            low = below[0]
+        if high == top:
+            return low
+        self.add(low, high)
+        return top
 
 
 def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
@@ -190,8 +250,6 @@ def _disjoint(buffers: Sequence[Sequence[int]], offsets: Sequence[int]) -> bool:
     at equal steps: lifetimes are half-open), keeping the live buffers' (offset, top) sorted; the
     live ones are pairwise disjoint, so a new one collides with one of them exactly when it collides
     with its predecessor or successor by offset."""
-    import bisect
-
     events = sorted(
         (t, kind, i)
         for i, (s, e, z) in enumerate(buffers)
@@ -222,11 +280,9 @@ def greedy_pack(buffers: Sequence[Buffer], order: GreedyOrder = "size") -> tuple
 
 
 def _greedy(
-    buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None, *, stack_rest: bool = False
+    buffers: Sequence[Buffer], order: GreedyOrder, deadline: float | None
 ) -> tuple[list[int], int] | None:
-    """`greedy_pack` that stops once `deadline` (``perf_counter`` seconds) has passed: it gives up
-    (None), or with `stack_rest` places the buffers not yet placed above everything placed
-    (`_stack_above`), so a time limit still gets a placement.
+    """`greedy_pack` that gives up (None) once `deadline` (``perf_counter`` seconds) has passed.
 
     Placed buffers are kept in numpy arrays sorted by offset, so the buffers a new one clashes with
     come out already in address order and the best-fit gap is a vectorised scan: O(n) numpy work per
@@ -250,10 +306,7 @@ def _greedy(
     for count, i in enumerate(ranked):
         if deadline is not None and count % 256 == 0 and timed_out(deadline, "olla: greedy packing",
                                                                      time.perf_counter()):
-            if not stack_rest:
-                return None
-            peak = _stack_above(buffers, ranked[count:], peak, offsets)
-            break
+            return None
         s, e, z = buffers[i]
         if z == 0:
             continue
@@ -310,43 +363,47 @@ def _segments(buffers: Sequence[Buffer], ids: Sequence[int]) -> list[list[int]]:
 def _greedy_segments(
     buffers: Sequence[Buffer], ids: Sequence[int], segments: Sequence[Sequence[int]], deadline: float,
     slacks: Sequence[int] | None = None,
-) -> list[tuple[list[int], int]]:
-    """Per segment, the best greedy placement (offsets in segment order, peak) over `GREEDY_ORDERS`.
+) -> tuple[list[tuple[list[int], int]], list[str]]:
+    """Per segment, the best greedy placement (offsets in segment order, peak), and the greedy orders
+    that placed every buffer ("start", then those of `GREEDY_ORDERS` that finished).
 
-    Segments share no step, so one greedy pass over all of `ids` places each segment exactly as a
-    pass over that segment alone would: each order runs once, not once per segment.  The first order
-    gets 80% of the time left (the rest is for the search and the final `validate_packing`); when
-    that runs out, the buffers it has not placed are stacked above the others (a valid placement,
-    returned in time, whatever its peak).  The other orders only run while `deadline`, less the first
-    pass's time (left to the search), has not passed, and while some segment is above its max-live
-    bound by more than its `slacks` bytes (default 0: nothing beats a placement at the bound)."""
+    Segments share no step, so one pass over all of `ids` places each segment exactly as a pass over
+    that segment alone would: each order runs once, not once per segment.  Best fit in start order
+    (`_sweep_fit`, O(n log n)) always runs to the end, whatever the time: every packing starts from a
+    complete best-fit placement.  The O(n^2) passes in `GREEDY_ORDERS` follow: the first may use 80%
+    of the time left (the rest is for the search and the final `validate_packing`), the others only
+    while `deadline`, less the first one's time (left to the search), has not passed; one the time
+    limit cuts is dropped (its placement is incomplete).  They stop once every segment is within its
+    `slacks` bytes (default 0) of its max-live bound: nothing beats a placement at the bound."""
     sub = [buffers[i] for i in ids]
     bounds = [max_live([buffers[i] for i in seg]) for seg in segments]
     slack = slacks or [0] * len(segments)
     pos = {i: k for k, i in enumerate(ids)}
-    best: list[tuple[list[int], int]] | None = None
+
+    def per_segment(offsets: list[int]) -> list[tuple[list[int], int]]:
+        found = []
+        for seg in segments:
+            offs = [offsets[pos[i]] for i in seg]
+            found.append((offs, max(o + buffers[i][2] for o, i in zip(offs, seg, strict=True))))
+        return found
+
+    def close(placed: list[tuple[list[int], int]]) -> bool:
+        return all(peak - bound <= z for (_, peak), bound, z in zip(placed, bounds, slack, strict=True))
+
+    best = per_segment(_sweep_fit(sub, range(len(sub)))[0])
+    done = ["start"]
     first = 0.0
     for n, order in enumerate(GREEDY_ORDERS):
+        if close(best):
+            break
         started = time.perf_counter()
-        if n == 0:
-            placed = _greedy(sub, order, started + 0.8 * (deadline - started), stack_rest=True)
-        else:
-            placed = _greedy(sub, order, deadline - first)
+        placed = _greedy(sub, order, started + 0.8 * (deadline - started) if n == 0 else deadline - first)
         if placed is None:
             break
         first = first or time.perf_counter() - started
-        found = []
-        for seg in segments:
-            offs = [placed[0][pos[i]] for i in seg]
-            found.append((offs, max(o + buffers[i][2] for o, i in zip(offs, seg, strict=True))))
-        best = (
-            found
-            if best is None
-            else [min(a, b, key=lambda r: r[1]) for a, b in zip(best, found, strict=True)]
-        )
-        if all(peak - bound <= z for (_, peak), bound, z in zip(best, bounds, slack, strict=True)):
-            break
-    return best or []
+        done.append(order)
+        best = [min(a, b, key=lambda r: r[1]) for a, b in zip(best, per_segment(placed[0]), strict=True)]
+    return best, done
 
 
 def _canonical(
@@ -501,7 +558,10 @@ def pack(
     spent.
     """
     try:
-        return _pack(buffers, capacity, time_limit, processes, gap)
+        with recording_cuts() as cuts:
+            packing = _pack(buffers, capacity, time_limit, processes, gap)
+        # where the time limit stopped work: the packing view says so (the answer may improve with time)
+        return dataclasses.replace(packing, extra={**packing.extra, "time_cuts": list(cuts)})
     finally:
         clear_cache()  # the canonical search's sections of these buffers: not needed past this call
 
@@ -536,7 +596,7 @@ def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: fl
     # the tolerance in bytes per segment: the packing's peak is the base plus the largest segment's
     slacks = [int(gap * lower) if capacity is None and len(seg) > CP_SAT_MAX_BUFFERS else 0
               for seg in segments]
-    seg_greedy = _greedy_segments(bufs, rest, segments, deadline, slacks)
+    seg_greedy, greedy_orders = _greedy_segments(bufs, rest, segments, deadline, slacks)
     greedy_peak = base + max((p for _, p in seg_greedy), default=0)
     whole = None
     if capacity is not None and greedy_peak > capacity:
@@ -618,7 +678,9 @@ def _pack(buffers: Sequence[Sequence[int]], capacity: int | None, time_limit: fl
         extra={"bound": bound, "spanning_buffers": len(spanning), "segments": statuses,
                # canonical search nodes of the whole-instance fit (capacity given; 0 when greedy fitted):
                # the search's work, the same on any machine
-               "fit_nodes": whole.nodes if whole is not None else 0},
+               "fit_nodes": whole.nodes if whole is not None else 0,
+               # the greedy orders that placed every buffer: the time limit cut the others
+               "greedy_orders": greedy_orders},
     )
 
 

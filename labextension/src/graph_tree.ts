@@ -534,6 +534,17 @@ export function refId(ref: NodeRef): string {
 }
 
 /**
+ * The collapsed overview's spacing (a drawing holding a run of repeated blocks): ranks closer (inches;
+ * 0.2 elsewhere) and two-line labels (a closed module's name and op count, a tensor's name and size)
+ * in tighter boxes (dot's node `margin`, inches), the text itself unchanged.  At the default spacing the
+ * captured 12-layer GPT's overview (its top-level ops and their tensors in one column, the backward's
+ * residual sums beside it) was 820 pt tall, whole at scale 0.55 in the 600 px view, under
+ * `FIT_MIN_SCALE`: it opened on its top half, the blocks below the fold (issue 18); it is 683 pt now,
+ * whole at 0.64.  Unrolled drawings keep dot's defaults: their Fit and landing were tuned at them.
+ */
+export const COMPACT_SPACING = { ranksep: 0.1, margin: '0.11,0.02' };
+
+/**
  * DOT for `expanded`: expanded modules as clusters (id `m<n>`), collapsed ones as box3d nodes, ops as
  * rounded boxes (`c<n>`), drawn tensors as ellipses (`d<n>`); edges producer -> tensor -> reader, or
  * straight between the nodes standing for producer and reader when the tensor is not drawn.  Dot's
@@ -556,11 +567,12 @@ export function toDot(
     const head = runOf.get(refId(ref));
     return head === undefined ? refId(ref) : `r${head}`;
   };
+  const compact = runs.length > 0;
   const lines = [
     'digraph memviz {',
-    '  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=0.2, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,',
+    `  graph [rankdir=TB, newrank=true, nodesep=0.15, ranksep=${compact ? COMPACT_SPACING.ranksep : 0.2}, splines=line, mclimit=0.05, remincross=false, nslimit=1, nslimit1=1,`,
     '         fontname="Helvetica", fontsize=11, labeljust=l, style="rounded", color="#90a4ae"];',
-    '  node [fontname="Helvetica", fontsize=10, height=0.3, style=filled];',
+    `  node [fontname="Helvetica", fontsize=10, height=0.3${compact ? `, margin="${COMPACT_SPACING.margin}"` : ''}, style=filled];`,
     '  edge [color="#888888", arrowsize=0.6];'
   ];
   const drawnData = new Set<number>();

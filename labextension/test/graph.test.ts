@@ -8,6 +8,7 @@ import {
   WRAP_COLUMNS,
   WRAP_MAX,
   blockRuns,
+  COMPACT_SPACING,
   buildTree,
   closedRows,
   collapse,
@@ -605,6 +606,14 @@ test('repeated blocks open as one counted node per phase, ranked with its twin; 
   const unrolled = toDot(doc, tree, open, new Set([runs[0].key]));
   assert.ok(!/"r\d+"/.test(unrolled));
   assert.ok(unrolled.includes(`"m${fwd}" [id="m${fwd}"`) && unrolled.includes(`"m${bwd}" [id="m${bwd}"`));
+  // the overview with its runs is spaced tighter (a captured 12-layer GPT's opened under the label
+  // floor, issue 18); unrolled, dot's default spacing
+  const spacing = (d: string): string[] => [
+    /ranksep=([\d.]+)/.exec(d)![1],
+    /node \[[^\]]*?margin="([^"]*)"/.exec(d)?.[1] ?? ''
+  ];
+  assert.deepEqual(spacing(dot), [String(COMPACT_SPACING.ranksep), COMPACT_SPACING.margin]);
+  assert.deepEqual(spacing(unrolled), ['0.2', '']);
   // a member opened (a search hit in block 5) splits the run: 0..4 and 6..11 stay runs
   const hit = new Set([...open, path('forward:layers.5')]);
   assert.deepEqual(

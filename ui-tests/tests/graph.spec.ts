@@ -362,3 +362,42 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
   }
   await graph.screenshot({ path: test.info().outputPath('graph-gpt12-open.png') });
 });
+
+test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its blocks counted', async ({
+  page,
+  tmpPath
+}) => {
+  test.setTimeout(240000);
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await openAndRunAll(page, tmpPath, 'graph_gpt_captured.ipynb');
+  const view = page.locator('.jp-memviz-plan');
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+  const graph = view.locator('.jp-memviz-graph');
+  const svg = graph.locator('svg');
+  await expect(svg).toBeVisible({ timeout: 60000 });
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  await expect(svg.locator('g.node.run')).toHaveCount(2);
+  // the whole overview inside the canvas at labels >= 8 px: at dot's default spacing it was 820 pt
+  // tall, whole only at scale 0.55, and opened on its top half with the blocks below the fold (issue 18)
+  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  const inside = async (): Promise<void> => {
+    const [c, d] = [
+      (await graph.locator('.jp-memviz-graph-canvas').boundingBox())!,
+      (await svg.boundingBox())!
+    ];
+    expect(d.x).toBeGreaterThanOrEqual(c.x - 1);
+    expect(d.x + d.width).toBeLessThanOrEqual(c.x + c.width + 1);
+    expect(d.y).toBeGreaterThanOrEqual(c.y - 1);
+    expect(d.y + d.height).toBeLessThanOrEqual(c.y + c.height + 1);
+  };
+  await graph.screenshot({ path: test.info().outputPath('graph-gpt12-captured.png') });
+  await inside();
+  // Fit agrees: the whole drawing, no note
+  await graph.locator('.jp-memviz-graph-fit').click();
+  await expect(graph).toHaveAttribute('data-fit', 'whole');
+  await expect(graph.locator('.jp-memviz-graph-fit-note')).toBeEmpty();
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  await inside();
+});

@@ -378,26 +378,29 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   await expect(svg).toBeVisible({ timeout: 60000 });
   await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
   await expect(svg.locator('g.node.run')).toHaveCount(2);
-  // the whole overview inside the canvas at labels >= 8 px: at dot's default spacing it was 820 pt
-  // tall, whole only at scale 0.55, and opened on its top half with the blocks below the fold (issue 18)
-  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
-  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
-  const inside = async (): Promise<void> => {
-    const [c, d] = [
-      (await graph.locator('.jp-memviz-graph-canvas').boundingBox())!,
-      (await svg.boundingBox())!
-    ];
-    expect(d.x).toBeGreaterThanOrEqual(c.x - 1);
-    expect(d.x + d.width).toBeLessThanOrEqual(c.x + c.width + 1);
-    expect(d.y).toBeGreaterThanOrEqual(c.y - 1);
-    expect(d.y + d.height).toBeLessThanOrEqual(c.y + c.height + 1);
+  const canvas = graph.locator('.jp-memviz-graph-canvas');
+  const inside = async (el: ReturnType<typeof svg.locator>, what: string): Promise<void> => {
+    const [c, b] = [(await canvas.boundingBox())!, (await el.boundingBox())!];
+    expect(b.x, `${what}: left`).toBeGreaterThanOrEqual(c.x - 1);
+    expect(b.x + b.width, `${what}: right`).toBeLessThanOrEqual(c.x + c.width + 1);
+    expect(b.y, `${what}: top`).toBeGreaterThanOrEqual(c.y - 1);
+    expect(b.y + b.height, `${what}: bottom`).toBeLessThanOrEqual(c.y + c.height + 1);
   };
   await graph.screenshot({ path: test.info().outputPath('graph-gpt12-captured.png') });
-  await inside();
-  // Fit agrees: the whole drawing, no note
+  // it lands on both phases' frames whole inside the canvas, labels >= 8 px: at dot's default spacing
+  // this overview was 820 pt tall, its frames whole only at scale 0.55 (issue 18)
+  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
+  expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
+  for (const phase of ['forward', 'backward']) {
+    const frame = svg
+      .locator('g.cluster')
+      .filter({ has: page.locator(':scope > title', { hasText: new RegExp(`^${phase} \\(`) }) });
+    await inside(frame, `${phase} frame`);
+  }
+  // Fit agrees: the whole drawing (Graphviz's margin too) readable, no note
   await graph.locator('.jp-memviz-graph-fit').click();
   await expect(graph).toHaveAttribute('data-fit', 'whole');
   await expect(graph.locator('.jp-memviz-graph-fit-note')).toBeEmpty();
   expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
-  await inside();
+  await inside(svg, 'the drawing');
 });

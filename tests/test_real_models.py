@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
+import tempfile
 from typing import Any
 
 import pytest
@@ -126,11 +128,26 @@ def check_contract(name: str, strategy: str, point: float, budget: int | None = 
                 *([f"(c) exported step measured {peak}, the plan {plan.peak_bytes}"]
                   if abs(peak - plan.peak_bytes) > PLAN_TOLERANCE * plan.peak_bytes else []),
             ]
-            assert not problems, f"{name} ({loss}, {strategy} at {point}), step {i}: {'; '.join(problems)}"
+            assert not problems, (f"{name} ({loss}, {strategy} at {point}), step {i}: {'; '.join(problems)}; "
+                                  f"{reproduction(plan)}")
     finally:
         case.model.load_state_dict(saved)
         for p in case.model.parameters():
             p.grad = None
+
+
+def reproduction(plan: memviz.Plan) -> str:
+    """What reproduces a failing plan: its schedule depends on measured op times and on where a time limit
+    cut the solvers, so it may never come back on a quiet machine.  The plan is written to a temporary
+    file (``memviz.export(memviz.load_plan(path), model=...)`` runs it again) and summarised."""
+    fd, path = tempfile.mkstemp(prefix=f"memviz-{plan.strategy}-", suffix=".plan.json")
+    os.close(fd)
+    plan.save(path, overwrite=True)
+    stats = plan.solver_stats
+    gap = "" if stats.gap is None else f", gap {stats.gap:.2%}"
+    cuts = ", ".join(plan.time_cuts) or "none"
+    return (f"plan: {plan.strategy} ({stats.solver}, {stats.status}{gap}, {stats.seconds:.2f} s), budget "
+            f"{plan.budget_bytes}, peak {plan.peak_bytes}, time-limit cuts: {cuts}; written to {path}")
 
 
 def _param(name: str, strategy: str, point: float) -> Any:

@@ -187,6 +187,15 @@ def storage_nbytes(t: torch.Tensor) -> int:
     return int(t.untyped_storage().nbytes())
 
 
+#: scatters whose kernel copies the whole storage of the view it writes into (ATen's
+#: ``clone_preserve_strides``), keeping the view's strides and offset; their fake kernels allocate only
+#: the view's extent, so the output's bytes are the input's storage's (Swin's shifted-window mask, built
+#: by slice assignment: 128 B per scatter of an 8 x 8 mask, one export measured over its plan by that)
+STORAGE_CLONING_SCATTERS = frozenset({torch.ops.aten.slice_scatter.default,
+                                      torch.ops.aten.select_scatter.default,
+                                      torch.ops.aten.diagonal_scatter.default})
+
+
 def _module_of(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
     if not stack:
@@ -1419,6 +1428,7 @@ class _Builder:
         self.data_of_storage: dict[int, int] = {}
         self.data_of_fx: dict[str, int] = {}
         self.data_fx: list[str | None] = []
+        self.data_bytes: list[int] = []
         self.aliases: list[list[str]] = []
         self.elem_data: dict[tuple[str, int], int] = {}
         self.compute_fx: list[str | None] = []
@@ -1429,11 +1439,15 @@ class _Builder:
              dtype: str) -> int:
         d = self.b.data(name, nbytes, kind, shape=shape, dtype=dtype)
         self.data_fx.append(fx_name)
+        self.data_bytes.append(nbytes)
         self.aliases.append([])
         return d
 
-    def tensor_data(self, name: str, t: torch.Tensor, kind: DataKind, fx_name: str | None) -> int:
-        d = self.data(name, storage_nbytes(t), kind, fx_name, tuple(t.shape), _dtype_name(t))
+    def tensor_data(self, name: str, t: torch.Tensor, kind: DataKind, fx_name: str | None,
+                    nbytes: int | None = None) -> int:
+        """`nbytes`: what the real kernel allocates, where the fake tensor's storage is not that."""
+        nbytes = storage_nbytes(t) if nbytes is None else nbytes
+        d = self.data(name, nbytes, kind, fx_name, tuple(t.shape), _dtype_name(t))
         self.data_of_storage[_storage_key(t)] = d
         return d
 
@@ -1450,6 +1464,15 @@ class _Builder:
             elif a.op == "call_function":
                 stack.extend(a.all_input_nodes)
         return sorted(found)
+
+    def real_nbytes(self, n: torch.fx.Node) -> int | None:
+        """The bytes `n`'s real kernel allocates where its fake tensor's storage differs (None elsewhere):
+        a `STORAGE_CLONING_SCATTERS` output holds as much as the storage it writes into."""
+        if n.target not in STORAGE_CLONING_SCATTERS or not isinstance(n.args[0], torch.fx.Node):
+            return None
+        into = n.args[0].meta.get("val")
+        d = self.data_of_storage.get(_storage_key(into)) if isinstance(into, torch.Tensor) else None
+        return None if d is None else self.data_bytes[d]
 
     def op_node(self, n: torch.fx.Node, phase: Phase) -> None:
         val = n.meta.get("val")
@@ -1479,7 +1502,7 @@ class _Builder:
             if t is None or _storage_key(t) in self.data_of_storage:
                 continue
             name = f"{n.name}[{i}]" if is_tuple else n.name
-            d = self.tensor_data(name, t, kind, None if is_tuple else n.name)
+            d = self.tensor_data(name, t, kind, None if is_tuple else n.name, self.real_nbytes(n))
             if is_tuple:
                 self.elem_data[(n.name, i)] = d
             else:

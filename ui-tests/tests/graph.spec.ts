@@ -1,8 +1,31 @@
-import { expect, test } from '@jupyterlab/galata';
+import { IJupyterLabPageFixture, expect, test } from '@jupyterlab/galata';
+import type { Locator } from '@playwright/test';
 
 import { SETTINGS, openAndRunAll } from './helpers';
 
 test.use({ mockSettings: SETTINGS });
+
+// the readable floor of a fitted drawing (graph_data.ts: 8 px / (10 pt * 4/3))
+const FIT_MIN_SCALE = 0.6;
+
+/** Runs `notebook` in an output the width of JupyterLab's default layout on a 1280 px screen and opens
+ * its plan's Graph tab, laid out. */
+async function openGraphTab(
+  page: IJupyterLabPageFixture,
+  tmpPath: string,
+  notebook: string
+): Promise<{ graph: Locator; svg: Locator; canvas: Locator }> {
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await openAndRunAll(page, tmpPath, notebook);
+  const view = page.locator('.jp-memviz-plan');
+  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+  const graph = view.locator('.jp-memviz-graph');
+  const svg = graph.locator('svg');
+  await expect(svg).toBeVisible({ timeout: 60000 });
+  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  return { graph, svg, canvas: graph.locator('.jp-memviz-graph-canvas') };
+}
 
 test('the Graph tab draws the CD-graph colored by the plan; clicking a compute marks its step', async ({
   page,
@@ -42,7 +65,7 @@ test('the Graph tab draws the CD-graph colored by the plan; clicking a compute m
   await expect(graph).toHaveAttribute('data-fit', 'width');
   await expect(graph.locator('.jp-memviz-graph-fit-note')).toContainText(/^Fit: its full width at \d+%/);
   const k = Number(await graph.getAttribute('data-scale'));
-  expect(k).toBeGreaterThanOrEqual(0.6);
+  expect(k).toBeGreaterThanOrEqual(FIT_MIN_SCALE);
   expect(k).toBeLessThanOrEqual(1);
   const [c, d] = [
     (await graph.locator('.jp-memviz-graph-canvas').boundingBox())!,
@@ -94,7 +117,6 @@ test('a 5.4k-op graph opens by module: open and close on click, search, real too
   await graph.screenshot({ path: test.info().outputPath('graph-scale-twins.png') });
   // it lands readable (labels >= 8 px) with the forward and the backward both in view (it opened at
   // its top-left corner, the backward cut off, issue 18)
-  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
   const canvas = graph.locator('.jp-memviz-graph-canvas');
   const inView = async (el: ReturnType<typeof svg.locator>): Promise<boolean> => {
     const [c, b] = [(await canvas.boundingBox())!, (await el.boundingBox())!];
@@ -263,20 +285,9 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
   tmpPath
 }) => {
   test.setTimeout(240000);
-  // the output area of a notebook in JupyterLab's default layout on a 1280 px screen
-  await page.setViewportSize({ width: 1280, height: 900 });
-  await openAndRunAll(page, tmpPath, 'graph_gpt.ipynb');
-  const view = page.locator('.jp-memviz-plan');
-  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
-  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
-  const graph = view.locator('.jp-memviz-graph');
-  const svg = graph.locator('svg');
-  await expect(svg).toBeVisible({ timeout: 60000 });
-  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
-  const canvas = graph.locator('.jp-memviz-graph-canvas');
+  const { graph, svg, canvas } = await openGraphTab(page, tmpPath, 'graph_gpt.ipynb');
   let c = (await canvas.boundingBox())!;
   expect(c.width).toBeLessThanOrEqual(848);
-  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
   expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
   // the collapsed hierarchy: every block of both phases is one box (a ladder: block i's backward
   // beside its forward), and both phases' frames lie across the view whole, side to side (the
@@ -368,17 +379,8 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   tmpPath
 }) => {
   test.setTimeout(240000);
-  await page.setViewportSize({ width: 1280, height: 900 });
-  await openAndRunAll(page, tmpPath, 'graph_gpt_captured.ipynb');
-  const view = page.locator('.jp-memviz-plan');
-  await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
-  await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
-  const graph = view.locator('.jp-memviz-graph');
-  const svg = graph.locator('svg');
-  await expect(svg).toBeVisible({ timeout: 60000 });
-  await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+  const { graph, svg, canvas } = await openGraphTab(page, tmpPath, 'graph_gpt_captured.ipynb');
   await expect(svg.locator('g.node.run')).toHaveCount(2);
-  const canvas = graph.locator('.jp-memviz-graph-canvas');
   const inside = async (el: ReturnType<typeof svg.locator>, what: string): Promise<void> => {
     const [c, b] = [(await canvas.boundingBox())!, (await el.boundingBox())!];
     expect(b.x, `${what}: left`).toBeGreaterThanOrEqual(c.x - 1);
@@ -389,7 +391,6 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   await graph.screenshot({ path: test.info().outputPath('graph-gpt12-captured.png') });
   // it lands on both phases' frames whole inside the canvas, labels >= 8 px: at dot's default spacing
   // this overview was 820 pt tall, its frames whole only at scale 0.55 (issue 18)
-  const FIT_MIN_SCALE = 0.6; // graph_data.ts: 8 px / (10 pt * 4/3)
   expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
   for (const phase of ['forward', 'backward']) {
     const frame = svg

@@ -72,13 +72,19 @@ def reference_greedy(buffers: list[tuple[int, int, int]], order: str) -> tuple[l
     return offsets, peak
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_vectorised_greedy_is_best_fit(seed: int) -> None:
+def _small_random_buffers(seed: int) -> list[tuple[int, int, int]]:
+    """Up to 60 short-lived buffers (sizes 0-6) over 28 steps, from `seed`."""
     rng = random.Random(seed)
     buffers = []
     for _ in range(rng.randint(1, 60)):
         s = rng.randint(0, 20)
         buffers.append((s, s + rng.randint(1, 8), rng.randint(0, 6)))
+    return buffers
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorised_greedy_is_best_fit(seed: int) -> None:
+    buffers = _small_random_buffers(seed)
     for order in ("size", "lifetime", "area"):
         assert greedy_pack(buffers, order) == reference_greedy(buffers, order)
 
@@ -88,11 +94,7 @@ def test_sweep_is_best_fit_in_start_order(seed: int) -> None:
     """`_sweep_fit` (free ranges of the live buffers) places exactly as the plain best fit in start order."""
     from solvers.olla.pack import _sweep_fit
 
-    rng = random.Random(seed)
-    buffers = []
-    for _ in range(rng.randint(1, 60)):
-        s = rng.randint(0, 20)
-        buffers.append((s, s + rng.randint(1, 8), rng.randint(0, 6)))
+    buffers = _small_random_buffers(seed)
     assert _sweep_fit(buffers, range(len(buffers))) == reference_greedy(buffers, "start")
     nested = [(i, 100 - i, 1 + (i * 7) % 5) for i in range(30)]  # a forward pass's saved activations
     assert _sweep_fit(nested, range(len(nested)))[1] == max_live(nested)

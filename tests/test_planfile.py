@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -50,6 +51,34 @@ def test_round_trip(tmp_path, doc):
     assert loaded.baseline.peak_bytes == plan.baseline.peak_bytes
 
 
+def test_module_classes_round_trip(tmp_path):
+    """Version 2 carries the graph's module classes (path -> class name) through a plan file."""
+    graph = tiny_training_graph()
+    classes = {"": "tiny.Net", "layer1": "torch.nn.modules.linear.Linear",
+               "layer2": "<img src=x onerror=alert(1)>"}
+    graph = dataclasses.replace(graph, meta={**graph.meta, "module_classes": classes})
+    doc = memviz.plan(graph, frontier=False, packing=False).to_dict()
+    assert doc["schema"] == "memviz.plan/2" and doc["graph"]["meta"]["module_classes"] == classes
+    loaded = memviz.load_plan(memviz.plan(graph, frontier=False, packing=False).save(tmp_path / "p.json"))
+    assert loaded.graph.meta["module_classes"] == classes
+
+
+def test_a_version_1_file_still_loads(tmp_path, doc):
+    """A plan written before module classes (schema memviz.plan/1, no meta.module_classes) loads as is."""
+    assert "module_classes" not in doc["graph"]["meta"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps({**doc, "schema": "memviz.plan/1"}))
+    loaded = memviz.load_plan(path)
+    assert loaded.peak_bytes == doc["planned"]["timeline"]["peak_bytes"]
+    assert "module_classes" not in loaded.graph.meta
+
+
+def test_a_module_class_must_be_a_string(doc):
+    doc["graph"]["meta"]["module_classes"] = {"layer1": 3}
+    with pytest.raises(PlanFileError, match="graph/meta/module_classes/layer1"):
+        parse_document(json.dumps(doc))
+
+
 def test_save_never_clobbers(tmp_path):
     plan = memviz.plan(tiny_training_graph(), frontier=False, packing=False)
     target = tmp_path / "plan.json"
@@ -84,7 +113,7 @@ def test_invalid_schedule_is_rejected(doc):
 
 
 def test_wrong_schema_and_hostile_values(doc):
-    with pytest.raises(PlanFileError, match="not a memviz.plan/1"):
+    with pytest.raises(PlanFileError, match="not a memviz.plan/2"):
         parse_document(json.dumps({**doc, "schema": "memviz.plan/999"}))
     with pytest.raises(PlanFileError, match="not valid JSON"):
         parse_document(json.dumps(doc).replace('"total_time": ', '"total_time": NaN, "x": ', 1))

@@ -1,4 +1,4 @@
-"""Reading and writing plan documents (`memviz.plan/1`).
+"""Reading and writing plan documents (`memviz.plan/2`; `memviz.plan/1` files still load).
 
 Plan files are untrusted input: they are parsed as plain JSON (never pickle, never eval), validated
 against the JSON Schema shipped in `memviz/schema/plan.schema.json`, and then checked semantically:
@@ -28,7 +28,10 @@ from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
 from solvers.schedule import Schedule, steps_from_columns, steps_from_json
 
-SCHEMA_ID = "memviz.plan/1"
+#: the version written; 2 added the graph's ``meta.module_classes`` (module path -> class name)
+SCHEMA_ID = "memviz.plan/2"
+#: the versions read: a version 1 file is a version 2 file without module classes
+READABLE_SCHEMAS = ("memviz.plan/1", SCHEMA_ID)
 MIME_TYPE = "application/vnd.memviz.plan+json"
 #: A plan of a very large model is tens of MB; anything far beyond is not a plan we wrote.
 MAX_FILE_BYTES = 1 << 30
@@ -165,7 +168,7 @@ def validate_document(doc: Any, source: str = "plan document") -> dict[str, Any]
 def checked_runs(doc: Any, source: str = "plan document") -> dict[str, tuple[Graph, Schedule, Timeline]]:
     """Validate `doc` once and return what validating built: per run ("baseline", "planned") the graph
     it runs on, its schedule and its fresh simulation -- so loading a plan need not rebuild them."""
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
+    if not isinstance(doc, dict) or doc.get("schema") not in READABLE_SCHEMAS:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise PlanFileError(
             f"{source} is not a {SCHEMA_ID} document (schema: {ascii(found)}); "

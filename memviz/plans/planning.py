@@ -20,7 +20,7 @@ from typing import Any
 from memviz.budget import format_bytes, parse_budget
 from memviz.hardware.neuron import warn_neuron_checkpointing
 from memviz.plans.cdgraph import cdgraph_dict
-from memviz.plans.planfile import MIME_TYPE, checked_runs, gc_paused, read_document, write_document
+from memviz.plans.planfile import MIME_TYPE, SCHEMA_ID, checked_runs, gc_paused, read_document, write_document
 from solvers import DataKind, Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.deadline import Deadline, recording_cuts
 from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
@@ -142,7 +142,7 @@ class Plan:
         from memviz import __version__
 
         return {
-            "schema": "memviz.plan/1",
+            "schema": SCHEMA_ID,
             "memviz_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": self.model,
@@ -432,8 +432,13 @@ def step_time_range(graph: Graph, planned_s: float, baseline_s: float,
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """Graph metadata that is plain JSON (capture may keep richer objects there)."""
-    return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    """Graph metadata that is plain JSON (capture may keep richer objects there), and the module classes
+    (path -> class name, strings only) the views name blocks by."""
+    plain = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    classes = meta.get("module_classes")
+    if isinstance(classes, dict) and classes:
+        plain["module_classes"] = {str(k): str(v) for k, v in classes.items()}
+    return plain
 
 
 # --- solving -------------------------------------------------------------------------------------

@@ -204,6 +204,20 @@ def _module_of(node: torch.fx.Node) -> str:
     return str(path)
 
 
+def module_classes(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """Module path -> the qualified name of its class, for every module an op of `gm` ran in (FX's
+    ``nn_module_stack``: per op, each enclosing module's path and class).  One entry per module rather
+    than per op: the views name a block by its class ("12 x GPT2Block"), and a plan file stays small."""
+    classes: dict[str, str] = {}
+    for n in gm.graph.nodes:
+        stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
+        for path, cls in stack.values():
+            # a class object under dynamo, its qualified name under export
+            name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+            classes.setdefault(str(path), name)
+    return classes
+
+
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
 
 
@@ -1702,7 +1716,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
     captured.grad_fx = {(k[0], param_names.get(k[1], k[1]) if k[0] == "grad" else k[1]): a.name
                         for a, k in zip(out_args, out_kinds, strict=True)
                         if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
-    graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode, captured.loss_compute is not None)
+    graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode, captured.loss_compute is not None,
+                    module_classes(gm))
     graph = accumulate_in_place(graph, captured)
     graph = with_loss_memory(graph, captured, lmem)  # the eager loss backward's workspace (graph known)
     return _in_random_order(graph, captured), captured
@@ -1870,14 +1885,15 @@ def _constant_node(bld: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) ->
 
 
 def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] | None], name: str,
-            mode: str, handed_to_loss: bool = False) -> Graph:
+            mode: str, handed_to_loss: bool = False, classes: dict[str, str] | None = None) -> Graph:
     """Set the kinds that depend on consumers and graph outputs; list the required outputs.
 
     `handed_to_loss` (a training graph with its loss nodes): the model's outputs are not required to the
     end of the step.  Eager frees them once the loss has read them (``loss_fn(model(x)).backward()``;
     backward reads only what autograd saved, and the loss node holds what the user's loss saves), and the
     new values of mutated buffers once they are written back (eager updates BatchNorm's statistics in
-    place).  Inference hands its outputs to the caller: they stay."""
+    place).  Inference hands its outputs to the caller: they stay.  `classes` (`module_classes`) goes
+    into the graph's meta as ``module_classes``."""
     graph = bld.b.build()
     kinds: dict[int, DataKind] = {}
     for d in graph.datas:
@@ -1903,7 +1919,8 @@ def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] 
                 shape=d.shape, dtype=d.dtype, aliases=tuple(bld.aliases[d.id]))
         for d in graph.datas
     )
-    return Graph(graph.computes, datas, tuple(dict.fromkeys(required)), name=name, meta={"mode": mode})
+    return Graph(graph.computes, datas, tuple(dict.fromkeys(required)), name=name,
+                 meta={"mode": mode, "module_classes": dict(classes or {})})
 
 
 # --- replaying the graph ------------------------------------------------------------------------------

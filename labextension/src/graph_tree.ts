@@ -47,6 +47,8 @@ export interface ModuleTree {
   freedEarly: boolean[];
   /** compute id -> the module it is drawn in when it has none of its own (`placedModule`), else null */
   placedIn: (string | null)[];
+  /** module path -> qualified class name (the plan's `graph.meta.module_classes`; empty in version 1) */
+  classes: ReadonlyMap<string, string>;
 }
 
 /** What an SVG id drawn here stands for. */
@@ -121,7 +123,40 @@ export function buildTree(doc: PlanDoc): ModuleTree {
     }
     return at;
   });
-  return { modules, roots, moduleOf, runs, freedEarly: made.map(n => n > 1), placedIn };
+  return {
+    modules,
+    roots,
+    moduleOf,
+    runs,
+    freedEarly: made.map(n => n > 1),
+    placedIn,
+    classes: classesOf(doc)
+  };
+}
+
+/** The plan's module classes (path -> qualified class name), strings only: a hand-edited file may hold
+ * anything there, and a class name is text from user code. */
+function classesOf(doc: PlanDoc): Map<string, string> {
+  const raw = doc.graph.meta?.module_classes;
+  const classes = new Map<string, string>();
+  if (typeof raw === 'object' && raw !== null && !Array.isArray(raw)) {
+    for (const [path, cls] of Object.entries(raw)) {
+      if (typeof cls === 'string' && cls) {
+        classes.set(path, cls);
+      }
+    }
+  }
+  return classes;
+}
+
+/**
+ * The class of module `path` as a label shows it: the last segment of its qualified name
+ * ("transformers.models.gpt2.modeling_gpt2.GPT2Block" -> "GPT2Block"; a class defined in a function,
+ * "f.<locals>.Block", -> "Block"), or null where the plan names none (a version 1 file, a hand-built graph).
+ */
+export function shortClass(tree: ModuleTree, path: string): string | null {
+  const cls = tree.classes.get(path);
+  return cls ? cls.slice(cls.lastIndexOf('.') + 1) || cls : null;
 }
 
 /**
@@ -453,18 +488,41 @@ export function dotString(text: string): string {
     .replace(/\n/g, '\\n');
 }
 
-/** The label of module `m`: its last path segment (the phase for a root), its op count. */
-export function moduleLabel(tree: ModuleTree, m: number): string {
-  const mod = tree.modules[m];
-  const name = mod.path === '' ? mod.phase : mod.path.slice(mod.path.lastIndexOf('.') + 1);
-  return name;
+/**
+ * The short name of module path `path`: its last segment, with its container's for a numbered item
+ * ("transformer.h.3" -> "h.3": "3" alone says nothing), the full path being in the tooltip.
+ */
+function shortPath(path: string): string {
+  const parts = path.split('.');
+  return parts.slice(numbered(path) && parts.length > 1 ? -2 : -1).join('.');
 }
 
-/** The tooltip of a module: its full path, phase and what it holds. */
+/**
+ * The label of module `m`: its class first, then its short path ("GPT2Block h.3", "LayerNorm ln_1"), or
+ * the last path segment alone where the plan names no class (the phase for a root).
+ */
+export function moduleLabel(tree: ModuleTree, m: number): string {
+  const mod = tree.modules[m];
+  if (mod.path === '') {
+    return mod.phase;
+  }
+  const cls = shortClass(tree, mod.path);
+  return cls ? `${cls} ${shortPath(mod.path)}` : mod.path.slice(mod.path.lastIndexOf('.') + 1);
+}
+
+/** The label of open module `m`'s frame: its class, then its full path ("GPT2Block transformer.h.3"). */
+function frameLabel(tree: ModuleTree, m: number): string {
+  const mod = tree.modules[m];
+  const cls = mod.path === '' ? null : shortClass(tree, mod.path);
+  return cls ? `${cls} ${mod.path}` : mod.path || mod.phase;
+}
+
+/** The tooltip of a module: its full path, phase, class and what it holds. */
 export function moduleTooltip(tree: ModuleTree, m: number): string {
   const mod = tree.modules[m];
   const where = mod.path === '' ? `${mod.phase} (ops outside any module)` : `${mod.path} [${mod.phase}]`;
-  return `${where}\n${mod.total} ops, ${mod.recomputed} recomputed`;
+  const cls = mod.path === '' ? undefined : tree.classes.get(mod.path);
+  return `${where}\n${cls ? `class: ${cls}\n` : ''}${mod.total} ops, ${mod.recomputed} recomputed`;
 }
 
 /** The tooltip of an op: name, ATen op, phase, run count, module, source line and what it reads. */
@@ -475,7 +533,8 @@ export function computeTooltip(doc: PlanDoc, tree: ModuleTree, c: number): strin
     `${op.name}: ${op.op} [${phaseOf(op)}]${runs > 1 ? ` run ${runs} times` : runs ? '' : ' not run'}`
   ];
   if (op.module) {
-    lines.push(`module: ${op.module}`);
+    const cls = tree.classes.get(op.module);
+    lines.push(`module: ${op.module}${cls ? ` (${cls})` : ''}`);
   } else if (tree.placedIn[c]) {
     lines.push(`module: none (drawn in ${tree.placedIn[c]}, where it runs)`);
   }
@@ -618,7 +677,7 @@ export function toDot(
     // not, or a click on the background would close the whole phase (its label still does)
     const fill = mod.parent === null ? 'style="rounded"' : `style="rounded,filled"; fillcolor="${OPEN_FILL}"`;
     lines.push(
-      `${indent}  id="m${m}"; class="module-open"; ${fill}; label="${dotString(mod.path || mod.phase)}";`
+      `${indent}  id="m${m}"; class="module-open"; ${fill}; label="${dotString(frameLabel(tree, m))}";`
     );
     for (const c of mod.computes.filter(c => !runOf.has(`c${c}`))) {
       const op = doc.graph.computes[c];
@@ -979,17 +1038,32 @@ function absorbedOps(doc: PlanDoc, tree: ModuleTree, m: number, members: readonl
   );
 }
 
-/** The label of a run: "12 x h", the members' first and last index, the ops each and recomputed. */
+/**
+ * The label of a run: "12 x GPT2Block  h.0..11" (the members' class, their container's last segment and
+ * first and last index; the full paths are in the tooltip), or "12 x h [0..11]" where the plan names no
+ * class or the members' classes differ; then the ops each and recomputed.
+ */
 export function runLabel(tree: ModuleTree, run: BlockRun): string {
   const [first, last] = [tree.modules[run.members[0]], tree.modules[run.members[run.members.length - 1]]];
   const container = first.path.includes('.') ? first.path.slice(0, first.path.lastIndexOf('.')) : first.phase;
   const index = (p: string): string => p.slice(p.lastIndexOf('.') + 1);
   const name = container.slice(container.lastIndexOf('.') + 1);
   const recomputed = run.members.reduce((n, m) => n + tree.modules[m].recomputed, 0);
-  return (
-    `${run.members.length} x ${name} [${index(first.path)}..${index(last.path)}]\n` +
-    `${first.total} ops each${recomputed ? `, ${recomputed} recomputed` : ''}`
-  );
+  const cls = runClass(tree, run);
+  const head = cls
+    ? `${run.members.length} x ${cls}  ${name}.${index(first.path)}..${index(last.path)}`
+    : `${run.members.length} x ${name} [${index(first.path)}..${index(last.path)}]`;
+  return `${head}\n${first.total} ops each${recomputed ? `, ${recomputed} recomputed` : ''}`;
+}
+
+/** The qualified class every member of `run` has, or null where one has none or they differ. */
+function runClass(tree: ModuleTree, run: BlockRun, short = true): string | null {
+  const classes = new Set(run.members.map(m => tree.classes.get(tree.modules[m].path)));
+  const [cls] = classes;
+  if (classes.size !== 1 || !cls) {
+    return null;
+  }
+  return short ? shortClass(tree, tree.modules[run.members[0]].path) : cls;
 }
 
 /** The tooltip of a run: its first and last path, phase, what each member holds, how to open it. */
@@ -997,8 +1071,10 @@ export function runTooltip(tree: ModuleTree, run: BlockRun): string {
   const [first, last] = [tree.modules[run.members[0]], tree.modules[run.members[run.members.length - 1]]];
   const recomputed = run.members.reduce((n, m) => n + tree.modules[m].recomputed, 0);
   const between = run.absorbed.length ? `, ${run.absorbed.length} ops between them` : '';
+  const cls = runClass(tree, run, false);
   return (
     `${first.path} .. ${last.path} [${first.phase}]\n` +
+    (cls ? `class: ${cls}\n` : '') +
     `${run.members.length} alike blocks of ${first.total} ops each${between}, ${recomputed} recomputed\n` +
     'click to draw them one by one'
   );

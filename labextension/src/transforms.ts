@@ -133,7 +133,12 @@ export interface PlanDoc {
   time_overhead_range?: [number, number] | null;
   model?: { name?: string; mode?: string };
   device?: { name?: string; estimated?: boolean; capacity_bytes?: number | null };
-  graph: { computes: ComputeDoc[]; datas: DataDoc[] };
+  graph: {
+    computes: ComputeDoc[];
+    datas: DataDoc[];
+    /** `module_classes`: module path -> qualified class name (memviz.plan/2; absent in version 1) */
+    meta?: { module_classes?: Record<string, string> } & Record<string, unknown>;
+  };
   baseline?: ScheduledTimeline | null;
   planned: ScheduledTimeline;
   solver_stats?: {
@@ -252,6 +257,9 @@ export function mergePlanParts(base: unknown, part: unknown): unknown {
   return isObject(base) ? { ...base, ...part } : part;
 }
 
+/** The plan document versions drawn: version 2 added the graph's `meta.module_classes` (planfile.py). */
+export const READABLE_SCHEMAS = ['memviz.plan/1', 'memviz.plan/2'];
+
 /**
  * Check the parts of a plan the renderer reads and return it typed; throws an Error that says what is
  * wrong (the full JSON Schema check happens in Python when a plan file is loaded).
@@ -262,10 +270,12 @@ export function parsePlan(data: unknown): PlanDoc {
   }
   const doc = data as Partial<PlanDoc>;
   if (typeof doc.schema !== 'string' || !doc.schema.startsWith('memviz.plan/')) {
-    fail('"schema" must be "memviz.plan/1"');
+    fail(`"schema" must be one of ${READABLE_SCHEMAS.join(', ')}`);
   }
-  if (doc.schema !== 'memviz.plan/1') {
-    fail(`schema ${JSON.stringify(doc.schema)} is not supported by this extension (expected memviz.plan/1)`);
+  if (!READABLE_SCHEMAS.includes(doc.schema)) {
+    fail(
+      `schema ${JSON.stringify(doc.schema)} is not supported by this extension (expected ${READABLE_SCHEMAS.join(' or ')})`
+    );
   }
   const graph = doc.graph;
   if (

@@ -14,9 +14,11 @@ import {
   collapse,
   defaultExpansion,
   dotString,
+  moduleLabel,
   parseNodeId,
   representative,
   revealCompute,
+  runLabel,
   search,
   toDot,
   tooltipFor,
@@ -166,6 +168,57 @@ test('hostile names are escaped in the DOT and ids are only c/d/m numbers', () =
   assert.match(
     tooltipFor(doc, tree, { kind: 'module', id: tree.roots[1] }),
     /^backward \(ops outside any module\)\n4 ops/
+  );
+});
+
+test('blocks are named by their class, escaped in the DOT, as text in tooltips', () => {
+  const doc = layered(4);
+  const classes: Record<string, string> = { '': 'app.Net', layers: 'torch.nn.modules.container.ModuleList' };
+  for (let i = 0; i < 4; i++) {
+    classes[`layers.${i}`] = 'transformers.models.gpt2.modeling_gpt2.GPT2Block';
+    classes[`layers.${i}.attn`] = HOSTILE;
+    classes[`layers.${i}.mlp`] = 'make.<locals>.MLP';
+  }
+  doc.schema = 'memviz.plan/2';
+  doc.graph.meta = { module_classes: classes };
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const open = new Set([tree.roots[0], tree.roots[1], path('forward:layers'), path('backward:layers')]);
+  const [run] = blockRuns(doc, tree, open, new Set());
+  assert.equal(runLabel(tree, run), '4 x GPT2Block  layers.0..3\n2 ops each, 1 recomputed');
+  assert.match(
+    tooltipFor(doc, tree, { kind: 'run', id: run.members[0] }, [run]),
+    /^layers\.0 \.\. layers\.3 \[forward\]\nclass: transformers\.models\.gpt2\.modeling_gpt2\.GPT2Block\n4 alike/
+  );
+  assert.equal(moduleLabel(tree, path('forward:layers.2')), 'GPT2Block layers.2');
+  assert.equal(moduleLabel(tree, path('forward:layers.2.mlp')), 'MLP mlp');
+  assert.equal(moduleLabel(tree, tree.roots[0]), 'forward');
+  // a class from user code reaches the DOM: entities in the DOT, the raw text in tooltips (textContent)
+  const all = new Set(tree.modules.map(m => m.id));
+  all.delete(path('forward:layers.1.attn'));
+  const dot = toDot(doc, tree, all, new Set(['layers.0']));
+  assert.ok(!dot.includes('<img'));
+  assert.ok(dot.includes('label="&lt;img src=x onerror=alert(1)&gt; attn\\n1 ops'));
+  assert.ok(dot.includes('label="&lt;img src=x onerror=alert(1)&gt; layers.0.attn"'));
+  assert.equal(
+    tooltipFor(doc, tree, { kind: 'module', id: path('forward:layers.1.attn') }),
+    `layers.1.attn [forward]\nclass: ${HOSTILE}\n1 ops, 1 recomputed`
+  );
+  assert.ok(
+    tooltipFor(doc, tree, { kind: 'compute', id: 0 }).includes(`\nmodule: layers.0.attn (${HOSTILE})\n`)
+  );
+  // a version 1 plan (no classes) keeps the container's name; members of unlike classes too
+  delete doc.graph.meta;
+  const plain = buildTree(doc);
+  assert.equal(
+    runLabel(plain, blockRuns(doc, plain, open, new Set())[0]).split('\n')[0],
+    '4 x layers [0..3]'
+  );
+  doc.graph.meta = { module_classes: { ...classes, 'layers.3': 'other.Block' } };
+  const mixed = buildTree(doc);
+  assert.equal(
+    runLabel(mixed, blockRuns(doc, mixed, open, new Set())[0]).split('\n')[0],
+    '4 x layers [0..3]'
   );
 });
 

@@ -76,12 +76,14 @@ describe('units', () => {
 describe('parsePlan', () => {
   it('accepts a solvers-built document', () => {
     assert.equal(SAMPLE.schema, 'memviz.plan/1');
+    // version 2 adds the graph's module classes; a version 1 document is one without them
+    assert.equal(parsePlan({ ...clone(), schema: 'memviz.plan/2' }).schema, 'memviz.plan/2');
   });
 
   it('rejects malformed documents with a reason', () => {
     assert.throws(() => parsePlan(null), /expected a JSON object/);
     assert.throws(() => parsePlan([]), /expected a JSON object/);
-    assert.throws(() => parsePlan({ ...clone(), schema: 'memviz.plan/2' }), /not supported/);
+    assert.throws(() => parsePlan({ ...clone(), schema: 'memviz.plan/3' }), /not supported/);
     assert.throws(() => parsePlan({ ...clone(), graph: {} }), /"graph"/);
     const truncated = clone();
     (truncated.planned as { schedule: unknown[] }).schedule.pop();

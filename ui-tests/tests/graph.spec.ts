@@ -384,6 +384,12 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   test.setTimeout(240000);
   const { graph, svg, canvas } = await openGraphTab(page, tmpPath, 'graph_gpt_captured.ipynb');
   await expect(svg.locator('g.node.run')).toHaveCount(2);
+  // named by the blocks' class (the demo's `memviz.demo.Block`, from FX's nn_module_stack) and their
+  // path, the full class in the tooltip
+  for (const run of await svg.locator('g.node.run').all()) {
+    await expect(run).toContainText(/^12 x Block\s+blocks\.0\.\.11/);
+    await expect(run.locator(':scope > title')).toContainText('class: memviz.demo.Block');
+  }
   const inside = async (el: ReturnType<typeof svg.locator>, what: string): Promise<void> => {
     const [c, b] = [(await canvas.boundingBox())!, (await el.boundingBox())!];
     expect(b.x, `${what}: left`).toBeGreaterThanOrEqual(c.x - 1);
@@ -407,4 +413,42 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   await expect(graph.locator('.jp-memviz-graph-fit-note')).toBeEmpty();
   expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
   await inside(svg, 'the drawing');
+});
+
+test('blocks are named by their class, a hostile class name is text; a version 1 plan still draws', async ({
+  page,
+  tmpPath
+}) => {
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await openAndRunAll(page, tmpPath, 'graph_classes.ipynb');
+  const views = page.locator('.jp-memviz-plan');
+  await expect(views).toHaveCount(2, { timeout: 120000 });
+  const hostile = '<img src=x onerror=alert(1)>';
+  // the first output is a memviz.plan/2 document, the second the same plan as a version 1 file
+  const runs: Locator[] = [];
+  for (const i of [0, 1]) {
+    const view = views.nth(i);
+    await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+    await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
+    const graph = view.locator('.jp-memviz-graph');
+    await expect(graph.locator('svg')).toBeVisible({ timeout: 60000 });
+    await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 60000 });
+    runs.push(graph.locator('svg g.node.run'));
+  }
+  // each phase's 3 alike blocks are one counted node named by their class, shown as text
+  await expect(runs[0]).toHaveCount(2);
+  for (const run of await runs[0].all()) {
+    const label = run.locator('text').first();
+    await expect(label).toContainText(`3 x ${hostile}`);
+    await expect(label).toContainText('blocks.0..2');
+    await expect(run.locator(':scope > title')).toContainText(`class: app.${hostile}`);
+  }
+  expect(await page.locator('.jp-memviz-plan img').count()).toBe(0);
+  // the version 1 file names no class: its blocks keep their container's name
+  await expect(runs[1]).toHaveCount(2);
+  for (const run of await runs[1].all()) {
+    await expect(run).toContainText('3 x blocks [0..2]');
+    await expect(run.locator(':scope > title')).not.toContainText('class:');
+  }
+  await views.nth(0).screenshot({ path: test.info().outputPath('graph-classes.png') });
 });

@@ -387,7 +387,7 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   // named by the blocks' class (the demo's `memviz.demo.Block`, from FX's nn_module_stack) and their
   // path, the full class in the tooltip
   for (const run of await svg.locator('g.node.run').all()) {
-    await expect(run).toContainText(/^12 x Block\s+blocks\.0\.\.11/);
+    await expect(run.locator('text').first()).toHaveText(/^12 x Block\s+blocks\.0\.\.11$/);
     await expect(run.locator(':scope > title')).toContainText('class: memviz.demo.Block');
   }
   const inside = async (el: ReturnType<typeof svg.locator>, what: string): Promise<void> => {

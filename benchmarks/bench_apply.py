@@ -17,7 +17,8 @@ training step (forward, loss, backward) is measured for:
 4. AOTAutograd's min-cut partitioner (what torch.compile uses) at several
    ``activation_memory_budget`` values (`bench_remat.TorchMinCut`: aot_eager-style, no Inductor);
 5. memviz: ``memviz.profile`` + ``memviz.plan(strategy="sac")`` at 75 / 50 / 25 % of the range from
-   its minimum to the eager peak and at the minimum, run by ``memviz.apply``;
+   its minimum to the eager peak, at the minimum, and at each peer point's measured peak below eager's
+   (so each peer is compared with a memviz plan at its own memory), run by ``memviz.apply``;
 6. the like-for-like pair on min-cut's own compiler stack: each memviz plan's applied model under
    ``torch.compile(backend="aot_eager")`` ("memviz+compile": the selective policy is decided at trace
    time, the recomputation is the compiled backward's), and ``torch.compile(backend="aot_eager")`` of the
@@ -102,10 +103,13 @@ class Settings:
     #: compiled-baseline memviz plans (``memviz.plan(..., compiled=True)``) at these fractions of the range
     #: [their minimum, the compiled baseline's peak], and at each min-cut peer's allocator peak
     compiled_fractions: tuple[float, ...] = ()
+    #: also plan memviz (eager apply) at each peer's measured peak: a fraction of memviz's own range lands
+    #: far below a peer's peak, so the equal-memory comparison would read a much leaner memviz point
+    at_peers: bool = False
 
 
 FULL = Settings(("gpt2", "llama", "resnet18"), 4, (1.0, 0.75, 0.5, 0.25, 0.0), (0.75, 0.5, 0.25, 0.0),
-                (0.75, 0.5, 0.25, 0.0), (1.0, 0.5), (0.75, 0.5, 0.25, 0.0))
+                (0.75, 0.5, 0.25, 0.0), (1.0, 0.5), (0.75, 0.5, 0.25, 0.0), at_peers=True)
 #: --quick: a tiny GPT-2, one point per contender below eager
 SMOKE = Settings(("gpt2",), 1, (0.5,), (0.25,), (0.0,), (1.0,))
 
@@ -382,11 +386,13 @@ def compile_budget(budget: float) -> Any:
     return torch._functorch.config.patch(activation_memory_budget=budget, enable_autograd_cache=False)
 
 
-def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
+def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module, peers: list[dict],
                 settings: Settings) -> tuple[dict, list[dict], Any]:
     """Profile once, plan (strategy "sac") at `settings.fractions` of [minimum, eager peak] (0: the minimum),
     apply and measure each distinct plan, eager and under ``torch.compile(backend="aot_eager")``
-    ("memviz+compile" rows, after the eager ones); and the profile."""
+    ("memviz+compile" rows, after the eager ones); with `settings.at_peers` also at each peer's measured
+    peak below eager's (`peer_budgets`; eager apply only, the point the equal-memory table compares); and
+    the profile."""
     start = time.perf_counter()
     prof = memviz.profile(model, args, mode="train")
     profile_s = time.perf_counter() - start
@@ -398,34 +404,58 @@ def memviz_rows(model: nn.Module, args: tuple, eager: nn.Module,
         low = exc.minimum_bytes
     minimum_s = time.perf_counter() - start
     peak = prof.baseline.peak_bytes
+    budgets = [("min" if f == 0 else f"{int(f * 100)}%", low + int(f * (peak - low)), f)
+               for f in settings.fractions]
+    at = peer_budgets([b for _, b, _ in budgets], peers, {p["contender"] for p in peers}, "measured_peak",
+                      low, peak) if settings.at_peers else []
     rows, compiled_rows, seen = [], [], {}
-    for fraction in settings.fractions:
-        budget = low + int(fraction * (peak - low))
+    for setting, budget, fraction in budgets + [(s, b, None) for s, b in at]:
         start = time.perf_counter()
         plan = memviz.plan(prof, budget, strategy="sac")
-        row = {"contender": "memviz", "setting": "min" if fraction == 0 else f"{int(fraction * 100)}%",
-               "fraction": fraction, "budget": budget, "plan_peak": plan.peak_bytes,
-               "plan_s": time.perf_counter() - start, "predicted_overhead": plan.time_overhead,
-               "options": plan.solver_stats.extra["sac"]["options"]}
+        row = {"contender": "memviz", "setting": setting, "fraction": fraction, "budget": budget,
+               "plan_peak": plan.peak_bytes, "plan_s": time.perf_counter() - start,
+               "predicted_overhead": plan.time_overhead, "options": plan.solver_stats.extra["sac"]["options"]}
         key = repr(row["options"])
         if key not in seen:
-            applied = measure(memviz.apply(plan, model), eager, args, settings.steps)
+            seen[key] = measure(memviz.apply(plan, model), eager, args, settings.steps), None
+        applied, with_compile = seen[key]
+        rows.append({**row, **applied})
+        _log(f"memviz {setting}: plan {row['plan_peak'] / MiB:.2f} MiB, measured "
+             f"{rows[-1]['measured_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x "
+             f"(predicted {row['predicted_overhead']:.3f}x), options {sorted(set(row['options'].values()))}")
+        if fraction is None:
+            continue  # a peer's peak: the eager point only
+        if with_compile is None:
             start = time.perf_counter()
             with compile_budget(1.0):  # torch's default: the plan decides what the regions keep
                 candidate = compiled(memviz.apply(plan, model), args)
                 compile_s = time.perf_counter() - start
-                seen[key] = applied, {**measure(candidate, eager, args, settings.steps, compiled=True),
-                                      "compile_s": compile_s}
-        applied, with_compile = seen[key]
-        rows.append({**row, **applied})
-        _log(f"memviz {row['setting']}: plan {row['plan_peak'] / MiB:.2f} MiB, measured "
-             f"{rows[-1]['measured_peak'] / MiB:.2f} MiB, {rows[-1]['measured_overhead']:.3f}x "
-             f"(predicted {row['predicted_overhead']:.3f}x)")
+                with_compile = {**measure(candidate, eager, args, settings.steps, compiled=True),
+                                "compile_s": compile_s}
+            seen[key] = applied, with_compile
         compiled_rows.append({**row, **with_compile, "contender": "memviz+compile"})
-        _log(f"memviz+compile {row['setting']}: allocator {with_compile['alloc_peak'] / MiB:.2f} MiB (eager "
+        _log(f"memviz+compile {setting}: allocator {with_compile['alloc_peak'] / MiB:.2f} MiB (eager "
              f"apply {applied['alloc_peak'] / MiB:.2f}), {with_compile['measured_overhead']:.3f}x")
     return {"profile_s": profile_s, "minimum_s": minimum_s, "minimum": low, "eager_predicted": peak}, \
         rows + compiled_rows, prof
+
+
+def peer_budgets(budgets: list[int], peers: list[dict], contenders: set[str] | tuple[str, ...], key: str,
+                 low: int, high: int | None = None) -> list[tuple[str, int]]:
+    """(setting, budget) for each peer point of `contenders` whose `key` peak (``measured_peak``, or
+    ``alloc_peak``) memviz can plan at: at least `low` (memviz's minimum), below `high` when given (at or
+    above eager's peak the plan is eager itself), and not one of `budgets` or an earlier point's (min-cut and
+    torch.compile at 1.0 hold the same).  Settings read "at torch min-cut 0.75", "at checkpoint every
+    block"."""
+    out: list[tuple[str, int]] = []
+    for p in peers:
+        b = p.get(key)
+        if p["contender"] not in contenders or b is None or b < low or (high is not None and b >= high) \
+                or b in budgets or any(b == o for _, o in out):
+            continue
+        setting = p["setting"].split()[-1] if "budget" in p["setting"] else p["setting"]
+        out.append((f"at {p['contender']} {setting}", b))
+    return out
 
 
 #: the peers whose allocator peaks the compiled-baseline plans are budgeted at (the partitioner they share)
@@ -453,10 +483,7 @@ def compiled_plan_rows(model: nn.Module, args: tuple, eager: nn.Module, prof: An
     top = base["baseline_peak_bytes"]
     budgets = [("min" if f == 0 else f"{int(f * 100)}%", low + int(f * (top - low)))
                for f in settings.compiled_fractions]
-    for p in peers:  # a peak planned once already (min-cut and torch.compile at 1.0 hold the same) is not
-        if p["contender"] in MIN_CUT and p.get("alloc_peak", -1) >= low and \
-                all(p["alloc_peak"] != b for _, b in budgets):
-            budgets.append((f"at {p['contender']} {p['setting'].split()[-1]}", p["alloc_peak"]))
+    budgets += peer_budgets([b for _, b in budgets], peers, MIN_CUT, "alloc_peak", low)
     rows, seen = [], {}
     for setting, budget in budgets:
         start = time.perf_counter()
@@ -585,7 +612,7 @@ def bench_model(name: str, quick: bool, settings: Settings) -> dict:
     noise = measure(copy.deepcopy(model), eager, args, steps)["measured_overhead"]
     _log(f"{name}: eager {eager_s * 1e3:.1f} ms, {eager_peak / MiB:.2f} MiB, noise {noise:.3f}")
     info, peers = peer_rows(model, args, blocks, eager, settings)
-    mv, ours, prof = memviz_rows(model, args, eager, settings)
+    mv, ours, prof = memviz_rows(model, args, eager, peers, settings)
     cinfo, compiled_plans = compiled_plan_rows(model, args, eager, prof, peers, settings)
     ours += compiled_plans
     lowest_peer = min((p["measured_peak"] for p in peers if "measured_peak" in p), default=None)

@@ -153,6 +153,26 @@ def test_apply_equal_memory_picks_memviz_fastest_point_within_each_peer_peak():
     assert second["ours"] is None and second["ratio"] is None  # below memviz's lowest peak: a loss, shown
 
 
+def test_apply_peer_budgets_plan_memviz_at_each_peer_peak_it_can_reach():
+    """memviz is planned at each peer's own peak: not below its minimum, not at or above eager's, once per
+    peak (a fraction's budget or an earlier peer's)."""
+    bench = _bench_apply()
+    peers = [{"contender": "checkpoint", "setting": "every block", "measured_peak": 50},
+             {"contender": "torch min-cut", "setting": "activation_memory_budget 1.0", "measured_peak": 80},
+             {"contender": "torch.compile min-cut", "setting": "activation_memory_budget 1.0",
+              "alloc_peak": 80},
+             {"contender": "sac_ilp", "setting": "memory_budget 0.75", "measured_peak": 120},
+             {"contender": "sac_ilp", "setting": "memory_budget 0.0", "measured_peak": 40},
+             {"contender": "torch min-cut", "setting": "activation_memory_budget 0.5", "measured_peak": 70},
+             {"contender": "torch min-cut", "setting": "activation_memory_budget 0.0", "measured_peak": 80},
+             {"contender": "sac_ilp", "setting": "memory_budget 0.0", "not_run": "infeasible"}]
+    every = {p["contender"] for p in peers}
+    assert bench.peer_budgets([70], peers, every, "measured_peak", 45, 100) == [
+        ("at checkpoint every block", 50), ("at torch min-cut 1.0", 80)]
+    assert bench.peer_budgets([], peers, bench.MIN_CUT, "alloc_peak", 45) == [
+        ("at torch.compile min-cut 1.0", 80)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # past 300 s at load 10-20 (busy rehearsal ci26)
 def test_apply_bench_smoke(tmp_path):

@@ -129,7 +129,8 @@ def bench_model(name: str, fractions: tuple[float, ...], steps: int, time_limit:
                    predicted_overhead=plan.time_overhead, predicted_range=plan.time_overhead_range,
                    recomputes=plan.timeline.recomputes, predicted_fixed_only=_fixed_only(plan))
         exported.append((row, memviz.export(plan, model=copy.deepcopy(model))))
-    for row, m in measured_in_rounds([module for _, module in exported], eager, args, steps):
+    measured = measured_in_rounds([module for _, module in exported], eager, args, steps)
+    for (row, _), m in zip(exported, measured, strict=True):
         row.update(m, peak_error=(m["measured_peak"] - row["peak"]) / row["peak"])
     return rows
 

@@ -379,12 +379,14 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     * ``recompute_scale``: on the host clock, the exported step's phase functions (the generated code
       that runs every operator and every recomputation) over their operators' summed times, timed inside
       the same pairs (``executor_phase_s``, median): the rate operators run at where a recomputation
-      runs, at which `memviz.plans.planning.step_time_ratio` prices recomputed operators.  It was
-      eager's step over its operators' times, which also counts what only eager pays per step (module
-      calls, autograd's graph and engine: ``eager_fixed_s``, 5 of 16 ms on bench_export's GPT) as if each
-      recomputed operator paid its share (cost28: GPT 1.67 that way, 1.47 in the phase functions; timed
-      one by one in the exported step, a recomputation took what the same node's first run took there,
-      2.66 / 2.59 ms for 30 recomputations of 1.65 ms timed alone).  1.0 on an accelerator.
+      runs, at which `memviz.plans.planning.step_time_ratio` prices recomputed operators: timed one by
+      one in the exported step, 30 recomputations of bench_export's GPT (1.65 ms timed alone) took what
+      the same nodes' first runs took there (2.66 / 2.59 ms).  It was eager's step over its operators'
+      times, which stands for eager's own per-step costs (module calls, autograd's graph and engine), not
+      the generated code's; measured in the same pairs the two agree within their quartiles on
+      bench_export's GPT (1.705 / 1.680, 1.602 / 1.631 in two profiles at load 16) and ResNet (1.640 /
+      1.749, 1.521 / 1.487), and both move with the load (GPT 1.37-1.70 across profiles at load 10-20:
+      op times are the fastest of runs timed alone, the steps are not).  1.0 on an accelerator.
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
     steps each), eager and the exported module in alternating order with cyclic collection paused

@@ -395,8 +395,8 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     once each; each of the schedule's `recomputations` pays that again (``executor_op_s``: on a
     launch-bound GPU an operator costs its launch, not only its kernel time).  Recomputations add their
     measured op times at the rate ops ran inside the exported step's generated code, where a
-    recomputation runs (``recompute_scale``, host-timed profiles); the fixed costs only scale the ratio, so no solver's choice depends on them
-    (solvers compare op times)."""
+    recomputation runs (``recompute_scale``, host-timed profiles); the fixed costs only scale the ratio,
+    so no solver's choice depends on them (solvers compare op times)."""
     return _time_ratio(graph.meta, planned_s, baseline_s, recomputations)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -29,9 +28,7 @@ from bench_remat import _step  # noqa: E402
 
 import memviz  # noqa: E402
 import memviz.runtime.compiled  # noqa: E402
-from memviz.hardware.devices import named_device  # noqa: E402
 from memviz.plans.planning import minimum_budget  # noqa: E402
-from memviz.profiling.profile import estimate_costs  # noqa: E402
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of  # noqa: E402
 
 MiB = 2**20
@@ -47,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model, args = MODELS["resnet"]()
     prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
-    v100 = named_device("fake:v100")
-    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    prof = prof.with_costs("fake:v100")
     low = minimum_budget(prof.graph, "rotor", time_limit=600)
     plan = memviz.plan(prof, low + int(a.fraction * (prof.baseline.peak_bytes - low)), time_limit=600,
                        frontier=False)

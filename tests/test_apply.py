@@ -7,7 +7,6 @@ training step is within 2% of the plan's and at or under its budget."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -290,10 +289,8 @@ def test_in_place_activations_checkpoint_as_planned() -> None:
     Dropout), so checkpointing's own costs are measured (a ProfileWarning said they could not be: the
     Hardswish piece failed its backward) and every option runs exactly, within 2% of its plan (every
     option failed its backward before: "pointwise" in the Hardswish, "full" in the classifier)."""
-    from memviz.hardware.devices import named_device
     from memviz.plans.sac import candidate_blocks, checkpoint_costs, in_place_writes
     from memviz.profiling.capture import summed_as_eager
-    from memviz.profiling.profile import estimate_costs
     from tests.real_models import REAL
     from tests.test_sac_pointwise import _planned
 
@@ -301,8 +298,7 @@ def test_in_place_activations_checkpoint_as_planned() -> None:
     loss_fn = case.losses["ce"]
     prof = profile(case.model, case.args, case.kwargs, loss_fn=loss_fn, repeats=1, warmup=0, measure=False)
     # fixed op costs: the plans do not move with the machine's load
-    v100 = named_device("fake:v100")
-    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    prof = prof.with_costs("fake:v100")
     graph = summed_as_eager(prof.graph)
     writes = in_place_writes(prof.captured, graph)
     assert {graph.computes[c].module for c in writes} >= {"features.0.2", "classifier.2"}, writes

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import functools
 from typing import Any
 from unittest import mock
@@ -17,10 +16,8 @@ import torch
 import memviz
 import memviz.runtime.compiled
 from examples.models import gpt, resnet
-from memviz.hardware.devices import named_device
 from memviz.plans.planning import minimum_budget
 from memviz.profiling.capture import default_loss
-from memviz.profiling.profile import estimate_costs
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
 from memviz.runtime.export import BudgetExceededError
 from memviz.runtime.verify import TOLERANCE
@@ -41,8 +38,7 @@ def _planned() -> tuple[torch.nn.Module, tuple, Any]:
     torch.manual_seed(0)
     model, args = gpt()
     prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
-    v100 = named_device("fake:v100")
-    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    prof = prof.with_costs("fake:v100")
     with recording_cuts() as cuts, mock.patch.object(block_milp, "SOLVE_SECONDS", 600.0):
         low, high = minimum_budget(prof.graph, "rotor", time_limit=600), prof.baseline.peak_bytes
         plan = memviz.plan(prof, low + (high - low) // 2, time_limit=600, frontier=False)
@@ -252,8 +248,7 @@ def _resnet_planned() -> tuple[torch.nn.Module, tuple, Any]:
     not depend on the machine)."""
     model, args = resnet(batch=4, image=16, widths=(8, 16), blocks_per_stage=2)
     prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
-    v100 = named_device("fake:v100")
-    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    prof = prof.with_costs("fake:v100")
     low, high = minimum_budget(prof.graph, "rotor", time_limit=600), prof.baseline.peak_bytes
     plan = memviz.plan(prof, low + (high - low) // 4, time_limit=600, frontier=False)
     assert plan.timeline.recomputes > 0

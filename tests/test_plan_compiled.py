@@ -17,9 +17,8 @@ import torch
 
 import memviz
 import tests.real_models  # noqa: F401  (torchvision's op shim, before transformers loads)
-from memviz.hardware.devices import named_device
 from memviz.plans.planning import PlanningError
-from memviz.profiling.profile import Profile, estimate_costs, profile
+from memviz.profiling.profile import Profile, profile
 from memviz.profiling.tracker import allocator_peak, tensors_of
 from solvers.result import InfeasibleBudget
 from solvers.sac import LADDER, CompiledSavings, Overheads, choose, solve_menu
@@ -50,8 +49,7 @@ def _profiled() -> tuple[torch.nn.Module, tuple[Any, ...], Profile]:
     model = _LossOf(transformers.LlamaForCausalLM(cfg).train())
     args = (torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0)),)
     prof = profile(model, args, measure=False)
-    v100 = named_device("fake:v100")
-    return model, args, dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    return model, args, prof.with_costs("fake:v100")
 
 
 def _compiled_step(model: torch.nn.Module, args: tuple[Any, ...]) -> int:

@@ -23,8 +23,10 @@ import pytest
 import torch
 
 import memviz
+from memviz.profiling.capture import summed_as_eager
 from memviz.profiling.profile import Profile
 from memviz.profiling.tracker import measure_peak, tensors_of
+from solvers import simulate
 from tests.test_real_models import PLAN_TOLERANCE, _step, profiled
 from tests.test_zoo import _fresh
 
@@ -39,7 +41,10 @@ def perturbed(prof: Profile, seed: int) -> Profile:
     rng = random.Random(seed)
     computes = tuple(dataclasses.replace(c, time=c.time * 2 ** rng.uniform(-1, 1))
                      for c in prof.graph.computes)
-    return dataclasses.replace(prof, graph=dataclasses.replace(prof.graph, computes=computes))
+    graph = dataclasses.replace(prof.graph, computes=computes)
+    # the baseline timed on the same op times, as the profile's (`Profile.with_costs`)
+    return dataclasses.replace(prof, graph=graph,
+                               baseline=simulate(summed_as_eager(graph), prof.baseline_schedule).check())
 
 
 @pytest.mark.parametrize(("name", "strategy", "fraction", "seed"), CASES,

@@ -394,9 +394,9 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     plain ratio of op times).  The exported module's also holds what it adds to each operator it runs,
     once each; each of the schedule's `recomputations` pays that again (``executor_op_s``: on a
     launch-bound GPU an operator costs its launch, not only its kernel time).  Recomputations add their
-    measured op times at the rate ops ran inside the eager step (``recompute_scale``, host-timed
-    profiles); the fixed costs only scale the ratio, so no solver's choice depends on them
-    (solvers compare op times)."""
+    measured op times at the rate ops ran inside the exported step's generated code, where a
+    recomputation runs (``recompute_scale``, host-timed profiles); the fixed costs only scale the ratio,
+    so no solver's choice depends on them (solvers compare op times)."""
     return _time_ratio(graph.meta, planned_s, baseline_s, recomputations)
 
 
@@ -919,27 +919,13 @@ def _baseline_of(prof: Any) -> tuple[Graph, Schedule, Timeline]:
         return prof, schedule, simulate(prof, schedule).check()
     if isinstance(prof, Plan):
         return prof.graph, prof.baseline_schedule, prof.baseline
-    try:
-        graph, schedule = prof.graph, prof.baseline_schedule
-        return graph, schedule, _timed_on(graph, schedule, prof.baseline)
+    try:  # a re-costed profile is re-timed with it (`Profile.with_costs`)
+        return prof.graph, prof.baseline_schedule, prof.baseline
     except AttributeError:
         raise TypeError(
             f"memviz.plan needs a profile from memviz.profile(model, args) or a solvers.Graph, "
             f"not {type(prof).__name__}"
         ) from None
-
-
-def _timed_on(graph: Graph, schedule: Schedule, baseline: Timeline) -> Timeline:
-    """`baseline` with the total time of `schedule`'s ops on `graph` (memory does not depend on times).
-
-    A profile whose graph was re-costed after profiling (``dataclasses.replace(prof, graph=estimate_costs(
-    ...))``, the fixed costs tests plan on) kept a baseline timed on the old op times, and every plan's
-    `time_overhead` compared its own op times with those: an eager plan read x0.850, or x0.002 when a
-    measured CPU baseline met a V100's estimates (issue 18)."""
-    eager_s = sum(graph.computes[s.node].time for s in schedule if s.op == "compute")
-    if math.isclose(eager_s, baseline.total_time, rel_tol=1e-9, abs_tol=1e-15):
-        return baseline
-    return dataclasses.replace(baseline, total_time=eager_s)
 
 
 def _model_info(prof: Any, graph: Graph) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -103,6 +103,23 @@ class Profile:
     @property
     def peak_bytes(self) -> int:
         return self.baseline.peak_bytes
+
+    def with_costs(self, device: str | DeviceInfo) -> Profile:
+        """This profile with every operator re-costed on `device` (a ``"fake:<target>"`` name or a
+        `DeviceInfo` with a roofline target: `estimate_costs`) and its baseline timed on those costs.
+
+        Costs that do not move with the machine's load, for plans that must be the same on every run
+        (the tests' fixed costs).  Re-costing the graph alone (``dataclasses.replace(prof, graph=...)``)
+        kept a baseline timed on the measured op times, and every plan's `time_overhead` compared its own
+        op times with those (issue 18).  Memory, the schedule, the device the module runs on and the
+        measured per-step costs in the graph's metadata stay the profile's."""
+        info = devices.named_device(device) if isinstance(device, str) else device
+        if self.captured is None:
+            raise ValueError("a hook-based fallback profile has no captured operators to re-cost")
+        graph = estimate_costs(self.graph, self.captured, info)
+        eager_graph = summed_as_eager(graph)
+        return replace(self, graph=graph, baseline=simulate(eager_graph, self.baseline_schedule).check(),
+                       baseline_graph=None if eager_graph is graph else eager_graph)
 
     @property
     def specialised(self) -> list[str]:
@@ -359,16 +376,24 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
       call, launch included, and charging the in-step extra again over-predicted recomputing plans
       (tiny 12-layer GPT, 25/51 recomputations: 1.150/1.191 predicted against 1.121/1.155 measured, 1.129/
       1.149 without it; bench_export's examples likewise, issue 22).
-    * ``recompute_scale``: on the host clock, eager's step over its operators' summed times: the rate
-      they run at inside the step, at which `memviz.plans.planning.step_time_ratio` prices recomputed
-      operators (bench_export's GPT at 25%, 30 recomputations: 1.165 predicted at the rate timed alone,
-      1.215 at this one, 1.197 / 1.208 measured; exec24).  1.0 on an accelerator.
+    * ``recompute_scale``: on the host clock, the exported step's phase functions (the generated code
+      that runs every operator and every recomputation) over their operators' summed times, timed inside
+      the same pairs (``executor_phase_s``, median): the rate operators run at where a recomputation
+      runs, at which `memviz.plans.planning.step_time_ratio` prices recomputed operators: timed one by
+      one in the exported step, 30 recomputations of bench_export's GPT (1.65 ms timed alone) took what
+      the same nodes' first runs took there (2.66 / 2.59 ms).  It was eager's step over its operators'
+      times, which stands for eager's own per-step costs (module calls, autograd's graph and engine), not
+      the generated code's; measured in the same pairs the two agree within their quartiles on
+      bench_export's GPT (1.705 / 1.680, 1.602 / 1.631 in two profiles at load 16) and ResNet (1.640 /
+      1.749, 1.521 / 1.487), and both move with the load (GPT 1.37-1.70 across profiles at load 10-20:
+      op times are the fastest of runs timed alone, the steps are not).  1.0 on an accelerator.
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
     steps each), eager and the exported module in alternating order with cyclic collection paused
-    (`accelerator.alternating_pairs`: the order alone moved a sub-ms step's ratio by 40 points), then on an
-    accelerator as many steps with the exported module's phase functions timed (their timers synchronise,
-    so they are kept out of the ratio); `repeats` pairs, more up to `FIXED_COST_PAIRS` within
+    (`accelerator.alternating_pairs`: the order alone moved a sub-ms step's ratio by 40 points), the
+    exported module's phase functions timed in its steps on the host clock (6 clock readings a step), and
+    on an accelerator in as many steps after the pairs (their timers synchronise, so they are kept out of
+    the ratio); `repeats` pairs, more up to `FIXED_COST_PAIRS` within
     `FIXED_COST_BUDGET_S` (of CPU time on the CPU, `accelerator.host_clock`), medians throughout (the
     exported step as eager's median times the median ratio of the pairs: a burst of load slows both
     steps of a pair).
@@ -403,6 +428,13 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             module._generated = None
         return phases.seconds
 
+    host = not accelerator.is_accelerator(device)
+
+    def exported_step() -> tuple[float, float]:
+        """The exported step's seconds and, on the host clock, its phase functions' (0 elsewhere)."""
+        phases.seconds = 0.0
+        return accelerator.timed(functools.partial(step, module), device)[0], phases.seconds
+
     target = FIXED_COST_PAIRS if repeats > 1 else 1
     try:
         with accelerator.fork_rng(accelerator.as_list(device)):
@@ -411,51 +443,57 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
                 step(module)
             # the budget on the clock the steps are timed on: on a loaded machine the wall clock cut a
             # 25 ms step's pairs to the 7 of `repeats` (exec24), whose median ratio then moved by points
-            clock = accelerator.host_clock() if not accelerator.is_accelerator(device) else time.perf_counter
+            clock = accelerator.host_clock() if host else time.perf_counter
             start = clock()
-            eager, executor = accelerator.alternating_pairs(
-                lambda: accelerator.timed(functools.partial(step, model), device)[0],
-                lambda: accelerator.timed(functools.partial(step, module), device)[0],
+            module._generated = phases if host else None
+            eager, exported = accelerator.alternating_pairs(
+                lambda: accelerator.timed(functools.partial(step, model), device)[0], exported_step,
                 lambda n: n < max(1, repeats) or (n < target and clock() - start < FIXED_COST_BUDGET_S))
+            module._generated = None
             # timed apart from the pairs: the phase timers synchronise the device
-            in_phases = [phased_step() for _ in eager] if accelerator.is_accelerator(device) else []
+            in_phases = [] if host else [phased_step() for _ in eager]
     finally:
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)
         for t, g in zip(leaves, grads, strict=True):
             t.grad = g
-    return fixed_costs_of(graph, cap, eager, executor, in_phases)
+    executor = [seconds for seconds, _ in exported]
+    return fixed_costs_of(graph, cap, eager, executor, in_phases, [p for _, p in exported] if host else [])
 
 
 def fixed_costs_of(graph: Graph, cap: Captured, eager: list[float], executor: list[float],
-                   in_phases: list[float]) -> dict[str, float]:
-    """`step_fixed_costs` from its timings: the eager and exported steps of each pair, and (on an
-    accelerator) the exported steps' phase functions; each cost against the op times in `graph`."""
+                   in_phases: list[float], paired_phases: list[float]) -> dict[str, float]:
+    """`step_fixed_costs` from its timings: the eager and exported steps of each pair, on an accelerator
+    the exported steps' phase functions timed after the pairs (`in_phases`), on the host clock within
+    them (`paired_phases`); each cost against the op times in `graph`."""
     ops = sum(c.time for c in graph.computes if c.phase is not Phase.OPTIMIZER)
     # the operators the generated code runs (the loss and its backward run in the user's code: None)
     generated = [c for c in graph.computes[:len(cap.compute_fx)] if cap.compute_fx[c.id] is not None]
     step_s = statistics.median(eager)
     ratios = [x / e for x, e in zip(executor, eager, strict=True) if e > 0]
     ratio = statistics.median(ratios)
-    per_op = 0.0 if not in_phases else \
-        (statistics.median(in_phases) - sum(c.time for c in generated)) / max(1, len(generated))
-    # host-timed ops: the eager step over its ops timed alone is the rate they run at in the step, which a
-    # recomputation pays too (an accelerator's per-op term above prices its launches instead)
-    scale = step_s / ops if not in_phases and ops > 0 and step_s > 0 else 1.0
+    generated_s = sum(c.time for c in generated)
+    per_op = 0.0 if not in_phases else (statistics.median(in_phases) - generated_s) / max(1, len(generated))
+    # host-timed ops: the generated code's time over its ops timed alone is the rate they run at where a
+    # recomputation runs them (an accelerator's per-op term above prices its launches instead)
+    phase_s = statistics.median(paired_phases) if paired_phases else 0.0
+    scale = phase_s / generated_s if phase_s > 0 and generated_s > 0 else 1.0
     return {"eager_fixed_s": step_s - ops, "executor_fixed_s": ratio * step_s - ops,
             "executor_op_s": per_op, "executor_ops": len(generated), "recompute_scale": scale,
-            **_quartile_costs(eager, ratios, ops, in_phases)}
+            **({"executor_phase_s": phase_s} if phase_s > 0 else {}),
+            **_quartile_costs(eager, ratios, ops, paired_phases, generated_s)}
 
 
 def _quartile_costs(eager: list[float], ratios: list[float], ops: float,
-                    in_phases: list[float]) -> dict[str, float]:
+                    paired_phases: list[float], generated_s: float) -> dict[str, float]:
     """The fixed costs of `step_fixed_costs` at the lower and upper quartile (``_q1``, ``_q3``) of what the
     pairs measured: eager's step, and the exported step's ratio to it in its pair.  How far the steps
     spread within this one profile, run to run on the same machine: `memviz.plans.planning.
     step_time_range` predicts a plan's step time at them (issue 18: the overhead readout was shown as
-    exact, while benchmarks/check_overhead_spread.py saw it move by ~10 points across runs).  Empty with
-    fewer than 4 pairs (no quartiles worth the name)."""
+    exact, while benchmarks/check_overhead_spread.py saw it move by ~10 points across runs); on the host
+    clock also the recompute rate at the quartiles of the exported steps' phase functions (``paired_phases``
+    over their ops' `generated_s`).  Empty with fewer than 4 pairs (no quartiles worth the name)."""
     if len(eager) < 4 or len(ratios) < 4:
         return {}
     step_s = statistics.median(eager)
@@ -463,8 +501,9 @@ def _quartile_costs(eager: list[float], ratios: list[float], ops: float,
     r1, _, r3 = statistics.quantiles(ratios, n=4)
     out = {"eager_fixed_s_q1": e1 - ops, "eager_fixed_s_q3": e3 - ops,
            "executor_fixed_s_q1": r1 * step_s - ops, "executor_fixed_s_q3": r3 * step_s - ops}
-    if not in_phases and ops > 0:  # host-timed: the in-step rate moves with eager's step
-        out.update(recompute_scale_q1=e1 / ops, recompute_scale_q3=e3 / ops)
+    if len(paired_phases) >= 4 and generated_s > 0:  # host-timed: the phase functions' rate
+        p1, _, p3 = statistics.quantiles(paired_phases, n=4)
+        out.update(recompute_scale_q1=p1 / generated_s, recompute_scale_q3=p3 / generated_s)
     return out
 
 
@@ -474,9 +513,19 @@ class _PhaseClock:
 
     def __init__(self, code: Any, device: torch.device) -> None:
         self.code, self.device, self.seconds = code, device, 0.0
+        # on the host clock the reading's own window is measured once: `accelerator.timed` measures it
+        # per call (101 readings), which inside the timed pairs would add 0.2 ms to the exported step
+        self.clock = None if accelerator.is_accelerator(device) else accelerator.host_clock()
+        self.floor = accelerator.empty_window(self.clock) if self.clock is not None else 0.0
 
     def _timed(self, name: str, *args: Any) -> Any:
-        seconds, out = accelerator.timed(functools.partial(getattr(self.code, name), *args), self.device)
+        fn = getattr(self.code, name)
+        if self.clock is None:
+            seconds, out = accelerator.timed(functools.partial(fn, *args), self.device)
+        else:
+            start = self.clock()
+            out = fn(*args)
+            seconds = max(0.0, self.clock() - start - self.floor)
         self.seconds += seconds
         return out
 

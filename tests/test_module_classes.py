@@ -4,15 +4,12 @@ modules with their classes; the graph keeps one class per module path."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import torch
 
 import memviz
-from memviz.hardware.devices import named_device
 from memviz.plans.planfile import parse_document
-from memviz.profiling.profile import estimate_costs
 
 
 def _tiny_gpt2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -27,8 +24,7 @@ def _tiny_gpt2() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 def test_a_captured_gpt2_block_has_its_class():
     model, args = _tiny_gpt2()
     prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
-    v100 = named_device("fake:v100")
-    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    prof = prof.with_costs("fake:v100")
     classes = prof.graph.meta["module_classes"]
     gpt2 = "transformers.models.gpt2.modeling_gpt2"
     assert classes["transformer.h.0"] == classes["transformer.h.1"] == f"{gpt2}.GPT2Block"

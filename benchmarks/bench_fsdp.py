@@ -6,7 +6,9 @@ Run: ``python benchmarks/bench_fsdp.py [--quick] [--out FILE]``; prints a markdo
 
 Models: the tiny GPT of tests/distributed_worker.py and transformers' LlamaForCausalLM from a small
 random-init config, one AdamW step (forward, ``logits.sum()``, backward, optimizer step) in the steady
-state (the optimizer's state exists).  Per rank of 2 (FSDP2, TP) or 4 (FSDP2 x TP on a dp=2 x tp=2 mesh):
+state (the optimizer's state exists).  Per rank of 2 (FSDP2, TP) or 4 (FSDP2 x TP on a dp=2 x tp=2 mesh);
+then FSDP2 on 2 ranks in the settings of distributed_worker.SETTINGS (bf16 mixed precision,
+reshard_after_forward=False, cross-entropy loss, dropout), for both models:
 
 * measured: gloo processes (tests/distributed_worker.py) wrap the model themselves (``fully_shard``
   per block then the root, a Megatron ``parallelize_module`` plan, or both as tests/rank_plan_worker.py
@@ -21,6 +23,7 @@ state (the optimizer's state exists).  Per rank of 2 (FSDP2, TP) or 4 (FSDP2 x T
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -38,19 +41,24 @@ for p in (ROOT, ROOT / "tests"):
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from distributed_worker import MODELS, free_port, loss_of, user_wrap  # noqa: E402
+from distributed_worker import SETTINGS, free_port, model_of, setting_of, user_wrap  # noqa: E402
 from rank_plan_worker import meshes_of, parallel_of  # noqa: E402
 from rank_plan_worker import user_wrap as user_wrap_2d  # noqa: E402
 
 import memviz  # noqa: E402
 
-#: (model, kind, processes): FSDP2 and tensor parallel (no anchor) on 2, FSDP2 x TP on dp=2 x tp=2
+#: (model, kind, processes): FSDP2 and tensor parallel (no anchor) on 2, FSDP2 x TP on dp=2 x tp=2, then
+#: FSDP2 as users also run it (distributed_worker.SETTINGS: every setting tried is a row)
 CASES = [("gpt", "fsdp", 2), ("llama", "fsdp", 2), ("gpt", "tp", 2), ("llama", "tp", 2),
-         ("gpt", "fsdp_tp", 4), ("llama", "fsdp_tp", 4)]
+         ("gpt", "fsdp_tp", 4), ("llama", "fsdp_tp", 4),
+         *((name, f"fsdp+{setting}", 2) for setting in SETTINGS if setting for name in ("gpt", "llama"))]
 #: ranks per tensor-parallel group where it is not the world (rank_plan_worker.SETUPS' tp degree)
 TP_GROUP = {"fsdp_tp": 2}
 #: FSDPMemTracker anchors an FSDPModule root
 ANCHORED = frozenset({"fsdp", "fsdp_tp"})
+#: settings `memviz.Parallel` cannot state (it has no mixed-precision policy): memviz profiles the model
+#: the user wrapped (`user_wrap`, on the fake process group) as it is
+USER_WRAPPED = frozenset({"bf16"})
 
 
 def fsdp_mem_tracker_peak(name: str, kind: str, world: int, rank: int) -> int:
@@ -63,13 +71,14 @@ def fsdp_mem_tracker_peak(name: str, kind: str, world: int, rank: int) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils._python_dispatch import _disable_current_modes
 
+    base, setting = setting_of(kind)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (world,)) if kind == "fsdp" else meshes_of(kind, world)
+        mesh = init_device_mesh("cpu", (world,)) if base == "fsdp" else meshes_of(kind, world)
         with FakeTensorMode():
-            model, args = MODELS[name]()
-            if kind == "fsdp":
-                model = user_wrap(model, "fsdp", world, mesh=mesh)
+            model, args = model_of(name, setting)
+            if base == "fsdp":
+                model = user_wrap(model, kind, world, mesh=mesh)
             else:
                 with _disable_current_modes():
                     model = user_wrap_2d(model, name, kind, world, mesh)
@@ -79,7 +88,7 @@ def fsdp_mem_tracker_peak(name: str, kind: str, world: int, rank: int) -> int:
             with tracker:
                 for i in range(2):
                     out = model(*args)  # held to the step's end, as in the measured step
-                    loss_of(out).backward()
+                    SETTINGS[setting][1](out).backward()
                     opt.step()
                     opt.zero_grad()
                     del out
@@ -92,10 +101,23 @@ def fsdp_mem_tracker_peak(name: str, kind: str, world: int, rank: int) -> int:
 
 
 def memviz_peak(name: str, kind: str, world: int, rank: int) -> tuple[int, float]:
-    model, args = MODELS[name]()
+    """memviz's predicted peak of `rank` and its profile's wall seconds: `Parallel` on the unwrapped model,
+    or (`USER_WRAPPED` settings) the model wrapped as the user does, on the fake process group."""
+    from memviz.parallel.distributed import fake_process_group
+
+    base, setting = setting_of(kind)
+    model, args = model_of(name, setting)
+    loss_fn = SETTINGS[setting][1]
     t = time.perf_counter()
-    prof = memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_of,
-                          parallel=parallel_of(kind, world, rank))
+    if setting in USER_WRAPPED:
+        with fake_process_group(world, rank):
+            prof = memviz.profile(user_wrap(model, kind, world), args, optimizer=torch.optim.AdamW,
+                                  loss_fn=loss_fn)
+        return prof.baseline.peak_bytes, time.perf_counter() - t
+    parallel = parallel_of(base, world, rank)
+    if setting == "noreshard":
+        parallel = dataclasses.replace(parallel, reshard_after_forward=False)
+    prof = memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_fn, parallel=parallel)
     return prof.baseline.peak_bytes, time.perf_counter() - t
 
 
@@ -104,7 +126,7 @@ def predictions(name: str, kind: str, world: int,
     """Per rank of `ranks`: memviz's peak, its profile's wall seconds and FSDPMemTracker's peak (None: no
     anchor)."""
     return [(*memviz_peak(name, kind, world, rank),
-             fsdp_mem_tracker_peak(name, kind, world, rank) if kind in ANCHORED else None)
+             fsdp_mem_tracker_peak(name, kind, world, rank) if setting_of(kind)[0] in ANCHORED else None)
             for rank in ranks]
 
 
@@ -188,7 +210,13 @@ def markdown(result: dict) -> str:
            "memviz: `profile(..., parallel=Parallel(world, ...))` on the fake process group. FSDPMemTracker: "
            "torch.distributed._tools, under FakeTensorMode on the fake group (FSDP2 roots only: no anchor "
            "for tensor parallelism alone; for fsdp_tp the wrapping runs with the mode paused, as fully_shard "
-           "builds a joined DeviceMesh). Bytes; error relative to the measured peak.", "",
+           "builds a joined DeviceMesh). Rows `fsdp+<setting>`: FSDP2 on 2 ranks as users also run it, "
+           "every setting tried: `bf16` MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on the "
+           "blocks and the root (memviz profiles the model wrapped that way on the fake group: `Parallel` "
+           "has no mixed-precision field), `noreshard` reshard_after_forward=False on the blocks "
+           "(`Parallel(reshard_after_forward=False)`), `ce` cross-entropy loss instead of `logits.sum()`, "
+           "`dropout` p=0.1 (GPT-2's residual dropout, Llama's attention_dropout). One measured "
+           "step per rank. Bytes; error relative to the measured peak.", "",
            "| model | parallel | rank | measured | memviz (err) | FSDPMemTracker (err) | memviz profile s |",
            "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:

@@ -35,24 +35,30 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
+    def __init__(self, d: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d)
         self.attn = Attention(d, heads)
         self.ln2 = nn.LayerNorm(d)
         self.fc = nn.Linear(d, 4 * d)
         self.fc_proj = nn.Linear(4 * d, d)
+        self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+        x = x + self._drop(self.attn(self.ln1(x)))
+        return x + self._drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)))))
+
+    def _drop(self, y: torch.Tensor) -> torch.Tensor:
+        # GPT-2's residual dropout; none at all (not p=0) by default, so the default model's ops are unchanged
+        return F.dropout(y, self.dropout, self.training) if self.dropout else y
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 64, d: int = 32, heads: int = 4, layers: int = 2) -> None:
+    def __init__(self, vocab: int = 64, d: int = 32, heads: int = 4, layers: int = 2,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
 
@@ -96,6 +102,50 @@ def loss_of(out: Any) -> torch.Tensor:
     return (out if isinstance(out, torch.Tensor) else out.logits).sum()
 
 
+def cross_entropy_of(out: Any) -> torch.Tensor:
+    """A language model's own loss: next-token cross-entropy of the logits against labels made in the step
+    (on whatever device and mode the logits are, fake tensors included), so every tool counts them alike."""
+    logits = out if isinstance(out, torch.Tensor) else out.logits
+    labels = torch.arange(logits.shape[0] * logits.shape[1], device=logits.device) % logits.shape[-1]
+    return F.cross_entropy(logits.flatten(0, 1), labels)
+
+
+#: FSDP2 steps users run besides bench_fsdp's plain one ("model:fsdp+<setting>" cases): setting -> (model
+#: factory keywords, loss, fully_shard keywords for the blocks).  "bf16": FSDP2's mixed precision (bf16
+#: parameters in the forward and backward, fp32 gradient reduction); "noreshard": the blocks' gathered
+#: parameters kept from forward to backward (ZeRO-2); "ce": cross-entropy loss; "dropout": p=0.1 (GPT-2's
+#: residual dropout, Llama's attention dropout)
+SETTINGS: dict[str, tuple[dict[str, Any], Callable[[Any], torch.Tensor], Callable[[], dict[str, Any]]]] = {
+    "": ({}, loss_of, dict),
+    "bf16": ({}, loss_of, lambda: {"mp_policy": _bf16_policy()}),
+    "noreshard": ({}, loss_of, lambda: {"reshard_after_forward": False}),
+    "ce": ({}, cross_entropy_of, dict),
+    "dropout": ({"dropout": 0.1}, loss_of, dict),
+}
+
+
+def _bf16_policy() -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def setting_of(kind: str) -> tuple[str, str]:
+    """"fsdp+bf16" -> ("fsdp", "bf16"); "fsdp" -> ("fsdp", "")."""
+    base, _, setting = kind.partition("+")
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown setting {setting!r} in {kind!r}: one of {sorted(SETTINGS)}")
+    return base, setting
+
+
+def model_of(name: str, setting: str = "") -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """`MODELS[name]` as `setting` builds it (Llama's dropout is its config's attention_dropout)."""
+    kw = SETTINGS[setting][0]
+    if name == "llama" and "dropout" in kw:
+        kw = {"attention_dropout": kw["dropout"]}
+    return MODELS[name](**kw)
+
+
 def blocks(model: nn.Module) -> nn.ModuleList:
     return model.blocks if hasattr(model, "blocks") else model.model.layers
 
@@ -103,7 +153,9 @@ def blocks(model: nn.Module) -> nn.ModuleList:
 def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.Module:
     """What a user writes: FSDP2 per block then the root, or a Megatron tensor-parallel plan per block
     (`mesh`: one made beforehand, e.g. outside a FakeTensorMode, which cannot build one); "fsdp_tp" is
-    rank_plan_worker's FSDP2 x TP on a (world/2) x 2 mesh."""
+    rank_plan_worker's FSDP2 x TP on a (world/2) x 2 mesh; "fsdp+<setting>": FSDP2 with `SETTINGS`'
+    fully_shard keywords (mixed precision on the root too, as torchtitan does; reshard_after_forward on
+    the blocks alone, as `memviz.Parallel` applies it)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if kind == "fsdp_tp":
@@ -112,12 +164,14 @@ def user_wrap(model: nn.Module, kind: str, world: int, mesh: Any = None) -> nn.M
         return wrap_2d(model, "gpt" if hasattr(model, "blocks") else "llama", kind, world)
 
     mesh = mesh if mesh is not None else init_device_mesh("cpu", (world,))
+    kind, setting = setting_of(kind)
     if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        block_kw = SETTINGS[setting][2]()
         for block in blocks(model):
-            fully_shard(block, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **block_kw)
+        return fully_shard(model, mesh=mesh, **{k: v for k, v in block_kw.items() if k == "mp_policy"})
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     name = "gpt" if hasattr(model, "blocks") else "llama"
@@ -136,13 +190,14 @@ def measure(name: str, kind: str, world: int, profile: bool = True) -> dict[str,
     from memviz.hardware.collectives import collective_time
     from memviz.parallel.distributed import ShardedStorageTracker, local_tensors
 
-    model, args = MODELS[name]()
+    model, args = model_of(name, setting_of(kind)[1])
+    loss_fn = SETTINGS[setting_of(kind)[1]][1]
     model = user_wrap(model, kind, world)
     opt = torch.optim.AdamW(model.parameters())
 
     def step() -> None:
         out = model(*args)  # held to the step's end, as memviz's recorded step holds it
-        loss = loss_of(out)
+        loss = loss_fn(out)
         loss.backward()
         opt.step()
 
@@ -155,7 +210,7 @@ def measure(name: str, kind: str, world: int, profile: bool = True) -> dict[str,
     if not profile:
         return {"measured": tracker.peak_bytes}
     # memviz on the model the user wrapped, on the real gloo group
-    prof = memviz.profile(model, args, optimizer=opt, loss_fn=loss_of)
+    prof = memviz.profile(model, args, optimizer=opt, loss_fn=loss_fn)
     return {"measured": tracker.peak_bytes, "wrapped_predicted": prof.baseline.peak_bytes,
             "collective_s": collective_time(prof.graph, prof.baseline_schedule)}
 

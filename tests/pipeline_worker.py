@@ -7,8 +7,10 @@ group, and measures the second one's live-storage peak with
 
 The "tp:<schedule>" case is PP x TP as torchtitan writes it: a ("pp", "tp") mesh, the stage split from the
 model by hand (`GPTStage`), a Megatron ``parallelize_module`` plan inside its blocks, torch's manual
-``PipelineStage``; it trains unplanned and with memviz's per-stage plan applied first (``stage<i>.plan.json``
-in the output folder), and reports both measured peaks and the largest gradient difference between them."""
+``PipelineStage``; it trains unplanned and with memviz's per-stage plan applied first (`plan_file`'s name in
+the output folder), and reports both measured peaks and the largest gradient difference between them.
+"tpsp:<schedule>" is the same with sequence parallelism inside the stage (norms on sequence shards, the
+residual stream split on the sequence from the stage's first block to its last)."""
 
 from __future__ import annotations
 
@@ -61,31 +63,59 @@ class GPTStage(nn.Module):
         return self.head(self.ln_f(x)) if self.head is not None else x
 
 
-def tp_stage(model: nn.Module, world: int) -> pipelining.PipelineStage:
+def plan_file(kind: str, stage: int) -> str:
+    """The name of memviz's plan for `stage` of the "tp" or "tpsp" cases, in the output folder."""
+    return f"{kind}-stage{stage}.plan.json"
+
+
+def tp_stage(model: nn.Module, world: int, sp: bool = False) -> pipelining.PipelineStage:
     """What a torchtitan user writes for PP x TP: this rank's `GPTStage` on a ("pp", "tp") mesh, the
-    Megatron plan of every block over "tp", the stage's sends and receives on the "pp" group."""
+    Megatron plan of every block over "tp" (`sp`: rank_plan_worker.user_wrap's sequence-parallel plan over
+    the stage's blocks), the stage's sends and receives on the "pp" group."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     tp = world // PP_STAGES
     mesh = init_device_mesh("cpu", (PP_STAGES, tp), mesh_dim_names=("pp", "tp"))
     index = mesh["pp"].get_local_rank()
     stage = GPTStage(model, index, PP_STAGES)
-    for block in stage.blocks.values():
+    layers = list(stage.blocks.values())
+    for i, block in enumerate(layers):
         block.attn.heads //= tp
-        parallelize_module(block, mesh["tp"], {k: ColwiseParallel() if v == "col" else RowwiseParallel()
-                                               for k, v in TP_PLANS["gpt"].items()})
+        plan: dict[str, Any] = {}
+        for k, v in TP_PLANS["gpt"].items():
+            if v == "col":
+                plan[k] = ColwiseParallel(input_layouts=Shard(1)) if sp else ColwiseParallel()
+            else:
+                plan[k] = RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel()
+        if sp:
+            plan.update({"ln1": SequenceParallel(), "ln2": SequenceParallel()})
+        parallelize_module(block, mesh["tp"], plan)
+        if sp and i == 0:
+            parallelize_module(block, mesh["tp"], PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
+        if sp and i == len(layers) - 1:
+            parallelize_module(block, mesh["tp"], PrepareModuleOutput(
+                output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
     return pipelining.PipelineStage(stage, index, PP_STAGES, torch.device("cpu"),
                                     group=mesh["pp"].get_group())
 
 
-def tp_train(model: nn.Module, x: torch.Tensor, world: int,
-             schedule: str) -> tuple[list[list[torch.Tensor]], int]:
-    """`TP_STEPS` AdamW steps of this rank's PP x TP stage: each step's local gradients and the measured peak
-    (the smallest after the first step)."""
+def tp_train(model: nn.Module, x: torch.Tensor, world: int, schedule: str,
+             sp: bool = False) -> tuple[list[list[torch.Tensor]], int]:
+    """`TP_STEPS` AdamW steps of this rank's PP x TP stage (`sp`: sequence-parallel): each step's local
+    gradients and the measured peak (the smallest after the first step)."""
     from memviz.parallel.distributed import ShardedStorageTracker, local, local_tensors
 
-    stage = tp_stage(model, world)
+    stage = tp_stage(model, world, sp)
     cls = {"1f1b": pipelining.Schedule1F1B, "gpipe": pipelining.ScheduleGPipe}[schedule]
     sched = cls(stage, TP_MICROBATCHES, loss_fn=lambda out, _target: loss_of(out))
     opt = torch.optim.AdamW(stage.submod.parameters(), lr=1e-2)
@@ -107,17 +137,18 @@ def tp_train(model: nn.Module, x: torch.Tensor, world: int,
     return grads, min(peaks[1:])
 
 
-def tp_run(rank: int, world: int, schedule: str, plan_dir: str) -> dict[str, Any]:
+def tp_run(rank: int, world: int, kind: str, schedule: str, plan_dir: str) -> dict[str, Any]:
     """The unplanned and the planned (memviz's plan for this rank's stage applied, then split and wrapped)
-    PP x TP runs on the gloo group."""
+    PP x TP runs on the gloo group; `kind` "tp" or "tpsp" (sequence-parallel)."""
     import memviz
     from memviz.runtime.apply import apply
 
-    plan = memviz.load_plan(os.path.join(plan_dir, f"stage{rank // (world // PP_STAGES)}.plan.json"))
+    sp = kind == "tpsp"
+    plan = memviz.load_plan(os.path.join(plan_dir, plan_file(kind, rank // (world // PP_STAGES))))
     model, (x,) = tiny_gpt(layers=LAYERS, **TP_SHAPE)
-    reference, measured = tp_train(model, x, world, schedule)
+    reference, measured = tp_train(model, x, world, schedule, sp)
     model, (x,) = tiny_gpt(layers=LAYERS, **TP_SHAPE)
-    planned, planned_measured = tp_train(apply(plan, model), x, world, schedule)
+    planned, planned_measured = tp_train(apply(plan, model), x, world, schedule, sp)
     worst = max(((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item()
                 for ref_step, plan_step in zip(reference, planned, strict=True)
                 for a, b in zip(ref_step, plan_step, strict=True))
@@ -177,7 +208,8 @@ def measure(rank: int, world: int, case: str) -> int:
 
 def worker(rank: int, world: int, cases: list[str], port: int, out_dir: str) -> None:
     def case(c: str) -> Any:
-        return tp_run(rank, world, c.removeprefix("tp:"), out_dir) if c.startswith("tp:") else \
+        kind, _, schedule = c.rpartition(":")
+        return tp_run(rank, world, kind, schedule, out_dir) if kind in ("tp", "tpsp") else \
             measure(rank, world, c)
 
     run_rank(rank, world, port, out_dir, lambda: {c: case(c) for c in cases})

@@ -20,7 +20,7 @@ from solvers import DataKind
 
 sys.path.insert(0, str(Path(__file__).parent))
 from distributed_worker import free_port, loss_of, tiny_gpt  # noqa: E402
-from pipeline_worker import BATCH, LAYERS, MICROBATCHES, TP_MICROBATCHES, TP_SHAPE  # noqa: E402
+from pipeline_worker import BATCH, LAYERS, MICROBATCHES, TP_MICROBATCHES, TP_SHAPE, plan_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,11 +93,11 @@ def test_fsdp_stage_holds_its_shards_and_the_schedules_microbatches() -> None:
     assert graph.meta["parallel"]["pp"] == 2 and graph.meta["parallel"]["fsdp"]
 
 
-def _tp_stage(rank: int) -> memviz.Profile:
-    """Rank `rank` of PP x TP: 2 stages x tp=2 on 4 ranks (stage ``rank // 2``)."""
+def _tp_stage(rank: int, sp: bool = False) -> memviz.Profile:
+    """Rank `rank` of PP x TP: 2 stages x tp=2 on 4 ranks (stage ``rank // 2``); `sp`: sequence-parallel."""
     model, args = tiny_gpt(layers=LAYERS, **TP_SHAPE)
     return memviz.profile(model, args, optimizer=torch.optim.AdamW, loss_fn=loss_of, parallel=Parallel(
-        4, fsdp=False, pp=2, tp=2, microbatches=TP_MICROBATCHES, rank=rank))
+        4, fsdp=False, pp=2, tp=2, sp=sp, microbatches=TP_MICROBATCHES, rank=rank))
 
 
 def test_tensor_parallel_stage_holds_its_shards() -> None:
@@ -182,34 +182,36 @@ TP_BUDGET = 0.93
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 2 plans of 8 recorded candidates, then 4 gloo processes: 160 s at load 10
-def test_gloo_tensor_parallel_pipeline_plans(tmp_path) -> None:
-    """PP x TP (2 stages x tp=2, TinyGPT, Schedule1F1B over 2 micro-batches, AdamW) on four gloo processes
-    that split, shard and schedule the model themselves (tests/pipeline_worker.py's ``GPTStage``): every
-    rank's measured peak, unplanned and with memviz's per-rank plan of its stage applied first, is within 5%
-    of the prediction (stage 0 from rank 0's profile, stage 1 from rank 3's: the ranks of a stage hold
-    equal shards, tp dividing every width); the planned run's gradients equal the unplanned run's; the
-    plan's saving survives on every rank."""
+@pytest.mark.parametrize("kind", ["tp", "tpsp"])
+def test_gloo_tensor_parallel_pipeline_plans(tmp_path, kind: str) -> None:
+    """PP x TP (2 stages x tp=2, TinyGPT, Schedule1F1B over 2 micro-batches, AdamW; "tpsp": with sequence
+    parallelism inside each stage) on four gloo processes that split, shard and schedule the model
+    themselves (tests/pipeline_worker.py's ``GPTStage``): every rank's measured peak, unplanned and with
+    memviz's per-rank plan of its stage applied first, is within 5% of the prediction (stage 0 from rank
+    0's profile, stage 1 from rank 3's: the ranks of a stage hold equal shards, tp dividing every width);
+    the planned run's gradients equal the unplanned run's; the plan's saving survives on every rank."""
     from memviz.parallel.distributed_sac import rank_timeline
 
+    sp = kind == "tpsp"
     predicted = {}
     for rank in (0, 3):
-        prof = _tp_stage(rank)
+        prof = _tp_stage(rank, sp)
         plan = memviz.plan(prof, TP_BUDGET, strategy="sac")
         assert plan.recomputations > 0 and plan.peak_bytes <= plan.budget_bytes, plan.summary()
         stage_blocks = {f"blocks.{i}" for i in ((0, 1) if rank == 0 else (2, 3))}
         assert set(plan.solver_stats.extra["sac"]["options"]) == stage_blocks
-        plan.save(tmp_path / f"stage{rank // 2}.plan.json")
+        plan.save(tmp_path / plan_file(kind, rank // 2))
         predicted[rank // 2] = prof.baseline.peak_bytes, plan.peak_bytes
     # the other tp rank of stage 0, re-recorded with the loaded plan: the same shards, the same peak
-    loaded = memviz.load_plan(tmp_path / "stage0.plan.json")
-    assert rank_timeline(loaded, _tp_stage(1)).peak_bytes == predicted[0][1]
+    loaded = memviz.load_plan(tmp_path / plan_file(kind, 0))
+    assert rank_timeline(loaded, _tp_stage(1, sp)).peak_bytes == predicted[0][1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
                                                         os.environ.get("PYTHONPATH", "")])}
-    workers = subprocess.run([sys.executable, str(ROOT / "tests" / "pipeline_worker.py"), "tp:1f1b", "4",
+    workers = subprocess.run([sys.executable, str(ROOT / "tests" / "pipeline_worker.py"), f"{kind}:1f1b", "4",
                               str(free_port()), str(tmp_path)], env=env, timeout=900)
     assert workers.returncode == 0
     for rank in range(4):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())["tp:1f1b"]
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())[f"{kind}:1f1b"]
         eager, planned = predicted[rank // 2]
         print(f"rank {rank}: unplanned predicted {eager} measured {got['measured']}, planned predicted "
               f"{planned} measured {got['planned_measured']}")

@@ -34,7 +34,8 @@ over "tp" (`memviz.parallel.distributed.tensor_parallelize`), and run by torch's
 TP alone (`memviz.parallel.distributed_sac`, each stage's plan over its own blocks): on 4 gloo ranks (2
 stages x tp 2, tests/test_pipeline.py) every rank measured exactly the predicted peak, planned and not, and
 the planned gradients equalled the unplanned ones.  With ``sp=True`` each stage's residual stream is split on
-the sequence between its first block and its last; that is recorded on the fake group, not checked on gloo.
+the sequence between its first block and its last, checked the same way on 4 gloo ranks
+(tests/test_pipeline.py, ``bench_pipeline``'s PP x TP rows).
 
 What is absent: PP x TP x FSDP2 (3-D), PP x TP for models whose forward torch.fx cannot trace around
 their blocks (Hugging Face's, whose mask and rotary set-up branch on values; `split_eager` refuses them

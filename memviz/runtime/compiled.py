@@ -29,9 +29,10 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
   (`benchmarks/check_compiled_gap.py`, ResNet's eager schedule, 15 pairs of CPU time at load 15-19):
   memviz compiled 1.120x Inductor's default, Inductor's default with layout optimisation off 1.138x.
   Letting a segment return its channels-last values (layout optimisation on, ``keep_output_stride``
-  off) runs at 1.017x, but holds +0.172 MiB over the plan: the saved activations reach the backward
-  channels-last, and oneDNN's convolution backward then makes channels-last copies of the (contiguous)
-  weights and their gradients, memory no plan counts.
+  off) runs at 1.017x, but holds +0.172 MiB over the plan, in the last backward segment, where the saved
+  activations arrive channels-last and the allocator's events at the peak are weight-sized (147,456 B,
+  a 64x64x3x3 kernel): by all appearances oneDNN's convolution backward laying the contiguous weights
+  or their gradients out channels-last, memory no plan counts (not traced further).
 * Every value that several kernels read is stored (Inductor's ``realize_reads_threshold`` 0,
   `REALIZE_READS_THRESHOLD`): by default Inductor inlines a pointwise value of up to 4 reads into each
   kernel that reads it, recomputing it there, so its inputs live until the last of those kernels where the

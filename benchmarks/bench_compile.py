@@ -16,7 +16,8 @@ loss, backward) of:
 3. ``torch.compile(model, backend="inductor")`` under ``torch._functorch.config.activation_memory_budget``
    1.0 (its default), 0.75, 0.5, 0.25 and 0.0: Inductor's own rematerialising min-cut, fused.
 
-Every row is measured the same way: the median of back-to-back (candidate, eager) step-time ratios, the
+Every row is measured the same way: the median of back-to-back (candidate, eager) step-time ratios (step
+time: the calling thread's CPU time, `CLOCK`), the
 CPU allocator's peak during one step (`memviz.profiling.tracker.allocator_peak`: torch.profiler's memory
 events, which see Inductor's allocations; parameters, gradients and inputs included; it also counts what the
 live-storage tracker cannot see, such as the RNG states kept for dropout replay and kernel workspaces),
@@ -54,6 +55,11 @@ from memviz.plans.planning import minimum_budget  # noqa: E402
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of  # noqa: E402
 
 MiB = 2**20
+#: step times are the calling thread's CPU time: with one intra-op thread every kernel of a CPU step,
+#: eager, autograd's backward and Inductor's, runs on that thread, and on 2 cores shared at load 10-18
+#: wall time mostly measures the scheduler (exec27/compile28: Inductor's default compile read 0.77-0.93x
+#: eager on wall time within the hour, 0.84x on thread time; an eager copy 0.95-1.07x on wall time)
+CLOCK = time.thread_time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +97,9 @@ def measure(candidate: torch.nn.Module, eager: torch.nn.Module, args: tuple, ste
     first_s = time.perf_counter() - start
     times, ratios = [], []
     for i in range(steps):
-        t = _timed_step(candidate, args, i)
+        t = _timed_step(candidate, args, i, CLOCK)
         times.append(t)
-        ratios.append(t / _timed_step(eager, args, i))
+        ratios.append(t / _timed_step(eager, args, i, CLOCK))
     candidate.zero_grad(set_to_none=True)
     peak, _ = allocator_peak(lambda: _step(candidate, args, 0), tensors_of(candidate, args))
     return {"first_s": first_s, "step_s": statistics.median(times),
@@ -185,7 +191,7 @@ def bench_model(name: str, settings: Settings) -> dict:
                           else (settings.fractions, settings.torch_budgets))
     eager = copy.deepcopy(model)
     _step(eager, args, 0)
-    eager_s = statistics.median(_timed_step(eager, args, i) for i in range(settings.steps))
+    eager_s = statistics.median(_timed_step(eager, args, i, CLOCK) for i in range(settings.steps))
     eager.zero_grad(set_to_none=True)
     eager_peak, _ = allocator_peak(lambda: _step(eager, args, 0), tensors_of(eager, args))
     noise = measure(copy.deepcopy(model), eager, args, settings.steps)["measured_overhead"]
@@ -243,7 +249,8 @@ def _equal_table(m: dict) -> list[str]:
 
 def markdown(result: dict) -> str:
     method = (
-        "Training steps on CPU, one intra-op thread. Step time: median of "
+        "Training steps on CPU, one intra-op thread. Step time: the step's CPU time on that thread (every "
+        "kernel runs there; wall time on the shared cores mostly measured the scheduler), median of "
         f"{result['steps']} back-to-back (candidate, eager) pair ratios; the eager copy's ratio is the "
         "noise floor. Peak: the CPU allocator's high-water mark during one step (torch.profiler memory "
         "events, `memviz.profiling.tracker.allocator_peak`), the same for every row; it counts the RNG "

@@ -2,8 +2,8 @@
 
 Run: ``python benchmarks/check_compiled_peak.py [--fraction 0.5] [--realize-reads 0]`` (CPU, one thread; an
 Inductor compile: minutes).  bench_compile's ResNet, planned on V100-roofline op times (the same plan on
-every machine and load) at ``--fraction`` of [rotor minimum, eager peak]; the plan exported, compiled with
-``torch.compile(..., backend="inductor")`` and one step measured by the CPU allocator
+every machine and load) at ``--fraction`` of [rotor minimum, eager peak] (1: the eager schedule); the plan
+exported, compiled with ``torch.compile(..., backend="inductor")`` and one step measured by the CPU allocator
 (`memviz.profiling.tracker.allocator_peak`), less what the uncompiled export's step counts beyond the
 live-storage tracker (convolution workspaces: memory no plan models).  It prints that against the plan's
 peak.  ``--realize-reads`` sets `memviz.runtime.compiled.REALIZE_READS_THRESHOLD`; ``--realize-reads 4`` is
@@ -16,6 +16,7 @@ import argparse
 import copy
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "benchmarks"):
@@ -34,6 +35,21 @@ from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of  #
 MiB = 2**20
 
 
+def fixed_plan(fraction: float) -> tuple[torch.nn.Module, tuple, Any]:
+    """bench_compile's ResNet, its inputs, and its plan at `fraction` of [rotor minimum, eager peak]
+    (1.0 or more: the eager schedule, ``strategy="none"``) on V100-roofline op times: the same plan on
+    every machine and load."""
+    torch.manual_seed(0)
+    model, args = MODELS["resnet"]()
+    prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
+    prof = prof.with_costs("fake:v100")
+    if fraction >= 1:
+        return model, args, memviz.plan(prof, strategy="none", frontier=False, packing=False)
+    low = minimum_budget(prof.graph, "rotor", time_limit=600)
+    return model, args, memviz.plan(prof, low + int(fraction * (prof.baseline.peak_bytes - low)),
+                                    time_limit=600, frontier=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=float, default=0.5)
@@ -41,13 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     memviz.runtime.compiled.REALIZE_READS_THRESHOLD = a.realize_reads
-    torch.manual_seed(0)
-    model, args = MODELS["resnet"]()
-    prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
-    prof = prof.with_costs("fake:v100")
-    low = minimum_budget(prof.graph, "rotor", time_limit=600)
-    plan = memviz.plan(prof, low + int(a.fraction * (prof.baseline.peak_bytes - low)), time_limit=600,
-                       frontier=False)
+    model, args, plan = fixed_plan(a.fraction)
     uncompiled = memviz.export(plan, model=copy.deepcopy(model))
     _step(uncompiled, args, 0)
     uncompiled.zero_grad(set_to_none=True)

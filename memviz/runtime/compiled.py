@@ -24,7 +24,15 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
   the end of the segment).
 * Inductor's layout optimisation is off: on CPU it runs every convolution channels-last, so a segment
   held a channels-last copy of an activation beside the contiguous one it returns (the value the plan
-  keeps), which measured +0.15 MiB on bench_compile's ResNet at 50 %.
+  keeps), which measured +0.15 MiB on bench_compile's ResNet at 50 %.  This is what compiled memviz
+  gives up against ``torch.compile(model)`` on a convolutional model, and all of it
+  (`benchmarks/check_compiled_gap.py`, ResNet's eager schedule, 15 pairs of CPU time at load 15-19):
+  memviz compiled 1.120x Inductor's default, Inductor's default with layout optimisation off 1.138x.
+  Letting a segment return its channels-last values (layout optimisation on, ``keep_output_stride``
+  off) runs at 1.017x, but holds +0.172 MiB over the plan, in the last backward segment, where the saved
+  activations arrive channels-last and the allocator's events at the peak are weight-sized (147,456 B,
+  a 64x64x3x3 kernel): by all appearances oneDNN's convolution backward laying the contiguous weights
+  or their gradients out channels-last, memory no plan counts (not traced further).
 * Every value that several kernels read is stored (Inductor's ``realize_reads_threshold`` 0,
   `REALIZE_READS_THRESHOLD`): by default Inductor inlines a pointwise value of up to 4 reads into each
   kernel that reads it, recomputing it there, so its inputs live until the last of those kernels where the
@@ -34,6 +42,9 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
   where the plan holds the one result (+1.0 MiB inside a segment, +0.48 MiB over the 25 % plan, +0.17 MiB
   over the 50 % plan; exec25/exec26 had taken it for fusion near the peak and cut segments there).
   Stored, every plan measured at its uncompiled export's peak (`benchmarks/check_compiled_peak.py`).
+  The eager schedule needs it too (threshold 4: +0.145 MiB, the same inlining), and it costs no
+  measurable speed (`benchmarks/check_compiled_gap.py`: memviz compiled 0.916x eager at 0 against
+  0.956x at 4; Inductor's own compile 0.813x at 0 against 0.817x at its default).
 
 What the backend still changes is inside a segment: Inductor fuses operators (an intermediate that
 fusion keeps in registers never exists, a value read by one kernel is inlined into it) and frees each

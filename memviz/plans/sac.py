@@ -508,7 +508,6 @@ def to_sac(plan: Any) -> Any:
     other op is recomputed (a per-op policy cannot keep the rest).  Re-simulated: the returned plan's
     peak is what `memviz.apply` will really hold, which may exceed the original plan's budget."""
     from memviz.plans.planning import PlanningError
-    from memviz.profiling.capture import summed_as_eager
 
     prof = plan.profile
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile: plan it as sac directly
@@ -521,7 +520,7 @@ def to_sac(plan: Any) -> Any:
             f"a {plan.strategy!r} plan cannot run as PyTorch checkpointing without its profile (a loaded "
             f"plan has none): plans of strategies {', '.join(EXPRESSIBLE)} apply as they are; make one with "
             "memviz.plan(profile, budget, strategy='sac'), or run this one with memviz.export(plan)")
-    graph = summed_as_eager(plan.graph)  # checkpointing runs eager autograd's gradient sums
+    graph = eager_graph(plan.graph, prof.captured)  # checkpointing runs eager autograd (`eager_graph`)
     runs: dict[int, int] = {}
     for s in plan.schedule:
         if s.op == "compute":

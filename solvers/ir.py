@@ -126,6 +126,12 @@ class Graph:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @cached_property
+    def shares_storage(self) -> bool:
+        """Whether some data node is written in place of another (`DataNode.in_place_of`); asked by every
+        `simulate` call, so computed once per graph."""
+        return set(map(attrgetter("in_place_of"), self.datas)) > {None}
+
+    @cached_property
     def _consumers(self) -> tuple[tuple[int, ...], ...]:
         # on first use, not at construction: loading a plan file builds a 100k-node graph that asks none
         consumers: list[list[int]] = [[] for _ in self.datas]

@@ -151,7 +151,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     written: dict[int, str] = {}  # data node -> the node that wrote it in place (`ComputeNode.mutates`)
     writes = any(c.mutates for c in computes)  # (a local test per step: plan files have 100k of them)
     # (None when no node is written in place of another: the usual graph keeps the plain loop below)
-    shared = _Storages(datas) if set(map(attrgetter("in_place_of"), datas)) > {None} else None
+    shared = _Storages(datas) if graph.shares_storage else None
     total_time = 0.0
     n_run = 0  # compute steps of known nodes, recomputations included
 

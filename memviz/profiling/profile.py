@@ -53,6 +53,7 @@ from memviz.profiling.capture import (
     fingerprint,
     forward_calls,
     op_key,
+    summed_as_eager,
     with_loss_memory,
     with_output_views,
 )
@@ -243,11 +244,12 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
 
 
 def _as_eager(graph: Graph, cap: Captured) -> Graph:
-    """`memviz.plans.sac.eager_graph`: the graph eager autograd runs (a call up the flow, as
-    `_checkpoint_costs`)."""
-    from memviz.plans.sac import eager_graph
+    """The graph eager autograd runs (`memviz.plans.sac.eager_graph`): gradient sums out of place
+    (`summed_as_eager`) and in-place activations in the storage they overwrite (`written_in_place`, a
+    call up the flow as `_checkpoint_costs`)."""
+    from memviz.plans.sac import written_in_place
 
-    return eager_graph(graph, cap)
+    return written_in_place(summed_as_eager(graph), cap)
 
 
 def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],

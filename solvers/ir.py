@@ -81,6 +81,10 @@ class DataNode:
     shape: tuple[int, ...] = ()
     dtype: str = ""
     aliases: tuple[str, ...] = ()
+    #: the data node whose storage this one's producer overwrote in place (eager ``relu_(x)``,
+    #: ``hardswish_(x)``: a functionalized capture names the result apart from ``x``): `simulate` counts
+    #: one storage for both, held while either is alive, when ``x`` is alive as it is produced
+    in_place_of: int | None = None
 
 
 class GraphError(ValueError):
@@ -122,6 +126,12 @@ class Graph:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @cached_property
+    def shares_storage(self) -> bool:
+        """Whether some data node is written in place of another (`DataNode.in_place_of`); asked by every
+        `simulate` call, so computed once per graph."""
+        return set(map(attrgetter("in_place_of"), self.datas)) > {None}
+
+    @cached_property
     def _consumers(self) -> tuple[tuple[int, ...], ...]:
         # on first use, not at construction: loading a plan file builds a 100k-node graph that asks none
         consumers: list[list[int]] = [[] for _ in self.datas]
@@ -146,6 +156,9 @@ class Graph:
             and set(map(type, refs)) <= {int}
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
             and all(set(c.mutates) <= set(c.inputs) for c in computes if c.mutates)
+            and (set(map(attrgetter("in_place_of"), datas)) <= {None}  # (a C loop: usually none)
+                 or all(d.producer is not None and d.in_place_of in computes[d.producer].inputs
+                        for d in datas if d.in_place_of is not None))
         ):
             return False
         # each data node names as producer exactly the compute node that outputs it (ids are positions)
@@ -180,6 +193,10 @@ class Graph:
         for d in self.datas:
             if d.producer is not None and d.id not in self.computes[d.producer].outputs:
                 raise GraphError(f"data node {d.name!r} names producer {d.producer} which does not output it")
+            if d.in_place_of is not None and (d.producer is None
+                                              or d.in_place_of not in self.computes[d.producer].inputs):
+                raise GraphError(f"data node {d.name!r} is written in place of data id {d.in_place_of}, "
+                                 "which its producer does not read")
         for d in self.outputs:
             if not 0 <= d < n_data:
                 raise GraphError(f"graph output refers to unknown data id {d}")
@@ -286,6 +303,8 @@ class Graph:
                     "shape": list(d.shape),
                     "dtype": d.dtype,
                     "aliases": list(d.aliases),
+                    # only where there is one: older plan files have none
+                    **({"in_place_of": d.in_place_of} if d.in_place_of is not None else {}),
                 }
                 for d in self.datas
             ],
@@ -311,7 +330,7 @@ class Graph:
         d = _with_defaults(columns.get("datas") or node_columns(obj["datas"], DataNode), DataNode)
         datas = frozen_instances(
             DataNode, d["id"], d["name"], map(int, d["bytes"]), _members(_KINDS, DataKind, d["kind"]),
-            d["producer"], map(tuple, d["shape"]), d["dtype"], map(tuple, d["aliases"]),
+            d["producer"], map(tuple, d["shape"]), d["dtype"], map(tuple, d["aliases"]), d["in_place_of"],
         )
         return cls(
             computes,
@@ -325,12 +344,12 @@ class Graph:
 #: the node fields a graph dict may leave out (`Graph.from_dict`), with the value they then take
 _OPTIONAL: dict[type, dict[str, Any]] = {
     ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0, "mutates": ()},
-    DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": ()},
+    DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": (), "in_place_of": None},
 }
 
 
 #: optional node fields `Graph.to_dict` leaves out where they hold their default
-_SPARSE = frozenset({"mutates"})
+_SPARSE = frozenset({"mutates", "in_place_of"})
 
 
 def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[Any]]:

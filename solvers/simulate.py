@@ -9,6 +9,11 @@ A node that writes an input in place (`ComputeNode.mutates`: a gradient accumula
 contribution's buffer) allocates nothing for that input.  Its effect must happen exactly once: the
 schedule may not run it again (the sum would be added twice), nor produce the written data node again
 after it (the recomputed value would lack the sum).
+
+A data node written in place of another (`DataNode.in_place_of`: eager ``relu_(x)``) shares the storage
+of that input when the input is alive as it is produced: nothing is allocated, the storage is held while
+either is alive, and reading the input afterwards is an error (its values were overwritten).  An input
+already freed (a recomputation that re-runs only the in-place op's consumers) gives a fresh storage.
 """
 
 from __future__ import annotations
@@ -145,6 +150,8 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     done = [False] * len(computes)
     written: dict[int, str] = {}  # data node -> the node that wrote it in place (`ComputeNode.mutates`)
     writes = any(c.mutates for c in computes)  # (a local test per step: plan files have 100k of them)
+    # (None when no node is written in place of another: the usual graph keeps the plain loop below)
+    shared = _Storages(datas) if graph.shares_storage else None
     total_time = 0.0
     n_run = 0  # compute steps of known nodes, recomputations included
 
@@ -170,6 +177,8 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                         )
             if writes and (c.mutates or written):
                 issues.extend(_in_place_issues(i, c, done[node], written, datas))
+            if shared is not None:
+                issues.extend(shared.read_issues(i, c, datas))
             n_run += 1
             done[node] = True
             total_time += c.time
@@ -177,9 +186,11 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
             # that free overwrites the entry)
             for d in c.outputs:
                 if not alive[d]:
+                    alive[d] = True
+                    if shared is not None and not shared.allocates(d, alive, c.name):
+                        continue
                     changes[cat_of[d]][i] += size[d]
                     change[i] += size[d]
-                    alive[d] = True
             workspace[i] = c.temp_bytes
         elif op == "free":
             if not 0 <= node < n_datas:
@@ -189,8 +200,10 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
             else:
                 alive[node] = False
                 freed_at[node] = i
-                changes[cat_of[node]][i] -= size[node]
-                change[i] -= size[node]
+                owner = node if shared is None else shared.release(node)
+                if owner is not None:
+                    changes[cat_of[owner]][i] -= size[owner]
+                    change[i] -= size[owner]
         else:
             issues.append(ScheduleIssue(i, node, f"unknown step kind {op!r}"))
 
@@ -242,6 +255,53 @@ def _in_place_issues(i: int, c: ComputeNode, ran: bool, written: dict[int, str],
                                              "its update would be applied twice"))
     written.update(dict.fromkeys(c.mutates, c.name))
     return issues
+
+
+class _Storages:
+    """Which storage each live data node is held in, where some nodes are written in place of others
+    (`DataNode.in_place_of`): a storage is counted once, as the node that allocated it, and released with
+    the last live node in it."""
+
+    def __init__(self, datas: tuple[DataNode, ...]) -> None:
+        self.base = list(map(attrgetter("in_place_of"), datas))
+        self.storage: dict[int, int] = {}  # live data node -> its storage (an allocation serial)
+        self.allocated: dict[int, int] = {}  # storage -> the data node that allocated it
+        self.holders: dict[int, int] = {}  # storage -> live data nodes in it
+        self.overwritten: dict[int, str] = {}  # live data node -> the node written over it in place
+
+    def _storage_of(self, d: int) -> int:
+        """`d`'s storage; a source (alive from the start, never produced here) gets one on first use."""
+        if d not in self.storage:
+            self.storage[d] = s = len(self.allocated)
+            self.allocated[s] = d
+            self.holders[s] = 1
+        return self.storage[d]
+
+    def allocates(self, d: int, alive: list[bool], writer: str) -> bool:
+        """`d` becomes alive: whether that allocates a storage (else it joins its live base's)."""
+        base = self.base[d]
+        if base is None or not alive[base]:
+            self.storage.pop(d, None)
+            self._storage_of(d)
+            return True
+        s = self.storage[d] = self._storage_of(base)
+        self.holders[s] += 1
+        self.overwritten[base] = writer
+        return False
+
+    def release(self, d: int) -> int | None:
+        """`d` is freed: the data node whose allocation goes with it, or None while another holds it."""
+        s = self._storage_of(d)
+        del self.storage[d]
+        self.overwritten.pop(d, None)
+        self.holders[s] -= 1
+        return None if self.holders[s] else self.allocated[s]
+
+    def read_issues(self, i: int, c: ComputeNode, datas: tuple[DataNode, ...]) -> list[ScheduleIssue]:
+        """`c` reading a value an in-place write has overwritten (the live input of a written node)."""
+        return [ScheduleIssue(i, c.id, f"compute {c.name!r} reads {datas[d].name!r} after "
+                                       f"{self.overwritten[d]!r} overwrote its storage in place")
+                for d in c.inputs if d in self.overwritten]
 
 
 def _running(changes: list[int], start: int) -> tuple[int, ...]:

@@ -464,3 +464,65 @@ def test_in_place_writes_survive_serialisation_and_must_be_inputs():
     with pytest.raises(GraphError, match="writes data id 1 in place but does not read it"):
         Graph.from_dict(bad)
 
+
+
+def _relu_in_place() -> Graph:
+    """x = conv(w); y = relu_(x) (written in place of x, `DataNode.in_place_of`); loss = head(y), and
+    relu's backward reads y."""
+    b = GraphBuilder("relu_")
+    w = b.data("w", 16, DataKind.PARAMETER)
+    x = b.data("x", 64)
+    y = b.data("y", 64, in_place_of=x)
+    loss, gy, gx = b.data("loss", 4), b.data("gy", 64, DataKind.GRADIENT), b.data("gx", 64, DataKind.GRADIENT)
+    b.compute("conv", [w], [x])
+    b.compute("relu", [x], [y])
+    b.compute("head", [y], [loss])
+    b.compute("head_bwd", [loss], [gy], phase=Phase.BACKWARD)
+    b.compute("relu_bwd", [gy, y], [gx], phase=Phase.BACKWARD)
+    b.outputs = [gx]
+    return b.build()
+
+
+def test_a_value_written_in_place_shares_its_input_storage_while_either_lives():
+    g = _relu_in_place()
+    # x freed right after relu: y holds the storage, counted once
+    tl = simulate(g, (compute(0), compute(1), free(1), compute(2), compute(3), free(3), compute(4),
+                      free(2), free(4))).check()
+    assert tl.peak_bytes == 16 + 64 + 64 + 64  # w, y (x's storage), gy, gx: never x and y apart
+    assert tl.step_bytes[1] == 16 + 64  # relu allocates nothing
+    # the storage goes with the last of the two: x kept past y's free still holds it
+    late = simulate(g, (compute(0), compute(1), compute(2), compute(3), compute(4),
+                        free(2), free(4), free(1)))
+    assert late.valid and late.live_bytes[-2] == 16 + 4 + 64 + 64 and late.live_bytes[-1] == 16 + 4 + 64
+    # y recomputed after both went: its input is recomputed first, and the pair is one storage again
+    again = simulate(g, (compute(0), compute(1), free(1), compute(2), free(2), compute(3), compute(0),
+                         compute(1), free(1), compute(4))).check()
+    assert again.step_bytes[7] == 16 + 4 + 64 + 64 and again.recomputes == 2
+
+
+def test_reading_a_value_after_it_was_overwritten_in_place_is_an_issue():
+    b = GraphBuilder("overwritten")
+    x = b.data("x", 8, DataKind.INPUT)
+    a = b.data("a", 8)
+    y = b.data("y", 8, in_place_of=a)
+    z = b.data("z", 8)
+    b.compute("copy", [x], [a])
+    b.compute("relu", [a], [y])
+    b.compute("reads_a", [a, y], [z])
+    b.outputs = [z]
+    tl = simulate(b.build(), (compute(0), compute(1), compute(2)))
+    assert [i.step for i in tl.issues] == [2] and "overwrote its storage in place" in tl.issues[0].message
+    # `a` freed after the write (y holds the storage) and recomputed: a fresh storage, read as it is
+    ok = simulate(b.build(), (compute(0), compute(1), free(1), compute(0), compute(2)))
+    assert ok.valid and ok.peak_bytes == 8 * 4
+
+
+def test_in_place_of_survives_serialisation_and_must_be_read_by_the_producer():
+    g = _relu_in_place()
+    again = Graph.from_dict(g.to_dict())
+    assert again.datas[2].in_place_of == 1 and again == g
+    assert "in_place_of" not in g.to_dict()["datas"][1]  # absent where unset: older plan files load
+    bad = g.to_dict()
+    bad["datas"][3]["in_place_of"] = 1  # the loss is not written over x: head does not read x
+    with pytest.raises(GraphError, match="written in place of data id 1"):
+        Graph.from_dict(bad)

@@ -23,6 +23,7 @@ import warnings
 from typing import Any
 
 from solvers import DataKind, Graph, Phase, simulate
+from solvers.ir import PERSISTENT_KINDS
 from solvers.result import InfeasibleBudget, SolverStats
 from solvers.sac import Block, EagerHolds, Overheads, Region, calibrate, sac_schedule, solve_menu
 
@@ -289,15 +290,17 @@ def in_place_writes(cap: Any, graph: Graph) -> dict[int, int]:
     model ran is read from the FX provenance (``node.meta["from_node"]``, its first record: the exported
     program's node), and what it overwrites is its first argument (an in-place op's ``self``).  Buffers
     written in place (BatchNorm's ``num_batches_tracked``) count too."""
+    from memviz.profiling.capture import is_in_place, origin_op
+
     nodes = cap.nodes
     writes = {}
     for c, fx in enumerate(cap.compute_fx):
         if fx is None or c >= len(graph.computes) or graph.computes[c].phase is not Phase.FORWARD:
             continue
         node = nodes[fx]
-        origin = _origin(node)
+        origin = origin_op(node)
         first = next((a for a in node.args if hasattr(a, "name")), None)
-        if origin is None or not _in_place(origin) or first is None:
+        if origin is None or not is_in_place(origin) or first is None:
             continue
         name = cap.reads_instead.get(first.name, first.name)
         if name in cap.data_of_fx:
@@ -305,16 +308,44 @@ def in_place_writes(cap: Any, graph: Graph) -> dict[int, int]:
     return writes
 
 
-def _origin(node: Any) -> str | None:
-    """The operator the user's code ran for FX `node`: the target of the first record of its provenance
-    (each pass adds one in front), e.g. 'aten.hardswish_.default'; None without provenance."""
-    sources = node.meta.get("from_node")
-    if not sources:
-        return None
-    source = sources[0]
-    while source.from_node:
-        source = source.from_node[0]
-    return str(source.target)
+def written_in_place(graph: Graph, cap: Any) -> Graph:
+    """`graph` with the result of each in-place activation eager PyTorch runs (``relu_(x)``,
+    ``hardswish_(x)``, `in_place_writes`) held in the storage it overwrites (`DataNode.in_place_of`), as
+    eager and `memviz.apply` (eager autograd, checkpointed or not) run it; the functionalized capture's
+    result is a second tensor, which is what `memviz.export` runs (`graph` stays as it is for it).  Only
+    the op itself writes (not autograd's copy of its input, ``clone``: `memviz.profiling.saved`), into an
+    activation of its own size; `graph` itself when there is none."""
+    from memviz.profiling.capture import origin_op
+
+    marks = {}
+    for c, written in in_place_writes(cap, graph).items():
+        node = graph.computes[c]
+        origin = (origin_op(cap.nodes[cap.compute_fx[c]]) or "").split(".")
+        # 'aten.relu_.default' ran as 'aten.relu.default'
+        if len(node.outputs) != 1 or len(origin) < 3 or node.op.split(".")[:2] != [origin[0], origin[1][:-1]]:
+            continue
+        out = node.outputs[0]
+        if graph.datas[written].kind in PERSISTENT_KINDS or _size(graph, out) != _size(graph, written):
+            continue  # (a buffer's count, BatchNorm's ``num_batches_tracked``, is no activation)
+        marks[out] = written
+    if not marks:
+        return graph
+    datas = tuple(dataclasses.replace(d, in_place_of=marks[d.id]) if d.id in marks else d
+                  for d in graph.datas)
+    return Graph(graph.computes, datas, graph.outputs, name=graph.name, meta=graph.meta)
+
+
+def _size(graph: Graph, d: int) -> int:
+    return graph.datas[d].bytes
+
+
+def eager_graph(graph: Graph, cap: Any) -> Graph:
+    """The graph eager autograd runs (the profile's baseline, `memviz.apply`'s plans): gradient sums out
+    of place (`memviz.profiling.capture.summed_as_eager`) and in-place activations in the storage they
+    overwrite (`written_in_place`)."""
+    from memviz.profiling.capture import summed_as_eager
+
+    return written_in_place(summed_as_eager(graph), cap)
 
 
 def _input_overwritten(graph: Graph, ids: tuple[int, ...], mutated: frozenset[int]) -> bool:
@@ -350,13 +381,6 @@ def _pieces(model: Any, graph: Graph, forward: list[Any], block: str,
                 not _input_overwritten(graph, ids, mutated):
             pieces.append((path, ids))
     return tuple(pieces)
-
-
-def _in_place(op: str) -> bool:
-    """'aten.relu_.default' -> True."""
-    parts = op.split(".")
-    base = parts[1] if len(parts) >= 3 else parts[0]
-    return base.endswith("_") and not base.endswith("__")
 
 
 def region_specs(graph: Graph, regions: tuple[Region, ...] | list[Region]) -> list[dict[str, Any]]:
@@ -406,7 +430,9 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
         raise PlanningError("strategy 'sac' plans activation checkpointing, which only changes training")
     # `memviz.apply` runs eager autograd, which sums a tied weight's gradient as eager does: the plan runs
     # on the baseline's graph (`capture.summed_as_eager`), not on the in-place sum `memviz.export` runs
-    graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
+    # and runs in-place activations in place (`eager_graph`; from `prof.graph`, whose costs a caller may
+    # have replaced)
+    graph = eager_graph(prof.graph, prof.captured)
     holds = eager_holds(prof.captured)
     blocks = candidate_blocks(prof.model, graph, prof.captured)
     costs = overheads(prof, graph)
@@ -482,7 +508,6 @@ def to_sac(plan: Any) -> Any:
     other op is recomputed (a per-op policy cannot keep the rest).  Re-simulated: the returned plan's
     peak is what `memviz.apply` will really hold, which may exceed the original plan's budget."""
     from memviz.plans.planning import PlanningError
-    from memviz.profiling.capture import summed_as_eager
 
     prof = plan.profile
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile: plan it as sac directly
@@ -495,7 +520,7 @@ def to_sac(plan: Any) -> Any:
             f"a {plan.strategy!r} plan cannot run as PyTorch checkpointing without its profile (a loaded "
             f"plan has none): plans of strategies {', '.join(EXPRESSIBLE)} apply as they are; make one with "
             "memviz.plan(profile, budget, strategy='sac'), or run this one with memviz.export(plan)")
-    graph = summed_as_eager(plan.graph)  # checkpointing runs eager autograd's gradient sums
+    graph = eager_graph(plan.graph, prof.captured)  # checkpointing runs eager autograd (`eager_graph`)
     runs: dict[int, int] = {}
     for s in plan.schedule:
         if s.op == "compute":

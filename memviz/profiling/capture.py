@@ -240,6 +240,25 @@ def is_backward(node: torch.fx.Node) -> bool:
     return node.meta.get("partitioner_tag") == "is_backward" or bool(node.meta.get("autograd_backward"))
 
 
+def origin_op(node: Any) -> str | None:
+    """The operator the user's code ran for FX `node`: the target of the first record of its provenance
+    (each pass adds one in front), e.g. 'aten.hardswish_.default'; None without provenance."""
+    sources = node.meta.get("from_node")
+    if not sources:
+        return None
+    source = sources[0]
+    while source.from_node:
+        source = source.from_node[0]
+    return str(source.target)
+
+
+def is_in_place(op: str) -> bool:
+    """'aten.relu_.default' -> True."""
+    parts = op.split(".")
+    base = parts[1] if len(parts) >= 3 else parts[0]
+    return base.endswith("_") and not base.endswith("__")
+
+
 def forward_calls(gm: torch.fx.GraphModule) -> Iterator[torch.fx.Node]:
     """The joint graph's operator calls up to its first backward node: the forward, in trace order."""
     for n in gm.graph.nodes:

@@ -198,7 +198,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
     step_schedule = python_eager_schedule(graph, cap, requires_grad)
-    step_peak = simulate(summed_as_eager(graph), step_schedule).peak_bytes
+    step_peak = simulate(_as_eager(graph, cap), step_schedule).peak_bytes
     if not info.estimated:
         info = _estimated_if_too_big(step_peak, graph.persistent_bytes(), info)
     if cap.loss_probe is not None and not info.estimated and not info.per_graph:
@@ -209,7 +209,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             with accelerator.fork_rng(accelerator.as_list(info.torch_device)):
                 graph = with_loss_memory(graph, cap, cap.loss_probe(
                     real=True, preexisting=tensors_of(model, args, kwargs)))
-            step_peak = simulate(summed_as_eager(graph), step_schedule).peak_bytes
+            step_peak = simulate(_as_eager(graph, cap), step_schedule).peak_bytes
         except Exception as err:  # noqa: BLE001 - a loss that refuses stand-in values: fake figures stand
             warnings.warn(ProfileWarning(
                 f"loss_fn failed on stand-in outputs ({type(err).__name__}: {err}): its memory is the "
@@ -251,13 +251,22 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             graph = Graph(graph.computes, graph.datas, graph.outputs, name=graph.name,
                           meta={**graph.meta, **fixed})
     # after the measurements: the runtime node and the fixed costs are part of the graph it simulates
-    eager_graph = summed_as_eager(graph)
+    eager_graph = _as_eager(graph, cap)
     baseline = simulate(eager_graph, schedule).check()
     return Profile(graph=graph, baseline=baseline, baseline_schedule=schedule, measured_peak_bytes=measured,
                    baseline_graph=None if eager_graph is graph else eager_graph,
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fp, captured=cap, model=model,
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+
+
+def _as_eager(graph: Graph, cap: Captured) -> Graph:
+    """The graph eager autograd runs (`memviz.plans.sac.eager_graph`): gradient sums out of place
+    (`summed_as_eager`) and in-place activations in the storage they overwrite (`written_in_place`, a
+    call up the flow as `_checkpoint_costs`)."""
+    from memviz.plans.sac import written_in_place
+
+    return written_in_place(summed_as_eager(graph), cap)
 
 
 def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
@@ -269,7 +278,7 @@ def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple
     from memviz.plans.sac import checkpoint_costs
 
     try:
-        return checkpoint_costs(summed_as_eager(graph), cap, model, args, kwargs, info.torch_device, repeats,
+        return checkpoint_costs(_as_eager(graph, cap), cap, model, args, kwargs, info.torch_device, repeats,
                                 warmup)
     except Exception as err:  # noqa: BLE001 - any failure of the block run alone: plans count no costs
         warnings.warn(ProfileWarning(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from memviz.profiling.capture import Captured, is_backward, op_key
+from memviz.profiling.capture import Captured, is_backward, is_in_place, op_key, origin_op
 from memviz.profiling.capture import _storage_key as storage_key
 
 
@@ -201,6 +201,8 @@ def autograd_nodes(cap: Captured) -> AutogradNodes:
     carries: dict[Any, bool] = {}
     feeds = _only_unused_outputs(cap)
     to_output: set[int] = set()  # seq_nrs of forward ops only outputs the loss does not use need
+    originals: dict[tuple[int, str], int] = {}  # (seq, FX input) -> data of autograd's copy of it
+    read_back: dict[int, set[int]] = {}  # data id -> seq_nrs of the backward ops that read it
     pos = -1
     for n in cap.gm.graph.nodes:
         if n.op != "call_function":
@@ -213,6 +215,9 @@ def autograd_nodes(cap: Captured) -> AutogradNodes:
                 found.released[seq] = pos
                 if n.name in pos_of:
                     found.first.setdefault(seq, pos)
+                for a in n.all_input_nodes:
+                    if a.name in cap.data_of_fx:
+                        read_back.setdefault(cap.data_of_fx[a.name], set()).add(seq)
             continue
         if not any(a.name in grads for a in n.all_input_nodes) or not _differentiable(n.meta.get("val")):
             continue
@@ -223,18 +228,50 @@ def autograd_nodes(cap: Captured) -> AutogradNodes:
             continue
         if n.name in feeds:
             to_output.add(seq)
+        if _original_copy(n):
+            originals[(seq, n.all_input_nodes[0].name)] = cap.data_of_fx.get(n.name, -1)
         keys = saved_storages(n, grads, positions)
         ids = {storage_data[k] for k in keys if k in storage_data}
+        for a in n.all_input_nodes:  # an in-place op saves autograd's copy of the input it overwrites
+            copy, val = originals.get((seq, a.name), -1), a.meta.get("val")
+            if copy >= 0 and isinstance(val, torch.Tensor) and storage_data.get(storage_key(val)) in ids:
+                ids.discard(storage_data[storage_key(val)])
+                ids.add(copy)
         found.saved.setdefault(seq, set()).update(ids)
         if keys and pos >= 0:  # saving anything makes it a checkpoint's saver, graph data or not
             found.savers[pos] = seq
             for d in ids:
                 found.saved_by.setdefault(d, []).append(pos)
+    _released_by_readers(found, read_back)
     # the outputs go once the loss has read them (`capture._finish`), and with them such a node
     dropped = len(cap.compute_fx) - 1 if cap.loss_compute is None else cap.loss_compute
     for seq in to_output - found.released.keys():
         found.released[seq] = dropped
     return found
+
+
+def _original_copy(node: torch.fx.Node) -> bool:
+    """Whether forward FX `node` is autograd's copy of the input an in-place op overwrites: eager
+    ``hardswish_(x)`` (whose backward reads the original ``x``) clones ``x`` into its autograd node
+    before writing it, traced as ``clone(x)`` with the in-place op as provenance."""
+    origin = origin_op(node)
+    return (node.target is torch.ops.aten.clone.default and origin is not None and is_in_place(origin)
+            and len(node.all_input_nodes) == 1)
+
+
+def _released_by_readers(found: AutogradNodes, read_back: dict[int, set[int]]) -> None:
+    """A saving node whose ``seq_nr`` no backward op carries (an in-place op saving its input's copy:
+    on torch 2.13 ``hardswish_``'s backward carries the seq_nr before its forward's) is released with
+    the one autograd node whose backward reads what it saved; left unknown when that is not one node."""
+    for seq, ids in found.saved.items():
+        if seq in found.released or not ids:
+            continue
+        readers = set().union(*(read_back.get(d, set()) for d in ids)) & found.released.keys()
+        if len(readers) == 1:
+            (reader,) = readers
+            found.released[seq] = found.released[reader]
+            if reader in found.first:
+                found.first[seq] = found.first[reader]
 
 
 def autograd_saved_holds(cap: Captured) -> dict[int, int]:

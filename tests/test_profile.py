@@ -846,3 +846,17 @@ def test_an_eager_plan_reads_x1_and_names_a_faster_exported_module() -> None:
     text = faster.summary()
     assert "time x1.000 (eager; exported module x0.850: the exported module's per-step cost measured" in text
     assert "x0.850, " not in text.replace("exported module x0.850", "")
+
+
+def test_re_costing_keeps_the_baseline_memory_of_in_place_activations() -> None:
+    """`Profile.with_costs` re-times the baseline on the eager graph the profile built it on: with
+    ``ReLU(inplace=True)`` that graph holds each activation in its input's storage (`written_in_place`);
+    re-simulating the plain graph counted the two as two tensors (the merge of cost28 and inplace28)."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(inplace=True), nn.Linear(256, 256),
+                          nn.ReLU(inplace=True), nn.Linear(256, 8))
+    measured = profile(model, (torch.randn(32, 64),), measure=False)
+    prof = measured.with_costs("fake:v100")
+    assert any(d.in_place_of is not None for d in prof.baseline_graph.datas)
+    assert prof.baseline.peak_bytes == measured.baseline.peak_bytes

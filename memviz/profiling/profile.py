@@ -117,7 +117,7 @@ class Profile:
         if self.captured is None:
             raise ValueError("a hook-based fallback profile has no captured operators to re-cost")
         graph = estimate_costs(self.graph, self.captured, info)
-        eager_graph = summed_as_eager(graph)
+        eager_graph = _as_eager(graph, self.captured)
         return replace(self, graph=graph, baseline=simulate(eager_graph, self.baseline_schedule).check(),
                        baseline_graph=None if eager_graph is graph else eager_graph)
 

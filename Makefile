@@ -62,8 +62,10 @@ chromium:
 lint-py:
 	ruff check .
 
+# ui-tests are type-checked too (Playwright runs them untyped: an implicit any passed unnoticed there)
 lint-ts:
 	jlpm lint:check
+	jlpm tsc --noEmit -p ui-tests/tsconfig.json
 
 test-ts:
 	jlpm test

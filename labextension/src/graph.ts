@@ -295,9 +295,12 @@ export class GraphView implements PlanView {
     const phases = [
       ...new Set(focus.flatMap(ref => (ref.kind === 'module' ? [ancestors(tree, ref.id)[0]] : [])))
     ];
+    // what the user opened or found (an opened module comes before its twins, `withTwins`)
+    const primary = this.focus.length ? find(this.focus[0]) : null;
     this.land(
       focus.map(find).filter(el => el !== null),
-      phases.map(m => find({ kind: 'module', id: m })).filter(el => el !== null)
+      phases.map(m => find({ kind: 'module', id: m })).filter(el => el !== null),
+      primary
     );
   }
 
@@ -350,9 +353,10 @@ export class GraphView implements PlanView {
 
   /**
    * Land on `els` (an opened module's frame and its twins', a search hit; none: the whole drawing):
-   * centered, readable (`focusView`); Fit and zoom out still reach the whole drawing.
+   * centered, readable, `primary` whole where `els` do not fit (`focusView`); Fit and zoom out still
+   * reach the whole drawing.
    */
-  private land(els: Element[], frames: Element[] = []): void {
+  private land(els: Element[], frames: Element[] = [], primary: Element | null = null): void {
     const stage = this.stage.getBoundingClientRect();
     const k0 = this.view.k;
     // each element's box in drawing pixels (undo the stage's current transform), then their union
@@ -374,7 +378,7 @@ export class GraphView implements PlanView {
     // the twins alone, the optimizer's frame cut at the right edge.  Only where that width stays readable.
     const widened =
       across && across.w * FIT_MIN_SCALE <= box.w - 16 ? { ...target, x: across.x, w: across.w } : target;
-    this.view = focusView(widened, this.size, box);
+    this.view = focusView(widened, this.size, box, primary ? union([primary]) : null);
     this.applyView();
   }
 

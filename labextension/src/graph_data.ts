@@ -50,14 +50,18 @@ export interface Rect {
  * the other phases, a search hit, or on first drawing the forward and backward phases side by side):
  * all of `target` when that keeps labels readable (scale >= `FIT_MIN_SCALE`, never above 1:1), else
  * its full width when readable, else `FIT_MIN_SCALE` centered on it; a target too tall for the box
- * shows its top.  Clamped so no empty band shows beside a drawing larger than the box.  Before, an
- * opened module was fitted whole whatever the scale (its 110 layers at 5% scale), and the first
- * drawing opened at its top-left corner with the backward column cut off (issue 18).
+ * shows its top.  Where `target` is wider than the box at that scale, the view slides from centered
+ * just enough to show `primary` (the module the user opened, inside `target`) whole: in a 782 px output
+ * block 3 opened beside its twin (823 px at the floor) had both frames cut 22 px.  Clamped so no empty
+ * band shows beside a drawing larger than the box.  Before, an opened module was fitted whole whatever
+ * the scale (its 110 layers at 5% scale), and the first drawing opened at its top-left corner with the
+ * backward column cut off (issue 18).
  */
 export function focusView(
   target: Rect,
   drawing: { w: number; h: number },
   box: { w: number; h: number },
+  primary: Rect | null = null,
   margin = 8
 ): View {
   if (target.w <= 0 || target.h <= 0 || box.w <= 2 * margin || box.h <= 2 * margin) {
@@ -66,7 +70,12 @@ export function focusView(
   const room = { w: box.w - 2 * margin, h: box.h - 2 * margin };
   const whole = Math.min(1, room.w / target.w, room.h / target.h);
   const k = whole >= FIT_MIN_SCALE ? whole : Math.max(FIT_MIN_SCALE, Math.min(1, room.w / target.w));
-  const x = box.w / 2 - (target.x + target.w / 2) * k;
+  const centered = box.w / 2 - (target.x + target.w / 2) * k;
+  // the least slide that brings `primary` whole into the box (none when it is wider than the room)
+  const x =
+    primary && primary.w * k <= room.w
+      ? Math.min(Math.max(centered, margin - primary.x * k), box.w - margin - (primary.x + primary.w) * k)
+      : centered;
   const y = target.h * k <= room.h ? box.h / 2 - (target.y + target.h / 2) * k : margin - target.y * k;
   return { k, x: clampAxis(x, drawing.w * k, box.w, margin), y: clampAxis(y, drawing.h * k, box.h, margin) };
 }

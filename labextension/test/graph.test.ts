@@ -1,7 +1,7 @@
 import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
-import { FIT_MIN_SCALE, fitReadable, fitView, focusView, zoomAt } from '../src/graph_data';
+import { FIT_MIN_SCALE, View, fitReadable, fitView, focusView, zoomAt } from '../src/graph_data';
 import {
   LEGEND,
   RUN_MIN,
@@ -316,6 +316,38 @@ test('a drawing lands on what was opened: whole when readable, else readable and
   assert.equal(hit.x, 8);
   assert.ok(Math.abs(hit.y + 2015 - 300) < 1e-9);
   assert.deepEqual(focusView({ x: 0, y: 0, w: 0, h: 0 }, drawing, box), { x: 0, y: 0, k: 1 });
+});
+
+test('an opened module too wide with its twin for the box lands whole itself, the twin cut', () => {
+  // the 12-layer GPT's block 3 opened beside its backward twin (drawing px at 1:1): 1372 px together,
+  // 823 px at the label floor; in an 848 px output both land whole, in a 782 px one (JupyterLab's
+  // sidebar at 316 px) centering cut both frames 22 px
+  const drawing = { w: 1933, h: 1269 };
+  const twins = { x: 380, y: 587, w: 1372, h: 645 };
+  const forward = { x: 380, y: 587, w: 156, h: 645 };
+  const backward = { x: 1325, y: 587, w: 427, h: 636 };
+  const inView = (v: View, r: { x: number; w: number }, w: number) =>
+    v.x + r.x * v.k >= 8 - 1e-9 && v.x + (r.x + r.w) * v.k <= w - 8 + 1e-9;
+  const wide = { w: 848, h: 600 };
+  const both = focusView(twins, drawing, wide, forward);
+  const before = focusView(twins, drawing, wide); // it fits: centered as before
+  assert.equal(both.k, before.k);
+  assert.ok(Math.abs(both.x - before.x) < 1e-9 && both.y === before.y);
+  assert.ok(inView(both, forward, wide.w) && inView(both, backward, wide.w));
+  const narrow = { w: 782, h: 600 };
+  const centered = focusView(twins, drawing, narrow);
+  assert.equal(centered.k, FIT_MIN_SCALE);
+  assert.ok(!inView(centered, forward, narrow.w) && !inView(centered, backward, narrow.w));
+  for (const [opened, twin] of [
+    [forward, backward],
+    [backward, forward]
+  ]) {
+    const v = focusView(twins, drawing, narrow, opened);
+    assert.equal(v.k, FIT_MIN_SCALE); // never below the floor
+    assert.ok(inView(v, opened, narrow.w), 'the opened frame whole');
+    assert.ok(!inView(v, twin, narrow.w), 'its twin cut where both cannot fit');
+    assert.equal(v.y, centered.y);
+  }
 });
 
 test('Fit never shrinks labels below the floor: whole, else full width, else the floor, kept centered', () => {

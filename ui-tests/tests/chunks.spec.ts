@@ -112,10 +112,7 @@ test('chunk editor: 12 region labels are all visible and none overlaps another',
   await expect(editor.locator('.jp-memviz-chunk-region')).toHaveCount(12);
   const labels = editor.locator('.js-plotly-plot .annotation-text');
   await expect(labels).toHaveCount(12);
-  const boxes = [];
-  for (const label of await labels.all()) {
-    boxes.push((await label.boundingBox())!);
-  }
+  const boxes = await Promise.all((await labels.all()).map(async label => (await label.boundingBox())!));
   const plot = (await editor.locator('.js-plotly-plot').boundingBox())!;
   boxes.forEach((a, i) => {
     // inside the plot's box: not cut off at its top or sides

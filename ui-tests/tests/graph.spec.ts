@@ -7,9 +7,10 @@ test.use({ mockSettings: SETTINGS });
 
 // the readable floor of a fitted drawing (graph_data.ts: 8 px / (10 pt * 4/3))
 const FIT_MIN_SCALE = 0.6;
+// a notebook's output in JupyterLab's default layout on a 1280 px screen (a 250 px file browser)
+const OUTPUT_PX = 848;
 
-/** Runs `notebook` in an output the width of JupyterLab's default layout on a 1280 px screen and opens
- * its plan's Graph tab, laid out. */
+/** Runs `notebook` in an `OUTPUT_PX` wide output and opens its plan's Graph tab, laid out. */
 async function openGraphTab(
   page: IJupyterLabPageFixture,
   tmpPath: string,
@@ -19,6 +20,16 @@ async function openGraphTab(
   await openAndRunAll(page, tmpPath, notebook);
   const view = page.locator('.jp-memviz-plan');
   await expect(view.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
+  // The 848 px output these tests are about: after openAndRunAll's reload JupyterLab restores its left
+  // sidebar at 250 px in most runs but at 316 px in some (ci35, ci36 and a local full run: a 782 px
+  // output, where block 3 opened beside its twin, 823 px at the readable floor, cannot land whole and
+  // its forward frame was cut 22 px).  The screen is widened by what the sidebar took.
+  const output = async () => Math.round((await view.boundingBox())!.width);
+  const width = await output();
+  if (width !== OUTPUT_PX) {
+    await page.setViewportSize({ width: 1280 + OUTPUT_PX - width, height: 900 });
+  }
+  await expect.poll(output).toBe(OUTPUT_PX);
   await view.locator('.jp-memviz-tabbar button', { hasText: 'Graph' }).click();
   const graph = view.locator('.jp-memviz-graph');
   const svg = graph.locator('svg');
@@ -287,7 +298,7 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
   test.setTimeout(240000);
   const { graph, svg, canvas } = await openGraphTab(page, tmpPath, 'graph_gpt.ipynb');
   let c = (await canvas.boundingBox())!;
-  expect(c.width).toBeLessThanOrEqual(848);
+  expect(Math.round(c.width)).toBe(OUTPUT_PX);
   expect(Number(await graph.getAttribute('data-scale'))).toBeGreaterThanOrEqual(FIT_MIN_SCALE - 1e-4);
   // the collapsed hierarchy: every block of both phases is one box (a ladder: block i's backward
   // beside its forward), and both phases' frames lie across the view whole, side to side (the
@@ -366,11 +377,8 @@ test('a 12-layer GPT opens whole across an 848 px output, readable; an opened bl
   const c2 = (await canvas.boundingBox())!; // the status line above it may have wrapped differently
   for (const phase of ['forward', 'backward']) {
     const frame = (await titled('g.cluster', new RegExp(`^blocks\\.3 \\[${phase}\\]`)).boundingBox())!;
-    // its middle in view: after chunks.spec's first test in the same server, the forward frame lands
-    // 22 px past the canvas's left edge (run alone it lands whole); not yet traced
-    const middle = frame.x + frame.width / 2;
-    expect(middle, `opened ${phase} block in view`).toBeGreaterThanOrEqual(c2.x);
-    expect(middle).toBeLessThanOrEqual(c2.x + c2.width);
+    expect(frame.x, `opened ${phase} block in view`).toBeGreaterThanOrEqual(c2.x - 1);
+    expect(frame.x + frame.width).toBeLessThanOrEqual(c2.x + c2.width + 1);
     expect(frame.y, `opened ${phase} block's top in view`).toBeGreaterThanOrEqual(c2.y - 1);
     expect(frame.y).toBeLessThan(c2.y + c2.height / 2);
   }

@@ -319,6 +319,29 @@ def test_a_model_the_user_wrapped_is_profiled_as_is_and_left_unchanged() -> None
         assert prof.baseline.peak_bytes == reference.baseline.peak_bytes
 
 
+def test_a_mixed_precision_rank_says_it_is_predicted_low() -> None:
+    """bench_fsdp's ``fsdp+bf16`` rows: on gloo ranks a bf16 MixedPrecisionPolicy step measured one
+    block's unsharded parameters above the recorded prediction (not modelled), so the profile says so."""
+    import warnings
+
+    from distributed_worker import user_wrap
+
+    from memviz.parallel.distributed import fake_process_group, mixed_precision_dtypes
+    from memviz.profiling.profile import ProfileWarning
+
+    with fake_process_group(2, 0):
+        plain = user_wrap(tiny_gpt()[0], "fsdp", 2)
+        bf16 = user_wrap(tiny_gpt()[0], "fsdp+bf16", 2)
+        assert mixed_precision_dtypes(plain) == set() and mixed_precision_dtypes(bf16) == {torch.bfloat16}
+        args = tiny_gpt()[1]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            memviz.profile(plain, args)
+        assert not [w for w in caught if "MixedPrecisionPolicy" in str(w.message)]
+        with pytest.warns(ProfileWarning, match=r"MixedPrecisionPolicy\(param_dtype=bfloat16\)"):
+            memviz.profile(bf16, args)
+
+
 def test_estimated_parallel_profile_runs_on_fake_tensors() -> None:
     """device='fake:h100': the sharded copy's weights become fake tensors and the step runs on them, so a
     meta-device model works and nothing is allocated; TinyGPT's per-rank peak equals the recorded real

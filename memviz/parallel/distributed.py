@@ -19,6 +19,11 @@ compute node (``c10d.*`` for FSDP2, ``_c10d_functional.*`` for DTensor redistrib
 schedule is the recorded order with every free where the step released it, so its simulated peak is
 the recorded rank's live-storage peak.
 
+Collective buffers as the rank's backend holds them: a rank recorded on CPU is a CPU rank, whose backend
+is gloo, and gloo reduce-scatters a copy of its input (`gloo_input_copy`), which the fake group does not
+make; the recording adds that copy where gloo holds it.  An estimated rank of a GPU target runs NCCL, which
+reduce-scatters from the input itself: no copy.
+
 Collective times: estimated (``device="fake:<target>"``), each collective takes the alpha-beta time of
 `memviz.hardware.collectives` over the target's interconnect and the ranks of its group; recorded on a real
 gloo / NCCL group, the time the operator took, as for every operator (an asynchronous collective's
@@ -39,7 +44,6 @@ import inspect
 import sys
 import time
 import traceback
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -241,7 +245,11 @@ class ShardedStorageTracker(StorageTracker):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _is_dtensor_call(types):
             return NotImplemented
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        copied = gloo_input_copy(func, args, kwargs or {})
+        if copied is not None:  # held with everything alive now, dropped when the collective returns
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes + copied.untyped_storage().nbytes())
+        return out
 
     def _resized(self, storage: torch.UntypedStorage, old: int, new: int) -> None:
         key = storage._cdata
@@ -337,6 +345,9 @@ class _Recorder(TorchDispatchMode):
         self.recomputing = recomputing  # a checkpointed region (memviz.apply) re-running its forward
         self.fake_mode = fake_mode  # an estimated step: its fake tensors are memory, its times estimated
         self.target = target  # memviz.hardware.devices.Target giving each operator's roofline time
+        # the rank's backend is gloo (a CPU rank: recorded on CPU, or estimated for the CPU target), whose
+        # reduce-scatter copies its input (`gloo_input_copy`); a GPU target's NCCL copies nothing
+        self.gloo = target is None or target.name == "cpu"
         self.datas: list[_Data] = []
         self.computes: list[_Compute] = []
         self.steps: list[tuple[str, int]] = []
@@ -454,6 +465,10 @@ class _Recorder(TorchDispatchMode):
             outputs.append(self._new(storage, _Data(
                 f"{func.__name__}.{len(self.datas)}", int(storage.nbytes()), None, shape=tuple(leaf.shape),
                 dtype=str(leaf.dtype).replace("torch.", ""), phase=self.phase, comm=comm)))
+        copied = gloo_input_copy(func, args, kwargs) if self.gloo else None
+        if copied is not None:
+            gloo_copy = self._gloo_copy(copied)
+            outputs.append(gloo_copy)
         written = self._written(func, args, kwargs, comm)
         if comm:
             for d in written:
@@ -480,7 +495,18 @@ class _Recorder(TorchDispatchMode):
                 self.tokens[d] = token
         self._add_compute(str(func.overloadpacket.__name__) if namespace == "aten" else f"{namespace}."
                           f"{func.overloadpacket.__name__}", str(func), inputs, outputs, seconds)
+        if copied is not None:  # gloo's Work drops its copy when the (synchronous) collective returns
+            self.steps.append(("free", gloo_copy))
         return out
+
+    def _gloo_copy(self, t: torch.Tensor) -> int:
+        """A data node for gloo's copy of the collective input `t` (no storage of this process: the fake
+        group made none); the collective creates it and frees it right after."""
+        d = len(self.datas)
+        self.datas.append(_Data(f"gloo copy of the input {d}", int(t.untyped_storage().nbytes()),
+                                DataKind.COMMUNICATION, shape=tuple(t.shape),
+                                dtype=str(t.dtype).replace("torch.", ""), phase=self.phase, comm=True))
+        return d
 
 
 @functools.cache
@@ -522,18 +548,52 @@ def _estimated_seconds(target: Any, func: Any, args: Any, kwargs: dict[str, Any]
     return target.op_time(flops, moved, dtype)
 
 
-def _group_ranks(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
-    """Global ranks of the process group a collective runs on: c10d's ops take the group object, DTensor's
-    functional collectives its registered name."""
+def _process_group(func: Any, args: Any, kwargs: dict[str, Any]) -> dist.ProcessGroup | None:
+    """The process group a collective runs on (None: it names none): c10d's ops take the group object,
+    DTensor's functional collectives its registered name."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     for i, arg in enumerate(func._schema.arguments):
         value = args[i] if i < len(args) else kwargs.get(arg.name)
-        if isinstance(value, torch.ScriptObject):
-            return dist.get_process_group_ranks(dist.ProcessGroup.unbox(value))
+        if isinstance(value, torch.ScriptObject) and value._type().qualified_name().endswith("ProcessGroup"):
+            return dist.ProcessGroup.unbox(value)
         if arg.name == "group_name" and isinstance(value, str):
-            return dist.get_process_group_ranks(_resolve_process_group(value))
-    raise ParallelError(f"{func} names no process group")
+            return _resolve_process_group(value)
+    return None
+
+
+def _group_ranks(func: Any, args: Any, kwargs: dict[str, Any]) -> list[int]:
+    """Global ranks of the process group a collective runs on."""
+    group = _process_group(func, args, kwargs)
+    if group is None:
+        raise ParallelError(f"{func} names no process group")
+    return dist.get_process_group_ranks(group)
+
+
+def gloo_input_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The input of a collective run on the fake process group of which gloo, where it runs for real,
+    holds a working copy that the step sees; None for any other operator or group.
+
+    FSDP2's gradient reduce-scatter (``foreach_reduce`` -> ``dist.reduce_scatter_single``, synchronous) is
+    ``c10d::_reduce_scatter_base_``.  gloo implements it as an all-reduce of a clone of the whole input
+    (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``: ``buffers.push_back(inputTensors[i].clone())``,
+    the buffer captured by the returned ``LambdaWork``, whose ``wait()`` copies ``buffers[i].chunk(worldSize)
+    [rank]`` into the output), so the clone lives until the Work is dropped, when
+    ``reduce_scatter_single`` returns; its ``work.wait()`` runs that chunk and copy in this thread, where a
+    storage tracker sees it.  NCCL (``ProcessGroupNCCL::_reduce_scatter_base``) runs ``ncclReduceScatter``
+    from the input to the output, and the fake backend returns a completed Work: neither copies.  On 2 gloo
+    ranks the copy, one block's gradients in the reduce dtype, was the peak of FSDP2 with
+    MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (GPT +7.1%, Llama +6.5% over the recording
+    without it; bench_fsdp's ``fsdp+bf16`` rows), where the bf16 activations and parameters leave the fp32
+    gradient buffers the largest things alive; in fp32 the step peaks elsewhere."""
+    if func.namespace != "c10d" or func._schema.name != "c10d::_reduce_scatter_base_":
+        return None
+    group = _process_group(func, args, kwargs)
+    if group is None or dist.get_backend(group) != "fake":
+        return None
+    names = [arg.name for arg in func._schema.arguments]
+    i = names.index("input_tensor")
+    return args[i] if i < len(args) else kwargs["input_tensor"]
 
 
 def _collective_seconds(target: Any, kind: str, func: Any, args: Any, kwargs: dict[str, Any],
@@ -1065,32 +1125,6 @@ def record_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
                 "full d)") from err
 
 
-def mixed_precision_dtypes(model: nn.Module) -> set[torch.dtype]:
-    """The parameter dtypes of the FSDP2 `MixedPrecisionPolicy`s on `model`'s ``fully_shard``-ed modules
-    (none: no module casts its parameters for compute)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    policies = (getattr(m._get_fsdp_state(), "_mp_policy", None) for m in model.modules()
-                if isinstance(m, FSDPModule))
-    return {p.param_dtype for p in policies if p is not None and p.param_dtype is not None}
-
-
-def _warn_mixed_precision(model: nn.Module) -> None:
-    """Say that a mixed-precision FSDP2 rank is predicted low: on 2 gloo ranks a bf16 rank measured one
-    block's unsharded bf16 parameters over the fake-group recording (GPT 6.7%, Llama 6.1%; FSDPMemTracker
-    5.1-6.7%: `bench_fsdp`'s ``fsdp+bf16`` rows), the previous block's fp32 reduce-scatter input still held
-    at the peak; the cause is not traced, so it is not modelled and the user keeps the margin."""
-    dtypes = mixed_precision_dtypes(model)
-    if dtypes:
-        from memviz.profiling.profile import ProfileWarning
-
-        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-        warnings.warn(ProfileWarning(
-            f"FSDP2 MixedPrecisionPolicy(param_dtype={names}): real gloo ranks measured up to one block's "
-            "unsharded parameters (about 7% on small models) above this recorded prediction, which memviz "
-            "does not model yet: plan with that margin below the device's memory"), stacklevel=3)
-
-
 def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, mode: str,
                      loss_fn: Callable[[Any], torch.Tensor] | None, optimizer: Any, device: Any,
                      parallel: Parallel | None) -> Any:
@@ -1110,7 +1144,6 @@ def profile_parallel(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         if not dist.is_initialized():
             raise ParallelError("the model holds DTensor parameters but no process group is initialised")
         meta = {"world_size": dist.get_world_size(), "rank": dist.get_rank(), "wrapped_by_user": True}
-        _warn_mixed_precision(model)
     else:
         if is_parallel_model(model):
             raise ParallelError("the model is already sharded: profile it without parallel=")

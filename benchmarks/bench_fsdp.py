@@ -12,7 +12,9 @@ reshard_after_forward=False, cross-entropy loss, dropout), for both models:
 
 * measured: gloo processes (tests/distributed_worker.py) wrap the model themselves (``fully_shard``
   per block then the root, a Megatron ``parallelize_module`` plan, or both as tests/rank_plan_worker.py
-  does) and track the second step's live storages (including FSDP2's storage resizes);
+  does) and track the live storages (including FSDP2's storage resizes) of steps 2-4, the smallest peak
+  (`distributed_worker.measure`: gloo's worker thread now and then frees a finished collective's buffer
+  late);
 * memviz: ``memviz.profile(model, parallel=Parallel(world, ..., rank=r))`` on the fake process group;
 * FSDPMemTracker (``torch.distributed._tools.fsdp2_mem_tracker``): the usage its docs and tests show,
   under FakeTensorMode on the fake process group, two iterations, peak of the run.  It needs an
@@ -215,8 +217,11 @@ def markdown(result: dict) -> str:
            "blocks and the root (memviz profiles the model wrapped that way on the fake group: `Parallel` "
            "has no mixed-precision field), `noreshard` reshard_after_forward=False on the blocks "
            "(`Parallel(reshard_after_forward=False)`), `ce` cross-entropy loss instead of `logits.sum()`, "
-           "`dropout` p=0.1 (GPT-2's residual dropout, Llama's attention_dropout). One measured "
-           "step per rank. Bytes; error relative to the measured peak.", "",
+           "`dropout` p=0.1 (GPT-2's residual dropout, Llama's attention_dropout). Measured: the "
+           "smallest peak of 3 steps per rank (gloo's worker thread now and then frees a finished "
+           "collective's buffer after the next allocation). A CPU rank is predicted as gloo runs it: its "
+           "reduce-scatter works on a copy of the input (`gloo_input_copy`), the bf16 rows' peak. Bytes; "
+           "error relative to the measured peak.", "",
            "| model | parallel | rank | measured | memviz (err) | FSDPMemTracker (err) | memviz profile s |",
            "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:

@@ -323,9 +323,7 @@ def test_in_place_activations_hold_one_storage_as_planned() -> None:
     save it: its backward carries another seq_nr) and counted the result apart from ``x``: 7.5% over the
     measured peak.  Now the copy is recomputed with its block and the result shares ``x``'s storage
     (`DataNode.in_place_of`) on the graph eager autograd runs, not on the exported module's."""
-    from memviz.hardware.devices import named_device
     from memviz.plans.sac import eager_graph, eager_holds
-    from memviz.profiling.profile import estimate_costs
     from tests.real_models import _image_classifier, torchvision  # (defines the ops torchvision needs)
     from tests.test_sac_pointwise import _planned
 
@@ -335,8 +333,7 @@ def test_in_place_activations_hold_one_storage_as_planned() -> None:
     loss_fn = case.losses["ce"]
     prof = profile(case.model, case.args, case.kwargs, loss_fn=loss_fn, repeats=1, warmup=0, measure=False)
     # fixed op costs: the plan does not move with the machine's load
-    v100 = named_device("fake:v100")
-    prof = dataclasses.replace(prof, graph=estimate_costs(prof.graph, prof.captured, v100))
+    prof = prof.with_costs("fake:v100")
     graph = eager_graph(prof.graph, prof.captured)
     written = {d.id: d.in_place_of for d in graph.datas if d.in_place_of is not None}
     assert {graph.datas[d].name for d in written} >= {"hardswish", "relu"}, written

@@ -278,8 +278,10 @@ export class GraphView implements PlanView {
     // a run of repeated blocks is one closed node
     const inRuns = this.runs.reduce((n, r) => n + r.members.length - 1, 0);
     const closed = tree.modules.filter(m => !this.expanded.has(m.id) && this.isShown(m.id)).length - inRuns;
+    // the nodes on screen: `nodes` (the layout cap's bound) counts each run's members; a 12-layer and
+    // a 24-layer GPT's overviews, the same 28 nodes, read "72 nodes" and "120 nodes"
     this.status.textContent =
-      `${nodes} nodes for ${ops} ops` +
+      `${drawing.querySelectorAll('g.node').length} nodes for ${ops} ops` +
       (closed
         ? `; ${closed} modules closed: click one to open it, click an open module's frame to close it`
         : '');

@@ -517,12 +517,17 @@ function frameLabel(tree: ModuleTree, m: number): string {
   return cls ? `${cls} ${mod.path}` : mod.path || mod.phase;
 }
 
+/** "1 op", "24 ops": a module holding one op (an Embedding, a LayerNorm) read "1 ops". */
+export function opCount(n: number): string {
+  return `${n} op${n === 1 ? '' : 's'}`;
+}
+
 /** The tooltip of a module: its full path, phase, class and what it holds. */
 export function moduleTooltip(tree: ModuleTree, m: number): string {
   const mod = tree.modules[m];
   const where = mod.path === '' ? `${mod.phase} (ops outside any module)` : `${mod.path} [${mod.phase}]`;
   const cls = mod.path === '' ? undefined : tree.classes.get(mod.path);
-  return `${where}\n${cls ? `class: ${cls}\n` : ''}${mod.total} ops, ${mod.recomputed} recomputed`;
+  return `${where}\n${cls ? `class: ${cls}\n` : ''}${opCount(mod.total)}, ${mod.recomputed} recomputed`;
 }
 
 /** The tooltip of an op: name, ATen op, phase, run count, module, source line and what it reads. */
@@ -666,7 +671,7 @@ export function toDot(
     }
     if (!expanded.has(m)) {
       const fill = mod.recomputed > 0 ? COLOR.recomputed : COLOR.module;
-      const label = `${moduleLabel(tree, m)}\n${mod.total} ops${mod.recomputed ? `, ${mod.recomputed} recomputed` : ''}`;
+      const label = `${moduleLabel(tree, m)}\n${opCount(mod.total)}${mod.recomputed ? `, ${mod.recomputed} recomputed` : ''}`;
       lines.push(
         `${indent}"m${m}" [id="m${m}", class="module", shape=box3d, fillcolor="${fill}", label="${dotString(label)}"];`
       );
@@ -1053,7 +1058,7 @@ export function runLabel(tree: ModuleTree, run: BlockRun): string {
   const head = cls
     ? `${run.members.length} x ${cls}  ${name}.${index(first.path)}..${index(last.path)}`
     : `${run.members.length} x ${name} [${index(first.path)}..${index(last.path)}]`;
-  return `${head}\n${first.total} ops each${recomputed ? `, ${recomputed} recomputed` : ''}`;
+  return `${head}\n${opCount(first.total)} each${recomputed ? `, ${recomputed} recomputed` : ''}`;
 }
 
 /** The qualified class every member of `run` has, or null where one has none or they differ. */
@@ -1070,12 +1075,12 @@ function runClass(tree: ModuleTree, run: BlockRun, short = true): string | null 
 export function runTooltip(tree: ModuleTree, run: BlockRun): string {
   const [first, last] = [tree.modules[run.members[0]], tree.modules[run.members[run.members.length - 1]]];
   const recomputed = run.members.reduce((n, m) => n + tree.modules[m].recomputed, 0);
-  const between = run.absorbed.length ? `, ${run.absorbed.length} ops between them` : '';
+  const between = run.absorbed.length ? `, ${opCount(run.absorbed.length)} between them` : '';
   const cls = runClass(tree, run, false);
   return (
     `${first.path} .. ${last.path} [${first.phase}]\n` +
     (cls ? `class: ${cls}\n` : '') +
-    `${run.members.length} alike blocks of ${first.total} ops each${between}, ${recomputed} recomputed\n` +
+    `${run.members.length} alike blocks of ${opCount(first.total)} each${between}, ${recomputed} recomputed\n` +
     'click to draw them one by one'
   );
 }

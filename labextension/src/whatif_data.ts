@@ -81,7 +81,7 @@ export function shortVerdict(r: WhatIfRow): string {
 
 /**
  * One stacked bar per configuration (pinned ones, then the current one), a stack segment per memory
- * category, each bar with its device's capacity line and its verdict above it.  A pinned configuration
+ * category, each bar with its device's capacity line and its total and verdict above it.  A pinned configuration
  * the kernel rejected has no bar, only its "error" verdict.
  */
 export function compareFigure(
@@ -125,7 +125,11 @@ export function compareFigure(
     y: Math.max(r.total ?? 0, r.capacity ?? 0) / GIB,
     yanchor: 'bottom',
     showarrow: false,
-    text: escapeHtml(shortVerdict(r)),
+    // the total too: a model far below its device's capacity draws a bar a pixel tall (a 12-layer
+    // GPT-2 of width 64: 0.48 GiB against a V100's 16 GiB)
+    text: [typeof r.total === 'number' ? gib(r.total) : '', escapeHtml(shortVerdict(r))]
+      .filter(Boolean)
+      .join('<br>'),
     font: { color: r.fits === true ? colors.font : colors.error }
   }));
   return {

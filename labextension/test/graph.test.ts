@@ -198,11 +198,11 @@ test('blocks are named by their class, escaped in the DOT, as text in tooltips',
   all.delete(path('forward:layers.1.attn'));
   const dot = toDot(doc, tree, all, new Set(['layers.0']));
   assert.ok(!dot.includes('<img'));
-  assert.ok(dot.includes('label="&lt;img src=x onerror=alert(1)&gt; attn\\n1 ops'));
+  assert.ok(dot.includes('label="&lt;img src=x onerror=alert(1)&gt; attn\\n1 op,'));
   assert.ok(dot.includes('label="&lt;img src=x onerror=alert(1)&gt; layers.0.attn"'));
   assert.equal(
     tooltipFor(doc, tree, { kind: 'module', id: path('forward:layers.1.attn') }),
-    `layers.1.attn [forward]\nclass: ${HOSTILE}\n1 ops, 1 recomputed`
+    `layers.1.attn [forward]\nclass: ${HOSTILE}\n1 op, 1 recomputed`
   );
   assert.ok(
     tooltipFor(doc, tree, { kind: 'compute', id: 0 }).includes(`\nmodule: layers.0.attn (${HOSTILE})\n`)
@@ -685,7 +685,7 @@ test('repeated blocks open as one counted node per phase, ranked with its twin; 
   assert.deepEqual(parseNodeId(`r${fwd}`), { kind: 'run', id: fwd });
   assert.match(
     tooltipFor(doc, tree, { kind: 'run', id: bwd }, runs),
-    /^layers\.0 \.\. layers\.11 \[backward\]\n12 alike blocks of 2 ops each, 1 ops between them/
+    /^layers\.0 \.\. layers\.11 \[backward\]\n12 alike blocks of 2 ops each, 1 op between them/
   );
   // unrolled (by the first path, so both phases): 12 closed blocks per phase, no run node
   const unrolled = toDot(doc, tree, open, new Set([runs[0].key]));

@@ -136,11 +136,17 @@ for (const notebook of NOTEBOOKS) {
     }
     await graph.locator('.jp-memviz-graph-fit').click();
     await shot(view, 'graph-fit');
-    // open that block (its twin in the backward opens with it): the view lands on the two, readable
-    if ((await block.count()) > 2) {
-      const id = (await block.nth(2).getAttribute('id'))!;
-      await block
-        .nth(2)
+    if ((await graph.getAttribute('data-fit')) !== 'whole') {
+      // Fit stopped at the readable floor: what the whole drawing is, zoomed out below it
+      for (let i = 0; i < 4; i++) {
+        await graph.locator('.jp-memviz-graph-zoom-out').click();
+      }
+      await shot(view, 'graph-zoomed-out');
+      await graph.locator('.jp-memviz-graph-fit').click();
+    }
+    // a click as the view takes it (pointer down and up on the node's shape), wherever the node lies
+    const press = (node: ReturnType<typeof page.locator>) =>
+      node
         .locator('path, polygon')
         .first()
         .evaluate(el => {
@@ -148,13 +154,69 @@ for (const notebook of NOTEBOOKS) {
             el.dispatchEvent(new PointerEvent(type, { bubbles: true, clientX: 10, clientY: 10 }));
           }
         });
+    const laidOut = () => expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 300000 });
+    // open that block (its twin in the backward opens with it): the view lands on the two, readable
+    if ((await block.count()) > 2) {
+      const id = (await block.nth(2).getAttribute('id'))!;
+      await press(block.nth(2));
       await expect(graph.locator(`g.cluster#${id}`)).toBeAttached({ timeout: 300000 });
-      await expect(graph).not.toHaveAttribute('data-layout', 'running', { timeout: 300000 });
+      await laidOut();
       await shot(view, 'graph-open-twins');
+      // closed again (a click on its frame): the overview
+      await press(graph.locator(`g.cluster#${id}`));
+      await expect(graph.locator(`g.node#${id}`)).toBeAttached({ timeout: 300000 });
+      await laidOut();
+    }
+    // the repeated blocks, from the collapsed overview: the forward's counted node unrolled (one closed
+    // node per block, both phases), then its first block opened.  (Unrolled with another module open,
+    // the drawing no longer fits readable and the view stays on its top-left, the blocks out of sight.)
+    const run = graph
+      .locator('g.node.run')
+      .filter({ has: page.locator('title', { hasText: /\[forward\]/ }) })
+      .first();
+    // a deep model (92 layers) opens with its blocks' container closed (examples.models' GPT names it
+    // "blocks"): opened, it shows the counted node
+    const container = graph
+      .locator('g.node.module')
+      .filter({ has: page.locator(':scope > title', { hasText: /^blocks \[forward\]/ }) });
+    if (!(await run.count()) && (await container.count())) {
+      await press(container.first());
+      await expect(run).toHaveCount(1, { timeout: 300000 });
+      await laidOut();
+      await shot(view, 'graph-open-blocks');
+    }
+    if (await run.count()) {
+      const first = ((await run.locator(':scope > title').textContent()) ?? '').split(' .. ')[0];
+      await press(run);
+      const member = graph
+        .locator('g.node.module')
+        .filter({ has: page.locator(':scope > title', { hasText: `${first} [forward]` }) });
+      await expect(member).toHaveCount(1, { timeout: 300000 });
+      await laidOut();
+      await shot(view, 'graph-unrolled');
+      await graph.locator('.jp-memviz-graph-fit').click();
+      await shot(view, 'graph-unrolled-fit');
+      const id = (await member.getAttribute('id'))!;
+      await press(member);
+      await expect(graph.locator(`g.cluster#${id}`)).toBeAttached({ timeout: 300000 });
+      await laidOut();
+      await shot(view, 'graph-open-block');
     }
     const planner = page.locator('.jp-memviz-planner').first();
+    if (!(await planner.count())) {
+      return; // a notebook showing the plan alone
+    }
     await expect(planner.locator('.js-plotly-plot').first()).toBeVisible({ timeout: 600000 });
     await planner.scrollIntoViewIfNeeded();
     await shot(planner, 'planner');
+    // one budget change, as a user makes it: the slider one frontier point down (the keyboard), then
+    // the re-planned view once the kernel's answer and any refining solve are drawn
+    const pending = /jp-mod-(pending|solving)/;
+    await expect(planner).not.toHaveClass(pending, { timeout: 600000 });
+    await planner.locator('.jp-memviz-budget-slider').focus();
+    await page.keyboard.press('ArrowLeft');
+    await expect(planner).not.toHaveClass(pending, { timeout: 600000 });
+    await page.waitForTimeout(500);
+    await shot(planner, 'planner-budget');
   });
 }

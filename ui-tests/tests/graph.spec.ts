@@ -392,6 +392,18 @@ test('a captured 12-layer GPT opens whole in the canvas at a readable scale, its
   test.setTimeout(240000);
   const { graph, svg, canvas } = await openGraphTab(page, tmpPath, 'graph_gpt_captured.ipynb');
   await expect(svg.locator('g.node.run')).toHaveCount(2);
+  // the status counts the nodes drawn (it counted each run's members: examples.models' 12-layer GPT's
+  // 28-node overview read "72 nodes"), and a module of one op says so ("1 ops" before)
+  const drawn = await svg.locator('g.node').count();
+  await expect(graph.locator('.jp-memviz-graph-status')).toHaveText(
+    new RegExp(`^${drawn} nodes for \\d+ ops;`)
+  );
+  await expect(
+    svg
+      .locator('g.node.module text')
+      .filter({ hasText: /^1 ops?$/ })
+      .first()
+  ).toHaveText('1 op');
   // named by the blocks' class (the demo's `memviz.demo.Block`, from FX's nn_module_stack) and their
   // path, the full class in the tooltip
   for (const run of await svg.locator('g.node.run').all()) {

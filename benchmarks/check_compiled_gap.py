@@ -15,13 +15,15 @@ eager) pairs, every contender in every round so all see the same load; step time
   ``torch.compile(memviz.export(plan))`` as shipped (threshold 0, layout optimisation off); with
   Inductor's default threshold 4; and with layout optimisation on and ``keep_output_stride`` off (a
   segment may return its channels-last values rather than copy them back);
-* a model with dropout: ``torch.compile(memviz.export(plan))`` as shipped (a segment per random op
-  execution, RNG saved or replayed around it) and the same plan compiled *uncut*, one segment per phase
-  and no RNG handling (its recomputed dropout draws fresh masks: wrong gradients, timed only): the two
-  differ by what the cuts cost, segment calls, RNG states and fusion lost across the cuts.  For those two
-  parts it also times, in the same process, a trivial compiled segment's call through memviz's driver
-  (`compiled._call`) and the export's RNG save and replay (`export._StepRng`), and counts them per step;
-  the rest of the cuts' cost is lost fusion.
+* a model with dropout: ``torch.compile(memviz.export(plan))`` as shipped (one segment per phase, each
+  dropout saving or replaying its RNG state inside the graph, `compiled.rng_in_graph`); the same plan cut
+  at every random op's execution with the driver's RNG save or replay around each segment (compile28's
+  way); and compiled *uncut*, one segment per phase and no RNG handling (its recomputed dropout draws
+  fresh masks: wrong gradients, timed only).  Cut and uncut differ by what the cuts cost: segment calls,
+  RNG states and fusion lost across the cuts.  For the first two it also times, in the same process, a
+  trivial compiled segment's call through memviz's driver (`compiled._call`) and the export's RNG save
+  and replay (`export._StepRng`), and counts them in the cut plan's step; the rest of the cuts' cost is
+  lost fusion and the segments' per-input handling.
 
 It prints per contender the median step-time ratio to eager, that over Inductor's default's, the median
 step's CPU time, the CPU allocator's peak of one step, and the number of compiled segments.
@@ -64,11 +66,12 @@ VARIANTS: dict[str, tuple[bool, dict[str, Any]]] = {
     "memviz compiled, realize_reads_threshold 4": (True, {"realize_reads_threshold": 4}),
     "memviz compiled, channels-last kept": (True, {"layout_optimization": True, "keep_output_stride": False}),
 }
-#: the contenders for a model with random ops: (compile memviz's export, cut at random ops)
-DROPOUT_VARIANTS: dict[str, tuple[bool, bool]] = {
-    "inductor default": (False, True),
-    "memviz compiled (shipped)": (True, True),
-    "memviz compiled, uncut (fresh masks)": (True, False),
+#: the contenders for a model with random ops: (compile memviz's export, RNG in the graph, cut at random ops)
+DROPOUT_VARIANTS: dict[str, tuple[bool, bool, bool]] = {
+    "inductor default": (False, True, True),
+    "memviz compiled (shipped)": (True, True, True),
+    "memviz compiled, cut at random ops": (True, False, True),
+    "memviz compiled, uncut (fresh masks)": (True, False, False),
 }
 #: calls per timing of the fixed costs below
 CALLS = 2000
@@ -136,20 +139,23 @@ def main(argv: list[str] | None = None) -> int:
         "eager copy": copy.deepcopy(model),
         "memviz export, uncompiled": memviz.export(plan, model=copy.deepcopy(model))}
     exported: dict[str, Any] = {}
-    cut: dict[str, bool] = {}
+    patches: dict[str, list[Any]] = {}
     random = bool(contenders["memviz export, uncompiled"].program.random)
-    variants = {name: (ours, {}) for name, (ours, _) in DROPOUT_VARIANTS.items()} if random else VARIANTS
+    variants = {name: (ours, {}) for name, (ours, *_) in DROPOUT_VARIANTS.items()} if random else VARIANTS
     for name, (ours, settings) in variants.items():
         target = memviz.export(plan, model=copy.deepcopy(model)) if ours else copy.deepcopy(model)
         backend = inductor_with(settings) if settings else "inductor"
         contenders[name] = torch.compile(target, backend=backend)
-        cut[name] = DROPOUT_VARIANTS[name][1] if random else True
+        in_graph, cut = DROPOUT_VARIANTS[name][1:] if random else (True, True)
+        patches[name] = [*([] if in_graph else [("rng_in_graph", lambda program: False)]),
+                         *([] if cut else [("_cuts", _uncut)])]
         if ours:
             exported[name] = target
     for name, c in [("eager", eager), *contenders.items()]:
-        # the first step compiles; the uncut variant's segments are cut then (`compiled.compiled_code`)
-        with mock.patch.object(compiled_module, "_cuts", _uncut) if not cut.get(name, True) \
-                else contextlib.nullcontext():
+        # the first step compiles; a variant's segments are cut then (`compiled.compiled_code`)
+        with contextlib.ExitStack() as stack:
+            for attribute, value in patches.get(name, []):
+                stack.enter_context(mock.patch.object(compiled_module, attribute, value))
             for _ in range(2):
                 _step(c, args, 0)
     peaks = {}
@@ -176,12 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:45s} {r:.3f}x eager, {r / default:.3f}x Inductor's default, "
               f"{statistics.median(times[name]) * 1e3:.2f} ms, peak {peaks[name] / MiB:.3f} MiB{segments}")
     if random:
-        print(_fixed_costs(exported["memviz compiled (shipped)"], statistics.median(times["eager"])))
+        print(_fixed_costs(exported["memviz compiled, cut at random ops"], statistics.median(times["eager"])))
     return 0
 
 
 def _fixed_costs(exported: Any, eager_s: float) -> str:
-    """The shipped compiled export's segment calls and RNG saves and replays per step, each timed alone
+    """The cut compiled export's segment calls and RNG saves and replays per step, each timed alone
     (`segment_call_s`, `rng_s`), in ms and as a share of an eager step."""
     code = next(iter(exported._compiled.values()))[1]
     segments = [seg for segs in code.phases.values() for seg in segs]

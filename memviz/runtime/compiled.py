@@ -60,12 +60,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+
+import memviz.profiling.capture  # noqa: F401  (registers memviz::cpu_dropout, which the ops below run)
 
 __all__ = ["CompiledCode", "caller_backend", "compiled_code"]
 
@@ -93,14 +96,58 @@ class Segment:
     rng: tuple[str, int] | None
 
 
-class _NullRng:
-    """What a segment sees while traced: the driver handles RNG states around the compiled call."""
+class _TracingRng:
+    """What a segment sees while traced: it records the random executions in the order the segment's
+    code runs them; the driver handles RNG states around the compiled call, or the graph does
+    (`_rng_in_graph`)."""
+
+    def __init__(self) -> None:
+        self.actions: list[tuple[str, int]] = []
 
     def save(self, c: int) -> None:
-        pass
+        self.actions.append(("save", c))
 
     def replay(self, c: int) -> contextlib.AbstractContextManager[None]:
+        self.actions.append(("replay", c))
         return contextlib.nullcontext()
+
+
+#: elements of the CPU generator's state (`torch.get_rng_state`)
+_CPU_STATE_NUMEL = torch.get_rng_state().numel()
+
+
+@torch.library.custom_op("memviz::cpu_dropout_saving", mutates_args=())
+def cpu_dropout_saving(input: torch.Tensor, p: float,
+                       after: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CPU generator's state, then memviz's CPU dropout (`capture.cpu_dropout`) drawing from it: the
+    export's ``rng.save(c)`` and the op, as one op inside a compiled segment.  `after`, the state the
+    segment's previous draw saved, is read by nothing: the data dependency keeps every compiler from
+    running two draws of a segment out of the step's order (the global stream would give other masks)."""
+    state = torch.get_rng_state()
+    out, noise = torch.ops.memviz.cpu_dropout(input, p)
+    return state, out, noise
+
+
+@cpu_dropout_saving.register_fake
+def _(input: torch.Tensor, p: float,
+      after: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    state = torch.empty(_CPU_STATE_NUMEL, dtype=torch.uint8, device="cpu")
+    return state, torch.empty_like(input), torch.empty_like(input)
+
+
+@torch.library.custom_op("memviz::cpu_dropout_replayed", mutates_args=())
+def cpu_dropout_replayed(state: torch.Tensor, input: torch.Tensor,
+                         p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Memviz's CPU dropout drawn from a saved `state` (the noise of the run that saved it), the global
+    generator left as it was: the export's ``with rng.replay(c):`` around the op, inside a segment."""
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(state)
+        return torch.ops.memviz.cpu_dropout(input, p)
+
+
+@cpu_dropout_replayed.register_fake
+def _(state: torch.Tensor, input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(input), torch.empty_like(input)
 
 
 @dataclasses.dataclass
@@ -116,15 +163,21 @@ class _Traced:
     written: list[str]
     result: Any  # the phase's return value with tensor leaves replaced by output positions, or None
     graph: torch.fx.GraphModule
+    #: random ops whose saved states it reads (last inputs), and those whose states it saves (last outputs)
+    states_in: list[int] = dataclasses.field(default_factory=list)
+    states_out: list[int] = dataclasses.field(default_factory=list)
 
 
 class CompiledCode:
     """`export.Program.code`'s interface (forward_steps, backward_steps, backward_rest) over segments
-    compiled by `backend` at their first call (tracing needs the step's real tensors' metadata)."""
+    compiled by `backend` at their first call (tracing needs the step's real tensors' metadata).
+    `rng_in_graph`: the segments save and replay their random ops' RNG states themselves
+    (`_rng_in_graph`), reading and writing the step's ``rng.states``."""
 
-    def __init__(self, phases: dict[str, list[Segment]], backend: Any) -> None:
+    def __init__(self, phases: dict[str, list[Segment]], backend: Any, rng_in_graph: bool = False) -> None:
         self.phases = phases
         self.backend = backend
+        self.rng_in_graph = rng_in_graph
         self.traced: dict[tuple[str, int], _Traced] = {}
 
     @property
@@ -149,25 +202,30 @@ class CompiledCode:
             traced = self.traced.get((phase, i))
             if traced is None:
                 traced = self.traced[(phase, i)] = _trace(seg.fn, env, buffers, grad_outputs or {},
-                                                          self.backend)
+                                                          self.backend, rng if self.rng_in_graph else None)
             if seg.rng is not None and seg.rng[0] == "save":
                 rng.save(seg.rng[1])
             context = rng.replay(seg.rng[1]) if seg.rng is not None and seg.rng[0] == "replay" \
                 else contextlib.nullcontext()
             with context:
-                result = _call(traced, env, buffers, grad_outputs or {})
+                result = _call(traced, env, buffers, grad_outputs or {}, rng)
         return result
 
 
 _ORDER = {"forward_steps": 0, "backward_steps": 1, "backward_rest": 2}
 
 
-def _call(t: _Traced, env: dict[str, Any], buffers: dict[str, Any], grad_outputs: dict[int, Any]) -> Any:
+def _call(t: _Traced, env: dict[str, Any], buffers: dict[str, Any], grad_outputs: dict[int, Any],
+          rng: Any) -> Any:
     args = [env[k] for k in t.env_in] + [buffers[k] for k in t.buffers_in]
-    args += [grad_outputs[i] for i in t.grads_in]
+    args += [grad_outputs[i] for i in t.grads_in] + [rng.states[c] for c in t.states_in]
     for k in t.consumed:  # the compiled code holds the only reference: it frees them at their last use
         del env[k]
     outs = t.call(args)  # boxed: empties `args`
+    if t.states_out:
+        n_states = len(t.states_out)
+        rng.states.update(zip(t.states_out, outs[-n_states:], strict=True))
+        outs = outs[:-n_states]
     n = len(t.written)
     for k, v in zip(t.written, outs[:n], strict=True):
         env[k] = v
@@ -183,9 +241,11 @@ class _Out:
 
 
 def _trace(fn: Callable[..., Any], env: dict[str, Any], buffers: dict[str, Any],
-           grad_outputs: dict[int, Any], backend: Any) -> _Traced:
+           grad_outputs: dict[int, Any], backend: Any, rng: Any = None) -> _Traced:
     """Trace the segment on fake tensors of the step's values into an ATen graph, drop the inputs it
-    does not read, and compile it with `backend` (CSE off, Inductor's random ops left to ATen)."""
+    does not read, and compile it with `backend` (CSE off, Inductor's random ops left to ATen).  With the
+    step's `rng`, the graph saves and replays its random ops' states itself (`_rng_in_graph`); without,
+    the driver does it around the call."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     env_keys = [k for k, v in env.items() if isinstance(v, torch.Tensor)]
@@ -193,13 +253,15 @@ def _trace(fn: Callable[..., Any], env: dict[str, Any], buffers: dict[str, Any],
     grad_keys = [k for k, v in grad_outputs.items() if isinstance(v, torch.Tensor)]
     n_env, n_buf = len(env_keys), len(buf_keys)
     found: dict[str, Any] = {}
+    tracing_rng = _TracingRng()
 
     def flat(*values: torch.Tensor) -> list[torch.Tensor]:
         e = {**env, **dict(zip(env_keys, values[:n_env], strict=True))}
         b = {**buffers, **dict(zip(buf_keys, values[n_env:n_env + n_buf], strict=True))}
         g = {**grad_outputs, **dict(zip(grad_keys, values[n_env + n_buf:], strict=True))}
         before = dict(e)
-        ret = fn(e, _NullRng(), b, g)
+        tracing_rng.actions.clear()
+        ret = fn(e, tracing_rng, b, g)
         consumed = [k for k in before if k not in e or e[k] is not before[k]]
         written = [k for k in e if k not in before or e[k] is not before[k]]
         leaves, spec = pytree.tree_flatten(ret)
@@ -222,6 +284,13 @@ def _trace(fn: Callable[..., Any], env: dict[str, Any], buffers: dict[str, Any],
     buf_in = [buf_keys[i - n_env] for i in keep if n_env <= i < n_env + n_buf]
     grads_in = [grad_keys[i - n_env - n_buf] for i in keep if i >= n_env + n_buf]
     example = [values[i] for i in keep]
+    states_in: list[int] = []
+    states_out: list[int] = []
+    if rng is not None and tracing_rng.actions:
+        states_in, states_out = _rng_in_graph(gm, tracing_rng.actions)
+        example += [rng.states[c] for c in states_in]
+        with torch.no_grad():  # once more, for the new nodes' metadata
+            gm = make_fx(gm, tracing_mode="fake")(*example)
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -236,7 +305,47 @@ def _trace(fn: Callable[..., Any], env: dict[str, Any], buffers: dict[str, Any],
             layout_optimization=False, realize_reads_threshold=REALIZE_READS_THRESHOLD):
         compiled = backend(gm, example)
     return _Traced(_boxed(compiled, gm), env_in, buf_in, grads_in, found["consumed"], found["written"],
-                   found["result"], gm)
+                   found["result"], gm, states_in, states_out)
+
+
+def _rng_in_graph(gm: torch.fx.GraphModule, actions: list[tuple[str, int]]) -> tuple[list[int], list[int]]:
+    """Replace each of `gm`'s CPU dropouts (memviz.cpu_dropout; `actions`: what the export's code does
+    around each, in the order it ran them) by one that saves the generator's state before its draw
+    (`cpu_dropout_saving`, the state a new output) or one that draws from a saved state
+    (`cpu_dropout_replayed`; a state saved by an earlier segment is a new input).  Returns the random
+    ops whose states became inputs and those whose states became outputs, in their order.  One segment
+    can then hold many draws, where otherwise each starts a segment the driver wraps in its RNG calls."""
+    drops = list(gm.graph.find_nodes(op="call_function", target=torch.ops.memviz.cpu_dropout.default))
+    if len(drops) != len(actions):
+        raise ValueError(f"a segment runs {len(actions)} random ops, {len(drops)} of them memviz's CPU "
+                         "dropout: its RNG states cannot all live in the graph (memviz.runtime.compiled)")
+    saved: dict[int, torch.fx.Node] = {}
+    read: dict[int, torch.fx.Node] = {}
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    last = placeholders[-1] if placeholders else None
+    previous = None
+    for node, (kind, c) in zip(drops, actions, strict=True):
+        x, p = node.args
+        if kind == "replay" and c not in saved and c not in read:
+            at = gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before(node)
+            with at:
+                last = read[c] = gm.graph.placeholder(f"rng_state_{c}")
+        with gm.graph.inserting_before(node):
+            if kind == "save":
+                new = gm.graph.call_function(torch.ops.memviz.cpu_dropout_saving.default, (x, p, previous))
+                previous = saved[c] = gm.graph.call_function(operator.getitem, (new, 0))
+                shift = 1  # its (out, noise) follow the state
+            else:
+                state = saved.get(c, read.get(c))
+                new = gm.graph.call_function(torch.ops.memviz.cpu_dropout_replayed.default, (state, x, p))
+                shift = 0
+        for user in list(node.users):  # getitem(node, i): the op's (out, noise)
+            user.args = (new, user.args[1] + shift)
+        gm.graph.erase_node(node)
+    output = gm.graph.output_node()
+    output.args = ([*output.args[0], *saved.values()],)
+    gm.recompile()
+    return list(read), list(saved)
 
 
 def _prune_unused_inputs(gm: torch.fx.GraphModule) -> list[int]:
@@ -279,6 +388,7 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
     from memviz.runtime.export import _Codegen, _compiled
 
     gen = _Codegen(program)
+    in_graph = rng_in_graph(program)
     phases = {"forward_steps": (program.forward_steps, "outputs"),
               "backward_steps": (program.backward_steps[:program.release], ""),
               "backward_rest": (program.backward_steps[program.release:], "grads")}
@@ -287,7 +397,7 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
     first_done: set[int] = set()
     for phase, (steps, returns) in phases.items():
         plan[phase] = []
-        cuts = _cuts(steps, program.random, first_done)
+        cuts = [(0, len(steps), None)] if in_graph else _cuts(steps, program.random, first_done)
         for k, (start, stop, rng) in enumerate(cuts):
             name = f"{phase}_{k}"
             returned = returns if k == len(cuts) - 1 else ""
@@ -296,7 +406,18 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
     source = "\n".join(_head(gen) + bodies)
     module: types.ModuleType = _compiled(source, program.fingerprint + "-segments")
     return CompiledCode({phase: [Segment(getattr(module, name), rng) for name, rng in segs]
-                         for phase, segs in plan.items()}, backend)
+                         for phase, segs in plan.items()}, backend, in_graph)
+
+
+def rng_in_graph(program: Any) -> bool:
+    """Whether every random op of `program` is memviz's CPU dropout (`capture.cpu_dropout`, what a CPU
+    capture runs for ``dropout``), whose RNG states a segment can save and replay itself
+    (`_rng_in_graph`): then a phase is one segment; otherwise a segment starts at every random op's
+    execution and the driver saves or replays around it."""
+    cap = program.captured
+    return all(c < len(cap.compute_fx) and cap.compute_fx[c] is not None
+               and cap.nodes[cap.compute_fx[c]].target is torch.ops.memviz.cpu_dropout.default
+               for c in program.random)
 
 
 #: Inductor's ``realize_reads_threshold`` in a segment: a pointwise value read by several kernels is

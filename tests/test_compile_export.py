@@ -310,3 +310,31 @@ def test_inductor_stores_the_values_several_kernels_read() -> None:
     assert inlined > plan.peak_bytes * (1 + TOLERANCE), (inlined, plan.peak_bytes)
     stored = compiled_peak(memviz.runtime.compiled.REALIZE_READS_THRESHOLD)
     assert stored <= min(plan.budget_bytes, plan.peak_bytes * (1 + TOLERANCE)), (stored, plan.peak_bytes)
+
+
+def test_a_segment_replays_a_dropout_it_saved_and_keeps_the_global_stream() -> None:
+    """A dropout saved and replayed inside one segment draws the same noise twice from the state saved
+    in the graph, and leaves the global generator where eager's single draw leaves it."""
+    from torch._dynamo import lookup_backend
+
+    from memviz.runtime.compiled import _call, _trace
+    from memviz.runtime.export import _StepRng
+
+    def segment(env: dict[str, Any], rng: Any, buffers: dict[str, Any], grad_outputs: dict[int, Any]) -> None:
+        rng.save(0)
+        env["first"] = torch.ops.memviz.cpu_dropout(env["x"], 0.5)[0]
+        with rng.replay(0):
+            env["again"] = torch.ops.memviz.cpu_dropout(env["x"], 0.5)[0]
+
+    x = torch.ones(64)
+    rng = _StepRng([])
+    traced = _trace(segment, {"x": x}, {}, {}, lookup_backend("aot_eager"), rng)
+    assert traced.states_in == [] and traced.states_out == [0]
+    torch.manual_seed(3)
+    env = {"x": x}
+    _call(traced, env, {}, {}, rng)
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    expected = torch.ops.memviz.cpu_dropout(x, 0.5)[0]
+    assert torch.equal(env["first"], expected) and torch.equal(env["again"], expected)
+    assert torch.equal(after, torch.rand(4))

@@ -35,12 +35,12 @@ from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of  #
 MiB = 2**20
 
 
-def fixed_plan(fraction: float) -> tuple[torch.nn.Module, tuple, Any]:
-    """bench_compile's ResNet, its inputs, and its plan at `fraction` of [rotor minimum, eager peak]
-    (1.0 or more: the eager schedule, ``strategy="none"``) on V100-roofline op times: the same plan on
-    every machine and load."""
+def fixed_plan(fraction: float, model_name: str = "resnet") -> tuple[torch.nn.Module, tuple, Any]:
+    """bench_compile's `model_name` (`bench_compile.MODELS`), its inputs, and its plan at `fraction` of
+    [rotor minimum, eager peak] (1.0 or more: the eager schedule, ``strategy="none"``) on V100-roofline
+    op times: the same plan on every machine and load."""
     torch.manual_seed(0)
-    model, args = MODELS["resnet"]()
+    model, args = MODELS[model_name]()
     prof = memviz.profile(model, args, mode="train", repeats=1, warmup=0, measure=False)
     prof = prof.with_costs("fake:v100")
     if fraction >= 1:

@@ -327,6 +327,11 @@ def written_in_place(graph: Graph, cap: Any) -> Graph:
         out = node.outputs[0]
         if graph.datas[written].kind in PERSISTENT_KINDS or _size(graph, out) != _size(graph, written):
             continue  # (a buffer's count, BatchNorm's ``num_batches_tracked``, is no activation)
+        if any(u > c for u in graph.consumers(written)):
+            # the functionalized graph still reads the value as it was before the write (HF's
+            # ``shift_tokens_right``: ``copy_`` into a slice of ``new_zeros``, then ``slice_scatter`` reads
+            # the zeros): those are not one storage
+            continue
         marks[out] = written
     if not marks:
         return graph

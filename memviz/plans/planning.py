@@ -406,10 +406,11 @@ def _time_ratio(meta: Mapping[str, Any], planned_s: float, baseline_s: float, re
     # the recomputed op time again at the in-step rate's excess over the rate timed alone.  Not modelled
     # (pred30, per-op timers in the exported step, plans at 25 % against the eager schedule exported, steps
     # interleaved): a recomputation itself runs as long as its node's first run (GPT 2.94 / 3.01 ms, ViT
-    # 2.52 / 2.56), but the backward ops that read its value then run faster (GPT -8 %, ViT -5 %: the value
-    # was just written), so its net cost was 1.30-1.39x its op time where this charges 1.44-1.77x: the
-    # transformer rows' over-prediction growing with recomputations (bench_export, about 1.5 points from
-    # 75 % to 25 %); ResNet's and UNet's readers show no steady change (-1 % to +6 %, within the noise)
+    # 2.52 / 2.56), but the backward ops that read its value then run faster (GPT -8 to -10 %, ViT and UNet
+    # -4 to -5 %, ResNet +1 %: the value was just written), so the transformers' net cost was 1.30-1.39x
+    # their op time where this charged 1.44-1.77x: their rows' over-prediction growing with recomputations
+    # (about 1.5 points from 75 % to 25 %).  Not a formula yet: the rest of the step moved by as much
+    # (-0.45 to +0.23 ms) from run to run, and UNet's 0.33 ms of recomputations netted 0.03 and 0.82 ms
     in_step = (fixed["recompute_scale"] - 1.0) * max(0.0, planned_s - baseline_s)
     executor = planned_s + in_step + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
     return executor / eager if eager > 0 and executor > 0 else 1.0

@@ -50,13 +50,17 @@ from typing import Any, Literal
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
-#: Mixed-precision Adam's bytes per parameter (Korthikanti et al. Sec. 1; ZeRO's "16 bytes"): 16-bit weights
-#: and gradients, and what the optimizer keeps in fp32.  `estimate_memory`'s defaults; the what-if panel
-#: shows these entries, never its own copy.
-PARAM_BYTES = 2
-GRAD_BYTES = 2
-OPTIMIZER_STATE_BYTES: dict[str, int] = {"fp32 master weights": 4, "fp32 Adam first moment": 4,
-                                         "fp32 Adam second moment": 4}
+#: Adam's state per parameter (Kingma & Ba 2015: first and second moments), kept in fp32.
+ADAM_STATE_BYTES: dict[str, int] = {"fp32 Adam first moment": 4, "fp32 Adam second moment": 4}
+#: the fp32 copy of the weights mixed-precision training keeps beside 16-bit ones (Micikevicius et al. 2018)
+MASTER_WEIGHT_BYTES: dict[str, int] = {"fp32 master weights": 4}
+
+
+def optimizer_state_bytes(param_bytes: int) -> dict[str, int]:
+    """Adam's bytes per parameter by what they hold, for weights of `param_bytes` bytes: with 16-bit
+    weights mixed-precision Adam (Korthikanti et al. Sec. 1, ZeRO's "16 bytes": 2 + 2 + 12) also keeps
+    fp32 master weights; fp32 weights are their own master copy (4 + 4 + 8, plain fp32 Adam)."""
+    return {**(MASTER_WEIGHT_BYTES if param_bytes < 4 else {}), **ADAM_STATE_BYTES}
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class TransformerConfig:
 
     ``batch`` is the micro-batch size ``b`` (activations scale with it); ``ffn_mult`` the MLP's inner
     size over ``hidden``, or ``ffn_size`` that size itself where it is no multiple (Llama-3-8B: 14336
-    for 4096); ``dtype_bytes`` the activation dtype (2 for bf16/fp16);
+    for 4096); ``dtype_bytes`` the model's dtype, its activations' and (by default, `per_parameter_bytes`) its
+    weights' and gradients' (2 for bf16/fp16);
     ``dropout_mask_bytes`` what one dropout-mask element costs (1 in Megatron, 2 for PyTorch's bf16
     dropout on CPU); ``dropout=False`` models dropout-free layers (no masks stored);
     ``logits_bytes`` the dtype of the cross-entropy logits (fp32 in the paper); ``vocab`` enables
@@ -328,6 +333,28 @@ def parameter_count_per_device(cfg: TransformerConfig, tp: int = 1, pp: int = 1)
     return count
 
 
+def per_parameter_bytes(
+    cfg: TransformerConfig,
+    param_bytes: int | None = None,
+    grad_bytes: int | None = None,
+    optimizer_bytes: int | None = None,
+) -> tuple[int, int, int, dict[str, int] | None]:
+    """Bytes per parameter of the weights, their gradients and the optimizer state, and that state by
+    what it holds (None when the caller gave `optimizer_bytes`).  Unset, weights and gradients are in
+    the config's dtype (``cfg.dtype_bytes``: an fp32 model trains fp32 weights, not the 16-bit ones of
+    mixed precision) and the state is Adam's for such weights (`optimizer_state_bytes`)."""
+    param_bytes = cfg.dtype_bytes if param_bytes is None else param_bytes
+    grad_bytes = param_bytes if grad_bytes is None else grad_bytes
+    states = optimizer_state_bytes(param_bytes) if optimizer_bytes is None else None
+    optimizer_bytes = sum(states.values()) if states is not None else optimizer_bytes
+    for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes),
+                        ("optimizer_bytes", optimizer_bytes)):
+        _check_int(name, value)
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    return param_bytes, grad_bytes, optimizer_bytes, states
+
+
 def estimate_memory(
     cfg: TransformerConfig,
     tp: int = 1,
@@ -337,17 +364,18 @@ def estimate_memory(
     device_capacity_bytes: int | None = None,
     *,
     interleave: int = 1,
-    param_bytes: int = PARAM_BYTES,
-    grad_bytes: int = GRAD_BYTES,
-    optimizer_bytes: int = sum(OPTIMIZER_STATE_BYTES.values()),
+    param_bytes: int | None = None,
+    grad_bytes: int | None = None,
+    optimizer_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Per-device memory of the first pipeline stage of a mixed-precision training run (the what-if panel).
+    """Per-device memory of the first pipeline stage of an Adam training run (the what-if panel).
 
     Activations follow Korthikanti et al. Sec. 4-5 (`activation_bytes_per_layer` times
     `in_flight_layers`, plus the Sec. 4.3 embedding term and, when ``pp == 1``, the output-layer
-    terms).  Static memory is ``param_bytes + grad_bytes + optimizer_bytes`` per parameter --
-    2 + 2 + 12 = 16 for mixed-precision Adam (bf16 weights and gradients; fp32 master weights, first
-    and second moments) -- over `parameter_count_per_device`.  Everything is estimated.
+    terms).  Static memory is ``param_bytes + grad_bytes + optimizer_bytes`` per parameter over
+    `parameter_count_per_device`; unset, they follow the config's dtype (`per_parameter_bytes`): 2 + 2 + 12
+    = 16 for mixed-precision Adam in 16-bit (fp32 master weights, first and second moments), 4 + 4 + 8
+    for fp32.  Everything is estimated.
 
     Returns a dict of ints (bytes unless named otherwise):
     ``activations_per_layer``, ``layer_breakdown`` (tensor -> bytes per layer), ``layers_per_stage``,
@@ -358,11 +386,7 @@ def estimate_memory(
     no capacity), ``headroom`` (capacity - total, or None), ``assumptions`` (`assumptions`) and the
     echoed settings.
     """
-    per_param = {"param_bytes": param_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
-    for name, value in per_param.items():
-        _check_int(name, value)
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+    weight_b, grad_b, optimizer_b, _ = per_parameter_bytes(cfg, param_bytes, grad_bytes, optimizer_bytes)
     breakdown = layer_activation_breakdown(cfg, tp, sp, recompute)
     per_layer = sum(breakdown.values())
     layers_held = in_flight_layers(cfg.layers, pp, interleave)
@@ -371,8 +395,7 @@ def estimate_memory(
     # The output layer lives on the last stage; the first stage (reported here) holds it only when pp == 1.
     output = sum(output_activation_bytes(cfg, tp, sp).values()) if pp == 1 else 0
     n_params = parameter_count_per_device(cfg, tp, pp)
-    parameters, gradients = n_params * param_bytes, n_params * grad_bytes
-    optimizer = n_params * optimizer_bytes
+    parameters, gradients, optimizer = n_params * weight_b, n_params * grad_b, n_params * optimizer_b
     activations = layer_acts + embed + output
     total = activations + parameters + gradients + optimizer
     if device_capacity_bytes is not None:
@@ -448,17 +471,17 @@ def assumptions(
     pp: int = 1,
     *,
     interleave: int = 1,
-    param_bytes: int = PARAM_BYTES,
-    grad_bytes: int = GRAD_BYTES,
-    optimizer_bytes: int = sum(OPTIMIZER_STATE_BYTES.values()),
+    param_bytes: int | None = None,
+    grad_bytes: int | None = None,
+    optimizer_bytes: int | None = None,
 ) -> list[dict[str, str]]:
     """What `estimate_memory` assumes, as ``{"name", "value"}`` rows for a reader (the what-if panel
     shows them as text): bytes per value and per parameter, the activation formula (`activation_formula`)
     and how the vocabulary is counted (Korthikanti et al. Sec. 4.3; the output layer tied to the
     embedding, Megatron's default)."""
-    default_optimizer = optimizer_bytes == sum(OPTIMIZER_STATE_BYTES.values())
-    optimizer = (" + ".join(f"{v} ({k})" for k, v in OPTIMIZER_STATE_BYTES.items()) if default_optimizer
-                 else "given by the caller")
+    param_bytes, grad_bytes, optimizer_bytes, states = per_parameter_bytes(cfg, param_bytes, grad_bytes,
+                                                                            optimizer_bytes)
+    optimizer = " + ".join(f"{v} ({k})" for k, v in states.items()) if states else "given by the caller"
     masks = (f"{cfg.dropout_mask_bytes} B per element" if cfg.dropout else "none (no dropout)")
     if cfg.vocab is None:
         vocab = "no vocabulary given: embedding, output layer and logits are not counted"

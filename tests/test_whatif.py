@@ -196,12 +196,13 @@ def test_pinned_entries_from_the_view_are_checked():
 def test_assumptions_come_from_analytic():
     w = WhatIf(CFG)
     rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
-    per_param = analytic.PARAM_BYTES + analytic.GRAD_BYTES + sum(analytic.OPTIMIZER_STATE_BYTES.values())
     est = w.result["estimate"]
-    assert est["parameters"] + est["gradients"] + est["optimizer"] == per_param * est["parameter_count"]
-    optimizer = sum(analytic.OPTIMIZER_STATE_BYTES.values())
-    assert rows["optimizer state"].startswith(f"{optimizer} B per parameter")
-    assert all(k in rows["optimizer state"] for k in analytic.OPTIMIZER_STATE_BYTES)
+    # bf16: mixed-precision Adam, 2 + 2 + 12 bytes per parameter
+    assert (est["parameters"], est["gradients"], est["optimizer"]) == tuple(
+        n * est["parameter_count"] for n in (2, 2, 12))
+    assert rows["parameters"] == "2 B per parameter" and rows["gradients"] == "2 B per parameter"
+    assert rows["optimizer state"] == ("12 B per parameter = 4 (fp32 master weights) + 4 (fp32 Adam first "
+                                       "moment) + 4 (fp32 Adam second moment)")
     assert rows["activation dtype"] == "2 B per value"
     assert rows["activations per layer"].startswith("34sbh + 5as^2b")
     assert "vocab 50304" in rows["vocabulary"] and "tied" in rows["vocabulary"]
@@ -209,6 +210,31 @@ def test_assumptions_come_from_analytic():
     rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
     assert rows["activations per layer"].startswith("34sbh/t ")
     assert "last stage" in rows["vocabulary"]
+
+
+def test_fp32_weights_are_four_bytes_and_adam_keeps_no_master_copy():
+    """Issue 18: an fp32 GPT2Config showed "2 B per parameter" (the mixed-precision default applied to
+    fp32 weights)."""
+    tf = _hf()
+    config = tf.GPT2Config(n_layer=12, n_embd=64, n_head=4, n_positions=1024, vocab_size=256)
+    for w in (WhatIf(config, seq=1024, batch=1, device="v100"), WhatIf({**CFG, "dtype": "float32"})):
+        assert w.config.dtype_bytes == 4
+        rows = {r["name"]: r["value"] for r in json.loads(w.result_json)["assumptions"]}
+        assert rows["activation dtype"] == "4 B per value"
+        assert rows["parameters"] == "4 B per parameter" and rows["gradients"] == "4 B per parameter"
+        assert rows["optimizer state"] == ("8 B per parameter = 4 (fp32 Adam first moment) + 4 (fp32 Adam "
+                                           "second moment)")
+        est = w.result["estimate"]
+        bars = {b["label"]: b["bytes"] for b in json.loads(w.result_json)["bars"]}
+        assert bars == {"parameters": 4 * est["parameter_count"], "gradients": 4 * est["parameter_count"],
+                        "optimizer state": 8 * est["parameter_count"], "activations": est["activations"]}
+    # what the caller gives still wins
+    fp32 = analytic.TransformerConfig(layers=2, hidden=64, heads=4, seq=32, batch=1, dtype_bytes=4)
+    given = analytic.estimate_memory(fp32, param_bytes=2, grad_bytes=4, optimizer_bytes=12)
+    count = given["parameter_count"]
+    assert (given["parameters"], given["gradients"], given["optimizer"]) == (2 * count, 4 * count, 12 * count)
+    assert {r["name"]: r["value"] for r in given["assumptions"]}["optimizer state"] == (
+        "12 B per parameter = given by the caller")
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import {
   escapeHtml,
   formatBytes,
   hasStepTimes,
+  hoverBoxLeft,
   PlanDoc,
   planFigure,
   planReadouts,
@@ -120,11 +121,11 @@ function moduleTable(inspection: StepInspection): HTMLElement[] {
   return [caption, table];
 }
 
+type PlotPoint = { curveNumber: number; pointNumber: number; x: number };
 type ClickablePlot = HTMLElement & {
-  on?: (
-    event: string,
-    handler: (data: { points?: { curveNumber: number; pointNumber: number }[] }) => void
-  ) => void;
+  on?: (event: string, handler: (data: { points?: PlotPoint[] }) => void) => void;
+  /** plotly's full layout: the x axis's range and pixel extent in the figure */
+  _fullLayout?: { xaxis?: { range: [number, number]; _offset: number; _length: number } };
 };
 
 export class PlanChart {
@@ -148,6 +149,10 @@ export class PlanChart {
   /** trace indices drawn from the planned schedule (point number = planned step) */
   private _plannedTraces = new Set<number>();
   private _listening = false;
+  /** the hovered point's x in pixels from the figure's left (null: none), where the hover box belongs */
+  private _hoverX: number | null = null;
+  /** re-places plotly's unified hover box each time plotly draws it (`_placeHover`) */
+  private readonly _hoverObserver = new MutationObserver(() => this._placeHover());
 
   constructor() {
     this.node = element('div', 'jp-memviz-chart');
@@ -348,7 +353,12 @@ export class PlanChart {
     this._listenForClicks();
   }
 
-  /** Once per plot div (plotly keeps handlers across `react`): a click inspects the planned step. */
+  /**
+   * Once per plot div (plotly keeps handlers across `react`): a click inspects the planned step; a hover
+   * records the point the unified box belongs to, and the box is kept inside the plot area, off the
+   * legend (`hoverBoxLeft`).  plotly redraws the box on every mouse move but reports a hover only when
+   * the point changes: an observer of the plot's DOM places each drawing, before it is painted.
+   */
   private _listenForClicks(): void {
     const plot = this._plot as ClickablePlot;
     if (this._listening || !plot.on) {
@@ -361,6 +371,42 @@ export class PlanChart {
         this.inspect(point.pointNumber);
       }
     });
+    plot.on('plotly_hover', data => {
+      const points = data.points ?? [];
+      const point = points.find(p => this._plannedTraces.has(p.curveNumber)) ?? points[0];
+      const xa = plot._fullLayout?.xaxis;
+      this._hoverX =
+        point && xa && xa.range[1] !== xa.range[0]
+          ? xa._offset + ((point.x - xa.range[0]) / (xa.range[1] - xa.range[0])) * xa._length
+          : null;
+      this._placeHover();
+    });
+    // plotly may reuse the box's group and only move it: its transform is watched too
+    this._hoverObserver.observe(this._plot, {
+      childList: true,
+      subtree: true,
+      attributes: true,
+      attributeFilter: ['transform']
+    });
+  }
+
+  /** Move the unified hover box (drawn by plotly as a legend in its hover layer) inside the plot area. */
+  private _placeHover(): void {
+    const plot = this._plot as ClickablePlot;
+    const box = this._plot.querySelector<SVGGElement>('.hoverlayer .legend');
+    const xa = plot._fullLayout?.xaxis;
+    if (!box || !xa || this._hoverX === null) {
+      return;
+    }
+    const at = /translate\(\s*([-\d.e]+)[\s,]+([-\d.e]+)\s*\)/.exec(box.getAttribute('transform') ?? '');
+    if (!at) {
+      return;
+    }
+    const left = hoverBoxLeft(this._hoverX, box.getBoundingClientRect().width, xa._offset + xa._length);
+    // idempotent: setting the same transform again would only wake the observer once more
+    if (Math.abs(left - Number(at[1])) > 0.5) {
+      box.setAttribute('transform', `translate(${left},${at[2]})`);
+    }
   }
 
   resize(): void {
@@ -372,6 +418,7 @@ export class PlanChart {
 
   dispose(): void {
     this._disposed = true;
+    this._hoverObserver.disconnect();
     this._stopTheme();
     void loadedPlotly()?.then(Plotly => Plotly.purge(this._plot));
   }

@@ -19,7 +19,9 @@ import {
   RegionEdit,
   RegionField,
   regionEdits,
-  removeRegion
+  regionListCaption,
+  removeRegion,
+  visibleRows
 } from './chunkeditor_data';
 import {
   element,
@@ -52,6 +54,9 @@ export class ChunkEditorView extends DOMWidgetView {
   private readonly _estimate = element('div', 'jp-memviz-chunk-estimate');
   private readonly _error = element('div', 'jp-memviz-chunk-error');
   private readonly _table = element('div', 'jp-memviz-chunk-regions');
+  /** which regions the list shows, and that it scrolls: a hidden (overlay) scrollbar said nothing */
+  private readonly _caption = element('div', 'jp-memviz-chunk-caption');
+  private readonly _resize = new ResizeObserver(() => this._showCaption());
   private readonly _add = element('button', 'jp-memviz-chunk-add jp-mod-styled', 'Add region');
   private readonly _exporter = new Exporter({
     get: name => this.model.get(name),
@@ -74,12 +79,15 @@ export class ChunkEditorView extends DOMWidgetView {
       this._estimate,
       this._error,
       this._plot,
+      this._caption,
       this._table,
       this._add,
       this._exporter.row,
       this._exporter.result
     );
 
+    this._table.addEventListener('scroll', () => this._showCaption());
+    this._resize.observe(this._table);
     this.listenTo(this.model, 'change:doc_json', this._docChanged);
     this.listenTo(this.model, 'change:error', this._errorChanged);
     this.listenTo(this.model, 'change:export_path', () => this._exporter.pathChanged());
@@ -95,6 +103,7 @@ export class ChunkEditorView extends DOMWidgetView {
   }
 
   remove(): void {
+    this._resize.disconnect();
     this._stopTheme?.();
     super.remove();
   }
@@ -139,6 +148,19 @@ export class ChunkEditorView extends DOMWidgetView {
   private _showRegions(doc: EditorDoc): void {
     this._table.replaceChildren(...doc.regions.map((r, i) => this._regionRow(doc, i)));
     this._add.disabled = addRegion(doc) === null;
+    this._showCaption();
+  }
+
+  /** The caption over the region list: how many regions, which are in view, and that the list scrolls. */
+  private _showCaption(): void {
+    const view = this._table.getBoundingClientRect();
+    const rows = Array.from(this._table.children).map(row => {
+      const box = row.getBoundingClientRect();
+      return { top: box.top - view.top, bottom: box.bottom - view.top };
+    });
+    const shown = visibleRows(rows, this._table.clientHeight);
+    this._caption.textContent = regionListCaption(rows.length, shown);
+    this._caption.dataset.scrolls = String(shown !== null && shown[1] - shown[0] + 1 < rows.length);
   }
 
   private _regionRow(doc: EditorDoc, index: number): HTMLElement {
@@ -171,29 +193,36 @@ export class ChunkEditorView extends DOMWidgetView {
       const node = doc.nodes[pos];
       return node ? `${node.name} (${node.op})` : '?';
     };
-    // An edge's field and the node it names, side by side; the row is one line, only names shrink.
-    const edge = (field: 'x0' | 'x1', label: string, pos: number): HTMLElement => {
-      const group = element('span', 'jp-memviz-chunk-edge');
-      const node = element('span', 'jp-memviz-chunk-node', name(pos));
-      node.title = name(pos);
-      group.append(number(field, label, pos, '0', last), node);
-      return group;
+    // The edges' op names get a line of their own under the fields, the row's whole width: squeezed
+    // between the fields at 848 px they were cut to "matmu…" (issue 18).  Still ellipsized when even
+    // that is too narrow, the tooltip holding the full name.
+    const node = (label: string, pos: number): HTMLElement => {
+      const span = element('span', 'jp-memviz-chunk-node', name(pos));
+      span.title = name(pos);
+      span.dataset.edge = label;
+      const wrap = element('span', 'jp-memviz-chunk-node-label', `${label}: `);
+      wrap.append(span);
+      return wrap;
     };
+    const names = element('div', 'jp-memviz-chunk-names');
+    names.append(node('from', r.x0), node('to', r.x1));
     const estimate = `${(r.memory_bytes / 2 ** 20).toFixed(2)} MiB, +${(100 * r.slowdown).toFixed(1)}% time`;
     // in a narrow output the estimate shrinks to an ellipsis too: the tooltip keeps it whole
     const est = element('span', 'jp-memviz-chunk-est', estimate);
     est.title = estimate;
     const remove = element('button', 'jp-memviz-chunk-remove jp-mod-styled', 'Remove');
     remove.addEventListener('click', () => this._sendRegions(removeRegion(doc, index)));
-    row.append(
+    const fields = element('div', 'jp-memviz-chunk-fields');
+    fields.append(
       element('span', 'jp-memviz-chunk-title', `region ${index + 1}`),
-      edge('x0', 'start', r.x0),
-      edge('x1', 'end', r.x1),
+      number('x0', 'start', r.x0, '0', last),
+      number('x1', 'end', r.x1, '0', last),
       number('dim', 'dim', dims[0] ?? 0, '0'),
       number('chunks', 'chunks', r.chunks, '2', String(r.extent)),
       est,
       remove
     );
+    row.append(fields, names);
     return row;
   }
 

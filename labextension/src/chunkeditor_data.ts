@@ -139,18 +139,53 @@ export function draggedEdges(event: Record<string, unknown>): [number, 'x0' | 'x
   return out;
 }
 
-/** The estimate readout lines: achieved vs requested, baseline peak, slowdown. */
+/**
+ * The estimate readout lines: the chunked peak against the budget (the line drawn on the chart, with
+ * its share of it), the unchunked peak, slowdown, regions.
+ */
 export function estimateLines(doc: EditorDoc): string[] {
   const e = doc.estimate;
-  const requested = e.requested_bytes === null ? 'none' : formatBytes(e.requested_bytes);
+  const budget =
+    e.requested_bytes === null
+      ? 'none'
+      : `${formatBytes(e.requested_bytes)} (${((100 * e.achieved_bytes) / Math.max(e.requested_bytes, 1)).toFixed(0)}% of it)`;
   const worse = doc.regions.length > 0 && e.achieved_bytes >= e.baseline_peak_bytes;
   const notes = `${e.met ? '' : ' (not met)'}${worse ? ' (no lower than unchunked: export refused)' : ''}`;
   return [
-    `achieved ${formatBytes(e.achieved_bytes)} vs requested ${requested}${notes}`,
+    `chunked peak ${formatBytes(e.achieved_bytes)} vs budget ${budget}${notes}`,
     `unchunked peak ${formatBytes(e.baseline_peak_bytes)}`,
     `estimated slowdown ${(100 * e.slowdown).toFixed(1)}%`,
     `${doc.regions.length} region${doc.regions.length === 1 ? '' : 's'}`
   ];
+}
+
+/**
+ * The rows (0-based [first, last]) wholly or mostly in a scrolled list's view: each row's top and bottom
+ * relative to the view's top, the view `height` pixels tall; a row counts when over half of it shows.
+ * Null when none does (an empty list, or one not laid out yet).
+ */
+export function visibleRows(
+  rows: readonly { top: number; bottom: number }[],
+  height: number
+): [number, number] | null {
+  const shown = rows.flatMap((r, i) => {
+    const seen = Math.min(r.bottom, height) - Math.max(r.top, 0);
+    return seen > (r.bottom - r.top) / 2 ? [i] : [];
+  });
+  return shown.length ? [shown[0], shown[shown.length - 1]] : null;
+}
+
+/**
+ * The region list's caption: the count, and when some rows are out of view which ones show and that
+ * the list scrolls (issue 18: 12 regions showed 8, with nothing saying so where scrollbars overlay).
+ */
+export function regionListCaption(total: number, shown: [number, number] | null): string {
+  const count = `${total} region${total === 1 ? '' : 's'}`;
+  if (shown === null || shown[1] - shown[0] + 1 >= total) {
+    return count;
+  }
+  const more = shown[1] < total - 1 ? 'scroll down for more' : 'scroll up for the first ones';
+  return `${count}: ${shown[0] + 1}\u2013${shown[1] + 1} in view, ${more}`;
 }
 
 /** Pixels per character of a region label (plotly's 12 px sans-serif, generously) and per label row. */
@@ -242,7 +277,7 @@ export function editorFigure(
 ): { data: unknown[]; layout: Record<string, unknown> } {
   const x = doc.nodes.map((_, i) => i);
   const hover = doc.nodes.map(n => `${escapeHtml(n.op)} ${escapeHtml(n.name)}`);
-  const peak = Math.max(1, ...doc.baseline, ...doc.chunked);
+  const peak = Math.max(1, ...doc.baseline, ...doc.chunked, doc.estimate.requested_bytes ?? 0);
   const unit = peak >= 2 ** 20 ? 2 ** 20 : 2 ** 10;
   const unitName = unit === 2 ** 20 ? 'MiB' : 'KiB';
   const trace = (name: string, ys: number[], color: string, dash: string): unknown => ({
@@ -267,7 +302,8 @@ export function editorFigure(
     opacity: 0.2,
     line: { width: 1, color: colors.region }
   }));
-  const margin = { t: 30, r: 10, b: 40, l: 60 };
+  // the bottom margin holds the x-axis title and, below it, the legend's two rows at most (four keys)
+  const margin = { t: 30, r: 10, b: 96, l: 60 };
   const width = Math.max(100, widthPx - margin.l - margin.r);
   const labels = regionLabels(doc.regions, doc.nodes.length, width);
   const nrows = Math.max(1, ...labels.map(l => l.row + 1));
@@ -282,10 +318,39 @@ export function editorFigure(
     text: l.text,
     font: { color: colors.font }
   }));
+  // The budget as a line across the curves and the chunked peak marked on its curve: how far under (or
+  // over) the budget the chunked plan is reads off the chart (issue 18: the budget was not drawn).
+  const marks: unknown[] = [];
+  const budget = doc.estimate.requested_bytes;
+  if (budget !== null) {
+    marks.push({
+      type: 'scatter',
+      mode: 'lines',
+      name: `budget ${formatBytes(budget)}`,
+      x: [0, Math.max(doc.nodes.length - 1, 1)],
+      y: [budget / unit, budget / unit],
+      hoverinfo: 'skip',
+      line: { color: colors.error, dash: 'dash', width: 1.5 }
+    });
+  }
+  const peakAt = doc.chunked.indexOf(Math.max(...doc.chunked));
+  if (peakAt >= 0) {
+    marks.push({
+      type: 'scatter',
+      mode: 'markers',
+      name: `chunked peak ${formatBytes(doc.chunked[peakAt])}`,
+      x: [peakAt],
+      y: [doc.chunked[peakAt] / unit],
+      text: [`${escapeHtml(doc.nodes[peakAt].op)} ${escapeHtml(doc.nodes[peakAt].name)}`],
+      hovertemplate: `%{text}<br>chunked peak %{y:.2f} ${unitName}<extra></extra>`,
+      marker: { color: colors.peak, size: 10, symbol: 'triangle-down' }
+    });
+  }
   return {
     data: [
       trace('unchunked', doc.baseline, colors.muted, 'dot'),
-      trace('chunked', doc.chunked, colors.font, 'solid')
+      trace('chunked', doc.chunked, colors.font, 'solid'),
+      ...marks
     ],
     layout: {
       ...themedLayout(colors),
@@ -294,7 +359,9 @@ export function editorFigure(
       xaxis: { ...themedAxis(colors), title: { text: 'op index' } },
       yaxis: { ...themedAxis(colors), title: { text: `activations (${unitName})` }, rangemode: 'tozero' },
       margin: { ...margin, t: margin.t + (nrows - 1) * LABEL_ROW_PX },
-      legend: { orientation: 'h' }
+      // at the figure's bottom edge, not a fraction of the plot below it: wrapped to two rows in a narrow
+      // output (once the budget and the peak had keys) it lay over the x-axis title
+      legend: { orientation: 'h', yref: 'container', y: 0, yanchor: 'bottom' }
     }
   };
 }

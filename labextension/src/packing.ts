@@ -7,6 +7,8 @@
  * second.  Tensor names reach the tooltip through textContent only.
  */
 import {
+  addressFilter,
+  addressFilterLabel,
   changingRange,
   hitTest,
   PackingPanel,
@@ -75,7 +77,10 @@ export class PackingView implements PlanView {
   private readonly _outline = element('div', 'jp-memviz-packing-outline');
   private readonly _zoomChanging = element('button', 'jp-memviz-packing-zoom-changing jp-mod-styled');
   private readonly _zoomAll = element('button', 'jp-memviz-packing-zoom-all jp-mod-styled', 'All addresses');
+  /** which address range is shown: the pressed button says it too (`_showFilter`) */
+  private readonly _filter = element('span', 'jp-memviz-packing-filter');
   private readonly _tools = element('div', 'jp-memviz-packing-tools');
+  private _unit = '';
   private readonly _stopTheme: () => void;
   private _disposed = false;
   private _drawn = false;
@@ -88,7 +93,8 @@ export class PackingView implements PlanView {
   constructor() {
     this._tip.hidden = true;
     this._outline.hidden = true;
-    this._tools.append(this._zoomChanging, this._zoomAll);
+    this._filter.setAttribute('role', 'status');
+    this._tools.append(this._zoomChanging, this._zoomAll, this._filter);
     this._zoomChanging.addEventListener('click', () => void this._zoomTo(this._changing()));
     this._zoomAll.addEventListener('click', () => void this._zoomTo(null));
     this.node.append(this._message, this._tools, this._plot, this._tip, this._outline);
@@ -131,6 +137,7 @@ export class PackingView implements PlanView {
       : 'Addresses that change: all of them';
     this._zoomChanging.title =
       'zoom the address axis to where tensors come and go, above what every step holds';
+    this._unit = figure.unit.name;
     const colors = themeColors(this.node);
     const axis = themedAxis(colors);
     const two = figure.panels.length > 1;
@@ -200,7 +207,28 @@ export class PackingView implements PlanView {
     );
     this._drawn = true;
     this._listen(Plotly);
+    this._showFilter();
     await this._repaint(Plotly);
+  }
+
+  /** Press the button of the address range shown (neither after a drag zoom) and name the range. */
+  private _showFilter(): void {
+    const ya = this._plot._fullLayout?.yaxis;
+    if (!ya) {
+      return;
+    }
+    const ymax = Math.max(...this._panels.map(p => p.ymax), 1e-9);
+    const range: [number, number] = [ya.range[0], ya.range[1]];
+    const filter = addressFilter(range, this._changing(), ymax);
+    for (const [button, pressed] of [
+      [this._zoomChanging, filter === 'changing'],
+      [this._zoomAll, filter === 'all']
+    ] as const) {
+      button.classList.toggle('jp-mod-current', pressed);
+      button.setAttribute('aria-pressed', String(pressed));
+    }
+    this._filter.dataset.filter = filter;
+    this._filter.textContent = addressFilterLabel(filter, range, this._unit);
   }
 
   /** The changing address range over every panel (the planned one first), or null. */
@@ -330,6 +358,7 @@ export class PackingView implements PlanView {
       if (Object.keys(update).every(key => key.startsWith('images'))) {
         return;
       }
+      this._showFilter();
       void this._repaint(Plotly);
     });
     this._plot.on('plotly_legendclick', click => {

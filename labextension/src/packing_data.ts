@@ -119,6 +119,43 @@ export function changingRange(panel: PackingPanel): [number, number] | null {
   return lo > 0 && lo < panel.ymax ? [lo, panel.ymax] : null;
 }
 
+/** Which address filter the packing shows: a zoom button's range, or one the user dragged. */
+export type AddressFilter = 'changing' | 'all' | 'custom';
+
+/**
+ * The filter the address axis's `range` is: `changing` (the `changingRange` button's), `all` ([0, ymax]:
+ * the other button's, and a double-click's) or `custom` (a drag zoom), equal within a millionth of the
+ * top address (plotly echoes ranges back as floats).  Nothing showed which filter was active (issue 18).
+ */
+export function addressFilter(
+  range: readonly [number, number],
+  changing: readonly [number, number] | null,
+  ymax: number
+): AddressFilter {
+  const eps = 1e-6 * Math.max(ymax, 1e-9);
+  const same = (r: readonly [number, number]): boolean =>
+    Math.abs(range[0] - r[0]) <= eps && Math.abs(range[1] - r[1]) <= eps;
+  if (changing && same(changing)) {
+    return 'changing';
+  }
+  return same([0, ymax]) ? 'all' : 'custom';
+}
+
+/** The line naming the shown address range: which filter, and its addresses in `unit`. */
+export function addressFilterLabel(
+  filter: AddressFilter,
+  range: readonly [number, number],
+  unit: string
+): string {
+  const span = `${range[0].toFixed(1)}\u2013${range[1].toFixed(1)} ${unit}`;
+  const what = {
+    changing: 'the addresses that change',
+    all: 'all addresses',
+    custom: 'a zoomed range (double-click the chart: all addresses)'
+  }[filter];
+  return `showing: ${what}, ${span}`;
+}
+
 /** The placement whose rectangle holds (x, y) (step, address in the unit), or null; `hidden`
  * categories (switched off in the legend) are not drawn, so they are not hit either. */
 export function hitTest(

@@ -490,6 +490,36 @@ export function backwardStart(doc: PlanDoc): number | null {
 }
 
 /**
+ * The left edge (pixels from the figure's left) of the memory chart's unified hover box, `width` wide,
+ * for the hovered point at `pointX`: right of the point where the box ends inside the plot area (whose
+ * right edge is `plotRight`), else left of it, else flush with the plot area's right edge.  plotly keeps
+ * the box inside the whole figure only, so right of a point near the plot's right edge it lay over the
+ * legend beside the plot (issue 18's screenshots); `gap` keeps it off the point, as plotly's does.
+ */
+export function hoverBoxLeft(pointX: number, width: number, plotRight: number, gap = 6): number {
+  if (pointX + gap + width <= plotRight) {
+    return pointX + gap;
+  }
+  if (pointX - gap - width >= 0) {
+    return pointX - gap - width;
+  }
+  return Math.max(0, plotRight - width);
+}
+
+/**
+ * Where the peak marker's label goes so that the forward/backward boundary (drawn at the left edge of
+ * step `backward`) never crosses it: right of the marker from the boundary on (the label starts past the
+ * marker's centre, so a peak on the line itself is clear of it), left of it before; centred without a
+ * boundary (inference).
+ */
+export function peakLabelPosition(peakStep: number, backward: number | null): string {
+  if (backward === null) {
+    return 'top center';
+  }
+  return peakStep >= backward ? 'top right' : 'top left';
+}
+
+/**
  * For each planned step, the eager baseline step that runs the same op (compute node; a recomputation
  * maps to the op's one eager run), or for a free step the one of the last compute before it; -1 before
  * any.  A baseline carrying a graph of its own (a captured model's eager run, whose in-place ops hold
@@ -701,6 +731,7 @@ export function planFigure(
   }
 
   const peakStep = Math.max(planned.timeline.peak_step, 0);
+  const backward = backwardStart(doc);
   if (n > 0) {
     const peak = planned.timeline.peak_bytes;
     traces.push({
@@ -711,7 +742,9 @@ export function planFigure(
       mode: 'markers+text',
       marker: { color: colors.peak, size: 10, symbol: 'triangle-down' },
       text: [`peak ${formatBytes(peak)}`],
-      textposition: 'top center',
+      // on the peak's side of the forward/backward line, which a training plan's peak often sits on:
+      // centred, the dash line crossed the label (issue 18's screenshots)
+      textposition: peakLabelPosition(peakStep, backward),
       hoverinfo: 'text',
       // the planned total's entry beside it names the step
       hovertext: [`<b>peak ${formatBytes(peak)}</b>`]

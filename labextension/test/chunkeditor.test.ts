@@ -8,6 +8,8 @@ import {
   EditorDoc,
   editorFigure,
   estimateLines,
+  regionListCaption,
+  visibleRows,
   labelRows,
   regionLabels,
   parseEditorDoc,
@@ -95,9 +97,12 @@ describe('chunk editor transforms', () => {
     assert.deepEqual(draggedEdges({ autosize: true }), []);
   });
 
-  it('states achieved vs requested memory and escapes names in the figure', () => {
+  it('states the chunked peak against the budget and escapes names in the figure', () => {
     const d = doc();
-    assert.match(estimateLines(d)[0], /achieved 4.00 KiB vs requested 2.93 KiB \(not met\)$/);
+    assert.match(
+      estimateLines(d)[0],
+      /^chunked peak 4.00 KiB vs budget 2.93 KiB \(137% of it\) \(not met\)$/
+    );
     const worse = { ...d, estimate: { ...d.estimate, achieved_bytes: 9000 } };
     assert.match(estimateLines(worse)[0], /\(not met\) \(no lower than unchunked: export refused\)$/);
     const fig = editorFigure(d, TEST_COLORS);
@@ -105,6 +110,36 @@ describe('chunk editor transforms', () => {
     assert.ok(!text.includes('<img'), 'untrusted names must be escaped');
     assert.ok(text.includes('&lt;img'));
     assert.equal((fig.layout.shapes as unknown[]).length, 1);
+  });
+
+  it('draws the budget as a line and marks the chunked peak (issue 18: the budget was not drawn)', () => {
+    const d = doc();
+    const fig = editorFigure(d, TEST_COLORS);
+    const traces = fig.data as { name: string; x: number[]; y: number[] }[];
+    const budget = traces.find(t => t.name.startsWith('budget'))!;
+    assert.equal(budget.name, 'budget 2.93 KiB');
+    assert.deepEqual(budget.y, [3000 / 1024, 3000 / 1024]);
+    assert.deepEqual(budget.x, [0, d.nodes.length - 1]);
+    const peak = traces.find(t => t.name.startsWith('chunked peak'))!;
+    const top = Math.max(...d.chunked);
+    assert.deepEqual(peak.x, [d.chunked.indexOf(top)]);
+    assert.deepEqual(peak.y, [top / 1024]);
+    const none = editorFigure({ ...d, estimate: { ...d.estimate, requested_bytes: null } }, TEST_COLORS);
+    assert.ok(!(none.data as { name: string }[]).some(t => t.name.startsWith('budget')));
+  });
+
+  it('says which regions a scrolled list shows', () => {
+    const rows = Array.from({ length: 12 }, (_, i) => ({ top: 52 * i - 60, bottom: 52 * i - 14 }));
+    // scrolled 60 px down a 420 px view: row 0 is out, row 1 mostly in, rows up to 9 in view
+    assert.deepEqual(visibleRows(rows, 420), [1, 8]);
+    assert.equal(regionListCaption(12, [1, 8]), '12 regions: 2\u20139 in view, scroll down for more');
+    assert.equal(
+      regionListCaption(12, [4, 11]),
+      '12 regions: 5\u201312 in view, scroll up for the first ones'
+    );
+    assert.equal(regionListCaption(3, [0, 2]), '3 regions');
+    assert.equal(regionListCaption(1, null), '1 region');
+    assert.equal(visibleRows([], 300), null);
   });
 
   it('puts region labels in rows so that no two overlap on the page', () => {

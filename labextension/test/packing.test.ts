@@ -2,6 +2,8 @@ import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 
 import {
+  addressFilter,
+  addressFilterLabel,
   changingRange,
   hitTest,
   kindCategory,
@@ -162,6 +164,25 @@ describe('packingTraces', () => {
     const names = packingTraces(packingFigure(doc).panels).map(t => t.name);
     assert.ok(names.some(n => n.includes('&lt;img')));
     assert.ok(names.every(n => !n.includes('<img')));
+  });
+});
+
+describe('addressFilter', () => {
+  it("names the shown address range: a button's, or a drag zoom", () => {
+    const changing: [number, number] = [2.4, 8.2];
+    assert.equal(addressFilter([2.4, 8.2], changing, 8.2), 'changing');
+    // plotly echoes the range back as floats
+    assert.equal(addressFilter([2.4000000001, 8.2], changing, 8.2), 'changing');
+    assert.equal(addressFilter([0, 8.2], changing, 8.2), 'all');
+    assert.equal(addressFilter([0, 8.2], null, 8.2), 'all');
+    assert.equal(addressFilter([3, 5], changing, 8.2), 'custom');
+    assert.equal(addressFilter([2.4, 8.2], null, 8.2), 'custom');
+    assert.equal(
+      addressFilterLabel('changing', [2.4, 8.2], 'MiB'),
+      'showing: the addresses that change, 2.4\u20138.2 MiB'
+    );
+    assert.match(addressFilterLabel('all', [0, 8.2], 'MiB'), /^showing: all addresses, 0\.0/);
+    assert.match(addressFilterLabel('custom', [3, 5], 'KiB'), /zoomed range .*3\.0\u20135\.0 KiB$/);
   });
 });
 

@@ -18,6 +18,8 @@ import {
   FRAGMENTATION,
   fragmentationSeries,
   backwardStart,
+  hoverBoxLeft,
+  peakLabelPosition,
   categoryShares,
   baselineStepsByOp,
   budgetLabel,
@@ -208,6 +210,32 @@ describe('planFigure', () => {
     assert.deepEqual(peak?.x, [planned.peak_step]);
     assert.deepEqual(peak?.y, [planned.peak_bytes / MiB]);
     assert.equal(planned.peak_bytes < SAMPLE.baseline!.timeline.peak_bytes, true);
+  });
+
+  it("puts the peak label on the peak's side of the forward/backward line", () => {
+    // issue 18: centred on a peak at the boundary, the dash line crossed the label
+    assert.equal(peakLabelPosition(5, 5), 'top right');
+    assert.equal(peakLabelPosition(7, 5), 'top right');
+    assert.equal(peakLabelPosition(4, 5), 'top left');
+    assert.equal(peakLabelPosition(4, null), 'top center');
+    const peak = fig.traces.find(t => t.name === 'peak')!;
+    assert.equal(peak.textposition, peakLabelPosition(planned.peak_step, backwardStart(SAMPLE)));
+  });
+
+  it('keeps the hover box inside the plot area, off the legend right of it', () => {
+    // room on the right: right of the point
+    assert.equal(hoverBoxLeft(100, 200, 600), 106);
+    // the box would end past the plot's right edge (over the legend): left of the point
+    assert.equal(hoverBoxLeft(500, 200, 600), 294);
+    // room on neither side: flush with the plot's right edge, never past it
+    assert.equal(hoverBoxLeft(150, 500, 600), 100);
+    assert.equal(hoverBoxLeft(150, 700, 600), 0);
+    for (const x of [0, 120, 300, 480, 599]) {
+      for (const w of [50, 250, 590]) {
+        const left = hoverBoxLeft(x, w, 600);
+        assert.ok(left >= 0 && left + w <= 600, `point ${x}, width ${w}: [${left}, ${left + w}]`);
+      }
+    }
   });
 
   it('never lets markup from the plan reach hover text unescaped', () => {

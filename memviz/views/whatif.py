@@ -12,8 +12,9 @@ assumptions of the estimate (`solvers.analytic.assumptions`) shown in the panel.
 
 Every number of the panel comes from `solvers.analytic.estimate_memory` (Korthikanti et al., "Reducing
 Activation Recomputation in Large Transformer Models", Sec. 4-5: tensor/sequence parallel, selective and full
-recompute, pipeline stages; mixed-precision Adam at 16 bytes per parameter).  The view only draws the
-per-device stacked bar against the capacity of the chosen device preset.
+recompute, pipeline stages; Adam's bytes per parameter from the config's dtype,
+`solvers.analytic.per_parameter_bytes`: 2 + 2 + 12 in 16-bit mixed precision, 4 + 4 + 8 in fp32).  The view
+only draws the per-device stacked bar against the capacity of the chosen device preset.
 """
 
 from __future__ import annotations

@@ -17,8 +17,16 @@ test('chunk editor re-estimates edits and explains illegal ones; what-if follows
   await expect(editor.locator('.js-plotly-plot')).toBeVisible({ timeout: 120000 });
   await expect(editor.locator('.jp-memviz-chunk-region')).toHaveCount(2);
   const estimate = editor.locator('.jp-memviz-chunk-estimate .jp-memviz-readout').first();
-  await expect(estimate).toContainText('vs requested');
+  await expect(estimate).toContainText(/^chunked peak .* vs budget .*% of it\)/);
   const before = await estimate.textContent();
+  // the budget is drawn (issue 18: it was not): a line named by its bytes, the chunked peak marked
+  await expect(editor.locator('.legendtext', { hasText: /^budget \d/ })).toHaveCount(1);
+  await expect(editor.locator('.legendtext', { hasText: /^chunked peak \d/ })).toHaveCount(1);
+  await expect(editor.locator('.jp-memviz-chunk-caption')).toHaveText('2 regions');
+  // four legend keys wrap to two rows in this narrow output: below the x-axis title, never over it
+  const xtitle = (await editor.locator('.g-xtitle').boundingBox())!;
+  const legend = (await editor.locator('.infolayer .legend').boundingBox())!;
+  expect(legend.y).toBeGreaterThanOrEqual(xtitle.y + xtitle.height);
   // the regions are shaded on the curve
   expect(await editor.locator('.shapelayer path').count()).toBeGreaterThanOrEqual(2);
   await editor.screenshot({ path: test.info().outputPath('chunks-editor.png') });
@@ -133,47 +141,69 @@ test('chunk editor: 12 region labels are all visible and none overlaps another',
   await editor.locator('.js-plotly-plot').scrollIntoViewIfNeeded();
   await editor.locator('.js-plotly-plot').screenshot({ path: test.info().outputPath('chunks-many.png') });
 
-  // Every region is one line, however narrow the output and long the op names (at 115 regions long
-  // names wrapped rows to uneven heights, issue 18): rows of one height, every field on the row's
-  // middle line, side by side; a name that does not fit ends in an ellipsis and its tooltip is the
-  // full name.  An output narrower than a row scrolls the list sideways to the Remove buttons.
+  // Issue 18 at 12 layers: only eight regions showed, nothing said the list scrolls (an overlay
+  // scrollbar is hidden): the caption says which regions are in view, and follows the scroll
+  const caption = editor.locator('.jp-memviz-chunk-caption');
+  await expect(caption).toHaveText(/^12 regions: 1\u2013\d+ in view, scroll down for more$/);
+  await list.evaluate(el => el.scrollTo(0, el.scrollHeight));
+  await expect(caption).toHaveText(/^12 regions: \d+\u201312 in view, scroll up for the first ones$/);
+  await list.evaluate(el => el.scrollTo(0, 0));
+
+  // Every region is two lines, rows of one height however narrow the output and long the op names (at
+  // 115 regions wrapped rows came out uneven): its fields side by side on the first line, the edges'
+  // op names on the second across the row's width (squeezed between the fields at 848 px they were cut
+  // to "matmu…", issue 18); a name that does not fit even there ends in an ellipsis and its tooltip is
+  // the full name.  An output narrower than the fields scrolls the list sideways to the Remove buttons.
   const rows = editor.locator('.jp-memviz-chunk-region');
-  const oneLine = async (): Promise<void> => {
+  const twoLines = async (): Promise<void> => {
     const shape = await rows.evaluateAll(rs =>
       rs.map(r => {
         const box = r.getBoundingClientRect();
-        const items = Array.from(
-          r.querySelectorAll(
-            '.jp-memviz-chunk-title, .jp-memviz-chunk-field, .jp-memviz-chunk-node, .jp-memviz-chunk-est, .jp-memviz-chunk-remove'
-          )
-        ).map(c => c.getBoundingClientRect());
-        const mids = items.map(b => b.top + b.height / 2);
-        // side by side, in order, none over another (a shrunk group once drew its inputs over each other)
-        const overlap = Math.max(...items.slice(1).map((b, i) => items[i].right - b.left));
+        const line = (selector: string) => {
+          const items = Array.from(r.querySelectorAll(selector)).map(c => c.getBoundingClientRect());
+          const mids = items.map(b => b.top + b.height / 2);
+          return {
+            spread: Math.max(...mids) - Math.min(...mids),
+            // side by side, in order, none over another
+            overlap: Math.max(...items.slice(1).map((b, i) => items[i].right - b.left)),
+            top: Math.min(...items.map(b => b.top)),
+            bottom: Math.max(...items.map(b => b.bottom))
+          };
+        };
         return {
           h: box.height,
-          spread: Math.max(...mids) - Math.min(...mids),
-          overlap
+          fields: line(
+            '.jp-memviz-chunk-title, .jp-memviz-chunk-field, .jp-memviz-chunk-est, .jp-memviz-chunk-remove'
+          ),
+          names: line('.jp-memviz-chunk-node')
         };
       })
     );
     expect(new Set(shape.map(s => Math.round(s.h))).size).toBe(1);
     for (const s of shape) {
-      expect(s.spread).toBeLessThan(3);
-      expect(s.overlap).toBeLessThanOrEqual(0.5);
+      for (const l of [s.fields, s.names]) {
+        expect(l.spread).toBeLessThan(3);
+        expect(l.overlap).toBeLessThanOrEqual(0.5);
+      }
+      expect(s.names.top).toBeGreaterThanOrEqual(s.fields.bottom - 0.5);
     }
   };
-  await oneLine();
+  await twoLines();
+  // at the output's width every name is whole (matmul_10 (matmul) ...), none cut
+  const whole = await editor
+    .locator('.jp-memviz-chunk-node')
+    .evaluateAll(ns => ns.every(n => n.scrollWidth <= n.clientWidth));
+  expect(whole).toBe(true);
+  await list.screenshot({ path: test.info().outputPath('chunks-many-list.png') });
   await editor.evaluate(el => {
-    (el as HTMLElement).style.width = '520px';
+    (el as HTMLElement).style.width = '360px';
   });
-  await oneLine();
+  await twoLines();
+  // every name's tooltip is its full text, and one too long for its half of the line ends in an ellipsis
   const names = editor.locator('.jp-memviz-chunk-node');
-  const cut = await names.evaluateAll(ns =>
-    ns.filter(n => n.scrollWidth > n.clientWidth).map(n => [n.textContent, n.getAttribute('title')])
-  );
-  expect(cut.length).toBeGreaterThan(0);
-  for (const [text, title] of cut) {
+  const titled = await names.evaluateAll(ns => ns.map(n => [n.textContent, n.getAttribute('title')]));
+  expect(titled.length).toBe(24);
+  for (const [text, title] of titled) {
     expect(title).toBe(text);
   }
   expect(await names.first().evaluate(n => getComputedStyle(n).textOverflow)).toBe('ellipsis');

@@ -192,12 +192,24 @@ test('the packing zooms to the addresses that change and outlines the tensor und
     });
   expect((await yrange())[0]).toBe(0);
   const zoom = packing.locator('.jp-memviz-packing-zoom-changing');
+  const all = packing.locator('.jp-memviz-packing-zoom-all');
+  const filter = packing.locator('.jp-memviz-packing-filter');
   await expect(zoom).toBeEnabled();
   await expect(zoom).toContainText('Addresses that change');
+  // the active address filter is shown (issue 18: nothing said which one was): its button pressed, and
+  // the range named
+  await expect(all).toHaveAttribute('aria-pressed', 'true');
+  await expect(zoom).toHaveAttribute('aria-pressed', 'false');
+  await expect(filter).toHaveText(/^showing: all addresses, 0\.0/);
   const image = packing.locator('image').first();
   const before = await image.getAttribute('href');
   await zoom.click();
   await expect.poll(async () => (await yrange())[0]).toBeGreaterThan(0);
+  await expect(zoom).toHaveAttribute('aria-pressed', 'true');
+  await expect(all).toHaveAttribute('aria-pressed', 'false');
+  await expect(zoom).toHaveClass(/jp-mod-current/);
+  await expect(filter).toHaveText(/^showing: the addresses that change, /);
+  await expect(filter).toHaveAttribute('data-filter', 'changing');
   const [lo, hi] = await yrange();
   expect(hi).toBeGreaterThan(lo);
   await expect.poll(() => image.getAttribute('href')).not.toEqual(before);
@@ -218,4 +230,17 @@ test('the packing zooms to the addresses that change and outlines the tensor und
   await packing.screenshot({ path: test.info().outputPath('packing-changing.png') });
   await packing.locator('.jp-memviz-packing-zoom-all').click();
   await expect.poll(async () => (await yrange())[0]).toBe(0);
+  await expect(all).toHaveAttribute('aria-pressed', 'true');
+  await expect(zoom).toHaveAttribute('aria-pressed', 'false');
+  await expect(filter).toHaveAttribute('data-filter', 'all');
+  // a drag zoom is neither button's range: neither is pressed, and the label says so
+  await page.mouse.move(box.x + box.width * 0.5, box.y + box.height * 0.2);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * 0.5, box.y + box.height * 0.6, { steps: 5 });
+  await page.mouse.up();
+  await expect(filter).toHaveAttribute('data-filter', 'custom');
+  await expect(filter).toContainText('zoomed range');
+  await expect(all).toHaveAttribute('aria-pressed', 'false');
+  await expect(zoom).toHaveAttribute('aria-pressed', 'false');
+  await packing.screenshot({ path: test.info().outputPath('packing-custom-zoom.png') });
 });

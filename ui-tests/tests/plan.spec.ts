@@ -62,6 +62,37 @@ test('a plan document renders as a memory-over-time chart', async ({ page, tmpPa
 
   await view.screenshot({ path: test.info().outputPath('plan-chart-hover.png') });
 
+  // Issue 18's screenshots: the peak (here at the first backward step, on the forward/backward line)
+  // had its label centred on that dash line, and the hover box lay over the legend right of the plot.
+  const rect = (selector: string) =>
+    view
+      .locator(selector)
+      .first()
+      .evaluate(el => {
+        const r = el.getBoundingClientRect();
+        return { left: r.left, right: r.right, top: r.top, bottom: r.bottom };
+      });
+  const apart = (
+    a: { left: number; right: number; top: number; bottom: number },
+    b: { left: number; right: number; top: number; bottom: number }
+  ) => a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top;
+  const boundary = await rect('.shapelayer path');
+  const peakLabel = await rect('.scatterlayer .trace:last-child .textpoint text');
+  expect(apart(peakLabel, boundary), 'the peak label and the forward/backward line overlap').toBe(true);
+  const legend = await rect('.infolayer .legend');
+  const area = (await view.locator('.nsewdrag').first().boundingBox())!;
+  for (const f of [0.05, 0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97]) {
+    await page.mouse.move(area.x + area.width * f, area.y + area.height * 0.5);
+    await expect(unified).toBeVisible();
+    // past plotly's hover throttle (50 ms): the box drawn for this point, not the last one
+    await page.waitForTimeout(300);
+    expect(
+      apart(await rect('.hoverlayer .legend'), legend),
+      `the hover box at ${f} of the plot's width covers the legend`
+    ).toBe(true);
+  }
+  await view.screenshot({ path: test.info().outputPath('plan-chart-hover-right.png') });
+
   // Clicking the peak's step lists the largest tensors resident there; the hostile module path is text.
   await page.mouse.click(box!.x + box!.width / 2, box!.y + box!.height / 2);
   const inspector = view.locator('.jp-memviz-inspect');

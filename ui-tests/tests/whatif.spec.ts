@@ -94,4 +94,18 @@ test('what-if compares pinned configurations side by side and shows its assumpti
   await expect(ticks).toHaveCount(2);
   await expect(other.locator('.jp-memviz-whatif-row')).toHaveCount(2);
   await panel.screenshot({ path: test.info().outputPath('whatif-unpinned.png') });
+
+  // an fp32 model (issue 18: its assumptions said "2 B/param", mixed precision's): fp32 weights and
+  // gradients, Adam's two fp32 moments and no master copy, as the kernel decides
+  const fp32 = page.locator('.jp-memviz-whatif').nth(2).locator('.jp-memviz-whatif-assumptions');
+  await fp32.scrollIntoViewIfNeeded();
+  const value = (name: string) =>
+    fp32.locator('dt', { hasText: new RegExp(`^${name}$`) }).locator('xpath=following-sibling::dd[1]');
+  await expect(value('activation dtype')).toHaveText('4 B per value');
+  await expect(value('parameters')).toHaveText('4 B per parameter');
+  await expect(value('gradients')).toHaveText('4 B per parameter');
+  await expect(value('optimizer state')).toHaveText(
+    '8 B per parameter = 4 (fp32 Adam first moment) + 4 (fp32 Adam second moment)'
+  );
+  await fp32.screenshot({ path: test.info().outputPath('whatif-fp32-assumptions.png') });
 });

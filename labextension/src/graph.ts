@@ -29,6 +29,7 @@ import {
   buildTree,
   collapse,
   defaultExpansion,
+  openTwins,
   openCost,
   parseNodeId,
   refId,
@@ -56,7 +57,7 @@ export class GraphView implements PlanView {
   private readonly status: HTMLSpanElement;
   private readonly searchBox: HTMLInputElement;
   private readonly searchStatus: HTMLSpanElement;
-  /** what Fit did when it could not show the whole drawing legibly */
+  /** what Fit did when it could not show the whole drawing legibly, or where a landing left some out */
   private readonly fitNote: HTMLSpanElement;
   private readonly canvas: HTMLDivElement;
   private readonly stage: HTMLDivElement;
@@ -78,6 +79,8 @@ export class GraphView implements PlanView {
    * forward and backward phases side by side
    */
   private focus: NodeRef[] = [];
+  /** what the next drawing must show whole besides `focus` (the first block of a run just unrolled) */
+  private reveal: NodeRef | null = null;
   /** the search hit outlined in the drawing */
   private highlight: NodeRef | null = null;
   private view: View = { x: 0, y: 0, k: 1 };
@@ -121,7 +124,7 @@ export class GraphView implements PlanView {
       button(
         'fit',
         'Fit',
-        `fit the drawing to the view, labels at least ${MIN_LABEL_PX} px high (a larger drawing: its width, then pan)`,
+        `fit the drawing to the view, labels at least ${MIN_LABEL_PX} px high (a larger drawing: the most of it that stays so, then pan)`,
         () => this.fit()
       ),
       button('zoom-in', '+', 'zoom in', () => this.zoom(1.5, ...canvasCenter())),
@@ -297,8 +300,10 @@ export class GraphView implements PlanView {
     const phases = [
       ...new Set(focus.flatMap(ref => (ref.kind === 'module' ? [ancestors(tree, ref.id)[0]] : [])))
     ];
-    // what the user opened or found (an opened module comes before its twins, `withTwins`)
-    const primary = this.focus.length ? find(this.focus[0]) : null;
+    // what the user opened or found (an opened module comes before its twins, `withTwins`), or the
+    // first block of the run they unrolled
+    const primary = this.focus.length ? find(this.focus[0]) : this.reveal ? find(this.reveal) : null;
+    this.reveal = null;
     this.land(
       focus.map(find).filter(el => el !== null),
       phases.map(m => find({ kind: 'module', id: m })).filter(el => el !== null),
@@ -349,8 +354,8 @@ export class GraphView implements PlanView {
     this.fitNote.textContent =
       kind === 'whole'
         ? ''
-        : `Fit: ${kind === 'width' ? `its full width at ${scale}` : `the smallest readable scale, ${scale}`}; ` +
-          `the whole drawing would put labels under ${MIN_LABEL_PX} px. Drag to pan, \u2212 to zoom out further.`;
+        : `Fit: the smallest readable scale, ${scale}; the whole drawing would put labels under ` +
+          `${MIN_LABEL_PX} px. Drag to pan, \u2212 to zoom out further.`;
   }
 
   /**
@@ -382,6 +387,24 @@ export class GraphView implements PlanView {
       across && across.w * FIT_MIN_SCALE <= box.w - 16 ? { ...target, x: across.x, w: across.w } : target;
     this.view = focusView(widened, this.size, box, primary ? union([primary]) : null);
     this.applyView();
+    this.fitNote.textContent = this.offView(box);
+  }
+
+  /**
+   * A hint naming the sides where the drawing runs past the canvas (empty when it is all in view):
+   * there is no scrollbar to tell.  Past by less than `slack` px is Graphviz's padding around the frames.
+   */
+  private offView(box: { w: number; h: number }, slack = 8): string {
+    const { x, y, k } = this.view;
+    const sides = [
+      y + this.size.h * k > box.h + slack ? 'below' : '',
+      y < -slack ? 'above' : '',
+      x + this.size.w * k > box.w + slack ? 'to the right' : '',
+      x < -slack ? 'to the left' : ''
+    ].filter(s => s);
+    return sides.length
+      ? `More of the drawing lies ${sides.join(' and ')}: drag to pan, \u2212 to zoom out, Fit for the most that stays readable.`
+      : '';
   }
 
   private zoom(factor: number, px: number, py: number): void {
@@ -428,19 +451,26 @@ export class GraphView implements PlanView {
   }
 
   /**
-   * Draw the blocks of run `key` (in every phase) one by one, each a closed module; the view lands on
-   * the phases side by side, as on first drawing (the blocks wrap in rows beside their twins there).
+   * Draw the blocks of `run` (in every phase: its key) one by one, each a closed module; the view lands
+   * on the phases side by side, as on first drawing (the blocks wrap in rows beside their twins there),
+   * slid to show the run's first block whole.
    */
-  private unroll(key: string): void {
-    this.unrolled = new Set([...this.unrolled, key]);
+  private unroll(run: BlockRun): void {
+    this.unrolled = new Set([...this.unrolled, run.key]);
     this.focus = [];
+    // its first block in view: at 92 layers the unrolled column ran far below the phases' top, where
+    // the view landed, and the click seemed to do nothing (issue 18)
+    this.reveal = { kind: 'module', id: run.members[0] };
     void this.render();
   }
 
+  /** Close module `m` and its open twins in the other phases (`openTwins`: as `open` opens them). */
   private close(m: number): void {
-    if (this.tree) {
-      this.expanded = collapse(this.tree, this.expanded, m);
-      this.focus = [{ kind: 'module', id: m }];
+    const tree = this.tree;
+    if (tree) {
+      const closing = openTwins(tree, this.expanded, m);
+      this.expanded = closing.reduce((open, t) => collapse(tree, open, t), this.expanded);
+      this.focus = closing.map(id => ({ kind: 'module', id }) as NodeRef);
       void this.render();
     }
   }
@@ -531,7 +561,7 @@ export class GraphView implements PlanView {
     if (node?.kind === 'run') {
       const run = this.runs.find(r => r.members[0] === node.id);
       if (run) {
-        this.unroll(run.key);
+        this.unroll(run);
       }
       return;
     }

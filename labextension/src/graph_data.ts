@@ -49,13 +49,15 @@ export interface Rect {
  * The view a drawing lands on, centered on `target` (what the user opened: a module with its twins in
  * the other phases, a search hit, or on first drawing the forward and backward phases side by side):
  * all of `target` when that keeps labels readable (scale >= `FIT_MIN_SCALE`, never above 1:1), else
- * its full width when readable, else `FIT_MIN_SCALE` centered on it; a target too tall for the box
- * shows its top.  Where `target` is wider than the box at that scale, the view slides from centered
- * just enough to show `primary` (the module the user opened, inside `target`) whole: in a 782 px output
- * block 3 opened beside its twin (823 px at the floor) had both frames cut 22 px.  Clamped so no empty
- * band shows beside a drawing larger than the box.  Before, an opened module was fitted whole whatever
- * the scale (its 110 layers at 5% scale), and the first drawing opened at its top-left corner with the
- * backward column cut off (issue 18).
+ * `FIT_MIN_SCALE` centered on it, the most of it that stays readable; a target too tall for the box
+ * shows its top.  Where `target` does not fit the box at that scale, the view slides from there just
+ * enough to show `primary` (what the user clicked, inside `target`) whole: in a 782 px output block 3
+ * opened beside its twin (823 px at the floor) had both frames cut 22 px, and the blocks of a
+ * 92-layer run unrolled lay below the fold.  Clamped so no empty band shows beside a drawing larger
+ * than the box.  Before, an opened module was fitted whole whatever the scale (its 110 layers at 5%
+ * scale), then a narrow target too tall to fit readable landed at its full width, that is at 1:1 for a
+ * drawing narrower than the box: the 92-layer overview opened at 100%, its bottom cut, where 60%
+ * showed nearly all of it (issue 18).
  */
 export function focusView(
   target: Rect,
@@ -69,19 +71,21 @@ export function focusView(
   }
   const room = { w: box.w - 2 * margin, h: box.h - 2 * margin };
   const whole = Math.min(1, room.w / target.w, room.h / target.h);
-  const k = whole >= FIT_MIN_SCALE ? whole : Math.max(FIT_MIN_SCALE, Math.min(1, room.w / target.w));
-  const centered = box.w / 2 - (target.x + target.w / 2) * k;
-  // the least slide that brings `primary` whole into the box (none when it is wider than the room)
-  const x =
-    primary && primary.w * k <= room.w
-      ? Math.min(Math.max(centered, margin - primary.x * k), box.w - margin - (primary.x + primary.w) * k)
-      : centered;
-  const y = target.h * k <= room.h ? box.h / 2 - (target.y + target.h / 2) * k : margin - target.y * k;
+  const k = Math.max(whole, FIT_MIN_SCALE);
+  // the least slide from `t` that brings `primary` (its start and extent on one axis) whole into the
+  // box (none when it is larger than the room)
+  const slide = (t: number, start: number, size: number, boxSize: number): number =>
+    primary && size * k <= boxSize - 2 * margin
+      ? Math.min(Math.max(t, margin - start * k), boxSize - margin - (start + size) * k)
+      : t;
+  const x = slide(box.w / 2 - (target.x + target.w / 2) * k, primary?.x ?? 0, primary?.w ?? 0, box.w);
+  const top = target.h * k <= room.h ? box.h / 2 - (target.y + target.h / 2) * k : margin - target.y * k;
+  const y = slide(top, primary?.y ?? 0, primary?.h ?? 0, box.h);
   return { k, x: clampAxis(x, drawing.w * k, box.w, margin), y: clampAxis(y, drawing.h * k, box.h, margin) };
 }
 
-/** How `fitReadable` showed the drawing: all of it, or its full width / a readable part of it to pan. */
-export type FitKind = 'whole' | 'width' | 'readable';
+/** How `fitReadable` showed the drawing: all of it, or the readable part of it around the center, to pan. */
+export type FitKind = 'whole' | 'readable';
 
 /** Clamp a translation so the drawing (extent `size` at the view's scale) covers as much of `box` as it
  * can: no empty band beside an edge of a drawing larger than the box; a smaller one is centered. */
@@ -94,9 +98,10 @@ function clampAxis(t: number, size: number, box: number, margin: number): number
 
 /**
  * Fit to view with a floor on the label size: the whole drawing when it is legible so (`fitView`);
- * else its full width when that is legible (scale >= `FIT_MIN_SCALE`), else `FIT_MIN_SCALE`.  The
- * drawing point at the box's center stays there (Fit does not jump away from what the user looks at),
- * clamped so no empty band shows beside the drawing; drag to pan the rest.
+ * else `FIT_MIN_SCALE`, the most of it that stays legible.  The drawing point at the box's center stays
+ * there (Fit does not jump away from what the user looks at), clamped so no empty band shows beside the
+ * drawing; drag to pan the rest.  (Fit once showed such a drawing at its full width, capped at 1:1:
+ * "its full width at 100%" for the 92-layer overview, narrower than the box, its bottom cut.)
  */
 export function fitReadable(
   drawing: { w: number; h: number },
@@ -108,8 +113,7 @@ export function fitReadable(
   if (whole.k >= FIT_MIN_SCALE || drawing.w <= 0 || drawing.h <= 0 || box.w <= 0 || box.h <= 0) {
     return { view: whole, kind: 'whole' };
   }
-  const widthK = Math.min(1, (box.w - 2 * margin) / drawing.w);
-  const k = Math.max(FIT_MIN_SCALE, widthK);
+  const k = FIT_MIN_SCALE;
   // the drawing point under the box's center, kept there
   const cx = (box.w / 2 - current.x) / current.k;
   const cy = (box.h / 2 - current.y) / current.k;
@@ -118,5 +122,5 @@ export function fitReadable(
     x: clampAxis(box.w / 2 - cx * k, drawing.w * k, box.w, margin),
     y: clampAxis(box.h / 2 - cy * k, drawing.h * k, box.h, margin)
   };
-  return { view, kind: widthK >= FIT_MIN_SCALE ? 'width' : 'readable' };
+  return { view, kind: 'readable' };
 }

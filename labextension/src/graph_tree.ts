@@ -238,15 +238,40 @@ export function dataDrawn(
 /** The nodes opening `m` adds to the drawing: its ops, their drawn tensors and its sub-modules, less itself. */
 export function openCost(doc: PlanDoc, tree: ModuleTree, m: number): number {
   const mod = tree.modules[m];
-  let n = mod.children.length + mod.computes.length - 1;
-  for (const c of mod.computes) {
-    const op = doc.graph.computes[c];
-    // as toDot places tensors: at their producer, an input at its first reader
-    n += (op.outputs ?? []).filter(o => drawnKind(doc, o) && doc.graph.datas[o].producer === c).length;
-    n += (op.inputs ?? []).filter(i => {
-      const d = doc.graph.datas[i];
-      return drawnKind(doc, i) && (d.producer === null || d.producer === undefined) && d.consumers?.[0] === c;
-    }).length;
+  return mod.children.length - 1 + mod.computes.reduce((n, c) => n + placedNodes(doc, c), 0);
+}
+
+/** The nodes op `c` draws: itself and the tensors placed at it (as toDot places them: at their
+ * producer, an input at its first reader). */
+function placedNodes(doc: PlanDoc, c: number): number {
+  const op = doc.graph.computes[c];
+  let n = 1;
+  n += (op.outputs ?? []).filter(o => drawnKind(doc, o) && doc.graph.datas[o].producer === c).length;
+  n += (op.inputs ?? []).filter(i => {
+    const d = doc.graph.datas[i];
+    return drawnKind(doc, i) && (d.producer === null || d.producer === undefined) && d.consumers?.[0] === c;
+  }).length;
+  return n;
+}
+
+/**
+ * The nodes opening `m` adds with its runs of repeated blocks closed (`childRuns`), as `toDot` draws
+ * them: each run one node, the ops it absorbs (autograd's residual sums between a backward's blocks)
+ * and their tensors inside it.  `openCost` counts every member and every sum: at 92 layers a GPT's
+ * "blocks" of both phases cost 460 nodes by it, above `OPEN_NODES`, and stayed one closed box each,
+ * though opened they draw one counted node each; that overview, without its runs, was laid out at
+ * dot's default spacing, too tall to fit readable, and opened at 1:1 with its bottom cut (issue 18).
+ */
+export function runOpenCost(
+  doc: PlanDoc,
+  tree: ModuleTree,
+  m: number,
+  order: ReadonlyMap<string, number> = forwardOrder(doc, tree)
+): number {
+  let n = openCost(doc, tree, m);
+  for (const members of childRuns(tree, m, order)) {
+    n -= members.length - 1;
+    n -= absorbedOps(doc, tree, m, members).reduce((k, c) => k + placedNodes(doc, c), 0);
   }
   return n;
 }
@@ -285,7 +310,8 @@ function drawnKind(doc: PlanDoc, d: number): boolean {
  * ones beside it closed.  A module and its twins in the other phases (the same path: a block's forward
  * and its backward) open together too: at 100 layers the forward's blocks opened and the backward's
  * stayed one "2899 ops" box, lopsided.  A 5k-op model opens at its layers, a toy fully open.  Runs
- * of repeated blocks (`childRuns`) never open here: each is drawn as one counted node.
+ * of repeated blocks (`childRuns`) never open here: each is drawn as one counted node, and their
+ * parent costs what it draws (`runOpenCost`), so 92 layers open as 12 do: one "92 x Block" per phase.
  */
 export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number): Set<number> {
   const expanded = new Set<number>();
@@ -304,7 +330,7 @@ export function defaultExpansion(doc: PlanDoc, tree: ModuleTree, limit: number):
   while (frontier.length > 0) {
     const next: number[][] = [];
     for (const group of frontier) {
-      const cost = group.reduce((n, m) => n + openCost(doc, tree, m), 0);
+      const cost = group.reduce((n, m) => n + runOpenCost(doc, tree, m, order), 0);
       if (count + cost > limit) {
         closedHierarchy = true;
         continue; // stays closed; a smaller group further on may still open
@@ -373,6 +399,16 @@ export function withTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: nu
     o => o.id !== m && o.path === path && !expanded.has(o.id) && (o.parent === null || expanded.has(o.parent))
   );
   return [m, ...twins.map(o => o.id)];
+}
+
+/**
+ * `m` and its open twins in the other phases (the same path): what a click on `m`'s frame closes, as
+ * `withTwins` is what a click on it opens.  Closing the forward block alone left its backward open, an
+ * open frame beside a closed box (issue 18).
+ */
+export function openTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: number): number[] {
+  const path = tree.modules[m].path;
+  return [m, ...tree.modules.filter(o => o.id !== m && o.path === path && expanded.has(o.id)).map(o => o.id)];
 }
 
 /** The modules to open so that compute `c` is drawn as an op of its own. */

@@ -15,10 +15,13 @@ import {
   defaultExpansion,
   dotString,
   moduleLabel,
+  openCost,
+  openTwins,
   parseNodeId,
   representative,
   revealCompute,
   runLabel,
+  runOpenCost,
   search,
   toDot,
   tooltipFor,
@@ -300,16 +303,38 @@ test('a drawing lands on what was opened: whole when readable, else readable and
   assert.ok(Math.abs(open.x + (phases.x + phases.w / 2) * open.k - box.w / 2) < 1e-9);
   assert.ok(Math.abs(open.y + phases.y * open.k - 8) < 1e-9);
   // a module opened with its twin in the other phase: two 110-layer frames, 30,000 px tall; shown at
-  // 1:1 from their top with both frames across, not fitted whole at a 2% scale (issue 18)
+  // the floor from their top with both frames across, not fitted whole at a 2% scale (issue 18)
   const tall = { w: 700, h: 31000 };
   const twins = { x: 100, y: 200, w: 420, h: 30000 };
   const opened = focusView(twins, tall, box);
-  assert.equal(opened.k, 1);
-  assert.equal(opened.y, 8 - 200);
-  assert.ok(opened.x + twins.x >= 0 && opened.x + twins.x + twins.w <= box.w);
-  // wider than the box at 1:1 but readable at its full width: the full width
+  assert.equal(opened.k, FIT_MIN_SCALE);
+  assert.ok(Math.abs(opened.y - (8 - 200 * FIT_MIN_SCALE)) < 1e-9);
+  assert.ok(opened.x + twins.x * opened.k >= 0 && opened.x + (twins.x + twins.w) * opened.k <= box.w);
+  // the 92-layer overview (567 x 1018 px, narrower than the box at 1:1): whole it would be at 0.57,
+  // under the floor; it opened at 1:1 (its full width), showing 58% of its height, now at the floor
+  // from its top, 97% of it (issue 18)
+  const deep = { w: 567, h: 1018 };
+  const overview = focusView({ x: 0, y: 0, ...deep }, deep, box);
+  assert.equal(overview.k, FIT_MIN_SCALE);
+  assert.equal(overview.y, 8);
+  assert.ok((box.h - 8) / (deep.h * overview.k) > 0.95);
+  // wider than the box at 1:1 and too tall: the floor too, the most of it that stays readable
   const wide = focusView({ x: 0, y: 0, w: 1200, h: 9000 }, { w: 1200, h: 9000 }, box);
-  assert.equal(wide.k, (848 - 16) / 1200);
+  assert.equal(wide.k, FIT_MIN_SCALE);
+  // a run unrolled at 92 layers: the view lands on both phases' frames from their top, slid down just
+  // enough to show the clicked run's first block whole (it lay below the fold: the click seemed to do
+  // nothing); a block already in view does not move the view
+  const unrolled = { w: 760, h: 9000 };
+  const phaseFrames = { x: 10, y: 10, w: 740, h: 8980 };
+  const block0 = { x: 60, y: 1300, w: 180, h: 40 };
+  const top = focusView(phaseFrames, unrolled, box);
+  const slid = focusView(phaseFrames, unrolled, box, block0);
+  assert.equal(slid.k, top.k);
+  assert.equal(slid.x, top.x);
+  assert.ok(top.y + (block0.y + block0.h) * top.k > box.h, 'below the fold from the top');
+  assert.ok(Math.abs(slid.y + (block0.y + block0.h) * slid.k - (box.h - 8)) < 1e-9, 'its bottom in view');
+  const near = { ...block0, y: 300 };
+  assert.deepEqual(focusView(phaseFrames, unrolled, box, near), top);
   // a search hit near the drawing's left edge: centered where it can be, with no blank band beside it
   const hit = focusView({ x: 5, y: 2000, w: 80, h: 30 }, drawing, box);
   assert.equal(hit.k, 1);
@@ -350,7 +375,7 @@ test('an opened module too wide with its twin for the box lands whole itself, th
   }
 });
 
-test('Fit never shrinks labels below the floor: whole, else full width, else the floor, kept centered', () => {
+test('Fit never shrinks labels below the floor: whole, else the floor, kept centered', () => {
   const box = { w: 800, h: 600 };
   // small enough to show whole at a legible scale: plain fitView
   assert.deepEqual(fitReadable({ w: 1000, h: 700 }, box, { x: 0, y: 0, k: 1 }), {
@@ -367,16 +392,17 @@ test('Fit never shrinks labels below the floor: whole, else full width, else the
   // no empty band: the drawing covers the box on both axes
   assert.ok(fit.view.x <= 8 && fit.view.x + 2676 * fit.view.k >= 800 - 8);
   assert.ok(fit.view.y <= 8 && fit.view.y + 3848 * fit.view.k >= 600 - 8);
-  // a narrow tall drawing: its full width, centered on what the user looked at
+  // a narrow tall drawing: the floor (not its "full width" at 1:1, which showed less of it), centered
+  // on what the user looked at
   const tall = { w: 700, h: 9000 };
   const at = { x: 0, y: -3000, k: 1 }; // looking at drawing y = 3300 in the box's center
-  const byWidth = fitReadable(tall, box, at);
-  assert.equal(byWidth.kind, 'width');
-  assert.equal(byWidth.view.k, 1);
-  assert.equal(byWidth.view.x, 50);
-  assert.equal((300 - byWidth.view.y) / byWidth.view.k, 3300);
+  const narrow = fitReadable(tall, box, at);
+  assert.equal(narrow.kind, 'readable');
+  assert.equal(narrow.view.k, FIT_MIN_SCALE);
+  assert.ok(Math.abs(narrow.view.x - (800 - 700 * FIT_MIN_SCALE) / 2) < 1e-9);
+  assert.ok(Math.abs((300 - narrow.view.y) / narrow.view.k - 3300) < 1e-6);
   const wider = fitReadable({ w: 1200, h: 9000 }, box, at);
-  assert.equal(wider.view.k, (800 - 16) / 1200);
+  assert.equal(wider.view.k, FIT_MIN_SCALE);
   assert.ok(Math.abs((300 - wider.view.y) / wider.view.k - 3300) < 1e-6);
   // near the top edge the view is clamped: no blank above the drawing
   assert.equal(fitReadable(tall, box, { x: 0, y: 500, k: 1 }).view.y, 8);
@@ -449,6 +475,48 @@ test("a click opens a module's drawn twins in the other phases", () => {
   assert.deepEqual(withTwins(tree, new Set([tree.roots[0]]), path('forward:layers')), [
     path('forward:layers')
   ]);
+});
+
+test("a click on an open module's frame closes its open twins too, as a click opened them", () => {
+  const doc = layered();
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const [fwd, bwd] = [path('forward:layers.0'), path('backward:layers.0')];
+  const open = new Set([...tree.roots, path('forward:layers'), path('backward:layers'), fwd, bwd]);
+  assert.deepEqual(openTwins(tree, open, fwd), [fwd, bwd]);
+  assert.deepEqual(openTwins(tree, open, bwd), [bwd, fwd]);
+  // a closed twin is left alone; closing both leaves no frame of block 0 in the DOT
+  assert.deepEqual(openTwins(tree, new Set([...open].filter(m => m !== bwd)), fwd), [fwd]);
+  const closed = openTwins(tree, open, fwd).reduce((e, m) => collapse(tree, e, m), open as Set<number>);
+  assert.ok(!closed.has(fwd) && !closed.has(bwd) && closed.has(path('backward:layers')));
+  const dot = toDot(doc, tree, closed);
+  assert.ok(!dot.includes(`cluster_m${fwd}"`) && !dot.includes(`cluster_m${bwd}"`));
+  assert.ok(dot.includes(`"m${bwd}" [id="m${bwd}"`));
+});
+
+test('at 92 layers the blocks open as one counted node per phase: a run costs what it draws', () => {
+  const doc = layered(92);
+  const tree = buildTree(doc);
+  const path = (p: string): number => tree.modules.findIndex(m => `${m.phase}:${m.path}` === p);
+  const [fwd, bwd] = [path('forward:layers'), path('backward:layers')];
+  // counted member by member, opening both phases' "layers" is 182 nodes, above the glance (150):
+  // they stayed one closed box each and the overview, without its runs, opened cut at 1:1 (issue 18)
+  assert.ok(openCost(doc, tree, fwd) + openCost(doc, tree, bwd) > 150);
+  // drawn, each is one "92 x" node in place of its box
+  assert.equal(runOpenCost(doc, tree, fwd), 0);
+  assert.equal(runOpenCost(doc, tree, bwd), 0);
+  const open = defaultExpansion(doc, tree, 150);
+  assert.ok(open.has(fwd) && open.has(bwd));
+  assert.ok(!open.has(path('forward:layers.0')));
+  const runs = blockRuns(doc, tree, open, new Set());
+  assert.deepEqual(
+    runs.map(r => r.members.length),
+    [92, 92]
+  );
+  const dot = toDot(doc, tree, open);
+  assert.ok(declaredNodes(dot).length + (dot.match(/"r\d+" \[id=/g) ?? []).length <= 150);
+  // the compact overview spacing of a drawing with runs
+  assert.ok(dot.includes(`ranksep=${COMPACT_SPACING.ranksep}`));
 });
 
 test('closed siblings stack in forward order in every phase; phase-crossing edges do not rank', () => {

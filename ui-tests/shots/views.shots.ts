@@ -168,14 +168,13 @@ for (const notebook of NOTEBOOKS) {
       await laidOut();
     }
     // the repeated blocks, from the collapsed overview: the forward's counted node unrolled (one closed
-    // node per block, both phases), then its first block opened.  (Unrolled with another module open,
-    // the drawing no longer fits readable and the view stays on its top-left, the blocks out of sight.)
+    // node per block, both phases; the view slides to show the first block), then that block opened
     const run = graph
       .locator('g.node.run')
       .filter({ has: page.locator('title', { hasText: /\[forward\]/ }) })
       .first();
-    // a deep model (92 layers) opens with its blocks' container closed (examples.models' GPT names it
-    // "blocks"): opened, it shows the counted node
+    // a model whose blocks' container opens closed (examples.models' GPT names it "blocks"; 92 layers
+    // did before runs cost one node, graph_tree.ts runOpenCost): opened, it shows the counted node
     const container = graph
       .locator('g.node.module')
       .filter({ has: page.locator(':scope > title', { hasText: /^blocks \[forward\]/ }) });

@@ -49,9 +49,11 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
   plan per fraction: +0.172 / -0.055 / +0.129 MiB at the eager schedule / 50 % / 25 %; with the
   convolution weights also stored channels-last outside the step (the same bytes, so the same plan)
   +0.031 / -0.196 / -0.652 MiB, because a channels-last convolution backward's scratch is two weight-sized
-  buffers (294,912 B for that kernel) against the contiguous one's 262,144 B; at 50 % that ran 1.093x
-  Inductor's default against 1.231x as shipped (9 pairs, load 10).  The eager schedule's 32 KiB over its
-  uncompiled peak and a gradient error of 8.3e-5 (3.8e-6 as shipped; tolerance 1e-4) keep it unshipped.
+  buffers (294,912 B for that kernel) against the contiguous one's 262,144 B; it ran 1.093x Inductor's
+  default against 1.231x as shipped at 50 % (9 pairs, load 10) and 0.996x against 1.129x at the eager
+  schedule (9 pairs, load 5-8; `benchmarks/check_compiled_gap.py --fraction F --pairs 9`).  The eager
+  schedule's 32 KiB over its uncompiled peak and a gradient error of 8.3e-5 (3.8e-6 as shipped;
+  tolerance 1e-4) keep it unshipped.
 * Every value that several kernels read is stored (Inductor's ``realize_reads_threshold`` 0,
   `REALIZE_READS_THRESHOLD`): by default Inductor inlines a pointwise value of up to 4 reads into each
   kernel that reads it, recomputing it there, so its inputs live until the last of those kernels where the

@@ -13,8 +13,9 @@ eager) pairs, every contender in every round so all see the same load; step time
 * a model without random ops (ResNet): Inductor's default with ``layout_optimization`` off (no
   channels-last convolutions) and with ``realize_reads_threshold`` 0 (what memviz's segments use);
   ``torch.compile(memviz.export(plan))`` as shipped (threshold 0, layout optimisation off); with
-  Inductor's default threshold 4; and with layout optimisation on and ``keep_output_stride`` off (a
-  segment may return its channels-last values rather than copy them back);
+  Inductor's default threshold 4; with layout optimisation on and ``keep_output_stride`` off (a
+  segment may return its channels-last values rather than copy them back); and that with the
+  convolution weights stored channels-last outside the step (`channels_last_weights`);
 * a model with dropout: ``torch.compile(memviz.export(plan))`` as shipped (one segment per phase, each
   dropout saving or replaying its RNG state inside the graph, `compiled.rng_in_graph`); the same plan cut
   at every random op's execution with the driver's RNG save or replay around each segment (compile28's
@@ -65,7 +66,12 @@ VARIANTS: dict[str, tuple[bool, dict[str, Any]]] = {
     "memviz compiled (shipped)": (True, {}),
     "memviz compiled, realize_reads_threshold 4": (True, {"realize_reads_threshold": 4}),
     "memviz compiled, channels-last kept": (True, {"layout_optimization": True, "keep_output_stride": False}),
+    "memviz compiled, channels-last kept, weights channels-last":
+        (True, {"layout_optimization": True, "keep_output_stride": False}),
 }
+#: contenders whose 4-d parameters are stored channels-last after the export, outside the step (the same
+#: bytes: the plan is unchanged; the convolution backward's scratch is not)
+CHANNELS_LAST_WEIGHTS = {"memviz compiled, channels-last kept, weights channels-last"}
 #: the contenders for a model with random ops: (compile memviz's export, RNG in the graph, cut at random ops)
 DROPOUT_VARIANTS: dict[str, tuple[bool, bool, bool]] = {
     "inductor default": (False, True, True),
@@ -87,6 +93,14 @@ def inductor_with(settings: dict[str, Any]) -> Callable[..., Any]:
             return compile_fx(gm, example)
 
     return backend
+
+
+def channels_last_weights(module: torch.nn.Module) -> None:
+    """Store `module`'s 4-d parameters channels-last, in place (after `memviz.export`: its capture
+    must see the layout the profile saw)."""
+    for p in module.parameters():
+        if p.dim() == 4:
+            p.data = p.data.contiguous(memory_format=torch.channels_last)
 
 
 def _uncut(steps: Any, random: frozenset[int], first_done: set[int]) -> list[tuple[int, int, None]]:
@@ -144,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = {name: (ours, {}) for name, (ours, *_) in DROPOUT_VARIANTS.items()} if random else VARIANTS
     for name, (ours, settings) in variants.items():
         target = memviz.export(plan, model=copy.deepcopy(model)) if ours else copy.deepcopy(model)
+        if name in CHANNELS_LAST_WEIGHTS:
+            channels_last_weights(target)
         backend = inductor_with(settings) if settings else "inductor"
         contenders[name] = torch.compile(target, backend=backend)
         in_graph, cut = DROPOUT_VARIANTS[name][1:] if random else (True, True)

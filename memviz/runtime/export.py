@@ -645,7 +645,8 @@ _RESERVED = frozenset({"torch", "operator", "memviz", "env", "rng", "buffers", "
 # functional operator -> its in-place form and, per output that is a buffer's new value, the argument
 # (the old value) it updates.  Functionalization turns eager's in-place BatchNorm statistics update into
 # clones of the running statistics and new values the step copied back, and ``num_batches_tracked += 1``
-# into an add and a copy: six extra operator calls per BatchNorm in a step (issue 22, exec31)
+# into an add and a copy: six extra operator calls per BatchNorm in a step, 0.19 ms of bench_remat's
+# 26 ms ResNet step (15 BatchNorms; those lines alone, 300 interleaved pairs of CPU time, load 7.5)
 _IN_PLACE = {
     torch.ops.aten._native_batch_norm_legit_functional.default:
         (torch.ops.aten._native_batch_norm_legit.default, {3: 3, 4: 4}),

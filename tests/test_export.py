@@ -217,9 +217,21 @@ def test_batchnorm_statistics_updated_once_per_step():
                      if s.op == "compute" and "batch_norm" in prof.graph.computes[s.node].op]
     assert len(bn_recomputed) > len({s.node for s in bn_recomputed})  # some BatchNorm runs twice
     exported = export(plan, model=copy.deepcopy(model))
+    # a first execution updates the statistics in place, as eager (no clones copied back); a
+    # recomputation runs the functional form, whose new statistics nothing uses
+    source = exported.program.source
+    assert ".copy_(" not in source
+    assert source.count("aten__native_batch_norm_legit(") == sum(isinstance(m, torch.nn.BatchNorm2d)
+                                                                  for m in model.modules())
+    assert "aten__native_batch_norm_legit_functional(" in source
+    original = copy.deepcopy(model)
     before = exported._orig_mod.stem[1].num_batches_tracked.item()
-    _train_step(exported, args, 0)
-    assert exported._orig_mod.stem[1].num_batches_tracked.item() == before + 1
+    for step in range(2):
+        _train_step(original, args, step)
+        _train_step(exported, args, step)
+    assert exported._orig_mod.stem[1].num_batches_tracked.item() == before + 2
+    for (name, a), b in zip(original.named_buffers(), exported._orig_mod.buffers(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_train_eval_switching_and_model_untouched():

@@ -136,6 +136,33 @@ def test_the_menu_compares_compiled_peaks() -> None:
     assert compiled.timeline.peak_bytes == eager.timeline.peak_bytes
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # seven compiles of a tiny Llama
+def test_a_mixed_plans_compiled_peak_is_predicted_from_the_uniform_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: the compiled peak of a plan mixing options is predicted from the uniform calibration
+    steps (each block's share taken off while its values are held for its backward) within 5% of the
+    measured one: every block's share taken off the schedule's peak put ("full", "none") at 351784
+    bytes, 14% under the measured 409768 (at the schedule's peak the second block's backward began:
+    its share is not freed there).  Untimed."""
+    import memviz.plans.compiled as compiled_mod
+    from memviz.plans.sac import candidate_blocks, eager_graph, eager_holds
+
+    real = compiled_mod.compiled_step
+    monkeypatch.setattr(compiled_mod, "_CALIBRATED", {})
+    monkeypatch.setattr(compiled_mod, "compiled_step",
+                        lambda prof, graph, regions, backend, rounds=0: real(prof, graph, regions, backend,
+                                                                             rounds=0))
+    _, _, prof = _profiled()
+    graph, holds = eager_graph(prof.graph, prof.captured), eager_holds(prof.captured)
+    blocks = candidate_blocks(prof.model, graph, prof.captured)
+    savings, _ = compiled_mod.savings(prof, graph, blocks, holds, "aot_eager", prof.baseline.total_time)
+    for options in (("full", "none"), ("none", "full")):
+        chosen = choose(graph, blocks, options, holds, Overheads(), savings)
+        measured = compiled_mod.compiled_peak(prof, graph, chosen.regions, "aot_eager")
+        assert abs(chosen.peak_bytes - measured) <= 0.05 * measured, (options, chosen.peak_bytes, measured)
+
+
 def test_a_compiled_plan_is_not_verified_eagerly() -> None:
     """verify=True measures an eager step, which holds what the compiler would have freed: refused."""
     _, _, prof = _example("gpt")

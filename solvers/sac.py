@@ -187,11 +187,11 @@ class CompiledSavings:
     per_block_ratio: Mapping[str, float] = field(default_factory=dict)
     eager_s: float = 0.0
 
-    def peak(self, step_bytes: Sequence[int], live: np.ndarray, options: Sequence[str]) -> int:
-        """The compiled peak of a choice whose SAC schedule simulates to `step_bytes` per step, `live`
+    def peak(self, step_bytes: Sequence[int], held: np.ndarray, options: Sequence[str]) -> int:
+        """The compiled peak of a choice whose SAC schedule simulates to `step_bytes` per step, `held`
         (steps x blocks, `held_blocks`) saying which blocks' forward values are held at each step."""
         shares = np.array([self.per_block.get(o, 0.0) for o in options], dtype=np.float64)
-        freed = live @ shares if live.size else np.zeros(len(step_bytes))
+        freed = held @ shares if held.size else np.zeros(len(step_bytes))
         return round(float(np.max(np.asarray(step_bytes, dtype=np.float64) - freed))) - self.outside
 
     def step_ratio(self, options: Sequence[str]) -> float | None:

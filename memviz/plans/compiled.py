@@ -159,8 +159,8 @@ def savings(prof: Any, graph: Graph, blocks: Sequence[Block], holds: EagerHolds,
         chosen = choose(graph, blocks, (option,) * len(blocks), holds, Overheads())
         simulated[option] = chosen.timeline.peak_bytes
         # per step, the bytes and how many blocks are held: a block frees its share only until its backward
-        alive = held_blocks(graph, blocks, chosen.schedule).sum(axis=1)
-        steps[option] = (chosen.timeline.step_bytes, alive)
+        held = held_blocks(graph, blocks, chosen.schedule).sum(axis=1)
+        steps[option] = (chosen.timeline.step_bytes, held)
         measured[option], ratio = compiled_step(prof, graph, chosen.regions, backend)
         if ratio is not None:
             ratios[option] = ratio

@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from solvers.deadline import timed_out
 from solvers.ir import Graph, Phase
 from solvers.result import InfeasibleBudget, SolveResult, SolverStats
@@ -159,11 +161,16 @@ class CompiledSavings:
     Compiled, the checkpointed regions keep and recompute what the plan says, but outside them (and
     between the saved values) AOTAutograd's min-cut still recomputes cheap ops on its own: torch.compile
     at its default ``activation_memory_budget`` freed 3.6 of a Llama's 18.7 MiB with no plan at all.
-    Memory does not add up across blocks in general; in a stack of like blocks the peak is at the start
-    of the backward, where every block's kept values are live, so a block's share adds up there.
+    The partitioner frees what it recomputes between the forward and the backward: a block's share is
+    freed only while its forward values are held for its backward, so the compiled peak is taken step by
+    step over the SAC schedule (`peak`): the simulated bytes less, per block held at that step
+    (`held_blocks`), its option's share.  Summing every block's share against the schedule's peak
+    (issue 19) mispredicted mixed plans: on bench_apply's GPT-2 the peak is reached in the last block's
+    backward, which a fully recomputed block brings back whole, so checkpointing that block changed
+    neither peak yet was predicted 1.08 MiB lower.
     `outside`: bytes freed with every block fully recomputed (nothing of a block is left to free: the
-    loss, the head, the region inputs).  `per_block`: option -> bytes each block on it frees beyond
-    that.
+    loss, the head, the region inputs).  `per_block`: option -> bytes each held block on it frees
+    beyond that.
 
     Times, the same way (Rockmate, Sec. 4: an option's cost is its measured recomputation, per block):
     `base_ratio` is the compiled step with no block checkpointed over the eager step, `per_block_ratio`
@@ -180,9 +187,12 @@ class CompiledSavings:
     per_block_ratio: Mapping[str, float] = field(default_factory=dict)
     eager_s: float = 0.0
 
-    def peak(self, simulated: int, options: Sequence[str]) -> int:
-        """The compiled peak of a choice whose SAC schedule simulates to `simulated` bytes."""
-        return simulated - self.outside - round(sum(self.per_block.get(o, 0.0) for o in options))
+    def peak(self, step_bytes: Sequence[int], held: np.ndarray, options: Sequence[str]) -> int:
+        """The compiled peak of a choice whose SAC schedule simulates to `step_bytes` per step, `held`
+        (steps x blocks, `held_blocks`) saying which blocks' forward values are held at each step."""
+        shares = np.array([self.per_block.get(o, 0.0) for o in options], dtype=np.float64)
+        freed = held @ shares if held.size else np.zeros(len(step_bytes))
+        return round(float(np.max(np.asarray(step_bytes, dtype=np.float64) - freed))) - self.outside
 
     def step_ratio(self, options: Sequence[str]) -> float | None:
         """The compiled step time of a choice over the eager step's (None: times not measured)."""
@@ -191,18 +201,76 @@ class CompiledSavings:
         return self.base_ratio + sum(self.per_block_ratio.get(o, 0.0) for o in options)
 
     @classmethod
-    def from_uniform(cls, simulated: Mapping[str, int], measured: Mapping[str, int], n_blocks: int,
-                     ratios: Mapping[str, float] | None = None, eager_s: float = 0.0) -> CompiledSavings:
-        """Savings from one compiled step per option with every block on it: `simulated` and `measured`
-        peaks by option ("full" must be there: it sets `outside`), and (optionally) `ratios`: its step
-        time over the eager step's ("none" must be there: it sets `base_ratio`)."""
-        outside = simulated["full"] - measured["full"]
-        n = max(n_blocks, 1)
-        per_block = {o: (simulated[o] - measured[o] - outside) / n for o in simulated if o in measured}
+    def from_uniform(cls, simulated: Mapping[str, tuple[Sequence[int], Sequence[int]]],
+                     measured: Mapping[str, int], n_blocks: int, ratios: Mapping[str, float] | None = None,
+                     eager_s: float = 0.0) -> CompiledSavings:
+        """Savings from one compiled step per option with every block on it: `simulated` by option, its
+        SAC schedule's (bytes, number of blocks held) per step, `measured` its compiled peak ("full" must
+        be there: it sets `outside`), and (optionally) `ratios`: its step time over the eager step's
+        ("none" must be there: it sets `base_ratio`).  Each option's share is the one `peak` predicts its
+        measured peak back with."""
+        outside = max(simulated["full"][0]) - measured["full"]
+        per_block = {o: 0.0 if o == "full" else _share(*simulated[o], measured[o] + outside)
+                     for o in simulated if o in measured}
         if not ratios or "none" not in ratios:
             return cls(outside, per_block)
         base = ratios["none"]
+        n = max(n_blocks, 1)
         return cls(outside, per_block, base, {o: (r - base) / n for o, r in ratios.items()}, eager_s)
+
+
+def _share(step_bytes: Sequence[int], held: Sequence[int], target: int) -> float:
+    """The share s with max over steps of (bytes - s * blocks held) = `target`, by bisection (the max is
+    a convex, non-increasing, piecewise-linear function of s); where no s reaches it (the steps with no
+    block held already hold more), the least s that gets closest."""
+    a = np.asarray(step_bytes, dtype=np.float64)
+    b = np.asarray(held, dtype=np.float64)
+    if not b.any():
+        return 0.0
+    target = max(target, float(a[b == 0].max(initial=-np.inf)))
+    lo, hi = -float(a.max()) - abs(target), float(a.max()) + abs(target)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if np.max(a - mid * b) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def held_blocks(graph: Graph, blocks: Sequence[Block], schedule: Schedule) -> np.ndarray:
+    """(steps x blocks) 1.0 where a block's forward values are held for its backward: some value its
+    forward produced is alive during the step (for a free: after it, as `simulate` counts) and its
+    backward has not started (no backward op has read one of them, none of its nodes ran again).  The
+    partitioner frees what it recomputes only there: from a block's backward on, eager and compiled
+    steps alike bring its values back (issue 19: shares taken off every alive block missed a mixed
+    plan's measured peak by 1.1 MiB on bench_apply's GPT-2; held blocks only, by 0.15 MiB at most)."""
+    owner = {d: i for i, block in enumerate(blocks) for c in block.nodes for d in graph.computes[c].outputs}
+    of_block = {c: i for i, block in enumerate(blocks) for c in block.nodes}
+    alive = np.zeros(len(blocks), dtype=np.int64)
+    started = np.zeros(len(blocks), dtype=bool)
+    resident: set[int] = set()
+    ran: set[int] = set()
+    out = np.zeros((len(schedule), len(blocks)))
+    for t, step in enumerate(schedule):
+        if step.op == "compute":
+            node = graph.computes[step.node]
+            if step.node in of_block:
+                started[of_block[step.node]] |= step.node in ran  # recomputed: its backward began
+                ran.add(step.node)
+            if node.phase != Phase.FORWARD:
+                for d in node.inputs:
+                    if d in owner:
+                        started[owner[d]] = True
+            for d in node.outputs:
+                if d in owner and d not in resident:
+                    resident.add(d)
+                    alive[owner[d]] += 1
+        elif step.node in resident:
+            resident.discard(step.node)
+            alive[owner[step.node]] -= 1
+        out[t] = (alive > 0) & ~started
+    return out
 
 
 @dataclass(frozen=True)
@@ -409,8 +477,9 @@ def choose(graph: Graph, blocks: Sequence[Block], options: tuple[str, ...], hold
     # compiled and timed: the step the measured prices predict, whatever the schedule's op times say
     overhead_s = (overheads.seconds(graph, regions, holds) if ratio is None
                   else ratio * savings.eager_s - timeline.total_time)
-    return Choice(options, regions, schedule, timeline, overhead_s=overhead_s,
-                  compiled_peak=None if savings is None else savings.peak(timeline.peak_bytes, options))
+    compiled_peak = (None if savings is None
+                     else savings.peak(timeline.step_bytes, held_blocks(graph, blocks, schedule), options))
+    return Choice(options, regions, schedule, timeline, overhead_s=overhead_s, compiled_peak=compiled_peak)
 
 
 def solve_menu(graph: Graph, budget: int, blocks: Sequence[Block], holds: EagerHolds, *,

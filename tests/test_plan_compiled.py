@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,14 +72,51 @@ def _compiled_step(model: torch.nn.Module, args: tuple[Any, ...]) -> int:
 
 
 def test_compiled_savings_turn_uniform_measurements_into_per_block_shares() -> None:
-    simulated = {"none": 1000, "pointwise": 900, "matchable": 700, "matmuls": 600, "full": 300}
-    measured = {"none": 790, "pointwise": 700, "matchable": 540, "matmuls": 500, "full": 290}
+    """Each option's share predicts its uniform measurement back; a block whose backward began (not held)
+    frees nothing, so a peak reached in one block's backward does not move with that block's option."""
+    # per option: simulated bytes per step and how many of the 4 blocks are held then; the last step is
+    # the first block's backward (held: 3), where the lowest options peak
+    simulated = {"none": ((250, 1000, 900), (0, 4, 3)), "pointwise": ((250, 900, 850), (0, 4, 3)),
+                 "matchable": ((250, 700, 700), (0, 4, 3)), "matmuls": ((250, 600, 620), (0, 4, 3)),
+                 "full": ((250, 300, 310), (0, 4, 3))}
+    measured = {"none": 792, "pointwise": 700, "matchable": 540, "matmuls": 500, "full": 290}
     s = CompiledSavings.from_uniform(simulated, measured, 4)
-    assert s.outside == 10 and s.per_block["full"] == 0
-    assert s.per_block["none"] == 50 and s.per_block["matmuls"] == 22.5
-    for option in simulated:  # each measurement is predicted back exactly
-        assert s.peak(simulated[option], (option,) * 4) == measured[option]
-    assert s.peak(800, ("none", "none", "full", "full")) == 800 - 10 - 100
+    assert s.outside == 20 and s.per_block["full"] == 0
+    # "matchable" peaks in the first block's backward, with three blocks held
+    assert s.per_block["none"] == pytest.approx(47) and s.per_block["matchable"] == pytest.approx(140 / 3)
+    for option, (steps, held) in simulated.items():  # each measurement is predicted back exactly
+        live = np.array([[1.0] * h + [0.0] * (4 - h) for h in held])
+        assert s.peak(steps, live, (option,) * 4) == measured[option]
+    # blocks 0 and 1 "full", 2 and 3 "none"; in the last step block 3's backward began: it frees nothing
+    # there (every block's share taken off the schedule's peak would say 800 - 20 - 2 * 47)
+    live = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]], dtype=float)
+    assert s.peak((250, 800, 790), live, ("full", "full", "none", "none")) == 790 - 20 - 47
+
+
+def test_held_blocks_end_where_the_backward_starts() -> None:
+    """A block's values count as held from its forward until its backward reads them or its region
+    recomputes them (`solvers.sac.held_blocks`); the shares are taken off only there."""
+    from solvers.sac import held_blocks
+
+    _, graph, blocks, holds = _menu("gpt")
+    for options in (("none",) * len(blocks), ("full",) * len(blocks)):
+        schedule = choose(graph, blocks, options, holds, Overheads()).schedule
+        held = held_blocks(graph, blocks, schedule)
+        assert held.shape == (len(schedule), len(blocks))
+        for i, block in enumerate(blocks):
+            steps = np.flatnonzero(held[:, i])
+            assert len(steps) and (np.diff(steps) == 1).all()  # one interval
+            first = min(t for t, st in enumerate(schedule) if st.op == "compute" and st.node in block.nodes)
+            assert steps[0] >= first
+            # it ends before any backward op reads what the block's forward produced
+            produced = {d for c in block.nodes for d in graph.computes[c].outputs}
+            read = min(t for t, st in enumerate(schedule) if st.op == "compute"
+                       and graph.computes[st.node].phase != "forward"
+                       and produced & set(graph.computes[st.node].inputs))
+            assert steps[-1] < read
+        # blocks finish their forward in order and start their backward in reverse: the last held first
+        ends = [np.flatnonzero(held[:, i])[-1] for i in range(len(blocks))]
+        assert ends == sorted(ends, reverse=True)
 
 
 def test_the_menu_compares_compiled_peaks() -> None:
@@ -93,8 +131,36 @@ def test_the_menu_compares_compiled_peaks() -> None:
     saving = CompiledSavings(0, {o: 1 for o in LADDER})
     _, compiled = solve_menu(graph, budget, blocks, holds, time_limit=20.0, savings=saving)
     assert set(compiled.options) == {"none"}
-    assert compiled.peak_bytes == eager.timeline.peak_bytes - len(blocks) <= budget
+    # a share is freed only while its block is held: the peak step may hold fewer than every block
+    assert eager.timeline.peak_bytes - len(blocks) <= compiled.peak_bytes <= budget
     assert compiled.timeline.peak_bytes == eager.timeline.peak_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # seven compiles of a tiny Llama
+def test_a_mixed_plans_compiled_peak_is_predicted_from_the_uniform_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: the compiled peak of a plan mixing options is predicted from the uniform calibration
+    steps (each block's share taken off while its values are held for its backward) within 5% of the
+    measured one: every block's share taken off the schedule's peak put ("full", "none") at 351784
+    bytes, 14% under the measured 409768 (at the schedule's peak the second block's backward began:
+    its share is not freed there).  Untimed."""
+    import memviz.plans.compiled as compiled_mod
+    from memviz.plans.sac import candidate_blocks, eager_graph, eager_holds
+
+    real = compiled_mod.compiled_step
+    monkeypatch.setattr(compiled_mod, "_CALIBRATED", {})
+    monkeypatch.setattr(compiled_mod, "compiled_step",
+                        lambda prof, graph, regions, backend, rounds=0: real(prof, graph, regions, backend,
+                                                                             rounds=0))
+    _, _, prof = _profiled()
+    graph, holds = eager_graph(prof.graph, prof.captured), eager_holds(prof.captured)
+    blocks = candidate_blocks(prof.model, graph, prof.captured)
+    savings, _ = compiled_mod.savings(prof, graph, blocks, holds, "aot_eager", prof.baseline.total_time)
+    for options in (("full", "none"), ("none", "full")):
+        chosen = choose(graph, blocks, options, holds, Overheads(), savings)
+        measured = compiled_mod.compiled_peak(prof, graph, chosen.regions, "aot_eager")
+        assert abs(chosen.peak_bytes - measured) <= 0.05 * measured, (options, chosen.peak_bytes, measured)
 
 
 def test_a_compiled_plan_is_not_verified_eagerly() -> None:

@@ -11,8 +11,9 @@ compiled step runs:
 
 * peaks: one compiled step per option of `solvers.sac.LADDER` with every block on it, measured by the
   CPU allocator (`memviz.profiling.tracker.allocator_peak`: the tracker cannot see compiled code), turned
-  into per-option savings (`solvers.sac.CompiledSavings`) over the SAC schedule `solvers.simulate`
-  checks, which stays the plan's schedule;
+  into per-option savings (`solvers.sac.CompiledSavings`) taken off the SAC schedule `solvers.simulate`
+  checks, step by step, for the blocks whose values are held for their backward at each step (a mixed
+  plan's peak is where some blocks' backward already began), which stays the plan's schedule;
 * times: the same compiled steps, timed against the plain model run eagerly in interleaved pairs
   (`TIME_ROUNDS`, the median of the per-pair ratios: a burst of load slows both steps of a pair alike),
   turned into each option's compiled cost per block in eager steps.  The eager in-step rate of the ops
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from solvers import Graph
-from solvers.sac import LADDER, Block, CompiledSavings, EagerHolds, Overheads, Region, choose
+from solvers.sac import LADDER, Block, CompiledSavings, EagerHolds, Overheads, Region, choose, held_blocks
 
 #: the backend `compiled=True` plans for: the partitioner torch.compile uses, with no kernel compiler,
 #: so it runs on any machine
@@ -153,15 +154,18 @@ def savings(prof: Any, graph: Graph, blocks: Sequence[Block], holds: EagerHolds,
     hit = _CALIBRATED.get(key)
     if hit is not None and hit[0]() is prof:
         return hit[1], hit[2]
-    simulated, measured, ratios = {}, {}, {}
+    simulated, steps, measured, ratios = {}, {}, {}, {}
     for option in LADDER:
         chosen = choose(graph, blocks, (option,) * len(blocks), holds, Overheads())
         simulated[option] = chosen.timeline.peak_bytes
+        # per step, the bytes and how many blocks are held: a block frees its share only until its backward
+        held = held_blocks(graph, blocks, chosen.schedule).sum(axis=1)
+        steps[option] = (chosen.timeline.step_bytes, held)
         measured[option], ratio = compiled_step(prof, graph, chosen.regions, backend)
         if ratio is not None:
             ratios[option] = ratio
     # priced by the measured times only when every option was timed (else the eager rate: `Overheads`)
-    found = CompiledSavings.from_uniform(simulated, measured, len(blocks),
+    found = CompiledSavings.from_uniform(steps, measured, len(blocks),
                                          ratios if len(ratios) == len(LADDER) else None, eager_s)
     info = {"backend": backend, "simulated": simulated, "measured": measured, "outside": found.outside,
             "per_block": dict(found.per_block), "baseline_peak_bytes": measured["none"],

@@ -136,6 +136,19 @@ def test_the_menu_compares_compiled_peaks() -> None:
     assert compiled.timeline.peak_bytes == eager.timeline.peak_bytes
 
 
+def _untimed_compiles(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`memviz.plans.compiled` with a fresh calibration cache and its compiled steps measured but untimed:
+    time ratios would move the plan with the machine's load."""
+    import memviz.plans.compiled as compiled_mod
+
+    real = compiled_mod.compiled_step
+    monkeypatch.setattr(compiled_mod, "_CALIBRATED", {})
+    monkeypatch.setattr(compiled_mod, "compiled_step",
+                        lambda prof, graph, regions, backend, rounds=0: real(prof, graph, regions, backend,
+                                                                             rounds=0))
+    return compiled_mod
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # seven compiles of a tiny Llama
 def test_a_mixed_plans_compiled_peak_is_predicted_from_the_uniform_steps(
@@ -145,14 +158,9 @@ def test_a_mixed_plans_compiled_peak_is_predicted_from_the_uniform_steps(
     measured one: every block's share taken off the schedule's peak put ("full", "none") at 351784
     bytes, 14% under the measured 409768 (at the schedule's peak the second block's backward began:
     its share is not freed there).  Untimed."""
-    import memviz.plans.compiled as compiled_mod
     from memviz.plans.sac import candidate_blocks, eager_graph, eager_holds
 
-    real = compiled_mod.compiled_step
-    monkeypatch.setattr(compiled_mod, "_CALIBRATED", {})
-    monkeypatch.setattr(compiled_mod, "compiled_step",
-                        lambda prof, graph, regions, backend, rounds=0: real(prof, graph, regions, backend,
-                                                                             rounds=0))
+    compiled_mod = _untimed_compiles(monkeypatch)
     _, _, prof = _profiled()
     graph, holds = eager_graph(prof.graph, prof.captured), eager_holds(prof.captured)
     blocks = candidate_blocks(prof.model, graph, prof.captured)
@@ -182,13 +190,7 @@ def test_compiled_plan_recomputes_less_than_the_eager_one_and_honours_its_budget
     """The compiled steps are measured (peaks) but untimed: their time ratios would move the plan with
     the machine's load; priced at the eager rate of the estimated op times, the plan is a function of
     the model and the budget."""
-    import memviz.plans.compiled as compiled_mod
-
-    real = compiled_mod.compiled_step
-    monkeypatch.setattr(compiled_mod, "_CALIBRATED", {})
-    monkeypatch.setattr(compiled_mod, "compiled_step",
-                        lambda prof, graph, regions, backend, rounds=0: real(prof, graph, regions, backend,
-                                                                             rounds=0))
+    _untimed_compiles(monkeypatch)
     model, args, prof = _profiled()
     base = memviz.plan(prof, None, strategy="sac", compiled=True).solver_stats.extra["sac"]["compiled"]
     compiled_base = base["baseline_peak_bytes"]

@@ -394,11 +394,7 @@ function alikeGroups(tree: ModuleTree, siblings: readonly number[]): number[][] 
  * `m` opens, so a block's forward and backward open together, as `defaultExpansion` opens them.
  */
 export function withTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: number): number[] {
-  const path = tree.modules[m].path;
-  const twins = tree.modules.filter(
-    o => o.id !== m && o.path === path && !expanded.has(o.id) && (o.parent === null || expanded.has(o.parent))
-  );
-  return [m, ...twins.map(o => o.id)];
+  return [m, ...twinsOf(tree, m, o => !expanded.has(o.id) && (o.parent === null || expanded.has(o.parent)))];
 }
 
 /**
@@ -407,8 +403,13 @@ export function withTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: nu
  * open frame beside a closed box (issue 18).
  */
 export function openTwins(tree: ModuleTree, expanded: ReadonlySet<number>, m: number): number[] {
+  return [m, ...twinsOf(tree, m, o => expanded.has(o.id))];
+}
+
+/** `m`'s twins (the modules of its path in the other phases) that `keep` accepts. */
+function twinsOf(tree: ModuleTree, m: number, keep: (o: ModuleTree['modules'][number]) => boolean): number[] {
   const path = tree.modules[m].path;
-  return [m, ...tree.modules.filter(o => o.id !== m && o.path === path && expanded.has(o.id)).map(o => o.id)];
+  return tree.modules.filter(o => o.id !== m && o.path === path && keep(o)).map(o => o.id);
 }
 
 /** The modules to open so that compute `c` is drawn as an op of its own. */

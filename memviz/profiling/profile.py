@@ -494,13 +494,15 @@ def _recompute_probe(graph: Graph, cap: Captured, fp: str,
                      model: nn.Module) -> tuple[nn.Module, float] | None:
     """`solvers.rockmate.recompute_probe` as the exported module runs it, and the op time it recomputes
     (each operator's measured time, once per run beyond its first); None where there is no probe
-    (nothing to recompute, a graph the chain decomposition refuses, a schedule the export refuses)."""
-    from memviz.plans.planning import as_exported
+    (nothing to recompute but the loss's values, a graph the chain decomposition refuses, a schedule the
+    export refuses)."""
+    from memviz.plans.planning import as_exported, loss_turn
     from memviz.runtime.export import PlannedModule, compile_program
     from solvers.rockmate import recompute_probe
 
-    try:
-        schedule = recompute_probe(graph)
+    turn = loss_turn(graph)
+    try:  # the loss's own values kept: the exported module runs the loss once, in the user's code
+        schedule = recompute_probe(graph, graph.computes[turn[0]].outputs if turn is not None else ())
         if schedule is None:
             return None
         schedule = as_exported(graph, schedule)

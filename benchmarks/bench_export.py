@@ -238,9 +238,7 @@ def markdown(result: dict) -> str:
            f"measured = the rounds' mean, rounds = each round's, predicted range = the plan at the quartiles "
            f"of the profile's own pairs (`Plan.time_overhead_range`). The predicted overhead counts the "
            f"fixed per-step costs measured at profile time the "
-           f"same way (`memviz.profiling.profile.step_fixed_costs`), and prices a recomputation at the "
-           f"net rate of the profile's recompute probe, timed as a third step of its rounds "
-           f"(`accelerator.rotated_rounds`).", "",
+           f"same way (`memviz.profiling.profile.step_fixed_costs`).", "",
            "| model | budget | strategy | plan peak MiB | measured peak MiB | peak error | "
            "eager measured MiB | recomputes | predicted overhead | predicted range | without per-op term | "
            "measured overhead | rounds | wall-clock | gradient error |",

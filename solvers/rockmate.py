@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import itertools
 import time as _time
-from collections.abc import Collection
 
 import numpy as np
 
 from solvers import block_milp
-from solvers.chain import Block, BlockOption, Chain, _fwd_data, block_option, sequence_option, store_all
+from solvers.chain import Block, BlockOption, Chain, block_option, sequence_option, store_all
 from solvers.deadline import Deadline, note_cut, timed_out
 from solvers.ir import Graph
 from solvers.memo import RecentMemo
@@ -46,23 +45,15 @@ from solvers.result import OutOfTime, SolveResult
 from solvers.rotor import (
     ChainSolver,
     chain_of,
-    chain_schedule,
     checked_result,
     infeasible,
     no_recompute_result,
-    store_all_ops,
     store_all_solver,
 )
-from solvers.schedule import Schedule
 
 EXACT_SUBSETS = 10
 GREEDY_STEPS = 32
 GRID = 20
-#: `probe_kept`: the share of a block's candidate data the recompute probe drops.  Half: on bench_export's
-#: GPT / ViT / ResNet (pred32) it recomputed 20 / 27 / 24 % of the op time, as much as the plans at 25 %
-#: (13-15 / 12 / 7 %) or more, so its measured rate (a difference of two step ratios) is not lost in their
-#: noise, and its rate (1.37 / 1.23 / 1.18) lay near the plans' own (1.29-1.32 / 1.03 / 0.80-0.95)
-PROBE_SHARE = 0.5
 
 
 def _candidates(chain: Chain, block: Block) -> list[int]:
@@ -83,51 +74,6 @@ def _kept_sets(chain: Chain, block: Block) -> list[frozenset[int]]:
         for j in steps:  # drop the first j of the order
             sets.add(frozenset(order[j:]))
     return sorted(sets, key=lambda s: (len(s), sorted(s)))
-
-
-def probe_kept(chain: Chain, block: Block, keep: Collection[int] = (),
-               share: float = PROBE_SHARE) -> frozenset[int]:
-    """The block's saved data less up to `share` of its candidates (at least one; never those in `keep`),
-    cheapest to recompute per byte first (the second greedy order of `_kept_sets`: the data rockmate's
-    kept-subset options drop first), each dropped only when its producer reads nothing of the block's own
-    forward data but kept data and the block's output, and makes nothing another dropped datum's producer
-    reads: the backward then recomputes each dropped datum by exactly one operator, once, right before
-    its first reader (`backward_sequence`), as the plans' recomputations."""
-    g = chain.graph
-    cand = [d for d in _candidates(chain, block) if d not in keep]
-    own = _fwd_data(chain, block)
-    per_byte = {d: max(g.computes[g.datas[d].producer].time, 1e-12) / max(1, g.datas[d].bytes) for d in cand}
-    limit = max(1, int(len(cand) * share))
-    dropped: set[int] = set()
-    reads: set[int] = set()  # what the dropped data's producers read
-    for d in sorted(cand, key=lambda d: (per_byte[d], d)):
-        if len(dropped) >= limit:
-            break
-        inputs = set(g.computes[g.datas[d].producer].inputs)
-        at_hand = all(x not in own or x == block.output or (x in block.saved and x not in dropped)
-                      for x in inputs)
-        if d in reads or not at_hand:
-            continue
-        dropped.add(d)
-        reads |= inputs
-    return frozenset(block.saved) - dropped
-
-
-def recompute_probe(graph: Graph, keep: Collection[int] = ()) -> Schedule | None:
-    """A training schedule that recomputes a known set of forward operators (`probe_kept` in every block
-    of the chain, `keep` never dropped; no other change: every block stores the rest), for the profile to
-    time against the eager schedule (`memviz.profiling.profile.step_fixed_costs`: what a recomputation
-    nets in the step); None when no block has anything to drop.  Built without a search: one chain
-    decomposition (cached, `chain_of`) and one kept-subset option per block.  Raises
-    `solvers.ir.GraphError` for a graph the chain decomposition refuses."""
-    chain = chain_of(graph)
-    if not chain.training:
-        return None
-    kept = [probe_kept(chain, b, keep) for b in chain.blocks]
-    if all(k == frozenset(b.saved) for k, b in zip(kept, chain.blocks, strict=True)):
-        return None
-    options = [[block_option(chain, b, k)] for k, b in zip(kept, chain.blocks, strict=True)]
-    return chain_schedule(chain, options, store_all_ops(len(chain.blocks)))
 
 
 def _menu(options: list[BlockOption], grid: int) -> list[int]:

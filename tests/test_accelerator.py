@@ -196,18 +196,3 @@ def test_alternating_pairs_swap_the_order_every_pair_with_collection_paused() ->
         assert not gc.isenabled()
     finally:
         gc.enable()
-
-
-def test_rotated_rounds_give_every_call_every_position() -> None:
-    """Three steps timed in rounds (the profile's eager step, exported eager schedule, recompute probe):
-    each round starts one call further (a b c, b c a, c a b), so every call takes every position equally
-    often, as `alternating_pairs` swaps its two; results come back per call."""
-    calls: list[str] = []
-
-    def run(name: str) -> str:
-        calls.append(name)
-        return name
-
-    out = accelerator.rotated_rounds([lambda: run("a"), lambda: run("b"), lambda: run("c")], lambda n: n < 4)
-    assert out == [["a"] * 4, ["b"] * 4, ["c"] * 4]
-    assert "".join(calls) == "abcbcacababc"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from pathlib import Path
 
 import pytest
@@ -696,62 +695,46 @@ def test_a_short_step_fixed_costs_take_many_pairs(monkeypatch: pytest.MonkeyPatc
     assert len(stepped) >= 21, len(stepped)
 
 
-
-class _Residual(torch.nn.Module):
-    """A block with values of its own (tanh's and mul's, saved for the backward): something for the
-    recompute probe to drop, where a plain Sequential's chain cuts at every op."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.i, self.a, self.b, self.c = (torch.nn.Linear(16, 16), torch.nn.Linear(16, 32),
-                                          torch.nn.Linear(32, 16), torch.nn.Linear(16, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.i(x)
-        return self.c(x + self.b(torch.tanh(self.a(x)) * 2))
-
-
 def test_fixed_costs_time_eager_and_exported_steps_in_alternating_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profile's fixed costs time eager and exported steps in every order, as bench_export measures
-    them (`accelerator.rotated_rounds`): on the same sub-ms steps the median ratio read 1.44 paired
+    """The profile's fixed costs pair eager and exported steps in both orders, as bench_export measures
+    them (`accelerator.alternating_pairs`): on the same sub-ms steps the median ratio read 1.44 paired
     (eager, exported) and 1.87 paired (exported, eager) (exec24), so one order in the profile and the
-    other in the benchmark put 40 points between predicted and measured.  On the CPU the recompute probe
-    is the third step of each round (pred32), rotated likewise."""
+    other in the benchmark put 40 points between predicted and measured."""
     import functools
 
     from memviz.hardware import accelerator
 
     torch.manual_seed(0)
-    model = _Residual()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     args = (torch.randn(8, 16),)
-    order: list[str] = []
+    order: list[bool] = []  # True: an eager step
     timed = accelerator.timed
 
     def recording(fn: object, device: object) -> object:
         if isinstance(fn, functools.partial) and fn.func.__name__ == "step":
-            order.append("e" if fn.args[0] is model else "x" if fn.args[0]._generated is not None else "p")
+            order.append(fn.args[0] is model)
         return timed(fn, device)
 
     monkeypatch.setattr(accelerator, "timed", recording)
     prof = profile(model, args, repeats=3, warmup=1)
     assert "executor_fixed_s" in prof.graph.meta
-    assert "recompute_probe_s" in prof.graph.meta
-    assert "".join(order[:9]) == "expxpepex", order[:9]
+    pairs = [tuple(order[i:i + 2]) for i in range(0, len(order), 2)]
+    assert pairs[:4] == [(True, False), (False, True), (True, False), (False, True)], pairs[:4]
 
 
 def test_the_fixed_cost_budget_is_spent_on_the_step_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """With one intra-op thread the fixed-cost pairs stop when `FIXED_COST_BUDGET_S` of CPU time is spent,
     not wall time: on a loaded machine the wall clock cut a 25 ms step to the 7 pairs of ``repeats``
     (exec24).  Here the step clock stands still and the wall clock runs past a 1 ns budget: every pair
-    up to `FIXED_COST_PAIRS` is taken, each of its three steps (eager, exported, the recompute probe)."""
+    up to `FIXED_COST_PAIRS` is taken."""
     import functools
 
     import memviz.profiling.profile as profiling
     from memviz.hardware import accelerator
 
     torch.manual_seed(0)
-    model = _Residual()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     args = (torch.randn(8, 16),)
     steps = []
 
@@ -769,7 +752,7 @@ def test_the_fixed_cost_budget_is_spent_on_the_step_clock(monkeypatch: pytest.Mo
         profile(model, args, repeats=3, warmup=1)
     finally:
         torch.set_num_threads(threads)
-    assert len(steps) == 3 * profiling.FIXED_COST_PAIRS
+    assert len(steps) == 2 * profiling.FIXED_COST_PAIRS
 
 
 def test_recomputed_ops_are_priced_at_the_rate_ops_ran_in_the_eager_step() -> None:
@@ -790,12 +773,11 @@ def test_recomputed_ops_are_priced_at_the_rate_ops_ran_in_the_eager_step() -> No
 
 
 def test_a_cpu_profile_measures_the_in_step_rate_of_its_ops() -> None:
-    """``recompute_phase_scale`` is the exported step's phase functions, timed within the step rounds
+    """``recompute_scale`` is the exported step's phase functions, timed within the step pairs
     (``executor_phase_s``), over the summed times of the ops they run (not the loss, run by the user's
-    code); ``recompute_scale`` is the recompute probe's net rate where it measured one above 0, else the
-    phase rate, and its quartiles bracket it."""
+    code), and its quartiles bracket it."""
     torch.manual_seed(0)
-    model = _Residual()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -806,75 +788,8 @@ def test_a_cpu_profile_measures_the_in_step_rate_of_its_ops() -> None:
     generated = sum(c.time for c in prof.graph.computes[:len(prof.captured.compute_fx)]
                     if prof.captured.compute_fx[c.id] is not None)
     assert meta["executor_phase_s"] > 0
-    assert meta["recompute_phase_scale"] == pytest.approx(meta["executor_phase_s"] / generated)
-    assert meta["recompute_probe_s"] > 0
-    probe = meta["recompute_probe_rate"]
-    assert meta["recompute_scale"] == (probe if probe > 0 else meta["recompute_phase_scale"])
+    assert meta["recompute_scale"] == pytest.approx(meta["executor_phase_s"] / generated)
     assert meta["recompute_scale_q1"] <= meta["recompute_scale"] <= meta["recompute_scale_q3"]
-
-
-def test_the_recompute_probe_prices_a_recomputation_at_its_net_rate() -> None:
-    """pred32: a recomputation runs as long as its node's first run, but the backward ops reading its value
-    then run faster (bench_export's GPT: -8 to -10 %), so the phase rate (1.44-1.77x) over-priced it.  The
-    probe's steps, against the exported eager schedule's in the same rounds, give the net rate: here its
-    median ratio 1.25 against the schedule's 1.05, on eager's median 10 ms step, recomputing 1.5 ms of op
-    time: (1.25 - 1.05) x 10 / 1.5 = 1.333 a second of op time, where the phases read 1.6.  No probe, or a
-    rate at or below 0 (noise): the phase rate.  The quartiles move the rate as the phases moved."""
-    from types import SimpleNamespace
-
-    from memviz.profiling.profile import fixed_costs_of, recompute_rate
-    from solvers import ComputeNode, Graph, Phase
-
-    graph = Graph((ComputeNode(0, "mm", "mm", Phase.FORWARD, (), (), time=0.005),), (), ())
-    cap = SimpleNamespace(compute_fx=["mm"])  # the one op runs in the generated code
-    eager = [0.009, 0.010, 0.010, 0.011, 0.012]
-    executor = [1.05 * e for e in eager]
-    probe = [1.25 * e for e in eager]
-    phases = [0.0070, 0.0075, 0.0080, 0.0085, 0.0090]  # median 8 ms over 5 ms of ops: 1.6
-    assert recompute_rate(eager, executor, probe, 0.0015) == pytest.approx(0.20 * 0.010 / 0.0015)
-    costs = fixed_costs_of(graph, cap, eager, executor, [], phases, probe, 0.0015)
-    assert costs["recompute_scale"] == pytest.approx(0.20 * 0.010 / 0.0015)
-    assert costs["recompute_phase_scale"] == pytest.approx(1.6)
-    assert costs["recompute_probe_s"] == 0.0015
-    q1, _, q3 = statistics.quantiles(phases, n=4)
-    assert costs["recompute_scale_q1"] == pytest.approx(costs["recompute_scale"] * q1 / 0.008)
-    assert costs["recompute_scale_q3"] == pytest.approx(costs["recompute_scale"] * q3 / 0.008)
-    for no_probe in ((), [1.0 * e for e in eager]):  # none timed, or one whose rate reads 0
-        costs = fixed_costs_of(graph, cap, eager, executor, [], phases, no_probe, 0.0015)
-        assert costs["recompute_scale"] == pytest.approx(1.6)
-        assert costs["recompute_scale_q3"] == pytest.approx(q3 / 0.005)
-
-
-def test_the_recompute_probe_recomputes_each_dropped_datum_by_one_op_once() -> None:
-    """`solvers.rockmate.recompute_probe` on the example GPT (fixed costs): a valid schedule whose only
-    change is forward operators run twice, each right before a backward op, exactly the producers of the
-    dropped data (one op each, no chain of recomputations), each block's candidates at most half dropped."""
-    from collections import Counter
-
-    from solvers import simulate
-    from solvers.rockmate import probe_kept, recompute_probe
-    from solvers.rotor import chain_of
-
-    model, args = gpt()
-    graph = profile(model, args, device="fake:v100").graph
-    probe = recompute_probe(graph)
-    assert probe is not None
-    simulate(graph, probe).check()
-    order = [s.node for s in probe if s.op == "compute"]
-    runs = Counter(order)
-    again = {n for n, k in runs.items() if k > 1}
-    assert again and all(runs[n] == 2 and graph.computes[n].phase is Phase.FORWARD for n in again)
-    for n in again:  # the second run is right before a backward op (after the others recomputed for it)
-        second = len(order) - 1 - order[::-1].index(n)
-        after = next(m for m in order[second + 1:] if m not in again)
-        assert graph.computes[after].phase is Phase.BACKWARD
-    chain = chain_of(graph)
-    dropped = {d for b in chain.blocks for d in set(b.saved) - probe_kept(chain, b)}
-    # one op per dropped datum: exactly their producers run again, no chain of recomputations
-    assert again == {graph.datas[d].producer for d in dropped}
-    for b in chain.blocks:
-        cand = [d for d in b.saved if d != b.output]
-        assert len(set(b.saved) - probe_kept(chain, b)) <= max(1, len(cand) // 2)
 
 
 def test_the_overhead_is_predicted_at_the_quartiles_of_the_measured_steps() -> None:

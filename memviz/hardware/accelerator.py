@@ -16,7 +16,7 @@ import functools
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -169,28 +169,24 @@ def alternating_pairs(first: Callable[[], T], second: Callable[[], T],
                       keep_going: Callable[[int], bool]) -> tuple[list[T], list[T]]:
     """The results of `first()` and `second()` (each a timing of one step) called in pairs while
     ``keep_going(pairs so far)``, their order swapped every pair (first second, second first, ...) and
-    cyclic garbage collection paused (`collection_paused`): `rotated_rounds` of the two.
+    cyclic garbage collection paused (`collection_paused`).
 
     Why swapped: on a shared 2-vCPU VM the median ratio of back-to-back pairs of the same 900 sub-ms steps
     (the example MLP, eager and exported) read 1.87 paired as (exported, eager) and 1.44 paired as
     (eager, exported), the following step's CPU time depending on the one before (issue 22, exec24);
     the profile paired one way and the benchmark the other.  Alternating the order gives both the same
     share of either position."""
-    a, b = rotated_rounds((first, second), keep_going)
-    return a, b
-
-
-def rotated_rounds(calls: Sequence[Callable[[], T]], keep_going: Callable[[int], bool]) -> list[list[T]]:
-    """Each of `calls` once per round while ``keep_going(rounds so far)``, round i starting at call
-    i mod len(calls) (a cyclic rotation: every call takes every position equally often, as
-    `alternating_pairs` swaps its two), cyclic garbage collection paused; the results per call."""
-    out: list[list[T]] = [[] for _ in calls]
+    a: list[T] = []
+    b: list[T] = []
     with collection_paused():
-        while keep_going(len(out[0])):
-            start = len(out[0]) % len(calls)
-            for i in (*range(start, len(calls)), *range(start)):
-                out[i].append(calls[i]())
-    return out
+        while keep_going(len(a)):
+            if len(a) % 2 == 0:
+                a.append(first())
+                b.append(second())
+            else:
+                b.append(second())
+                a.append(first())
+    return a, b
 
 
 def memory_info(device: torch.device | str) -> tuple[int, int]:

@@ -394,9 +394,8 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
     plain ratio of op times).  The exported module's also holds what it adds to each operator it runs,
     once each; each of the schedule's `recomputations` pays that again (``executor_op_s``: on a
     launch-bound GPU an operator costs its launch, not only its kernel time).  Recomputations add their
-    measured op times at the net rate the profile's recompute probe measured in the step, its backward
-    readers included (``recompute_scale``, host-timed profiles; the rate ops ran in the exported step's
-    generated code where no probe ran); the fixed costs only scale the ratio,
+    measured op times at the rate ops ran inside the exported step's generated code, where a
+    recomputation runs (``recompute_scale``, host-timed profiles); the fixed costs only scale the ratio,
     so no solver's choice depends on them (solvers compare op times)."""
     return _time_ratio(graph.meta, planned_s, baseline_s, recomputations)
 
@@ -404,13 +403,14 @@ def step_time_ratio(graph: Graph, planned_s: float, baseline_s: float, recomputa
 def _time_ratio(meta: Mapping[str, Any], planned_s: float, baseline_s: float, recomputations: int) -> float:
     fixed = fixed_costs_of(meta, baseline_s)
     eager = baseline_s + fixed["eager_fixed_s"]
-    # the recomputed op time again at the measured rate's excess over the rate timed alone.  pred30 (per-op
-    # timers in the exported step, plans at 25 % against the eager schedule exported): a recomputation runs
-    # as long as its node's first run (GPT 2.94 / 3.01 ms, ViT 2.52 / 2.56), but the backward ops that read
-    # its value then run faster (GPT -8 to -10 %, ViT and UNet -4 to -5 %, ResNet +1 %: the value was just
-    # written), so the transformers' net cost was 1.30-1.39x their op time where the phase rate charged
-    # 1.44-1.77x.  No formula: the rate is measured whole by the profile's recompute probe (pred32,
-    # `memviz.profiling.profile.recompute_rate`), the phase rate only where no probe ran
+    # the recomputed op time again at the in-step rate's excess over the rate timed alone.  Not modelled
+    # (pred30, per-op timers in the exported step, plans at 25 % against the eager schedule exported, steps
+    # interleaved): a recomputation itself runs as long as its node's first run (GPT 2.94 / 3.01 ms, ViT
+    # 2.52 / 2.56), but the backward ops that read its value then run faster (GPT -8 to -10 %, ViT and UNet
+    # -4 to -5 %, ResNet +1 %: the value was just written), so the transformers' net cost was 1.30-1.39x
+    # their op time where this charged 1.44-1.77x: their rows' over-prediction growing with recomputations
+    # (about 1.5 points from 75 % to 25 %).  Not a formula yet: the rest of the step moved by as much
+    # (-0.45 to +0.23 ms) from run to run, and UNet's 0.33 ms of recomputations netted 0.03 and 0.82 ms
     in_step = (fixed["recompute_scale"] - 1.0) * max(0.0, planned_s - baseline_s)
     executor = planned_s + in_step + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
     return executor / eager if eager > 0 and executor > 0 else 1.0

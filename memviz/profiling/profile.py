@@ -32,8 +32,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -390,27 +389,21 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
       call, launch included, and charging the in-step extra again over-predicted recomputing plans
       (tiny 12-layer GPT, 25/51 recomputations: 1.150/1.191 predicted against 1.121/1.155 measured, 1.129/
       1.149 without it; bench_export's examples likewise, issue 22).
-    * ``recompute_scale``: on the host clock, what a recomputation nets in the step per second of its
-      operators' measured times, readers included: the recompute probe (`solvers.rockmate.recompute_probe`:
-      about half of every block's saved data recomputed once each, by one operator right before its first
-      backward reader, as the plans' recomputations) exported and timed as a third step in the same
-      rounds, its median ratio to eager's step less the exported eager schedule's, times eager's median
-      step, over the op time it recomputes (``recompute_probe_s``; `recompute_rate`).  pred30 timed a
-      recomputation as long as its node's first run, but the backward ops reading its value then ran
-      faster (GPT -8 to -10 %: the value was just written), so on bench_export's GPT / ViT a recomputation
-      netted 1.30-1.39x its op time where the phase rate below charged 1.44-1.77x (their rows
-      over-predicted by 2-4 points).  Where no probe can be built or timed (nothing to drop, a graph
-      the chain decomposition refuses, a probe the export refuses, a rate not above 0) it is the phase
-      rate ``recompute_phase_scale``: the exported step's phase functions (the generated code that
-      runs every operator and every recomputation) over their operators' summed times, timed inside the
-      same rounds (``executor_phase_s``, median), the rate a recomputation's own run goes at.  Both move
-      with the load (GPT 1.37-1.70 across profiles at load 10-20: op times are the fastest of runs timed
-      alone, the steps are not).  1.0 on an accelerator (no probe is timed there).
+    * ``recompute_scale``: on the host clock, the exported step's phase functions (the generated code
+      that runs every operator and every recomputation) over their operators' summed times, timed inside
+      the same pairs (``executor_phase_s``, median): the rate operators run at where a recomputation
+      runs, at which `memviz.plans.planning.step_time_ratio` prices recomputed operators: timed one by
+      one in the exported step, 30 recomputations of bench_export's GPT (1.65 ms timed alone) took what
+      the same nodes' first runs took there (2.66 / 2.59 ms).  It was eager's step over its operators'
+      times, which stands for eager's own per-step costs (module calls, autograd's graph and engine), not
+      the generated code's; measured in the same pairs the two agree within their quartiles on
+      bench_export's GPT (1.705 / 1.680, 1.602 / 1.631 in two profiles at load 16) and ResNet (1.640 /
+      1.749, 1.521 / 1.487), and both move with the load (GPT 1.37-1.70 across profiles at load 10-20:
+      op times are the fastest of runs timed alone, the steps are not).  1.0 on an accelerator.
 
     Measured in interleaved pairs of steps (``loss_fn(model(x)).backward()``, after `warmup` untimed
-    steps each), eager and the exported module (and on the host clock the probe: rounds of three) in
-    rotated order with cyclic collection paused (`accelerator.rotated_rounds`: the order alone moved a
-    sub-ms step's ratio by 40 points), the
+    steps each), eager and the exported module in alternating order with cyclic collection paused
+    (`accelerator.alternating_pairs`: the order alone moved a sub-ms step's ratio by 40 points), the
     exported module's phase functions timed in its steps on the host clock (6 clock readings a step), and
     on an accelerator in as many steps after the pairs (their timers synchronise, so they are kept out of
     the ratio); `repeats` pairs, more up to `FIXED_COST_PAIRS` within
@@ -449,8 +442,6 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
         return phases.seconds
 
     host = not accelerator.is_accelerator(device)
-    # host-timed only: an accelerator prices a recomputation by its launch (``executor_op_s``)
-    probe = _recompute_probe(graph, cap, fp, model) if host else None
 
     def exported_step() -> tuple[float, float]:
         """The exported step's seconds and, on the host clock, its phase functions' (0 elsewhere)."""
@@ -463,19 +454,14 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             for _ in range(warmup):
                 step(model)
                 step(module)
-                if probe is not None:
-                    step(probe[0])
             # the budget on the clock the steps are timed on: on a loaded machine the wall clock cut a
             # 25 ms step's pairs to the 7 of `repeats` (exec24), whose median ratio then moved by points
             clock = accelerator.host_clock() if host else time.perf_counter
             start = clock()
             module._generated = phases if host else None
-            calls: list[Callable[[], Any]] = [
-                lambda: accelerator.timed(functools.partial(step, model), device)[0], exported_step]
-            if probe is not None:
-                calls.append(lambda: accelerator.timed(functools.partial(step, probe[0]), device)[0])
-            eager, exported, *probed = accelerator.rotated_rounds(calls, lambda n: n < max(1, repeats) or (
-                n < target and clock() - start < FIXED_COST_BUDGET_S))
+            eager, exported = accelerator.alternating_pairs(
+                lambda: accelerator.timed(functools.partial(step, model), device)[0], exported_step,
+                lambda n: n < max(1, repeats) or (n < target and clock() - start < FIXED_COST_BUDGET_S))
             module._generated = None
             # timed apart from the pairs: the phase timers synchronise the device
             in_phases = [] if host else [phased_step() for _ in eager]
@@ -486,57 +472,14 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
         for t, g in zip(leaves, grads, strict=True):
             t.grad = g
     executor = [seconds for seconds, _ in exported]
-    return fixed_costs_of(graph, cap, eager, executor, in_phases, [p for _, p in exported] if host else [],
-                          probed[0] if probed else [], probe[1] if probe is not None else 0.0)
-
-
-def _recompute_probe(graph: Graph, cap: Captured, fp: str,
-                     model: nn.Module) -> tuple[nn.Module, float] | None:
-    """`solvers.rockmate.recompute_probe` as the exported module runs it, and the op time it recomputes
-    (each operator's measured time, once per run beyond its first); None where there is no probe
-    (nothing to recompute but the loss's values, a graph the chain decomposition refuses, a schedule the
-    export refuses)."""
-    from memviz.plans.planning import as_exported, loss_turn
-    from memviz.runtime.export import PlannedModule, compile_program
-    from solvers.rockmate import recompute_probe
-
-    turn = loss_turn(graph)
-    try:  # the loss's own values kept: the exported module runs the loss once, in the user's code
-        schedule = recompute_probe(graph, graph.computes[turn[0]].outputs if turn is not None else ())
-        if schedule is None:
-            return None
-        schedule = as_exported(graph, schedule)
-        module = PlannedModule(model, compile_program(graph, cap, schedule, fp))
-    except ValueError:  # GraphError, PlanningError, the export's own refusal: no probe, the phase rate stands
-        return None
-    runs = Counter(s.node for s in schedule if s.op == "compute")
-    recomputed = sum(graph.computes[n].time * (k - 1) for n, k in runs.items())
-    return (module, recomputed) if recomputed > 0 else None
-
-
-def recompute_rate(eager: Sequence[float], executor: Sequence[float], probe: Sequence[float],
-                   recomputed_s: float) -> float:
-    """What the probe's recomputations netted per second of their measured op times (`recomputed_s`): its
-    steps' median ratio to eager's in their rounds, less the exported eager schedule's, times eager's median
-    step (the same reading as ``executor_fixed_s``: a burst of load slows every step of a round); 0 when
-    nothing was timed.  The readers' speed-up is in it: the probe runs the backward that reads the
-    recomputed values."""
-    if not probe or recomputed_s <= 0:
-        return 0.0
-
-    def ratio(steps: Sequence[float]) -> float:
-        return statistics.median(x / e for x, e in zip(steps, eager, strict=True) if e > 0)
-
-    return (ratio(probe) - ratio(executor)) * statistics.median(eager) / recomputed_s
+    return fixed_costs_of(graph, cap, eager, executor, in_phases, [p for _, p in exported] if host else [])
 
 
 def fixed_costs_of(graph: Graph, cap: Captured, eager: list[float], executor: list[float],
-                   in_phases: list[float], paired_phases: list[float], probe: Sequence[float] = (),
-                   recomputed_s: float = 0.0) -> dict[str, float]:
-    """`step_fixed_costs` from its timings: the eager and exported steps of each round, on an accelerator
-    the exported steps' phase functions timed after the rounds (`in_phases`), on the host clock within
-    them (`paired_phases`) and the recompute probe's steps (`probe`, recomputing `recomputed_s` of op
-    time; empty where none ran); each cost against the op times in `graph`."""
+                   in_phases: list[float], paired_phases: list[float]) -> dict[str, float]:
+    """`step_fixed_costs` from its timings: the eager and exported steps of each pair, on an accelerator
+    the exported steps' phase functions timed after the pairs (`in_phases`), on the host clock within
+    them (`paired_phases`); each cost against the op times in `graph`."""
     ops = sum(c.time for c in graph.computes if c.phase is not Phase.OPTIMIZER)
     # the operators the generated code runs (the loss and its backward run in the user's code: None)
     generated = [c for c in graph.computes[:len(cap.compute_fx)] if cap.compute_fx[c.id] is not None]
@@ -548,29 +491,22 @@ def fixed_costs_of(graph: Graph, cap: Captured, eager: list[float], executor: li
     # host-timed ops: the generated code's time over its ops timed alone is the rate they run at where a
     # recomputation runs them (an accelerator's per-op term above prices its launches instead)
     phase_s = statistics.median(paired_phases) if paired_phases else 0.0
-    phase_scale = phase_s / generated_s if phase_s > 0 and generated_s > 0 else 1.0
-    # the probe's net rate where it ran and read above 0 (a rate at or below 0 is the noise of a probe
-    # too small for its steps: the phase rate stands)
-    rate = recompute_rate(eager, executor, probe, recomputed_s)
-    scale = rate if rate > 0 else phase_scale
-    probed = {"recompute_probe_s": recomputed_s, "recompute_probe_rate": rate} if probe else {}
+    scale = phase_s / generated_s if phase_s > 0 and generated_s > 0 else 1.0
     return {"eager_fixed_s": step_s - ops, "executor_fixed_s": ratio * step_s - ops,
             "executor_op_s": per_op, "executor_ops": len(generated), "recompute_scale": scale,
-            **({"executor_phase_s": phase_s, "recompute_phase_scale": phase_scale} if phase_s > 0 else {}),
-            **probed, **_quartile_costs(eager, ratios, ops, paired_phases, phase_s / scale)}
+            **({"executor_phase_s": phase_s} if phase_s > 0 else {}),
+            **_quartile_costs(eager, ratios, ops, paired_phases, generated_s)}
 
 
 def _quartile_costs(eager: list[float], ratios: list[float], ops: float,
-                    paired_phases: list[float], per_rate_s: float) -> dict[str, float]:
+                    paired_phases: list[float], generated_s: float) -> dict[str, float]:
     """The fixed costs of `step_fixed_costs` at the lower and upper quartile (``_q1``, ``_q3``) of what the
     pairs measured: eager's step, and the exported step's ratio to it in its pair.  How far the steps
     spread within this one profile, run to run on the same machine: `memviz.plans.planning.
     step_time_range` predicts a plan's step time at them (issue 18: the overhead readout was shown as
     exact, while benchmarks/check_overhead_spread.py saw it move by ~10 points across runs); on the host
     clock also the recompute rate at the quartiles of the exported steps' phase functions (``paired_phases``
-    over `per_rate_s`, their median over ``recompute_scale``: the phase rate's quartiles, or the probe's rate
-    moved as the phases moved; the probe's own rounds are too noisy for quartiles of a difference).  Empty
-    with fewer than 4 pairs (no quartiles worth the name)."""
+    over their ops' `generated_s`).  Empty with fewer than 4 pairs (no quartiles worth the name)."""
     if len(eager) < 4 or len(ratios) < 4:
         return {}
     step_s = statistics.median(eager)
@@ -578,9 +514,9 @@ def _quartile_costs(eager: list[float], ratios: list[float], ops: float,
     r1, _, r3 = statistics.quantiles(ratios, n=4)
     out = {"eager_fixed_s_q1": e1 - ops, "eager_fixed_s_q3": e3 - ops,
            "executor_fixed_s_q1": r1 * step_s - ops, "executor_fixed_s_q3": r3 * step_s - ops}
-    if len(paired_phases) >= 4 and per_rate_s > 0:  # host-timed: the phase functions' rate
+    if len(paired_phases) >= 4 and generated_s > 0:  # host-timed: the phase functions' rate
         p1, _, p3 = statistics.quantiles(paired_phases, n=4)
-        out.update(recompute_scale_q1=p1 / per_rate_s, recompute_scale_q3=p3 / per_rate_s)
+        out.update(recompute_scale_q1=p1 / generated_s, recompute_scale_q3=p3 / generated_s)
     return out
 
 

@@ -410,7 +410,11 @@ def _time_ratio(meta: Mapping[str, Any], planned_s: float, baseline_s: float, re
     # -4 to -5 %, ResNet +1 %: the value was just written), so the transformers' net cost was 1.30-1.39x
     # their op time where this charged 1.44-1.77x: their rows' over-prediction growing with recomputations
     # (about 1.5 points from 75 % to 25 %).  Not a formula yet: the rest of the step moved by as much
-    # (-0.45 to +0.23 ms) from run to run, and UNet's 0.33 ms of recomputations netted 0.03 and 0.82 ms
+    # (-0.45 to +0.23 ms) from run to run, and UNet's 0.33 ms of recomputations netted 0.03 and 0.82 ms.
+    # Nor measured whole (pred32, branch pred32, reverted): a probe recomputing half of each block's saved
+    # data, timed as a third step of the profile's pairs, read net rates of 1.2-1.5, yet in bench_export
+    # runs at load 5-7 the rows within 2 points went 13 -> 12 of 17, the recomputing rows' rms error stayed
+    # 1.6 points (bias +1.1 -> +0.4): the profile's own run-to-run movement (3 points on GPT) dominates
     in_step = (fixed["recompute_scale"] - 1.0) * max(0.0, planned_s - baseline_s)
     executor = planned_s + in_step + fixed["executor_fixed_s"] + recomputations * fixed["executor_op_s"]
     return executor / eager if eager > 0 and executor > 0 else 1.0

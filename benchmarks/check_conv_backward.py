@@ -10,13 +10,26 @@ the minor page faults of each phase (mean), and the CPU time spent inside ``aten
 wrapped) -- the same Python timer around every call on both sides -- then the export/eager median ratios
 and the per-call ratios of the 15 convolutions.
 
-What conv32 read with it (load 5.5-8, 80 pairs a run): the backward 1.034-1.057 of eager, the
-convolutions' part of it 1.018-1.042 (+0.22 to +0.67 ms of ~13-16 ms), the rest of the backward +0.3 to
-+0.5 ms; per call the ratio ranges 0.97-1.17 with identical arguments.  Run under glibc tunables that stop
-every page fault of the step (``GLIBC_TUNABLES=glibc.malloc.trim_threshold=1073741824:
-glibc.malloc.mmap_threshold=1073741824``) the backward still read 1.039-1.054, so the page faults the
-export adds (by default 130-200 a forward and 180-200 a backward against eager's 30-50 and 90-120) are
-not the backward's loss.
+``--parameters`` picks the parameters the exported module runs on: ``copy`` (bench_export's: a deep copy
+made after the eager copy's tracked step), ``twin`` (a deep copy made together with the eager one, before
+that step) or ``same`` (the eager module itself: one set of parameters and buffers for both).
+
+What conv32 read with it (2026-11-27 23:00-23:45 UTC, load 5.5-8, 80 pairs a run, export/eager medians):
+
+* ``copy``: backward 1.034-1.057, ``convolution_backward`` 1.018-1.042 (7 runs, +0.22 to +0.67 ms of
+  13-16 ms), the forward 0.93-0.99; per call 0.97-1.17 with the very same arguments (bias_sizes [0],
+  output mask, strides, storage offset 0, a Parameter as weight, one thread on both sides);
+* ``twin``: convolution_backward 1.016-1.026 (4 runs); ``same``: 1.000-1.014 in 4 runs (backward
+  1.016-1.040) but 1.063 in a fifth (backward 1.090, the export faulting 763 pages a forward and 463 a
+  backward against eager's 197 and 343): the parameters' placement is not the whole story; two eager
+  copies against each other: 0.991 and 1.014;
+* under glibc tunables that stop every page fault of the step (``GLIBC_TUNABLES=glibc.malloc.
+  trim_threshold=1073741824:glibc.malloc.mmap_threshold=1073741824``) the backward still read
+  1.039-1.054, so the page faults the export can add (130-200 a forward and 180-200 a backward against
+  eager's 30-50 and 90-120 in some processes, none in others) are not the backward's loss;
+* the generated backward edited to accumulate the residual gradients in place (eager's InputBuffer) and
+  to free each node's gradient before its saved values (eager's engine order): gradients bitwise equal,
+  convolution_backward 1.012-1.050 (3 runs), no measurable change.
 """
 
 from __future__ import annotations
@@ -105,16 +118,22 @@ def timed_step(model: torch.nn.Module, args: tuple, clock: ConvClock, eager: boo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=80)
-    pairs = parser.parse_args(argv).pairs
+    parser.add_argument("--parameters", choices=("copy", "twin", "same"), default="copy")
+    opts = parser.parse_args(argv)
+    pairs = opts.pairs
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model, args = example_models(False)["resnet"]
     prof = memviz.profile(model, args, mode="train", repeats=PROFILE_REPEATS)
     plan = memviz.plan(prof, strategy="none", frontier=False, packing=False)
     eager = copy.deepcopy(model)
+    twin = copy.deepcopy(model) if opts.parameters == "twin" else None
     measured_peak(eager, args)
-    exported = memviz.export(plan, model=copy.deepcopy(model))
-    print(f"gradient error {gradient_error(eager, exported, args):.1e}")
+    own = {"copy": copy.deepcopy(model) if opts.parameters == "copy" else None, "twin": twin, "same": eager}
+    exported = memviz.export(plan, model=own[opts.parameters])
+    error = gradient_error(eager, exported, args)  # also the warm-up step of both, as in bench_export
+    if opts.parameters != "same":  # one set of parameters: its gradients would be compared with themselves
+        print(f"gradient error {error:.1e}")
     clock = ConvClock()
     code = exported.program.code  # this process's compiled steps: its operator wrapped here only
     code.aten_convolution_backward = clock.wrap(code.aten_convolution_backward)
@@ -129,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             steps[name].append(timed_step(module, args, clock, is_eager))
     gc.enable()
     load.append(os.getloadavg()[0])
-    print(f"ResNet (bench_remat sizes), {pairs} pairs, load {min(load):.1f}-{max(load):.1f}")
+    print(f"ResNet (bench_remat sizes), parameters: {opts.parameters}, {pairs} pairs, "
+          f"load {min(load):.1f}-{max(load):.1f}")
     for name, rows in steps.items():
         print(f"{name:6s} " + "  ".join(
             f"{k} {statistics.mean(r[k] for r in rows):.0f}" if k.endswith("faults")

@@ -26,7 +26,10 @@ What conv32 read with it (2026-11-27 23:00-23:45 UTC, load 5.5-8, 80 pairs a run
 * under glibc tunables that stop every page fault of the step (``GLIBC_TUNABLES=glibc.malloc.
   trim_threshold=1073741824:glibc.malloc.mmap_threshold=1073741824``) the backward still read
   1.039-1.054, so the page faults the export can add (130-200 a forward and 180-200 a backward against
-  eager's 30-50 and 90-120 in some processes, none in others) are not the backward's loss;
+  eager's 30-50 and 90-120 in some processes, none in others) are not the backward's loss.  They are
+  part of the whole step's: `bench_export.bench_eager_schedule` itself (41 pairs x 2 rounds, process
+  time) read 1.013-1.040 (mean 1.022, 8 processes) by default and 0.980-1.020 (mean 1.006, 8 processes,
+  no faults) under those tunables, alternating processes, load 6-10;
 * the generated backward edited to accumulate the residual gradients in place (eager's InputBuffer) and
   to free each node's gradient before its saved values (eager's engine order): gradients bitwise equal,
   convolution_backward 1.012-1.050 (3 runs), no measurable change.

@@ -272,10 +272,12 @@ def _minimum_line(m: dict) -> list[str]:
         return []
     plain, fused = sorted(rows, key=lambda r: r["compiled"])
     diff = fused["measured_peak"] - plain["measured_peak"]
+    how = "lower" if diff < 0 else "higher" if diff > 0 else "the same"
+    peer = min(m["peers"], key=lambda p: p["measured_peak"])
     return [f"memviz at its minimum budget ({_mib(plain['budget'])} MiB, plan {_mib(plain['plan_peak'])} "
             f"MiB): {_mib(plain['measured_peak'])} MiB measured uncompiled, {_mib(fused['measured_peak'])} "
-            f"compiled ({diff / MiB:+.3f} MiB: "
-            + ("compiling goes lower" if diff < 0 else "compiling goes no lower") + ").", ""]
+            f"compiled ({diff:+,} B: compiled {how}); Inductor's lowest, {peer['setting']}, "
+            f"{_mib(peer['measured_peak'])} MiB.", ""]
 
 
 def markdown(result: dict) -> str:

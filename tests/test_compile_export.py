@@ -343,8 +343,8 @@ def test_a_segment_replays_a_dropout_it_saved_and_keeps_the_global_stream() -> N
 def test_a_compiled_export_step_enters_dynamo_only_once() -> None:
     """Dynamo skips the exported module's ``forward`` frame by a mark on its code (``skip``), so a step
     after the first converts no frame: ``disable(recursive=False)``, which means the same, ran Dynamo's
-    Python frame callback on that frame at every call (0.5 ms of a 4 ms step on bench_compile's dropout
-    GPT, `benchmarks/check_compiled_fixed_cost.py`)."""
+    Python frame callback on that frame at every call (0.17-0.23 of an eager step on bench_compile's
+    dropout GPT, `benchmarks/check_compiled_fixed_cost.py`)."""
     from torch._dynamo.utils import counters
 
     model, args, plan = _planned()

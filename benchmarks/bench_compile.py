@@ -249,20 +249,20 @@ def _equal_table(m: dict) -> list[str]:
         o = e["ours"]
         if o is None:
             low = _lowest(m)
-            over = low["measured_peak"] - e["peer_peak"]
-            out.append(f"{head} none at or below this peak: memviz LOSES (its lowest, {low['setting']}, "
-                       f"{_mib(low['measured_peak'])} MiB, is {over / MiB:.3f} MiB / "
-                       f"{over / e['peer_peak']:.1%} higher) | | | |")
+            over = None if low is None else low["measured_peak"] - e["peer_peak"]
+            by = "" if low is None else (f" (its lowest, {low['setting']}, {_mib(low['measured_peak'])} MiB, "
+                                         f"is {over / MiB:.3f} MiB / {over / e['peer_peak']:.1%} higher)")
+            out.append(f"{head} none at or below this peak: memviz LOSES{by} | | | |")
             continue
         out.append(f"{head} {o['setting']} | {_mib(o['measured_peak'])} | {o['measured_overhead']:.3f} | "
                    f"{e['ratio']:.2f} ({verdict(e['ratio'], m['eager_vs_eager'])}) |")
     return out
 
 
-def _lowest(m: dict) -> dict:
-    """memviz's compiled row with eager's gradients and the lowest measured peak."""
+def _lowest(m: dict) -> dict | None:
+    """memviz's compiled row with eager's gradients and the lowest measured peak (None: no such row)."""
     return min((r for r in m["ours"] if r["compiled"] and r["grad_error"] <= GRAD_TOLERANCE),
-               key=lambda r: r["measured_peak"])
+               key=lambda r: r["measured_peak"], default=None)
 
 
 def _minimum_line(m: dict) -> list[str]:

@@ -173,6 +173,19 @@ def test_apply_peer_budgets_plan_memviz_at_each_peer_peak_it_can_reach():
         ("at torch.compile min-cut 1.0", 80)]
 
 
+def test_apply_verdicts_read_ratios_against_the_eager_copys_pair_spread():
+    """The noise band is the eager copy's largest distance from 1.0 over its pair ratios (and median): a
+    median of 0.997 with pairs reaching 1.04 reads a 1.03 as noise, not SLOWER; a saved result without
+    pairs keeps its median's distance."""
+    bench = _bench_apply()
+    assert bench.band_of(0.997, [0.98, 1.04, 0.995, 0.999]) == pytest.approx(0.04)
+    assert bench.band_of(1.02, [1.01, 1.0]) == pytest.approx(0.02)  # the median's, where it is wider
+    m = {"eager_vs_eager": 0.997, "eager_vs_eager_pairs": [0.98, 1.04, 0.995, 0.999]}
+    assert bench.verdict(1.03, bench.noise_band(m)) == "within noise"
+    assert bench.verdict(1.03, bench.noise_band({"eager_vs_eager": 0.997})) == "SLOWER"
+    assert bench.verdict(0.95, bench.noise_band(m)) == "faster"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # past 300 s at load 10-20 (busy rehearsal ci26)
 def test_apply_bench_smoke(tmp_path):

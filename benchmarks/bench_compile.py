@@ -47,7 +47,7 @@ for p in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import torch  # noqa: E402
-from bench_apply import verdict  # noqa: E402
+from bench_apply import noise_band, verdict  # noqa: E402
 from bench_remat import GRAD_TOLERANCE, _step, _timed_step, gradient_error  # noqa: E402
 
 import memviz  # noqa: E402
@@ -255,7 +255,7 @@ def _equal_table(m: dict) -> list[str]:
             out.append(f"{head} none at or below this peak: memviz LOSES{by} | | | |")
             continue
         out.append(f"{head} {o['setting']} | {_mib(o['measured_peak'])} | {o['measured_overhead']:.3f} | "
-                   f"{e['ratio']:.2f} ({verdict(e['ratio'], m['eager_vs_eager'])}) |")
+                   f"{e['ratio']:.2f} ({verdict(e['ratio'], noise_band(m))}) |")
     return out
 
 
@@ -351,7 +351,7 @@ def headline(result: dict) -> list[dict]:
     rows = []
     for m in result["models"]:
         eq = m["equal_memory"]
-        won = sum(e["ratio"] is not None and verdict(e["ratio"], m["eager_vs_eager"]) == "faster" for e in eq)
+        won = sum(e["ratio"] is not None and verdict(e["ratio"], noise_band(m)) == "faster" for e in eq)
         lost = sum(e["ours"] is None for e in eq)
         worst = max((e for e in eq if e["ratio"] is not None), key=lambda e: e["ratio"], default=None)
         rows.append({"metric": f"compile {m['model']}: memviz compiled vs Inductor's budgets at equal or "

@@ -101,7 +101,8 @@ def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tup
     """One candidate run against a warm `reference` (eager): the gradient error after a step with the
     same seed (which also warms the candidate up), `steps` back-to-back step pairs timed by `clock`, the
     candidate's peak (not with ``peak=False``).  Returns step_s (candidate median), measured_overhead
-    (median candidate/reference pair ratio), measured_peak and grad_error."""
+    (median candidate/reference pair ratio), pair_ratios (each pair's, in order), measured_peak and
+    grad_error."""
     error = gradient_error(reference, candidate, args)
     times, ratios = [], []
     for i in range(steps):
@@ -109,7 +110,8 @@ def measure_vs(candidate: torch.nn.Module, reference: torch.nn.Module, args: tup
         times.append(t)
         ratios.append(t / _timed_step(reference, args, i, clock))
     return {"step_s": statistics.median(times), "measured_overhead": statistics.median(ratios),
-            **({"measured_peak": measured_peak(candidate, args)} if peak else {}), "grad_error": error}
+            "pair_ratios": ratios, **({"measured_peak": measured_peak(candidate, args)} if peak else {}),
+            "grad_error": error}
 
 
 def gradient_error(reference: torch.nn.Module, candidate: torch.nn.Module, args: tuple) -> float:

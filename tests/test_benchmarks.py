@@ -173,6 +173,22 @@ def test_apply_peer_budgets_plan_memviz_at_each_peer_peak_it_can_reach():
         ("at torch.compile min-cut 1.0", 80)]
 
 
+def test_apply_verdicts_read_ratios_against_the_eager_copys_pair_spread():
+    """The noise band is the larger of the eager copy's median distance from 1.0 and half the
+    interquartile range of its pair ratios: one outlier pair does not widen it to its own distance, a
+    spread the median hides does widen it; a saved result without pairs keeps its median's distance."""
+    bench = _bench_apply()
+    pairs = [0.776, 0.956, 1.01, 1.292]  # bench_apply's ResNet eager copy, 2026-11-27: median 0.983
+    # inclusive quartiles 0.911 and 1.0805
+    assert bench.band_of(0.983, pairs) == pytest.approx((1.0805 - 0.911) / 2)
+    assert bench.band_of(1.1, pairs) == pytest.approx(0.1)  # the median's, where it is wider
+    assert bench.band_of(1.02, [1.02]) == pytest.approx(0.02)  # one pair: no spread to read
+    m = {"eager_vs_eager": 0.983, "eager_vs_eager_pairs": pairs}
+    assert bench.verdict(1.05, bench.noise_band(m)) == "within noise"
+    assert bench.verdict(1.05, bench.noise_band({"eager_vs_eager": 0.983})) == "SLOWER"
+    assert bench.verdict(0.75, bench.noise_band(m)) == "faster"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # past 300 s at load 10-20 (busy rehearsal ci26)
 def test_apply_bench_smoke(tmp_path):

@@ -38,7 +38,8 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 import torch  # noqa: E402
 from bench_compile import CLOCK  # noqa: E402
-from bench_remat import _step, _timed_step, gradient_error  # noqa: E402
+from bench_remat import _step, gradient_error  # noqa: E402
+from check_compiled_gap import timed_rounds  # noqa: E402
 from check_compiled_peak import fixed_plan  # noqa: E402
 from torch._C._dynamo.eval_frame import get_eval_frame_callback  # noqa: E402
 
@@ -96,19 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         _step(c, args, 0)
         errors[name] = gradient_error(eager, c, args)
     timer = _Timer(compiled_module._call)
-    ratios: dict[str, list[float]] = {name: [] for name in contenders}
-    times: dict[str, list[float]] = {name: [] for name in ["eager", *contenders]}
     segments: list[float] = []
+
+    def reset(name: str) -> None:
+        timer.spent = 0.0
+
+    def keep(name: str) -> None:
+        if name == "memviz compiled (shipped)":
+            segments.append(timer.spent)
+
     with mock.patch.object(compiled_module, "_call", timer):
-        for i in range(a.pairs):
-            for name, c in contenders.items():
-                timer.spent = 0.0
-                t = _timed_step(c, args, i, CLOCK)
-                if name == "memviz compiled (shipped)":
-                    segments.append(timer.spent)
-                times[name].append(t)
-                times["eager"].append(_timed_step(eager, args, i, CLOCK))
-                ratios[name].append(t / times["eager"][-1])
+        ratios, times = timed_rounds(eager, contenders, args, a.pairs, reset, keep)
     default = statistics.median(ratios["inductor default"])
     print(f"{a.model} at {a.fraction:.0%} ({plan.strategy}, {plan.timeline.recomputes} recomputations, "
           f"predicted {plan.time_overhead:.3f}x eager), {a.pairs} pairs, "

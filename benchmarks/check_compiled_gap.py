@@ -140,6 +140,26 @@ def rng_s() -> tuple[float, float]:
     return save, (CLOCK() - start) / CALLS
 
 
+def timed_rounds(eager: torch.nn.Module, contenders: dict[str, Any], args: Any, pairs: int,
+                 before: Callable[[str], None] = lambda name: None,
+                 after: Callable[[str], None] = lambda name: None,
+                 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """`pairs` rounds with every contender in each (the same load for all), each contender's step followed by
+    one of `eager`'s: the (contender, eager) step-time ratios per contender, and every step's time by name
+    (``"eager"`` included); `before` / `after` run around each contender's timed step."""
+    ratios: dict[str, list[float]] = {name: [] for name in contenders}
+    times: dict[str, list[float]] = {name: [] for name in ["eager", *contenders]}
+    for i in range(pairs):
+        for name, c in contenders.items():
+            before(name)
+            t = _timed_step(c, args, i, CLOCK)
+            after(name)
+            times[name].append(t)
+            times["eager"].append(_timed_step(eager, args, i, CLOCK))
+            ratios[name].append(t / times["eager"][-1])
+    return ratios, times
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet", choices=sorted(MODELS))
@@ -178,14 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, c in contenders.items():
         c.zero_grad(set_to_none=True)
         peaks[name] = allocator_peak(lambda c=c: _step(c, args, 0), tensors_of(c, args))[0]
-    ratios: dict[str, list[float]] = {name: [] for name in contenders}
-    times: dict[str, list[float]] = {name: [] for name in ["eager", *contenders]}
-    for i in range(a.pairs):
-        for name, c in contenders.items():
-            t = _timed_step(c, args, i, CLOCK)
-            times[name].append(t)
-            times["eager"].append(_timed_step(eager, args, i, CLOCK))
-            ratios[name].append(t / times["eager"][-1])
+    ratios, times = timed_rounds(eager, contenders, args, a.pairs)
     default = statistics.median(ratios["inductor default"])
     print(f"{a.model} at {a.fraction:.0%} ({plan.strategy}, {plan.timeline.recomputes} recomputations, "
           f"predicted {plan.time_overhead:.3f}x eager, plan {plan.peak_bytes / MiB:.3f} MiB), "

@@ -1,13 +1,14 @@
 """What Inductor adds to a compiled plan's peak, memviz's realize threshold or Inductor's default (issue 22).
 
-Run: ``python benchmarks/check_compiled_peak.py [--fraction 0.5] [--realize-reads 0]`` (CPU, one thread; an
-Inductor compile: minutes).  bench_compile's ResNet, planned on V100-roofline op times (the same plan on
-every machine and load) at ``--fraction`` of [rotor minimum, eager peak] (1: the eager schedule); the plan
-exported, compiled with ``torch.compile(..., backend="inductor")`` and one step measured by the CPU allocator
-(`memviz.profiling.tracker.allocator_peak`), less what the uncompiled export's step counts beyond the
-live-storage tracker (convolution workspaces: memory no plan models).  It prints that against the plan's
-peak.  ``--realize-reads`` sets `memviz.runtime.compiled.REALIZE_READS_THRESHOLD`; ``--realize-reads 4`` is
-Inductor's default (a pointwise value read by several kernels recomputed inside each), as before exec27.
+Run: ``python benchmarks/check_compiled_peak.py [--model resnet] [--fraction 0.5] [--realize-reads 0]`` (CPU,
+one thread; an Inductor compile: minutes).  bench_compile's ``--model`` (default ResNet), planned on
+V100-roofline op times (the same plan on every machine and load) at ``--fraction`` of [rotor minimum, eager
+peak] (1: the eager schedule); the plan exported, compiled with ``torch.compile(..., backend="inductor")`` and
+one step measured by the CPU allocator (`memviz.profiling.tracker.allocator_peak`), less what the uncompiled
+export's step counts beyond the live-storage tracker (convolution workspaces: memory no plan models).  It
+prints that against the plan's peak.  ``--realize-reads`` sets
+`memviz.runtime.compiled.REALIZE_READS_THRESHOLD`; ``--realize-reads 4`` is Inductor's default (a pointwise
+value read by several kernels recomputed inside each), as before exec27.
 """
 
 from __future__ import annotations
@@ -52,12 +53,13 @@ def fixed_plan(fraction: float, model_name: str = "resnet") -> tuple[torch.nn.Mo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet", choices=sorted(MODELS))
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--realize-reads", type=int, default=memviz.runtime.compiled.REALIZE_READS_THRESHOLD)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     memviz.runtime.compiled.REALIZE_READS_THRESHOLD = a.realize_reads
-    model, args, plan = fixed_plan(a.fraction)
+    model, args, plan = fixed_plan(a.fraction, a.model)
     uncompiled = memviz.export(plan, model=copy.deepcopy(model))
     _step(uncompiled, args, 0)
     uncompiled.zero_grad(set_to_none=True)
@@ -71,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         exported.zero_grad(set_to_none=True)
     peak, _ = allocator_peak(lambda: _step(compiled, args, 0), tensors_of(exported, args))
     segments = len(next(iter(exported._compiled.values()))[1].graphs)
-    print(f"resnet at {a.fraction:.0%}, {plan.strategy}, {plan.timeline.recomputes} recomputations, realize "
-          f"{a.realize_reads}: {segments} segments; plan {plan.peak_bytes / MiB:.3f} MiB, compiled "
+    print(f"{a.model} at {a.fraction:.0%}, {plan.strategy}, {plan.timeline.recomputes} recomputations, "
+          f"realize {a.realize_reads}: {segments} segments; plan {plan.peak_bytes / MiB:.3f} MiB, compiled "
           f"{peak / MiB:.3f} MiB less {(seen - tracked) / MiB:.3f} unmodelled: "
           f"{(peak - seen + tracked - plan.peak_bytes) / MiB:+.3f} MiB over the plan")
     return 0

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import operator
 import types
 from collections.abc import Callable, Sequence
@@ -321,12 +322,48 @@ def _trace(fn: Callable[..., Any], env: dict[str, Any], buffers: dict[str, Any],
     # copy while the segment returns the contiguous value the plan keeps: two copies of an activation
     # the plan counts once (ResNet at 50 %: +0.15 MiB in the forward segment, none without it).  A value
     # several kernels read is stored once, where the plan computes it (see the module's docstring)
+    # Kernels of different operators are not fused side by side (`_plan_order_choices`): the fused kernel
+    # runs the later one at the earlier one's place, so its outputs live longer than the plan has them
+    from torch._inductor.virtualized import V
+
+    choices = _plan_order_choices()
     with torch.no_grad(), functorch_config.patch(cse=False), inductor_config.patch(
             fallback_random=True, reorder_for_locality=False, reorder_for_peak_memory=False,
-            layout_optimization=False, realize_reads_threshold=REALIZE_READS_THRESHOLD):
+            layout_optimization=False, realize_reads_threshold=REALIZE_READS_THRESHOLD,
+            inductor_choices_class=choices), V.set_choices_handler(choices()):
         compiled = backend(gm, example)
     return _Traced(_boxed(compiled, gm), env_in, buf_in, grads_in, found["consumed"], found["written"],
                    found["result"], gm, states_in, states_out)
+
+
+@functools.cache
+def _plan_order_choices() -> type:
+    """Inductor's fusion heuristics (`torch._inductor.choices.InductorChoices`) with horizontal fusion
+    (two kernels, neither reading the other's output, run as one because they read the same buffers) kept
+    to the kernels of one operator of the segment (a LayerNorm backward's reductions).  Across operators it
+    runs the later one at the earlier one's place, so its outputs live from there: GPT-4l at the minimum
+    budget recomputes a LayerNorm three times, placed by the plan at its three uses, and Inductor computed
+    all three in one kernel at the first, 3 x (256 KiB output + 1 KiB statistics) = 789,504 B over the plan
+    (`benchmarks/check_compiled_peak.py --model gpt-4l --fraction 0`).  Inductor's own guard
+    (`Scheduler.are_long_distant_nodes`) only refuses nodes more than 64 apart.  Vertical (producer into
+    consumer) fusion is left as it is, though it can move memory too (module docstring)."""
+    from torch._inductor.choices import InductorChoices
+
+    class PlanOrderChoices(InductorChoices):
+        @staticmethod
+        def can_fuse_horizontal(scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+            return bool(_origins(node1) & _origins(node2)) and InductorChoices.can_fuse_horizontal(
+                scheduler, node1, node2, shared_data_score)
+
+        def uuid(self) -> str:  # Inductor's FX-graph cache key (`config.inductor_choices_class`)
+            return "memviz.runtime.compiled.PlanOrderChoices/1"
+
+    return PlanOrderChoices
+
+
+def _origins(node: Any) -> set[str]:
+    """The names of the segment graph's operators an Inductor scheduler node (fused or not) computes."""
+    return {o.name for n in node.get_nodes() if n.node is not None for o in n.node.origins}
 
 
 def _rng_in_graph(gm: torch.fx.GraphModule, actions: list[tuple[str, int]]) -> tuple[list[int], list[int]]:

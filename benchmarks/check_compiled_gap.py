@@ -13,8 +13,10 @@ eager) pairs, every contender in every round so all see the same load; step time
 * a model without random ops (ResNet): Inductor's default with ``layout_optimization`` off (no
   channels-last convolutions) and with ``realize_reads_threshold`` 0 (what memviz's segments use);
   ``torch.compile(memviz.export(plan))`` as shipped (threshold 0, layout optimisation off); with
-  Inductor's default threshold 4; with layout optimisation on and ``keep_output_stride`` off (a
-  segment may return its channels-last values rather than copy them back); and that with the
+  Inductor's default threshold 4; with Inductor's own fusion choices (horizontal fusion across operators,
+  which memviz refuses: `compiled._plan_order_choices`); with layout optimisation on and
+  ``keep_output_stride`` off (a segment may return its channels-last values rather than copy them back);
+  and that with the
   convolution weights stored channels-last outside the step (`channels_last_weights`);
 * a model with dropout: ``torch.compile(memviz.export(plan))`` as shipped (one segment per phase, each
   dropout saving or replaying its RNG state inside the graph, `compiled.rng_in_graph`); the same plan cut
@@ -65,6 +67,7 @@ VARIANTS: dict[str, tuple[bool, dict[str, Any]]] = {
     "inductor, realize_reads_threshold 0": (False, {"realize_reads_threshold": 0}),
     "memviz compiled (shipped)": (True, {}),
     "memviz compiled, realize_reads_threshold 4": (True, {"realize_reads_threshold": 4}),
+    "memviz compiled, horizontal fusion across operators": (True, {}),
     "memviz compiled, channels-last kept": (True, {"layout_optimization": True, "keep_output_stride": False}),
     "memviz compiled, channels-last kept, weights channels-last":
         (True, {"layout_optimization": True, "keep_output_stride": False}),
@@ -72,6 +75,9 @@ VARIANTS: dict[str, tuple[bool, dict[str, Any]]] = {
 #: contenders whose 4-d parameters are stored channels-last after the export, outside the step (the same
 #: bytes: the plan is unchanged; the convolution backward's scratch is not)
 CHANNELS_LAST_WEIGHTS = {"memviz compiled, channels-last kept, weights channels-last"}
+#: contenders compiled with Inductor's own fusion choices, horizontal fusion across operators allowed
+#: (`compiled._plan_order_choices` refuses it: cmin33)
+INDUCTOR_CHOICES = {"memviz compiled, horizontal fusion across operators"}
 #: the contenders for a model with random ops: (compile memviz's export, RNG in the graph, cut at random ops)
 DROPOUT_VARIANTS: dict[str, tuple[bool, bool, bool]] = {
     "inductor default": (False, True, True),
@@ -93,6 +99,17 @@ def inductor_with(settings: dict[str, Any]) -> Callable[..., Any]:
             return compile_fx(gm, example)
 
     return backend
+
+
+def inductor_choices() -> type:
+    """Inductor's default fusion heuristics, as a `compiled._plan_order_choices` stand-in."""
+    from torch._inductor.choices import InductorChoices
+
+    class Default(InductorChoices):
+        def uuid(self) -> str:  # a key of its own in Inductor's FX-graph cache
+            return "check_compiled_gap.Default"
+
+    return Default
 
 
 def channels_last_weights(module: torch.nn.Module) -> None:
@@ -184,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         contenders[name] = torch.compile(target, backend=backend)
         in_graph, cut = DROPOUT_VARIANTS[name][1:] if random else (True, True)
         patches[name] = [*([] if in_graph else [("rng_in_graph", lambda program: False)]),
-                         *([] if cut else [("_cuts", _uncut)])]
+                         *([] if cut else [("_cuts", _uncut)]),
+                         *([("_plan_order_choices", inductor_choices)] if name in INDUCTOR_CHOICES else [])]
         if ours:
             exported[name] = target
     for name, c in [("eager", eager), *contenders.items()]:

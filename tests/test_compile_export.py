@@ -354,3 +354,42 @@ def test_a_compiled_export_step_enters_dynamo_only_once() -> None:
     for seed in range(1, STEPS):
         _step(compiled, args, seed)
     assert counters["frames"]["total"] == before
+
+
+def test_inductor_does_not_run_a_recomputation_beside_its_first_run() -> None:
+    """Two runs of one LayerNorm on the same input, the second placed by the plan where its output is
+    used: Inductor's default choices fuse the two side by side (they read the same buffers) into one kernel
+    at the first, so both outputs live across what runs between them; memviz's segments refuse horizontal
+    fusion across operators (`compiled._plan_order_choices`) and hold one at a time."""
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.compile_fx import compile_fx
+
+    from memviz.runtime.compiled import _call, _trace
+
+    def segment(env: dict[str, Any], rng: Any, buffers: dict[str, Any], grad_outputs: dict[int, Any]) -> None:
+        x, w = env["x"], env["w"]
+        a = torch.nn.functional.layer_norm(x, (256,))
+        y = torch.mm(a, w)
+        del a
+        z = torch.mm(y, w)
+        del y
+        env["s"] = z.sum()
+        del z
+        b = torch.nn.functional.layer_norm(x, (256,))  # the recomputation
+        env["out"] = torch.mm(b, w)
+
+    class Default(InductorChoices):
+        def uuid(self) -> str:
+            return "test_compile_export.Default"
+
+    x, w = torch.randn(256, 256), torch.randn(256, 256)
+    value = x.numel() * x.element_size()
+
+    def peak() -> int:
+        traced = _trace(segment, {"x": x, "w": w}, {}, {}, compile_fx)
+        return allocator_peak(lambda: _call(traced, {"x": x, "w": w}, {}, {}, None))[0]
+
+    with mock.patch.object(memviz.runtime.compiled, "_plan_order_choices", lambda: Default):
+        fused = peak()
+    assert fused >= 3 * value, fused  # both LayerNorms' outputs and the first matmul's
+    assert peak() <= 2 * value + 4096  # two values at a time (with a LayerNorm's statistics and the sum)

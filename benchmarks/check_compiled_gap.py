@@ -16,8 +16,7 @@ eager) pairs, every contender in every round so all see the same load; step time
   Inductor's default threshold 4; with Inductor's own fusion choices (horizontal fusion across operators,
   which memviz refuses: `compiled._plan_order_choices`); with layout optimisation on and
   ``keep_output_stride`` off (a segment may return its channels-last values rather than copy them back);
-  and that with the
-  convolution weights stored channels-last outside the step (`channels_last_weights`);
+  and that with the convolution weights stored channels-last outside the step (`channels_last_weights`);
 * a model with dropout: ``torch.compile(memviz.export(plan))`` as shipped (one segment per phase, each
   dropout saving or replaying its RNG state inside the graph, `compiled.rng_in_graph`); the same plan cut
   at every random op's execution with the driver's RNG save or replay around each segment (compile28's

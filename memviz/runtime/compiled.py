@@ -67,13 +67,32 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
   measurable speed (`benchmarks/check_compiled_gap.py`: memviz compiled 0.916x eager at 0 against
   0.956x at 4; Inductor's own compile 0.813x at 0 against 0.817x at its default).
 
+* Two kernels of different operators are not fused side by side (horizontal fusion: neither reads the
+  other's output, both read the same buffers; `_plan_order_choices`, Inductor's `InductorChoices` hook):
+  the fused kernel runs the later one at the earlier one's place.  bench_compile's GPT-4l at the minimum
+  budget recomputes the first block's LayerNorm three times, each where the plan uses it, and Inductor
+  ran all three in one kernel at the first: 3 x (256 KiB output + 1 KiB statistics) = 789,504 B over the
+  plan, 0.253 MiB over the budget (cmin33; `benchmarks/check_compiled_peak.py --model gpt-4l --fraction
+  0`: 27.249 MiB, 26.998 MiB without; the 2-layer dropout GPT at 0 %: +0.005 MiB, +0.001 MiB without).
+  Refusing it costs no measurable speed: 0.967x eager against 0.954x with Inductor's own choices
+  (`benchmarks/check_compiled_gap.py --model gpt-4l --fraction 0 --pairs 9`, load 5.5-6.7; two
+  contenders there that run the same code read 0.948x and 0.979x).
+
 What the backend still changes is inside a segment: Inductor fuses operators (an intermediate that
 fusion keeps in registers never exists, a value read by one kernel is inlined into it) and frees each
-buffer after the last kernel that reads it.  That can only hold memory past the plan's frees where a
-single-reader value's inputs outlive it, or where fusing two kernels runs the later one early; none of
-bench_compile's plans showed it (ResNet: eager schedule, 75 / 50 / 25 %; GPT: eager schedule, 50 %).
-It is measured, not proven: ``memviz.export(plan, verify=True, backend="inductor")`` measures the
-compiled step and re-plans with any excess as margin, or refuses (`memviz.runtime.verify`).
+buffer after the last kernel that reads it.  That holds memory past the plan's frees where a
+single-reader value's inputs outlive it, or where a vertical fusion runs a consumer early: that GPT-4l
+plan still measures 526,336 B over its 26.496 MiB (2 KiB over its budget), where the recomputed
+LayerNorm's kernel is fused with the LayerNorm backward that reads its statistics, which so runs before
+the weight-gradient matmul the plan put between them (two 256 KiB buffers and two 1 KiB ones live across
+it).  Refusing vertical fusion across other kernels did not help: the backward then fused with the
+step's last kernels, whose outputs a fused kernel allocates all at once (+0.866 MiB).  The other plans
+measured with this rule hold their uncompiled export's peak within 0.001 MiB (ResNet at 50 / 0 %, GPT-4l
+at 50 / 25 %, the dropout GPT at 50 / 0 %: `check_compiled_peak.py`).  It is measured, not proven:
+``memviz.export(plan, verify=True, backend="inductor")`` measures the compiled step and re-plans with any
+excess as margin, or refuses (`memviz.runtime.verify`); on that plan it re-plans once (26.49 MiB,
+measured 26.98 MiB, under the 26.996 MiB budget), where before this rule the 771 KiB margin left no
+schedule and it refused.
 `CompiledCode.graphs` are the traced segments, to count what each runs (recomputations included).
 """
 

@@ -8,7 +8,8 @@ one step measured by the CPU allocator (`memviz.profiling.tracker.allocator_peak
 export's step counts beyond the live-storage tracker (convolution workspaces: memory no plan models).  It
 prints that against the plan's peak.  ``--realize-reads`` sets
 `memviz.runtime.compiled.REALIZE_READS_THRESHOLD`; ``--realize-reads 4`` is Inductor's default (a pointwise
-value read by several kernels recomputed inside each), as before exec27.
+value read by several kernels recomputed inside each), as before exec27.  ``--verify`` then runs
+``memviz.export(plan, verify=True, backend="inductor")`` and prints what it returns or why it refuses.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,8 @@ import memviz  # noqa: E402
 import memviz.runtime.compiled  # noqa: E402
 from memviz.plans.planning import minimum_budget  # noqa: E402
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of  # noqa: E402
+from memviz.runtime.export import BudgetExceededError  # noqa: E402
+from memviz.runtime.verify import VerifyWarning  # noqa: E402
 
 MiB = 2**20
 
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="resnet", choices=sorted(MODELS))
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--realize-reads", type=int, default=memviz.runtime.compiled.REALIZE_READS_THRESHOLD)
+    ap.add_argument("--verify", action="store_true",
+                    help='then memviz.export(plan, verify=True, backend="inductor"): its module or refusal')
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     memviz.runtime.compiled.REALIZE_READS_THRESHOLD = a.realize_reads
@@ -76,8 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.model} at {a.fraction:.0%}, {plan.strategy}, {plan.timeline.recomputes} recomputations, "
           f"realize {a.realize_reads}: {segments} segments; plan {plan.peak_bytes / MiB:.3f} MiB, compiled "
           f"{peak / MiB:.3f} MiB less {(seen - tracked) / MiB:.3f} unmodelled: "
-          f"{(peak - seen + tracked - plan.peak_bytes) / MiB:+.3f} MiB over the plan")
+          f"{(peak - seen + tracked - plan.peak_bytes) / MiB:+.3f} MiB over the plan "
+          f"({peak - seen + tracked - plan.peak_bytes:+,} B; budget {plan.budget_bytes:,} B)")
+    if a.verify:
+        print(verified(plan, model))
     return 0
+
+
+def verified(plan: Any, model: torch.nn.Module) -> str:
+    """What ``memviz.export(plan, verify=True, backend="inductor")`` does with `plan`: the module it returns
+    (its plan and measured peak; re-plans warn) or its refusal."""
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", VerifyWarning)
+            module = memviz.export(plan, model=copy.deepcopy(model), verify=True, backend="inductor")
+    except BudgetExceededError as exc:
+        return f"verify refused: {exc}"
+    notes = [str(w.message) for w in caught if issubclass(w.category, VerifyWarning)]
+    return (f"verify returned a plan of {module.plan.peak_bytes:,} B measured "
+            f"{module.verified_peak_bytes:,} B (budget {plan.budget_bytes:,} B)"
+            + "".join(f"\n  {n}" for n in notes))
 
 
 if __name__ == "__main__":

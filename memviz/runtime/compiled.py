@@ -82,7 +82,7 @@ What the backend still changes is inside a segment: Inductor fuses operators (an
 fusion keeps in registers never exists, a value read by one kernel is inlined into it) and frees each
 buffer after the last kernel that reads it.  That holds memory past the plan's frees where a
 single-reader value's inputs outlive it, or where a vertical fusion runs a consumer early: that GPT-4l
-plan still measures 526,336 B over its 26.496 MiB (14,848 B over its 26.996 MiB budget), where the recomputed
+plan still measures 526,336 B over its 26.496 MiB (about 2 KiB over its 26.996 MiB budget), where the recomputed
 LayerNorm's kernel is fused with the LayerNorm backward that reads its statistics, which so runs before
 the weight-gradient matmul the plan put between them (two 256 KiB buffers and two 1 KiB ones live across
 it).  Refusing vertical fusion across other kernels did not help: the backward then fused with the

@@ -78,21 +78,21 @@ straight-line code is compiled, as forward-only graphs, which no partitioner tou
   (`benchmarks/check_compiled_gap.py --model gpt-4l --fraction 0 --pairs 9`, load 5.5-6.7; two
   contenders there that run the same code read 0.948x and 0.979x).
 
-What the backend still changes is inside a segment: Inductor fuses operators (an intermediate that
-fusion keeps in registers never exists, a value read by one kernel is inlined into it) and frees each
-buffer after the last kernel that reads it.  That holds memory past the plan's frees where a
-single-reader value's inputs outlive it, or where a vertical fusion runs a consumer early: that GPT-4l
-plan still measures 526,336 B over its 26.496 MiB (about 2 KiB over its 26.996 MiB budget), where the recomputed
+What the backend still changes is inside a segment: Inductor fuses operators (an intermediate that fusion
+keeps in registers never exists, a value read by one kernel is inlined into it) and frees each buffer
+after the last kernel that reads it.  That holds memory past the plan's frees where a single-reader
+value's inputs outlive it, or where a vertical fusion runs a consumer early: that GPT-4l plan still
+measures 526,336 B over its 26.496 MiB (about 2 KiB over its 26.996 MiB budget), where the recomputed
 LayerNorm's kernel is fused with the LayerNorm backward that reads its statistics, which so runs before
 the weight-gradient matmul the plan put between them (two 256 KiB buffers and two 1 KiB ones live across
-it).  Refusing vertical fusion across other kernels did not help: the backward then fused with the
-step's last kernels, whose outputs a fused kernel allocates all at once (+0.866 MiB).  The other plans
-measured with this rule hold their uncompiled export's peak within 0.001 MiB (ResNet at 50 / 0 %, GPT-4l
-at 50 / 25 %, the dropout GPT at 50 / 0 %: `check_compiled_peak.py`).  It is measured, not proven:
+it).  Refusing vertical fusion across other kernels did not help: the backward then fused with the step's
+last kernels, whose outputs a fused kernel allocates all at once (+0.866 MiB).  The other plans measured
+with this rule hold their uncompiled export's peak within 0.001 MiB (ResNet at 50 / 0 %, GPT-4l at 50 / 25 %,
+the dropout GPT at 50 / 0 %: `check_compiled_peak.py`).  It is measured, not proven:
 ``memviz.export(plan, verify=True, backend="inductor")`` measures the compiled step and re-plans with any
-excess as margin, or refuses (`memviz.runtime.verify`); on that plan it re-plans once (26.49 MiB,
-measured 26.98 MiB, under the 26.996 MiB budget), where before this rule the 771 KiB margin left no
-schedule and it refused.
+excess as margin, or refuses (`memviz.runtime.verify`); on that plan it re-plans once (26.49 MiB, measured
+26.98 MiB, under the 26.996 MiB budget), where before this rule the 771 KiB margin left no schedule and it
+refused.
 `CompiledCode.graphs` are the traced segments, to count what each runs (recomputations included).
 """
 

@@ -99,15 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     timer = _Timer(compiled_module._call)
     segments: list[float] = []
 
-    def reset(name: str) -> None:
-        timer.spent = 0.0
-
     def keep(name: str) -> None:
+        """The shipped contender's time in its segments this step; the timer starts again for the next."""
         if name == "memviz compiled (shipped)":
             segments.append(timer.spent)
+        timer.spent = 0.0
 
     with mock.patch.object(compiled_module, "_call", timer):
-        ratios, times = timed_rounds(eager, contenders, args, a.pairs, reset, keep)
+        ratios, times = timed_rounds(eager, contenders, args, a.pairs, keep)
     default = statistics.median(ratios["inductor default"])
     print(f"{a.model} at {a.fraction:.0%} ({plan.strategy}, {plan.timeline.recomputes} recomputations, "
           f"predicted {plan.time_overhead:.3f}x eager), {a.pairs} pairs, "

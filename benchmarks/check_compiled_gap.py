@@ -157,17 +157,15 @@ def rng_s() -> tuple[float, float]:
 
 
 def timed_rounds(eager: torch.nn.Module, contenders: dict[str, Any], args: Any, pairs: int,
-                 before: Callable[[str], None] = lambda name: None,
                  after: Callable[[str], None] = lambda name: None,
                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """`pairs` rounds with every contender in each (the same load for all), each contender's step followed by
     one of `eager`'s: the (contender, eager) step-time ratios per contender, and every step's time by name
-    (``"eager"`` included); `before` / `after` run around each contender's timed step."""
+    (``"eager"`` included); `after` runs after each contender's timed step, before eager's."""
     ratios: dict[str, list[float]] = {name: [] for name in contenders}
     times: dict[str, list[float]] = {name: [] for name in ["eager", *contenders]}
     for i in range(pairs):
         for name, c in contenders.items():
-            before(name)
             t = _timed_step(c, args, i, CLOCK)
             after(name)
             times[name].append(t)

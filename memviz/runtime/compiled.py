@@ -345,6 +345,8 @@ def _trace(fn: Callable[..., Any], env: dict[str, Any], buffers: dict[str, Any],
     # runs the later one at the earlier one's place, so its outputs live longer than the plan has them
     from torch._inductor.virtualized import V
 
+    # both: the config names the class in Inductor's FX-graph cache key, and the handler is what the
+    # scheduler asks (set from the config only once per thread, so patching the config alone misses)
     choices = _plan_order_choices()
     with torch.no_grad(), functorch_config.patch(cse=False), inductor_config.patch(
             fallback_random=True, reorder_for_locality=False, reorder_for_peak_memory=False,

@@ -487,7 +487,10 @@ def library_frames_in_stack_traces() -> Any:
     from torch import functional as torch_functional
     from torch.nn import functional as nn_functional
 
-    anchors = fx_proxy._STACK_TRACE_ANCHORS
+    anchors = getattr(fx_proxy, "_STACK_TRACE_ANCHORS", None)
+    if anchors is None:  # torch before 2.13 (the CUDA 2.11 builds): stack traces keep forward frames only
+        yield
+        return
     found = {(fn.__code__.co_filename, fn.__code__.co_name)
              for mod in (nn_functional, torch_functional) for fn in vars(mod).values()
              if inspect.isfunction(fn) and fn.__code__.co_filename == mod.__file__}

@@ -3,13 +3,14 @@ fits only if the allocator's reserved peak fits the budget: `memviz.plan` plans 
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 from graphs import training_chain
 
 from memviz.hardware.devices import uses_caching_allocator
-from memviz.plans.planning import plan
+from memviz.plans.planning import RESERVED_TRIES, fit_reserved, plan
 from solvers import eager_schedule, simulate
 from solvers.result import InfeasibleBudget
 
@@ -50,3 +51,45 @@ def test_no_plan_reserving_less_than_the_budget_is_refused():
     # PyTorch's own order cannot be re-planned lower: its 206 MiB reserved against 185.5 MiB is refused
     with pytest.raises(InfeasibleBudget, match="caching allocator reserves 206.00 MiB"):
         plan(chain_profile("fake:h100"), 1.0, frontier=False, strategy="none")
+
+
+@dataclasses.dataclass
+class Solved:
+    """What `fit_reserved` reads of a plan: its live peak, its simulated reserved peak and its budget."""
+
+    peak_bytes: int
+    reserved_peak_bytes: int
+    budget_bytes: int | None = None
+    strategy: str = "rockmate"
+    frontier: object = None
+    frontier_points: object = None
+
+
+def test_the_reserved_search_steps_past_a_reserve_that_does_not_shrink_with_the_budget():
+    # planning budgets from 850 up give one schedule (848 live bytes) whose reserve is 4 bytes over the
+    # budget; under 850 the schedules keep 30 bytes cached: stepping down by the 4-byte excess crawled
+    # through the one schedule until the tries ran out
+    def solve(at: int) -> Solved:
+        solves.append(at)
+        live = 848 if at >= 850 else at * 98 // 100
+        return Solved(live, live + (156 if at >= 850 else 30), at)
+
+    solves: list[int] = []
+    chosen = fit_reserved(solve(1000), solve)
+    assert chosen.reserved_peak_bytes <= 1000 and chosen.budget_bytes == 1000
+    assert len(solves) <= 1 + RESERVED_TRIES
+    # the highest planning budget tried that fits is kept (a larger one recomputes less)
+    assert chosen.peak_bytes == max(at * 98 // 100 for at in solves if at < 850)
+
+
+def test_the_reserved_search_goes_down_to_the_smallest_schedule():
+    # no schedule under 400 live bytes; only the smallest ones (<= 420) leave the allocator little to cache
+    def solve(at: int, small_reserve: int = 10) -> Solved:
+        if at < 400:
+            raise InfeasibleBudget(at, 400, "rockmate")
+        return Solved(at, at + (small_reserve if at <= 420 else 700), at)
+
+    chosen = fit_reserved(Solved(990, 1690, 1000), solve)
+    assert chosen.reserved_peak_bytes <= 1000 and chosen.peak_bytes <= 420
+    with pytest.raises(InfeasibleBudget, match="6 solves, down to 400 B"):
+        fit_reserved(Solved(990, 1690, 1000), lambda at: solve(at, small_reserve=700))

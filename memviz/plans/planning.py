@@ -708,22 +708,28 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
 
 
 #: solves spent planning against the caching allocator's reserved peak before a budget is refused
-RESERVED_TRIES = 4
+RESERVED_TRIES = 6
 
 
 def fit_reserved(first: Plan, solve: Callable[[int], Plan]) -> Plan:
     """`first`, or, when PyTorch's caching allocator (simulated on a device that uses one) would
     reserve more than the budget running it, the plan `solve` makes for a lower planning budget whose
     reserved peak fits: the export runs the schedule through that allocator and does not lay tensors
-    out at the packed addresses, so a plan fits only if its reserved peak fits.  The planning budget
-    starts at the budget less the excess and is then bisected upwards (a larger one recomputes less),
-    at most `RESERVED_TRIES` solves; InfeasibleBudget when none fits."""
+    out at the packed addresses, so a plan fits only if its reserved peak fits.
+
+    The allocator's reserve grows about in proportion to the live bytes (segments rounded up, blocks
+    cached whole), so each planning budget aims at the budget scaled by the last plan's live/reserved
+    ratio, and steps at least twice as far down as the step before (the reserve is not monotone in
+    the planning budget: a fixed step stalled above plans that fit, CUDA GPT-2 on an H100).  Once one
+    fits, the planning budget is bisected upwards (a larger one recomputes less).  At most
+    `RESERVED_TRIES` solves; InfeasibleBudget when none fits."""
     budget = first.budget_bytes
     if budget is None or first.reserved_peak_bytes is None or first.reserved_peak_bytes <= budget:
         return first
     best: Plan | None = None
     fits_at, over = 0, budget  # planning budgets known to fit / to reserve too much
-    at = budget - (first.reserved_peak_bytes - budget)
+    lowest, step = budget, 0
+    at = budget * first.peak_bytes // first.reserved_peak_bytes
     for _ in range(RESERVED_TRIES):
         if not fits_at < at < over:
             break
@@ -734,18 +740,22 @@ def fit_reserved(first: Plan, solve: Callable[[int], Plan]) -> Plan:
                 break
             at = exc.minimum_bytes
             continue
+        lowest = min(lowest, at)
         reserved = candidate.reserved_peak_bytes or 0
         if reserved <= budget:
             best, fits_at = candidate, at
             at = (at + over) // 2
+        elif best is not None:
+            over, at = at, (fits_at + at) // 2
         else:
-            over = at
-            at = (fits_at + at) // 2 if best is not None else at - (reserved - budget)
+            step = max(2 * step, at - budget * candidate.peak_bytes // reserved, 1)
+            over, at = at, at - step
     if best is None:
         raise InfeasibleBudget(
             budget, None, f"{first.strategy}: PyTorch's caching allocator reserves "
             f"{format_bytes(first.reserved_peak_bytes)} running the plan for this budget, and no plan for a "
-            f"lower budget tried ({RESERVED_TRIES} solves) reserves less than the budget"
+            f"lower planning budget tried ({RESERVED_TRIES} solves, down to {format_bytes(lowest)}) reserves "
+            "less than the budget"
         )
     return dataclasses.replace(best, budget_bytes=budget, frontier=first.frontier,
                                frontier_points=first.frontier_points)

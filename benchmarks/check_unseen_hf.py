@@ -345,16 +345,44 @@ def sweep(names: list[str], timeout: float) -> list[dict[str, Any]]:
     return rows
 
 
+STEP_NAMES = ("profile", "plan_auto", "plan_sac", "export", "apply", "chunk")
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One line per model, one column per step: ok, or the failure's first words; then each note."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cell = {(r["model"], r["step"]): r for r in rows}
+    lines = ["| model | " + " | ".join(STEP_NAMES) + " |", "|---" * (len(STEP_NAMES) + 1) + "|"]
+    for m in models:
+        failed = cell.get((m, "process"))
+        marks = []
+        for step in STEP_NAMES:
+            r = cell.get((m, step))
+            marks.append("-" if r is None and failed is None else "killed" if r is None
+                         else "ok" if r["status"] == "ok" else r["note"].split(":")[0])
+        lines.append(f"| {m} | " + " | ".join(marks) + " |")
+    lines += ["", "Notes per step (peaks in bytes; `plan` is the plan the verified module runs):", ""]
+    lines += [f"- {r['model']} {r['step']} ({r['status']}, {r['seconds']} s): {r['note']}"
+              for r in rows if r["note"]]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated, from: " + ",".join(MODELS))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
     parser.add_argument("--json", help="write the rows there too")
+    parser.add_argument("--markdown", help="write the table there (benchmarks/NOTES_unseen_hf.md)")
+    parser.add_argument("--from-json", help="only render --markdown from rows a previous --json wrote")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         run_one(args.one)
+        return
+    if args.from_json:
+        rows = json.loads(Path(args.from_json).read_text())
+        Path(args.markdown).write_text(markdown(rows))
         return
     names = [n for n in args.models.split(",") if n]
     unknown = sorted(set(names) - set(MODELS))
@@ -363,6 +391,8 @@ def main() -> None:
     rows = sweep(names, args.timeout)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(rows))
 
 
 if __name__ == "__main__":

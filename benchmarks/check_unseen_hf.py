@@ -24,6 +24,7 @@ zoo's rotation: the model's own ``labels=`` loss or a user cross-entropy / MSE, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import json
@@ -225,6 +226,19 @@ def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:
             f"{over})")
 
 
+@contextlib.contextmanager
+def keeping(plan: Any) -> Any:
+    """On a failure, the plan written to a temporary file (`tests.test_real_models.reproduction`): plans
+    follow measured op times, so a failing one may not come back on the next run."""
+    from tests.test_real_models import reproduction
+
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(reproduction(plan))
+        raise
+
+
 def check_exported(case: RealCase, loss_fn: Any, plan: Any) -> str:
     """`memviz.export(plan, verify=True)` against an eager copy (the profiled model itself trains under
     the exported module; its weights are restored after)."""
@@ -233,8 +247,9 @@ def check_exported(case: RealCase, loss_fn: Any, plan: Any) -> str:
     saved = copy.deepcopy(case.model.state_dict())
     original = copy.deepcopy(case.model)
     try:
-        exported = memviz.export(plan, verify=True)
-        peaks = trains_as_eager(original, exported, case, loss_fn)
+        with keeping(plan):
+            exported = memviz.export(plan, verify=True)
+            peaks = trains_as_eager(original, exported, case, loss_fn)
     finally:
         case.model.load_state_dict(saved)
         for p in case.model.parameters():
@@ -246,8 +261,9 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
     """`memviz.apply(plan, model, verify=True)` (a checkpointed copy) against an eager copy."""
     import memviz
 
-    applied = memviz.apply(plan, case.model, verify=True)
-    peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
+    with keeping(plan):
+        applied = memviz.apply(plan, case.model, verify=True)
+        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
     regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
     return f"{regions} regions; {peak_note(applied, peaks)}"
 
@@ -292,7 +308,8 @@ def run_one(name: str) -> None:
         try:
             out = fn()
         except Exception as exc:  # noqa: BLE001 - a failing step is a row; later steps may still run
-            row(step, "fail", first_line(exc), time.perf_counter() - t0)
+            notes = " ".join(getattr(exc, "__notes__", []))
+            row(step, "fail", first_line(exc) + (f" [{notes}]" if notes else ""), time.perf_counter() - t0)
             if os.environ.get("MEMVIZ_SWEEP_TRACE"):
                 traceback.print_exc(file=sys.stderr)
             return None

@@ -223,3 +223,29 @@ def test_labels_the_loss_closes_over_are_not_the_steps_memory() -> None:
         module = memviz.export(plan, verify=True)
     measured = module.verified_peak_bytes
     assert 0 <= plan.peak_bytes - measured <= 8, (plan.peak_bytes, measured)
+
+
+class LastToken(nn.Module):
+    """Gathers each row's last non-padding token, as mBART's ``shift_tokens_right`` does: all-padding
+    rows (zeros) gather at index -1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        last = ids.gather(1, (ids.ne(0).sum(1) - 1).unsqueeze(-1))
+        return self.emb(torch.cat([last, ids[:, :-1]], 1))
+
+
+def test_a_model_that_fails_on_zero_inputs_is_told_to_pass_inputs() -> None:
+    """Without ``inputs=`` the verifying step runs on zeros of the planned shapes: a model whose values
+    matter fails there with a `VerifyError` saying so and what to pass, not a bare index error."""
+    from memviz.runtime.verify import VerifyError
+
+    ids = torch.randint(1, 10, (2, 6))
+    prof = profile(LastToken(), (ids,), repeats=1, warmup=0)
+    plan = memviz.plan(prof, None)
+    with pytest.raises(VerifyError, match=r"zeros of the planned input shapes.*pass inputs=\(args, kwargs\)"):
+        memviz.export(plan, verify=True)
+    assert memviz.export(plan, verify=True, inputs=(ids,)).verified_peak_bytes > 0

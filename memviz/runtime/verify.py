@@ -57,6 +57,12 @@ from solvers.result import InfeasibleBudget
 #: The measured peak may exceed the predicted one by this fraction of it before it is reported: the
 #: contract (DESIGN.md "Correctness means") is a measured peak within 1% of the plan's.
 TOLERANCE = 0.01
+
+
+class VerifyError(ValueError):
+    """The verifying step could not run (its inputs, not the plan): the message says what to pass."""
+
+
 #: Re-plans after the first measurement; each one costs a solve and a measured step.
 MAX_TRIES = 3
 #: Time limit of each re-plan's solve (seconds).
@@ -82,6 +88,8 @@ class StepSpec:
     groups: tuple[tuple[str, ...], ...] = ()
     # torch.compile's backend the module is measured under (`memviz.runtime.compiled`); None: eagerly
     backend: Any = None
+    # the inputs are zeros of the planned shapes (no ``inputs=``), which a model may not run on
+    zeros: bool = False
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -136,7 +144,7 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     current, margin, history = plan, 0, []
     for attempt in range(MAX_TRIES + 1):
         module = make(current)
-        measured = measure_step(module, spec) - outside
+        measured = measured_on_zeros(module, spec, caller) - outside
         history.append((current.budget_bytes, current.peak_bytes, measured))
         if budget is None or measured <= budget:
             break
@@ -153,6 +161,21 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     module.plan = current
     module.verified_peak_bytes = measured
     return module
+
+
+def measured_on_zeros(module: nn.Module, spec: StepSpec, caller: str) -> int:
+    """`measure_step`; where the step ran on zeros of the planned shapes and failed, an error that says
+    so and what to pass: the values can matter (mBART's labels all padding, the id zero, so shifting
+    them right gathers at index -1)."""
+    try:
+        return measure_step(module, spec)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        if not spec.zeros:
+            raise
+        raise VerifyError(
+            f"{caller}: the verifying step runs on zeros of the planned input shapes (no inputs= given), "
+            f"and the model failed on them ({type(exc).__name__}: {str(exc).strip().splitlines()[0]}): pass "
+            "inputs=(args, kwargs), the example inputs the model was profiled on, or verify=False") from exc
 
 
 def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int, none_as: str = "auto") -> Any:
@@ -199,7 +222,7 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
                    for c in plan.graph.computes if c.phase is Phase.OPTIMIZER)
     updated = frozenset(n for g in groups for n in g)
     grouped = plan.graph.meta.get("optimizer_update") in ("foreach", "fused")
-    return StepSpec(args=args, kwargs=kwargs, mode=mode,
+    return StepSpec(args=args, kwargs=kwargs, mode=mode, zeros=inputs is None,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())

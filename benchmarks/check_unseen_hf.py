@@ -239,6 +239,17 @@ def keeping(plan: Any) -> Any:
         raise
 
 
+def verified_call(run: Callable[..., torch.nn.Module], case: RealCase) -> tuple[torch.nn.Module, str]:
+    """`run()` as a user calls it; where its verifying step cannot run on zeros of the input shapes
+    (`VerifyError`), again with the example inputs, as the error asks (the note says so)."""
+    from memviz.runtime.verify import VerifyError
+
+    try:
+        return run(), ""
+    except VerifyError as exc:
+        return run(inputs=(case.args, case.kwargs)), f"VerifyError on zeros, verified with inputs= ({exc}); "
+
+
 def check_exported(case: RealCase, loss_fn: Any, plan: Any) -> str:
     """`memviz.export(plan, verify=True)` against an eager copy (the profiled model itself trains under
     the exported module; its weights are restored after)."""
@@ -248,13 +259,13 @@ def check_exported(case: RealCase, loss_fn: Any, plan: Any) -> str:
     original = copy.deepcopy(case.model)
     try:
         with keeping(plan):
-            exported = memviz.export(plan, verify=True)
+            exported, note = verified_call(lambda **kw: memviz.export(plan, verify=True, **kw), case)
             peaks = trains_as_eager(original, exported, case, loss_fn)
     finally:
         case.model.load_state_dict(saved)
         for p in case.model.parameters():
             p.grad = None
-    return peak_note(exported, peaks)
+    return note + peak_note(exported, peaks)
 
 
 def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
@@ -262,10 +273,10 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
     import memviz
 
     with keeping(plan):
-        applied = memviz.apply(plan, case.model, verify=True)
+        applied, note = verified_call(lambda **kw: memviz.apply(plan, case.model, verify=True, **kw), case)
         peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
     regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
-    return f"{regions} regions; {peak_note(applied, peaks)}"
+    return f"{note}{regions} regions; {peak_note(applied, peaks)}"
 
 
 def check_chunk(case: RealCase) -> str:

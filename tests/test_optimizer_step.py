@@ -93,3 +93,13 @@ def test_export_verifies_with_the_modelled_update(tmp_path: Any) -> None:
     loaded = memviz.load_plan(path)
     assert optimizer_spec(loaded, None) == (torch.optim.AdamW, {"foreach": True})
     assert functools.reduce(lambda a, c: a + (c.phase is Phase.OPTIMIZER), loaded.graph.computes, 0) == 2
+
+
+def test_fixed_costs_price_the_optimizer_update() -> None:
+    """`Profile.with_costs` on a profile with an optimizer: its update nodes follow the captured ones and
+    have no FX node (an IndexError before), so they are priced by the bytes they move."""
+    model, args = _model()
+    prof = profile(model, args, optimizer=torch.optim.AdamW, repeats=1, warmup=0).with_costs("fake:v100")
+    updates = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
+    assert len(updates) == 4 and all(c.time > 0 for c in updates)
+    assert memviz.plan(prof, None).peak_bytes == prof.baseline.peak_bytes

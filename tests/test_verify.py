@@ -192,3 +192,60 @@ def test_planner_export_verifies(tmp_path: Path) -> None:
         assert doc["planned"]["timeline"]["peak_bytes"] <= doc["budget_bytes"]
     finally:
         w.close()
+
+
+class Tagger(nn.Module):
+    """Takes its labels as a keyword, as Hugging Face models do, and ignores them: the loss reads them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_labels_the_loss_closes_over_are_not_the_steps_memory() -> None:
+    """The verifying step rebuilds the inputs; the labels the loss closes over stay the user's, which in
+    the user's step are the model's own labels: a view of them (``labels.reshape(-1)``) is no allocation
+    of the step, and a plan at exactly the eager peak passes (it measured the labels' 256 B over it)."""
+    torch.manual_seed(0)
+    model, x = Tagger(), torch.randn(32, 8)
+    labels = torch.randint(0, 5, (2, 16))
+
+    def loss_fn(out: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out, labels.reshape(-1))
+
+    prof = profile(model, (x,), {"labels": labels}, loss_fn=loss_fn, repeats=1, warmup=0)
+    plan = memviz.plan(prof, prof.baseline.peak_bytes, strategy="none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", VerifyWarning)
+        module = memviz.export(plan, verify=True)
+    measured = module.verified_peak_bytes
+    assert 0 <= plan.peak_bytes - measured <= 8, (plan.peak_bytes, measured)
+
+
+class LastToken(nn.Module):
+    """Gathers each row's last non-padding token, as mBART's ``shift_tokens_right`` does: all-padding
+    rows (zeros) gather at index -1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        last = ids.gather(1, (ids.ne(0).sum(1) - 1).unsqueeze(-1))
+        return self.emb(torch.cat([last, ids[:, :-1]], 1))
+
+
+def test_a_model_that_fails_on_zero_inputs_is_told_to_pass_inputs() -> None:
+    """Without ``inputs=`` the verifying step runs on zeros of the planned shapes: a model whose values
+    matter fails there with a `VerifyError` saying so and what to pass, not a bare index error."""
+    from memviz.runtime.verify import VerifyError
+
+    ids = torch.randint(1, 10, (2, 6))
+    prof = profile(LastToken(), (ids,), repeats=1, warmup=0)
+    plan = memviz.plan(prof, None)
+    with pytest.raises(VerifyError, match=r"zeros of the planned input shapes.*pass inputs=\(args, kwargs\)"):
+        memviz.export(plan, verify=True)
+    assert memviz.export(plan, verify=True, inputs=(ids,)).verified_peak_bytes > 0

@@ -555,6 +555,11 @@ def autograd_functions_in_graph() -> Any:
         if cls is CheckpointFunction:
             run_function, _preserve_rng, *inputs = args
             return run_function(*inputs)
+        if cls.__module__ == torch._library.autograd.__name__:
+            # the autograd kernel of a ``torch.library.custom_op`` with ``register_autograd``: the op is
+            # already one node of the graph (transformers' MoE ``grouped_mm_fallback``) and the joint
+            # trace runs its registered backward op, so it is torch's, not a Function to keep
+            return original.__func__(cls, *args, **kwargs)
         if not _importable(cls):
             raise refuse(cls, "it is not importable by its module and qualified name")
         graphable = (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device)

@@ -1077,7 +1077,9 @@ def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
     flops: dict[int, float] = {}
     seen: dict[tuple[Any, ...], float] = {}  # op_key -> FLOPs: the repeated blocks are counted once
     for c in graph.computes:
-        fx = cap.compute_fx[c.id]
+        # no FX node: the loss's synthetic nodes, and the optimizer's update nodes `add_optimizer` appends
+        # after the captured ones (bytes moved only)
+        fx = cap.compute_fx[c.id] if c.id < len(cap.compute_fx) else None
         moved = sum(graph.datas[d].bytes for d in (*c.inputs, *c.outputs))
         dtype = graph.datas[c.outputs[0]].dtype if c.outputs else "float32"
         f = 0.0

@@ -37,6 +37,7 @@ storages on CPU, the caching allocator's peak on an accelerator).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import warnings
 from collections.abc import Callable
@@ -56,6 +57,12 @@ from solvers.result import InfeasibleBudget
 #: The measured peak may exceed the predicted one by this fraction of it before it is reported: the
 #: contract (DESIGN.md "Correctness means") is a measured peak within 1% of the plan's.
 TOLERANCE = 0.01
+
+
+class VerifyError(ValueError):
+    """The verifying step could not run (its inputs, not the plan): the message says what to pass."""
+
+
 #: Re-plans after the first measurement; each one costs a solve and a measured step.
 MAX_TRIES = 3
 #: Time limit of each re-plan's solve (seconds).
@@ -81,6 +88,8 @@ class StepSpec:
     groups: tuple[tuple[str, ...], ...] = ()
     # torch.compile's backend the module is measured under (`memviz.runtime.compiled`); None: eagerly
     backend: Any = None
+    # the inputs are zeros of the planned shapes (no ``inputs=``), which a model may not run on
+    zeros: bool = False
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -135,7 +144,7 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     current, margin, history = plan, 0, []
     for attempt in range(MAX_TRIES + 1):
         module = make(current)
-        measured = measure_step(module, spec) - outside
+        measured = measured_on_zeros(module, spec, caller) - outside
         history.append((current.budget_bytes, current.peak_bytes, measured))
         if budget is None or measured <= budget:
             break
@@ -152,6 +161,21 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     module.plan = current
     module.verified_peak_bytes = measured
     return module
+
+
+def measured_on_zeros(module: nn.Module, spec: StepSpec, caller: str) -> int:
+    """`measure_step`; where the step ran on zeros of the planned shapes and failed, an error that says
+    so and what to pass: the values can matter (mBART's labels all padding, the id zero, so shifting
+    them right gathers at index -1)."""
+    try:
+        return measure_step(module, spec)
+    except (RuntimeError, IndexError, ValueError) as exc:
+        if not spec.zeros:
+            raise
+        raise VerifyError(
+            f"{caller}: the verifying step runs on zeros of the planned input shapes (no inputs= given), "
+            f"and the model failed on them ({type(exc).__name__}: {str(exc).strip().splitlines()[0]}): pass "
+            "inputs=(args, kwargs), the example inputs the model was profiled on, or verify=False") from exc
 
 
 def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int, none_as: str = "auto") -> Any:
@@ -198,7 +222,7 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
                    for c in plan.graph.computes if c.phase is Phase.OPTIMIZER)
     updated = frozenset(n for g in groups for n in g)
     grouped = plan.graph.meta.get("optimizer_update") in ("foreach", "fused")
-    return StepSpec(args=args, kwargs=kwargs, mode=mode,
+    return StepSpec(args=args, kwargs=kwargs, mode=mode, zeros=inputs is None,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())
@@ -247,7 +271,9 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
             opt = _primed_optimizer(spec, params)
             if spec.backend is None:
                 step = _step(module, spec, args, kwargs, opt)
-                peak, _ = measure_peak(step, tensors_of(module, opt, (args, kwargs)), device)
+                held = tensors_of(module, opt, (args, kwargs))
+                loss_held, outside = loss_only(spec.loss_fn, held, device)
+                peak = measure_peak(step, held + loss_held, device)[0] - outside
             else:
                 peak = _compiled_peak(module, spec, args, kwargs, opt, device)
     finally:
@@ -261,13 +287,55 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
     return peak
 
 
+def loss_only(loss_fn: Any, held: list[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor], int]:
+    """The tensors only the loss function holds (`closed_over`: not among `held`, the step's module,
+    optimizer and inputs) and their bytes on `device`.  In the user's step the labels the loss closes over
+    are those the model gets; the verifying step's inputs are rebuilt, so there they are other storages,
+    which the step holds besides its own labels (or counts as its allocation when a view of them,
+    ``labels.reshape(-1)``, is the first it sees): BERT-like masked LMs with a user cross-entropy measured
+    256 B over the plan, and a plan at the minimum budget was refused.  The caller counts them from the
+    start and takes their bytes off the peak."""
+    seen = {t.untyped_storage()._cdata for t in held}
+    extra: dict[int, torch.Tensor] = {}
+    for t in closed_over(loss_fn):
+        key = t.untyped_storage()._cdata
+        if key not in seen and t.device.type == torch.device(device).type:
+            extra[key] = t
+    return list(extra.values()), sum(int(t.untyped_storage().nbytes()) for t in extra.values())
+
+
+def closed_over(fn: Any, depth: int = 4) -> list[torch.Tensor]:
+    """The tensors a loss function holds: closure cells, defaults, a ``functools.partial``'s arguments, a
+    bound method's object's attributes, through nested functions `depth` deep (its labels)."""
+    found: list[torch.Tensor] = []
+    if depth < 0 or fn is None:
+        return found
+    if isinstance(fn, functools.partial):
+        values = [fn.func, *fn.args, *fn.keywords.values()]
+    elif inspect.ismethod(fn):
+        values = [fn.__func__, *vars(fn.__self__).values()]
+    elif inspect.isfunction(fn):
+        values = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not fn]
+        values += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+    else:
+        return found
+    for v in values:
+        if callable(v) and not isinstance(v, (torch.Tensor, torch.nn.Module)):
+            found.extend(closed_over(v, depth - 1))
+        elif not isinstance(v, torch.nn.Module):
+            found.extend(tensors_of(v))
+    return found
+
+
 def _compiled_peak(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
                    opt: torch.optim.Optimizer | None, device: torch.device) -> int:
     """Peak bytes of a step of ``torch.compile(module, backend=spec.backend)``, measured after a first
     step that compiles it (whose memory is the compiler's), on CPU less the allocator's excess over the
     live-storage tracker in an uncompiled step (module docstring); only the measured step runs the
     optimizer (the caller restores the parameters it moved)."""
-    preexisting = tensors_of(module, opt, (args, kwargs))
+    held = tensors_of(module, opt, (args, kwargs))
+    loss_held, outside = loss_only(spec.loss_fn, held, device)
+    preexisting = held + loss_held
     if accelerator.is_accelerator(device):
         unmodelled = 0
     else:  # before anything is compiled: a tracked step of a compiled module would run eagerly
@@ -280,8 +348,8 @@ def _compiled_peak(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwa
     _clear_grads(module)
     step = _step(compiled, spec, args, kwargs, opt)
     if accelerator.is_accelerator(device):
-        return measure_peak(step, preexisting, device)[0]
-    return allocator_peak(step, preexisting)[0] - unmodelled
+        return measure_peak(step, preexisting, device)[0] - outside
+    return allocator_peak(step, preexisting)[0] - unmodelled - outside
 
 
 def _clear_grads(module: nn.Module) -> None:

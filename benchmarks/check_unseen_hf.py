@@ -1,0 +1,427 @@
+"""The truth loop on Hugging Face architectures the real-model zoo (`tests/real_models.py`) does not hold.
+
+Run: ``nice -n 10 python benchmarks/check_unseen_hf.py [--models gpt_neox,opt] [--timeout 900]`` (CPU).
+Not a test: each model runs in its own subprocess with a timeout, so one hang or crash does not stop the
+sweep, and prints one row per step: ``ok``, the exception's type and first line, and the peaks.
+
+Per model: a random-init transformers config (2 layers, hidden 64, sequence 16, batch 2, vocabulary 96,
+dropout 0.1 wherever the config has a dropout probability; no downloads), train mode, a real loss (the
+zoo's rotation: the model's own ``labels=`` loss or a user cross-entropy / MSE, `rotating_loss`) and AdamW:
+
+* ``profile``: ``memviz.profile(model, args, kwargs, loss_fn=..., optimizer=torch.optim.AdamW)``;
+* ``plan_auto`` / ``plan_sac``: ``memviz.plan(prof, 0.5)`` and ``strategy="sac"`` (at the refusal's
+  minimum when 0.5 is infeasible; the row says so);
+* ``export``: ``memviz.export(plan_auto, verify=True)``, then 3 AdamW steps against an eager copy with
+  the same seeds: outputs, every gradient and every parameter after the step equal
+  (`tests.test_real_models`' step and `tests.test_zoo`'s comparisons), measured peak vs the plan's;
+* ``apply``: ``memviz.apply(plan_sac, model, verify=True)``, then the same 3 AdamW steps against eager;
+* decoders only, ``chunk``: inference at `LONG` tokens (``mode="inference"``, eval mode),
+  ``memviz.plan(prof, 0.5, strategy="autochunk")``, exported, outputs equal to eager's under no_grad
+  (within chunking's 1e-5, `tests.test_real_chunk`: a chunk may run another SDPA kernel than the whole),
+  the measured activation peak vs the plan's (at the refusal's minimum when 0.5 is infeasible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from tests.real_models import (  # noqa: E402
+    VOCAB,
+    RealCase,
+    _causal_lm,
+    _image_classifier,
+    _masked_lm,
+    _seq2seq,
+    rotating_loss,
+    transformers,
+)
+
+#: tokens of the decoders' long-sequence inference that autochunk plans
+LONG = 256
+FRACTION = 0.5
+STEPS = 3
+TIME_LIMIT = 20.0
+#: ids every tiny vocabulary holds (the configs' defaults point past VOCAB)
+TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def with_dropout(config: Any, p: float = 0.1) -> Any:
+    """`config` with every dropout probability it has set to `p` (LayerDrop and drop-path left alone:
+    they skip whole layers, which is not what this sweep asks of dropout)."""
+    for key, value in list(config.to_dict().items()):
+        if isinstance(value, float) and key.endswith(("dropout", "dropout_prob", "pdrop", "dropout_rate")) \
+                and "layerdrop" not in key:
+            setattr(config, key, p)
+    return config
+
+
+def _config(model_type: str, **kw: Any) -> Any:
+    """A random-init config of `model_type`; a keyword given as None is left at the config's default."""
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
+
+
+_LM = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+       "intermediate_size": 128, "num_key_value_heads": 4, "max_position_embeddings": 2 * LONG, **TOKENS}
+
+
+def decoder(model_type: str, attn: str = "sdpa", **kw: Any) -> Callable[[], RealCase]:
+    """`attn`: "eager" for the architectures transformers gives no SDPA attention."""
+    return lambda: _causal_lm(_config(model_type, **{**_LM, **kw}), attn, seq=16, long_seq=LONG)
+
+
+_ENC = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+        "intermediate_size": 128, "max_position_embeddings": 64, **TOKENS}
+
+
+def encoder(model_type: str, **kw: Any) -> Callable[[], RealCase]:
+    auto = transformers.AutoModelForMaskedLM
+    return lambda: _masked_lm(_config(model_type, **{**_ENC, **kw}), auto.from_config)
+
+
+_S2S = {"vocab_size": VOCAB, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128, "max_position_embeddings": 64, "decoder_start_token_id": 2, **TOKENS}
+
+
+def seq2seq(model_type: str, **kw: Any) -> Callable[[], RealCase]:
+    auto = transformers.AutoModelForSeq2SeqLM
+    return lambda: _seq2seq(_config(model_type, **{**_S2S, **kw}), auto.from_config)
+
+
+def vision(model_type: str, cls: Any = None, **kw: Any) -> Callable[[], RealCase]:
+    """`cls`: the classifier where the Auto class maps `model_type` to several (DeiT)."""
+    def make() -> RealCase:
+        torch.manual_seed(0)
+        cfg = _config(model_type, num_labels=10, image_size=32, **kw)
+        model = cls(cfg) if cls else transformers.AutoModelForImageClassification.from_config(cfg)
+        return _image_classifier(model, 32, 10, "transformers", own=True)
+    return make
+
+
+_VIT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+        "patch_size": 8}
+
+MODELS: dict[str, Callable[[], RealCase]] = {
+    # decoders: rotary / ALiBi / learned positions, parallel attention+MLP, GQA / MQA, gated MLPs, MoE, SSM
+    "gpt_neox": decoder("gpt_neox", rotary_pct=0.25),
+    "opt": decoder("opt", ffn_dim=128, word_embed_proj_dim=64, pad_token_id=1),
+    "bloom": decoder("bloom", "eager", n_layer=2, n_head=4),
+    "falcon": decoder("falcon"),
+    "phi": decoder("phi"),
+    "phi3": decoder("phi3"),
+    "gemma": decoder("gemma", num_key_value_heads=2, head_dim=16),
+    "gemma2": decoder("gemma2", "eager", num_key_value_heads=2, head_dim=16, sliding_window=8),
+    "stablelm": decoder("stablelm"),
+    "olmo": decoder("olmo"),
+    "gptj": decoder("gptj", n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=2 * LONG),
+    "codegen": decoder("codegen", n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=2 * LONG,
+                       n_ctx=2 * LONG),
+    "mixtral": decoder("mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": decoder("qwen2_moe", num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    "mamba": decoder("mamba", "eager", state_size=8, use_cache=False),
+    # encoders: disentangled / relative attention, factorised embeddings, bottlenecks, pooling, sparse
+    "deberta_v2": encoder("deberta-v2", relative_attention=True, pos_att_type=["p2c", "c2p"],
+                          max_relative_positions=16),
+    "electra": encoder("electra", embedding_size=32),
+    "albert": encoder("albert", embedding_size=32),
+    "mobilebert": encoder("mobilebert", embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32,
+                          num_feedforward_networks=2, intermediate_size=64),
+    "xlm_roberta": encoder("xlm-roberta", pad_token_id=1),
+    "funnel": encoder("funnel", num_hidden_layers=None, block_sizes=[1, 1], d_model=64, n_head=4, d_head=16,
+                      d_inner=128),
+    "mpnet": encoder("mpnet"),
+    "big_bird": encoder("big_bird"),
+    "longformer": encoder("longformer", attention_window=[8, 8], pad_token_id=1),
+    # encoder-decoders
+    "mbart": seq2seq("mbart"),
+    "pegasus": seq2seq("pegasus"),
+    "marian": seq2seq("marian"),
+    # vision: windowed attention, convolutions, distillation tokens, relative bias, efficient attention
+    "swin": vision("swin", patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4,
+                   drop_path_rate=0.1),
+    "convnext": vision("convnext", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, drop_path_rate=0.1),
+    "deit": vision("deit", transformers.DeiTForImageClassification, **_VIT),
+    "beit": vision("beit", **_VIT, use_relative_position_bias=True, drop_path_rate=0.1),
+    "segformer": vision("segformer", num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                        hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
+                        mlp_ratios=[2, 2], decoder_hidden_size=32, drop_path_rate=0.1),
+}
+DECODERS = ("gpt_neox", "opt", "bloom", "falcon", "phi", "phi3", "gemma", "gemma2", "stablelm", "olmo",
+            "gptj", "codegen", "mixtral", "qwen2_moe", "mamba")
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160] if text else ''}"
+
+
+def plan_at(prof: Any, strategy: str) -> tuple[Any, str]:
+    """memviz.plan at `FRACTION`, or at the smallest budget the refusal names (said in the note)."""
+    import memviz
+    from solvers.result import InfeasibleBudget
+
+    try:
+        return memviz.plan(prof, FRACTION, strategy=strategy, time_limit=TIME_LIMIT, frontier=False), ""
+    except InfeasibleBudget as err:
+        if err.minimum_bytes is None:
+            raise
+        plan = memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=TIME_LIMIT, frontier=False)
+        return plan, f"0.5 infeasible, at the minimum {err.minimum_bytes / prof.baseline.peak_bytes:.2f}"
+
+
+def trains_as_eager(original: torch.nn.Module, planned: torch.nn.Module, case: RealCase,
+                    loss_fn: Any) -> list[int]:
+    """`STEPS` AdamW steps of `planned` against `original` with the same seeds: outputs, every gradient and
+    every parameter after the step equal (`tests.test_real_models`' step, `tests.test_zoo`'s comparisons).
+    Returns each step's measured peak (forward, loss, backward, optimizer step: what the plan holds)."""
+    from memviz.profiling.tracker import measure_peak, tensors_of
+    from tests.test_real_models import _step
+    from tests.test_zoo import _assert_same, _assert_tree_same, _fresh
+
+    opt_a = torch.optim.AdamW(original.parameters())
+    opt_b = torch.optim.AdamW(planned.parameters())
+    peaks = []
+    for i in range(STEPS):
+        in_a, in_b = _fresh((case.args, case.kwargs)), _fresh((case.args, case.kwargs))
+        out_a = _step(original, loss_fn, opt_a, in_a, i)
+        peak, out_b = measure_peak(functools.partial(_step, planned, loss_fn, opt_b, in_b, i),
+                                   tensors_of(planned, opt_b, in_b))
+        peaks.append(peak)
+        _assert_tree_same(out_a, out_b, f"output, step {i}")
+        for (name, pa), pb in zip(original.named_parameters(), planned.parameters(), strict=True):
+            _assert_same(pa.grad, pb.grad, f"grad of {name}, step {i}")
+            _assert_same(pa.detach(), pb.detach(), f"{name} after step {i}")
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+    return peaks
+
+
+def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:
+    """The measured peaks against the plan the module runs: steps after the first (AdamW's state exists
+    from the second step on, as the plan holds it); OVER where a step exceeds the budget."""
+    ran = verified.plan
+    worst = max(peaks[1:])
+    over = " OVER" if ran.budget_bytes is not None and worst > ran.budget_bytes else ""
+    return (f"verified {verified.verified_peak_bytes}, steps 2-{STEPS} measured {worst} vs plan "
+            f"{ran.peak_bytes} ({(worst - ran.peak_bytes) / ran.peak_bytes:+.2%}, budget {ran.budget_bytes}"
+            f"{over})")
+
+
+@contextlib.contextmanager
+def keeping(plan: Any) -> Any:
+    """On a failure, the plan written to a temporary file (`tests.test_real_models.reproduction`): plans
+    follow measured op times, so a failing one may not come back on the next run."""
+    from tests.test_real_models import reproduction
+
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(reproduction(plan))
+        raise
+
+
+def verified_call(run: Callable[..., torch.nn.Module], case: RealCase) -> tuple[torch.nn.Module, str]:
+    """`run()` as a user calls it; where its verifying step cannot run on zeros of the input shapes
+    (`VerifyError`), again with the example inputs, as the error asks (the note says so)."""
+    from memviz.runtime.verify import VerifyError
+
+    try:
+        return run(), ""
+    except VerifyError as exc:
+        return run(inputs=(case.args, case.kwargs)), f"VerifyError on zeros, verified with inputs= ({exc}); "
+
+
+def check_exported(case: RealCase, loss_fn: Any, plan: Any) -> str:
+    """`memviz.export(plan, verify=True)` against an eager copy (the profiled model itself trains under
+    the exported module; its weights are restored after)."""
+    import memviz
+
+    saved = copy.deepcopy(case.model.state_dict())
+    original = copy.deepcopy(case.model)
+    try:
+        with keeping(plan):
+            exported, note = verified_call(lambda **kw: memviz.export(plan, verify=True, **kw), case)
+            peaks = trains_as_eager(original, exported, case, loss_fn)
+    finally:
+        case.model.load_state_dict(saved)
+        for p in case.model.parameters():
+            p.grad = None
+    return note + peak_note(exported, peaks)
+
+
+def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
+    """`memviz.apply(plan, model, verify=True)` (a checkpointed copy) against an eager copy."""
+    import memviz
+
+    with keeping(plan):
+        applied, note = verified_call(lambda **kw: memviz.apply(plan, case.model, verify=True, **kw), case)
+        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
+    regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
+    return f"{note}{regions} regions; {peak_note(applied, peaks)}"
+
+
+def check_chunk(case: RealCase) -> str:
+    import memviz
+    from tests.test_chunk_zoo import _measure  # the activations: the peak above the step's start
+    from tests.test_real_chunk import _assert_equal  # chunking's contract: 1e-5 (kernels see other shapes)
+
+    assert case.long is not None
+    model = case.model.eval()
+    args, kwargs = case.long
+    try:
+        with torch.no_grad():
+            ref = model(*args, **kwargs)
+        prof = memviz.profile(model, args, kwargs, mode="inference", fallback=False)
+        plan, note = plan_at(prof, "autochunk")
+        if not plan.chunks:
+            return f"no chunk offered {note}"
+        chunked = memviz.export(plan)
+        peak, out = _measure(chunked, *args, **kwargs)
+        _assert_equal(ref, out)
+    finally:
+        model.train()
+    persistent = plan.baseline_graph.persistent_bytes()
+    planned = plan.peak_bytes - persistent
+    eager = plan.chunking.measured_baseline_bytes
+    return (f"{len(plan.chunks)} chunk regions{', ' + note if note else ''}; activations measured {peak} vs "
+            f"plan {planned} ({(peak - planned) / planned:+.2%}; eager {eager})")
+
+
+def run_one(name: str) -> None:
+    """Every step on `name`, one JSON row per step on stdout."""
+    import memviz
+
+    def row(step: str, status: str, note: str = "", seconds: float = 0.0) -> None:
+        print(json.dumps({"model": name, "step": step, "status": status, "note": note,
+                          "seconds": round(seconds, 1)}), flush=True)
+
+    def attempt(step: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as exc:  # noqa: BLE001 - a failing step is a row; later steps may still run
+            notes = " ".join(getattr(exc, "__notes__", []))
+            row(step, "fail", first_line(exc) + (f" [{notes}]" if notes else ""), time.perf_counter() - t0)
+            if os.environ.get("MEMVIZ_SWEEP_TRACE"):
+                traceback.print_exc(file=sys.stderr)
+            return None
+        note = out[1] if isinstance(out, tuple) else out if isinstance(out, str) else ""
+        row(step, "ok", note, time.perf_counter() - t0)
+        return out
+
+    case = attempt("build", MODELS[name])
+    if case is None:
+        return
+    loss = rotating_loss(case, list(MODELS).index(name))
+    loss_fn = case.losses[loss]
+
+    def profiled() -> tuple[Any, str]:
+        prof = memviz.profile(case.model, case.args, case.kwargs, loss_fn=loss_fn,
+                              optimizer=torch.optim.AdamW, fallback=False)
+        return prof, (f"loss {loss}; eager predicted {prof.baseline.peak_bytes}, measured "
+                      f"{prof.measured_peak_bytes}")
+
+    prof = attempt("profile", profiled)
+    if prof is not None:
+        auto = attempt("plan_auto", lambda: plan_at(prof[0], "auto"))
+        sac = attempt("plan_sac", lambda: plan_at(prof[0], "sac"))
+        if auto is not None:
+            attempt("export", lambda: check_exported(case, loss_fn, auto[0]))
+        if sac is not None:
+            attempt("apply", lambda: check_apply(case, loss_fn, sac[0]))
+    if name in DECODERS:
+        attempt("chunk", lambda: check_chunk(case))
+
+
+def sweep(names: list[str], timeout: float) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        cmd = [sys.executable, __file__, "--one", name]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+            out, err, code = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            err, code = f"timed out after {timeout:.0f} s", None
+        got = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if code != 0:
+            last = err.strip().splitlines()[-1] if err.strip() else f"exit {code}"
+            got.append({"model": name, "step": "process", "status": "fail", "note": last[:200], "seconds": 0})
+        for r in got:
+            print(f"{r['model']:12} {r['step']:10} {r['status']:4} {r['seconds']:6.1f}s  {r['note']}",
+                  flush=True)
+        rows.extend(got)
+    return rows
+
+
+STEP_NAMES = ("profile", "plan_auto", "plan_sac", "export", "apply", "chunk")
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One line per model, one column per step: ok, or the failure's first words; then each note."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cell = {(r["model"], r["step"]): r for r in rows}
+    lines = ["| model | " + " | ".join(STEP_NAMES) + " |", "|---" * (len(STEP_NAMES) + 1) + "|"]
+    for m in models:
+        failed = cell.get((m, "process"))
+        marks = []
+        for step in STEP_NAMES:
+            r = cell.get((m, step))
+            marks.append("-" if r is None and failed is None else "killed" if r is None
+                         else "ok" if r["status"] == "ok" else r["note"].split(":")[0])
+        lines.append(f"| {m} | " + " | ".join(marks) + " |")
+    lines += ["", "Notes per step (peaks in bytes; `plan` is the plan the verified module runs):", ""]
+    lines += [f"- {r['model']} {r['step']} ({r['status']}, {r['seconds']} s): {r['note']}"
+              for r in rows if r["note"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="comma-separated, from: " + ",".join(MODELS))
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
+    parser.add_argument("--json", help="write the rows there too")
+    parser.add_argument("--markdown", help="write the table there (benchmarks/NOTES_unseen_hf.md)")
+    parser.add_argument("--from-json", help="only render --markdown from rows a previous --json wrote")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        run_one(args.one)
+        return
+    if args.from_json:
+        rows = json.loads(Path(args.from_json).read_text())
+        Path(args.markdown).write_text(markdown(rows))
+        return
+    names = [n for n in args.models.split(",") if n]
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+    rows = sweep(names, args.timeout)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

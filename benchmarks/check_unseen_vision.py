@@ -54,6 +54,7 @@ from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh  #
 
 STEPS = 3
 FRACTION = 0.5
+TIME_LIMIT = 30.0  # seconds per plan search: the sweep runs beside other work on a loaded machine
 Case = tuple[nn.Module, tuple[Any, ...], Callable[[Any], torch.Tensor]]
 
 
@@ -266,42 +267,36 @@ def _first_line(err: BaseException) -> str:
 def _plan(prof: memviz.Profile, strategy: str) -> memviz.Plan:
     budget = int(prof.baseline.peak_bytes * FRACTION)
     try:
-        return memviz.plan(prof, budget, strategy=strategy, time_limit=10.0)
+        return memviz.plan(prof, budget, strategy=strategy, time_limit=TIME_LIMIT)
     except InfeasibleBudget as err:
         if err.minimum_bytes is None:
             raise
-        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=10.0)
+        return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=TIME_LIMIT)
 
 
-def _step(module: nn.Module, loss_fn: Any, inputs: Any, seed: int, opt: Any = None) -> Any:
+def _step(module: nn.Module, loss_fn: Any, inputs: Any, seed: int, opt: torch.optim.Optimizer) -> Any:
     torch.manual_seed(seed)
     out = module(*inputs[0], **inputs[1])
     loss = loss_fn(out)
     kept = Untracked.of(out)
     del out  # the outputs go once the loss has read them (the plan frees them there)
     loss.backward()
-    if opt is not None:
-        opt.step()  # leaves the gradients in place for the comparison
+    opt.step()  # leaves the gradients in place for the comparison
     return kept
 
 
-def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...], loss_fn: Any,
-            optimizer_measured: bool) -> int:
+def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...], loss_fn: Any) -> int:
     """`STEPS` AdamW steps of both from the same seeds: outputs, every gradient, the parameters after each
     step and every buffer (BatchNorm's running statistics) equal.  Returns the candidate's last measured
-    peak: forward, loss, backward, and the optimizer step when `optimizer_measured` (an exported plan
-    holds it; a sac plan, as `tests/test_apply.py` measures it, does not)."""
+    peak (forward, loss, backward and the AdamW step, as the profile planned it)."""
     opt_a = torch.optim.AdamW(original.parameters())
     opt_b = torch.optim.AdamW(candidate.parameters())
     peak = 0
     for i in range(STEPS):
         in_a, in_b = _fresh((args, {})), _fresh((args, {}))
         out_a = _step(original, loss_fn, in_a, i, opt_a)
-        peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, in_b, i,
-                                                     opt_b if optimizer_measured else None),
+        peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, in_b, i, opt_b),
                                    tensors_of(candidate, opt_b, in_b))
-        if not optimizer_measured:
-            opt_b.step()
         _assert_tree_same(out_a, out_b, f"output, step {i}")
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):
             _assert_same(pa.grad, pb.grad, f"grad of {name}, step {i}")
@@ -349,7 +344,7 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             original = copy.deepcopy(reference)
             exported = memviz.export(plans["auto"], verify=True)
-            emit("export", _peak_row(compare(original, exported, args, loss_fn, True), exported.plan))
+            emit("export", _peak_row(compare(original, exported, args, loss_fn), exported.plan))
         except Exception as err:  # noqa: BLE001
             emit("export", _first_line(err))
         model.load_state_dict(reference.state_dict())  # the exported module trained the profiled model
@@ -357,7 +352,7 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             original = copy.deepcopy(reference)
             applied = memviz.apply(plans["sac"], copy.deepcopy(reference), verify=True)
-            emit("apply", _peak_row(compare(original, applied, args, loss_fn, False), applied.plan))
+            emit("apply", _peak_row(compare(original, applied, args, loss_fn), applied.plan))
         except Exception as err:  # noqa: BLE001
             emit("apply", _first_line(err))
     if inference:

@@ -326,7 +326,9 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
     try:
         t0 = time.perf_counter()
         prof = memviz.profile(model, args, loss_fn=loss_fn, optimizer=torch.optim.AdamW, repeats=1, warmup=0)
-        emit("profile", f"ok: eager peak {prof.baseline.peak_bytes / 2**20:.3f} MiB, "
+        predicted, measured = prof.baseline.peak_bytes, prof.measured_peak_bytes or 0
+        emit("profile", f"ok: eager peak predicted {predicted / 2**20:.3f} MiB, measured "
+                        f"{measured / 2**20:.3f} MiB ({(predicted - measured) / max(1, measured):+.1%}), "
                         f"{len(prof.graph.computes)} ops, {time.perf_counter() - t0:.0f} s")
     except Exception as err:  # noqa: BLE001 -- a sweep row reports every failure
         emit("profile", _first_line(err))

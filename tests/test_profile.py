@@ -860,3 +860,18 @@ def test_re_costing_keeps_the_baseline_memory_of_in_place_activations() -> None:
     prof = measured.with_costs("fake:v100")
     assert any(d.in_place_of is not None for d in prof.baseline_graph.datas)
     assert prof.baseline.peak_bytes == measured.baseline.peak_bytes
+
+
+def test_re_costing_a_profile_with_an_optimizer_costs_its_updates_by_bytes() -> None:
+    """`Profile.with_costs` on a profile with ``optimizer=``: the optimizer's update nodes come after the
+    captured operators and run no FX node; `estimate_costs` indexed past the capture's list and raised
+    IndexError on every such profile (found by `benchmarks/check_unseen_vision.py` on RegNet).  They are
+    priced by the bytes they move, as `add_optimizer` prices them on an estimated device."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    measured = profile(model, (torch.randn(8, 16),), optimizer=torch.optim.AdamW, measure=False)
+    prof = measured.with_costs("fake:v100")
+    updates = [c for c in prof.graph.computes if c.name.startswith("AdamW.step")]
+    assert len(updates) == 4 and all(c.time > 0 and c.flops == 0 for c in updates)
+    assert prof.baseline.peak_bytes == measured.baseline.peak_bytes

@@ -1070,14 +1070,16 @@ def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], tim
 
 # --- estimated costs --------------------------------------------------------------------------------
 def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
-    """FLOPs on fake tensors and bytes moved, through the target's roofline."""
+    """FLOPs on fake tensors and bytes moved, through the target's roofline.  The optimizer's update
+    nodes (`add_optimizer`, after the captured ones) run no FX node: bytes moved only, as
+    `add_optimizer` estimates them."""
     assert info.target is not None
     nodes = cap.nodes
     times: dict[int, float] = {}
     flops: dict[int, float] = {}
     seen: dict[tuple[Any, ...], float] = {}  # op_key -> FLOPs: the repeated blocks are counted once
     for c in graph.computes:
-        fx = cap.compute_fx[c.id]
+        fx = cap.compute_fx[c.id] if c.id < len(cap.compute_fx) else None
         moved = sum(graph.datas[d].bytes for d in (*c.inputs, *c.outputs))
         dtype = graph.datas[c.outputs[0]].dtype if c.outputs else "float32"
         f = 0.0

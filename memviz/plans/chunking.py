@@ -17,8 +17,7 @@ import resource
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memviz.hardware import accelerator
-from memviz.profiling.capture import StalePlanError, eager_attention_masks
+from memviz.profiling.capture import StalePlanError, buffers_kept, eager_attention_masks
 from solvers import autochunk as ac
 
 __all__ = [
@@ -379,7 +378,7 @@ def measure_times(
                 best[n.name] = (t, faults * page)
             return out
 
-    with torch.no_grad(), _buffers_kept(gm):
+    with torch.no_grad(), buffers_kept(gm):
         for i in range(rounds):
             t0 = time.perf_counter()
             _Timer(gm).run(*args)
@@ -391,22 +390,6 @@ def measure_times(
         ),
         g.outputs,
     )
-
-
-@contextmanager
-def _buffers_kept(module: Any) -> Iterator[None]:
-    """`module`'s buffers as they were once the block ends.  Planning runs the captured graph to time and
-    measure it, and a graph captured from a model in train mode updates BatchNorm's running statistics
-    in place (`aten.batch_norm(training=True)`), in the user's own buffer tensors (the exported program
-    holds them, not copies): without this a plan moved them once per measuring run, and the model no
-    longer matched eager afterwards."""
-    kept = [(b, b.detach().clone()) for b in module.buffers()] if isinstance(module, torch.nn.Module) else []
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for b, value in kept:
-                b.copy_(value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1008,7 +991,7 @@ def _measured_activation_bytes(
 
     pre = tensors_of(fn, tuple(flat), kwargs or {})
     device = next((t.device for t in pre), torch.device("cpu"))
-    with torch.no_grad(), _buffers_kept(fn):
+    with torch.no_grad(), buffers_kept(fn):
         if accelerator.is_accelerator(device):  # the allocator counts what exists before the call
             before, peak, _ = accelerator.peak_allocated(lambda: fn(*flat, **(kwargs or {})), device)
             return peak - before

@@ -285,16 +285,19 @@ def _step(module: nn.Module, loss_fn: Any, inputs: Any, seed: int, opt: torch.op
     return kept
 
 
-def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...], loss_fn: Any) -> int:
+def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...],
+            loss_fn: Any) -> tuple[int, int]:
     """`STEPS` AdamW steps of both from the same seeds: outputs, every gradient, the parameters after each
-    step and every buffer (BatchNorm's running statistics) equal.  Returns the candidate's last measured
-    peak (forward, loss, backward and the AdamW step, as the profile planned it)."""
+    step and every buffer (BatchNorm's running statistics) equal.  Returns the last measured peaks
+    (forward, loss, backward and the AdamW step, as the profile planned it; the state exists from the
+    second step on) of the original and the candidate."""
     opt_a = torch.optim.AdamW(original.parameters())
     opt_b = torch.optim.AdamW(candidate.parameters())
-    peak = 0
+    eager = peak = 0
     for i in range(STEPS):
         in_a, in_b = _fresh((args, {})), _fresh((args, {}))
-        out_a = _step(original, loss_fn, in_a, i, opt_a)
+        eager, out_a = measure_peak(functools.partial(_step, original, loss_fn, in_a, i, opt_a),
+                                    tensors_of(original, opt_a, in_a))
         peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, in_b, i, opt_b),
                                    tensors_of(candidate, opt_b, in_b))
         _assert_tree_same(out_a, out_b, f"output, step {i}")
@@ -306,15 +309,20 @@ def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...], lo
             opt.zero_grad()
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):
             _assert_same(pa.detach(), pb.detach(), f"{name} after step {i}")
-    return peak
+    return eager, peak
 
 
-def _peak_row(peak: int, plan: memviz.Plan) -> str:
+def _peak_row(peak: int, plan: memviz.Plan, eager: int | None = None) -> str:
+    """The measured peak against the plan's and its budget; with `eager`, the eager AdamW step's
+    measured peak against the profile's prediction (the plan's baseline)."""
     mib = 2**20
     over = "" if plan.budget_bytes is None or peak <= plan.budget_bytes else " OVER BUDGET"
+    predicted = plan.baseline.peak_bytes
+    baseline = ("" if eager is None else f"; eager step measured {eager / mib:.3f} MiB, predicted "
+                f"{predicted / mib:.3f} MiB ({(predicted - eager) / eager:+.1%})")
     return (f"ok: measured {peak / mib:.3f} MiB, plan {plan.peak_bytes / mib:.3f} MiB "
             f"({(peak - plan.peak_bytes) / plan.peak_bytes:+.1%}), budget "
-            f"{(plan.budget_bytes or 0) / mib:.3f} MiB{over}")
+            f"{(plan.budget_bytes or 0) / mib:.3f} MiB{over}{baseline}")
 
 
 def run_one(name: str, emit: Callable[[str, str], None]) -> None:
@@ -326,9 +334,7 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
     try:
         t0 = time.perf_counter()
         prof = memviz.profile(model, args, loss_fn=loss_fn, optimizer=torch.optim.AdamW, repeats=1, warmup=0)
-        predicted, measured = prof.baseline.peak_bytes, prof.measured_peak_bytes or 0
-        emit("profile", f"ok: eager peak predicted {predicted / 2**20:.3f} MiB, measured "
-                        f"{measured / 2**20:.3f} MiB ({(predicted - measured) / max(1, measured):+.1%}), "
+        emit("profile", f"ok: eager peak predicted {prof.baseline.peak_bytes / 2**20:.3f} MiB, "
                         f"{len(prof.graph.computes)} ops, {time.perf_counter() - t0:.0f} s")
     except Exception as err:  # noqa: BLE001 -- a sweep row reports every failure
         emit("profile", _first_line(err))
@@ -346,7 +352,8 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             original = copy.deepcopy(reference)
             exported = memviz.export(plans["auto"], verify=True)
-            emit("export", _peak_row(compare(original, exported, args, loss_fn), exported.plan))
+            eager, peak = compare(original, exported, args, loss_fn)
+            emit("export", _peak_row(peak, exported.plan, eager))
         except Exception as err:  # noqa: BLE001
             emit("export", _first_line(err))
         model.load_state_dict(reference.state_dict())  # the exported module trained the profiled model
@@ -354,7 +361,7 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             original = copy.deepcopy(reference)
             applied = memviz.apply(plans["sac"], copy.deepcopy(reference), verify=True)
-            emit("apply", _peak_row(compare(original, applied, args, loss_fn), applied.plan))
+            emit("apply", _peak_row(compare(original, applied, args, loss_fn)[1], applied.plan))
         except Exception as err:  # noqa: BLE001
             emit("apply", _first_line(err))
     if inference:

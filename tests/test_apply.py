@@ -350,8 +350,8 @@ def test_in_place_activations_hold_one_storage_as_planned() -> None:
 def test_recomputed_batchnorm_keeps_its_statistics_without_copying_them() -> None:
     """A checkpointed block's BatchNorm recomputes with momentum 0 and its batch count put back: the copies
     of its buffers that kept its statistics were memory the sac plan does not hold, so a plan at its
-    minimum measured over its budget and `apply(verify=True)` refused it (timm's CoAtNet and
-    torchvision's LRASPP in `benchmarks/check_unseen_vision.py`).  Planned on fixed costs."""
+    minimum measured over its budget and `apply(verify=True)` refused it (timm's ConvMixer in
+    `benchmarks/check_unseen_vision.py`).  Planned on fixed costs."""
     nn = torch.nn
 
     class Block(nn.Module):

@@ -345,3 +345,32 @@ def test_in_place_activations_hold_one_storage_as_planned() -> None:
     assert plan.timeline.recomputes > 0
     peaks = check_applied(case.model, case.args, case.kwargs, loss_fn, plan, within_budget=False)
     assert peaks == [plan.peak_bytes] * 3  # exact: was 1964200 planned, 1816744 measured
+
+
+def test_recomputed_batchnorm_keeps_its_statistics_without_copying_them() -> None:
+    """A checkpointed block's BatchNorm recomputes with momentum 0 and its batch count put back: the copies
+    of its buffers that kept its statistics were memory the sac plan does not hold, so a plan at its
+    minimum measured over its budget and `apply(verify=True)` refused it (timm's ConvMixer in
+    `benchmarks/check_unseen_vision.py`).  Planned on fixed costs."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.nn.functional.silu(self.norm(self.conv(x)), inplace=True)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), Block(), Block(), Block(), nn.Conv2d(32, 4, 1))
+    args = (torch.randn(2, 3, 16, 16),)
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return out.square().mean()
+
+    prof = profile(model, args, loss_fn=loss, repeats=1, warmup=0).with_costs("fake:v100")
+    plan = sac_plan(prof, 0.5)
+    assert plan.timeline.recomputes > 0
+    verified = memviz.apply(plan, model, verify=True)
+    assert verified.verified_peak_bytes <= plan.budget_bytes
+    check_applied(model, args, {}, loss, verified.plan)

@@ -431,3 +431,27 @@ def test_benchmark_allocator_counter_agrees_with_the_storage_tracker():
         # the allocator also counts a few bytes the tracker does not (small allocations that are not
         # op outputs: 12 bytes on this block)
         assert tracked > 0 and abs(counted - tracked) <= 0.01 * tracked, (counted, tracked)
+
+
+def test_planning_leaves_batchnorm_statistics_of_a_train_mode_model_as_they_were():
+    """Planning runs the captured inference graph (op timing, measured peaks), whose train-mode BatchNorm
+    updates the user's running statistics in place: they moved once per measuring run, so the exported
+    model no longer matched eager (torchvision's DenseNet in `benchmarks/check_unseen_vision.py`)."""
+    import copy
+
+    import memviz
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)).train()
+    x = torch.randn(4, 3, 24, 24)
+    before = copy.deepcopy(model)
+    prof = memviz.profile(model, (x,), mode="inference", repeats=1, warmup=0)
+    plan = memviz.plan(prof, prof.baseline.peak_bytes, strategy="autochunk")
+    ch._measured_activation_bytes(plan.chunk_plan().gm, [x])  # what `ChunkPlan.checked` runs
+    for (name, a), b in zip(before.named_buffers(), model.buffers(), strict=True):
+        assert torch.equal(a, b), name
+    exported = memviz.export(plan)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(x), before(x), rtol=1e-6, atol=0)
+    for (name, a), b in zip(before.named_buffers(), exported.buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0, msg=name)

@@ -860,3 +860,36 @@ def test_re_costing_keeps_the_baseline_memory_of_in_place_activations() -> None:
     prof = measured.with_costs("fake:v100")
     assert any(d.in_place_of is not None for d in prof.baseline_graph.datas)
     assert prof.baseline.peak_bytes == measured.baseline.peak_bytes
+
+
+def test_profiling_a_model_that_checkpoints_batchnorm_leaves_its_statistics_and_warns() -> None:
+    """The eager step memviz measures runs on copies of the buffers, but ``torch.utils.checkpoint``
+    recomputes its region in the backward outside that call: BatchNorm moved the user's own running
+    statistics (torchvision's DenseNet with ``memory_efficient=True``, `benchmarks/check_unseen_vision.py`).
+    They are restored, and a ProfileWarning says that eager moves them twice per step where the exported
+    step moves them once."""
+    import copy
+
+    import pytest
+    from torch.utils.checkpoint import checkpoint
+
+    from memviz.profiling.profile import ProfileWarning
+
+    nn = torch.nn
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm, self.head = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = checkpoint(lambda t: torch.relu(self.norm(t)), self.conv(x), use_reentrant=False)
+            return self.head(h.mean((2, 3)))
+
+    torch.manual_seed(0)
+    model = Checkpointed().train()
+    before = copy.deepcopy(model)
+    with pytest.warns(ProfileWarning, match="torch.utils.checkpoint re-runs the checkpointed forward"):
+        profile(model, (torch.randn(2, 3, 8, 8),), repeats=1, warmup=0)
+    for (name, a), b in zip(before.named_buffers(), model.buffers(), strict=True):
+        assert torch.equal(a, b), name

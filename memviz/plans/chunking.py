@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memviz.hardware import accelerator
-from memviz.profiling.capture import StalePlanError, eager_attention_masks
+from memviz.profiling.capture import StalePlanError, buffers_kept, eager_attention_masks
 from solvers import autochunk as ac
 
 __all__ = [
@@ -378,7 +378,7 @@ def measure_times(
                 best[n.name] = (t, faults * page)
             return out
 
-    with torch.no_grad():
+    with torch.no_grad(), buffers_kept(gm):
         for i in range(rounds):
             t0 = time.perf_counter()
             _Timer(gm).run(*args)
@@ -991,7 +991,7 @@ def _measured_activation_bytes(
 
     pre = tensors_of(fn, tuple(flat), kwargs or {})
     device = next((t.device for t in pre), torch.device("cpu"))
-    with torch.no_grad():
+    with torch.no_grad(), buffers_kept(fn):
         if accelerator.is_accelerator(device):  # the allocator counts what exists before the call
             before, peak, _ = accelerator.peak_allocated(lambda: fn(*flat, **(kwargs or {})), device)
             return peak - before

@@ -524,6 +524,27 @@ def _importable(cls: type) -> bool:
 
 
 @contextlib.contextmanager
+def buffers_kept(module: Any) -> Iterator[list[str]]:
+    """`module`'s buffers as they were once the block ends; the list it yields is filled, at the end, with
+    the names of those the block changed.  memviz runs the user's model (its eager step, measured) and
+    its captured graphs (timed, measured) without changing it, and BatchNorm in train mode updates its
+    running statistics in place: in the user's own tensors where an exported program holds them (not
+    copies), and where ``torch.utils.checkpoint`` recomputes a region in the backward, outside the
+    functional call that gave the step copies of the buffers."""
+    kept = ([(name, b, b.detach().clone()) for name, b in module.named_buffers()]
+            if isinstance(module, nn.Module) else [])
+    changed: list[str] = []
+    try:
+        yield changed
+    finally:
+        with torch.no_grad():
+            for name, b, value in kept:
+                if not torch.equal(b, value):
+                    changed.append(name)
+                    b.copy_(value)
+
+
+@contextlib.contextmanager
 def autograd_functions_in_graph() -> Any:
     """Keep each custom ``torch.autograd.Function`` one call in the exported graph, so the joint trace
     differentiates it with the backward the user wrote.

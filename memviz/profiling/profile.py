@@ -48,6 +48,7 @@ from memviz.profiling.capture import (
     CaptureError,
     LossFn,
     Runner,
+    buffers_kept,
     capture,
     default_loss,
     fingerprint,
@@ -1070,7 +1071,9 @@ def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], tim
 
 # --- estimated costs --------------------------------------------------------------------------------
 def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
-    """FLOPs on fake tensors and bytes moved, through the target's roofline."""
+    """FLOPs on fake tensors and bytes moved, through the target's roofline.  The optimizer's update
+    nodes (`add_optimizer`, after the captured ones) run no FX node: bytes moved only, as
+    `add_optimizer` estimates them."""
     assert info.target is not None
     nodes = cap.nodes
     times: dict[int, float] = {}
@@ -1143,10 +1146,26 @@ def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
     """Peak bytes the original model holds running one step eagerly (`_eager_step`: the model is not
     changed), the RNG state restored afterwards."""
     step, existing = _eager_step(model, args, kwargs, mode, loss_fn)
-    with accelerator.fork_rng(accelerator.as_list(device)), _grad_mode(mode):
+    with buffers_kept(model) as changed, accelerator.fork_rng(accelerator.as_list(device)), _grad_mode(mode):
         peak, result = measure_peak(step, existing, device)
     del result
+    if changed:
+        warnings.warn(ProfileWarning(_recomputed_buffers(changed)), stacklevel=2)
     return peak
+
+
+def _recomputed_buffers(names: list[str]) -> str:
+    """Why eager's buffers will differ from a memviz step's: the eager step ran on copies of the buffers,
+    so a write to the model's own ones came from code run outside that call, the backward's recomputation
+    of a ``torch.utils.checkpoint`` region (torchvision's DenseNet with ``memory_efficient=True``)."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"the eager step updated buffers {shown} again in its backward: torch.utils.checkpoint "
+            "re-runs the checkpointed forward there, and BatchNorm in train mode moves its running "
+            "statistics a second time per step.  memviz.export's step runs that forward once, so it updates "
+            "them once per step, as the model without checkpointing does: its outputs and gradients equal "
+            "eager's, these buffers will not (memviz.apply runs the model's own code and matches eager).  "
+            "Keep buffer updates out of the checkpointed region, or drop the model's own checkpointing: "
+            "memviz plans the recomputation")
 
 
 def _grad_mode(mode: str) -> contextlib.AbstractContextManager[Any]:

@@ -14,7 +14,7 @@ from torch import nn
 import memviz
 from examples.models import gpt, mlp, resnet
 from memviz.profiling.capture import CaptureError, Runner, capture, default_loss
-from memviz.profiling.profile import profile
+from memviz.profiling.profile import ProfileWarning, profile
 from solvers import DataKind, Phase, eager_schedule, simulate
 
 
@@ -201,3 +201,31 @@ def test_untraceable_model_falls_back_to_hooks():
     assert all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match="cannot be exported"):
         memviz.export(memviz.plan(prof, None, strategy="none", frontier=False))
+
+
+class RandomBlocks(nn.Module):
+    """Attends to randomly drawn columns with NumPy's generator, as BigBird's block-sparse attention does in
+    training mode: eager draws new columns at every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy
+
+        cols = torch.from_numpy(numpy.random.permutation(8)[:4].copy())
+        return self.proj(x)[:, cols]
+
+
+def test_draws_outside_torch_are_named_and_warned_about():
+    import numpy
+
+    numpy.random.seed(0)
+    x = torch.randn(2, 8)
+    _, cap = capture(RandomBlocks(), (x,))
+    assert cap.host_random == ["numpy.random"]
+    with pytest.warns(ProfileWarning, match=r"outside torch \(numpy.random\).*cannot match eager"):
+        profile(RandomBlocks(), (x,), measure=False)
+    _, plain = capture(*mlp())
+    assert plain.host_random == []

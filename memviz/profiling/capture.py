@@ -126,6 +126,8 @@ class Captured:
     grad_fx: dict[tuple[str, Any], str] = field(default_factory=dict)
     # what the trace specialised on the example input's values ("file:line expr -> value"), `specialising`
     specialised: list[str] = field(default_factory=list)
+    # random generators outside torch the trace drew from (`host_random_draws`): their draws are constants
+    host_random: list[str] = field(default_factory=list)
     # FX value -> the FX placeholder operators read instead: a mutated buffer's new value, once written
     # back into the buffer, is read from the buffer itself, as in eager, where BatchNorm updates its
     # statistics in place and its backward reads them (`written_back`)
@@ -476,6 +478,33 @@ def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
 
 
 # --- tracing ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def host_random_draws() -> Iterator[list[str]]:
+    """Yields a list that names, on exit, the random generators outside torch (Python's ``random``,
+    NumPy's global one) the block drew from.  A trace runs the model's Python once: what those draw
+    becomes a constant of the graph (BigBird's random attention blocks, ``np.random`` in training mode),
+    where eager draws again at every step, so no exported step can match eager's outputs."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    before = random.getstate(), numpy.random.get_state(legacy=False) if numpy else None
+    moved: list[str] = []
+    try:
+        yield moved
+    finally:
+        if random.getstate() != before[0]:
+            moved.append("random")
+        if numpy is not None and _numpy_state_moved(before[1], numpy.random.get_state(legacy=False)):
+            moved.append("numpy.random")
+
+
+def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    import numpy
+
+    return any(not numpy.array_equal(before["state"][k], after["state"][k]) for k in before["state"]) \
+        or before.get("has_gauss") != after.get("has_gauss")
+
+
 @contextlib.contextmanager
 def library_frames_in_stack_traces() -> Any:
     """Keep the frames of ``torch.nn.functional`` and ``torch.functional`` in the nodes' stack traces.
@@ -1637,7 +1666,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
              loss_fn: LossFn | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
     specialised: list[str] = []
-    gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised)
+    with host_random_draws() as host_random:
+        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
 
@@ -1687,7 +1717,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
-        output_views=views, specialised=specialised, loss_probe=probe if tangents else None)
+        output_views=views, specialised=specialised, host_random=host_random,
+        loss_probe=probe if tangents else None)
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss

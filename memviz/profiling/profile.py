@@ -196,6 +196,13 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "draw fixes whether its layer runs: set layerdrop=0 to train as eager does): "
             + "; ".join(cap.specialised)),
             stacklevel=2)
+    if cap.host_random:
+        warnings.warn(ProfileWarning(
+            f"{type(model).__name__} draws random numbers outside torch ({', '.join(cap.host_random)}) "
+            "while it runs: the capture ran its Python once, so those draws are constants of the graph, "
+            "and the exported module repeats them at every step where eager draws new ones (its outputs and "
+            "gradients cannot match eager's).  Draw with torch's generator (torch.rand / torch.randint) to "
+            "profile and export it exactly"), stacklevel=2)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
     step_schedule = python_eager_schedule(graph, cap, requires_grad)

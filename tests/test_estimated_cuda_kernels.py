@@ -81,6 +81,9 @@ def test_a_mask_takes_efficient_attention_and_grouped_heads_the_math_path():
     gqa = _ops(capture(Attention(kv_heads=2).train(), (_x(),), kernels="cuda")[0])
     assert "aten._safe_softmax.default" in gqa and "aten.native_dropout.default" in gqa
     assert not any("efficient_attention" in op or "cpu_dropout" in op for op in gqa)
+    # fp32 rows of 6 floats are not 16-byte aligned: no memory-efficient kernel for them either
+    odd = _ops(capture(Attention(dim=24).train(), (torch.randn(2, 64, 24),), kernels="cuda")[0])
+    assert "aten._safe_softmax.default" in odd and "aten.native_dropout.default" in odd
 
 
 def test_the_override_is_restored():

@@ -494,20 +494,25 @@ def _cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
     torch's selection (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, ``select_sdp_backend``:
     flash, then memory-efficient, then math, each taken where its ``check_*`` constraints pass):
-    fp16/bf16 without a mask -> flash attention (``_scaled_dot_product_flash_attention``); fp32 (flash
-    has no fp32 kernel) or a mask -> memory-efficient attention (``_scaled_dot_product_efficient_attention``,
-    the mask as ``attn_bias``; a bool mask becomes an additive float one, as ``preprocess_mask`` does);
-    ``enable_gqa`` -> the math path (neither fused kernel takes grouped heads there), whose dropout is
-    ``native_dropout``.  Both fused kernels save only the output, the logsumexp and the RNG seed/offset
-    for backward, where the math path saves the T x T weights.  Not modelled: cuDNN attention (not chosen
-    by default for these inputs) and the head-dim padding to a multiple of 8 the fused paths apply."""
-    if enable_gqa:
-        return torch.ops.aten._scaled_dot_product_attention_math(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True)[0]
-    needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16):
+    fp16/bf16 without a mask, head size up to 256 (``check_head_dim_size_flash``) -> flash attention
+    (``_scaled_dot_product_flash_attention``); fp32 (flash has no fp32 kernel) or a mask -> memory-efficient
+    attention (``_scaled_dot_product_efficient_attention``, the mask as ``attn_bias``; a bool mask becomes
+    an additive float one, as ``preprocess_mask`` does); ``enable_gqa``, or head rows that are not 16-byte
+    aligned (``check_head_dim_size_mem_efficient``) -> the math path, whose dropout is ``native_dropout``.
+    Both fused kernels save only the output, the logsumexp and the RNG seed/offset for backward, where the
+    math path saves the T x T weights.  Not modelled: cuDNN attention (not chosen by default for these
+    inputs), flash's absence before sm80 (a V100 runs memory-efficient attention in fp16 too: both save
+    the same tensors) and the head-size padding the fused paths apply."""
+    head = query.shape[-1]
+    if not enable_gqa and attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) \
+            and head <= 256 and key.shape[-1] == value.shape[-1] == head:
         return torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    alignment = 16 // query.element_size()
+    if enable_gqa or head % alignment or value.shape[-1] % alignment:
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+    needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         attn_mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
             attn_mask.logical_not(), float("-inf"))

@@ -128,6 +128,8 @@ class Captured:
     specialised: list[str] = field(default_factory=list)
     # random generators outside torch the trace drew from (`host_random_draws`): their draws are constants
     host_random: list[str] = field(default_factory=list)
+    # whose kernels the trace took (`kernel_family`): "cuda" for a CUDA target estimated on a CPU host
+    kernels: str | None = None
     # FX value -> the FX placeholder operators read instead: a mutated buffer's new value, once written
     # back into the buffer, is read from the buffer itself, as in eager, where BatchNorm updates its
     # statistics in place and its backward reads them (`written_back`)
@@ -383,10 +385,20 @@ def _on_cpu(args: Sequence[Any], model: nn.Module) -> bool:
     return all(t.device.type in ("cpu", "meta") for t in leaves if isinstance(t, torch.Tensor))
 
 
-def use_eager_kernels(gm: torch.fx.GraphModule, args: Sequence[Any], model: nn.Module) -> None:
-    """Rewrite the exported graph so the joint trace runs the kernels eager mode runs on this device
-    (``aten.dropout`` is composite: it is rewritten before AOTAutograd decomposes it)."""
-    if not _on_cpu(args, model):
+def kernel_family(kernels: str | None, args: Sequence[Any], model: nn.Module) -> str | None:
+    """Whose kernels the trace takes: `kernels` where given (``"cuda"`` for a profile estimated for a CUDA
+    target on this host), else ``"cpu"`` where every tensor is on the CPU, else None (the tensors' own
+    device decides, as it does for a profile on a real CUDA device)."""
+    if kernels not in (None, "cpu", "cuda"):
+        raise ValueError(f"kernels must be None, 'cpu' or 'cuda', not {kernels!r}")
+    return kernels or ("cpu" if _on_cpu(args, model) else None)
+
+
+def use_eager_kernels(gm: torch.fx.GraphModule, family: str | None) -> None:
+    """Rewrite the exported graph so the joint trace runs the kernels eager mode runs on the `family`'s
+    device (``aten.dropout`` is composite: it is rewritten before AOTAutograd decomposes it).  Only the
+    CPU differs from the trace's own decomposition (``native_dropout``, a bool mask, as CUDA runs it)."""
+    if family != "cpu":
         return
     for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.dropout.default):
         n.target = _eager_cpu_dropout
@@ -473,6 +485,63 @@ def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
     try:
         yield
     finally:
+        op.py_kernels.update(originals)
+        op._dispatch_cache.clear()
+
+
+def _cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+               scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as CUDA (sm80+) runs it, as far as it is decided without a GPU.
+
+    torch's selection (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, ``select_sdp_backend``:
+    flash, then memory-efficient, then math, each taken where its ``check_*`` constraints pass):
+    fp16/bf16 without a mask, head size up to 256 (``check_head_dim_size_flash``) -> flash attention
+    (``_scaled_dot_product_flash_attention``); fp32 (flash has no fp32 kernel) or a mask -> memory-efficient
+    attention (``_scaled_dot_product_efficient_attention``, the mask as ``attn_bias``; a bool mask becomes
+    an additive float one, as ``preprocess_mask`` does); ``enable_gqa``, or head rows that are not 16-byte
+    aligned (``check_head_dim_size_mem_efficient``) -> the math path, whose dropout is ``native_dropout``.
+    Both fused kernels save only the output, the logsumexp and the RNG seed/offset for backward, where the
+    math path saves the T x T weights.  Not modelled: cuDNN attention (not chosen by default for these
+    inputs), flash's absence before sm80 (a V100 runs memory-efficient attention in fp16 too: both save
+    the same tensors) and the head-size padding the fused paths apply."""
+    head = query.shape[-1]
+    if not enable_gqa and attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) \
+            and head <= 256 and key.shape[-1] == value.shape[-1] == head:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    alignment = 16 // query.element_size()
+    if enable_gqa or head % alignment or value.shape[-1] % alignment:
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+    needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
+            attn_mask.logical_not(), float("-inf"))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, needs_lse, dropout_p, is_causal, scale=scale)[0]
+
+
+@contextlib.contextmanager
+def cuda_attention_in_trace(family: str | None) -> Any:
+    """For a CUDA target traced on this host (`kernel_family` ``"cuda"``), trace
+    ``scaled_dot_product_attention`` as the fused kernel CUDA picks (`_cuda_sdpa`), not the CPU's choice
+    (its math path with dropout: softmax weights and their dropout noise saved for backward).  Overrides
+    the op's Python kernels as `eager_cpu_dropout_in_trace` does ``aten.dropout``'s, restored on exit."""
+    if family != "cuda":
+        yield
+        return
+    op = torch.ops.aten.scaled_dot_product_attention.default
+    keys = (torch._C.DispatchKey.Autograd, torch._C.DispatchKey.CompositeImplicitAutograd)
+    originals = {k: op.py_kernels[k] for k in keys if k in op.py_kernels}
+    for k in keys:
+        op.py_kernels[k] = _cuda_sdpa
+    op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for k in keys:
+            op.py_kernels.pop(k, None)
         op.py_kernels.update(originals)
         op._dispatch_cache.clear()
 
@@ -944,7 +1013,8 @@ def _user_code_line() -> str:
 
 
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
-                loss_fn: LossFn | None = None, specialised: list[str] | None = None
+                loss_fn: LossFn | None = None, specialised: list[str] | None = None,
+                family: str | None = None
                 ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
     """torch.export (non-strict) then AOTAutograd's joint trace (TOOLCHAIN.md recipe).
 
@@ -956,7 +1026,8 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     vocab_size``, LayerDrop's ``torch.rand([]) < p``) or that calls an op whose output shape depends on
     values (``ctc_loss``) is traced again taking the values eager read on the example (`eager_reads`,
     `specialising_on_example_values`), then checked against eager (`check_specialised_as_eager`); what
-    that decided is listed in `specialised`.
+    that decided is listed in `specialised`.  `family` (`kernel_family`) names whose kernels the joint
+    trace takes for dropout and attention.
     """
     specialised = [] if specialised is None else specialised
 
@@ -967,7 +1038,8 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     try:
         with (grad_ctx, library_frames_in_stack_traces(), _quiet_data_dependent_logs(),
               eager_attention_masks(model, args, kwargs)):
-            return _trace_joint(model, args, kwargs, mode, loss_fn, functions, contextlib.nullcontext())
+            return _trace_joint(model, args, kwargs, mode, loss_fn, functions, contextlib.nullcontext(),
+                                family=family)
     except CaptureError as err:
         if not _data_dependent(err):
             raise
@@ -979,7 +1051,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
         return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
-                            specialising_on_example_values(specialised, eager), specialised)
+                            specialising_on_example_values(specialised, eager), specialised, family)
 
 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
@@ -1062,7 +1134,7 @@ def _quiet_data_dependent_logs() -> Iterator[None]:
 
 def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
                  loss_fn: LossFn | None, functions: Any, specialising: Any,
-                 specialised: list[str] | None = None
+                 specialised: list[str] | None = None, family: str | None = None
                  ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
     """`trace_joint`'s two traces (export, then AOT joint) inside `specialising` (a context)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
@@ -1077,13 +1149,14 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         drop_value_checks(gm_ep)
         if specialised is not None:
             check_specialised_as_eager(model, gm_ep, args, kwargs, specialised)
-        use_eager_kernels(gm_ep, args, model)
+        use_eager_kernels(gm_ep, family)
         if mode == "train":
             detach_outputs(gm_ep, unused_outputs(gm_ep, ep.call_spec.out_spec, loss_fn))
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(eager_kernels_in_trace())
-                stack.enter_context(eager_cpu_dropout_in_trace(_on_cpu(args, model)))
+                stack.enter_context(eager_cpu_dropout_in_trace(family == "cpu"))
+                stack.enter_context(cuda_attention_in_trace(family))
                 joint = aot_export_joint_with_descriptors(
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)
         except Exception as err:  # noqa: BLE001
@@ -1644,13 +1717,16 @@ def check_names(model: nn.Module) -> None:
 
 
 def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
-            mode: str = "train", loss_fn: LossFn | None = None) -> tuple[Graph, Captured]:
+            mode: str = "train", loss_fn: LossFn | None = None,
+            kernels: str | None = None) -> tuple[Graph, Captured]:
     """Trace `model` and build its CD-graph (compute/data nodes, kinds, exact bytes, aliases).
 
     Training graphs hold forward, the synthetic ``loss``/``loss_backward`` pair, and backward;
     inference graphs the forward only.  Kinds: parameters (tied ones: one node), buffers, inputs,
     activations (``saved`` when a backward node reads them), gradients, parameter gradients, outputs
-    (model outputs, the loss, the new values of mutated buffers).
+    (model outputs, the loss, the new values of mutated buffers).  `kernels` (``"cuda"`` / ``"cpu"``,
+    default: the tensors' device) names whose kernel choices the graph holds (`kernel_family`): a profile
+    estimated for a CUDA target on a CPU host passes ``"cuda"``.
     """
     if mode not in ("train", "inference"):
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
@@ -1659,15 +1735,15 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
     # its strides need, not the storage the kernel allocates: bytes would depend on what was traced
     # before (an in-place view's gradient read 768 bytes in the first capture, 648 in the next)
     with torch._dynamo.config.patch(fake_tensor_cache_enabled=False):
-        return _capture(model, tuple(args), kwargs, mode, loss_fn)
+        return _capture(model, tuple(args), kwargs, mode, loss_fn, kernel_family(kernels, args, model))
 
 
 def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
-             loss_fn: LossFn | None) -> tuple[Graph, Captured]:
+             loss_fn: LossFn | None, family: str | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
     specialised: list[str] = []
     with host_random_draws() as host_random:
-        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised)
+        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
 
@@ -1718,7 +1794,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random,
-        loss_probe=probe if tangents else None)
+        loss_probe=probe if tangents else None, kernels=family)
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss

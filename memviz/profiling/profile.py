@@ -181,7 +181,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "plain graph run op by op; measured_peak_bytes (on a real device) is what the generated code "
             "really holds.  Profile the original model instead to plan for it"), stacklevel=2)
     try:
-        graph, cap = capture(model, args, kwargs, mode=mode, loss_fn=loss_fn)
+        graph, cap = capture(model, args, kwargs, mode=mode, loss_fn=loss_fn, kernels=target_kernels(info))
     except CaptureError as err:
         if not fallback or info.estimated:
             raise
@@ -1252,6 +1252,13 @@ def fixed_state_bytes(optimizer: Any, device: torch.device) -> int:
                if isinstance(v, torch.Tensor) and v.numel() != w.numel())
 
 
+def target_kernels(info: DeviceInfo) -> str | None:
+    """Whose kernels the capture takes (`memviz.profiling.capture.kernel_family`): an estimated CUDA target
+    (``fake:h100``) is traced as CUDA runs it (fused attention, bool dropout masks), as `update_kind`
+    decides its optimizer; otherwise the tensors' own device decides."""
+    return "cuda" if info.estimated and devices.uses_caching_allocator(info.name) else None
+
+
 def update_kind(optimizer: Any, info: DeviceInfo) -> str:
     """How the user's optimizer runs its step on `info`'s device: ``"fused"`` (one kernel per parameter
     group), ``"foreach"`` (list operations over a parameter group: its temporaries are allocated for every
@@ -1268,8 +1275,7 @@ def update_kind(optimizer: Any, info: DeviceInfo) -> str:
     fused, foreach = hyper.get("fused"), hyper.get("foreach")
     if fused is None and foreach is None:
         differentiable = bool(hyper.get("differentiable"))
-        device = torch.device("cuda") if info.estimated and devices.uses_caching_allocator(info.name) \
-            else info.torch_device
+        device = torch.device("cuda") if target_kernels(info) == "cuda" else info.torch_device
         try:
             _, foreach = _default_to_fused_or_foreach([torch.empty(0, device=device)], differentiable,
                                                       use_fused=False)

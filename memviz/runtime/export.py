@@ -46,7 +46,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 
-from memviz.hardware import accelerator
+from memviz.hardware import accelerator, devices
 from memviz.profiling.capture import (
     Captured,
     StalePlanError,
@@ -543,6 +543,8 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
     info = getattr(plan, "model", None)
     expected = info.get("fingerprint") if isinstance(info, dict) else None
     expected = expected or (prof.fingerprint if prof is not None else None)
+    kernels = plan_kernels(graph, prof)
+    check_kernels_runnable(kernels, target, graph)
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
@@ -551,12 +553,42 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None),
+                                  kernels=kernels)
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
     program = compile_program(graph, captured, tuple(plan.schedule), fp)
     return PlannedModule(target, program)
+
+
+def plan_kernels(graph: Graph, prof: Any) -> str | None:
+    """Whose kernels the plan's graph holds (`memviz.profiling.capture.kernel_family`): its profile's
+    capture says; a plan without one (loaded from JSON) holds CUDA's where it was estimated for a CUDA
+    target (`memviz.profiling.profile.target_kernels`), else the model's device decides again."""
+    captured = getattr(prof, "captured", None)
+    if captured is not None:
+        return captured.kernels
+    meta = graph.meta or {}
+    return "cuda" if meta.get("estimated") and devices.uses_caching_allocator(str(meta.get("device", ""))) \
+        else None
+
+
+def check_kernels_runnable(kernels: str | None, target: nn.Module, graph: Graph) -> None:
+    """Refuse to export a graph of CUDA kernels for a model that is not on a CUDA device: a plan estimated
+    for a CUDA target on a CPU host (``device="fake:h100"``) schedules fused attention kernels and bool
+    dropout masks, which only that device runs as planned (the CPU has no memory-efficient attention)."""
+    if kernels != "cuda":
+        return
+    tensors = [*target.parameters(), *target.buffers()]
+    if tensors and all(t.device.type == "cuda" for t in tensors):
+        return
+    where = sorted({t.device.type for t in tensors}) or ["no parameters or buffers"]
+    target_name = (graph.meta or {}).get("device", "cuda")
+    raise ValueError(f"this plan was estimated for a CUDA target ({target_name}): its graph holds the "
+                     "kernels CUDA runs (fused attention, bool dropout masks), and the model is on "
+                     f"{', '.join(where)}; move the model to that CUDA device (model.to('cuda')) and export "
+                     "there, or profile and plan on this host's device instead")
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

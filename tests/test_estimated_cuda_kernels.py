@@ -1,8 +1,8 @@
 """A profile estimated for a CUDA target on this CPU host (``device="fake:h100"``) holds the kernels CUDA
 runs, not the CPU's (`memviz.profiling.capture.kernel_family`): dropout as ``native_dropout`` (a bool
 mask) and ``scaled_dot_product_attention`` as the fused kernel CUDA selects, which saves the output and its
-logsumexp where the CPU's math path saves the T x T weights and their dropout noise.  Such a plan is only
-exported where the model is on a CUDA device."""
+logsumexp where the CPU's math path saves the T x T weights and their dropout noise.  Such a plan says what
+fits on the target; it is not exported (the export needs a profile taken on the device)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_gpt2_on_an_estimated_h100_holds_no_attention_weights():
     assert cpu.baseline.peak_bytes > peaks[0.1] + weights
 
 
-def test_a_cuda_estimated_plan_is_not_exported_on_the_cpu():
+def test_a_cuda_estimated_plan_is_not_exported():
     model = Attention().train()
     prof = memviz.profile(model, (_x(),), device="fake:h100")
     plan = memviz.plan(prof, None, strategy="none", frontier=False)

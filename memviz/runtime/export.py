@@ -575,20 +575,20 @@ def plan_kernels(graph: Graph, prof: Any) -> str | None:
 
 
 def check_kernels_runnable(kernels: str | None, target: nn.Module, graph: Graph) -> None:
-    """Refuse to export a graph of CUDA kernels for a model that is not on a CUDA device: a plan estimated
-    for a CUDA target on a CPU host (``device="fake:h100"``) schedules fused attention kernels and bool
-    dropout masks, which only that device runs as planned (the CPU has no memory-efficient attention)."""
+    """Refuse to export a plan estimated for a CUDA target on a CPU host (``device="fake:h100"``): its graph
+    holds the kernels CUDA runs (fused attention, bool dropout masks), which the CPU has not, and the
+    tensors the CPU trace made (index and mask constants) stay on the CPU, so on the GPU itself the step
+    failed too (an H100, torch 2.11: ``index_select`` with a CPU index, `benchmarks/check_estimated_cuda.py`).
+    Such a plan says what fits on the target; the export needs a profile taken on the device."""
     if kernels != "cuda":
         return
-    tensors = [*target.parameters(), *target.buffers()]
-    if tensors and all(t.device.type == "cuda" for t in tensors):
-        return
-    where = sorted({t.device.type for t in tensors}) or ["no parameters or buffers"]
+    where = sorted({t.device.type for t in [*target.parameters(), *target.buffers()]}) or ["no device"]
     target_name = (graph.meta or {}).get("device", "cuda")
-    raise ValueError(f"this plan was estimated for a CUDA target ({target_name}): its graph holds the "
-                     "kernels CUDA runs (fused attention, bool dropout masks), and the model is on "
-                     f"{', '.join(where)}; move the model to that CUDA device (model.to('cuda')) and export "
-                     "there, or profile and plan on this host's device instead")
+    raise ValueError(f"this plan was estimated for a CUDA target ({target_name}) on a host without it: its "
+                     "graph holds the kernels CUDA runs (fused attention, bool dropout masks) and tensors "
+                     f"the host's trace made, and the model is on {', '.join(where)}; to export, profile and "
+                     "plan on the device itself (memviz.profile(model.to('cuda'), ..., device='cuda')), or "
+                     "on this host's device for a module that runs here")
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

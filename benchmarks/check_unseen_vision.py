@@ -50,7 +50,8 @@ import memviz  # noqa: E402
 import tests.real_models  # noqa: E402,F401  (defines torchvision's missing op schemas before its import)
 from memviz.profiling.tracker import measure_peak, tensors_of  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
-from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh  # noqa: E402
+from tests.test_real_models import _step  # noqa: E402
+from tests.test_zoo import _assert_same, _assert_tree_same, _fresh  # noqa: E402
 
 STEPS = 3
 FRACTION = 0.5
@@ -274,17 +275,6 @@ def _plan(prof: memviz.Profile, strategy: str) -> memviz.Plan:
         return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=TIME_LIMIT)
 
 
-def _step(module: nn.Module, loss_fn: Any, inputs: Any, seed: int, opt: torch.optim.Optimizer) -> Any:
-    torch.manual_seed(seed)
-    out = module(*inputs[0], **inputs[1])
-    loss = loss_fn(out)
-    kept = Untracked.of(out)
-    del out  # the outputs go once the loss has read them (the plan frees them there)
-    loss.backward()
-    opt.step()  # leaves the gradients in place for the comparison
-    return kept
-
-
 def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...],
             loss_fn: Any) -> tuple[int, int]:
     """`STEPS` AdamW steps of both from the same seeds: outputs, every gradient, the parameters after each
@@ -296,9 +286,9 @@ def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...],
     eager = peak = 0
     for i in range(STEPS):
         in_a, in_b = _fresh((args, {})), _fresh((args, {}))
-        eager, out_a = measure_peak(functools.partial(_step, original, loss_fn, in_a, i, opt_a),
+        eager, out_a = measure_peak(functools.partial(_step, original, loss_fn, opt_a, in_a, i),
                                     tensors_of(original, opt_a, in_a))
-        peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, in_b, i, opt_b),
+        peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, opt_b, in_b, i),
                                    tensors_of(candidate, opt_b, in_b))
         _assert_tree_same(out_a, out_b, f"output, step {i}")
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):

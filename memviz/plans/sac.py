@@ -123,6 +123,7 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     import torch.utils._pytree as pytree
 
     from memviz.hardware import accelerator
+    from memviz.profiling.capture import buffers_kept
     from memviz.runtime.apply import ApplyWarning, _without_cache, wrap
 
     blocks = candidate_blocks(model, graph, cap)
@@ -136,16 +137,12 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     called: list[tuple[Any, Any]] = []
     handle = model.get_submodule(path).register_forward_pre_hook(
         lambda _m, a, k: called.append((a, k)) if not called else None, with_kwargs=True)
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     devices = accelerator.as_list(device)
     try:
-        with accelerator.fork_rng(devices), torch.enable_grad():
+        with buffers_kept(model), accelerator.fork_rng(devices), torch.enable_grad():
             model(*args, **(kwargs or {}))
     finally:
         handle.remove()
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
     # without a KV cache, as apply runs a checkpointed layer (the runs would append to one cache object)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ApplyWarning)

@@ -433,7 +433,6 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
     leaves = [t for t in (*model.parameters(), *pytree.tree_leaves((args, kwargs)))
               if isinstance(t, torch.Tensor) and t.requires_grad]
     grads = [t.grad for t in leaves]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
 
     def step(m: nn.Module) -> None:
         for t in leaves:
@@ -458,7 +457,7 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
 
     target = FIXED_COST_PAIRS if repeats > 1 else 1
     try:
-        with accelerator.fork_rng(accelerator.as_list(device)):
+        with buffers_kept(model), accelerator.fork_rng(accelerator.as_list(device)):
             for _ in range(warmup):
                 step(model)
                 step(module)
@@ -474,9 +473,6 @@ def step_fixed_costs(graph: Graph, cap: Captured, schedule: Schedule, fp: str, m
             # timed apart from the pairs: the phase timers synchronise the device
             in_phases = [] if host else [phased_step() for _ in eager]
     finally:
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
         for t, g in zip(leaves, grads, strict=True):
             t.grad = g
     executor = [seconds for seconds, _ in exported]
@@ -1078,9 +1074,7 @@ def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], tim
 
 # --- estimated costs --------------------------------------------------------------------------------
 def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
-    """FLOPs on fake tensors and bytes moved, through the target's roofline.  The optimizer's update
-    nodes (`add_optimizer`, after the captured ones) run no FX node: bytes moved only, as
-    `add_optimizer` estimates them."""
+    """FLOPs on fake tensors and bytes moved, through the target's roofline."""
     assert info.target is not None
     nodes = cap.nodes
     times: dict[int, float] = {}

@@ -543,8 +543,7 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
     info = getattr(plan, "model", None)
     expected = info.get("fingerprint") if isinstance(info, dict) else None
     expected = expected or (prof.fingerprint if prof is not None else None)
-    kernels = plan_kernels(graph, prof)
-    check_kernels_runnable(kernels, target, graph)
+    check_not_estimated_for_cuda(graph, prof, target)
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
@@ -553,8 +552,7 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None),
-                                  kernels=kernels)
+        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
@@ -562,33 +560,28 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
     return PlannedModule(target, program)
 
 
-def plan_kernels(graph: Graph, prof: Any) -> str | None:
-    """Whose kernels the plan's graph holds (`memviz.profiling.capture.kernel_family`): its profile's
-    capture says; a plan without one (loaded from JSON) holds CUDA's where it was estimated for a CUDA
-    target (`memviz.profiling.profile.target_kernels`), else the model's device decides again."""
-    captured = getattr(prof, "captured", None)
-    if captured is not None:
-        return captured.kernels
-    meta = graph.meta or {}
-    return "cuda" if meta.get("estimated") and devices.uses_caching_allocator(str(meta.get("device", ""))) \
-        else None
-
-
-def check_kernels_runnable(kernels: str | None, target: nn.Module, graph: Graph) -> None:
+def check_not_estimated_for_cuda(graph: Graph, prof: Any, target: nn.Module) -> None:
     """Refuse to export a plan estimated for a CUDA target on a CPU host (``device="fake:h100"``): its graph
     holds the kernels CUDA runs (fused attention, bool dropout masks), which the CPU has not, and the
     tensors the CPU trace made (index and mask constants) stay on the CPU, so on the GPU itself the step
     failed too (an H100, torch 2.11: ``index_select`` with a CPU index, `benchmarks/check_estimated_cuda.py`).
-    Such a plan says what fits on the target; the export needs a profile taken on the device."""
-    if kernels != "cuda":
+    Such a plan says what fits on the target; the export needs a profile taken on the device.  Its
+    profile's capture says whose kernels it holds (`memviz.profiling.capture.kernel_family`); a plan
+    without one (loaded from JSON) holds CUDA's where it was estimated for a CUDA target
+    (`memviz.profiling.profile.target_kernels`)."""
+    captured = getattr(prof, "captured", None)
+    meta = graph.meta or {}
+    estimated_cuda = captured.kernels == "cuda" if captured is not None else \
+        bool(meta.get("estimated")) and devices.uses_caching_allocator(str(meta.get("device", "")))
+    if not estimated_cuda:
         return
     where = sorted({t.device.type for t in [*target.parameters(), *target.buffers()]}) or ["no device"]
-    target_name = (graph.meta or {}).get("device", "cuda")
-    raise ValueError(f"this plan was estimated for a CUDA target ({target_name}) on a host without it: its "
-                     "graph holds the kernels CUDA runs (fused attention, bool dropout masks) and tensors "
-                     f"the host's trace made, and the model is on {', '.join(where)}; to export, profile and "
-                     "plan on the device itself (memviz.profile(model.to('cuda'), ..., device='cuda')), or "
-                     "on this host's device for a module that runs here")
+    raise ValueError(f"this plan was estimated for a CUDA target ({meta.get('device', 'cuda')}) on a host "
+                     "without it: its graph holds the kernels CUDA runs (fused attention, bool dropout "
+                     "masks) and tensors the host's trace made, and the model is on "
+                     f"{', '.join(where)}; to export, profile and plan on the device itself "
+                     "(memviz.profile(model.to('cuda'), ..., device='cuda')), or on this host's device for a "
+                     "module that runs here")
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -269,13 +269,13 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
             for p in params.values():
                 p.grad = None
             opt = _primed_optimizer(spec, params)
+            held = tensors_of(module, opt, (args, kwargs))
+            loss_held, outside = loss_only(spec.loss_fn, held, device)
             if spec.backend is None:
                 step = _step(module, spec, args, kwargs, opt)
-                held = tensors_of(module, opt, (args, kwargs))
-                loss_held, outside = loss_only(spec.loss_fn, held, device)
                 peak = measure_peak(step, held + loss_held, device)[0] - outside
             else:
-                peak = _compiled_peak(module, spec, args, kwargs, opt, device)
+                peak = _compiled_peak(module, spec, args, kwargs, opt, device, held + loss_held) - outside
     finally:
         with torch.no_grad():
             for b, saved in zip(buffers, saved_buffers, strict=True):
@@ -328,14 +328,12 @@ def closed_over(fn: Any, depth: int = 4) -> list[torch.Tensor]:
 
 
 def _compiled_peak(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   opt: torch.optim.Optimizer | None, device: torch.device) -> int:
-    """Peak bytes of a step of ``torch.compile(module, backend=spec.backend)``, measured after a first
-    step that compiles it (whose memory is the compiler's), on CPU less the allocator's excess over the
-    live-storage tracker in an uncompiled step (module docstring); only the measured step runs the
-    optimizer (the caller restores the parameters it moved)."""
-    held = tensors_of(module, opt, (args, kwargs))
-    loss_held, outside = loss_only(spec.loss_fn, held, device)
-    preexisting = held + loss_held
+                   opt: torch.optim.Optimizer | None, device: torch.device,
+                   preexisting: list[torch.Tensor]) -> int:
+    """Peak bytes of a step of ``torch.compile(module, backend=spec.backend)``, `preexisting` counted from
+    the start, measured after a first step that compiles it (whose memory is the compiler's), on CPU less
+    the allocator's excess over the live-storage tracker in an uncompiled step (module docstring); only the
+    measured step runs the optimizer (the caller restores the parameters it moved)."""
     if accelerator.is_accelerator(device):
         unmodelled = 0
     else:  # before anything is compiled: a tracked step of a compiled module would run eagerly
@@ -348,8 +346,8 @@ def _compiled_peak(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwa
     _clear_grads(module)
     step = _step(compiled, spec, args, kwargs, opt)
     if accelerator.is_accelerator(device):
-        return measure_peak(step, preexisting, device)[0] - outside
-    return allocator_peak(step, preexisting)[0] - unmodelled - outside
+        return measure_peak(step, preexisting, device)[0]
+    return allocator_peak(step, preexisting)[0] - unmodelled
 
 
 def _clear_grads(module: nn.Module) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import functools
 import json
 import os
 import subprocess
@@ -190,29 +189,12 @@ def plan_at(prof: Any, strategy: str) -> tuple[Any, str]:
 
 def trains_as_eager(original: torch.nn.Module, planned: torch.nn.Module, case: RealCase,
                     loss_fn: Any) -> list[int]:
-    """`STEPS` AdamW steps of `planned` against `original` with the same seeds: outputs, every gradient and
-    every parameter after the step equal (`tests.test_real_models`' step, `tests.test_zoo`'s comparisons).
-    Returns each step's measured peak (forward, loss, backward, optimizer step: what the plan holds)."""
-    from memviz.profiling.tracker import measure_peak, tensors_of
-    from tests.test_real_models import _step
-    from tests.test_zoo import _assert_same, _assert_tree_same, _fresh
+    """`STEPS` AdamW steps of `planned` against `original` with the same seeds, as the vision sweep checks
+    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal); each
+    step's measured peak of `planned` (forward, loss, backward, optimizer step: what the plan holds)."""
+    from check_unseen_vision import trains_as_eager as checked
 
-    opt_a = torch.optim.AdamW(original.parameters())
-    opt_b = torch.optim.AdamW(planned.parameters())
-    peaks = []
-    for i in range(STEPS):
-        in_a, in_b = _fresh((case.args, case.kwargs)), _fresh((case.args, case.kwargs))
-        out_a = _step(original, loss_fn, opt_a, in_a, i)
-        peak, out_b = measure_peak(functools.partial(_step, planned, loss_fn, opt_b, in_b, i),
-                                   tensors_of(planned, opt_b, in_b))
-        peaks.append(peak)
-        _assert_tree_same(out_a, out_b, f"output, step {i}")
-        for (name, pa), pb in zip(original.named_parameters(), planned.parameters(), strict=True):
-            _assert_same(pa.grad, pb.grad, f"grad of {name}, step {i}")
-            _assert_same(pa.detach(), pb.detach(), f"{name} after step {i}")
-        opt_a.zero_grad()
-        opt_b.zero_grad()
-    return peaks
+    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn)]
 
 
 def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:

@@ -275,21 +275,22 @@ def _plan(prof: memviz.Profile, strategy: str) -> memviz.Plan:
         return memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=TIME_LIMIT)
 
 
-def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...],
-            loss_fn: Any) -> tuple[int, int]:
+def trains_as_eager(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    loss_fn: Any) -> list[tuple[int, int]]:
     """`STEPS` AdamW steps of both from the same seeds: outputs, every gradient, the parameters after each
-    step and every buffer (BatchNorm's running statistics) equal.  Returns the last measured peaks
+    step and every buffer (BatchNorm's running statistics) equal.  Returns each step's measured peaks
     (forward, loss, backward and the AdamW step, as the profile planned it; the state exists from the
     second step on) of the original and the candidate."""
     opt_a = torch.optim.AdamW(original.parameters())
     opt_b = torch.optim.AdamW(candidate.parameters())
-    eager = peak = 0
+    peaks = []
     for i in range(STEPS):
-        in_a, in_b = _fresh((args, {})), _fresh((args, {}))
+        in_a, in_b = _fresh((args, kwargs)), _fresh((args, kwargs))
         eager, out_a = measure_peak(functools.partial(_step, original, loss_fn, opt_a, in_a, i),
                                     tensors_of(original, opt_a, in_a))
         peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, opt_b, in_b, i),
                                    tensors_of(candidate, opt_b, in_b))
+        peaks.append((eager, peak))
         _assert_tree_same(out_a, out_b, f"output, step {i}")
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):
             _assert_same(pa.grad, pb.grad, f"grad of {name}, step {i}")
@@ -299,7 +300,7 @@ def compare(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...],
             opt.zero_grad()
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):
             _assert_same(pa.detach(), pb.detach(), f"{name} after step {i}")
-    return eager, peak
+    return peaks
 
 
 def _peak_row(peak: int, plan: memviz.Plan, eager: int | None = None) -> str:
@@ -342,7 +343,7 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             original = copy.deepcopy(reference)
             exported = memviz.export(plans["auto"], verify=True)
-            eager, peak = compare(original, exported, args, loss_fn)
+            eager, peak = trains_as_eager(original, exported, args, {}, loss_fn)[-1]
             emit("export", _peak_row(peak, exported.plan, eager))
         except Exception as err:  # noqa: BLE001
             emit("export", _first_line(err))
@@ -351,7 +352,8 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             original = copy.deepcopy(reference)
             applied = memviz.apply(plans["sac"], copy.deepcopy(reference), verify=True)
-            emit("apply", _peak_row(compare(original, applied, args, loss_fn)[1], applied.plan))
+            peak = trains_as_eager(original, applied, args, {}, loss_fn)[-1][1]
+            emit("apply", _peak_row(peak, applied.plan))
         except Exception as err:  # noqa: BLE001
             emit("apply", _first_line(err))
     if inference:

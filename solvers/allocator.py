@@ -21,7 +21,8 @@ pools, and the addresses the driver really returns (segments are laid out one af
 creation order for drawing).
 
 Allocation order per step: a compute step allocates its new outputs (in output order), then its
-workspace, then frees the workspace; a free step frees the tensor.  Tensors without a producer are
+workspace (its parts one after another where it has several, `ComputeNode.temp_parts`), then frees the
+workspace; a free step frees the tensor.  Tensors without a producer are
 allocated before the first step in id order.
 """
 
@@ -234,10 +235,13 @@ def simulate_caching_allocator(graph: Graph, schedule: Sequence[Step]) -> Alloca
                     requested += nbytes
             high_alloc, high_req = alloc.allocated, requested
             if comp.temp_bytes > 0:
-                work = alloc.malloc(comp.temp_bytes)
+                parts = [n for n in comp.temp_parts or (comp.temp_bytes,) if n > 0]
+                work = [alloc.malloc(n) for n in parts]
                 high_alloc, high_req = alloc.allocated, requested + comp.temp_bytes
-                record(None, comp.id, work, i, i + 1, comp.temp_bytes)
-                alloc.free(work)
+                for block, n in zip(work, parts, strict=True):
+                    record(None, comp.id, block, i, i + 1, n)
+                for block in work:
+                    alloc.free(block)
         else:
             if step.node in live:
                 block, start, nbytes = live.pop(step.node)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import inspect
 import warnings
 from collections.abc import Callable
@@ -264,6 +265,11 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
     args, kwargs = pytree.tree_map(_grad_alias, (spec.args, spec.kwargs))
     devices = accelerator.devices_of([*params.values(), *buffers, *pytree.tree_leaves((args, kwargs))])
     device = devices[0] if devices else torch.device("cpu")
+    if accelerator.is_accelerator(device):
+        # the allocator counts everything on the device, garbage in reference cycles too (a module a
+        # re-plan replaced, a wrapped copy: `memviz.runtime.apply.wrap` binds its forward to it); the
+        # CPU tracker counts only the step's own storages
+        gc.collect()
     try:
         with accelerator.fork_rng(devices):
             for p in params.values():

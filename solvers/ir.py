@@ -50,6 +50,10 @@ PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPU
                               DataKind.RUNTIME})
 
 
+#: data kinds no schedule can free or recompute within a step (`Graph.held_bytes`)
+_HELD_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.OPTIMIZER_STATE, DataKind.RUNTIME})
+
+
 @dataclass(frozen=True, slots=True)  # slots: see `frozen_instances`
 class ComputeNode:
     id: int
@@ -252,6 +256,12 @@ class Graph:
 
     def persistent_bytes(self) -> int:
         return sum(d.bytes for d in self.datas if d.producer is None)
+
+    def held_bytes(self) -> int:
+        """Bytes every schedule holds for the whole step, whatever it recomputes or chunks: parameters,
+        buffers, optimizer state and the device runtime's scratch (inputs are left out: a schedule may
+        free one after its last read)."""
+        return sum(d.bytes for d in self.datas if d.producer is None and d.kind in _HELD_KINDS)
 
     @cached_property
     def required_computes(self) -> frozenset[int]:

@@ -16,7 +16,8 @@ import memviz
 from memviz.hardware.devices import named_device
 from memviz.profiling.profile import profile, update_kind
 from memviz.runtime.verify import optimizer_spec
-from solvers import Phase
+from solvers import DataKind, Phase
+from solvers.result import BelowHeldMemory, InfeasibleBudget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from check_optimizer_step import measured_step  # noqa: E402  (the device check measures it the same way)
@@ -107,3 +108,31 @@ def test_fixed_costs_price_the_optimizer_update() -> None:
     updates = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
     assert len(updates) == 4 and all(c.time > 0 for c in updates)
     assert memviz.plan(prof, None).peak_bytes == prof.baseline.peak_bytes
+
+
+def test_a_budget_under_the_parameters_and_optimizer_state_is_refused_for_that(monkeypatch: Any) -> None:
+    """Every schedule holds the parameters and AdamW's state all step.  Where the solvers run out of time
+    on a budget under them (GhostNet's auto, 30 s), the refusal says so, not "raise time_limit"; a budget
+    the solvers answer keeps their own refusal and its minimum (a probe at 1 byte names the minimum)."""
+    from memviz.plans import planning
+    from solvers.result import OutOfTime
+
+    model, args = _model()
+    prof = profile(model, args, optimizer=torch.optim.AdamW, repeats=1, warmup=0).with_costs("fake:v100")
+    held = prof.graph.held_bytes()
+    # weights, exp_avg and exp_avg_sq (and AdamW's step counters)
+    assert held >= 3 * sum(p.numel() * 4 for p in model.parameters())
+    kept = (DataKind.PARAMETER, DataKind.OPTIMIZER_STATE)
+    assert held == sum(d.bytes for d in prof.graph.datas if d.kind in kept)
+    with pytest.raises(InfeasibleBudget) as probed:
+        memviz.plan(prof, 1, time_limit=20.0, frontier=False)
+    assert probed.value.minimum_bytes is not None and probed.value.minimum_bytes > held
+
+    def out_of_time(graph: Any, candidates: Any, budget: int, *rest: Any) -> Any:
+        raise OutOfTime("rotor plan search", budget, "rotor")
+
+    monkeypatch.setattr(planning, "_solve_first", out_of_time)
+    with pytest.raises(BelowHeldMemory, match=f"every schedule holds {held} bytes"):
+        memviz.plan(prof, held - 1, time_limit=20.0, frontier=False)
+    with pytest.raises(OutOfTime):  # above what is held, more time may find one
+        memviz.plan(prof, held + 1, time_limit=20.0, frontier=False)

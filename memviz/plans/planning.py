@@ -23,7 +23,7 @@ from memviz.plans.cdgraph import cdgraph_dict
 from memviz.plans.planfile import MIME_TYPE, SCHEMA_ID, checked_runs, gc_paused, read_document, write_document
 from solvers import DataKind, Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.deadline import Deadline, recording_cuts
-from solvers.result import InfeasibleBudget, OutOfTime, SolveResult, SolverStats
+from solvers.result import BelowHeldMemory, InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule, Step, keep_outputs_alive, run_turn_once
 
 #: strategy name -> (module, function).  Each is `f(graph, budget_bytes, time_limit=..., deadline=...)
@@ -651,6 +651,9 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
         with progress(len(candidates), f"memviz: planning ({strategy})") as bar, gc_paused():
             result, timeline, name = _solve_first(graph, candidates, effective, solve_by, bar.update)
     except InfeasibleBudget as exc:
+        if isinstance(exc, OutOfTime) and effective < graph.held_bytes():
+            # more time cannot help (what OutOfTime says): the budget is under what every schedule holds
+            raise BelowHeldMemory(effective, graph.held_bytes(), strategy) from exc
         known = _known_minimum(graph) if strategy == "auto" and "checkmate" not in candidates else None
         if known is not None and known[1].peak_bytes <= effective:
             result, timeline, name = (*known, "checkmate")

@@ -17,8 +17,12 @@ On an H200 (torch 2.11, 2026-11-28 05:10): the profile left 66 MiB allocated, al
 allocated under GPT-2's first matmul, 32 MiB from the autograd thread); Python reached no CUDA tensor
 besides the model's.  The recorded traces replayed through `solvers.allocator.CachingAllocator` from the
 recorded segments give the measured reserved peaks exactly (eager 1308, "none" 1300, auto 50 % 900 MiB);
-the plans predicted 1378 and 966 because the foreach AdamW step's 89 MiB of temporaries were one block,
-and predict 1290 and 878 with one block per parameter (`ComputeNode.temp_parts`).
+the plans predicted 1378 and 966 because the foreach AdamW step's 89 MiB of temporaries are one block;
+with one block per parameter they predicted 1290 and 878.  That change was reverted the same hour: it
+made the model optimistic by 0.2-3 % (it starts from tightly packed parameters and optimizer state, where
+the device's sit where the first step put them: 436 MiB of segments for 333 MiB of tensors), and
+bench_cuda's plans admitted by it ran out of memory with the allocator capped at their budget
+(`bench_cuda.capped_steps`: GPT-2 auto and rockmate at 50 %, 992 MiB reserved for a 966.5 MiB budget).
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ pools, and the addresses the driver really returns (segments are laid out one af
 creation order for drawing).
 
 Allocation order per step: a compute step allocates its new outputs (in output order), then its
-workspace (its parts one after another where it has several, `ComputeNode.temp_parts`), then frees the
-workspace; a free step frees the tensor.  Tensors without a producer are
+workspace, then frees the workspace; a free step frees the tensor.  Tensors without a producer are
 allocated before the first step in id order.
 """
 
@@ -235,13 +234,10 @@ def simulate_caching_allocator(graph: Graph, schedule: Sequence[Step]) -> Alloca
                     requested += nbytes
             high_alloc, high_req = alloc.allocated, requested
             if comp.temp_bytes > 0:
-                parts = [n for n in comp.temp_parts or (comp.temp_bytes,) if n > 0]
-                work = [alloc.malloc(n) for n in parts]
+                work = alloc.malloc(comp.temp_bytes)
                 high_alloc, high_req = alloc.allocated, requested + comp.temp_bytes
-                for block, n in zip(work, parts, strict=True):
-                    record(None, comp.id, block, i, i + 1, n)
-                for block in work:
-                    alloc.free(block)
+                record(None, comp.id, work, i, i + 1, comp.temp_bytes)
+                alloc.free(work)
         else:
             if step.node in live:
                 block, start, nbytes = live.pop(step.node)

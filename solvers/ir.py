@@ -73,11 +73,6 @@ class ComputeNode:
     #: nothing produce what it wrote again; the written storage holds the sum, the node's own output
     #: is a 0-byte token)
     mutates: tuple[int, ...] = ()
-    #: the workspace as the separate allocations it is made of, summing to `temp_bytes` (a foreach
-    #: optimizer step's temporaries, one per parameter of its group); empty: one allocation.  Only the
-    #: caching-allocator model (`solvers.allocator`) tells them apart: many small blocks fit the holes
-    #: the freed activations left, where one block of their sum needs a segment of its own
-    temp_parts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +160,6 @@ class Graph:
             and set(map(type, refs)) <= {int}
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
             and all(set(c.mutates) <= set(c.inputs) for c in computes if c.mutates)
-            and all(sum(c.temp_parts) == c.temp_bytes for c in computes if c.temp_parts)
             and (set(map(attrgetter("in_place_of"), datas)) <= {None}  # (a C loop: usually none)
                  or all(d.producer is not None and d.in_place_of in computes[d.producer].inputs
                         for d in datas if d.in_place_of is not None))
@@ -194,9 +188,6 @@ class Graph:
                 if d not in c.inputs:
                     raise GraphError(f"compute node {c.name!r} writes data id {d} in place but does not "
                                      "read it")
-            if c.temp_parts and sum(c.temp_parts) != c.temp_bytes:
-                raise GraphError(f"compute node {c.name!r}: its workspace parts sum to {sum(c.temp_parts)} "
-                                 f"bytes, not its temp_bytes {c.temp_bytes}")
             for d in c.outputs:
                 if self.datas[d].producer != c.id:
                     raise GraphError(
@@ -308,7 +299,6 @@ class Graph:
                     "flops": c.flops,
                     # only where there is one: a plan file's 100k computes carry no empty lists
                     **({"mutates": list(c.mutates)} if c.mutates else {}),
-                    **({"temp_parts": list(c.temp_parts)} if c.temp_parts else {}),
                 }
                 for c in self.computes
             ],
@@ -345,7 +335,7 @@ class Graph:
             ComputeNode, c["id"], c["name"], c["op"], _members(_PHASES, Phase, c["phase"]),
             map(tuple, c["inputs"]), map(tuple, c["outputs"]), map(float, c["time"]),
             map(int, c["temp_bytes"]), c["module"], c["source"], c["block"], map(float, c["flops"]),
-            map(tuple, c["mutates"]), map(tuple, c["temp_parts"]),
+            map(tuple, c["mutates"]),
         )
         d = _with_defaults(columns.get("datas") or node_columns(obj["datas"], DataNode), DataNode)
         datas = frozen_instances(
@@ -363,14 +353,13 @@ class Graph:
 
 #: the node fields a graph dict may leave out (`Graph.from_dict`), with the value they then take
 _OPTIONAL: dict[type, dict[str, Any]] = {
-    ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0, "mutates": (),
-                  "temp_parts": ()},
+    ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0, "mutates": ()},
     DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": (), "in_place_of": None},
 }
 
 
 #: optional node fields `Graph.to_dict` leaves out where they hold their default
-_SPARSE = frozenset({"mutates", "in_place_of", "temp_parts"})
+_SPARSE = frozenset({"mutates", "in_place_of"})
 
 
 def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from solvers import GraphBuilder, GraphError, compute, eager_schedule, free, simulate
+from solvers import GraphBuilder, compute, eager_schedule, free, simulate
 from solvers.allocator import (
     LARGE_BUFFER,
     SMALL_BUFFER,
@@ -95,31 +95,6 @@ def test_workspace_is_allocated_and_released_within_its_step() -> None:
     d = r.to_dict()
     assert {blk["data"] for blk in d["blocks"]} == {x, y}
     assert d["reserved_bytes"] == SMALL_BUFFER
-
-
-def test_workspace_parts_fill_the_holes_one_block_of_their_sum_cannot() -> None:
-    """A foreach optimizer step's temporaries (`ComputeNode.temp_parts`) are one allocation each: the
-    backward freed the first and last of three 6 MiB activations of one 20 MiB segment, and two 6 MiB
-    temporaries reuse those holes, where one 12 MiB block needs a segment of its own (bench_cuda's GPT-2:
-    1378 MiB predicted reserved as one block, 1290 as parts, 1300 measured on an H200)."""
-
-    def reserved(parts: tuple[int, ...]) -> int:
-        b = GraphBuilder("step")
-        acts = [b.data(f"act{i}", 6 * MiB) for i in range(3)]
-        b.compute("forward", [], acts)
-        b.compute("update", acts[1:2], [], phase="optimizer", temp_bytes=12 * MiB, temp_parts=parts)
-        sched = [compute(0), free(acts[0]), free(acts[2]), compute(1), free(acts[1])]
-        return simulate_caching_allocator(b.build(), sched).peak_reserved
-
-    assert reserved(()) == LARGE_BUFFER + 12 * MiB
-    assert reserved((6 * MiB, 6 * MiB)) == LARGE_BUFFER
-
-
-def test_workspace_parts_must_sum_to_the_workspace() -> None:
-    b = GraphBuilder("bad")
-    b.compute("update", [], [], temp_bytes=100, temp_parts=(60, 60))
-    with pytest.raises(GraphError, match="parts sum to 120"):
-        b.build()
 
 
 def test_allocated_tracks_the_simulator_up_to_rounding() -> None:

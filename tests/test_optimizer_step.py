@@ -68,8 +68,6 @@ def test_groups_and_estimated_cuda_target() -> None:
     prof = profile(model, args, optimizer=torch.optim.AdamW, device="fake:h100")
     (node,) = [c for c in prof.graph.computes if c.phase is Phase.OPTIMIZER]
     assert node.temp_bytes == params
-    # one temporary per parameter, each its own allocation (`torch._foreach_sqrt`'s list)
-    assert node.temp_parts == (params // 4,) * 4
     weights = list(model.parameters())
     opt = torch.optim.AdamW([{"params": weights[:1]}, {"params": weights[1:]}], foreach=True)
     prof = profile(model, args, optimizer=opt, repeats=1, warmup=0)
@@ -96,8 +94,6 @@ def test_export_verifies_with_the_modelled_update(tmp_path: Any) -> None:
     loaded = memviz.load_plan(path)
     assert optimizer_spec(loaded, None) == (torch.optim.AdamW, {"foreach": True})
     assert functools.reduce(lambda a, c: a + (c.phase is Phase.OPTIMIZER), loaded.graph.computes, 0) == 2
-    assert [c.temp_parts for c in loaded.graph.computes if c.phase is Phase.OPTIMIZER] == \
-        [(256 * 256 * 4,) * 2] * 2  # the file keeps the workspace's parts
 
 
 def test_fixed_costs_price_the_optimizer_update() -> None:

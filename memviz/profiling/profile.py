@@ -61,6 +61,7 @@ from memviz.profiling.capture import (
 from memviz.profiling.saved import autograd_saved_holds
 from memviz.profiling.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import (
+    ComputeNode,
     DataKind,
     DataNode,
     Graph,
@@ -933,10 +934,9 @@ def _check_on_device(model: nn.Module, args: Any, kwargs: Any, dev: torch.device
 def _with_costs(graph: Graph, times: dict[int, float], temps: dict[int, int],
                 flops: dict[int, float] | None = None) -> Graph:
     computes = tuple(
-        replace(c, time=times.get(c.id, c.time), temp_bytes=temps.get(c.id, c.temp_bytes),
-                flops=(flops or {}).get(c.id, c.flops),
-                # a measured workspace is one allocation as far as is known
-                temp_parts=c.temp_parts if temps.get(c.id, c.temp_bytes) == c.temp_bytes else ())
+        ComputeNode(c.id, c.name, c.op, c.phase, c.inputs, c.outputs, time=times.get(c.id, c.time),
+                    temp_bytes=temps.get(c.id, c.temp_bytes), module=c.module, source=c.source, block=c.block,
+                    flops=(flops or {}).get(c.id, c.flops), mutates=c.mutates)
         for c in graph.computes
     )
     return Graph(computes, graph.datas, graph.outputs, name=graph.name, meta=dict(graph.meta))
@@ -1341,8 +1341,7 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
                  "dtype": d.dtype, "aliases": d.aliases} for d in graph.datas]
     b._computes = [{"name": c.name, "op": c.op, "phase": c.phase, "inputs": c.inputs, "outputs": c.outputs,
                     "time": c.time, "temp_bytes": c.temp_bytes, "module": c.module, "source": c.source,
-                    "block": c.block, "flops": c.flops, "mutates": c.mutates, "temp_parts": c.temp_parts}
-                   for c in graph.computes]
+                    "block": c.block, "flops": c.flops, "mutates": c.mutates} for c in graph.computes]
     b.outputs = list(graph.outputs)
     # torch.optim skips a parameter whose gradient is None (frozen, or reached only through outputs the
     # loss does not use): no update, no state
@@ -1382,15 +1381,11 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
     else:
         per_group, per_largest = group_transient(optimizer, kind)
         for group in _groups(params, optimizer, model):
-            # each temporary is its own allocation (``torch._foreach_sqrt`` returns one tensor per
-            # parameter): the allocator fits them into the holes the backward left (bench_cuda's GPT-2
-            # on an H200: reserved 1378 MiB predicted as one block, 1290 as parts, 1300 measured)
-            parts = [n for n in (*(int(round(p.bytes * per_group)) for p in group),
-                                 int(round(max(p.bytes for p in group) * per_largest))) if n > 0]
+            total, largest = sum(p.bytes for p in group), max(p.bytes for p in group)
             b.compute(f"{cls.__name__}.step[{kind}: {len(group)} {group[0].dtype} parameters]",
                       [d for p in group for d in reads[p.id]], [], op=f"{cls.__name__}.step",
                       phase=Phase.OPTIMIZER, time=sum(seconds[p.id] for p in group),
-                      temp_bytes=sum(parts), temp_parts=tuple(parts) if len(parts) > 1 else (),
+                      temp_bytes=int(round(total * per_group + largest * per_largest)),
                       module="", source=f"torch.optim.{cls.__name__}.step ({kind})")
     return b.build(**graph.meta, optimizer=cls.__name__, optimizer_update=kind)
 

@@ -312,10 +312,13 @@ def headline(rows: list[dict[str, Any]], device: str) -> list[dict[str, str]]:
     under = sum(not r["over_budget"] for r in plans)
     sac = [r for r in rows if r.get("strategy") == "sac"
            and ("verified_peak" in r or "Budget" in r.get("error", ""))]
+    capped = [r for r in rows if "capped" in r]
+    ran = (f"; {sum(r['capped'] == 'ok' for r in capped)} of {len(capped)} returned plans ran with the "
+           "allocator capped at their budget") if capped else ""
     return [{"metric": f"CUDA ({device}): exported plans measured vs plan, export(verify=True), 3 models",
              "ours": f"{within} of {len(plans)} within 1%, {under} at or under budget; "
                      f"memviz.apply(verify=True) (sac): {sum('verified_peak' in r for r in sac)} of "
-                     f"{len(sac)} verified, the rest refused",
+                     f"{len(sac)} verified, the rest refused{ran}",
              "baseline": "target: all", "ratio": ""}]
 
 

@@ -93,3 +93,20 @@ def test_the_reserved_search_goes_down_to_the_smallest_schedule():
     assert chosen.reserved_peak_bytes <= 1000 and chosen.peak_bytes <= 420
     with pytest.raises(InfeasibleBudget, match="6 solves, down to 400 B"):
         fit_reserved(Solved(990, 1690, 1000), lambda at: solve(at, small_reserve=700))
+
+
+def test_a_sac_plan_fits_its_reserved_peak_too() -> None:
+    """`memviz.apply`'s step runs through the caching allocator as an export does: a sac plan on a CUDA
+    device carries its reserved peak and is fitted to it (on an H200, sac plans within their budget by
+    live bytes ran out of memory with the allocator capped at the budget: bench_cuda's capped steps)."""
+    from examples.models import gpt
+    from memviz.plans.sac import plan_sac
+    from memviz.profiling.profile import profile
+
+    model, args = gpt(batch=4, seq=256, d=128, heads=4, layers=4, vocab=512)
+    prof = profile(model, args, device="fake:h100")
+    first = plan_sac(prof, 0.75, time_limit=20.0)  # the live-bytes plan alone reserves more
+    assert first.reserved_peak_bytes > first.budget_bytes >= first.peak_bytes
+    fitted = plan(prof, 0.75, strategy="sac", time_limit=20.0)
+    assert fitted.strategy == "sac" and fitted.budget_bytes == first.budget_bytes
+    assert fitted.reserved_peak_bytes <= fitted.budget_bytes and fitted.peak_bytes < first.peak_bytes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import random
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import memviz
 from memviz.cli import main
 from memviz.profiling.profile import Profile, profile
 from memviz.runtime.export import BudgetExceededError
-from memviz.runtime.verify import VerifyWarning
+from memviz.runtime.verify import MismatchError, VerifyWarning
 from memviz.views.widget import Planner
 
 F64 = torch.float64
@@ -68,6 +69,8 @@ def test_verified_plan_passes_and_leaves_the_user_state_alone() -> None:
     assert all(a is b for a, b in zip(before[1], grads, strict=True)), "gradients replaced"
     assert torch.equal(before[2], rng), "the RNG stream advanced"
     assert module.plan is plan
+    # the same step on the model and on the module, same random state (dropout on): equal
+    assert module.verified_equal.equal is True and module.verified_equal.worst <= 1e-4
     # the optimizer step is part of what was measured: the plan's peak, within 1%, under the budget
     assert module.verified_peak_bytes <= plan.budget_bytes
     assert abs(module.verified_peak_bytes - plan.peak_bytes) <= 0.01 * plan.peak_bytes, (
@@ -249,3 +252,30 @@ def test_a_model_that_fails_on_zero_inputs_is_told_to_pass_inputs() -> None:
     with pytest.raises(VerifyError, match=r"zeros of the planned input shapes.*pass inputs=\(args, kwargs\)"):
         memviz.export(plan, verify=True)
     assert memviz.export(plan, verify=True, inputs=(ids,)).verified_peak_bytes > 0
+
+
+class HostRandom(nn.Module):
+    """Scales by a draw from Python's generator, which the capture makes a constant (`host_random`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)) * (1.0 + random.random()))
+
+
+def test_a_module_that_computes_something_else_is_not_returned() -> None:
+    """verify also runs the step on the model itself from the same random state and compares loss and
+    gradients: an export whose graph froze a Python-random draw into a constant computes another loss,
+    and is refused with the largest difference, where a faithful one is returned marked equal."""
+    torch.manual_seed(0)
+    model, x = HostRandom(), torch.randn(8, 16)
+    with pytest.warns(memviz.profiling.profile.ProfileWarning, match="random"):
+        prof = profile(model, (x,), repeats=1, warmup=0)
+    plan = memviz.plan(prof, None, frontier=False)
+    random.seed(1)  # another draw than the one the trace froze
+    with pytest.raises(MismatchError, match="DIFFERENT from the model's own step"):
+        memviz.export(plan, verify=True)
+    faithful = memviz.plan(profiled(False)[2], None, frontier=False)
+    assert memviz.export(faithful, verify=True).verified_equal.equal is True

@@ -27,6 +27,11 @@ storages on CPU, the caching allocator's peak on an accelerator).
   budget is re-planned with that excess as margin, or refused, like any other.  The module returned
   is the uncompiled one, whose compiled code for that backend is cached: ``torch.compile(module,
   backend=backend)`` runs the code that was measured.
+* Then the same step runs on the user's model and on the returned module from the same random state,
+  and their loss and gradients (outputs, for inference) are compared (`memviz.runtime.equivalence`):
+  a module that computes something else raises `MismatchError` and is never returned; the comparison
+  is ``module.verified_equal`` (on an accelerator without room for eager's step it is skipped, and says
+  so there).
 * Nothing the user sees changes: parameters, their ``.grad``, buffers (BatchNorm statistics) and the
   RNG streams are as before (buffers and, with an optimizer, parameters are copied to host memory and
   copied back; the RNG is forked).  The optimizer is a fresh one of the profiled class whose state is
@@ -51,6 +56,7 @@ from torch import nn
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator
 from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
+from memviz.runtime.equivalence import compare_to_eager
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
 from solvers.ir import DataKind, Phase
 from solvers.result import InfeasibleBudget
@@ -68,6 +74,11 @@ class VerifyError(ValueError):
 MAX_TRIES = 3
 #: Time limit of each re-plan's solve (seconds).
 REPLAN_TIME_LIMIT = 30.0
+
+
+class MismatchError(RuntimeError):
+    """The rewritten module's verifying step computed something else than the model's own step
+    (`memviz.runtime.equivalence`): nothing is returned."""
 
 
 class VerifyWarning(UserWarning):
@@ -101,7 +112,8 @@ def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = 
     spec = dataclasses.replace(step_spec(plan, _model_of(plan, model), inputs, loss_fn, optimizer),
                                backend=backend)
     caller = "memviz.export(verify=True" + ("" if backend is None else f", backend={backend!r}") + ")"
-    return verified(plan, lambda p: build(p, model=model, inputs=inputs), spec, caller)
+    return verified(plan, lambda p: build(p, model=model, inputs=inputs), spec, caller,
+                    original=_model_of(plan, model))
 
 
 def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -113,7 +125,7 @@ def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = N
     target = _model_of(plan, model)
     spec = step_spec(plan, target, inputs, loss_fn, optimizer)
     return verified(plan, lambda p: apply(p, target), spec, "memviz.apply (verified)", none_as="sac",
-                    outside=_accelerator_bytes(target))
+                    outside=_accelerator_bytes(target), original=target)
 
 
 def _accelerator_bytes(model: nn.Module) -> int:
@@ -137,10 +149,11 @@ def _model_of(plan: Any, model: nn.Module | None) -> nn.Module:
 
 
 def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller: str, *,
-             none_as: str = "auto", outside: int = 0) -> nn.Module:
+             original: nn.Module, none_as: str = "auto", outside: int = 0) -> nn.Module:
     """`make(plan)` once one measured step of it is within the budget (module docstring): re-planned
-    with the measured excess as margin at most `MAX_TRIES` times, else `BudgetExceededError`.  `outside`:
-    bytes the measurement counts that the step does not hold (`_accelerator_bytes`)."""
+    with the measured excess as margin at most `MAX_TRIES` times, else `BudgetExceededError`; then its
+    step compared with `original`'s (`memviz.runtime.equivalence`), `MismatchError` when they differ.
+    `outside`: bytes the measurement counts that the step does not hold (`_accelerator_bytes`)."""
     budget = plan.budget_bytes
     current, margin, history = plan, 0, []
     for attempt in range(MAX_TRIES + 1):
@@ -161,6 +174,14 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
         warnings.warn(VerifyWarning(_report(history, budget, caller)), stacklevel=3)
     module.plan = current
     module.verified_peak_bytes = measured
+    module.verified_equal = compare_to_eager(module, original, spec.args, spec.kwargs, spec.loss_fn,
+                                             spec.mode, plan.baseline.peak_bytes)
+    if module.verified_equal.equal is False:
+        raise MismatchError(
+            f"{caller}: the rewritten step is {module.verified_equal.describe()}, on the same inputs and "
+            "random state: it would change what the model computes, so it is not returned.  This is a "
+            "memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') runs the "
+            "model's own code and may serve meanwhile")
     return module
 
 

@@ -106,10 +106,11 @@ _LM = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "h
 Factory = Callable[[Size], RealCase]
 
 
-def decoder(model_type: str, attn: str = "sdpa", **kw: Any) -> Factory:
-    """`attn`: "eager" for the architectures transformers gives no SDPA attention."""
-    return lambda size: _causal_lm(_config(model_type, **{**_LM, **kw}), attn, seq=size.seq, long_seq=LONG,
-                                   batch=size.batch)
+def decoder(model_type: str, attn: str = "sdpa", max_seq: int = LONG, **kw: Any) -> Factory:
+    """`attn`: "eager" for the architectures transformers gives no SDPA attention; `max_seq`: the longest
+    training sequence (Mamba's slow path scans one token at a time: its graph grows with the sequence)."""
+    return lambda size: _causal_lm(_config(model_type, **{**_LM, **kw}), attn, seq=min(size.seq, max_seq),
+                                   long_seq=LONG, batch=size.batch)
 
 
 _ENC = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
@@ -165,7 +166,7 @@ MODELS: dict[str, Factory] = {
     "mixtral": decoder("mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": decoder("qwen2_moe", num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                          moe_intermediate_size=32, shared_expert_intermediate_size=64),
-    "mamba": decoder("mamba", "eager", state_size=8, use_cache=False),
+    "mamba": decoder("mamba", "eager", max_seq=64, state_size=8, use_cache=False),
     # encoders: disentangled / relative attention, factorised embeddings, bottlenecks, pooling, sparse
     "deberta_v2": encoder("deberta-v2", relative_attention=True, pos_att_type=["p2c", "c2p"],
                           max_relative_positions=16),
@@ -223,13 +224,22 @@ def plan_at(prof: Any, strategy: str) -> tuple[Any, str]:
 
 
 def trains_as_eager(original: torch.nn.Module, planned: torch.nn.Module, case: RealCase,
-                    loss_fn: Any) -> list[int]:
+                    loss_fn: Any, compared: Callable[[Any], Any] = lambda out: out) -> list[int]:
     """`STEPS` AdamW steps of `planned` against `original` with the same seeds, as the vision sweep checks
     them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal); each
     step's measured peak of `planned` (forward, loss, backward, optimizer step: what the plan holds)."""
     from check_unseen_vision import trains_as_eager as checked
 
-    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn)]
+    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn, compared)]
+
+
+def without_cache(out: Any) -> Any:
+    """A transformers output without its key/value cache: `memviz.apply` runs checkpointed layers with
+    caching off, as transformers' gradient checkpointing does (an `ApplyWarning` says so), so the applied
+    model's cache is empty where eager's holds every layer's keys and values."""
+    if not isinstance(out, transformers.utils.ModelOutput) or out.get("past_key_values") is None:
+        return out
+    return type(out)(**{k: v for k, v in out.items() if k != "past_key_values"})
 
 
 def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:
@@ -291,9 +301,13 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
 
     with keeping(plan):
         applied, note = verified_call(lambda **kw: memviz.apply(plan, case.model, verify=True, **kw), case)
-        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
+        cached = bool(plan.solver_stats.extra["sac"]["regions"]) and \
+            getattr(getattr(case.model, "config", None), "use_cache", False)
+        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn,
+                                without_cache if cached else lambda out: out)
     regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
-    return f"{note}{regions} regions; {peak_note(applied, peaks)}"
+    cache = "past_key_values not compared (apply turns the layers' cache off); " if cached else ""
+    return f"{note}{cache}{regions} regions; {peak_note(applied, peaks)}"
 
 
 def check_chunk(case: RealCase) -> str:

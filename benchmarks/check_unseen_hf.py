@@ -224,22 +224,14 @@ def plan_at(prof: Any, strategy: str) -> tuple[Any, str]:
 
 
 def trains_as_eager(original: torch.nn.Module, planned: torch.nn.Module, case: RealCase,
-                    loss_fn: Any, compared: Callable[[Any], Any] = lambda out: out) -> list[int]:
+                    loss_fn: Any, unwritten: tuple[str, ...] = ()) -> list[int]:
     """`STEPS` AdamW steps of `planned` against `original` with the same seeds, as the vision sweep checks
-    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal); each
-    step's measured peak of `planned` (forward, loss, backward, optimizer step: what the plan holds)."""
+    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal, but for
+    the output fields `unwritten`); each step's measured peak of `planned` (forward, loss, backward,
+    optimizer step: what the plan holds)."""
     from check_unseen_vision import trains_as_eager as checked
 
-    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn, compared)]
-
-
-def without_cache(out: Any) -> Any:
-    """A transformers output without its key/value cache: `memviz.apply` runs checkpointed layers with
-    caching off, as transformers' gradient checkpointing does (an `ApplyWarning` says so), so the applied
-    model's cache is empty where eager's holds every layer's keys and values."""
-    if not isinstance(out, transformers.utils.ModelOutput) or out.get("past_key_values") is None:
-        return out
-    return type(out)(**{k: v for k, v in out.items() if k != "past_key_values"})
+    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn, unwritten)]
 
 
 def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:
@@ -301,13 +293,13 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
 
     with keeping(plan):
         applied, note = verified_call(lambda **kw: memviz.apply(plan, case.model, verify=True, **kw), case)
-        cached = bool(plan.solver_stats.extra["sac"]["regions"]) and \
-            getattr(getattr(case.model, "config", None), "use_cache", False)
+        # a checkpointed decoder layer writes no KV cache (apply turns it off, as transformers' own
+        # gradient checkpointing does): the applied step returns the cache its layers left empty (the
+        # field is "cache" or "past_key_values", by transformers version)
         peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn,
-                                without_cache if cached else lambda out: out)
+                                ("cache", "past_key_values"))
     regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
-    cache = "past_key_values not compared (apply turns the layers' cache off); " if cached else ""
-    return f"{note}{cache}{regions} regions; {peak_note(applied, peaks)}"
+    return f"{note}{regions} regions; {peak_note(applied, peaks)}"
 
 
 def check_chunk(case: RealCase) -> str:

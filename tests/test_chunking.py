@@ -394,30 +394,6 @@ def test_plan_autochunk_save_load_export(gpt_inference, tmp_path):
         opt(torch.zeros(1, 256, dtype=torch.long))
 
 
-def test_plans_on_one_profile_select_on_the_same_op_times(monkeypatch):
-    """A refusal names the smallest budget autochunk's selection reached; planning at it must select on
-    the op times that named it.  Each `memviz.plan` call timed the ops afresh, and under load the
-    selection at the named budget ranked other regions and was refused in turn (OLMo at 256 tokens:
-    841,792 B named, then 903,232 B; a ViT: 3,519,304 B, then 4,815,688 B; task deep35).  The ops are
-    timed once per profile."""
-    import memviz
-    from examples.models import gpt
-    from solvers.result import InfeasibleBudget
-
-    timed = []
-    measure = ch.measure_times
-    monkeypatch.setattr(ch, "measure_times", lambda *a, **k: timed.append(1) or measure(*a, **k))
-    model, args = gpt(batch=1, seq=128, d=32, heads=4, layers=1, vocab=64, dropout=0.0)
-    prof = memviz.profile(model.eval(), args, mode="inference", repeats=1, warmup=0)
-    peaks = []
-    for _ in range(2):
-        try:
-            peaks.append(memviz.plan(prof, 0.5, strategy="autochunk", frontier=False).peak_bytes)
-        except InfeasibleBudget as err:
-            peaks.append(err.minimum_bytes)
-    assert len(timed) == 1 and peaks[0] == peaks[1]
-
-
 def test_plan_autochunk_refuses_training_profiles():
     import memviz
     from examples.models import gpt

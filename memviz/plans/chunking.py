@@ -1110,26 +1110,11 @@ def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 # memviz.plan(strategy="autochunk") and memviz.export of its plans
 # --------------------------------------------------------------------------------------------------
-#: each live profile's unchunked plan (`unchunked_plan`), by the profile's id
-_UNCHUNKED: dict[int, ChunkPlan] = {}
-
-
 def unchunked_plan(prof: Any) -> ChunkPlan:
     """The profile's model captured for chunking (no regions yet; AutoChunk Sec. 3.1 works on the
     high-level op graph), on inputs rebuilt from the profiled
     shapes and dtypes (the capture is shape-specialised; values do not matter), with the speed model
-    calibrated on the profile's device.  Once per profile: a refusal names the smallest budget its
-    selection reached, and a plan at that budget must select on the same op times (timed afresh on a
-    loaded machine, they ranked other regions and the named budget was refused in turn: OLMo, a ViT in
-    `benchmarks/check_unseen_*.py --size deep`)."""
-    key = id(prof)
-    if key not in _UNCHUNKED:
-        _UNCHUNKED[key] = _captured_unchunked(prof)
-        weakref.finalize(prof, _UNCHUNKED.pop, key, None)
-    return _UNCHUNKED[key]
-
-
-def _captured_unchunked(prof: Any) -> ChunkPlan:
+    calibrated on the profile's device."""
     if getattr(prof, "captured", None) is None:
         raise ValueError(
             "this profile was built from module hooks (the model could not be traced): chunking "

@@ -1,10 +1,12 @@
 """The truth loop on Hugging Face architectures the real-model zoo (`tests/real_models.py`) does not hold.
 
-Run: ``nice -n 10 python benchmarks/check_unseen_hf.py [--models gpt_neox,opt] [--timeout 900]`` (CPU).
+Run: ``nice -n 10 python benchmarks/check_unseen_hf.py [--size deep] [--models gpt_neox,opt] [--timeout 900]``
+(CPU).
 Not a test: each model runs in its own subprocess with a timeout, so one hang or crash does not stop the
 sweep, and prints one row per step: ``ok``, the exception's type and first line, and the peaks.
 
-Per model: a random-init transformers config (2 layers, hidden 64, sequence 16, batch 2, vocabulary 96,
+Per model: a random-init transformers config (2 layers, hidden 64, sequence 16, batch 2, vocabulary 96;
+``--size deep``: sequence 256, batch 4, 112 px images, where activations make most of the peak (`SIZES`);
 dropout 0.1 wherever the config has a dropout probability; no downloads), train mode, a real loss (the
 zoo's rotation: the model's own ``labels=`` loss or a user cross-entropy / MSE, `rotating_loss`) and AdamW:
 
@@ -33,6 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,25 @@ from tests.real_models import (  # noqa: E402
 
 #: tokens of the decoders' long-sequence inference that autochunk plans
 LONG = 256
+
+
+@dataclass(frozen=True)
+class Size:
+    """The example inputs' shapes at one sweep size (a seq2seq model: source 3/4 and target 1/2 of `seq`)."""
+
+    batch: int
+    seq: int
+    image: int
+
+    @property
+    def positions(self) -> int:
+        """Position embeddings the encoders need (RoBERTa's offset of the padding id included)."""
+        return max(64, 2 * self.seq)
+
+
+#: tiny: parameters and AdamW state make most of the peak (the sweep of task unseen34); deep: activations do
+#: (task deep35), so a plan at 0.5 has to recompute
+SIZES = {"tiny": Size(batch=2, seq=16, image=32), "deep": Size(batch=4, seq=256, image=112)}
 FRACTION = 0.5
 STEPS = 3
 TIME_LIMIT = 20.0
@@ -81,44 +103,52 @@ _LM = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "h
        "intermediate_size": 128, "num_key_value_heads": 4, "max_position_embeddings": 2 * LONG, **TOKENS}
 
 
-def decoder(model_type: str, attn: str = "sdpa", **kw: Any) -> Callable[[], RealCase]:
-    """`attn`: "eager" for the architectures transformers gives no SDPA attention."""
-    return lambda: _causal_lm(_config(model_type, **{**_LM, **kw}), attn, seq=16, long_seq=LONG)
+Factory = Callable[[Size], RealCase]
+
+
+def decoder(model_type: str, attn: str = "sdpa", max_seq: int = LONG, **kw: Any) -> Factory:
+    """`attn`: "eager" for the architectures transformers gives no SDPA attention; `max_seq`: the longest
+    training sequence (Mamba's slow path scans one token at a time: its graph grows with the sequence)."""
+    return lambda size: _causal_lm(_config(model_type, **{**_LM, **kw}), attn, seq=min(size.seq, max_seq),
+                                   long_seq=LONG, batch=size.batch)
 
 
 _ENC = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
-        "intermediate_size": 128, "max_position_embeddings": 64, **TOKENS}
+        "intermediate_size": 128, **TOKENS}
 
 
-def encoder(model_type: str, **kw: Any) -> Callable[[], RealCase]:
+def encoder(model_type: str, **kw: Any) -> Factory:
     auto = transformers.AutoModelForMaskedLM
-    return lambda: _masked_lm(_config(model_type, **{**_ENC, **kw}), auto.from_config)
+    return lambda size: _masked_lm(_config(model_type, **{**_ENC, "max_position_embeddings": size.positions,
+                                                          **kw}), auto.from_config, size.batch, size.seq)
 
 
 _S2S = {"vocab_size": VOCAB, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
         "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
-        "decoder_ffn_dim": 128, "max_position_embeddings": 64, "decoder_start_token_id": 2, **TOKENS}
+        "decoder_ffn_dim": 128, "decoder_start_token_id": 2, **TOKENS}
 
 
-def seq2seq(model_type: str, **kw: Any) -> Callable[[], RealCase]:
+def seq2seq(model_type: str, **kw: Any) -> Factory:
     auto = transformers.AutoModelForSeq2SeqLM
-    return lambda: _seq2seq(_config(model_type, **{**_S2S, **kw}), auto.from_config)
+    return lambda size: _seq2seq(_config(model_type, **{**_S2S, "max_position_embeddings": size.positions,
+                                                        **kw}), auto.from_config, size.batch,
+                                 size.seq * 3 // 4, size.seq // 2)
 
 
-def vision(model_type: str, cls: Any = None, **kw: Any) -> Callable[[], RealCase]:
+def vision(model_type: str, cls: Any = None, **kw: Any) -> Factory:
     """`cls`: the classifier where the Auto class maps `model_type` to several (DeiT)."""
-    def make() -> RealCase:
+    def make(size: Size) -> RealCase:
         torch.manual_seed(0)
-        cfg = _config(model_type, num_labels=10, image_size=32, **kw)
+        cfg = _config(model_type, num_labels=10, image_size=size.image, **kw)
         model = cls(cfg) if cls else transformers.AutoModelForImageClassification.from_config(cfg)
-        return _image_classifier(model, 32, 10, "transformers", own=True)
+        return _image_classifier(model, size.image, 10, "transformers", own=True, batch=size.batch)
     return make
 
 
 _VIT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
         "patch_size": 8}
 
-MODELS: dict[str, Callable[[], RealCase]] = {
+MODELS: dict[str, Factory] = {
     # decoders: rotary / ALiBi / learned positions, parallel attention+MLP, GQA / MQA, gated MLPs, MoE, SSM
     "gpt_neox": decoder("gpt_neox", rotary_pct=0.25),
     "opt": decoder("opt", ffn_dim=128, word_embed_proj_dim=64, pad_token_id=1),
@@ -136,7 +166,7 @@ MODELS: dict[str, Callable[[], RealCase]] = {
     "mixtral": decoder("mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": decoder("qwen2_moe", num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
                          moe_intermediate_size=32, shared_expert_intermediate_size=64),
-    "mamba": decoder("mamba", "eager", state_size=8, use_cache=False),
+    "mamba": decoder("mamba", "eager", max_seq=64, state_size=8, use_cache=False),
     # encoders: disentangled / relative attention, factorised embeddings, bottlenecks, pooling, sparse
     "deberta_v2": encoder("deberta-v2", relative_attention=True, pos_att_type=["p2c", "c2p"],
                           max_relative_positions=16),
@@ -164,6 +194,10 @@ MODELS: dict[str, Callable[[], RealCase]] = {
                         hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
                         mlp_ratios=[2, 2], decoder_hidden_size=32, drop_path_rate=0.1),
 }
+#: what ``--size deep`` runs by default: decoders (rotary, parallel attention, MoE, SSM), encoders, seq2seq,
+#: a ViT
+DEEP = ("gpt_neox", "olmo", "falcon", "mixtral", "qwen2_moe", "mamba", "deberta_v2", "electra", "xlm_roberta",
+        "marian", "deit")
 DECODERS = ("gpt_neox", "opt", "bloom", "falcon", "phi", "phi3", "gemma", "gemma2", "stablelm", "olmo",
             "gptj", "codegen", "mixtral", "qwen2_moe", "mamba")
 
@@ -179,22 +213,25 @@ def plan_at(prof: Any, strategy: str) -> tuple[Any, str]:
     from solvers.result import InfeasibleBudget
 
     try:
-        return memviz.plan(prof, FRACTION, strategy=strategy, time_limit=TIME_LIMIT, frontier=False), ""
+        plan = memviz.plan(prof, FRACTION, strategy=strategy, time_limit=TIME_LIMIT, frontier=False)
+        note = ""
     except InfeasibleBudget as err:
         if err.minimum_bytes is None:
             raise
         plan = memviz.plan(prof, err.minimum_bytes, strategy=strategy, time_limit=TIME_LIMIT, frontier=False)
-        return plan, f"0.5 infeasible, at the minimum {err.minimum_bytes / prof.baseline.peak_bytes:.2f}"
+        note = f"0.5 infeasible, at the minimum {err.minimum_bytes / prof.baseline.peak_bytes:.2f}; "
+    return plan, f"{note}{plan.strategy}, peak {plan.peak_bytes}, {plan.recomputations} recomputed ops"
 
 
 def trains_as_eager(original: torch.nn.Module, planned: torch.nn.Module, case: RealCase,
-                    loss_fn: Any) -> list[int]:
+                    loss_fn: Any, unwritten: tuple[str, ...] = ()) -> list[int]:
     """`STEPS` AdamW steps of `planned` against `original` with the same seeds, as the vision sweep checks
-    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal); each
-    step's measured peak of `planned` (forward, loss, backward, optimizer step: what the plan holds)."""
+    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal, but for
+    the output fields `unwritten`); each step's measured peak of `planned` (forward, loss, backward,
+    optimizer step: what the plan holds)."""
     from check_unseen_vision import trains_as_eager as checked
 
-    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn)]
+    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn, unwritten)]
 
 
 def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:
@@ -256,7 +293,11 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
 
     with keeping(plan):
         applied, note = verified_call(lambda **kw: memviz.apply(plan, case.model, verify=True, **kw), case)
-        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
+        # a checkpointed decoder layer writes no KV cache (apply turns it off, as transformers' own
+        # gradient checkpointing does): the applied step returns the cache its layers left empty (the
+        # field is "cache" or "past_key_values", by transformers version)
+        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn,
+                                ("cache", "past_key_values"))
     regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
     return f"{note}{regions} regions; {peak_note(applied, peaks)}"
 
@@ -288,8 +329,10 @@ def check_chunk(case: RealCase) -> str:
             f"plan {planned} ({(peak - planned) / planned:+.2%}; eager {eager})")
 
 
-def run_one(name: str) -> None:
-    """Every step on `name`, one JSON row per step on stdout."""
+def run_one(name: str, size: Size) -> None:
+    """Every step on `name` at `size`, one JSON row per step on stdout."""
+    from check_unseen_vision import activation_share
+
     import memviz
 
     def row(step: str, status: str, note: str = "", seconds: float = 0.0) -> None:
@@ -310,7 +353,7 @@ def run_one(name: str) -> None:
         row(step, "ok", note, time.perf_counter() - t0)
         return out
 
-    case = attempt("build", MODELS[name])
+    case = attempt("build", lambda: MODELS[name](size))
     if case is None:
         return
     loss = rotating_loss(case, list(MODELS).index(name))
@@ -320,7 +363,7 @@ def run_one(name: str) -> None:
         prof = memviz.profile(case.model, case.args, case.kwargs, loss_fn=loss_fn,
                               optimizer=torch.optim.AdamW, fallback=False)
         return prof, (f"loss {loss}; eager predicted {prof.baseline.peak_bytes}, measured "
-                      f"{prof.measured_peak_bytes}")
+                      f"{prof.measured_peak_bytes}; {activation_share(prof, case.model)}")
 
     prof = attempt("profile", profiled)
     if prof is not None:
@@ -334,10 +377,10 @@ def run_one(name: str) -> None:
         attempt("chunk", lambda: check_chunk(case))
 
 
-def sweep(names: list[str], timeout: float) -> list[dict[str, Any]]:
+def sweep(names: list[str], timeout: float, size: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in names:
-        cmd = [sys.executable, __file__, "--one", name]
+        cmd = [sys.executable, __file__, "--size", size, "--one", name]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
             out, err, code = done.stdout, done.stderr, done.returncode
@@ -379,8 +422,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help="comma-separated, from: " + ",".join(MODELS))
+    parser.add_argument("--size", choices=SIZES, default="tiny",
+                        help=f"the inputs' shapes: {SIZES}; deep's default models: {','.join(DEEP)}")
+    parser.add_argument("--models", help="comma-separated (default: all at tiny, DEEP at deep), from: "
+                        + ",".join(MODELS))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
     parser.add_argument("--json", help="write the rows there too")
     parser.add_argument("--markdown", help="write the table there (benchmarks/NOTES_unseen_hf.md)")
@@ -388,17 +433,18 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        run_one(args.one)
+        run_one(args.one, SIZES[args.size])
         return
     if args.from_json:
         rows = json.loads(Path(args.from_json).read_text())
         Path(args.markdown).write_text(markdown(rows))
         return
-    names = [n for n in args.models.split(",") if n]
+    names = [n for n in args.models.split(",") if n] if args.models else \
+        list(DEEP if args.size == "deep" else MODELS)
     unknown = sorted(set(names) - set(MODELS))
     if unknown:
         parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
-    rows = sweep(names, args.timeout)
+    rows = sweep(names, args.timeout, args.size)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.markdown:

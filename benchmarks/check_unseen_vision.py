@@ -1,12 +1,13 @@
 """The truth loop on vision models memviz's tests never ran (task zoovis34): does memviz hold on
 architectures outsiders bring?
 
-Run: ``nice -n 10 python benchmarks/check_unseen_vision.py [--models a,b] [--timeout S]``.  Each model runs
-in its own subprocess (``--one NAME``) under a timeout, so a hang or a crash does not stop the sweep.  Not a
-test: it prints one row per model and step.
+Run: ``nice -n 10 python benchmarks/check_unseen_vision.py [--size deep] [--models a,b] [--timeout S]``.
+Each model runs in its own subprocess (``--one NAME``) under a timeout, so a hang or a crash does not stop
+the sweep.  Not a test: it prints one row per model and step.
 
 Per model (random init, no downloads; the smallest width / depth the architecture allows, batch 2, 32-75
-px; train mode with its dropout / drop-path on and BatchNorm in train mode; a real loss: cross-entropy
+px, or with ``--size deep`` the `DEEP` table: 112-128 px, batch 8, where activations make most of the
+peak; train mode with its dropout / drop-path on and BatchNorm in train mode; a real loss: cross-entropy
 over classes or pixels, or MSE; AdamW):
 
 * ``profile``: ``memviz.profile(model, (x,), loss_fn=..., optimizer=torch.optim.AdamW)``;
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -51,7 +53,7 @@ import tests.real_models  # noqa: E402,F401  (defines torchvision's missing op s
 from memviz.profiling.tracker import measure_peak, tensors_of  # noqa: E402
 from solvers.result import InfeasibleBudget  # noqa: E402
 from tests.test_real_models import _step  # noqa: E402
-from tests.test_zoo import _assert_same, _assert_tree_same, _fresh  # noqa: E402
+from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh  # noqa: E402
 
 STEPS = 3
 FRACTION = 0.5
@@ -59,14 +61,15 @@ TIME_LIMIT = 30.0  # seconds per plan search: the sweep runs beside other work o
 Case = tuple[nn.Module, tuple[Any, ...], Callable[[Any], torch.Tensor]]
 
 
-def _images(size: int, classes: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _images(size: int, classes: int = 10, seed: int = 0, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 3, size, size, generator=g), torch.randint(0, classes, (2,), generator=g)
+    return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, classes, (batch,), generator=g)
 
 
-def _classifier(model: nn.Module, size: int = 32, loss: str = "ce", classes: int = 10) -> Case:
-    x, labels = _images(size, classes)
-    target = torch.randn(2, classes, generator=torch.Generator().manual_seed(1))
+def _classifier(model: nn.Module, size: int = 32, loss: str = "ce", classes: int = 10,
+                batch: int = 2) -> Case:
+    x, labels = _images(size, classes, batch=batch)
+    target = torch.randn(batch, classes, generator=torch.Generator().manual_seed(1))
 
     def ce(out: Any) -> torch.Tensor:
         return F.cross_entropy(out, labels)
@@ -84,27 +87,37 @@ def _segmenter(model: nn.Module, size: int = 64, classes: int = 3) -> Case:
     return model.train(), (x,), lambda out: F.cross_entropy(out["out"], mask)
 
 
-def _timm(name: str, size: int = 32, loss: str = "ce", **kw: Any) -> Case:
+def _timm(name: str, size: int = 32, loss: str = "ce", batch: int = 2, **kw: Any) -> Case:
     import timm
 
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, num_classes=10, drop_rate=0.1, **kw)
-    return _classifier(model, size, loss)
+    return _classifier(model, size, loss, batch=batch)
 
 
-def _tv(name: str, size: int = 32, loss: str = "ce", **kw: Any) -> Case:
+def _tv(name: str, size: int = 32, loss: str = "ce", batch: int = 2, **kw: Any) -> Case:
     import torchvision
 
     torch.manual_seed(0)
-    return _classifier(torchvision.models.get_model(name, num_classes=10, **kw), size, loss)
+    return _classifier(torchvision.models.get_model(name, num_classes=10, **kw), size, loss, batch=batch)
 
 
-def densenet() -> Case:
+def densenet(size: int = 32, batch: int = 2) -> Case:
     from torchvision.models.densenet import DenseNet
 
     torch.manual_seed(0)
     return _classifier(DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, drop_rate=0.1,
-                                num_classes=10))
+                                num_classes=10), size, batch=batch)
+
+
+def regnet(size: int, batch: int) -> Case:
+    """A RegNetY of 8 blocks in 3 stages (its rule from depth, w_0, w_a, w_m and the group width): timm's
+    and torchvision's smallest (2.3 M and 4.3 M parameters) are parameter-dominated at 128 px, batch 8."""
+    from torchvision.models.regnet import BlockParams, RegNet
+
+    torch.manual_seed(0)
+    params = BlockParams.from_init_params(depth=8, w_0=24, w_a=12.0, w_m=2.0, group_width=8, se_ratio=0.25)
+    return _classifier(RegNet(params, num_classes=10, stem_width=16), size, "mse", batch=batch)
 
 
 def densenet_memory_efficient() -> Case:
@@ -259,10 +272,39 @@ MODELS: dict[str, tuple[Callable[[], Case], bool]] = {
     "timm_vit_relpos": (lambda: _timm("test_vit_relpos", img_size=32, drop_path_rate=0.1), False),
 }
 
+#: the activation-dominated size (``--size deep``, task deep35): 112-128 px, batch 8, narrow widths, so that
+#: activations, not parameters and AdamW state, make most of the eager peak and a plan at 0.5 recomputes
+DEEP_SIZE, DEEP_BATCH = 112, 8
+DEEP: dict[str, tuple[Callable[[], Case], bool]] = {
+    "resnet": (lambda: _timm("test_resnet", DEEP_SIZE, batch=DEEP_BATCH, drop_path_rate=0.1), False),
+    "convnext": (lambda: _timm("test_convnext", DEEP_SIZE, "mse", batch=DEEP_BATCH, drop_path_rate=0.1),
+                 False),
+    "efficientnet": (lambda: _timm("test_efficientnet", DEEP_SIZE, batch=DEEP_BATCH, drop_path_rate=0.1),
+                     False),
+    "mobilenetv3": (lambda: _timm("mobilenetv3_small_050", DEEP_SIZE, "mse", batch=DEEP_BATCH), False),
+    "swin": (lambda: _timm("swin_tiny_patch4_window7_224", DEEP_SIZE, batch=DEEP_BATCH, img_size=DEEP_SIZE,
+                           window_size=7, embed_dim=16, depths=(2, 2), num_heads=(2, 4), drop_path_rate=0.1),
+             False),
+    "vit": (lambda: _timm("test_vit", DEEP_SIZE, batch=DEEP_BATCH, img_size=DEEP_SIZE, patch_size=8,
+                          drop_path_rate=0.1), True),
+    "regnet": (lambda: regnet(DEEP_SIZE, DEEP_BATCH), False),
+    "densenet": (lambda: densenet(DEEP_SIZE, DEEP_BATCH), True),
+}
+SIZES = {"tiny": MODELS, "deep": DEEP}
+
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
+def activation_share(prof: memviz.Profile, model: nn.Module) -> str:
+    """How much of the eager step's predicted peak is neither persistent (parameters, AdamW state, the
+    inputs: the graph's data without a producer) nor gradients: what rematerialization can act on."""
+    peak = prof.baseline.peak_bytes
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    other = peak - prof.graph.persistent_bytes() - grads
+    return f"activations {other / peak:.0%} of the eager peak"
 
 
 def _plan(prof: memviz.Profile, strategy: str) -> memviz.Plan:
@@ -276,11 +318,13 @@ def _plan(prof: memviz.Profile, strategy: str) -> memviz.Plan:
 
 
 def trains_as_eager(original: nn.Module, candidate: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    loss_fn: Any) -> list[tuple[int, int]]:
+                    loss_fn: Any, unwritten: tuple[str, ...] = ()) -> list[tuple[int, int]]:
     """`STEPS` AdamW steps of both from the same seeds: outputs, every gradient, the parameters after each
     step and every buffer (BatchNorm's running statistics) equal.  Returns each step's measured peaks
     (forward, loss, backward and the AdamW step, as the profile planned it; the state exists from the
-    second step on) of the original and the candidate."""
+    second step on) of the original and the candidate.  `unwritten`: output fields left out of the
+    comparison (a dataclass output's): the KV cache a layer `memviz.apply` checkpoints does not write, by
+    design (`memviz.runtime.apply._without_cache`)."""
     opt_a = torch.optim.AdamW(original.parameters())
     opt_b = torch.optim.AdamW(candidate.parameters())
     peaks = []
@@ -291,7 +335,7 @@ def trains_as_eager(original: nn.Module, candidate: nn.Module, args: tuple[Any, 
         peak, out_b = measure_peak(functools.partial(_step, candidate, loss_fn, opt_b, in_b, i),
                                    tensors_of(candidate, opt_b, in_b))
         peaks.append((eager, peak))
-        _assert_tree_same(out_a, out_b, f"output, step {i}")
+        _assert_tree_same(*(_without(o, unwritten) for o in (out_a, out_b)), f"output, step {i}")
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):
             _assert_same(pa.grad, pb.grad, f"grad of {name}, step {i}")
         for (name, ba), bb in zip(original.named_buffers(), candidate.buffers(), strict=True):
@@ -301,6 +345,15 @@ def trains_as_eager(original: nn.Module, candidate: nn.Module, args: tuple[Any, 
         for (name, pa), pb in zip(original.named_parameters(), candidate.parameters(), strict=True):
             _assert_same(pa.detach(), pb.detach(), f"{name} after step {i}")
     return peaks
+
+
+def _without(out: Any, fields: tuple[str, ...]) -> Any:
+    """`out` (a step's kept outputs) with `fields` of its dataclass (HF's ``ModelOutput``) set to None."""
+    out = Untracked.restored(out)
+    if not dataclasses.is_dataclass(out):
+        return out
+    present = {f.name: None for f in dataclasses.fields(out) if f.name in fields}
+    return dataclasses.replace(out, **present) if present else out
 
 
 def _peak_row(peak: int, plan: memviz.Plan, eager: int | None = None) -> str:
@@ -316,17 +369,18 @@ def _peak_row(peak: int, plan: memviz.Plan, eager: int | None = None) -> str:
             f"{(plan.budget_bytes or 0) / mib:.3f} MiB{over}{baseline}")
 
 
-def run_one(name: str, emit: Callable[[str, str], None]) -> None:
-    """Every step of the sweep for model `name`, each row through `emit(step, result)`; a step that
-    needs an earlier one's result is skipped when that one failed."""
-    factory, inference = MODELS[name]
+def run_one(name: str, emit: Callable[[str, str], None], size: str = "tiny") -> None:
+    """Every step of the sweep for model `name` of the `size` table, each row through `emit(step,
+    result)`; a step that needs an earlier one's result is skipped when that one failed."""
+    factory, inference = SIZES[size][name]
     model, args, loss_fn = factory()
     reference = copy.deepcopy(model)  # the state every step starts from
     try:
         t0 = time.perf_counter()
         prof = memviz.profile(model, args, loss_fn=loss_fn, optimizer=torch.optim.AdamW, repeats=1, warmup=0)
         emit("profile", f"ok: eager peak predicted {prof.baseline.peak_bytes / 2**20:.3f} MiB, "
-                        f"{len(prof.graph.computes)} ops, {time.perf_counter() - t0:.0f} s")
+                        f"{activation_share(prof, model)}, {len(prof.graph.computes)} ops, "
+                        f"{time.perf_counter() - t0:.0f} s")
     except Exception as err:  # noqa: BLE001 -- a sweep row reports every failure
         emit("profile", _first_line(err))
         return
@@ -335,8 +389,9 @@ def run_one(name: str, emit: Callable[[str, str], None]) -> None:
         try:
             plans[strategy] = _plan(prof, strategy)
             p = plans[strategy]
-            emit(strategy, f"ok: {p.strategy}, peak {p.peak_bytes / 2**20:.3f} of eager "
-                           f"{prof.baseline.peak_bytes / 2**20:.3f} MiB, {p.timeline.recomputes} recomputes")
+            emit(strategy, f"ok: {p.strategy}, budget {(p.budget_bytes or 0) / prof.baseline.peak_bytes:.2f} "
+                           f"of eager, peak {p.peak_bytes / 2**20:.3f} of eager "
+                           f"{prof.baseline.peak_bytes / 2**20:.3f} MiB, {p.recomputations} recomputed ops")
         except Exception as err:  # noqa: BLE001
             emit(strategy, _first_line(err))
     if "auto" in plans:
@@ -380,13 +435,13 @@ def _inference(reference: nn.Module, args: tuple[Any, ...]) -> str:
     return _peak_row(peak, plan)
 
 
-def sweep(names: list[str], timeout: float) -> None:
+def sweep(names: list[str], timeout: float, size: str = "tiny") -> None:
     print("| model | step | result |\n|---|---|---|", flush=True)
     for name in names:
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
-                                  timeout=timeout, cwd=ROOT)
+            proc = subprocess.run([sys.executable, __file__, "--size", size, "--one", name],
+                                  capture_output=True, text=True, timeout=timeout, cwd=ROOT)
             rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -402,20 +457,25 @@ def sweep(names: list[str], timeout: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", help="comma-separated names (default: all): " + ", ".join(MODELS))
+    parser.add_argument("--size", choices=SIZES, default="tiny",
+                        help="tiny: the smallest sizes (parameters dominate); deep: " + ", ".join(DEEP)
+                        + f" at {DEEP_SIZE} px and more, batch {DEEP_BATCH} (activations dominate)")
+    parser.add_argument("--models", help="comma-separated names (default: all of the size's table): "
+                        + ", ".join(MODELS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the per-model subprocess
     opts = parser.parse_args()
+    table = SIZES[opts.size]
     if opts.one:
         torch.set_num_threads(1)
         run_one(opts.one, lambda step, result: print(json.dumps({"step": step, "result": result}),
-                                                     flush=True))
+                                                     flush=True), opts.size)
         return
-    names = opts.models.split(",") if opts.models else list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    names = opts.models.split(",") if opts.models else list(table)
+    unknown = [n for n in names if n not in table]
     if unknown:
-        parser.error(f"unknown models {unknown}; known: {', '.join(MODELS)}")
-    sweep(names, opts.timeout)
+        parser.error(f"unknown models {unknown}; known at --size {opts.size}: {', '.join(table)}")
+    sweep(names, opts.timeout, opts.size)
 
 
 if __name__ == "__main__":

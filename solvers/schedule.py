@@ -151,7 +151,12 @@ def run_turn_once(graph: Graph, schedule: Schedule, first: int, then: int) -> Sc
     - every computation of `first` but the last one before `then` goes, with the frees of its outputs
       before that one (nothing but `then` reads them);
     - the computes between that one and `then`, and the frees of what `first` does not read, move
-      before it, where the executor runs them (a recomputation of what `first` reads cannot: ValueError);
+      before it, where the executor runs them;
+    - a recomputation there of what `first` reads (a model output the loss takes whole, HF's
+      ``past_key_values`` with each layer's keys and values: the solver's last block then spans every
+      layer and recomputes them before the loss's backward) goes with the frees of those values after
+      `first`: they stay alive from their first computation on (ValueError where such a compute also
+      makes values `first` does not read);
     - computes left dead by that (each output freed before anything reads it) go, with those frees.
     The result is what runs: its simulation is the executor's memory.  Unchanged when already so."""
     if turn_issue(schedule, first, then) is None:
@@ -167,10 +172,16 @@ def run_turn_once(graph: Graph, schedule: Schedule, first: int, then: int) -> Sc
     head = [s for i, s in enumerate(steps[:last])
             if i not in dropped and not (s.op == "free" and s.node in made)]
     between = steps[last + 1 : turn]
-    moved = [s for s in between if not (s.op == "free" and s.node in reads)]
-    stay = [s for s in between if s.op == "free" and s.node in reads]
-    if any(s.op == "compute" and reads.intersection(graph.computes[s.node].outputs) for s in moved):
-        raise ValueError(f"the schedule recomputes an input of node {first} between it and node {then}")
+    rebuilt = [s for s in between if s.op == "compute" and reads.intersection(graph.computes[s.node].outputs)]
+    if any(not reads.issuperset(graph.computes[s.node].outputs) for s in rebuilt):
+        raise ValueError(f"the schedule recomputes an input of node {first} between it and node {then}, "
+                         "with values the node does not read")
+    # the frees before a value's last rebuild go; one after it (the value read and freed in between)
+    # stays after `first`
+    rebuilt_at = {d: i for i, s in enumerate(between) if s in rebuilt for d in graph.computes[s.node].outputs}
+    moved = [s for s in between if not (s.op == "free" and s.node in reads) and s not in rebuilt]
+    stay = [s for i, s in enumerate(between)
+            if s.op == "free" and s.node in reads and i > rebuilt_at.get(s.node, -1)]
     # later computations of `first` (after `then`) are no-ops for the executor too, and so are the
     # frees of what they would have made again
     tail, alive = [], set(made)

@@ -88,10 +88,11 @@ def _tokens(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[torch.Tens
 VOCAB = 96
 
 
-def _causal_lm(config: Any, attn: str = "sdpa", seq: int = 16, long_seq: int = 1024) -> RealCase:
+def _causal_lm(config: Any, attn: str = "sdpa", seq: int = 16, long_seq: int = 1024,
+               batch: int = 2) -> RealCase:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).train()
-    ids, labels = _tokens(2, seq, VOCAB)
+    ids, labels = _tokens(batch, seq, VOCAB)
     losses = _lm_losses(labels, VOCAB, shift=True)
     long_ids, _ = _tokens(1, long_seq, VOCAB, seed=1)
     return RealCase(model, (ids,), {"labels": labels}, losses, ((long_ids,), {}), "transformers")
@@ -125,10 +126,10 @@ def qwen2() -> RealCase:
 
 
 # --- transformers: encoders ------------------------------------------------------------------------------
-def _masked_lm(config: Any, cls: Any) -> RealCase:
+def _masked_lm(config: Any, cls: Any, batch: int = 2, seq: int = 16) -> RealCase:
     torch.manual_seed(0)
     model = cls(config).train()
-    ids, labels = _tokens(2, 16, VOCAB)
+    ids, labels = _tokens(batch, seq, VOCAB)
     mask = torch.ones_like(ids)
     mask[1, -3:] = 0  # a padded second sequence
     return RealCase(model, (ids,), {"attention_mask": mask, "labels": labels},
@@ -155,11 +156,11 @@ def distilbert() -> RealCase:
 
 
 # --- transformers: encoder-decoders ----------------------------------------------------------------------
-def _seq2seq(config: Any, cls: Any) -> RealCase:
+def _seq2seq(config: Any, cls: Any, batch: int = 2, source: int = 12, target: int = 8) -> RealCase:
     torch.manual_seed(0)
     model = cls(config).train()
-    ids, _ = _tokens(2, 12, VOCAB)
-    _, labels = _tokens(2, 8, VOCAB, seed=2)
+    ids, _ = _tokens(batch, source, VOCAB)
+    _, labels = _tokens(batch, target, VOCAB, seed=2)
     return RealCase(model, (ids,), {"labels": labels}, _lm_losses(labels, VOCAB, shift=False), None,
                     "transformers")
 
@@ -207,11 +208,12 @@ def wav2vec2() -> RealCase:
     return RealCase(model, (audio,), {"labels": labels}, losses, None, "transformers")
 
 
-def _image_classifier(model: torch.nn.Module, size: int, classes: int, library: str, own: bool) -> RealCase:
+def _image_classifier(model: torch.nn.Module, size: int, classes: int, library: str, own: bool,
+                      batch: int = 2) -> RealCase:
     g = torch.Generator().manual_seed(0)
-    images = torch.randn(2, 3, size, size, generator=g)
-    labels = torch.randint(0, classes, (2,), generator=g)
-    target = torch.randn(2, classes, generator=g)
+    images = torch.randn(batch, 3, size, size, generator=g)
+    labels = torch.randint(0, classes, (batch,), generator=g)
+    target = torch.randn(batch, classes, generator=g)
 
     def logits(out: Any) -> torch.Tensor:
         return out.logits if hasattr(out, "logits") else out

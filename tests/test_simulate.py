@@ -385,8 +385,10 @@ def test_steps_from_json_fast_path_agrees_with_the_step_by_step_check(items):
     assert outcome(lambda: steps_from_json(items)) == outcome(step_by_step)
 
 
-def _loss_chain() -> tuple[Graph, dict[str, int]]:
-    """x -> f -> a -> g -> out -> loss (saves 50 B) -> loss_backward -> dout -> h(dout, a) -> da."""
+def _loss_chain(loss_reads_a: bool = False) -> tuple[Graph, dict[str, int]]:
+    """x -> f -> a -> g -> out -> loss (saves 50 B) -> loss_backward -> dout -> h(dout, a) -> da; with
+    `loss_reads_a` the loss reads `a` too (a model output the loss takes whole: HF's past keys and
+    values)."""
     b = GraphBuilder("loss chain")
     ids = {"x": b.data("x", 10, DataKind.INPUT)}
     ids["a"], ids["out"] = b.data("a", 100), b.data("out", 40)
@@ -394,7 +396,8 @@ def _loss_chain() -> tuple[Graph, dict[str, int]]:
     ids["dout"], ids["da"] = b.data("dout", 40, DataKind.GRADIENT), b.data("da", 100, DataKind.GRADIENT)
     ids["f"] = b.compute("f", [ids["x"]], [ids["a"]])
     ids["g"] = b.compute("g", [ids["a"]], [ids["out"]])
-    ids["loss"] = b.compute("loss", [ids["out"]], [ids["L"], ids["saved"]], op="loss_fn")
+    reads = [ids["out"], ids["a"]] if loss_reads_a else [ids["out"]]
+    ids["loss"] = b.compute("loss", reads, [ids["L"], ids["saved"]], op="loss_fn")
     ids["lb"] = b.compute("loss_backward", [ids["L"], ids["saved"]], [ids["dout"]], op="loss_fn.backward",
                           phase=Phase.BACKWARD)
     ids["h"] = b.compute("h", [ids["dout"], ids["a"]], [ids["da"]], phase=Phase.BACKWARD)
@@ -425,6 +428,23 @@ def test_the_loss_runs_once_right_before_its_backward():
                      f(i["saved"]), c(i["h"]), f(i["dout"]), f(i["a"]))
     assert simulate(g, moved).valid
     assert run_turn_once(g, once, i["loss"], i["lb"]) is once
+
+
+def test_a_recomputed_input_of_the_loss_stays_alive_from_the_loss_on():
+    """Rockmate on GPT-NeoX at sequence 256 (task deep35): the loss reads every layer's keys and values
+    (the output's ``past_key_values``), so the chain's last block is the whole model; its schedule freed
+    them after the loss and recomputed them before the loss's backward, and `run_turn_once` refused it
+    ('auto' fell back to Rotor, which plans no lower than 0.98 of the eager peak).  The executor keeps
+    the loss's input alive instead of recomputing it (the recomputation and the free before it go)."""
+    g, i = _loss_chain(loss_reads_a=True)
+    c, f = compute, free
+    rebuilt = (c(i["f"]), c(i["g"]), c(i["loss"]), f(i["out"]), f(i["a"]), c(i["f"]), c(i["lb"]),
+               f(i["saved"]), c(i["h"]), f(i["dout"]), f(i["a"]))
+    assert simulate(g, rebuilt).valid and turn_issue(rebuilt, i["loss"], i["lb"])
+    once = run_turn_once(g, rebuilt, i["loss"], i["lb"])
+    assert once == (c(i["f"]), c(i["g"]), c(i["loss"]), f(i["out"]), c(i["lb"]), f(i["saved"]), c(i["h"]),
+                    f(i["dout"]), f(i["a"]))
+    assert turn_issue(once, i["loss"], i["lb"]) is None and simulate(g, once).valid
 
 
 def _tied_sum() -> Graph:

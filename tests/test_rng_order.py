@@ -237,3 +237,15 @@ def test_draws_the_capture_cannot_see_are_warned_about() -> None:
         profile(DrawsOutsideTheTrace(), (x,), measure=False)
     _, plain = capture(TwoBranch(), (torch.randn(8, 16),))
     assert plain.torch_draws is None
+
+
+def test_apply_draws_as_eager_where_the_export_cannot() -> None:
+    """memviz.apply runs the model's own forward (checkpointed regions replay their RNG state): the draw
+    no trace sees is made as in eager mode, and 3 AdamW steps equal eager's."""
+    from tests.test_apply import check_applied, sac_plan
+
+    torch.manual_seed(0)
+    model, x = DrawsOutsideTheTrace(), torch.randn(2, 8)
+    with pytest.warns(ProfileWarning, match="memviz.apply runs the model's own forward"):
+        prof = profile(model, (x,), repeats=1, warmup=0, fallback=False)
+    check_applied(model, (x,), {}, lambda out: out.sum(), sac_plan(prof.with_costs("fake:v100"), 0.5))

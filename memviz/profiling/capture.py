@@ -600,12 +600,13 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     generators it drew from, and ``(eager's draws, the graph's)`` from torch's generators per forward where
     they differ (`Captured.torch_draws`; the profile warns), else None.
 
-    A first call may change a model for good, and the trace does not keep such changes (torch.export
-    restores the module's attributes): Hugging Face BigBird, at a sequence below its block-sparse minimum,
-    swaps in new attention modules on its first call (``nn.Linear``s initialised from the global
-    generator: 12 ``uniform_`` before the first dropout) and stays in full attention.  Traced first, the
-    graph kept those draws, eager (from memviz's own measured step on) never made them again, and the
-    exported step drew its dropout masks 12 draws further along the stream: other masks, silently.  So one
+    A first call may change a model for good, and the trace's run of the forward is not that call (after
+    torch.export the flag that says the change is done is as before: `tests/test_rng_order.py`'s
+    FirstCallRebuild): Hugging Face BigBird, at a sequence below its block-sparse minimum, swaps in new
+    attention modules on its first call (``nn.Linear``s initialised from the global generator: 12
+    ``uniform_`` before the first dropout) and stays in full attention.  Traced first, the graph kept
+    those draws, eager (from memviz's own measured step on) never made them again, and the exported step
+    drew its dropout masks 12 draws further along the stream: outputs 0.31 off eager's, silently.  So one
     eager forward runs first (`eager_torch_draws`: no_grad, RNG forked, buffers kept), where the user's
     own first call would have made those changes; its count, or a second one's where the first was that
     first call, must equal the graph's.  Skipped where eager cannot be compared: a meta-device model

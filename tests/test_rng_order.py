@@ -183,6 +183,20 @@ class FirstCallRebuild(nn.Module):
         return self.head(x)
 
 
+class EveryCallInit(nn.Module):
+    """Creates an ``nn.Linear`` at every call (two ``uniform_`` from the global generator), unused, before
+    its dropout: functionalization makes the draws pure ops with no user, which the graph keeps anyway
+    (dead-code elimination leaves seeded random ops alone), so the exported step draws them as eager does."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nn.Linear(x.shape[-1], 4)
+        return F.dropout(self.proj(x), 0.5, self.training)
+
+
 def _adamw_step(module: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)
     out = module(x)
@@ -191,17 +205,23 @@ def _adamw_step(module: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, 
     return out.detach()
 
 
-def test_a_first_call_rebuild_trains_like_eager() -> None:
-    """The graph is the model eager runs from then on (no initialisation draws), and the exported module's
-    outputs, gradients and parameters equal eager's over 3 AdamW steps (float64: bitwise)."""
+@pytest.mark.parametrize(("cls", "random_ops"), [
+    (FirstCallRebuild, ["memviz.cpu_dropout.default"]),
+    (EveryCallInit, ["aten.uniform.default", "aten.uniform.default", "memviz.cpu_dropout.default"]),
+])
+def test_initialisation_draws_in_forward_train_like_eager(cls: type[nn.Module], random_ops: list[str]
+                                                          ) -> None:
+    """The graph draws what eager draws from then on (a first call's initialisation draws are not made
+    again; every call's are), and the exported module's outputs, gradients and parameters equal eager's
+    over 3 AdamW steps (float64: bitwise)."""
     torch.manual_seed(0)
-    model, x = FirstCallRebuild().double(), torch.randn(4, 8, dtype=torch.float64)
+    model, x = cls().double(), torch.randn(4, 8, dtype=torch.float64)
     prof = profile(model, (x,), optimizer=torch.optim.AdamW, repeats=1, warmup=0,
                    fallback=False).with_costs("fake:v100")
     cap = prof.captured
     assert cap.torch_draws is None
     random = [cap.nodes[fx] for fx in cap.compute_fx if fx is not None and is_random(cap.nodes[fx])]
-    assert [str(n.target) for n in random] == ["memviz.cpu_dropout.default"]
+    assert [str(n.target) for n in random] == random_ops
     original, exported = copy.deepcopy(model), memviz.export(memviz.plan(prof, strategy="none"))
     opt_a, opt_b = torch.optim.AdamW(original.parameters()), torch.optim.AdamW(exported.parameters())
     for i in range(3):

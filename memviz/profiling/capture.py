@@ -570,11 +570,12 @@ def host_random_draws() -> Iterator[list[str]]:
             moved.append("numpy.random")
 
 
-def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> int:
+def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                      mode: str) -> int:
     """How many operators draw from torch's generators in one eager forward of `model` (`is_random`'s
     tag; CPU ``dropout`` dispatches one ``bernoulli_``, as its capture runs one ``memviz::cpu_dropout``),
-    run under no_grad with the RNG forked and the buffers kept: the user's model and streams are left
-    as they were."""
+    with grad enabled as the `mode`'s trace has it (a forward may branch on ``torch.is_grad_enabled()``),
+    the RNG forked and the buffers kept: the user's model and streams are left as they were."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     draws = [0]
@@ -584,7 +585,8 @@ def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
             draws[0] += draws_random(func)
             return func(*a, **(kw or {}))
 
-    with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), torch.no_grad(), Counter():
+    with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), \
+            torch.set_grad_enabled(mode == "train"), Counter():
         model(*args, **(kwargs or {}))
     return draws[0]
 
@@ -607,21 +609,21 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     ``uniform_`` before the first dropout) and stays in full attention.  Traced first, the graph kept
     those draws, eager (from memviz's own measured step on) never made them again, and the exported step
     drew its dropout masks 12 draws further along the stream: outputs 0.31 off eager's, silently.  So one
-    eager forward runs first (`eager_torch_draws`: no_grad, RNG forked, buffers kept), where the user's
+    eager forward runs first (`eager_torch_draws`: RNG forked, buffers kept), where the user's
     own first call would have made those changes; its count, or a second one's where the first was that
     first call, must equal the graph's.  Skipped where eager cannot be compared: a meta-device model
     draws nothing, and a profile estimated for a CUDA target on a CPU host traces CUDA's kernels where
     eager runs the CPU's (its plans cannot be exported: `export.check_not_estimated_for_cuda`)."""
     on_meta = any(t.device.type == "meta" for t in _model_tensors(model, args, kwargs))
     comparable = not on_meta and not (family == "cuda" and _on_cpu(args, model))
-    first = eager_torch_draws(model, args, kwargs) if comparable else None
+    first = eager_torch_draws(model, args, kwargs, mode) if comparable else None
     specialised: list[str] = []
     with host_random_draws() as host_random:
         gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
     traced = graph_torch_draws(gm)
     mismatch = None
     if first is not None and traced != first:
-        again = eager_torch_draws(model, args, kwargs)
+        again = eager_torch_draws(model, args, kwargs, mode)
         mismatch = None if traced == again else (again, traced)
     return gm, out_spec, views, specialised, host_random, mismatch
 

@@ -4,19 +4,21 @@ can reorder them; recomputations replay the saved state and need no earlier rand
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 import memviz
-from memviz.profiling.capture import is_random
-from memviz.profiling.profile import profile
+from memviz.profiling.capture import capture, is_random
+from memviz.profiling.profile import ProfileWarning, profile
 from solvers import GraphBuilder, Phase, compute, eager_schedule, free, simulate, with_order_chain
 from solvers.ir import GraphError
 from solvers.olla import reorder
 from tests.patience import patient_plan
-from tests.test_zoo import STRATEGIES, ZooCase, check_train, plan_or_minimum
+from tests.test_zoo import STRATEGIES, ZooCase, _assert_same, _fresh, check_train, plan_or_minimum
 
 
 # --- the IR transformation, torch-free ----------------------------------------------------------------
@@ -150,3 +152,120 @@ def test_bart_trains_like_eager(strategy: str) -> None:
                         frontier=False, packing=False)
     assert _first_order(plan.schedule, random) == sorted(random)
     check_contract("bart", strategy, 0.5)
+
+
+# --- a model that changes itself on its first call ------------------------------------------------------
+class _Head(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.proj(x), 0.5, self.training)
+
+
+class FirstCallRebuild(nn.Module):
+    """Hugging Face BigBird at a sequence below its block-sparse minimum, small: its first call swaps in a
+    new head (an ``nn.Linear`` initialised from the global generator: two ``uniform_``) that takes over
+    the old projection, once.  Traced first, the graph kept those two draws, which eager never makes
+    again: the exported module drew its dropout mask two draws further along the stream."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.head = _Head(d)
+        self.rebuilt = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.rebuilt:
+            head = _Head(x.shape[-1])
+            head.proj = self.head.proj
+            self.head, self.rebuilt = head, True
+        return self.head(x)
+
+
+class EveryCallInit(nn.Module):
+    """Creates an ``nn.Linear`` at every call (two ``uniform_`` from the global generator), unused, before
+    its dropout: functionalization makes the draws pure ops with no user, which the graph keeps anyway
+    (dead-code elimination leaves seeded random ops alone), so the exported step draws them as eager does."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nn.Linear(x.shape[-1], 4)
+        return F.dropout(self.proj(x), 0.5, self.training)
+
+
+def _adamw_step(module: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    out = module(x)
+    out.sum().backward()
+    opt.step()
+    return out.detach()
+
+
+@pytest.mark.parametrize(("cls", "random_ops"), [
+    (FirstCallRebuild, ["memviz.cpu_dropout.default"]),
+    (EveryCallInit, ["aten.uniform.default", "aten.uniform.default", "memviz.cpu_dropout.default"]),
+])
+def test_initialisation_draws_in_forward_train_like_eager(cls: type[nn.Module], random_ops: list[str]
+                                                          ) -> None:
+    """The graph draws what eager draws from then on (a first call's initialisation draws are not made
+    again; every call's are), and the exported module's outputs, gradients and parameters equal eager's
+    over 3 AdamW steps (float64: bitwise)."""
+    torch.manual_seed(0)
+    model, x = cls().double(), torch.randn(4, 8, dtype=torch.float64)
+    prof = profile(model, (x,), optimizer=torch.optim.AdamW, repeats=1, warmup=0,
+                   fallback=False).with_costs("fake:v100")
+    cap = prof.captured
+    assert cap.torch_draws is None
+    random = [cap.nodes[fx] for fx in cap.compute_fx if fx is not None and is_random(cap.nodes[fx])]
+    assert [str(n.target) for n in random] == random_ops
+    original, exported = copy.deepcopy(model), memviz.export(memviz.plan(prof, strategy="none"))
+    opt_a, opt_b = torch.optim.AdamW(original.parameters()), torch.optim.AdamW(exported.parameters())
+    for i in range(3):
+        x_a, x_b = _fresh(x), _fresh(x)
+        out_a, out_b = _adamw_step(original, opt_a, x_a, i), _adamw_step(exported, opt_b, x_b, i)
+        _assert_same(out_a, out_b, f"output, step {i}")
+        for (name, pa), pb in zip(original.named_parameters(), exported.parameters(), strict=True):
+            _assert_same(pa.grad, pb.grad, f"grad of {name}, step {i}")
+            _assert_same(pa.detach(), pb.detach(), f"{name} after step {i}")
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+
+
+class DrawsOutsideTheTrace(nn.Module):
+    """Draws from torch's generator only where it is not being traced (libraries skip work under
+    ``torch.compiler.is_compiling()``): no trace can see that draw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            torch.rand(1)
+        return F.dropout(self.proj(x), 0.5, self.training)
+
+
+def test_draws_the_capture_cannot_see_are_warned_about() -> None:
+    x = torch.randn(2, 8)
+    _, cap = capture(DrawsOutsideTheTrace(), (x,))
+    assert cap.torch_draws == (2, 1)
+    with pytest.warns(ProfileWarning, match=r"2 times in eager mode but 1 times in its captured graph"):
+        profile(DrawsOutsideTheTrace(), (x,), measure=False)
+    _, plain = capture(TwoBranch(), (torch.randn(8, 16),))
+    assert plain.torch_draws is None
+
+
+def test_apply_draws_as_eager_where_the_export_cannot() -> None:
+    """memviz.apply runs the model's own forward (checkpointed regions replay their RNG state): the draw
+    no trace sees is made as in eager mode, and 3 AdamW steps equal eager's."""
+    from tests.test_apply import check_applied, sac_plan
+
+    torch.manual_seed(0)
+    model, x = DrawsOutsideTheTrace(), torch.randn(2, 8)
+    with pytest.warns(ProfileWarning, match="memviz.apply runs the model's own forward"):
+        prof = profile(model, (x,), repeats=1, warmup=0, fallback=False)
+    check_applied(model, (x,), {}, lambda out: out.sum(), sac_plan(prof.with_costs("fake:v100"), 0.5))

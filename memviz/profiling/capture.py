@@ -128,6 +128,9 @@ class Captured:
     specialised: list[str] = field(default_factory=list)
     # random generators outside torch the trace drew from (`host_random_draws`): their draws are constants
     host_random: list[str] = field(default_factory=list)
+    # (eager's draws, the graph's) from torch's generators per forward where they differ
+    # (`traced_as_eager_draws`): the exported step's dropout masks cannot be eager's; None: equal
+    torch_draws: tuple[int, int] | None = None
     # whose kernels the trace took (`kernel_family`): "cuda" for a CUDA target estimated on a CPU host
     kernels: str | None = None
     # FX value -> the FX placeholder operators read instead: a mutated buffer's new value, once written
@@ -565,6 +568,64 @@ def host_random_draws() -> Iterator[list[str]]:
             moved.append("random")
         if numpy is not None and _numpy_state_moved(before[1], numpy.random.get_state(legacy=False)):
             moved.append("numpy.random")
+
+
+def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                      mode: str) -> int:
+    """How many operators draw from torch's generators in one eager forward of `model` (`is_random`'s
+    tag; CPU ``dropout`` dispatches one ``bernoulli_``, as its capture runs one ``memviz::cpu_dropout``),
+    with grad enabled as the `mode`'s trace has it (a forward may branch on ``torch.is_grad_enabled()``),
+    the RNG forked and the buffers kept: the user's model and streams are left as they were."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    draws = [0]
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            draws[0] += draws_random(func)
+            return func(*a, **(kw or {}))
+
+    with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), \
+            torch.set_grad_enabled(mode == "train"), Counter():
+        model(*args, **(kwargs or {}))
+    return draws[0]
+
+
+def graph_torch_draws(gm: torch.fx.GraphModule) -> int:
+    """How many operators of the joint graph's forward draw from torch's generators."""
+    return sum(draws_random(n.target) for n in forward_calls(gm))
+
+
+def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
+                          loss_fn: LossFn | None, family: str | None) -> tuple[Any, ...]:
+    """`trace_joint` of the model as eager runs it from now on, with what it specialised on, the host
+    generators it drew from, and ``(eager's draws, the graph's)`` from torch's generators per forward where
+    they differ (`Captured.torch_draws`; the profile warns), else None.
+
+    A first call may change a model for good, and the trace's run of the forward is not that call (after
+    torch.export the flag that says the change is done is as before: `tests/test_rng_order.py`'s
+    FirstCallRebuild): Hugging Face BigBird, at a sequence below its block-sparse minimum, swaps in new
+    attention modules on its first call (``nn.Linear``s initialised from the global generator: 12
+    ``uniform_`` before the first dropout) and stays in full attention.  Traced first, the graph kept
+    those draws, eager (from memviz's own measured step on) never made them again, and the exported step
+    drew its dropout masks 12 draws further along the stream: outputs 0.31 off eager's, silently.  So one
+    eager forward runs first (`eager_torch_draws`: RNG forked, buffers kept), where the user's
+    own first call would have made those changes; its count, or a second one's where the first was that
+    first call, must equal the graph's.  Skipped where eager cannot be compared: a meta-device model
+    draws nothing, and a profile estimated for a CUDA target on a CPU host traces CUDA's kernels where
+    eager runs the CPU's (its plans cannot be exported: `export.check_not_estimated_for_cuda`)."""
+    on_meta = any(t.device.type == "meta" for t in _model_tensors(model, args, kwargs))
+    comparable = not on_meta and not (family == "cuda" and _on_cpu(args, model))
+    first = eager_torch_draws(model, args, kwargs, mode) if comparable else None
+    specialised: list[str] = []
+    with host_random_draws() as host_random:
+        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
+    traced = graph_torch_draws(gm)
+    mismatch = None
+    if first is not None and traced != first:
+        again = eager_torch_draws(model, args, kwargs, mode)
+        mismatch = None if traced == again else (again, traced)
+    return gm, out_spec, views, specialised, host_random, mismatch
 
 
 def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -1741,9 +1802,8 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
 def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
              loss_fn: LossFn | None, family: str | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    specialised: list[str] = []
-    with host_random_draws() as host_random:
-        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
+    gm, out_spec, views, specialised, host_random, torch_draws = traced_as_eager_draws(
+        model, args, kwargs, mode, loss_fn, family)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
 
@@ -1793,7 +1853,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
-        output_views=views, specialised=specialised, host_random=host_random,
+        output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
         loss_probe=probe if tangents else None, kernels=family)
 
     def add_loss_nodes() -> None:
@@ -1995,12 +2055,16 @@ def written_back(gm: torch.fx.GraphModule, ph_kinds: list[tuple[str, Any]], out_
 
 
 def is_random(node: torch.fx.Node) -> bool:
-    """Whether the FX node draws from the RNG (dropout, bernoulli, rand...): ATen tags every seeded
+    """Whether the FX node draws from the RNG (`draws_random`)."""
+    return draws_random(node.target)
+
+
+def draws_random(target: Any) -> bool:
+    """Whether the operator draws from the RNG (dropout, bernoulli, rand...): ATen tags every seeded
     nondeterministic operator; memviz's own CPU dropout kernel is one too."""
-    t = node.target
-    if isinstance(t, torch._ops.OpOverload):
-        return torch.Tag.nondeterministic_seeded in t.tags or t._schema.name == "memviz::cpu_dropout"
-    return False
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.nondeterministic_seeded in target.tags or target._schema.name == "memviz::cpu_dropout"
 
 
 def _in_random_order(graph: Graph, cap: Captured) -> Graph:

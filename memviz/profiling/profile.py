@@ -203,6 +203,15 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "and the exported module repeats them at every step where eager draws new ones (its outputs and "
             "gradients cannot match eager's).  Draw with torch's generator (torch.rand / torch.randint) to "
             "profile and export it exactly"), stacklevel=2)
+    if cap.torch_draws is not None:
+        eager, traced = cap.torch_draws
+        warnings.warn(ProfileWarning(
+            f"{type(model).__name__}'s forward draws from torch's generator {eager} times in eager mode but "
+            f"{traced} times in its captured graph (a draw made only where no trace runs, under "
+            "`if not torch.compiler.is_compiling()`, or a forward that draws differently from call to "
+            "call): the exported module draws its dropout masks from other offsets of the stream than "
+            "eager, so its outputs and gradients cannot match eager's.  memviz.apply runs the model's own "
+            "forward and draws as eager does"), stacklevel=2)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
     step_schedule = python_eager_schedule(graph, cap, requires_grad)

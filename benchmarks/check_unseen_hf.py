@@ -188,13 +188,14 @@ def plan_at(prof: Any, strategy: str) -> tuple[Any, str]:
 
 
 def trains_as_eager(original: torch.nn.Module, planned: torch.nn.Module, case: RealCase,
-                    loss_fn: Any) -> list[int]:
+                    loss_fn: Any, unwritten: tuple[str, ...] = ()) -> list[int]:
     """`STEPS` AdamW steps of `planned` against `original` with the same seeds, as the vision sweep checks
-    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal); each
-    step's measured peak of `planned` (forward, loss, backward, optimizer step: what the plan holds)."""
+    them (`check_unseen_vision.trains_as_eager`: outputs, gradients, parameters and buffers equal, but for
+    the output fields `unwritten`); each step's measured peak of `planned` (forward, loss, backward,
+    optimizer step: what the plan holds)."""
     from check_unseen_vision import trains_as_eager as checked
 
-    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn)]
+    return [peak for _, peak in checked(original, planned, case.args, case.kwargs, loss_fn, unwritten)]
 
 
 def peak_note(verified: torch.nn.Module, peaks: list[int]) -> str:
@@ -256,7 +257,11 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
 
     with keeping(plan):
         applied, note = verified_call(lambda **kw: memviz.apply(plan, case.model, verify=True, **kw), case)
-        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn)
+        # a checkpointed decoder layer writes no KV cache (apply turns it off, as transformers' own
+        # gradient checkpointing does): the applied step returns the cache its layers left empty (the
+        # field is "cache" or "past_key_values", by transformers version)
+        peaks = trains_as_eager(copy.deepcopy(case.model), applied, case, loss_fn,
+                                ("cache", "past_key_values"))
     regions = len(applied.plan.solver_stats.extra["sac"]["regions"])
     return f"{note}{regions} regions; {peak_note(applied, peaks)}"
 

@@ -927,10 +927,13 @@ def block_paths(model: nn.Module) -> list[str]:
 def call_arguments(ep: Any, joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:
     """Block path -> the joint graph's FX values of the tensors its call got (`_export` recorded them in
     the exported program), mapped onto the joint graph by the FX provenance (each joint node's first
-    record is the exported node it came from).  An argument the joint graph dropped (a view no op
-    reads, HF's ``position_ids = cache_position.unsqueeze(0)`` handed to every decoder layer) stands for
-    its base's storage; a graph input (always held) and an argument that is no view of a joint value are
-    left out."""
+    record is the exported node it came from).  An exported op can become several joint nodes of its
+    shape (dropout: its output and its mask): the one the joint nodes of its exported readers read is its
+    value, else the one of its name, else the only one.  An argument the joint graph dropped (a view no
+    op reads, HF's ``position_ids = cache_position.unsqueeze(0)`` handed to every decoder layer) stands
+    for its base's storage; a graph input (always held) is left out, and so is a value the joint graph
+    does not compute at all (no data node holds it: Longformer's ``is_index_global_attn``, which only a
+    branch the trace took on the example's values read)."""
     joint_of: dict[str, list[torch.fx.Node]] = {}
     for n in forward_calls(joint):
         sources = n.meta.get("from_node")
@@ -941,15 +944,21 @@ def call_arguments(ep: Any, joint: torch.fx.GraphModule) -> dict[str, tuple[str,
             joint_of.setdefault(source.name, []).append(n)
     ep_nodes = {n.name: n for n in ep.graph.nodes}
 
+    def value_of(node: torch.fx.Node) -> str | None:
+        val = node.meta.get("val")
+        same = [j for j in joint_of[node.name] if isinstance(val, torch.Tensor)
+                and j.meta["val"].shape == val.shape and j.meta["val"].dtype == val.dtype]
+        read = [j for user in node.users for r in joint_of.get(user.name, ()) for j in r.all_input_nodes
+                if j in same]
+        named = [j for j in same if j.name == node.name]
+        found = read or named or (same if len(same) == 1 else [])
+        return found[0].name if found else None
+
     def joint_value(name: str) -> str | None:
         node = ep_nodes.get(name)
         while node is not None and node.op == "call_function":
             if node.name in joint_of:
-                # the op's result among the nodes its decomposition became: the last of its shape
-                val = node.meta.get("val")
-                same = [j for j in joint_of[node.name] if isinstance(val, torch.Tensor)
-                        and j.meta["val"].shape == val.shape and j.meta["val"].dtype == val.dtype]
-                return (same or joint_of[node.name])[-1].name
+                return value_of(node)
             schema = getattr(node.target, "_schema", None)
             if schema is None or not schema.returns or schema.returns[0].alias_info is None:
                 return None  # computed for the block alone and dropped: no storage the graph holds

@@ -916,12 +916,21 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | No
 
 def block_paths(model: nn.Module) -> list[str]:
     """The children of the model's outermost ModuleList / Sequential containers: the blocks a sac plan may
-    checkpoint (`memviz.plans.sac.candidate_blocks` keeps those that ran as one contiguous call)."""
+    checkpoint (`memviz.plans.sac.candidate_blocks` keeps those that ran as one contiguous call).  A child
+    that is itself a ModuleList or ModuleDict is never called (the model loops over it): its children
+    are the blocks (Funnel's ``encoder.blocks[i][j]``: checkpointing ``encoder.blocks[i]`` ran nothing, and
+    its plan was 117 KiB under what the step held)."""
     containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
     outer = [c for c in containers
              if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
-    return [f"{c}.{child}" if c else child for c in outer
-            for child, _ in model.get_submodule(c).named_children()]
+
+    def called(path: str, module: nn.Module) -> list[str]:
+        if not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return [path]
+        return [p for child, m in module.named_children() for p in called(f"{path}.{child}", m)]
+
+    return [p for c in outer for child, m in model.get_submodule(c).named_children()
+            for p in called(f"{c}.{child}" if c else child, m)]
 
 
 def call_arguments(ep: Any, joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:

@@ -424,3 +424,49 @@ def test_block_arguments_no_op_reads_are_held_as_planned() -> None:
     verified = memviz.apply(plan, model, verify=True)  # refused before: 8 KiB over the plan
     assert verified.verified_peak_bytes <= plan.budget_bytes
     assert check_applied(model, args, {}, loss, verified.plan) == [verified.plan.peak_bytes] * 3
+
+
+def test_blocks_inside_nested_module_lists_are_the_called_modules() -> None:
+    """A ModuleList of ModuleLists (Funnel's ``encoder.blocks[i][j]``): the outer list's children are
+    never called (the model loops over them), so checkpointing one ran nothing and a sac plan predicted
+    what the step did not save (Funnel: 117 KiB over a plan at its minimum).  The blocks are the inner
+    lists' children.  Planned on fixed costs."""
+    from memviz.plans.sac import candidate_blocks, eager_graph
+
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tanh(self.lin(x))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stages = nn.ModuleList([nn.ModuleList([Block(), Block()]), nn.ModuleList([Block()])])
+            self.out = nn.Linear(32, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for stage in self.stages:
+                for block in stage:
+                    x = block(x)
+            return self.out(x)
+
+    torch.manual_seed(0)
+    model, args = Model(), (torch.randn(2, 64, 32),)
+
+    def loss(out: torch.Tensor) -> torch.Tensor:
+        return out.square().mean()
+
+    prof = profile(model, args, loss_fn=loss, repeats=1, warmup=0).with_costs("fake:v100")
+    graph = eager_graph(prof.graph, prof.captured)
+    assert [b.name for b in candidate_blocks(prof.model, graph, prof.captured)] == \
+        ["stages.0.0", "stages.0.1", "stages.1.0"]
+    plan = sac_plan(prof, 0.5)
+    assert plan.timeline.recomputes > 0
+    verified = memviz.apply(plan, model, verify=True)  # refused before: the plan's regions ran nothing
+    assert verified.verified_peak_bytes <= plan.budget_bytes
+    assert check_applied(model, args, {}, loss, verified.plan) == [verified.plan.peak_bytes] * 3

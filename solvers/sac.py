@@ -40,7 +40,8 @@ from solvers.simulate import Timeline, simulate
 class EagerHolds:
     """What eager PyTorch holds beyond the graph's own reads (measured by memviz on the capture).
 
-    `local`: data id -> forward compute id after which Python locals and module arguments drop it.
+    `local`: data id -> compute id after which Python locals and module arguments drop it (forward
+    ones), or the autograd engine does as a node's incoming gradient (backward ones).
     `saved_by`: data id -> forward compute ids whose autograd node saves it for backward.
     `release`: saving forward compute id -> last backward compute id of its autograd node (the engine
     frees the node's saved variables there).  `unpack`: saving forward compute id -> first backward

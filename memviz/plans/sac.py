@@ -239,11 +239,12 @@ def eager_holds(cap: Any) -> EagerHolds:
     node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
     from)."""
     from memviz.profiling.profile import module_argument_holds, python_local_holds
-    from memviz.profiling.saved import autograd_nodes
+    from memviz.profiling.saved import autograd_nodes, gradient_input_holds
 
     local = python_local_holds(cap)
-    for d, at in module_argument_holds(cap).items():
-        local[d] = max(local.get(d, -1), at)
+    for extra in (module_argument_holds(cap), gradient_input_holds(cap)):
+        for d, at in extra.items():
+            local[d] = max(local.get(d, -1), at)
     walk = autograd_nodes(cap)
     release = {c: walk.released[s] for c, s in walk.savers.items() if s in walk.released}
     unpack = {c: walk.first.get(walk.savers[c], r) for c, r in release.items()}

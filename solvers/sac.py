@@ -40,7 +40,8 @@ from solvers.simulate import Timeline, simulate
 class EagerHolds:
     """What eager PyTorch holds beyond the graph's own reads (measured by memviz on the capture).
 
-    `local`: data id -> forward compute id after which Python locals and module arguments drop it.
+    `local`: data id -> compute id after which Python locals and module arguments drop it (forward
+    ones), or the autograd engine does as a node's incoming gradient (backward ones).
     `saved_by`: data id -> forward compute ids whose autograd node saves it for backward.
     `release`: saving forward compute id -> last backward compute id of its autograd node (the engine
     frees the node's saved variables there).  `unpack`: saving forward compute id -> first backward
@@ -60,6 +61,9 @@ class Region:
     name: str
     nodes: tuple[int, ...]
     save: frozenset[int] = frozenset()
+    #: data ids the call gets as arguments beyond what its ops read (a decoder layer's ``position_ids``,
+    #: which no op of the layer reads): the checkpoint keeps every argument of the call all the same
+    held: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,7 @@ def _runs(graph: Graph, regions: Sequence[Region], holds: EagerHolds) -> list[_R
             continue  # nothing saved: the checkpoint frame dies at once, nothing is recomputed
         members = set(r.nodes)
         last = max(savers)
-        inputs = {d for c in r.nodes for d in graph.computes[c].inputs
+        inputs = {d for d in (*r.held, *(d for c in r.nodes for d in graph.computes[c].inputs))
                   if graph.datas[d].producer is not None and graph.datas[d].producer not in members}
         runs.append(_Run(r, last, tuple(c for c in r.nodes if c <= last and c not in r.save),
                          min(holds.unpack[c] for c in savers), max(holds.release[c] for c in savers),
@@ -415,6 +419,8 @@ class Block(NamedTuple):
     #: its elementwise sub-modules (no matmul-class op, two or more ops, one contiguous call each) as
     #: (module path, forward compute ids): "pointwise" checkpoints each of them alone, without a policy
     pieces: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: data ids its call gets as arguments that none of its ops reads (`Region.held`)
+    held: frozenset[int] = frozenset()
 
 
 #: option name -> which of a region's nodes are MUST_SAVE, given its block
@@ -436,7 +442,7 @@ def block_regions(block: Block, option: str) -> tuple[Region, ...]:
         return ()
     if option == "pointwise":
         return tuple(Region(path, ids) for path, ids in block.pieces)
-    return (Region(block.name, block.nodes, OPTIONS[option](block)),)
+    return (Region(block.name, block.nodes, OPTIONS[option](block), block.held),)
 
 
 @dataclass(frozen=True)

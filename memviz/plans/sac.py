@@ -129,10 +129,11 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
     blocks = candidate_blocks(model, graph, cap)
     if not blocks:
         return {}
-    path, ids, mm, matchable, pieces = blocks[0]
+    block = blocks[0]
+    path, ids, pieces = block.name, block.nodes, block.pieces
     # the policy's cost needs a region that keeps something: its matmuls, else its first countable op
-    keep = mm or frozenset(sorted(matchable)[:1])
-    full, selective = Region(path, ids), Region(path, ids, keep)
+    keep = block.matmuls or frozenset(sorted(block.matchable)[:1])
+    full, selective = Region(path, ids, held=block.held), Region(path, ids, keep, block.held)
     piece_regions = [Region(p, p_ids) for p, p_ids in pieces]
     called: list[tuple[Any, Any]] = []
     handle = model.get_submodule(path).register_forward_pre_hook(
@@ -244,11 +245,12 @@ def eager_holds(cap: Any) -> EagerHolds:
     node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
     from)."""
     from memviz.profiling.profile import module_argument_holds, python_local_holds
-    from memviz.profiling.saved import autograd_nodes
+    from memviz.profiling.saved import autograd_nodes, gradient_input_holds
 
     local = python_local_holds(cap)
-    for d, at in module_argument_holds(cap).items():
-        local[d] = max(local.get(d, -1), at)
+    for extra in (module_argument_holds(cap), gradient_input_holds(cap)):
+        for d, at in extra.items():
+            local[d] = max(local.get(d, -1), at)
     walk = autograd_nodes(cap)
     release = {c: walk.released[s] for c, s in walk.savers.items() if s in walk.released}
     unpack = {c: walk.first.get(walk.savers[c], r) for c, r in release.items()}
@@ -264,27 +266,32 @@ def candidate_blocks(model: Any, graph: Graph, cap: Any) -> list[Block]:
     inputs and refuses to unpack one whose version moved: ``nn.ReLU(inplace=True)`` as a block's first
     op), and an op whose output is overwritten later is never kept (the policy's cache refuses a mutated
     entry: ``allow_cache_entry_mutation``)."""
-    from torch import nn
+    from memviz.profiling.capture import block_paths
 
     mutated = frozenset(in_place_writes(cap, graph).values())
-    containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
-    outer = [c for c in containers
-             if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
     forward = [c for c in graph.computes if c.phase is Phase.FORWARD]
     blocks = []
-    for cont in outer:
-        for child, _ in model.get_submodule(cont).named_children():
-            path = f"{cont}.{child}" if cont else child
-            ids = _call_ids(forward, path)
-            if ids is None or _input_overwritten(graph, ids, mutated):
-                # one op: nothing to gain; not contiguous: called twice, not one checkpoint frame
-                continue
-            names = {i: op_name(graph.computes[i].op) for i in ids}
-            keepable = [i for i in ids if mutated.isdisjoint(graph.computes[i].outputs)]
-            blocks.append(Block(path, ids, frozenset(i for i in keepable if names[i] in MATMULS),
-                                frozenset(i for i in keepable if names[i] in MATCHABLE),
-                                _pieces(model, graph, forward, path, mutated)))
+    for path in block_paths(model):
+        ids = _call_ids(forward, path)
+        if ids is None or _input_overwritten(graph, ids, mutated):
+            # one op: nothing to gain; not contiguous: called twice, not one checkpoint frame
+            continue
+        names = {i: op_name(graph.computes[i].op) for i in ids}
+        keepable = [i for i in ids if mutated.isdisjoint(graph.computes[i].outputs)]
+        blocks.append(Block(path, ids, frozenset(i for i in keepable if names[i] in MATMULS),
+                            frozenset(i for i in keepable if names[i] in MATCHABLE),
+                            _pieces(model, graph, forward, path, mutated), _call_held(graph, cap, path, ids)))
     return blocks
+
+
+def _call_held(graph: Graph, cap: Any, path: str, ids: tuple[int, ...]) -> frozenset[int]:
+    """The data nodes block `path`'s call gets as arguments (`Captured.call_args`) that none of its ops
+    `ids` reads: checkpointing keeps them until the block's backward all the same (Gemma's decoder layers
+    get ``position_ids``, which only the model's rotary embedding reads: 120-128 B over the plan)."""
+    read = {d for i in ids for d in graph.computes[i].inputs}
+    names = getattr(cap, "call_args", {}).get(path, ())
+    return frozenset(d for n in names if (d := cap.data_of_fx.get(cap.reads_instead.get(n, n))) is not None
+                     and d not in read)
 
 
 def in_place_writes(cap: Any, graph: Graph) -> dict[int, int]:
@@ -550,7 +557,7 @@ def to_sac(plan: Any) -> Any:
         if s.op == "compute":
             runs[s.node] = runs.get(s.node, 0) + 1
     recomputed = {c for c, k in runs.items() if k > 1 and graph.computes[c].phase is Phase.FORWARD}
-    regions = tuple(Region(b.name, b.nodes, b.matchable - recomputed)
+    regions = tuple(Region(b.name, b.nodes, b.matchable - recomputed, b.held)
                     for b in candidate_blocks(prof.model, graph, prof.captured) if recomputed & set(b.nodes))
     start = time.perf_counter()
     holds = eager_holds(prof.captured)

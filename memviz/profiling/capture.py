@@ -140,6 +140,9 @@ class Captured:
     # compute id of a gradient sum run in place -> which of its two FX arguments it writes
     # (`accumulate_in_place`; the graph marks the written data node in `ComputeNode.mutates`)
     accumulates: dict[int, int] = field(default_factory=dict)
+    # checkpointable block (`block_paths`) -> the FX values of the tensors its call gets (`call_arguments`):
+    # non-reentrant checkpointing keeps every argument of the call, read by the block's ops or not
+    call_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -919,8 +922,123 @@ def register_library_pytrees(model: nn.Module) -> None:
             return
 
 
+@torch.library.custom_op("memviz::call_argument", mutates_args=())
+def call_argument(x: torch.Tensor, block: str) -> None:
+    """A marker the export trace records where checkpointable block `block` is called with tensor `x`
+    (`_export`); taken out of the exported graph before anything runs it."""
+
+
+@call_argument.register_fake
+def _call_argument_fake(x: torch.Tensor, block: str) -> None:
+    return None
+
+
+# export keeps an operator without outputs only when it has side effects
+torch.fx.node.has_side_effect(torch.ops.memviz.call_argument.default)
+
+
 def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
-    return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+    """torch.export (non-strict) with the tensors each checkpointable block (`block_paths`) is called with
+    recorded as ``ep.memviz_call_args`` (block path -> exported FX names): a forward pre-hook marks them
+    with `call_argument`, whose nodes are then taken out of the graph.  torch.export's own
+    ``preserve_module_call_signature`` is not used: it rebuilds a call's arguments from their flat
+    tensors, so a layer appending to HF's ``DynamicCache`` wrote into a copy and the captured step
+    returned an empty cache.  The arguments are taken as `memviz.apply` passes them (the KV cache off,
+    `memviz.runtime.apply._without_cache`)."""
+    import warnings
+
+    from memviz.runtime.apply import ApplyWarning, _without_cache
+
+    def mark(path: str, module: nn.Module, a: tuple[Any, ...], k: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ApplyWarning)
+            a, k = _without_cache(module, {}, a, k)
+        for t in pytree.tree_leaves((a, k)):
+            if isinstance(t, torch.Tensor):
+                call_argument(t, path)
+
+    handles = [model.get_submodule(path).register_forward_pre_hook(
+        functools.partial(mark, path), with_kwargs=True) for path in block_paths(model)]
+    try:
+        ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+    finally:
+        for h in handles:
+            h.remove()
+    calls: dict[str, list[str]] = {}
+    graph = ep.graph_module.graph
+    for n in list(graph.find_nodes(op="call_function", target=torch.ops.memviz.call_argument.default)):
+        x, path = n.args
+        calls.setdefault(path, []).append(x.name)
+        graph.erase_node(n)
+    ep.graph_module.recompile()
+    ep.memviz_call_args = {path: tuple(names) for path, names in calls.items()}
+    return ep
+
+
+def block_paths(model: nn.Module) -> list[str]:
+    """The children of the model's outermost ModuleList / Sequential containers: the blocks a sac plan may
+    checkpoint (`memviz.plans.sac.candidate_blocks` keeps those that ran as one contiguous call).  A child
+    that is itself a ModuleList or ModuleDict is never called (the model loops over it): its children
+    are the blocks (Funnel's ``encoder.blocks[i][j]``: checkpointing ``encoder.blocks[i]`` ran nothing, and
+    its plan was 117 KiB under what the step held)."""
+    containers = [n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]
+    outer = [c for c in containers
+             if not any(o != c and (o == "" or c.startswith(o + ".")) for o in containers)]
+
+    def called(path: str, module: nn.Module) -> list[str]:
+        if not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return [path]
+        return [p for child, m in module.named_children() for p in called(f"{path}.{child}", m)]
+
+    return [p for c in outer for child, m in model.get_submodule(c).named_children()
+            for p in called(f"{c}.{child}" if c else child, m)]
+
+
+def call_arguments(ep: Any, joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:
+    """Block path -> the joint graph's FX values of the tensors its call got (`_export` recorded them in
+    the exported program), mapped onto the joint graph by the FX provenance (each joint node's first
+    record is the exported node it came from).  An exported op can become several joint nodes of its
+    shape (dropout: its output and its mask): the one the joint nodes of its exported readers read is its
+    value, else the one of its name, else the only one.  An argument the joint graph dropped (a view no
+    op reads, HF's ``position_ids = cache_position.unsqueeze(0)`` handed to every decoder layer) stands
+    for its base's storage; a graph input (always held) is left out, and so is a value the joint graph
+    does not compute at all (no data node holds it: Longformer's ``is_index_global_attn``, which only a
+    branch the trace took on the example's values read)."""
+    joint_of: dict[str, list[torch.fx.Node]] = {}
+    for n in forward_calls(joint):
+        sources = n.meta.get("from_node")
+        if sources and isinstance(n.meta.get("val"), torch.Tensor):
+            source = sources[0]
+            while source.from_node:
+                source = source.from_node[0]
+            joint_of.setdefault(source.name, []).append(n)
+    ep_nodes = {n.name: n for n in ep.graph.nodes}
+
+    def value_of(node: torch.fx.Node) -> str | None:
+        val = node.meta.get("val")
+        same = [j for j in joint_of[node.name] if isinstance(val, torch.Tensor)
+                and j.meta["val"].shape == val.shape and j.meta["val"].dtype == val.dtype]
+        read = [j for user in node.users for r in joint_of.get(user.name, ()) for j in r.all_input_nodes
+                if j in same]
+        named = [j for j in same if j.name == node.name]
+        found = read or named or (same if len(same) == 1 else [])
+        return found[0].name if found else None
+
+    def joint_value(name: str) -> str | None:
+        node = ep_nodes.get(name)
+        while node is not None and node.op == "call_function":
+            if node.name in joint_of:
+                return value_of(node)
+            schema = getattr(node.target, "_schema", None)
+            if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+                return None  # computed for the block alone and dropped: no storage the graph holds
+            node = next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
+        return None
+
+    out = {}
+    for path, args in getattr(ep, "memviz_call_args", {}).items():
+        out[path] = tuple(dict.fromkeys(n for n in map(joint_value, args) if n is not None))
+    return out
 
 
 def _data_dependent(err: BaseException) -> bool:
@@ -1223,6 +1341,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         except Exception as err:  # noqa: BLE001
             raise _describe_trace_error(err, model) from err
     views = aliased_outputs(joint, gm_ep, model) if mode == "train" else {}
+    joint.graph_module.meta["memviz_call_args"] = call_arguments(ep, joint.graph_module)
     return joint.graph_module, ep.call_spec.out_spec, views
 
 
@@ -1854,7 +1973,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
-        loss_probe=probe if tangents else None, kernels=family)
+        loss_probe=probe if tangents else None, kernels=family,
+        call_args=gm.meta.get("memviz_call_args", {}))
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss

@@ -58,7 +58,7 @@ from memviz.profiling.capture import (
     with_loss_memory,
     with_output_views,
 )
-from memviz.profiling.saved import autograd_saved_holds
+from memviz.profiling.saved import autograd_saved_holds, gradient_input_holds
 from memviz.profiling.tracker import StorageTracker, measure_peak, tensors_of
 from solvers import (
     ComputeNode,
@@ -913,7 +913,7 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     grad (None: all)."""
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
-    for extra in (module_argument_holds(cap), autograd_saved_holds(cap),
+    for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
                   _autocast_cache_holds(cap, requires_grad)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)

@@ -283,3 +283,35 @@ def autograd_saved_holds(cap: Captured) -> dict[int, int]:
     as long as that output lives: until the loss has read it."""
     walk = autograd_nodes(cap)
     return {d: walk.released[seq] for seq, ds in walk.saved.items() if seq in walk.released for d in ds}
+
+
+def gradient_input_holds(cap: Captured) -> dict[int, int]:
+    """data id -> backward compute id after which eager autograd drops it as an autograd node's incoming
+    gradient: the engine hands a node its gradients and they live until the node's backward returns, so
+    one is held to the node's last op, not to its last reader.  A broadcast ``x * gate`` (a
+    squeeze-excite gate) backpropagates ``grad * gate``, ``grad * x``, then sums the latter to the gate's
+    shape; ``grad`` was freed before the sum (timm's CoAtNet measured 1 KiB over a sac plan).  A value a
+    node computes and reads itself (that sum's input) is its own temporary, freed by its last reader."""
+    pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
+    nodes = cap.nodes
+    last: dict[int, int] = {}  # seq -> the node's last backward compute
+    reads: list[tuple[int, int]] = []  # (seq, data id of a gradient another node produced)
+    pos = -1
+    for n in cap.gm.graph.nodes:
+        if n.op != "call_function" or not is_backward(n):
+            continue
+        pos = pos_of.get(n.name, pos)
+        seq = n.meta.get("seq_nr")
+        if seq is None or n.meta.get("is_gradient_acc"):
+            continue
+        last[seq] = pos
+        for a in n.all_input_nodes:
+            d = cap.data_of_fx.get(a.name)
+            source = None if d is None or cap.data_fx[d] is None else nodes.get(cap.data_fx[d])
+            if source is not None and source.op == "call_function" and is_backward(source) \
+                    and source.meta.get("seq_nr") != seq:
+                reads.append((seq, d))
+    hold: dict[int, int] = {}
+    for seq, d in reads:
+        hold[d] = max(hold.get(d, -1), last[seq])
+    return hold

@@ -92,6 +92,15 @@ def check_applied(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
     return peaks
 
 
+def _square_loss(out: torch.Tensor) -> torch.Tensor:
+    return out.square().mean()
+
+
+def _fixed_cost_profile(model: torch.nn.Module, args: tuple[Any, ...]) -> Profile:
+    """`model` profiled with the square loss, on fixed V100-roofline op times (a plan independent of load)."""
+    return profile(model, args, loss_fn=_square_loss, repeats=1, warmup=0).with_costs("fake:v100")
+
+
 def _sum_loss(out: Any) -> torch.Tensor:
     return out.float().sum()
 
@@ -365,15 +374,12 @@ def test_recomputed_batchnorm_keeps_its_statistics_without_copying_them() -> Non
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), Block(), Block(), Block(), nn.Conv2d(32, 4, 1))
     args = (torch.randn(2, 3, 16, 16),)
-    def loss(out: torch.Tensor) -> torch.Tensor:
-        return out.square().mean()
-
-    prof = profile(model, args, loss_fn=loss, repeats=1, warmup=0).with_costs("fake:v100")
+    prof = _fixed_cost_profile(model, args)
     plan = sac_plan(prof, 0.5)
     assert plan.timeline.recomputes > 0
     verified = memviz.apply(plan, model, verify=True)
     assert verified.verified_peak_bytes <= plan.budget_bytes
-    check_applied(model, args, {}, loss, verified.plan)
+    check_applied(model, args, {}, _square_loss, verified.plan)
 
 
 def test_block_arguments_no_op_reads_are_held_as_planned() -> None:
@@ -412,10 +418,7 @@ def test_block_arguments_no_op_reads_are_held_as_planned() -> None:
     torch.manual_seed(0)
     model, args = Model(), (torch.randn(2, 64, 32),)
 
-    def loss(out: torch.Tensor) -> torch.Tensor:
-        return out.square().mean()
-
-    prof = profile(model, args, loss_fn=loss, repeats=1, warmup=0).with_costs("fake:v100")
+    prof = _fixed_cost_profile(model, args)
     graph = eager_graph(prof.graph, prof.captured)
     for block in candidate_blocks(prof.model, graph, prof.captured):
         assert [graph.datas[d].bytes for d in block.held] == [64 * 32 * 4], block
@@ -423,7 +426,7 @@ def test_block_arguments_no_op_reads_are_held_as_planned() -> None:
     assert plan.timeline.recomputes > 0
     verified = memviz.apply(plan, model, verify=True)  # refused before: 8 KiB over the plan
     assert verified.verified_peak_bytes <= plan.budget_bytes
-    assert check_applied(model, args, {}, loss, verified.plan) == [verified.plan.peak_bytes] * 3
+    assert check_applied(model, args, {}, _square_loss, verified.plan) == [verified.plan.peak_bytes] * 3
 
 
 def test_blocks_inside_nested_module_lists_are_the_called_modules() -> None:
@@ -458,10 +461,7 @@ def test_blocks_inside_nested_module_lists_are_the_called_modules() -> None:
     torch.manual_seed(0)
     model, args = Model(), (torch.randn(2, 64, 32),)
 
-    def loss(out: torch.Tensor) -> torch.Tensor:
-        return out.square().mean()
-
-    prof = profile(model, args, loss_fn=loss, repeats=1, warmup=0).with_costs("fake:v100")
+    prof = _fixed_cost_profile(model, args)
     graph = eager_graph(prof.graph, prof.captured)
     assert [b.name for b in candidate_blocks(prof.model, graph, prof.captured)] == \
         ["stages.0.0", "stages.0.1", "stages.1.0"]
@@ -469,7 +469,7 @@ def test_blocks_inside_nested_module_lists_are_the_called_modules() -> None:
     assert plan.timeline.recomputes > 0
     verified = memviz.apply(plan, model, verify=True)  # refused before: the plan's regions ran nothing
     assert verified.verified_peak_bytes <= plan.budget_bytes
-    assert check_applied(model, args, {}, loss, verified.plan) == [verified.plan.peak_bytes] * 3
+    assert check_applied(model, args, {}, _square_loss, verified.plan) == [verified.plan.peak_bytes] * 3
 
 
 def test_a_nodes_incoming_gradient_lives_until_its_last_op() -> None:
@@ -492,12 +492,9 @@ def test_a_nodes_incoming_gradient_lives_until_its_last_op() -> None:
     model = nn.Sequential(nn.Conv2d(3, 64, 1), Gate(), nn.Conv2d(64, 4, 1))
     args = (torch.randn(16, 3, 4, 4),)
 
-    def loss(out: torch.Tensor) -> torch.Tensor:
-        return out.square().mean()
-
-    prof = profile(model, args, loss_fn=loss, repeats=1, warmup=0).with_costs("fake:v100")
+    prof = _fixed_cost_profile(model, args)
     assert prof.measured_peak_bytes == prof.baseline.peak_bytes  # main: 4 KiB (the gate's sum) under
     plan = sac_plan(prof, 0.5)
     verified = memviz.apply(plan, model, verify=True)
     assert verified.verified_peak_bytes <= plan.budget_bytes
-    assert check_applied(model, args, {}, loss, verified.plan) == [verified.plan.peak_bytes] * 3
+    assert check_applied(model, args, {}, _square_loss, verified.plan) == [verified.plan.peak_bytes] * 3

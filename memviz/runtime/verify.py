@@ -76,9 +76,10 @@ MAX_TRIES = 3
 REPLAN_TIME_LIMIT = 30.0
 
 
-class MismatchError(RuntimeError):
+class MismatchError(ValueError):
     """The rewritten module's verifying step computed something else than the model's own step
-    (`memviz.runtime.equivalence`): nothing is returned."""
+    (`memviz.runtime.equivalence`): nothing is returned (a ValueError like `BudgetExceededError`, so the
+    CLI reports it as it reports a refusal)."""
 
 
 class VerifyWarning(UserWarning):

@@ -50,8 +50,9 @@ PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPU
                               DataKind.RUNTIME})
 
 
-#: data kinds no schedule can free or recompute within a step (`Graph.held_bytes`)
-_HELD_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.OPTIMIZER_STATE, DataKind.RUNTIME})
+#: data kinds no schedule can free or recompute within a step (`Graph.held_bytes`): the persistent ones
+#: but inputs, which a schedule may free after their last read
+_HELD_KINDS = PERSISTENT_KINDS - {DataKind.INPUT}
 
 
 @dataclass(frozen=True, slots=True)  # slots: see `frozen_instances`

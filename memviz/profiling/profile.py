@@ -59,7 +59,7 @@ from memviz.profiling.capture import (
     with_output_views,
 )
 from memviz.profiling.saved import autograd_saved_holds, gradient_input_holds
-from memviz.profiling.tracker import StorageTracker, measure_peak, tensors_of
+from memviz.profiling.tracker import StorageTracker, grad_alias, measure_peak, tensors_of
 from solvers import (
     ComputeNode,
     DataKind,
@@ -1122,10 +1122,10 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     before it: parameters and inputs that require grad are replaced by detached aliases (same storage)
     that ``loss.backward()`` writes its ``.grad`` on, buffers by copies (BatchNorm statistics
     untouched).  Not ``torch.autograd.grad``: reentrant ``torch.utils.checkpoint`` refuses it."""
-    params = {k: _grad_alias(v) for k, v in model.named_parameters()}
+    params = {k: grad_alias(v) for k, v in model.named_parameters()}
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     fn = loss_fn or default_loss
-    args, kwargs = pytree.tree_map(_grad_alias, (tuple(args), kwargs or {}))
+    args, kwargs = pytree.tree_map(grad_alias, (tuple(args), kwargs or {}))
     leaves = pytree.tree_leaves((args, kwargs))
     trainable = [p for p in (*params.values(), *leaves) if isinstance(p, torch.Tensor) and p.requires_grad]
 
@@ -1141,13 +1141,6 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         return loss, [t.grad for t in trainable]
 
     return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
-
-
-def _grad_alias(x: Any) -> Any:
-    """A tensor that requires grad as a new leaf on the same storage (its ``.grad`` is its own)."""
-    if isinstance(x, torch.Tensor) and x.requires_grad:
-        return x.detach().requires_grad_(True)
-    return x
 
 
 def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,

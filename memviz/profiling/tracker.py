@@ -214,3 +214,11 @@ def eager_train_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict
         return loss
 
     return step
+
+
+def grad_alias(x: Any) -> Any:
+    """A tensor that requires grad as a new leaf on the same storage: its ``.grad`` is its own, not the
+    user's (a measured or compared step leaves the user's inputs' gradients alone)."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        return x.detach().requires_grad_(True)
+    return x

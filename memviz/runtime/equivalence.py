@@ -28,6 +28,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz.hardware import accelerator
+from memviz.profiling.tracker import grad_alias
 
 #: largest difference, relative to the largest magnitude on eager's side, that still counts as equal
 TOLERANCE = 1e-4
@@ -59,7 +60,8 @@ def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ..
     tensors = [*original.parameters(), *original.buffers(), *pytree.tree_leaves((args, kwargs))]
     devices = accelerator.devices_of(tensors)
     if devices:
-        free = accelerator.available_bytes(devices[0]) + torch.accelerator.memory_allocated(
+        # the device's free memory and all the allocator holds: eager's peak counts what is allocated now
+        free = accelerator.memory_info(devices[0])[0] + torch.accelerator.memory_reserved(
             accelerator.index(devices[0]))
         if eager_peak > free:
             return Comparison(None, reason=f"its predicted peak ({eager_peak} bytes) does not fit in what "
@@ -73,17 +75,13 @@ def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], l
               devices: list[torch.device]) -> dict[str, torch.Tensor | None]:
     """Name -> value of one step (the loss and each parameter's gradient, or the outputs), on the host;
     the model's gradients, buffers and the generators as they were."""
-    from memviz.profiling.capture import default_loss
+    from memviz.profiling.capture import buffers_kept, default_loss
 
     named = dict(getattr(model, "_orig_mod", model).named_parameters())
     grads = {n: p.grad for n, p in named.items()}
-    buffers = list(model.buffers())
-    saved = [b.detach().clone() for b in buffers]
-    step_args, step_kwargs = pytree.tree_map(
-        lambda x: x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.requires_grad else x,
-        (args, kwargs))
+    step_args, step_kwargs = pytree.tree_map(grad_alias, (args, kwargs))
     try:
-        with accelerator.fork_rng(devices):
+        with buffers_kept(model), accelerator.fork_rng(devices):
             for p in named.values():
                 p.grad = None
             if mode == "inference":
@@ -98,9 +96,6 @@ def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], l
             values.update({n: None if p.grad is None else p.grad.detach().cpu() for n, p in named.items()})
             return values
     finally:
-        with torch.no_grad():
-            for b, s in zip(buffers, saved, strict=True):
-                b.copy_(s)
         for n, p in named.items():
             p.grad = grads[n]
 

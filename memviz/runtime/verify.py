@@ -55,7 +55,7 @@ from torch import nn
 
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator
-from memviz.profiling.tracker import allocator_peak, measure_peak, tensors_of
+from memviz.profiling.tracker import allocator_peak, grad_alias, measure_peak, tensors_of
 from memviz.runtime.equivalence import compare_to_eager
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
 from solvers.ir import DataKind, Phase
@@ -284,7 +284,7 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
     # tracker counts only storages it was given or saw created
     saved_buffers = [b.detach().to("cpu", copy=True) for b in buffers]
     saved_params = {n: p.detach().to("cpu", copy=True) for n, p in params.items()} if spec.optimizer else {}
-    args, kwargs = pytree.tree_map(_grad_alias, (spec.args, spec.kwargs))
+    args, kwargs = pytree.tree_map(grad_alias, (spec.args, spec.kwargs))
     devices = accelerator.devices_of([*params.values(), *buffers, *pytree.tree_leaves((args, kwargs))])
     device = devices[0] if devices else torch.device("cpu")
     if accelerator.is_accelerator(device):
@@ -418,13 +418,6 @@ def _primed_optimizer(spec: StepSpec, params: dict[str, nn.Parameter]) -> torch.
     for p in chosen:
         p.grad = None
     return opt
-
-
-def _grad_alias(x: Any) -> Any:
-    """An input that requires grad as a new leaf on the same storage: its ``.grad`` is not the user's."""
-    if isinstance(x, torch.Tensor) and x.requires_grad:
-        return x.detach().requires_grad_(True)
-    return x
 
 
 def _history(history: list[tuple[int | None, int, int]]) -> str:

@@ -90,6 +90,11 @@ class DataNode:
     #: ``hardswish_(x)``: a functionalized capture names the result apart from ``x``): `simulate` counts
     #: one storage for both, held while either is alive, when ``x`` is alive as it is produced
     in_place_of: int | None = None
+    #: the data node whose storage this one's producer may overwrite (an op eager runs in place, as
+    #: ``relu_(x)``, in a graph that runs it functionally: `memviz.export`): where the schedule frees ``x``
+    #: right after that compute (`solvers.simulate.reused_in_place`), the op runs in place and one
+    #: storage holds both; elsewhere the result gets its own and ``x`` keeps its values
+    reuses: int | None = None
 
 
 class GraphError(ValueError):
@@ -132,9 +137,10 @@ class Graph:
 
     @cached_property
     def shares_storage(self) -> bool:
-        """Whether some data node is written in place of another (`DataNode.in_place_of`); asked by every
-        `simulate` call, so computed once per graph."""
-        return set(map(attrgetter("in_place_of"), self.datas)) > {None}
+        """Whether some data node is or may be written in place of another (`DataNode.in_place_of`,
+        `DataNode.reuses`); asked by every `simulate` call, so computed once per graph."""
+        return (set(map(attrgetter("in_place_of"), self.datas)) > {None}
+                or set(map(attrgetter("reuses"), self.datas)) > {None})
 
     @cached_property
     def _consumers(self) -> tuple[tuple[int, ...], ...]:
@@ -161,9 +167,10 @@ class Graph:
             and set(map(type, refs)) <= {int}
             and (not refs or 0 <= min(refs) <= max(refs) < n_data)
             and all(set(c.mutates) <= set(c.inputs) for c in computes if c.mutates)
-            and (set(map(attrgetter("in_place_of"), datas)) <= {None}  # (a C loop: usually none)
-                 or all(d.producer is not None and d.in_place_of in computes[d.producer].inputs
-                        for d in datas if d.in_place_of is not None))
+            and all(set(map(attrgetter(f), datas)) <= {None}  # (a C loop: usually none)
+                    or all(d.producer is not None and getattr(d, f) in computes[d.producer].inputs
+                           for d in datas if getattr(d, f) is not None)
+                    for f in ("in_place_of", "reuses"))
         ):
             return False
         # each data node names as producer exactly the compute node that outputs it (ids are positions)
@@ -198,10 +205,10 @@ class Graph:
         for d in self.datas:
             if d.producer is not None and d.id not in self.computes[d.producer].outputs:
                 raise GraphError(f"data node {d.name!r} names producer {d.producer} which does not output it")
-            if d.in_place_of is not None and (d.producer is None
-                                              or d.in_place_of not in self.computes[d.producer].inputs):
-                raise GraphError(f"data node {d.name!r} is written in place of data id {d.in_place_of}, "
-                                 "which its producer does not read")
+            for base in (d.in_place_of, d.reuses):
+                if base is not None and (d.producer is None or base not in self.computes[d.producer].inputs):
+                    raise GraphError(f"data node {d.name!r} is written in place of data id {base}, which its "
+                                     "producer does not read")
         for d in self.outputs:
             if not 0 <= d < n_data:
                 raise GraphError(f"graph output refers to unknown data id {d}")
@@ -316,6 +323,7 @@ class Graph:
                     "aliases": list(d.aliases),
                     # only where there is one: older plan files have none
                     **({"in_place_of": d.in_place_of} if d.in_place_of is not None else {}),
+                    **({"reuses": d.reuses} if d.reuses is not None else {}),
                 }
                 for d in self.datas
             ],
@@ -342,6 +350,7 @@ class Graph:
         datas = frozen_instances(
             DataNode, d["id"], d["name"], map(int, d["bytes"]), _members(_KINDS, DataKind, d["kind"]),
             d["producer"], map(tuple, d["shape"]), d["dtype"], map(tuple, d["aliases"]), d["in_place_of"],
+            d["reuses"],
         )
         return cls(
             computes,
@@ -355,12 +364,13 @@ class Graph:
 #: the node fields a graph dict may leave out (`Graph.from_dict`), with the value they then take
 _OPTIONAL: dict[type, dict[str, Any]] = {
     ComputeNode: {"module": "", "source": "", "block": None, "flops": 0.0, "mutates": ()},
-    DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": (), "in_place_of": None},
+    DataNode: {"producer": None, "shape": (), "dtype": "", "aliases": (), "in_place_of": None,
+               "reuses": None},
 }
 
 
 #: optional node fields `Graph.to_dict` leaves out where they hold their default
-_SPARSE = frozenset({"mutates", "in_place_of"})
+_SPARSE = frozenset({"mutates", "in_place_of", "reuses"})
 
 
 def node_columns(items: list[dict[str, Any]], node: type) -> dict[str, Sequence[Any]]:

@@ -14,11 +14,16 @@ A data node written in place of another (`DataNode.in_place_of`: eager ``relu_(x
 of that input when the input is alive as it is produced: nothing is allocated, the storage is held while
 either is alive, and reading the input afterwards is an error (its values were overwritten).  An input
 already freed (a recomputation that re-runs only the in-place op's consumers) gives a fresh storage.
+
+A data node that may reuse another's storage (`DataNode.reuses`: an op eager runs in place, in a graph
+run functionally) shares it only where the schedule frees that input right after the op
+(`reused_in_place`): the executor then runs the op in place, as eager does; elsewhere the result gets a
+storage of its own and the input keeps its values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import add, attrgetter, is_
@@ -152,6 +157,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
     writes = any(c.mutates for c in computes)  # (a local test per step: plan files have 100k of them)
     # (None when no node is written in place of another: the usual graph keeps the plain loop below)
     shared = _Storages(datas) if graph.shares_storage else None
+    reused = reused_in_place(graph, steps) if shared is not None else {}
     total_time = 0.0
     n_run = 0  # compute steps of known nodes, recomputations included
 
@@ -179,6 +185,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
                 issues.extend(_in_place_issues(i, c, done[node], written, datas))
             if shared is not None:
                 issues.extend(shared.read_issues(i, c, datas))
+            reused_at = reused.get(i, {}) if reused else {}
             n_run += 1
             done[node] = True
             total_time += c.time
@@ -187,7 +194,7 @@ def simulate(graph: Graph, schedule: Iterable[Step]) -> Timeline:
             for d in c.outputs:
                 if not alive[d]:
                     alive[d] = True
-                    if shared is not None and not shared.allocates(d, alive, c.name):
+                    if shared is not None and not shared.allocates(d, alive, c.name, reused_at.get(d)):
                         continue
                     changes[cat_of[d]][i] += size[d]
                     change[i] += size[d]
@@ -277,9 +284,10 @@ class _Storages:
             self.holders[s] = 1
         return self.storage[d]
 
-    def allocates(self, d: int, alive: list[bool], writer: str) -> bool:
-        """`d` becomes alive: whether that allocates a storage (else it joins its live base's)."""
-        base = self.base[d]
+    def allocates(self, d: int, alive: list[bool], writer: str, reused: int | None = None) -> bool:
+        """`d` becomes alive: whether that allocates a storage (else it joins its live base's: the node
+        it is written in place of, or the one it `reused`)."""
+        base = self.base[d] if self.base[d] is not None else reused
         if base is None or not alive[base]:
             self.storage.pop(d, None)
             self._storage_of(d)
@@ -302,6 +310,32 @@ class _Storages:
         return [ScheduleIssue(i, c.id, f"compute {c.name!r} reads {datas[d].name!r} after "
                                        f"{self.overwritten[d]!r} overwrote its storage in place")
                 for d in c.inputs if d in self.overwritten]
+
+
+def reused_in_place(graph: Graph, steps: Sequence[Step]) -> dict[int, dict[int, int]]:
+    """Compute step index -> {output: the input whose storage it takes over}: the outputs that may reuse
+    an input's storage (`DataNode.reuses`) where the schedule frees that input among the frees right
+    after the step, before the next compute.  Nothing reads the input after the op then, so running the
+    op in place changes no value; `memviz.export`'s generated code does exactly there."""
+    may = {d.id: d.reuses for d in graph.datas if d.reuses is not None}
+    if not may:
+        return {}
+    computes, found = graph.computes, {}
+    for i, step in enumerate(steps):
+        if step.op != "compute" or not 0 <= step.node < len(computes):
+            continue
+        outs = [(d, may[d]) for d in computes[step.node].outputs if d in may]
+        if not outs:
+            continue
+        freed = set()
+        for later in islice(steps, i + 1, None):
+            if later.op != "free":
+                break
+            freed.add(later.node)
+        pairs = {d: x for d, x in outs if x in freed}
+        if pairs:
+            found[i] = pairs
+    return found
 
 
 def _running(changes: list[int], start: int) -> tuple[int, ...]:

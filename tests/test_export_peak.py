@@ -212,3 +212,41 @@ def test_a_scatter_into_a_view_holds_the_whole_storage():
     peak = _dropping_step(memviz.export(plan, model=model), (x,), loss_fn)
     assert peak <= plan.peak_bytes and abs(peak - plan.peak_bytes) <= PLAN_TOLERANCE * plan.peak_bytes, (
         peak, plan.peak_bytes)
+
+
+def test_an_activation_eager_writes_in_place_is_written_in_place_where_its_input_dies():
+    """Issue 22 item 1: eager runs ``nn.ReLU(inplace=True)`` and ``out += identity`` in the storage they
+    overwrite; the functional capture ran them out of place, a fresh activation-sized storage per op
+    (the example ResNet's exported eager schedule: 1.010-1.015x of eager's step, 0.998-1.008x in place).
+    Where the schedule frees the input right after, the exported step runs the in-place op and the plan
+    counts one storage (`DataNode.reuses`, `solvers.simulate.reused_in_place`).  Inference: the peak is
+    at the ReLU, which held two 512 KiB storages, where eager holds one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(inplace=True), nn.Linear(4096, 8)).eval()
+    x = torch.randn(32, 64)
+    prof = profile(model, (x,), mode="inference", repeats=1, warmup=0, measure=False)
+    assert [prof.graph.datas[d.reuses].name for d in prof.graph.datas if d.reuses is not None] == ["addmm"]
+    plan = memviz.plan(prof, None, strategy="none", frontier=False, packing=False)
+    exported = memviz.export(plan, model=model)
+    assert "aten_relu_(" in exported.program.source
+    with torch.no_grad():
+        eager, _ = measure_peak(lambda: model(x), tensors_of(model, (x,)))
+        measured, _ = measure_peak(lambda: exported(x), tensors_of(model, (x,)))
+        assert torch.equal(exported(x), model(x))
+    assert measured == plan.peak_bytes == eager, (measured, plan.peak_bytes, eager)
+
+
+def test_in_place_activations_of_a_recomputing_plan_run_as_planned():
+    """The example ResNet (in-place ReLUs and residual adds) planned with recomputation on fixed costs:
+    the exported step writes in place where its schedule frees the input right after (forward and
+    recomputations alike), and measures exactly the plan, with eager's gradients."""
+    from examples.models import EXAMPLES
+    from memviz.profiling.capture import default_loss
+
+    model, args = EXAMPLES["resnet"]()
+    prof = profile(model, args, repeats=1, warmup=0, measure=False).with_costs("fake:v100")
+    plan = _plan_at_minimum(prof, "checkmate")
+    assert plan.timeline.recomputes > 0
+    exported = memviz.export(plan, model=model, verify=True)
+    assert exported.verified_equal.equal and "aten_relu_(" in exported.program.source
+    assert _dropping_step(exported, args, default_loss) == plan.peak_bytes

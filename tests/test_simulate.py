@@ -546,3 +546,46 @@ def test_in_place_of_survives_serialisation_and_must_be_read_by_the_producer():
     bad["datas"][3]["in_place_of"] = 1  # the loss is not written over x: head does not read x
     with pytest.raises(GraphError, match="written in place of data id 1"):
         Graph.from_dict(bad)
+
+
+def _relu_may_reuse() -> Graph:
+    """x = conv(w); y = relu(x), which may take over x's storage (`DataNode.reuses`: eager ran
+    ``relu_(x)``, the exported step runs it in place where x dies right after); loss = head(y)."""
+    b = GraphBuilder("relu_may_reuse")
+    w = b.data("w", 16, DataKind.PARAMETER)
+    x = b.data("x", 64)
+    y = b.data("y", 64, reuses=x)
+    loss, gy, gx = b.data("loss", 4), b.data("gy", 64, DataKind.GRADIENT), b.data("gx", 64, DataKind.GRADIENT)
+    b.compute("conv", [w], [x])
+    b.compute("relu", [x], [y])
+    b.compute("head", [y], [loss])
+    b.compute("head_bwd", [loss], [gy], phase=Phase.BACKWARD)
+    b.compute("relu_bwd", [gy, y], [gx], phase=Phase.BACKWARD)
+    b.outputs = [gx]
+    return b.build()
+
+
+def test_a_value_that_may_reuse_its_input_does_so_only_where_the_input_is_freed_right_after():
+    from solvers.simulate import reused_in_place
+
+    g = _relu_may_reuse()
+    right_after = (compute(0), compute(1), free(1), compute(2), compute(3), free(3), compute(4), free(2), free(4))
+    tl = simulate(g, right_after).check()
+    assert reused_in_place(g, right_after) == {1: {2: 1}}
+    assert tl.step_bytes[1] == 16 + 64  # relu runs in x's storage: nothing allocated
+    assert tl.peak_bytes == 16 + 64 + 64 + 64
+    # x freed one compute later: relu gets a storage of its own and x keeps its values (no issue)
+    later = (compute(0), compute(1), compute(2), free(1), compute(3), free(3), compute(4), free(2), free(4))
+    tl_later = simulate(g, later).check()
+    assert reused_in_place(g, later) == {}
+    assert tl_later.step_bytes[1] == 16 + 64 + 64 and tl_later.step_bytes[2] == 16 + 64 + 64 + 4
+    # kept to read again (x recomputes y in the backward): no reuse, and reading x is no issue
+    kept = (compute(0), compute(1), compute(2), free(2), compute(3), compute(1), free(1), compute(4))
+    tl_kept = simulate(g, kept).check()
+    assert reused_in_place(g, kept) == {5: {2: 1}} and tl_kept.step_bytes[5] == 16 + 4 + 64 + 64
+    again = Graph.from_dict(g.to_dict())
+    assert again.datas[2].reuses == 1 and again == g and "reuses" not in g.to_dict()["datas"][1]
+    bad = g.to_dict()
+    bad["datas"][3]["reuses"] = 1  # head does not read x
+    with pytest.raises(GraphError, match="written in place of data id 1"):
+        Graph.from_dict(bad)

@@ -322,9 +322,47 @@ def written_in_place(graph: Graph, cap: Any) -> Graph:
     """`graph` with the result of each in-place activation eager PyTorch runs (``relu_(x)``,
     ``hardswish_(x)``, `in_place_writes`) held in the storage it overwrites (`DataNode.in_place_of`), as
     eager and `memviz.apply` (eager autograd, checkpointed or not) run it; the functionalized capture's
-    result is a second tensor, which is what `memviz.export` runs (`graph` stays as it is for it).  Only
-    the op itself writes (not autograd's copy of its input, ``clone``: `memviz.profiling.saved`), into an
-    activation of its own size; `graph` itself when there is none."""
+    result is a second tensor, which `memviz.export` runs in place only where its schedule frees the
+    input right after (`reusable_in_place`).  `graph` itself when there is none."""
+    marks = _in_place_results(graph, cap)
+    if not marks:
+        return graph
+    datas = tuple(dataclasses.replace(d, in_place_of=marks[d.id]) if d.id in marks else d
+                  for d in graph.datas)
+    return Graph(graph.computes, datas, graph.outputs, name=graph.name, meta=graph.meta)
+
+
+def reusable_in_place(graph: Graph, cap: Any) -> Graph:
+    """`graph` (the functional one `memviz.export` runs) with each in-place activation's result marked
+    as one that may take over the storage it overwrote in eager (`DataNode.reuses`): where the plan's
+    schedule frees that input right after the op (`solvers.simulate.reused_in_place`), the exported step
+    runs the op in place, as eager does (out-of-place ReLUs and residual adds cost the example ResNet's
+    exported eager schedule 1-5% of its step: a fresh activation-sized storage per op).  Only where
+    the in-place form reads nothing else of that storage, and the storage is an activation of the step
+    (not the user's input or one of the model's outputs, which the caller still holds)."""
+    from memviz.profiling.capture import in_place_op
+
+    outputs = set(graph.outputs) | set(getattr(cap, "output_data", {}).values())
+    marks = {}
+    for out, written in _in_place_results(graph, cap).items():
+        c = graph.datas[out].producer
+        node = cap.nodes[cap.compute_fx[c]]
+        others = [cap.data_of_fx.get(cap.reads_instead.get(a.name, a.name)) for a in node.args[1:]
+                  if hasattr(a, "name")]
+        if (written in outputs or graph.datas[written].kind not in (DataKind.ACTIVATION, DataKind.SAVED)
+                or written in others or in_place_op(node) is None):
+            continue
+        marks[out] = written
+    if not marks:
+        return graph
+    datas = tuple(dataclasses.replace(d, reuses=marks[d.id]) if d.id in marks else d for d in graph.datas)
+    return Graph(graph.computes, datas, graph.outputs, name=graph.name, meta=graph.meta)
+
+
+def _in_place_results(graph: Graph, cap: Any) -> dict[int, int]:
+    """Result data node -> the data node eager overwrites to make it (`in_place_writes`): only the op
+    itself writes (not autograd's copy of its input, ``clone``: `memviz.profiling.saved`), into an
+    activation of its own size."""
     from memviz.profiling.capture import origin_op
 
     marks = {}
@@ -343,11 +381,7 @@ def written_in_place(graph: Graph, cap: Any) -> Graph:
             # the zeros): those are not one storage
             continue
         marks[out] = written
-    if not marks:
-        return graph
-    datas = tuple(dataclasses.replace(d, in_place_of=marks[d.id]) if d.id in marks else d
-                  for d in graph.datas)
-    return Graph(graph.computes, datas, graph.outputs, name=graph.name, meta=graph.meta)
+    return marks
 
 
 def _size(graph: Graph, d: int) -> int:

@@ -262,6 +262,19 @@ def origin_op(node: Any) -> str | None:
     return str(source.target)
 
 
+def in_place_op(node: Any) -> Any:
+    """The in-place ATen overload the user's code ran for FX `node` (`origin_op`: ``aten.relu_.default``
+    for a functional ``aten.relu.default``), or None where it ran none."""
+    origin = origin_op(node)
+    if origin is None or not is_in_place(origin):
+        return None
+    parts = origin.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return None
+    packet = getattr(torch.ops.aten, parts[1], None)
+    return getattr(packet, parts[2], None) if packet is not None else None
+
+
 def is_in_place(op: str) -> bool:
     """'aten.relu_.default' -> True."""
     parts = op.split(".")

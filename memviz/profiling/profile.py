@@ -212,6 +212,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "call): the exported module draws its dropout masks from other offsets of the stream than "
             "eager, so its outputs and gradients cannot match eager's.  memviz.apply runs the model's own "
             "forward and draws as eager does"), stacklevel=2)
+    graph = _reusable_in_place(graph, cap)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
     step_schedule = python_eager_schedule(graph, cap, requires_grad)
@@ -284,6 +285,14 @@ def _as_eager(graph: Graph, cap: Captured) -> Graph:
     from memviz.plans.sac import written_in_place
 
     return written_in_place(summed_as_eager(graph), cap)
+
+
+def _reusable_in_place(graph: Graph, cap: Captured) -> Graph:
+    """`graph` with the in-place activations the exported step may run in place marked
+    (`memviz.plans.sac.reusable_in_place`, a call up the flow as `_as_eager`)."""
+    from memviz.plans.sac import reusable_in_place
+
+    return reusable_in_place(graph, cap)
 
 
 def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],

@@ -468,19 +468,22 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
 
     gen = _Codegen(program)
     in_graph = rng_in_graph(program)
-    phases = {"forward_steps": (program.forward_steps, "outputs"),
-              "backward_steps": (program.backward_steps[:program.release], ""),
-              "backward_rest": (program.backward_steps[program.release:], "grads")}
+    n = len(program.forward_steps)
+    # each phase's steps, what it returns and the schedule index of its first step
+    phases = {"forward_steps": (program.forward_steps, "outputs", 0),
+              "backward_steps": (program.backward_steps[:program.release], "", n),
+              "backward_rest": (program.backward_steps[program.release:], "grads", n + program.release)}
     bodies: list[str] = []
     plan: dict[str, list[tuple[str, tuple[str, int] | None]]] = {}
     first_done: set[int] = set()
-    for phase, (steps, returns) in phases.items():
+    for phase, (steps, returns, offset) in phases.items():
         plan[phase] = []
         cuts = [(0, len(steps), None)] if in_graph else _cuts(steps, program.random, first_done)
         for k, (start, stop, rng) in enumerate(cuts):
             name = f"{phase}_{k}"
             returned = returns if k == len(cuts) - 1 else ""
-            bodies += gen.function(name, steps[start:stop], f"segment {k} of {phase}", returned)
+            bodies += gen.function(name, steps[start:stop], f"segment {k} of {phase}", returned,
+                                   offset + start)
             plan[phase].append((name, rng))
     source = "\n".join(_head(gen) + bodies)
     module: types.ModuleType = _compiled(source, program.fingerprint + "-segments")

@@ -53,6 +53,7 @@ from memviz.profiling.capture import (
     capture,
     constant_values,
     fingerprint,
+    in_place_op,
     is_random,
     replay_view,
 )
@@ -60,6 +61,7 @@ from memviz.runtime.compiled import caller_backend, compiled_code
 from memviz.runtime.replay import check_replay
 from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step, turn_issue
+from solvers.simulate import reused_in_place
 
 
 class BudgetExceededError(ValueError):
@@ -711,19 +713,22 @@ class _Codegen:
         self.ops: dict[Any, str] = {}  # FX target -> the module-level name it is bound to
         self.op_lines: list[str] = []
         self.first_done: set[int] = set()  # computes that ran once already in the step
+        # step index -> outputs that run in place in an input the schedule frees right after
+        self.reused = reused_in_place(program.graph, (*program.forward_steps, *program.backward_steps))
 
     # -- one function ---------------------------------------------------------------------------------
-    def function(self, name: str, steps: Sequence[Step], doc: str, returns: str) -> list[str]:
+    def function(self, name: str, steps: Sequence[Step], doc: str, returns: str, start: int) -> list[str]:
+        """`steps` are the schedule's from index `start` on."""
         self.lines: list[str] = []
         self.bound: dict[str, bool] = {}  # stored value -> whether this function must store it back
         self.derived: dict[str, int | None] = {}  # bound derived value -> the data node of its storage
         self.changed = self._changed(steps)  # values freed or assigned here: popped from env when loaded
         self.handed = returns != "outputs"  # the outputs are taken where the user's loss reads them
-        for step in steps:
+        for i, step in enumerate(steps, start):
             if step.op == "free":
                 self.free(step.node)
             else:
-                self.compute(step.node)
+                self.compute(step.node, bool(self.reused.get(i)))
         result = self.gradients() if returns == "grads" else None
         if returns == "outputs":
             result = "outputs_" if self.handed else self.outputs()
@@ -809,7 +814,9 @@ class _Codegen:
         return self.ops[target]
 
     # -- steps ----------------------------------------------------------------------------------------
-    def compute(self, c: int) -> None:
+    def compute(self, c: int, reuses: bool = False) -> None:
+        """`reuses`: run the op in place in the input the schedule frees right after it, as eager does
+        (`solvers.simulate.reused_in_place`, `memviz.plans.sac.reusable_in_place`)."""
         cap, gc = self.cap, self.p.graph.computes[c]
         # names from the model or a plan file reach comments only as ASCII string literals (`_str`)
         where = f" | {_str(gc.module or '-')} | {_str(gc.source)}" if gc.source else ""
@@ -841,6 +848,8 @@ class _Codegen:
             call = self.accumulate(node, cap.accumulates[c])
         elif written:
             call = self.call(node, _IN_PLACE[node.target][0])
+        elif reuses:
+            call = self.call(node, in_place_op(node))
         else:
             call = self.call(node)
         elems = cap.elem_fx.get(node.name)
@@ -951,13 +960,15 @@ class _Codegen:
     # -- the whole module -----------------------------------------------------------------------------
     def source(self) -> str:
         p = self.p
+        n = len(p.forward_steps)
         body = self.function("forward_steps", p.forward_steps,
-                             "Forward part: everything before the output gradients arrive.", "outputs")
+                             "Forward part: everything before the output gradients arrive.", "outputs", 0)
         body += ["", *self.function("backward_steps", p.backward_steps[:p.release],
                                     "Backward while autograd holds the output gradients (to their last use).",
-                                    "")]
+                                    "", n)]
         body += ["", *self.function("backward_rest", p.backward_steps[p.release:],
-                                    "Rest of the backward: recomputations, gradients, frees.", "grads")]
+                                    "Rest of the backward: recomputations, gradients, frees.", "grads",
+                                    n + p.release)]
         cap = self.cap
         # a gradient that is a view of its storage is its own FX value (`Captured.grad_fx`)
         grads = [(n, cap.grad_fx.get(("grad", n), cap.data_fx[d])) for n, d in cap.grad_data.items()]

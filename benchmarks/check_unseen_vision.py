@@ -407,6 +407,16 @@ DEEP: dict[str, tuple[Callable[[], Case], bool]] = {
                           drop_path_rate=0.1), True),
     "regnet": (lambda: regnet(DEEP_SIZE, DEEP_BATCH), False),
     "densenet": (lambda: densenet(DEEP_SIZE, DEEP_BATCH), True),
+    # task zoovis36
+    "tv_convnext": (lambda: tv_convnext(DEEP_SIZE, DEEP_BATCH), False),
+    "eva": (lambda: _timm("eva02_tiny_patch14_224", DEEP_SIZE, "smooth", batch=DEEP_BATCH, img_size=DEEP_SIZE,
+                          patch_size=8, depth=2, embed_dim=32, num_heads=2, drop_path_rate=0.1), True),
+    # Hiera's mask units need the token grid (image / 4) divisible by 8: 128 px
+    "hiera": (lambda: _timm("hiera_tiny_224", 128, batch=DEEP_BATCH, img_size=128, embed_dim=16, num_heads=1,
+                            stages=(1, 1, 1, 1), drop_path_rate=0.1), False),
+    "sequencer": (lambda: _timm("sequencer2d_s", DEEP_SIZE, "mse", batch=DEEP_BATCH, img_size=DEEP_SIZE,
+                                layers=(1, 1, 1, 1), embed_dims=(32, 48, 64, 64),
+                                hidden_sizes=(16, 24, 32, 32), drop_path_rate=0.1), False),
 }
 SIZES = {"tiny": MODELS, "deep": DEEP}
 

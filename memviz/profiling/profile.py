@@ -220,7 +220,8 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "per step), which keeps other tensors for the backward and rounds differently.  The eager "
             "step's memory is not the predicted one (memviz.apply runs the model's own forward: its "
             "verify can refuse a plan), and the exported module's outputs and gradients equal eager's "
-            "only to float rounding.  memviz.export runs the decomposition as profiled and planned"),
+            "only to float rounding.  memviz.export runs the decomposition as profiled and planned; on CPU, "
+            "eager without oneDNN (torch.backends.mkldnn.flags(enabled=False)) rounds as it does"),
             stacklevel=2)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}

@@ -8,8 +8,8 @@ test rotates to): whether memviz captures it; the predicted eager peak (profile 
 included) against the eager AdamW step measured by the live-storage tracker (second step: the state
 exists); at 50% of the range [auto's minimum feasible budget, eager peak], ``memviz.plan(strategy="auto")``
 then ``memviz.export(plan, verify=True)``: the plan's peak, the budget and the verified measured peak,
-and the plan's predicted time overhead against the measured one (median over back-to-back pairs of
-exported/eager step times, optimizer step included, same process).  Autochunk columns come from
+and the plan's predicted time overhead against the measured one (median over pairs of exported/eager
+step times in alternating order, optimizer step included, same process).  Autochunk columns come from
 ``memviz.plans.chunking.max_length_gain`` for the language models when that function exists ("-" otherwise).
 """
 
@@ -44,6 +44,8 @@ MiB = 2**20
 
 #: tokens of the long-sequence inference the chunking columns measure
 CHUNK_LENGTH = 1024
+#: untimed step pairs before the timed ones (`time_ratio`)
+WARMUP_PAIRS = 2
 
 
 def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, case: RealCase,
@@ -71,18 +73,24 @@ def eager_peak(model: torch.nn.Module, loss_fn: Any, case: RealCase) -> int:
 
 def time_ratio(exported: torch.nn.Module, eager: torch.nn.Module, loss_fn: Any, case: RealCase,
                pairs: int) -> float:
-    """Median exported/eager step-time ratio over back-to-back pairs (warm-up step each first)."""
+    """Median exported/eager step-time ratio (CPU time: on a shared machine the wall clock counts other
+    processes' turns) over `pairs` pairs of AdamW steps in alternating order with cyclic collection
+    paused (`accelerator.alternating_pairs`, the method of `bench_export.measure_vs` and of the profile's
+    fixed costs: back-to-back pairs in one order moved a sub-ms step's median ratio by 40 points),
+    after `WARMUP_PAIRS` untimed pairs."""
     opt_a, opt_b = torch.optim.AdamW(eager.parameters()), torch.optim.AdamW(exported.parameters())
-    _step(eager, loss_fn, opt_a, case, 0)
-    _step(exported, loss_fn, opt_b, case, 0)
-    ratios = []
-    for i in range(pairs):  # CPU time: on a shared machine the wall clock counts other processes' turns
-        t0 = time.process_time()
-        _step(exported, loss_fn, opt_b, case, i)
-        t1 = time.process_time()
-        _step(eager, loss_fn, opt_a, case, i)
-        ratios.append((t1 - t0) / (time.process_time() - t1))
-    return statistics.median(ratios)
+
+    def timed(module: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+        start = time.process_time()
+        _step(module, loss_fn, opt, case, 0)
+        return time.process_time() - start
+
+    for _ in range(WARMUP_PAIRS):
+        timed(exported, opt_b)
+        timed(eager, opt_a)
+    ours, theirs = accelerator.alternating_pairs(lambda: timed(exported, opt_b), lambda: timed(eager, opt_a),
+                                                 lambda n: n < pairs)
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
 
 
 def _fixed_only(plan: memviz.Plan) -> float:
@@ -127,7 +135,7 @@ def bench_model(name: str, index: int, pairs: int, quick: bool) -> dict[str, Any
     t0 = time.perf_counter()
     try:
         prof = memviz.profile(case.model, case.args, case.kwargs, loss_fn=case.losses[loss],
-                              optimizer=torch.optim.AdamW, repeats=1, warmup=0, fallback=False)
+                              optimizer=torch.optim.AdamW, fallback=False)
     except Exception as exc:  # noqa: BLE001 - a capture failure is a row of the table
         row.update(capture="error", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
         return {**row, **chunk_columns(name, quick)}
@@ -162,7 +170,8 @@ def markdown(result: dict) -> str:
            "eager AdamW step measured by the live-storage tracker. At 50% of [auto's minimum, eager peak]: "
            "the auto plan's peak, the budget and `memviz.export(plan, verify=True)`'s measured peak "
            "(re-planned when marked *); time overhead: predicted by the plan, measured as the median "
-           "exported/eager step-time ratio (same process, back-to-back pairs). Autochunk (language models, "
+           "exported/eager step-time ratio (CPU time, one intra-op thread, pairs of AdamW steps in "
+           "alternating order, the method of the profile's fixed costs). Autochunk (language models, "
            f"inference at {CHUNK_LENGTH} tokens, eval mode): `plan_chunks` at half the unchunked activation "
            "peak, the measured activation cut against eager's, the estimate against the measurement, and "
            f"`max_length_gain`: the longest input fitting eager's activation peak at {CHUNK_LENGTH} tokens "
@@ -209,7 +218,7 @@ def run(quick: bool = False) -> dict:
     torch.set_num_threads(1)  # as bench_remat: contended OpenMP threads make step times erratic
     accelerator.cpu_clock = time.process_time  # the profile's op times on the clock the ratios use
     names = ("bert", "tv_resnet", "timm_vit", "gpt2_sdpa") if quick else tuple(REAL)
-    rows = [bench_model(name, list(REAL).index(name), 7 if quick else 11, quick) for name in names]
+    rows = [bench_model(name, list(REAL).index(name), 11 if quick else 31, quick) for name in names]
     ok = [r for r in rows if r.get("status") == "ok"]
     result = {"name": "real", "title": "Real models", "rows": rows, "notes": [],
               "headline": [{"metric": "real models captured, and verified under budget at 50% of range",

@@ -8,7 +8,7 @@ the sweep.  Not a test: it prints one row per model and step.
 Per model (random init, no downloads; the smallest width / depth the architecture allows, batch 2, 32-75
 px, or with ``--size deep`` the `DEEP` table: 112-128 px, batch 8, where activations make most of the
 peak; train mode with its dropout / drop-path on and BatchNorm in train mode; a real loss: cross-entropy
-over classes or pixels, or MSE; AdamW):
+over classes or pixels (with label smoothing for some), or MSE; AdamW):
 
 * ``profile``: ``memviz.profile(model, (x,), loss_fn=..., optimizer=torch.optim.AdamW)``;
 * ``auto`` / ``sac``: ``memviz.plan(prof, 0.5)`` and ``memviz.plan(prof, 0.5, strategy="sac")`` (at the
@@ -77,7 +77,10 @@ def _classifier(model: nn.Module, size: int = 32, loss: str = "ce", classes: int
     def mse(out: Any) -> torch.Tensor:
         return F.mse_loss(out, target)
 
-    return model.train(), (x,), ce if loss == "ce" else mse
+    def smooth(out: Any) -> torch.Tensor:
+        return F.cross_entropy(out, labels, label_smoothing=0.1)
+
+    return model.train(), (x,), {"ce": ce, "mse": mse, "smooth": smooth}[loss]
 
 
 def _segmenter(model: nn.Module, size: int = 64, classes: int = 3) -> Case:
@@ -211,6 +214,83 @@ def poolformer() -> Case:
                                   use_mlp_head=False, num_classes=10, drop_rate=0.1, drop_path_rate=0.1))
 
 
+def tresnet() -> Case:
+    """TResNet (task zoovis36): space-to-depth stem, in-place activated BatchNorm, anti-aliased
+    downsampling; one block per stage at a quarter of tresnet_m's width."""
+    from timm.models.tresnet import TResNet
+
+    torch.manual_seed(0)
+    return _classifier(TResNet([1, 1, 1, 1], num_classes=10, width_factor=0.25, drop_rate=0.1,
+                               drop_path_rate=0.1), 64, "smooth")
+
+
+def res2net() -> Case:
+    """Res2Net's Bottle2neck (hierarchical split-and-add of channel groups), one block per stage, narrow."""
+    from timm.models.res2net import Bottle2neck
+    from timm.models.resnet import ResNet
+
+    torch.manual_seed(0)
+    return _classifier(ResNet(Bottle2neck, (1, 1, 1, 1), num_classes=10, base_width=14, stem_width=16,
+                              channels=(16, 32, 64, 128), block_args={"scale": 4}, drop_rate=0.1,
+                              drop_path_rate=0.1), loss="mse")
+
+
+def volo() -> Case:
+    """VOLO's outlook attention (unfold / fold of local windows) and class-attention post layers."""
+    from timm.models.volo import VOLO
+
+    torch.manual_seed(0)
+    return _classifier(VOLO([1, 1, 1, 1], img_size=32, num_classes=10, patch_size=4, stem_hidden_dim=16,
+                            embed_dims=[32, 64, 64, 64], num_heads=[1, 2, 2, 2], drop_rate=0.1,
+                            drop_path_rate=0.1))
+
+
+def focalnet() -> Case:
+    """FocalNet's focal modulation (gated depthwise contexts, no attention)."""
+    from timm.models.focalnet import FocalNet
+
+    torch.manual_seed(0)
+    return _classifier(FocalNet(num_classes=10, embed_dim=16, depths=(1, 1, 1, 1), drop_rate=0.1,
+                                drop_path_rate=0.1), loss="smooth")
+
+
+def tnt() -> Case:
+    """Transformer in Transformer: an inner transformer over pixels of each patch feeding the outer one."""
+    from timm.models.tnt import TNT
+
+    torch.manual_seed(0)
+    return _classifier(TNT(img_size=32, patch_size=8, num_classes=10, embed_dim=32, inner_dim=8, depth=2,
+                           num_heads_inner=2, num_heads_outer=2, drop_rate=0.1, drop_path_rate=0.1))
+
+
+def tv_swin_v2() -> Case:
+    """torchvision's swin_v2_t blocks (cosine attention, log-spaced continuous position bias MLP)."""
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+
+    torch.manual_seed(0)
+    return _classifier(SwinTransformer([4, 4], 16, [2, 2], [2, 4], [4, 4], stochastic_depth_prob=0.1,
+                                       num_classes=10, block=SwinTransformerBlockV2,
+                                       downsample_layer=PatchMergingV2), loss="mse")
+
+
+def tv_vit() -> Case:
+    """torchvision's VisionTransformer (vit_b_16's code) narrowed: nn.MultiheadAttention, dropout 0.1."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    return _classifier(VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                                         dropout=0.1, num_classes=10), loss="smooth")
+
+
+def tv_convnext(size: int = 32, batch: int = 2) -> Case:
+    """torchvision's ConvNeXt (convnext_tiny's code) with stochastic depth 0.1, two narrow stages."""
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    torch.manual_seed(0)
+    return _classifier(ConvNeXt([CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 2)],
+                                stochastic_depth_prob=0.1, num_classes=10), size, batch=batch)
+
+
 def segmentation(name: str) -> Callable[[], Case]:
     def make() -> Case:
         import torchvision
@@ -270,6 +350,44 @@ MODELS: dict[str, tuple[Callable[[], Case], bool]] = {
     "timm_edgenext": (lambda: _timm("edgenext_xx_small", drop_path_rate=0.1, loss="mse"), False),
     "timm_byobnet": (lambda: _timm("test_byobnet", drop_path_rate=0.1), False),
     "timm_vit_relpos": (lambda: _timm("test_vit_relpos", img_size=32, drop_path_rate=0.1), False),
+    # task zoovis36: 12+ more mechanisms (rope, masked-unit attention, reparameterisable branches, LSTMs,
+    # outlook attention, focal modulation, registers, windowed + global attention, ...)
+    "tv_mobilenet_v2": (lambda: _tv("mobilenet_v2", width_mult=0.25, loss="smooth"), True),
+    "tv_regnet_x": (lambda: _tv("regnet_x_400mf", loss="mse"), False),
+    "tv_swin_v2": (tv_swin_v2, False),
+    "tv_vit": (tv_vit, True),
+    "tv_convnext": (tv_convnext, False),
+    "timm_eva": (lambda: _timm("eva02_tiny_patch14_224", img_size=32, patch_size=8, depth=2, embed_dim=32,
+                               num_heads=2, drop_path_rate=0.1, loss="smooth"), True),
+    "timm_hiera": (lambda: _timm("hiera_tiny_224", 64, img_size=64, embed_dim=16, num_heads=1,
+                                 stages=(1, 1, 1, 1), drop_path_rate=0.1), False),
+    "timm_fastvit": (lambda: _timm("fastvit_t8", drop_path_rate=0.1, loss="mse"), False),
+    "timm_efficientformerv2": (lambda: _timm("efficientformerv2_s0", 64, img_size=64, drop_path_rate=0.1),
+                               False),
+    "timm_mobilevitv2": (lambda: _timm("mobilevitv2_050", 64, drop_path_rate=0.1, loss="smooth"), False),
+    "timm_inception_next": (lambda: _timm("inception_next_atto", drop_path_rate=0.1), False),
+    "timm_twins": (lambda: _timm("twins_svt_small", img_size=32, embed_dims=(16, 32, 48, 64),
+                                 depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4), drop_path_rate=0.1, loss="mse"),
+                   False),
+    "timm_sequencer": (lambda: _timm("sequencer2d_s", img_size=32, layers=(1, 1, 1, 1),
+                                     embed_dims=(32, 48, 64, 64), hidden_sizes=(16, 24, 32, 32),
+                                     drop_path_rate=0.1), False),
+    "timm_hgnetv2": (lambda: _timm("hgnetv2_b0", drop_path_rate=0.1, loss="mse"), False),
+    "timm_vovnet": (lambda: _timm("ese_vovnet19b_slim_dw", drop_path_rate=0.1), False),
+    "timm_efficientvit": (lambda: _timm("efficientvit_b0", 64, loss="smooth"), False),
+    "timm_davit": (lambda: _timm("davit_tiny", embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1),
+                                 num_heads=(1, 2, 2, 4), drop_path_rate=0.1), False),
+    "timm_vit_reg": (lambda: _timm("vit_betwixt_patch16_reg4_gap_256", img_size=32, patch_size=8, depth=2,
+                                   embed_dim=32, num_heads=2, drop_path_rate=0.1, loss="mse"), False),
+    "timm_samvit": (lambda: _timm("samvit_base_patch16", img_size=32, patch_size=8, depth=2, embed_dim=32,
+                                  num_heads=2, global_attn_indexes=(1,), window_size=2, drop_path_rate=0.1),
+                    False),
+    "timm_tresnet": (tresnet, False),
+    "timm_res2net": (res2net, False),
+    "timm_volo": (volo, False),
+    "timm_focalnet": (focalnet, False),
+    "timm_tnt": (tnt, False),
+    "timm_pit": (lambda: _timm("pit_ti_224", img_size=32, drop_path_rate=0.1), False),
 }
 
 #: the activation-dominated size (``--size deep``, task deep35): 112-128 px, batch 8, narrow widths, so that
@@ -289,6 +407,16 @@ DEEP: dict[str, tuple[Callable[[], Case], bool]] = {
                           drop_path_rate=0.1), True),
     "regnet": (lambda: regnet(DEEP_SIZE, DEEP_BATCH), False),
     "densenet": (lambda: densenet(DEEP_SIZE, DEEP_BATCH), True),
+    # task zoovis36
+    "tv_convnext": (lambda: tv_convnext(DEEP_SIZE, DEEP_BATCH), False),
+    "eva": (lambda: _timm("eva02_tiny_patch14_224", DEEP_SIZE, "smooth", batch=DEEP_BATCH, img_size=DEEP_SIZE,
+                          patch_size=8, depth=2, embed_dim=32, num_heads=2, drop_path_rate=0.1), True),
+    # Hiera's mask units need the token grid (image / 4) divisible by 8: 128 px
+    "hiera": (lambda: _timm("hiera_tiny_224", 128, batch=DEEP_BATCH, img_size=128, embed_dim=16, num_heads=1,
+                            stages=(1, 1, 1, 1), drop_path_rate=0.1), False),
+    "sequencer": (lambda: _timm("sequencer2d_s", DEEP_SIZE, "mse", batch=DEEP_BATCH, img_size=DEEP_SIZE,
+                                layers=(1, 1, 1, 1), embed_dims=(32, 48, 64, 64),
+                                hidden_sizes=(16, 24, 32, 32), drop_path_rate=0.1), False),
 }
 SIZES = {"tiny": MODELS, "deep": DEEP}
 

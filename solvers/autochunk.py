@@ -1515,16 +1515,19 @@ def _relax(
     `target` (the budget, or the lowest peak found where the budget is out of reach): a region chosen
     for its own peak may be chunked finer than the graph's peak needs once the other regions are in
     place, or not be needed at all (Eq. 11: least slowdown subject to the memory limit)."""
-    out = list(regions)
+    # None where a region was dropped: positions stay those of `regions` (dropping by slicing shifted
+    # the later regions' positions, so a later region counted itself among the others, or was written
+    # past the list's end)
+    out: list[ChunkRegion | None] = list(regions)
     for i, r in enumerate(regions):
-        rest = out[:i] + out[i + 1 :]
 
-        def fits(n: int, i: int = i, r: ChunkRegion = r, rest: list[ChunkRegion] = rest) -> bool:
-            trial = (*rest[:i], ChunkRegion(r.flow, n), *rest[i:]) if n > 1 else tuple(rest)
-            return estimate_memory(g, trial, temp=temp).peak_bytes <= target
+        def fits(n: int, i: int = i, r: ChunkRegion = r) -> bool:
+            trial = [ChunkRegion(r.flow, n) if j == i else x for j, x in enumerate(out)]
+            kept = tuple(x for j, x in enumerate(trial) if x is not None and (j != i or n > 1))
+            return estimate_memory(g, kept, temp=temp).peak_bytes <= target
 
         if fits(1):  # not needed
-            out = rest
+            out[i] = None
             continue
         lo, hi = 1, r.chunks
         while hi - lo > 1:
@@ -1533,7 +1536,7 @@ def _relax(
         options = [hi] + [c for c in _chunk_counts(r.flow.extent) if c > hi][:2]
         n = min(options, key=lambda c: (region_slowdown(g, ChunkRegion(r.flow, c), model), c))
         out[i] = ChunkRegion(r.flow, n)
-    return tuple(out)
+    return tuple(x for x in out if x is not None)
 
 
 def _moved(new: MemoryEstimate, old: MemoryEstimate) -> bool:

@@ -331,3 +331,16 @@ def test_twin_blocks_get_the_region_found_for_one():
     assert ac.estimate_memory(g, sel.regions).peak_bytes == sel.peak_bytes
     # a copy never overlaps a region
     assert ac.with_twins(g, sel.regions) == tuple(sorted(sel.regions, key=lambda r: g.pos(r.flow.start)))
+
+
+def test_relaxing_drops_every_region_the_target_does_not_need():
+    """Regions over four twin blocks against the unchunked peak as the target: none is needed.  Dropping
+    the first shifted the second's position, so it counted itself among the others and stayed (a third
+    region then was written past the list's end: EVA-02's inference plan raised IndexError)."""
+    g = _stacked_attention(4)
+    base = ac.estimate_memory(g).peak_bytes
+    sel = ac.select_chunks(g, base // 2, ac.SpeedModel())
+    assert sel.met and len(sel.regions) >= 2
+    assert ac._relax(g, sel.regions, base, ac.SpeedModel(), None) == ()
+    # a target only every region meets keeps them all
+    assert len(ac._relax(g, sel.regions, sel.peak_bytes, ac.SpeedModel(), None)) == len(sel.regions)

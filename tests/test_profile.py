@@ -893,3 +893,34 @@ def test_profiling_a_model_that_checkpoints_batchnorm_leaves_its_statistics_and_
         profile(model, (torch.randn(2, 3, 8, 8),), repeats=1, warmup=0)
     for (name, a), b in zip(before.named_buffers(), model.buffers(), strict=True):
         assert torch.equal(a, b), name
+
+
+class _BiLSTM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = torch.nn.LSTM(4, 8, batch_first=True, bidirectional=True)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.rnn(x)[0].mean(1))
+
+
+def test_an_lstm_on_the_data_profiles_and_exports_with_a_warning_on_eager_kernels():
+    """An LSTM whose input needs no gradient (a first layer on the data) was traced as oneDNN's
+    ``mkldnn_rnn_layer``, whose backward then failed on a missing workspace (a raw RuntimeError from the
+    profile).  Every LSTM of a training step is now the per-step decomposition; the profile warns that
+    eager's fused kernel is not it, and the export holds its plan (verify measures it) on fixed costs."""
+    import memviz
+    from memviz.profiling.profile import ProfileWarning
+
+    torch.manual_seed(0)
+    x, labels = torch.randn(2, 6, 4), torch.randint(0, 4, (2,))
+    with pytest.warns(ProfileWarning, match="LSTM modules: eager runs torch's fused RNN kernels"):
+        prof = profile(_BiLSTM(), (x,), loss_fn=lambda out: torch.nn.functional.cross_entropy(out, labels),
+                       repeats=1, warmup=0)
+    assert not any("mkldnn" in c.op for c in prof.graph.computes)
+    plan = memviz.plan(prof.with_costs("fake:v100"), int(0.95 * prof.baseline.peak_bytes))
+    exported = memviz.export(plan, verify=True)
+    out = exported(x)
+    torch.nn.functional.cross_entropy(out, labels).backward()
+    assert all(p.grad is not None for p in exported.parameters())

@@ -569,7 +569,8 @@ def test_a_value_that_may_reuse_its_input_does_so_only_where_the_input_is_freed_
     from solvers.simulate import reused_in_place
 
     g = _relu_may_reuse()
-    right_after = (compute(0), compute(1), free(1), compute(2), compute(3), free(3), compute(4), free(2), free(4))
+    right_after = (compute(0), compute(1), free(1), compute(2), compute(3), free(3), compute(4), free(2),
+                   free(4))
     tl = simulate(g, right_after).check()
     assert reused_in_place(g, right_after) == {1: {2: 1}}
     assert tl.step_bytes[1] == 16 + 64  # relu runs in x's storage: nothing allocated

@@ -475,6 +475,26 @@ def eager_kernels_in_trace() -> Any:
 
 
 @contextlib.contextmanager
+def rnn_decomposed_in_trace(train: bool) -> Iterator[None]:
+    """Trace every LSTM of a training step as torch's per-step decomposition.  torch.export decomposes
+    ``aten.lstm`` into oneDNN's ``mkldnn_rnn_layer`` where oneDNN is on and the layer's input needs no
+    gradient (a first layer on the data), else into a matmul and gates per step.  oneDNN's kernel gives
+    its backward a workspace only in grad mode, which the exported step's forward (inside an
+    ``autograd.Function``) and the profile's cost replay (``no_grad``) are not in, and its fake kernel
+    sizes that workspace 0 bytes: the backward failed on the missing workspace.  The profile warns that
+    eager's fused kernels differ from the decomposition (`memviz.profiling.profile.profile`)."""
+    if not train:
+        yield
+        return
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
+@contextlib.contextmanager
 def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
     """Trace the ``aten.dropout`` calls that composite operators make on CPU as eager runs them
     (`cpu_dropout`: a float noise tensor saved for backward, not a bool mask).
@@ -1331,7 +1351,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """`trace_joint`'s two traces (export, then AOT joint) inside `specialising` (a context)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    with specialising:
+    with specialising, rnn_decomposed_in_trace(mode == "train"):
         try:
             with functions:
                 ep = _export(model, args, kwargs)

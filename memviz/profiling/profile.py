@@ -212,6 +212,17 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "call): the exported module draws its dropout masks from other offsets of the stream than "
             "eager, so its outputs and gradients cannot match eager's.  memviz.apply runs the model's own "
             "forward and draws as eager does"), stacklevel=2)
+    rnns = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.RNNBase)})
+    if rnns and mode == "train":
+        warnings.warn(ProfileWarning(
+            f"{type(model).__name__} has {', '.join(rnns)} modules: eager runs torch's fused RNN kernels "
+            "(oneDNN on CPU, cuDNN on CUDA), the captured graph their decomposition (a matmul and gates "
+            "per step), which keeps other tensors for the backward and rounds differently.  The eager "
+            "step's memory is not the predicted one (memviz.apply runs the model's own forward: its "
+            "verify can refuse a plan), and the exported module's outputs and gradients equal eager's "
+            "only to float rounding.  memviz.export runs the decomposition as profiled and planned; on CPU, "
+            "eager without oneDNN (torch.backends.mkldnn.flags(enabled=False)) rounds as it does"),
+            stacklevel=2)
     graph = _reusable_in_place(graph, cap)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}

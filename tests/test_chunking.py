@@ -456,6 +456,30 @@ def test_autochunk_meets_the_minimum_its_refusal_named(gpt_inference):
     assert again.value.minimum_bytes == minimum
 
 
+def test_a_profile_is_captured_and_timed_once_for_every_plan_on_it(monkeypatch):
+    """`memviz.plan(strategy="autochunk")` exported and timed the model on every call: Mamba's
+    selective scan (5,324 ops at 256 tokens) took 151 s to capture under load, twice in the sweep (the
+    refusal at 0.5, then the plan at its minimum).  Once per profile now, which also keeps a profile's
+    plans on the same op times (the selection ranks regions by them)."""
+    import memviz
+    from examples.models import gpt
+    from solvers.result import InfeasibleBudget
+
+    captured, timed = [], []
+    capture, measure = ch.capture, ch.measure_times
+    monkeypatch.setattr(ch, "capture", lambda *a, **k: captured.append(1) or capture(*a, **k))
+    monkeypatch.setattr(ch, "measure_times", lambda *a, **k: timed.append(1) or measure(*a, **k))
+    model, args = gpt(batch=1, seq=128, d=32, heads=4, layers=1, vocab=64, dropout=0.0)
+    prof = memviz.profile(model.eval(), args, mode="inference", repeats=1, warmup=0)
+    peaks = []
+    for _ in range(2):
+        try:
+            peaks.append(memviz.plan(prof, 0.5, strategy="autochunk", frontier=False).peak_bytes)
+        except InfeasibleBudget as err:
+            peaks.append(err.minimum_bytes)
+    assert len(captured) == len(timed) == 1 and peaks[0] == peaks[1]
+
+
 def test_plan_autochunk_refuses_training_profiles():
     import memviz
     from examples.models import gpt

@@ -1149,11 +1149,25 @@ def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 # memviz.plan(strategy="autochunk") and memviz.export of its plans
 # --------------------------------------------------------------------------------------------------
+#: each live profile's unchunked plan (`unchunked_plan`), by the profile's id
+_UNCHUNKED: dict[int, ChunkPlan] = {}
+
+
 def unchunked_plan(prof: Any) -> ChunkPlan:
     """The profile's model captured for chunking (no regions yet; AutoChunk Sec. 3.1 works on the
     high-level op graph), on inputs rebuilt from the profiled
     shapes and dtypes (the capture is shape-specialised; values do not matter), with the speed model
-    calibrated on the profile's device."""
+    calibrated on the profile's device.  Once per profile: the export is most of a plan's time on a
+    long graph (Mamba's 5,324 ops at 256 tokens: 151 s of 215 under load, at every call), and a
+    profile's plans then rank regions on the same op times."""
+    key = id(prof)
+    if key not in _UNCHUNKED:
+        _UNCHUNKED[key] = _captured_unchunked(prof)
+        weakref.finalize(prof, _UNCHUNKED.pop, key, None)
+    return _UNCHUNKED[key]
+
+
+def _captured_unchunked(prof: Any) -> ChunkPlan:
     if getattr(prof, "captured", None) is None:
         raise ValueError(
             "this profile was built from module hooks (the model could not be traced): chunking "

@@ -988,6 +988,9 @@ def chunk_workspace(g: OpGraph, node: OpNode, d: int, size: int, extent: int) ->
     ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, temps, strict=False))
     if len(temps) > len(node.inputs):
         ws += temps[-1] * frac
+    if backend == "math" and bool(_arg(node, 5, "is_causal", False)) and not causal_chunk_mask(node, d):
+        # the rest's is_causal mask is L x S whatever batch or heads a chunk holds: it does not shrink
+        ws += node.shape[-2] * g[node.args[1][1:]].shape[-2] * node.itemsize * (1 - frac)
     if causal_chunk_mask(node, d):
         # the math kernel's rest already counts is_causal's additive mask, shrunk to the chunk
         additive = 0 if backend == "math" else node.itemsize

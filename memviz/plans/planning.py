@@ -1035,11 +1035,12 @@ _LOWEST_CHUNKING: RecentMemo[Graph, tuple[int, Any]] = RecentMemo(8)
 
 def _lowest_chunking(graph: Graph, the_plan: Plan) -> tuple[int, Any]:
     """The lowest-peak chunk plan known for the profile `graph`, `the_plan`'s when it is the lowest
-    (then remembered).  The selection is a beam search under a time limit (AutoChunk Sec. 3.4) on op
-    times measured afresh per call, so a later call, asked for the minimum a refusal named, may stop
-    short of the regions that reached it: they are kept, so that minimum stays a budget `plan` meets
-    (as Checkmate keeps its lowest-peak schedule per graph).  Regions name the capture's nodes, which
-    the same profile's model captures alike."""
+    (then remembered).  The selection is a beam search under a time limit (AutoChunk Sec. 3.4): a later
+    call, asked for the minimum a refusal named, searches from another budget, and cut short on a loaded
+    machine it can stop before the regions that reached that minimum (the sweep's olmo, phi and vit).
+    They are kept, so the minimum stays a budget `plan` meets (as Checkmate keeps its lowest-peak
+    schedule per graph).  The plan is kept without its capture: regions name the capture's nodes, which
+    the profile's model captures alike (`chunking.unchunked_plan`, once per live profile)."""
     known = _LOWEST_CHUNKING.get(graph)
     if known is not None and known[0] <= the_plan.peak_bytes:
         return known

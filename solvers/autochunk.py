@@ -76,6 +76,9 @@ class OpNode:
     time: float = 0.0  # seconds the whole op took on the device (0: not measured, estimated instead)
     fresh: int = 0  # bytes of fresh pages the op touched in that run (first-touch page faults)
     backend: str = ""  # scaled_dot_product_attention: the kernel the device picks ("flash", "math" ...)
+    #: scaled_dot_product_attention: (output dim, chunk length, kernel) where a chunk along that dim runs
+    #: another kernel than the whole op (`chunk_backend`); length 2 stands for every length above 1
+    chunk_backends: tuple[tuple[int, int, str], ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -104,6 +107,7 @@ class OpNode:
             "time": self.time,
             "fresh": self.fresh,
             "backend": self.backend,
+            "chunk_backends": [list(c) for c in self.chunk_backends],
         }
 
     @classmethod
@@ -124,6 +128,7 @@ class OpNode:
             float(d.get("time", 0.0)),
             int(d.get("fresh", 0)),
             d.get("backend", ""),
+            tuple(tuple(c) for c in d.get("chunk_backends", ())),
         )
 
 
@@ -915,9 +920,9 @@ def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
     return _slice_bytes(node, d, size) if node.alias is None else 0
 
 
-def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
+def sdpa_temps(g: OpGraph, n: OpNode, backend: str | None = None) -> tuple[int, ...]:
     """Bytes `scaled_dot_product_attention` allocates besides its output, per operand (in `n.inputs`
-    order) then the rest, for the kernel the device picked (`n.backend`), as torch's composite
+    order) then the rest, for the kernel the device picked (`n.backend`, or `backend`), as torch's composite
     ``scaled_dot_product_attention`` dispatches it (what a storage tracker sees):
 
     * fused kernels (``flash``, ``efficient``, ``cudnn``; CPU flash included): a boolean mask becomes an
@@ -938,7 +943,7 @@ def sdpa_temps(g: OpGraph, n: OpNode) -> tuple[int, ...]:
     per: dict[str, int] = {}
     if _is_ref(mask) and g[mask[1:]].dtype == "bool":
         per[mask[1:]] = math.prod(g[mask[1:]].shape) * isz
-    if n.backend == "math":
+    if (backend or n.backend) == "math":
         rep = max(1, q.shape[-3] // k.shape[-3]) if len(q.shape) >= 3 and bool(
             n.kwargs.get("enable_gqa", False)) else 1
         per[q.name] = per.get(q.name, 0) + math.prod(q.shape) * isz
@@ -962,19 +967,33 @@ def _chunked_inputs(g: OpGraph, node: OpNode, d: int) -> frozenset[str]:
     return cache[key]
 
 
+def chunk_backend(node: OpNode, d: int, size: int) -> str:
+    """The kernel a chunk of `size` along output dim `d` of an attention runs: the whole op's, unless
+    the device picks another for the chunk's operands (`OpNode.chunk_backends`: a multi-query
+    attention's one key/value head, broadcast over the query heads, sends the whole op to the math
+    kernel; a one-head chunk matches it and runs a fused kernel without the L x S scores)."""
+    length = min(size, 2)
+    return next((k for dim, n, k in node.chunk_backends if dim == d and n == length), node.backend)
+
+
 def chunk_workspace(g: OpGraph, node: OpNode, d: int, size: int, extent: int) -> int:
-    """Workspace of one chunk of `node` along output dim `d` (`size` of `extent`): copies of chunked
-    operands shrink with the chunk, copies of whole ones do not, the rest shrinks; a causal attention
-    chunked along its queries also holds its chunk's causal mask (bool and additive, `size` x S;
-    `causal_chunk_mask`)."""
+    """Workspace of one chunk of `node` along output dim `d` (`size` of `extent`), for the kernel the
+    chunk runs (`chunk_backend`): copies of chunked operands shrink with the chunk, copies of whole
+    ones do not, the rest shrinks; a causal attention chunked along its queries also holds its chunk's
+    causal mask (bool and additive, `size` x S; `causal_chunk_mask`)."""
     frac = size / extent
     chunked_in = _chunked_inputs(g, node, d)
-    ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, node.temps, strict=False))
-    if len(node.temps) > len(node.inputs):
-        ws += node.temps[-1] * frac
+    backend = chunk_backend(node, d, size)
+    temps = node.temps if backend == node.backend else sdpa_temps(g, node, backend)
+    ws = sum(w * (frac if v in chunked_in else 1.0) for v, w in zip(node.inputs, temps, strict=False))
+    if len(temps) > len(node.inputs):
+        ws += temps[-1] * frac
+    if backend == "math" and bool(_arg(node, 5, "is_causal", False)) and not causal_chunk_mask(node, d):
+        # the rest's is_causal mask is L x S whatever batch or heads a chunk holds: it does not shrink
+        ws += node.shape[-2] * g[node.args[1][1:]].shape[-2] * node.itemsize * (1 - frac)
     if causal_chunk_mask(node, d):
         # the math kernel's rest already counts is_causal's additive mask, shrunk to the chunk
-        additive = 0 if node.backend == "math" else node.itemsize
+        additive = 0 if backend == "math" else node.itemsize
         ws += size * g[node.args[1][1:]].shape[-2] * (1 + additive)
     return int(ws)
 

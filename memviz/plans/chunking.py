@@ -238,7 +238,9 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
             backend=_sdpa_backend(n) if sdpa else "",
         )
         if sdpa:
-            node = replace(node, temps=ac.sdpa_temps(ac.OpGraph((*nodes, node), ()), node))
+            so_far = ac.OpGraph((*nodes, node), ())
+            node = replace(node, temps=ac.sdpa_temps(so_far, node),
+                           chunk_backends=_sdpa_chunk_backends(n, so_far, node))
         nodes.append(node)
     return ac.OpGraph(tuple(nodes), outputs)
 
@@ -246,26 +248,63 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
 _SDPA_BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
 
-def _sdpa_backend(n: torch.fx.Node) -> str:
+def _sdpa_backend(n: torch.fx.Node, narrow: dict[str, int] | None = None, size: int = 0,
+                  causal_rows: bool = False) -> str:
     """The kernel `scaled_dot_product_attention` runs with these operands on their device, as the
     dispatcher chooses it (``torch._fused_sdp_choice``: head dims, strides, mask, dropout, GQA).  The
-    choice reads metadata only, so empty tensors of the captured shapes and strides stand in."""
+    choice reads metadata only, so empty tensors of the captured shapes and strides stand in.  For a
+    chunk: the operands named in `narrow` cut to `size` along their dim there (a narrow keeps the
+    strides), and with `causal_rows` the chunk's boolean causal rows instead of ``is_causal``
+    (`ChunkCodeGen`'s loop, `_Emitter._causal_mask_args`)."""
+    narrow = narrow or {}
 
     def real(a: Any) -> Any:
         v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         if not isinstance(v, torch.Tensor):
             return a
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+        shape = list(v.shape)
+        if a.name in narrow:
+            shape[narrow[a.name]] = size
+        return torch.empty_strided(shape, v.stride(), dtype=v.dtype, device=v.device)
 
     args = [real(a) for a in n.args]
     kwargs = {k: real(v) for k, v in n.kwargs.items()}
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     call = dict(zip(names, args, strict=False)) | kwargs
+    if causal_rows:
+        key = call["key"]
+        call |= {"attn_mask": torch.ones((size, key.shape[-2]), dtype=torch.bool, device=key.device),
+                 "is_causal": False}
     try:
         choice = torch._fused_sdp_choice(**call)
     except (RuntimeError, TypeError):  # no kernel fits (an error at run time too): the math path
         return "math"
     return _SDPA_BACKENDS.get(int(choice), "math")
+
+
+def _sdpa_chunk_backends(
+    n: torch.fx.Node, g: ac.OpGraph, node: ac.OpNode
+) -> tuple[tuple[int, int, str], ...]:
+    """Where a chunk of the attention `n` runs another kernel than the whole (`ac.OpNode.chunk_backends`),
+    its operands cut as the loop cuts them (the flow rule's demands, `ac.demands_of`), at chunk lengths
+    1 and 2 (every longer chunk has the shapes' equalities of a chunk of 2).  Falcon's multi-query
+    attention is the case: its one key/value head is broadcast over the query heads, which only the
+    math kernel takes, while a one-head chunk matches it and runs the fused kernel, without the
+    L x S scores the math kernel's workspace was counted with (the sweep measured its chunked
+    activations 35% under the plan)."""
+    out = []
+    for d, extent in enumerate(node.shape):
+        try:
+            demands = ac.demands_of(node, d, g)
+        except ac.FlowBreak:
+            continue
+        narrow = {dm.input: dm.dim for dm in demands if dm.dim is not None}
+        for size in (1, 2):
+            if size < extent:
+                kernel = _sdpa_backend(n, narrow, size, ac.causal_chunk_mask(node, d))
+                if kernel != node.backend:
+                    out.append((d, size, kernel))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1110,11 +1149,25 @@ def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 # memviz.plan(strategy="autochunk") and memviz.export of its plans
 # --------------------------------------------------------------------------------------------------
+#: each live profile's unchunked plan (`unchunked_plan`), by the profile's id
+_UNCHUNKED: dict[int, ChunkPlan] = {}
+
+
 def unchunked_plan(prof: Any) -> ChunkPlan:
     """The profile's model captured for chunking (no regions yet; AutoChunk Sec. 3.1 works on the
     high-level op graph), on inputs rebuilt from the profiled
     shapes and dtypes (the capture is shape-specialised; values do not matter), with the speed model
-    calibrated on the profile's device."""
+    calibrated on the profile's device.  Once per profile: the export is most of a plan's time on a
+    long graph (Mamba's 5,324 ops at 256 tokens: 151 s of 215 under load, at every call), and a
+    profile's plans then rank regions on the same op times."""
+    key = id(prof)
+    if key not in _UNCHUNKED:
+        _UNCHUNKED[key] = _captured_unchunked(prof)
+        weakref.finalize(prof, _UNCHUNKED.pop, key, None)
+    return _UNCHUNKED[key]
+
+
+def _captured_unchunked(prof: Any) -> ChunkPlan:
     if getattr(prof, "captured", None) is None:
         raise ValueError(
             "this profile was built from module hooks (the model could not be traced): chunking "

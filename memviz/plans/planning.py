@@ -23,6 +23,7 @@ from memviz.plans.cdgraph import cdgraph_dict
 from memviz.plans.planfile import MIME_TYPE, SCHEMA_ID, checked_runs, gc_paused, read_document, write_document
 from solvers import DataKind, Graph, Phase, Timeline, eager_schedule, simulate
 from solvers.deadline import Deadline, recording_cuts
+from solvers.memo import RecentMemo
 from solvers.result import BelowHeldMemory, InfeasibleBudget, OutOfTime, SolveResult, SolverStats
 from solvers.schedule import Schedule, Step, keep_outputs_alive, run_turn_once
 
@@ -1008,21 +1009,44 @@ def plan_autochunk(
     persistent = base.graph.persistent_bytes()
     base_peak = simulate(base.graph, base.schedule).check().peak_bytes
     budget_bytes = None if budget is None else parse_budget(budget, base_peak)
+
+    def planned(cp: Any) -> Plan:
+        return chunked_plan(cp, budget_bytes, _model_info(prof, prof.graph), _device_info(prof), prof,
+                            packing=packing, start=start)
+
+    if budget_bytes is None:
+        return planned(unchunked)
     # the regions are chosen on activation bytes: parameters and inputs stay whole
-    cp = (unchunked if budget_bytes is None
-          else unchunked.select(max(1, budget_bytes - persistent), time_limit=time_limit))
-    the_plan = chunked_plan(
-        cp,
-        budget_bytes,
-        _model_info(prof, prof.graph),
-        _device_info(prof),
-        prof,
-        packing=packing,
-        start=start,
-    )
-    if budget_bytes is not None and the_plan.peak_bytes > budget_bytes:
-        raise InfeasibleBudget(budget_bytes, the_plan.peak_bytes, "autochunk", proven=False)
+    activations = max(1, budget_bytes - persistent)
+    the_plan = planned(unchunked.select(activations, time_limit=time_limit))
+    lowest_peak, lowest = _lowest_chunking(prof.graph, the_plan)
+    if the_plan.peak_bytes > budget_bytes and lowest_peak <= budget_bytes:
+        the_plan = planned(dataclasses.replace(lowest, graph=unchunked.graph, speed=unchunked.speed,
+                                               gm=unchunked.gm, budget_bytes=activations))
+    if the_plan.peak_bytes > budget_bytes:
+        raise InfeasibleBudget(budget_bytes, lowest_peak, "autochunk", proven=False)
     return the_plan
+
+
+#: per profile graph, the lowest-peak autochunk plan any call found: its peak and its (measured) chunk
+#: plan without the capture (`_lowest_chunking`)
+_LOWEST_CHUNKING: RecentMemo[Graph, tuple[int, Any]] = RecentMemo(8)
+
+
+def _lowest_chunking(graph: Graph, the_plan: Plan) -> tuple[int, Any]:
+    """The lowest-peak chunk plan known for the profile `graph`, `the_plan`'s when it is the lowest
+    (then remembered).  The selection is a beam search under a time limit (AutoChunk Sec. 3.4): a later
+    call, asked for the minimum a refusal named, searches from another budget, and cut short on a loaded
+    machine it can stop before the regions that reached that minimum (the sweep's olmo, phi and vit).
+    They are kept, so the minimum stays a budget `plan` meets (as Checkmate keeps its lowest-peak
+    schedule per graph).  The plan is kept without its capture: regions name the capture's nodes, which
+    the profile's model captures alike (`chunking.unchunked_plan`, once per live profile)."""
+    known = _LOWEST_CHUNKING.get(graph)
+    if known is not None and known[0] <= the_plan.peak_bytes:
+        return known
+    lowest = (the_plan.peak_bytes, dataclasses.replace(the_plan.chunking, gm=None))
+    _LOWEST_CHUNKING.put(graph, lowest)
+    return lowest
 
 
 def chunked_plan(

@@ -107,3 +107,16 @@ def test_public_names_survive_importing_their_modules() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
+
+
+def test_no_file_holds_merge_conflict_markers() -> None:
+    """A merge left ARCHITECTURE.md with both sides of a conflict for two sessions: no tracked text file
+    may hold a conflict marker line."""
+    patterns = ["*.md", "*.py", "*.ts", "*.tsx", "*.json", "*.toml", "*.yml"]
+    tracked = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    markers = ("<<<<<<< ", ">>>>>>> ")
+    found = [f"{name}:{i}" for name in tracked if (ROOT / name).is_file()
+             for i, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1)
+             if line.startswith(markers)]
+    assert not found, found

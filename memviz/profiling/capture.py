@@ -939,12 +939,12 @@ torch.fx.node.has_side_effect(torch.ops.memviz.call_argument.default)
 
 def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
     """torch.export (non-strict) with the tensors each checkpointable block (`block_paths`) is called with
-    recorded as ``ep.memviz_call_args`` (block path -> exported FX names): a forward pre-hook marks them
-    with `call_argument`, whose nodes are then taken out of the graph.  torch.export's own
-    ``preserve_module_call_signature`` is not used: it rebuilds a call's arguments from their flat
-    tensors, so a layer appending to HF's ``DynamicCache`` wrote into a copy and the captured step
-    returned an empty cache.  The arguments are taken as `memviz.apply` passes them (the KV cache off,
-    `memviz.runtime.apply._without_cache`)."""
+    marked: a forward pre-hook calls `call_argument` on each, a side-effecting operator both traces keep,
+    so a value no op reads but a block's call gets stays in the joint graph (`call_arguments` reads the
+    marks there and takes them out).  torch.export's own ``preserve_module_call_signature`` is not used:
+    it rebuilds a call's arguments from their flat tensors, so a layer appending to HF's ``DynamicCache``
+    wrote into a copy and the captured step returned an empty cache.  The arguments are taken as
+    `memviz.apply` passes them (the KV cache off, `memviz.runtime.apply._without_cache`)."""
     import warnings
 
     from memviz.runtime.apply import ApplyWarning, _without_cache
@@ -960,19 +960,10 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | No
     handles = [model.get_submodule(path).register_forward_pre_hook(
         functools.partial(mark, path), with_kwargs=True) for path in block_paths(model)]
     try:
-        ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+        return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
     finally:
         for h in handles:
             h.remove()
-    calls: dict[str, list[str]] = {}
-    graph = ep.graph_module.graph
-    for n in list(graph.find_nodes(op="call_function", target=torch.ops.memviz.call_argument.default)):
-        x, path = n.args
-        calls.setdefault(path, []).append(x.name)
-        graph.erase_node(n)
-    ep.graph_module.recompile()
-    ep.memviz_call_args = {path: tuple(names) for path, names in calls.items()}
-    return ep
 
 
 def block_paths(model: nn.Module) -> list[str]:
@@ -994,51 +985,23 @@ def block_paths(model: nn.Module) -> list[str]:
             for p in called(f"{c}.{child}" if c else child, m)]
 
 
-def call_arguments(ep: Any, joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:
-    """Block path -> the joint graph's FX values of the tensors its call got (`_export` recorded them in
-    the exported program), mapped onto the joint graph by the FX provenance (each joint node's first
-    record is the exported node it came from).  An exported op can become several joint nodes of its
-    shape (dropout: its output and its mask): the one the joint nodes of its exported readers read is its
-    value, else the one of its name, else the only one.  An argument the joint graph dropped (a view no
-    op reads, HF's ``position_ids = cache_position.unsqueeze(0)`` handed to every decoder layer) stands
-    for its base's storage; a graph input (always held) is left out, and so is a value the joint graph
-    does not compute at all (no data node holds it: Longformer's ``is_index_global_attn``, which only a
-    branch the trace took on the example's values read)."""
-    joint_of: dict[str, list[torch.fx.Node]] = {}
-    for n in forward_calls(joint):
-        sources = n.meta.get("from_node")
-        if sources and isinstance(n.meta.get("val"), torch.Tensor):
-            source = sources[0]
-            while source.from_node:
-                source = source.from_node[0]
-            joint_of.setdefault(source.name, []).append(n)
-    ep_nodes = {n.name: n for n in ep.graph.nodes}
-
-    def value_of(node: torch.fx.Node) -> str | None:
-        val = node.meta.get("val")
-        same = [j for j in joint_of[node.name] if isinstance(val, torch.Tensor)
-                and j.meta["val"].shape == val.shape and j.meta["val"].dtype == val.dtype]
-        read = [j for user in node.users for r in joint_of.get(user.name, ()) for j in r.all_input_nodes
-                if j in same]
-        named = [j for j in same if j.name == node.name]
-        found = read or named or (same if len(same) == 1 else [])
-        return found[0].name if found else None
-
-    def joint_value(name: str) -> str | None:
-        node = ep_nodes.get(name)
-        while node is not None and node.op == "call_function":
-            if node.name in joint_of:
-                return value_of(node)
-            schema = getattr(node.target, "_schema", None)
-            if schema is None or not schema.returns or schema.returns[0].alias_info is None:
-                return None  # computed for the block alone and dropped: no storage the graph holds
-            node = next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
-        return None
-
-    out = {}
-    for path, args in getattr(ep, "memviz_call_args", {}).items():
-        out[path] = tuple(dict.fromkeys(n for n in map(joint_value, args) if n is not None))
-    return out
+def call_arguments(joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:
+    """Block path -> the joint graph's FX values of the tensors its call got, read from the `call_argument`
+    marks `_export` put there, which are then taken out of `joint`.  The marks keep in the graph a value
+    only a block's call gets: Longformer's ``is_index_global_attn``, which only ``.any().item()`` reads (a
+    branch the trace took on the example's values), or Funnel's ``attention_inputs`` ``gather``, which no
+    op reads; the trace dropped them, and the checkpointed block held them unplanned (28 B and 3.75 KiB
+    over a sac plan at its minimum).  Such a value is now computed as eager computes it and freed where
+    eager frees it.  A graph input (always held) is left out."""
+    marks = list(joint.graph.find_nodes(op="call_function", target=torch.ops.memviz.call_argument.default))
+    out: dict[str, list[str]] = {}
+    for n in marks:
+        x, path = n.args
+        if x.op != "placeholder":
+            out.setdefault(path, []).append(x.name)
+        joint.graph.erase_node(n)
+    joint.recompile()
+    return {path: tuple(dict.fromkeys(names)) for path, names in out.items()}
 
 
 def _data_dependent(err: BaseException) -> bool:
@@ -1341,7 +1304,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         except Exception as err:  # noqa: BLE001
             raise _describe_trace_error(err, model) from err
     views = aliased_outputs(joint, gm_ep, model) if mode == "train" else {}
-    joint.graph_module.meta["memviz_call_args"] = call_arguments(ep, joint.graph_module)
+    joint.graph_module.meta["memviz_call_args"] = call_arguments(joint.graph_module)
     return joint.graph_module, ep.call_spec.out_spec, views
 
 

@@ -244,11 +244,11 @@ def eager_holds(cap: Any) -> EagerHolds:
     module arguments (`memviz.profile`), and per forward op what its autograd node saves and when that
     node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
     from)."""
-    from memviz.profiling.profile import module_argument_holds, python_local_holds
+    from memviz.profiling.profile import kept_holds, module_argument_holds, python_local_holds
     from memviz.profiling.saved import autograd_nodes, gradient_input_holds
 
     local = python_local_holds(cap)
-    for extra in (module_argument_holds(cap), gradient_input_holds(cap)):
+    for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap)):
         for d, at in extra.items():
             local[d] = max(local.get(d, -1), at)
     walk = autograd_nodes(cap)

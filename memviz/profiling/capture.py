@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import inspect
 import operator
@@ -131,6 +132,8 @@ class Captured:
     # (eager's draws, the graph's) from torch's generators per forward where they differ
     # (`traced_as_eager_draws`): the exported step's dropout masks cannot be eager's; None: equal
     torch_draws: tuple[int, int] | None = None
+    # FX values the model keeps across calls (`kept_values`): the eager graph holds them to the step's end
+    kept_fx: tuple[str, ...] = ()
     # whose kernels the trace took (`kernel_family`): "cuda" for a CUDA target estimated on a CPU host
     kernels: str | None = None
     # FX value -> the FX placeholder operators read instead: a mutated buffer's new value, once written
@@ -574,24 +577,114 @@ def host_random_draws() -> Iterator[list[str]]:
 
 
 def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                      mode: str) -> int:
+                      mode: str) -> tuple[int, list[torch.Tensor]]:
     """How many operators draw from torch's generators in one eager forward of `model` (`is_random`'s
     tag; CPU ``dropout`` dispatches one ``bernoulli_``, as its capture runs one ``memviz::cpu_dropout``),
     with grad enabled as the `mode`'s trace has it (a forward may branch on ``torch.is_grad_enabled()``),
-    the RNG forked and the buffers kept: the user's model and streams are left as they were."""
+    the RNG forked and the buffers kept: the user's model and streams are left as they were.  Also the
+    tensors the model keeps across calls (`kept_across_calls`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     draws = [0]
+    seen: list[weakref.ref[torch.Tensor]] = []
 
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             draws[0] += draws_random(func)
-            return func(*a, **(kw or {}))
+            out = func(*a, **(kw or {}))
+            seen.extend(weakref.ref(t) for t in pytree.tree_leaves((a, kw, out))
+                        if isinstance(t, torch.Tensor))
+            return out
 
     with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), \
             torch.set_grad_enabled(mode == "train"), Counter():
         model(*args, **(kwargs or {}))
-    return draws[0]
+    return draws[0], kept_across_calls(model, args, kwargs, seen)
+
+
+def kept_across_calls(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                      seen: Sequence[weakref.ref[torch.Tensor]]) -> list[torch.Tensor]:
+    """The tensors one eager forward made or read (`seen`) that are still alive once it has returned and
+    its outputs are gone, and are not the model's parameters, buffers or inputs: state the model keeps
+    across calls, as a buffer (transformers' BEiT caches its relative position index with an LRU cache,
+    built on the first call and read by every later one).  One per storage, the largest view."""
+    gc.collect()  # the outputs' autograd graph and what it saved
+    own = {_storage_key(t) for t in _model_tensors(model, args, kwargs)}
+    kept: dict[int, torch.Tensor] = {}
+    for ref in seen:
+        t = ref()
+        if t is None or isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
+            continue
+        key = _storage_key(t)
+        if key not in own and (key not in kept or t.numel() > kept[key].numel()):
+            kept[key] = t
+    return list(kept.values())
+
+
+def kept_values(gm: torch.fx.GraphModule, kept: Sequence[torch.Tensor]) -> tuple[str, ...]:
+    """The joint graph's forward FX values standing for the tensors the model keeps across calls
+    (`kept_across_calls`), one per tensor.  The trace builds such a tensor again from constants at each
+    reader (transformers turns its caches off while torch compiles or exports), where eager builds it once
+    and holds it for good: one storage, which every reader reads and every autograd node reading it
+    saves.  A value is matched when its computation reads no graph input and no random generator and it
+    equals the kept tensor (shape, dtype, values); the first match stands for it and the later ones are
+    replaced by it in `gm` (their constant computations dropped), so the export builds it once per step
+    too.  The eager graph holds it to the step's end (`memviz.profile`, sac plans: BEiT measured 2.21 KiB
+    over a plan whose graph built and freed it in each layer)."""
+    if not kept:
+        return ()
+    shapes = {(tuple(t.shape), t.dtype) for t in kept}
+    env: dict[str, Any] = {}
+    found: dict[int, list[torch.fx.Node]] = {}
+    for n in list(forward_calls(gm)):
+        if any(a.op == "placeholder" or (a.op == "call_function" and a.name not in env)
+               for a in n.all_input_nodes) or draws_random(n.target):
+            continue
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a.name]
+                                             if a.op == "call_function" else _attr(gm, str(a.target)))
+        try:
+            env[n.name] = value = n.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - an op that cannot run outside the trace is no constant
+            continue
+        if not isinstance(value, torch.Tensor) or (tuple(value.shape), value.dtype) not in shapes:
+            continue
+        for i, t in enumerate(kept):
+            if t.shape == value.shape and t.dtype == value.dtype and torch.equal(t.cpu(), value.cpu()):
+                found.setdefault(i, []).append(n)
+    for first, *rest in found.values():
+        for n in rest:
+            old = _storage_key(n.meta["val"])
+            n.replace_all_uses_with(first)
+            _erase_unused(gm, n, set(env))
+            _viewing(gm, old, first)
+    if any(len(nodes) > 1 for nodes in found.values()):
+        gm.recompile()
+    return tuple(nodes[0].name for nodes in found.values())
+
+
+def _viewing(gm: torch.fx.GraphModule, old: int, base: torch.fx.Node) -> None:
+    """The fake values of `gm`'s views of fake storage `old` made again, now that they view `base`'s value
+    (the capture names a storage by its fake values' storage)."""
+    mode = torch._guards.detect_fake_mode([base.meta["val"]])
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(val, torch.Tensor) and _storage_key(val) == old:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta.get("val"))
+            with mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+
+
+def _erase_unused(gm: torch.fx.GraphModule, node: torch.fx.Node, erasable: set[str]) -> None:
+    """Erase `node` from `gm` and then each of its inputs in `erasable` that nothing reads any more."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.name not in erasable or n.graph is not gm.graph:
+            continue
+        inputs = n.all_input_nodes
+        gm.graph.erase_node(n)
+        erasable.discard(n.name)
+        stack.extend(inputs)
 
 
 def graph_torch_draws(gm: torch.fx.GraphModule) -> int:
@@ -619,16 +712,16 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     eager runs the CPU's (its plans cannot be exported: `export.check_not_estimated_for_cuda`)."""
     on_meta = any(t.device.type == "meta" for t in _model_tensors(model, args, kwargs))
     comparable = not on_meta and not (family == "cuda" and _on_cpu(args, model))
-    first = eager_torch_draws(model, args, kwargs, mode) if comparable else None
+    first, kept = eager_torch_draws(model, args, kwargs, mode) if comparable else (None, [])
     specialised: list[str] = []
     with host_random_draws() as host_random:
         gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
     traced = graph_torch_draws(gm)
     mismatch = None
     if first is not None and traced != first:
-        again = eager_torch_draws(model, args, kwargs, mode)
+        again, _ = eager_torch_draws(model, args, kwargs, mode)
         mismatch = None if traced == again else (again, traced)
-    return gm, out_spec, views, specialised, host_random, mismatch
+    return gm, out_spec, views, specialised, host_random, mismatch, kept_values(gm, kept)
 
 
 def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -1884,7 +1977,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
 def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
              loss_fn: LossFn | None, family: str | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    gm, out_spec, views, specialised, host_random, torch_draws = traced_as_eager_draws(
+    gm, out_spec, views, specialised, host_random, torch_draws, kept = traced_as_eager_draws(
         model, args, kwargs, mode, loss_fn, family)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
@@ -1936,7 +2029,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
-        loss_probe=probe if tangents else None, kernels=family,
+        kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
         call_args=gm.meta.get("memviz_call_args", {}))
 
     def add_loss_nodes() -> None:

@@ -870,11 +870,11 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
     return hold
 
 
-def kept_holds(cap: Captured) -> dict[int, int]:
-    """data id -> the step's last compute id, for each value the model keeps across calls
-    (`memviz.profiling.capture.kept_values`: BEiT's cached relative position index): eager holds it for
-    good, where the graph would free it after its last reader."""
-    last = len(cap.compute_fx) - 1
+def kept_holds(cap: Captured, graph: Graph) -> dict[int, int]:
+    """data id -> the last compute id of `graph`'s step (the optimizer's update included), for each value
+    the model keeps across calls (`memviz.profiling.capture.kept_values`: BEiT's cached relative position
+    index): eager holds it for good, where the graph would free it after its last reader."""
+    last = len(graph.computes) - 1
     return {cap.data_of_fx[n]: last for n in cap.kept_fx if n in cap.data_of_fx}
 
 
@@ -922,7 +922,7 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
     for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
-                  kept_holds(cap), _autocast_cache_holds(cap, requires_grad)):
+                  kept_holds(cap, graph), _autocast_cache_holds(cap, requires_grad)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []

@@ -42,7 +42,7 @@ def unscaled(prof: Any) -> Any:
     path, ids, mm, *_ = candidate_blocks(prof.model, graph, prof.captured)[0]
     keep = mm or frozenset([i for i in ids if op_name(graph.computes[i].op) in MATCHABLE][:1])
     full, selective = Region(path, ids), Region(path, ids, keep)
-    holds = eager_holds(prof.captured)
+    holds = eager_holds(prof.captured, graph)
     base = Overheads(dispatched=dispatched_counts(prof.captured, graph))
     eager, full_s, sel_s = (meta[f"sac_block_{k}_s"] for k in ("eager", "full", "selective"))
     _, full_rerun, full_ops = base.passes(graph, full, holds)

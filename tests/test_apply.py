@@ -162,7 +162,8 @@ def test_sac_schedule_without_regions_is_the_eager_baseline(name: str) -> None:
         case = REAL["bert"]()
         prof = profile(case.model, case.args, case.kwargs, loss_fn=case.losses["ce"], repeats=1, warmup=0,
                        measure=False)
-    timeline = simulate(prof.graph, sac_schedule(prof.graph, [], eager_holds(prof.captured))).check()
+    holds = eager_holds(prof.captured, prof.graph)
+    timeline = simulate(prof.graph, sac_schedule(prof.graph, [], holds)).check()
     assert timeline.peak_bytes == prof.baseline.peak_bytes
     assert timeline.total_time == pytest.approx(prof.baseline.total_time)
 
@@ -347,7 +348,7 @@ def test_in_place_activations_hold_one_storage_as_planned() -> None:
     written = {d.id: d.in_place_of for d in graph.datas if d.in_place_of is not None}
     assert {graph.datas[d].name for d in written} >= {"hardswish", "relu"}, written
     assert all(d.in_place_of is None for d in prof.graph.datas)  # export runs the functional ops
-    holds = eager_holds(prof.captured)
+    holds = eager_holds(prof.captured, graph)
     clone = next(d.id for d in graph.datas if d.name == "clone")
     assert [graph.computes[c].name for c in holds.saved_by[clone]] == ["hardswish"]
     plan = _planned(prof, "full")

@@ -162,7 +162,8 @@ def test_a_mixed_plans_compiled_peak_is_predicted_from_the_uniform_steps(
 
     compiled_mod = _untimed_compiles(monkeypatch)
     _, _, prof = _profiled()
-    graph, holds = eager_graph(prof.graph, prof.captured), eager_holds(prof.captured)
+    graph = eager_graph(prof.graph, prof.captured)
+    holds = eager_holds(prof.captured, graph)
     blocks = candidate_blocks(prof.model, graph, prof.captured)
     savings, _ = compiled_mod.savings(prof, graph, blocks, holds, "aot_eager", prof.baseline.total_time)
     for options in (("full", "none"), ("none", "full")):
@@ -248,7 +249,7 @@ def test_compiled_menu_prices_options_from_the_compiled_calibration_steps(
 
     _, _, prof = _example("gpt")
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
-    holds = eager_holds(prof.captured)
+    holds = eager_holds(prof.captured, graph)
     _, _, blocks, _ = _menu("gpt")
 
     def fake(timed: bool) -> Any:

@@ -35,7 +35,7 @@ from tests.test_apply import _example, sac_plan
 def _menu(name: str) -> tuple[Any, Any, list, Any]:
     _, _, prof = _example(name)
     graph = prof.graph if prof.baseline_graph is None else prof.baseline_graph
-    return prof, graph, candidate_blocks(prof.model, graph, prof.captured), eager_holds(prof.captured)
+    return prof, graph, candidate_blocks(prof.model, graph, prof.captured), eager_holds(prof.captured, graph)
 
 
 def _regions(blocks: list, options: tuple[str, ...]) -> tuple[Region, ...]:

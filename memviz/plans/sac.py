@@ -188,7 +188,7 @@ def checkpoint_costs(graph: Graph, cap: Any, model: Any, args: tuple[Any, ...], 
         unwrap(module)
     runs.clear()
     median = {name: statistics.median(v) for name, v in times.items()}
-    costs = calibrate(graph, full, selective, eager_holds(cap), dispatched_counts(cap, graph),
+    costs = calibrate(graph, full, selective, eager_holds(cap, graph), dispatched_counts(cap, graph),
                       eager_s=median["eager"], full_s=median["full"], selective_s=median["selective"],
                       pieces=piece_regions, pieces_s=median.get("pointwise"))
     return {"sac_costs": COSTS_VERSION, "sac_rerun_s": costs.rerun, "sac_policy_s": costs.policy,
@@ -239,16 +239,17 @@ def _seconds(value: Any) -> float:
     return float(value) if math.isfinite(value) and value >= 0 else 0.0
 
 
-def eager_holds(cap: Any) -> EagerHolds:
-    """What eager PyTorch holds beyond the joint graph's reads, from the capture: Python locals and
-    module arguments (`memviz.profile`), and per forward op what its autograd node saves and when that
+def eager_holds(cap: Any, graph: Graph) -> EagerHolds:
+    """What eager PyTorch holds beyond the joint graph's reads, from the capture: Python locals, module
+    arguments and what the model keeps across calls (to the end of `graph`'s step, the optimizer's
+    update included: `memviz.profile`), and per forward op what its autograd node saves and when that
     node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
     from)."""
-    from memviz.profiling.profile import module_argument_holds, python_local_holds
+    from memviz.profiling.profile import kept_holds, module_argument_holds, python_local_holds
     from memviz.profiling.saved import autograd_nodes, gradient_input_holds
 
     local = python_local_holds(cap)
-    for extra in (module_argument_holds(cap), gradient_input_holds(cap)):
+    for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap, graph)):
         for d, at in extra.items():
             local[d] = max(local.get(d, -1), at)
     walk = autograd_nodes(cap)
@@ -490,7 +491,7 @@ def plan_sac(prof: Any, budget: int | float | str | None, *, time_limit: float =
     # and runs in-place activations in place (`eager_graph`; from `prof.graph`, whose costs a caller may
     # have replaced)
     graph = eager_graph(prof.graph, prof.captured)
-    holds = eager_holds(prof.captured)
+    holds = eager_holds(prof.captured, graph)
     blocks = candidate_blocks(prof.model, graph, prof.captured)
     costs = overheads(prof, graph)
     savings, compiled_info = None, None
@@ -594,7 +595,7 @@ def to_sac(plan: Any) -> Any:
     regions = tuple(Region(b.name, b.nodes, b.matchable - recomputed, b.held)
                     for b in candidate_blocks(prof.model, graph, prof.captured) if recomputed & set(b.nodes))
     start = time.perf_counter()
-    holds = eager_holds(prof.captured)
+    holds = eager_holds(prof.captured, graph)
     schedule = sac_schedule(graph, regions, holds)
     timeline = simulate(graph, schedule).check()
     extra_s = overheads(prof, graph).seconds(graph, regions, holds)

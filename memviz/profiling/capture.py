@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import inspect
 import operator
@@ -131,6 +132,8 @@ class Captured:
     # (eager's draws, the graph's) from torch's generators per forward where they differ
     # (`traced_as_eager_draws`): the exported step's dropout masks cannot be eager's; None: equal
     torch_draws: tuple[int, int] | None = None
+    # FX values the model keeps across calls (`kept_values`): the eager graph holds them to the step's end
+    kept_fx: tuple[str, ...] = ()
     # whose kernels the trace took (`kernel_family`): "cuda" for a CUDA target estimated on a CPU host
     kernels: str | None = None
     # FX value -> the FX placeholder operators read instead: a mutated buffer's new value, once written
@@ -607,24 +610,114 @@ def host_random_draws() -> Iterator[list[str]]:
 
 
 def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                      mode: str) -> int:
+                      mode: str) -> tuple[int, list[torch.Tensor]]:
     """How many operators draw from torch's generators in one eager forward of `model` (`is_random`'s
     tag; CPU ``dropout`` dispatches one ``bernoulli_``, as its capture runs one ``memviz::cpu_dropout``),
     with grad enabled as the `mode`'s trace has it (a forward may branch on ``torch.is_grad_enabled()``),
-    the RNG forked and the buffers kept: the user's model and streams are left as they were."""
+    the RNG forked and the buffers kept: the user's model and streams are left as they were.  Also the
+    tensors the model keeps across calls (`kept_across_calls`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     draws = [0]
+    seen: list[weakref.ref[torch.Tensor]] = []
 
     class Counter(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             draws[0] += draws_random(func)
-            return func(*a, **(kw or {}))
+            out = func(*a, **(kw or {}))
+            seen.extend(weakref.ref(t) for t in pytree.tree_leaves((a, kw, out))
+                        if isinstance(t, torch.Tensor))
+            return out
 
     with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), \
             torch.set_grad_enabled(mode == "train"), Counter():
         model(*args, **(kwargs or {}))
-    return draws[0]
+    return draws[0], kept_across_calls(model, args, kwargs, seen)
+
+
+def kept_across_calls(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                      seen: Sequence[weakref.ref[torch.Tensor]]) -> list[torch.Tensor]:
+    """The tensors one eager forward made or read (`seen`) that are still alive once it has returned and
+    its outputs are gone, and are not the model's parameters, buffers or inputs: state the model keeps
+    across calls, as a buffer (transformers' BEiT caches its relative position index with an LRU cache,
+    built on the first call and read by every later one).  One per storage, the largest view."""
+    gc.collect()  # the outputs' autograd graph and what it saved
+    own = {_storage_key(t) for t in _model_tensors(model, args, kwargs)}
+    kept: dict[int, torch.Tensor] = {}
+    for ref in seen:
+        t = ref()
+        if t is None or isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
+            continue
+        key = _storage_key(t)
+        if key not in own and (key not in kept or t.numel() > kept[key].numel()):
+            kept[key] = t
+    return list(kept.values())
+
+
+def kept_values(gm: torch.fx.GraphModule, kept: Sequence[torch.Tensor]) -> tuple[str, ...]:
+    """The joint graph's forward FX values standing for the tensors the model keeps across calls
+    (`kept_across_calls`), one per tensor.  The trace builds such a tensor again from constants at each
+    reader (transformers turns its caches off while torch compiles or exports), where eager builds it once
+    and holds it for good: one storage, which every reader reads and every autograd node reading it
+    saves.  A value is matched when its computation reads no graph input and no random generator and it
+    equals the kept tensor (shape, dtype, values); the first match stands for it and the later ones are
+    replaced by it in `gm` (their constant computations dropped), so the export builds it once per step
+    too.  The eager graph holds it to the step's end (`memviz.profile`, sac plans: BEiT measured 2.21 KiB
+    over a plan whose graph built and freed it in each layer)."""
+    if not kept:
+        return ()
+    shapes = {(tuple(t.shape), t.dtype) for t in kept}
+    env: dict[str, Any] = {}
+    found: dict[int, list[torch.fx.Node]] = {}
+    for n in list(forward_calls(gm)):
+        if any(a.op == "placeholder" or (a.op == "call_function" and a.name not in env)
+               for a in n.all_input_nodes) or draws_random(n.target):
+            continue
+        args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a.name]
+                                             if a.op == "call_function" else _attr(gm, str(a.target)))
+        try:
+            env[n.name] = value = n.target(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - an op that cannot run outside the trace is no constant
+            continue
+        if not isinstance(value, torch.Tensor) or (tuple(value.shape), value.dtype) not in shapes:
+            continue
+        for i, t in enumerate(kept):
+            if t.shape == value.shape and t.dtype == value.dtype and torch.equal(t.cpu(), value.cpu()):
+                found.setdefault(i, []).append(n)
+    for first, *rest in found.values():
+        for n in rest:
+            old = _storage_key(n.meta["val"])
+            n.replace_all_uses_with(first)
+            _erase_unused(gm, n, set(env))
+            _viewing(gm, old, first)
+    if any(len(nodes) > 1 for nodes in found.values()):
+        gm.recompile()
+    return tuple(nodes[0].name for nodes in found.values())
+
+
+def _viewing(gm: torch.fx.GraphModule, old: int, base: torch.fx.Node) -> None:
+    """The fake values of `gm`'s views of fake storage `old` made again, now that they view `base`'s value
+    (the capture names a storage by its fake values' storage)."""
+    mode = torch._guards.detect_fake_mode([base.meta["val"]])
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(val, torch.Tensor) and _storage_key(val) == old:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta.get("val"))
+            with mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+
+
+def _erase_unused(gm: torch.fx.GraphModule, node: torch.fx.Node, erasable: set[str]) -> None:
+    """Erase `node` from `gm` and then each of its inputs in `erasable` that nothing reads any more."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.name not in erasable or n.graph is not gm.graph:
+            continue
+        inputs = n.all_input_nodes
+        gm.graph.erase_node(n)
+        erasable.discard(n.name)
+        stack.extend(inputs)
 
 
 def graph_torch_draws(gm: torch.fx.GraphModule) -> int:
@@ -652,16 +745,16 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     eager runs the CPU's (its plans cannot be exported: `export.check_not_estimated_for_cuda`)."""
     on_meta = any(t.device.type == "meta" for t in _model_tensors(model, args, kwargs))
     comparable = not on_meta and not (family == "cuda" and _on_cpu(args, model))
-    first = eager_torch_draws(model, args, kwargs, mode) if comparable else None
+    first, kept = eager_torch_draws(model, args, kwargs, mode) if comparable else (None, [])
     specialised: list[str] = []
     with host_random_draws() as host_random:
         gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
     traced = graph_torch_draws(gm)
     mismatch = None
     if first is not None and traced != first:
-        again = eager_torch_draws(model, args, kwargs, mode)
+        again, _ = eager_torch_draws(model, args, kwargs, mode)
         mismatch = None if traced == again else (again, traced)
-    return gm, out_spec, views, specialised, host_random, mismatch
+    return gm, out_spec, views, specialised, host_random, mismatch, kept_values(gm, kept)
 
 
 def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -972,12 +1065,12 @@ torch.fx.node.has_side_effect(torch.ops.memviz.call_argument.default)
 
 def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
     """torch.export (non-strict) with the tensors each checkpointable block (`block_paths`) is called with
-    recorded as ``ep.memviz_call_args`` (block path -> exported FX names): a forward pre-hook marks them
-    with `call_argument`, whose nodes are then taken out of the graph.  torch.export's own
-    ``preserve_module_call_signature`` is not used: it rebuilds a call's arguments from their flat
-    tensors, so a layer appending to HF's ``DynamicCache`` wrote into a copy and the captured step
-    returned an empty cache.  The arguments are taken as `memviz.apply` passes them (the KV cache off,
-    `memviz.runtime.apply._without_cache`)."""
+    marked: a forward pre-hook calls `call_argument` on each, a side-effecting operator both traces keep,
+    so a value no op reads but a block's call gets stays in the joint graph (`call_arguments` reads the
+    marks there and takes them out).  torch.export's own ``preserve_module_call_signature`` is not used:
+    it rebuilds a call's arguments from their flat tensors, so a layer appending to HF's ``DynamicCache``
+    wrote into a copy and the captured step returned an empty cache.  The arguments are taken as
+    `memviz.apply` passes them (the KV cache off, `memviz.runtime.apply._without_cache`)."""
     import warnings
 
     from memviz.runtime.apply import ApplyWarning, _without_cache
@@ -993,19 +1086,10 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | No
     handles = [model.get_submodule(path).register_forward_pre_hook(
         functools.partial(mark, path), with_kwargs=True) for path in block_paths(model)]
     try:
-        ep = torch.export.export(model, tuple(args), kwargs or {}, strict=False)
+        return torch.export.export(model, tuple(args), kwargs or {}, strict=False)
     finally:
         for h in handles:
             h.remove()
-    calls: dict[str, list[str]] = {}
-    graph = ep.graph_module.graph
-    for n in list(graph.find_nodes(op="call_function", target=torch.ops.memviz.call_argument.default)):
-        x, path = n.args
-        calls.setdefault(path, []).append(x.name)
-        graph.erase_node(n)
-    ep.graph_module.recompile()
-    ep.memviz_call_args = {path: tuple(names) for path, names in calls.items()}
-    return ep
 
 
 def block_paths(model: nn.Module) -> list[str]:
@@ -1027,51 +1111,23 @@ def block_paths(model: nn.Module) -> list[str]:
             for p in called(f"{c}.{child}" if c else child, m)]
 
 
-def call_arguments(ep: Any, joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:
-    """Block path -> the joint graph's FX values of the tensors its call got (`_export` recorded them in
-    the exported program), mapped onto the joint graph by the FX provenance (each joint node's first
-    record is the exported node it came from).  An exported op can become several joint nodes of its
-    shape (dropout: its output and its mask): the one the joint nodes of its exported readers read is its
-    value, else the one of its name, else the only one.  An argument the joint graph dropped (a view no
-    op reads, HF's ``position_ids = cache_position.unsqueeze(0)`` handed to every decoder layer) stands
-    for its base's storage; a graph input (always held) is left out, and so is a value the joint graph
-    does not compute at all (no data node holds it: Longformer's ``is_index_global_attn``, which only a
-    branch the trace took on the example's values read)."""
-    joint_of: dict[str, list[torch.fx.Node]] = {}
-    for n in forward_calls(joint):
-        sources = n.meta.get("from_node")
-        if sources and isinstance(n.meta.get("val"), torch.Tensor):
-            source = sources[0]
-            while source.from_node:
-                source = source.from_node[0]
-            joint_of.setdefault(source.name, []).append(n)
-    ep_nodes = {n.name: n for n in ep.graph.nodes}
-
-    def value_of(node: torch.fx.Node) -> str | None:
-        val = node.meta.get("val")
-        same = [j for j in joint_of[node.name] if isinstance(val, torch.Tensor)
-                and j.meta["val"].shape == val.shape and j.meta["val"].dtype == val.dtype]
-        read = [j for user in node.users for r in joint_of.get(user.name, ()) for j in r.all_input_nodes
-                if j in same]
-        named = [j for j in same if j.name == node.name]
-        found = read or named or (same if len(same) == 1 else [])
-        return found[0].name if found else None
-
-    def joint_value(name: str) -> str | None:
-        node = ep_nodes.get(name)
-        while node is not None and node.op == "call_function":
-            if node.name in joint_of:
-                return value_of(node)
-            schema = getattr(node.target, "_schema", None)
-            if schema is None or not schema.returns or schema.returns[0].alias_info is None:
-                return None  # computed for the block alone and dropped: no storage the graph holds
-            node = next((a for a in node.args if isinstance(a, torch.fx.Node)), None)
-        return None
-
-    out = {}
-    for path, args in getattr(ep, "memviz_call_args", {}).items():
-        out[path] = tuple(dict.fromkeys(n for n in map(joint_value, args) if n is not None))
-    return out
+def call_arguments(joint: torch.fx.GraphModule) -> dict[str, tuple[str, ...]]:
+    """Block path -> the joint graph's FX values of the tensors its call got, read from the `call_argument`
+    marks `_export` put there, which are then taken out of `joint`.  The marks keep in the graph a value
+    only a block's call gets: Longformer's ``is_index_global_attn``, which only ``.any().item()`` reads (a
+    branch the trace took on the example's values), or Funnel's ``attention_inputs`` ``gather``, which no
+    op reads; the trace dropped them, and the checkpointed block held them unplanned (28 B and 3.75 KiB
+    over a sac plan at its minimum).  Such a value is now computed as eager computes it and freed where
+    eager frees it.  A graph input (always held) is left out."""
+    marks = list(joint.graph.find_nodes(op="call_function", target=torch.ops.memviz.call_argument.default))
+    out: dict[str, list[str]] = {}
+    for n in marks:
+        x, path = n.args
+        if x.op != "placeholder":
+            out.setdefault(path, []).append(x.name)
+        joint.graph.erase_node(n)
+    joint.recompile()
+    return {path: tuple(dict.fromkeys(names)) for path, names in out.items()}
 
 
 def _data_dependent(err: BaseException) -> bool:
@@ -1374,7 +1430,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         except Exception as err:  # noqa: BLE001
             raise _describe_trace_error(err, model) from err
     views = aliased_outputs(joint, gm_ep, model) if mode == "train" else {}
-    joint.graph_module.meta["memviz_call_args"] = call_arguments(ep, joint.graph_module)
+    joint.graph_module.meta["memviz_call_args"] = call_arguments(joint.graph_module)
     return joint.graph_module, ep.call_spec.out_spec, views
 
 
@@ -1954,7 +2010,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
 def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
              loss_fn: LossFn | None, family: str | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    gm, out_spec, views, specialised, host_random, torch_draws = traced_as_eager_draws(
+    gm, out_spec, views, specialised, host_random, torch_draws, kept = traced_as_eager_draws(
         model, args, kwargs, mode, loss_fn, family)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
@@ -2006,7 +2062,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
-        loss_probe=probe if tangents else None, kernels=family,
+        kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
         call_args=gm.meta.get("memviz_call_args", {}))
 
     def add_loss_nodes() -> None:

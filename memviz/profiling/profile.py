@@ -890,6 +890,14 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
     return hold
 
 
+def kept_holds(cap: Captured, graph: Graph) -> dict[int, int]:
+    """data id -> the last compute id of `graph`'s step (the optimizer's update included), for each value
+    the model keeps across calls (`memviz.profiling.capture.kept_values`: BEiT's cached relative position
+    index): eager holds it for good, where the graph would free it after its last reader."""
+    last = len(graph.computes) - 1
+    return {cap.data_of_fx[n]: last for n in cap.kept_fx if n in cap.data_of_fx}
+
+
 def module_argument_holds(cap: Captured) -> dict[int, int]:
     """data id -> compute id after which eager PyTorch still holds it as a module call's argument.
 
@@ -934,7 +942,7 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
     for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
-                  _autocast_cache_holds(cap, requires_grad)):
+                  kept_holds(cap, graph), _autocast_cache_holds(cap, requires_grad)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []

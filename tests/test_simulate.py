@@ -486,13 +486,14 @@ def test_in_place_writes_survive_serialisation_and_must_be_inputs():
 
 
 
-def _relu_in_place() -> Graph:
-    """x = conv(w); y = relu_(x) (written in place of x, `DataNode.in_place_of`); loss = head(y), and
-    relu's backward reads y."""
+def _relu_in_place(mark: str = "in_place_of") -> Graph:
+    """x = conv(w); y = relu_(x) (written in place of x, `DataNode.in_place_of`; with `mark` "reuses",
+    one that may take over x's storage, `DataNode.reuses`: eager ran ``relu_(x)``, the exported step runs
+    it in place where x dies right after); loss = head(y), and relu's backward reads y."""
     b = GraphBuilder("relu_")
     w = b.data("w", 16, DataKind.PARAMETER)
     x = b.data("x", 64)
-    y = b.data("y", 64, in_place_of=x)
+    y = b.data("y", 64, **{mark: x})
     loss, gy, gx = b.data("loss", 4), b.data("gy", 64, DataKind.GRADIENT), b.data("gx", 64, DataKind.GRADIENT)
     b.compute("conv", [w], [x])
     b.compute("relu", [x], [y])
@@ -548,27 +549,10 @@ def test_in_place_of_survives_serialisation_and_must_be_read_by_the_producer():
         Graph.from_dict(bad)
 
 
-def _relu_may_reuse() -> Graph:
-    """x = conv(w); y = relu(x), which may take over x's storage (`DataNode.reuses`: eager ran
-    ``relu_(x)``, the exported step runs it in place where x dies right after); loss = head(y)."""
-    b = GraphBuilder("relu_may_reuse")
-    w = b.data("w", 16, DataKind.PARAMETER)
-    x = b.data("x", 64)
-    y = b.data("y", 64, reuses=x)
-    loss, gy, gx = b.data("loss", 4), b.data("gy", 64, DataKind.GRADIENT), b.data("gx", 64, DataKind.GRADIENT)
-    b.compute("conv", [w], [x])
-    b.compute("relu", [x], [y])
-    b.compute("head", [y], [loss])
-    b.compute("head_bwd", [loss], [gy], phase=Phase.BACKWARD)
-    b.compute("relu_bwd", [gy, y], [gx], phase=Phase.BACKWARD)
-    b.outputs = [gx]
-    return b.build()
-
-
 def test_a_value_that_may_reuse_its_input_does_so_only_where_the_input_is_freed_right_after():
     from solvers.simulate import reused_in_place
 
-    g = _relu_may_reuse()
+    g = _relu_in_place("reuses")
     right_after = (compute(0), compute(1), free(1), compute(2), compute(3), free(3), compute(4), free(2),
                    free(4))
     tl = simulate(g, right_after).check()

@@ -522,3 +522,31 @@ def test_a_derivative_formulas_temporaries_and_saved_inputs_live_until_its_node_
     verified = memviz.apply(sac_plan(prof, 0.9), model, verify=True)
     assert verified.verified_peak_bytes <= verified.plan.budget_bytes
     assert check_applied(model, args, {}, _square_loss, verified.plan) == [verified.plan.peak_bytes] * 3
+
+
+def test_a_model_keeping_forward_tensors_as_attributes_is_refused_with_what_to_do() -> None:
+    """A layer that keeps its forward's state as an attribute (HF RecurrentGemma with use_cache=True
+    keeps ``conv1d_state`` / ``recurrent_states`` after a training forward) cannot be deep-copied: apply
+    raised torch's "Only Tensors created explicitly by the user (graph leaves) support the deepcopy
+    protocol"; now a `PlanningError` naming the attribute and the way out."""
+    nn = torch.nn
+
+    class Stateful(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.state: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            self.state = y[:, -1]
+            return y
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Stateful(), Stateful())
+    args = (torch.randn(4, 8),)
+    plan = sac_plan(_fixed_cost_profile(model, args), 0.5)
+    model(*args)  # a training forward leaves the state with its autograd history
+    with pytest.raises(PlanningError, match=r"attributes.*0\.state, 1\.state.*use_cache=False.*inplace=True"):
+        memviz.apply(plan, model)
+    memviz.apply(plan, model, inplace=True)

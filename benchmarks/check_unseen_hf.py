@@ -135,11 +135,19 @@ _S2S = {"vocab_size": VOCAB, "d_model": 64, "encoder_layers": 2, "decoder_layers
         "decoder_ffn_dim": 128, "decoder_start_token_id": 2, **TOKENS}
 
 
-def seq2seq(model_type: str, **kw: Any) -> Factory:
+def seq2seq(model_type: str, mask: bool = False, **kw: Any) -> Factory:
+    """`mask`: pass the source's attention mask (all ones), for the models that build none under
+    torch.export (Switch Transformers: ``if attention_mask is None and not is_torchdynamo_compiling()``,
+    then indexes the None)."""
     auto = transformers.AutoModelForSeq2SeqLM
-    return lambda size: _seq2seq(_config(model_type, **{**_S2S, "max_position_embeddings": size.positions,
-                                                        **kw}), auto.from_config, size.batch,
-                                 size.seq * 3 // 4, size.seq // 2)
+
+    def make(size: Size) -> RealCase:
+        case = _seq2seq(_config(model_type, **{**_S2S, "max_position_embeddings": size.positions, **kw}),
+                        auto.from_config, size.batch, size.seq * 3 // 4, size.seq // 2)
+        if mask:
+            case.kwargs["attention_mask"] = torch.ones_like(case.args[0])
+        return case
+    return make
 
 
 def vision(model_type: str, cls: Any = None, **kw: Any) -> Factory:
@@ -225,7 +233,8 @@ MODELS: dict[str, Factory] = {
                      expert_layer_offset=1, mamba_d_state=8, mamba_expand=2, use_mamba_kernels=False,
                      use_cache=False),
     "recurrent_gemma": decoder("recurrent_gemma", "eager", lru_width=64, attention_window_size=8,
-                               block_types=["recurrent", "attention"], num_key_value_heads=1, head_dim=16),
+                               block_types=["recurrent", "attention"], num_key_value_heads=1, head_dim=16,
+                               use_cache=False),
     "granite": decoder("granite", embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0),
     "cohere": decoder("cohere", use_qk_norm=True),
     "starcoder2": decoder("starcoder2", num_key_value_heads=2, sliding_window=8),
@@ -260,7 +269,7 @@ MODELS: dict[str, Factory] = {
                           num_decoder_attention_heads=4, ngram=2, num_buckets=8, relative_max_distance=16),
     "umt5": seq2seq("umt5", d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
                     relative_attention_num_buckets=8),
-    "switch_transformers": seq2seq("switch_transformers", d_kv=16, d_ff=128, num_layers=2,
+    "switch_transformers": seq2seq("switch_transformers", mask=True, d_kv=16, d_ff=128, num_layers=2,
                                    num_decoder_layers=2, num_sparse_encoder_layers=1,
                                    num_sparse_decoder_layers=1, num_heads=4, num_experts=4,
                                    expert_capacity=16, router_jitter_noise=0.01,

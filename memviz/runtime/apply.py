@@ -83,8 +83,8 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
 
 def copied(model: nn.Module) -> nn.Module:
     """A deep copy of `model`; a model that keeps tensors a forward computed as attributes (a recurrent
-    state: HF RecurrentGemma with ``use_cache=True`` keeps each layer's ``conv1d_state`` and
-    ``recurrent_states`` after a training forward) cannot be copied (torch deep-copies only graph
+    state: HF RecurrentGemma keeps each recurrent layer's ``rg_lru.recurrent_states`` after a training
+    forward, and its ``conv1d_state`` with ``use_cache=True``) cannot be copied (torch deep-copies only graph
     leaves): a `PlanningError` naming them and what to do, not torch's error."""
     try:
         return copy.deepcopy(model)
@@ -97,8 +97,9 @@ def copied(model: nn.Module) -> nn.Module:
         raise PlanningError(
             f"memviz.apply checkpoints a copy of the model, and the model keeps tensors its forward computed "
             f"(with their autograd history) as attributes, which torch cannot copy: {', '.join(held[:4])}"
-            f"{f' and {len(held) - 4} more' if len(held) > 4 else ''}.  Clear them before apply (a Hugging "
-            "Face model's recurrent or KV state: use_cache=False for training), or apply with inplace=True"
+            f"{f' and {len(held) - 4} more' if len(held) > 4 else ''}.  Set them to None before apply "
+            "(what the last forward left; a Hugging Face model's cache: also use_cache=False in training), "
+            "or apply with inplace=True"
         ) from exc
 
 

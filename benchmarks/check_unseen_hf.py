@@ -117,10 +117,17 @@ _ENC = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "
         "intermediate_size": 128, **TOKENS}
 
 
-def encoder(model_type: str, **kw: Any) -> Factory:
+def encoder(model_type: str, mask: bool = True, **kw: Any) -> Factory:
+    """`mask`: False for the encoders whose forward takes no attention mask (FNet mixes every token)."""
     auto = transformers.AutoModelForMaskedLM
-    return lambda size: _masked_lm(_config(model_type, **{**_ENC, "max_position_embeddings": size.positions,
-                                                          **kw}), auto.from_config, size.batch, size.seq)
+
+    def make(size: Size) -> RealCase:
+        case = _masked_lm(_config(model_type, **{**_ENC, "max_position_embeddings": size.positions, **kw}),
+                          auto.from_config, size.batch, size.seq)
+        if not mask:
+            del case.kwargs["attention_mask"]
+        return case
+    return make
 
 
 _S2S = {"vocab_size": VOCAB, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
@@ -128,11 +135,19 @@ _S2S = {"vocab_size": VOCAB, "d_model": 64, "encoder_layers": 2, "decoder_layers
         "decoder_ffn_dim": 128, "decoder_start_token_id": 2, **TOKENS}
 
 
-def seq2seq(model_type: str, **kw: Any) -> Factory:
+def seq2seq(model_type: str, mask: bool = False, **kw: Any) -> Factory:
+    """`mask`: pass the source's attention mask (all ones), for the models that build none under
+    torch.export (Switch Transformers: ``if attention_mask is None and not is_torchdynamo_compiling()``,
+    then indexes the None)."""
     auto = transformers.AutoModelForSeq2SeqLM
-    return lambda size: _seq2seq(_config(model_type, **{**_S2S, "max_position_embeddings": size.positions,
-                                                        **kw}), auto.from_config, size.batch,
-                                 size.seq * 3 // 4, size.seq // 2)
+
+    def make(size: Size) -> RealCase:
+        case = _seq2seq(_config(model_type, **{**_S2S, "max_position_embeddings": size.positions, **kw}),
+                        auto.from_config, size.batch, size.seq * 3 // 4, size.seq // 2)
+        if mask:
+            case.kwargs["attention_mask"] = torch.ones_like(case.args[0])
+        return case
+    return make
 
 
 def vision(model_type: str, cls: Any = None, **kw: Any) -> Factory:
@@ -142,6 +157,20 @@ def vision(model_type: str, cls: Any = None, **kw: Any) -> Factory:
         cfg = _config(model_type, num_labels=10, image_size=size.image, **kw)
         model = cls(cfg) if cls else transformers.AutoModelForImageClassification.from_config(cfg)
         return _image_classifier(model, size.image, 10, "transformers", own=True, batch=size.batch)
+    return make
+
+
+def masked_autoencoder(model_type: str, **kw: Any) -> Factory:
+    """A masked-image pretraining model (ViT-MAE): its own reconstruction loss over the patches its
+    forward masks at random (``torch.rand`` + ``argsort`` inside the forward), or MSE of its logits."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        cfg = _config(model_type, image_size=size.image, **kw)
+        model = transformers.AutoModelForPreTraining.from_config(cfg).train()
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(size.batch, 3, size.image, size.image, generator=g)
+        losses = {"own": lambda out: out.loss, "mse": lambda out: out.logits.pow(2).mean()}
+        return RealCase(model, (images,), {}, losses, None, "transformers")
     return make
 
 
@@ -193,13 +222,82 @@ MODELS: dict[str, Factory] = {
     "segformer": vision("segformer", num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
                         hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
                         mlp_ratios=[2, 2], decoder_hidden_size=32, drop_path_rate=0.1),
+    # task zoohf36: recurrences (RWKV, Mamba2's chunked scan, Griffin's RG-LRU), hybrid attention+SSM+MoE,
+    # reversible layers and LSH attention, two-stream relative attention, partial rotary, QK norm, MoE
+    "rwkv": decoder("rwkv", "eager", max_seq=64, attention_hidden_size=64, context_length=2 * LONG,
+                    use_cache=False),
+    "mamba2": decoder("mamba2", "eager", max_seq=64, num_heads=8, head_dim=16, state_size=8, n_groups=1,
+                      chunk_size=8, use_cache=False),
+    "jamba": decoder("jamba", "eager", max_seq=64, num_key_value_heads=2, num_experts=4,
+                     num_experts_per_tok=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                     expert_layer_offset=1, mamba_d_state=8, mamba_expand=2, use_mamba_kernels=False,
+                     use_cache=False),
+    "recurrent_gemma": decoder("recurrent_gemma", "eager", lru_width=64, attention_window_size=8,
+                               block_types=["recurrent", "attention"], num_key_value_heads=1, head_dim=16,
+                               use_cache=False),
+    "granite": decoder("granite", embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0),
+    "cohere": decoder("cohere", use_qk_norm=True),
+    "starcoder2": decoder("starcoder2", num_key_value_heads=2, sliding_window=8),
+    "qwen3": decoder("qwen3", num_key_value_heads=2, head_dim=16),
+    "persimmon": decoder("persimmon", "eager", partial_rotary_factor=0.5, qk_layernorm=True),
+    "dbrx": decoder("dbrx", d_model=64,
+                    attn_config={"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
+                    ffn_config={"hidden_size": 64, "ffn_hidden_size": 64, "moe_num_experts": 4,
+                                "moe_top_k": 2}),
+    "olmoe": decoder("olmoe", num_experts=4, num_experts_per_tok=2),
+    "xlnet": decoder("xlnet", "eager", d_model=64, n_layer=2, n_head=4, d_inner=128,
+                     max_position_embeddings=None),
+    # reversible layers (a custom autograd Function recomputing each layer in its backward) and LSH
+    # attention; training needs the axial position shape to multiply to the sequence: no chunk check
+    "reformer": lambda size: decoder("reformer", "eager", attn_layers=["local", "lsh"],
+                                     axial_pos_shape=[4, size.seq // 4], axial_pos_embds_dim=[32, 32],
+                                     attention_head_size=16, feed_forward_size=128, local_attn_chunk_length=4,
+                                     lsh_attn_chunk_length=4, num_buckets=2, is_decoder=True,
+                                     max_position_embeddings=None)(size),
+    "fnet": encoder("fnet", mask=False),
+    "squeezebert": encoder("squeezebert", embedding_size=64),
+    "convbert": encoder("convbert", embedding_size=32, head_ratio=2, conv_kernel_size=3),
+    "rembert": encoder("rembert", input_embedding_size=32, output_embedding_size=32),
+    # the Nystrom path (landmarks < sequence) adds a 4-d mask to (landmarks, sequence) scores in transformers
+    # 5.24: unmasked; its segment means need the sequence length
+    "nystromformer": lambda size: encoder("nystromformer", mask=False, num_landmarks=4,
+                                          segment_means_seq_len=size.seq)(size),
+    "roformer": encoder("roformer", embedding_size=32),
+    "prophetnet": seq2seq("prophetnet", encoder_layers=None, decoder_layers=None, hidden_size=64,
+                          encoder_ffn_dim=128, decoder_ffn_dim=128,
+                          num_encoder_layers=2, num_decoder_layers=2, num_encoder_attention_heads=4,
+                          num_decoder_attention_heads=4, ngram=2, num_buckets=8, relative_max_distance=16),
+    "umt5": seq2seq("umt5", d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+                    relative_attention_num_buckets=8),
+    "switch_transformers": seq2seq("switch_transformers", mask=True, d_kv=16, d_ff=128, num_layers=2,
+                                   num_decoder_layers=2, num_sparse_encoder_layers=1,
+                                   num_sparse_decoder_layers=1, num_heads=4, num_experts=4,
+                                   expert_capacity=16, router_jitter_noise=0.01,
+                                   relative_attention_num_buckets=8),
+    "led": seq2seq("led", attention_window=[8, 8], max_encoder_position_embeddings=512,
+                   max_decoder_position_embeddings=512),
+    "vit_mae": masked_autoencoder("vit_mae", **_VIT, decoder_hidden_size=32, decoder_num_hidden_layers=1,
+                                  decoder_num_attention_heads=2, decoder_intermediate_size=64,
+                                  mask_ratio=0.5),
+    "dinov2": vision("dinov2", **_VIT, drop_path_rate=0.1, layerscale_value=0.1),
+    "data2vec_vision": vision("data2vec-vision", **_VIT, use_relative_position_bias=True, drop_path_rate=0.1),
+    "swinv2": vision("swinv2", patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4,
+                     drop_path_rate=0.1),
+    "mobilevit": vision("mobilevit", hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
+                        patch_size=2, num_attention_heads=2),
+    # LeViT's patch embedding is 4 stride-2 convolutions: patch_size 16 is what its attention biases assume
+    "levit": vision("levit", transformers.LevitForImageClassification, patch_size=16, hidden_sizes=[32, 48],
+                    num_attention_heads=[2, 3], depths=[1, 1], key_dim=[8, 8], mlp_ratio=[2, 2],
+                    attention_ratio=[2, 2],
+                    down_ops=[["Subsample", 8, 2, 4, 2, 2]]),
 }
 #: what ``--size deep`` runs by default: decoders (rotary, parallel attention, MoE, SSM), encoders, seq2seq,
 #: a ViT
 DEEP = ("gpt_neox", "olmo", "falcon", "mixtral", "qwen2_moe", "mamba", "deberta_v2", "electra", "xlm_roberta",
         "marian", "deit")
 DECODERS = ("gpt_neox", "opt", "bloom", "falcon", "phi", "phi3", "gemma", "gemma2", "stablelm", "olmo",
-            "gptj", "codegen", "mixtral", "qwen2_moe", "mamba")
+            "gptj", "codegen", "mixtral", "qwen2_moe", "mamba", "rwkv", "mamba2", "jamba", "recurrent_gemma",
+            "granite", "cohere", "starcoder2", "qwen3", "persimmon", "dbrx", "olmoe", "xlnet")
 
 
 def first_line(exc: BaseException) -> str:

@@ -499,3 +499,55 @@ def test_a_nodes_incoming_gradient_lives_until_its_last_op() -> None:
     verified = memviz.apply(plan, model, verify=True)
     assert verified.verified_peak_bytes <= plan.budget_bytes
     assert check_applied(model, args, {}, _square_loss, verified.plan) == [verified.plan.peak_bytes] * 3
+
+
+def test_a_derivative_formulas_temporaries_and_saved_inputs_live_until_its_node_returns() -> None:
+    """An RMS norm ``x * rsqrt(x.pow(2).mean(-1) + eps)`` (HF Mamba2's gated norm, at its step's peak): x
+    is saved by two autograd nodes, PowBackward0 running after MulBackward0, and eager frees it when the
+    later returns (the baseline took the node listed last, the earlier: x freed before ``x.pow(1)``);
+    PowBackward0's C++ formula ``grad * (2 * x.pow(1))`` holds its temporaries to the expression's end
+    (the graph freed each after its one reader).  The eager baseline was 128 KiB under the measured
+    step; now exact, and a sac plan's step measures as planned.  Planned on fixed costs."""
+    nn = torch.nn
+
+    class Norm(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 256, bias=False), Norm(), nn.Linear(256, 4, bias=False))
+    args = (torch.randn(64, 4),)
+
+    prof = _fixed_cost_profile(model, args)
+    assert prof.measured_peak_bytes == prof.baseline.peak_bytes  # main: 406536 measured, 275976 predicted
+    verified = memviz.apply(sac_plan(prof, 0.9), model, verify=True)
+    assert verified.verified_peak_bytes <= verified.plan.budget_bytes
+    assert check_applied(model, args, {}, _square_loss, verified.plan) == [verified.plan.peak_bytes] * 3
+
+
+def test_a_model_keeping_forward_tensors_as_attributes_is_refused_with_what_to_do() -> None:
+    """A layer that keeps its forward's state as an attribute (HF RecurrentGemma with use_cache=True
+    keeps ``conv1d_state`` / ``recurrent_states`` after a training forward) cannot be deep-copied: apply
+    raised torch's "Only Tensors created explicitly by the user (graph leaves) support the deepcopy
+    protocol"; now a `PlanningError` naming the attribute and the way out."""
+    nn = torch.nn
+
+    class Stateful(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.state: torch.Tensor | None = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            self.state = y[:, -1]
+            return y
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Stateful(), Stateful())
+    args = (torch.randn(4, 8),)
+    plan = sac_plan(_fixed_cost_profile(model, args), 0.5)
+    model(*args)  # a training forward leaves the state with its autograd history
+    with pytest.raises(PlanningError, match=r"attributes.*0\.state, 1\.state.*use_cache=False.*inplace=True"):
+        memviz.apply(plan, model)
+    memviz.apply(plan, model, inplace=True)

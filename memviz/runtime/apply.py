@@ -70,7 +70,7 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
     if plan.strategy not in EXPRESSIBLE:
         plan = to_sac(plan)
     specs = plan.solver_stats.extra.get("sac", {}).get("regions", []) if plan.strategy == "sac" else []
-    target = model if inplace else copy.deepcopy(model)
+    target = model if inplace else copied(model)
     for spec in specs:
         try:
             module = target.get_submodule(spec["module"])
@@ -79,6 +79,28 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
                                 "have: apply the plan to the model it was profiled from") from None
         wrap(module, spec)
     return target
+
+
+def copied(model: nn.Module) -> nn.Module:
+    """A deep copy of `model`; a model that keeps tensors a forward computed as attributes (a recurrent
+    state: HF RecurrentGemma keeps each recurrent layer's ``rg_lru.recurrent_states`` after a training
+    forward, and its ``conv1d_state`` with ``use_cache=True``) cannot be copied (torch deep-copies only graph
+    leaves): a `PlanningError` naming them and what to do, not torch's error."""
+    try:
+        return copy.deepcopy(model)
+    except RuntimeError as exc:
+        held = [f"{path + '.' if path else ''}{name}" for path, module in model.named_modules()
+                for name, value in vars(module).items()
+                if isinstance(value, torch.Tensor) and not value.is_leaf]
+        if not held:
+            raise
+        raise PlanningError(
+            f"memviz.apply checkpoints a copy of the model, and the model keeps tensors its forward computed "
+            f"(with their autograd history) as attributes, which torch cannot copy: {', '.join(held[:4])}"
+            f"{f' and {len(held) - 4} more' if len(held) > 4 else ''}.  Set them to None before apply "
+            "(what the last forward left; a Hugging Face model's cache: also use_cache=False in training), "
+            "or apply with inplace=True"
+        ) from exc
 
 
 def applies_as_is(plan: Plan) -> bool:

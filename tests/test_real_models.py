@@ -32,7 +32,7 @@ from memviz.profiling.tracker import measure_peak, tensors_of
 from solvers.result import InfeasibleBudget
 from tests.patience import patient_plan
 from tests.real_models import REAL, RealCase, rotating_loss
-from tests.test_zoo import Untracked, _assert_same, _assert_tree_same, _fresh
+from tests.test_zoo import Untracked, _assert_tree_same, _assert_updated_alike, _fresh
 
 STRATEGIES = ("checkmate", "rotor", "rockmate", "sqrt", "olla", "auto")
 #: budget points as fractions of the range [minimum, eager peak] above the minimum (0.0: the minimum)
@@ -112,9 +112,7 @@ def check_contract(name: str, strategy: str, point: float, budget: int | None = 
             peak, out_b = measure_peak(functools.partial(_step, exported, loss_fn, opt_b, in_b, i),
                                        tensors_of(exported, opt_b, in_b))
             _assert_tree_same(out_a, out_b, f"{name} output, step {i}")
-            for (pname, pa), pb in zip(original.named_parameters(), exported.parameters(), strict=True):
-                _assert_same(pa.grad, pb.grad, f"{name}: grad of {pname}, step {i}")
-                _assert_same(pa.detach(), pb.detach(), f"{name}: {pname} after step {i}")
+            _assert_updated_alike(original, exported, f"step {i}", prefix=f"{name}: ")
             opt_a.zero_grad()
             opt_b.zero_grad()
             if i == 0:

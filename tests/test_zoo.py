@@ -88,6 +88,15 @@ def _assert_same(a: Any, b: Any, what: str) -> None:
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0, msg=what)
 
 
+def _assert_updated_alike(original: torch.nn.Module, other: torch.nn.Module, when: str,
+                          prefix: str = "") -> None:
+    """Every parameter's gradient, and the parameter itself once the optimizer stepped, equal in `other`
+    and `original` (messages: `prefix` + what + ", " + `when`)."""
+    for (name, pa), pb in zip(original.named_parameters(), other.parameters(), strict=True):
+        _assert_same(pa.grad, pb.grad, f"{prefix}grad of {name}, {when}")
+        _assert_same(pa.detach(), pb.detach(), f"{prefix}{name} after {when}")
+
+
 def _assert_tree_same(a: Any, b: Any, what: str) -> None:
     a, b = Untracked.restored(a), Untracked.restored(b)
     la, sa = pytree.tree_flatten(a)

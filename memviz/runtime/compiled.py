@@ -468,15 +468,10 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
 
     gen = _Codegen(program)
     in_graph = rng_in_graph(program)
-    n = len(program.forward_steps)
-    # each phase's steps, what it returns and the schedule index of its first step
-    phases = {"forward_steps": (program.forward_steps, "outputs", 0),
-              "backward_steps": (program.backward_steps[:program.release], "", n),
-              "backward_rest": (program.backward_steps[program.release:], "grads", n + program.release)}
     bodies: list[str] = []
     plan: dict[str, list[tuple[str, tuple[str, int] | None]]] = {}
     first_done: set[int] = set()
-    for phase, (steps, returns, offset) in phases.items():
+    for phase, steps, returns, offset in program.phases:
         plan[phase] = []
         cuts = [(0, len(steps), None)] if in_graph else _cuts(steps, program.random, first_done)
         for k, (start, stop, rng) in enumerate(cuts):

@@ -107,6 +107,15 @@ class Program:
         return self.captured.nodes
 
     @functools.cached_property
+    def phases(self) -> tuple[tuple[str, tuple[Step, ...], str, int], ...]:
+        """Each phase's step function: (name, its steps, what it returns, the schedule index of its first
+        step): forward; backward while autograd holds the output gradients; the rest."""
+        n = len(self.forward_steps)
+        return (("forward_steps", self.forward_steps, "outputs", 0),
+                ("backward_steps", self.backward_steps[:self.release], "", n),
+                ("backward_rest", self.backward_steps[self.release:], "grads", n + self.release))
+
+    @functools.cached_property
     def placeholder_table(self) -> tuple[tuple[str, str, Any], ...]:
         """(FX name, kind, key) of each placeholder the step binds before it runs (no tangents)."""
         nodes = self.captured.gm.graph.find_nodes(op="placeholder")
@@ -960,15 +969,12 @@ class _Codegen:
     # -- the whole module -----------------------------------------------------------------------------
     def source(self) -> str:
         p = self.p
-        n = len(p.forward_steps)
-        body = self.function("forward_steps", p.forward_steps,
-                             "Forward part: everything before the output gradients arrive.", "outputs", 0)
-        body += ["", *self.function("backward_steps", p.backward_steps[:p.release],
-                                    "Backward while autograd holds the output gradients (to their last use).",
-                                    "", n)]
-        body += ["", *self.function("backward_rest", p.backward_steps[p.release:],
-                                    "Rest of the backward: recomputations, gradients, frees.", "grads",
-                                    n + p.release)]
+        docs = {"forward_steps": "Forward part: everything before the output gradients arrive.",
+                "backward_steps": "Backward while autograd holds the output gradients (to their last use).",
+                "backward_rest": "Rest of the backward: recomputations, gradients, frees."}
+        body = []
+        for name, steps, returns, start in p.phases:
+            body += [*([""] if body else []), *self.function(name, steps, docs[name], returns, start)]
         cap = self.cap
         # a gradient that is a view of its storage is its own FX value (`Captured.grad_fx`)
         grads = [(n, cap.grad_fx.get(("grad", n), cap.data_fx[d])) for n, d in cap.grad_data.items()]

@@ -229,7 +229,7 @@ def autograd_nodes(cap: Captured) -> AutogradNodes:
             continue
         if n.name in feeds:
             to_output.add(seq)
-        if origin_op(n) == "flat_apply":  # a custom Function's forward op: autograd does not record it
+        if in_custom_function(n):  # autograd does not record a custom Function's forward ops
             functions[seq] = max(functions.get(seq, -1), pos)
             continue
         if _original_copy(n):
@@ -253,6 +253,12 @@ def autograd_nodes(cap: Captured) -> AutogradNodes:
     for seq in to_output - found.released.keys():
         found.released[seq] = dropped
     return found
+
+
+def in_custom_function(node: torch.fx.Node) -> bool:
+    """Whether FX `node` is an op of a custom ``torch.autograd.Function``'s traced forward (its provenance
+    is the Function's ``flat_apply``; its ops share the Function's ``seq_nr``, as its backward's do)."""
+    return origin_op(node) == "flat_apply"
 
 
 def _function_saves(cap: Captured, found: AutogradNodes, functions: dict[int, int],
@@ -339,7 +345,7 @@ def gradient_input_holds(cap: Captured) -> dict[int, int]:
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     nodes = cap.nodes
     functions = {n.meta.get("seq_nr") for n in cap.gm.graph.nodes
-                 if n.op == "call_function" and not is_backward(n) and origin_op(n) == "flat_apply"}
+                 if n.op == "call_function" and not is_backward(n) and in_custom_function(n)}
     last: dict[int, int] = {}  # seq -> the node's last backward compute
     reads: list[tuple[int, int]] = []  # (seq, data id of a gradient another node produced)
     pos = -1

@@ -496,12 +496,13 @@ def solve_menu(graph: Graph, budget: int, blocks: Sequence[Block], holds: EagerH
     step's with `savings`."""
     return solve_by_options(len(blocks), budget,
                             lambda opts: choose(graph, blocks, opts, holds, overheads, savings),
-                            time_limit=time_limit, ladder=LADDER)
+                            time_limit=time_limit, ladder=LADDER, floor=graph.held_bytes())
 
 
 def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ...]], Choice], *,
                      time_limit: float = 60.0,
-                     ladder: tuple[str, ...] = ("none", "matmuls", "full")) -> tuple[SolveResult, Choice]:
+                     ladder: tuple[str, ...] = ("none", "matmuls", "full"),
+                     floor: int = 0) -> tuple[SolveResult, Choice]:
     """Per-block options (`ladder`: weakest first, by memory) chosen greedily: while over budget, move the
     block to whichever stronger option cuts the simulated peak most per second of step time (`Choice.step_s`:
     recomputation and checkpointing's own costs, so "full" straight from "none" when the per-op policy
@@ -509,10 +510,16 @@ def solve_by_options(n_blocks: int, budget: int, choose: Callable[[tuple[str, ..
     fits and is faster (a weaker one also at equal time: a stronger one can be faster, having no policy).
     `choose` turns one option per block into a `Choice` whose timeline `solvers.simulate` checked, so the
     result is what runs.  Raises `InfeasibleBudget` with the smallest
-    peak found (all blocks fully recomputed is not always the lowest, so not proven)."""
+    peak found (all blocks fully recomputed is not always the lowest, so not proven).  `floor`: bytes
+    every choice holds all step (`Graph.held_bytes`); a budget under it is refused at once, naming the
+    lower of no recomputation and the strongest option everywhere, where the search would strengthen
+    block by block to its time limit (every move, none fitting: GhostNet's 30 s)."""
     start = time.perf_counter()
     best = choose(("none",) * n_blocks)
     lowest = best
+    if budget < floor:
+        lowest = min(best, choose((ladder[-1],) * n_blocks), key=lambda ch: ch.peak_bytes)
+        raise InfeasibleBudget(budget, lowest.peak_bytes, "sac", proven=False)
     while best.peak_bytes > budget and not timed_out(start + time_limit, "sac: strengthening",
                                                               time.perf_counter()):
         moves = []

@@ -132,3 +132,30 @@ def test_a_budget_under_the_parameters_and_optimizer_state_is_refused_for_that(m
         memviz.plan(prof, held - 1, time_limit=20.0, frontier=False)
     with pytest.raises(OutOfTime):  # above what is held, more time may find one
         memviz.plan(prof, held + 1, time_limit=20.0, frontier=False)
+
+
+def test_a_sac_budget_under_what_is_held_is_refused_without_the_search(monkeypatch: Any) -> None:
+    """sac's greedy search strengthened block after block to its time limit when no choice could fit
+    (GhostNet under its AdamW state: 32 s at a 30 s limit); under `Graph.held_bytes` it now simulates two
+    candidates (none, and the strongest option everywhere) and names the lower peak."""
+    import solvers.sac
+    from tests.test_apply import EXAMPLES
+
+    model, args = EXAMPLES["gpt"]()
+    prof = profile(model, args, optimizer=torch.optim.AdamW, repeats=1, warmup=0).with_costs("fake:v100")
+    held = prof.graph.held_bytes()
+    made: list[tuple[str, ...]] = []
+    choose = solvers.sac.choose
+
+    def counted(graph: Any, blocks: Any, options: tuple[str, ...], *rest: Any) -> Any:
+        made.append(options)
+        return choose(graph, blocks, options, *rest)
+
+    monkeypatch.setattr(solvers.sac, "choose", counted)
+    with pytest.raises(InfeasibleBudget) as refused:
+        memviz.plan(prof, held - 1, strategy="sac", time_limit=20.0)
+    assert len(made) == 2 and len(set(made)) == 2, made
+    assert refused.value.minimum_bytes is not None and refused.value.minimum_bytes > held
+    made.clear()
+    at = refused.value.minimum_bytes  # the named budget is one the same call meets
+    assert memviz.plan(prof, at, strategy="sac", time_limit=20.0).peak_bytes <= at

@@ -105,7 +105,8 @@ def plan_parallel_sac(prof: Any, budget: int | float | str | None, *, time_limit
         return made[options][0]
 
     result, choice = solve_by_options(len(blocks), prof.baseline.peak_bytes if budget_bytes is None
-                                      else budget_bytes, choose, time_limit=time_limit)
+                                      else budget_bytes, choose, time_limit=time_limit,
+                                      floor=prof.graph.held_bytes())
     specs = made[choice.options][1]
     graph = choice.graph
     recomputed = sum(c.name.endswith(RECOMPUTED) for c in graph.computes)

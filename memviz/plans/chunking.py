@@ -140,12 +140,13 @@ class _AllocCounter(TorchDispatchMode):
             t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
         }
         owners = {self.operands.get(k) for k in ins}
+        owner = next(iter(owners)) if len(owners) == 1 else None  # None: no operand, or several
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and not t._is_view() and t.untyped_storage()._cdata not in ins:
                 nbytes = t.numel() * t.element_size()
                 self.bytes += nbytes
-                if len(owners) == 1 and None not in owners:
-                    self.of_operand.append((t.untyped_storage()._cdata, nbytes, owners.pop()))
+                if owner is not None:
+                    self.of_operand.append((t.untyped_storage()._cdata, nbytes, owner))
         return out
 
 

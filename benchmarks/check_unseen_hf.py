@@ -402,6 +402,7 @@ def check_apply(case: RealCase, loss_fn: Any, plan: Any) -> str:
 
 def check_chunk(case: RealCase) -> str:
     import memviz
+    from memviz.plans.chunking import MEASURED_SLACK
     from tests.test_chunk_zoo import _measure  # the activations: the peak above the step's start
     from tests.test_real_chunk import _assert_equal  # chunking's contract: 1e-5 (kernels see other shapes)
 
@@ -423,8 +424,11 @@ def check_chunk(case: RealCase) -> str:
     persistent = plan.baseline_graph.persistent_bytes()
     planned = plan.peak_bytes - persistent
     eager = plan.chunking.measured_baseline_bytes
-    return (f"{len(plan.chunks)} chunk regions{', ' + note if note else ''}; activations measured {peak} vs "
+    said = (f"{len(plan.chunks)} chunk regions{', ' + note if note else ''}; activations measured {peak} vs "
             f"plan {planned} ({(peak - planned) / planned:+.2%}; eager {eager})")
+    if peak > planned * (1 + MEASURED_SLACK):  # the plan's truth rule: a fail row, not "ok"
+        raise AssertionError(f"activations measured OVER the plan by more than {MEASURED_SLACK:.0%}: {said}")
+    return said
 
 
 def run_one(name: str, size: Size) -> None:

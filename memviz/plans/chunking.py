@@ -122,11 +122,16 @@ def _aliases(node: torch.fx.Node, metas: dict[str, Any]) -> tuple[str | None, An
 
 
 class _AllocCounter(TorchDispatchMode):
-    """Bytes of the non-view tensors ops allocate (meta tensors: no memory is touched)."""
+    """Bytes of the non-view tensors ops allocate (meta tensors: no memory is touched), and of those,
+    the ones an op made from one operand alone (`operands`: storage -> operand index): a copy,
+    permuted or cast, of that operand (einsum's bmm layout of its key), which stays whole in a chunk
+    that reads the operand whole."""
 
-    def __init__(self) -> None:
+    def __init__(self, operands: dict[int, int] | None = None) -> None:
         super().__init__()
         self.bytes = 0
+        self.operands = operands or {}
+        self.of_operand: list[tuple[int, int, int]] = []  # (storage, bytes, operand index)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
@@ -134,24 +139,48 @@ class _AllocCounter(TorchDispatchMode):
         ins = {
             t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
         }
+        owners = {self.operands.get(k) for k in ins}
+        owner = next(iter(owners)) if len(owners) == 1 else None  # None: no operand, or several
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and not t._is_view() and t.untyped_storage()._cdata not in ins:
-                self.bytes += t.numel() * t.element_size()
+                nbytes = t.numel() * t.element_size()
+                self.bytes += nbytes
+                if owner is not None:
+                    self.of_operand.append((t.untyped_storage()._cdata, nbytes, owner))
         return out
 
 
-def _allocated(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None) -> int:
+def _counted(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None) -> dict[str, Any]:
+    """The allocations of `node` run on meta tensors, each operand on a storage of its own (q, k and v
+    split from one projection share one: a copy of k must not pass for one of q); `swap`: that
+    operand contiguous.  ``bytes``: all of them; ``made``: operand name -> the bytes made from it
+    alone, but for the op's own outputs."""
+    fresh: dict[str, Any] = {}
+
     def get(n: torch.fx.Node) -> Any:
         v = metas.get(n.name)
-        if n.name == swap and isinstance(v, torch.Tensor):
-            return torch.empty(v.shape, dtype=v.dtype, device="meta")
-        return v
+        if not isinstance(v, torch.Tensor):
+            return v
+        if n.name not in fresh:
+            fresh[n.name] = (torch.empty(v.shape, dtype=v.dtype, device="meta") if n.name == swap
+                             else torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta"))
+        return fresh[n.name]
 
     args, kwargs = torch.fx.node.map_arg(node.args, get), torch.fx.node.map_arg(node.kwargs, get)
-    counter = _AllocCounter()
+    names = list(fresh)
+    counter = _AllocCounter({fresh[x].untyped_storage()._cdata: i for i, x in enumerate(names)})
     with counter:
-        node.target(*args, **kwargs)
-    return counter.bytes
+        out = node.target(*args, **kwargs)
+    kept = {t.untyped_storage()._cdata for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)}
+    made = dict.fromkeys(names, 0)
+    for key, nbytes, i in counter.of_operand:
+        if key not in kept:  # a view of the op's own output is no workspace
+            made[names[i]] += nbytes
+    return {"bytes": counter.bytes, "made": made}
+
+
+def _allocated(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None) -> int:
+    return _counted(node, metas, swap)["bytes"]
 
 
 def _temps(
@@ -159,12 +188,16 @@ def _temps(
 ) -> tuple[int, ...]:
     """Workspace an op allocates besides its outputs, per operand: the copies it makes of a
     non-contiguous operand (matmul of a transposed key ...) are found by re-running it with that
-    operand contiguous.  The last entry is the part no operand explains."""
+    operand contiguous, and what it makes from that operand alone (einsum's permuted copy of a
+    contiguous key, which a chunk reading the key whole makes whole) by following the storages.  The
+    last entry is the part no operand explains (it shrinks with any chunk)."""
     try:
-        total = _allocated(node, metas) - out_bytes
+        whole = _counted(node, metas)
+        total = whole["bytes"] - out_bytes
         if total <= 0:
             return ()
-        per = [max(0, total - (_allocated(node, metas, v) - out_bytes)) for v in inputs]
+        per = [min(total, max(whole["made"].get(v, 0), total - (_allocated(node, metas, v) - out_bytes)))
+               for v in inputs]
     except Exception:  # no meta kernel: no workspace known
         return ()
     return (*per, max(0, total - sum(per)))
@@ -596,6 +629,13 @@ class _Emitter:
             for rn in readers:
                 for a in rn.all_input_nodes:
                     last[a.name] = i
+        # a value nothing reads (the final state of a scan, selected and dropped) dies where it is made,
+        # as FX's own code frees it: a view kept alive would hold its base's whole storage to the end
+        # (Mamba2's and RecurrentGemma's chunk plans measured 13% over their estimate).  A region's
+        # unread values are hoisted and dropped before its loop (`hoisted_only`)
+        for i, it in enumerate(items):
+            if isinstance(it, torch.fx.Node):
+                last.setdefault(it.name, i)
         out_node = next(n for n in self.nodes if n.op == "output")
         keep = {a.name for a in out_node.all_input_nodes}
         # loop locals never exist outside their loop
@@ -725,6 +765,15 @@ class _Emitter:
 # --------------------------------------------------------------------------------------------------
 # The plan
 # --------------------------------------------------------------------------------------------------
+#: how far a chunked run may measure over its estimated activation peak (`ChunkPlan.checked`): the
+#: chunking tests' tolerance
+MEASURED_SLACK = 0.05
+
+
+class EstimateMissed(ValueError):
+    """The chunked run measured more activation bytes than the plan's estimate, beyond `MEASURED_SLACK`."""
+
+
 @dataclass
 class ChunkPlan:
     """Chosen chunk regions with their estimates.  `chunks` is the editable data view; `module()` the
@@ -798,7 +847,8 @@ class ChunkPlan:
         at a time, keeping a drop whenever the run without that region measures no higher, until the
         peak is lower than the unchunked one or no region is left; the dropped ones are in
         `refused`.  AutoChunk selects on its estimate (Sec. 3.4); this is the check that the estimate
-        did not miss a temporary the device allocates."""
+        did not miss a temporary the device allocates: a chunked run measuring over its estimate by
+        more than `MEASURED_SLACK` raises `EstimateMissed`."""
         if self.gm is None or not self.regions:
             return self
         device = _device_of(self.gm, [])
@@ -822,6 +872,16 @@ class ChunkPlan:
             refused.extend(self._with_regions(kept).chunks)
             kept, peak = [], base
         out = self._with_regions(kept)
+        if kept and peak > out.peak_bytes * (1 + MEASURED_SLACK):
+            # the estimate missed an allocation of the chunked code: its peak is not a bound to plan on
+            raise EstimateMissed(
+                f"autochunk: the chunked run measured {peak} bytes of activations, "
+                f"{peak / out.peak_bytes - 1:.1%} over the plan's estimate of {out.peak_bytes} (more than "
+                f"{MEASURED_SLACK:.0%}), with the regions "
+                + ", ".join(f"{c['start']}..{c['end']}" for c in out.chunks)
+                + ": the estimate misses an allocation of the chunked code; no plan is returned that "
+                "may not fit (a fault of memviz: please report it with the model)"
+            )
         out.measured_peak_bytes, out.measured_baseline_bytes, out.refused = peak, base, refused
         if refused:
             warnings.warn(
@@ -978,7 +1038,8 @@ def plan_chunks(
     (`calibrate`, `measure_times`: the model runs a few times).
     `plan.met` says whether the budget was reached; `plan.peak_bytes` what was.  With `check` the
     chosen regions are run once on `args` and those not lowering the measured peak dropped
-    (`ChunkPlan.checked`).  `time_limit` bounds the region search (seconds; the best found is kept)."""
+    (`ChunkPlan.checked`; `EstimateMissed` if the run measures over the estimate).  `time_limit`
+    bounds the region search (seconds; the best found is kept)."""
     gm, g = capture(model, args, kwargs)
     base = ac.estimate_memory(g)
     if budget is None:

@@ -997,7 +997,7 @@ def plan_autochunk(
             "for a backward); profile with mode='inference' to chunk, or fit training with "
             "rematerialization: strategy 'auto', 'rockmate', 'checkmate' or 'rotor'"
         )
-    from memviz.plans.chunking import unchunked_plan
+    from memviz.plans.chunking import EstimateMissed, unchunked_plan
     from solvers.autochunk import chunked_run
 
     start = time.perf_counter()
@@ -1018,7 +1018,10 @@ def plan_autochunk(
         return planned(unchunked)
     # the regions are chosen on activation bytes: parameters and inputs stay whole
     activations = max(1, budget_bytes - persistent)
-    the_plan = planned(unchunked.select(activations, time_limit=time_limit))
+    try:
+        the_plan = planned(unchunked.select(activations, time_limit=time_limit))
+    except EstimateMissed as exc:
+        raise PlanningError(str(exc)) from None
     lowest_peak, lowest = _lowest_chunking(prof.graph, the_plan)
     if the_plan.peak_bytes > budget_bytes and lowest_peak <= budget_bytes:
         the_plan = planned(dataclasses.replace(lowest, graph=unchunked.graph, speed=unchunked.speed,

@@ -238,3 +238,27 @@ def set_rng_state(devices: list[torch.device], state: tuple[torch.Tensor, list[t
     torch.set_rng_state(cpu)
     for d, s in zip(devices, states, strict=True):
         torch.get_device_module(d.type).set_rng_state(s, index(d))
+
+
+#: device types whose ``torch.autocast`` state `autocast_off` clears (those torch.autocast accepts)
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps")
+
+
+def autocast_caching() -> bool:
+    """Whether the caller runs inside a ``torch.autocast`` region that caches its casts: eager then keeps
+    each down-cast copy of a parameter that requires grad until the outermost region exits."""
+    return torch.is_autocast_cache_enabled() and any(
+        torch.amp.is_autocast_available(t) and torch.is_autocast_enabled(t) for t in AUTOCAST_DEVICE_TYPES)
+
+
+@contextlib.contextmanager
+def autocast_off() -> Iterator[None]:
+    """Every ``torch.autocast`` region the caller is in, switched off for the block: a captured graph
+    already holds the casts autocast made when it was traced, and run again under autocast its ops would
+    be cast a second time (a float32 op the graph keeps, such as a loss or a backward sum, run in
+    bfloat16)."""
+    with contextlib.ExitStack() as stack:
+        for device_type in AUTOCAST_DEVICE_TYPES:
+            if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield

@@ -762,7 +762,7 @@ def _deleted_names(code: str, skip_first: bool = False) -> list[str]:
 _CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 
 
-def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None, end: int) -> dict[int, int]:
+def autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None, end: int) -> dict[int, int]:
     """data id -> compute id after which eager autocast still holds a parameter's down-cast copy.
 
     Inside ``torch.autocast`` a float32 leaf that requires grad (a parameter, under ``no_grad`` too) is
@@ -945,7 +945,7 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
     for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
-                  kept_holds(cap, graph), _autocast_cache_holds(cap, requires_grad, len(graph.computes) - 1)):
+                  kept_holds(cap, graph), autocast_cache_holds(cap, requires_grad, len(graph.computes) - 1)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []

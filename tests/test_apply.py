@@ -555,10 +555,10 @@ def test_a_model_keeping_forward_tensors_as_attributes_is_refused_with_what_to_d
 
 def test_a_sac_plan_profiled_under_autocast_holds_autocasts_cached_weights() -> None:
     """A step run inside the caller's ``torch.autocast`` keeps each parameter's bfloat16 copy in
-    autocast's cache until the region exits, after the step: a checkpointed block's casts are not freed
-    when its forward ends.  The sac plan counted them freed: a GPT-2 step measured 162 KiB (7%) over
-    its plan, and `apply(verify=True)` refused it.  Here: the example GPT with AdamW, the step and its
-    update inside the region."""
+    autocast's cache until the region exits, after the backward: a checkpointed block's casts are not
+    freed when its forward ends.  The sac plan counted them freed: a GPT-2 step measured 162 KiB (7%)
+    over its plan, and `apply(verify=True)` refused it.  Here: the example GPT with AdamW, forward, loss
+    and backward inside the region, the update after it."""
     model, args = EXAMPLES["gpt"]()
 
     def bf16() -> Any:
@@ -576,10 +576,10 @@ def test_a_sac_plan_profiled_under_autocast_holds_autocasts_cached_weights() -> 
     opt.step()
     applied.zero_grad(set_to_none=True)
 
-    def step() -> None:
+    def step() -> None:  # as memviz runs a step profiled in a region: the update outside it
         with bf16():
             applied(*args).float().sum().backward()
-            opt.step()
+        opt.step()
 
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     peak, _ = measure_peak(step, [*tensors_of(applied, args, {}), *state])

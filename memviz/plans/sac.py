@@ -255,7 +255,7 @@ def eager_holds(cap: Any, graph: Graph) -> EagerHolds:
 
     local = python_local_holds(cap)
     # autocast's cache: the parameters with a gradient are those that require grad
-    cached = autocast_cache_holds(cap, set(cap.grad_data), len(graph.computes) - 1)
+    cached = autocast_cache_holds(cap, set(cap.grad_data), graph)
     for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap, graph), cached):
         for d, at in extra.items():
             local[d] = max(local.get(d, -1), at)

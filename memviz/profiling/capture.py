@@ -147,8 +147,11 @@ class Captured:
     # checkpointable block (`block_paths`) -> the FX values of the tensors its call gets (`call_arguments`):
     # non-reentrant checkpointing keeps every argument of the call, read by the block's ops or not
     call_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # captured inside the caller's caching torch.autocast (`accelerator.autocast_caching`): eager keeps the
-    # forward's down-cast parameters to the step's end, as the region outlives it
+    # the caller's torch.autocast regions around the capture (`accelerator.autocast_regions`): the graph
+    # holds their casts, and memviz runs the step's forward, loss and backward inside them again
+    # (`accelerator.autocast_as`), the optimizer's update outside
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()
+    # those regions cache their casts: eager keeps the forward's down-cast parameters to the backward's end
     autocast_cached: bool = False
 
     @property
@@ -2065,7 +2068,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
         kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
-        call_args=gm.meta.get("memviz_call_args", {}), autocast_cached=accelerator.autocast_caching())
+        call_args=gm.meta.get("memviz_call_args", {}), autocast=accelerator.autocast_regions(),
+        autocast_cached=bool(accelerator.autocast_regions()) and torch.is_autocast_cache_enabled())
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss

@@ -762,16 +762,18 @@ def _deleted_names(code: str, skip_first: bool = False) -> list[str]:
 _CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 
 
-def autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None, end: int) -> dict[int, int]:
+def autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None,
+                         graph: Graph) -> dict[int, int]:
     """data id -> compute id after which eager autocast still holds a parameter's down-cast copy.
 
     Inside ``torch.autocast`` a float32 leaf that requires grad (a parameter, under ``no_grad`` too) is
     cast once and kept in autocast's cache until the outermost region exits
     (``torch.is_autocast_cache_enabled``).  The region is the run of forward nodes export traced
     through ``wrap_with_autocast``, or, for a step captured inside the caller's region
-    (`Captured.autocast_cached`), the whole forward, whose casts are then held to the step's last
-    compute `end` (the optimizer's update included: the region outlives the step it wraps).
-    `requires_grad` names the parameters that require grad (None: all)."""
+    (`Captured.autocast_cached`), the whole forward, whose casts are then held to the backward's last
+    compute (`step_end` of `graph`: memviz runs the step in that region again, the optimizer's update
+    outside it, `accelerator.autocast_as`).  `requires_grad` names the parameters that require grad
+    (None: all)."""
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     params = {n.name: key for n, (kind, key) in zip(cap.gm.graph.find_nodes(op="placeholder"),
                                                      cap.placeholders, strict=True) if kind == "param"}
@@ -796,8 +798,13 @@ def autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None, e
                 and n.name in cap.data_of_fx):
             cached.append(cap.data_of_fx[n.name])
     for d in cached:
-        hold[d] = max(hold.get(d, -1), end if cap.autocast_cached else pos)
+        hold[d] = max(hold.get(d, -1), step_end(graph) if cap.autocast_cached else pos)
     return hold
+
+
+def step_end(graph: Graph) -> int:
+    """The last compute of forward, loss and backward: the optimizer's update nodes come after it."""
+    return max(c.id for c in graph.computes if c.phase is not Phase.OPTIMIZER)
 
 
 def python_local_holds(cap: Captured) -> dict[int, int]:
@@ -945,7 +952,7 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
     for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
-                  kept_holds(cap, graph), autocast_cache_holds(cap, requires_grad, len(graph.computes) - 1)):
+                  kept_holds(cap, graph), autocast_cache_holds(cap, requires_grad, graph)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []

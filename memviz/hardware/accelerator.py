@@ -238,3 +238,47 @@ def set_rng_state(devices: list[torch.device], state: tuple[torch.Tensor, list[t
     torch.set_rng_state(cpu)
     for d, s in zip(devices, states, strict=True):
         torch.get_device_module(d.type).set_rng_state(s, index(d))
+
+
+#: device types whose ``torch.autocast`` state `autocast_off` clears (those torch.autocast accepts)
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps")
+
+
+def autocast_regions() -> tuple[tuple[str, torch.dtype], ...]:
+    """(device type, dtype) of each ``torch.autocast`` region the caller runs inside."""
+    return tuple((t, torch.get_autocast_dtype(t)) for t in AUTOCAST_DEVICE_TYPES
+                 if torch.amp.is_autocast_available(t) and torch.is_autocast_enabled(t))
+
+
+@contextlib.contextmanager
+def autocast_off() -> Iterator[None]:
+    """Every ``torch.autocast`` region the caller is in, switched off for the block: a captured graph
+    already holds the casts autocast made when it was traced, and run again under autocast its ops would
+    be cast a second time (a float32 op the graph keeps, such as a loss or a backward sum, run in
+    bfloat16)."""
+    with contextlib.ExitStack() as stack:
+        for device_type in AUTOCAST_DEVICE_TYPES:
+            if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+@contextlib.contextmanager
+def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None) -> Iterator[None]:
+    """The block inside fresh ``torch.autocast`` `regions` (`autocast_regions` of a profiled step) and
+    outside the caller's own, so a step runs as it was profiled wherever it is called from: each in a
+    region of its own, whose cache of down-cast parameters goes when it exits (a cache outliving an
+    optimizer's update would serve stale casts).  None: the caller's state, as it is."""
+    if regions is None:
+        yield
+        return
+    # inside the caller's region ours are nested, and its cache (autocast clears it only when the outermost
+    # region exits) would serve casts made before this step: cleared before and after it
+    torch.clear_autocast_cache()
+    try:
+        with autocast_off(), contextlib.ExitStack() as stack:
+            for device_type, dtype in regions:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            yield
+    finally:
+        torch.clear_autocast_cache()

@@ -245,11 +245,18 @@ def eager_holds(cap: Any, graph: Graph) -> EagerHolds:
     update included: `memviz.profile`), and per forward op what its autograd node saves and when that
     node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
     from)."""
-    from memviz.profiling.profile import kept_holds, module_argument_holds, python_local_holds
+    from memviz.profiling.profile import (
+        autocast_cache_holds,
+        kept_holds,
+        module_argument_holds,
+        python_local_holds,
+    )
     from memviz.profiling.saved import autograd_nodes, gradient_input_holds
 
     local = python_local_holds(cap)
-    for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap, graph)):
+    # autocast's cache: the parameters with a gradient are those that require grad
+    cached = autocast_cache_holds(cap, set(cap.grad_data), graph)
+    for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap, graph), cached):
         for d, at in extra.items():
             local[d] = max(local.get(d, -1), at)
     walk = autograd_nodes(cap)

@@ -41,6 +41,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from memviz.hardware import accelerator
 from solvers import DataKind, Graph, GraphBuilder, Phase, with_order_chain
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -146,6 +147,12 @@ class Captured:
     # checkpointable block (`block_paths`) -> the FX values of the tensors its call gets (`call_arguments`):
     # non-reentrant checkpointing keeps every argument of the call, read by the block's ops or not
     call_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # the caller's torch.autocast regions around the capture (`accelerator.autocast_regions`): the graph
+    # holds their casts, and memviz runs the step's forward, loss and backward inside them again
+    # (`accelerator.autocast_as`), the optimizer's update outside
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()
+    # those regions cache their casts: eager keeps the forward's down-cast parameters to the backward's end
+    autocast_cached: bool = False
 
     @property
     def nodes(self) -> dict[str, torch.fx.Node]:
@@ -1151,8 +1158,6 @@ def _model_tensors(model: nn.Module, args: Any, kwargs: Any) -> list[torch.Tenso
 
 @contextlib.contextmanager
 def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
-    from memviz.hardware import accelerator
-
     with accelerator.fork_rng(accelerator.devices_of(list(tensors))):
         yield
 
@@ -2063,7 +2068,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
         kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
-        call_args=gm.meta.get("memviz_call_args", {}))
+        call_args=gm.meta.get("memviz_call_args", {}), autocast=accelerator.autocast_regions(),
+        autocast_cached=bool(accelerator.autocast_regions()) and torch.is_autocast_cache_enabled())
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss

@@ -762,13 +762,18 @@ def _deleted_names(code: str, skip_first: bool = False) -> list[str]:
 _CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 
 
-def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None) -> dict[int, int]:
+def autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None,
+                         graph: Graph) -> dict[int, int]:
     """data id -> compute id after which eager autocast still holds a parameter's down-cast copy.
 
     Inside ``torch.autocast`` a float32 leaf that requires grad (a parameter, under ``no_grad`` too) is
     cast once and kept in autocast's cache until the outermost region exits
     (``torch.is_autocast_cache_enabled``).  The region is the run of forward nodes export traced
-    through ``wrap_with_autocast``; `requires_grad` names the parameters that require grad (None: all)."""
+    through ``wrap_with_autocast``, or, for a step captured inside the caller's region
+    (`Captured.autocast_cached`), the whole forward, whose casts are then held to the backward's last
+    compute (`step_end` of `graph`: memviz runs the step in that region again, the optimizer's update
+    outside it, `accelerator.autocast_as`).  `requires_grad` names the parameters that require grad
+    (None: all)."""
     pos_of = {name: i for i, name in enumerate(cap.compute_fx) if name is not None}
     params = {n.name: key for n, (kind, key) in zip(cap.gm.graph.find_nodes(op="placeholder"),
                                                      cap.placeholders, strict=True) if kind == "param"}
@@ -776,7 +781,7 @@ def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None) 
     cached: list[int] = []
     pos = -1
     for n in forward_calls(cap.gm):
-        inside = (n.meta.get("torch_fn") or ("",))[0] == "wrap_with_autocast"
+        inside = cap.autocast_cached or (n.meta.get("torch_fn") or ("",))[0] == "wrap_with_autocast"
         if not inside:
             for d in cached:
                 hold[d] = max(hold.get(d, -1), pos)
@@ -793,8 +798,13 @@ def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None) 
                 and n.name in cap.data_of_fx):
             cached.append(cap.data_of_fx[n.name])
     for d in cached:
-        hold[d] = max(hold.get(d, -1), pos)
+        hold[d] = max(hold.get(d, -1), step_end(graph) if cap.autocast_cached else pos)
     return hold
+
+
+def step_end(graph: Graph) -> int:
+    """The last compute of forward, loss and backward: the optimizer's update nodes come after it."""
+    return max(c.id for c in graph.computes if c.phase is not Phase.OPTIMIZER)
 
 
 def python_local_holds(cap: Captured) -> dict[int, int]:
@@ -942,7 +952,7 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
     for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
-                  kept_holds(cap, graph), _autocast_cache_holds(cap, requires_grad)):
+                  kept_holds(cap, graph), autocast_cache_holds(cap, requires_grad, graph)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []
@@ -1059,11 +1069,12 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
                 node = runner.nodes[cap.compute_fx[c]]
                 a, kw = runner.resolve(node)
                 key = op_key(node.target, a, kw)
+                # the graph's ops as traced: a step profiled under torch.autocast holds its casts
+                fn = accelerator.autocast_off()(functools.partial(node.target, *a, **kw))
                 if key is not None and key in seen:  # same op on the same shapes: its time, its own value
                     times[c], temps[c] = seen[key]
-                    runner.store(c, node.target(*a, **kw))
+                    runner.store(c, fn())
                     continue
-                fn = functools.partial(node.target, *a, **kw)
                 times[c], out = timer(fn, repeats, warmup)
                 if accelerator.is_accelerator(info.torch_device):
                     temps[c] = accelerator.workspace_bytes(fn, info.torch_device)

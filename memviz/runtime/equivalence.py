@@ -53,10 +53,11 @@ class Comparison:
 
 
 def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     loss_fn: Any, mode: str, eager_peak: int) -> Comparison:
+                     loss_fn: Any, mode: str, eager_peak: int,
+                     autocast: tuple[tuple[str, torch.dtype], ...] | None = None) -> Comparison:
     """One step of `original` and one of `module` on the same inputs and generator state (module
-    docstring).  `eager_peak`: the bytes eager's step is predicted to hold, checked against what an
-    accelerator has free before it runs."""
+    docstring), each in its own `autocast` regions (`accelerator.autocast_as`).  `eager_peak`: the bytes
+    eager's step is predicted to hold, checked against what an accelerator has free before it runs."""
     tensors = [*original.parameters(), *original.buffers(), *pytree.tree_leaves((args, kwargs))]
     devices = accelerator.devices_of(tensors)
     if devices:
@@ -66,8 +67,10 @@ def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ..
         if eager_peak > free:
             return Comparison(None, reason=f"its predicted peak ({eager_peak} bytes) does not fit in what "
                                            f"{devices[0]} has ({free} bytes)")
-    eager = _one_step(original, args, kwargs, loss_fn, mode, devices)
-    mine = _one_step(module, args, kwargs, loss_fn, mode, devices)
+    with accelerator.autocast_as(autocast):
+        eager = _one_step(original, args, kwargs, loss_fn, mode, devices)
+    with accelerator.autocast_as(autocast):
+        mine = _one_step(module, args, kwargs, loss_fn, mode, devices)
     return _compared(eager, mine)
 
 

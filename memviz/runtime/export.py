@@ -262,19 +262,25 @@ class _StepState:
         self.grad_outputs: dict[int, torch.Tensor] = {}
         self.missing: set[int] = set()  # outputs that got no gradient (unused by the loss)
 
+    # each phase runs with the caller's torch.autocast off (`accelerator.autocast_off`): the graph holds
+    # the casts of a step profiled under autocast and the model's own float32 regions, which autocast
+    # would cast again
     def forward(self) -> list[Any]:
         """The forward part: everything before the output gradients arrive; returns the flat outputs."""
-        return self.code.forward_steps(self.env, self.rng, self.buffers)
+        with accelerator.autocast_off():
+            return self.code.forward_steps(self.env, self.rng, self.buffers)
 
     def backward(self) -> None:
         """The backward steps that run while autograd holds the output gradients."""
-        self.code.backward_steps(self.env, self.rng, self.buffers, self.grad_outputs)
+        with accelerator.autocast_off():
+            self.code.backward_steps(self.env, self.rng, self.buffers, self.grad_outputs)
         self.grad_outputs.clear()
 
     def gradients(self, input_slots: Sequence[int]) -> tuple[list[Any], list[Any]]:
         """The backward steps after the output gradients' last use (autograd has released them), then
         the parameters' gradients and those of the inputs at `input_slots`; the step ends here."""
-        values = self.code.backward_rest(self.env, self.rng, self.buffers)
+        with accelerator.autocast_off():
+            values = self.code.backward_rest(self.env, self.rng, self.buffers)
         self.env.clear()
         tangents = self.program.grad_tangents
         found = {}

@@ -103,6 +103,9 @@ class StepSpec:
     backend: Any = None
     # the inputs are zeros of the planned shapes (no ``inputs=``), which a model may not run on
     zeros: bool = False
+    # the torch.autocast regions the step was profiled in (`Captured.autocast`): forward, loss and backward
+    # run inside them, whatever the caller's; None (a loaded plan): the caller's autocast, as it is
+    autocast: tuple[tuple[str, torch.dtype], ...] | None = None
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -176,7 +179,7 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     module.plan = current
     module.verified_peak_bytes = measured
     module.verified_equal = compare_to_eager(module, original, spec.args, spec.kwargs, spec.loss_fn,
-                                             spec.mode, plan.baseline.peak_bytes)
+                                             spec.mode, plan.baseline.peak_bytes, spec.autocast)
     if module.verified_equal.equal is False:
         raise MismatchError(
             f"{caller}: the rewritten step is {module.verified_equal.describe()}, on the same inputs and "
@@ -245,7 +248,9 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
                    for c in plan.graph.computes if c.phase is Phase.OPTIMIZER)
     updated = frozenset(n for g in groups for n in g)
     grouped = plan.graph.meta.get("optimizer_update") in ("foreach", "fused")
+    cap = getattr(prof, "captured", None)
     return StepSpec(args=args, kwargs=kwargs, mode=mode, zeros=inputs is None,
+                    autocast=None if cap is None else cap.autocast,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())
@@ -389,12 +394,13 @@ def _step(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict
     from memviz.profiling.capture import default_loss
 
     def step() -> None:
-        if spec.mode == "inference":
-            with torch.no_grad():
-                module(*args, **kwargs)
-            return
-        loss = (spec.loss_fn or default_loss)(module(*args, **kwargs))
-        loss.backward()
+        with accelerator.autocast_as(spec.autocast):
+            if spec.mode == "inference":
+                with torch.no_grad():
+                    module(*args, **kwargs)
+                return
+            loss = (spec.loss_fn or default_loss)(module(*args, **kwargs))
+            loss.backward()
         if opt is not None:
             opt.step()
 

@@ -1160,21 +1160,20 @@ def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
 def _eager_shapes(kernel: Callable[..., Any], eager: EagerReads, record: list[str]) -> Callable[..., Any]:
     """`kernel` (a fake tensor kernel) that, for an operator whose output shape depends on values
     (``_ctc_loss.Tensor``: the longest target; ``masked_select``; ``nonzero``), takes the output shapes
-    eager's call of that operator had on the example (`EagerReads`, per operator in call order)."""
+    eager's call of that operator had on the example (`EagerReads`, per operator in call order).
+
+    Under export such a kernel answers sizes of unbacked symbols instead of failing, on which a Python loop
+    over the rows (an MoE's ``for expert in hit.nonzero()``) cannot guard: an operator tagged
+    ``dynamic_output_shape`` that eager ran takes eager's sizes there too, counted over every call of that
+    overload (``index.Tensor`` is sized by values only for a boolean index)."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     calls: dict[Any, int] = {}
 
-    def impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return kernel(fake_mode, func, *args, **kwargs)
-        except (DynamicOutputShapeException, DataDependentOutputException):
-            # eager may run another overload (``_ctc_loss`` with lists where the trace has ``.Tensor``)
-            queue = eager.outputs.get(func.overloadpacket)
-            if not queue:
-                raise
+    def eager_output(fake_mode: Any, func: torch._ops.OpOverload, key: Any, queue: list[Any]) -> Any:
         # each pass over the model (export's, then the joint trace's) makes eager's calls again, in order
-        n = calls[func.overloadpacket] = calls.get(func.overloadpacket, 0) + 1
+        n = calls[key] = calls.get(key, 0) + 1
         metas = queue[(n - 1) % len(queue)]
         with fake_mode:
             out = pytree.tree_map_only(tuple, lambda m: torch.empty_strided(*m[:2], dtype=m[2], device=m[3]),
@@ -1186,28 +1185,62 @@ def _eager_shapes(kernel: Callable[..., Any], eager: EagerReads, record: list[st
             record.append(f"{_user_code_line()}: {what}")
         return out
 
+    def sized_as_eager(fake_mode: Any, func: torch._ops.OpOverload, queue: list[Any], *args: Any,
+                       **kwargs: Any) -> Any:
+        n = calls.get(func, 0)
+        env = fake_mode.shape_env
+        try:
+            with env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext():
+                out = kernel(fake_mode, func, *args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            return eager_output(fake_mode, func, func, queue)
+        if free_unbacked_symbols(out):
+            return eager_output(fake_mode, func, func, queue)
+        calls[func] = n + 1
+        return out
+
+    def impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+        own = eager.overload_outputs.get(func)
+        if own and torch.Tag.dynamic_output_shape in func.tags:
+            return sized_as_eager(fake_mode, func, own, *args, **kwargs)
+        try:
+            return kernel(fake_mode, func, *args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            # eager may run another overload (``_ctc_loss`` with lists where the trace has ``.Tensor``)
+            queue = eager.outputs.get(func.overloadpacket)
+            if not queue:
+                raise
+        return eager_output(fake_mode, func, func.overloadpacket, queue)
+
     return impl
 
 
 def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[str]) -> Callable[..., Any]:
-    """``.item()`` (``bool(t)``, ``if t > 0``, ``.tolist()``) as the value eager read at the same call, in
-    call order (the trace follows eager's branches, so it makes the same reads): a plain Python number,
-    so the trace goes the way eager went and no guard remains.  A trace that checks out differently from
-    eager is refused afterwards (`check_specialised_as_eager`)."""
+    """``.item()`` (``bool(t)``, ``if t > 0``, ``.tolist()``, a 0-d index ``w[t]``) as the value eager read
+    at the same line of the model's code, in call order (the trace follows eager's branches, so it makes
+    the same reads there): a plain Python number, so the trace goes the way eager went and no guard
+    remains.  Per line, because eager also reads inside operators the trace decomposes without reading
+    (``one_hot``'s range check): in one call order those reads shifted every later one.  A trace that
+    checks out differently from eager is refused afterwards (`check_specialised_as_eager`)."""
 
-    read: dict[int, Any] = {}  # one read is ``item`` then ``_local_scalar_dense`` on the same tensor
-    count = [0]
+    # one read is ``item`` then ``_local_scalar_dense`` on the same tensor; the tensor is held so that a
+    # later one (an expert loop's index) cannot take its id
+    read: dict[int, tuple[Any, Any]] = {}
+    count: dict[str, int] = {}
 
     def impl(fake_mode: Any, func: torch._ops.OpOverload, arg: Any) -> Any:
         if id(arg) in read:
-            return read[id(arg)]
-        if not eager.values:
+            return read[id(arg)][1]
+        line = _user_code_line()
+        values = eager.values.get(line)
+        if not values:
             return kernel(fake_mode, func, arg)
         # export runs the model's Python more than once (each pass makes eager's reads again, in order)
-        value = read[id(arg)] = eager.values[count[0] % len(eager.values)]
-        count[0] += 1
-        if count[0] <= len(eager.values):
-            record.append(f"{_user_code_line()}: value {value!r}")
+        n = count[line] = count.get(line, 0) + 1
+        value = values[(n - 1) % len(values)]
+        read[id(arg)] = (arg, value)
+        if n <= len(values):
+            record.append(f"{line}: value {value!r}")
         return value
 
     return impl
@@ -1216,10 +1249,13 @@ def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[st
 @dataclass
 class EagerReads:
     """What eager `model(*args)` read off tensor values on the example: every ``_local_scalar_dense``
-    result, and each operator's outputs as (shape, stride, dtype, device), in call order."""
+    result per line of the model's code (`_user_code_line`), and each operator's outputs as (shape,
+    stride, dtype, device), in call order."""
 
-    values: list[Any] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)
     outputs: dict[Any, list[Any]] = field(default_factory=dict)
+    # the same, per overload (`_eager_shapes`: ``where.self`` is no ``where.default``)
+    overload_outputs: dict[Any, list[Any]] = field(default_factory=dict)
 
 
 def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> EagerReads:
@@ -1232,10 +1268,12 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             out = func(*a, **(kw or {}))
             if func is torch.ops.aten._local_scalar_dense.default:
-                reads.values.append(out)
+                reads.values.setdefault(_user_code_line(), []).append(out)
             else:
-                reads.outputs.setdefault(func.overloadpacket, []).append(pytree.tree_map_only(
-                    torch.Tensor, lambda t: (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), out))
+                metas = pytree.tree_map_only(
+                    torch.Tensor, lambda t: (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), out)
+                reads.outputs.setdefault(func.overloadpacket, []).append(metas)
+                reads.overload_outputs.setdefault(func, []).append(metas)
             return out
 
     with torch.no_grad(), Recorder():
@@ -1252,13 +1290,12 @@ def specialising_on_example_values(record: list[str], eager: EagerReads) -> Iter
     tensor propagation: it decided a parameter-dependent branch and LayerDrop unlike eager."""
     from torch._subclasses import fake_impls
 
-    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
     checks = list(fake_impls.op_implementations_checks)
     kernels = dict(fake_impls.op_implementations_dict)
     fake_impls.op_implementations_checks[:] = [(c, _eager_shapes(fn, eager, record)) for c, fn in checks]
     fake_impls.op_implementations_dict.update(
         {op: _eager_shapes(fn, eager, record) for op, fn in kernels.items()})
-    for read in reads:
+    for read in _READS:
         if read in kernels:
             fake_impls.op_implementations_dict[read] = _eager_scalar(kernels[read], eager, record)
     try:
@@ -1318,8 +1355,49 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
-        return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
-                            specialising_on_example_values(specialised, eager), specialised, family)
+        traced = _trace_joint(model, args, kwargs, mode, loss_fn, functions,
+                              specialising_on_example_values(specialised, eager), specialised, family)
+    check_sizes_outlive_the_step(traced[0], model, mode)
+    return traced
+
+
+def _value_sized(node: torch.fx.Node) -> bool:
+    """Whether the FX node's output size is read off tensor values (``nonzero``, ``masked_select``, a
+    boolean index): ATen tags those operators, and ``index.Tensor`` is one only with a boolean index."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.dynamic_output_shape not in target.tags:
+        return False
+    if target is torch.ops.aten.index.Tensor:
+        return any(isinstance(i, torch.fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool
+                   for i in node.args[1])
+    return True
+
+
+def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mode: str) -> None:
+    """Refuse a joint graph (`trace_joint`'s, specialised on the example) whose forward sizes a tensor by
+    values computed from the trainable parameters in training, or from a random draw: an MoE's routing
+    (DBRX's ``for expert_idx in expert_hit``, ``torch.where(expert_mask[expert_idx])``).  The graph holds
+    the example's sizes, which the next optimizer step (or another draw: the profile's own timed replay)
+    changes, so no plan of it runs as eager does.  A size read off the inputs alone (a label mask's
+    count) stays the example's, as `specialising_on_example_values` warns."""
+    kinds = dict(zip(gm.graph.find_nodes(op="placeholder"), _classify_placeholders(gm), strict=True))
+    moving: set[torch.fx.Node] = {n for n, (kind, _) in kinds.items() if kind == "param" and mode == "train"}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or is_backward(n):
+            continue
+        inputs_move = any(a in moving for a in n.all_input_nodes)
+        if _value_sized(n) and inputs_move:
+            where = source_of(n)
+            raise CaptureError(
+                f"could not trace {type(model).__name__}: it sizes a tensor by values computed from its "
+                f"{'parameters or ' if mode == 'train' else ''}random draws ({where}; an MoE's routing): the "
+                "graph holds this example's sizes, which the next optimizer step or draw changes, so no plan "
+                "of it would run as eager does.  Profile with fallback=True (module-level profile; "
+                "memviz.apply runs the model's own code), or route with fixed shapes (a Hugging Face MoE "
+                "that offers it: config experts_implementation='batched_mm')",
+                _module_of(n), where.split(" in ", 1)[0])
+        if inputs_move or is_random(n):
+            moving.add(n)
 
 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
@@ -1353,6 +1431,7 @@ def _symbolic_scalar(node: torch.fx.Node) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat))
 
 
+_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 _VALUE_CHECKS = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
                  torch.ops.aten.sym_constrain_range.default)
 
@@ -1364,14 +1443,28 @@ def drop_value_checks(gm: torch.fx.GraphModule) -> None:
     They are the branches `specialising_on_example_values` fixed: the graph holds only the way the
     example input went, and the AOT joint trace, with static shapes, could not read a value again.
     Random ops stay (LayerDrop's ``torch.rand([])``): eager draws them, so the random stream after them
-    (dropout masks) stays eager's."""
+    (dropout masks) stays eager's.  The graphs of higher-order operators (a ``torch.no_grad()`` block's
+    ``wrap_with_set_grad_enabled``) too: DBRX reads its expert index in one."""
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            _drop_value_checks(sub)
+
+
+def _drop_value_checks(gm: torch.fx.GraphModule) -> None:
+    """`drop_value_checks` in one graph, not the graphs it calls."""
     graph = gm.graph
     for n in graph.nodes:
         # sizes export left symbolic (``masked_select``): the joint trace, static, takes the example's
         n.meta.pop("unbacked_bindings", None)
+    # a read whose number the trace took as eager's (an expert loop's ``w[e]``) is used by no node; the
+    # ops before it stay: eager runs them, and each pass over the graph makes eager's sized calls in order
+    for n in [n for n in graph.nodes if n.op == "call_function" and n.target in _READS and not n.users
+              and not _symbolic_scalar(n)]:
+        graph.erase_node(n)
     checks = [n for n in graph.nodes if n.op == "call_function" and (
         n.target in _VALUE_CHECKS or _symbolic_scalar(n))]
     if not checks:
+        gm.recompile()
         return
     pending, erased = list(checks), set()
     while pending:

@@ -977,7 +977,7 @@ def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = 
         # only an explicit None (no padding mask) changes: a bare is_tracing() may guard a data read;
         # `fake`: a fake tensor alone asks only the global tests (dynamo, jit, stream capture)
         mu.is_tracing = lambda *tensor: (
-            False if tensor == (None,)
+            False if tensor == (None,) or (len(tensor) == 1 and _built_from_constants(tensor[0]))
             else is_tracing() if fake and tensor and isinstance(tensor[0], torch._subclasses.FakeTensor)
             else is_tracing(*tensor))
     if "find_packed_sequence_indices" in saved and not _packed_in_example(
@@ -989,6 +989,31 @@ def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = 
     finally:
         for name, fn in saved.items():
             setattr(mu, name, fn)
+
+
+def _built_from_constants(t: Any) -> bool:
+    """Whether the tensor `t` being traced is computed from no input, parameter or buffer: a mask the
+    forward builds itself (Nystromformer's ``torch.ones((batch, seq))`` when none is given).  Its values
+    are the same for every input of the traced shapes, so the trace may read them as eager does (the
+    read is specialised on eager's value, `specialising_on_example_values`)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+    mode = get_proxy_mode()
+    if mode is None or not isinstance(t, torch.Tensor):
+        return False
+    try:
+        node = get_proxy_slot(t, mode.tracer).proxy.node
+    except KeyError:
+        return False
+    pending, seen = [node], set()
+    while pending:
+        n = pending.pop()
+        if n.op in ("placeholder", "get_attr"):
+            return False
+        if n not in seen:
+            seen.add(n)
+            pending.extend(n.all_input_nodes)
+    return True
 
 
 def _unpacked_as_eager(mu: Any, find: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], None]:
@@ -1357,7 +1382,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
             eager_attention_masks(model, args, kwargs):
         traced = _trace_joint(model, args, kwargs, mode, loss_fn, functions,
                               specialising_on_example_values(specialised, eager), specialised, family)
-    check_sizes_outlive_the_step(traced[0], model, mode)
+    check_sizes_outlive_the_step(traced[0], model, mode, specialised)
     return traced
 
 
@@ -1373,13 +1398,15 @@ def _value_sized(node: torch.fx.Node) -> bool:
     return True
 
 
-def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mode: str) -> None:
+def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mode: str,
+                                 specialised: Sequence[str]) -> None:
     """Refuse a joint graph (`trace_joint`'s, specialised on the example) whose forward sizes a tensor by
     values computed from the trainable parameters in training, or from a random draw: an MoE's routing
     (DBRX's ``for expert_idx in expert_hit``, ``torch.where(expert_mask[expert_idx])``).  The graph holds
     the example's sizes, which the next optimizer step (or another draw: the profile's own timed replay)
     changes, so no plan of it runs as eager does.  A size read off the inputs alone (a label mask's
-    count) stays the example's, as `specialising_on_example_values` warns."""
+    count) stays the example's, as `specialising_on_example_values` warns.  The error names the line
+    (`specialised`'s for the operator where the node has no stack: a higher-order operator's body)."""
     kinds = dict(zip(gm.graph.find_nodes(op="placeholder"), _classify_placeholders(gm), strict=True))
     moving: set[torch.fx.Node] = {n for n, (kind, _) in kinds.items() if kind == "param" and mode == "train"}
     for n in gm.graph.nodes:
@@ -1387,7 +1414,8 @@ def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mod
             continue
         inputs_move = any(a in moving for a in n.all_input_nodes)
         if _value_sized(n) and inputs_move:
-            where = source_of(n)
+            where = source_of(n) or next((r.split(": output shapes", 1)[0] for r in specialised
+                                           if f"output shapes of {n.target} " in r), "")
             raise CaptureError(
                 f"could not trace {type(model).__name__}: it sizes a tensor by values computed from its "
                 f"{'parameters or ' if mode == 'train' else ''}random draws ({where}; an MoE's routing): the "
@@ -1395,7 +1423,7 @@ def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mod
                 "of it would run as eager does.  Profile with fallback=True (module-level profile; "
                 "memviz.apply runs the model's own code), or route with fixed shapes (a Hugging Face MoE "
                 "that offers it: config experts_implementation='batched_mm')",
-                _module_of(n), where.split(" in ", 1)[0])
+                _module_of(n), where.split(" ", 1)[0])
         if inputs_move or is_random(n):
             moving.add(n)
 

@@ -303,3 +303,27 @@ def test_a_mask_the_forward_builds_is_read_as_eager_and_a_given_one_stays_traced
     assert any("mask.all()" in s and s.endswith("value True") for s in built.specialised)
     _, given = capture(model, (x, torch.ones(2, 16)))
     assert squares(given) > 0 and given.specialised == []
+
+
+class _NamedExperts(nn.Module):
+    """Switch Transformers' patterns: the router converts itself to a dtype it already has inside its
+    forward, and the expert module is picked by a name formatted from a 0-d tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 8)
+        self.experts = nn.ModuleDict({f"expert_{i}": nn.Linear(8, 8) for i in range(2)})
+
+    def forward(self, x: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
+        self.router = self.router.to(x.dtype)
+        return self.experts[f"expert_{which[0]}"](self.router(x))
+
+
+def test_a_same_dtype_conversion_and_a_formatted_index_trace_as_eager():
+    torch.manual_seed(0)
+    model, x, which = _NamedExperts(), torch.randn(4, 8), torch.tensor([1, 0])
+    prof = profile(model, (x, which), fallback=False, repeats=1, warmup=0).with_costs("fake:v100")
+    line = _NamedExperts.forward.__code__.co_firstlineno + 2
+    assert any(f"test_capture.py:{line}" in s and s.endswith("value 1") for s in prof.specialised)
+    exported = memviz.export(memviz.plan(prof, None, strategy="none", frontier=False))
+    assert torch.equal(exported(x, which), model(x, which))

@@ -1420,9 +1420,10 @@ def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mod
                 f"could not trace {type(model).__name__}: it sizes a tensor by values computed from its "
                 f"{'parameters or ' if mode == 'train' else ''}random draws ({where}; an MoE's routing): the "
                 "graph holds this example's sizes, which the next optimizer step or draw changes, so no plan "
-                "of it would run as eager does.  Profile with fallback=True (module-level profile; "
-                "memviz.apply runs the model's own code), or route with fixed shapes (a Hugging Face MoE "
-                "that offers it: config experts_implementation='batched_mm')",
+                "of it would run as eager does.  Route with fixed shapes (a Hugging Face MoE that offers "
+                "it: experts_implementation='batched_mm'), or profile with mode='inference' (the "
+                "parameters stay) or fallback=True (a module-level profile to read: memviz.export and "
+                "memviz.apply cannot run its plans)",
                 _module_of(n), where.split(" ", 1)[0])
         if inputs_move or is_random(n):
             moving.add(n)
@@ -1507,6 +1508,57 @@ def _drop_value_checks(gm: torch.fx.GraphModule) -> None:
 
 
 @contextlib.contextmanager
+def unchanging_module_to() -> Iterator[None]:
+    """``module.to(dtype)`` inside a forward (Switch Transformers' router: ``self.classifier =
+    self.classifier.to(self.dtype)``) applies the conversion to every parameter; under export they are
+    fake, and ``_apply`` cannot swap them (``Couldn't swap Linear.weight``).  Eager changes nothing when
+    every floating-point tensor already has that dtype and device, and so does the trace: the call
+    returns the module.  A real conversion still goes to ``nn.Module.to``."""
+    to = nn.Module.to
+
+    def unchanged(module: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is None and all(
+                (dtype is None or t.dtype == dtype or not (t.is_floating_point() or t.is_complex()))
+                and (device is None or t.device == device)
+                for t in (*module.parameters(), *module.buffers())):
+            return module
+        return to(module, *args, **kwargs)
+
+    nn.Module.to = unchanged  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.to = to  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def formatted_as_eager() -> Iterator[None]:
+    """``f"{t}"`` of a 0-d tensor as eager formats it: its value (``Tensor.__format__`` reads ``item()``
+    only for a plain ``Tensor``; a traced one is a FakeTensor, formatted as its repr).  Switch
+    Transformers picks its expert module by name, ``self[f"expert_{expert_idx[0]}"]``.  The read is a
+    value read like any other: specialised on eager's (`specialising_on_example_values`)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    fmt = torch.Tensor.__format__
+
+    def formatted(t: torch.Tensor, spec: str) -> str:
+        if not (isinstance(t, FakeTensor) and t.dim() == 0):
+            return fmt(t, spec)
+        value = t.item()
+        # a symbol read off a value (the first trace) formats as its name: asking for the number stops
+        # the trace as data-dependent, and the next one takes eager's
+        plain = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}.get(type(value))
+        return format(plain(value) if plain else value, spec)
+
+    torch.Tensor.__format__ = formatted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.__format__ = fmt  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def _quiet_data_dependent_logs() -> Iterator[None]:
     """torch logs the whole graph at WARNING before raising a data-dependent error; memviz handles the
     error (`specialising_on_example_values`) and says what it did instead."""
@@ -1530,7 +1582,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
     with specialising, rnn_decomposed_in_trace(mode == "train"):
         try:
-            with functions:
+            with functions, unchanging_module_to(), formatted_as_eager():
                 ep = _export(model, args, kwargs)
         except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError
             raise _describe_trace_error(err, model) from err

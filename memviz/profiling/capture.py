@@ -1386,16 +1386,21 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     return traced
 
 
-def _value_sized(node: torch.fx.Node) -> bool:
-    """Whether the FX node's output size is read off tensor values (``nonzero``, ``masked_select``, a
-    boolean index): ATen tags those operators, and ``index.Tensor`` is one only with a boolean index."""
+def _sizing_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The inputs whose values size the FX node's output: a ``nonzero``'s (an operator ATen tags
+    ``dynamic_output_shape`` with one tensor input), ``masked_select``'s mask, ``index.Tensor``'s boolean
+    indices.  Others (``_ctc_loss``: the target lengths, not the log-probabilities) are not told apart:
+    none."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or torch.Tag.dynamic_output_shape not in target.tags:
-        return False
+        return []
     if target is torch.ops.aten.index.Tensor:
-        return any(isinstance(i, torch.fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool
-                   for i in node.args[1])
-    return True
+        return [i for i in node.args[1] if isinstance(i, torch.fx.Node)
+                and getattr(i.meta.get("val"), "dtype", None) == torch.bool]
+    if target.overloadpacket is torch.ops.aten.masked_select:
+        return [node.args[1]] if isinstance(node.args[1], torch.fx.Node) else []
+    inputs = node.all_input_nodes
+    return inputs if len(inputs) == 1 else []
 
 
 def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mode: str,
@@ -1413,7 +1418,7 @@ def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mod
         if n.op != "call_function" or is_backward(n):
             continue
         inputs_move = any(a in moving for a in n.all_input_nodes)
-        if _value_sized(n) and inputs_move:
+        if any(a in moving for a in _sizing_inputs(n)):
             where = source_of(n) or next((r.split(": output shapes", 1)[0] for r in specialised
                                            if f"output shapes of {n.target} " in r), "")
             raise CaptureError(

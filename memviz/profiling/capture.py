@@ -1405,32 +1405,32 @@ def _sizing_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
 
 def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mode: str,
                                  specialised: Sequence[str]) -> None:
-    """Refuse a joint graph (`trace_joint`'s, specialised on the example) whose forward sizes a tensor by
-    values computed from the trainable parameters in training, or from a random draw: an MoE's routing
-    (DBRX's ``for expert_idx in expert_hit``, ``torch.where(expert_mask[expert_idx])``).  The graph holds
-    the example's sizes, which the next optimizer step (or another draw: the profile's own timed replay)
-    changes, so no plan of it runs as eager does.  A size read off the inputs alone (a label mask's
-    count) stays the example's, as `specialising_on_example_values` warns.  The error names the line
-    (`specialised`'s for the operator where the node has no stack: a higher-order operator's body)."""
+    """Refuse a training joint graph (`trace_joint`'s, specialised on the example) whose forward sizes a
+    tensor by values computed from the trainable parameters: an MoE's routing (DBRX's ``for expert_idx in
+    expert_hit``, ``torch.where(expert_mask[expert_idx])``).  The graph holds the example's sizes, which
+    the next optimizer step changes, so no plan of it runs as eager does.  A size read off the inputs
+    alone (a label mask's count), or in inference, stays the example's, as
+    `specialising_on_example_values` warns.  The error names the line (`specialised`'s for the operator
+    where the node has no stack: a higher-order operator's body)."""
+    if mode != "train":
+        return
     kinds = dict(zip(gm.graph.find_nodes(op="placeholder"), _classify_placeholders(gm), strict=True))
-    moving: set[torch.fx.Node] = {n for n, (kind, _) in kinds.items() if kind == "param" and mode == "train"}
+    moving: set[torch.fx.Node] = {n for n, (kind, _) in kinds.items() if kind == "param"}
     for n in gm.graph.nodes:
         if n.op != "call_function" or is_backward(n):
             continue
-        inputs_move = any(a in moving for a in n.all_input_nodes)
         if any(a in moving for a in _sizing_inputs(n)):
             where = source_of(n) or next((r.split(": output shapes", 1)[0] for r in specialised
                                            if f"output shapes of {n.target} " in r), "")
             raise CaptureError(
                 f"could not trace {type(model).__name__}: it sizes a tensor by values computed from its "
-                f"{'parameters or ' if mode == 'train' else ''}random draws ({where}; an MoE's routing): the "
-                "graph holds this example's sizes, which the next optimizer step or draw changes, so no plan "
-                "of it would run as eager does.  Route with fixed shapes (a Hugging Face MoE that offers "
-                "it: experts_implementation='batched_mm'), or profile with mode='inference' (the "
-                "parameters stay) or fallback=True (a module-level profile to read: memviz.export and "
-                "memviz.apply cannot run its plans)",
+                f"parameters ({where}; an MoE's routing): the graph holds this example's sizes, which the "
+                "next optimizer step changes, so no plan of it would train as eager does.  Route with fixed "
+                "shapes (a Hugging Face MoE that offers it: experts_implementation='batched_mm'), or profile "
+                "with mode='inference' (the parameters stay) or fallback=True (a module-level profile to "
+                "read: memviz.export and memviz.apply cannot run its plans)",
                 _module_of(n), where.split(" ", 1)[0])
-        if inputs_move or is_random(n):
+        if any(a in moving for a in n.all_input_nodes):
             moving.add(n)
 
 

@@ -327,3 +327,11 @@ def test_a_same_dtype_conversion_and_a_formatted_index_trace_as_eager():
     assert any(f"test_capture.py:{line}" in s and s.endswith("value 1") for s in prof.specialised)
     exported = memviz.export(memviz.plan(prof, None, strategy="none", frontier=False))
     assert torch.equal(exported(x, which), model(x, which))
+
+
+def test_autochunk_names_the_line_of_an_expert_loop_it_cannot_capture():
+    model, x = _ExpertLoop().eval(), torch.randn(16, 8)
+    prof = profile(model, (x,), mode="inference", fallback=False, repeats=1, warmup=0)
+    with pytest.raises(CaptureError, match="autochunk cannot capture _ExpertLoop") as info:
+        memviz.plan(prof, 0.5, strategy="autochunk", frontier=False)
+    assert info.value.source.endswith(f"test_capture.py:{_ExpertLoop.forward.__code__.co_firstlineno + 6}")

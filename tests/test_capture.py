@@ -229,3 +229,109 @@ def test_draws_outside_torch_are_named_and_warned_about():
         profile(RandomBlocks(), (x,), measure=False)
     _, plain = capture(*mlp())
     assert plain.host_random == []
+
+
+class _ExpertLoop(nn.Module):
+    """DBRX's mixture of experts: a Python loop over the experts ``nonzero()`` finds hit, each indexing the
+    routing mask and its weights with a 0-d tensor (a read), after ``one_hot``, whose range check eager
+    reads and the trace does not."""
+
+    def __init__(self, experts: int = 4, width: int = 8) -> None:
+        super().__init__()
+        self.experts = experts
+        self.router = nn.Linear(width, experts, bias=False)
+        self.w = nn.Parameter(torch.randn(experts, width, width) / width ** 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.router(x).softmax(-1).topk(2)
+        out = torch.zeros_like(x)
+        with torch.no_grad():
+            mask = nn.functional.one_hot(chosen, self.experts + 1).permute(2, 1, 0)
+            hit = (mask.sum(dim=(-1, -2)) > 0).nonzero()
+        for e in hit:
+            e = e[0]
+            k, token = torch.where(mask[e])
+            out.index_add_(0, token, (x[token] @ self.w[e]) * weights[token, k, None])
+        return out
+
+
+def test_expert_loop_over_nonzero_infers_as_eager_and_refuses_training_by_name():
+    torch.manual_seed(0)
+    model, x = _ExpertLoop().eval(), torch.randn(16, 8)
+    prof = profile(model, (x,), mode="inference", fallback=False, repeats=1, warmup=0).with_costs("fake:v100")
+    line = _ExpertLoop.forward.__code__.co_firstlineno + 5
+    assert any(f"test_capture.py:{line}" in s and "aten.nonzero.default -> [(4, 1)]" in s
+               for s in prof.specialised)
+    exported = memviz.export(memviz.plan(prof, None, strategy="none", frontier=False))
+    with torch.no_grad():
+        assert torch.equal(exported(x), model(x))
+    # training: the router's parameters size the experts' batches, which the next step changes
+    with pytest.raises(CaptureError, match="sizes a tensor by values computed from its parameters") as info:
+        profile(model.train(), (x,), fallback=False, measure=False)
+    assert info.value.source.endswith(f"test_capture.py:{line + 3}")
+
+
+class _SelfMasked(nn.Module):
+    """Nystromformer's pattern: given no padding mask, the forward builds an all-ones one and asks
+    transformers whether it must build the 4-d mask: ``is_tracing(mask)``, else eager reads ``mask.all()``
+    and builds none (under export the mask is a fake tensor, which ``is_tracing`` counts as tracing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        from transformers import masking_utils
+
+        mask = torch.ones(x.shape[:2]) if mask is None else mask
+        y = self.lin(x)
+        if not masking_utils.is_tracing(mask) and mask.all():
+            return y
+        square = mask[:, None, :] * mask[:, :, None]  # the 4-d mask's stand-in: (batch, seq, seq)
+        return square @ y
+
+
+def test_a_mask_the_forward_builds_is_read_as_eager_and_a_given_one_stays_traced():
+    model, x = _SelfMasked(), torch.randn(2, 16, 8)
+
+    def squares(cap) -> int:
+        return sum(isinstance(v := n.meta.get("val"), torch.Tensor) and tuple(v.shape) == (2, 16, 16)
+                   for n in cap.gm.graph.nodes)
+
+    _, built = capture(model, (x,))
+    assert squares(built) == 0
+    assert any("mask.all()" in s and s.endswith("value True") for s in built.specialised)
+    _, given = capture(model, (x, torch.ones(2, 16)))
+    assert squares(given) > 0 and given.specialised == []
+
+
+class _NamedExperts(nn.Module):
+    """Switch Transformers' patterns: the router converts itself to a dtype it already has inside its
+    forward, and the expert module is picked by a name formatted from a 0-d tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(8, 8)
+        self.experts = nn.ModuleDict({f"expert_{i}": nn.Linear(8, 8) for i in range(2)})
+
+    def forward(self, x: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
+        self.router = self.router.to(x.dtype)
+        return self.experts[f"expert_{which[0]}"](self.router(x))
+
+
+def test_a_same_dtype_conversion_and_a_formatted_index_trace_as_eager():
+    torch.manual_seed(0)
+    model, x, which = _NamedExperts(), torch.randn(4, 8), torch.tensor([1, 0])
+    prof = profile(model, (x, which), fallback=False, repeats=1, warmup=0).with_costs("fake:v100")
+    line = _NamedExperts.forward.__code__.co_firstlineno + 2
+    assert any(f"test_capture.py:{line}" in s and s.endswith("value 1") for s in prof.specialised)
+    exported = memviz.export(memviz.plan(prof, None, strategy="none", frontier=False))
+    assert torch.equal(exported(x, which), model(x, which))
+
+
+def test_autochunk_names_the_line_of_an_expert_loop_it_cannot_capture():
+    model, x = _ExpertLoop().eval(), torch.randn(16, 8)
+    prof = profile(model, (x,), mode="inference", fallback=False, repeats=1, warmup=0)
+    with pytest.raises(CaptureError, match="autochunk cannot capture _ExpertLoop") as info:
+        memviz.plan(prof, 0.5, strategy="autochunk", frontier=False)
+    assert info.value.source.endswith(f"test_capture.py:{_ExpertLoop.forward.__code__.co_firstlineno + 6}")

@@ -58,11 +58,27 @@ def capture(
     The model runs as given: call ``model.eval()`` first for inference semantics.  Library output
     containers (Hugging Face's ``DynamicCache``) are registered as pytree nodes first, as the training
     capture does."""
-    from memviz.profiling.capture import register_library_pytrees
+    from memviz.profiling.capture import (
+        CaptureError,
+        _data_dependent,
+        _describe_trace_error,
+        register_library_pytrees,
+    )
 
     register_library_pytrees(model)
-    with torch.no_grad(), eager_attention_masks(model, args, kwargs):
-        ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
+    try:
+        with torch.no_grad(), eager_attention_masks(model, args, kwargs):
+            ep = torch.export.export(model, tuple(args), kwargs=kwargs or {})
+    except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError
+        if not _data_dependent(err):
+            raise
+        # the inputs are zeros of the profiled shapes (`_profiled_inputs`): no example values to specialise on
+        described = _describe_trace_error(err, model)
+        raise CaptureError(
+            f"autochunk cannot capture {type(model).__name__}: its Python reads tensor values or sizes a "
+            f"tensor by them ({described.source or 'line unknown'}); autochunk traces zeros of the profiled "
+            "shapes, with no values to take: plan it with another strategy",
+            described.module, described.source) from err
     gm = ep.module()
     return gm, translate(gm.graph)
 

@@ -984,7 +984,7 @@ def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = 
         # only an explicit None (no padding mask) changes: a bare is_tracing() may guard a data read;
         # `fake`: a fake tensor alone asks only the global tests (dynamo, jit, stream capture)
         mu.is_tracing = lambda *tensor: (
-            False if tensor == (None,)
+            False if tensor == (None,) or (len(tensor) == 1 and _built_from_constants(tensor[0]))
             else is_tracing() if fake and tensor and isinstance(tensor[0], torch._subclasses.FakeTensor)
             else is_tracing(*tensor))
     if "find_packed_sequence_indices" in saved and not _packed_in_example(
@@ -996,6 +996,31 @@ def eager_attention_masks(model: nn.Module | None = None, args: Sequence[Any] = 
     finally:
         for name, fn in saved.items():
             setattr(mu, name, fn)
+
+
+def _built_from_constants(t: Any) -> bool:
+    """Whether the tensor `t` being traced is computed from no input, parameter or buffer: a mask the
+    forward builds itself (Nystromformer's ``torch.ones((batch, seq))`` when none is given).  Its values
+    are the same for every input of the traced shapes, so the trace may read them as eager does (the
+    read is specialised on eager's value, `specialising_on_example_values`)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+    mode = get_proxy_mode()
+    if mode is None or not isinstance(t, torch.Tensor):
+        return False
+    try:
+        node = get_proxy_slot(t, mode.tracer).proxy.node
+    except KeyError:
+        return False
+    pending, seen = [node], set()
+    while pending:
+        n = pending.pop()
+        if n.op in ("placeholder", "get_attr"):
+            return False
+        if n not in seen:
+            seen.add(n)
+            pending.extend(n.all_input_nodes)
+    return True
 
 
 def _unpacked_as_eager(mu: Any, find: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], None]:
@@ -1165,21 +1190,20 @@ def _forked_rng(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
 def _eager_shapes(kernel: Callable[..., Any], eager: EagerReads, record: list[str]) -> Callable[..., Any]:
     """`kernel` (a fake tensor kernel) that, for an operator whose output shape depends on values
     (``_ctc_loss.Tensor``: the longest target; ``masked_select``; ``nonzero``), takes the output shapes
-    eager's call of that operator had on the example (`EagerReads`, per operator in call order)."""
+    eager's call of that operator had on the example (`EagerReads`, per operator in call order).
+
+    Under export such a kernel answers sizes of unbacked symbols instead of failing, on which a Python loop
+    over the rows (an MoE's ``for expert in hit.nonzero()``) cannot guard: an operator tagged
+    ``dynamic_output_shape`` that eager ran takes eager's sizes there too, counted over every call of that
+    overload (``index.Tensor`` is sized by values only for a boolean index)."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     calls: dict[Any, int] = {}
 
-    def impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return kernel(fake_mode, func, *args, **kwargs)
-        except (DynamicOutputShapeException, DataDependentOutputException):
-            # eager may run another overload (``_ctc_loss`` with lists where the trace has ``.Tensor``)
-            queue = eager.outputs.get(func.overloadpacket)
-            if not queue:
-                raise
+    def eager_output(fake_mode: Any, func: torch._ops.OpOverload, key: Any, queue: list[Any]) -> Any:
         # each pass over the model (export's, then the joint trace's) makes eager's calls again, in order
-        n = calls[func.overloadpacket] = calls.get(func.overloadpacket, 0) + 1
+        n = calls[key] = calls.get(key, 0) + 1
         metas = queue[(n - 1) % len(queue)]
         with fake_mode:
             out = pytree.tree_map_only(tuple, lambda m: torch.empty_strided(*m[:2], dtype=m[2], device=m[3]),
@@ -1191,28 +1215,62 @@ def _eager_shapes(kernel: Callable[..., Any], eager: EagerReads, record: list[st
             record.append(f"{_user_code_line()}: {what}")
         return out
 
+    def sized_as_eager(fake_mode: Any, func: torch._ops.OpOverload, queue: list[Any], *args: Any,
+                       **kwargs: Any) -> Any:
+        n = calls.get(func, 0)
+        env = fake_mode.shape_env
+        try:
+            with env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext():
+                out = kernel(fake_mode, func, *args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            return eager_output(fake_mode, func, func, queue)
+        if free_unbacked_symbols(out):
+            return eager_output(fake_mode, func, func, queue)
+        calls[func] = n + 1
+        return out
+
+    def impl(fake_mode: Any, func: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+        own = eager.overload_outputs.get(func)
+        if own and torch.Tag.dynamic_output_shape in func.tags:
+            return sized_as_eager(fake_mode, func, own, *args, **kwargs)
+        try:
+            return kernel(fake_mode, func, *args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            # eager may run another overload (``_ctc_loss`` with lists where the trace has ``.Tensor``)
+            queue = eager.outputs.get(func.overloadpacket)
+            if not queue:
+                raise
+        return eager_output(fake_mode, func, func.overloadpacket, queue)
+
     return impl
 
 
 def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[str]) -> Callable[..., Any]:
-    """``.item()`` (``bool(t)``, ``if t > 0``, ``.tolist()``) as the value eager read at the same call, in
-    call order (the trace follows eager's branches, so it makes the same reads): a plain Python number,
-    so the trace goes the way eager went and no guard remains.  A trace that checks out differently from
-    eager is refused afterwards (`check_specialised_as_eager`)."""
+    """``.item()`` (``bool(t)``, ``if t > 0``, ``.tolist()``, a 0-d index ``w[t]``) as the value eager read
+    at the same line of the model's code, in call order (the trace follows eager's branches, so it makes
+    the same reads there): a plain Python number, so the trace goes the way eager went and no guard
+    remains.  Per line, because eager also reads inside operators the trace decomposes without reading
+    (``one_hot``'s range check): in one call order those reads shifted every later one.  A trace that
+    checks out differently from eager is refused afterwards (`check_specialised_as_eager`)."""
 
-    read: dict[int, Any] = {}  # one read is ``item`` then ``_local_scalar_dense`` on the same tensor
-    count = [0]
+    # one read is ``item`` then ``_local_scalar_dense`` on the same tensor; the tensor is held so that a
+    # later one (an expert loop's index) cannot take its id
+    read: dict[int, tuple[Any, Any]] = {}
+    count: dict[str, int] = {}
 
     def impl(fake_mode: Any, func: torch._ops.OpOverload, arg: Any) -> Any:
         if id(arg) in read:
-            return read[id(arg)]
-        if not eager.values:
+            return read[id(arg)][1]
+        line = _user_code_line()
+        values = eager.values.get(line)
+        if not values:
             return kernel(fake_mode, func, arg)
         # export runs the model's Python more than once (each pass makes eager's reads again, in order)
-        value = read[id(arg)] = eager.values[count[0] % len(eager.values)]
-        count[0] += 1
-        if count[0] <= len(eager.values):
-            record.append(f"{_user_code_line()}: value {value!r}")
+        n = count[line] = count.get(line, 0) + 1
+        value = values[(n - 1) % len(values)]
+        read[id(arg)] = (arg, value)
+        if n <= len(values):
+            record.append(f"{line}: value {value!r}")
         return value
 
     return impl
@@ -1221,10 +1279,13 @@ def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[st
 @dataclass
 class EagerReads:
     """What eager `model(*args)` read off tensor values on the example: every ``_local_scalar_dense``
-    result, and each operator's outputs as (shape, stride, dtype, device), in call order."""
+    result per line of the model's code (`_user_code_line`), and each operator's outputs as (shape,
+    stride, dtype, device), in call order."""
 
-    values: list[Any] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)
     outputs: dict[Any, list[Any]] = field(default_factory=dict)
+    # the same, per overload (`_eager_shapes`: ``where.self`` is no ``where.default``)
+    overload_outputs: dict[Any, list[Any]] = field(default_factory=dict)
 
 
 def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> EagerReads:
@@ -1237,10 +1298,12 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             out = func(*a, **(kw or {}))
             if func is torch.ops.aten._local_scalar_dense.default:
-                reads.values.append(out)
+                reads.values.setdefault(_user_code_line(), []).append(out)
             else:
-                reads.outputs.setdefault(func.overloadpacket, []).append(pytree.tree_map_only(
-                    torch.Tensor, lambda t: (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), out))
+                metas = pytree.tree_map_only(
+                    torch.Tensor, lambda t: (tuple(t.shape), tuple(t.stride()), t.dtype, t.device), out)
+                reads.outputs.setdefault(func.overloadpacket, []).append(metas)
+                reads.overload_outputs.setdefault(func, []).append(metas)
             return out
 
     with torch.no_grad(), Recorder():
@@ -1257,13 +1320,12 @@ def specialising_on_example_values(record: list[str], eager: EagerReads) -> Iter
     tensor propagation: it decided a parameter-dependent branch and LayerDrop unlike eager."""
     from torch._subclasses import fake_impls
 
-    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
     checks = list(fake_impls.op_implementations_checks)
     kernels = dict(fake_impls.op_implementations_dict)
     fake_impls.op_implementations_checks[:] = [(c, _eager_shapes(fn, eager, record)) for c, fn in checks]
     fake_impls.op_implementations_dict.update(
         {op: _eager_shapes(fn, eager, record) for op, fn in kernels.items()})
-    for read in reads:
+    for read in _READS:
         if read in kernels:
             fake_impls.op_implementations_dict[read] = _eager_scalar(kernels[read], eager, record)
     try:
@@ -1323,8 +1385,58 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
-        return _trace_joint(model, args, kwargs, mode, loss_fn, functions,
-                            specialising_on_example_values(specialised, eager), specialised, family)
+        traced = _trace_joint(model, args, kwargs, mode, loss_fn, functions,
+                              specialising_on_example_values(specialised, eager), specialised, family)
+    check_sizes_outlive_the_step(traced[0], model, mode, specialised)
+    return traced
+
+
+def _sizing_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The inputs whose values size the FX node's output: a ``nonzero``'s (an operator ATen tags
+    ``dynamic_output_shape`` with one tensor input), ``masked_select``'s mask, ``index.Tensor``'s boolean
+    indices.  Others (``_ctc_loss``: the target lengths, not the log-probabilities) are not told apart:
+    none."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.dynamic_output_shape not in target.tags:
+        return []
+    if target is torch.ops.aten.index.Tensor:
+        return [i for i in node.args[1] if isinstance(i, torch.fx.Node)
+                and getattr(i.meta.get("val"), "dtype", None) == torch.bool]
+    if target.overloadpacket is torch.ops.aten.masked_select:
+        return [node.args[1]] if isinstance(node.args[1], torch.fx.Node) else []
+    inputs = node.all_input_nodes
+    return inputs if len(inputs) == 1 else []
+
+
+def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mode: str,
+                                 specialised: Sequence[str]) -> None:
+    """Refuse a training joint graph (`trace_joint`'s, specialised on the example) whose forward sizes a
+    tensor by values computed from the trainable parameters: an MoE's routing (DBRX's ``for expert_idx in
+    expert_hit``, ``torch.where(expert_mask[expert_idx])``).  The graph holds the example's sizes, which
+    the next optimizer step changes, so no plan of it runs as eager does.  A size read off the inputs
+    alone (a label mask's count), or in inference, stays the example's, as
+    `specialising_on_example_values` warns.  The error names the line (`specialised`'s for the operator
+    where the node has no stack: a higher-order operator's body)."""
+    if mode != "train":
+        return
+    kinds = dict(zip(gm.graph.find_nodes(op="placeholder"), _classify_placeholders(gm), strict=True))
+    moving: set[torch.fx.Node] = {n for n, (kind, _) in kinds.items() if kind == "param"}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or is_backward(n):
+            continue
+        if any(a in moving for a in _sizing_inputs(n)):
+            where = source_of(n) or next((r.split(": output shapes", 1)[0] for r in specialised
+                                           if f"output shapes of {n.target} " in r), "")
+            raise CaptureError(
+                f"could not trace {type(model).__name__}: it sizes a tensor by values computed from its "
+                f"parameters ({where}; an MoE's routing): the graph holds this example's sizes, which the "
+                "next optimizer step changes, so no plan of it would train as eager does.  Route with fixed "
+                "shapes (a Hugging Face MoE that offers it: experts_implementation='batched_mm'), or profile "
+                "with mode='inference' (the parameters stay) or fallback=True (a module-level profile to "
+                "read: memviz.export and memviz.apply cannot run its plans)",
+                _module_of(n), where.split(" ", 1)[0])
+        if any(a in moving for a in n.all_input_nodes):
+            moving.add(n)
 
 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
@@ -1358,6 +1470,7 @@ def _symbolic_scalar(node: torch.fx.Node) -> bool:
     return isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat))
 
 
+_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 _VALUE_CHECKS = (torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
                  torch.ops.aten.sym_constrain_range.default)
 
@@ -1369,14 +1482,28 @@ def drop_value_checks(gm: torch.fx.GraphModule) -> None:
     They are the branches `specialising_on_example_values` fixed: the graph holds only the way the
     example input went, and the AOT joint trace, with static shapes, could not read a value again.
     Random ops stay (LayerDrop's ``torch.rand([])``): eager draws them, so the random stream after them
-    (dropout masks) stays eager's."""
+    (dropout masks) stays eager's.  The graphs of higher-order operators (a ``torch.no_grad()`` block's
+    ``wrap_with_set_grad_enabled``) too: DBRX reads its expert index in one."""
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            _drop_value_checks(sub)
+
+
+def _drop_value_checks(gm: torch.fx.GraphModule) -> None:
+    """`drop_value_checks` in one graph, not the graphs it calls."""
     graph = gm.graph
     for n in graph.nodes:
         # sizes export left symbolic (``masked_select``): the joint trace, static, takes the example's
         n.meta.pop("unbacked_bindings", None)
+    # a read whose number the trace took as eager's (an expert loop's ``w[e]``) is used by no node; the
+    # ops before it stay: eager runs them, and each pass over the graph makes eager's sized calls in order
+    for n in [n for n in graph.nodes if n.op == "call_function" and n.target in _READS and not n.users
+              and not _symbolic_scalar(n)]:
+        graph.erase_node(n)
     checks = [n for n in graph.nodes if n.op == "call_function" and (
         n.target in _VALUE_CHECKS or _symbolic_scalar(n))]
     if not checks:
+        gm.recompile()
         return
     pending, erased = list(checks), set()
     while pending:
@@ -1388,6 +1515,57 @@ def drop_value_checks(gm: torch.fx.GraphModule) -> None:
         erased.add(n)
         pending.extend(a for a in inputs if a.op == "call_function")
     gm.recompile()
+
+
+@contextlib.contextmanager
+def unchanging_module_to() -> Iterator[None]:
+    """``module.to(dtype)`` inside a forward (Switch Transformers' router: ``self.classifier =
+    self.classifier.to(self.dtype)``) applies the conversion to every parameter; under export they are
+    fake, and ``_apply`` cannot swap them (``Couldn't swap Linear.weight``).  Eager changes nothing when
+    every floating-point tensor already has that dtype and device, and so does the trace: the call
+    returns the module.  A real conversion still goes to ``nn.Module.to``."""
+    to = nn.Module.to
+
+    def unchanged(module: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if memory_format is None and all(
+                (dtype is None or t.dtype == dtype or not (t.is_floating_point() or t.is_complex()))
+                and (device is None or t.device == device)
+                for t in (*module.parameters(), *module.buffers())):
+            return module
+        return to(module, *args, **kwargs)
+
+    nn.Module.to = unchanged  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.to = to  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def formatted_as_eager() -> Iterator[None]:
+    """``f"{t}"`` of a 0-d tensor as eager formats it: its value (``Tensor.__format__`` reads ``item()``
+    only for a plain ``Tensor``; a traced one is a FakeTensor, formatted as its repr).  Switch
+    Transformers picks its expert module by name, ``self[f"expert_{expert_idx[0]}"]``.  The read is a
+    value read like any other: specialised on eager's (`specialising_on_example_values`)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    fmt = torch.Tensor.__format__
+
+    def formatted(t: torch.Tensor, spec: str) -> str:
+        if not (isinstance(t, FakeTensor) and t.dim() == 0):
+            return fmt(t, spec)
+        value = t.item()
+        # a symbol read off a value (the first trace) formats as its name: asking for the number stops
+        # the trace as data-dependent, and the next one takes eager's
+        plain = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}.get(type(value))
+        return format(plain(value) if plain else value, spec)
+
+    torch.Tensor.__format__ = formatted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.__format__ = fmt  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -1414,7 +1592,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
     with specialising, rnn_decomposed_in_trace(mode == "train"):
         try:
-            with functions:
+            with functions, unchanging_module_to(), formatted_as_eager():
                 ep = _export(model, args, kwargs)
         except Exception as err:  # noqa: BLE001 - every export failure becomes a CaptureError
             raise _describe_trace_error(err, model) from err

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator, devices, xla
@@ -1145,8 +1146,11 @@ def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
             else:
                 vals = [a.meta.get("val") for a in n.all_input_nodes]
                 mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-                with mode if mode is not None else torch._subclasses.FakeTensorMode():
-                    f, _ = count_flops(functools.partial(n.target, *fargs, **fkwargs))
+                try:
+                    with mode if mode is not None else torch._subclasses.FakeTensorMode():
+                        f, _ = count_flops(functools.partial(n.target, *fargs, **fkwargs))
+                except (DynamicOutputShapeException, DataDependentOutputException):
+                    f = 0.0  # sized by values (an expert loop's ``nonzero``): no FLOPs FlopCounterMode counts
                 if key is not None:
                     seen[key] = f
         flops[c.id] = f

@@ -31,6 +31,7 @@ import inspect
 import operator
 import re
 import sys
+import unittest.mock
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -1535,11 +1536,8 @@ def unchanging_module_to() -> Iterator[None]:
             return module
         return to(module, *args, **kwargs)
 
-    nn.Module.to = unchanged  # type: ignore[method-assign]
-    try:
+    with unittest.mock.patch.object(nn.Module, "to", unchanged):
         yield
-    finally:
-        nn.Module.to = to  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -1561,11 +1559,8 @@ def formatted_as_eager() -> Iterator[None]:
         plain = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}.get(type(value))
         return format(plain(value) if plain else value, spec)
 
-    torch.Tensor.__format__ = formatted  # type: ignore[method-assign]
-    try:
+    with unittest.mock.patch.object(torch.Tensor, "__format__", formatted):
         yield
-    finally:
-        torch.Tensor.__format__ = fmt  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

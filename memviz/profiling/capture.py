@@ -598,7 +598,7 @@ def host_random_draws() -> Iterator[list[str]]:
     import random
 
     numpy = sys.modules.get("numpy")
-    before = random.getstate(), numpy.random.get_state(legacy=False) if numpy else None
+    before = host_rng_states()
     moved: list[str] = []
     try:
         yield moved
@@ -607,6 +607,37 @@ def host_random_draws() -> Iterator[list[str]]:
             moved.append("random")
         if numpy is not None and _numpy_state_moved(before[1], numpy.random.get_state(legacy=False)):
             moved.append("numpy.random")
+
+
+HostStates = tuple[Any, Any]
+
+
+def host_rng_states() -> HostStates:
+    """The states of the random generators outside torch: Python's ``random``, NumPy's global one (None
+    where NumPy is not imported)."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), numpy.random.get_state(legacy=False) if numpy else None
+
+
+@contextlib.contextmanager
+def host_rng_at(states: HostStates) -> Iterator[None]:
+    """The host generators (`host_rng_states`) set to `states` inside the block, and left after it as
+    they were before it."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    now = host_rng_states()
+    random.setstate(states[0])
+    if numpy is not None and states[1] is not None:
+        numpy.random.set_state(states[1])
+    try:
+        yield
+    finally:
+        random.setstate(now[0])
+        if numpy is not None and now[1] is not None:
+            numpy.random.set_state(now[1])
 
 
 def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
@@ -1231,6 +1262,7 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             out = func(*a, **(kw or {}))
+            _mask_positions(func, a, reads.outputs)
             if func is torch.ops.aten._local_scalar_dense.default:
                 reads.values.append(out)
             else:
@@ -1241,6 +1273,26 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     with torch.no_grad(), Recorder():
         model(*args, **(kwargs or {}))
     return reads
+
+
+#: the indexing operators whose boolean-mask indices their kernels turn into positions below the dispatcher
+_MASK_INDEXING = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+                  torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default)
+
+
+def _mask_positions(func: Any, a: tuple[Any, ...], outputs: dict[Any, list[Any]]) -> None:
+    """Record under ``nonzero`` (as `eager_reads` records an operator's outputs) the positions each boolean
+    index of an indexing call `func(*a)` selects.  Eager's kernel runs that ``nonzero`` where no dispatch
+    mode sees it, but the trace's fake kernels, and the joint trace's backward of a masked write
+    (``IndexPutBackward0`` reads ``grad[mask]``: SpecAugment's ``hidden[mask] = masked_spec_embed`` in HF's
+    wav2vec2 / HuBERT / WavLM), call it on the mask and need its output's shape."""
+    if func not in _MASK_INDEXING:
+        return
+    for index in a[1]:
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            t = torch.nonzero(index)
+            outputs.setdefault(torch.ops.aten.nonzero, []).append(
+                (tuple(t.shape), tuple(t.stride()), t.dtype, t.device))
 
 
 @contextlib.contextmanager
@@ -1313,8 +1365,9 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
             raise
     leaves = _model_tensors(model, args, kwargs)
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
-    # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move
-    with _forked_rng(leaves):
+    # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move;
+    # the trace draws from the host generators what eager drew (a NumPy mask: the positions it selects)
+    with _forked_rng(leaves), host_rng_at(host_rng_states()):
         eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
@@ -1323,14 +1376,18 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
 
 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
-                               kwargs: dict[str, Any] | None, specialised: list[str]) -> None:
+                               kwargs: dict[str, Any] | None, specialised: list[str],
+                               traced_from: HostStates) -> None:
     """A graph specialised on the example's values must compute what eager computes on that example:
     run both forwards once (same RNG, no_grad) and refuse on any difference: a read the trace made
-    that eager did not (or in another order) would otherwise give a silently wrong graph."""
+    that eager did not (or in another order) would otherwise give a silently wrong graph.  Eager runs
+    with the host generators where the trace found them (`traced_from`): the graph holds the trace's
+    draws from them as constants (SpecAugment's NumPy time masks in HF's wav2vec2 / HuBERT / WavLM),
+    which eager draws again; they are warned about (`host_random_draws`), not a branch taken unlike eager."""
     leaves = _model_tensors(model, args, kwargs)
     outs = []
-    for fn in (model, gm):
-        with _forked_rng(leaves), torch.no_grad():
+    for fn, host in ((model, host_rng_at(traced_from)), (gm, contextlib.nullcontext())):
+        with _forked_rng(leaves), torch.no_grad(), host:
             outs.append([x for x in pytree.tree_leaves(fn(*args, **(kwargs or {})))
                          if isinstance(x, torch.Tensor)])
     same = len(outs[0]) == len(outs[1]) and all(
@@ -1408,6 +1465,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     with specialising, rnn_decomposed_in_trace(mode == "train"):
+        traced_from = host_rng_states()
         try:
             with functions:
                 ep = _export(model, args, kwargs)
@@ -1416,7 +1474,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         gm_ep = ep.module()
         drop_value_checks(gm_ep)
         if specialised is not None:
-            check_specialised_as_eager(model, gm_ep, args, kwargs, specialised)
+            check_specialised_as_eager(model, gm_ep, args, kwargs, specialised, traced_from)
         use_eager_kernels(gm_ep, family)
         if mode == "train":
             detach_outputs(gm_ep, unused_outputs(gm_ep, ep.call_spec.out_spec, loss_fn))

@@ -57,3 +57,16 @@ def test_the_masked_writes_backward_selects_the_graphs_own_mask(seed: int):
     # eager's draw of the mask and the trace's are the same draw: the shape the backward was traced with is
     # the number of positions the graph's mask selects at every step
     assert selected.meta["val"].shape[0] == int(mask.sum())
+
+
+def test_apply_verifies_against_eager_drawing_the_same_host_numbers_and_leaves_them():
+    model, args = _example(1)
+    with pytest.warns(ProfileWarning, match="numpy.random"):
+        prof = memviz.profile(model, args, loss_fn=lambda out: out, measure=False)
+    plan = memviz.plan(prof.with_costs("fake:v100"), None, strategy="sac", frontier=False)
+    before = numpy.random.get_state(legacy=False)
+    applied = memviz.apply(plan, model, verify=True, inputs=(args, {}))
+    # the user's step and the applied one each drew their NumPy mask from the same state
+    assert applied.verified_equal.equal
+    after = numpy.random.get_state(legacy=False)
+    assert all(numpy.array_equal(before["state"][k], after["state"][k]) for k in before["state"])

@@ -621,6 +621,11 @@ def host_rng_states() -> HostStates:
     return random.getstate(), numpy.random.get_state(legacy=False) if numpy else None
 
 
+def host_rng_forked() -> contextlib.AbstractContextManager[None]:
+    """The host generators left after the block as they were before it (`fork_rng` for torch's)."""
+    return host_rng_at(host_rng_states())
+
+
 @contextlib.contextmanager
 def host_rng_at(states: HostStates) -> Iterator[None]:
     """The host generators (`host_rng_states`) set to `states` inside the block, and left after it as
@@ -1367,7 +1372,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move;
     # the trace draws from the host generators what eager drew (a NumPy mask: the positions it selects)
-    with _forked_rng(leaves), host_rng_at(host_rng_states()):
+    with _forked_rng(leaves), host_rng_forked():
         eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):

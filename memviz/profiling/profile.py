@@ -1112,6 +1112,8 @@ def _run_loss_backward(runner: Runner, cap: Captured, state: dict[str, Any], tim
 # --- estimated costs --------------------------------------------------------------------------------
 def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
     """FLOPs on fake tensors and bytes moved, through the target's roofline."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
     assert info.target is not None
     nodes = cap.nodes
     times: dict[int, float] = {}
@@ -1134,8 +1136,13 @@ def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
             else:
                 vals = [a.meta.get("val") for a in n.all_input_nodes]
                 mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-                with mode if mode is not None else torch._subclasses.FakeTensorMode():
-                    f, _ = count_flops(functools.partial(n.target, *fargs, **fkwargs))
+                try:
+                    with mode if mode is not None else torch._subclasses.FakeTensorMode():
+                        f, _ = count_flops(functools.partial(n.target, *fargs, **fkwargs))
+                except (DynamicOutputShapeException, DataDependentOutputException):
+                    # sized by values (a boolean mask's `nonzero`, indexing by it: HF SpecAugment's masked
+                    # write and its backward), which fake tensors cannot run; no FLOP formula covers them
+                    f = 0.0
                 if key is not None:
                     seen[key] = f
         flops[c.id] = f

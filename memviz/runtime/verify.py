@@ -55,6 +55,7 @@ from torch import nn
 
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator
+from memviz.profiling.capture import host_rng_forked
 from memviz.profiling.tracker import allocator_peak, grad_alias, measure_peak, tensors_of
 from memviz.runtime.equivalence import compare_to_eager
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
@@ -293,7 +294,7 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
         # CPU tracker counts only the step's own storages
         gc.collect()
     try:
-        with accelerator.fork_rng(devices):
+        with accelerator.fork_rng(devices), host_rng_forked():
             for p in params.values():
                 p.grad = None
             opt = _primed_optimizer(spec, params)

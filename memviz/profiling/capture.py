@@ -1231,16 +1231,20 @@ def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[st
     so the trace goes the way eager went and no guard remains.  A trace that checks out differently from
     eager is refused afterwards (`check_specialised_as_eager`)."""
 
-    read: dict[int, Any] = {}  # one read is ``item`` then ``_local_scalar_dense`` on the same tensor
+    # one read is ``item`` then ``_local_scalar_dense`` on the same tensor.  The tensor is kept with its
+    # value: a read tensor freed at once (Autoformer's ``int(top_k_delays_index[i])`` in a loop) lets the
+    # next one take its id, which then got the stale value, and every later read came one read early
+    read: dict[int, tuple[Any, Any]] = {}
     count = [0]
 
     def impl(fake_mode: Any, func: torch._ops.OpOverload, arg: Any) -> Any:
         if id(arg) in read:
-            return read[id(arg)]
+            return read[id(arg)][1]
         if not eager.values:
             return kernel(fake_mode, func, arg)
         # export runs the model's Python more than once (each pass makes eager's reads again, in order)
-        value = read[id(arg)] = eager.values[count[0] % len(eager.values)]
+        value = eager.values[count[0] % len(eager.values)]
+        read[id(arg)] = (arg, value)
         count[0] += 1
         if count[0] <= len(eager.values):
             record.append(f"{_user_code_line()}: value {value!r}")

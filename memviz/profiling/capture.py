@@ -363,7 +363,7 @@ def fingerprint(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | 
     return h.hexdigest()[:16]
 
 
-@torch.library.custom_op("memviz::cpu_dropout", mutates_args=())
+@torch.library.custom_op("memviz::cpu_dropout", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def cpu_dropout(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's CPU ``dropout`` (``_dropout_impl`` in ATen/native/Dropout.cpp), kept as one opaque op.
 
@@ -371,7 +371,10 @@ def cpu_dropout(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tens
     multiplies it in; torch's default decomposition uses ``native_dropout`` (a bool mask: what CUDA runs)
     and functionalization would turn the in-place steps into extra allocations.  Keeping the eager
     kernel sequence inside one op gives the same random stream, the same bits and the same memory
-    (output + float noise saved for backward) as eager mode."""
+    (output + float noise saved for backward) as eager mode.  Tagged as drawing from the generator, as
+    ``native_dropout`` is, so the joint trace's dead-code pass keeps a dropout whose output nothing reads
+    (CANINE's sequence classifier leaves its final character encoder unread): eager draws its mask, and
+    without it every later mask came from another offset of the stream."""
     noise = torch.empty_like(input).bernoulli_(1 - p)
     noise.div_(1 - p)
     return input * noise, noise

@@ -15,6 +15,7 @@ from torch import nn
 import memviz
 from memviz.profiling.capture import capture
 from memviz.profiling.profile import ProfileWarning
+from memviz.runtime.verify import MismatchError
 
 
 class SpecAugmented(nn.Module):
@@ -70,3 +71,12 @@ def test_apply_verifies_against_eager_drawing_the_same_host_numbers_and_leaves_t
     assert applied.verified_equal.equal
     after = numpy.random.get_state(legacy=False)
     assert all(numpy.array_equal(before["state"][k], after["state"][k]) for k in before["state"])
+
+
+def test_export_refuses_naming_the_host_draws_not_a_memviz_fault():
+    model, args = _example(1)
+    with pytest.warns(ProfileWarning, match="numpy.random"):
+        prof = memviz.profile(model, args, loss_fn=lambda out: out, measure=False)
+    plan = memviz.plan(prof.with_costs("fake:v100"), None, strategy="none", frontier=False)
+    with pytest.raises(MismatchError, match=r"outside torch \(numpy.random\).*memviz.apply"):
+        memviz.export(plan, verify=True, inputs=(args, {}))

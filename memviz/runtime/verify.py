@@ -181,10 +181,25 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     if module.verified_equal.equal is False:
         raise MismatchError(
             f"{caller}: the rewritten step is {module.verified_equal.describe()}, on the same inputs and "
-            "random state: it would change what the model computes, so it is not returned.  This is a "
-            "memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') runs the "
-            "model's own code and may serve meanwhile")
+            f"random state: it would change what the model computes, so it is not returned.  {_cause(plan)}")
     return module
+
+
+def _cause(plan: Any) -> str:
+    """Why an exported step can differ from eager's: the draws the profile warned about (`Captured`'s
+    `host_random`, `torch_draws`: HF HuBERT's SpecAugment masks from NumPy are constants of the graph),
+    else a memviz fault.  memviz.apply runs the model's own code, and its draws, either way."""
+    cap = getattr(getattr(plan, "profile", None), "captured", None)
+    if cap is not None and cap.host_random:
+        return (f"The model draws random numbers outside torch ({', '.join(cap.host_random)}), which the "
+                "captured graph holds as constants (the profile warned): no exported step can match eager's; "
+                "memviz.apply runs the model's own code and draws as eager does")
+    if cap is not None and cap.torch_draws is not None:
+        return (f"The model's forward draws from torch's generator {cap.torch_draws[0]} times in eager mode "
+                f"but {cap.torch_draws[1]} times in its captured graph (the profile warned); memviz.apply "
+                "runs the model's own code and draws as eager does")
+    return ("This is a memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') "
+            "runs the model's own code and may serve meanwhile")
 
 
 def measured_on_zeros(module: nn.Module, spec: StepSpec, caller: str) -> int:

@@ -186,9 +186,10 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
 
 
 def _cause(plan: Any) -> str:
-    """Why an exported step can differ from eager's: the draws the profile warned about (`Captured`'s
-    `host_random`, `torch_draws`: HF HuBERT's SpecAugment masks from NumPy are constants of the graph),
-    else a memviz fault.  memviz.apply runs the model's own code, and its draws, either way."""
+    """Why an exported step can differ from eager's: what the profile warned about (`Captured`'s
+    `host_random`, `torch_draws`: HF HuBERT's SpecAugment masks from NumPy are constants of the graph;
+    `specialised`: branches taken as the example took them), else a memviz fault.  memviz.apply runs the
+    model's own code, its draws and branches, either way."""
     cap = getattr(getattr(plan, "profile", None), "captured", None)
     if cap is not None and cap.host_random:
         return (f"The model draws random numbers outside torch ({', '.join(cap.host_random)}), which the "
@@ -198,6 +199,12 @@ def _cause(plan: Any) -> str:
         return (f"The model's forward draws from torch's generator {cap.torch_draws[0]} times in eager mode "
                 f"but {cap.torch_draws[1]} times in its captured graph (the profile warned); memviz.apply "
                 "runs the model's own code and draws as eager does")
+    if cap is not None and cap.specialised:
+        return (f"The captured graph takes the {len(cap.specialised)} branches and sizes on tensor "
+                "values the profile's example took (the profile warned: a LayerDrop draw, Autoformer's "
+                "top-k delays), where eager decides them again at every step; if none of them differs "
+                "here, this is a memviz fault (please report it with the plan file).  memviz.apply runs "
+                "the model's own code")
     return ("This is a memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') "
             "runs the model's own code and may serve meanwhile")
 

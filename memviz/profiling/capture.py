@@ -534,6 +534,66 @@ def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
         op._dispatch_cache.clear()
 
 
+#: batch norm's operators and the argument whose layout the CPU kernel gives the result: ``batch_norm_cpu``
+#: and its backward allocate ``empty_like(input, input.suggest_memory_format())``
+_CPU_BATCH_NORM_LAYOUT = {
+    torch.ops.aten._native_batch_norm_legit_functional.default: 0,
+    torch.ops.aten._native_batch_norm_legit.default: 0,
+    torch.ops.aten._native_batch_norm_legit.no_stats: 0,
+    torch.ops.aten._native_batch_norm_legit_no_training.default: 0,
+    torch.ops.aten.native_batch_norm.default: 0,
+    torch.ops.aten.native_batch_norm_backward.default: 1,
+}
+
+
+@contextlib.contextmanager
+def cpu_batch_norm_layouts_in_trace(on_cpu: bool) -> Iterator[None]:
+    """Fake batch norm's first output laid out as the CPU kernel lays it out.
+
+    The fake kernels (torch's decompositions, which fake tensors run from `torch._decomp`'s table, and the
+    Python dispatcher as Meta kernels) compute an elementwise result that keeps the input's strides; the
+    CPU kernel returns a tensor in the input's suggested memory format, contiguous for a 3-d input.  On a
+    transposed input (PatchTST's ``BatchNorm1d`` over ``hidden.transpose(1, 2)``) the trace then took the
+    transposed-back output as viewable (a ``view`` for the next ``linear``) that the replay's real tensor
+    is not: the profile failed with "view size is not compatible with input tensor's size and stride"."""
+    from torch._decomp import decomposition_table
+    from torch._prims_common import suggest_memory_format
+
+    meta = torch._C.DispatchKey.Meta
+    table = {op: decomposition_table[op] for op in _CPU_BATCH_NORM_LAYOUT if op in decomposition_table}
+    kernels = {op: op.py_kernels[meta] for op in _CPU_BATCH_NORM_LAYOUT if meta in op.py_kernels}
+    if not on_cpu:
+        yield
+        return
+
+    def laid_out(op: torch._ops.OpOverload, decomp: Callable[..., Any]) -> Callable[..., Any]:
+        # its module and name kept: fake tensors take a table entry only where it is torch's own
+        @functools.wraps(decomp)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = decomp(*args, **kwargs)
+            like = args[_CPU_BATCH_NORM_LAYOUT[op]]
+            first = out[0]
+            if not isinstance(first, torch.Tensor) or like.device.type != "cpu":
+                return out
+            fmt = suggest_memory_format(like)
+            if first.is_contiguous(memory_format=fmt):
+                return out
+            return (torch.empty_like(first, memory_format=fmt), *out[1:])
+        return run
+
+    decomposition_table.update({op: laid_out(op, fn) for op, fn in table.items()})
+    for op, fn in kernels.items():
+        op.py_kernels[meta] = laid_out(op, fn)
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        decomposition_table.update(table)
+        for op, fn in kernels.items():
+            op.py_kernels[meta] = fn
+            op._dispatch_cache.clear()
+
+
 def _cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
@@ -1494,6 +1554,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             with contextlib.ExitStack() as stack:
                 stack.enter_context(eager_kernels_in_trace())
                 stack.enter_context(eager_cpu_dropout_in_trace(family == "cpu"))
+                stack.enter_context(cpu_batch_norm_layouts_in_trace(family == "cpu"))
                 stack.enter_context(cuda_attention_in_trace(family))
                 joint = aot_export_joint_with_descriptors(
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)

@@ -97,10 +97,21 @@ def with_dropout(config: Any, p: float = 0.1) -> Any:
     return config
 
 
+#: LayerDrop keys set to 0 under ``--no-layerdrop`` (the environment carries it to each model's process)
+LAYERDROP_KEYS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+
+
 def _config(model_type: str, **kw: Any) -> Any:
-    """A random-init config of `model_type`; a keyword given as None is left at the config's default."""
+    """A random-init config of `model_type`; a keyword given as None is left at the config's default.
+    With ``--no-layerdrop``, LayerDrop off (the profile's advice: it specialises each layer's draw on the
+    example, where eager draws again at every step)."""
     kw = {k: v for k, v in kw.items() if v is not None}
-    return with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
+    config = with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
+    if os.environ.get("MEMVIZ_SWEEP_NO_LAYERDROP"):
+        for key in LAYERDROP_KEYS:
+            if hasattr(config, key):
+                setattr(config, key, 0.0)
+    return config
 
 
 _LM = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
@@ -701,8 +712,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows there too")
     parser.add_argument("--markdown", help="write the table there (benchmarks/NOTES_unseen_hf.md)")
     parser.add_argument("--from-json", help="only render --markdown from rows a previous --json wrote")
+    parser.add_argument("--no-layerdrop", action="store_true", help="every config's LayerDrop 0 (" +
+                        ", ".join(LAYERDROP_KEYS) + ")")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.no_layerdrop:
+        os.environ["MEMVIZ_SWEEP_NO_LAYERDROP"] = "1"
     if args.one:
         run_one(args.one, SIZES[args.size])
         return

@@ -43,14 +43,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from tests.real_models import (  # noqa: E402
     VOCAB,
     RealCase,
     _causal_lm,
     _image_classifier,
+    _lm_losses,
     _masked_lm,
+    _own_loss,
     _seq2seq,
+    _tokens,
     rotating_loss,
     transformers,
 )
@@ -93,10 +97,21 @@ def with_dropout(config: Any, p: float = 0.1) -> Any:
     return config
 
 
+#: LayerDrop keys set to 0 under ``--no-layerdrop`` (the environment carries it to each model's process)
+LAYERDROP_KEYS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+
+
 def _config(model_type: str, **kw: Any) -> Any:
-    """A random-init config of `model_type`; a keyword given as None is left at the config's default."""
+    """A random-init config of `model_type`; a keyword given as None is left at the config's default.
+    With ``--no-layerdrop``, LayerDrop off (the profile's advice: it specialises each layer's draw on the
+    example, where eager draws again at every step)."""
     kw = {k: v for k, v in kw.items() if v is not None}
-    return with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
+    config = with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
+    if os.environ.get("MEMVIZ_SWEEP_NO_LAYERDROP"):
+        for key in LAYERDROP_KEYS:
+            if hasattr(config, key):
+                setattr(config, key, 0.0)
+    return config
 
 
 _LM = {"vocab_size": VOCAB, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
@@ -176,6 +191,141 @@ def masked_autoencoder(model_type: str, **kw: Any) -> Factory:
 
 _VIT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
         "patch_size": 8}
+
+
+def _mse(field: str) -> Any:
+    """A user loss on one output field: the mean square of it (every such model's second loss)."""
+    return lambda out: getattr(out, field).pow(2).mean()
+
+
+def ctc(model_type: str, **kw: Any) -> Factory:
+    """A speech encoder with a CTC head (`labels=`: CTC loss): a strided conv feature extractor over
+    `25 * seq` raw samples, SpecAugment on (time masks drawn by numpy inside the forward, and the
+    config's default LayerDrop: a `torch.rand` per layer deciding whether to run it)."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        cfg = _config(model_type, vocab_size=16, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3),
+                      num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, mask_time_prob=0.3,
+                      mask_time_length=2, ctc_loss_reduction="mean", pad_token_id=0, **kw)
+        model = transformers.AutoModelForCTC.from_config(cfg).train()
+        g = torch.Generator().manual_seed(0)
+        audio = torch.randn(size.batch, 25 * size.seq, generator=g)
+        labels = torch.randint(1, 16, (size.batch, max(2, size.seq // 4)), generator=g)
+        return RealCase(model, (audio,), {"labels": labels}, {"own": _own_loss, "mse": _mse("logits")}, None,
+                        "transformers")
+    return make
+
+
+def speech_seq2seq(model_type: str, **kw: Any) -> Factory:
+    """A speech-to-text encoder-decoder over filterbank features (Speech2Text: a conv subsampler, then
+    a transformer): `labels=` its cross-entropy."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        cfg = _config(model_type, **{**_S2S, "max_source_positions": size.positions,
+                                     "max_target_positions": size.positions, **kw})
+        model = transformers.AutoModelForSpeechSeq2Seq.from_config(cfg).train()
+        g = torch.Generator().manual_seed(0)
+        feats = torch.randn(size.batch, 2 * size.seq, cfg.input_feat_per_channel * cfg.input_channels,
+                            generator=g)
+        _, labels = _tokens(size.batch, size.seq // 2, VOCAB, seed=2)
+        return RealCase(model, (feats,), {"labels": labels}, _lm_losses(labels, VOCAB, shift=False), None,
+                        "transformers")
+    return make
+
+
+def contrastive(model_type: str, text: dict[str, Any], vision_kw: dict[str, Any], **kw: Any) -> Factory:
+    """A text-image dual encoder with its own contrastive loss (``return_loss=True``: CLIP's softmax,
+    SigLIP's sigmoid), or a user cross-entropy over the image-text logits."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        text_cfg = {"vocab_size": VOCAB, "max_position_embeddings": size.seq, **text, **TOKENS}
+        cfg = transformers.AutoConfig.for_model(model_type, text_config=text_cfg,
+                                                vision_config={"image_size": size.image, **vision_kw}, **kw)
+        for sub in (cfg, cfg.text_config, cfg.vision_config):
+            with_dropout(sub)
+        model = transformers.AutoModel.from_config(cfg).train()
+        ids, _ = _tokens(size.batch, size.seq, VOCAB)
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(size.batch, 3, size.image, size.image, generator=g)
+        diag = torch.arange(size.batch)
+        return RealCase(model, (), {"input_ids": ids, "pixel_values": images, "return_loss": True},
+                        {"own": _own_loss,
+                         "ce": lambda out: F.cross_entropy(out.logits_per_image, diag, label_smoothing=0.1)},
+                        None, "transformers")
+    return make
+
+
+_TS = {"encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+       "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "d_model": 64, "lags_sequence": [1, 2, 3],
+       "num_time_features": 1, "input_size": 1}
+
+
+def forecaster(model_type: str, cls: Any, **kw: Any) -> Factory:
+    """A probabilistic forecaster (`past_values`, time features, an observed mask; `future_values=`: the
+    negative log-likelihood of its distribution head), context `seq`, horizon `seq // 2`; or MSE of the
+    distribution's location."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        horizon = size.seq // 2
+        cfg = _config(model_type, **{**_TS, "context_length": size.seq, "prediction_length": horizon, **kw})
+        model = cls(cfg)
+        past = size.seq + max(cfg.lags_sequence)
+        g = torch.Generator().manual_seed(0)
+        kwargs = {"past_values": torch.randn(size.batch, past, generator=g).abs() + 1,
+                  "past_time_features": torch.linspace(0, 1, past)[None, :, None].repeat(size.batch, 1, 1),
+                  "past_observed_mask": torch.ones(size.batch, past),
+                  "future_values": torch.randn(size.batch, horizon, generator=g).abs() + 1,
+                  "future_time_features": torch.linspace(1, 1.5, horizon)[None, :, None]
+                  .repeat(size.batch, 1, 1)}
+        losses = {"own": _own_loss, "mse": lambda out: out.params[1].pow(2).mean()}
+        return RealCase(model.train(), (), kwargs, losses, None, "transformers")
+    return make
+
+
+def patchtst(**kw: Any) -> Factory:
+    """PatchTST pretraining: random patch masking (`torch.rand` + `argsort` inside the forward), its own
+    masked reconstruction MSE, over 3 channels of `2 * seq` steps."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        cfg = _config("patchtst", num_input_channels=3, context_length=2 * size.seq, patch_length=4,
+                      patch_stride=4, d_model=64, num_attention_heads=4, num_hidden_layers=2, ffn_dim=128,
+                      mask_type="random", random_mask_ratio=0.4, do_mask_input=True, **kw)
+        model = transformers.PatchTSTForPretraining(cfg).train()
+        values = torch.randn(size.batch, 2 * size.seq, 3, generator=torch.Generator().manual_seed(0))
+        return RealCase(model, (values,), {}, {"own": _own_loss, "mse": _mse("prediction_output")}, None,
+                        "transformers")
+    return make
+
+
+def perceiver(**kw: Any) -> Factory:
+    """Perceiver IO masked LM: cross-attention of the bytes into a few latents, self-attention there,
+    a decoder cross-attending back to every position (`labels=`: its cross-entropy)."""
+    def make(size: Size) -> RealCase:
+        cfg = _config("perceiver", vocab_size=VOCAB, num_latents=8, d_latents=32, d_model=64, num_blocks=1,
+                      num_self_attends_per_block=2, num_self_attention_heads=4, num_cross_attention_heads=4,
+                      qk_channels=32, v_channels=32, max_position_embeddings=size.seq, **kw)
+        return _masked_lm(cfg, transformers.PerceiverForMaskedLM, size.batch, size.seq)
+    return make
+
+
+def canine(**kw: Any) -> Factory:
+    """CANINE: characters hashed into several embedding tables, a local transformer, a strided conv
+    downsampling, a deep transformer over the downsampled sequence, an upsampling conv; a sequence
+    classifier (`labels=`: cross-entropy)."""
+    def make(size: Size) -> RealCase:
+        torch.manual_seed(0)
+        cfg = _config("canine", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=128, num_hash_functions=4, num_hash_buckets=64, downsampling_rate=4,
+                      local_transformer_stride=4, max_position_embeddings=size.positions, num_labels=3, **kw)
+        model = transformers.CanineForSequenceClassification(cfg).train()
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(32, 0x3000, (size.batch, size.seq), generator=g)
+        labels = torch.randint(0, 3, (size.batch,), generator=g)
+        return RealCase(model, (ids,), {"labels": labels},
+                        {"own": _own_loss, "ce": lambda out: F.cross_entropy(out.logits, labels),
+                         "mse": _mse("logits")}, None, "transformers")
+    return make
 
 MODELS: dict[str, Factory] = {
     # decoders: rotary / ALiBi / learned positions, parallel attention+MLP, GQA / MQA, gated MLPs, MoE, SSM
@@ -290,6 +440,39 @@ MODELS: dict[str, Factory] = {
                     num_attention_heads=[2, 3], depths=[1, 1], key_dim=[8, 8], mlp_ratio=[2, 2],
                     attention_ratio=[2, 2],
                     down_ops=[["Subsample", 8, 2, 4, 2, 2]]),
+    # task zoohf37: audio (conv feature extractors, CTC, SpecAugment and LayerDrop randomness, gated
+    # relative position bias), vision-language contrastive losses, time series (distribution heads' NLL,
+    # lags, ProbSparse attention, series decomposition and autocorrelation, random patch masking), and
+    # rotary protein MLM with token dropout, ALiBi, multi-query attention, Perceiver latents, CANINE's
+    # hashed characters, ConvNeXtV2's global response norm
+    "hubert": ctc("hubert"),
+    "wavlm": ctc("wavlm", num_buckets=32, max_bucket_distance=64),
+    "speech_to_text": speech_seq2seq("speech_to_text", input_feat_per_channel=16, num_conv_layers=2,
+                                     conv_channels=32, conv_kernel_sizes=[5, 5]),
+    "siglip": contrastive("siglip", {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                     "num_attention_heads": 4}, {**_VIT}),
+    "groupvit": contrastive("groupvit", {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                         "num_attention_heads": 4},
+                            {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                             "patch_size": 8, "depths": [1, 1], "num_group_tokens": [4, 0],
+                             "num_output_groups": [4, 4]}, projection_dim=32, projection_intermediate_dim=64),
+    "time_series_transformer": forecaster("time_series_transformer",
+                                          transformers.TimeSeriesTransformerForPrediction),
+    "informer": forecaster("informer", transformers.InformerForPrediction, attention_type="prob",
+                           sampling_factor=2, distil=True),
+    "autoformer": forecaster("autoformer", transformers.AutoformerForPrediction, moving_average=3,
+                             autocorrelation_factor=2),
+    "patchtst": patchtst(),
+    "esm": encoder("esm", position_embedding_type="rotary", token_dropout=True, mask_token_id=3),
+    "biogpt": decoder("biogpt"),
+    "mpt": decoder("mpt", "eager", d_model=64, n_heads=4, n_layers=2, expansion_ratio=2,
+                   max_seq_len=2 * LONG),
+    "gpt_bigcode": decoder("gpt_bigcode", n_embd=64, n_layer=2, n_head=4, n_positions=2 * LONG,
+                           multi_query=True),
+    "perceiver": perceiver(),
+    "canine": canine(),
+    "convnextv2": vision("convnextv2", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
+                         drop_path_rate=0.1),
 }
 #: what ``--size deep`` runs by default: decoders (rotary, parallel attention, MoE, SSM), encoders, seq2seq,
 #: a ViT
@@ -297,7 +480,8 @@ DEEP = ("gpt_neox", "olmo", "falcon", "mixtral", "qwen2_moe", "mamba", "deberta_
         "marian", "deit")
 DECODERS = ("gpt_neox", "opt", "bloom", "falcon", "phi", "phi3", "gemma", "gemma2", "stablelm", "olmo",
             "gptj", "codegen", "mixtral", "qwen2_moe", "mamba", "rwkv", "mamba2", "jamba", "recurrent_gemma",
-            "granite", "cohere", "starcoder2", "qwen3", "persimmon", "dbrx", "olmoe", "xlnet")
+            "granite", "cohere", "starcoder2", "qwen3", "persimmon", "dbrx", "olmoe", "xlnet", "biogpt",
+            "mpt", "gpt_bigcode")
 
 
 def first_line(exc: BaseException) -> str:
@@ -532,8 +716,12 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows there too")
     parser.add_argument("--markdown", help="write the table there (benchmarks/NOTES_unseen_hf.md)")
     parser.add_argument("--from-json", help="only render --markdown from rows a previous --json wrote")
+    parser.add_argument("--no-layerdrop", action="store_true", help="every config's LayerDrop 0 (" +
+                        ", ".join(LAYERDROP_KEYS) + ")")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.no_layerdrop:
+        os.environ["MEMVIZ_SWEEP_NO_LAYERDROP"] = "1"
     if args.one:
         run_one(args.one, SIZES[args.size])
         return

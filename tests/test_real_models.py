@@ -23,6 +23,7 @@ import os
 import tempfile
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -81,6 +82,7 @@ def budget_at(name: str, strategy: str, point: float) -> int:
 
 def _step(module: torch.nn.Module, loss_fn: Any, opt: torch.optim.Optimizer, inputs: Any, seed: int) -> Any:
     torch.manual_seed(seed)
+    numpy.random.seed(seed)  # HF's SpecAugment draws its masks with NumPy (`benchmarks/check_unseen_hf.py`)
     out = module(*inputs[0], **inputs[1])
     loss = loss_fn(out)
     kept = Untracked.of(out)

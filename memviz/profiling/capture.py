@@ -371,7 +371,7 @@ def fingerprint(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | 
     return h.hexdigest()[:16]
 
 
-@torch.library.custom_op("memviz::cpu_dropout", mutates_args=())
+@torch.library.custom_op("memviz::cpu_dropout", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def cpu_dropout(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's CPU ``dropout`` (``_dropout_impl`` in ATen/native/Dropout.cpp), kept as one opaque op.
 
@@ -379,7 +379,10 @@ def cpu_dropout(input: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tens
     multiplies it in; torch's default decomposition uses ``native_dropout`` (a bool mask: what CUDA runs)
     and functionalization would turn the in-place steps into extra allocations.  Keeping the eager
     kernel sequence inside one op gives the same random stream, the same bits and the same memory
-    (output + float noise saved for backward) as eager mode."""
+    (output + float noise saved for backward) as eager mode.  Tagged as drawing from the generator, as
+    ``native_dropout`` is, so the joint trace's dead-code pass keeps a dropout whose output nothing reads
+    (CANINE's sequence classifier leaves its final character encoder unread): eager draws its mask, and
+    without it every later mask came from another offset of the stream."""
     noise = torch.empty_like(input).bernoulli_(1 - p)
     noise.div_(1 - p)
     return input * noise, noise
@@ -539,6 +542,66 @@ def eager_cpu_dropout_in_trace(on_cpu: bool) -> Any:
         op._dispatch_cache.clear()
 
 
+#: batch norm's operators and the argument whose layout the CPU kernel gives the result: ``batch_norm_cpu``
+#: and its backward allocate ``empty_like(input, input.suggest_memory_format())``
+_CPU_BATCH_NORM_LAYOUT = {
+    torch.ops.aten._native_batch_norm_legit_functional.default: 0,
+    torch.ops.aten._native_batch_norm_legit.default: 0,
+    torch.ops.aten._native_batch_norm_legit.no_stats: 0,
+    torch.ops.aten._native_batch_norm_legit_no_training.default: 0,
+    torch.ops.aten.native_batch_norm.default: 0,
+    torch.ops.aten.native_batch_norm_backward.default: 1,
+}
+
+
+@contextlib.contextmanager
+def cpu_batch_norm_layouts_in_trace(on_cpu: bool) -> Iterator[None]:
+    """Fake batch norm's first output laid out as the CPU kernel lays it out.
+
+    The fake kernels (torch's decompositions, which fake tensors run from `torch._decomp`'s table, and the
+    Python dispatcher as Meta kernels) compute an elementwise result that keeps the input's strides; the
+    CPU kernel returns a tensor in the input's suggested memory format, contiguous for a 3-d input.  On a
+    transposed input (PatchTST's ``BatchNorm1d`` over ``hidden.transpose(1, 2)``) the trace then took the
+    transposed-back output as viewable (a ``view`` for the next ``linear``) that the replay's real tensor
+    is not: the profile failed with "view size is not compatible with input tensor's size and stride"."""
+    from torch._decomp import decomposition_table
+    from torch._prims_common import suggest_memory_format
+
+    meta = torch._C.DispatchKey.Meta
+    table = {op: decomposition_table[op] for op in _CPU_BATCH_NORM_LAYOUT if op in decomposition_table}
+    kernels = {op: op.py_kernels[meta] for op in _CPU_BATCH_NORM_LAYOUT if meta in op.py_kernels}
+    if not on_cpu:
+        yield
+        return
+
+    def laid_out(op: torch._ops.OpOverload, decomp: Callable[..., Any]) -> Callable[..., Any]:
+        # its module and name kept: fake tensors take a table entry only where it is torch's own
+        @functools.wraps(decomp)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = decomp(*args, **kwargs)
+            like = args[_CPU_BATCH_NORM_LAYOUT[op]]
+            first = out[0]
+            if not isinstance(first, torch.Tensor) or like.device.type != "cpu":
+                return out
+            fmt = suggest_memory_format(like)
+            if first.is_contiguous(memory_format=fmt):
+                return out
+            return (torch.empty_like(first, memory_format=fmt), *out[1:])
+        return run
+
+    decomposition_table.update({op: laid_out(op, fn) for op, fn in table.items()})
+    for op, fn in kernels.items():
+        op.py_kernels[meta] = laid_out(op, fn)
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        decomposition_table.update(table)
+        for op, fn in kernels.items():
+            op.py_kernels[meta] = fn
+            op._dispatch_cache.clear()
+
+
 def _cuda_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
@@ -606,7 +669,7 @@ def host_random_draws() -> Iterator[list[str]]:
     import random
 
     numpy = sys.modules.get("numpy")
-    before = random.getstate(), numpy.random.get_state(legacy=False) if numpy else None
+    before = host_rng_states()
     moved: list[str] = []
     try:
         yield moved
@@ -615,6 +678,42 @@ def host_random_draws() -> Iterator[list[str]]:
             moved.append("random")
         if numpy is not None and _numpy_state_moved(before[1], numpy.random.get_state(legacy=False)):
             moved.append("numpy.random")
+
+
+HostStates = tuple[Any, Any]
+
+
+def host_rng_states() -> HostStates:
+    """The states of the random generators outside torch: Python's ``random``, NumPy's global one (None
+    where NumPy is not imported)."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), numpy.random.get_state(legacy=False) if numpy else None
+
+
+def host_rng_forked() -> contextlib.AbstractContextManager[None]:
+    """The host generators left after the block as they were before it (`fork_rng` for torch's)."""
+    return host_rng_at(host_rng_states())
+
+
+@contextlib.contextmanager
+def host_rng_at(states: HostStates) -> Iterator[None]:
+    """The host generators (`host_rng_states`) set to `states` inside the block, and left after it as
+    they were before it."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    now = host_rng_states()
+    random.setstate(states[0])
+    if numpy is not None and states[1] is not None:
+        numpy.random.set_state(states[1])
+    try:
+        yield
+    finally:
+        random.setstate(now[0])
+        if numpy is not None and now[1] is not None:
+            numpy.random.set_state(now[1])
 
 
 def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
@@ -1254,8 +1353,9 @@ def _eager_scalar(kernel: Callable[..., Any], eager: EagerReads, record: list[st
     (``one_hot``'s range check): in one call order those reads shifted every later one.  A trace that
     checks out differently from eager is refused afterwards (`check_specialised_as_eager`)."""
 
-    # one read is ``item`` then ``_local_scalar_dense`` on the same tensor; the tensor is held so that a
-    # later one (an expert loop's index) cannot take its id
+    # one read is ``item`` then ``_local_scalar_dense`` on the same tensor.  The tensor is kept with its
+    # value: a read tensor freed at once (Autoformer's ``int(top_k_delays_index[i])`` in a loop, an expert
+    # loop's index) lets the next one take its id, which then got the stale value
     read: dict[int, tuple[Any, Any]] = {}
     count: dict[str, int] = {}
 
@@ -1298,6 +1398,7 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
             out = func(*a, **(kw or {}))
+            _mask_positions(func, a, reads.outputs)
             if func is torch.ops.aten._local_scalar_dense.default:
                 reads.values.setdefault(_user_code_line(), []).append(out)
             else:
@@ -1310,6 +1411,26 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     with torch.no_grad(), Recorder():
         model(*args, **(kwargs or {}))
     return reads
+
+
+#: the indexing operators whose boolean-mask indices their kernels turn into positions below the dispatcher
+_MASK_INDEXING = (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+                  torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default)
+
+
+def _mask_positions(func: Any, a: tuple[Any, ...], outputs: dict[Any, list[Any]]) -> None:
+    """Record under ``nonzero`` (as `eager_reads` records an operator's outputs) the positions each boolean
+    index of an indexing call `func(*a)` selects.  Eager's kernel runs that ``nonzero`` where no dispatch
+    mode sees it, but the trace's fake kernels, and the joint trace's backward of a masked write
+    (``IndexPutBackward0`` reads ``grad[mask]``: SpecAugment's ``hidden[mask] = masked_spec_embed`` in HF's
+    wav2vec2 / HuBERT / WavLM), call it on the mask and need its output's shape."""
+    if func not in _MASK_INDEXING:
+        return
+    for index in a[1]:
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            t = torch.nonzero(index)
+            outputs.setdefault(torch.ops.aten.nonzero, []).append(
+                (tuple(t.shape), tuple(t.stride()), t.dtype, t.device))
 
 
 @contextlib.contextmanager
@@ -1381,8 +1502,9 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
             raise
     leaves = _model_tensors(model, args, kwargs)
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
-    # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move
-    with _forked_rng(leaves):
+    # the eager run and the trace draw random numbers (dropout, LayerDrop): the user's RNG must not move;
+    # the trace draws from the host generators what eager drew (a NumPy mask: the positions it selects)
+    with _forked_rng(leaves), host_rng_forked():
         eager = eager_reads(model, args, kwargs)
     with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
@@ -1441,14 +1563,18 @@ def check_sizes_outlive_the_step(gm: torch.fx.GraphModule, model: nn.Module, mod
 
 
 def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args: tuple[Any, ...],
-                               kwargs: dict[str, Any] | None, specialised: list[str]) -> None:
+                               kwargs: dict[str, Any] | None, specialised: list[str],
+                               traced_from: HostStates) -> None:
     """A graph specialised on the example's values must compute what eager computes on that example:
     run both forwards once (same RNG, no_grad) and refuse on any difference: a read the trace made
-    that eager did not (or in another order) would otherwise give a silently wrong graph."""
+    that eager did not (or in another order) would otherwise give a silently wrong graph.  Eager runs
+    with the host generators where the trace found them (`traced_from`): the graph holds the trace's
+    draws from them as constants (SpecAugment's NumPy time masks in HF's wav2vec2 / HuBERT / WavLM),
+    which eager draws again; they are warned about (`host_random_draws`), not a branch taken unlike eager."""
     leaves = _model_tensors(model, args, kwargs)
     outs = []
-    for fn in (model, gm):
-        with _forked_rng(leaves), torch.no_grad():
+    for fn, host in ((model, host_rng_at(traced_from)), (gm, contextlib.nullcontext())):
+        with _forked_rng(leaves), torch.no_grad(), host:
             outs.append([x for x in pytree.tree_leaves(fn(*args, **(kwargs or {})))
                          if isinstance(x, torch.Tensor)])
     same = len(outs[0]) == len(outs[1]) and all(
@@ -1586,6 +1712,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     with specialising, rnn_decomposed_in_trace(mode == "train"):
+        traced_from = host_rng_states()
         try:
             with functions, unchanging_module_to(), formatted_as_eager():
                 ep = _export(model, args, kwargs)
@@ -1594,7 +1721,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         gm_ep = ep.module()
         drop_value_checks(gm_ep)
         if specialised is not None:
-            check_specialised_as_eager(model, gm_ep, args, kwargs, specialised)
+            check_specialised_as_eager(model, gm_ep, args, kwargs, specialised, traced_from)
         use_eager_kernels(gm_ep, family)
         if mode == "train":
             detach_outputs(gm_ep, unused_outputs(gm_ep, ep.call_spec.out_spec, loss_fn))
@@ -1602,6 +1729,7 @@ def _trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             with contextlib.ExitStack() as stack:
                 stack.enter_context(eager_kernels_in_trace())
                 stack.enter_context(eager_cpu_dropout_in_trace(family == "cpu"))
+                stack.enter_context(cpu_batch_norm_layouts_in_trace(family == "cpu"))
                 stack.enter_context(cuda_attention_in_trace(family))
                 joint = aot_export_joint_with_descriptors(
                     stack, gm_ep, tuple(args), kwargs or {}, _record_nn_module_stack=True)

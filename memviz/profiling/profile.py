@@ -1150,7 +1150,9 @@ def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
                     with mode if mode is not None else torch._subclasses.FakeTensorMode():
                         f, _ = count_flops(functools.partial(n.target, *fargs, **fkwargs))
                 except (DynamicOutputShapeException, DataDependentOutputException):
-                    f = 0.0  # sized by values (an expert loop's ``nonzero``): no FLOPs FlopCounterMode counts
+                    # sized by values (an expert loop's `nonzero`, a boolean mask's indexing: HF SpecAugment's
+                    # masked write and its backward), which fake tensors cannot run: no FLOP formula for them
+                    f = 0.0
                 if key is not None:
                     seen[key] = f
         flops[c.id] = f

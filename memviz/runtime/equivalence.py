@@ -11,7 +11,8 @@ on the user's model, from the same generator state, and the two compared:
 * tolerance `TOLERANCE`, relative to the largest magnitude on eager's side (fp32 sums in another order:
   recomputation, gradients summed in place), as the test suites compare;
 * the user's model runs first, under `fork_rng`, and so does the module, so both draw the same random
-  numbers; parameters' ``.grad``, buffers (BatchNorm statistics) and the generators are left as they were.
+  numbers (from the host's generators too: HF wav2vec2 / HuBERT / WavLM draw SpecAugment's masks with
+  NumPy); parameters' ``.grad``, buffers (BatchNorm statistics) and the generators are left as they were.
 
 The user's step needs eager's memory, which on an accelerator may not be there (the reason to plan):
 where the device cannot hold eager's predicted peak besides what is allocated, nothing is compared and
@@ -78,13 +79,13 @@ def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], l
               devices: list[torch.device]) -> dict[str, torch.Tensor | None]:
     """Name -> value of one step (the loss and each parameter's gradient, or the outputs), on the host;
     the model's gradients, buffers and the generators as they were."""
-    from memviz.profiling.capture import buffers_kept, default_loss
+    from memviz.profiling.capture import buffers_kept, default_loss, host_rng_forked
 
     named = dict(getattr(model, "_orig_mod", model).named_parameters())
     grads = {n: p.grad for n, p in named.items()}
     step_args, step_kwargs = pytree.tree_map(grad_alias, (args, kwargs))
     try:
-        with buffers_kept(model), accelerator.fork_rng(devices):
+        with buffers_kept(model), accelerator.fork_rng(devices), host_rng_forked():
             for p in named.values():
                 p.grad = None
             if mode == "inference":

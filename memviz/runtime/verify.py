@@ -55,6 +55,7 @@ from torch import nn
 
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator
+from memviz.profiling.capture import host_rng_forked
 from memviz.profiling.tracker import allocator_peak, grad_alias, measure_peak, tensors_of
 from memviz.runtime.equivalence import compare_to_eager
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
@@ -183,10 +184,32 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     if module.verified_equal.equal is False:
         raise MismatchError(
             f"{caller}: the rewritten step is {module.verified_equal.describe()}, on the same inputs and "
-            "random state: it would change what the model computes, so it is not returned.  This is a "
-            "memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') runs the "
-            "model's own code and may serve meanwhile")
+            f"random state: it would change what the model computes, so it is not returned.  {_cause(plan)}")
     return module
+
+
+def _cause(plan: Any) -> str:
+    """Why an exported step can differ from eager's: what the profile warned about (`Captured`'s
+    `host_random`, `torch_draws`: HF HuBERT's SpecAugment masks from NumPy are constants of the graph;
+    `specialised`: branches taken as the example took them), else a memviz fault.  memviz.apply runs the
+    model's own code, its draws and branches, either way."""
+    cap = getattr(getattr(plan, "profile", None), "captured", None)
+    if cap is not None and cap.host_random:
+        return (f"The model draws random numbers outside torch ({', '.join(cap.host_random)}), which the "
+                "captured graph holds as constants (the profile warned): no exported step can match eager's; "
+                "memviz.apply runs the model's own code and draws as eager does")
+    if cap is not None and cap.torch_draws is not None:
+        return (f"The model's forward draws from torch's generator {cap.torch_draws[0]} times in eager mode "
+                f"but {cap.torch_draws[1]} times in its captured graph (the profile warned); memviz.apply "
+                "runs the model's own code and draws as eager does")
+    if cap is not None and cap.specialised:
+        return (f"The captured graph takes the {len(cap.specialised)} branches and sizes on tensor "
+                "values the profile's example took (the profile warned: a LayerDrop draw, Autoformer's "
+                "top-k delays), where eager decides them again at every step; if none of them differs "
+                "here, this is a memviz fault (please report it with the plan file).  memviz.apply runs "
+                "the model's own code")
+    return ("This is a memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') "
+            "runs the model's own code and may serve meanwhile")
 
 
 def measured_on_zeros(module: nn.Module, spec: StepSpec, caller: str) -> int:
@@ -298,7 +321,7 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
         # CPU tracker counts only the step's own storages
         gc.collect()
     try:
-        with accelerator.fork_rng(devices):
+        with accelerator.fork_rng(devices), host_rng_forked():
             for p in params.values():
                 p.grad = None
             opt = _primed_optimizer(spec, params)

@@ -28,6 +28,7 @@ import copy
 import functools
 import inspect
 import linecache
+import operator
 import statistics
 import sys
 import time
@@ -53,6 +54,7 @@ from memviz.profiling.capture import (
     default_loss,
     fingerprint,
     forward_calls,
+    is_backward,
     op_key,
     summed_as_eager,
     with_loss_memory,
@@ -741,6 +743,30 @@ def _statements_between(file: str, after: int, before: int) -> list[tuple[int, i
     return [s for s in spans if after < s[0] < before]
 
 
+@functools.cache
+def _if_branches(file: str) -> tuple[tuple[int, int, int, int], ...]:
+    """(first, last line of the body, first, last line of the ``else``) of each ``if`` of `file` that has
+    an ``else`` (an ``elif`` is an ``if`` in it); () when it cannot be parsed."""
+    tree = _file_tree(file)
+    if tree is None:
+        return ()
+    return tuple((n.body[0].lineno, n.body[-1].end_lineno or n.body[-1].lineno,
+                  n.orelse[0].lineno, n.orelse[-1].end_lineno or n.orelse[-1].lineno)
+                 for n in ast.walk(tree) if isinstance(n, ast.If) and n.orelse)
+
+
+def _ran_after(file: str, span: tuple[int, int], before: int) -> list[tuple[int, int]]:
+    """The statements between statement `span` and line `before` that ran after it: those in the other
+    branch of an ``if`` that `span` is in did not (``if shift: x = roll(h) else: x = h``: the ``else``
+    lies between the ``roll`` and the next traced statement, and read as run it rebound ``x`` to ``h``,
+    freeing Swin-V2's shifted windows, which the layer holds to its return, 32 KiB early)."""
+    def other_branch(s: tuple[int, int]) -> bool:
+        return any((b0 <= span[0] <= b1 and e0 <= s[0] <= e1) or (e0 <= span[0] <= e1 and b0 <= s[0] <= b1)
+                   for b0, b1, e0, e1 in _if_branches(file))
+
+    return [s for s in _statements_between(file, span[1], before) if not other_branch(s)]
+
+
 def _source(file: str, span: tuple[int, int]) -> str:
     return "".join(linecache.getlines(file)[span[0] - 1:span[1]])
 
@@ -795,6 +821,26 @@ def _autocast_cache_holds(cap: Captured, requires_grad: Collection[str] | None) 
     for d in cached:
         hold[d] = max(hold.get(d, -1), pos)
     return hold
+
+
+def _autograd_only_output(node: torch.fx.Node) -> bool:
+    """Whether forward FX `node` takes a later output of a multi-output op that no forward op reads, only
+    its backward: what autograd saves (dropout's mask, layer norm's mean and rstd), never a value the
+    Python statement running the op gets (``F.dropout`` returns the output alone).  Such a getitem comes
+    after the op's output [0] in the trace, so it must not become the statement's value: Swin-V2's
+    ``attention_outputs = self.attention(...)`` bound the last dropout's mask, and its output, which the
+    layer's locals hold to its return, was freed at its last reader (the eager baseline 32 KiB under the
+    measured step)."""
+    if node.target is not operator.getitem or not isinstance(node.args[1], int) or node.args[1] == 0:
+        return False
+    readers = list(node.users)
+    while readers:
+        u = readers.pop()
+        if u.target is torch.ops.aten.detach.default:  # how the joint graph saves a value for backward
+            readers += u.users
+        elif u.op == "call_function" and not is_backward(u):
+            return False
+    return True
 
 
 def python_local_holds(cap: Captured) -> dict[int, int]:
@@ -860,12 +906,17 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         bind(key, code, value, end)
         # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
         # straight-line source between this statement and the next traced one of the same frame ran too
-        untraced(key, _statements_between(key[1], span[1], next_line or span[1]), end)
+        untraced(key, _ran_after(key[1], span, next_line or span[1]), end)
 
+    # autograd's extra outputs (and the detached copies the joint graph saves them through) are no value
+    # of the statement that runs their op
+    hidden = {cap.data_of_fx[n.name] for n in forward_calls(cap.gm)
+              if n.name in cap.data_of_fx and _autograd_only_output(n)}
     pos = -1
     for n in forward_calls(cap.gm):
         pos = pos_of.get(n.name, pos)
         d = cap.data_of_fx.get(n.name)
+        d = None if d in hidden else d
         stack = list((n.meta.get("nn_module_stack") or {}).values())
         depth = -1
         entered: dict[tuple[str, str], int] = {}

@@ -97,3 +97,27 @@ def test_the_branch_an_if_did_not_take_binds_nothing() -> None:
     held to the layer's return, was freed after its last reader (`profile._ran_after`).  Main: the
     baseline 64 KiB under the measured step."""
     _runs_as_planned(_layers(True, False), (torch.randn(256, 64),), 0.5)
+
+
+class Pair(nn.Module):
+    """Two values bound by one statement to a tuple target (HF Mamba2's chunked scan binds four:
+    ``hidden_states, A, B, C = [reshape_into_chunks(t, ...) for t in (hidden_states, A, B, C)]``), each
+    held by its name to the return, under a wide temporary no op saves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = [nn.functional.pad(t, (0, 0)) for t in (x.flip(0), x.roll(1, 0))]
+        h = self.fc(a + b)
+        wide = h.repeat(1, 32)
+        return h + (wide + 1).sum(1, keepdim=True)
+
+
+def test_a_tuple_target_binds_each_name_its_own_value() -> None:
+    """``a, b = [pad(t) for t in (...)]``: both names were bound to the statement's last value, and ``a``,
+    which its name holds to the return, was freed after its last reader (`profile._statement_values`).
+    Main: the baseline 64 KiB under the measured step."""
+    torch.manual_seed(0)
+    _runs_as_planned(nn.Sequential(Pair(), Pair(), nn.Linear(64, 64)), (torch.randn(256, 64),), 0.5)

@@ -843,6 +843,15 @@ def _autograd_only_output(node: torch.fx.Node) -> bool:
     return True
 
 
+def _builds_each(code: str) -> bool:
+    """Whether a statement assigns a tuple or list it builds itself (``a, b = f(x), g(x)``, ``a, b = [f(t)
+    for t in (x, y)]``), whose values come in its names' order; a call returning a tuple does not say
+    which of its values is which (HF Swin's ``attention_output, attn_weights = self.attention(...)``)."""
+    body = _statements(code)
+    st = body[0] if body else None
+    return isinstance(st, ast.Assign) and isinstance(st.value, (ast.Tuple, ast.List, ast.ListComp))
+
+
 def _statement_values(nodes: Sequence[tuple[Any, int | None, int, frozenset[int]]]) -> list[int]:
     """The values a statement's operators (``(op, data, position, data read)`` each, in order) leave it:
     each data no later operator of the statement reads, in order.  A tuple target of as many names binds
@@ -883,7 +892,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         names = binds.setdefault(key, {})
         bound = _bound_names(code)
         for i, name in enumerate(bound):
-            if len(values) == len(bound) > 1:  # ``a, b = f(x), g(x)``: each name its own value
+            if len(values) == len(bound) > 1 and _builds_each(code):  # ``a, b = f(x), g(x)``
                 value = values[i]
             if name.startswith("+"):  # a container keeps everything put in it
                 names[f"{name}#{len(names)}"] = value

@@ -326,6 +326,28 @@ def in_place_writes(cap: Any, graph: Graph) -> dict[int, int]:
     return writes
 
 
+def backward_copies(cap: Any, graph: Graph) -> dict[int, int]:
+    """Backward compute id -> the data node eager autograd overwrites when it runs that op: each
+    ``aten.copy`` of the backward is a ``copy_`` the functionalized capture names apart from its
+    destination (its first argument).  Autograd's ``CopySlices``, the backward of an in-place op on a
+    view (``relu_`` on the view ``nn.Linear`` makes of a 4-d input: Swin-V2's continuous position bias
+    MLP), runs ``result = grad.new_empty_strided(...); result.copy_(grad)``, then the op's own backward
+    on a clone of the view's slice and ``copy_`` of its gradient back into ``result``: one storage where
+    the graph held three (the eager baseline was one activation over the measured step there)."""
+    writes = {}
+    for c, fx in enumerate(cap.compute_fx):
+        if fx is None or c >= len(graph.computes):
+            continue
+        node = graph.computes[c]
+        if node.phase is not Phase.BACKWARD or node.op != "aten.copy.default":
+            continue
+        first = next((a for a in cap.nodes[fx].args if hasattr(a, "name")), None)
+        name = None if first is None else cap.reads_instead.get(first.name, first.name)
+        if name in cap.data_of_fx:
+            writes[c] = cap.data_of_fx[name]
+    return writes
+
+
 def written_in_place(graph: Graph, cap: Any) -> Graph:
     """`graph` with the result of each in-place activation eager PyTorch runs (``relu_(x)``,
     ``hardswish_(x)``, `in_place_writes`) held in the storage it overwrites (`DataNode.in_place_of`), as
@@ -374,11 +396,12 @@ def _in_place_results(graph: Graph, cap: Any) -> dict[int, int]:
     from memviz.profiling.capture import origin_op
 
     marks = {}
-    for c, written in in_place_writes(cap, graph).items():
+    for c, written in {**in_place_writes(cap, graph), **backward_copies(cap, graph)}.items():
         node = graph.computes[c]
         origin = (origin_op(cap.nodes[cap.compute_fx[c]]) or "").split(".")
         # 'aten.relu_.default' ran as 'aten.relu.default'
-        if len(node.outputs) != 1 or len(origin) < 3 or node.op.split(".")[:2] != [origin[0], origin[1][:-1]]:
+        if len(node.outputs) != 1 or (node.phase is Phase.FORWARD and (
+                len(origin) < 3 or node.op.split(".")[:2] != [origin[0], origin[1][:-1]])):
             continue
         out = node.outputs[0]
         if graph.datas[written].kind in PERSISTENT_KINDS or _size(graph, out) != _size(graph, written):

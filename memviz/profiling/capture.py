@@ -872,12 +872,16 @@ def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def library_frames_in_stack_traces() -> Any:
-    """Keep the frames of ``torch.nn.functional`` and ``torch.functional`` in the nodes' stack traces.
+def library_frames_in_stack_traces(model: nn.Module | None = None) -> Any:
+    """Keep the frames of ``torch.nn.functional`` and ``torch.functional``, and of the functions and
+    methods defined in `model`'s own source files, in the nodes' stack traces.
 
     torch.export records only ``forward`` frames, so the statements of a functional such as
     ``F.multi_head_attention_forward`` are invisible, yet its locals (``q``, ``attn_mask``) hold
-    tensors until it returns in eager mode: `memviz.profiling.profile.python_local_holds` reads them there."""
+    tensors until it returns in eager mode: `memviz.profiling.profile.python_local_holds` reads them there.
+    The same for a model's helpers: HF Mamba2's chunked scan (``mamba2_chunk_scan``, behind a kernel-hub
+    decorator) holds a dozen locals to its return, all read as one statement of the mixer and freed at
+    their last readers (its checkpointed recomputation 15.5 KiB over a sac plan)."""
     import torch.fx.proxy as fx_proxy
     from torch import functional as torch_functional
     from torch.nn import functional as nn_functional
@@ -889,12 +893,32 @@ def library_frames_in_stack_traces() -> Any:
     found = {(fn.__code__.co_filename, fn.__code__.co_name)
              for mod in (nn_functional, torch_functional) for fn in vars(mod).values()
              if inspect.isfunction(fn) and fn.__code__.co_filename == mod.__file__}
+    found |= _model_source_functions(model) if model is not None else set()
     added = found - anchors
     anchors |= added
     try:
         yield
     finally:
         anchors -= added
+
+
+def _model_source_functions(model: nn.Module) -> set[tuple[str, str]]:
+    """(file, name) of each function and method defined in the source files of `model`'s module classes
+    outside torch (a decorated function by the code it wraps: ``functools.wraps``' ``__wrapped__``)."""
+    found: set[tuple[str, str]] = set()
+    for name in {type(m).__module__ for m in model.modules()}:
+        mod = sys.modules.get(name)
+        file = getattr(mod, "__file__", None)
+        if file is None or file.startswith(_TORCH_DIR):
+            continue
+        values = list(vars(mod).values())
+        values += [v for cls in values if isinstance(cls, type) for v in vars(cls).values()]
+        for value in values:
+            fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            fn = inspect.unwrap(fn) if inspect.isfunction(fn) else fn
+            if inspect.isfunction(fn) and fn.__code__.co_filename == file:
+                found.add((file, fn.__code__.co_name))
+    return found
 
 
 def _user_frame() -> str:
@@ -1493,7 +1517,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     # inference runs no backward: a Function's forward as plain operators is exact there
     functions = autograd_functions_in_graph() if mode == "train" else contextlib.nullcontext()
     try:
-        with (grad_ctx, library_frames_in_stack_traces(), _quiet_data_dependent_logs(),
+        with (grad_ctx, library_frames_in_stack_traces(model), _quiet_data_dependent_logs(),
               eager_attention_masks(model, args, kwargs)):
             return _trace_joint(model, args, kwargs, mode, loss_fn, functions, contextlib.nullcontext(),
                                 family=family)
@@ -1506,7 +1530,7 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     # the trace draws from the host generators what eager drew (a NumPy mask: the positions it selects)
     with _forked_rng(leaves), host_rng_forked():
         eager = eager_reads(model, args, kwargs)
-    with grad_ctx, library_frames_in_stack_traces(), _forked_rng(leaves), \
+    with grad_ctx, library_frames_in_stack_traces(model), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
         traced = _trace_joint(model, args, kwargs, mode, loss_fn, functions,
                               specialising_on_example_values(specialised, eager), specialised, family)

@@ -28,11 +28,12 @@ import copy
 import functools
 import inspect
 import linecache
+import operator
 import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,7 @@ from memviz.profiling.capture import (
     default_loss,
     fingerprint,
     forward_calls,
+    is_backward,
     op_key,
     summed_as_eager,
     with_loss_memory,
@@ -742,6 +744,30 @@ def _statements_between(file: str, after: int, before: int) -> list[tuple[int, i
     return [s for s in spans if after < s[0] < before]
 
 
+@functools.cache
+def _if_branches(file: str) -> tuple[tuple[int, int, int, int], ...]:
+    """(first, last line of the body, first, last line of the ``else``) of each ``if`` of `file` that has
+    an ``else`` (an ``elif`` is an ``if`` in it); () when it cannot be parsed."""
+    tree = _file_tree(file)
+    if tree is None:
+        return ()
+    return tuple((n.body[0].lineno, n.body[-1].end_lineno or n.body[-1].lineno,
+                  n.orelse[0].lineno, n.orelse[-1].end_lineno or n.orelse[-1].lineno)
+                 for n in ast.walk(tree) if isinstance(n, ast.If) and n.orelse)
+
+
+def _ran_after(file: str, span: tuple[int, int], before: int) -> list[tuple[int, int]]:
+    """The statements between statement `span` and line `before` that ran after it: those in the other
+    branch of an ``if`` that `span` is in did not (``if shift: x = roll(h) else: x = h``: the ``else``
+    lies between the ``roll`` and the next traced statement, and read as run it rebound ``x`` to ``h``,
+    freeing Swin-V2's shifted windows, which the layer holds to its return, 32 KiB early)."""
+    def other_branch(s: tuple[int, int]) -> bool:
+        return any((b0 <= span[0] <= b1 and e0 <= s[0] <= e1) or (e0 <= span[0] <= e1 and b0 <= s[0] <= b1)
+                   for b0, b1, e0, e1 in _if_branches(file))
+
+    return [s for s in _statements_between(file, span[1], before) if not other_branch(s)]
+
+
 def _source(file: str, span: tuple[int, int]) -> str:
     return "".join(linecache.getlines(file)[span[0] - 1:span[1]])
 
@@ -808,6 +834,49 @@ def step_end(graph: Graph) -> int:
     return max(c.id for c in graph.computes if c.phase is not Phase.OPTIMIZER)
 
 
+def _autograd_only_output(node: torch.fx.Node) -> bool:
+    """Whether forward FX `node` takes a later output of a multi-output op that no forward op reads, only
+    its backward: what autograd saves (dropout's mask, layer norm's mean and rstd), never a value the
+    Python statement running the op gets (``F.dropout`` returns the output alone).  Such a getitem comes
+    after the op's output [0] in the trace, so it must not become the statement's value: Swin-V2's
+    ``attention_outputs = self.attention(...)`` bound the last dropout's mask, and its output, which the
+    layer's locals hold to its return, was freed at its last reader (the eager baseline 32 KiB under the
+    measured step)."""
+    if node.target is not operator.getitem or not isinstance(node.args[1], int) or node.args[1] == 0:
+        return False
+    readers = list(node.users)
+    while readers:
+        u = readers.pop()
+        if u.target is torch.ops.aten.detach.default:  # how the joint graph saves a value for backward
+            readers += u.users
+        elif u.op == "call_function" and not is_backward(u):
+            return False
+    return True
+
+
+def _builds_each(code: str) -> bool:
+    """Whether a statement assigns a tuple or list it builds itself (``a, b = f(x), g(x)``, ``a, b = [f(t)
+    for t in (x, y)]``), whose values come in its names' order; a call returning a tuple does not say
+    which of its values is which (HF Swin's ``attention_output, attn_weights = self.attention(...)``)."""
+    body = _statements(code)
+    st = body[0] if body else None
+    return isinstance(st, ast.Assign) and isinstance(st.value, (ast.Tuple, ast.List, ast.ListComp))
+
+
+def _statement_values(nodes: Sequence[tuple[Any, int | None, int, frozenset[int]]]) -> list[int]:
+    """The values a statement's operators (``(op, data, position, data read)`` each, in order) leave it:
+    each data no later operator of the statement reads, in order.  A tuple target of as many names binds
+    one each: HF Mamba2's ``hidden_states, A, B, C = [reshape_into_chunks(t, ...) for t in (...)]``
+    bound all four names to the last (``C``'s chunks), and the other three, which the names hold to the
+    scan's return, were freed after their last readers (the checkpointed layer's recomputation 15.5 KiB
+    over its sac plan, 1.1 MiB under it mid-scan)."""
+    values: list[int] = []
+    for i, (_, d, _, _) in enumerate(nodes):
+        if d is not None and d not in values and not any(d in r for _, _, _, r in nodes[i + 1:]):
+            values.append(d)
+    return values
+
+
 def python_local_holds(cap: Captured) -> dict[int, int]:
     """data id -> compute id after which eager PyTorch still holds it through a Python local.
 
@@ -829,9 +898,13 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         if d is not None:
             hold[d] = max(hold.get(d, -1), at)
 
-    def bind(key: tuple[Any, ...], code: str, value: int | None, end: int) -> None:
+    def bind(key: tuple[Any, ...], code: str, value: int | None, end: int,
+             values: Sequence[int] = ()) -> None:
         names = binds.setdefault(key, {})
-        for name in _bound_names(code):
+        bound = _bound_names(code)
+        for i, name in enumerate(bound):
+            if len(values) == len(bound) > 1 and _builds_each(code):  # ``a, b = f(x), g(x)``
+                value = values[i]
             if name.startswith("+"):  # a container keeps everything put in it
                 names[f"{name}#{len(names)}"] = value
                 continue
@@ -856,7 +929,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         nodes = ran.pop(key)
         code = _source(key[1], span)
         loop = _loop_bodies(key[1]).get(span)
-        count = _iterations([op for op, _, _ in nodes]) if loop is not None else 1
+        count = _iterations([op for op, _, _, _ in nodes]) if loop is not None else 1
         if count > 1:
             # ``for w in ws: x = f(x @ w)``: each iteration binds its value when it ends (the previous
             # one is held until then), and runs the loop's other, untraced statements
@@ -865,18 +938,24 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
             last = None
             for i in range(count - 1):
                 chunk = nodes[i * size:(i + 1) * size]
-                last = next((d for _, d, _ in reversed(chunk) if d is not None), last)
+                last = next((d for _, d, _, _ in reversed(chunk) if d is not None), last)
                 bind(key, code, last, chunk[-1][2])
                 untraced(key, others, chunk[-1][2])
-        bind(key, code, value, end)
+        bind(key, code, value, end, _statement_values(nodes) if count == 1 else ())
         # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
         # straight-line source between this statement and the next traced one of the same frame ran too
-        untraced(key, _statements_between(key[1], span[1], next_line or span[1]), end)
+        untraced(key, _ran_after(key[1], span, next_line or span[1]), end)
 
+    # autograd's extra outputs (and the detached copies the joint graph saves them through) are no value
+    # of the statement that runs their op
+    hidden = {cap.data_of_fx[n.name] for n in forward_calls(cap.gm)
+              if n.name in cap.data_of_fx and _autograd_only_output(n)}
     pos = -1
     for n in forward_calls(cap.gm):
         pos = pos_of.get(n.name, pos)
         d = cap.data_of_fx.get(n.name)
+        d = None if d in hidden else d
+        reads = frozenset(cap.data_of_fx[a.name] for a in n.all_input_nodes if a.name in cap.data_of_fx)
         stack = list((n.meta.get("nn_module_stack") or {}).values())
         depth = -1
         entered: dict[tuple[str, str], int] = {}
@@ -891,7 +970,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
                 finish(key, span[0])
             prev = current.get(key)
             current[key] = (span, d if d is not None else (prev[1] if prev else None), pos)
-            ran.setdefault(key, []).append((n.target, d, pos))
+            ran.setdefault(key, []).append((n.target, d, pos, reads))
             last_pos[key] = pos
     for key in list(current):
         finish(key)

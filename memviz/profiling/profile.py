@@ -1149,8 +1149,9 @@ def _measure_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[An
                 node = runner.nodes[cap.compute_fx[c]]
                 a, kw = runner.resolve(node)
                 key = op_key(node.target, a, kw)
-                # the graph's ops as traced: a step profiled under torch.autocast holds its casts
-                fn = accelerator.autocast_off()(functools.partial(node.target, *a, **kw))
+                fn = functools.partial(node.target, *a, **kw)
+                if cap.autocast:  # the graph holds autocast's casts: its ops run as traced (bare otherwise)
+                    fn = accelerator.autocast_off()(fn)
                 if key is not None and key in seen:  # same op on the same shapes: its time, its own value
                     times[c], temps[c] = seen[key]
                     runner.store(c, fn())

@@ -254,8 +254,8 @@ def autocast_regions() -> tuple[tuple[str, torch.dtype], ...]:
 def autocast_off() -> Iterator[None]:
     """Every ``torch.autocast`` region the caller is in, switched off for the block: a captured graph
     already holds the casts autocast made when it was traced, and run again under autocast its ops would
-    be cast a second time (a float32 op the graph keeps, such as a loss or a backward sum, run in
-    bfloat16)."""
+    be cast a second time (a matmul the model keeps in float32 under ``autocast(enabled=False)``, GPT-2's
+    attention scores, run in bfloat16)."""
     with contextlib.ExitStack() as stack:
         for device_type in AUTOCAST_DEVICE_TYPES:
             if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-DEFAULT = ("gpt2_sdpa", "llama", "bert", "t5", "tv_resnet", "timm_vit")
+DEFAULT = ("gpt2_sdpa", "llama", "bert", "tv_resnet")
 
 
 def check(name: str, dtype: Any) -> list[str]:

@@ -257,9 +257,8 @@ def autocast_off() -> Iterator[None]:
     be cast a second time (a matmul the model keeps in float32 under ``autocast(enabled=False)``, GPT-2's
     attention scores, run in bfloat16)."""
     with contextlib.ExitStack() as stack:
-        for device_type in AUTOCAST_DEVICE_TYPES:
-            if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-                stack.enter_context(torch.autocast(device_type, enabled=False))
+        for device_type, _ in autocast_regions():
+            stack.enter_context(torch.autocast(device_type, enabled=False))
         yield
 
 

@@ -310,20 +310,22 @@ def in_place_writes(cap: Any, graph: Graph) -> dict[int, int]:
     written in place (BatchNorm's ``num_batches_tracked``) count too."""
     from memviz.profiling.capture import is_in_place, origin_op
 
-    nodes = cap.nodes
     writes = {}
     for c, fx in enumerate(cap.compute_fx):
         if fx is None or c >= len(graph.computes) or graph.computes[c].phase is not Phase.FORWARD:
             continue
-        node = nodes[fx]
-        origin = origin_op(node)
-        first = next((a for a in node.args if hasattr(a, "name")), None)
-        if origin is None or not is_in_place(origin) or first is None:
-            continue
-        name = cap.reads_instead.get(first.name, first.name)
-        if name in cap.data_of_fx:
-            writes[c] = cap.data_of_fx[name]
+        origin = origin_op(cap.nodes[fx])
+        written = _first_argument_data(cap, fx)
+        if origin is not None and is_in_place(origin) and written is not None:
+            writes[c] = written
     return writes
+
+
+def _first_argument_data(cap: Any, fx: str) -> int | None:
+    """The data node of FX node `fx`'s first tensor argument (what an in-place op or a ``copy_``
+    writes), read where eager reads it (`Captured.reads_instead`); None when it has none."""
+    first = next((a for a in cap.nodes[fx].args if hasattr(a, "name")), None)
+    return None if first is None else cap.data_of_fx.get(cap.reads_instead.get(first.name, first.name))
 
 
 def backward_copies(cap: Any, graph: Graph) -> dict[int, int]:
@@ -341,10 +343,9 @@ def backward_copies(cap: Any, graph: Graph) -> dict[int, int]:
         node = graph.computes[c]
         if node.phase is not Phase.BACKWARD or node.op != "aten.copy.default":
             continue
-        first = next((a for a in cap.nodes[fx].args if hasattr(a, "name")), None)
-        name = None if first is None else cap.reads_instead.get(first.name, first.name)
-        if name in cap.data_of_fx:
-            writes[c] = cap.data_of_fx[name]
+        written = _first_argument_data(cap, fx)
+        if written is not None:
+            writes[c] = written
     return writes
 
 

@@ -567,12 +567,12 @@ def cpu_batch_norm_layouts_in_trace(on_cpu: bool) -> Iterator[None]:
     from torch._decomp import decomposition_table
     from torch._prims_common import suggest_memory_format
 
-    meta = torch._C.DispatchKey.Meta
-    table = {op: decomposition_table[op] for op in _CPU_BATCH_NORM_LAYOUT if op in decomposition_table}
-    kernels = {op: op.py_kernels[meta] for op in _CPU_BATCH_NORM_LAYOUT if meta in op.py_kernels}
     if not on_cpu:
         yield
         return
+    meta = torch._C.DispatchKey.Meta
+    table = {op: decomposition_table[op] for op in _CPU_BATCH_NORM_LAYOUT if op in decomposition_table}
+    kernels = {op: op.py_kernels[meta] for op in _CPU_BATCH_NORM_LAYOUT if meta in op.py_kernels}
 
     def laid_out(op: torch._ops.OpOverload, decomp: Callable[..., Any]) -> Callable[..., Any]:
         # its module and name kept: fake tensors take a table entry only where it is torch's own
@@ -701,19 +701,21 @@ def host_rng_forked() -> contextlib.AbstractContextManager[None]:
 def host_rng_at(states: HostStates) -> Iterator[None]:
     """The host generators (`host_rng_states`) set to `states` inside the block, and left after it as
     they were before it."""
-    import random
-
-    numpy = sys.modules.get("numpy")
     now = host_rng_states()
-    random.setstate(states[0])
-    if numpy is not None and states[1] is not None:
-        numpy.random.set_state(states[1])
+    _set_host_rng(states)
     try:
         yield
     finally:
-        random.setstate(now[0])
-        if numpy is not None and now[1] is not None:
-            numpy.random.set_state(now[1])
+        _set_host_rng(now)
+
+
+def _set_host_rng(states: HostStates) -> None:
+    import random
+
+    random.setstate(states[0])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and states[1] is not None:
+        numpy.random.set_state(states[1])
 
 
 def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
@@ -2385,6 +2387,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
     probe = functools.partial(loss_memory, tangents, out_vals, out_spec, n_out, loss_fn, views, fx_nodes,
                               base_vals)
     lmem = probe() if tangents or views else LossMemory()
+    regions = accelerator.autocast_regions()
     captured = Captured(
         gm=gm, mode=mode, placeholders=ph_kinds, outputs=out_kinds, compute_fx=bld.compute_fx,
         data_fx=bld.data_fx, data_of_fx=bld.data_of_fx, out_spec=out_spec, in_spec=in_spec,
@@ -2393,8 +2396,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
         output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
         kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
-        call_args=gm.meta.get("memviz_call_args", {}), autocast=accelerator.autocast_regions(),
-        autocast_cached=bool(accelerator.autocast_regions()) and torch.is_autocast_cache_enabled())
+        call_args=gm.meta.get("memviz_call_args", {}), autocast=regions,
+        autocast_cached=bool(regions) and torch.is_autocast_cache_enabled())
 
     def add_loss_nodes() -> None:
         # an output can be a view the graph only builds at its end: found through its storage.  The loss

@@ -45,6 +45,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator, devices, xla
 from memviz.hardware.devices import DeviceInfo, count_flops, resolve_device
+from memviz.profiling import own_checkpointing
 from memviz.profiling.capture import (
     Captured,
     CaptureError,
@@ -103,6 +104,12 @@ class Profile:
     #: the graph `baseline` runs on when eager holds what `graph`'s plans do not (`capture.summed_as_eager`:
     #: a tied weight's gradient sum); None: `graph`
     baseline_graph: Graph | None = None
+    #: where the model calls ``torch.utils.checkpoint`` itself (module paths; `own_checkpointing`): the graph,
+    #: the baseline, ``measured_peak_bytes`` and every plan are of the model without that checkpointing
+    own_checkpointing: list[str] = field(default_factory=list)
+    #: the peak one eager step holds with the model's own checkpointing on (as it runs today); None when it
+    #: has none or nothing was measured
+    as_run_peak_bytes: int | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -173,6 +180,18 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     if parallel is not None or distributed.is_parallel_model(model):
         return distributed.profile_parallel(model, args, kwargs, mode=mode, loss_fn=loss_fn,
                                             optimizer=optimizer, device=device, parallel=parallel)
+    with own_checkpointing.switched_off(model) as own:
+        prof = _profiled(model, args, kwargs, mode, loss_fn, optimizer, device, fallback, repeats, warmup,
+                         measure)
+    if own and mode == "train":
+        prof = _with_own_checkpointing(prof, own, args, kwargs)
+    return prof
+
+
+def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
+              loss_fn: LossFn | None, optimizer: Any, device: str | torch.device | None, fallback: bool,
+              repeats: int, warmup: int, measure: bool) -> Profile:
+    """`profile` on one process (the model's own checkpointing switched off by the caller)."""
     info = resolve_device(device, model, args)
     if not info.estimated:
         _check_on_device(model, args, kwargs, info.torch_device)
@@ -182,14 +201,14 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             f"{codegen} generates its own code: torch.export captures the module's graph (gm.graph), not "
             "the code it runs (gm.code), so this profile's graph, predicted peak and plans describe the "
             "plain graph run op by op; measured_peak_bytes (on a real device) is what the generated code "
-            "really holds.  Profile the original model instead to plan for it"), stacklevel=2)
+            "really holds.  Profile the original model instead to plan for it"), stacklevel=3)
     try:
         graph, cap = capture(model, args, kwargs, mode=mode, loss_fn=loss_fn, kernels=target_kernels(info))
     except CaptureError as err:
         if not fallback or info.estimated:
             raise
         warnings.warn(f"{err}; returning a module-level profile from forward/backward hooks instead "
-                      "(coarser, and it cannot be exported)", stacklevel=2)
+                      "(coarser, and it cannot be exported)", stacklevel=3)
         return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
     if cap.specialised:
         warnings.warn(ProfileWarning(
@@ -198,14 +217,14 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "and the exported module always take that branch (a label check always passes; a LayerDrop "
             "draw fixes whether its layer runs: set layerdrop=0 to train as eager does): "
             + "; ".join(cap.specialised)),
-            stacklevel=2)
+            stacklevel=3)
     if cap.host_random:
         warnings.warn(ProfileWarning(
             f"{type(model).__name__} draws random numbers outside torch ({', '.join(cap.host_random)}) "
             "while it runs: the capture ran its Python once, so those draws are constants of the graph, "
             "and the exported module repeats them at every step where eager draws new ones (its outputs and "
             "gradients cannot match eager's).  Draw with torch's generator (torch.rand / torch.randint) to "
-            "profile and export it exactly"), stacklevel=2)
+            "profile and export it exactly"), stacklevel=3)
     if cap.torch_draws is not None:
         eager, traced = cap.torch_draws
         warnings.warn(ProfileWarning(
@@ -214,7 +233,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "`if not torch.compiler.is_compiling()`, or a forward that draws differently from call to "
             "call): the exported module draws its dropout masks from other offsets of the stream than "
             "eager, so its outputs and gradients cannot match eager's.  memviz.apply runs the model's own "
-            "forward and draws as eager does"), stacklevel=2)
+            "forward and draws as eager does"), stacklevel=3)
     rnns = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.RNNBase)})
     if rnns and mode == "train":
         warnings.warn(ProfileWarning(
@@ -225,7 +244,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "verify can refuse a plan), and the exported module's outputs and gradients equal eager's "
             "only to float rounding.  memviz.export runs the decomposition as profiled and planned; on CPU, "
             "eager without oneDNN (torch.backends.mkldnn.flags(enabled=False)) rounds as it does"),
-            stacklevel=2)
+            stacklevel=3)
     graph = _reusable_in_place(graph, cap)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
@@ -245,7 +264,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         except Exception as err:  # noqa: BLE001 - a loss that refuses stand-in values: fake figures stand
             warnings.warn(ProfileWarning(
                 f"loss_fn failed on stand-in outputs ({type(err).__name__}: {err}): its memory is the "
-                "fake-tensor measurement, which cannot see a kernel's own storage choices"), stacklevel=2)
+                "fake-tensor measurement, which cannot see a kernel's own storage choices"), stacklevel=3)
     fp = fingerprint(model, args, kwargs, mode)
     per_graph = None
     if info.estimated:
@@ -292,6 +311,28 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                    loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
 
 
+def _with_own_checkpointing(prof: Profile, own: list[str], args: tuple[Any, ...],
+                            kwargs: dict[str, Any] | None) -> Profile:
+    """`prof` of a model that checkpoints itself (`own`: where), with the step as it runs today measured
+    beside it, and a `ProfileWarning` saying what the profile describes."""
+    as_run = None
+    if prof.measured_peak_bytes is not None and not prof.fallback:
+        as_run = measure_eager_peak(prof.model, args, kwargs, mode=prof.mode, loss_fn=prof.loss_fn,
+                                    device=prof.device.torch_device)
+    shown = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
+    today = (f"; one eager step with it holds {format_bytes(as_run)}, without it "
+             f"{format_bytes(prof.measured_peak_bytes)} (measured)" if as_run is not None else "")
+    warnings.warn(ProfileWarning(
+        f"{prof.model_name} checkpoints activations itself (torch.utils.checkpoint in {shown}){today}.  "
+        "memviz chooses what to recompute: this profile, its baseline and its plans are of the model "
+        "without that checkpointing (switched off while memviz measured; compare plans with "
+        "as_run_peak_bytes, the step as it runs today).  memviz.apply turns the libraries' own switches "
+        "off in the model it returns (transformers' gradient_checkpointing, timm's grad_checkpointing, "
+        "DenseNet's memory_efficient) so only the plan's regions recompute; remove other checkpoint calls "
+        "yourself"), stacklevel=3)
+    return replace(prof, own_checkpointing=list(own), as_run_peak_bytes=as_run)
+
+
 def _as_eager(graph: Graph, cap: Captured) -> Graph:
     """The graph eager autograd runs (`memviz.plans.sac.eager_graph`): gradient sums out of place
     (`summed_as_eager`) and in-place activations in the storage they overwrite (`written_in_place`, a
@@ -323,7 +364,7 @@ def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple
     except Exception as err:  # noqa: BLE001 - any failure of the block run alone: plans count no costs
         warnings.warn(ProfileWarning(
             f"checkpointing's own costs could not be measured on one block run alone ({type(err).__name__}: "
-            f"{err}): strategy='sac' plans count only the ops they recompute"), stacklevel=3)
+            f"{err}): strategy='sac' plans count only the ops they recompute"), stacklevel=4)
         return {}
 
 
@@ -374,7 +415,7 @@ def _check_measured(predicted: int, measured: int, codegen: bool) -> None:
         f"predicted eager peak {predicted} bytes differs from the measured {measured} bytes by "
         f"{100 * (predicted - measured) / measured:+.1f}% (more than {100 * MISMATCH_TOLERANCE:.0f}%): "
         f"probably {why}.  Plans and budgets use the predicted graph; measured_peak_bytes is what "
-        "the original model really held in one eager step"), stacklevel=3)
+        "the original model really held in one eager step"), stacklevel=4)
 
 
 def _report_graph_measurement(m: xla.GraphMeasurement, predicted: int, info: DeviceInfo) -> None:
@@ -384,19 +425,19 @@ def _report_graph_measurement(m: xla.GraphMeasurement, predicted: int, info: Dev
         warnings.warn(ProfileWarning(
             f"{info.name}: {m.memory_source}, so measured_peak_bytes is None; the step's time was "
             f"measured ({m.timer}, median {m.seconds * 1e3:.3f} ms) and shared out over the operators "
-            "by their roofline estimates"), stacklevel=3)
+            "by their roofline estimates"), stacklevel=4)
     elif abs(predicted - m.peak_bytes) > MISMATCH_TOLERANCE * m.peak_bytes:
         off = 100 * (predicted - m.peak_bytes) / m.peak_bytes
         warnings.warn(ProfileWarning(
             f"{info.name}: the measured peak {m.peak_bytes} bytes ({m.memory_source}) differs from the "
             f"predicted eager peak {predicted} bytes by {off:+.1f}%: "
             "XLA compiles the whole step and orders and fuses it itself (and this counter runs since the "
-            "runtime started).  Plans use the predicted graph"), stacklevel=3)
+            "runtime started).  Plans use the predicted graph"), stacklevel=4)
     if m.recompiled:
         warnings.warn(ProfileWarning(
             f"{info.name}: the step's graph compiled again during the timed runs (its shapes or Python "
             "control flow change from run to run), so the measured time may include compilation"),
-            stacklevel=3)
+            stacklevel=4)
 
 
 #: up to this many interleaved pairs of steps time the executor against eager (`step_fixed_costs`)

@@ -30,8 +30,9 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from memviz.plans.planning import Plan, PlanningError
 from memviz.plans.sac import EXPRESSIBLE, to_sac
 from memviz.plans.sac import policy as save_policy
+from memviz.profiling.own_checkpointing import MEMVIZ_REGION, turn_off
 
-_SPEC = "_memviz_sac"
+_SPEC = MEMVIZ_REGION
 #: the keyword arguments transformers' layers (and older ones) take their KV cache by: a checkpointed layer
 #: that writes the cache would write it a second time when the backward recomputes it
 CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
@@ -46,7 +47,9 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
     """`model` (a deep copy, or the model itself with ``inplace=True``) with the plan's regions wrapped in
     non-reentrant checkpointing and the plan's per-op save policy.  A "sac" plan applies as it is; a plan
     of another strategy is converted (`memviz.plans.sac.to_sac`, which warns when the checkpointed run no
-    longer fits the budget) when it still holds its profile, and refused otherwise.
+    longer fits the budget) when it still holds its profile, and refused otherwise.  The model's own
+    activation checkpointing (transformers', timm's and DenseNet's switches: `own_checkpointing.turn_off`)
+    is turned off in the model returned, with an `ApplyWarning`: the plan was made without it.
 
     verify: run one measured step of the applied copy first, as ``memviz.export(verify=True)`` does
     (`memviz.runtime.verify.verified_apply`, with `inputs`, `loss_fn` and `optimizer` as there): the model's
@@ -71,6 +74,13 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
         plan = to_sac(plan)
     specs = plan.solver_stats.extra.get("sac", {}).get("regions", []) if plan.strategy == "sac" else []
     target = model if inplace else copied(model)
+    off = turn_off(target)
+    if off:
+        warnings.warn(ApplyWarning(
+            f"the model checkpointed its own activations ({', '.join(off[:3])}"
+            f"{f' and {len(off) - 3} more' if len(off) > 3 else ''}): turned off in the model apply returns: "
+            "the plan was made without it, and its regions nested in the model's own would recompute each "
+            "layer twice and hold other memory than the plan"), stacklevel=2)
     for spec in specs:
         try:
             module = target.get_submodule(spec["module"])

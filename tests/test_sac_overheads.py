@@ -326,3 +326,28 @@ def test_recomputed_ops_are_priced_at_the_rate_the_block_ran_in_step() -> None:
         "eager_fixed_s"]
     assert plans[0.5].time_overhead == pytest.approx(plans[1.0].time_overhead - 0.5 * recomputed / eager,
                                                      rel=1e-9)
+
+
+def test_a_search_cut_by_its_time_limit_plans_the_strongest_option_when_it_fits() -> None:
+    """On a loaded machine the block-by-block search over DenseNet-121's 58 blocks ran out of time before it
+    fitted: `memviz.plan` refused 0.5 naming 116059424 B as the smallest feasible budget, and refused that
+    budget too (naming 121010208 B), its second search cut earlier.  The strongest option everywhere is
+    one simulation: whenever it fits, a cut search returns it, and a refusal names the lower of it and the
+    lowest found."""
+    from types import SimpleNamespace
+
+    from solvers.result import InfeasibleBudget
+    from solvers.sac import solve_by_options
+
+    def choose(options: tuple[str, ...]) -> Any:  # each block: none 10, matmuls 6, full 3 bytes; full slowest
+        peak = sum({"none": 10, "matmuls": 6, "full": 3}[o] for o in options)
+        return SimpleNamespace(options=options, peak_bytes=peak, schedule=None,
+                               step_s=sum({"none": 0.0, "matmuls": 1.0, "full": 2.0}[o] for o in options))
+
+    _, choice = solve_by_options(4, 20, choose, time_limit=0.0)
+    assert choice.options == ("full",) * 4 and choice.peak_bytes == 12
+    with pytest.raises(InfeasibleBudget) as refused:
+        solve_by_options(4, 11, choose, time_limit=0.0)
+    assert refused.value.minimum_bytes == 12
+    _, found = solve_by_options(4, 20, choose, time_limit=60.0)  # with time: the faster fitting plan
+    assert found.peak_bytes <= 20 and found.step_s < choice.step_s

@@ -242,7 +242,9 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
             "only to float rounding.  memviz.export runs the decomposition as profiled and planned; on CPU, "
             "eager without oneDNN (torch.backends.mkldnn.flags(enabled=False)) rounds as it does"),
             stacklevel=2)
-    if grads == "accumulate":
+    # the parameters whose .grad the step starts with: those that get a gradient
+    held_grads = frozenset(cap.grad_data) if grads == "accumulate" else frozenset()
+    if held_grads:
         graph = accumulated_into_grads(graph, cap)
     graph = _reusable_in_place(graph, cap)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
@@ -270,7 +272,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         graph = estimate_costs(graph, cap, info)
     elif info.per_graph:
         graph, per_graph = _measure_graph_costs(graph, cap, model, args, kwargs, mode, loss_fn, info,
-                                                repeats, warmup, grads)
+                                                repeats, warmup, held_grads)
     else:
         with accelerator.timing_threads(info.torch_device):
             graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
@@ -288,7 +290,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     elif measure and not info.estimated:
         runtime, measured = accelerator.runtime_bytes(functools.partial(
             measure_eager_peak, model, args, kwargs, mode=mode, loss_fn=loss_fn, device=info.torch_device,
-            grads=grads),
+            held_grads=held_grads),
             info.torch_device)
         if runtime:
             graph = with_runtime(graph, runtime)
@@ -1261,13 +1263,14 @@ def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
 
 # --- the eager reference ------------------------------------------------------------------------------
 def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
-                loss_fn: LossFn | None, grads: str = "none") -> tuple[Callable[[], Any], list[torch.Tensor]]:
+                loss_fn: LossFn | None,
+                held_grads: Collection[str] = ()) -> tuple[Callable[[], Any], list[torch.Tensor]]:
     """One eager step of the original model that changes nothing in it, and the tensors that exist
     before it: parameters and inputs that require grad are replaced by detached aliases (same storage)
     that ``loss.backward()`` writes its ``.grad`` on, buffers by copies (BatchNorm statistics
     untouched).  Not ``torch.autograd.grad``: reentrant ``torch.utils.checkpoint`` refuses it.
-    `grads` ``"accumulate"``: each parameter's ``.grad`` is a zero tensor existing before the step, which
-    backward adds into (`profile`'s ``grads``)."""
+    `held_grads`: the parameters whose ``.grad`` is a zero tensor existing before the step, which backward
+    adds into (`profile`'s ``grads="accumulate"``)."""
     params = {k: grad_alias(v) for k, v in model.named_parameters()}
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     fn = loss_fn or default_loss
@@ -1275,8 +1278,7 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     leaves = pytree.tree_leaves((args, kwargs))
     trainable = [p for p in (*params.values(), *leaves) if isinstance(p, torch.Tensor) and p.requires_grad]
     # a tied weight is one alias (functional_call ties it): one .grad
-    held = {id(p): torch.zeros_like(p) for p in params.values() if p.requires_grad} \
-        if grads == "accumulate" else {}
+    held = {id(p): torch.zeros_like(p) for k, p in params.items() if k in held_grads}
 
     def step() -> Any:
         for t in trainable:
@@ -1295,10 +1297,10 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
 
 def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
                        mode: str = "train", loss_fn: LossFn | None = None,
-                       device: torch.device | str = "cpu", grads: str = "none") -> int:
+                       device: torch.device | str = "cpu", held_grads: Collection[str] = ()) -> int:
     """Peak bytes the original model holds running one step eagerly (`_eager_step`: the model is not
     changed), the RNG state restored afterwards."""
-    step, existing = _eager_step(model, args, kwargs, mode, loss_fn, grads)
+    step, existing = _eager_step(model, args, kwargs, mode, loss_fn, held_grads)
     with buffers_kept(model) as changed, accelerator.fork_rng(accelerator.as_list(device)), _grad_mode(mode):
         peak, result = measure_peak(step, existing, device)
     del result
@@ -1328,12 +1330,12 @@ def _grad_mode(mode: str) -> contextlib.AbstractContextManager[Any]:
 def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
                          kwargs: dict[str, Any] | None, mode: str, loss_fn: LossFn | None, info: DeviceInfo,
                          repeats: int, warmup: int,
-                         grads: str = "none") -> tuple[Graph, xla.GraphMeasurement]:
+                         held_grads: Collection[str] = ()) -> tuple[Graph, xla.GraphMeasurement]:
     """Costs on a device that runs whole graphs (torch-xla, `memviz.hardware.xla`): the eager step is run and
     measured as the graphs it executes, and its time is shared out over the operators in proportion to
     their roofline estimates on the device's target."""
     estimated = estimate_costs(graph, cap, info)
-    step, _ = _eager_step(model, args, kwargs, mode, loss_fn, grads)
+    step, _ = _eager_step(model, args, kwargs, mode, loss_fn, held_grads)
     with accelerator.fork_rng([]), xla.fork_rng(info.torch_device), _grad_mode(mode):
         measured = xla.measure_step(step, info.torch_device, repeats=repeats, warmup=warmup)
     times = xla.share_time({c.id: c.time for c in estimated.computes}, measured.seconds)

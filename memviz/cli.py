@@ -216,6 +216,7 @@ def run_plan(
     verify: bool = True,
     export_as: str | None = None,
     factory: str | None = None,
+    grads: str = "none",
 ) -> Any:
     """Profile, plan and write what was asked.  `export_as`: "apply" (the plan JSON and a snippet running
     `memviz.apply` on the user's model: PyTorch's own checkpointing, which composes with torch.compile,
@@ -225,7 +226,7 @@ def run_plan(
     import memviz
 
     with stage(f"capturing and profiling ({mode})"):
-        prof = memviz.profile(model, args, kwargs, mode=mode, device=device)
+        prof = memviz.profile(model, args, kwargs, mode=mode, device=device, grads=grads)
     print(
         f"[memviz] baseline peak {format_bytes(prof.baseline.peak_bytes)} "
         f"({len(prof.graph.computes)} ops, {len(prof.graph.datas)} tensors)",
@@ -291,7 +292,8 @@ def _absolute_factory(spec: str) -> str:
 def _default_export(plan: Any) -> str:
     from memviz.runtime.apply import applies_as_is
 
-    return "apply" if applies_as_is(plan) else "module"
+    # memviz.export refuses a step that accumulates into .grad: checkpointing runs it
+    return "apply" if applies_as_is(plan) or plan.graph.meta.get("grads", "none") != "none" else "module"
 
 
 def export_applied(plan: Any, path: Path, *, factory: str | None, overwrite: bool, verify: bool) -> Any:
@@ -350,6 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mode", choices=("train", "inference"), default="train",
                    help="train: forward + loss (the outputs' sum) + backward; inference: forward under "
                         "no_grad (default: %(default)s)")
+    p.add_argument("--grads", choices=("none", "accumulate"), default="none",
+                   help="train: each .grad when the step starts: none (after zero_grad()) or accumulate "
+                        "(held all step, backward adds into it: gradient accumulation over micro-batches, or "
+                        "zero_grad(set_to_none=False)); exported as apply (default: %(default)s)")
     p.add_argument("--budget", default=None,
                    help="total device bytes: an int, '1.5GiB', '800MB', or '50%%' of the eager peak; a "
                         "number without a unit counts bytes (0.5 is refused: write 50%%) (default: none, the "
@@ -416,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             verify=not ns.no_verify,
             export_as=ns.export_as,
             factory=_absolute_factory(ns.factory),
+            grads=ns.grads,
         )
         return 0
     except BudgetInfeasible:

@@ -51,8 +51,9 @@ PERSISTENT_KINDS = frozenset({DataKind.PARAMETER, DataKind.BUFFER, DataKind.INPU
 
 
 #: data kinds no schedule can free or recompute within a step (`Graph.held_bytes`): the persistent ones
-#: but inputs, which a schedule may free after their last read
-_HELD_KINDS = PERSISTENT_KINDS - {DataKind.INPUT}
+#: but inputs, which a schedule may free after their last read, and the parameter gradients a step that
+#: accumulates into ``.grad`` holds from its start (`memviz.profile(grads="accumulate")`)
+_HELD_KINDS = PERSISTENT_KINDS - {DataKind.INPUT} | {DataKind.PARAMETER_GRADIENT}
 
 
 @dataclass(frozen=True, slots=True)  # slots: see `frozen_instances`
@@ -258,8 +259,8 @@ class Graph:
 
     def held_bytes(self) -> int:
         """Bytes every schedule holds for the whole step, whatever it recomputes or chunks: parameters,
-        buffers, optimizer state and the device runtime's scratch (inputs are left out: a schedule may
-        free one after its last read)."""
+        buffers, optimizer state, the device runtime's scratch and gradients alive from the start (inputs
+        are left out: a schedule may free one after its last read)."""
         return sum(d.bytes for d in self.datas if d.producer is None and d.kind in _HELD_KINDS)
 
     @cached_property

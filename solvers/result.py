@@ -69,16 +69,17 @@ class InfeasibleBudget(ValueError):
 
 class BelowHeldMemory(InfeasibleBudget):
     """The budget is under what every schedule holds from its first step to its last (`Graph.held_bytes`:
-    parameters, buffers, optimizer state, the runtime's scratch), and the solvers ran out of time before
-    naming their minimum: the refusal says that no time limit would help.  No feasible budget is known
-    (`minimum_bytes` None)."""
+    parameters, buffers, optimizer state, the runtime's scratch, gradients held from the start), and the
+    solvers ran out of time before naming their minimum: the refusal says that no time limit would help.
+    No feasible budget is known (`minimum_bytes` None)."""
 
     def __init__(self, budget: int, held_bytes: int, solver: str) -> None:
         super().__init__(budget, None, solver, proven=True)
         self.held_bytes = held_bytes
         self.args = (f"{solver}: no schedule fits in {budget} bytes: every schedule holds {held_bytes} bytes "
-                     f"({held_bytes / 2**20:.2f} MiB) all step long (parameters, buffers, optimizer state "
-                     "and the device runtime's scratch), whatever it recomputes; raise the budget above "
+                     f"({held_bytes / 2**20:.2f} MiB) all step long (parameters, buffers, optimizer state, "
+                     "the device runtime's scratch and gradients accumulated into), whatever it recomputes; "
+                     "raise the budget above "
                      "that, or shrink what is held (a lighter optimizer, sharding the parameters)",)
 
     def with_eager_peak(self, eager_peak: int) -> InfeasibleBudget:

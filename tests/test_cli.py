@@ -388,6 +388,21 @@ def test_sac_plan_exports_apply_by_default(factory: Path, tmp_path: Path, capsys
     assert f"exported module: {module_target}" in capsys.readouterr().out
 
 
+def test_grads_accumulate_reaches_the_plan_file_and_export_refuses(factory: Path, tmp_path: Path,
+                                                                   capsys) -> None:
+    """--grads accumulate profiles a step that holds .grad from its start: the plan JSON carries it and
+    its gradients, the apply export verifies it; the scheduled module refuses it."""
+    target = tmp_path / "opt.py"
+    argv = ["plan", f"{factory}:small", "--grads", "accumulate", "--strategy", "sac", "--budget", "90%"]
+    assert main([*argv, "--export", str(target)]) == 0
+    doc = json.loads(target.with_suffix(".plan.json").read_text())
+    assert doc["graph"]["meta"]["grads"] == "accumulate"
+    assert any(d["kind"] == "parameter_gradient" and d.get("producer") is None for d in doc["graph"]["datas"])
+    assert f"applied plan (memviz.apply): {target}" in capsys.readouterr().out
+    assert main([*argv, "--export", str(tmp_path / "m.py"), "--export-as", "module"]) == 2
+    assert "accumulates into .grad" in capsys.readouterr().err
+
+
 def test_apply_export_that_cannot_fit_is_refused(factory: Path, tmp_path: Path, capsys) -> None:
     """--export-as apply on a rotor plan converts it to checkpointing; at 80% of this GPT's eager peak no
     checkpointing plan fits (the smallest "sac" budget is about 87%), so nothing is written."""

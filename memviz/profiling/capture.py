@@ -43,7 +43,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz.hardware import accelerator
-from solvers import DataKind, Graph, GraphBuilder, Phase, with_order_chain
+from solvers import DataKind, DataNode, Graph, GraphBuilder, Phase, with_order_chain
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -2548,15 +2548,97 @@ def summed_as_eager(graph: Graph) -> Graph:
     `with_loss_memory` where the loss saves an output that eager releases inside it).  `graph` itself
     when neither applies."""
     loss_temp = graph.meta.get("eager_loss_backward_temp")
-    if graph.meta.get("eager_sums") or (loss_temp is None and not any(c.mutates for c in graph.computes)):
+    # (a sum into a gradient held from the step's start, `accumulated_into_grads`, is eager's own in-place
+    # ``grad += new``: only a sum into a produced contribution runs out of place there)
+    sums = [bool(c.mutates) and graph.datas[c.mutates[0]].producer is not None for c in graph.computes]
+    if graph.meta.get("eager_sums") or (loss_temp is None and not any(sums)):
         return graph
     computes = [dataclasses.replace(c, temp_bytes=c.temp_bytes + graph.datas[c.mutates[0]].bytes)
-                if c.mutates else c for c in graph.computes]
+                if summed else c for c, summed in zip(graph.computes, sums, strict=True)]
     if loss_temp is not None:  # the loss's backward releases an output it saved (`with_loss_memory`)
         computes = [dataclasses.replace(c, temp_bytes=int(loss_temp)) if c.op == "loss_fn.backward" else c
                     for c in computes]
     return Graph(tuple(computes), graph.datas, graph.outputs, name=graph.name,
                  meta={**graph.meta, "eager_sums": True})
+
+
+#: `memviz.profile`'s ``grads``: what each parameter's ``.grad`` is when a step starts
+GRADS = ("none", "accumulate")
+
+
+def accumulated_into_grads(graph: Graph, cap: Captured) -> Graph:
+    """`graph` for a step that starts with every parameter's ``.grad`` alive and adds into it (``grads=
+    "accumulate"``): micro-batch gradient accumulation from the second micro-batch on (HF Trainer's
+    ``gradient_accumulation_steps``, Lightning's ``accumulate_grad_batches``), or a loop that zeroes with
+    ``zero_grad(set_to_none=False)``: both hold the gradients through the forward, and the memory is the same.
+
+    Autograd's ``AccumulateGrad`` steals a fresh gradient as ``.grad`` when there is none (the default
+    graph: the produced gradient is the parameter gradient, kept to the end); when there is one it adds
+    the new gradient in place (``variable_grad += new_grad``: backward runs without grad mode) and the new
+    one is released (torch/csrc/autograd/functions/accumulate_grad.h).  The engine runs it once the
+    autograd node that produced the gradient has run all its backward ops (`_autograd_node_ends`: a
+    Linear's weight gradient is alive while its bias gradient is summed).  Rewritten: each gradient gets
+    a data node alive from the start (``<name>.grad``, the parameter's bytes, a required output), which the
+    node's last backward op reads and writes in place (`ComputeNode.mutates`, which `solvers.simulate`
+    holds to running once); the new gradient is alive until then (the producing op's workspace when it is
+    that op, else a data node it reads) and its own data node becomes a 0-byte token the optimizer's update
+    reads.  A tied weight's in-place sum (`accumulate_in_place`, the engine's own input buffer) is added
+    on as it is made: its first contribution is then an ordinary gradient, released after it.
+    `Graph.held_bytes` counts the gradients: no schedule can free them."""
+    if cap.mode != "train" or not cap.grad_data:
+        return graph
+    datas, computes, outputs = list(graph.datas), list(graph.computes), list(graph.outputs)
+    params = {d.name: d for d in graph.datas if d.kind is DataKind.PARAMETER and d.producer is None}
+    ends, nodes = _autograd_node_ends(cap), cap.nodes  # (`nodes` is built per access)
+    dropped: set[int] = set()
+    for name, g in cap.grad_data.items():
+        new, param = graph.datas[g], params.get(name)
+        if new.producer is None or param is None or graph.consumers(g):
+            raise CaptureError(f"parameter {name!r}: its gradient is not the output of one backward "
+                               "operator that nothing else reads, so grads='accumulate' cannot model "
+                               "adding it into .grad; profile with grads='none'")
+        held = len(datas)
+        datas.append(DataNode(id=held, name=f"{name}.grad", bytes=param.bytes,
+                              kind=DataKind.PARAMETER_GRADIENT, shape=param.shape, dtype=param.dtype))
+        outputs.append(held)
+        x = new.producer
+        tied = graph.computes[x].mutates
+        fx = cap.compute_fx[x] if x < len(cap.compute_fx) else None
+        last = x if tied or fx is None else max(x, ends.get(nodes[fx].meta.get("seq_nr"), x))
+        reads: tuple[int, ...] = ()
+        if tied:  # its contributions, summed in place into the first by the engine: that sum is added on
+            dropped.update(tied)
+            for first in tied:
+                datas[first] = dataclasses.replace(datas[first], kind=DataKind.GRADIENT)
+        elif last == x:  # the new gradient lives while its op runs, then goes into .grad
+            computes[x] = dataclasses.replace(computes[x], temp_bytes=computes[x].temp_bytes + new.bytes)
+            datas[g] = dataclasses.replace(new, bytes=0)
+        else:  # alive until its autograd node's last op, which adds it into .grad
+            fresh = len(datas)
+            datas.append(DataNode(id=fresh, name=f"{new.name} (new gradient)", bytes=new.bytes,
+                                  kind=DataKind.GRADIENT, producer=x, shape=new.shape, dtype=new.dtype))
+            datas[g] = dataclasses.replace(new, bytes=0)
+            computes[x] = dataclasses.replace(computes[x], outputs=(*computes[x].outputs, fresh))
+            reads = (fresh,)
+        c = computes[last]
+        computes[last] = dataclasses.replace(c, inputs=(*c.inputs, *reads, held), mutates=(*c.mutates, held))
+    cap.data_fx.extend([None] * (len(datas) - len(cap.data_fx)))  # .grad and new gradients: no FX value
+    outputs = [d for d in outputs if d not in dropped]
+    return Graph(tuple(computes), tuple(datas), tuple(outputs), name=graph.name,
+                 meta={**graph.meta, "grads": "accumulate"})
+
+
+def _autograd_node_ends(cap: Captured) -> dict[int, int]:
+    """``seq_nr`` of each eager autograd node -> its last backward compute: AOTAutograd copies the node's
+    sequence number onto the backward ops it traced for it (as `memviz.profiling.saved` reads them);
+    the engine's own gradient sums (``is_gradient_acc``) belong to no node."""
+    nodes, ends = cap.nodes, {}
+    for c, name in enumerate(cap.compute_fx):
+        n = nodes[name] if name is not None else None
+        if n is not None and is_backward(n) and not n.meta.get("is_gradient_acc") \
+                and n.meta.get("seq_nr") is not None:
+            ends[n.meta["seq_nr"]] = c
+    return ends
 
 
 def _accumulating_operand(graph: Graph, cap: Captured, node: torch.fx.Node, cid: int, out: int) -> int | None:

@@ -47,10 +47,12 @@ from memviz.hardware import accelerator, devices, xla
 from memviz.hardware.devices import DeviceInfo, count_flops, resolve_device
 from memviz.profiling import own_checkpointing
 from memviz.profiling.capture import (
+    GRADS,
     Captured,
     CaptureError,
     LossFn,
     Runner,
+    accumulated_into_grads,
     buffers_kept,
     capture,
     default_loss,
@@ -143,7 +145,7 @@ class Profile:
 def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *, mode: str = "train",
             loss_fn: LossFn | None = None, optimizer: Any = None, device: str | torch.device | None = None,
             fallback: bool = True, repeats: int = 3, warmup: int = 1, measure: bool = True,
-            parallel: Any = None) -> Profile:
+            parallel: Any = None, grads: str = "none") -> Profile:
     """Capture `model` on `args`/`kwargs` and profile it (DESIGN.md public API).
 
     mode: ``"train"`` (forward, loss, backward, and the optimizer step when `optimizer` is given) or
@@ -163,6 +165,14 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     ``fully_shard`` / ``parallelize_module`` (DTensor parameters, initialised process group) is recorded as
     is.
 
+    grads: what each parameter's ``.grad`` is when the step starts.  ``"none"`` (the default): None, as
+    after ``optimizer.zero_grad()``; backward's gradients become ``.grad``.  ``"accumulate"``: alive from
+    the start, backward adding into them (`capture.accumulated_into_grads`): a loop accumulating gradients
+    over micro-batches (from the second one on) or zeroing them with ``zero_grad(set_to_none=False)``;
+    the gradients then count all step long, and its plans, ``memviz.apply(verify=True)`` and the eager
+    peak measured here run that step.  `memviz.export` refuses such a profile (its step hands gradients
+    to autograd, not into ``.grad``): use ``memviz.apply``.
+
     `ProfileWarning` says when the figures may not be what runs: the model is a GraphModule with its own
     code generation (profiled as its plain graph), the predicted eager peak is more than 5% off the
     measured one, or one step would not fit the device's available memory (then nothing is run: the
@@ -175,14 +185,20 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         raise ValueError(f"mode must be 'train' or 'inference', not {mode!r}")
     if mode == "inference" and optimizer is not None:
         raise ValueError("an optimizer only makes sense with mode='train'")
+    if grads not in GRADS:
+        raise ValueError(f"grads must be one of {', '.join(map(repr, GRADS))}, not {grads!r}")
+    if grads != "none" and mode != "train":
+        raise ValueError(f"grads={grads!r} only makes sense with mode='train'")
     from memviz.parallel import distributed  # torch.distributed loads only here
 
     if parallel is not None or distributed.is_parallel_model(model):
+        if grads != "none":
+            raise ValueError(f"grads={grads!r} is not modelled for a parallel step (sharded gradients)")
         return distributed.profile_parallel(model, args, kwargs, mode=mode, loss_fn=loss_fn,
                                             optimizer=optimizer, device=device, parallel=parallel)
     with own_checkpointing.switched_off(model) as own:
         prof = _profiled(model, args, kwargs, mode, loss_fn, optimizer, device, fallback, repeats, warmup,
-                         measure)
+                         measure, grads)
     if own and mode == "train":
         prof = _with_own_checkpointing(prof, own, args, kwargs)
     return prof
@@ -190,7 +206,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
 
 def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
               loss_fn: LossFn | None, optimizer: Any, device: str | torch.device | None, fallback: bool,
-              repeats: int, warmup: int, measure: bool) -> Profile:
+              repeats: int, warmup: int, measure: bool, grads: str) -> Profile:
     """`profile` on one process (the model's own checkpointing switched off by the caller)."""
     info = resolve_device(device, model, args)
     if not info.estimated:
@@ -205,7 +221,7 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
     try:
         graph, cap = capture(model, args, kwargs, mode=mode, loss_fn=loss_fn, kernels=target_kernels(info))
     except CaptureError as err:
-        if not fallback or info.estimated:
+        if not fallback or info.estimated or grads != "none":  # the coarse profile cannot accumulate
             raise
         warnings.warn(f"{err}; returning a module-level profile from forward/backward hooks instead "
                       "(coarser, and it cannot be exported)", stacklevel=3)
@@ -245,6 +261,10 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
             "only to float rounding.  memviz.export runs the decomposition as profiled and planned; on CPU, "
             "eager without oneDNN (torch.backends.mkldnn.flags(enabled=False)) rounds as it does"),
             stacklevel=3)
+    # the parameters whose .grad the step starts with: those that get a gradient
+    held_grads = frozenset(cap.grad_data) if grads == "accumulate" else frozenset()
+    if held_grads:
+        graph = accumulated_into_grads(graph, cap)
     graph = _reusable_in_place(graph, cap)
     # one eager step without the optimizer: what running it needs and what measure_eager_peak sees
     requires_grad = {name for name, p in model.named_parameters() if p.requires_grad}
@@ -271,7 +291,7 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
         graph = estimate_costs(graph, cap, info)
     elif info.per_graph:
         graph, per_graph = _measure_graph_costs(graph, cap, model, args, kwargs, mode, loss_fn, info,
-                                                repeats, warmup)
+                                                repeats, warmup, held_grads)
     else:
         with accelerator.timing_threads(info.torch_device):
             graph = _measure_costs(graph, cap, model, args, kwargs, loss_fn, info, repeats, warmup)
@@ -288,7 +308,8 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
         _report_graph_measurement(per_graph, step_peak, info)
     elif measure and not info.estimated:
         runtime, measured = accelerator.runtime_bytes(functools.partial(
-            measure_eager_peak, model, args, kwargs, mode=mode, loss_fn=loss_fn, device=info.torch_device),
+            measure_eager_peak, model, args, kwargs, mode=mode, loss_fn=loss_fn, device=info.torch_device,
+            held_grads=held_grads),
             info.torch_device)
         if runtime:
             graph = with_runtime(graph, runtime)
@@ -317,8 +338,9 @@ def _with_own_checkpointing(prof: Profile, own: list[str], args: tuple[Any, ...]
     beside it, and a `ProfileWarning` saying what the profile describes."""
     as_run = None
     if prof.measured_peak_bytes is not None and not prof.fallback:
+        held = prof.captured.grad_data if prof.graph.meta.get("grads") == "accumulate" else ()
         as_run = measure_eager_peak(prof.model, args, kwargs, mode=prof.mode, loss_fn=prof.loss_fn,
-                                    device=prof.device.torch_device)
+                                    device=prof.device.torch_device, held_grads=frozenset(held))
     shown = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
     today = (f"; one eager step with it holds {format_bytes(as_run)}, without it "
              f"{format_bytes(prof.measured_peak_bytes)} (measured)" if as_run is not None else "")
@@ -1283,21 +1305,26 @@ def estimate_costs(graph: Graph, cap: Captured, info: DeviceInfo) -> Graph:
 
 # --- the eager reference ------------------------------------------------------------------------------
 def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
-                loss_fn: LossFn | None) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+                loss_fn: LossFn | None,
+                held_grads: Collection[str] = ()) -> tuple[Callable[[], Any], list[torch.Tensor]]:
     """One eager step of the original model that changes nothing in it, and the tensors that exist
     before it: parameters and inputs that require grad are replaced by detached aliases (same storage)
     that ``loss.backward()`` writes its ``.grad`` on, buffers by copies (BatchNorm statistics
-    untouched).  Not ``torch.autograd.grad``: reentrant ``torch.utils.checkpoint`` refuses it."""
+    untouched).  Not ``torch.autograd.grad``: reentrant ``torch.utils.checkpoint`` refuses it.
+    `held_grads`: the parameters whose ``.grad`` is a zero tensor existing before the step, which backward
+    adds into (`profile`'s ``grads="accumulate"``)."""
     params = {k: grad_alias(v) for k, v in model.named_parameters()}
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     fn = loss_fn or default_loss
     args, kwargs = pytree.tree_map(grad_alias, (tuple(args), kwargs or {}))
     leaves = pytree.tree_leaves((args, kwargs))
     trainable = [p for p in (*params.values(), *leaves) if isinstance(p, torch.Tensor) and p.requires_grad]
+    # a tied weight is one alias (functional_call ties it): one .grad
+    held = {id(p): torch.zeros_like(p) for k, p in params.items() if k in held_grads}
 
     def step() -> Any:
         for t in trainable:
-            t.grad = None
+            t.grad = held.get(id(t))
         out = torch.func.functional_call(model, {**params, **buffers}, args, kwargs, tie_weights=True)
         if mode == "inference":
             return out
@@ -1306,15 +1333,16 @@ def _eager_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
         loss.backward()
         return loss, [t.grad for t in trainable]
 
-    return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs))
+    return step, tensors_of(list(params.values()), list(buffers.values()), (args, kwargs),
+                            list(held.values()))
 
 
 def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, *,
                        mode: str = "train", loss_fn: LossFn | None = None,
-                       device: torch.device | str = "cpu") -> int:
+                       device: torch.device | str = "cpu", held_grads: Collection[str] = ()) -> int:
     """Peak bytes the original model holds running one step eagerly (`_eager_step`: the model is not
     changed), the RNG state restored afterwards."""
-    step, existing = _eager_step(model, args, kwargs, mode, loss_fn)
+    step, existing = _eager_step(model, args, kwargs, mode, loss_fn, held_grads)
     with buffers_kept(model) as changed, accelerator.fork_rng(accelerator.as_list(device)), _grad_mode(mode):
         peak, result = measure_peak(step, existing, device)
     del result
@@ -1343,12 +1371,13 @@ def _grad_mode(mode: str) -> contextlib.AbstractContextManager[Any]:
 
 def _measure_graph_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple[Any, ...],
                          kwargs: dict[str, Any] | None, mode: str, loss_fn: LossFn | None, info: DeviceInfo,
-                         repeats: int, warmup: int) -> tuple[Graph, xla.GraphMeasurement]:
+                         repeats: int, warmup: int,
+                         held_grads: Collection[str] = ()) -> tuple[Graph, xla.GraphMeasurement]:
     """Costs on a device that runs whole graphs (torch-xla, `memviz.hardware.xla`): the eager step is run and
     measured as the graphs it executes, and its time is shared out over the operators in proportion to
     their roofline estimates on the device's target."""
     estimated = estimate_costs(graph, cap, info)
-    step, _ = _eager_step(model, args, kwargs, mode, loss_fn)
+    step, _ = _eager_step(model, args, kwargs, mode, loss_fn, held_grads)
     with accelerator.fork_rng([]), xla.fork_rng(info.torch_device), _grad_mode(mode):
         measured = xla.measure_step(step, info.torch_device, repeats=repeats, warmup=warmup)
     times = xla.share_time({c.id: c.time for c in estimated.computes}, measured.seconds)
@@ -1534,10 +1563,12 @@ def add_optimizer(graph: Graph, grad_data: dict[str, int], optimizer: Any, info:
             if key not in timed:
                 timed[key] = _time_update(cls, p, timer, impl)
             seconds[p.id] = timed[key]
-        # a gradient summed in place (`capture.accumulate_in_place`) lives in the storage its sum wrote:
-        # the update reads that storage, after the sum (whose 0-byte output `g` is)
+        # a gradient summed in place (`capture.accumulate_in_place`, `capture.accumulated_into_grads`)
+        # lives in the storage its sum wrote: the update reads that storage, after the sum (whose 0-byte
+        # output `g` is); a tied weight's first contribution added on into .grad is not read again
         summed = graph.datas[g].producer
-        written = graph.computes[summed].mutates if summed is not None else ()
+        written = [d for d in graph.computes[summed].mutates
+                   if graph.datas[d].kind is DataKind.PARAMETER_GRADIENT] if summed is not None else ()
         reads[p.id] = [p.id, g, *written, *states]
     if kind == "for-loop":
         for i, p in enumerate(params):

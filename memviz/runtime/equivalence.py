@@ -34,6 +34,10 @@ from memviz.profiling.tracker import grad_alias
 #: largest difference, relative to the largest magnitude on eager's side, that still counts as equal
 TOLERANCE = 1e-4
 
+#: micro-batches an accumulating step (`memviz.profile(grads="accumulate")`) runs into the same ``.grad``
+#: when compared: the second adds into gradients the first left, each drawing its own dropout masks
+MICRO_BATCHES = 2
+
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
@@ -55,10 +59,13 @@ class Comparison:
 
 def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                      loss_fn: Any, mode: str, eager_peak: int,
-                     autocast: tuple[tuple[str, torch.dtype], ...] | None = None) -> Comparison:
+                     autocast: tuple[tuple[str, torch.dtype], ...] | None = None,
+                     accumulated: frozenset[str] = frozenset()) -> Comparison:
     """One step of `original` and one of `module` on the same inputs and generator state (module
     docstring), each in its own `autocast` regions (`accelerator.autocast_as`).  `eager_peak`: the bytes
-    eager's step is predicted to hold, checked against what an accelerator has free before it runs."""
+    eager's step is predicted to hold, checked against what an accelerator has free before it runs.
+    `accumulated`: parameters whose ``.grad`` the step adds into; each side then starts them at zero and
+    runs `MICRO_BATCHES` micro-batches (the loss compared is their sum)."""
     tensors = [*original.parameters(), *original.buffers(), *pytree.tree_leaves((args, kwargs))]
     devices = accelerator.devices_of(tensors)
     if devices:
@@ -69,16 +76,18 @@ def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ..
             return Comparison(None, reason=f"its predicted peak ({eager_peak} bytes) does not fit in what "
                                            f"{devices[0]} has ({free} bytes)")
     with accelerator.autocast_as(autocast):
-        eager = _one_step(original, args, kwargs, loss_fn, mode, devices)
+        eager = _one_step(original, args, kwargs, loss_fn, mode, devices, accumulated)
     with accelerator.autocast_as(autocast):
-        mine = _one_step(module, args, kwargs, loss_fn, mode, devices)
+        mine = _one_step(module, args, kwargs, loss_fn, mode, devices, accumulated)
     return _compared(eager, mine)
 
 
 def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], loss_fn: Any, mode: str,
-              devices: list[torch.device]) -> dict[str, torch.Tensor | None]:
+              devices: list[torch.device],
+              accumulated: frozenset[str] = frozenset()) -> dict[str, torch.Tensor | None]:
     """Name -> value of one step (the loss and each parameter's gradient, or the outputs), on the host;
-    the model's gradients, buffers and the generators as they were."""
+    the model's gradients, buffers and the generators as they were.  `accumulated`
+    (`compare_to_eager`): those gradients start at zero and `MICRO_BATCHES` micro-batches add into them."""
     from memviz.profiling.capture import buffers_kept, default_loss, host_rng_forked
 
     named = dict(getattr(model, "_orig_mod", model).named_parameters())
@@ -86,17 +95,20 @@ def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], l
     step_args, step_kwargs = pytree.tree_map(grad_alias, (args, kwargs))
     try:
         with buffers_kept(model), accelerator.fork_rng(devices), host_rng_forked():
-            for p in named.values():
-                p.grad = None
+            for n, p in named.items():
+                p.grad = torch.zeros_like(p) if n in accumulated else None
             if mode == "inference":
                 with torch.no_grad():
                     out = model(*step_args, **step_kwargs)
                 leaves = pytree.tree_leaves(out)
                 return {f"output {i}": t.detach().cpu() for i, t in enumerate(leaves)
                         if isinstance(t, torch.Tensor)}
-            loss = (loss_fn or default_loss)(model(*step_args, **step_kwargs))
-            loss.backward()
-            values: dict[str, torch.Tensor | None] = {"loss": loss.detach().cpu()}
+            total = None
+            for _ in range(MICRO_BATCHES if accumulated else 1):
+                loss = (loss_fn or default_loss)(model(*step_args, **step_kwargs))
+                loss.backward()
+                total = loss.detach() if total is None else total + loss.detach()
+            values: dict[str, torch.Tensor | None] = {"loss": total.cpu()}
             values.update({n: None if p.grad is None else p.grad.detach().cpu() for n, p in named.items()})
             return values
     finally:

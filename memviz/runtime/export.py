@@ -549,6 +549,12 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
             check_replay(target, training=False, stacklevel=3)
         return export_chunks(plan, None, model=model)
     graph: Graph = plan.graph
+    if graph.meta.get("grads", "none") != "none":
+        # the exported step hands every gradient to autograd when its backward returns (all of them alive
+        # at once beside .grad), where the plan adds each into .grad as it is produced, as eager does
+        raise ValueError(f"this plan models a step that accumulates into .grad (grads="
+                         f"{graph.meta['grads']!r}), which memviz.export's step does not run: apply it with "
+                         "memviz.apply (strategy 'sac'), or profile with grads='none'")
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.parallel.distributed)
         raise ValueError(prof.not_exportable)
     if prof is not None and prof.captured is None:

@@ -27,8 +27,11 @@ storages on CPU, the caching allocator's peak on an accelerator).
   budget is re-planned with that excess as margin, or refused, like any other.  The module returned
   is the uncompiled one, whose compiled code for that backend is cached: ``torch.compile(module,
   backend=backend)`` runs the code that was measured.
+* A plan whose step accumulates into ``.grad`` (`memviz.profile(grads="accumulate")`) is measured with
+  every gradient it holds from the start a zero tensor there beforehand, which backward adds into.
 * Then the same step runs on the user's model and on the returned module from the same random state,
-  and their loss and gradients (outputs, for inference) are compared (`memviz.runtime.equivalence`):
+  and their loss and gradients (outputs, for inference) are compared (`memviz.runtime.equivalence`; an
+  accumulating step over `equivalence.MICRO_BATCHES` micro-batches into the same ``.grad``):
   a module that computes something else raises `MismatchError` and is never returned; the comparison
   is ``module.verified_equal`` (on an accelerator without room for eager's step it is skipped, and says
   so there).
@@ -107,6 +110,9 @@ class StepSpec:
     # the torch.autocast regions the step was profiled in (`Captured.autocast`): forward, loss and backward
     # run inside them, whatever the caller's; None (a loaded plan): the caller's autocast, as it is
     autocast: tuple[tuple[str, torch.dtype], ...] | None = None
+    # the parameters whose .grad the step starts with and adds into (`memviz.profile(grads="accumulate")`):
+    # zeros before the measured step, counted from its start; empty: every .grad None
+    accumulated: frozenset[str] = frozenset()
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
@@ -180,7 +186,8 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     module.plan = current
     module.verified_peak_bytes = measured
     module.verified_equal = compare_to_eager(module, original, spec.args, spec.kwargs, spec.loss_fn,
-                                             spec.mode, plan.baseline.peak_bytes, spec.autocast)
+                                             spec.mode, plan.baseline.peak_bytes, spec.autocast,
+                                             accumulated=spec.accumulated)
     if module.verified_equal.equal is False:
         raise MismatchError(
             f"{caller}: the rewritten step is {module.verified_equal.describe()}, on the same inputs and "
@@ -273,10 +280,18 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
     grouped = plan.graph.meta.get("optimizer_update") in ("foreach", "fused")
     cap = getattr(prof, "captured", None)
     return StepSpec(args=args, kwargs=kwargs, mode=mode, zeros=inputs is None,
+                    accumulated=accumulated_grads(plan.graph),
                     autocast=None if cap is None else cap.autocast,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())
+
+
+def accumulated_grads(graph: Any) -> frozenset[str]:
+    """The parameters whose gradient `graph` holds from the step's start (`capture.accumulated_into_grads`
+    names that data node ``<parameter>.grad``)."""
+    return frozenset(d.name.removesuffix(".grad") for d in graph.datas
+                     if d.producer is None and d.kind is DataKind.PARAMETER_GRADIENT)
 
 
 def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:
@@ -325,6 +340,8 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
             for p in params.values():
                 p.grad = None
             opt = _primed_optimizer(spec, params)
+            for n in spec.accumulated & params.keys():  # held from the start, added into by backward
+                params[n].grad = torch.zeros_like(params[n])
             held = tensors_of(module, opt, (args, kwargs))
             loss_held, outside = loss_only(spec.loss_fn, held, device)
             if spec.backend is None:

@@ -613,9 +613,9 @@ def check_no_drawn_layers(graph: Graph) -> None:
         raise ValueError(
             f"this model skips layers on random draws (LayerDrop: {'; '.join(drawn)}): memviz.export runs "
             "one fixed graph, in which every layer runs at every step, so it cannot train as the model "
-            "does.  The plan is the upper bound over the draws (no layer skipped): run it with memviz.apply(plan, "
-            "model) (strategy='sac'), which keeps the model's own LayerDrop, or export a profile taken with "
-            "LayerDrop off (layerdrop=0)")
+            "does.  The plan is the upper bound over the draws (no layer skipped): run it with "
+            "memviz.apply(plan, model) (strategy='sac'), which keeps the model's own LayerDrop, or export a "
+            "profile taken with LayerDrop off (layerdrop=0)")
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -204,8 +204,8 @@ def _cause(plan: Any) -> str:
                 "runs the model's own code and draws as eager does")
     if cap is not None and cap.specialised:
         return (f"The captured graph takes the {len(cap.specialised)} branches and sizes on tensor "
-                "values the profile's example took (the profile warned: a LayerDrop draw, Autoformer's "
-                "top-k delays), where eager decides them again at every step; if none of them differs "
+                "values the profile's example took (the profile warned: Autoformer's top-k delays), "
+                "where eager decides them again at every step; if none of them differs "
                 "here, this is a memviz fault (please report it with the plan file).  memviz.apply runs "
                 "the model's own code")
     return ("This is a memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') "

@@ -1439,6 +1439,11 @@ def _top_of(func: Any, a: tuple[Any, ...], kw: dict[str, Any]) -> float:
     return _TOP
 
 
+def _or_host_copy(shadow: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """`shadow` where there is one, else a host copy of `t` (`draws_at_their_top`'s other operands)."""
+    return shadow if shadow is not None else t.detach().to("cpu", copy=True)
+
+
 @contextlib.contextmanager
 def draws_at_their_top() -> Iterator[list[str]]:
     """Python reads a model makes off a one-element uniform draw read as if the draw came out at its top.
@@ -1454,7 +1459,8 @@ def draws_at_their_top() -> Iterator[list[str]]:
 
     Yields the list of ``file:line`` places that read such a value (one entry per read), filled while the
     block runs.  A dispatch mode: enter it outside a storage tracker, which then does not see the
-    scalar copies it computes."""
+    scalar copies it computes; they live on the host, so an accelerator's allocator does not count them
+    either."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     drawn: list[str] = []
@@ -1480,7 +1486,7 @@ def draws_at_their_top() -> Iterator[list[str]]:
             out = func(*a, **kw)
             if func in _UNIFORM_DRAWS:
                 if isinstance(out, torch.Tensor) and out.numel() == 1 and out.is_floating_point():
-                    shade(out, torch.full_like(out, _top_of(func, a, kw)))
+                    shade(out, torch.full(out.shape, _top_of(func, a, kw), dtype=out.dtype))
                 return out
             if not shadows or not any(shadow_of(t) is not None for t in pytree.tree_leaves((a, kw))):
                 return out
@@ -1491,10 +1497,10 @@ def draws_at_their_top() -> Iterator[list[str]]:
             # scalar arithmetic only (``p < layerdrop``): a draw scaling a whole tensor is no branch
             if not outs or any(t.numel() != 1 for t in outs):
                 return out
-            mutated = func._schema.is_mutable
-            sa, skw = pytree.tree_map_only(
-                torch.Tensor, lambda t: s if (s := shadow_of(t)) is not None else t.clone() if mutated else t,
-                (a, kw))
+            # the other operands as host copies (one element each, or the op is no scalar arithmetic)
+            sa, skw = pytree.tree_map_only(torch.Tensor, lambda t: _or_host_copy(shadow_of(t), t), (a, kw))
+            if "device" in skw:
+                skw["device"] = torch.device("cpu")
             for t, s in zip(outs, [t for t in pytree.tree_leaves(func(*sa, **skw))
                                    if isinstance(t, torch.Tensor)], strict=True):
                 shade(t, s)

@@ -107,7 +107,7 @@ def test_a_uniform_draw_read_into_python_is_read_at_its_top() -> None:
     assert len(drawn) == 2
 
 
-def test_layerdrop_plan_holds_in_every_step_and_export_refuses() -> None:
+def test_layerdrop_plan_holds_in_every_step_and_export_refuses(tmp_path: Any) -> None:
     torch.manual_seed(0)
     model = LayerDropNet().train()
     args = (torch.randn(8, 16, 32),)
@@ -133,6 +133,9 @@ def test_layerdrop_plan_holds_in_every_step_and_export_refuses() -> None:
     assert prof.measured_peak_bytes > own, (prof.measured_peak_bytes, own)
     with pytest.raises(ValueError, match=r"memviz\.apply"):
         memviz.export(plan)
+    plan.save(tmp_path / "plan.json")  # a loaded plan, which holds no profile, too
+    with pytest.raises(ValueError, match=r"memviz\.apply"):
+        memviz.export(memviz.load_plan(tmp_path / "plan.json"), model=model)
 
 
 @pytest.mark.slow  # 37 s of CPU at load 3: a profile, the calibration, a verifying step and two steps

@@ -103,8 +103,8 @@ LAYERDROP_KEYS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
 
 def _config(model_type: str, **kw: Any) -> Any:
     """A random-init config of `model_type`; a keyword given as None is left at the config's default.
-    With ``--no-layerdrop``, LayerDrop off (the profile's advice: it specialises each layer's draw on the
-    example, where eager draws again at every step)."""
+    With ``--no-layerdrop``, LayerDrop off (before layerdrop38 the capture took each layer's draw as the
+    example drew it; now it plans the step no draw skips a layer in, and export refuses LayerDrop on)."""
     kw = {k: v for k, v in kw.items() if v is not None}
     config = with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
     if os.environ.get("MEMVIZ_SWEEP_NO_LAYERDROP"):

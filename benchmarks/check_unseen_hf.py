@@ -103,8 +103,8 @@ LAYERDROP_KEYS = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
 
 def _config(model_type: str, **kw: Any) -> Any:
     """A random-init config of `model_type`; a keyword given as None is left at the config's default.
-    With ``--no-layerdrop``, LayerDrop off (the profile's advice: it specialises each layer's draw on the
-    example, where eager draws again at every step)."""
+    With ``--no-layerdrop``, LayerDrop off (before layerdrop38 the capture took each layer's draw as the
+    example drew it; now it plans the step no draw skips a layer in, and export refuses LayerDrop on)."""
     kw = {k: v for k, v in kw.items() if v is not None}
     config = with_dropout(transformers.AutoConfig.for_model(model_type, **kw))
     if os.environ.get("MEMVIZ_SWEEP_NO_LAYERDROP"):
@@ -198,10 +198,11 @@ def _mse(field: str) -> Any:
     return lambda out: getattr(out, field).pow(2).mean()
 
 
-def ctc(model_type: str, **kw: Any) -> Factory:
+def ctc(model_type: str, *, own_only: bool = False, **kw: Any) -> Factory:
     """A speech encoder with a CTC head (`labels=`: CTC loss): a strided conv feature extractor over
     `25 * seq` raw samples, SpecAugment on (time masks drawn by numpy inside the forward, and the
-    config's default LayerDrop: a `torch.rand` per layer deciding whether to run it)."""
+    config's default LayerDrop: a `torch.rand` per layer deciding whether to run it).  `own_only`: the CTC
+    loss whatever the rotation picks (else it may pick the user MSE on the logits)."""
     def make(size: Size) -> RealCase:
         torch.manual_seed(0)
         cfg = _config(model_type, vocab_size=16, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -212,8 +213,8 @@ def ctc(model_type: str, **kw: Any) -> Factory:
         g = torch.Generator().manual_seed(0)
         audio = torch.randn(size.batch, 25 * size.seq, generator=g)
         labels = torch.randint(1, 16, (size.batch, max(2, size.seq // 4)), generator=g)
-        return RealCase(model, (audio,), {"labels": labels}, {"own": _own_loss, "mse": _mse("logits")}, None,
-                        "transformers")
+        losses = {"own": _own_loss} if own_only else {"own": _own_loss, "mse": _mse("logits")}
+        return RealCase(model, (audio,), {"labels": labels}, losses, None, "transformers")
     return make
 
 
@@ -473,6 +474,8 @@ MODELS: dict[str, Factory] = {
     "canine": canine(),
     "convnextv2": vision("convnextv2", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2,
                          drop_path_rate=0.1),
+    # task layerdrop38: the standard HF ASR fine-tuning model, CTC (`labels=`) with its default LayerDrop 0.1
+    "wav2vec2": ctc("wav2vec2", own_only=True),
 }
 #: what ``--size deep`` runs by default: decoders (rotary, parallel attention, MoE, SSM), encoders, seq2seq,
 #: a ViT

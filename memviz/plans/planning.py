@@ -444,12 +444,16 @@ def step_time_range(graph: Graph, planned_s: float, baseline_s: float,
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """Graph metadata that is plain JSON (capture may keep richer objects there), and the module classes
-    (path -> class name, strings only) the views name blocks by."""
+    """Graph metadata that is plain JSON (capture may keep richer objects there), the module classes
+    (path -> class name, strings only) the views name blocks by, and the places a uniform draw decided a
+    branch (``drawn``: `memviz.runtime.export.check_no_drawn_layers` refuses a loaded plan by them too)."""
     plain = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))}
     classes = meta.get("module_classes")
     if isinstance(classes, dict) and classes:
         plain["module_classes"] = {str(k): str(v) for k, v in classes.items()}
+    drawn = meta.get("drawn")
+    if isinstance(drawn, list) and drawn:
+        plain["drawn"] = [str(d) for d in drawn]
     return plain
 
 

@@ -129,6 +129,9 @@ class Captured:
     grad_fx: dict[tuple[str, Any], str] = field(default_factory=dict)
     # what the trace specialised on the example input's values ("file:line expr -> value"), `specialising`
     specialised: list[str] = field(default_factory=list)
+    # the places among them that read a uniform draw (LayerDrop's ``torch.rand([]) < p``), taken as the draw
+    # at its top gives them: every such layer runs (`draws_at_their_top`)
+    drawn: list[str] = field(default_factory=list)
     # random generators outside torch the trace drew from (`host_random_draws`): their draws are constants
     host_random: list[str] = field(default_factory=list)
     # (eager's draws, the graph's) from torch's generators per forward where they differ
@@ -738,8 +741,9 @@ def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
                         if isinstance(t, torch.Tensor))
             return out
 
+    # a uniform draw's reads as the trace takes them (`draws_at_their_top`): a layer run draws its masks
     with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), \
-            torch.set_grad_enabled(mode == "train"), Counter():
+            torch.set_grad_enabled(mode == "train"), draws_at_their_top(), Counter():
         model(*args, **(kwargs or {}))
     return draws[0], kept_across_calls(model, args, kwargs, seen)
 
@@ -856,14 +860,15 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     comparable = not on_meta and not (family == "cuda" and _on_cpu(args, model))
     first, kept = eager_torch_draws(model, args, kwargs, mode) if comparable else (None, [])
     specialised: list[str] = []
+    drawn: list[str] = []
     with host_random_draws() as host_random:
-        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family)
+        gm, out_spec, views = trace_joint(model, args, kwargs, mode, loss_fn, specialised, family, drawn)
     traced = graph_torch_draws(gm)
     mismatch = None
     if first is not None and traced != first:
         again, _ = eager_torch_draws(model, args, kwargs, mode)
         mismatch = None if traced == again else (again, traced)
-    return gm, out_spec, views, specialised, host_random, mismatch, kept_values(gm, kept)
+    return gm, out_spec, views, specialised, drawn, host_random, mismatch, kept_values(gm, kept)
 
 
 def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -1413,10 +1418,101 @@ class EagerReads:
     outputs: dict[Any, list[Any]] = field(default_factory=dict)
     # the same, per overload (`_eager_shapes`: ``where.self`` is no ``where.default``)
     overload_outputs: dict[Any, list[Any]] = field(default_factory=dict)
+    # the lines whose reads were off a uniform draw, read as at its top (`draws_at_their_top`)
+    drawn: list[str] = field(default_factory=list)
+
+
+#: the uniform draws `draws_at_their_top` follows: ``torch.rand``, ``torch.rand_like``, ``Tensor.uniform_``
+_UNIFORM_DRAWS = (torch.ops.aten.rand.default, torch.ops.aten.rand.generator,
+                  torch.ops.aten.rand_like.default, torch.ops.aten.uniform.default,
+                  torch.ops.aten.uniform_.default)
+#: the largest float32 below 1: where a draw from [0, 1) can come out highest
+_TOP = 1.0 - 2.0 ** -24
+
+
+def _top_of(func: Any, a: tuple[Any, ...], kw: dict[str, Any]) -> float:
+    """The highest value the uniform draw ``func(*a, **kw)`` can give: ``uniform_``'s ``from + (to - from)``
+    near its top, 1 otherwise."""
+    if func in (torch.ops.aten.uniform.default, torch.ops.aten.uniform_.default):
+        low, high = (list(a[1:3]) + [kw.get("from", 0.0), kw.get("to", 1.0)][len(a[1:3]):])
+        return low + (high - low) * _TOP
+    return _TOP
+
+
+def _or_host_copy(shadow: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """`shadow` where there is one, else a host copy of `t` (`draws_at_their_top`'s other operands)."""
+    return shadow if shadow is not None else t.detach().to("cpu", copy=True)
+
+
+@contextlib.contextmanager
+def draws_at_their_top() -> Iterator[list[str]]:
+    """Python reads a model makes off a one-element uniform draw read as if the draw came out at its top.
+
+    LayerDrop (Fan et al., "Reducing Transformer Depth on Demand with Structured Dropout", ICLR 2020;
+    HF wav2vec2, HuBERT, WavLM, Autoformer, BART, ...) draws ``p = torch.rand([])`` per layer and skips the
+    layer when ``p < layerdrop``: which layers run changes at every step, while a captured graph runs
+    one fixed set.  A draw at its top skips none, the step that holds the most (every layer's
+    activations, gradients and optimizer state): the graph, its plans and the measured eager step are
+    that upper bound over the draws.  Only the values Python reads (``bool``, ``item``) change, through
+    scalar arithmetic on the draw (``p < layerdrop``); tensors keep their real values and the generator
+    moves as it does, so branches that do not depend on a draw read as eager reads them.
+
+    Yields the list of ``file:line`` places that read such a value (one entry per read), filled while the
+    block runs.  A dispatch mode: enter it outside a storage tracker, which then does not see the
+    scalar copies it computes; they live on the host, so an accelerator's allocator does not count them
+    either."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    drawn: list[str] = []
+    # id(tensor) -> (a weak reference to it, its value had every draw it depends on come out at its top)
+    shadows: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+    def shade(t: torch.Tensor, shadow: torch.Tensor) -> None:
+        key = id(t)
+
+        def gone(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+            if shadows.get(key, (None,))[0] is ref:
+                del shadows[key]
+
+        shadows[key] = (weakref.ref(t, gone), shadow)
+
+    def shadow_of(t: Any) -> torch.Tensor | None:
+        entry = shadows.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+    class AtTheTop(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
+            kw = kw or {}
+            out = func(*a, **kw)
+            if func in _UNIFORM_DRAWS:
+                if isinstance(out, torch.Tensor) and out.numel() == 1 and out.is_floating_point():
+                    shade(out, torch.full(out.shape, _top_of(func, a, kw), dtype=out.dtype))
+                return out
+            if not shadows or not any(shadow_of(t) is not None for t in pytree.tree_leaves((a, kw))):
+                return out
+            if func in _READS:
+                drawn.append(_user_code_line())
+                return func(shadow_of(a[0]))
+            outs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+            # scalar arithmetic only (``p < layerdrop``): a draw scaling a whole tensor is no branch
+            if not outs or any(t.numel() != 1 for t in outs):
+                return out
+            # the other operands as host copies (one element each, or the op is no scalar arithmetic)
+            sa, skw = pytree.tree_map_only(torch.Tensor, lambda t: _or_host_copy(shadow_of(t), t), (a, kw))
+            if "device" in skw:
+                skw["device"] = torch.device("cpu")
+            for t, s in zip(outs, [t for t in pytree.tree_leaves(func(*sa, **skw))
+                                   if isinstance(t, torch.Tensor)], strict=True):
+                shade(t, s)
+            return out
+
+    with AtTheTop():
+        yield drawn
 
 
 def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> EagerReads:
-    """Run `model` once eagerly under no_grad (the caller forks the RNG) and record `EagerReads`."""
+    """Run `model` once eagerly under no_grad (the caller forks the RNG) and record `EagerReads`, every
+    read off a uniform draw as at its top (`draws_at_their_top`; those places in `EagerReads.drawn`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     reads = EagerReads()
@@ -1434,8 +1530,9 @@ def eager_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
                 reads.overload_outputs.setdefault(func, []).append(metas)
             return out
 
-    with torch.no_grad(), Recorder():
+    with torch.no_grad(), draws_at_their_top() as drawn, Recorder():
         model(*args, **(kwargs or {}))
+    reads.drawn = list(dict.fromkeys(drawn))
     return reads
 
 
@@ -1497,7 +1594,7 @@ def _user_code_line() -> str:
 
 def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
                 loss_fn: LossFn | None = None, specialised: list[str] | None = None,
-                family: str | None = None
+                family: str | None = None, drawn: list[str] | None = None
                 ) -> tuple[torch.fx.GraphModule, pytree.TreeSpec, dict[int, OutputView]]:
     """torch.export (non-strict) then AOTAutograd's joint trace (TOOLCHAIN.md recipe).
 
@@ -1509,8 +1606,9 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     vocab_size``, LayerDrop's ``torch.rand([]) < p``) or that calls an op whose output shape depends on
     values (``ctc_loss``) is traced again taking the values eager read on the example (`eager_reads`,
     `specialising_on_example_values`), then checked against eager (`check_specialised_as_eager`); what
-    that decided is listed in `specialised`.  `family` (`kernel_family`) names whose kernels the joint
-    trace takes for dropout and attention.
+    that decided is listed in `specialised`.  A read off a uniform draw (LayerDrop's) is taken as the
+    draw at its top gives it, the layer run (`draws_at_their_top`); its places are appended to `drawn`.
+    `family` (`kernel_family`) names whose kernels the joint trace takes for dropout and attention.
     """
     specialised = [] if specialised is None else specialised
 
@@ -1532,6 +1630,8 @@ def trace_joint(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] 
     # the trace draws from the host generators what eager drew (a NumPy mask: the positions it selects)
     with _forked_rng(leaves), host_rng_forked():
         eager = eager_reads(model, args, kwargs)
+    if drawn is not None:
+        drawn.extend(eager.drawn)
     with grad_ctx, library_frames_in_stack_traces(model), _forked_rng(leaves), \
             eager_attention_masks(model, args, kwargs):
         traced = _trace_joint(model, args, kwargs, mode, loss_fn, functions,
@@ -1599,8 +1699,10 @@ def check_specialised_as_eager(model: nn.Module, gm: torch.fx.GraphModule, args:
     which eager draws again; they are warned about (`host_random_draws`), not a branch taken unlike eager."""
     leaves = _model_tensors(model, args, kwargs)
     outs = []
+    # eager reads its uniform draws as the trace took them (`draws_at_their_top`)
     for fn, host in ((model, host_rng_at(traced_from)), (gm, contextlib.nullcontext())):
-        with _forked_rng(leaves), torch.no_grad(), host:
+        with _forked_rng(leaves), torch.no_grad(), host, \
+                draws_at_their_top() if fn is model else contextlib.nullcontext():
             outs.append([x for x in pytree.tree_leaves(fn(*args, **(kwargs or {})))
                          if isinstance(x, torch.Tensor)])
     same = len(outs[0]) == len(outs[1]) and all(
@@ -2342,7 +2444,7 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
 def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
              loss_fn: LossFn | None, family: str | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    gm, out_spec, views, specialised, host_random, torch_draws, kept = traced_as_eager_draws(
+    gm, out_spec, views, specialised, drawn, host_random, torch_draws, kept = traced_as_eager_draws(
         model, args, kwargs, mode, loss_fn, family)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
@@ -2394,7 +2496,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
-        output_views=views, specialised=specialised, host_random=host_random, torch_draws=torch_draws,
+        output_views=views, specialised=specialised, drawn=drawn, host_random=host_random,
+        torch_draws=torch_draws,
         kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
         call_args=gm.meta.get("memviz_call_args", {}), autocast=regions,
         autocast_cached=bool(regions) and torch.is_autocast_cache_enabled())

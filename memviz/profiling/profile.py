@@ -56,6 +56,7 @@ from memviz.profiling.capture import (
     buffers_kept,
     capture,
     default_loss,
+    draws_at_their_top,
     fingerprint,
     forward_calls,
     is_backward,
@@ -227,13 +228,7 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
                       "(coarser, and it cannot be exported)", stacklevel=3)
         return _hooks_profile(model, args, kwargs, mode=mode, loss_fn=loss_fn, info=info)
     if cap.specialised:
-        warnings.warn(ProfileWarning(
-            f"{type(model).__name__} branches on tensor values (or sizes a tensor by them); the capture "
-            "took each branch, and each size, as the example input gives them, and the graph, its plans "
-            "and the exported module always take that branch (a label check always passes; a LayerDrop "
-            "draw fixes whether its layer runs: set layerdrop=0 to train as eager does): "
-            + "; ".join(cap.specialised)),
-            stacklevel=3)
+        warnings.warn(ProfileWarning(specialised_warning(type(model).__name__, cap)), stacklevel=3)
     if cap.host_random:
         warnings.warn(ProfileWarning(
             f"{type(model).__name__} draws random numbers outside torch ({', '.join(cap.host_random)}) "
@@ -299,7 +294,8 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
         with accelerator.timing_threads(info.torch_device):
             graph = add_optimizer(graph, cap.grad_data, optimizer, info, model)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
-                  meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name})
+                  meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name,
+                        **({"drawn": list(cap.drawn)} if cap.drawn else {})})
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
     schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap, requires_grad)
     measured = None
@@ -353,6 +349,23 @@ def _with_own_checkpointing(prof: Profile, own: list[str], args: tuple[Any, ...]
         "DenseNet's memory_efficient) so only the plan's regions recompute; remove other checkpoint calls "
         "yourself"), stacklevel=3)
     return replace(prof, own_checkpointing=list(own), as_run_peak_bytes=as_run)
+
+
+def specialised_warning(name: str, cap: Captured) -> str:
+    """What `profile` says about the branches on tensor values its capture fixed (`Captured.specialised`),
+    and about those read off a uniform draw (`Captured.drawn`: LayerDrop), which it fixed at their upper
+    bound."""
+    text = (f"{name} branches on tensor values (or sizes a tensor by them); the capture took each branch, "
+            "and each size, as the example input gives them, and the graph, its plans and the exported "
+            "module always take that branch (a label check always passes): " + "; ".join(cap.specialised))
+    if not cap.drawn:
+        return text
+    return (text + f".  {len(cap.drawn)} of those places read a uniform random draw "
+            f"({'; '.join(cap.drawn)}): LayerDrop, which skips a layer when its draw falls under the "
+            "probability.  There the capture took the draw at its top, every layer run: the graph, the "
+            "predicted and the measured eager peak (measured_peak_bytes) and every plan are the step in "
+            "which no layer is skipped, the most any draw holds.  memviz.apply runs the model's own "
+            "LayerDrop within its plan; memviz.export, one fixed graph, cannot skip layers and refuses")
 
 
 def _as_eager(graph: Graph, cap: Captured) -> Graph:
@@ -1341,9 +1354,12 @@ def measure_eager_peak(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
                        mode: str = "train", loss_fn: LossFn | None = None,
                        device: torch.device | str = "cpu", held_grads: Collection[str] = ()) -> int:
     """Peak bytes the original model holds running one step eagerly (`_eager_step`: the model is not
-    changed), the RNG state restored afterwards."""
+    changed), the RNG state restored afterwards.  A read off a uniform draw (LayerDrop's) is read as the
+    draw at its top gives it, as the capture takes it (`capture.draws_at_their_top`): the step measured
+    is the one in which every such layer runs, the most any draw holds."""
     step, existing = _eager_step(model, args, kwargs, mode, loss_fn, held_grads)
-    with buffers_kept(model) as changed, accelerator.fork_rng(accelerator.as_list(device)), _grad_mode(mode):
+    with buffers_kept(model) as changed, accelerator.fork_rng(accelerator.as_list(device)), \
+            _grad_mode(mode), draws_at_their_top():
         peak, result = measure_peak(step, existing, device)
     del result
     if changed:

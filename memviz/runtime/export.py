@@ -567,6 +567,7 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
     expected = info.get("fingerprint") if isinstance(info, dict) else None
     expected = expected or (prof.fingerprint if prof is not None else None)
     check_not_estimated_for_cuda(graph, prof, target)
+    check_no_drawn_layers(graph)
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
@@ -605,6 +606,22 @@ def check_not_estimated_for_cuda(graph: Graph, prof: Any, target: nn.Module) -> 
                      f"{', '.join(where)}; to export, profile and plan on the device itself "
                      "(memviz.profile(model.to('cuda'), ..., device='cuda')), or on this host's device for a "
                      "module that runs here")
+
+
+def check_no_drawn_layers(graph: Graph) -> None:
+    """Refuse to export a graph captured with a uniform draw deciding a branch (``graph.meta["drawn"]``,
+    `memviz.profiling.capture.draws_at_their_top`: LayerDrop's ``torch.rand([]) < layerdrop`` skipping a
+    layer).  The graph runs every such layer at every step, the upper bound its plans hold, where eager
+    skips the layers each step's draws drop: the exported step would train another model.  memviz.apply
+    runs the model's own forward, its draws and skips included, within the same plan."""
+    drawn = (graph.meta or {}).get("drawn")
+    if drawn:
+        raise ValueError(
+            f"this model skips layers on random draws (LayerDrop: {'; '.join(drawn)}): memviz.export runs "
+            "one fixed graph, in which every layer runs at every step, so it cannot train as the model "
+            "does.  The plan is the upper bound over the draws (no layer skipped): run it with "
+            "memviz.apply(plan, model) (strategy='sac'), which keeps the model's own LayerDrop, or export a "
+            "profile taken with LayerDrop off (layerdrop=0)")
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -58,7 +58,7 @@ from torch import nn
 
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator
-from memviz.profiling.capture import host_rng_forked
+from memviz.profiling.capture import draws_at_their_top, host_rng_forked
 from memviz.profiling.tracker import allocator_peak, grad_alias, measure_peak, tensors_of
 from memviz.runtime.equivalence import compare_to_eager
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
@@ -211,8 +211,8 @@ def _cause(plan: Any) -> str:
                 "runs the model's own code and draws as eager does")
     if cap is not None and cap.specialised:
         return (f"The captured graph takes the {len(cap.specialised)} branches and sizes on tensor "
-                "values the profile's example took (the profile warned: a LayerDrop draw, Autoformer's "
-                "top-k delays), where eager decides them again at every step; if none of them differs "
+                "values the profile's example took (the profile warned: Autoformer's top-k delays), "
+                "where eager decides them again at every step; if none of them differs "
                 "here, this is a memviz fault (please report it with the plan file).  memviz.apply runs "
                 "the model's own code")
     return ("This is a memviz fault (please report it with the plan file); memviz.apply (strategy 'sac') "
@@ -318,7 +318,9 @@ def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:
 
 def measure_step(module: nn.Module, spec: StepSpec) -> int:
     """Peak bytes of one step of `module` (`spec`), leaving parameters, ``.grad``, buffers and RNG as
-    they were."""
+    they were.  Uncompiled, reads off a uniform draw are read as the draw at its top gives them
+    (`memviz.profiling.capture.draws_at_their_top`): a LayerDrop model runs every layer, the step its plan
+    bounds, not the lighter one the verifying step's own draws might give."""
     # named as in the user's model (the plan's optimizer nodes name its parameters), not "_orig_mod.*"
     params = dict(getattr(module, "_orig_mod", module).named_parameters())
     buffers = list(module.buffers())
@@ -346,7 +348,9 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
             loss_held, outside = loss_only(spec.loss_fn, held, device)
             if spec.backend is None:
                 step = _step(module, spec, args, kwargs, opt)
-                peak = measure_peak(step, held + loss_held, device)[0] - outside
+                # the step the plan holds: every layer a uniform draw may skip (LayerDrop) run
+                with draws_at_their_top():
+                    peak = measure_peak(step, held + loss_held, device)[0] - outside
             else:
                 peak = _compiled_peak(module, spec, args, kwargs, opt, device, held + loss_held) - outside
     finally:

@@ -250,6 +250,20 @@ def autocast_regions() -> tuple[tuple[str, torch.dtype], ...]:
                  if torch.amp.is_autocast_available(t) and torch.is_autocast_enabled(t))
 
 
+def autocast_json(regions: tuple[tuple[str, torch.dtype], ...]) -> list[list[str]]:
+    """`regions` as a plan file holds them (``graph.meta.autocast``): [device type, dtype name] pairs."""
+    return [[device_type, str(dtype).removeprefix("torch.")] for device_type, dtype in regions]
+
+
+def autocast_from_json(pairs: Any) -> tuple[tuple[str, torch.dtype], ...] | None:
+    """The regions of a plan file's ``graph.meta.autocast`` (`autocast_json`); None where the file has none
+    (written before ``memviz.plan/3``, which did not record them).  The schema allows only autocast's
+    device types and floating dtypes, so ``getattr(torch, name)`` names a dtype."""
+    if pairs is None:
+        return None
+    return tuple((str(device_type), getattr(torch, str(name))) for device_type, name in pairs)
+
+
 @contextlib.contextmanager
 def autocast_off() -> Iterator[None]:
     """Every ``torch.autocast`` region the caller is in, switched off for the block: a captured graph

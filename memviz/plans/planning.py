@@ -444,12 +444,15 @@ def step_time_range(graph: Graph, planned_s: float, baseline_s: float,
 
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """Graph metadata that is plain JSON (capture may keep richer objects there), and the module classes
-    (path -> class name, strings only) the views name blocks by."""
+    """Graph metadata that is plain JSON (capture may keep richer objects there), the module classes
+    (path -> class name, strings only) the views name blocks by, and the autocast regions the step was
+    captured in (`accelerator.autocast_json` pairs), which a loaded plan's verifying step enters."""
     plain = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))}
     classes = meta.get("module_classes")
     if isinstance(classes, dict) and classes:
         plain["module_classes"] = {str(k): str(v) for k, v in classes.items()}
+    if isinstance(meta.get("autocast"), list):
+        plain["autocast"] = [[str(device_type), str(dtype)] for device_type, dtype in meta["autocast"]]
     return plain
 
 

@@ -569,7 +569,10 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        # in the autocast regions the plan was captured in (a plan file's ``graph.meta.autocast``): its
+        # graph holds their casts, which a capture in the caller's state would not
+        with accelerator.autocast_as(accelerator.autocast_from_json(graph.meta.get("autocast"))):
+            fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")

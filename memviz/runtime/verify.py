@@ -104,8 +104,9 @@ class StepSpec:
     backend: Any = None
     # the inputs are zeros of the planned shapes (no ``inputs=``), which a model may not run on
     zeros: bool = False
-    # the torch.autocast regions the step was profiled in (`Captured.autocast`): forward, loss and backward
-    # run inside them, whatever the caller's; None (a loaded plan): the caller's autocast, as it is
+    # the torch.autocast regions the step was profiled in (`Captured.autocast`, a loaded plan's
+    # ``graph.meta.autocast``): forward, loss and backward run inside them, whatever the caller's; None (a
+    # plan file older than memviz.plan/3, a recorded step): the caller's autocast, as it is
     autocast: tuple[tuple[str, torch.dtype], ...] | None = None
 
 
@@ -273,7 +274,8 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
     grouped = plan.graph.meta.get("optimizer_update") in ("foreach", "fused")
     cap = getattr(prof, "captured", None)
     return StepSpec(args=args, kwargs=kwargs, mode=mode, zeros=inputs is None,
-                    autocast=None if cap is None else cap.autocast,
+                    autocast=accelerator.autocast_from_json(plan.graph.meta.get("autocast")) if cap is None
+                    else cap.autocast,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())

@@ -5,7 +5,9 @@ inference under autocast."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -30,3 +32,63 @@ def test_a_plan_saved_under_autocast_verifies_in_its_regions_when_loaded(tmp_pat
     module = memviz.export(loaded, model=model, verify=True, inputs=((x,), {}))
     assert module.verified_equal.equal and module.verified_peak_bytes <= loaded.peak_bytes
     assert loaded.graph.meta["autocast"] == [["cpu", "bfloat16"]]
+
+
+def _recipe(model: nn.Module, x: torch.Tensor, loss_fn: Any, init_scale: float,
+            steps: int = 3) -> list[torch.Tensor]:
+    """The float16 recipe with a GradScaler (``torch.amp``) for `steps` AdamW steps; the parameters after."""
+    torch.manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(model(x))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_float16_with_a_grad_scaler_profiles_plans_exports_and_verifies() -> None:
+    """The float16 recipe: ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()``.  A loss_fn
+    that scaled was run on fake tensors and left a FakeTensor as the user's scale; now it is refused and
+    ``scaler=`` is the way: its scalars join the plan, verify runs the recipe on a copy (a scale of 2**40
+    overflows: infinite gradients on both sides are equal, and the update is skipped), and the exported
+    module trains as eager through steps the scaler skips and steps it takes."""
+    model, x = _mlp(), torch.randn(64, 32)
+    target = torch.randn(64, 32)
+
+    def mse(out: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(out, target)
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    with torch.autocast("cpu", dtype=torch.float16):
+        with pytest.raises(ValueError, match="pass the unscaled loss as loss_fn and the scaler as scaler="):
+            memviz.profile(model, (x,), loss_fn=lambda out: scaler.scale(mse(out)), repeats=1, warmup=0)
+        assert scaler._scale is None  # untouched
+        prof = memviz.profile(model, (x,), loss_fn=mse, optimizer=torch.optim.AdamW, repeats=1, warmup=0,
+                              scaler=scaler)
+    assert any(d.name.startswith("GradScaler") and d.bytes == 20 for d in prof.graph.datas)
+    module = memviz.export(memviz.plan(prof, None, frontier=False), verify=True, inputs=((x,), {}))
+    assert module.verified_equal.equal and module.verified_peak_bytes <= module.plan.peak_bytes
+    assert scaler._scale is None  # verify scaled by a copy
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for init_scale in (2.0**40, 2.0**16):  # every step skipped at first, then taken
+        model.load_state_dict(state)
+        eager = _recipe(model, x, mse, init_scale)
+        model.load_state_dict(state)
+        for a, b in zip(eager, _recipe(module, x, mse, init_scale), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_infinities_equal_on_both_sides_compare_equal() -> None:
+    """A float16 step's overflow (which a GradScaler skips) gives infinite gradients on both sides: they were
+    a difference of NaN, counted as infinitely different (a MismatchError); now equal values, infinite
+    ones included, are no difference, and the distance is taken against the largest finite magnitude."""
+    from memviz.runtime.equivalence import _compared
+
+    inf = float("inf")
+    assert _compared({"g": torch.tensor([inf, 2.0])}, {"g": torch.tensor([inf, 2.0])}).equal
+    assert not _compared({"g": torch.tensor([inf, 2.0])}, {"g": torch.tensor([-inf, 2.0])}).equal
+    assert _compared({"g": torch.tensor([inf, 2.0])}, {"g": torch.tensor([inf, 2.0001])}).worst > 0

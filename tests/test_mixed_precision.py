@@ -92,3 +92,39 @@ def test_infinities_equal_on_both_sides_compare_equal() -> None:
     assert _compared({"g": torch.tensor([inf, 2.0])}, {"g": torch.tensor([inf, 2.0])}).equal
     assert not _compared({"g": torch.tensor([inf, 2.0])}, {"g": torch.tensor([-inf, 2.0])}).equal
     assert _compared({"g": torch.tensor([inf, 2.0])}, {"g": torch.tensor([inf, 2.0001])}).worst > 0
+
+
+def test_a_chunk_plan_profiled_under_autocast_runs_in_its_precision_wherever_it_is_called() -> None:
+    """Autochunk's op graph holds no casts (autocast casts as the ops run).  A GPT-2 profiled in bfloat16
+    was captured for chunking in the planning caller's precision (float32 here: 80% of the profile's peak
+    refused), and a chunked module run outside autocast ran in float32, 46% over its planned activations,
+    its logits float32; inside, autocast's cast cache held 15% over them.  Now the capture, the selection
+    and the chunked module enter the profile's regions (cache off): inside or outside autocast it is
+    eager's bfloat16 step, within the 5% chunk estimates are held to."""
+    from memviz.profiling.tracker import StorageTracker, tensors_of
+    from tests.real_models import REAL
+
+    case = REAL["gpt2_sdpa"]()
+    model = case.model.eval()
+    ids = case.long[0][0][:, :256]
+
+    def measured(fn: Any) -> tuple[int, torch.Tensor]:
+        with torch.no_grad():
+            tracker = StorageTracker(tensors_of(fn, (ids,)))
+            with tracker:
+                out = fn(ids)
+        return tracker.peak_bytes - tracker.start_bytes, out.logits
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, eager = measured(model)
+        prof = memviz.profile(model, (ids,), mode="inference", repeats=1, warmup=0)
+    plan = memviz.plan(prof, 0.8, strategy="autochunk", frontier=False)
+    assert plan.chunks
+    chunked = memviz.export(plan)
+    activations = plan.peak_bytes - plan.baseline_graph.persistent_bytes()
+    for inside in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=inside):
+            peak, logits = measured(chunked)
+        assert logits.dtype == torch.bfloat16 and torch.equal(logits, eager)
+        assert peak <= 1.05 * activations, (inside, peak, activations)
+    assert plan.graph.meta["autocast"] == [["cpu", "bfloat16"]]  # what a plan file keeps

@@ -277,11 +277,13 @@ def autocast_off() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None) -> Iterator[None]:
+def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None, *, cache: bool = True) -> Iterator[None]:
     """The block inside fresh ``torch.autocast`` `regions` (`autocast_regions` of a profiled step) and
     outside the caller's own, so a step runs as it was profiled wherever it is called from: each in a
     region of its own, whose cache of down-cast parameters goes when it exits (a cache outliving an
-    optimizer's update would serve stale casts).  None: the caller's state, as it is."""
+    optimizer's update would serve stale casts).  None: the caller's state, as it is.  `cache`:
+    autocast's cache of down-cast leaves (``cache_enabled``), off for a chunked inference step
+    (`chunking.ChunkedModule`)."""
     if regions is None:
         yield
         return
@@ -291,7 +293,7 @@ def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None) -> Iterator
     try:
         with autocast_off(), contextlib.ExitStack() as stack:
             for device_type, dtype in regions:
-                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+                stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=cache))
             yield
     finally:
         torch.clear_autocast_cache()

@@ -1021,8 +1021,13 @@ def plan_autochunk(
         return planned(unchunked)
     # the regions are chosen on activation bytes: parameters and inputs stay whole
     activations = max(1, budget_bytes - persistent)
+    from memviz.hardware.accelerator import autocast_as
+
     try:
-        the_plan = planned(unchunked.select(activations, time_limit=time_limit))
+        # the selection's measured check runs as the chunked module will (`chunking.ChunkedModule`)
+        with autocast_as(prof.captured.autocast, cache=False):
+            chosen = unchunked.select(activations, time_limit=time_limit)
+        the_plan = planned(chosen)
     except EstimateMissed as exc:
         raise PlanningError(str(exc)) from None
     lowest_peak, lowest = _lowest_chunking(prof.graph, the_plan)
@@ -1088,8 +1093,13 @@ def chunked_plan(
         objective=timeline.total_time,
         extra={"regions": len(cp.regions), "activation_budget_bytes": cp.budget_bytes},
     )
+    from memviz.hardware.accelerator import autocast_json
+
+    cap = getattr(prof, "captured", None)
+    # the profile's autocast regions, which the chunked module enters (`chunking.ChunkedModule`)
+    meta = run.graph.meta if cap is None else {**run.graph.meta, "autocast": autocast_json(cap.autocast)}
     the_plan = Plan(
-        graph=run.graph,
+        graph=dataclasses.replace(run.graph, meta=meta),
         schedule=run.schedule,
         timeline=timeline,
         baseline_schedule=base.schedule,

@@ -128,3 +128,17 @@ def test_a_chunk_plan_profiled_under_autocast_runs_in_its_precision_wherever_it_
         assert logits.dtype == torch.bfloat16 and torch.equal(logits, eager)
         assert peak <= 1.05 * activations, (inside, peak, activations)
     assert plan.graph.meta["autocast"] == [["cpu", "bfloat16"]]  # what a plan file keeps
+
+
+def test_a_pure_bfloat16_model_plans_exports_applies_and_verifies() -> None:
+    """``model.to(torch.bfloat16)`` with AdamW, no autocast: an exported and an applied plan measure their
+    plan and equal eager's step (this worked before; the check guards it)."""
+    model = _mlp().to(torch.bfloat16)
+    x = torch.randn(256, 32, dtype=torch.bfloat16)
+    prof = memviz.profile(model, (x,), optimizer=torch.optim.AdamW, repeats=1, warmup=0)
+    assert {d.dtype for d in prof.graph.datas if d.kind.value == "parameter"} == {"bfloat16"}
+    exported = memviz.export(memviz.plan(prof, 0.8, frontier=False), verify=True, inputs=((x,), {}))
+    applied = memviz.apply(memviz.plan(prof, None, strategy="sac", frontier=False), model, verify=True,
+                           inputs=((x,), {}))
+    for module in (exported, applied):
+        assert module.verified_equal.equal and module.verified_peak_bytes <= module.plan.peak_bytes

@@ -81,8 +81,9 @@ describe('parsePlan', () => {
     // version 2 adds the graph's module classes; a version 1 document is one without them
     assert.equal(parsePlan({ ...clone(), schema: 'memviz.plan/2' }).schema, 'memviz.plan/2');
     // version 3 adds the autocast regions the step was profiled in, which the views do not draw
-    const v3 = { ...clone(), schema: 'memviz.plan/3' };
-    v3.graph.meta = { autocast: [['cpu', 'bfloat16']] };
+    const v3 = clone();
+    v3.schema = 'memviz.plan/3';
+    (v3.graph as { meta?: unknown }).meta = { autocast: [['cpu', 'bfloat16']] };
     assert.equal(parsePlan(v3).schema, 'memviz.plan/3');
   });
 

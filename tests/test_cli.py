@@ -63,7 +63,7 @@ def test_plan_subprocess_writes_report_export_and_plan(factory: Path, tmp_path: 
         assert re.search(rf"\[memviz\] {re.escape(step)}.* done in \d+\.\d s", proc.stderr), proc.stderr
     assert "memviz plan [rotor" in proc.stdout
     doc = json.loads(plan_out.read_text())
-    assert doc["schema"] == "memviz.plan/2" and doc["strategy"] == "rotor"
+    assert doc["schema"] == "memviz.plan/3" and doc["strategy"] == "rotor"
     planned, baseline = doc["planned"]["timeline"]["peak_bytes"], doc["baseline"]["timeline"]["peak_bytes"]
     assert planned <= doc["budget_bytes"] < baseline
     assert doc["frontier"], "training plans carry the budget frontier"
@@ -83,7 +83,7 @@ def test_demo_writes_offline_report_and_refuses_overwrite(tmp_path: Path, capsys
     assert not re.search(r"<script[^>]+src=[\"']?https?:", html), "the report must open without network"
     assert not re.search(r"<link[^>]+href=[\"']?https?:", html)
     embedded = embedded_plan(html)
-    assert embedded["schema"] == "memviz.plan/2"
+    assert embedded["schema"] == "memviz.plan/3"
     assert any(embedded["planned"]["timeline"]["by_category"]["activations"])
     capsys.readouterr()
     before = out.read_bytes()

@@ -34,4 +34,4 @@ def test_a_captured_gpt2_block_has_its_class():
     assert {c.module for c in prof.graph.computes} <= set(classes)
     # and the plan file carries them
     doc = parse_document(json.dumps(memviz.plan(prof, frontier=False, packing=False).to_dict()))
-    assert doc["schema"] == "memviz.plan/2" and doc["graph"]["meta"]["module_classes"] == classes
+    assert doc["schema"] == "memviz.plan/3" and doc["graph"]["meta"]["module_classes"] == classes

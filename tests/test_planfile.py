@@ -58,7 +58,7 @@ def test_module_classes_round_trip(tmp_path):
                "layer2": "<img src=x onerror=alert(1)>"}
     graph = dataclasses.replace(graph, meta={**graph.meta, "module_classes": classes})
     doc = memviz.plan(graph, frontier=False, packing=False).to_dict()
-    assert doc["schema"] == "memviz.plan/2" and doc["graph"]["meta"]["module_classes"] == classes
+    assert doc["schema"] == "memviz.plan/3" and doc["graph"]["meta"]["module_classes"] == classes
     loaded = memviz.load_plan(memviz.plan(graph, frontier=False, packing=False).save(tmp_path / "p.json"))
     assert loaded.graph.meta["module_classes"] == classes
 
@@ -113,7 +113,7 @@ def test_invalid_schedule_is_rejected(doc):
 
 
 def test_wrong_schema_and_hostile_values(doc):
-    with pytest.raises(PlanFileError, match="not a memviz.plan/2"):
+    with pytest.raises(PlanFileError, match="not a memviz.plan/3"):
         parse_document(json.dumps({**doc, "schema": "memviz.plan/999"}))
     with pytest.raises(PlanFileError, match="not valid JSON"):
         parse_document(json.dumps(doc).replace('"total_time": ', '"total_time": NaN, "x": ', 1))
@@ -279,3 +279,20 @@ def test_solvers_plan_without_cyclic_collection(monkeypatch):
                 packing=False)
     assert len(seen) >= 2 and not any(seen)
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_version_2_file_loads_without_autocast_regions(tmp_path, doc):
+    """Version 3 added ``graph.meta.autocast``; a version 2 file has none, and loads as one whose
+    verifying step runs in the caller's autocast state (None), as before."""
+    from memviz.hardware.accelerator import autocast_from_json
+
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps({**doc, "schema": "memviz.plan/2"}))
+    loaded = memviz.load_plan(path)
+    assert autocast_from_json(loaded.graph.meta.get("autocast")) is None
+
+
+def test_an_autocast_region_must_name_a_dtype(doc):
+    doc["graph"]["meta"]["autocast"] = [["cpu", "int8"]]
+    with pytest.raises(PlanFileError, match="graph/meta/autocast"):
+        parse_document(json.dumps(doc))

@@ -21,7 +21,7 @@ def test_planner_from_plan_renders_and_exports(tmp_path):
     p = plan(tiny_training_graph(), frontier=False, packing=False)
     w = Planner(p)
     doc = json.loads(w.plan_json)
-    assert doc["schema"] == "memviz.plan/2"
+    assert doc["schema"] == "memviz.plan/3"
     assert doc["planned"]["timeline"]["peak_bytes"] == p.peak_bytes
     target = tmp_path / "opt.py"
     first = w.export(target)
@@ -134,7 +134,7 @@ def test_plan_json_leaves_out_the_shared_members_and_the_cdgraph_until_the_view_
     w = Planner(chain_plan(), strategy="rotor", time_limit=5)
     base, first = json.loads(w.plan_base_json), json.loads(w.plan_json)
     assert sorted(base) == sorted(SHARED) and not set(SHARED) & set(first)
-    assert "cdgraph" not in first and first["schema"] == "memviz.plan/2"
+    assert "cdgraph" not in first and first["schema"] == "memviz.plan/3"
     full = w.plan.to_dict()
     full["frontier"] = w.plan.frontier
     full.pop("cdgraph")

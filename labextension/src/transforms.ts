@@ -257,8 +257,11 @@ export function mergePlanParts(base: unknown, part: unknown): unknown {
   return isObject(base) ? { ...base, ...part } : part;
 }
 
-/** The plan document versions drawn: version 2 added the graph's `meta.module_classes` (planfile.py). */
-export const READABLE_SCHEMAS = ['memviz.plan/1', 'memviz.plan/2'];
+/**
+ * The plan document versions drawn: version 2 added the graph's `meta.module_classes`, version 3 its
+ * `meta.autocast`, which the views do not draw (planfile.py).
+ */
+export const READABLE_SCHEMAS = ['memviz.plan/1', 'memviz.plan/2', 'memviz.plan/3'];
 
 /**
  * Check the parts of a plan the renderer reads and return it typed; throws an Error that says what is

@@ -5,7 +5,7 @@
  *
  * Synced traits: plan_base_json (str: a JSON object, the members every plan of this planner shares:
  * graph, baseline, frontier, model, device; sent once), plan_json (str: the rest of the shown plan's
- * memviz.plan/2 document; drawn as `{...base, ...plan}`, see `mergePlanParts`), view_needs (list of str,
+ * memviz.plan/3 document; drawn as `{...base, ...plan}`, see `mergePlanParts`), view_needs (list of str,
  * written by the view: the optional members its visible tab draws, e.g. "cdgraph" for the Graph tab;
  * the kernel leaves them out otherwise), budget_index (int:
  * index into the frontier, -1 = the plan as first made), strategy (str), status (str: summary or error

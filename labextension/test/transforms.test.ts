@@ -80,12 +80,17 @@ describe('parsePlan', () => {
     assert.equal(SAMPLE.schema, 'memviz.plan/1');
     // version 2 adds the graph's module classes; a version 1 document is one without them
     assert.equal(parsePlan({ ...clone(), schema: 'memviz.plan/2' }).schema, 'memviz.plan/2');
+    // version 3 adds the autocast regions the step was profiled in, which the views do not draw
+    const v3 = clone();
+    v3.schema = 'memviz.plan/3';
+    (v3.graph as { meta?: unknown }).meta = { autocast: [['cpu', 'bfloat16']] };
+    assert.equal(parsePlan(v3).schema, 'memviz.plan/3');
   });
 
   it('rejects malformed documents with a reason', () => {
     assert.throws(() => parsePlan(null), /expected a JSON object/);
     assert.throws(() => parsePlan([]), /expected a JSON object/);
-    assert.throws(() => parsePlan({ ...clone(), schema: 'memviz.plan/3' }), /not supported/);
+    assert.throws(() => parsePlan({ ...clone(), schema: 'memviz.plan/4' }), /not supported/);
     assert.throws(() => parsePlan({ ...clone(), graph: {} }), /"graph"/);
     const truncated = clone();
     (truncated.planned as { schedule: unknown[] }).schedule.pop();

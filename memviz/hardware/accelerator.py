@@ -250,6 +250,20 @@ def autocast_regions() -> tuple[tuple[str, torch.dtype], ...]:
                  if torch.amp.is_autocast_available(t) and torch.is_autocast_enabled(t))
 
 
+def autocast_json(regions: tuple[tuple[str, torch.dtype], ...]) -> list[list[str]]:
+    """`regions` as a plan file holds them (``graph.meta.autocast``): [device type, dtype name] pairs."""
+    return [[device_type, str(dtype).removeprefix("torch.")] for device_type, dtype in regions]
+
+
+def autocast_from_json(pairs: Any) -> tuple[tuple[str, torch.dtype], ...] | None:
+    """The regions of a plan file's ``graph.meta.autocast`` (`autocast_json`); None where the file has none
+    (written before ``memviz.plan/3``, which did not record them).  The schema allows only autocast's
+    device types and floating dtypes, so ``getattr(torch, name)`` names a dtype."""
+    if pairs is None:
+        return None
+    return tuple((str(device_type), getattr(torch, str(name))) for device_type, name in pairs)
+
+
 @contextlib.contextmanager
 def autocast_off() -> Iterator[None]:
     """Every ``torch.autocast`` region the caller is in, switched off for the block: a captured graph
@@ -263,11 +277,13 @@ def autocast_off() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None) -> Iterator[None]:
+def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None, *, cache: bool = True) -> Iterator[None]:
     """The block inside fresh ``torch.autocast`` `regions` (`autocast_regions` of a profiled step) and
     outside the caller's own, so a step runs as it was profiled wherever it is called from: each in a
     region of its own, whose cache of down-cast parameters goes when it exits (a cache outliving an
-    optimizer's update would serve stale casts).  None: the caller's state, as it is."""
+    optimizer's update would serve stale casts).  None: the caller's state, as it is.  `cache`:
+    autocast's cache of down-cast leaves (``cache_enabled``), off for a chunked inference step
+    (`chunking.ChunkedModule`)."""
     if regions is None:
         yield
         return
@@ -277,7 +293,7 @@ def autocast_as(regions: tuple[tuple[str, torch.dtype], ...] | None) -> Iterator
     try:
         with autocast_off(), contextlib.ExitStack() as stack:
             for device_type, dtype in regions:
-                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+                stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=cache))
             yield
     finally:
         torch.clear_autocast_cache()

@@ -1,2 +1,2 @@
 """Budget -> plan: strategy choice, every schedule checked by `solvers.simulate`, plan documents
-(`memviz.plan/2`), selective checkpointing and inference chunking plans, the plan's CD-graph."""
+(`memviz.plan/3`), selective checkpointing and inference chunking plans, the plan's CD-graph."""

@@ -1,4 +1,4 @@
-"""Reading and writing plan documents (`memviz.plan/2`; `memviz.plan/1` files still load).
+"""Reading and writing plan documents (`memviz.plan/3`; `memviz.plan/1` and `/2` files still load).
 
 Plan files are untrusted input: they are parsed as plain JSON (never pickle, never eval), validated
 against the JSON Schema shipped in `memviz/schema/plan.schema.json`, and then checked semantically:
@@ -28,10 +28,13 @@ from solvers import Graph, GraphError, Timeline, simulate
 from solvers.result import SolverStats
 from solvers.schedule import Schedule, steps_from_columns, steps_from_json
 
-#: the version written; 2 added the graph's ``meta.module_classes`` (module path -> class name)
-SCHEMA_ID = "memviz.plan/2"
-#: the versions read: a version 1 file is a version 2 file without module classes
-READABLE_SCHEMAS = ("memviz.plan/1", SCHEMA_ID)
+#: the version written; 2 added the graph's ``meta.module_classes`` (module path -> class name), 3 its
+#: ``meta.autocast`` (the ``torch.autocast`` regions the step was profiled in, which a verifying step enters):
+#: a reader of version 2 would drop them and verify in its caller's precision, so the version says it
+SCHEMA_ID = "memviz.plan/3"
+#: the versions read: a version 1 file is a version 2 file without module classes, a version 2 file one
+#: without autocast regions (verified in the caller's autocast state, as before version 3)
+READABLE_SCHEMAS = ("memviz.plan/1", "memviz.plan/2", SCHEMA_ID)
 MIME_TYPE = "application/vnd.memviz.plan+json"
 #: A plan of a very large model is tens of MB; anything far beyond is not a plan we wrote.
 MAX_FILE_BYTES = 1 << 30

@@ -445,8 +445,10 @@ def step_time_range(graph: Graph, planned_s: float, baseline_s: float,
 
 def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """Graph metadata that is plain JSON (capture may keep richer objects there), the module classes
-    (path -> class name, strings only) the views name blocks by, and the places a uniform draw decided a
-    branch (``drawn``: `memviz.runtime.export.check_no_drawn_layers` refuses a loaded plan by them too)."""
+    (path -> class name, strings only) the views name blocks by, the places a uniform draw decided a
+    branch (``drawn``: `memviz.runtime.export.check_no_drawn_layers` refuses a loaded plan by them too), and
+    the autocast regions the step was captured in (`accelerator.autocast_json` pairs), which a loaded plan's
+    verifying step enters."""
     plain = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool, type(None)))}
     classes = meta.get("module_classes")
     if isinstance(classes, dict) and classes:
@@ -454,6 +456,8 @@ def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
     drawn = meta.get("drawn")
     if isinstance(drawn, list) and drawn:
         plain["drawn"] = [str(d) for d in drawn]
+    if isinstance(meta.get("autocast"), list):
+        plain["autocast"] = [[str(device_type), str(dtype)] for device_type, dtype in meta["autocast"]]
     return plain
 
 
@@ -1022,8 +1026,13 @@ def plan_autochunk(
         return planned(unchunked)
     # the regions are chosen on activation bytes: parameters and inputs stay whole
     activations = max(1, budget_bytes - persistent)
+    from memviz.hardware.accelerator import autocast_as
+
     try:
-        the_plan = planned(unchunked.select(activations, time_limit=time_limit))
+        # the selection's measured check runs as the chunked module will (`chunking.ChunkedModule`)
+        with autocast_as(prof.captured.autocast, cache=False):
+            chosen = unchunked.select(activations, time_limit=time_limit)
+        the_plan = planned(chosen)
     except EstimateMissed as exc:
         raise PlanningError(str(exc)) from None
     lowest_peak, lowest = _lowest_chunking(prof.graph, the_plan)
@@ -1089,8 +1098,13 @@ def chunked_plan(
         objective=timeline.total_time,
         extra={"regions": len(cp.regions), "activation_budget_bytes": cp.budget_bytes},
     )
+    from memviz.hardware.accelerator import autocast_json
+
+    cap = getattr(prof, "captured", None)
+    # the profile's autocast regions, which the chunked module enters (`chunking.ChunkedModule`)
+    meta = run.graph.meta if cap is None else {**run.graph.meta, "autocast": autocast_json(cap.autocast)}
     the_plan = Plan(
-        graph=run.graph,
+        graph=dataclasses.replace(run.graph, meta=meta),
         schedule=run.schedule,
         timeline=timeline,
         baseline_schedule=base.schedule,

@@ -2578,7 +2578,7 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
                         for a, k in zip(out_args, out_kinds, strict=True)
                         if k and k[0] in ("grad", "input_grad") and a.name in bld.data_of_fx}
     graph = _finish(bld, out_args, out_kinds, type(model).__name__, mode, captured.loss_compute is not None,
-                    module_classes(gm))
+                    module_classes(gm), regions)
     graph = accumulate_in_place(graph, captured)
     graph = with_loss_memory(graph, captured, lmem)  # the eager loss backward's workspace (graph known)
     return _in_random_order(graph, captured), captured
@@ -2832,7 +2832,8 @@ def _constant_node(bld: _Builder, gm: torch.fx.GraphModule, n: torch.fx.Node) ->
 
 
 def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] | None], name: str,
-            mode: str, handed_to_loss: bool = False, classes: dict[str, str] | None = None) -> Graph:
+            mode: str, handed_to_loss: bool = False, classes: dict[str, str] | None = None,
+            autocast: tuple[tuple[str, torch.dtype], ...] = ()) -> Graph:
     """Set the kinds that depend on consumers and graph outputs; list the required outputs.
 
     `handed_to_loss` (a training graph with its loss nodes): the model's outputs are not required to the
@@ -2840,7 +2841,8 @@ def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] 
     backward reads only what autograd saved, and the loss node holds what the user's loss saves), and the
     new values of mutated buffers once they are written back (eager updates BatchNorm's statistics in
     place).  Inference hands its outputs to the caller: they stay.  `classes` (`module_classes`) goes
-    into the graph's meta as ``module_classes``."""
+    into the graph's meta as ``module_classes``, the `autocast` regions of the capture as ``autocast``
+    (`accelerator.autocast_json`: a plan file keeps them, and its verifying step enters them)."""
     graph = bld.b.build()
     kinds: dict[int, DataKind] = {}
     for d in graph.datas:
@@ -2867,7 +2869,8 @@ def _finish(bld: _Builder, out_args: list[Any], out_kinds: list[tuple[str, Any] 
         for d in graph.datas
     )
     return Graph(graph.computes, datas, tuple(dict.fromkeys(required)), name=name,
-                 meta={"mode": mode, "module_classes": dict(classes or {})})
+                 meta={"mode": mode, "module_classes": dict(classes or {}),
+                       "autocast": accelerator.autocast_json(autocast)})
 
 
 # --- replaying the graph ------------------------------------------------------------------------------

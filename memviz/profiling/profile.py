@@ -43,7 +43,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from memviz.budget import format_bytes
-from memviz.hardware import accelerator, devices, xla
+from memviz.hardware import accelerator, amp, devices, xla
 from memviz.hardware.devices import DeviceInfo, count_flops, resolve_device
 from memviz.profiling import own_checkpointing
 from memviz.profiling.capture import (
@@ -102,6 +102,8 @@ class Profile:
     model: nn.Module = field(repr=False)
     loss_fn: LossFn | None = field(default=None, repr=False)
     optimizer: Any = field(default=None, repr=False)
+    #: the torch.amp.GradScaler of a float16 step (`memviz.hardware.amp`): memviz's own steps scale by a copy
+    scaler: Any = field(default=None, repr=False)
     fallback: bool = False
     input_spec: list[tuple[tuple[int, ...], torch.dtype] | None] = field(default_factory=list)
     #: the graph `baseline` runs on when eager holds what `graph`'s plans do not (`capture.summed_as_eager`:
@@ -146,7 +148,7 @@ class Profile:
 def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *, mode: str = "train",
             loss_fn: LossFn | None = None, optimizer: Any = None, device: str | torch.device | None = None,
             fallback: bool = True, repeats: int = 3, warmup: int = 1, measure: bool = True,
-            parallel: Any = None, grads: str = "none") -> Profile:
+            parallel: Any = None, grads: str = "none", scaler: Any = None) -> Profile:
     """Capture `model` on `args`/`kwargs` and profile it (DESIGN.md public API).
 
     mode: ``"train"`` (forward, loss, backward, and the optimizer step when `optimizer` is given) or
@@ -160,6 +162,11 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
     fallback: when the model cannot be traced, warn and return a coarse module-level profile built from
     forward/backward hooks (``Profile.fallback`` is True; it cannot be exported).  With ``False`` the
     `CaptureError` (naming the module and source line) is raised.
+
+    scaler: the ``torch.amp.GradScaler`` of a float16 step (``scaler.scale(loss).backward();
+    scaler.step(opt); scaler.update()``), with the unscaled loss as `loss_fn` (a `loss_fn` that scales is
+    refused, `memviz.hardware.amp`): the scalars it holds join the graph as one runtime node, and memviz's
+    own steps (verify, its comparison with eager) run the recipe on a copy of it.
 
     parallel: a `memviz.Parallel` (world size, FSDP2, tensor/sequence parallelism): one rank of that step,
     recorded on a fake process group (`memviz.parallel.distributed`); a model already wrapped with
@@ -190,8 +197,12 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
         raise ValueError(f"grads must be one of {', '.join(map(repr, GRADS))}, not {grads!r}")
     if grads != "none" and mode != "train":
         raise ValueError(f"grads={grads!r} only makes sense with mode='train'")
+    amp.check_scaler(scaler, mode)
+    amp.refuse_scaling_loss(loss_fn)
     from memviz.parallel import distributed  # torch.distributed loads only here
 
+    if scaler is not None and (parallel is not None or distributed.is_parallel_model(model)):
+        raise ValueError("scaler= is not modelled for a parallel rank's recorded step: profile it without")
     if parallel is not None or distributed.is_parallel_model(model):
         if grads != "none":
             raise ValueError(f"grads={grads!r} is not modelled for a parallel step (sharded gradients)")
@@ -199,7 +210,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
                                             optimizer=optimizer, device=device, parallel=parallel)
     with own_checkpointing.switched_off(model) as own:
         prof = _profiled(model, args, kwargs, mode, loss_fn, optimizer, device, fallback, repeats, warmup,
-                         measure, grads)
+                         measure, grads, scaler)
     if own and mode == "train":
         prof = _with_own_checkpointing(prof, own, args, kwargs)
     return prof
@@ -207,7 +218,7 @@ def profile(model: nn.Module, args: Any, kwargs: dict[str, Any] | None = None, *
 
 def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
               loss_fn: LossFn | None, optimizer: Any, device: str | torch.device | None, fallback: bool,
-              repeats: int, warmup: int, measure: bool, grads: str) -> Profile:
+              repeats: int, warmup: int, measure: bool, grads: str, scaler: Any) -> Profile:
     """`profile` on one process (the model's own checkpointing switched off by the caller)."""
     info = resolve_device(device, model, args)
     if not info.estimated:
@@ -296,6 +307,9 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name,
                         **({"drawn": list(cap.drawn)} if cap.drawn else {})})
+    if amp.scaler_bytes(scaler, info.torch_device):
+        graph = with_runtime(graph, amp.scaler_bytes(scaler, info.torch_device), "GradScaler (scale, growth "
+                             "tracker, scaled loss, inverse scale, found inf)")
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
     schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap, requires_grad)
     measured = None
@@ -325,7 +339,7 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
                    baseline_graph=None if eager_graph is graph else eager_graph,
                    device=info, mode=mode, model_name=type(model).__name__,
                    fingerprint=fp, captured=cap, model=model,
-                   loss_fn=loss_fn, optimizer=optimizer, input_spec=list(cap.input_meta))
+                   loss_fn=loss_fn, optimizer=optimizer, scaler=scaler, input_spec=list(cap.input_meta))
 
 
 def _with_own_checkpointing(prof: Profile, own: list[str], args: tuple[Any, ...],
@@ -403,13 +417,13 @@ def _checkpoint_costs(graph: Graph, cap: Captured, model: nn.Module, args: tuple
         return {}
 
 
-def with_runtime(graph: Graph, nbytes: int) -> Graph:
+def with_runtime(graph: Graph, nbytes: int, name: str = "device runtime (cuBLAS workspaces)") -> Graph:
     """`graph` with the device runtime's persistent scratch (`accelerator.runtime_bytes`: cuBLAS
-    workspaces) as one data node alive for the whole step: every plan holds it, no schedule can free it.
-    Appended after every other node, it is not part of the capture (`export.plan_capture_difference`
-    checks the captured nodes only) and the executor binds nothing to it."""
-    node = DataNode(id=len(graph.datas), name="device runtime (cuBLAS workspaces)", bytes=int(nbytes),
-                    kind=DataKind.RUNTIME)
+    workspaces; a GradScaler's scalars, `memviz.hardware.amp`) as one data node alive for the whole step:
+    every plan holds it, no schedule can free it.  Appended after every other node, it is not part of the
+    capture (`export.plan_capture_difference` checks the captured nodes only) and the executor binds
+    nothing to it."""
+    node = DataNode(id=len(graph.datas), name=name, bytes=int(nbytes), kind=DataKind.RUNTIME)
     return Graph(graph.computes, (*graph.datas, node), graph.outputs, name=graph.name, meta=graph.meta)
 
 

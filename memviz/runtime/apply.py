@@ -43,7 +43,7 @@ class ApplyWarning(UserWarning):
 
 
 def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool = False, inputs: Any = None,
-          loss_fn: Any = None, optimizer: Any = None) -> nn.Module:
+          loss_fn: Any = None, optimizer: Any = None, scaler: Any = None) -> nn.Module:
     """`model` (a deep copy, or the model itself with ``inplace=True``) with the plan's regions wrapped in
     non-reentrant checkpointing and the plan's per-op save policy.  A "sac" plan applies as it is; a plan
     of another strategy is converted (`memviz.plans.sac.to_sac`, which warns when the checkpointed run no
@@ -52,8 +52,8 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
     is turned off in the model returned, with an `ApplyWarning`: the plan was made without it.
 
     verify: run one measured step of the applied copy first, as ``memviz.export(verify=True)`` does
-    (`memviz.runtime.verify.verified_apply`, with `inputs`, `loss_fn` and `optimizer` as there): the model's
-    own kernels run here, not the captured ones, and a step over the budget is re-planned or raises
+    (`memviz.runtime.verify.verified_apply`, with `inputs`, `loss_fn`, `optimizer` and `scaler` as there): the
+    model's own kernels run here, not the captured ones, and a step over the budget is re-planned or raises
     `BudgetExceededError` (measured on an H100, Llama's attention ran another kernel under checkpointing
     than its capture and held 24% over the plan).  Not with ``inplace``: a re-plan wraps a fresh copy."""
     if verify:
@@ -66,7 +66,8 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
                              "inplace=True, or verify first and apply the returned plan in place")
         from memviz.runtime.verify import verified_apply
 
-        return verified_apply(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer)
+        return verified_apply(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer,
+                              scaler=scaler)
     if plan.model.get("mode", "train") != "train":
         raise PlanningError("memviz.apply runs training plans (checkpointing changes only what the backward "
                             "keeps); run an inference plan with memviz.export(plan)")

@@ -28,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from memviz.hardware import accelerator
+from memviz.hardware import accelerator, amp
 from memviz.profiling.tracker import grad_alias
 
 #: largest difference, relative to the largest magnitude on eager's side, that still counts as equal
@@ -60,12 +60,14 @@ class Comparison:
 def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                      loss_fn: Any, mode: str, eager_peak: int,
                      autocast: tuple[tuple[str, torch.dtype], ...] | None = None,
-                     accumulated: frozenset[str] = frozenset()) -> Comparison:
+                     accumulated: frozenset[str] = frozenset(), scaler: Any = None) -> Comparison:
     """One step of `original` and one of `module` on the same inputs and generator state (module
-    docstring), each in its own `autocast` regions (`accelerator.autocast_as`).  `eager_peak`: the bytes
-    eager's step is predicted to hold, checked against what an accelerator has free before it runs.
-    `accumulated`: parameters whose ``.grad`` the step adds into; each side then starts them at zero and
-    runs `MICRO_BATCHES` micro-batches (the loss compared is their sum)."""
+    docstring), each in its own `autocast` regions (`accelerator.autocast_as`), its loss scaled by a copy
+    of `scaler` when there is one (the float16 recipe: the gradients compared are the scaled ones its
+    backward leaves).  `eager_peak`: the bytes eager's step is predicted to hold, checked against what an
+    accelerator has free before it runs.  `accumulated`: parameters whose ``.grad`` the step adds into;
+    each side then starts them at zero and runs `MICRO_BATCHES` micro-batches (the loss compared is their
+    sum)."""
     tensors = [*original.parameters(), *original.buffers(), *pytree.tree_leaves((args, kwargs))]
     devices = accelerator.devices_of(tensors)
     if devices:
@@ -76,15 +78,15 @@ def compare_to_eager(module: nn.Module, original: nn.Module, args: tuple[Any, ..
             return Comparison(None, reason=f"its predicted peak ({eager_peak} bytes) does not fit in what "
                                            f"{devices[0]} has ({free} bytes)")
     with accelerator.autocast_as(autocast):
-        eager = _one_step(original, args, kwargs, loss_fn, mode, devices, accumulated)
+        eager = _one_step(original, args, kwargs, loss_fn, mode, devices, accumulated, amp.fresh_copy(scaler))
     with accelerator.autocast_as(autocast):
-        mine = _one_step(module, args, kwargs, loss_fn, mode, devices, accumulated)
+        mine = _one_step(module, args, kwargs, loss_fn, mode, devices, accumulated, amp.fresh_copy(scaler))
     return _compared(eager, mine)
 
 
 def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], loss_fn: Any, mode: str,
-              devices: list[torch.device],
-              accumulated: frozenset[str] = frozenset()) -> dict[str, torch.Tensor | None]:
+              devices: list[torch.device], accumulated: frozenset[str] = frozenset(),
+              scaler: Any = None) -> dict[str, torch.Tensor | None]:
     """Name -> value of one step (the loss and each parameter's gradient, or the outputs), on the host;
     the model's gradients, buffers and the generators as they were.  `accumulated`
     (`compare_to_eager`): those gradients start at zero and `MICRO_BATCHES` micro-batches add into them."""
@@ -106,7 +108,7 @@ def _one_step(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], l
             total = None
             for _ in range(MICRO_BATCHES if accumulated else 1):
                 loss = (loss_fn or default_loss)(model(*step_args, **step_kwargs))
-                loss.backward()
+                amp.backward(loss, scaler)
                 total = loss.detach() if total is None else total + loss.detach()
             values: dict[str, torch.Tensor | None] = {"loss": total.cpu()}
             values.update({n: None if p.grad is None else p.grad.detach().cpu() for n, p in named.items()})
@@ -127,8 +129,13 @@ def _compared(eager: dict[str, torch.Tensor | None], mine: dict[str, torch.Tenso
         if not a.is_floating_point():
             diff = float(torch.ne(a, b).any())
         else:
-            scale = float(a.abs().max()) if a.numel() else 0.0
-            delta = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+            # values equal on both sides are no difference, infinities too (a float16 step's overflow,
+            # which a GradScaler skips): only where they differ is the distance taken, against the
+            # largest finite magnitude
+            differ = a.ne(b)
+            finite = a[a.isfinite()]
+            scale = float(finite.abs().max()) if finite.numel() else 0.0
+            delta = float((a.double() - b.double())[differ].abs().max()) if bool(differ.any()) else 0.0
             diff = delta / scale if scale > 0 else delta
         if diff != diff:  # NaN on one side only: NaN on both compares as equal
             diff = 0.0 if bool(torch.isnan(a).any()) and bool(torch.isnan(b).any()) else float("inf")

@@ -481,7 +481,7 @@ def _check_constant(i: int, value: Any, traced: Any) -> None:
 # --- entry points -----------------------------------------------------------------------------------
 def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None = None,
            overwrite: bool = False, verify: bool = False, inputs: Any = None, loss_fn: Any = None,
-           optimizer: Any = None, backend: Any = None) -> nn.Module:
+           optimizer: Any = None, backend: Any = None, scaler: Any = None) -> nn.Module:
     """An nn.Module running `plan`'s schedule with the original call signature (DESIGN.md).
 
     plan: a `memviz.Plan` (from `memviz.plan`, or `memviz.load_plan` together with ``model=``).  An
@@ -500,6 +500,8 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
     planned shapes on the model's device -- memory depends on shapes only).
     loss_fn, optimizer: the verifying step's loss and optimizer (default: the profile's; for a loaded
     plan the default loss and the ``torch.optim`` class its optimizer nodes name).
+    scaler: the verifying step's ``torch.amp.GradScaler`` (default: the profile's): its loss scaled and its
+    update through a copy of it, as the float16 recipe runs (`memviz.hardware.amp`).
     backend: with ``verify=True``, the torch.compile backend (``"inductor"``) the module will run under:
     the step verified is the compiled one (`memviz.runtime.verify`), and ``torch.compile(module,
     backend=backend)`` runs the compiled code that was measured.
@@ -511,7 +513,7 @@ def export(plan: Any, path: str | Path | None = None, *, model: nn.Module | None
         from memviz.runtime.verify import verified_export
 
         module = verified_export(plan, model=model, inputs=inputs, loss_fn=loss_fn, optimizer=optimizer,
-                                 backend=backend)
+                                 backend=backend, scaler=scaler)
         if path is not None:
             # the source of the plan that passed, written only once it passed
             _write_exported(module.plan, module, path, model, overwrite)
@@ -576,7 +578,10 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
                                  "shapes or dtypes, or input shapes changed): profile and plan again")
-        fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        # in the autocast regions the plan was captured in (a plan file's ``graph.meta.autocast``): its
+        # graph holds their casts, which a capture in the caller's state would not
+        with accelerator.autocast_as(accelerator.autocast_from_json(graph.meta.get("autocast"))):
+            fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")

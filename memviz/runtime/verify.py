@@ -45,7 +45,6 @@ storages on CPU, the caching allocator's peak on an accelerator).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import inspect
 import warnings
@@ -57,7 +56,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from memviz.budget import format_bytes
-from memviz.hardware import accelerator
+from memviz.hardware import accelerator, amp
+from memviz.hardware.amp import closure_values
 from memviz.profiling.capture import draws_at_their_top, host_rng_forked
 from memviz.profiling.tracker import allocator_peak, grad_alias, measure_peak, tensors_of
 from memviz.runtime.equivalence import compare_to_eager
@@ -107,20 +107,24 @@ class StepSpec:
     backend: Any = None
     # the inputs are zeros of the planned shapes (no ``inputs=``), which a model may not run on
     zeros: bool = False
-    # the torch.autocast regions the step was profiled in (`Captured.autocast`): forward, loss and backward
-    # run inside them, whatever the caller's; None (a loaded plan): the caller's autocast, as it is
+    # the torch.autocast regions the step was profiled in (`Captured.autocast`, a loaded plan's
+    # ``graph.meta.autocast``): forward, loss and backward run inside them, whatever the caller's; None (a
+    # plan file older than memviz.plan/3, a recorded step): the caller's autocast, as it is
     autocast: tuple[tuple[str, torch.dtype], ...] | None = None
     # the parameters whose .grad the step starts with and adds into (`memviz.profile(grads="accumulate")`):
     # zeros before the measured step, counted from its start; empty: every .grad None
     accumulated: frozenset[str] = frozenset()
+    # the torch.amp.GradScaler the step's loss is scaled by and its update goes through
+    # (`memviz.hardware.amp`); the step runs a copy of it
+    scaler: Any = None
 
 
 def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
-                    optimizer: Any = None, backend: Any = None) -> nn.Module:
+                    optimizer: Any = None, backend: Any = None, scaler: Any = None) -> nn.Module:
     """`memviz.export` of `plan` after one measured step (module docstring), compiled by `backend` when
     one is given; the module's ``plan`` is the plan it runs (a re-planned one when the first measured
     over budget) and its ``verified_peak_bytes`` the step's measured peak."""
-    spec = dataclasses.replace(step_spec(plan, _model_of(plan, model), inputs, loss_fn, optimizer),
+    spec = dataclasses.replace(step_spec(plan, _model_of(plan, model), inputs, loss_fn, optimizer, scaler),
                                backend=backend)
     caller = "memviz.export(verify=True" + ("" if backend is None else f", backend={backend!r}") + ")"
     return verified(plan, lambda p: build(p, model=model, inputs=inputs), spec, caller,
@@ -128,13 +132,13 @@ def verified_export(plan: Any, *, model: nn.Module | None = None, inputs: Any = 
 
 
 def verified_apply(plan: Any, *, model: nn.Module | None = None, inputs: Any = None, loss_fn: Any = None,
-                   optimizer: Any = None) -> nn.Module:
+                   optimizer: Any = None, scaler: Any = None) -> nn.Module:
     """`memviz.apply` of a "sac" `plan` (a copy of the model, checkpointed) after one measured step, as
     `verified_export`: a step over the budget is re-planned ("sac" again) or refused."""
     from memviz.runtime.apply import apply
 
     target = _model_of(plan, model)
-    spec = step_spec(plan, target, inputs, loss_fn, optimizer)
+    spec = step_spec(plan, target, inputs, loss_fn, optimizer, scaler)
     return verified(plan, lambda p: apply(p, target), spec, "memviz.apply (verified)", none_as="sac",
                     outside=_accelerator_bytes(target), original=target)
 
@@ -187,7 +191,7 @@ def verified(plan: Any, make: Callable[[Any], nn.Module], spec: StepSpec, caller
     module.verified_peak_bytes = measured
     module.verified_equal = compare_to_eager(module, original, spec.args, spec.kwargs, spec.loss_fn,
                                              spec.mode, plan.baseline.peak_bytes, spec.autocast,
-                                             accumulated=spec.accumulated)
+                                             accumulated=spec.accumulated, scaler=spec.scaler)
     if module.verified_equal.equal is False:
         raise MismatchError(
             f"{caller}: the rewritten step is {module.verified_equal.describe()}, on the same inputs and "
@@ -260,10 +264,13 @@ def replan(plan: Any, budget: int, spec: StepSpec, *, measured: int, none_as: st
                                profile=prof)
 
 
-def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer: Any) -> StepSpec:
+def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer: Any,
+              scaler: Any = None) -> StepSpec:
     """The verifying step for `plan` on `model`: given inputs, else the profiled call rebuilt as zeros
-    of the planned shapes on the model's device (the captured graph's memory depends on shapes only)."""
+    of the planned shapes on the model's device (the captured graph's memory depends on shapes only);
+    `scaler` (else the profile's) scales its loss and steps its optimizer."""
     prof = getattr(plan, "profile", None)
+    amp.refuse_scaling_loss(loss_fn)
     if inputs is not None:
         args, kwargs = split_inputs(inputs)
     else:
@@ -281,8 +288,10 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
     cap = getattr(prof, "captured", None)
     return StepSpec(args=args, kwargs=kwargs, mode=mode, zeros=inputs is None,
                     accumulated=accumulated_grads(plan.graph),
-                    autocast=None if cap is None else cap.autocast,
+                    autocast=accelerator.autocast_from_json(plan.graph.meta.get("autocast")) if cap is None
+                    else cap.autocast,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
+                    scaler=scaler if scaler is not None else getattr(prof, "scaler", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())
 
@@ -344,10 +353,11 @@ def measure_step(module: nn.Module, spec: StepSpec) -> int:
             opt = _primed_optimizer(spec, params)
             for n in spec.accumulated & params.keys():  # held from the start, added into by backward
                 params[n].grad = torch.zeros_like(params[n])
-            held = tensors_of(module, opt, (args, kwargs))
+            scaler = amp.fresh_copy(spec.scaler)  # its scale and growth tracker count from the start
+            held = tensors_of(module, opt, (args, kwargs), vars(scaler) if scaler is not None else None)
             loss_held, outside = loss_only(spec.loss_fn, held, device)
             if spec.backend is None:
-                step = _step(module, spec, args, kwargs, opt)
+                step = _step(module, spec, args, kwargs, opt, scaler)
                 # the step the plan holds: every layer a uniform draw may skip (LayerDrop) run
                 with draws_at_their_top():
                     peak = measure_peak(step, held + loss_held, device)[0] - outside
@@ -381,27 +391,9 @@ def loss_only(loss_fn: Any, held: list[torch.Tensor], device: torch.device) -> t
     return list(extra.values()), sum(int(t.untyped_storage().nbytes()) for t in extra.values())
 
 
-def closed_over(fn: Any, depth: int = 4) -> list[torch.Tensor]:
-    """The tensors a loss function holds: closure cells, defaults, a ``functools.partial``'s arguments, a
-    bound method's object's attributes, through nested functions `depth` deep (its labels)."""
-    found: list[torch.Tensor] = []
-    if depth < 0 or fn is None:
-        return found
-    if isinstance(fn, functools.partial):
-        values = [fn.func, *fn.args, *fn.keywords.values()]
-    elif inspect.ismethod(fn):
-        values = [fn.__func__, *vars(fn.__self__).values()]
-    elif inspect.isfunction(fn):
-        values = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not fn]
-        values += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
-    else:
-        return found
-    for v in values:
-        if callable(v) and not isinstance(v, (torch.Tensor, torch.nn.Module)):
-            found.extend(closed_over(v, depth - 1))
-        elif not isinstance(v, torch.nn.Module):
-            found.extend(tensors_of(v))
-    return found
+def closed_over(fn: Any) -> list[torch.Tensor]:
+    """The tensors a loss function holds (`amp.closure_values`, modules aside): its labels."""
+    return [t for v in closure_values(fn) if not isinstance(v, torch.nn.Module) for t in tensors_of(v)]
 
 
 def _compiled_peak(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -433,8 +425,9 @@ def _clear_grads(module: nn.Module) -> None:
 
 
 def _step(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
-          opt: torch.optim.Optimizer | None) -> Callable[[], None]:
-    """One step returning nothing, so every tensor it made is released when it returns."""
+          opt: torch.optim.Optimizer | None, scaler: Any = None) -> Callable[[], None]:
+    """One step returning nothing, so every tensor it made is released when it returns; with `scaler`
+    (a copy of the spec's) as the float16 recipe runs it (`memviz.hardware.amp`)."""
     from memviz.profiling.capture import default_loss
 
     def step() -> None:
@@ -444,9 +437,8 @@ def _step(module: nn.Module, spec: StepSpec, args: tuple[Any, ...], kwargs: dict
                     module(*args, **kwargs)
                 return
             loss = (spec.loss_fn or default_loss)(module(*args, **kwargs))
-            loss.backward()
-        if opt is not None:
-            opt.step()
+            amp.backward(loss, scaler)
+        amp.update(opt, scaler)
 
     return step
 

@@ -3,7 +3,7 @@ document it is sent (`plan_json`) and reports what the user did (slider index, s
 
 What travels per plan is kept small, because the slider's latency is mostly the message: the members
 every plan of one Planner shares (`SHARED`: the graph, the eager baseline, the frontier, model and
-device) are sent once as `plan_base_json`, and `plan_json` holds the rest of the memviz.plan/2 document
+device) are sent once as `plan_base_json`, and `plan_json` holds the rest of the memviz.plan/3 document
 (a member that differs from the base, e.g. an autochunk plan's own graph, is sent and wins).  The
 CD-graph DOT (the largest member, drawn only by the Graph tab) is left out unless the view says, in
 `view_needs`, that its visible tab draws it.  The view draws `{...base, ...plan}`.
@@ -162,7 +162,7 @@ class Planner(MemvizWidget):
     _model_name = traitlets.Unicode("PlannerModel").tag(sync=True)
     _view_name = traitlets.Unicode("PlannerView").tag(sync=True)
 
-    #: the plan shown, as a memviz.plan/2 document less the members equal to `plan_base_json`'s and
+    #: the plan shown, as a memviz.plan/3 document less the members equal to `plan_base_json`'s and
     #: less the `ON_DEMAND` ones the view does not need (see the module docstring)
     plan_json = traitlets.Unicode("").tag(sync=True)
     #: the `SHARED` members of the first plan, a JSON object sent once

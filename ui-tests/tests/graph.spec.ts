@@ -450,7 +450,7 @@ test('blocks are named by their class, a hostile class name is text; a version 1
   const views = page.locator('.jp-memviz-plan');
   await expect(views).toHaveCount(2, { timeout: 120000 });
   const hostile = '<img src=x onerror=alert(1)>';
-  // the first output is a memviz.plan/2 document, the second the same plan as a version 1 file
+  // the first output is a memviz.plan/3 document, the second the same plan as a version 1 file
   const runs: Locator[] = [];
   for (const i of [0, 1]) {
     const view = views.nth(i);

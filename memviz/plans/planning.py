@@ -369,10 +369,10 @@ def _finite(value: Any) -> float:
 #: (GPT -8 to -10 %, ViT and UNet -4 to -5 %), so the step grew by less than the full rate: measured net,
 #: 0.45-0.7 of the excess on bench_export's GPT and ViT (pred30: 1.30-1.39x their op time against
 #: 1.44-1.77x charged), 0.64 / 0.86 on its GPT at 25 % (exec24: 1.197 / 1.208 measured, 1.165 at the
-#: alone rate, 1.215 at the full rate), least squares 0.53 (median 0.62, single rows 0.06-1.34: the
-#: difference of two measured ratios) over 11 plans of the real zoo and the examples with 9-20
-#: recomputations (predict38, `benchmarks/check_real_overhead.py`, load 5-11), where the full rate
-#: over-predicted the HF encoders' rows by 2-7 points
+#: alone rate, 1.215 at the full rate), least squares 0.55 (median 0.62, single plans 0.06-1.34 and UNet's
+#: 9.6: each the difference of two measured ratios) over 12 plans of the real zoo and the examples with
+#: 9-20 recomputations (predict38, `benchmarks/check_real_overhead.py`, load 5-11), where the full rate
+#: over-predicted the HF encoders' rows by 2-7 points (benchmarks/NOTES_step_time.md)
 RECOMPUTE_EXCESS_SHARE = 0.6
 
 #: the least share of the summed op times an eager step may measure for the fixed costs measured with it to

@@ -271,7 +271,12 @@ def run(quick: bool = False) -> dict:
     torch.set_num_threads(1)  # as bench_remat: contended OpenMP threads make step times erratic
     accelerator.cpu_clock = time.process_time  # the profile's op times on the clock the ratios use
     names = SELECTED or (("bert", "tv_resnet", "timm_vit", "gpt2_sdpa") if quick else tuple(REAL))
-    rows = [bench_model(name, list(REAL).index(name), 11 if quick else PAIRS, quick) for name in names]
+    rows = []
+    for name in names:  # a row at a time on stderr: a full run takes 30+ min of wall at load 10
+        rows.append(bench_model(name, list(REAL).index(name), 11 if quick else PAIRS, quick))
+        r = rows[-1]
+        print(f"[real] {name}: {r.get('status', r['capture'])} predicted {r.get('predicted_overhead')} "
+              f"measured {r.get('measured_overhead')}", file=sys.stderr, flush=True)
     ok = [r for r in rows if r.get("status") == "ok"]
     result = {"name": "real", "title": "Real models", "rows": rows, "notes": [],
               "headline": [{"metric": "real models captured, and verified under budget at 50% of range",

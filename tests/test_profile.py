@@ -10,6 +10,7 @@ import torch
 
 from examples.models import EXAMPLES, gpt, mlp, vit
 from memviz.hardware.devices import TARGETS, DeviceUnavailable, resolve_device
+from memviz.plans.planning import RECOMPUTE_EXCESS_SHARE
 from memviz.profiling.profile import measure_eager_peak, optimizer_layout, profile
 from solvers import DataKind, Phase
 
@@ -584,8 +585,9 @@ def test_the_predicted_overhead_counts_the_fixed_step_costs():
     per_op = prof.graph.meta["executor_op_s"]
     assert per_op == 0.0  # the loss runs outside the generated code: not counted among its ops
     assert prof.graph.meta["executor_ops"] == sum(fx is not None for fx in prof.captured.compute_fx)
-    # ... at the rate the ops ran in the exported step's phase functions (``recompute_scale``)
-    scale = prof.graph.meta["recompute_scale"]
+    # ... at the rate the ops ran in the exported step's phase functions (``recompute_scale``), less what
+    # their readers save (`RECOMPUTE_EXCESS_SHARE` of the rate's excess charged)
+    scale = 1 + RECOMPUTE_EXCESS_SHARE * (prof.graph.meta["recompute_scale"] - 1)
     extra = (plan.timeline.total_time - ops) * scale + plan.timeline.recomputes * per_op
     assert plan.time_overhead - none.time_overhead == pytest.approx(extra / (ops + eager))
     assert Plan.from_dict(plan.to_dict()).time_overhead == pytest.approx(plan.time_overhead)
@@ -757,9 +759,11 @@ def test_the_fixed_cost_budget_is_spent_on_the_step_clock(monkeypatch: pytest.Mo
 
 def test_recomputed_ops_are_priced_at_the_rate_ops_ran_in_the_eager_step() -> None:
     """A host-timed profile records the rate its ops ran at in the step (``recompute_scale``), and a
-    recomputation costs its op time at that rate: bench_export's GPT at 25% (30 recomputations) was
-    predicted 1.165 at the rate timed alone, 1.215 at the in-step rate, and measured 1.197 / 1.208
-    (exec24).  No recomputation: the fixed costs alone, as before; a profile without the key: rate 1."""
+    recomputation costs its op time plus `RECOMPUTE_EXCESS_SHARE` (0.6) of that rate's excess: it runs
+    cold, but its readers then run faster.  bench_export's GPT at 25% (30 recomputations) was predicted
+    1.165 at the rate timed alone, 1.215 at the full in-step rate, and measured 1.197 / 1.208 (exec24);
+    the real zoo's HF encoders were over-predicted by 2-7 points at the full rate (predict38).  No
+    recomputation: the fixed costs alone, as before; a profile without the key: rate 1."""
     from memviz.plans.planning import step_time_ratio
     from solvers import Graph
 
@@ -767,7 +771,7 @@ def test_recomputed_ops_are_priced_at_the_rate_ops_ran_in_the_eager_step() -> No
     graph = Graph((), (), (), meta=meta)
     eager = 0.010 + 0.004
     assert step_time_ratio(graph, 0.010, 0.010) == pytest.approx((0.010 + 0.005) / eager)
-    assert step_time_ratio(graph, 0.012, 0.010, 5) == pytest.approx((0.010 + 1.4 * 0.002 + 0.005) / eager)
+    assert step_time_ratio(graph, 0.012, 0.010, 5) == pytest.approx((0.010 + 1.24 * 0.002 + 0.005) / eager)
     old = Graph((), (), (), meta={k: v for k, v in meta.items() if k != "recompute_scale"})
     assert step_time_ratio(old, 0.012, 0.010, 5) == pytest.approx((0.012 + 0.005) / eager)
 

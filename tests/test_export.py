@@ -520,8 +520,9 @@ def test_a_step_profiled_under_autocast_runs_its_own_casts_whatever_the_callers_
         prof = profile(model, (x,), repeats=1, warmup=0)
     assert any(d.dtype == "bfloat16" for d in prof.graph.datas)
     # eager's own step inside the region keeps the weight's bfloat16 copy in autocast's cache to its end:
-    # predicted 12.4% under the measured step without it; 512 B (2.4%) under with it (not diagnosed)
-    assert abs(prof.baseline.peak_bytes - prof.measured_peak_bytes) <= 0.03 * prof.measured_peak_bytes
+    # predicted 12.4% under the measured step without it (the float32 block's saved inputs and its
+    # backward's casts: tests/test_eager_holds.py)
+    assert prof.baseline.peak_bytes == prof.measured_peak_bytes
     exported = export(memviz_plan(prof, None))
 
     def step(run: Any, inside: bool) -> dict[str, torch.Tensor]:

@@ -137,7 +137,8 @@ class Captured:
     # (eager's draws, the graph's) from torch's generators per forward where they differ
     # (`traced_as_eager_draws`): the exported step's dropout masks cannot be eager's; None: equal
     torch_draws: tuple[int, int] | None = None
-    # FX values the model keeps across calls (`kept_values`): the eager graph holds them to the step's end
+    # FX values the model keeps across calls (`kept_values`) and outputs only reference cycles hold
+    # (`kept_across_calls`): the eager graph holds them to the step's end
     kept_fx: tuple[str, ...] = ()
     # whose kernels the trace took (`kernel_family`): "cuda" for a CUDA target estimated on a CPU host
     kernels: str | None = None
@@ -722,12 +723,12 @@ def _set_host_rng(states: HostStates) -> None:
 
 
 def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                      mode: str) -> tuple[int, list[torch.Tensor]]:
+                      mode: str) -> tuple[int, list[torch.Tensor], tuple[int, ...]]:
     """How many operators draw from torch's generators in one eager forward of `model` (`is_random`'s
     tag; CPU ``dropout`` dispatches one ``bernoulli_``, as its capture runs one ``memviz::cpu_dropout``),
     with grad enabled as the `mode`'s trace has it (a forward may branch on ``torch.is_grad_enabled()``),
     the RNG forked and the buffers kept: the user's model and streams are left as they were.  Also the
-    tensors the model keeps across calls (`kept_across_calls`)."""
+    tensors the model keeps across calls and the outputs reference cycles hold (`kept_across_calls`)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     draws = [0]
@@ -744,17 +745,30 @@ def eager_torch_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     # a uniform draw's reads as the trace takes them (`draws_at_their_top`): a layer run draws its masks
     with _forked_rng(_model_tensors(model, args, kwargs)), buffers_kept(model), \
             torch.set_grad_enabled(mode == "train"), draws_at_their_top(), Counter():
-        model(*args, **(kwargs or {}))
-    return draws[0], kept_across_calls(model, args, kwargs, seen)
+        out = model(*args, **(kwargs or {}))
+    outputs = [weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in pytree.tree_leaves(out)]
+    del out
+    return draws[0], *kept_across_calls(model, args, kwargs, seen, outputs)
 
 
 def kept_across_calls(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
-                      seen: Sequence[weakref.ref[torch.Tensor]]) -> list[torch.Tensor]:
+                      seen: Sequence[weakref.ref[torch.Tensor]],
+                      outputs: Sequence[weakref.ref[torch.Tensor] | None] = ()
+                      ) -> tuple[list[torch.Tensor], tuple[int, ...]]:
     """The tensors one eager forward made or read (`seen`) that are still alive once it has returned and
     its outputs are gone, and are not the model's parameters, buffers or inputs: state the model keeps
     across calls, as a buffer (transformers' BEiT caches its relative position index with an LRU cache,
-    built on the first call and read by every later one).  One per storage, the largest view."""
+    built on the first call and read by every later one).  One per storage, the largest view.
+
+    Also which of the forward's `outputs` (its flat output tensors, dropped) only reference cycles still
+    held: Python frees those only when its cyclic garbage collector next runs, at no point of the step
+    one can tell.  HF Informer's loss builds a ``torch.distributions.AffineTransform`` on the outputs'
+    ``loc`` and ``scale``, which its inverse transform holds in a cycle: 16 B the eager step held to its
+    end that the graph freed once the loss had read them (`memviz.apply(verify=True)` measured 12 B over
+    the plan of the model's own step)."""
+    alive = [i for i, ref in enumerate(outputs) if ref is not None and ref() is not None]
     gc.collect()  # the outputs' autograd graph and what it saved
+    cycled = tuple(i for i in alive if outputs[i]() is None)  # type: ignore[misc]
     own = {_storage_key(t) for t in _model_tensors(model, args, kwargs)}
     kept: dict[int, torch.Tensor] = {}
     for ref in seen:
@@ -764,7 +778,7 @@ def kept_across_calls(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str,
         key = _storage_key(t)
         if key not in own and (key not in kept or t.numel() > kept[key].numel()):
             kept[key] = t
-    return list(kept.values())
+    return list(kept.values()), cycled
 
 
 def kept_values(gm: torch.fx.GraphModule, kept: Sequence[torch.Tensor]) -> tuple[str, ...]:
@@ -858,7 +872,7 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     eager runs the CPU's (its plans cannot be exported: `export.check_not_estimated_for_cuda`)."""
     on_meta = any(t.device.type == "meta" for t in _model_tensors(model, args, kwargs))
     comparable = not on_meta and not (family == "cuda" and _on_cpu(args, model))
-    first, kept = eager_torch_draws(model, args, kwargs, mode) if comparable else (None, [])
+    first, kept, cycled = eager_torch_draws(model, args, kwargs, mode) if comparable else (None, [], ())
     specialised: list[str] = []
     drawn: list[str] = []
     with host_random_draws() as host_random:
@@ -866,9 +880,9 @@ def traced_as_eager_draws(model: nn.Module, args: tuple[Any, ...], kwargs: dict[
     traced = graph_torch_draws(gm)
     mismatch = None
     if first is not None and traced != first:
-        again, _ = eager_torch_draws(model, args, kwargs, mode)
+        again, _, _ = eager_torch_draws(model, args, kwargs, mode)
         mismatch = None if traced == again else (again, traced)
-    return gm, out_spec, views, specialised, drawn, host_random, mismatch, kept_values(gm, kept)
+    return gm, out_spec, views, specialised, drawn, host_random, mismatch, kept_values(gm, kept), cycled
 
 
 def _numpy_state_moved(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -2444,10 +2458,13 @@ def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None
 def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None, mode: str,
              loss_fn: LossFn | None, family: str | None) -> tuple[Graph, Captured]:
     flat_in, in_spec = pytree.tree_flatten((args, kwargs or {}))
-    gm, out_spec, views, specialised, drawn, host_random, torch_draws, kept = traced_as_eager_draws(
+    gm, out_spec, views, specialised, drawn, host_random, torch_draws, kept, cycled = traced_as_eager_draws(
         model, args, kwargs, mode, loss_fn, family)
     ph_kinds = _classify_placeholders(gm)
     out_args, out_kinds = _classify_outputs(gm)
+    # outputs a reference cycle holds past the step's loss: eager holds them as it holds kept state
+    kept += tuple(a.name for a, kind in zip(out_args, out_kinds, strict=True)
+                  if kind is not None and kind[0] == "user" and kind[1] in cycled and a.name not in kept)
 
     canonical: dict[int, str] = {}
     param_names = {name: canonical.setdefault(id(p), name)

@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -179,9 +180,31 @@ def render(info: dict, quick: bool, loads: tuple, total: float, done: dict, sect
     return "\n".join(head + [""] + sections)
 
 
+def hand_written(previous: str, titles: set[str]) -> list[str]:
+    """The sections of a RESULTS.md (`previous`) that no benchmark writes (a check script's table added by
+    hand, as `check_accumulation.py`'s), as they are: every ``## `` section whose title is not in `titles`
+    (those the benchmarks' results render) and not the headline.  A rebuild dropped them."""
+    parts = re.split(r"(?m)^(?=## )", previous)[1:]
+    return [p.rstrip() + "\n" for p in parts if p.splitlines()[0] not in titles | {"## Headline"}]
+
+
+def _titles(out: Path, sections: list[str]) -> set[str]:
+    """The ``## `` titles this run's sections and every saved result's section have."""
+    rendered = list(sections)
+    for name in BENCHMARKS:
+        saved = out / "results" / f"{name}.json"
+        if saved.exists():
+            try:
+                rendered.append(section_of(name, json.loads(saved.read_text())))
+            except Exception:  # noqa: BLE001 - a result its module no longer renders: its title is unknown
+                continue
+    return {line for s in rendered for line in s.splitlines() if line.startswith("## ")}
+
+
 def write_results(a: argparse.Namespace, info: dict, load_before: tuple, total: float, done: dict,
                   sections: list[str]) -> None:
-    """RESULTS.md from this run's sections, after those kept (``--keep``) from saved results."""
+    """RESULTS.md from this run's sections, after those kept (``--keep``) from saved results, and before
+    the hand-written ones of the file it replaces (`hand_written`)."""
     kept, kept_sections = {}, []
     for name in (n for n in BENCHMARKS if a.keep and n not in a.only):
         saved = a.out / "results" / f"{name}.json"
@@ -190,9 +213,11 @@ def write_results(a: argparse.Namespace, info: dict, load_before: tuple, total: 
             when, wall = kept[name].get("run_date", "an earlier run"), kept[name].get("wall_s", "?")
             kept_sections.append(section_of(name, kept[name]) + f"\n\n_{name}: not re-run; kept from "
                                  f"results/{name}.json ({when}, {wall} s wall)._\n")
+    path = a.out / "RESULTS.md"
+    by_hand = hand_written(path.read_text(), _titles(a.out, sections)) if path.exists() else []
     text = render(info, a.quick, (load_before, os.getloadavg()), total, {**kept, **done},
-                  kept_sections + sections, done_here=bool(a.only))
-    (a.out / "RESULTS.md").write_text(text)
+                  kept_sections + sections + by_hand, done_here=bool(a.only))
+    path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,8 +26,11 @@ def _run(*args: str) -> str:
 @pytest.mark.timeout(1200)  # a benchmark subprocess, like the two above
 def test_runner_quick_writes_results(tmp_path):
     _run("--only", "olla", "--out", str(tmp_path))
+    by_hand = "## A check script's table\n\n| model | peak |\n|---|---|\n| gpt | 1 |\n"
+    (tmp_path / "RESULTS.md").write_text((tmp_path / "RESULTS.md").read_text() + "\n" + by_hand)
     _run("--only", "autochunk", "--keep", "--out", str(tmp_path))  # olla's saved section is kept
     text = (tmp_path / "RESULTS.md").read_text()
+    assert by_hand in text and text.count("## Address packing and reordering") == 1  # not kept twice
     assert "FAILED" not in text
     assert text.index("## Headline") < text.index("## Address packing and reordering")
     assert "| OLLA reordering" in text  # the headline row read from olla's result
@@ -36,6 +39,18 @@ def test_runner_quick_writes_results(tmp_path):
     assert "| A | 154 |" in text  # MiniMalloc instance A was read and packed
     for name in ("olla", "autochunk"):
         assert json.loads((tmp_path / "results" / f"{name}.json").read_text())["wall_s"] > 0
+
+
+def test_a_rebuild_keeps_the_sections_no_benchmark_writes():
+    """`run.py --keep --only export` rebuilt RESULTS.md from the saved results and dropped the gradient
+    accumulation section a check script's run had added by hand; a rebuild now keeps every section whose
+    title no benchmark renders, after the generated ones."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run
+
+    previous = ("# memviz benchmarks\n\n## Headline\n\n| a |\n\n## Exported module\n\nold rows\n\n"
+                "## Gradient accumulation\n\nby hand\n")
+    assert run.hand_written(previous, {"## Exported module"}) == ["## Gradient accumulation\n\nby hand\n"]
 
 
 def test_runner_lists_every_bench_module():

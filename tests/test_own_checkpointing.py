@@ -85,9 +85,10 @@ def _loss(out: object) -> torch.Tensor:
 def test_apply_turns_transformers_checkpointing_off_and_runs_the_plan_alone() -> None:
     model, ids = _llama(True)
     kwargs = {"labels": ids}
-    with pytest.warns(ProfileWarning, match="model.layers.0, model.layers.1"):
+    with pytest.warns(ProfileWarning, match=r"in model.layers.0, model.layers.1\);"):
         prof = memviz.profile(model, (ids,), kwargs, loss_fn=_loss, optimizer=torch.optim.AdamW,
                               repeats=1, warmup=0)
+    assert prof.own_checkpointing == ["model.layers.0", "model.layers.1"]  # not the copies memviz times
     plain, _ = _llama(False)
     assert prof.measured_peak_bytes == measure_eager_peak(plain, (ids,), kwargs, loss_fn=_loss)
     try:

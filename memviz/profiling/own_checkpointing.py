@@ -47,7 +47,7 @@ def switched_off(model: nn.Module) -> Iterator[list[str]]:
 
     def record(fn: Any) -> None:
         where = _where(fn, paths)
-        if where not in found:
+        if where is not None and where not in found:
             found.append(where)
 
     def plain_generator(fn: Any, *args: Any, **kwargs: Any) -> Iterator[None]:
@@ -84,10 +84,11 @@ def _memviz_region(fn: Any) -> bool:
     return MEMVIZ_REGION in getattr(getattr(fn, "__self__", None), "__dict__", {})
 
 
-def _where(fn: Any, paths: dict[int, str]) -> str:
+def _where(fn: Any, paths: dict[int, str]) -> str | None:
     """The module a checkpointed function runs (itself, a bound method's object, a partial's function or
     first argument: transformers passes ``partial(forward, layer)``; a closure's variable: timm's
-    ``checkpoint_seq`` closes over the blocks) as its path; else its name."""
+    ``checkpoint_seq`` closes over the blocks) as its path; None for a module outside the model (a copy
+    memviz times alone, `memviz.plans.sac.checkpoint_costs`); else the function's name."""
     candidates = [fn]
     while isinstance(candidates[-1], functools.partial):
         candidates += [*candidates[-1].args[:1], candidates[-1].func]
@@ -98,6 +99,8 @@ def _where(fn: Any, paths: dict[int, str]) -> str:
             return paths[id(c)] or type(c).__name__
         if isinstance(c, (list, tuple)) and c and all(id(m) in paths for m in c):  # a run of blocks
             return paths[id(c[0])] if len(c) == 1 else f"{paths[id(c[0])]} to {paths[id(c[-1])]}"
+    if any(isinstance(c, nn.Module) for c in candidates):
+        return None
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 

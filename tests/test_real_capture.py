@@ -72,9 +72,10 @@ def test_swin_window_mask_constant_captures() -> None:
 
 
 def test_wav2vec2_branches_on_values_are_specialised_as_eager_and_reported() -> None:
-    """wav2vec2 branches on tensor values (the label range check, LayerDrop's draw per layer) and sizes
-    ctc_loss and masked_select by the labels: the trace takes the values eager read on the example, lists
-    each with its line, and the exported step trains exactly like eager."""
+    """wav2vec2 branches on tensor values (the label range check) and sizes ctc_loss and masked_select by
+    the labels: the trace takes the values eager read on the example, lists each with its line, and the
+    exported step trains exactly like eager.  (The zoo's wav2vec2 has LayerDrop off, which export refuses:
+    tests/test_layerdrop.py.)"""
     case = REAL["wav2vec2"]()
     reference = copy.deepcopy(case.model)
     with warnings.catch_warnings(record=True) as caught:
@@ -84,8 +85,7 @@ def test_wav2vec2_branches_on_values_are_specialised_as_eager_and_reported() -> 
     spec = prof.specialised
     # the label range check took eager's way: labels are below the vocabulary size
     assert any("modeling_wav2vec2.py:1609" in s and s.endswith("value False") for s in spec), spec
-    # LayerDrop reads once per layer; ctc_loss's output is sized by the longest example target
-    assert sum("skip_the_layer" in s for s in spec) == 2, spec
+    # ctc_loss's output is sized by the longest example target
     assert any("_ctc_loss.Tensor" in s and "(2, 39, 13)" in s for s in spec), spec
     assert any(isinstance(w.message, ProfileWarning) and "modeling_wav2vec2.py:1609" in str(w.message)
                for w in caught)

@@ -142,3 +142,22 @@ def test_a_pure_bfloat16_model_plans_exports_applies_and_verifies() -> None:
                            inputs=((x,), {}))
     for module in (exported, applied):
         assert module.verified_equal.equal and module.verified_peak_bytes <= module.plan.peak_bytes
+
+
+def test_a_loss_closing_over_a_variable_not_yet_assigned_is_searched_for_a_scaler() -> None:
+    """The search for a GradScaler in what `loss_fn` holds read every closure cell, and an empty one (a
+    variable its enclosing function assigns after defining it) raised ValueError from `memviz.profile`;
+    empty cells are skipped, and a scaler assigned later is still found."""
+    from memviz.hardware.amp import refuse_scaling_loss
+
+    def make(with_scaler: bool) -> Any:
+        def loss_fn(out: torch.Tensor) -> torch.Tensor:
+            return scaler.scale(out.sum())
+
+        if with_scaler:
+            scaler = torch.amp.GradScaler("cpu")
+        return loss_fn
+
+    refuse_scaling_loss(make(False))  # `scaler` never assigned: an empty cell
+    with pytest.raises(ValueError, match="loss_fn holds a torch.amp.GradScaler"):
+        refuse_scaling_loss(make(True))

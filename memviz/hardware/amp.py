@@ -51,9 +51,21 @@ def _held(fn: Any) -> list[Any]:
     if inspect.ismethod(fn):
         return [fn.__func__, *vars(fn.__self__).values()]
     if inspect.isfunction(fn):
-        return [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not fn] + [
+        return [v for v in cell_values(fn) if v is not fn] + [
             *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
     return []
+
+
+def cell_values(fn: Any) -> list[Any]:
+    """The values of a function's closure cells that hold one (a cell of a variable the enclosing function
+    assigns later is empty, and reading it raises)."""
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            continue
+    return values
 
 
 def refuse_scaling_loss(loss_fn: Any) -> None:

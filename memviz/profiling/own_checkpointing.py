@@ -25,6 +25,8 @@ from unittest import mock
 from torch import nn
 from torch.utils import checkpoint as torch_checkpoint
 
+from memviz.hardware.amp import cell_values
+
 #: the attribute `memviz.apply` marks a checkpointed module with: its regions are never switched off
 MEMVIZ_REGION = "_memviz_sac"
 
@@ -93,7 +95,7 @@ def _where(fn: Any, paths: dict[int, str]) -> str | None:
     while isinstance(candidates[-1], functools.partial):
         candidates += [*candidates[-1].args[:1], candidates[-1].func]
     candidates += [getattr(c, "__self__", None) for c in list(candidates)]
-    candidates += [cell.cell_contents for c in list(candidates) for cell in _cells(c)]
+    candidates += [v for c in list(candidates) for v in cell_values(c)]
     for c in candidates:
         if isinstance(c, nn.Module) and id(c) in paths:
             return paths[id(c)] or type(c).__name__
@@ -103,14 +105,3 @@ def _where(fn: Any, paths: dict[int, str]) -> str | None:
         return None
     return getattr(fn, "__qualname__", type(fn).__name__)
 
-
-def _cells(fn: Any) -> list[Any]:
-    """A function's closure cells that hold a value."""
-    cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            cell.cell_contents  # noqa: B018 - an empty cell raises
-        except ValueError:
-            continue
-        cells.append(cell)
-    return cells

@@ -307,9 +307,10 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name,
                         **({"drawn": list(cap.drawn)} if cap.drawn else {})})
-    if amp.scaler_bytes(scaler, info.torch_device):
-        graph = with_runtime(graph, amp.scaler_bytes(scaler, info.torch_device), "GradScaler (scale, growth "
-                             "tracker, scaled loss, inverse scale, found inf)")
+    scaler_bytes = amp.scaler_bytes(scaler, info.torch_device)
+    if scaler_bytes:
+        graph = with_runtime(graph, scaler_bytes,
+                             "GradScaler (scale, growth tracker, scaled loss, inverse scale, found inf)")
     # costs do not change the order: only the optimizer's nodes make the step's schedule another one
     schedule = step_schedule if optimizer is None else python_eager_schedule(graph, cap, requires_grad)
     measured = None

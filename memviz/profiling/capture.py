@@ -2748,6 +2748,13 @@ def accumulated_into_grads(graph: Graph, cap: Captured) -> Graph:
                  meta={**graph.meta, "grads": "accumulate"})
 
 
+def accumulated_grads(graph: Graph) -> frozenset[str]:
+    """The parameters whose gradient `graph` holds from the step's start (`accumulated_into_grads` names
+    that data node ``<parameter>.grad``); empty for a step whose ``.grad`` starts None."""
+    return frozenset(d.name.removesuffix(".grad") for d in graph.datas
+                     if d.producer is None and d.kind is DataKind.PARAMETER_GRADIENT)
+
+
 def _autograd_node_ends(cap: Captured) -> dict[int, int]:
     """``seq_nr`` of each eager autograd node -> its last backward compute: AOTAutograd copies the node's
     sequence number onto the backward ops it traced for it (as `memviz.profiling.saved` reads them);

@@ -52,6 +52,7 @@ from memviz.profiling.capture import (
     CaptureError,
     LossFn,
     Runner,
+    accumulated_grads,
     accumulated_into_grads,
     buffers_kept,
     capture,
@@ -349,9 +350,8 @@ def _with_own_checkpointing(prof: Profile, own: list[str], args: tuple[Any, ...]
     beside it, and a `ProfileWarning` saying what the profile describes."""
     as_run = None
     if prof.measured_peak_bytes is not None and not prof.fallback:
-        held = prof.captured.grad_data if prof.graph.meta.get("grads") == "accumulate" else ()
         as_run = measure_eager_peak(prof.model, args, kwargs, mode=prof.mode, loss_fn=prof.loss_fn,
-                                    device=prof.device.torch_device, held_grads=frozenset(held))
+                                    device=prof.device.torch_device, held_grads=accumulated_grads(prof.graph))
     shown = ", ".join(own[:3]) + (f" and {len(own) - 3} more" if len(own) > 3 else "")
     today = (f"; one eager step with it holds {format_bytes(as_run)}, without it "
              f"{format_bytes(prof.measured_peak_bytes)} (measured)" if as_run is not None else "")

@@ -58,7 +58,7 @@ from torch import nn
 from memviz.budget import format_bytes
 from memviz.hardware import accelerator, amp
 from memviz.hardware.amp import closure_values
-from memviz.profiling.capture import draws_at_their_top, host_rng_forked
+from memviz.profiling.capture import accumulated_grads, draws_at_their_top, host_rng_forked
 from memviz.profiling.tracker import allocator_peak, grad_alias, measure_peak, tensors_of
 from memviz.runtime.equivalence import compare_to_eager
 from memviz.runtime.export import BudgetExceededError, _example_inputs, build, split_inputs
@@ -294,13 +294,6 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
                     scaler=scaler if scaler is not None else getattr(prof, "scaler", None),
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())
-
-
-def accumulated_grads(graph: Any) -> frozenset[str]:
-    """The parameters whose gradient `graph` holds from the step's start (`capture.accumulated_into_grads`
-    names that data node ``<parameter>.grad``)."""
-    return frozenset(d.name.removesuffix(".grad") for d in graph.datas
-                     if d.producer is None and d.kind is DataKind.PARAMETER_GRADIENT)
 
 
 def optimizer_spec(plan: Any, optimizer: Any) -> tuple[type, dict[str, Any]]:

@@ -206,3 +206,58 @@ def test_hugging_face_training_loop(name: str, use_cache: bool) -> None:
         # (277416 vs 277288, 0.05%; one small allocation, not traced yet)
         assert peak <= plan.budget_bytes and abs(peak - plan.peak_bytes) <= 0.01 * plan.peak_bytes, \
             (step, peak, plan.peak_bytes, plan.budget_bytes)
+
+
+class CachingBlock(nn.Module):
+    """A block that appends what it computes to a cache it is handed (as a transformers layer writes its
+    KV cache) and reads the cache back, with a graph break in its forward (Dynamo then runs the region's
+    checkpoint eagerly: torch 2.11 did so for HF GPT-2's blocks on a GPU)."""
+
+    def __init__(self, d: int = 16, hidden: int = 256) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x: torch.Tensor, past_key_values: list | None = None, use_cache: bool = False
+                ) -> torch.Tensor:
+        h = self.down(torch.tanh(self.up(x)))
+        torch._dynamo.graph_break()
+        if use_cache and past_key_values is not None:
+            past_key_values.append(h)
+            h = torch.cat(past_key_values, dim=0).sum(0, keepdim=True) + h  # reads every cached value
+        return torch.relu(h)
+
+
+class CachingNet(nn.Module):
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CachingBlock() for _ in range(layers))
+
+    def forward(self, x: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x, past_key_values=[] if use_cache else None, use_cache=use_cache)
+        return x
+
+
+def test_a_region_dynamo_traced_but_checkpointed_eagerly_runs_without_its_cache() -> None:
+    """Under torch.compile the region's wrapper may be traced (``torch.compiler.is_compiling()``) while the
+    checkpoint inside runs eagerly (a graph break in the region), and its recomputation calls the block
+    again with the arguments it was given: with the cache still passed, the recomputation wrote it a
+    second time (an H200, torch 2.11: HF GPT-2's applied blocks failed their backward, keys 1024 long for a
+    512-token mask, `benchmarks/bench_cuda_compile.py`; torch 2.13 here runs such a wrapper eagerly, so
+    the wrapper is told it compiles).  The applied model then computes as it does uncompiled: both
+    without the cache."""
+    from unittest import mock
+
+    torch.manual_seed(0)
+    model = CachingNet()
+    x = torch.randn(64, 16)
+    plan = sac_plan(profile(model, (x,), mode="train"), 0.01)
+    assert "full" in plan.solver_stats.extra["sac"]["options"].values()  # a block recomputed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ApplyWarning)
+        applied, traced = apply(plan, model), apply(plan, model)
+        applied(x).sum().backward()
+        with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+            traced(x).sum().backward()
+    for (name, a), b in zip(applied.named_parameters(), traced.parameters(), strict=True):
+        _close(b.grad, a.grad, name, 1e-6)

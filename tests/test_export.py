@@ -537,3 +537,20 @@ def test_a_step_profiled_under_autocast_runs_its_own_casts_whatever_the_callers_
         got = step(exported, inside)
         for name, grad in eager.items():
             torch.testing.assert_close(got[name], grad, rtol=0, atol=0, msg=f"{name}, inside={inside}")
+
+
+def test_a_plan_exported_onto_another_model_traces_it_with_inputs_on_that_models_device() -> None:
+    """``memviz.export(plan, model=m)`` traces `m` again on zeros of the planned shapes: on `m`'s device,
+    not the CPU's (an H200: a GPT-2 copy on the GPU failed its first ``index_select`` with a CPU index,
+    `benchmarks/bench_cuda_compile.py`).  No GPU here: a model on the meta device stands for it."""
+    from memviz.runtime.export import _example_inputs
+
+    model, args = mlp()
+    prof = profile(model, args, mode="train")
+    plan = memviz_plan(prof, None, strategy="none")
+    elsewhere = copy.deepcopy(model).to("meta")
+    found, kwargs = _example_inputs(plan.graph, prof, elsewhere)
+    tensors = [t for t in (*found, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    assert tensors and {t.device.type for t in tensors} == {"meta"}
+    assert {t.device.type for t in _example_inputs(plan.graph, None, elsewhere)[0]} == {"meta"}
+    assert {t.device.type for t in _example_inputs(plan.graph, prof)[0]} == {"cpu"}

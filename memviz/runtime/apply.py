@@ -225,8 +225,10 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return forward(*args, **kwargs)  # nothing is saved for a backward: nothing to checkpoint
     spec = self.__dict__[_SPEC]
     compiling = torch.compiler.is_compiling()
-    if not compiling:  # compiled, the recomputation replays traced ops: no Python writes the cache twice
-        args, kwargs = _without_cache(self, spec, args, kwargs)
+    # compiled too: Dynamo may trace this wrapper and still run the checkpoint eagerly (a graph break in the
+    # region), whose recomputation then calls the block again and writes the cache a second time (an H200,
+    # torch 2.11: HF GPT-2's applied blocks failed their backward, `benchmarks/bench_cuda_compile.py`)
+    args, kwargs = _without_cache(self, spec, args, kwargs, warn=not compiling)
     if not spec["save"]:
         # the plan keeps nothing here: plain checkpointing saves the same (only the region's inputs) without
         # a policy call and a dispatch-mode hop per op, which made it 1.14-1.24x slower per step
@@ -257,11 +259,12 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def _without_cache(module: nn.Module, spec: dict[str, Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                   kwargs: dict[str, Any], warn: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The call's arguments with caching turned off, as transformers' own gradient checkpointing does
     (``GradientCheckpointingLayer``, and GPT-2's model passing its layers no cache): ``use_cache=False``,
     and no cache unless the layer only reads it (``_can_checkpoint_with_cache``), whether passed by
-    keyword or by position.  The training loss does not read the cache."""
+    keyword or by position.  The training loss does not read the cache.  `warn`: say so once (not while
+    Dynamo traces: a warning there breaks the graph)."""
     try:
         signature = _signature(type(module))
         bound = signature.bind(*args, **kwargs)
@@ -277,7 +280,7 @@ def _without_cache(module: nn.Module, spec: dict[str, Any], args: tuple[Any, ...
         for k in names:
             if k in where:
                 where[k] = False if k == "use_cache" else None
-    if not spec.get("warned_cache"):
+    if warn and not spec.get("warned_cache"):
         spec["warned_cache"] = True
         warnings.warn(ApplyWarning(
             f"{type(module).__name__} is checkpointed, so it runs without caching ({', '.join(dropped)} "

@@ -573,7 +573,7 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
     if prof is not None and (model is None or model is prof.model):
         captured, fp = prof.captured, prof.fingerprint
     else:
-        args, kwargs = split_inputs(inputs) if inputs is not None else _example_inputs(graph, prof)
+        args, kwargs = split_inputs(inputs) if inputs is not None else _example_inputs(graph, prof, target)
         fp = fingerprint(target, args, kwargs, mode)
         if expected and fp != expected:
             raise StalePlanError("the model differs from the one this plan was made for (parameter names, "
@@ -699,18 +699,22 @@ def plan_capture_difference(plan_graph: Graph, captured: Graph) -> str | None:
     return None
 
 
-def _example_inputs(graph: Graph, prof: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Example (args, kwargs) to trace again: the profiled call's structure, constants and tensor shapes
-    when the profile is at hand, else positional tensors rebuilt from the graph's input nodes."""
+def _example_inputs(graph: Graph, prof: Any, model: nn.Module | None = None) -> tuple[tuple[Any, ...],
+                                                                                     dict[str, Any]]:
+    """Example (args, kwargs) to trace again, as zeros on `model`'s device (the CPU without one; a
+    model on a GPU traced with CPU inputs failed its first ``index_select``): the profiled call's
+    structure, constants and tensor shapes when the profile is at hand, else positional tensors rebuilt
+    from the graph's input nodes."""
+    device = next((t.device for t in [*model.parameters(), *model.buffers()]), None) if model else None
     if prof is not None and getattr(prof, "captured", None) is not None:
         cap = prof.captured
         flat = [cap.input_consts.get(i) if m is None
-                else torch.zeros(m[0], dtype=m[1]).requires_grad_(i in cap.input_grad_data)
+                else torch.zeros(m[0], dtype=m[1], device=device).requires_grad_(i in cap.input_grad_data)
                 for i, m in enumerate(cap.input_meta)]
         args, kwargs = pytree.tree_unflatten(flat, cap.in_spec)
         return tuple(args), dict(kwargs)
     inputs = sorted((d for d in graph.datas if d.kind.value == "input"), key=lambda d: int(d.name[5:]))
-    return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype)) for d in inputs), {}
+    return tuple(torch.zeros(d.shape, dtype=getattr(torch, d.dtype), device=device) for d in inputs), {}
 
 
 # --- generated step functions ------------------------------------------------------------------------

@@ -274,10 +274,7 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
     if inputs is not None:
         args, kwargs = split_inputs(inputs)
     else:
-        args, kwargs = _example_inputs(plan.graph, prof if getattr(prof, "captured", None) else None)
-        device = next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
-        args, kwargs = pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x,
-                                       (args, kwargs))
+        args, kwargs = _example_inputs(plan.graph, prof if getattr(prof, "captured", None) else None, model)
     mode = (getattr(plan, "model", None) or {}).get("mode", getattr(prof, "mode", "train"))
     # the parameters the optimizer nodes read (one node per parameter, or per group for foreach / fused)
     groups = tuple(tuple(plan.graph.datas[d].name for d in c.inputs

@@ -22,6 +22,12 @@ schedules the same way).
   its parameters and buffers (an optimizer on either trains both), ``train()``/``eval()`` switch both,
   and in eval mode the original forward runs.  Nothing else about the model is changed.
 * The optimizer phase (modelled analytically by the profiler) is not executed: call your optimizer.
+* A step that starts with every ``.grad`` alive (``memviz.profile(grads="accumulate")``: micro-batch
+  gradient accumulation) adds each new gradient into ``.grad`` itself, at the compute the plan's graph
+  says (`capture.accumulated_into_grads`: the last backward op of the autograd node that made it, where
+  eager's ``AccumulateGrad`` runs ``grad += new``), and drops it there (`into_grads`, `add_into_grad`);
+  autograd gets no gradient for those parameters.  A ``.grad`` that is None (a first micro-batch) takes
+  the new gradient as the engine does: the bound case, never above the plan.
 """
 
 from __future__ import annotations

@@ -202,9 +202,12 @@ def into_grads(graph: Graph, cap: Captured, steps: Sequence[Step]) -> dict[int, 
         for name in names:
             made = graph.datas[cap.grad_data[name]].producer
             if runs.get(made, 0) > 1:
+                # the new gradient's bytes are a data node without an FX value (`accumulated_into_grads`),
+                # which a recomputation would free and make again beside the value the step holds
                 raise ValueError(f"the plan runs {graph.computes[made].name!r}, which makes the gradient of "
-                                 f"{name!r} that the step adds into its .grad, {runs[made]} times: it would "
-                                 "make it again after adding it; plan it again")
+                                 f"{name!r} that the step adds into its .grad, {runs[made]} times: "
+                                 "memviz.export runs such a compute once; plan with another strategy, or "
+                                 "apply a sac plan with memviz.apply")
     return {c: tuple(names) for c, names in into.items()}
 
 

@@ -271,3 +271,37 @@ def test_arguments_are_checked_and_compiled_export_refused() -> None:
         memviz.profile(model, args, grads="zero")
     with pytest.raises(ValueError, match="only makes sense with mode='train'"):
         memviz.profile(model, args, mode="inference", grads="accumulate")
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head, self.aux = nn.Linear(16, 16), nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.body(x))
+        return self.head(h), self.aux(h)
+
+
+def test_a_parameter_the_loss_does_not_reach_keeps_its_grad() -> None:
+    """Profiled with a loss over both heads, run with one that reads only the first: eager never runs the
+    second head's AccumulateGrad, so its .grad stays None (first micro-batch) or as it was; the exported
+    step, which adds a gradient of zeros there, leaves the same (before: zeros, which AdamW would then
+    step with weight decay and momentum)."""
+    import copy
+
+    torch.manual_seed(0)
+    model, x = TwoHeads(), torch.randn(8, 16)
+    prof = memviz.profile(model, (x,), loss_fn=lambda out: out[0].pow(2).mean() + out[1].pow(2).mean(),
+                          repeats=1, warmup=0, grads="accumulate")
+    exported, original = memviz.export(memviz.plan(prof, None, strategy="none")), copy.deepcopy(model)
+    for module in (original, exported):
+        for _ in range(2):
+            module(x)[0].pow(2).mean().backward()
+    assert model.aux.weight.grad is None and original.aux.weight.grad is None
+    for (name, a), b in zip(original.named_parameters(), model.parameters(), strict=True):
+        assert (a.grad is None) == (b.grad is None) and (a.grad is None or torch.equal(a.grad, b.grad)), name
+    held = torch.full_like(model.aux.weight, 0.5)
+    model.aux.weight.grad = held.clone()
+    exported(x)[0].pow(2).mean().backward()
+    assert torch.equal(model.aux.weight.grad, held)

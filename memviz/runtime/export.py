@@ -312,15 +312,18 @@ class _StepState:
     the phase functions (`env`, FX name -> tensor), the RNG states of random ops, the output gradients."""
 
     def __init__(self, program: Program, code: Any, env: dict[str, Any], buffers: dict[str, torch.Tensor],
-                 devices: list[torch.device]) -> None:
-        """`code`: the compiled step functions (`Program.code`, or a module `load_source` imported)."""
+                 devices: list[torch.device], params: dict[str, Any] | None = None) -> None:
+        """`code`: the compiled step functions (`Program.code`, or a module `load_source` imported);
+        `params`: the model's parameters by name (those whose ``.grad`` the step adds into are read)."""
         self.program = program
         self.code = code
         self.env = env
         self.buffers = buffers
+        self.params = params or {}
         self.rng = _StepRng(devices)
         self.grad_outputs: dict[int, torch.Tensor] = {}
         self.missing: set[int] = set()  # outputs that got no gradient (unused by the loss)
+        self.unreached: list[str] = []  # parameters added into whose .grad eager would have left None
 
     # each phase runs with the caller's torch.autocast off (`accelerator.autocast_off`): the graph holds
     # the casts of a step profiled under autocast and the model's own float32 regions, which autocast
@@ -332,6 +335,13 @@ class _StepState:
 
     def backward(self) -> None:
         """The backward steps that run while autograd holds the output gradients."""
+        if self.missing:
+            # a parameter reached only through outputs without a gradient: eager's AccumulateGrad never runs
+            # for it, where the step adds a gradient of zeros (values unchanged); a .grad None stays None
+            tangents = self.program.grad_tangents
+            self.unreached = [n for names in self.program.into_grad.values() for n in names
+                              if self.params[n].grad is None
+                              and (deps := tangents.get(("grad", n), frozenset())) and deps <= self.missing]
         with accelerator.autocast_off():
             self.code.backward_steps(self.env, self.rng, self.buffers, self.grad_outputs)
         self.grad_outputs.clear()
@@ -342,6 +352,8 @@ class _StepState:
         with accelerator.autocast_off():
             values = self.code.backward_rest(self.env, self.rng, self.buffers)
         self.env.clear()
+        for n in self.unreached:
+            self.params[n].grad = None
         tangents = self.program.grad_tangents
         found = {}
         for key, value in zip(self.program.grad_keys, values, strict=True):
@@ -457,7 +469,7 @@ class PlannedModule(nn.Module):
             if code is None:
                 code = compiled_code(self._program, backend)
                 self._compiled[id(backend)] = (backend, code)  # the backend kept: its id stays its own
-        state = _StepState(self._program, code, env, buffers, devices)
+        state = _StepState(self._program, code, env, buffers, devices, params)
         slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         if self._program.mode == "inference" or not torch.is_grad_enabled():
             with torch.no_grad():

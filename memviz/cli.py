@@ -292,8 +292,7 @@ def _absolute_factory(spec: str) -> str:
 def _default_export(plan: Any) -> str:
     from memviz.runtime.apply import applies_as_is
 
-    # memviz.export refuses a step that accumulates into .grad: checkpointing runs it
-    return "apply" if applies_as_is(plan) or plan.graph.meta.get("grads", "none") != "none" else "module"
+    return "apply" if applies_as_is(plan) else "module"
 
 
 def export_applied(plan: Any, path: Path, *, factory: str | None, overwrite: bool, verify: bool) -> Any:

@@ -388,19 +388,26 @@ def test_sac_plan_exports_apply_by_default(factory: Path, tmp_path: Path, capsys
     assert f"exported module: {module_target}" in capsys.readouterr().out
 
 
-def test_grads_accumulate_reaches_the_plan_file_and_export_refuses(factory: Path, tmp_path: Path,
-                                                                   capsys) -> None:
+def test_grads_accumulate_reaches_the_plan_file_and_both_exports(factory: Path, tmp_path: Path,
+                                                                 capsys) -> None:
     """--grads accumulate profiles a step that holds .grad from its start: the plan JSON carries it and
-    its gradients, the apply export verifies it; the scheduled module refuses it."""
+    its gradients, the apply export verifies it, and so does the scheduled module, whose step adds into
+    .grad (before: refused); an auto plan exports as a module by default."""
     target = tmp_path / "opt.py"
-    argv = ["plan", f"{factory}:small", "--grads", "accumulate", "--strategy", "sac", "--budget", "90%"]
-    assert main([*argv, "--export", str(target)]) == 0
+    argv = ["plan", f"{factory}:small", "--grads", "accumulate", "--budget", "90%"]
+    assert main([*argv, "--strategy", "sac", "--export", str(target)]) == 0
     doc = json.loads(target.with_suffix(".plan.json").read_text())
     assert doc["graph"]["meta"]["grads"] == "accumulate"
     assert any(d["kind"] == "parameter_gradient" and d.get("producer") is None for d in doc["graph"]["datas"])
     assert f"applied plan (memviz.apply): {target}" in capsys.readouterr().out
-    assert main([*argv, "--export", str(tmp_path / "m.py"), "--export-as", "module"]) == 2
-    assert "accumulates into .grad" in capsys.readouterr().err
+    module = tmp_path / "m.py"
+    assert main([*argv, "--strategy", "sac", "--export", str(module), "--export-as", "module"]) == 0
+    assert f"exported module: {module}" in capsys.readouterr().out
+    assert "into_grad(" in module.read_text()
+    auto = tmp_path / "auto.py"
+    assert main([*argv, "--export", str(auto)]) == 0
+    assert f"exported module: {auto}" in capsys.readouterr().out
+    assert json.loads(auto.with_suffix(".plan.json").read_text())["graph"]["meta"]["grads"] == "accumulate"
 
 
 def test_apply_export_that_cannot_fit_is_refused(factory: Path, tmp_path: Path, capsys) -> None:

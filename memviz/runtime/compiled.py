@@ -466,6 +466,11 @@ def compiled_code(program: Any, backend: Any) -> CompiledCode:
     compiled with `backend` lazily (`CompiledCode`)."""
     from memviz.runtime.export import _Codegen, _compiled
 
+    if program.into_grad:
+        # a segment is traced to a graph (make_fx), which cannot hold the step's writes of param.grad
+        raise ValueError("this plan's step adds into .grad (memviz.profile(grads='accumulate')), which a "
+                         "compiled segment cannot do: run the exported module uncompiled, or apply a sac "
+                         "plan with memviz.apply under torch.compile")
     gen = _Codegen(program)
     in_graph = rng_in_graph(program)
     bodies: list[str] = []

@@ -22,6 +22,12 @@ schedules the same way).
   its parameters and buffers (an optimizer on either trains both), ``train()``/``eval()`` switch both,
   and in eval mode the original forward runs.  Nothing else about the model is changed.
 * The optimizer phase (modelled analytically by the profiler) is not executed: call your optimizer.
+* A step that starts with every ``.grad`` alive (``memviz.profile(grads="accumulate")``: micro-batch
+  gradient accumulation) adds each new gradient into ``.grad`` itself, at the compute the plan's graph
+  says (`capture.accumulated_into_grads`: the last backward op of the autograd node that made it, where
+  eager's ``AccumulateGrad`` runs ``grad += new``), and drops it there (`into_grads`, `add_into_grad`);
+  autograd gets no gradient for those parameters.  A ``.grad`` that is None (a first micro-batch) takes
+  the new gradient as the engine does: the bound case, never above the plan.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from memviz.hardware import accelerator, devices
 from memviz.profiling.capture import (
     Captured,
     StalePlanError,
+    accumulated_into_grads,
     capture,
     constant_values,
     fingerprint,
@@ -59,7 +66,7 @@ from memviz.profiling.capture import (
 )
 from memviz.runtime.compiled import caller_backend, compiled_code
 from memviz.runtime.replay import check_replay
-from solvers import Graph, Phase, simulate
+from solvers import DataKind, Graph, Phase, simulate
 from solvers.schedule import Schedule, Step, turn_issue
 from solvers.simulate import reused_in_place
 
@@ -92,6 +99,9 @@ class Program:
     release: int = 0
     # parameter fqn / flat input index -> the model outputs whose gradients its gradient depends on
     grad_tangents: dict[Any, frozenset[int]] = dataclasses.field(default_factory=dict)
+    # compute -> the parameters whose ``.grad`` it adds the new gradient into (`into_grads`: a step that
+    # starts with every ``.grad`` alive, ``memviz.profile(grads="accumulate")``); empty: autograd gets them
+    into_grad: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # the step functions as Python source (`_Codegen`): what `code` runs and what ``path=`` writes
     source: str = ""
     code: Any = None  # `source` compiled once: a module with forward_steps, backward_steps, backward_rest
@@ -162,11 +172,61 @@ def compile_program(graph: Graph, captured: Captured, schedule: Schedule, fp: st
             d = captured.data_of_fx[node.name]
             updates.setdefault(graph.datas[d].producer, []).append((captured.data_fx[d], kind[1]))
     backward = steps[boundary:]
+    into = into_grads(graph, captured, steps)
     program = Program(captured, graph, steps[:boundary], backward, random, params, fp, captured.mode,
                       {c: tuple(u) for c, u in updates.items()}, _release_point(backward, captured),
-                      _grad_tangents(captured))
+                      _grad_tangents(captured), into)
     source = _Codegen(program).source()
     return dataclasses.replace(program, source=source, code=_compiled(source, fp))
+
+
+def into_grads(graph: Graph, cap: Captured, steps: Sequence[Step]) -> dict[int, tuple[str, ...]]:
+    """compute -> the parameters whose held ``.grad`` it writes (`capture.accumulated_into_grads`: the last
+    backward op of the autograd node that made the new gradient, where eager's ``AccumulateGrad`` runs
+    ``grad += new``).  The exported step adds each new gradient there (`add_into_grad`) and drops it, so
+    it is released where the plan releases it, and hands autograd no gradient for those parameters.
+
+    The computes that make a gradient added so must run once: a second run would make it again after
+    it went into ``.grad`` (`solvers.simulate` already runs a compute that writes ``.grad`` once)."""
+    into: dict[int, list[str]] = {}
+    for c in graph.computes:
+        for d in c.mutates:
+            held = graph.datas[d]
+            if held.producer is None and held.kind is DataKind.PARAMETER_GRADIENT:
+                into.setdefault(c.id, []).append(held.name.removesuffix(".grad"))
+    runs: dict[int, int] = {}
+    for s in steps:
+        if s.op == "compute":
+            runs[s.node] = runs.get(s.node, 0) + 1
+    for names in into.values():
+        for name in names:
+            made = graph.datas[cap.grad_data[name]].producer
+            if runs.get(made, 0) > 1:
+                # the new gradient's bytes are a data node without an FX value (`accumulated_into_grads`),
+                # which a recomputation would free and make again beside the value the step holds
+                raise ValueError(f"the plan runs {graph.computes[made].name!r}, which makes the gradient of "
+                                 f"{name!r} that the step adds into its .grad, {runs[made]} times: "
+                                 "memviz.export runs such a compute once; plan with another strategy, or "
+                                 "apply a sac plan with memviz.apply")
+    return {c: tuple(names) for c, names in into.items()}
+
+
+def add_into_grad(param: torch.Tensor, new: torch.Tensor) -> None:
+    """``param.grad += new`` as eager's ``AccumulateGrad`` runs it in backward (grad mode off; torch/csrc/
+    autograd/functions/accumulate_grad.h).  Where ``.grad`` is None (a first micro-batch, after
+    ``zero_grad()``) it becomes `new` itself when that owns its storage laid out as the parameter (the
+    engine's steal), else a copy laid out as the parameter (its ``clone_obey_contract``).  That is the
+    bound case of a plan that holds ``.grad`` from the step's start: until here the gradient is absent,
+    and after it one gradient-sized storage stands where the plan held ``.grad``, so the step holds at
+    most the plan at every moment."""
+    grad = param.grad
+    if grad is not None:
+        grad.add_(new)
+    elif new._base is None and new.stride() == param.stride() and new.dtype == param.dtype:
+        param.grad = new
+    else:
+        param.grad = torch.empty_strided(param.shape, param.stride(), dtype=param.dtype,
+                                         device=param.device).copy_(new)
 
 
 def _compiled(source: str, fp: str) -> types.ModuleType:
@@ -252,15 +312,18 @@ class _StepState:
     the phase functions (`env`, FX name -> tensor), the RNG states of random ops, the output gradients."""
 
     def __init__(self, program: Program, code: Any, env: dict[str, Any], buffers: dict[str, torch.Tensor],
-                 devices: list[torch.device]) -> None:
-        """`code`: the compiled step functions (`Program.code`, or a module `load_source` imported)."""
+                 devices: list[torch.device], params: dict[str, Any] | None = None) -> None:
+        """`code`: the compiled step functions (`Program.code`, or a module `load_source` imported);
+        `params`: the model's parameters by name (those whose ``.grad`` the step adds into are read)."""
         self.program = program
         self.code = code
         self.env = env
         self.buffers = buffers
+        self.params = params or {}
         self.rng = _StepRng(devices)
         self.grad_outputs: dict[int, torch.Tensor] = {}
         self.missing: set[int] = set()  # outputs that got no gradient (unused by the loss)
+        self.unreached: list[str] = []  # parameters added into whose .grad eager would have left None
 
     # each phase runs with the caller's torch.autocast off (`accelerator.autocast_off`): the graph holds
     # the casts of a step profiled under autocast and the model's own float32 regions, which autocast
@@ -272,6 +335,13 @@ class _StepState:
 
     def backward(self) -> None:
         """The backward steps that run while autograd holds the output gradients."""
+        if self.missing:
+            # a parameter reached only through outputs without a gradient: eager's AccumulateGrad never runs
+            # for it, where the step adds a gradient of zeros (values unchanged); a .grad None stays None
+            tangents = self.program.grad_tangents
+            self.unreached = [n for names in self.program.into_grad.values() for n in names
+                              if self.params[n].grad is None
+                              and (deps := tangents.get(("grad", n), frozenset())) and deps <= self.missing]
         with accelerator.autocast_off():
             self.code.backward_steps(self.env, self.rng, self.buffers, self.grad_outputs)
         self.grad_outputs.clear()
@@ -282,6 +352,8 @@ class _StepState:
         with accelerator.autocast_off():
             values = self.code.backward_rest(self.env, self.rng, self.buffers)
         self.env.clear()
+        for n in self.unreached:
+            self.params[n].grad = None
         tangents = self.program.grad_tangents
         found = {}
         for key, value in zip(self.program.grad_keys, values, strict=True):
@@ -397,7 +469,7 @@ class PlannedModule(nn.Module):
             if code is None:
                 code = compiled_code(self._program, backend)
                 self._compiled[id(backend)] = (backend, code)  # the backend kept: its id stays its own
-        state = _StepState(self._program, code, env, buffers, devices)
+        state = _StepState(self._program, code, env, buffers, devices, params)
         slots = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         if self._program.mode == "inference" or not torch.is_grad_enabled():
             with torch.no_grad():
@@ -551,12 +623,6 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
             check_replay(target, training=False, stacklevel=3)
         return export_chunks(plan, None, model=model)
     graph: Graph = plan.graph
-    if graph.meta.get("grads", "none") != "none":
-        # the exported step hands every gradient to autograd when its backward returns (all of them alive
-        # at once beside .grad), where the plan adds each into .grad as it is produced, as eager does
-        raise ValueError(f"this plan models a step that accumulates into .grad (grads="
-                         f"{graph.meta['grads']!r}), which memviz.export's step does not run: apply it with "
-                         "memviz.apply (strategy 'sac'), or profile with grads='none'")
     if getattr(prof, "not_exportable", None):  # a recorded parallel profile (memviz.parallel.distributed)
         raise ValueError(prof.not_exportable)
     if prof is not None and prof.captured is None:
@@ -582,6 +648,8 @@ def build(plan: Any, *, model: nn.Module | None = None, inputs: Any = None) -> n
         # graph holds their casts, which a capture in the caller's state would not
         with accelerator.autocast_as(accelerator.autocast_from_json(graph.meta.get("autocast"))):
             fresh, captured = capture(target, args, kwargs, mode=mode, loss_fn=getattr(prof, "loss_fn", None))
+        if graph.meta.get("grads") == "accumulate":  # the step the profile modelled (`profile(grads=)`)
+            fresh = accumulated_into_grads(fresh, captured)
         check_plan_matches_capture(graph, fresh)
     if expected and fp != expected:
         raise StalePlanError("the plan's fingerprint does not match its profile: profile and plan again")
@@ -719,7 +787,7 @@ def _example_inputs(graph: Graph, prof: Any, model: nn.Module | None = None) -> 
 
 # --- generated step functions ------------------------------------------------------------------------
 _RESERVED = frozenset({"torch", "operator", "memviz", "env", "rng", "buffers", "grad_outputs", "out_",
-                       "outputs_", "forward_steps", "backward_steps", "backward_rest"})
+                       "outputs_", "forward_steps", "backward_steps", "backward_rest", "into_grad"})
 # functional operator -> its in-place form and, per output that is a buffer's new value, the argument
 # (the old value) it updates.  Functionalization turns eager's in-place BatchNorm statistics update into
 # clones of the running statistics and new values the step copied back, and ``num_batches_tracked += 1``
@@ -762,6 +830,12 @@ class _Codegen:
         self.first_done: set[int] = set()  # computes that ran once already in the step
         # step index -> outputs that run in place in an input the schedule frees right after
         self.reused = reused_in_place(program.graph, (*program.forward_steps, *program.backward_steps))
+        # canonical parameter name -> its placeholder, for the parameters whose .grad the step adds into
+        self.param_fx = {}
+        for name, kind, key in program.placeholder_table:
+            if kind == "param":
+                self.param_fx.setdefault(cap.param_names.get(key, key), name)
+        self.into_grad = {n for names in program.into_grad.values() for n in names}
 
     # -- one function ---------------------------------------------------------------------------------
     def function(self, name: str, steps: Sequence[Step], doc: str, returns: str, start: int) -> list[str]:
@@ -923,6 +997,19 @@ class _Codegen:
             for fx, fqn in self.p.buffer_updates.get(c, ()):
                 if fx not in written:
                     self.emit(f"buffers[{_str(fqn)}].copy_({self.value(self.nodes[fx])})")
+        for name in self.p.into_grad.get(c, ()):
+            self.add_into_grad(name)
+
+    def add_into_grad(self, name: str) -> None:
+        """Parameter `name`'s new gradient added into its ``.grad`` (`add_into_grad`), then released: the
+        plan's data node for it is a 0-byte token from here (`capture.accumulated_into_grads`)."""
+        cap = self.cap
+        g = cap.grad_data[name]
+        # the gradient's own FX value: a view of its storage is replayed from it, shaped as the parameter
+        fx = cap.grad_fx.get(("grad", name), cap.data_fx[g])
+        param = self.value(self.nodes[self.param_fx[name]])
+        self.emit(f"into_grad({param}, {self.value(self.nodes[fx])})  # .grad += new, as AccumulateGrad")
+        self.free(g)
 
     def written_in_place(self, c: int, node: torch.fx.Node) -> set[str]:
         """The buffers' new values (FX names) that `node`'s in-place form (`_IN_PLACE`) writes straight
@@ -997,6 +1084,9 @@ class _Codegen:
         """Each parameter's gradient, then each input's (`Program.grad_keys`); None where there is none."""
         cap, exprs = self.cap, []
         for kind, key in self.p.grad_keys:
+            if kind == "grad" and key in self.into_grad:  # added into .grad already: autograd gets None
+                exprs.append("None")
+                continue
             d = cap.grad_data.get(key) if kind == "grad" else cap.input_grad_data.get(key)
             # the gradient's own FX value: a view of its storage is replayed from it, shaped as the parameter
             fx = None if d is None else cap.grad_fx.get((kind, key), cap.data_fx[d])
@@ -1022,6 +1112,7 @@ class _Codegen:
             "import torch",
             "",
             "import memviz.profiling.capture  # noqa: F401  (registers torch.ops.memviz.*)",
+            *(["import memviz.runtime.export"] if self.into_grad else []),
             "",
             f"FINGERPRINT = {_str(p.fingerprint)}",
             f"MODE = {_str(p.mode)}",
@@ -1030,6 +1121,8 @@ class _Codegen:
             f"GRADS = {_data(grads)}",
             f"INPUTS = {_data([(list(m[0]), str(m[1])) if m else None for m in cap.input_meta])}",
             "",
+            *(["# .grad += new gradient (memviz.profile(grads='accumulate'))",
+               "into_grad = memviz.runtime.export.add_into_grad", ""] if self.into_grad else []),
             "# the operators the steps call, bound once",
             *self.op_lines,
             "",

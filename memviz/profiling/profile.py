@@ -66,6 +66,7 @@ from memviz.profiling.capture import (
     with_loss_memory,
     with_output_views,
 )
+from memviz.profiling.composite import composite_holds, with_dropped_results
 from memviz.profiling.saved import autograd_saved_holds, gradient_input_holds
 from memviz.profiling.tracker import StorageTracker, grad_alias, measure_peak, tensors_of
 from solvers import (
@@ -389,7 +390,7 @@ def _as_eager(graph: Graph, cap: Captured) -> Graph:
     call up the flow as `_checkpoint_costs`)."""
     from memviz.plans.sac import written_in_place
 
-    return written_in_place(summed_as_eager(graph), cap)
+    return with_dropped_results(written_in_place(summed_as_eager(graph), cap), cap)
 
 
 def _reusable_in_place(graph: Graph, cap: Captured) -> Graph:
@@ -1123,7 +1124,8 @@ def python_eager_schedule(graph: Graph, cap: Captured,
     schedule = eager_schedule(graph)
     hold = python_local_holds(cap)
     for extra in (module_argument_holds(cap), autograd_saved_holds(cap), gradient_input_holds(cap),
-                  kept_holds(cap, graph), autocast_cache_holds(cap, requires_grad, graph)):
+                  kept_holds(cap, graph), autocast_cache_holds(cap, requires_grad, graph),
+                  composite_holds(cap)):
         for d, at in extra.items():
             hold[d] = max(hold.get(d, -1), at)
     out: list[Step] = []

@@ -201,3 +201,53 @@ def test_an_output_a_reference_cycle_holds_is_held_to_the_steps_end() -> None:
     finally:
         gc.enable()
     assert prof.measured_peak_bytes == prof.baseline.peak_bytes
+
+
+class Probabilities(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = (x @ x.t()).softmax(-1)
+        out = self.proj(probs @ x)
+        return out, probs
+
+
+class Unpacking(nn.Module):
+    """HF Swin's layer: ``attention_output, attn_weights = self.attention(...)``, the first name rebound at
+    once, the second held to the layer's return, under a wide temporary no op saves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = Probabilities()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, probs = self.attention(x)
+        out = out.flip(0)
+        h = x + out
+        wide = h.repeat(1, 32)
+        return h + (wide + 1).sum(1, keepdim=True), probs
+
+
+class Unpacked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Unpacking()
+        self.second = Unpacking()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self.first(x)
+        x, _ = self.second(x)
+        return x
+
+
+def test_a_tuple_target_of_a_call_binds_each_name_what_the_callee_returns_by_it() -> None:
+    """``out, probs = self.attention(x)``: the callee's ``return out, probs`` says which value each name
+    gets (`profile._returned`); both names were bound to the call's last operator's output, which
+    ``probs`` then held to the layer's return, and the probabilities, which ``_`` holds to the next
+    layer's return, were freed after their last reader.  Main: the baseline 192 KiB under the measured
+    step (HF Swin: 16 KiB over, its sac plan 2.47% under its measured step)."""
+    torch.manual_seed(0)
+    prof = memviz.profile(Unpacked(), (torch.randn(256, 64),), repeats=1, warmup=0)
+    assert prof.measured_peak_bytes == prof.baseline.peak_bytes

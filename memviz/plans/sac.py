@@ -245,6 +245,7 @@ def eager_holds(cap: Any, graph: Graph) -> EagerHolds:
     update included: `memviz.profile`), and per forward op what its autograd node saves and when that
     node's backward runs (`memviz.profiling.saved.autograd_nodes`, the walk the eager baseline's holds come
     from)."""
+    from memviz.profiling.composite import composite_holds
     from memviz.profiling.profile import (
         autocast_cache_holds,
         kept_holds,
@@ -256,7 +257,8 @@ def eager_holds(cap: Any, graph: Graph) -> EagerHolds:
     local = python_local_holds(cap)
     # autocast's cache: the parameters with a gradient are those that require grad
     cached = autocast_cache_holds(cap, set(cap.grad_data), graph)
-    for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap, graph), cached):
+    for extra in (module_argument_holds(cap), gradient_input_holds(cap), kept_holds(cap, graph), cached,
+                  composite_holds(cap)):
         for d, at in extra.items():
             local[d] = max(local.get(d, -1), at)
     walk = autograd_nodes(cap)
@@ -425,8 +427,9 @@ def eager_graph(graph: Graph, cap: Any) -> Graph:
     of place (`memviz.profiling.capture.summed_as_eager`) and in-place activations in the storage they
     overwrite (`written_in_place`)."""
     from memviz.profiling.capture import summed_as_eager
+    from memviz.profiling.composite import with_dropped_results
 
-    return written_in_place(summed_as_eager(graph), cap)
+    return with_dropped_results(written_in_place(summed_as_eager(graph), cap), cap)
 
 
 def _input_overwritten(graph: Graph, ids: tuple[int, ...], mutated: frozenset[int]) -> bool:

@@ -299,8 +299,10 @@ def _signature(cls: type) -> inspect.Signature:
 
 def _contexts(policy: Any, module: nn.Module | None) -> tuple[Any, Any]:
     fwd, rec = create_selective_checkpoint_contexts(policy)
-    # under torch.compile the recomputation is the compiled backward's (functional: no buffer writes)
-    return fwd, (rec if module is None else _RestoringBuffers(rec, module))
+    if module is None:  # under torch.compile the recomputation is the compiled backward's (no buffer writes)
+        return fwd, rec
+    writes = _WrittenBuffers(fwd, module)
+    return writes, _RestoringBuffers(rec, module, writes)
 
 
 def _counting_contexts(save: dict[str, frozenset[int]]) -> tuple[Any, Any]:
@@ -310,7 +312,8 @@ def _counting_contexts(save: dict[str, frozenset[int]]) -> tuple[Any, Any]:
 
 def _plain_contexts(module: nn.Module) -> tuple[Any, Any]:
     """Plain checkpointing's contexts (none) with the region's buffers put back after the recomputation."""
-    return contextlib.nullcontext(), _RestoringBuffers(contextlib.nullcontext(), module)
+    writes = _WrittenBuffers(contextlib.nullcontext(), module)
+    return writes, _RestoringBuffers(contextlib.nullcontext(), module, writes)
 
 
 #: how many memviz-checkpointed recomputations are running now (nested regions): the per-rank planner's
@@ -323,17 +326,42 @@ def recomputing() -> bool:
     return _RECOMPUTING[0] > 0
 
 
+class _WrittenBuffers:
+    """The forward's context plus which of the region's buffers its forward writes (their version
+    counters move, or the module holds another tensor there): the only ones its recomputation must put
+    back (`_RestoringBuffers`)."""
+
+    def __init__(self, inner: Any, module: nn.Module) -> None:
+        self.inner = inner
+        self.module = module
+        self.before: dict[int, int] = {}
+        self.written: set[int] = set()
+
+    def __enter__(self) -> Any:
+        self.before = {id(b): b._version for b in self.module.buffers()}
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            self.written = {id(b) for b in self.module.buffers() if self.before.get(id(b)) != b._version}
+
+
 class _RestoringBuffers:
     """The recomputation's context plus the region's buffers left as the forward left them: recomputing
     BatchNorm in training mode would move its running statistics a second time.  A BatchNorm recomputes
     with momentum 0 (its running statistics then stay as they are, bit for bit: ``0 * batch + 1 *
     running``) and its batch count is put back, so nothing is copied: a copy of its statistics was
     memory the plan does not hold (timm's ConvMixer measured 8 B over a sac plan at its minimum, so
-    `apply(verify=True)` refused it).  Other buffers are copied and put back."""
+    `apply(verify=True)` refused it).  Other buffers the forward wrote (`writes`) are copied and put back;
+    one it only reads is left alone (HF Swin's relative position indices, copied before: 4 KiB a
+    recomputation that no plan holds)."""
 
-    def __init__(self, inner: Any, module: nn.Module) -> None:
+    def __init__(self, inner: Any, module: nn.Module, writes: _WrittenBuffers) -> None:
         self.inner = inner
         self.module = module
+        self.writes = writes
         self.norms: list[tuple[nn.modules.batchnorm._BatchNorm, float | None, int | None]] = []
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -346,7 +374,8 @@ class _RestoringBuffers:
         for m in norms:
             m.momentum = 0.0
         with torch.no_grad():
-            self.saved = [(b, b.clone()) for b in self.module.buffers() if id(b) not in held]
+            self.saved = [(b, b.clone()) for b in self.module.buffers()
+                          if id(b) not in held and id(b) in self.writes.written]
         _RECOMPUTING[0] += 1
         return self.inner.__enter__()
 

@@ -955,38 +955,6 @@ def _builds_each(code: str) -> bool:
     return isinstance(st, ast.Assign) and isinstance(st.value, (ast.Tuple, ast.List, ast.ListComp))
 
 
-def _unpacks_call(code: str) -> bool:
-    """Whether a statement assigns a call's result to a tuple of names (``a, b = self.attention(x)``)."""
-    body = _statements(code)
-    st = body[0] if body else None
-    return (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Tuple)
-            and isinstance(st.value, ast.Call))
-
-
-def _returned(file: str, span: tuple[int, int], names: dict[str, int | None],
-              value: int | None) -> list[int | None] | None:
-    """The values a function returns, by the names of its ``return a, b`` (`names`: its locals' values):
-    the first ``return`` from its last traced statement `span` (whose value is `value`) on that ran
-    (`_ran_after`).  One element that is no name is `value` where that ``return`` is `span` itself
-    (``return h + f(h), probs``); None for any other (which value it is, no name says)."""
-    tree = _file_tree(file)
-    if tree is None:
-        return None
-    returns = {(n.lineno, n.end_lineno or n.lineno): n for n in ast.walk(tree) if isinstance(n, ast.Return)}
-    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and n.lineno <= span[0] <= (n.end_lineno or n.lineno)]
-    if not functions:
-        return None
-    end = min((n.end_lineno or n.lineno) for n in functions)  # the innermost function running `span`
-    ret = next((returns[s] for s in [span, *_ran_after(file, span, end + 1)] if s in returns), None)
-    if ret is None or not isinstance(ret.value, ast.Tuple):
-        return None
-    computed = [e for e in ret.value.elts if not isinstance(e, ast.Name)]
-    if computed and (len(computed) > 1 or (ret.lineno, ret.end_lineno or ret.lineno) != span):
-        return None
-    return [names.get(e.id) if isinstance(e, ast.Name) else value for e in ret.value.elts]
-
-
 def _statement_values(nodes: Sequence[tuple[Any, int | None, int, frozenset[int]]]) -> list[int]:
     """The values a statement's operators (``(op, data, position, data read)`` each, in order) leave it:
     each data no later operator of the statement reads, in order.  A tuple target of as many names binds
@@ -1017,9 +985,6 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
     ran: dict[tuple[Any, ...], list[tuple[Any, int | None, int]]] = {}  # (op, data, position) per node
     binds: dict[tuple[Any, ...], dict[str, int | None]] = {}
     last_pos: dict[tuple[Any, ...], int] = {}
-    last_span: dict[tuple[Any, ...], tuple[int, int]] = {}
-    last_value: dict[tuple[Any, ...], int | None] = {}
-    callees: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # the frames a running statement called
 
     def release(d: int | None, at: int) -> None:
         if d is not None:
@@ -1042,27 +1007,6 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         for name in _deleted_names(code, skip_first=True):
             release(names.pop(name, None), end)
 
-    def bind_each(key: tuple[Any, ...], code: str, values: list[int | None], end: int) -> None:
-        names = binds.setdefault(key, {})
-        for name, value in zip(_bound_names(code), values, strict=True):
-            old = names.get(name)
-            if old is not None and old != value:
-                release(old, end)
-            names[name] = value
-
-    def _returned_by(called: list[tuple[Any, ...]]) -> list[int | None] | None:
-        """What the one function a statement called returned (None: not one, or not known): it has
-        returned, so its last statement is finished first."""
-        if len(called) != 1:
-            return None
-        (callee,) = called
-        if callee in current:
-            finish(callee)
-        span = last_span.get(callee)
-        if span is None:
-            return None
-        return _returned(callee[1], span, binds.get(callee, {}), last_value.get(callee))
-
     def untraced(key: tuple[Any, ...], gaps: list[tuple[int, int]], end: int) -> None:
         for gap in gaps:
             code = _source(key[1], gap)
@@ -1076,9 +1020,6 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         span, value, end = current.pop(key)
         nodes = ran.pop(key)
         code = _source(key[1], span)
-        last_span[key], last_value[key] = span, value
-        called = callees.pop(key, [])
-        returned = _returned_by(called) if _unpacks_call(code) else None
         loop = _loop_bodies(key[1]).get(span)
         count = _iterations([op for op, _, _, _ in nodes]) if loop is not None else 1
         if count > 1:
@@ -1092,11 +1033,7 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
                 last = next((d for _, d, _, _ in reversed(chunk) if d is not None), last)
                 bind(key, code, last, chunk[-1][2])
                 untraced(key, others, chunk[-1][2])
-        if returned is not None and len(returned) == len(_bound_names(code)) and count == 1:
-            # ``a, b = self.attention(x)``: each name the value the callee's ``return a, b`` names
-            bind_each(key, code, returned, end)
-        else:
-            bind(key, code, value, end, _statement_values(nodes) if count == 1 else ())
+        bind(key, code, value, end, _statement_values(nodes) if count == 1 else ())
         # statements that run no operator (``skips.append(x)``, ``identity = x``) leave no FX node: the
         # straight-line source between this statement and the next traced one of the same frame ran too
         untraced(key, _ran_after(key[1], span, next_line or span[1]), end)
@@ -1114,7 +1051,6 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
         stack = list((n.meta.get("nn_module_stack") or {}).values())
         depth = -1
         entered: dict[tuple[str, str], int] = {}
-        caller = None
         for f in _FRAME.finditer(n.meta.get("stack_trace") or ""):
             depth += f["fn"] == "forward"  # module forwards and nn_module_stack entries correspond
             # a function re-entered through ``handle_torch_function`` (torch.nn.functional under
@@ -1128,12 +1064,8 @@ def python_local_holds(cap: Captured) -> dict[int, int]:
             current[key] = (span, d if d is not None else (prev[1] if prev else None), pos)
             ran.setdefault(key, []).append((n.target, d, pos, reads))
             last_pos[key] = pos
-            if caller is not None and key not in callees.setdefault(caller, []):
-                callees[caller].append(key)
-            caller = key
     for key in list(current):
-        if key in current:  # a caller's statement finishes the frames it called
-            finish(key)
+        finish(key)
     for key, names in binds.items():
         for d in names.values():
             release(d, last_pos[key])

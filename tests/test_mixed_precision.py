@@ -118,7 +118,10 @@ def test_a_chunk_plan_profiled_under_autocast_runs_in_its_precision_wherever_it_
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, eager = measured(model)
         prof = memviz.profile(model, (ids,), mode="inference", repeats=1, warmup=0)
-    plan = memviz.plan(prof, 0.8, strategy="autochunk", frontier=False)
+    # 85% of the chunk baseline: that baseline is the measured run's now (294,912 B of activations; it
+    # counted 360,448 when autocast's operands were not cast, and 80% of it asked for 41% of the
+    # activations where 80% now asks 32%, under the 34% the search reaches)
+    plan = memviz.plan(prof, 0.85, strategy="autochunk", frontier=False)
     assert plan.chunks
     chunked = memviz.export(plan)
     activations = plan.peak_bytes - plan.baseline_graph.persistent_bytes()

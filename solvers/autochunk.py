@@ -920,6 +920,10 @@ def _chunk_bytes(node: OpNode, d: int, size: int) -> int:
     return _slice_bytes(node, d, size) if node.alias is None else 0
 
 
+#: the dtypes autocast casts (`OpNode.dtype` names them without the ``torch.`` prefix)
+_FLOATING = frozenset({"float64", "float32", "float16", "bfloat16"})
+
+
 def sdpa_temps(g: OpGraph, n: OpNode, backend: str | None = None) -> tuple[int, ...]:
     """Bytes `scaled_dot_product_attention` allocates besides its output, per operand (in `n.inputs`
     order) then the rest, for the kernel the device picked (`n.backend`, or `backend`), as torch's composite
@@ -933,6 +937,9 @@ def sdpa_temps(g: OpGraph, n: OpNode, backend: str | None = None) -> tuple[int, 
       bool source and the scaled key are gone by then), and the B x H x L x S scores with their
       softmax.
 
+    An operand of another floating dtype than the output's is ``torch.autocast``'s copy in the output's
+    dtype (eager attention takes one dtype; the graph holds no casts), alive while the op runs.
+
     The AutoChunk paper (Sec. 3.4, Eq. 2) counts an op's workspace with its activation; per operand
     so that chunking along the queries shrinks the query's share and not the key's."""
     q, k, v = (g[a[1:]] for a in n.args[:3])
@@ -940,9 +947,13 @@ def sdpa_temps(g: OpGraph, n: OpNode, backend: str | None = None) -> tuple[int, 
     causal = bool(_arg(n, 5, "is_causal", False))
     isz = n.itemsize
     L, S = q.shape[-2], k.shape[-2]
-    per: dict[str, int] = {}
+    per: dict[str, int] = {
+        x.name: math.prod(x.shape) * isz
+        for x in (q, k, v, g[mask[1:]] if _is_ref(mask) else None)
+        if x is not None and x.dtype in _FLOATING and x.dtype != n.dtype
+    }
     if _is_ref(mask) and g[mask[1:]].dtype == "bool":
-        per[mask[1:]] = math.prod(g[mask[1:]].shape) * isz
+        per[mask[1:]] = per.get(mask[1:], 0) + math.prod(g[mask[1:]].shape) * isz
     if (backend or n.backend) == "math":
         rep = max(1, q.shape[-3] // k.shape[-3]) if len(q.shape) >= 3 and bool(
             n.kwargs.get("enable_gqa", False)) else 1

@@ -134,6 +134,41 @@ def test_a_budget_under_the_parameters_and_optimizer_state_is_refused_for_that(m
         memviz.plan(prof, held + 1, time_limit=20.0, frontier=False)
 
 
+
+def test_a_budget_under_what_is_held_names_a_minimum_when_a_slow_solver_runs_out(monkeypatch: Any) -> None:
+    """Autoformer's auto plan at 50% (under its AdamW state) was refused with `BelowHeldMemory` and no
+    budget to ask for: Rockmate's cold hierarchy ran past the solve's 60% share of the limit and Rotor,
+    tried after it, had none left.  A budget under what is held fits no schedule before any solve, so the
+    solve only names the minimum: it gets the whole limit, Rotor first (its chain DP answers at once).
+    Here every solver but Rotor waits out its deadline; the refusal names Rotor's minimum, at which
+    'auto' plans."""
+    import time
+
+    from memviz.plans import planning
+    from solvers.result import OutOfTime
+
+    model, args = _model()
+    prof = profile(model, args, optimizer=torch.optim.AdamW, repeats=1, warmup=0).with_costs("fake:v100")
+    held = prof.graph.held_bytes()
+    solver = planning._solver
+
+    def slow(strategy: str) -> Any:
+        if strategy == "rotor":
+            return solver(strategy)
+
+        def out_of_time(graph: Any, budget: int, *, time_limit: float, deadline: Any) -> Any:
+            time.sleep(max(0.0, deadline.left()))
+            raise OutOfTime(f"{strategy} plan search", budget, strategy)
+
+        return out_of_time
+
+    monkeypatch.setattr(planning, "_solver", slow)
+    with pytest.raises(InfeasibleBudget) as refused:
+        memviz.plan(prof, held - 1, time_limit=2.0, frontier=False)
+    assert refused.value.minimum_bytes is not None and refused.value.minimum_bytes > held, refused.value
+    monkeypatch.undo()
+    assert memviz.plan(prof, refused.value.minimum_bytes, time_limit=20.0, frontier=False).fits
+
 def test_a_sac_budget_under_what_is_held_is_refused_without_the_search(monkeypatch: Any) -> None:
     """sac's greedy search strengthened block after block to its time limit when no choice could fit
     (GhostNet under its AdamW state: 32 s at a 30 s limit); under `Graph.held_bytes` it now simulates two

@@ -17,7 +17,8 @@ import resource
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -113,7 +114,7 @@ def _root(t: torch.Tensor) -> torch.Tensor:
     return t._base if t._base is not None else t
 
 
-def _aliases(node: torch.fx.Node, metas: dict[str, Any]) -> tuple[str | None, Any]:
+def _aliases(node: torch.fx.Node, metas: Mapping[str, Any]) -> tuple[str | None, Any]:
     """Run the op on meta tensors with the captured strides: an output that is a view of (or is) an
     input owns no storage.  Views are single-input ops, so the first tensor input is the base."""
     tensor_inputs = [
@@ -166,7 +167,7 @@ class _AllocCounter(TorchDispatchMode):
         return out
 
 
-def _counted(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None) -> dict[str, Any]:
+def _counted(node: torch.fx.Node, metas: Mapping[str, Any], swap: str | None = None) -> dict[str, Any]:
     """The allocations of `node` run on meta tensors, each operand on a storage of its own (q, k and v
     split from one projection share one: a copy of k must not pass for one of q); `swap`: that
     operand contiguous.  ``bytes``: all of them; ``made``: operand name -> the bytes made from it
@@ -195,12 +196,12 @@ def _counted(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None
     return {"bytes": counter.bytes, "made": made}
 
 
-def _allocated(node: torch.fx.Node, metas: dict[str, Any], swap: str | None = None) -> int:
+def _allocated(node: torch.fx.Node, metas: Mapping[str, Any], swap: str | None = None) -> int:
     return _counted(node, metas, swap)["bytes"]
 
 
 def _temps(
-    node: torch.fx.Node, metas: dict[str, Any], inputs: tuple[str, ...], out_bytes: int
+    node: torch.fx.Node, metas: Mapping[str, Any], inputs: tuple[str, ...], out_bytes: int
 ) -> tuple[int, ...]:
     """Workspace an op allocates besides its outputs, per operand: the copies it makes of a
     non-contiguous operand (matmul of a transposed key ...) are found by re-running it with that
@@ -217,6 +218,47 @@ def _temps(
     except Exception:  # no meta kernel: no workspace known
         return ()
     return (*per, max(0, total - sum(per)))
+
+
+def _autocast_casts(node: torch.fx.Node, metas: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The operands ``torch.autocast`` casts for this op, as the meta tensors it hands the op (operand
+    name -> cast), or {} where autocast leaves it alone.  The captured graph holds no casts: autocast
+    casts as ops run, and the capture's fake tensors went through it (the node's ``val`` has the dtype
+    the op ran in), while the meta replay here does not (autocast skips meta tensors).  An op with an
+    autocast kernel for its device (``AutocastCPU``: linear, matmul, attention, convolutions, cat ...)
+    runs on its floating operands cast to that dtype, whatever its list (lower precision, float32 or
+    widest type), each cast a copy alive while the op runs.  Without this the op graph kept float32
+    operands where bfloat16 ran: attention's mixed-dtype operands sent its kernel choice to the math
+    path (L x S scores the CPU's fused kernel never holds), 8.7x the float32 graph's peak on Llama at
+    512 tokens, and a linear's weight cast was no workspace."""
+    val = node.meta.get("val")
+    first = next((v for v in tree_flatten(val)[0] if isinstance(v, torch.Tensor)), None)
+    if (first is None or not first.dtype.is_floating_point or not torch.is_autocast_enabled(first.device.type)
+            or not isinstance(node.target, torch._ops.OpOverload)):
+        return {}
+    try:
+        autocast_kernel = torch._C._dispatch_has_kernel_for_dispatch_key(
+            node.target.name(), f"Autocast{first.device.type.upper()}")
+    except RuntimeError:  # no autocast dispatch key for this device type
+        return {}
+    if not autocast_kernel:
+        return {}
+    return {
+        a.name: torch.empty_strided(m.shape, m.stride(), dtype=first.dtype, device="meta")
+        for a in node.all_input_nodes
+        if isinstance(m := metas.get(a.name), torch.Tensor)
+        and m.is_floating_point() and m.dtype != first.dtype
+    }
+
+
+def _with_casts(
+    temps: tuple[int, ...], inputs: tuple[str, ...], casts: dict[str, torch.Tensor]
+) -> tuple[int, ...]:
+    """`temps` (per operand, then the rest) with autocast's copy of each cast operand added to its
+    operand's share: a chunk that reads the operand in chunks casts a chunk of it."""
+    per = [t + (casts[v].numel() * casts[v].element_size() if v in casts else 0)
+           for v, t in zip(inputs, temps, strict=False)]
+    return (*per, temps[-1])
 
 
 def _source_kind(n: torch.fx.Node, seen: dict[int, str]) -> tuple[str, str | None]:
@@ -265,12 +307,16 @@ def translate(graph: torch.fx.Graph) -> ac.OpGraph:
             metas[n.name] = _meta(val)
             nodes.append(ac.OpNode(n.name, f"{n.op}:{n.target}", inputs, shapes=shapes, itemsize=itemsize))
             continue
-        alias, out = _aliases(n, metas)
+        casts = _autocast_casts(n, metas)
+        operands = ChainMap(casts, metas)  # as autocast hands them to the op (it passes meta tensors by)
+        alias, out = _aliases(n, operands)
         out_bytes = 0 if alias else sum(math.prod(sh) for sh in shapes) * itemsize
         # attention's meta kernel is always the math path: its workspace is modelled per kernel instead
         sdpa = _op_name(n.target) == "scaled_dot_product_attention"
         fused = n.target is operator.getitem or sdpa
-        temps = () if fused else _temps(n, metas, inputs, out_bytes)
+        temps = () if fused else _temps(n, operands, inputs, out_bytes)
+        if casts and not fused:  # autocast's copies live while the op runs, each made from one operand
+            temps = _with_casts(temps or (0,) * (len(inputs) + 1), inputs, casts)
         metas[n.name] = out if out is not None else _meta(val)
         node = ac.OpNode(
             n.name,
@@ -304,8 +350,13 @@ def _sdpa_backend(n: torch.fx.Node, narrow: dict[str, int] | None = None, size: 
     choice reads metadata only, so empty tensors of the captured shapes and strides stand in.  For a
     chunk: the operands named in `narrow` cut to `size` along their dim there (a narrow keeps the
     strides), and with `causal_rows` the chunk's boolean causal rows instead of ``is_causal``
-    (`ChunkCodeGen`'s loop, `_Emitter._causal_mask_args`)."""
+    (`ChunkCodeGen`'s loop, `_Emitter._causal_mask_args`).  Under ``torch.autocast`` the kernel sees its
+    floating operands cast to the dtype it ran in (the output's; eager attention takes one dtype), not
+    the mixed ones the graph holds (Llama's rotary embedding hands it float32 queries and keys beside a
+    bfloat16 value, for which the dispatcher has only the math kernel)."""
     narrow = narrow or {}
+    val = n.meta.get("val")
+    ran_in = val.dtype if isinstance(val, torch.Tensor) else None
 
     def real(a: Any) -> Any:
         v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
@@ -314,7 +365,8 @@ def _sdpa_backend(n: torch.fx.Node, narrow: dict[str, int] | None = None, size: 
         shape = list(v.shape)
         if a.name in narrow:
             shape[narrow[a.name]] = size
-        return torch.empty_strided(shape, v.stride(), dtype=v.dtype, device=v.device)
+        dtype = ran_in if v.is_floating_point() and ran_in is not None else v.dtype
+        return torch.empty_strided(shape, v.stride(), dtype=dtype, device=v.device)
 
     args = [real(a) for a in n.args]
     kwargs = {k: real(v) for k, v in n.kwargs.items()}

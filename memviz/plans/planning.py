@@ -516,6 +516,17 @@ def auto_candidates(graph: Graph, baseline_peak: int, budget: int) -> list[str]:
     return [*(["checkmate"] if small else []), "rockmate", "rotor"]
 
 
+def minimum_search(candidates: list[str]) -> list[str]:
+    """The candidates for a budget under `Graph.held_bytes`, which no schedule fits: the solve only names
+    the smallest budget for the refusal, and no packing or frontier follows it, so it gets the whole
+    time limit (`_plan`), Rotor first: its chain DP names a minimum at once, where the others may run out
+    of time before naming theirs (Autoformer's auto at 50%, under its AdamW state: Rockmate's cold
+    hierarchy took 22 s at load 8, over the 12 s share it had, and Rotor, second, had none left: the
+    refusal named no budget).  A lower minimum found after it is still the one the refusal names
+    (`_solve_first` raises the lowest)."""
+    return sorted(candidates, key=lambda name: name != "rotor")
+
+
 def solve_checked(
     graph: Graph, strategy: str, budget: int, time_limit: float, deadline: Deadline | None = None
 ) -> tuple[SolveResult, Timeline]:
@@ -660,6 +671,8 @@ def _plan(prof: Any, budget: int | float | str | None, strategy: str, time_limit
     candidates = auto_candidates(graph, baseline.peak_bytes, effective) if strategy == "auto" else [strategy]
     more = packing or (frontier and is_training(graph))
     solve_by = deadline.part(SOLVE_SHARE) if more else deadline
+    if effective < graph.held_bytes():
+        candidates, solve_by = minimum_search(candidates), deadline
     try:
         # the solvers alone, without cyclic collection (`gc_paused`): each schedule they build and
         # simulate allocates ~10^5 acyclic objects, whose collections rescanned the profile's whole heap

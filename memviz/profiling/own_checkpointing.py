@@ -11,7 +11,9 @@ prediction, and the plan applied ran its regions inside the model's own, 33% und
 recomputing each layer twice.
 
 `switched_off` runs every such call as a plain call while memviz measures, and says where they were;
-`turn_off` clears the libraries' own switches on a model, so `memviz.apply`'s regions are the only ones.
+`turn_off` clears the libraries' own switches on a model, so `memviz.apply`'s regions are the only ones
+(`memviz.runtime.apply` clears them again before each step of the model it returned: a training stack may
+turn them on later, as HF Trainer does with ``activation_checkpointing=True``).
 """
 
 from __future__ import annotations
@@ -70,15 +72,24 @@ def switched_off(model: nn.Module) -> Iterator[list[str]]:
         yield found
 
 
-def turn_off(model: nn.Module) -> list[str]:
-    """Clear the libraries' checkpointing switches (`LIBRARY_SWITCHES`) on `model`'s modules; the paths of
-    those that were on.  A model that calls ``torch.utils.checkpoint`` by other means keeps it."""
+def switches(model: nn.Module) -> tuple[tuple[str, str], ...]:
+    """(module path, attribute) of every switch in `LIBRARY_SWITCHES` that `model`'s modules could turn on:
+    each module of a class from the switch's library, with the attribute set yet or not.  Paths, not
+    modules: they name the same places in a deep copy, and FSDP2's ``fully_shard`` later swaps a module's
+    class for one defined in torch."""
+    return tuple((name, attribute) for name, module in model.named_modules()
+                 for attribute, library in LIBRARY_SWITCHES if type(module).__module__.startswith(library))
+
+
+def turn_off(model: nn.Module, where: tuple[tuple[str, str], ...] | None = None) -> list[str]:
+    """Clear the libraries' checkpointing switches on `model`'s modules (`where`, default `switches`); the
+    paths of those that were on.  A model that calls ``torch.utils.checkpoint`` by other means keeps it."""
     off = []
-    for name, module in model.named_modules():
-        for attribute, library in LIBRARY_SWITCHES:
-            if getattr(module, attribute, None) is True and type(module).__module__.startswith(library):
-                setattr(module, attribute, False)
-                off.append(name or type(module).__name__)
+    for name, attribute in switches(model) if where is None else where:
+        module = model.get_submodule(name)
+        if getattr(module, attribute, None) is True:
+            setattr(module, attribute, False)
+            off.append(name or type(module).__name__)
     return off
 
 

@@ -4,6 +4,7 @@ inference under autocast."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,49 @@ def test_a_loss_closing_over_a_variable_not_yet_assigned_is_searched_for_a_scale
     refuse_scaling_loss(make(False))  # `scaler` never assigned: an empty cell
     with pytest.raises(ValueError, match="loss_fn holds a torch.amp.GradScaler"):
         refuse_scaling_loss(make(True))
+
+
+class _ScaledLoss:
+    """A loss object that scales (a training script's class)."""
+
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(out.float().pow(2).mean())
+
+
+def _scaled(scale: Any, out: torch.Tensor) -> torch.Tensor:
+    return scale(out.float().pow(2).mean())
+
+
+_SCALER = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+_SCALE = _SCALER.scale  # a script's `scale = scaler.scale`, read by a lambda as a global
+
+
+def _scaling_losses() -> dict[str, Any]:
+    scale = _SCALER.scale
+    return {
+        "global bound method": lambda out: _SCALE(out.float().pow(2).mean()),
+        "closure bound method": lambda out: scale(out.float().pow(2).mean()),
+        "partial of a bound method": functools.partial(_scaled, _SCALER.scale),
+        "partial keyword": functools.partial(_scaled, scale=_SCALER.scale),
+        "callable object": _ScaledLoss(_SCALER),
+    }
+
+
+@pytest.mark.parametrize("form", list(_scaling_losses()))
+def test_a_loss_reaching_a_grad_scaler_through_a_bound_method_or_partial_is_refused(form: str) -> None:
+    """The search for a GradScaler in `loss_fn` missed ``scaler.scale`` held as a bound method (in a
+    closure, a global, a ``functools.partial``) and a callable object's attributes: such a loss was run on
+    fake tensors, and ``scale`` left a FakeTensor as the user's scale.  Refused now, the scaler untouched;
+    losses that reach no scaler still profile."""
+    model, x = _mlp(), torch.randn(16, 32)
+    with torch.autocast("cpu", dtype=torch.float16):
+        with pytest.raises(ValueError, match="pass the unscaled loss as loss_fn and the scaler as scaler="):
+            memviz.profile(model, (x,), loss_fn=_scaling_losses()[form], repeats=1, warmup=0)
+    assert _SCALER._scale is None
+    from memviz.hardware.amp import refuse_scaling_loss
+
+    refuse_scaling_loss(functools.partial(nn.functional.mse_loss, target=torch.zeros(16, 32)))
+    refuse_scaling_loss(lambda out: out.float().pow(2).mean())

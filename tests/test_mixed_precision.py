@@ -208,3 +208,41 @@ def test_a_loss_reaching_a_grad_scaler_through_a_bound_method_or_partial_is_refu
 
     refuse_scaling_loss(functools.partial(nn.functional.mse_loss, target=torch.zeros(16, 32)))
     refuse_scaling_loss(lambda out: out.float().pow(2).mean())
+
+
+def test_a_plan_file_records_its_grad_scaler_and_verifying_it_without_one_is_refused(tmp_path: Path) -> None:
+    """A plan file did not say that its step used a GradScaler: loaded and verified without ``scaler=``, the
+    step ran unscaled (20 B under the plan on the CPU: not the recipe the user trains with) and passed.  Now
+    ``graph.meta.scaler`` records it, export(verify=True) and apply(verify=True) of the loaded plan without
+    ``scaler=`` are refused with what to pass, and with it they verify; a file without the key (older
+    ones) loads and verifies as before."""
+    import json
+
+    model, x = _mlp(), torch.randn(64, 32)
+    target = torch.randn(64, 32)
+
+    def mse(out: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(out, target)
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        prof = memviz.profile(model, (x,), loss_fn=mse, optimizer=torch.optim.AdamW, repeats=1, warmup=0,
+                              scaler=torch.amp.GradScaler("cpu"))
+    paths = {s: memviz.plan(prof, None, strategy=s, frontier=False).save(tmp_path / f"{s}.json")
+             for s in ("auto", "sac")}
+    inputs = ((x,), {})
+    for strategy, path in paths.items():
+        loaded = memviz.load_plan(path)
+        assert loaded.graph.meta["scaler"] == "cpu"
+        run = functools.partial(memviz.export, loaded, model=model) if strategy == "auto" else \
+            functools.partial(memviz.apply, loaded, model)
+        with pytest.raises(ValueError, match=r"pass scaler= .*torch.amp.GradScaler\('cpu'\)"):
+            run(verify=True, inputs=inputs, loss_fn=mse)
+        module = run(verify=True, inputs=inputs, loss_fn=mse, scaler=torch.amp.GradScaler("cpu"))
+        assert module.verified_equal.equal and module.verified_peak_bytes <= module.plan.peak_bytes
+    doc = json.loads(paths["auto"].read_text())
+    del doc["graph"]["meta"]["scaler"]  # a file written before the key
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    old = memviz.export(memviz.load_plan(tmp_path / "old.json"), model=model, verify=True, inputs=inputs,
+                        loss_fn=mse)
+    print("unscaled", old.verified_peak_bytes, "plan", old.plan.peak_bytes)
+    assert old.verified_equal.equal

@@ -135,6 +135,29 @@ def scaler_bytes(scaler: Any, device: torch.device) -> int:
     return SCALER_SCALARS * per_scalar
 
 
+def scaler_record(scaler: Any) -> str | None:
+    """What a plan file keeps of the step's ``GradScaler`` (``graph.meta.scaler``): that there was an enabled
+    one, as its device type; None without.  A loaded plan's verifying step has no profile to take the scaler
+    from, and run without it the step holds less than planned and is not the recipe the user trains with
+    (`refuse_unscaled`)."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    return str(getattr(scaler, "_device", "cpu"))
+
+
+def refuse_unscaled(meta: dict[str, Any], scaler: Any) -> None:
+    """A ValueError saying what to pass when a plan whose step used a GradScaler (`scaler_record` in its
+    graph's `meta`) would be verified without one."""
+    device = meta.get("scaler")
+    if device and scaler is None:
+        raise ValueError(
+            "this plan's step scaled its loss with a torch.amp.GradScaler (float16 training; the plan file "
+            "records it): pass scaler= to verify it, your scaler or a fresh torch.amp.GradScaler("
+            f"{device!r}) with its settings (verify runs the recipe on a copy and "
+            "leaves yours as it is); without it the verifying step holds less than the plan and is not the "
+            "step you train")
+
+
 def fresh_copy(scaler: Any) -> Any:
     """A copy of `scaler` to run memviz's steps with: the user's scale, growth tracker and per-optimizer
     records are left as they are (``update`` and a skipped step move them)."""

@@ -10,6 +10,7 @@ peak, each layer recomputed twice."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -154,6 +155,11 @@ def test_checkpointing_turned_on_after_apply_is_turned_off_before_the_next_step(
     with warnings.catch_warnings():
         warnings.simplefilter("error", ApplyWarning)  # said once: the switch stays off
         assert _measured(applied, args, kwargs, loss) == alone
+    twin = copy.deepcopy(applied)  # a copy's hook clears the copy's switches
+    applied = twin  # what enable() turns on
+    enable()
+    with pytest.warns(ApplyWarning, match="turned on after memviz.apply"):
+        assert _measured(twin, args, kwargs, loss) == alone
 
 
 def _measured(model: nn.Module, args: tuple, kwargs: dict, loss: object) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from memviz.plans.planning import Plan, PlanningError
 from memviz.plans.sac import EXPRESSIBLE, to_sac
 from memviz.plans.sac import policy as save_policy
-from memviz.profiling.own_checkpointing import MEMVIZ_REGION, switches, turn_off
+from memviz.profiling.own_checkpointing import MEMVIZ_REGION, Switch, switches, turn_off
 
 _SPEC = MEMVIZ_REGION
 #: the keyword arguments transformers' layers (and older ones) take their KV cache by: a checkpointed layer
@@ -108,15 +108,15 @@ def keep_own_checkpointing_off(model: nn.Module) -> None:
     ``activation_checkpointing_enable()`` measured 6.0% under the plan alone, 52 module calls instead of
     42).  The applied model keeps the plan rather than refusing: Trainer turns the switch on by itself at
     train start whenever ``TrainingArguments`` ask for checkpointing, which memviz's plan already is.  A
-    forward pre-hook on the root, so DDP, FSDP2 and a deep copy keep it; a plain function over the paths,
-    so a copy's hook turns off the copy's."""
+    forward pre-hook on the root, so DDP, FSDP2 and a deep copy keep it (a copy's hook holds the copy's
+    modules, `switches`)."""
     where = switches(model)
     if where and _KEEPS_OFF not in model.__dict__:
         model.__dict__[_KEEPS_OFF] = True
         model.register_forward_pre_hook(functools.partial(_turn_off_again, where))
 
 
-def _turn_off_again(where: tuple[tuple[str, str], ...], model: nn.Module, _args: Any) -> None:
+def _turn_off_again(where: tuple[Switch, ...], model: nn.Module, _args: Any) -> None:
     if torch.compiler.is_compiling():  # Dynamo would trace the attribute writes; compiled code guards on them
         return
     on = turn_off(model, where)

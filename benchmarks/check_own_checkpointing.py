@@ -11,7 +11,11 @@ checkpointing (`memviz.profiling.own_checkpointing`) and measures the step as it
 names) is applied with ``verify=True``: the applied model runs the plan's regions alone (the library's
 switch turned off), measured against the plan, its gradients against eager's.  Columns: where the model
 checkpoints, the measured peak of one step (no optimizer) as it runs today and without its checkpointing,
-then the plan's peak, the verified measured peak and whether the step equals eager's.
+then the plan's peak, the verified measured peak and whether the step equals eager's.  Last, the library's
+switch is turned on again in the applied model, as a training stack does after ``memviz.apply`` (HF
+Trainer calls ``activation_checkpointing_enable()`` at train start; timm's ``set_grad_checkpointing()``;
+DenseNet's layers' ``memory_efficient = True`` set by hand): one step of the applied model (no optimizer)
+measured before and after, and whether memviz said it turned the switch off again.
 """
 
 from __future__ import annotations
@@ -69,6 +73,18 @@ def densenet() -> tuple[Any, tuple[Any, ...], dict[str, Any], Any]:
 MODELS = {"llama": llama, "timm_vit": timm_vit, "densenet": densenet}
 
 
+def switch_on(name: str, model: Any) -> None:
+    """The library's checkpointing turned on again, as a training stack does after `memviz.apply`."""
+    if name == "llama":
+        model.activation_checkpointing_enable()  # what HF Trainer runs at train start
+    elif name == "timm_vit":
+        model.set_grad_checkpointing(True)
+    else:
+        for module in model.modules():
+            if hasattr(module, "memory_efficient"):
+                module.memory_efficient = True
+
+
 def check(name: str) -> list[str]:
     """One table row."""
     import torch
@@ -94,9 +110,19 @@ def check(name: str) -> list[str]:
             warnings.simplefilter("ignore")
             applied = memviz.apply(plan, model, verify=True, inputs=(args, kwargs), loss_fn=loss)
     except Exception as exc:  # noqa: BLE001 - a row per model, whatever fails
-        return [*cells, f"{type(exc).__name__}: {str(exc)[:120]}", "", ""]
+        return [*cells, f"{type(exc).__name__}: {str(exc)[:120]}", "", "", "", ""]
+    from memviz.profiling.profile import measure_eager_peak
+    from memviz.runtime.apply import ApplyWarning
+
+    alone = measure_eager_peak(applied, args, kwargs, loss_fn=loss)
+    switch_on(name, applied)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = measure_eager_peak(applied, args, kwargs, loss_fn=loss)
+    said = any(issubclass(w.category, ApplyWarning) and "turned on after" in str(w.message) for w in caught)
     return [*cells, f"{applied.plan.peak_bytes / 2**20:.3f}", f"{applied.verified_peak_bytes / 2**20:.3f}",
-            str(applied.verified_equal.equal)]
+            str(applied.verified_equal.equal), f"{alone / 2**20:.3f} / {again / 2**20:.3f}",
+            "turned off again" if said else "not said"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     a = ap.parse_args(argv)
     print("| model | checkpoints itself in | as run MiB | without it MiB | sac plan MiB "
-          "| applied, measured MiB | equal to eager |")
-    print("|---|---|---|---|---|---|---|")
+          "| applied, measured MiB | equal to eager | applied step MiB, switch on again: before / after "
+          "| memviz |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         print("| " + " | ".join(check(name)) + " |", flush=True)
     return 0

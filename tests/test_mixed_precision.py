@@ -4,6 +4,7 @@ inference under autocast."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,87 @@ def test_the_chunk_estimate_under_autocast_is_the_measured_run(name: str) -> Non
     peak, out = measured(plan.module())
     assert peak <= plan.peak_bytes <= 1.03 * peak, (plan.peak_bytes, peak)
     assert out.logits.dtype == torch.bfloat16 and torch.equal(out.logits, eager.logits)
+
+
+class _ScaledLoss:
+    """A loss object that scales (a training script's class)."""
+
+    def __init__(self, scaler: torch.amp.GradScaler) -> None:
+        self.scaler = scaler
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(out.float().pow(2).mean())
+
+
+def _scaled(scale: Any, out: torch.Tensor) -> torch.Tensor:
+    return scale(out.float().pow(2).mean())
+
+
+_SCALER = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+_SCALE = _SCALER.scale  # a script's `scale = scaler.scale`, read by a lambda as a global
+
+
+def _scaling_losses() -> dict[str, Any]:
+    scale = _SCALER.scale
+    return {
+        "global bound method": lambda out: _SCALE(out.float().pow(2).mean()),
+        "closure bound method": lambda out: scale(out.float().pow(2).mean()),
+        "partial of a bound method": functools.partial(_scaled, _SCALER.scale),
+        "partial keyword": functools.partial(_scaled, scale=_SCALER.scale),
+        "callable object": _ScaledLoss(_SCALER),
+    }
+
+
+@pytest.mark.parametrize("form", list(_scaling_losses()))
+def test_a_loss_reaching_a_grad_scaler_through_a_bound_method_or_partial_is_refused(form: str) -> None:
+    """The search for a GradScaler in `loss_fn` missed ``scaler.scale`` held as a bound method (in a
+    closure, a global, a ``functools.partial``) and a callable object's attributes: such a loss was run on
+    fake tensors, and ``scale`` left a FakeTensor as the user's scale.  Refused now, the scaler untouched;
+    losses that reach no scaler still profile."""
+    model, x = _mlp(), torch.randn(16, 32)
+    with torch.autocast("cpu", dtype=torch.float16):
+        with pytest.raises(ValueError, match="pass the unscaled loss as loss_fn and the scaler as scaler="):
+            memviz.profile(model, (x,), loss_fn=_scaling_losses()[form], repeats=1, warmup=0)
+    assert _SCALER._scale is None
+    from memviz.hardware.amp import refuse_scaling_loss
+
+    refuse_scaling_loss(functools.partial(nn.functional.mse_loss, target=torch.zeros(16, 32)))
+    refuse_scaling_loss(lambda out: out.float().pow(2).mean())
+
+
+def test_a_plan_file_records_its_grad_scaler_and_verifying_it_without_one_is_refused(tmp_path: Path) -> None:
+    """A plan file did not say that its step used a GradScaler: loaded and verified without ``scaler=``, the
+    step ran unscaled (20 B under the plan on the CPU: not the recipe the user trains with) and passed.  Now
+    ``graph.meta.scaler`` records it, export(verify=True) and apply(verify=True) of the loaded plan without
+    ``scaler=`` are refused with what to pass, and with it they verify; a file without the key (older
+    ones) loads and verifies as before."""
+    import json
+
+    model, x = _mlp(), torch.randn(64, 32)
+    target = torch.randn(64, 32)
+
+    def mse(out: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(out, target)
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        prof = memviz.profile(model, (x,), loss_fn=mse, optimizer=torch.optim.AdamW, repeats=1, warmup=0,
+                              scaler=torch.amp.GradScaler("cpu"))
+    paths = {s: memviz.plan(prof, None, strategy=s, frontier=False).save(tmp_path / f"{s}.json")
+             for s in ("auto", "sac")}
+    inputs = ((x,), {})
+    for strategy, path in paths.items():
+        loaded = memviz.load_plan(path)
+        assert loaded.graph.meta["scaler"] == "cpu"
+        run = functools.partial(memviz.export, loaded, model=model) if strategy == "auto" else \
+            functools.partial(memviz.apply, loaded, model)
+        with pytest.raises(ValueError, match=r"pass scaler= .*torch.amp.GradScaler\('cpu'\)"):
+            run(verify=True, inputs=inputs, loss_fn=mse)
+        module = run(verify=True, inputs=inputs, loss_fn=mse, scaler=torch.amp.GradScaler("cpu"))
+        assert module.verified_equal.equal and module.verified_peak_bytes <= module.plan.peak_bytes
+    doc = json.loads(paths["auto"].read_text())
+    del doc["graph"]["meta"]["scaler"]  # a file written before the key
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    old = memviz.export(memviz.load_plan(tmp_path / "old.json"), model=model, verify=True, inputs=inputs,
+                        loss_fn=mse)
+    print("unscaled", old.verified_peak_bytes, "plan", old.plan.peak_bytes)
+    assert old.verified_equal.equal

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,15 +45,19 @@ def closure_values(fn: Any, depth: int = 4) -> Iterator[Any]:
 
 
 def _held(fn: Any) -> list[Any]:
-    """What `fn` holds itself: a ``functools.partial``'s function and arguments, a bound method's function
-    and its object's attributes, a function's closure cells and defaults."""
+    """What `fn` holds itself: a ``functools.partial``'s function and arguments; a bound method's function,
+    its object and that object's attributes (``scaler.scale`` is bound to the scaler itself); a function's
+    closure cells and defaults; a callable object's ``__call__`` and attributes (a loss class holding its
+    labels, or a scaler)."""
     if isinstance(fn, functools.partial):
         return [fn.func, *fn.args, *fn.keywords.values()]
     if inspect.ismethod(fn):
-        return [fn.__func__, *vars(fn.__self__).values()]
+        return [fn.__func__, fn.__self__, *getattr(fn.__self__, "__dict__", {}).values()]
     if inspect.isfunction(fn):
         return [v for v in cell_values(fn) if v is not fn] + [
             *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+    if callable(fn) and not isinstance(fn, (type, torch.nn.Module)) and hasattr(fn, "__dict__"):
+        return [type(fn).__call__, *vars(fn).values()]
     return []
 
 
@@ -80,9 +85,10 @@ def refuse_scaling_loss(loss_fn: Any) -> None:
 
 
 def _holds_scaler(fn: Any, depth: int = 4) -> bool:
-    """Whether `fn` reaches a ``GradScaler``: in what it closes over (`closure_values`) or in the module
-    globals its code names (a script's ``lambda out: scaler.scale(ce(out))``), through the functions
-    either holds, `depth` deep."""
+    """Whether `fn` reaches a ``GradScaler``: in what it holds (`_held`: ``scaler.scale`` bound, in a
+    ``functools.partial``, a closure or a callable object) or in the module globals its code names (a
+    script's ``lambda out: scaler.scale(ce(out))``, ``scale = scaler.scale`` beside it, or an object whose
+    attribute is the scaler: ``state.scaler``), through the functions either holds, `depth` deep."""
     if depth < 0:
         return False
     code = getattr(fn, "__code__", None)
@@ -90,8 +96,12 @@ def _holds_scaler(fn: Any, depth: int = 4) -> bool:
     for v in [*_held(fn), *named]:
         if isinstance(v, torch.amp.GradScaler):
             return True
-        function = callable(v) and not isinstance(v, (torch.Tensor, torch.nn.Module, type))
-        if function and _holds_scaler(v, depth - 1):
+        if isinstance(v, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
+            continue
+        if callable(v):
+            if _holds_scaler(v, depth - 1):
+                return True
+        elif any(isinstance(a, torch.amp.GradScaler) for a in getattr(v, "__dict__", {}).values()):
             return True
     return False
 
@@ -123,6 +133,29 @@ def scaler_bytes(scaler: Any, device: torch.device) -> int:
         return 0
     per_scalar = 4 if torch.device(device).type == "cpu" else 512
     return SCALER_SCALARS * per_scalar
+
+
+def scaler_record(scaler: Any) -> str | None:
+    """What a plan file keeps of the step's ``GradScaler`` (``graph.meta.scaler``): that there was an enabled
+    one, as its device type; None without.  A loaded plan's verifying step has no profile to take the scaler
+    from, and run without it the step holds less than planned and is not the recipe the user trains with
+    (`refuse_unscaled`)."""
+    if scaler is None or not scaler.is_enabled():
+        return None
+    return str(getattr(scaler, "_device", "cpu"))
+
+
+def refuse_unscaled(meta: dict[str, Any], scaler: Any) -> None:
+    """A ValueError saying what to pass when a plan whose step used a GradScaler (`scaler_record` in its
+    graph's `meta`) would be verified without one."""
+    device = meta.get("scaler")
+    if device and scaler is None:
+        raise ValueError(
+            "this plan's step scaled its loss with a torch.amp.GradScaler (float16 training; the plan file "
+            "records it): pass scaler= to verify it, your scaler or a fresh torch.amp.GradScaler("
+            f"{device!r}) with its settings (verify runs the recipe on a copy and "
+            "leaves yours as it is); without it the verifying step holds less than the plan and is not the "
+            "step you train")
 
 
 def fresh_copy(scaler: Any) -> Any:

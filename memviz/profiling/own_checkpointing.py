@@ -11,7 +11,9 @@ prediction, and the plan applied ran its regions inside the model's own, 33% und
 recomputing each layer twice.
 
 `switched_off` runs every such call as a plain call while memviz measures, and says where they were;
-`turn_off` clears the libraries' own switches on a model, so `memviz.apply`'s regions are the only ones.
+`turn_off` clears the libraries' own switches on a model, so `memviz.apply`'s regions are the only ones
+(`memviz.runtime.apply` clears them again before each step of the model it returned: a training stack may
+turn them on later, as HF Trainer does with ``activation_checkpointing=True``).
 """
 
 from __future__ import annotations
@@ -70,15 +72,31 @@ def switched_off(model: nn.Module) -> Iterator[list[str]]:
         yield found
 
 
-def turn_off(model: nn.Module) -> list[str]:
-    """Clear the libraries' checkpointing switches (`LIBRARY_SWITCHES`) on `model`'s modules; the paths of
-    those that were on.  A model that calls ``torch.utils.checkpoint`` by other means keeps it."""
+#: where a switch is: (module path, the module, or None for the model itself, the attribute)
+Switch = tuple[str, nn.Module | None, str]
+
+
+def switches(model: nn.Module) -> tuple[Switch, ...]:
+    """Every switch in `LIBRARY_SWITCHES` that `model`'s modules have, on or off (the libraries set them off
+    when they build a module).  The modules themselves, so that clearing them each step costs an attribute
+    read each (resolving their paths took 21 us a layer on a Llama); a deep copy of the model maps them to
+    its own copies.  The model itself is None: a hook on it holding it would be a reference cycle, which
+    keeps a discarded copy's memory until Python's next collection."""
+    return tuple((name, module if module is not model else None, attribute)
+                 for name, module in model.named_modules()
+                 for attribute, library in LIBRARY_SWITCHES
+                 if hasattr(module, attribute) and type(module).__module__.startswith(library))
+
+
+def turn_off(model: nn.Module, where: tuple[Switch, ...] | None = None) -> list[str]:
+    """Clear the libraries' checkpointing switches on `model`'s modules (`where`, default `switches`); the
+    paths of those that were on.  A model that calls ``torch.utils.checkpoint`` by other means keeps it."""
     off = []
-    for name, module in model.named_modules():
-        for attribute, library in LIBRARY_SWITCHES:
-            if getattr(module, attribute, None) is True and type(module).__module__.startswith(library):
-                setattr(module, attribute, False)
-                off.append(name or type(module).__name__)
+    for name, module, attribute in switches(model) if where is None else where:
+        module = model if module is None else module
+        if getattr(module, attribute, None) is True:
+            setattr(module, attribute, False)
+            off.append(name or type(module).__name__)
     return off
 
 

@@ -308,7 +308,8 @@ def _profiled(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | 
             graph = add_optimizer(graph, cap.grad_data, optimizer, info, model)
     graph = Graph(graph.computes, graph.datas, graph.outputs, name=type(model).__name__,
                   meta={**graph.meta, "mode": mode, "estimated": info.estimated, "device": info.name,
-                        **({"drawn": list(cap.drawn)} if cap.drawn else {})})
+                        **({"drawn": list(cap.drawn)} if cap.drawn else {}),
+                        **({"scaler": record} if (record := amp.scaler_record(scaler)) else {})})
     scaler_bytes = amp.scaler_bytes(scaler, info.torch_device)
     if scaler_bytes:
         graph = with_runtime(graph, scaler_bytes,

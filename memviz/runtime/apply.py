@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 from memviz.plans.planning import Plan, PlanningError
 from memviz.plans.sac import EXPRESSIBLE, to_sac
 from memviz.plans.sac import policy as save_policy
-from memviz.profiling.own_checkpointing import MEMVIZ_REGION, turn_off
+from memviz.profiling.own_checkpointing import MEMVIZ_REGION, Switch, switches, turn_off
 
 _SPEC = MEMVIZ_REGION
 #: the keyword arguments transformers' layers (and older ones) take their KV cache by: a checkpointed layer
@@ -49,7 +49,11 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
     of another strategy is converted (`memviz.plans.sac.to_sac`, which warns when the checkpointed run no
     longer fits the budget) when it still holds its profile, and refused otherwise.  The model's own
     activation checkpointing (transformers', timm's and DenseNet's switches: `own_checkpointing.turn_off`)
-    is turned off in the model returned, with an `ApplyWarning`: the plan was made without it.
+    is turned off in the model returned, with an `ApplyWarning`: the plan was made without it; and off it
+    stays: switched on again later (HF Trainer's ``activation_checkpointing=True`` /
+    ``gradient_checkpointing=True`` calls ``activation_checkpointing_enable()`` at train start, timm's
+    ``set_grad_checkpointing()``), it is turned off before the next step with an `ApplyWarning`
+    (`keep_own_checkpointing_off`).
 
     verify: run one measured step of the applied copy first, as ``memviz.export(verify=True)`` does
     (`memviz.runtime.verify.verified_apply`, with `inputs`, `loss_fn`, `optimizer` and `scaler` as there): the
@@ -89,7 +93,42 @@ def apply(plan: Plan, model: nn.Module, *, inplace: bool = False, verify: bool =
             raise PlanningError(f"the plan checkpoints module {spec['module']!r}, which this model does not "
                                 "have: apply the plan to the model it was profiled from") from None
         wrap(module, spec)
+    keep_own_checkpointing_off(target)
     return target
+
+
+#: the root attribute that says `keep_own_checkpointing_off` hooked the model (one hook, however applied)
+_KEEPS_OFF = "_memviz_keeps_own_checkpointing_off"
+
+
+def keep_own_checkpointing_off(model: nn.Module) -> None:
+    """Before each call of `model`, turn the libraries' checkpointing switches off again where something
+    turned them on after `apply`: the plan was made and measured without them, and with them on the layers
+    it leaves alone are checkpointed too and its regions run inside the library's (a Llama's step under
+    ``activation_checkpointing_enable()`` measured 6.0% under the plan alone, 52 module calls instead of
+    42).  The applied model keeps the plan rather than refusing: Trainer turns the switch on by itself at
+    train start whenever ``TrainingArguments`` ask for checkpointing, which memviz's plan already is.  A
+    forward pre-hook on the root, so DDP, FSDP2 and a deep copy keep it (a copy's hook holds the copy's
+    modules, `switches`)."""
+    where = switches(model)
+    if where and _KEEPS_OFF not in model.__dict__:
+        model.__dict__[_KEEPS_OFF] = True
+        model.register_forward_pre_hook(functools.partial(_turn_off_again, where))
+
+
+def _turn_off_again(where: tuple[Switch, ...], model: nn.Module, _args: Any) -> None:
+    if torch.compiler.is_compiling():  # Dynamo would trace the attribute writes; compiled code guards on them
+        return
+    on = turn_off(model, where)
+    if on:
+        warnings.warn(ApplyWarning(
+            f"the model's own activation checkpointing was turned on after memviz.apply ({', '.join(on[:3])}"
+            f"{f' and {len(on) - 3} more' if len(on) > 3 else ''}: transformers' "
+            "activation_checkpointing_enable / gradient_checkpointing_enable, which HF Trainer calls when "
+            "its arguments ask for checkpointing, or timm's set_grad_checkpointing): turned off again before "
+            "this step, so the plan's regions run alone as planned (inside the library's, the plan's memory "
+            "and time would not hold).  To train with the library's checkpointing instead, do not apply the "
+            "plan"), stacklevel=2)
 
 
 def copied(model: nn.Module) -> nn.Module:

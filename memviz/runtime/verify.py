@@ -268,9 +268,12 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
               scaler: Any = None) -> StepSpec:
     """The verifying step for `plan` on `model`: given inputs, else the profiled call rebuilt as zeros
     of the planned shapes on the model's device (the captured graph's memory depends on shapes only);
-    `scaler` (else the profile's) scales its loss and steps its optimizer."""
+    `scaler` (else the profile's) scales its loss and steps its optimizer; a plan whose step had one and
+    that holds no profile (a loaded plan file) needs `scaler` (`amp.refuse_unscaled`)."""
     prof = getattr(plan, "profile", None)
     amp.refuse_scaling_loss(loss_fn)
+    scaler = scaler if scaler is not None else getattr(prof, "scaler", None)
+    amp.refuse_unscaled(plan.graph.meta, scaler)
     if inputs is not None:
         args, kwargs = split_inputs(inputs)
     else:
@@ -288,7 +291,7 @@ def step_spec(plan: Any, model: nn.Module, inputs: Any, loss_fn: Any, optimizer:
                     autocast=accelerator.autocast_from_json(plan.graph.meta.get("autocast")) if cap is None
                     else cap.autocast,
                     loss_fn=loss_fn if loss_fn is not None else getattr(prof, "loss_fn", None),
-                    scaler=scaler if scaler is not None else getattr(prof, "scaler", None),
+                    scaler=scaler,
                     optimizer=optimizer_spec(plan, optimizer) if updated else None, updated=updated,
                     groups=groups if grouped else ())
 

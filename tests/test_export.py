@@ -554,3 +554,31 @@ def test_a_plan_exported_onto_another_model_traces_it_with_inputs_on_that_models
     assert tensors and {t.device.type for t in tensors} == {"meta"}
     assert {t.device.type for t in _example_inputs(plan.graph, None, elsewhere)[0]} == {"meta"}
     assert {t.device.type for t in _example_inputs(plan.graph, prof)[0]} == {"cpu"}
+
+
+class _SelfLabelled(torch.nn.Module):
+    """A language model called as ``model(ids, labels=ids)``: its loss shifts a view of the labels."""
+
+    def __init__(self, vocab: int = 64, d: int = 16) -> None:
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.emb(ids.view(-1, ids.shape[-1])))
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1))
+
+
+def test_a_plan_of_a_call_passing_one_tensor_twice_exports_onto_another_model() -> None:
+    """``model(ids, labels=ids)`` passes one tensor twice, and the capture's view aliases follow the call's;
+    tracing a copy again on two separate zero tensors made other aliases, and ``export(plan, model=copy)``
+    refused its own plan as stale (HF GPT-2, seen on an H200 in `benchmarks/bench_cuda_compile.py`, and
+    on the CPU).  The fresh trace passes one tensor there too."""
+    torch.manual_seed(0)
+    model, ids = _SelfLabelled(), torch.randint(0, 64, (2, 8))
+    prof = profile(model, (ids,), {"labels": ids}, loss_fn=lambda loss: loss)
+    assert prof.captured.input_shared == {1: 0}
+    plan = memviz_plan(prof, None, strategy="none")
+    copy_ = copy.deepcopy(model)
+    exported = export(plan, model=copy_)
+    torch.testing.assert_close(exported(ids, labels=ids), model(ids, labels=ids))

@@ -104,6 +104,9 @@ class Captured:
     out_spec: pytree.TreeSpec  # structure of the model's output
     in_spec: pytree.TreeSpec  # structure of (args, kwargs)
     input_meta: list[tuple[tuple[int, ...], torch.dtype] | None]  # flat user inputs (None: not a tensor)
+    # flat input index -> the first index the call passed the same tensor at (``model(ids, labels=ids)``):
+    # the graph's aliases follow the call's, so a trace again on fresh inputs passes one tensor there too
+    input_shared: dict[int, int] = field(default_factory=dict)
     tangent_data: dict[int, int] = field(default_factory=dict)  # flat output index -> data id
     loss_compute: int | None = None
     loss_backward_compute: int | None = None
@@ -2433,6 +2436,18 @@ def check_names(model: nn.Module) -> None:
                                    "register_buffer with a plain name) and profile again")
 
 
+
+def shared_inputs(flat: list[Any]) -> dict[int, int]:
+    """Flat input index -> the first index holding the same tensor object, for every later repeat."""
+    first: dict[int, int] = {}
+    shared = {}
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor):
+            j = first.setdefault(id(x), i)
+            if j != i:
+                shared[i] = j
+    return shared
+
 def capture(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any] | None = None, *,
             mode: str = "train", loss_fn: LossFn | None = None,
             kernels: str | None = None) -> tuple[Graph, Captured]:
@@ -2513,8 +2528,8 @@ def _capture(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | N
         input_meta=[(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in flat_in],
         param_names=param_names, elem_fx=bld.elem_fx,
         input_consts={i: x for i, x in enumerate(flat_in) if not isinstance(x, torch.Tensor)},
-        output_views=views, specialised=specialised, drawn=drawn, host_random=host_random,
-        torch_draws=torch_draws,
+        input_shared=shared_inputs(flat_in), output_views=views, specialised=specialised, drawn=drawn,
+        host_random=host_random, torch_draws=torch_draws,
         kept_fx=kept, loss_probe=probe if tangents else None, kernels=family,
         call_args=gm.meta.get("memviz_call_args", {}), autocast=regions,
         autocast_cached=bool(regions) and torch.is_autocast_cache_enabled())

@@ -771,14 +771,17 @@ def _example_inputs(graph: Graph, prof: Any, model: nn.Module | None = None) -> 
                                                                                      dict[str, Any]]:
     """Example (args, kwargs) to trace again, as zeros on `model`'s device (the CPU without one; a
     model on a GPU traced with CPU inputs failed its first ``index_select``): the profiled call's
-    structure, constants and tensor shapes when the profile is at hand, else positional tensors rebuilt
+    structure, constants, tensor shapes and repeated tensors (``model(ids, labels=ids)``: one tensor
+    twice, or the capture's aliases differ) when the profile is at hand, else positional tensors rebuilt
     from the graph's input nodes."""
     device = next((t.device for t in [*model.parameters(), *model.buffers()]), None) if model else None
     if prof is not None and getattr(prof, "captured", None) is not None:
         cap = prof.captured
-        flat = [cap.input_consts.get(i) if m is None
-                else torch.zeros(m[0], dtype=m[1], device=device).requires_grad_(i in cap.input_grad_data)
-                for i, m in enumerate(cap.input_meta)]
+        flat: list[Any] = []
+        for i, m in enumerate(cap.input_meta):
+            shared = cap.input_shared.get(i)
+            flat.append(cap.input_consts.get(i) if m is None else flat[shared] if shared is not None else
+                        torch.zeros(m[0], dtype=m[1], device=device).requires_grad_(i in cap.input_grad_data))
         args, kwargs = pytree.tree_unflatten(flat, cap.in_spec)
         return tuple(args), dict(kwargs)
     inputs = sorted((d for d in graph.datas if d.kind.value == "input"), key=lambda d: int(d.name[5:]))

@@ -268,16 +268,23 @@ def is_backward(node: torch.fx.Node) -> bool:
     return node.meta.get("partitioner_tag") == "is_backward" or bool(node.meta.get("autograd_backward"))
 
 
-def origin_op(node: Any) -> str | None:
-    """The operator the user's code ran for FX `node`: the target of the first record of its provenance
-    (each pass adds one in front), e.g. 'aten.hardswish_.default'; None without provenance."""
+def origin_source(node: Any) -> Any:
+    """The first record of FX `node`'s provenance (each pass adds one in front): the node the user's code
+    made in the exported program; None without provenance."""
     sources = node.meta.get("from_node")
     if not sources:
         return None
     source = sources[0]
     while source.from_node:
         source = source.from_node[0]
-    return str(source.target)
+    return source
+
+
+def origin_op(node: Any) -> str | None:
+    """The operator the user's code ran for FX `node`: the target of `origin_source`, e.g.
+    'aten.hardswish_.default'; None without provenance."""
+    source = origin_source(node)
+    return None if source is None else str(source.target)
 
 
 def in_place_op(node: Any) -> Any:

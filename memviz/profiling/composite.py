@@ -27,21 +27,11 @@ from typing import Any
 
 import torch
 
+from memviz.profiling.capture import origin_source
 from solvers.ir import Graph
 
 #: the composite whose math body `sdpa_math_calls` finds
 SDPA = "aten.scaled_dot_product_attention.default"
-
-
-def _source(node: torch.fx.Node) -> Any:
-    """The exported program's node `node` comes from (the last record of its provenance), or None."""
-    sources = node.meta.get("from_node")
-    if not sources:
-        return None
-    source = sources[0]
-    while source.from_node:
-        source = source.from_node[0]
-    return source
 
 
 def _aten(node: torch.fx.Node, name: str) -> bool:
@@ -56,7 +46,7 @@ def sdpa_math_calls(cap: Any) -> list[list[torch.fx.Node]]:
 
     calls: dict[tuple[str, int], list[torch.fx.Node]] = {}
     for n in forward_calls(cap.gm):
-        source = _source(n)
+        source = origin_source(n)
         if source is not None and str(source.target) == SDPA:
             calls.setdefault((source.name, source.graph_id), []).append(n)
     return [nodes for nodes in calls.values() if any(_aten(n, "_safe_softmax") for n in nodes)]

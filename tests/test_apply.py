@@ -585,3 +585,45 @@ def test_a_sac_plan_profiled_under_autocast_holds_autocasts_cached_weights() -> 
     peak, _ = measure_peak(step, [*tensors_of(applied, args, {}), *state])
     assert abs(peak - plan.peak_bytes) <= TOLERANCE * plan.peak_bytes, (peak, plan.peak_bytes)
     assert peak <= plan.budget_bytes
+
+
+class _ListLayer(torch.nn.Module):
+    """A DenseNet layer: reads the concatenation of a list its block keeps growing after the call."""
+
+    def __init__(self, channels: int, growth: int = 8) -> None:
+        super().__init__()
+        self.lin = torch.nn.Sequential(torch.nn.Linear(channels, 64), torch.nn.GELU(),
+                                       torch.nn.Linear(64, growth))
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        return self.lin(torch.cat(features, 1))
+
+
+class _ListBlock(torch.nn.Module):
+    def __init__(self, channels: int = 8, layers: int = 3, growth: int = 8) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_ListLayer(channels + i * growth, growth) for i in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))  # the list the layer was called with grows
+        return torch.cat(features, 1)
+
+
+def test_a_region_called_with_a_list_its_caller_grows_recomputes_on_the_list_it_was_given() -> None:
+    """torchvision's DenseNet calls each layer with the list of all features so far and appends the layer's
+    output to that list afterwards; non-reentrant checkpoint keeps its arguments by reference, so the
+    recomputation read the grown list (densenet121 applied: "running_mean should contain 1024 elements
+    not 992", `benchmarks/check_own_checkpointing.py`).  The region now checkpoints the call's containers
+    as they were."""
+    torch.manual_seed(0)
+    model, x = _ListBlock(), torch.randn(64, 8)
+    prof = memviz.profile(model, (x,), mode="train")
+    plan = sac_plan(prof, 0.01)
+    assert "full" in plan.solver_stats.extra["sac"]["options"].values()
+    applied = memviz.apply(plan, model)
+    applied(x).sum().backward()
+    model(x).sum().backward()
+    for (name, a), b in zip(model.named_parameters(), applied.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)

@@ -268,6 +268,10 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # region), whose recomputation then calls the block again and writes the cache a second time (an H200,
     # torch 2.11: HF GPT-2's applied blocks failed their backward, `benchmarks/bench_cuda_compile.py`)
     args, kwargs = _without_cache(self, spec, args, kwargs, warn=not compiling)
+    # the call's containers as they are now: checkpoint keeps the arguments by reference for the
+    # recomputation, and a caller may grow a list it passed after the call (torchvision's DenseNet block
+    # appends each layer's output to the list its layers read: the recomputed layer read 32 channels more)
+    args, kwargs = _as_now((args, kwargs))
     if not spec["save"]:
         # the plan keeps nothing here: plain checkpointing saves the same (only the region's inputs) without
         # a policy call and a dispatch-mode hop per op, which made it 1.14-1.24x slower per step
@@ -295,6 +299,16 @@ def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             "the save decisions are matched by op and occurrence, so some may land on other ops (memory may "
             "differ from the plan; results do not)"), stacklevel=2)
     return out
+
+
+def _as_now(value: Any) -> Any:
+    """`value` with its plain lists, tuples and dicts copied (their items as they are now), recursively;
+    anything else (a library's cache or output object) as it is."""
+    if type(value) in (list, tuple):
+        return type(value)(_as_now(v) for v in value)
+    if type(value) is dict:
+        return {k: _as_now(v) for k, v in value.items()}
+    return value
 
 
 def _without_cache(module: nn.Module, spec: dict[str, Any], args: tuple[Any, ...],

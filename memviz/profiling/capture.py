@@ -2770,11 +2770,16 @@ def accumulated_into_grads(graph: Graph, cap: Captured) -> Graph:
                  meta={**graph.meta, "grads": "accumulate"})
 
 
+def accumulated_grad_data(graph: Graph) -> dict[int, str]:
+    """Data id -> parameter, for each gradient `graph` holds from the step's start (`accumulated_into_grads`
+    names that data node ``<parameter>.grad``); empty for a step whose ``.grad`` starts None."""
+    return {d.id: d.name.removesuffix(".grad") for d in graph.datas
+            if d.producer is None and d.kind is DataKind.PARAMETER_GRADIENT}
+
+
 def accumulated_grads(graph: Graph) -> frozenset[str]:
-    """The parameters whose gradient `graph` holds from the step's start (`accumulated_into_grads` names
-    that data node ``<parameter>.grad``); empty for a step whose ``.grad`` starts None."""
-    return frozenset(d.name.removesuffix(".grad") for d in graph.datas
-                     if d.producer is None and d.kind is DataKind.PARAMETER_GRADIENT)
+    """The parameters whose gradient `graph` holds from the step's start (`accumulated_grad_data`)."""
+    return frozenset(accumulated_grad_data(graph).values())
 
 
 def _autograd_node_ends(cap: Captured) -> dict[int, int]:

@@ -56,6 +56,7 @@ from memviz.hardware import accelerator, devices
 from memviz.profiling.capture import (
     Captured,
     StalePlanError,
+    accumulated_grad_data,
     accumulated_into_grads,
     capture,
     constant_values,
@@ -66,7 +67,7 @@ from memviz.profiling.capture import (
 )
 from memviz.runtime.compiled import caller_backend, compiled_code
 from memviz.runtime.replay import check_replay
-from solvers import DataKind, Graph, Phase, simulate
+from solvers import Graph, Phase, simulate
 from solvers.schedule import Schedule, Step, turn_issue
 from solvers.simulate import reused_in_place
 
@@ -188,12 +189,12 @@ def into_grads(graph: Graph, cap: Captured, steps: Sequence[Step]) -> dict[int, 
 
     The computes that make a gradient added so must run once: a second run would make it again after
     it went into ``.grad`` (`solvers.simulate` already runs a compute that writes ``.grad`` once)."""
+    held = accumulated_grad_data(graph)
     into: dict[int, list[str]] = {}
     for c in graph.computes:
         for d in c.mutates:
-            held = graph.datas[d]
-            if held.producer is None and held.kind is DataKind.PARAMETER_GRADIENT:
-                into.setdefault(c.id, []).append(held.name.removesuffix(".grad"))
+            if d in held:
+                into.setdefault(c.id, []).append(held[d])
     runs: dict[int, int] = {}
     for s in steps:
         if s.op == "compute":
